@@ -1,0 +1,41 @@
+# Two commands for a fresh machine: `make demo` and `make test`.
+PYTHON ?= $(shell for p in python3.12 python3.11 python3.10 python3; do command -v $$p >/dev/null 2>&1 && { echo $$p; break; }; done)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint format models install schema clean
+
+demo: models
+	$(BIN)/trtbuild build --policy policies/nafnet.yaml
+
+test: install models
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "trtbuild needs Python >= 3.10; set PYTHON=python3.x")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[rtx,dev]"
+	@touch $(STAMP)
+
+models: install
+	$(BIN)/python scripts/make_models.py --out models
+
+schema: install
+	$(BIN)/trtbuild schema > docs/policy.schema.json
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf build .cache .pytest_cache .ruff_cache

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Generate the project's example models deterministically (they are not committed).
+
+Why generated: the failure modes users reported (NAFNet's LayerNorm variance
+overflowing FP16, GFPGAN's last reduction turning into inf) are reproduced by
+small graphs whose weights are scaled to hit them, written the way PyTorch
+exports them below opset 17, so every stage of trtbuild is exercised on a model
+that really breaks in FP16.
+
+Usage: python scripts/make_models.py [--out models] [--size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+class GraphBuilder:
+    """Tiny helper that names nodes the way torch.onnx does (`/scope/Op`, `/scope/Op_1`)."""
+
+    def __init__(self, seed: int = 0):
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.rng = np.random.default_rng(seed)
+        self._names: dict[str, int] = {}
+
+    def _unique(self, base: str) -> str:
+        n = self._names.get(base, 0)
+        self._names[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def init(self, name: str, array: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(array, dtype=np.float32), name))
+        return name
+
+    def const(self, scope: str, value: float) -> str:
+        """A scalar from a `Constant` node, as PyTorch exports exponents and epsilons."""
+        name = self._unique(f"{scope}/Constant")
+        out = f"{name}_output_0"
+        tensor = numpy_helper.from_array(np.array(value, dtype=np.float32))
+        self.nodes.append(helper.make_node("Constant", [], [out], name=name, value=tensor))
+        return out
+
+    def op(self, scope: str, op: str, inputs: list[str], n_out: int = 1, **attrs) -> str | list:
+        name = self._unique(f"{scope}/{op}")
+        outs = [f"{name}_output_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=name, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def conv(
+        self,
+        scope: str,
+        x: str,
+        cin: int,
+        cout: int,
+        k: int = 1,
+        groups: int = 1,
+        std: float | None = None,
+    ) -> str:
+        fan_in = cin // groups * k * k
+        std = (1.0 / np.sqrt(fan_in)) if std is None else std
+        w = self.rng.normal(0.0, std, size=(cout, cin // groups, k, k))
+        b = self.rng.normal(0.0, 0.01, size=(cout,))
+        wn = self.init(f"{scope.strip('/').replace('/', '.')}.weight", w)
+        bn = self.init(f"{scope.strip('/').replace('/', '.')}.bias", b)
+        return self.op(
+            scope, "Conv", [x, wn, bn], kernel_shape=[k, k], pads=[k // 2] * 4, group=groups
+        )
+
+    def layernorm2d(self, scope: str, x: str, c: int) -> str:
+        """NAFNet's LayerNorm2d over the channel axis, decomposed as exported at opset 13."""
+        mu = self.op(scope, "ReduceMean", [x], axes=[1], keepdims=1)
+        d = self.op(scope, "Sub", [x, mu])
+        sq = self.op(scope, "Pow", [d, self.const(scope, 2.0)])
+        var = self.op(scope, "ReduceMean", [sq], axes=[1], keepdims=1)
+        ve = self.op(scope, "Add", [var, self.const(scope, 1e-6)])
+        std = self.op(scope, "Sqrt", [ve])
+        y = self.op(scope, "Div", [d, std])
+        key = scope.strip("/").replace("/", ".")
+        w = self.init(f"{key}.weight", 1.0 + 0.1 * self.rng.standard_normal((1, c, 1, 1)))
+        b = self.init(f"{key}.bias", 0.1 * self.rng.standard_normal((1, c, 1, 1)))
+        return self.op(scope, "Add", [self.op(scope, "Mul", [y, w]), b])
+
+    def model(self, inputs, outputs, opset: int, name: str) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
+        model = helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="trtbuild-examples"
+        )
+        model.ir_version = 8
+        onnx.checker.check_model(model)
+        return onnx.shape_inference.infer_shapes(model)
+
+
+def simple_gate(g: GraphBuilder, scope: str, x: str) -> str:
+    a, b = g.op(scope, "Split", [x], n_out=2, axis=1)
+    return g.op(scope, "Mul", [a, b])
+
+
+def naf_block(g: GraphBuilder, scope: str, inp: str, c: int) -> str:
+    x = g.layernorm2d(f"{scope}/norm1", inp, c)
+    x = g.conv(f"{scope}/conv1", x, c, 2 * c)
+    x = g.conv(f"{scope}/conv2", x, 2 * c, 2 * c, k=3, groups=2 * c)
+    x = simple_gate(g, f"{scope}/sg", x)
+    # Simplified channel attention: global pooling -> 1x1 conv -> scale.
+    pooled = g.op(f"{scope}/sca", "GlobalAveragePool", [x])
+    att = g.conv(f"{scope}/sca/conv", pooled, c, c)
+    x = g.op(f"{scope}/sca", "Mul", [x, att])
+    x = g.conv(f"{scope}/conv3", x, c, c)
+    y = g.op(scope, "Add", [inp, x])
+    x = g.layernorm2d(f"{scope}/norm2", y, c)
+    x = g.conv(f"{scope}/conv4", x, c, 2 * c)
+    x = simple_gate(g, f"{scope}/sg_1", x)
+    x = g.conv(f"{scope}/conv5", x, c, c)
+    return g.op(scope, "Add", [y, x])
+
+
+def nafnet_tiny(size: int = 64, width: int = 16, blocks: int = 2) -> onnx.ModelProto:
+    """NAFNet-style restoration net whose LayerNorm variance overflows FP16.
+
+    The intro convolution's weights are scaled (std 100) so features reach the
+    thousands, as in the reported NAFNet case: the squared deviations inside
+    each LayerNorm2d pass 65504. The `total` output sums the absolute features
+    over the whole image, far above 65504, as GFPGAN's last reduction does.
+    """
+    g = GraphBuilder(seed=0)
+    x = g.conv("/intro", "input", 3, width, k=3, std=100.0)
+    for i in range(blocks):
+        x = naf_block(g, f"/blocks.{i}", x, width)
+    restored = g.op("/ending", "Add", [g.conv("/ending", x, width, 3, k=3, std=1e-3), "input"])
+    total = g.op("/head", "ReduceSum", [g.op("/head", "Abs", [x])], keepdims=0)
+    g.nodes.append(helper.make_node("Identity", [restored], ["restored"], name="/out/restored"))
+    g.nodes.append(helper.make_node("Identity", [total], ["total"], name="/out/total"))
+    return g.model(
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
+        [
+            helper.make_tensor_value_info("restored", TensorProto.FLOAT, [1, 3, size, size]),
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+        ],
+        opset=13,
+        name="nafnet_tiny",
+    )
+
+
+MODELS = {"nafnet_tiny": nafnet_tiny}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="models", help="output directory (default: models)")
+    parser.add_argument(
+        "names", nargs="*", help=f"models to write (default: all of {list(MODELS)})"
+    )
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in args.names or MODELS:
+        if name not in MODELS:
+            print(
+                f"make_models: unknown model {name!r}; choose from {list(MODELS)}", file=sys.stderr
+            )
+            return 2
+        path = out / f"{name}.onnx"
+        tmp = path.with_suffix(".onnx.tmp")
+        onnx.save(MODELS[name](), tmp)
+        tmp.replace(path)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

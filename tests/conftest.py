@@ -1,0 +1,81 @@
+"""Shared fixtures: generated models (never mocks) and policy files in tmp dirs."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import onnx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import make_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("models")
+    for name, make in make_models.MODELS.items():
+        onnx.save(make(), out / f"{name}.onnx")
+    return out
+
+
+@pytest.fixture(scope="session")
+def nafnet_path(models_dir) -> Path:
+    return models_dir / "nafnet_tiny.onnx"
+
+
+NAFNET_POLICY = """\
+version: 1
+model: {model}
+inputs:
+  input:
+    shape: [1, 3, 64, 64]
+    data: {{distribution: uniform, low: 0.0, high: 1.0}}
+passes: {{opset: 17}}
+precision:
+  default: fp16
+  rules:
+{rules}
+build:
+  backend: {backend}
+  variants: false
+accuracy:
+  samples: 2
+  tolerances:
+    default: {{atol: 1e-2, rtol: 1e-2, check_error_stat: median}}
+"""
+
+PINS = """\
+    - id: layernorm
+      match: {name: "/norm[0-9]+/"}
+      precision: fp32
+    - id: final-reduction
+      match: {name: "^/head/", op: [ReduceSum]}
+      precision: fp32
+"""
+
+
+@pytest.fixture
+def write_policy(tmp_path, nafnet_path):
+    """Write a NAFNet policy (or any text) into tmp_path and return its path."""
+
+    def write(
+        text: str | None = None,
+        *,
+        rules: str = PINS,
+        backend: str = "none",
+        name: str = "policy.yaml",
+    ) -> Path:
+        if text is None:
+            text = NAFNET_POLICY.format(model=nafnet_path, rules=rules or "    []", backend=backend)
+            if not rules:
+                text = text.replace("  rules:\n    []", "  rules: []")
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return write

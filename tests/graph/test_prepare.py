@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from trtbuild.graph.passes import opset_of
+from trtbuild.graph.prepare import prepare
+from trtbuild.policy.model import Passes
+
+
+def _run(model: onnx.ModelProto, feed):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feed
+    )
+
+
+def test_prepare_upgrades_opset_lifts_constants_and_keeps_numerics(nafnet_path):
+    source = onnx.load(nafnet_path)
+    prepared = prepare(onnx.load(nafnet_path), Passes(opset=17))
+    assert opset_of(prepared.model) == 17
+    assert not [n for n in prepared.model.graph.node if n.op_type == "Constant"]
+    lifted = next(r for r in prepared.records if r.name == "lift_constants")
+    assert lifted.changed == 8
+    feed = {"input": np.random.default_rng(0).uniform(0, 1, (1, 3, 64, 64)).astype(np.float32)}
+    for before, after in zip(_run(source, feed), _run(prepared.model, feed)):
+        np.testing.assert_allclose(after, before, rtol=1e-5)
+
+
+def test_prepare_keeps_node_names_and_is_idempotent(nafnet_path):
+    source_names = {n.name for n in onnx.load(nafnet_path).graph.node if n.op_type != "Constant"}
+    once = prepare(onnx.load(nafnet_path), Passes(opset=17)).model
+    twice = prepare(once, Passes(opset=17)).model
+    assert {n.name for n in once.graph.node} == source_names
+    assert [n.name for n in twice.graph.node] == [n.name for n in once.graph.node]
+
+
+def test_prepare_never_lowers_the_opset(nafnet_path):
+    prepared = prepare(onnx.load(nafnet_path), Passes(opset=11))
+    assert opset_of(prepared.model) == 13

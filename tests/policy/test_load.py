@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import pytest
+
+from trtbuild.errors import UsageError
+from trtbuild.policy import load_policy
+from trtbuild.policy.load import parse_size
+
+
+def test_valid_policy_resolves_paths_and_defaults(write_policy, nafnet_path):
+    policy = load_policy(write_policy())
+    assert policy.model == nafnet_path.resolve()
+    assert policy.precision.default == "fp16"
+    assert [r.id for r in policy.precision.rules] == ["layernorm", "final-reduction"]
+    assert policy.precision.rules[1].match.op == ("ReduceSum",)
+    # YAML 1.1 reads 1e-2 as a string; the loader must take it as the number users meant.
+    assert policy.accuracy.default_tolerance.atol == pytest.approx(0.01)
+    assert policy.inputs[0].shape == (1, 3, 64, 64)
+
+
+def test_bare_name_is_looked_up_in_policies_dir(tmp_path, monkeypatch, write_policy):
+    (tmp_path / "policies").mkdir()
+    write_policy(name="policies/mine.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert load_policy("mine.yaml").stem == "mine"
+
+
+def _error(write_policy, text: str) -> str:
+    with pytest.raises(UsageError) as info:
+        load_policy(write_policy(text))
+    return str(info.value)
+
+
+def test_misspelt_key_names_line_and_suggests(write_policy, nafnet_path):
+    msg = _error(write_policy, f"version: 1\nmodel: {nafnet_path}\nprecison:\n  default: fp16\n")
+    assert "policy.yaml:3" in msg
+    assert "unknown key 'precison'" in msg and "did you mean 'precision'" in msg
+
+
+def test_nested_field_error_names_path(write_policy, nafnet_path):
+    text = (
+        f"version: 1\nmodel: {nafnet_path}\nprecision:\n  rules:\n"
+        "    - id: a\n      match: {opp: [Pow]}\n      precision: fp32\n"
+    )
+    msg = _error(write_policy, text)
+    assert "precision.rules[0].match.opp" in msg and "did you mean 'op'" in msg
+    assert ":6" in msg
+
+
+def test_malformed_yaml_names_line(write_policy):
+    msg = _error(write_policy, "version: 1\nmodel: [unclosed\n")
+    assert "malformed YAML" in msg and "policy.yaml:" in msg
+
+
+@pytest.mark.parametrize(
+    ("snippet", "expected"),
+    [
+        ("precision: {default: fp8}", "not one of 'fp16', 'bf16', 'fp32'"),
+        ("accuracy: {samples: many}", "must be an integer"),
+        ("accuracy: {samples: 0}", "at least 1"),
+        ("build: {workspace: lots}", "write e.g. 4GiB"),
+        (
+            "precision: {rules: [{id: x, match: {name: '(unclosed'}, precision: fp32}]}",
+            "invalid regular expression",
+        ),
+        (
+            "precision: {rules: [{id: x, match: {pattern: lyernorm}, precision: fp32}]}",
+            "did you mean 'layernorm'",
+        ),
+        (
+            "precision: {rules: [{id: x, match: {op: Pow}, precision: fp32}, "
+            "{id: x, match: {op: Add}, precision: fp32}]}",
+            "duplicate rule id 'x'",
+        ),
+        ("precision: {rules: [{id: x, match: {}, precision: fp32}]}", "must not be empty"),
+        ("inputs: {input: {min: [1], opt: [2]}}", "needs min, opt and max"),
+    ],
+)
+def test_bad_fields(write_policy, nafnet_path, snippet, expected):
+    msg = _error(write_policy, f"version: 1\nmodel: {nafnet_path}\n{snippet}\n")
+    assert expected in msg
+
+
+def test_wrong_version_and_missing_model(write_policy):
+    assert "must be 1" in _error(write_policy, "version: 2\nmodel: m.onnx\n")
+    assert "missing required key 'model'" in _error(write_policy, "version: 1\n")
+
+
+def test_parse_size():
+    assert parse_size("4GiB") == 4 << 30
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size("1000") == 1000

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from tests.helpers import I64, F, H, dtypes, model, node
+from trtbuild.policy.model import Match, Precision, Rule
+from trtbuild.precision.assign import assign
+from trtbuild.precision.convert import convert
+
+
+def _pin(*names: str) -> Precision:
+    return Precision(
+        rules=tuple(Rule(f"r{i}", Match(name=f"^{n}$"), "fp32") for i, n in enumerate(names))
+    )
+
+
+def _tail_model():
+    # x -> Mul(w) -> ReduceSum (pinned) -> Reshape -> y ; also a shape path in int64
+    return model(
+        [
+            node("Mul", ["x", "w"], "a", "mul"),
+            node("ReduceSum", ["a"], "s", "sum", keepdims=1),
+            node("Shape", ["s"], "shp", "shape"),
+            node("Reshape", ["s", "shp"], "y", "reshape"),
+        ],
+        [("x", F, [2, 8])],
+        [("y", F, [1, 1])],
+        {"w": np.full((2, 8), 3.0, np.float32)},
+    )
+
+
+def test_pinned_result_reaches_graph_output_in_fp32():
+    converted = convert(assign(_tail_model(), _pin("sum")))
+    onnx.checker.check_model(converted.model, full_check=True)
+    types = dtypes(converted.model)
+    assert types["a"] == H  # the default region is FP16
+    assert types["s"] == F and types["y"] == F  # pinned, and the reshape follows it
+    casts = [n for n in converted.model.graph.node if n.op_type == "Cast"]
+    assert [c.attribute[0].i for c in casts] == [H, F]  # in to FP16, FP16 -> FP32 before the sum
+    assert types["shp"] == I64  # shape tensors never change type
+
+
+def test_io_dtypes_kept_and_fp16_output_cast_back():
+    converted = convert(assign(_tail_model(), Precision()))
+    out = converted.model.graph.output[0]
+    assert out.name == "y" and out.type.tensor_type.elem_type == F
+    assert converted.model.graph.input[0].type.tensor_type.elem_type == F
+    x = np.ones((2, 8), np.float32)
+    (y,) = ort.InferenceSession(converted.model.SerializeToString()).run(None, {"x": x})
+    assert y.dtype == np.float32 and y.item() == 48.0
+
+
+def test_consecutive_pinned_nodes_share_one_region_and_casts_are_shared():
+    m = model(
+        [
+            node("Mul", ["x", "x"], "sq", "sq"),
+            node("ReduceMean", ["sq"], "m", "mean", axes=[1], keepdims=1),
+            node("Sqrt", ["m"], "r", "sqrt"),
+            node("Add", ["x", "r"], "y1", "add1"),
+            node("Sub", ["x", "r"], "y2", "sub1"),
+        ],
+        [("x", F, [2, 8])],
+        [("y1", F, [2, 8]), ("y2", F, [2, 8])],
+    )
+    converted = convert(assign(m, _pin("sq", "mean", "sqrt")))
+    types = dtypes(converted.model)
+    assert types["sq"] == F and types["m"] == F and types["r"] == F
+    casts = [
+        (n.input[0], n.attribute[0].i) for n in converted.model.graph.node if n.op_type == "Cast"
+    ]
+    assert len(casts) == len(set(casts)), "a (tensor, type) pair is cast once"
+    assert Counter(casts)[("r", H)] == 1  # shared by add1 and sub1
+
+
+def test_weight_shared_by_fp16_and_fp32_consumers_gets_two_copies_never_clamped():
+    big = np.array([1.0, 70000.0], np.float32)
+    m = model(
+        [
+            node("Mul", ["x", "w"], "a", "m16"),
+            node("Mul", ["x", "w"], "b", "m32"),
+            node("Add", ["a", "b"], "y", "add"),
+        ],
+        [("x", F, [2])],
+        [("y", F, [2])],
+        {"w": big},
+    )
+    converted = convert(assign(m, _pin("m32")))
+    inits = {t.name: t for t in converted.model.graph.initializer}
+    assert inits["w"].data_type == F and inits["w__fp16"].data_type == H
+    assert np.isinf(onnx.numpy_helper.to_array(inits["w__fp16"])[1])  # not silently clamped to 1e4
+    assert any("weight w reaches 7e+04" in w for w in converted.warnings)
+
+
+def test_rule_that_matches_nothing_warns():
+    a = assign(_tail_model(), Precision(rules=(Rule("ghost", Match(name="nope"), "fp32"),)))
+    assert a.warnings == ["rule 'ghost' matches no node"]
+    assert a.rule_hits == {"ghost": 0}
+
+
+def test_decisions_say_why(nafnet_path):
+    from trtbuild.graph.prepare import prepare
+    from trtbuild.policy.model import Passes
+
+    prepared = prepare(onnx.load(nafnet_path), Passes(opset=17)).model
+    a = assign(prepared, _pin("/head/ReduceSum"))
+    by_name = {n.name: d for n, d in zip(a.view.nodes, a.decisions)}
+    assert by_name["/head/ReduceSum"].rule == "r0"
+    assert by_name["/out/total"].rule == "follows-input"
+    assert by_name["/out/total"].precision == "fp32"
+    assert by_name["/intro/Conv"].rule == "default"

@@ -1,0 +1,96 @@
+"""The CLI end to end, as `make demo` and the nightly job run it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from trtbuild.cli import main
+
+rtx = pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt_rtx") is None, reason="tensorrt-rtx not installed"
+)
+EXPECTED = {
+    "prepared.onnx",
+    "mixed.onnx",
+    "engine.plan",
+    "build.json",
+    "report.json",
+    "report.md",
+    "junit.xml",
+}
+
+
+@rtx
+def test_build_writes_engine_and_passing_report(write_policy, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert (
+        main(["build", "--policy", str(write_policy(backend="tensorrt-rtx")), "--out", str(out)])
+        == 0
+    )
+    assert {p.name for p in out.iterdir()} >= EXPECTED
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is True
+    assert report["evaluator"] == "emulated-fp16"
+    assert report["baselines"]["fp16"]["passed"] is False
+    assert report["baselines"]["fp16"]["first_divergence"]["node"] == "/blocks.0/norm1/Pow"
+    assert report["first_divergence"] is None
+    assert {p["rule"] for p in report["precision"]["pinned"]} == {"layernorm", "final-reduction"}
+    build = json.loads((out / "build.json").read_text())
+    assert build["layer_audit"]["ok"] and build["layer_audit"]["fp32_nodes_checked"] >= 37
+    assert build["engines"]["policy"]["engine_bytes"] == (out / "engine.plan").stat().st_size
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "staging left behind"
+    assert "PASSED (emulated-fp16)" in capsys.readouterr().out
+
+
+def test_policy_without_pins_fails_accuracy_with_exit_1(write_policy, tmp_path):
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(write_policy(rules="")), "--out", str(out)]) == 1
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is False and report["outputs"]["total"]["nonfinite"] > 0
+    assert "engine.plan" not in os.listdir(out)  # backend none
+
+
+def test_malformed_policy_is_one_line_exit_2(write_policy, tmp_path, capsys):
+    path = write_policy("version: 1\nmodel: m.onnx\nprecision: {default: fp8}\n")
+    assert main(["build", "--policy", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "policy.yaml:3" in err and "precision.default" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_policy_and_model(tmp_path, write_policy, capsys):
+    assert main(["check", "--policy", str(tmp_path / "nope.yaml")]) == 2
+    assert "policy file not found" in capsys.readouterr().err
+    path = write_policy("version: 1\nmodel: missing.onnx\n")
+    assert main(["check", "--policy", str(path)]) == 2
+    assert "model file not found" in capsys.readouterr().err
+
+
+def test_check_lists_every_node_with_reason(write_policy, capsys):
+    assert main(["check", "--policy", str(write_policy()), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["node"]: r for r in data["nodes"]}
+    assert rows["/blocks.0/norm1/Pow"]["precision"] == "fp32"
+    assert rows["/blocks.0/norm1/Pow"]["rule"] == "layernorm"
+    assert rows["/intro/Conv"]["precision"] == "fp16"
+
+
+def test_convert_writes_only_the_mixed_model(write_policy, tmp_path):
+    import onnx
+
+    out = tmp_path / "mixed.onnx"
+    assert main(["convert", "--policy", str(write_policy()), "-o", str(out)]) == 0
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".onnx") == ["mixed.onnx"]
+
+
+def test_schema_and_help_exit_0(capsys):
+    assert main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out)["title"] == "trtbuild precision policy"
+    assert main(["--help"]) == 0
+    assert main(["frobnicate"]) == 2

@@ -1,0 +1,5 @@
+import sys
+
+from trtbuild.cli import main
+
+sys.exit(main())

@@ -1,0 +1,184 @@
+"""Faithful CPU emulation of FP16/BF16 storage for a mixed-precision model.
+
+ONNX Runtime on CPU runs FP16 nodes without FP16 kernels in FP32 islands, so
+intermediate rounding and overflow vanish. The emulation computes in FP32 and
+rounds every low-precision tensor through `Cast(to=FLOAT16)` → `Cast(to=FLOAT)`;
+weights are taken from their FP16 values and graph optimisations are off, so
+ONNX Runtime cannot fold the pairs away. A fused op whose internals TensorRT
+does not document (LayerNormalization) is decomposed, with every intermediate
+tensor stored in FP16, so the CPU verdict never passes what an FP16 kernel
+could overflow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trtbuild.graph.passes import infer_shapes, opset_of
+
+LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+class _Emitter:
+    def __init__(self, model: onnx.ModelProto):
+        self.opset = opset_of(model)
+        self.nodes: list[onnx.NodeProto] = []
+        self.actual: dict[str, str] = {}
+        self.counter = 0
+
+    def fresh(self, base: str) -> str:
+        self.counter += 1
+        return f"{base}__emu{self.counter}"
+
+    def node(self, op: str, inputs: list[str], output: str, name: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], name=name, **attrs))
+        return output
+
+    def round(self, src: str, dst: str, low: int, name: str) -> str:
+        """Store `src` in `low` precision: dst = float(low(src))."""
+        half = self.node("Cast", [src], self.fresh(dst), f"{name}/store", to=low)
+        return self.node("Cast", [half], dst, f"{name}/load", to=TensorProto.FLOAT)
+
+
+def emulate(mixed: onnx.ModelProto) -> onnx.ModelProto:
+    """Return an FP32 model that reproduces the FP16/BF16 storage of `mixed`."""
+    mixed = infer_shapes(mixed)
+    dtype: dict[str, int] = {}
+    rank: dict[str, int] = {}
+    for vi in (*mixed.graph.input, *mixed.graph.value_info, *mixed.graph.output):
+        dtype[vi.name] = vi.type.tensor_type.elem_type
+        if vi.type.tensor_type.HasField("shape"):
+            rank[vi.name] = len(vi.type.tensor_type.shape.dim)
+    em = _Emitter(mixed)
+
+    inits = []
+    for t in mixed.graph.initializer:
+        if t.data_type in LOW:
+            inits.append(
+                numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
+            )
+        else:
+            inits.append(t)
+        dtype[t.name] = t.data_type
+
+    inputs = []
+    for vi in mixed.graph.input:
+        inputs.append(vi)
+        if vi.type.tensor_type.elem_type in LOW:
+            em.actual[vi.name] = em.node(
+                "Cast", [vi.name], em.fresh(vi.name), f"emu/in/{vi.name}", to=TensorProto.FLOAT
+            )
+
+    for node in mixed.graph.node:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        for k, t in enumerate(new.input):
+            if t:
+                new.input[k] = em.actual.get(t, t)
+        out_low = {o: dtype.get(o) for o in node.output if dtype.get(o) in LOW}
+        if node.op_type == "Cast":
+            to = next(a.i for a in node.attribute if a.name == "to")
+            if to in LOW:
+                em.round(new.input[0], node.output[0], to, node.name)
+                continue
+        if (
+            node.op_type == "LayerNormalization"
+            and node.output[0] in out_low
+            and len(node.output) == 1
+        ):
+            _layernorm(em, new, out_low[node.output[0]], rank.get(node.input[0]))
+            continue
+        for attr in new.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW:
+                attr.t.CopyFrom(
+                    numpy_helper.from_array(
+                        numpy_helper.to_array(attr.t).astype(np.float32), attr.t.name
+                    )
+                )
+        raw = {}
+        for k, o in enumerate(new.output):
+            if o in out_low:
+                raw[o] = em.fresh(o)
+                new.output[k] = raw[o]
+        em.nodes.append(new)
+        for o, r in raw.items():
+            em.round(r, o, out_low[o], f"emu/{o}")
+
+    outputs = []
+    for vi in mixed.graph.output:
+        low = vi.type.tensor_type.elem_type
+        if low in LOW:  # the emulated value is FP32; hand it out in the declared type
+            src = vi.name + "__emu_out"
+            for n in em.nodes:
+                for k, o in enumerate(n.output):
+                    if o == vi.name:
+                        n.output[k] = src
+                for k, i in enumerate(n.input):
+                    if i == vi.name:
+                        n.input[k] = src
+            em.node("Cast", [src], vi.name, f"emu/out/{vi.name}", to=low)
+        outputs.append(vi)
+
+    graph = helper.make_graph(em.nodes, mixed.graph.name + "_emulated", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=list(mixed.opset_import))
+    model.ir_version = mixed.ir_version
+    return model
+
+
+def _layernorm(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None) -> None:
+    """LayerNormalization as its stored intermediates: mean, d, d², var, std, y."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    axis = attrs.get("axis", -1)
+    eps = attrs.get("epsilon", 1e-5)
+    if axis >= 0:
+        if x_rank is None:
+            raise ValueError(f"emulation needs the rank of {node.input[0]} for {node.name}")
+        axis -= x_rank
+    axes = list(range(axis, 0))
+    x = node.input[0]
+    name = node.name
+
+    def reduce_mean(src: str, tag: str) -> str:
+        out = em.fresh(f"{name}/{tag}")
+        if em.opset >= 18:
+            ax = em.fresh(f"{name}/axes")
+            em.nodes.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [ax],
+                    name=ax,
+                    value=numpy_helper.from_array(np.array(axes, np.int64)),
+                )
+            )
+            em.node("ReduceMean", [src, ax], out, f"{name}/{tag}", keepdims=1)
+        else:
+            em.node("ReduceMean", [src], out, f"{name}/{tag}", axes=axes, keepdims=1)
+        return em.round(out, em.fresh(f"{name}/{tag}_h"), low, f"{name}/{tag}")
+
+    def step(op: str, ins: list[str], tag: str, last: str | None = None) -> str:
+        out = em.node(op, ins, em.fresh(f"{name}/{tag}"), f"{name}/{tag}")
+        return em.round(out, last or em.fresh(f"{name}/{tag}_h"), low, f"{name}/{tag}")
+
+    mean = reduce_mean(x, "mean")
+    d = step("Sub", [x, mean], "centred")
+    sq = step("Mul", [d, d], "square")
+    var = reduce_mean(sq, "variance")
+    eps_name = em.fresh(f"{name}/eps")
+    em.nodes.append(
+        helper.make_node(
+            "Constant",
+            [],
+            [eps_name],
+            name=eps_name,
+            value=numpy_helper.from_array(np.array(eps, np.float32)),
+        )
+    )
+    std = step("Sqrt", [step("Add", [var, eps_name], "var_eps")], "std")
+    has_bias = len(node.input) > 2 and node.input[2]
+    y = step("Div", [d, std], "normalised")
+    y = step("Mul", [y, node.input[1]], "scaled", None if has_bias else node.output[0])
+    if has_bias:
+        step("Add", [y, node.input[2]], "biased", node.output[0])

@@ -1,0 +1,293 @@
+"""Run the FP32 reference and one evaluator over the same feeds, and judge them.
+
+Polygraphy does what it is made for here: `OnnxrtRunner` / `TrtRunner` execute,
+`Comparator.run` collects `RunResults`, `CompareFunc.simple` judges each output
+with the policy's tolerances. trtbuild adds what Polygraphy does not: the
+FP16-storage emulation as a runner, per-output metrics for the report, and the
+first tensor along the graph where precision breaks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from trtbuild.accuracy.data import Feed
+from trtbuild.policy.model import AccuracySpec
+
+EVALUATORS = ("tensorrt", "emulated-fp16")
+REFERENCE = "onnxrt-fp32"
+FP16_MAX = 65504.0
+
+
+@contextlib.contextmanager
+def quiet_polygraphy(verbose: bool = False) -> Iterator[None]:
+    from polygraphy.logger import G_LOGGER
+
+    old = G_LOGGER.module_severity
+    if not verbose:  # trtbuild renders its own verdicts; Polygraphy's go to --verbose
+        G_LOGGER.module_severity = G_LOGGER.CRITICAL
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            yield
+    finally:
+        G_LOGGER.module_severity = old
+
+
+def _session(model_bytes: bytes, optimize: bool):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if not optimize:  # the emulation's Cast pairs must survive
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+
+
+def onnxrt_runner(model: onnx.ModelProto, name: str, optimize: bool = True):
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+
+    data = model.SerializeToString()
+    return OnnxrtRunner(lambda: _session(data, optimize), name=name)
+
+
+def trt_runner(engine: bytes, backend: str, name: str = "tensorrt"):
+    """Polygraphy's TrtRunner on a built engine; needs a GPU."""
+    from polygraphy import config as pg_config
+
+    pg_config.USE_TENSORRT_RTX = backend == "tensorrt-rtx"
+    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+    return TrtRunner(EngineFromBytes(engine), name=name)
+
+
+@dataclass
+class OutputMetrics:
+    passed: bool
+    max_abs: float
+    mean_abs: float
+    median_abs: float
+    p99_abs: float
+    max_rel: float
+    cosine: float
+    nonfinite: int
+    atol: float
+    rtol: float
+    check_error_stat: str
+    psnr: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: _finite_or_str(v) for k, v in self.__dict__.items()}
+
+
+def _finite_or_str(v: Any) -> Any:
+    if isinstance(v, float) and not np.isfinite(v):
+        return str(v)  # JSON has no inf/nan; "inf" is explicit
+    return v
+
+
+@dataclass
+class Evaluation:
+    evaluator: str
+    passed: bool
+    outputs: dict[str, OutputMetrics]
+    run_results: Any = field(repr=False, default=None)
+
+    def outputs_json(self) -> dict[str, Any]:
+        return {k: v.to_json() for k, v in self.outputs.items()}
+
+
+def metrics(ref: np.ndarray, out: np.ndarray) -> dict[str, Any]:
+    ref = np.asarray(ref, dtype=np.float64).ravel()
+    out = np.asarray(out, dtype=np.float64).ravel()
+    nonfinite = int(np.count_nonzero(~np.isfinite(out) & np.isfinite(ref)))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        diff = np.abs(out - ref)
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        rel = diff / np.maximum(np.abs(ref), np.finfo(np.float32).tiny)
+        denom = np.linalg.norm(ref) * np.linalg.norm(out)
+        cosine = (
+            float(np.dot(ref, out) / denom)
+            if denom and np.isfinite(denom)
+            else (1.0 if not diff.any() else 0.0)
+        )
+        return {
+            "max_abs": float(diff.max()) if diff.size else 0.0,
+            "mean_abs": float(diff.mean()) if diff.size else 0.0,
+            "median_abs": float(np.median(diff)) if diff.size else 0.0,
+            "p99_abs": float(np.percentile(diff, 99)) if diff.size else 0.0,
+            "max_rel": float(rel.max()) if rel.size else 0.0,
+            "cosine": round(cosine, 6) if np.isfinite(cosine) else 0.0,
+            "nonfinite": nonfinite,
+        }
+
+
+def psnr(ref: np.ndarray, out: np.ndarray) -> float | None:
+    """PSNR for image-like (NCHW/NHWC, 1 or 3 channels) outputs, peak = reference range."""
+    if ref.ndim != 4 or not ({ref.shape[1], ref.shape[-1]} & {1, 3}):
+        return None
+    with np.errstate(all="ignore"):
+        mse = float(np.mean((out.astype(np.float64) - ref) ** 2))
+        peak = float(ref.max() - ref.min()) or 1.0
+        if not np.isfinite(mse):
+            return 0.0
+        return round(10 * np.log10(peak**2 / mse), 3) if mse > 0 else float("inf")
+
+
+def compare(
+    reference: onnx.ModelProto,
+    candidate_runner,
+    feeds: list[Feed],
+    spec: AccuracySpec,
+    evaluator: str,
+    verbose: bool = False,
+) -> Evaluation:
+    """Run reference and candidate on `feeds`; judge each output with its tolerance."""
+    from polygraphy.comparator import Comparator
+
+    try:  # Polygraphy >= 0.53; CompareFunc.simple is its deprecated spelling
+        from polygraphy.comparator import SimpleCompareFunc
+    except ImportError:
+        from polygraphy.comparator import CompareFunc
+
+        SimpleCompareFunc = CompareFunc.simple
+
+    ref_runner = onnxrt_runner(reference, REFERENCE)
+    names = [o.name for o in reference.graph.output]
+    with quiet_polygraphy(verbose):
+        results = Comparator.run([ref_runner, candidate_runner], data_loader=feeds)
+        func = SimpleCompareFunc(
+            atol={n: spec.tolerance(n).atol for n in names},
+            rtol={n: spec.tolerance(n).rtol for n in names},
+            check_error_stat={n: spec.tolerance(n).check_error_stat for n in names},
+        )
+        verdicts = Comparator.compare_accuracy(results, compare_func=func)
+    verdict = verdicts[0] if isinstance(verdicts, list) or hasattr(verdicts, "lst") else verdicts
+    pair = (REFERENCE, candidate_runner.name)
+    per_iter = verdict[pair]
+    ref_iters = results[REFERENCE]
+    out_iters = results[candidate_runner.name]
+    outputs = {}
+    for name in names:
+        refs = [np.asarray(it[name]) for it in ref_iters]
+        outs = [np.asarray(it[name]) for it in out_iters]
+        m = metrics(
+            np.concatenate([r.ravel() for r in refs]), np.concatenate([o.ravel() for o in outs])
+        )
+        tol = spec.tolerance(name)
+        ok = all(bool(it[name]) for it in per_iter) and m["nonfinite"] == 0
+        outputs[name] = OutputMetrics(
+            passed=ok,
+            atol=tol.atol,
+            rtol=tol.rtol,
+            check_error_stat=tol.check_error_stat,
+            psnr=psnr(refs[0], outs[0]),
+            **m,
+        )
+    return Evaluation(evaluator, all(o.passed for o in outputs.values()), outputs, results)
+
+
+# -- intermediate tensors -------------------------------------------------------
+
+
+def mark_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    marked = onnx.ModelProto()
+    marked.CopyFrom(model)
+    existing = {o.name for o in marked.graph.output}
+    for name in names:
+        if name not in existing:
+            marked.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+            existing.add(name)
+    del marked.graph.value_info[:]
+    return marked
+
+
+def float_node_outputs(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
+    """(tensor, node, op) for every float tensor a node produces, in topological order."""
+    from trtbuild.precision.graphview import GraphView
+
+    view = GraphView(model)
+    return [(t, n.name, n.op_type) for i, n in enumerate(view.nodes) for t in view.float_outputs(i)]
+
+
+def run_all_tensors(
+    model: onnx.ModelProto, feed: Feed, names: list[str], optimize: bool
+) -> dict[str, np.ndarray]:
+    marked = mark_outputs(model, names)
+    sess = _session(marked.SerializeToString(), optimize=optimize)
+    wanted = [o.name for o in sess.get_outputs() if o.name in set(names)]
+    values = sess.run(wanted, feed)
+    return dict(zip(wanted, values))
+
+
+def tensor_ranges(reference: onnx.ModelProto, feeds: list[Feed]) -> dict[str, float]:
+    """max |value| of every float tensor of the FP32 reference over all feeds."""
+    tensors = [t for t, _, _ in float_node_outputs(reference)]
+    tensors += [i.name for i in reference.graph.input]
+    ranges: dict[str, float] = {}
+    for feed in feeds:
+        values = run_all_tensors(reference, feed, tensors, optimize=False)
+        values.update(feed)
+        for name, v in values.items():
+            if np.issubdtype(np.asarray(v).dtype, np.floating) and np.asarray(v).size:
+                with np.errstate(all="ignore"):
+                    peak = float(np.nanmax(np.abs(v)))
+                ranges[name] = max(ranges.get(name, 0.0), peak)
+    return ranges
+
+
+def divergence(
+    reference: onnx.ModelProto,
+    emulated: onnx.ModelProto,
+    feed: Feed,
+    threshold: float,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """First tensor (topological order) that is non-finite or off by > threshold of its range.
+
+    Returns the divergence (or None) and the per-layer error curve along depth.
+    """
+    order = float_node_outputs(reference)
+    names = [t for t, _, _ in order]
+    ref = run_all_tensors(reference, feed, names, optimize=False)
+    emu = run_all_tensors(emulated, feed, names, optimize=False)
+    first, curve = None, []
+    for depth, (tensor, node, op) in enumerate(order):
+        if tensor not in ref or tensor not in emu:
+            continue
+        r = np.asarray(ref[tensor], dtype=np.float64)
+        e = np.asarray(emu[tensor], dtype=np.float64)
+        if r.shape != e.shape:
+            continue
+        with np.errstate(all="ignore"):
+            bad = int(np.count_nonzero(~np.isfinite(e) & np.isfinite(r)))
+            scale = float(np.nanmax(np.abs(r))) if r.size else 0.0
+            err = float(np.nanmax(np.abs(e - r))) if r.size else 0.0
+        rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
+        if bad:
+            rel = float("inf")
+        curve.append(
+            {
+                "depth": depth,
+                "node": node,
+                "op": op,
+                "tensor": tensor,
+                "rel_error": _finite_or_str(rel),
+                "ref_max_abs": scale,
+            }
+        )
+        if first is None and (bad or rel > threshold):
+            reason = (
+                f"{bad} non-finite value(s) where FP32 is finite (FP32 peak |x| = {scale:.4g})"
+                if bad
+                else f"error {rel:.2%} of the tensor's range exceeds {threshold:.0%}"
+            )
+            first = {"node": node, "op": op, "tensor": tensor, "reason": reason}
+    return first, curve

@@ -1,0 +1,131 @@
+"""Human and CI renderings of a report: Markdown and JUnit XML."""
+
+from __future__ import annotations
+
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if v is None:
+        return "–"
+    return str(v)
+
+
+def _outputs_table(outputs: dict[str, dict[str, Any]]) -> list[str]:
+    cols = [
+        "max_abs",
+        "mean_abs",
+        "median_abs",
+        "p99_abs",
+        "max_rel",
+        "cosine",
+        "psnr",
+        "nonfinite",
+    ]
+    lines = [
+        "| output | verdict | " + " | ".join(cols) + " | tolerance |",
+        "|---|---|" + "---|" * len(cols) + "---|",
+    ]
+    for name, m in outputs.items():
+        tol = f"atol {m['atol']:g}, rtol {m['rtol']:g} ({m['check_error_stat']})"
+        verdict = "pass" if m["passed"] else "**FAIL**"
+        lines.append(
+            f"| `{name}` | {verdict} | " + " | ".join(_fmt(m.get(c)) for c in cols) + f" | {tol} |"
+        )
+    return lines
+
+
+def _divergence(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "none: every intermediate tensor stays within the divergence threshold"
+    return f"`{d['node']}` ({d['op']}), tensor `{d['tensor']}`: {d['reason']}"
+
+
+def markdown(report: dict[str, Any], build: dict[str, Any] | None) -> str:
+    p = report["precision"]
+    verdict = "PASSED" if report["passed"] else "FAILED"
+    base = report["baselines"]["fp16"]
+    lines = [
+        f"# trtbuild accuracy report: {verdict}",
+        "",
+        f"- policy: `{report['policy']}`",
+        f"- model: `{report['model']}`",
+        f"- evaluator: **{report['evaluator']}** against the ONNX Runtime FP32 reference, "
+        f"{report['samples']} sample(s)",
+        f"- precision: {p['fp16_nodes']} FP16 and {p['fp32_nodes']} FP32 compute nodes "
+        f"({p['fp16_share']:.1%} FP16), {len(p['pinned'])} pinned by rules",
+        "",
+        "## Outputs (policy)",
+        "",
+        *_outputs_table(report["outputs"]),
+        "",
+        f"First divergence (policy, {report['divergence_evaluator']}): {_divergence(report['first_divergence'])}",
+        "",
+        "## What the policy buys: all-FP16 baseline",
+        "",
+        f"All-FP16 {'passes' if base['passed'] else 'FAILS'} ({base['evaluator']}).",
+        "",
+        *_outputs_table(base["outputs"]),
+        "",
+        f"First divergence (all-FP16): {_divergence(base['first_divergence'])}",
+        "",
+    ]
+    if p["pinned"]:
+        lines += ["## Pinned nodes", "", "| node | op | rule |", "|---|---|---|"]
+        lines += [f"| `{x['node']}` | {x['op']} | `{x['rule']}` |" for x in p["pinned"]]
+        lines.append("")
+    if build and build.get("engines"):
+        lines += [
+            "## Engines",
+            "",
+            "| variant | backend | engine size | weights | activations | build s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, e in build["engines"].items():
+            mem = e.get("memory", {})
+            lines.append(
+                f"| {name} | {e['backend']} {e['version']} | {e['engine_bytes']:,} B | "
+                f"{_fmt(mem.get('weights_bytes'))} B | {_fmt(mem.get('activation_bytes'))} B | {e['build_seconds']} |"
+            )
+        audit = build.get("layer_audit") or {}
+        if audit:
+            ok = "yes" if audit.get("ok") else f"NO: {audit.get('mismatched')}"
+            lines += [
+                "",
+                f"Every FP32 node is an FP32 layer in the parsed network: {ok} "
+                f"({audit.get('fp32_nodes_checked')} checked).",
+            ]
+        lines.append("")
+    if report.get("warnings"):
+        lines += ["## Warnings", ""] + [f"- {w}" for w in report["warnings"]] + [""]
+    return "\n".join(lines)
+
+
+def junit(report: dict[str, Any]) -> str:
+    """One test case per output, so CI dashboards show which output broke."""
+    cases = []
+    failures = 0
+    for name, m in report["outputs"].items():
+        body = ""
+        if not m["passed"]:
+            failures += 1
+            msg = (
+                f"max_abs={_fmt(m['max_abs'])} median_abs={_fmt(m['median_abs'])} "
+                f"nonfinite={m['nonfinite']} (atol {m['atol']:g}, rtol {m['rtol']:g}, "
+                f"{m['check_error_stat']})"
+            )
+            body = f"<failure message={quoteattr(msg)}>{escape(msg)}</failure>"
+        cases.append(
+            f"    <testcase classname={quoteattr('trtbuild.' + report['evaluator'])} "
+            f"name={quoteattr(name)}>{body}</testcase>"
+        )
+    suite = quoteattr(report["policy"])
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuites>\n  <testsuite name={suite} tests="{len(cases)}" failures="{failures}">\n'
+        + "\n".join(cases)
+        + "\n  </testsuite>\n</testsuites>\n"
+    )

@@ -1,0 +1,269 @@
+"""Command line: argument parsing and the mapping of errors to exit codes, nothing else.
+
+`main(argv)` returns the exit code so tests can call it directly. Heavy modules
+(onnx, onnxruntime, polygraphy, tensorrt) are imported inside the commands, so
+`--help` and `schema` start instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from trtbuild import __version__
+from trtbuild.errors import EXIT_USAGE, TrtbuildError
+
+EXIT_BUG = 70  # an internal error: traceback kept, reported as a bug
+
+_EPILOG = "exit codes: 0 ok, 1 accuracy below tolerance, 2 bad usage/policy/model, 3 backend unavailable or build failed"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's usage errors follow the contract too
+        self.print_usage(sys.stderr)
+        print(f"trtbuild: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="trtbuild",
+        description="Build TensorRT engines under a per-layer precision policy, "
+        "with an accuracy report against FP32.",
+        epilog=_EPILOG,
+    )
+    p.add_argument("--version", action="version", version=f"trtbuild {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def policy_arg(sp):
+        sp.add_argument(
+            "--policy",
+            "-p",
+            required=True,
+            metavar="P",
+            help="policy YAML; a bare name is also looked up in ./policies/",
+        )
+        sp.add_argument("--verbose", "-v", action="store_true", help="show Polygraphy's log")
+
+    b = sub.add_parser("build", help="prepare, assign, build and report into DIR", epilog=_EPILOG)
+    policy_arg(b)
+    b.add_argument("--out", "-o", type=Path, metavar="DIR", help="default: build/<policy stem>/")
+    b.add_argument(
+        "--backend",
+        choices=["auto", "tensorrt", "tensorrt-rtx", "none"],
+        help="override build.backend",
+    )
+
+    c = sub.add_parser(
+        "check", help="validate a policy against its model; show each node's precision"
+    )
+    policy_arg(c)
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+
+    cv = sub.add_parser("convert", help="write only the mixed-precision model")
+    policy_arg(cv)
+    cv.add_argument("-o", "--output", required=True, type=Path, metavar="MIXED.onnx")
+
+    r = sub.add_parser("report", help="the accuracy report without rebuilding", epilog=_EPILOG)
+    policy_arg(r)
+    r.add_argument("--engine", "-e", type=Path, metavar="E", help="engine to run (needs a GPU)")
+    r.add_argument("--out", "-o", type=Path, metavar="DIR", help="default: build/<policy stem>/")
+
+    pr = sub.add_parser("prepare", help="run the graph passes alone")
+    pr.add_argument("model", type=Path, metavar="MODEL")
+    pr.add_argument("-o", "--output", required=True, type=Path, metavar="OUT")
+    pr.add_argument("--opset", type=int, metavar="N", help="upgrade to at least this opset")
+    pr.add_argument("--no-fold", action="store_true", help="skip constant folding")
+    pr.add_argument("--no-fuse-layernorm", action="store_true", help="skip LayerNorm fusion")
+
+    sub.add_parser("schema", help="print the policy's JSON Schema")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return int(exc.code or 0)
+    try:
+        return _COMMANDS[args.command](args)
+    except TrtbuildError as exc:
+        print(f"trtbuild: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print(
+            "trtbuild: internal error: this is a bug in trtbuild; please report it with the "
+            "traceback above",
+            file=sys.stderr,
+        )
+        return EXIT_BUG
+
+
+def _warn(messages: list[str]) -> None:
+    for m in messages:
+        print(f"trtbuild: warning: {m}", file=sys.stderr)
+
+
+def _out_dir(args, policy) -> Path:
+    return args.out if args.out is not None else Path("build") / policy.stem
+
+
+def _cmd_build(args) -> int:
+    from trtbuild import pipeline
+    from trtbuild.policy import load_policy
+
+    policy = load_policy(args.policy)
+    outcome = pipeline.build(policy, _out_dir(args, policy), args.backend, args.verbose)
+    _warn(outcome.report["warnings"])
+    _print_verdict(outcome)
+    return outcome.exit_code
+
+
+def _cmd_report(args) -> int:
+    from trtbuild import pipeline
+    from trtbuild.errors import UsageError
+    from trtbuild.policy import load_policy
+
+    policy = load_policy(args.policy)
+    if args.engine is not None and not args.engine.is_file():
+        raise UsageError(
+            "engine file not found",
+            where=str(args.engine),
+            hint="build it first with trtbuild build",
+        )
+    outcome = pipeline.report_only(policy, _out_dir(args, policy), args.engine, args.verbose)
+    _warn(outcome.report["warnings"])
+    _print_verdict(outcome)
+    return outcome.exit_code
+
+
+def _print_verdict(outcome) -> None:
+    r = outcome.report
+    p = r["precision"]
+    base = r["baselines"]["fp16"]
+    print(
+        f"{'PASSED' if r['passed'] else 'FAILED'} ({r['evaluator']}): "
+        f"{p['fp16_share']:.1%} FP16, {len(p['pinned'])} node(s) pinned to FP32"
+    )
+    for name, m in r["outputs"].items():
+        print(
+            f"  {name}: {'pass' if m['passed'] else 'FAIL'}  max_abs={m['max_abs']:.4g} "
+            f"median_abs={m['median_abs']:.4g} nonfinite={m['nonfinite']}"
+            if isinstance(m["max_abs"], float)
+            else f"  {name}: {'pass' if m['passed'] else 'FAIL'}  max_abs={m['max_abs']}"
+        )
+    bd = base["first_divergence"]
+    print(
+        f"all-FP16 baseline: {'passes' if base['passed'] else 'FAILS'}"
+        + (f"; first divergence at {bd['node']} ({bd['reason']})" if bd else "")
+    )
+    print(f"wrote {outcome.out_dir}/")
+
+
+def _cmd_check(args) -> int:
+    from trtbuild import pipeline
+    from trtbuild.policy import load_policy
+
+    policy = load_policy(args.policy)
+    stages = pipeline.run_front(policy)
+    a = stages.assignment
+    rows = [
+        {
+            "node": n.name,
+            "op": n.op_type,
+            "precision": d.precision or "-",
+            "rule": d.rule,
+            "reason": d.reason,
+        }
+        for n, d in zip(a.view.nodes, a.decisions)
+    ]
+    summary = a.summary(policy.precision.rules)
+    warnings = stages.warnings + pipeline.boundary_warnings(stages)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "nodes": rows,
+                    "summary": summary,
+                    "casts": len(stages.converted.casts),
+                    "warnings": warnings,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    widths = [
+        max(len(r[k]) for r in [*rows, dict.fromkeys(rows[0], k)])
+        for k in ("node", "op", "precision", "rule")
+    ]
+    header = ("node", "op", "precision", "rule", "reason")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  reason")
+    for r in rows:
+        print("  ".join(r[k].ljust(w) for k, w in zip(header, widths)) + "  " + r["reason"])
+    print(
+        f"\n{summary['fp16_nodes']} fp16, {summary['bf16_nodes']} bf16, {summary['fp32_nodes']} fp32 "
+        f"compute nodes ({summary['fp16_share']:.1%} fp16); {len(stages.converted.casts)} casts; "
+        f"rule hits: " + ", ".join(f"{k}={v}" for k, v in summary["rule_hits"].items())
+    )
+    _warn(warnings)
+    return 0
+
+
+def _cmd_convert(args) -> int:
+    from trtbuild import pipeline
+    from trtbuild.graph.model_io import save_model
+    from trtbuild.policy import load_policy
+
+    policy = load_policy(args.policy)
+    stages = pipeline.run_front(policy)
+    save_model(stages.converted.model, args.output)
+    _warn(stages.warnings)
+    s = stages.assignment.summary(policy.precision.rules)
+    print(
+        f"wrote {args.output}: {s['fp16_share']:.1%} FP16, {s['fp32_nodes']} FP32 nodes, "
+        f"{len(stages.converted.casts)} casts"
+    )
+    return 0
+
+
+def _cmd_prepare(args) -> int:
+    from trtbuild.graph.model_io import load_model, save_model
+    from trtbuild.graph.prepare import prepare
+    from trtbuild.policy.model import Passes
+
+    model = load_model(args.model)
+    passes = Passes(
+        opset=args.opset, fold_constants=not args.no_fold, fuse_layernorm=not args.no_fuse_layernorm
+    )
+    prepared = prepare(model, passes, source=str(args.model))
+    save_model(prepared.model, args.output)
+    for rec in prepared.records:
+        print(f"{rec.name}: {rec.changed} change(s)" + (f" {rec.details}" if rec.details else ""))
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_schema(args) -> int:
+    from trtbuild.policy.schema import SCHEMA
+
+    print(json.dumps(SCHEMA, indent=2))
+    return 0
+
+
+_COMMANDS = {
+    "build": _cmd_build,
+    "check": _cmd_check,
+    "convert": _cmd_convert,
+    "report": _cmd_report,
+    "prepare": _cmd_prepare,
+    "schema": _cmd_schema,
+}

@@ -1,0 +1,63 @@
+"""Model loading and saving with user-grade errors and atomic writes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+
+from trtbuild.errors import UsageError
+from trtbuild.fsutil import atomic_path
+
+_TWO_GIB = 2**31 - 1
+
+
+def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.ModelProto:
+    """Load an ONNX model (external data included) or fail with one clear message."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(
+            f"{what} file not found",
+            where=str(path),
+            hint="generate it (make models) or fix the 'model' path, which is relative to the policy",
+        )
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf raises DecodeError, onnx raises ValueError/OSError
+        raise UsageError(
+            f"not a readable ONNX model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'truncated or corrupt'})",
+            where=str(path),
+            hint="re-export or re-download the model",
+        ) from None
+    if not model.graph.node:
+        raise UsageError(
+            "the model has no nodes", where=str(path), hint="is this a truncated or empty file?"
+        )
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(
+            f"invalid ONNX model: {first}",
+            where=str(path),
+            hint="fix the exporter output; onnx.checker must accept the model",
+        ) from None
+    return model
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
+    """Write atomically; models past protobuf's 2 GiB limit get one external data file."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        if model.ByteSize() < _TWO_GIB:
+            tmp.write_bytes(model.SerializeToString())
+        else:
+            data_name = f"{path.name}.data"
+            onnx.save_model(
+                model,
+                str(tmp),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=data_name,
+            )

@@ -1,0 +1,156 @@
+"""Graph passes that make the ONNX graph look the way TensorRT will see it.
+
+Each pass takes a model and returns `(model, PassRecord)`. Why records: users
+write policies against node names, so every change a pass makes must be
+visible in `build.json` and the report, and node names must survive.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from trtbuild.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PassRecord:
+    name: str
+    changed: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pass": self.name, "changed": self.changed, **self.details}
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference that never fails the pipeline; custom ops simply stay unknown."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference errors on exotic models are not user errors
+        log.warning("shape inference failed (%s); continuing without it", exc)
+        return model
+
+
+def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """Turn `Constant` nodes into initializers, as TensorRT sees weights.
+
+    Why: precision rules and range analysis reason about weights, and exporters
+    (Paddle, older PyTorch) write them as `Constant` nodes.
+    """
+    record = PassRecord("lift_constants")
+    keep = []
+    for node in model.graph.node:
+        value = (
+            _constant_value(node)
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+            else None
+        )
+        if value is None:
+            keep.append(node)
+            continue
+        model.graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+        record.changed += 1
+    if record.changed:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return model, record
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+    return None  # sparse or string constants stay nodes
+
+
+def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.ModelProto, PassRecord]:
+    """Raise the default-domain opset to at least `target` with onnx.version_converter."""
+    current = opset_of(model)
+    record = PassRecord("opset", details={"from": current, "to": current})
+    if target is None or target <= current:
+        return model, record
+    if target > onnx.defs.onnx_opset_version():
+        raise UsageError(
+            f"opset {target} is newer than this onnx package supports ({onnx.defs.onnx_opset_version()})",
+            where="passes.opset",
+            hint="lower passes.opset or upgrade onnx",
+        )
+    try:
+        upgraded = onnx.version_converter.convert_version(model, target)
+    except Exception as exc:
+        raise UsageError(
+            f"onnx.version_converter cannot take this model from opset {current} to {target}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            where="passes.opset",
+            hint="choose a lower opset, or re-export the model at the opset you need",
+        ) from None
+    record.changed = 1
+    record.details["to"] = target
+    return upgraded, record
+
+
+def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """Fold constant subgraphs and drop dead nodes with onnx-graphsurgeon."""
+    import onnx_graphsurgeon as gs
+
+    before = len(model.graph.node)
+    graph = gs.import_onnx(model)
+    graph.fold_constants(error_ok=True).cleanup(remove_unused_graph_inputs=False).toposort()
+    folded = gs.export_onnx(graph, do_type_check=False)
+    # gs writes its own producer/ir version; keep the model's metadata and opsets.
+    folded.ir_version = model.ir_version
+    del folded.opset_import[:]
+    folded.opset_import.extend(model.opset_import)
+    folded.producer_name = model.producer_name
+    folded.producer_version = model.producer_version
+    removed = before - len(folded.graph.node)
+    return folded, PassRecord("fold_constants", changed=removed, details={"nodes_removed": removed})
+
+
+def name_unnamed_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """Give every node a unique name: rules, reports and TensorRT layers are keyed by it."""
+    record = PassRecord("name_nodes")
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            base = node.name or f"{node.op_type}"
+            name, k = f"{base}__{i}", i
+            while name in seen:
+                k += 1
+                name = f"{base}__{k}"
+            node.name = name
+            record.changed += 1
+        seen.add(node.name)
+    return model, record
+
+
+def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
+    del model.graph.value_info[:]
+    return model
+
+
+def make_cast(name: str, src: str, dst: str, to: int) -> onnx.NodeProto:
+    return helper.make_node("Cast", [src], [dst], name=name, to=to)

@@ -1,0 +1,50 @@
+"""The `prepare` stage: every graph pass, in order, with a record of each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from trtbuild.errors import UsageError
+from trtbuild.graph import passes
+from trtbuild.policy.model import Passes
+
+_CONTROL_FLOW = {"If", "Loop", "Scan"}
+
+
+@dataclass
+class Prepared:
+    model: onnx.ModelProto
+    records: list[passes.PassRecord]
+
+    def records_json(self) -> list[dict]:
+        return [r.to_json() for r in self.records]
+
+
+def prepare(model: onnx.ModelProto, options: Passes, *, source: str = "model") -> Prepared:
+    """Sanitize: names, constants, opset, folding, shapes; each step recorded."""
+    _reject_unsupported(model, source)
+    records = []
+    model, rec = passes.name_unnamed_nodes(model)
+    records.append(rec)
+    model, rec = passes.lift_constants(model)
+    records.append(rec)
+    model, rec = passes.upgrade_opset(model, options.opset)
+    records.append(rec)
+    if options.fold_constants:
+        model, rec = passes.fold_constants(model)
+        records.append(rec)
+    model = passes.infer_shapes(passes.strip_value_info(model))
+    return Prepared(model, records)
+
+
+def _reject_unsupported(model: onnx.ModelProto, source: str) -> None:
+    for node in model.graph.node:
+        if node.op_type in _CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+            raise UsageError(
+                f"node {node.name or '(unnamed)'!r} is a {node.op_type} with a subgraph; "
+                "control-flow subgraphs are not supported yet",
+                where=source,
+                hint="export the model without control flow (e.g. trace with fixed sizes)",
+            )

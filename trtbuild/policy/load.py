@@ -1,0 +1,286 @@
+"""Read a policy file: YAML → schema check → semantic checks → `Policy`.
+
+Why the YAML is composed twice (nodes for line numbers, then values): every
+message must name the file, the line and the field, and PyYAML only keeps marks
+on nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trtbuild.errors import UsageError
+from trtbuild.policy.model import (
+    AccuracySpec,
+    BuildSpec,
+    DataSpec,
+    InputSpec,
+    Match,
+    Passes,
+    Policy,
+    Precision,
+    Rule,
+    Tolerance,
+)
+from trtbuild.policy.schema import SchemaViolation, validate
+
+POLICY_DIR = Path("policies")
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+_SIZE_UNITS.update({"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30})
+
+
+def resolve_policy_path(name: str | Path) -> Path:
+    """`--policy nafnet.yaml` finds `./policies/nafnet.yaml` when no such file exists here."""
+    path = Path(name)
+    if path.is_file():
+        return path.resolve()
+    candidate = POLICY_DIR / path
+    if not path.is_absolute() and candidate.is_file():
+        return candidate.resolve()
+    looked = f"{path}" + ("" if path.is_absolute() else f" and {candidate}")
+    raise UsageError(
+        "policy file not found",
+        where=str(name),
+        hint=f"looked at {looked}; pass an existing path with --policy",
+    )
+
+
+def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict:
+    """Map every field path to the line of its key (or of its list item)."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            out[(*path, key.value)] = key.start_mark.line + 1
+            _line_map(value, (*path, key.value), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_map(item, (*path, i), out)
+    return out
+
+
+def format_path(path: tuple) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+class _Located:
+    """Turns a field path into `file:line: field: message` errors."""
+
+    def __init__(self, file: Path, lines: dict):
+        self.file = file
+        self.lines = lines
+
+    def error(self, path: tuple, message: str, hint: str | None = None) -> UsageError:
+        probe = tuple(path)
+        while probe and probe not in self.lines:
+            probe = probe[:-1]
+        line = self.lines.get(probe)
+        where = f"{self.file}:{line}" if line else str(self.file)
+        return UsageError(f"{format_path(path)}: {message}", where=where, hint=hint)
+
+
+def load_policy(name: str | Path) -> Policy:
+    """Load and validate a policy; model path is resolved relative to the policy file."""
+    path = resolve_policy_path(name)
+    shown = _display(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read policy: {exc}", where=shown) from None
+    return parse_policy(text, path, shown)
+
+
+def parse_policy(text: str, path: Path, shown: str | None = None) -> Policy:
+    shown = shown or str(path)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{shown}:{mark.line + 1}" if mark else shown
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(
+            f"malformed YAML: {problem}", where=where, hint="fix the YAML syntax"
+        ) from None
+    loc = _Located(Path(shown), _line_map(node) if node is not None else {})
+    if not isinstance(data, dict):
+        raise loc.error((), "a policy must be a mapping with at least 'version' and 'model'")
+    try:
+        data = validate(data)
+    except SchemaViolation as exc:
+        raise loc.error(exc.path, exc.message, _fix_hint(exc)) from None
+    return _build(data, path, loc)
+
+
+def _fix_hint(exc: SchemaViolation) -> str | None:
+    if exc.path == ("version",):
+        return "this trtbuild reads policy version 1"
+    if exc.message.startswith("missing required key 'model'"):
+        return "add 'model: path/to/model.onnx' (relative to the policy file)"
+    if exc.path and exc.path[0] == "build" and "workspace" in exc.path:
+        return "write e.g. 4GiB, 512MiB or a number of bytes"
+    return None
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _dims(value: Any) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(v) for v in value)
+
+
+def _build(data: dict, path: Path, loc: _Located) -> Policy:
+    base = path.parent
+    inputs = []
+    for name, spec in (data.get("inputs") or {}).items():
+        spec = spec or {}
+        has_profile = any(k in spec for k in ("min", "opt", "max"))
+        if has_profile and not all(k in spec for k in ("min", "opt", "max")):
+            raise loc.error(("inputs", name), "an optimization profile needs min, opt and max")
+        if has_profile and "shape" in spec:
+            raise loc.error(("inputs", name), "give either 'shape' or min/opt/max, not both")
+        if has_profile:
+            ranks = {len(spec[k]) for k in ("min", "opt", "max")}
+            ok = all(a <= b <= c for a, b, c in zip(spec["min"], spec["opt"], spec["max"]))
+            if len(ranks) != 1 or not ok:
+                raise loc.error(("inputs", name), "profile needs equal ranks and min <= opt <= max")
+        raw = spec.get("data") or {}
+        if "file" in raw and "distribution" in raw:
+            raise loc.error(("inputs", name, "data"), "give either 'file' or 'distribution'")
+        if raw.get("low", 0.0) > raw.get("high", 1.0):
+            raise loc.error(("inputs", name, "data", "low"), "low must not exceed high")
+        data_spec = DataSpec(
+            distribution=raw.get("distribution", "uniform"),
+            low=float(raw.get("low", 0.0)),
+            high=float(raw.get("high", 1.0)),
+            mean=float(raw.get("mean", 0.0)),
+            std=float(raw.get("std", 1.0)),
+            file=(base / raw["file"]).resolve() if "file" in raw else None,
+        )
+        if data_spec.file is not None and not data_spec.file.is_file():
+            raise loc.error(
+                ("inputs", name, "data", "file"),
+                f"data file not found: {data_spec.file}",
+                "the path is relative to the policy file",
+            )
+        inputs.append(
+            InputSpec(
+                name=name,
+                shape=_dims(spec.get("shape")),
+                min=_dims(spec.get("min")),
+                opt=_dims(spec.get("opt")),
+                max=_dims(spec.get("max")),
+                data=data_spec,
+            )
+        )
+
+    p = data.get("passes") or {}
+    passes = Passes(
+        opset=p.get("opset"),
+        fuse_layernorm=p.get("fuse_layernorm", True),
+        fold_constants=p.get("fold_constants", True),
+        fold_batchnorm=p.get("fold_batchnorm", True),
+    )
+
+    prec = data.get("precision") or {}
+    rules, seen = [], {}
+    for i, raw_rule in enumerate(prec.get("rules") or []):
+        rid = raw_rule["id"]
+        if rid in seen:
+            raise loc.error(
+                ("precision", "rules", i, "id"),
+                f"duplicate rule id '{rid}' (first used by rule {seen[rid]})",
+                "give every rule its own id",
+            )
+        seen[rid] = i
+        m = raw_rule["match"]
+        if m.get("name") is not None:
+            try:
+                re.compile(m["name"])
+            except re.error as exc:
+                raise loc.error(
+                    ("precision", "rules", i, "match", "name"),
+                    f"invalid regular expression {m['name']!r}: {exc}",
+                    "quote the pattern and escape special characters such as '(' or '['",
+                ) from None
+        if "last" in m and m.get("pattern") != "final_reductions":
+            raise loc.error(
+                ("precision", "rules", i, "match", "last"),
+                "'last' only applies to pattern: final_reductions",
+            )
+        op = m.get("op", ())
+        rules.append(
+            Rule(
+                id=rid,
+                precision=raw_rule["precision"],
+                why=raw_rule.get("why"),
+                line=loc.lines.get(("precision", "rules", i)),
+                match=Match(
+                    name=m.get("name"),
+                    op=(op,) if isinstance(op, str) else tuple(op),
+                    pattern=m.get("pattern"),
+                    last=m.get("last"),
+                    max_abs_above=m.get("max_abs_above"),
+                    initializer_abs_above=m.get("initializer_abs_above"),
+                    reduction_depth_above=m.get("reduction_depth_above"),
+                ),
+            )
+        )
+    precision = Precision(
+        default=prec.get("default", "fp16"), io=prec.get("io", "keep"), rules=tuple(rules)
+    )
+
+    b = data.get("build") or {}
+    workspace = b.get("workspace", 4 << 30)
+    build = BuildSpec(
+        backend=b.get("backend", "auto"),
+        compute_capabilities=tuple(b.get("compute_capabilities", ("8.9",))),
+        workspace=workspace if isinstance(workspace, int) else parse_size(workspace),
+        timing_cache=(base / b["timing_cache"]).resolve() if b.get("timing_cache") else None,
+        variants=b.get("variants", True),
+    )
+
+    a = data.get("accuracy") or {}
+    tol = a.get("tolerances") or {}
+    default_tol = Tolerance(**{**vars(Tolerance()), **(tol.get("default") or {})})
+    outputs = tuple(
+        (name, Tolerance(**{**vars(default_tol), **(t or {})}))
+        for name, t in (tol.get("outputs") or {}).items()
+    )
+    accuracy = AccuracySpec(
+        samples=a.get("samples", 4),
+        seed=a.get("seed", 0),
+        divergence_threshold=a.get("divergence_threshold", 0.05),
+        default_tolerance=default_tol,
+        output_tolerances=outputs,
+    )
+
+    model = (base / data["model"]).resolve()
+    return Policy(
+        path=path,
+        model=model,
+        inputs=tuple(inputs),
+        passes=passes,
+        precision=precision,
+        build=build,
+        accuracy=accuracy,
+        raw=data,
+    )
+
+
+def parse_size(text: str) -> int:
+    m = re.match(r"^(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?$", text.strip())
+    if not m:  # the schema's pattern already rejected this; keep the message anyway
+        raise UsageError(f"bad size {text!r}", hint="write e.g. 4GiB")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])

@@ -1,0 +1,125 @@
+"""The validated policy as immutable values.
+
+Why frozen dataclasses with tuple fields: the pipeline passes a policy through
+every stage, and `tune` derives new policies from old ones; nothing may change a
+policy behind another stage's back (ModelOpt's mutable defaults are a lesson).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    distribution: str = "uniform"
+    low: float = 0.0
+    high: float = 1.0
+    mean: float = 0.0
+    std: float = 1.0
+    file: Path | None = None
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...] | None = None
+    min: tuple[int, ...] | None = None
+    opt: tuple[int, ...] | None = None
+    max: tuple[int, ...] | None = None
+    data: DataSpec = field(default_factory=DataSpec)
+
+    @property
+    def feed_shape(self) -> tuple[int, ...] | None:
+        """The shape reference data is made with: `shape`, else the profile's `opt`."""
+        return self.shape if self.shape is not None else self.opt
+
+
+@dataclass(frozen=True)
+class Passes:
+    opset: int | None = None
+    fuse_layernorm: bool = True
+    fold_constants: bool = True
+    fold_batchnorm: bool = True
+
+
+@dataclass(frozen=True)
+class Match:
+    name: str | None = None
+    op: tuple[str, ...] = ()
+    pattern: str | None = None
+    last: int | None = None
+    max_abs_above: float | None = None
+    initializer_abs_above: float | None = None
+    reduction_depth_above: int | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    match: Match
+    precision: str
+    why: str | None = None
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class Precision:
+    default: str = "fp16"
+    io: str = "keep"
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    backend: str = "auto"
+    compute_capabilities: tuple[str, ...] = ("8.9",)
+    workspace: int = 4 << 30
+    timing_cache: Path | None = None
+    variants: bool = True
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float = 1e-3
+    rtol: float = 1e-3
+    check_error_stat: str = "median"
+
+
+@dataclass(frozen=True)
+class AccuracySpec:
+    samples: int = 4
+    seed: int = 0
+    divergence_threshold: float = 0.05
+    default_tolerance: Tolerance = field(default_factory=Tolerance)
+    output_tolerances: tuple[tuple[str, Tolerance], ...] = ()
+
+    def tolerance(self, output: str) -> Tolerance:
+        return dict(self.output_tolerances).get(output, self.default_tolerance)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A policy file, validated; paths are absolute."""
+
+    path: Path
+    model: Path
+    inputs: tuple[InputSpec, ...] = ()
+    passes: Passes = field(default_factory=Passes)
+    precision: Precision = field(default_factory=Precision)
+    build: BuildSpec = field(default_factory=BuildSpec)
+    accuracy: AccuracySpec = field(default_factory=AccuracySpec)
+    raw: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def stem(self) -> str:
+        return self.path.stem
+
+    def replace(self, **changes: Any) -> Policy:
+        return dataclasses.replace(self, **changes)
+
+    def with_precision(self, **changes: Any) -> Policy:
+        return self.replace(precision=dataclasses.replace(self.precision, **changes))

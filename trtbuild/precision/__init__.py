@@ -1,0 +1,1 @@
+"""Precision: rules and patterns, assignment, cast insertion."""

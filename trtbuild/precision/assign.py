@@ -1,0 +1,127 @@
+"""Classify every node: which precision it computes in, and why.
+
+Order of the classification (first that applies wins):
+1. nodes with no float output compute nothing in float: they keep their inputs' types;
+2. the policy's rules, first match wins;
+3. data-movement ops follow the precision of their input;
+4. the policy's default.
+An op whose ONNX schema has no FP16/BF16 type stays FP32 whatever asked for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from trtbuild.policy.model import Precision
+from trtbuild.precision import rules as rules_mod
+from trtbuild.precision.graphview import GraphView
+from trtbuild.precision.optypes import DATA_MOVEMENT, PRECISION_DTYPE
+
+
+@dataclass(frozen=True)
+class Decision:
+    precision: str | None  # fp16 | bf16 | fp32 | None (computes nothing in float)
+    rule: str  # rule id, or "default", "follows-input", "schema", "no-float"
+    reason: str
+
+
+@dataclass
+class Assignment:
+    view: GraphView
+    decisions: list[Decision]
+    rule_hits: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def precision_of(self, index: int) -> str | None:
+        return self.decisions[index].precision
+
+    def summary(self, rules: tuple = ()) -> dict:
+        """The `precision` block of report.json."""
+        counts = {"fp16": 0, "bf16": 0, "fp32": 0}
+        pinned = []
+        rule_prec = {r.id: r.precision for r in rules}
+        for node, d in zip(self.view.nodes, self.decisions):
+            if d.precision is not None:
+                counts[d.precision] += 1
+            if d.precision == "fp32" and d.rule in rule_prec:
+                pinned.append({"node": node.name, "op": node.op_type, "rule": d.rule})
+        compute = sum(counts.values())
+        return {
+            "fp16_nodes": counts["fp16"],
+            "bf16_nodes": counts["bf16"],
+            "fp32_nodes": counts["fp32"],
+            "fp16_share": round(counts["fp16"] / compute, 4) if compute else 0.0,
+            "pinned": pinned,
+            "rule_hits": dict(self.rule_hits),
+        }
+
+
+def assign(
+    model: onnx.ModelProto,
+    precision: Precision,
+    ranges: rules_mod.RangeProvider | None = None,
+) -> Assignment:
+    view = GraphView(model)
+    ctx = rules_mod.MatchContext(view, ranges)
+    picks: list[tuple[str, str, str] | None] = [None] * len(view.nodes)
+    hits: dict[str, int] = {}
+    warnings: list[str] = []
+    for rule in precision.rules:
+        selected = rules_mod.select(rule, ctx)
+        fresh = 0
+        for i, reason in selected.items():
+            if picks[i] is None and view.float_outputs(i):
+                picks[i] = (rule.precision, rule.id, reason)
+                fresh += 1
+        hits[rule.id] = fresh
+        if not selected:
+            warnings.append(f"rule '{rule.id}' matches no node")
+        elif not fresh:
+            warnings.append(
+                f"rule '{rule.id}' matches only nodes that earlier rules already decided"
+            )
+
+    decisions: list[Decision] = []
+    for i, node in enumerate(view.nodes):
+        if not view.float_outputs(i):
+            decisions.append(Decision(None, "no-float", "produces no floating-point tensor"))
+            continue
+        if picks[i] is not None:
+            prec, rid, reason = picks[i]
+            decision = Decision(prec, rid, reason)
+        elif node.op_type in DATA_MOVEMENT:
+            decision = _follow_input(view, decisions, i, precision.default)
+        else:
+            decision = Decision(precision.default, "default", f"policy default {precision.default}")
+        decisions.append(_respect_schema(view, i, decision))
+    return Assignment(view, decisions, hits, warnings)
+
+
+def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: str) -> Decision:
+    for t in view.float_inputs(i):
+        p = view.producer.get(t)
+        if p is not None and decisions[p].precision is not None:
+            src = view.nodes[p].name
+            return Decision(decisions[p].precision, "follows-input", f"moves data; follows {src}")
+    return Decision(default, "default", f"policy default {default}")
+
+
+def _respect_schema(view: GraphView, i: int, decision: Decision) -> Decision:
+    if decision.precision in (None, "fp32"):
+        return decision
+    types = view.types(i)
+    if not types.known:
+        return Decision("fp32", "schema", f"no ONNX schema for {view.nodes[i].op_type}; kept FP32")
+    out_var = next(
+        (types.output_var(k) for k, t in enumerate(view.nodes[i].output) if view.is_float(t)),
+        None,
+    )
+    if types.is_var(out_var) and not types.allows(out_var, PRECISION_DTYPE[decision.precision]):
+        return Decision(
+            "fp32",
+            "schema",
+            f"{view.nodes[i].op_type} has no {decision.precision} type at opset {view.opset}",
+        )
+    return decision

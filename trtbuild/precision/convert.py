@@ -1,0 +1,280 @@
+"""Write the assignment into the graph: a strongly typed mixed-precision ONNX model.
+
+TensorRT 11 (and TensorRT-RTX) take precision from the tensor types alone, so
+this is where a policy takes effect. Invariants, each of which a naive
+converter breaks:
+- a value keeps the type its producer computes it in; a `Cast` is inserted only
+  where a consumer needs another type, once per (tensor, type);
+- FP32 results reach graph outputs in FP32; graph input/output dtypes are kept;
+- integer, bool and shape tensors never change type;
+- weights are converted, never clamped; one that overflows FP16 is reported.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from trtbuild.precision.assign import Assignment
+from trtbuild.precision.graphview import GraphView
+from trtbuild.precision.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE
+
+FP16_MAX = 65504.0
+_FIXED = {
+    "tensor(float)": TensorProto.FLOAT,
+    "tensor(float16)": TensorProto.FLOAT16,
+    "tensor(bfloat16)": TensorProto.BFLOAT16,
+}
+
+
+@dataclass
+class CastRecord:
+    node: str
+    tensor: str  # the tensor's name in the source (prepared) graph
+    to: str  # fp16 | bf16 | fp32
+
+
+@dataclass
+class Converted:
+    model: onnx.ModelProto
+    casts: list[CastRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Rewriter:
+    def __init__(self, assignment: Assignment):
+        self.a = assignment
+        self.view: GraphView = assignment.view
+        self.nodes: list[onnx.NodeProto] = []
+        self.actual: dict[str, str] = {n: n for n in self.view.inputs}  # source name -> new name
+        self.dtype: dict[str, int] = {
+            n: self.view.dtype[n] for n in self.view.inputs if n in self.view.dtype
+        }
+        self.cast_cache: dict[tuple[str, int], str] = {}
+        self.origin: dict[str, str] = {}  # new name -> source name
+        self.casts: list[CastRecord] = []
+        self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
+        self.graph_outputs = set(self.view.outputs)
+
+    # -- types -----------------------------------------------------------------
+    def current(self, tensor: str) -> int | None:
+        if tensor in self.view.initializers:
+            return self.view.dtype.get(tensor)
+        return self.dtype.get(self.actual.get(tensor, tensor), self.view.dtype.get(tensor))
+
+    def _main_var(self, i: int) -> str | None:
+        node, types = self.view.nodes[i], self.view.types(i)
+        for k, t in enumerate(node.output):
+            if t and self.view.is_float(t) and types.is_var(types.output_var(k)):
+                return types.output_var(k)
+        return None
+
+    def plan(self, i: int) -> tuple[list[int | None], list[int | None]]:
+        """Desired dtype of each input and resulting dtype of each output (None: untouched)."""
+        view, node = self.view, self.view.nodes[i]
+        types = view.types(i)
+        prec = self.a.precision_of(i)
+        as_exported_in = [view.dtype.get(t) if t and view.is_float(t) else None for t in node.input]
+        as_exported_out = [
+            view.dtype.get(t) if t and view.is_float(t) else None for t in node.output
+        ]
+        if not types.known or any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute
+        ):
+            return as_exported_in, as_exported_out
+        target = PRECISION_DTYPE[prec] if prec is not None else None
+        main = self._main_var(i) if target is not None else None
+
+        groups: dict[str, list[int]] = defaultdict(list)
+        for k, t in enumerate(node.input):
+            if t and view.is_float(t):
+                groups[types.input_var(k) or ""].append(k)
+        want_in: list[int | None] = [None] * len(node.input)
+        resolved: dict[str, int] = {}
+        for var, idxs in groups.items():
+            if var in _FIXED:
+                d = _FIXED[var]
+            elif node.op_type == "Cast":
+                d = None  # a Cast takes any type; never cast its input
+            elif target is not None and types.allows(var, target):
+                d = target  # main var, or a secondary float var that can follow it (Pow's exponent)
+            else:
+                current = {self.current(node.input[k]) for k in idxs}
+                only = next(iter(current)) if len(current) == 1 else None
+                d = only if only is not None and types.allows(var, only) else TensorProto.FLOAT
+            if d is not None:
+                resolved[var] = d
+            for k in idxs:
+                want_in[k] = d if d is not None else self.current(node.input[k])
+        out: list[int | None] = [None] * len(node.output)
+        for k, t in enumerate(node.output):
+            if not t or not view.is_float(t):
+                continue
+            var = types.output_var(k)
+            if node.op_type == "Cast" or var == main:
+                out[k] = target if target is not None else as_exported_out[k]
+            elif var in _FIXED:
+                out[k] = _FIXED[var]
+            else:
+                out[k] = resolved.get(var, as_exported_out[k])
+        return want_in, out
+
+    # -- emission --------------------------------------------------------------
+    def cast(self, src: str, to: int, source_name: str) -> str:
+        key = (src, to)
+        if key not in self.cast_cache:
+            dst = f"{source_name}__{DTYPE_NAME[to]}"
+            while dst in self.dtype or dst in self.view.dtype:
+                dst += "_"
+            name = f"trtbuild/cast_{DTYPE_NAME[to]}/{source_name.lstrip('/')}"
+            self.nodes.append(helper.make_node("Cast", [src], [dst], name=name, to=to))
+            self.casts.append(CastRecord(name, source_name, DTYPE_NAME[to]))
+            self.cast_cache[key] = dst
+            self.dtype[dst] = to
+            self.origin[dst] = source_name
+        return self.cast_cache[key]
+
+    def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
+        for i, node in enumerate(self.view.nodes):
+            new = onnx.NodeProto()
+            new.CopyFrom(node)
+            want_in, out = self.plan(i)
+            for k, t in enumerate(node.input):
+                if not t:
+                    continue
+                if t in self.view.initializers:
+                    if want_in[k] is not None:
+                        self.init_uses[t].append((new, k, want_in[k]))
+                    continue
+                src = self.actual.get(t, t)
+                cur = self.dtype.get(src, self.view.dtype.get(t))
+                if want_in[k] is not None and cur is not None and cur != want_in[k]:
+                    new.input[k] = self.cast(src, want_in[k], t)
+                else:
+                    new.input[k] = src
+            self._fix_attributes(new, out)
+            post = []
+            for k, o in enumerate(node.output):
+                if not o:
+                    continue
+                d = out[k] if out[k] is not None else self.view.dtype.get(o)
+                exported = self.view.dtype.get(o)
+                if (
+                    o in self.graph_outputs
+                    and d is not None
+                    and exported is not None
+                    and d != exported
+                ):
+                    internal = f"{o}__{DTYPE_NAME[d]}"
+                    new.output[k] = internal
+                    self.actual[o], self.dtype[internal] = internal, d
+                    name = f"trtbuild/cast_{DTYPE_NAME[exported]}/{o.lstrip('/')}"
+                    post.append(helper.make_node("Cast", [internal], [o], name=name, to=exported))
+                    self.casts.append(CastRecord(name, o, DTYPE_NAME[exported]))
+                    self.cast_cache[(internal, exported)] = o
+                    self.dtype[o] = exported
+                else:
+                    self.actual[o] = o
+                    if d is not None:
+                        self.dtype[o] = d
+            self.nodes.append(new)
+            self.nodes.extend(post)
+        return self.nodes, self.casts
+
+    @staticmethod
+    def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
+        for attr in new.attribute:
+            if (
+                new.op_type == "Cast"
+                and attr.name == "to"
+                and attr.i in FLOAT_TYPES
+                and out
+                and out[0]
+            ):
+                attr.i = out[0]
+            retype = (
+                out and out[0] and attr.t.data_type in FLOAT_TYPES and attr.t.data_type != out[0]
+            )
+            if new.op_type == "ConstantOfShape" and attr.name == "value" and retype:
+                value = numpy_helper.to_array(attr.t).astype(np.float32)
+                attr.t.CopyFrom(_tensor(value, out[0], attr.t.name))
+
+
+def _tensor(array: np.ndarray, dtype: int, name: str) -> onnx.TensorProto:
+    if dtype == TensorProto.FLOAT16:
+        with np.errstate(over="ignore"):  # overflow to inf is reported by convert(), not hidden
+            return numpy_helper.from_array(array.astype(np.float16), name)
+    if dtype == TensorProto.BFLOAT16:
+        import ml_dtypes
+
+        return numpy_helper.from_array(array.astype(ml_dtypes.bfloat16), name)
+    return numpy_helper.from_array(array.astype(np.float32), name)
+
+
+def convert(assignment: Assignment) -> Converted:
+    """Return the mixed-precision model for `assignment` (the source model is not modified)."""
+    view = assignment.view
+    rw = _Rewriter(assignment)
+    nodes, casts = rw.run()
+    warnings: list[str] = []
+
+    initializers: list[onnx.TensorProto] = []
+    for t in view.graph.initializer:
+        uses = rw.init_uses.get(t.name, [])
+        wanted = {d for _, _, d in uses}
+        exported = t.data_type
+        other_uses = len(view.consumers.get(t.name, [])) > len(uses) or t.name in rw.graph_outputs
+        in_place = len(wanted) == 1 and exported not in wanted and not other_uses
+        if not in_place:
+            initializers.append(t)
+        array = None
+        for d in sorted(wanted - {exported}):
+            if array is None:
+                array = numpy_helper.to_array(t).astype(np.float32)
+            name = t.name if in_place else f"{t.name}__{DTYPE_NAME[d]}"
+            initializers.append(_tensor(array, d, name))
+            peak = float(np.max(np.abs(array))) if array.size else 0.0
+            if d == TensorProto.FLOAT16 and peak > FP16_MAX:
+                warnings.append(
+                    f"weight {t.name} reaches {peak:.4g}, beyond FP16's 65504: it becomes inf in FP16; "
+                    "pin its consumers (match: {initializer_abs_above: 65504})"
+                )
+            for node, k, want in uses:
+                if want == d:
+                    node.input[k] = name
+
+    graph = view.graph
+    value_info = []
+    for vi in graph.value_info:
+        if vi.name in rw.dtype and vi.name not in rw.graph_outputs:
+            new_vi = onnx.ValueInfoProto()
+            new_vi.CopyFrom(vi)
+            new_vi.type.tensor_type.elem_type = rw.dtype[vi.name]
+            value_info.append(new_vi)
+    for new_name, src in rw.origin.items():
+        if src in view.shape:
+            new_vi = helper.make_value_info(new_name, onnx.TypeProto())
+            new_vi.type.CopyFrom(view.shape[src])
+            new_vi.type.tensor_type.elem_type = rw.dtype[new_name]
+            value_info.append(new_vi)
+
+    new_graph = helper.make_graph(
+        nodes,
+        graph.name,
+        list(graph.input),
+        list(graph.output),
+        initializers,
+        doc_string=graph.doc_string,
+        value_info=value_info,
+    )
+    model = helper.make_model(new_graph, opset_imports=list(view.model.opset_import))
+    model.ir_version = view.model.ir_version
+    model.producer_name = "trtbuild"
+    for prop in view.model.metadata_props:
+        model.metadata_props.append(prop)
+    return Converted(model, casts, warnings)

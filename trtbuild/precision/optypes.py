@@ -1,0 +1,101 @@
+"""What the ONNX op schemas say about a node's types.
+
+Why the schemas: which inputs follow a node's compute precision (type variable
+`T`) and which are fixed (`Resize`'s scales are always float32, shapes are
+int64) is written in the operator schema. Reading it generalises to every op
+instead of a hand-kept list.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import onnx
+from onnx import TensorProto
+
+FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+PRECISION_DTYPE = {
+    "fp16": TensorProto.FLOAT16,
+    "bf16": TensorProto.BFLOAT16,
+    "fp32": TensorProto.FLOAT,
+}
+DTYPE_STR = {
+    TensorProto.FLOAT: "tensor(float)",
+    TensorProto.FLOAT16: "tensor(float16)",
+    TensorProto.BFLOAT16: "tensor(bfloat16)",
+}
+DTYPE_NAME = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
+
+# Ops that only move or select data: no arithmetic, so they follow their input's
+# precision instead of the default (a pinned result reshaped on its way to a
+# graph output must not be truncated to FP16 by the reshape).
+DATA_MOVEMENT = frozenset(
+    {
+        "Reshape",
+        "Transpose",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Slice",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Split",
+        "Expand",
+        "Tile",
+        "Identity",
+        "Concat",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Pad",
+    }
+)
+
+
+@dataclass(frozen=True)
+class OpTypes:
+    """Type variables of a node's formal inputs/outputs and what each allows."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    allowed: dict[str, frozenset[str]]
+    known: bool = True
+
+    def input_var(self, index: int) -> str | None:
+        if not self.inputs:
+            return None
+        return self.inputs[min(index, len(self.inputs) - 1)]  # variadic last formal repeats
+
+    def output_var(self, index: int) -> str | None:
+        if not self.outputs:
+            return None
+        return self.outputs[min(index, len(self.outputs) - 1)]
+
+    def allows(self, var: str | None, dtype: int) -> bool:
+        if var is None:
+            return True
+        return DTYPE_STR.get(dtype, "") in self.allowed.get(var, frozenset({var}))
+
+    def is_var(self, var: str | None) -> bool:
+        return var is not None and var in self.allowed and not var.startswith("tensor(")
+
+
+UNKNOWN = OpTypes((), (), {}, known=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def op_types(op_type: str, domain: str, opset: int) -> OpTypes:
+    try:
+        schema = onnx.defs.get_schema(op_type, max_inclusive_version=opset, domain=domain or "")
+    except onnx.defs.SchemaError:
+        return UNKNOWN
+    allowed = {c.type_param_str: frozenset(c.allowed_type_strs) for c in schema.type_constraints}
+    for formal in (*schema.inputs, *schema.outputs):
+        if formal.type_str not in allowed:
+            allowed[formal.type_str] = frozenset({formal.type_str})
+    return OpTypes(
+        tuple(f.type_str for f in schema.inputs),
+        tuple(f.type_str for f in schema.outputs),
+        allowed,
+    )

@@ -1,0 +1,161 @@
+"""Policy rules as small matcher objects that say why they matched.
+
+A rule's `match` keys are ANDed: each key is one `Matcher` that returns the
+nodes it selects with a reason, and the rule matches their intersection. Why
+sets over whole graphs rather than a per-node predicate: structural keys
+(`final_reductions, last: 1`, units found by patterns) are properties of the
+graph, not of one node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from trtbuild.policy.model import Match, Rule
+from trtbuild.precision.graphview import GraphView
+
+# tensor name -> max |value| over the reference data, computed on demand (FP32 run).
+RangeProvider = Callable[[], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class MatchContext:
+    view: GraphView
+    ranges: RangeProvider | None = None
+
+
+class Matcher(Protocol):
+    def select(self, ctx: MatchContext) -> dict[int, str]:
+        """Node index -> human-readable reason."""
+
+
+@dataclass(frozen=True)
+class NameMatcher:
+    regex: str
+
+    def select(self, ctx: MatchContext) -> dict[int, str]:
+        rx = re.compile(self.regex)
+        return {
+            i: f"name matches {self.regex!r}"
+            for i, n in enumerate(ctx.view.nodes)
+            if rx.search(n.name)
+        }
+
+
+@dataclass(frozen=True)
+class OpMatcher:
+    ops: tuple[str, ...]
+
+    def select(self, ctx: MatchContext) -> dict[int, str]:
+        ops = set(self.ops)
+        return {i: f"op is {n.op_type}" for i, n in enumerate(ctx.view.nodes) if n.op_type in ops}
+
+
+@dataclass(frozen=True)
+class PatternMatcher:
+    pattern: str
+    last: int | None = None
+
+    def select(self, ctx: MatchContext) -> dict[int, str]:
+        from trtbuild.precision import patterns
+
+        return patterns.find(self.pattern, ctx.view, last=self.last)
+
+
+@dataclass(frozen=True)
+class MaxAbsMatcher:
+    """Nodes any of whose float inputs or outputs exceed `threshold` on the reference data."""
+
+    threshold: float
+
+    def select(self, ctx: MatchContext) -> dict[int, str]:
+        from trtbuild.errors import UsageError
+
+        if ctx.ranges is None:
+            raise UsageError("max_abs_above needs reference data, which this command does not run")
+        ranges = ctx.ranges()
+        out = {}
+        for i, _node in enumerate(ctx.view.nodes):
+            tensors = ctx.view.float_inputs(i) + ctx.view.float_outputs(i)
+            worst = max(((ranges.get(t, 0.0), t) for t in tensors), default=(0.0, ""))
+            if worst[0] > self.threshold:
+                out[i] = f"|{worst[1]}| reaches {worst[0]:.4g} > {self.threshold:g}"
+        return out
+
+
+@dataclass(frozen=True)
+class InitializerAbsMatcher:
+    """Nodes that consume a weight whose magnitude exceeds `threshold`."""
+
+    threshold: float
+
+    def select(self, ctx: MatchContext) -> dict[int, str]:
+        import numpy as np
+
+        view, out = ctx.view, {}
+        big = {}
+        for name in view.initializers:
+            if view.is_float(name):
+                arr = view.initializer_array(name)
+                peak = float(np.max(np.abs(arr))) if arr.size else 0.0
+                if peak > self.threshold:
+                    big[name] = peak
+        for i, node in enumerate(view.nodes):
+            hits = [(big[t], t) for t in node.input if t in big]
+            if hits:
+                peak, name = max(hits)
+                out[i] = f"weight {name} reaches {peak:.4g} > {self.threshold:g}"
+        return out
+
+
+@dataclass(frozen=True)
+class ReductionDepthMatcher:
+    """MatMul/Gemm/Conv/Reduce nodes that accumulate more than `depth` products."""
+
+    depth: int
+
+    def select(self, ctx: MatchContext) -> dict[int, str]:
+        from trtbuild.precision import patterns
+
+        out = {}
+        for i, _node in enumerate(ctx.view.nodes):
+            depth = patterns.reduction_depth(ctx.view, i)
+            if depth is not None and depth > self.depth:
+                out[i] = f"accumulates {depth} terms > {self.depth}"
+        return out
+
+
+def matchers_for(match: Match) -> list[Matcher]:
+    found: list[Matcher] = []
+    if match.name is not None:
+        found.append(NameMatcher(match.name))
+    if match.op:
+        found.append(OpMatcher(match.op))
+    if match.pattern is not None:
+        found.append(PatternMatcher(match.pattern, match.last))
+    if match.max_abs_above is not None:
+        found.append(MaxAbsMatcher(match.max_abs_above))
+    if match.initializer_abs_above is not None:
+        found.append(InitializerAbsMatcher(match.initializer_abs_above))
+    if match.reduction_depth_above is not None:
+        found.append(ReductionDepthMatcher(match.reduction_depth_above))
+    return found
+
+
+def select(rule: Rule, ctx: MatchContext) -> dict[int, str]:
+    """Nodes matched by every key of `rule.match`, with the joined reasons."""
+    result: dict[int, str] | None = None
+    for matcher in matchers_for(rule.match):
+        picked = matcher.select(ctx)
+        if result is None:
+            result = dict(picked)
+        else:
+            result = {i: f"{result[i]}; {picked[i]}" for i in result if i in picked}
+    return result or {}
+
+
+def needs_ranges(rules: tuple[Rule, ...]) -> bool:
+    return any(r.match.max_abs_above is not None for r in rules)
