@@ -1,5 +1,5 @@
 # Two commands for a fresh machine: `make demo` and `make test`.
-PYTHON ?= $(shell for p in python3.12 python3.11 python3.10 python3; do command -v $$p >/dev/null 2>&1 && { echo $$p; break; }; done)
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11 python3.10; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -17,7 +17,7 @@ test: install models
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "trtbuild needs Python >= 3.10; set PYTHON=python3.x")'
+	@test -n "$(PYTHON)" || { echo "trtbuild needs Python >= 3.10 on PATH (or PYTHON=/path/to/python3.x)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[rtx,dev]"

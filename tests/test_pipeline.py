@@ -1,0 +1,84 @@
+"""Pipeline behaviour a Makefile relies on: staging, report-only, data sources."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import F, model, node
+from trtbuild.cli import main
+
+
+def test_report_without_rebuilding_keeps_build_artifacts(write_policy, tmp_path):
+    out = tmp_path / "out"
+    policy = str(write_policy())
+    assert main(["build", "--policy", policy, "--out", str(out)]) == 0
+    mixed_before = (out / "mixed.onnx").stat().st_mtime_ns
+    (out / "report.json").unlink()
+    assert main(["report", "--policy", policy, "--out", str(out)]) == 0
+    assert json.loads((out / "report.json").read_text())["evaluator"] == "emulated-fp16"
+    assert (out / "mixed.onnx").stat().st_mtime_ns == mixed_before
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
+def test_failed_rebuild_leaves_previous_artifacts_intact(write_policy, tmp_path):
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(write_policy()), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    # Fails inside the engine build, after prepared/mixed models were staged.
+    text = write_policy(backend="tensorrt-rtx").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        text.replace("variants: false", 'variants: false\n  compute_capabilities: ["9.0"]')
+    )
+    assert main(["build", "--policy", str(bad), "--out", str(out)]) == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _dynamic_model(tmp_path):
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, ["n", 4])], [("y", F, ["n", 4])])
+    path = tmp_path / "dyn.onnx"
+    onnx.save(m, path)
+    return path
+
+
+def test_dynamic_input_without_shape_is_exit_2(tmp_path, capsys):
+    path = _dynamic_model(tmp_path)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"version: 1\nmodel: {path}\nbuild: {{backend: none}}\n")
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "dynamic shape" in err and "inputs.x" in err
+
+
+def test_npz_samples_feed_the_comparison(tmp_path):
+    path = _dynamic_model(tmp_path)
+    samples = np.random.default_rng(0).normal(size=(3, 2, 4)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=samples)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: {path}\n"
+        "inputs: {x: {min: [1, 4], opt: [2, 4], max: [8, 4], data: {file: data.npz}}}\n"
+        "build: {backend: none}\naccuracy: {samples: 10}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["samples"] == 3  # as many as the file holds
+
+
+def test_npz_missing_key_names_the_field(tmp_path, capsys):
+    path = _dynamic_model(tmp_path)
+    np.savez(tmp_path / "data.npz", other=np.zeros((2, 4), np.float32))
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: {path}\ninputs: {{x: {{shape: [2, 4], data: {{file: data.npz}}}}}}\n"
+    )
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "inputs.x.data.file" in err and "keys found: other" in err
