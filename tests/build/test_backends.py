@@ -1,0 +1,48 @@
+"""Real TensorRT-RTX builds on the CPU (no GPU needed to build)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import onnx
+import pytest
+
+from trtbuild.build.backends import build_engine, resolve_backend
+from trtbuild.errors import BackendError
+from trtbuild.graph.model_io import save_model
+from trtbuild.graph.prepare import prepare
+from trtbuild.policy.model import BuildSpec, Match, Passes, Precision, Rule
+from trtbuild.precision.assign import assign
+from trtbuild.precision.convert import convert
+
+rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="tensorrt-rtx not installed")
+
+
+@rtx
+def test_rtx_builds_mixed_engine_with_pinned_layers_fp32(nafnet_path, tmp_path):
+    prepared = prepare(onnx.load(nafnet_path), Passes(opset=17)).model
+    pins = Precision(rules=(Rule("ln", Match(name="/norm[0-9]+/"), "fp32"),))
+    converted = convert(assign(prepared, pins))
+    save_model(converted.model, tmp_path / "mixed.onnx")
+    result = build_engine(tmp_path / "mixed.onnx", "tensorrt-rtx", BuildSpec(workspace=1 << 30))
+    assert len(result.engine) > 10_000
+    layers = {layer["name"]: layer["outputs"] for layer in result.layers}
+    assert layers["/blocks.0/norm1/Pow"] == ["fp32"]
+    assert layers["/intro/Conv"] == ["fp16"]
+    assert result.memory["weights_bytes"] > 0
+
+
+@rtx
+def test_unknown_compute_capability_is_a_usage_error(nafnet_path, tmp_path):
+    from trtbuild.errors import UsageError
+
+    save_model(onnx.load(nafnet_path), tmp_path / "m.onnx")
+    with pytest.raises(UsageError, match="not a TensorRT-RTX target"):
+        build_engine(tmp_path / "m.onnx", "tensorrt-rtx", BuildSpec(compute_capabilities=("9.0",)))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="full TensorRT is installed")
+def test_missing_backend_is_exit_3():
+    with pytest.raises(BackendError) as info:
+        resolve_backend("tensorrt")
+    assert info.value.exit_code == 3

@@ -1,0 +1,238 @@
+"""Engine builders for TensorRT (full) and TensorRT-RTX: one strongly typed path.
+
+Why the TensorRT API directly and not Polygraphy's loaders: the build needs its
+own logger (the builder's memory figures, parser errors for exit code 3) and
+the parsed network for the layer audit, which Polygraphy's loaders route to
+their global logger. Running engines is left to Polygraphy's `TrtRunner`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtbuild.errors import BackendError, UsageError
+from trtbuild.policy.model import BuildSpec, InputSpec
+
+MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
+_MEMORY_LINES = {
+    "weights_bytes": r"Total Weights Memory: (\d+) bytes",
+    "activation_bytes": r"Total Activation Memory: (\d+) bytes",
+    "device_persistent_bytes": r"Total Device Persistent Memory: (\d+) bytes",
+    "host_persistent_bytes": r"Total Host Persistent Memory: (\d+) bytes",
+    "scratch_bytes": r"Max Scratch Memory: (\d+) bytes",
+}
+
+
+def gpu_available() -> bool:
+    """True when the CUDA driver reports at least one device (no CUDA toolkit needed)."""
+    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            cuda = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        try:
+            return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+        except AttributeError:
+            return False
+    return False
+
+
+def _importable(module: str) -> Any | None:
+    try:
+        return importlib.import_module(module)
+    except Exception:  # ImportError, or a stub package that raises on import
+        return None
+
+
+def resolve_backend(requested: str) -> str:
+    """Map `auto` to a concrete backend; fail with exit 3 when the requested one is missing.
+
+    `auto` prefers full TensorRT where it imports and a GPU is present (it cannot build
+    without one), else TensorRT-RTX, which compiles ahead of time on the CPU.
+    """
+    if requested == "none":
+        return "none"
+    if requested == "auto":
+        if gpu_available() and _importable("tensorrt") is not None:
+            return "tensorrt"
+        if _importable("tensorrt_rtx") is not None:
+            return "tensorrt-rtx"
+        raise BackendError(
+            "no TensorRT backend is installed",
+            hint='pip install -e ".[rtx]" (TensorRT-RTX builds on the CPU), or set build.backend: none '
+            "to write the mixed model and the emulated report only",
+        )
+    if _importable(MODULES[requested]) is None:
+        extra = "rtx" if requested == "tensorrt-rtx" else "trt"
+        raise BackendError(
+            f"backend '{requested}' is not installed (python module '{MODULES[requested]}')",
+            hint=f'pip install -e ".[{extra}]", or choose another build.backend',
+        )
+    if requested == "tensorrt" and not gpu_available():
+        raise BackendError(
+            "backend 'tensorrt' needs a GPU to build engines and none is visible",
+            hint="use backend tensorrt-rtx to build ahead of time on the CPU",
+        )
+    return requested
+
+
+def backend_version(backend: str) -> str | None:
+    if backend == "none":
+        return None
+    module = _importable(MODULES[backend])
+    return getattr(module, "__version__", None)
+
+
+@dataclass
+class BuildResult:
+    backend: str
+    version: str
+    engine: bytes
+    seconds: float
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    memory: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "version": self.version,
+            "engine_bytes": len(self.engine),
+            "build_seconds": round(self.seconds, 3),
+            "memory": self.memory,
+        }
+
+
+def build_engine(
+    onnx_path: Path, backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
+) -> BuildResult:
+    """Parse a strongly typed ONNX model and build a serialized engine."""
+    trt = importlib.import_module(MODULES[backend])
+    messages: list[tuple[str, str]] = []
+
+    class _Logger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg):  # called from C++; must not raise
+            messages.append((str(severity).rsplit(".", 1)[-1], msg))
+
+    logger = _Logger()
+    builder = trt.Builder(logger)
+    if builder is None:
+        raise BackendError(f"{backend}: cannot create a builder", hint=_last_errors(messages))
+    flags = 0
+    strongly = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    if strongly is not None:
+        flags |= 1 << int(strongly)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise BackendError(
+            f"{backend} cannot parse {onnx_path.name}: " + "; ".join(errors[:3]),
+            hint="check the op is supported by this TensorRT version",
+        )
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec.workspace)
+    if backend == "tensorrt-rtx":
+        config.num_compute_capabilities = len(spec.compute_capabilities)
+        for i, cc in enumerate(spec.compute_capabilities):
+            name = "SM" + cc.replace(".", "")
+            if not hasattr(trt.ComputeCapability, name):
+                known = sorted(n for n in dir(trt.ComputeCapability) if n.startswith("SM"))
+                raise UsageError(
+                    f"compute capability {cc} is not a TensorRT-RTX target",
+                    where="build.compute_capabilities",
+                    hint="choose from " + ", ".join(k[2:-1] + "." + k[-1] for k in known),
+                )
+            config.set_compute_capability(getattr(trt.ComputeCapability, name), i)
+    _add_profile(trt, builder, network, config, inputs)
+    cache = _load_timing_cache(config, spec.timing_cache)
+
+    started = time.perf_counter()
+    serialized = builder.build_serialized_network(network, config)
+    seconds = time.perf_counter() - started
+    if serialized is None:
+        raise BackendError(f"{backend} engine build failed", hint=_last_errors(messages))
+    _save_timing_cache(config, cache, spec.timing_cache)
+
+    layers = []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        layers.append(
+            {
+                "name": layer.name,
+                "type": str(layer.type).rsplit(".", 1)[-1],
+                "outputs": [_dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)],
+            }
+        )
+    memory = {}
+    for key, pattern in _MEMORY_LINES.items():
+        for _, msg in messages:
+            m = re.search(pattern, msg)
+            if m:
+                memory[key] = int(m.group(1))
+    warnings = [msg for sev, msg in messages if sev == "WARNING"]
+    return BuildResult(backend, trt.__version__, bytes(serialized), seconds, layers, memory, warnings)
+
+
+def _dtype_name(dtype) -> str:
+    return {"HALF": "fp16", "FLOAT": "fp32", "BF16": "bf16"}.get(
+        str(dtype).rsplit(".", 1)[-1], str(dtype).rsplit(".", 1)[-1].lower()
+    )
+
+
+def _last_errors(messages: list[tuple[str, str]]) -> str:
+    errors = [m for s, m in messages if s in ("ERROR", "INTERNAL_ERROR")]
+    return ("TensorRT said: " + " | ".join(errors[-3:])) if errors else "no error message from TensorRT"
+
+
+def _add_profile(trt, builder, network, config, inputs: tuple[InputSpec, ...]) -> None:
+    specs = {s.name: s for s in inputs}
+    dynamic = []
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        if any(d < 0 for d in tensor.shape):
+            dynamic.append(tensor)
+    if not dynamic:
+        return
+    profile = builder.create_optimization_profile()
+    for tensor in dynamic:
+        spec = specs.get(tensor.name)
+        if spec is None or (spec.shape is None and spec.opt is None):
+            raise UsageError(
+                f"input '{tensor.name}' has dynamic shape {tuple(tensor.shape)}",
+                where=f"inputs.{tensor.name}",
+                hint="give 'shape: [...]' or an optimization profile 'min/opt/max' in the policy",
+            )
+        if spec.shape is not None:
+            profile.set_shape(tensor.name, spec.shape, spec.shape, spec.shape)
+        else:
+            profile.set_shape(tensor.name, spec.min, spec.opt, spec.max)
+    config.add_optimization_profile(profile)
+
+
+def _load_timing_cache(config, path: Path | None):
+    if path is None or not hasattr(config, "create_timing_cache"):
+        return None
+    data = path.read_bytes() if path.is_file() else b""
+    cache = config.create_timing_cache(data)
+    config.set_timing_cache(cache, ignore_mismatch=True)
+    return cache
+
+
+def _save_timing_cache(config, cache, path: Path | None) -> None:
+    if cache is None or path is None:
+        return
+    from trtbuild.fsutil import write_bytes
+
+    serialized = config.get_timing_cache().serialize()
+    write_bytes(path, bytes(serialized))
