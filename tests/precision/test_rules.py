@@ -40,4 +40,4 @@ def test_max_abs_above_uses_reference_ranges(prepared):
 
 def test_unimplemented_pattern_is_a_usage_error(prepared):
     with pytest.raises(UsageError, match="not implemented"):
-        _pinned(prepared, Match(pattern="softmax"))
+        _pinned(prepared, Match(pattern="attention"))

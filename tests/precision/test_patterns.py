@@ -1,0 +1,119 @@
+"""Structural patterns on generated graphs in the variants real exporters write."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from tests.helpers import F, model, node
+from trtbuild.graph.prepare import prepare
+from trtbuild.policy.model import Passes
+from trtbuild.precision import patterns
+from trtbuild.precision.graphview import GraphView
+
+ONE = {
+    "one": np.ones(8, np.float32),
+    "two": np.array(2.0, np.float32),
+    "eps": np.array(1e-5, np.float32),
+}
+
+
+def _units(m) -> list[list[str]]:
+    view = GraphView(m)
+    return [[view.nodes[i].name for i in unit] for unit, _ in patterns.norm_units(view)]
+
+
+def test_decomposed_layernorm_pow_div_affine():
+    m = model(
+        [
+            node("ReduceMean", ["x"], "m", "mean", axes=[-1]),
+            node("Sub", ["x", "m"], "d", "sub"),
+            node("Pow", ["d", "two"], "sq", "pow"),
+            node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
+            node("Add", ["v", "eps"], "ve", "add"),
+            node("Sqrt", ["ve"], "s", "sqrt"),
+            node("Div", ["d", "s"], "n", "div"),
+            node("Mul", ["n", "one"], "g", "gamma"),
+            node("Add", ["g", "one"], "y", "beta"),
+        ],
+        [("x", F, [2, 8])],
+        [("y", F, [2, 8])],
+        ONE,
+    )
+    assert _units(m) == [["mean", "sub", "pow", "var", "add", "sqrt", "div", "gamma", "beta"]]
+
+
+def test_decomposed_layernorm_mul_square_reciprocal_no_affine():
+    m = model(
+        [
+            node("ReduceMean", ["x"], "m", "mean", axes=[-1]),
+            node("Sub", ["x", "m"], "d", "sub"),
+            node("Mul", ["d", "d"], "sq", "square"),
+            node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
+            node("Add", ["v", "eps"], "ve", "add"),
+            node("Sqrt", ["ve"], "s", "sqrt"),
+            node("Reciprocal", ["s"], "r", "recip"),
+            node("Mul", ["d", "r"], "y", "scale"),
+        ],
+        [("x", F, [2, 8])],
+        [("y", F, [2, 8])],
+        ONE,
+    )
+    assert _units(m) == [["mean", "sub", "square", "var", "add", "sqrt", "recip", "scale"]]
+
+
+def test_rmsnorm_and_fused_norms():
+    m = model(
+        [
+            node("Pow", ["x", "two"], "sq", "pow"),
+            node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
+            node("Add", ["v", "eps"], "ve", "add"),
+            node("Sqrt", ["ve"], "s", "sqrt"),
+            node("Div", ["x", "s"], "n", "div"),
+            node("Mul", ["n", "one"], "r", "weight"),
+            node("LayerNormalization", ["r", "one", "one"], "y", "ln"),
+        ],
+        [("x", F, [2, 8])],
+        [("y", F, [2, 8])],
+        ONE,
+    )
+    assert _units(m) == [["ln"], ["pow", "var", "add", "sqrt", "div", "weight"]]
+
+
+def test_nafnet_layernorm2d_units_found_whole(nafnet_path):
+    prepared = prepare(onnx.load(nafnet_path), Passes(opset=17)).model
+    units = _units(prepared)
+    assert len(units) == 4 and all(len(u) == 9 for u in units)
+    assert units[0][0] == "/blocks.0/norm1/ReduceMean" and units[0][-1] == "/blocks.0/norm1/Add_1"
+
+
+def test_final_reductions_last_n_nearest_outputs():
+    # three parallel reductions summed, then one more reduction right before the output
+    nodes = [
+        node("ReduceMax", ["x"], f"r{i}", f"branch{i}", axes=[1], keepdims=1) for i in range(3)
+    ]
+    nodes += [
+        node("Sum", ["r0", "r1", "r2"], "s", "sum"),
+        node("Relu", ["x"], "xr", "relu"),
+        node("ReduceMean", ["xr"], "late", "late", axes=[1], keepdims=1),
+        node("Add", ["s", "late"], "y", "add"),
+    ]
+    m = model(nodes, [("x", F, [2, 8])], [("y", F, [2, 1])])
+    view = GraphView(m)
+    every = {view.nodes[i].name for i in patterns.final_reductions(view, None)}
+    assert every == {"branch0", "branch1", "branch2", "late"}
+    assert {view.nodes[i].name for i in patterns.final_reductions(view, 1)} == {"late"}
+
+
+def test_reductions_feeding_later_reductions_are_not_final():
+    m = model(
+        [
+            node("ReduceMean", ["x"], "a", "first", axes=[1], keepdims=1),
+            node("Mul", ["x", "a"], "b", "mul"),
+            node("ReduceSum", ["b"], "y", "last", keepdims=0),
+        ],
+        [("x", F, [2, 8])],
+        [("y", F, [])],
+    )
+    view = GraphView(m)
+    assert {view.nodes[i].name for i in patterns.final_reductions(view, None)} == {"last"}
