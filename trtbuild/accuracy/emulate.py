@@ -36,6 +36,12 @@ class _Emitter:
         self.nodes.append(helper.make_node(op, inputs, [output], name=name, **attrs))
         return output
 
+    def constant(self, base: str, array: np.ndarray) -> str:
+        out = self.fresh(base)
+        value = numpy_helper.from_array(array)
+        self.nodes.append(helper.make_node("Constant", [], [out], name=out, value=value))
+        return out
+
     def round(self, src: str, dst: str, low: int, name: str) -> str:
         """Store `src` in `low` precision: dst = float(low(src))."""
         half = self.node("Cast", [src], self.fresh(dst), f"{name}/store", to=low)
@@ -143,16 +149,7 @@ def _layernorm(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None)
     def reduce_mean(src: str, tag: str) -> str:
         out = em.fresh(f"{name}/{tag}")
         if em.opset >= 18:
-            ax = em.fresh(f"{name}/axes")
-            em.nodes.append(
-                helper.make_node(
-                    "Constant",
-                    [],
-                    [ax],
-                    name=ax,
-                    value=numpy_helper.from_array(np.array(axes, np.int64)),
-                )
-            )
+            ax = em.constant(f"{name}/axes", np.array(axes, np.int64))
             em.node("ReduceMean", [src, ax], out, f"{name}/{tag}", keepdims=1)
         else:
             em.node("ReduceMean", [src], out, f"{name}/{tag}", axes=axes, keepdims=1)
@@ -166,16 +163,7 @@ def _layernorm(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None)
     d = step("Sub", [x, mean], "centred")
     sq = step("Mul", [d, d], "square")
     var = reduce_mean(sq, "variance")
-    eps_name = em.fresh(f"{name}/eps")
-    em.nodes.append(
-        helper.make_node(
-            "Constant",
-            [],
-            [eps_name],
-            name=eps_name,
-            value=numpy_helper.from_array(np.array(eps, np.float32)),
-        )
-    )
+    eps_name = em.constant(f"{name}/eps", np.array(eps, np.float32))
     std = step("Sqrt", [step("Add", [var, eps_name], "var_eps")], "std")
     has_bias = len(node.input) > 2 and node.input[2]
     y = step("Div", [d, std], "normalised")
