@@ -44,6 +44,11 @@ def test_build_writes_engine_and_passing_report(write_policy, tmp_path, capsys):
     assert build["engines"]["policy"]["engine_bytes"] == (out / "engine.plan").stat().st_size
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "staging left behind"
     assert "PASSED (emulated-fp16)" in capsys.readouterr().out
+    # `report` owns only the report files: the engine and build record stay as built.
+    engine = (out / "engine.plan").read_bytes()
+    policy = str(write_policy(backend="tensorrt-rtx"))
+    assert main(["report", "--policy", policy, "--out", str(out)]) == 0
+    assert (out / "engine.plan").read_bytes() == engine and (out / "build.json").exists()
 
 
 def test_policy_without_pins_fails_accuracy_with_exit_1(write_policy, tmp_path):

@@ -78,7 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("-o", "--output", required=True, type=Path, metavar="OUT")
     pr.add_argument("--opset", type=int, metavar="N", help="upgrade to at least this opset")
     pr.add_argument("--no-fold", action="store_true", help="skip constant folding")
-    pr.add_argument("--no-fuse-layernorm", action="store_true", help="skip LayerNorm fusion")
+    pr.add_argument(
+        "--no-fuse-layernorm",
+        action="store_true",
+        help="skip LayerNorm fusion (accepted; fusion is not implemented yet)",
+    )
 
     sub.add_parser("schema", help="print the policy's JSON Schema")
     return p
@@ -147,25 +151,9 @@ def _cmd_report(args) -> int:
 
 
 def _print_verdict(outcome) -> None:
-    r = outcome.report
-    p = r["precision"]
-    base = r["baselines"]["fp16"]
-    print(
-        f"{'PASSED' if r['passed'] else 'FAILED'} ({r['evaluator']}): "
-        f"{p['fp16_share']:.1%} FP16, {len(p['pinned'])} node(s) pinned to FP32"
-    )
-    for name, m in r["outputs"].items():
-        print(
-            f"  {name}: {'pass' if m['passed'] else 'FAIL'}  max_abs={m['max_abs']:.4g} "
-            f"median_abs={m['median_abs']:.4g} nonfinite={m['nonfinite']}"
-            if isinstance(m["max_abs"], float)
-            else f"  {name}: {'pass' if m['passed'] else 'FAIL'}  max_abs={m['max_abs']}"
-        )
-    bd = base["first_divergence"]
-    print(
-        f"all-FP16 baseline: {'passes' if base['passed'] else 'FAILS'}"
-        + (f"; first divergence at {bd['node']} ({bd['reason']})" if bd else "")
-    )
+    from trtbuild.accuracy.render import summary
+
+    print(summary(outcome.report))
     print(f"wrote {outcome.out_dir}/")
 
 

@@ -41,9 +41,3 @@ class BackendError(TrtbuildError):
     """Backend missing or engine build failed: exit 3."""
 
     exit_code = EXIT_BACKEND
-
-
-class AccuracyError(TrtbuildError):
-    """The engine (or its emulation) is outside the policy's tolerances: exit 1."""
-
-    exit_code = EXIT_ACCURACY

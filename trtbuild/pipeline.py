@@ -34,11 +34,7 @@ from trtbuild.policy.model import Policy, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import FP16_MAX, Converted, convert
 
-ARTIFACTS = (
-    "prepared.onnx",
-    "mixed.onnx",
-    "engine.plan",
-    "build.json",
+REPORT_FILES = (
     "report.json",
     "report.md",
     "report.html",
@@ -46,6 +42,7 @@ ARTIFACTS = (
     "reference_outputs.json",
     "evaluated_outputs.json",
 )
+BUILD_FILES = ("prepared.onnx", "mixed.onnx", "engine.plan", "build.json", *REPORT_FILES)
 
 
 @dataclass
@@ -57,13 +54,18 @@ class Stages:
     feeds: list[data_mod.Feed]
     assignment: Assignment
     converted: Converted
-    ranges_fn: Callable[[], dict[str, float]] = field(repr=False, default=dict)
+    reference_fn: Callable[[], ev.ReferenceTensors] = field(repr=False)
     timings: dict[str, float] = field(default_factory=dict)
+    baselines: dict[str, Converted] = field(default_factory=dict)
+
+    @property
+    def reference(self) -> ev.ReferenceTensors:
+        """Every FP32 reference tensor: one marked run per feed, on first use, then cached."""
+        return self.reference_fn()
 
     @property
     def ranges(self) -> dict[str, float]:
-        """max |x| of every FP32 reference tensor; one run over the feeds, on first use."""
-        return self.ranges_fn()
+        return self.reference.ranges
 
     @property
     def warnings(self) -> list[str]:
@@ -79,18 +81,26 @@ def run_front(policy: Policy, *, need_feeds: bool = True) -> Stages:
     timings["prepare"] = time.perf_counter() - t
 
     feeds = data_mod.make_feeds(policy, prepared.model) if need_feeds else []
-    ranges = functools.cache(lambda: ev.tensor_ranges(prepared.model, feeds))
+    reference = functools.cache(lambda: ev.reference_tensors(prepared.model, feeds))
 
     t = time.perf_counter()
-    assignment = assign(prepared.model, policy.precision, ranges if need_feeds else None)
+    ranges = (lambda: reference().ranges) if need_feeds else None
+    assignment = assign(prepared.model, policy.precision, ranges)
     converted = convert(assignment)
     timings["assign_convert"] = time.perf_counter() - t
-    return Stages(policy, prepared, feeds, assignment, converted, ranges, timings)
+    return Stages(policy, prepared, feeds, assignment, converted, reference, timings)
 
 
 def baseline(stages: Stages, default: str) -> Converted:
-    """The same prepared graph with no rules: all-FP16 (what the policy buys) or all-FP32."""
-    return convert(assign(stages.prepared.model, Precision(default=default)))
+    """The same prepared graph with no rules: all-FP16 (what the policy buys) or all-FP32.
+
+    Cached on `stages`: build compiles the FP16 variant and evaluation judges it.
+    """
+    if default not in stages.baselines:
+        stages.baselines[default] = convert(
+            assign(stages.prepared.model, Precision(default=default))
+        )
+    return stages.baselines[default]
 
 
 def boundary_warnings(stages: Stages) -> list[str]:
@@ -108,8 +118,13 @@ def boundary_warnings(stages: Stages) -> list[str]:
 
 
 @contextlib.contextmanager
-def staged_output(out_dir: Path) -> Iterator[Path]:
-    """A staging directory whose files replace `out_dir`'s artifacts only on success."""
+def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
+    """A staging directory whose files replace `out_dir`'s artifacts only on success.
+
+    `owns` names the files the command is responsible for: those it did not
+    produce this time are removed (a stale engine next to a new report would
+    lie); files it does not own are left alone.
+    """
     out_dir = out_dir.resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
@@ -117,7 +132,7 @@ def staged_output(out_dir: Path) -> Iterator[Path]:
         yield staging
         out_dir.mkdir(parents=True, exist_ok=True)
         produced = {p.name for p in staging.iterdir()}
-        for name in ARTIFACTS:  # a stale engine next to a new report would lie
+        for name in owns:
             if name not in produced and (out_dir / name).exists():
                 (out_dir / name).unlink()
         for name in sorted(produced):
@@ -147,24 +162,20 @@ def evaluate_all(
     reference = stages.prepared.model
     threshold = policy.accuracy.divergence_threshold
 
-    def candidate(converted: Converted, plan: bytes | None) -> tuple[Any, str]:
+    def judge(converted: Converted, plan: bytes | None):
+        """One evaluation and its first divergence; the emulated model is built once."""
+        emulated = emulate(converted.model)
         if evaluator == "tensorrt" and plan is not None:
-            return ev.trt_runner(plan, backend, name="tensorrt"), "tensorrt"
-        runner = ev.onnxrt_runner(emulate(converted.model), name="emulated-fp16", optimize=False)
-        return runner, "emulated-fp16"
+            runner, used = ev.trt_runner(plan, backend, name="tensorrt"), "tensorrt"
+        else:
+            runner = ev.onnxrt_runner(emulated, name="emulated-fp16", optimize=False)
+            used = "emulated-fp16"
+        result = ev.compare(reference, runner, stages.feeds, policy.accuracy, used, verbose)
+        first, curve = ev.divergence(stages.reference, emulated, stages.feeds[0], threshold)
+        return result, used, first, curve
 
-    runner, used = candidate(stages.converted, engine)
-    main = ev.compare(reference, runner, stages.feeds, policy.accuracy, used, verbose)
-    first, curve = ev.divergence(
-        reference, emulate(stages.converted.model), stages.feeds[0], threshold
-    )
-
-    fp16 = baseline(stages, "fp16")
-    runner, base_used = candidate(fp16, fp16_engine)
-    base = ev.compare(reference, runner, stages.feeds, policy.accuracy, base_used, verbose)
-    base_first, base_curve = ev.divergence(
-        reference, emulate(fp16.model), stages.feeds[0], threshold
-    )
+    main, used, first, curve = judge(stages.converted, engine)
+    base, base_used, base_first, base_curve = judge(baseline(stages, "fp16"), fp16_engine)
 
     report = {
         "passed": main.passed,
@@ -222,7 +233,7 @@ def build(
 
     backend = resolve_backend(backend or policy.build.backend)
     stages = run_front(policy)
-    with staged_output(out_dir) as stage:
+    with staged_output(out_dir, BUILD_FILES) as stage:
         save_model(stages.prepared.model, stage / "prepared.onnx")
         save_model(stages.converted.model, stage / "mixed.onnx")
 
@@ -326,7 +337,7 @@ def report_only(
     if engine is not None and gpu_available():
         backend = resolve_backend(policy.build.backend)
         evaluator, plan = "tensorrt", engine.read_bytes()
-    with staged_output(out_dir) as stage:
+    with staged_output(out_dir, REPORT_FILES) as stage:
         report, main = evaluate_all(
             stages,
             evaluator=evaluator,
@@ -340,13 +351,4 @@ def report_only(
         write_json(stage / "report.json", report)
         write_text(stage / "report.md", render.markdown(report, None))
         write_text(stage / "junit.xml", render.junit(report))
-        _keep_existing(out_dir, stage)
     return Outcome(EXIT_OK if report["passed"] else EXIT_ACCURACY, report, out_dir)
-
-
-def _keep_existing(out_dir: Path, stage: Path) -> None:
-    """`report` replaces only report files: carry the build's artifacts over unchanged."""
-    for name in ("prepared.onnx", "mixed.onnx", "engine.plan", "build.json"):
-        src = out_dir / name
-        if src.exists() and not (stage / name).exists():
-            os.link(src, stage / name) if hasattr(os, "link") else shutil.copy2(src, stage / name)

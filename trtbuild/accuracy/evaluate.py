@@ -1,7 +1,7 @@
 """Run the FP32 reference and one evaluator over the same feeds, and judge them.
 
 Polygraphy does what it is made for here: `OnnxrtRunner` / `TrtRunner` execute,
-`Comparator.run` collects `RunResults`, `CompareFunc.simple` judges each output
+`Comparator.run` collects `RunResults`, `SimpleCompareFunc` judges each output
 with the policy's tolerances. trtbuild adds what Polygraphy does not: the
 FP16-storage emulation as a runner, per-output metrics for the report, and the
 first tensor along the graph where precision breaks.
@@ -151,14 +151,7 @@ def compare(
     verbose: bool = False,
 ) -> Evaluation:
     """Run reference and candidate on `feeds`; judge each output with its tolerance."""
-    from polygraphy.comparator import Comparator
-
-    try:  # Polygraphy >= 0.53; CompareFunc.simple is its deprecated spelling
-        from polygraphy.comparator import SimpleCompareFunc
-    except ImportError:
-        from polygraphy.comparator import CompareFunc
-
-        SimpleCompareFunc = CompareFunc.simple
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
 
     ref_runner = onnxrt_runner(reference, REFERENCE)
     names = [o.name for o in reference.graph.output]
@@ -170,7 +163,7 @@ def compare(
             check_error_stat={n: spec.tolerance(n).check_error_stat for n in names},
         )
         verdicts = Comparator.compare_accuracy(results, compare_func=func)
-    verdict = verdicts[0] if isinstance(verdicts, list) or hasattr(verdicts, "lst") else verdicts
+    verdict = verdicts[0]  # one AccuracyResult per compare function
     pair = (REFERENCE, candidate_runner.name)
     per_iter = verdict[pair]
     ref_iters = results[REFERENCE]
@@ -198,18 +191,6 @@ def compare(
 # -- intermediate tensors -------------------------------------------------------
 
 
-def mark_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    marked = onnx.ModelProto()
-    marked.CopyFrom(model)
-    existing = {o.name for o in marked.graph.output}
-    for name in names:
-        if name not in existing:
-            marked.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-            existing.add(name)
-    del marked.graph.value_info[:]
-    return marked
-
-
 def float_node_outputs(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
     """(tensor, node, op) for every float tensor a node produces, in topological order."""
     from trtbuild.precision.graphview import GraphView
@@ -218,48 +199,66 @@ def float_node_outputs(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
     return [(t, n.name, n.op_type) for i, n in enumerate(view.nodes) for t in view.float_outputs(i)]
 
 
-def run_all_tensors(
-    model: onnx.ModelProto, feed: Feed, names: list[str], optimize: bool
-) -> dict[str, np.ndarray]:
-    marked = mark_outputs(model, names)
-    sess = _session(marked.SerializeToString(), optimize=optimize)
-    wanted = [o.name for o in sess.get_outputs() if o.name in set(names)]
-    values = sess.run(wanted, feed)
-    return dict(zip(wanted, values))
+def all_tensors_session(model: onnx.ModelProto, names: list[str]):
+    """A session whose outputs are the named tensors (optimisations off: none is fused away)."""
+    from polygraphy.backend.onnx import modify_outputs
+
+    with quiet_polygraphy():
+        marked = modify_outputs(model, outputs=names, copy=True)
+    return _session(marked.SerializeToString(), optimize=False)
 
 
-def tensor_ranges(reference: onnx.ModelProto, feeds: list[Feed]) -> dict[str, float]:
-    """max |value| of every float tensor of the FP32 reference over all feeds."""
-    tensors = [t for t, _, _ in float_node_outputs(reference)]
-    tensors += [i.name for i in reference.graph.input]
+def run_all_tensors(sess, feed: Feed) -> dict[str, np.ndarray]:
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feed)))
+
+
+@dataclass
+class ReferenceTensors:
+    """One FP32 run per feed with every float tensor marked.
+
+    Range rules and boundary warnings need each tensor's peak over all feeds;
+    the first divergence needs the first feed's values. One pass gives both.
+    """
+
+    order: list[tuple[str, str, str]]
+    first: dict[str, np.ndarray]
+    ranges: dict[str, float]
+
+
+def reference_tensors(reference: onnx.ModelProto, feeds: list[Feed]) -> ReferenceTensors:
+    order = float_node_outputs(reference)
+    names = [t for t, _, _ in order]
+    sess = all_tensors_session(reference, names)
+    first: dict[str, np.ndarray] = {}
     ranges: dict[str, float] = {}
-    for feed in feeds:
-        values = run_all_tensors(reference, feed, tensors, optimize=False)
-        values.update(feed)
-        for name, v in values.items():
-            if np.issubdtype(np.asarray(v).dtype, np.floating) and np.asarray(v).size:
+    for k, feed in enumerate(feeds):
+        values = run_all_tensors(sess, feed)
+        if k == 0:
+            first = values
+        for name, v in {**values, **feed}.items():
+            v = np.asarray(v)
+            if np.issubdtype(v.dtype, np.floating) and v.size:
                 with np.errstate(all="ignore"):
-                    peak = float(np.nanmax(np.abs(v)))
-                ranges[name] = max(ranges.get(name, 0.0), peak)
-    return ranges
+                    ranges[name] = max(ranges.get(name, 0.0), float(np.nanmax(np.abs(v))))
+    return ReferenceTensors(order, first, ranges)
 
 
 def divergence(
-    reference: onnx.ModelProto,
+    reference: ReferenceTensors,
     emulated: onnx.ModelProto,
     feed: Feed,
     threshold: float,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """First tensor (topological order) that is non-finite or off by > threshold of its range.
 
-    Returns the divergence (or None) and the per-layer error curve along depth.
+    `feed` must be the feed `reference.first` was computed on. Returns the
+    divergence (or None) and the per-layer error curve along depth.
     """
-    order = float_node_outputs(reference)
-    names = [t for t, _, _ in order]
-    ref = run_all_tensors(reference, feed, names, optimize=False)
-    emu = run_all_tensors(emulated, feed, names, optimize=False)
+    ref = reference.first
+    emu = run_all_tensors(all_tensors_session(emulated, [t for t, _, _ in reference.order]), feed)
     first, curve = None, []
-    for depth, (tensor, node, op) in enumerate(order):
+    for depth, (tensor, node, op) in enumerate(reference.order):
         if tensor not in ref or tensor not in emu:
             continue
         r = np.asarray(ref[tensor], dtype=np.float64)

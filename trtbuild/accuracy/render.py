@@ -104,6 +104,27 @@ def markdown(report: dict[str, Any], build: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def summary(report: dict[str, Any]) -> str:
+    """The few lines a terminal or a CI log shows."""
+    p = report["precision"]
+    base = report["baselines"]["fp16"]
+    lines = [
+        f"{'PASSED' if report['passed'] else 'FAILED'} ({report['evaluator']}): "
+        f"{p['fp16_share']:.1%} FP16, {len(p['pinned'])} node(s) pinned to FP32"
+    ]
+    for name, m in report["outputs"].items():
+        lines.append(
+            f"  {name}: {'pass' if m['passed'] else 'FAIL'}  max_abs={_fmt(m['max_abs'])} "
+            f"median_abs={_fmt(m['median_abs'])} nonfinite={m['nonfinite']}"
+        )
+    first = base["first_divergence"]
+    lines.append(
+        f"all-FP16 baseline: {'passes' if base['passed'] else 'FAILS'}"
+        + (f"; first divergence at {first['node']} ({first['reason']})" if first else "")
+    )
+    return "\n".join(lines)
+
+
 def junit(report: dict[str, Any]) -> str:
     """One test case per output, so CI dashboards show which output broke."""
     cases = []

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from trtbuild.errors import UsageError
 
@@ -150,7 +150,3 @@ def name_unnamed_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRec
 def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
     del model.graph.value_info[:]
     return model
-
-
-def make_cast(name: str, src: str, dst: str, to: int) -> onnx.NodeProto:
-    return helper.make_node("Cast", [src], [dst], name=name, to=to)

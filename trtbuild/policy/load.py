@@ -275,7 +275,6 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
         precision=precision,
         build=build,
         accuracy=accuracy,
-        raw=data,
     )
 
 

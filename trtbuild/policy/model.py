@@ -7,10 +7,8 @@ policy behind another stage's back (ModelOpt's mutable defaults are a lesson).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -112,14 +110,7 @@ class Policy:
     precision: Precision = field(default_factory=Precision)
     build: BuildSpec = field(default_factory=BuildSpec)
     accuracy: AccuracySpec = field(default_factory=AccuracySpec)
-    raw: Any = field(default=None, compare=False, repr=False)
 
     @property
     def stem(self) -> str:
         return self.path.stem
-
-    def replace(self, **changes: Any) -> Policy:
-        return dataclasses.replace(self, **changes)
-
-    def with_precision(self, **changes: Any) -> Policy:
-        return self.replace(precision=dataclasses.replace(self.precision, **changes))

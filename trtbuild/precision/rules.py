@@ -155,7 +155,3 @@ def select(rule: Rule, ctx: MatchContext) -> dict[int, str]:
         else:
             result = {i: f"{result[i]}; {picked[i]}" for i in result if i in picked}
     return result or {}
-
-
-def needs_ranges(rules: tuple[Rule, ...]) -> bool:
-    return any(r.match.max_abs_above is not None for r in rules)
