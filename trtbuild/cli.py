@@ -81,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--no-fuse-layernorm",
         action="store_true",
-        help="skip LayerNorm fusion (accepted; fusion is not implemented yet)",
+        help="keep decomposed LayerNorms as they are (fusion needs opset >= 17)",
+    )
+    pr.add_argument(
+        "--no-fold-batchnorm", action="store_true", help="keep BatchNormalization after Conv"
     )
 
     sub.add_parser("schema", help="print the policy's JSON Schema")
@@ -230,12 +233,15 @@ def _cmd_prepare(args) -> int:
 
     model = load_model(args.model)
     passes = Passes(
-        opset=args.opset, fold_constants=not args.no_fold, fuse_layernorm=not args.no_fuse_layernorm
+        opset=args.opset,
+        fold_constants=not args.no_fold,
+        fuse_layernorm=not args.no_fuse_layernorm,
+        fold_batchnorm=not args.no_fold_batchnorm,
     )
     prepared = prepare(model, passes, source=str(args.model))
     save_model(prepared.model, args.output)
     for rec in prepared.records:
-        print(f"{rec.name}: {rec.changed} change(s)" + (f" {rec.details}" if rec.details else ""))
+        print("\n".join(rec.summary()))
     print(f"wrote {args.output}")
     return 0
 

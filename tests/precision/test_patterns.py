@@ -10,6 +10,7 @@ from trtbuild.graph.prepare import prepare
 from trtbuild.policy.model import Passes
 from trtbuild.precision import patterns
 from trtbuild.precision.graphview import GraphView
+from trtbuild.precision.norms import norm_units
 
 ONE = {
     "one": np.ones(8, np.float32),
@@ -20,7 +21,7 @@ ONE = {
 
 def _units(m) -> list[list[str]]:
     view = GraphView(m)
-    return [[view.nodes[i].name for i in unit] for unit, _ in patterns.norm_units(view)]
+    return [[view.nodes[i].name for i in unit.nodes] for unit in norm_units(view)]
 
 
 def test_decomposed_layernorm_pow_div_affine():

@@ -29,6 +29,24 @@ class PassRecord:
     def to_json(self) -> dict[str, Any]:
         return {"pass": self.name, "changed": self.changed, **self.details}
 
+    def summary(self) -> list[str]:
+        """One line for the pass, then one per item it left alone and why."""
+        scalars = {k: v for k, v in self.details.items() if not isinstance(v, list)}
+        head = f"{self.name}: {self.changed} change(s)"
+        head += "".join(f", {k} {v}" for k, v in scalars.items())
+        lists = {k: v for k, v in self.details.items() if isinstance(v, list)}
+        for key, items in lists.items():
+            names = [i["name"] for i in items if isinstance(i, dict) and "name" in i]
+            if names and not any("why" in i for i in items):
+                shown = ", ".join(names[:4]) + (f", ... ({len(names)})" if len(names) > 4 else "")
+                head += f"; {key.replace('_', ' ')}: {shown}"
+        lines = [head]
+        for items in lists.values():
+            lines += [
+                f"  {i['name']}: {i['why']}" for i in items if isinstance(i, dict) and "why" in i
+            ]
+        return lines
+
 
 def opset_of(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
@@ -109,7 +127,51 @@ def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.Mode
         ) from None
     record.changed = 1
     record.details["to"] = target
+    added = _name_converter_nodes(model, upgraded)
+    if added:
+        record.details["added"] = added
     return upgraded, record
+
+
+def _name_converter_nodes(
+    source: onnx.ModelProto, converted: onnx.ModelProto
+) -> list[dict[str, str]]:
+    """Name the nodes onnx.version_converter adds after the original node they stand in for.
+
+    Why: the converter rewrites some ops as several (Softmax below opset 13
+    becomes Flatten, Softmax, Reshape) and leaves the new nodes unnamed; a name
+    like `p2o.Softmax.3/Reshape` keeps every node traceable to the original.
+    """
+    made_by = {out: n.name for n in source.graph.node for out in n.output if n.name}
+    nodes = list(converted.graph.node)
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            consumers.setdefault(t, []).append(i)
+    taken = {n.name for n in nodes if n.name}
+    anchor: dict[int, str] = {}
+    for i in range(len(nodes) - 1, -1, -1):  # consumers first, so anchors propagate upstream
+        n = nodes[i]
+        if n.name:
+            anchor[i] = n.name.split("/opset")[0]
+            continue
+        base = next((made_by[o] for o in n.output if o in made_by), None)
+        if base is None:
+            users = [c for o in n.output for c in consumers.get(o, []) if c in anchor]
+            base = anchor[users[0]] if users else n.op_type
+        anchor[i] = base
+    added = []
+    for i, n in enumerate(nodes):
+        if n.name:
+            continue
+        name, k = f"{anchor[i]}/opset/{n.op_type}", 1
+        while name in taken:
+            k += 1
+            name = f"{anchor[i]}/opset/{n.op_type}_{k}"
+        n.name = name
+        taken.add(name)
+        added.append({"name": name, "from": anchor[i]})
+    return added
 
 
 def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:

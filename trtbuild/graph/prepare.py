@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import onnx
 
 from trtbuild.errors import UsageError
-from trtbuild.graph import passes
+from trtbuild.graph import fuse, passes
 from trtbuild.policy.model import Passes
 
 _CONTROL_FLOW = {"If", "Loop", "Scan"}
@@ -23,17 +23,23 @@ class Prepared:
 
 
 def prepare(model: onnx.ModelProto, options: Passes, *, source: str = "model") -> Prepared:
-    """Sanitize: names, constants, opset, folding, shapes; each step recorded."""
+    """Sanitize: names, constants, opset, folding, fusions, shapes; each step recorded."""
     _reject_unsupported(model, source)
     records = []
     model, rec = passes.name_unnamed_nodes(model)
     records.append(rec)
-    model, rec = passes.lift_constants(model)
-    records.append(rec)
     model, rec = passes.upgrade_opset(model, options.opset)
+    records.append(rec)
+    model, rec = passes.lift_constants(model)
     records.append(rec)
     if options.fold_constants:
         model, rec = passes.fold_constants(model)
+        records.append(rec)
+    if options.fuse_layernorm:
+        model, rec = fuse.fuse_layernorm(model)
+        records.append(rec)
+    if options.fold_batchnorm:
+        model, rec = fuse.fold_batchnorm(model)
         records.append(rec)
     model = passes.infer_shapes(passes.strip_value_info(model))
     return Prepared(model, records)

@@ -15,17 +15,8 @@ from onnx import helper
 
 from trtbuild.errors import UsageError
 from trtbuild.precision.graphview import GraphView
+from trtbuild.precision.norms import norm_units
 
-FUSED_NORMS = frozenset(
-    {
-        "LayerNormalization",
-        "GroupNormalization",
-        "InstanceNormalization",
-        "RMSNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-    }
-)
 REDUCTIONS = frozenset(
     {
         "ReduceSum",
@@ -52,7 +43,7 @@ def find(pattern: str, view: GraphView, last: int | None = None) -> dict[int, st
             hint="use pattern: layernorm, or match by 'name' and 'op' for now",
         )
     if pattern == "layernorm":
-        return {i: reason for unit, reason in norm_units(view) for i in unit}
+        return {i: unit.reason for unit in norm_units(view) for i in unit.nodes}
     if pattern == "softmax":
         return {
             i: f"{n.op_type}"
@@ -62,111 +53,6 @@ def find(pattern: str, view: GraphView, last: int | None = None) -> dict[int, st
     if pattern == "final_reductions":
         return final_reductions(view, last)
     raise UsageError(f"unknown pattern '{pattern}'")
-
-
-# -- normalization units --------------------------------------------------------
-
-
-def _consumers(view: GraphView, tensor: str, op: str | tuple[str, ...]) -> list[int]:
-    ops = (op,) if isinstance(op, str) else op
-    return [c for c in view.consumers.get(tensor, []) if view.nodes[c].op_type in ops]
-
-
-def _is_scalar_const(view: GraphView, tensor: str, value: float | None = None) -> bool:
-    if tensor not in view.initializers:
-        return False
-    arr = view.initializer_array(tensor)
-    return arr.size == 1 and (value is None or float(arr.ravel()[0]) == value)
-
-
-def _square_of(view: GraphView, x: str) -> int | None:
-    """Pow(x, 2) or Mul(x, x) consuming x."""
-    for c in view.consumers.get(x, []):
-        n = view.nodes[c]
-        if n.op_type == "Pow" and n.input[0] == x and _is_scalar_const(view, n.input[1], 2.0):
-            return c
-        if n.op_type == "Mul" and n.input[0] == x and n.input[1] == x:
-            return c
-    return None
-
-
-def _normalise_tail(view: GraphView, x: str, sq: int) -> list[int] | None:
-    """From x² onwards: ReduceMean → Add(eps) → Sqrt → Div(x, ·) | Reciprocal → Mul(x, ·)."""
-    chain = []
-    mean = _consumers(view, view.nodes[sq].output[0], "ReduceMean")
-    if not mean:
-        return None
-    add = _consumers(view, view.nodes[mean[0]].output[0], "Add")
-    if not add:
-        return None
-    sqrt = _consumers(view, view.nodes[add[0]].output[0], "Sqrt")
-    if not sqrt:
-        return None
-    chain = [sq, mean[0], add[0], sqrt[0]]
-    std = view.nodes[sqrt[0]].output[0]
-    div = [c for c in _consumers(view, std, "Div") if view.nodes[c].input[0] == x]
-    if div:
-        return [*chain, div[0]]
-    for r in _consumers(view, std, "Reciprocal"):
-        mul = [
-            c for c in _consumers(view, view.nodes[r].output[0], "Mul") if x in view.nodes[c].input
-        ]
-        if mul:
-            return [*chain, r, mul[0]]
-    return None
-
-
-def _affine(view: GraphView, unit: list[int]) -> list[int]:
-    """The optional Mul(weight) and Add(bias) by initializers after a normalization."""
-    for op in ("Mul", "Add"):
-        out = view.nodes[unit[-1]].output[0]
-        nxt = view.consumers.get(out, [])
-        if len(nxt) == 1 and view.nodes[nxt[0]].op_type == op:
-            other = [t for t in view.nodes[nxt[0]].input if t != out]
-            if other and all(t in view.initializers for t in other):
-                unit = [*unit, nxt[0]]
-                continue
-        break
-    return unit
-
-
-def norm_units(view: GraphView) -> list[tuple[list[int], str]]:
-    """Every normalization unit: fused ops, decomposed LayerNorm (any axis), decomposed RMSNorm."""
-    units, taken = [], set()
-    for i, n in enumerate(view.nodes):
-        if n.op_type in FUSED_NORMS:
-            units.append(([i], f"{n.op_type} op"))
-            taken.add(i)
-    for i, n in enumerate(view.nodes):  # LayerNorm: mean, x - mean, then the RMS tail on d
-        if n.op_type != "ReduceMean" or i in taken:
-            continue
-        x, m = n.input[0], n.output[0]
-        subs = [c for c in _consumers(view, m, "Sub") if view.nodes[c].input[:2] == [x, m]]
-        if not subs:
-            continue
-        d = view.nodes[subs[0]].output[0]
-        sq = _square_of(view, d)
-        tail = _normalise_tail(view, d, sq) if sq is not None else None
-        if tail is None:
-            continue
-        unit = _affine(view, [i, subs[0], *tail])
-        if taken.isdisjoint(unit):
-            units.append((unit, f"decomposed LayerNorm unit from {n.name}"))
-            taken.update(unit)
-    for i, n in enumerate(view.nodes):  # RMSNorm: no centring
-        if i in taken or n.op_type not in ("Pow", "Mul"):
-            continue
-        x = n.input[0]
-        if _square_of(view, x) != i:
-            continue
-        tail = _normalise_tail(view, x, i)
-        if tail is None:
-            continue
-        unit = _affine(view, tail)
-        if taken.isdisjoint(unit):
-            units.append((unit, f"decomposed RMSNorm unit from {n.name}"))
-            taken.update(unit)
-    return units
 
 
 # -- reductions -----------------------------------------------------------------

@@ -1,0 +1,240 @@
+"""LayerNorm fusion and BatchNorm folding on every export variant, and on PP-OCRv4."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from tests.helpers import F, model, node
+from trtbuild.graph import fuse
+from trtbuild.graph.passes import opset_of
+from trtbuild.graph.prepare import prepare
+from trtbuild.policy.model import Passes
+
+RNG = np.random.default_rng(0)
+W = RNG.uniform(0.5, 1.5, 8).astype(np.float32)
+B = RNG.uniform(-1, 1, 8).astype(np.float32)
+CONSTS = {"two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32), "w": W, "b": B}
+
+
+def _run(m: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)
+
+
+def assert_same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, shape=(2, 4, 8)):
+    """Outputs agree to 1e-5 of their magnitude (the passes are exact up to rounding)."""
+    feed = {before.graph.input[0].name: RNG.normal(3, 20, shape).astype(np.float32)}
+    for a, b in zip(_run(before, feed), _run(after, feed)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
+
+
+def _stats(axes, square="pow", axes_input=False):
+    """mean, x - mean, square, mean of squares, + eps, sqrt; as PyTorch < 17 and Paddle export."""
+    red = (
+        (lambda i, o, n: node("ReduceMean", [i, "axes"], o, n))
+        if axes_input
+        else (lambda i, o, n: node("ReduceMean", [i], o, n, axes=axes))
+    )
+    sq = (
+        node("Pow", ["d", "two"], "sq", "pow")
+        if square == "pow"
+        else node("Mul", ["d", "d"], "sq", "square")
+    )
+    return [
+        red("x", "m", "mean"),
+        node("Sub", ["x", "m"], "d", "sub"),
+        sq,
+        red("sq", "v", "var"),
+        node("Add", ["v", "eps"], "ve", "add_eps"),
+        node("Sqrt", ["ve"], "s", "sqrt"),
+    ]
+
+
+def _ln(variant: str, opset: int = 17, axes=(-1,)) -> onnx.ModelProto:
+    consts = dict(CONSTS)
+    if variant == "pow_div_affine":
+        nodes = [
+            *_stats(list(axes)),
+            node("Div", ["d", "s"], "n", "div"),
+            node("Mul", ["n", "w"], "g", "gamma"),
+            node("Add", ["g", "b"], "y", "beta"),
+        ]
+    elif variant == "mul_reciprocal_no_affine":
+        nodes = [
+            *_stats(list(axes), "mul"),
+            node("Reciprocal", ["s"], "r", "recip"),
+            node("Mul", ["d", "r"], "y", "norm"),
+        ]
+    elif variant == "weight_first_scale_only":
+        nodes = [
+            *_stats(list(axes)),
+            node("Div", ["d", "s"], "n", "div"),
+            node("Mul", ["w", "n"], "y", "gamma"),
+        ]
+    elif variant == "axes_input_opset18":
+        consts["axes"] = np.array(list(axes), np.int64)
+        nodes = [
+            *_stats(None, axes_input=True),
+            node("Div", ["d", "s"], "n", "div"),
+            node("Mul", ["n", "w"], "g", "gamma"),
+            node("Add", ["g", "b"], "y", "beta"),
+        ]
+    elif variant in ("tf2onnx", "tf2onnx_no_beta"):  # x * k + (beta - mean * k), k = w / std
+        nodes = [
+            *_stats(list(axes), "mul"),
+            node("Reciprocal", ["s"], "r", "rsqrt"),
+            node("Mul", ["r", "w"], "k", "gamma"),
+            node("Mul", ["x", "k"], "xk", "mul_x"),
+            node("Mul", ["m", "k"], "mk", "mul_mean"),
+        ]
+        if variant == "tf2onnx":
+            nodes += [node("Sub", ["b", "mk"], "c", "beta"), node("Add", ["xk", "c"], "y", "out")]
+        else:
+            nodes += [node("Sub", ["xk", "mk"], "y", "out")]
+    else:
+        raise ValueError(variant)
+    inner = int(np.prod([(2, 4, 8)[a] for a in axes]))
+    if inner != 8:
+        consts["w"] = RNG.uniform(0.5, 1.5, (4, 8)).astype(np.float32)
+        consts["b"] = RNG.uniform(-1, 1, (4, 8)).astype(np.float32)
+    return model(nodes, [("x", F, [2, 4, 8])], [("y", F, [2, 4, 8])], consts, opset=opset)
+
+
+VARIANTS = [
+    "pow_div_affine",
+    "mul_reciprocal_no_affine",
+    "weight_first_scale_only",
+    "axes_input_opset18",
+    "tf2onnx",
+    "tf2onnx_no_beta",
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_decomposed_variant_fuses_to_one_node_with_the_first_name(variant):
+    source = _ln(variant, opset=18 if variant == "axes_input_opset18" else 17)
+    fused, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    onnx.checker.check_model(fused, full_check=True)
+    assert [(n.op_type, n.name) for n in fused.graph.node] == [("LayerNormalization", "mean")]
+    assert record.changed == 1 and record.details["fused"][0]["name"] == "mean"
+    assert_same_outputs(source, fused)
+    again, rec2 = fuse.fuse_layernorm(fused)
+    assert rec2.changed == 0 and again.graph.node[0] == fused.graph.node[0]
+
+
+def test_two_trailing_axes_fuse_with_axis_minus_two():
+    source = _ln("pow_div_affine", axes=(-2, -1))
+    fused, _ = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    (ln,) = fused.graph.node
+    assert helper.get_attribute_value(ln.attribute[0]) == -2 or any(
+        a.name == "axis" and a.i == -2 for a in ln.attribute
+    )
+    assert_same_outputs(source, fused)
+
+
+def test_weights_as_constant_nodes_fuse_after_lifting():
+    source = _ln("pow_div_affine", opset=12)
+    consts = [helper.make_node("Constant", [], [t.name], value=t) for t in source.graph.initializer]
+    del source.graph.initializer[:]
+    nodes = [*consts, *source.graph.node]
+    del source.graph.node[:]
+    source.graph.node.extend(nodes)
+    prepared = prepare(onnx.ModelProto.FromString(source.SerializeToString()), Passes(opset=17))
+    assert [n.op_type for n in prepared.model.graph.node] == ["LayerNormalization"]
+    assert opset_of(prepared.model) == 17
+    assert_same_outputs(source, prepared.model)
+
+
+def test_channel_axis_layernorm2d_is_kept_and_says_why(nafnet_path):
+    prepared = prepare(onnx.load(nafnet_path), Passes(opset=17))
+    record = next(r for r in prepared.records if r.name == "fuse_layernorm")
+    assert record.changed == 0 and len(record.details["not_fused"]) == 4
+    assert "trailing axes only" in record.details["not_fused"][0]["why"]
+    assert not [n for n in prepared.model.graph.node if n.op_type == "LayerNormalization"]
+
+
+def test_below_opset_17_nothing_fuses_and_the_record_says_which_opset_to_ask_for():
+    source = _ln("pow_div_affine", opset=13)
+    out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert len(out.graph.node) == len(source.graph.node)
+    assert "passes.opset: 17" in record.details["not_fused"][0]["why"]
+
+
+def test_an_intermediate_used_outside_the_unit_blocks_fusion():
+    source = _ln("pow_div_affine")
+    source.graph.output.append(helper.make_tensor_value_info("v", F, [2, 4, 1]))
+    out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert record.changed == 0 and "'v' is used outside" in record.details["not_fused"][0]["why"]
+    assert len(out.graph.node) == len(source.graph.node)
+
+
+def _conv_bn(extra_consumer: bool = False) -> onnx.ModelProto:
+    c = 4
+    inits = {
+        "cw": RNG.normal(0, 0.5, (c, 3, 3, 3)).astype(np.float32),
+        "cb": RNG.normal(0, 0.1, c).astype(np.float32),
+        "g": RNG.uniform(0.5, 2, c).astype(np.float32),
+        "be": RNG.normal(0, 1, c).astype(np.float32),
+        "mu": RNG.normal(0, 1, c).astype(np.float32),
+        "var": RNG.uniform(0.1, 3, c).astype(np.float32),
+    }
+    nodes = [
+        node("Conv", ["x", "cw", "cb"], "c", "conv", pads=[1, 1, 1, 1]),
+        node("BatchNormalization", ["c", "g", "be", "mu", "var"], "y", "bn", epsilon=1e-3),
+    ]
+    outputs = [("y", F, [1, c, 8, 8])]
+    if extra_consumer:
+        nodes.append(node("Relu", ["c"], "r", "relu"))
+        outputs.append(("r", F, [1, c, 8, 8]))
+    return model(nodes, [("x", F, [1, 3, 8, 8])], outputs, inits)
+
+
+def test_batchnorm_folds_into_conv_exactly_and_conv_keeps_its_name():
+    source = _conv_bn()
+    folded, record = fuse.fold_batchnorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert [(n.op_type, n.name, n.output[0]) for n in folded.graph.node] == [("Conv", "conv", "y")]
+    assert record.details["folded"] == [{"name": "conv", "batchnorm": "bn"}]
+    assert {t.name for t in folded.graph.initializer} == {
+        "conv.weight_bnfolded",
+        "conv.bias_bnfolded",
+    }
+    assert_same_outputs(source, folded, shape=(1, 3, 8, 8))
+    assert fuse.fold_batchnorm(folded)[1].changed == 0
+
+
+def test_batchnorm_after_a_shared_conv_output_stays():
+    source = _conv_bn(extra_consumer=True)
+    out, record = fuse.fold_batchnorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert record.changed == 0 and "used elsewhere" in record.details["not_folded"][0]["why"]
+    assert [n.op_type for n in out.graph.node] == ["Conv", "BatchNormalization", "Relu"]
+
+
+def test_ppocrv4_all_five_layernorms_fuse_with_outputs_unchanged(real_model):
+    path = real_model("ppocrv4_rec")
+    source = onnx.load(path)
+    original_names = {n.name for n in source.graph.node if n.name}
+    prepared = prepare(onnx.load(path), Passes(opset=17))
+    m = prepared.model
+    assert opset_of(m) == 17
+    records = {r.name: r for r in prepared.records}
+    assert (
+        records["fuse_layernorm"].changed == 5
+        and not records["fuse_layernorm"].details["not_fused"]
+    )
+    assert records["fold_batchnorm"].changed == 6
+    assert sum(n.op_type == "LayerNormalization" for n in m.graph.node) == 5
+    assert not [n for n in m.graph.node if n.op_type in ("Pow", "Sqrt", "BatchNormalization")]
+    # every name traceable: kept, or named after the node the opset converter expanded
+    assert {n.name.split("/opset/")[0] for n in m.graph.node} <= original_names
+    onnx.checker.check_model(m)
+    feed = {"x": RNG.uniform(-1, 1, (1, 3, 48, 160)).astype(np.float32)}
+    (before,), (after,) = _run(source, feed), _run(m, feed)
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-5 * float(np.abs(before).max()))
+    again = prepare(m, Passes(opset=17))
+    assert all(r.changed == 0 for r in again.records if r.name != "fold_constants")
+    assert [n.name for n in again.model.graph.node] == [n.name for n in m.graph.node]
+    assert numpy_helper.to_array(m.graph.initializer[0]).size > 0

@@ -1,0 +1,243 @@
+"""Fusions that make the graph look the way TensorRT builds it.
+
+Why fuse LayerNorm: TensorRT maps ONNX `LayerNormalization` (opset 17+) to one
+normalization layer that accumulates in FP32, while the decomposed form older
+exporters write runs as separate elementwise and reduce layers, where the
+variance `Pow` overflows in FP16. Why fold BatchNorm: TensorRT folds it into
+the Conv anyway, so precision rules and range analysis should see the Conv
+with folded weights, as the engine will.
+
+Both passes are exact up to float rounding, keep the first node's name (a
+policy written against original names keeps matching), record every change,
+and leave anything they cannot rewrite exactly as it was, saying why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from trtbuild.graph.passes import PassRecord, infer_shapes, opset_of, strip_value_info
+from trtbuild.precision.graphview import GraphView
+from trtbuild.precision.norms import NormUnit, norm_units
+
+LAYERNORM_OPSET = 17
+
+
+def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """Replace each decomposed trailing-axis LayerNorm by one `LayerNormalization` node."""
+    record = PassRecord("fuse_layernorm", details={"fused": [], "not_fused": []})
+    model = infer_shapes(model)
+    view = GraphView(model)
+    units = [u for u in norm_units(view) if u.kind == "layernorm"]
+    if not units:
+        return strip_value_info(model), record
+    if opset_of(model) < LAYERNORM_OPSET:
+        why = (
+            f"opset {opset_of(model)} has no LayerNormalization; "
+            f"set passes.opset: {LAYERNORM_OPSET} (or --opset {LAYERNORM_OPSET})"
+        )
+        record.details["not_fused"] = [_named(view, u, why) for u in units]
+        return strip_value_info(model), record
+
+    replaced: dict[int, onnx.NodeProto] = {}
+    removed: set[int] = set()
+    for unit in units:
+        plan = _plan(view, unit)
+        if isinstance(plan, str):
+            record.details["not_fused"].append(_named(view, unit, plan))
+            continue
+        node, inits = plan
+        model.graph.initializer.extend(inits)
+        replaced[max(unit.nodes)] = node
+        removed.update(unit.nodes)
+        record.details["fused"].append(
+            {**_named(view, unit), "axis": _attr(node, "axis"), "epsilon": _attr(node, "epsilon")}
+        )
+    record.changed = len(record.details["fused"])
+    if record.changed:
+        nodes = [
+            replaced.get(i, n)
+            for i, n in enumerate(view.nodes)
+            if i not in removed or i in replaced
+        ]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        drop_unused_initializers(model)
+    return strip_value_info(model), record
+
+
+def _named(view: GraphView, unit: NormUnit, why: str | None = None) -> dict:
+    out = {
+        "name": view.nodes[unit.nodes[0]].name,
+        "nodes": [view.nodes[i].name for i in unit.nodes],
+    }
+    if why:
+        out["why"] = why
+    return out
+
+
+def _attr(node: onnx.NodeProto, name: str):
+    return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
+
+
+def _plan(view: GraphView, unit: NormUnit) -> tuple[onnx.NodeProto, list[onnx.TensorProto]] | str:
+    """The fused node and its new initializers, or why the unit cannot be fused exactly."""
+    mean_axes, var_axes = unit.axes
+    if not unit.keepdims:
+        return "ReduceMean without keepdims"
+    if mean_axes is None or var_axes is None:
+        return "ReduceMean axes are not constant"
+    rank = _rank(view, unit.x)
+    if rank is None and any(a >= 0 for a in (*mean_axes, *var_axes)):
+        return "input rank unknown"
+    neg = sorted({a - rank if a >= 0 else a for a in mean_axes}) if rank else sorted(mean_axes)
+    neg_var = sorted({a - rank if a >= 0 else a for a in var_axes}) if rank else sorted(var_axes)
+    if neg != neg_var:
+        return f"mean over axes {list(mean_axes)} but variance over {list(var_axes)}"
+    k = len(neg)
+    if neg != list(range(-k, 0)):
+        where = f" of rank {rank}" if rank else ""
+        return (
+            f"normalizes axes {list(mean_axes)}{where}; LayerNormalization normalizes trailing "
+            "axes only (kept as a normalization unit)"
+        )
+    for i in unit.nodes:  # every intermediate value must stay inside the unit
+        for out in view.nodes[i].output:
+            if out == unit.output:
+                continue
+            if out in view.outputs or any(c not in unit.nodes for c in view.consumers.get(out, [])):
+                return f"intermediate {out!r} is used outside the unit"
+    dtype = view.dtype.get(unit.x)
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype) if dtype else np.dtype(np.float32)
+    norm_shape = _tail(view, unit.x, k)
+    scale = _broadcast(view, unit.scale, k, norm_shape)
+    bias = _broadcast(view, unit.bias, k, norm_shape)
+    if isinstance(scale, str) or isinstance(bias, str):
+        return scale if isinstance(scale, str) else bias
+    if norm_shape is None:
+        shapes = [a.shape for a in (scale, bias) if a is not None]
+        if not shapes:
+            return "normalized dimensions unknown and no weights to take them from"
+        norm_shape = shapes[0]
+    name = view.nodes[unit.nodes[0]].name
+    scale_arr = np.ones(norm_shape, np_dtype) if scale is None else scale.astype(np_dtype)
+    inits = [numpy_helper.from_array(scale_arr, f"{name}.scale")]
+    inputs = [unit.x, inits[0].name]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias.astype(np_dtype), f"{name}.bias"))
+        inputs.append(inits[1].name)
+    eps = float(view.initializer_array(unit.epsilon).ravel()[0])
+    node = helper.make_node(
+        "LayerNormalization", inputs, [unit.output], name=name, axis=-k, epsilon=eps
+    )
+    return node, inits
+
+
+def _rank(view: GraphView, tensor: str | None) -> int | None:
+    t = view.shape.get(tensor or "")
+    if t is None or not t.tensor_type.HasField("shape"):
+        return None
+    return len(t.tensor_type.shape.dim)
+
+
+def _tail(view: GraphView, tensor: str | None, k: int) -> tuple[int, ...] | None:
+    t = view.shape.get(tensor or "")
+    if t is None or not t.tensor_type.HasField("shape"):
+        return None
+    dims = t.tensor_type.shape.dim[-k:]
+    if len(dims) != k or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+        return None
+    return tuple(d.dim_value for d in dims)
+
+
+def _broadcast(view: GraphView, name: str | None, k: int, shape) -> np.ndarray | str | None:
+    """The weight as an array of the normalized shape, or why it does not fit it."""
+    if name is None:
+        return None
+    arr = view.initializer_array(name)
+    while arr.ndim > k and arr.shape[0] == 1:
+        arr = arr.reshape(arr.shape[1:])
+    if arr.ndim > k:
+        return f"weight {name!r} of shape {list(arr.shape)} varies outside the normalized axes"
+    if shape is None:
+        return arr if arr.ndim == k else "normalized dimensions unknown"
+    try:
+        return np.broadcast_to(arr, shape).copy()
+    except ValueError:
+        return f"weight {name!r} of shape {list(arr.shape)} does not fit {list(shape)}"
+
+
+# -- BatchNormalization -> Conv ---------------------------------------------------
+
+
+def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """Fold inference-mode BatchNormalization into the Conv that feeds it."""
+    record = PassRecord("fold_batchnorm", details={"folded": [], "not_folded": []})
+    view = GraphView(model)
+    removed: set[int] = set()
+    replaced: dict[int, onnx.NodeProto] = {}
+    for i, bn in enumerate(view.nodes):
+        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
+            continue
+        conv_index = view.producer.get(bn.input[0])
+        plan = _fold_plan(view, conv_index, i)
+        if isinstance(plan, str):
+            record.details["not_folded"].append({"name": bn.name, "why": plan})
+            continue
+        conv, inits = plan
+        model.graph.initializer.extend(inits)
+        replaced[conv_index] = conv
+        removed.add(i)
+        record.details["folded"].append({"name": conv.name, "batchnorm": bn.name})
+    record.changed = len(record.details["folded"])
+    if record.changed:
+        nodes = [replaced.get(i, n) for i, n in enumerate(view.nodes) if i not in removed]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        drop_unused_initializers(model)
+    return model, record
+
+
+def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
+    bn = view.nodes[bn_index]
+    if conv_index is None or view.nodes[conv_index].op_type != "Conv":
+        return "not fed by a Conv"
+    conv = view.nodes[conv_index]
+    if len([o for o in bn.output if o]) != 1:
+        return "training-mode BatchNormalization"
+    if conv.output[0] in view.outputs or len(view.consumers.get(conv.output[0], [])) != 1:
+        return f"the Conv output {conv.output[0]!r} is used elsewhere"
+    params = [*conv.input[1:], *bn.input[1:]]
+    missing = [t for t in params if t and t not in view.initializers]
+    if missing:
+        return f"{missing[0]!r} is not a constant"
+    w = view.initializer_array(conv.input[1])
+    b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+    gamma, beta, mean, var = (view.initializer_array(t).astype(np.float64) for t in bn.input[1:5])
+    eps = next((helper.get_attribute_value(a) for a in bn.attribute if a.name == "epsilon"), 1e-5)
+    s = gamma / np.sqrt(var + eps)
+    w2 = (w.astype(np.float64) * s.reshape(-1, *[1] * (w.ndim - 1))).astype(w.dtype)
+    b2 = (((b.astype(np.float64) if b is not None else 0.0) - mean) * s + beta).astype(w.dtype)
+    inits = [
+        numpy_helper.from_array(w2, f"{conv.name}.weight_bnfolded"),
+        numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"),
+    ]
+    folded = onnx.NodeProto()
+    folded.CopyFrom(conv)
+    del folded.input[:]
+    folded.input.extend([conv.input[0], inits[0].name, inits[1].name])
+    folded.output[0] = bn.output[0]
+    return folded, inits
+
+
+def drop_unused_initializers(model: onnx.ModelProto) -> int:
+    used = {t for n in model.graph.node for t in n.input}
+    used |= {o.name for o in (*model.graph.output, *model.graph.input)}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    dropped = len(model.graph.initializer) - len(keep)
+    if dropped:
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+    return dropped

@@ -1,0 +1,335 @@
+"""Normalization units: fused norm ops and the decomposed forms exporters write.
+
+Why units: FP16 breaks inside a normalization (the variance `Pow` that reaches
+1e7), so a policy pins the whole unit, and the LayerNorm fusion pass replaces
+the whole unit by one node. Both need the same recognition, with the unit's
+parts (input, axes, epsilon, scale, bias) named, so it lives here once.
+
+Forms recognised (each seen in real exports):
+- fused ops (LayerNormalization, GroupNormalization, InstanceNormalization, ...);
+- LayerNorm as PyTorch < opset 17 and Paddle write it: ReduceMean, Sub,
+  Pow(d, 2) or Mul(d, d), ReduceMean, Add(eps), Sqrt, Div or Reciprocal+Mul,
+  then an optional Mul(weight) and Add(bias), on any axes (NAFNet's LayerNorm2d
+  normalises axis 1);
+- LayerNorm as tf2onnx writes Keras' (batch-norm style): the same statistics,
+  then x * (gamma * rsqrt) + (beta - mean * gamma * rsqrt);
+- RMSNorm: the LayerNorm tail without centring;
+- GroupNorm as PyTorch exports it: Reshape, InstanceNormalization, Reshape,
+  Mul, Add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx import helper
+
+from trtbuild.precision.graphview import GraphView
+
+FUSED_NORMS = frozenset(
+    {
+        "LayerNormalization",
+        "GroupNormalization",
+        "InstanceNormalization",
+        "RMSNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+    }
+)
+
+
+@dataclass(frozen=True)
+class NormUnit:
+    """One normalization unit; `nodes` are graph indices, the first is the unit's name."""
+
+    kind: str  # an op type for fused norms; "layernorm", "rmsnorm", "groupnorm" otherwise
+    nodes: tuple[int, ...]
+    reason: str
+    x: str | None = None
+    output: str | None = None
+    axes: tuple[tuple[int, ...] | None, ...] = ()  # of the mean and variance ReduceMeans
+    keepdims: bool = True
+    epsilon: str | None = None
+    scale: str | None = None
+    bias: str | None = None
+
+
+# -- small matchers -------------------------------------------------------------
+
+
+def _consumers(view: GraphView, tensor: str, op: str | tuple[str, ...]) -> list[int]:
+    ops = (op,) if isinstance(op, str) else op
+    return [c for c in view.consumers.get(tensor, []) if view.nodes[c].op_type in ops]
+
+
+def _is_scalar_const(view: GraphView, tensor: str, value: float | None = None) -> bool:
+    if tensor not in view.initializers:
+        return False
+    arr = view.initializer_array(tensor)
+    return arr.size == 1 and (value is None or float(arr.ravel()[0]) == value)
+
+
+def _other(node, tensor: str) -> str | None:
+    """The other input of a binary node that has `tensor` as one input."""
+    ins = list(node.input)
+    if len(ins) != 2 or tensor not in ins:
+        return None
+    return ins[1] if ins[0] == tensor else ins[0]
+
+
+def _square_of(view: GraphView, x: str) -> int | None:
+    """Pow(x, 2) or Mul(x, x) consuming x."""
+    for c in view.consumers.get(x, []):
+        n = view.nodes[c]
+        if n.op_type == "Pow" and n.input[0] == x and _is_scalar_const(view, n.input[1], 2.0):
+            return c
+        if n.op_type == "Mul" and n.input[0] == x and n.input[1] == x:
+            return c
+    return None
+
+
+def reduce_axes(view: GraphView, index: int) -> tuple[int, ...] | None:
+    """Axes of a Reduce* node, from the attribute (opset < 18) or the input (18+)."""
+    node = view.nodes[index]
+    for a in node.attribute:
+        if a.name == "axes":
+            return tuple(helper.get_attribute_value(a))
+    if len(node.input) > 1 and node.input[1]:
+        if node.input[1] in view.initializers:
+            return tuple(int(v) for v in view.initializer_array(node.input[1]).ravel())
+        return None  # computed axes: unknown
+    return None  # all axes
+
+
+def _keepdims(node) -> bool:
+    return all(helper.get_attribute_value(a) != 0 for a in node.attribute if a.name == "keepdims")
+
+
+@dataclass(frozen=True)
+class _Stats:
+    """mean(x²) + eps → sqrt, shared by LayerNorm and RMSNorm."""
+
+    nodes: tuple[int, ...]  # square, ReduceMean, Add, Sqrt
+    std: str
+    epsilon: str
+    var_reduce: int
+
+
+def _stats(view: GraphView, sq: int) -> _Stats | None:
+    mean = _consumers(view, view.nodes[sq].output[0], "ReduceMean")
+    if not mean:
+        return None
+    var = view.nodes[mean[0]].output[0]
+    for add in _consumers(view, var, "Add"):
+        eps = _other(view.nodes[add], var)
+        if eps is None or not _is_scalar_const(view, eps):
+            continue
+        sqrt = _consumers(view, view.nodes[add].output[0], "Sqrt")
+        if sqrt:
+            std = view.nodes[sqrt[0]].output[0]
+            return _Stats((sq, mean[0], add, sqrt[0]), std, eps, mean[0])
+    return None
+
+
+def _divide(view: GraphView, x: str, std: str) -> list[int] | None:
+    """Div(x, std), or Reciprocal(std) then Mul(x, ·)."""
+    div = [c for c in _consumers(view, std, "Div") if view.nodes[c].input[0] == x]
+    if div:
+        return [div[0]]
+    for r in _consumers(view, std, "Reciprocal"):
+        mul = [
+            c for c in _consumers(view, view.nodes[r].output[0], "Mul") if x in view.nodes[c].input
+        ]
+        if mul:
+            return [r, mul[0]]
+    return None
+
+
+def _affine(view: GraphView, last: int) -> tuple[list[int], str | None, str | None]:
+    """The optional Mul(weight) then Add(bias) by initializers after a normalization."""
+    added, scale, bias = [], None, None
+    out = view.nodes[last].output[0]
+    for op in ("Mul", "Add"):
+        nxt = view.consumers.get(out, [])
+        if len(nxt) != 1 or view.nodes[nxt[0]].op_type != op or out in view.outputs:
+            continue
+        other = _other(view.nodes[nxt[0]], out)
+        if other is None or other not in view.initializers:
+            continue
+        added.append(nxt[0])
+        if op == "Mul":
+            scale = other
+        else:
+            bias = other
+        out = view.nodes[nxt[0]].output[0]
+    return added, scale, bias
+
+
+def _out(view: GraphView, index: int) -> str:
+    return view.nodes[index].output[0]
+
+
+# -- the forms ----------------------------------------------------------------
+
+
+def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
+    """A centred LayerNorm starting at ReduceMean `i` (PyTorch/Paddle or tf2onnx form)."""
+    n = view.nodes[i]
+    x, m = n.input[0], n.output[0]
+    subs = [c for c in _consumers(view, m, "Sub") if list(view.nodes[c].input) == [x, m]]
+    if not subs:
+        return None
+    d = _out(view, subs[0])
+    sq = _square_of(view, d)
+    stats = _stats(view, sq) if sq is not None else None
+    if stats is None:
+        return None
+    common = dict(
+        x=x,
+        axes=(reduce_axes(view, i), reduce_axes(view, stats.var_reduce)),
+        keepdims=_keepdims(n) and _keepdims(view.nodes[stats.var_reduce]),
+        epsilon=stats.epsilon,
+    )
+    div = _divide(view, d, stats.std)
+    if div is not None:
+        affine, scale, bias = _affine(view, div[-1])
+        nodes = (i, subs[0], *stats.nodes, *div, *affine)
+        return NormUnit(
+            "layernorm",
+            nodes,
+            f"decomposed LayerNorm unit from {n.name}",
+            output=_out(view, nodes[-1]),
+            scale=scale,
+            bias=bias,
+            **common,
+        )
+    return _tf_layernorm(view, i, subs[0], stats, common)
+
+
+def _tf_layernorm(
+    view: GraphView, i: int, sub: int, stats: _Stats, common: dict
+) -> NormUnit | None:
+    """tf2onnx's Keras LayerNorm: x * k + (beta - mean * k), k = gamma * rsqrt(var + eps)."""
+    x, m = view.nodes[i].input[0], _out(view, i)
+    recip = _consumers(view, stats.std, "Reciprocal")
+    if not recip:
+        return None
+    nodes, k, scale = [recip[0]], _out(view, recip[0]), None
+    gamma = [
+        c
+        for c in _consumers(view, k, "Mul")
+        if (_other(view.nodes[c], k) or "") in view.initializers
+    ]
+    if gamma:
+        scale = _other(view.nodes[gamma[0]], k)
+        nodes.append(gamma[0])
+        k = _out(view, gamma[0])
+    xk = [c for c in _consumers(view, k, "Mul") if _other(view.nodes[c], k) == x]
+    mk = [c for c in _consumers(view, k, "Mul") if _other(view.nodes[c], k) == m]
+    if not xk or not mk:
+        return None
+    nodes += [xk[0], mk[0]]
+    a, b = _out(view, xk[0]), _out(view, mk[0])
+    bias = None
+    centre = [c for c in _consumers(view, b, "Sub") if view.nodes[c].input[1] == b]
+    if centre and view.nodes[centre[0]].input[0] == a:  # no beta: x*k - mean*k
+        nodes.append(centre[0])
+    elif centre and view.nodes[centre[0]].input[0] in view.initializers:
+        bias = view.nodes[centre[0]].input[0]
+        c = _out(view, centre[0])
+        add = [j for j in _consumers(view, c, "Add") if _other(view.nodes[j], c) == a]
+        if not add:
+            return None
+        nodes += [centre[0], add[0]]
+    else:
+        return None
+    ordered = tuple(sorted((i, sub, *stats.nodes, *nodes)))
+    return NormUnit(
+        "layernorm",
+        ordered,
+        f"decomposed LayerNorm unit (tf2onnx form) from {view.nodes[i].name}",
+        output=_out(view, nodes[-1]),
+        scale=scale,
+        bias=bias,
+        **common,
+    )
+
+
+def _rmsnorm_at(view: GraphView, i: int) -> NormUnit | None:
+    n = view.nodes[i]
+    x = n.input[0]
+    if _square_of(view, x) != i:
+        return None
+    stats = _stats(view, i)
+    div = _divide(view, x, stats.std) if stats else None
+    if div is None:
+        return None
+    affine, scale, bias = _affine(view, div[-1])
+    nodes = (*stats.nodes, *div, *affine)
+    return NormUnit(
+        "rmsnorm",
+        nodes,
+        f"decomposed RMSNorm unit from {n.name}",
+        x=x,
+        output=_out(view, nodes[-1]),
+        axes=(reduce_axes(view, stats.var_reduce),),
+        epsilon=stats.epsilon,
+        scale=scale,
+        bias=bias,
+    )
+
+
+def _single(view: GraphView, tensor: str, op: str) -> int | None:
+    c = view.consumers.get(tensor, [])
+    if len(c) == 1 and view.nodes[c[0]].op_type == op and tensor not in view.outputs:
+        return c[0]
+    return None
+
+
+def _fused_at(view: GraphView, i: int) -> NormUnit:
+    """A fused norm op; InstanceNormalization between Reshapes is PyTorch's GroupNorm."""
+    n = view.nodes[i]
+    if n.op_type != "InstanceNormalization":
+        return NormUnit(n.op_type, (i,), f"{n.op_type} op", x=n.input[0], output=_out(view, i))
+    before = view.producer.get(n.input[0])
+    nodes = [i]
+    reshaped = before is not None and view.nodes[before].op_type == "Reshape"
+    if reshaped and _single(view, _out(view, before), "InstanceNormalization") == i:
+        nodes.insert(0, before)
+    after = _single(view, _out(view, i), "Reshape")
+    if after is None or len(nodes) == 1:
+        return NormUnit(n.op_type, (i,), f"{n.op_type} op", x=n.input[0], output=_out(view, i))
+    nodes.append(after)
+    affine, scale, bias = _affine(view, after)
+    nodes += affine
+    return NormUnit(
+        "groupnorm",
+        tuple(nodes),
+        f"GroupNorm unit (Reshape, InstanceNormalization, Reshape) at {n.name}",
+        x=view.nodes[nodes[0]].input[0],
+        output=_out(view, nodes[-1]),
+        scale=scale,
+        bias=bias,
+    )
+
+
+def norm_units(view: GraphView) -> list[NormUnit]:
+    """Every normalization unit in the graph, fused ones first; units never overlap."""
+    units: list[NormUnit] = []
+    taken: set[int] = set()
+
+    def add(unit: NormUnit | None) -> None:
+        if unit is not None and taken.isdisjoint(unit.nodes):
+            units.append(unit)
+            taken.update(unit.nodes)
+
+    for i, n in enumerate(view.nodes):
+        if n.op_type in FUSED_NORMS:
+            add(_fused_at(view, i))
+    for i, n in enumerate(view.nodes):
+        if n.op_type == "ReduceMean" and i not in taken:
+            add(_layernorm_at(view, i))
+    for i, n in enumerate(view.nodes):
+        if n.op_type in ("Pow", "Mul") and i not in taken:
+            add(_rmsnorm_at(view, i))
+    return units
