@@ -33,20 +33,21 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     units = [u for u in norm_units(view) if u.kind == "layernorm"]
     if not units:
         return strip_value_info(model), record
-    if opset_of(model) < LAYERNORM_OPSET:
-        why = (
-            f"opset {opset_of(model)} has no LayerNormalization; "
-            f"set passes.opset: {LAYERNORM_OPSET} (or --opset {LAYERNORM_OPSET})"
-        )
-        record.details["not_fused"] = [_named(view, u, why) for u in units]
-        return strip_value_info(model), record
-
+    too_old = opset_of(model) < LAYERNORM_OPSET
     replaced: dict[int, onnx.NodeProto] = {}
     removed: set[int] = set()
     for unit in units:
         plan = _plan(view, unit)
-        if isinstance(plan, str):
-            record.details["not_fused"].append(_named(view, unit, plan))
+        if isinstance(plan, str) or too_old:
+            why = (
+                plan
+                if isinstance(plan, str)
+                else (
+                    f"opset {opset_of(model)} has no LayerNormalization; "
+                    f"set passes.opset: {LAYERNORM_OPSET} (or --opset {LAYERNORM_OPSET})"
+                )
+            )
+            record.details["not_fused"].append(_named(view, unit, why))
             continue
         node, inits = plan
         model.graph.initializer.extend(inits)
