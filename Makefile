@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format models install schema clean
+.PHONY: demo test lint format models install schema clean bench
 
 demo: models
 	$(BIN)/trtbuild build --policy policies/nafnet.yaml
@@ -26,6 +26,10 @@ $(STAMP): pyproject.toml
 models: install
 	$(BIN)/python scripts/make_models.py --out models
 	$(BIN)/python scripts/fetch_models.py --out models
+
+bench: install models
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python benchmarks/bench_convert.py
 
 schema: install
 	$(BIN)/trtbuild schema > docs/policy.schema.json

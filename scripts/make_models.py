@@ -39,6 +39,10 @@ class GraphBuilder:
         self.inits.append(numpy_helper.from_array(np.asarray(array, dtype=np.float32), name))
         return name
 
+    def ints(self, name: str, values: list[int]) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
+        return name
+
     def const(self, scope: str, value: float) -> str:
         """A scalar from a `Constant` node, as PyTorch exports exponents and epsilons."""
         name = self._unique(f"{scope}/Constant")
@@ -72,6 +76,28 @@ class GraphBuilder:
         return self.op(
             scope, "Conv", [x, wn, bn], kernel_shape=[k, k], pads=[k // 2] * 4, group=groups
         )
+
+    def linear(self, scope: str, x: str, cin: int, cout: int, std: float | None = None) -> str:
+        """nn.Linear as exported: MatMul by the transposed weight, then Add(bias)."""
+        std = (1.0 / np.sqrt(cin)) if std is None else std
+        key = scope.strip("/").replace("/", ".")
+        w = self.init(f"{key}.weight", self.rng.normal(0.0, std, size=(cin, cout)))
+        b = self.init(f"{key}.bias", self.rng.normal(0.0, 0.01, size=(cout,)))
+        return self.op(scope, "Add", [self.op(scope, "MatMul", [x, w]), b])
+
+    def layernorm(self, scope: str, x: str, c: int, axis: int = -1) -> str:
+        """LayerNorm decomposed as torch.onnx writes it below opset 17."""
+        mu = self.op(scope, "ReduceMean", [x], axes=[axis], keepdims=1)
+        d = self.op(scope, "Sub", [x, mu])
+        sq = self.op(scope, "Pow", [d, self.const(scope, 2.0)])
+        var = self.op(scope, "ReduceMean", [sq], axes=[axis], keepdims=1)
+        ve = self.op(scope, "Add", [var, self.const(scope, 1e-5)])
+        std = self.op(scope, "Sqrt", [ve])
+        y = self.op(scope, "Div", [d, std])
+        key = scope.strip("/").replace("/", ".")
+        w = self.init(f"{key}.weight", 1.0 + 0.1 * self.rng.standard_normal((c,)))
+        b = self.init(f"{key}.bias", 0.1 * self.rng.standard_normal((c,)))
+        return self.op(scope, "Add", [self.op(scope, "Mul", [y, w]), b])
 
     def layernorm2d(self, scope: str, x: str, c: int) -> str:
         """NAFNet's LayerNorm2d over the channel axis, decomposed as exported at opset 13."""
@@ -147,7 +173,116 @@ def nafnet_tiny(size: int = 64, width: int = 16, blocks: int = 2) -> onnx.ModelP
     )
 
 
-MODELS = {"nafnet_tiny": nafnet_tiny}
+def gfpgan_tiny(size: int = 32, width: int = 8, stages: int = 14) -> onnx.ModelProto:
+    """GFPGAN-style generator: fifteen reductions, and only the last overflows FP16.
+
+    Each of the 14 stages re-centres its features by a style statistic (a
+    spatial ReduceMean or ReduceMax, values in the tens), as modulated
+    generators do; none of them leaves the FP16 range. The 15th reduction, the
+    feature energy (ReduceSumSquare over the whole map), reaches about 1e6:
+    in FP16 it is inf, as the reported face model's last reduction was on the
+    GPU.
+    """
+    g = GraphBuilder(seed=1)
+    x = g.conv("/encoder", "input", 3, width, k=3, std=6.0)
+    for i in range(stages):
+        scope = f"/stage.{i}"
+        stat = "ReduceMean" if i % 2 == 0 else "ReduceMax"
+        s = g.op(scope, stat, [x], axes=[2, 3], keepdims=1)
+        h = g.conv(scope, g.op(scope, "Sub", [x, s]), width, width, k=3, std=0.05)
+        x = g.op(scope, "Add", [x, g.op(scope, "LeakyRelu", [h], alpha=0.2)])
+    face = g.conv("/to_rgb", x, width, 3, std=0.05)
+    energy = g.op("/energy", "ReduceSumSquare", [x], keepdims=0)
+    g.nodes.append(helper.make_node("Identity", [face], ["face"], name="/out/face"))
+    g.nodes.append(helper.make_node("Identity", [energy], ["energy"], name="/out/energy"))
+    return g.model(
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
+        [
+            helper.make_tensor_value_info("face", TensorProto.FLOAT, [1, 3, size, size]),
+            helper.make_tensor_value_info("energy", TensorProto.FLOAT, []),
+        ],
+        opset=13,
+        name="gfpgan_tiny",
+    )
+
+
+def _heads(g: GraphBuilder, scope: str, x: str, seq: int, heads: int, dh: int, perm) -> str:
+    shape = g.ints(f"{scope.strip('/').replace('/', '.')}.shape", [1, seq, heads, dh])
+    return g.op(scope, "Transpose", [g.op(scope, "Reshape", [x, shape])], perm=perm)
+
+
+def attention_block(g: GraphBuilder, scope: str, x: str, seq: int, dim: int, heads: int) -> str:
+    dh = dim // heads
+    q = _heads(
+        g, f"{scope}/q", g.linear(f"{scope}/q_proj", x, dim, dim), seq, heads, dh, [0, 2, 1, 3]
+    )
+    k = _heads(
+        g, f"{scope}/k", g.linear(f"{scope}/k_proj", x, dim, dim), seq, heads, dh, [0, 2, 3, 1]
+    )
+    v = _heads(
+        g, f"{scope}/v", g.linear(f"{scope}/v_proj", x, dim, dim), seq, heads, dh, [0, 2, 1, 3]
+    )
+    scores = g.op(scope, "Div", [g.op(scope, "MatMul", [q, k]), g.const(scope, float(np.sqrt(dh)))])
+    p = g.op(scope, "Softmax", [scores], axis=-1)
+    o = g.op(scope, "Transpose", [g.op(scope, "MatMul", [p, v])], perm=[0, 2, 1, 3])
+    o = g.op(scope, "Reshape", [o, g.ints(f"{scope.strip('/')}.merge", [1, seq, dim])])
+    out = g.linear(f"{scope}/out_proj", o, dim, dim)
+    return out
+
+
+def gelu(g: GraphBuilder, scope: str, x: str) -> str:
+    """GELU as torch.onnx writes it below opset 20: x * 0.5 * (1 + erf(x / sqrt 2))."""
+    e = g.op(scope, "Erf", [g.op(scope, "Div", [x, g.const(scope, float(np.sqrt(2.0)))])])
+    y = g.op(scope, "Mul", [x, g.op(scope, "Add", [e, g.const(scope, 1.0)])])
+    return g.op(scope, "Mul", [y, g.const(scope, 0.5)])
+
+
+def transformer_tiny(
+    seq: int = 16, dim: int = 32, heads: int = 2, layers: int = 2, outlier: float = 100.0
+) -> onnx.ModelProto:
+    """Pre-LN transformer encoder whose attention writes an outlier feature.
+
+    As in large transformers, one channel of each attention output projection
+    is scaled up (`outlier`), so the residual stream after the first attention
+    carries values in the thousands. Every LayerNorm fed by it squares them
+    past 65504 in FP16; the first LayerNorm, before any attention, is safe.
+    """
+    g = GraphBuilder(seed=2)
+    x = g.linear("/embed", "tokens", dim, dim)
+    for i in range(layers):
+        scope = f"/layers.{i}"
+        h = g.layernorm(f"{scope}/norm1", x, dim)
+        a = attention_block(g, f"{scope}/attn", h, seq, dim, heads)
+        if outlier and i == 0:
+            w = next(t for t in g.inits if t.name == f"{scope.strip('/')}.attn.out_proj.weight")
+            arr = numpy_helper.to_array(w).copy()
+            arr[:, 0] *= outlier * np.sqrt(dim)
+            w.CopyFrom(numpy_helper.from_array(arr, w.name))
+        x = g.op(scope, "Add", [x, a])
+        h = g.layernorm(f"{scope}/norm2", x, dim)
+        h = g.linear(
+            f"{scope}/fc2",
+            gelu(g, f"{scope}/act", g.linear(f"{scope}/fc1", h, dim, 4 * dim)),
+            4 * dim,
+            dim,
+        )
+        x = g.op(scope, "Add", [x, h])
+    x = g.layernorm("/norm", x, dim)
+    logits = g.linear("/head", x, dim, 8)
+    g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/out/logits"))
+    return g.model(
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, seq, dim])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, seq, 8])],
+        opset=13,
+        name="transformer_tiny",
+    )
+
+
+MODELS = {
+    "nafnet_tiny": nafnet_tiny,
+    "gfpgan_tiny": gfpgan_tiny,
+    "transformer_tiny": transformer_tiny,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from trtbuild.errors import UsageError
 from trtbuild.graph.prepare import prepare
 from trtbuild.policy.model import Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
@@ -36,8 +35,3 @@ def test_max_abs_above_uses_reference_ranges(prepared):
     pinned = _pinned(prepared, Match(max_abs_above=65504), lambda: ranges)
     # the producer (output too big) and its consumer (input too big)
     assert set(pinned) == {"/blocks.0/norm1/Pow", "/blocks.0/norm1/ReduceMean_1"}
-
-
-def test_unimplemented_pattern_is_a_usage_error(prepared):
-    with pytest.raises(UsageError, match="not implemented"):
-        _pinned(prepared, Match(pattern="attention"))

@@ -289,8 +289,9 @@ def _single(view: GraphView, tensor: str, op: str) -> int | None:
 def _fused_at(view: GraphView, i: int) -> NormUnit:
     """A fused norm op; InstanceNormalization between Reshapes is PyTorch's GroupNorm."""
     n = view.nodes[i]
+    alone = NormUnit(n.op_type, (i,), f"{n.op_type} {n.name}", x=n.input[0], output=_out(view, i))
     if n.op_type != "InstanceNormalization":
-        return NormUnit(n.op_type, (i,), f"{n.op_type} op", x=n.input[0], output=_out(view, i))
+        return alone
     before = view.producer.get(n.input[0])
     nodes = [i]
     reshaped = before is not None and view.nodes[before].op_type == "Reshape"
@@ -298,7 +299,7 @@ def _fused_at(view: GraphView, i: int) -> NormUnit:
         nodes.insert(0, before)
     after = _single(view, _out(view, i), "Reshape")
     if after is None or len(nodes) == 1:
-        return NormUnit(n.op_type, (i,), f"{n.op_type} op", x=n.input[0], output=_out(view, i))
+        return alone
     nodes.append(after)
     affine, scale, bias = _affine(view, after)
     nodes += affine

@@ -14,6 +14,7 @@ from collections import deque
 from onnx import helper
 
 from trtbuild.errors import UsageError
+from trtbuild.precision.attention import attention_units, norms_after_attention
 from trtbuild.precision.graphview import GraphView
 from trtbuild.precision.norms import norm_units
 
@@ -33,15 +34,13 @@ REDUCTIONS = frozenset(
         "GlobalMaxPool",
     }
 )
-NOT_YET = {"attention", "layernorm_after_attention"}
 
 
 def find(pattern: str, view: GraphView, last: int | None = None) -> dict[int, str]:
-    if pattern in NOT_YET:
-        raise UsageError(
-            f"match.pattern '{pattern}' is not implemented in this version of trtbuild",
-            hint="use pattern: layernorm, or match by 'name' and 'op' for now",
-        )
+    if pattern == "attention":
+        return {i: unit.reason for unit in attention_units(view) for i in unit.nodes}
+    if pattern == "layernorm_after_attention":
+        return norms_after_attention(view)
     if pattern == "layernorm":
         return {i: unit.reason for unit in norm_units(view) for i in unit.nodes}
     if pattern == "softmax":

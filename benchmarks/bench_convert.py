@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Whole-process time of `trtbuild convert` against onnxconverter-common, side by side.
+
+Why whole processes: a user runs one command from a Makefile, so the figure
+that matters includes interpreter start, imports, loading, converting and
+saving. Both tools get the same generated transformer (decomposed LayerNorms,
+GELU, self-attention; about 10k nodes) and keep its LayerNorms in FP32:
+trtbuild by `pattern: layernorm`, onnxconverter-common by its `node_block_list`
+of the same nodes. Each is run `--repeat` times; the table shows the median
+and the fastest run.
+
+Usage: python benchmarks/bench_convert.py [--nodes 10000] [--repeat 3]
+Needs: pip install -e ".[bench]" (onnxconverter-common).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import make_models  # noqa: E402
+
+POLICY = """\
+version: 1
+model: {model}
+passes: {{opset: 17, fuse_layernorm: false}}
+precision:
+  default: fp16
+  rules:
+    - id: layernorm
+      match: {{pattern: layernorm}}
+      precision: fp32
+build: {{backend: none}}
+"""
+
+OCC = """\
+import sys, json, onnx
+from onnxconverter_common.float16 import convert_float_to_float16
+src, dst = sys.argv[1], sys.argv[2]
+block = set(json.loads(sys.argv[3]))  # a set: the converter tests membership once per node
+model = onnx.load(src)
+mixed = convert_float_to_float16(model, keep_io_types=True, node_block_list=block)
+onnx.save(mixed, dst)
+"""
+
+
+def _time(cmd: list[str], repeat: int) -> tuple[list[float], str]:
+    runs, out = [], ""
+    for _ in range(repeat):
+        t = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        runs.append(time.perf_counter() - t)
+        if done.returncode != 0:
+            sys.exit(f"{cmd[:3]} failed:\n{done.stderr[-2000:]}")
+        out = done.stdout.strip()
+    return runs, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=10_000, help="approximate graph size")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="trtbuild-bench-"))
+    one = len(make_models.transformer_tiny(layers=1).graph.node)
+    two = len(make_models.transformer_tiny(layers=2).graph.node)
+    layers = max(1, round((args.nodes - one) / (two - one)) + 1)
+    model = make_models.transformer_tiny(layers=layers, outlier=0.0)
+    src = tmp / "transformer.onnx"
+    onnx.save(model, src)
+    n_nodes = len(model.graph.node)
+    block = [n.name for n in model.graph.node if "/norm" in n.name]
+    policy = tmp / "policy.yaml"
+    policy.write_text(POLICY.format(model=src))
+    print(
+        f"model: transformer, {layers} layers, {n_nodes} nodes, "
+        f"{src.stat().st_size / 1e6:.1f} MB; {len(block)} LayerNorm nodes kept FP32"
+    )
+
+    trt_cmd = [sys.executable, "-m", "trtbuild", "convert", "--policy", str(policy)]
+    trt_cmd += ["-o", str(tmp / "trtbuild.onnx")]
+    occ_cmd = [sys.executable, "-c", OCC, str(src), str(tmp / "occ.onnx"), json.dumps(block)]
+    plain = tmp / "plain.yaml"
+    plain.write_text(
+        POLICY.format(model=src).split("  rules:")[0] + "  rules: []\nbuild: {backend: none}\n"
+    )
+    trt_plain = [sys.executable, "-m", "trtbuild", "convert", "--policy", str(plain)]
+    trt_plain += ["-o", str(tmp / "trtbuild_plain.onnx")]
+    occ_plain = [sys.executable, "-c", OCC, str(src), str(tmp / "occ_plain.onnx"), "[]"]
+
+    trt_runs, trt_out = _time(trt_cmd, args.repeat)
+    occ_runs, _ = _time(occ_cmd, args.repeat)
+    rows = [
+        ("trtbuild convert, LayerNorms FP32", trt_runs),
+        ("onnxconverter-common, LayerNorms in node_block_list", occ_runs),
+        ("trtbuild convert, all FP16", _time(trt_plain, args.repeat)[0]),
+        ("onnxconverter-common, all FP16", _time(occ_plain, args.repeat)[0]),
+    ]
+    print("\n| tool | median s | fastest s | runs |\n|---|---|---|---|")
+    for name, runs in rows:
+        print(f"| {name} | {statistics.median(runs):.2f} | {min(runs):.2f} | {len(runs)} |")
+    med = [statistics.median(runs) for _, runs in rows]
+    print(
+        f"\ntrtbuild / onnxconverter-common: {med[0] / med[1]:.2f}x with FP32 LayerNorms, "
+        f"{med[2] / med[3]:.2f}x all FP16 (target: <= 2x)"
+    )
+    print(f"trtbuild said: {trt_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

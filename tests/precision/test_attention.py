@@ -1,0 +1,197 @@
+"""Attention blocks and the normalizations they feed, on generated and real graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import F, model, node
+from trtbuild.graph.prepare import prepare
+from trtbuild.policy.model import Passes
+from trtbuild.precision import patterns
+from trtbuild.precision.attention import attention_units
+from trtbuild.precision.graphview import GraphView
+from trtbuild.precision.norms import norm_units
+
+
+def _view(path, opset: int | None = None) -> GraphView:
+    """The graph as rules see it: after the passes (at the model's own opset by default)."""
+    return GraphView(prepare(onnx.load(path), Passes(opset=opset)).model)
+
+
+def _names(view: GraphView, found: dict[int, str]) -> set[str]:
+    return {view.nodes[i].name for i in found}
+
+
+def _unit_heads(view: GraphView, found: dict[int, str]) -> set[str]:
+    """The first node of every normalization unit that `found` pins."""
+    return {view.nodes[u.nodes[0]].name for u in norm_units(view) if u.nodes[0] in found}
+
+
+def test_nafnet_channel_attention_and_the_norms_it_feeds(nafnet_path):
+    view = _view(nafnet_path)
+    units = attention_units(view)
+    assert [(u.kind, view.nodes[u.output].name) for u in units] == [
+        ("channel-attention", "/blocks.0/sca/Mul"),
+        ("channel-attention", "/blocks.1/sca/Mul"),
+    ]
+    assert [view.nodes[i].op_type for i in units[0].nodes] == ["GlobalAveragePool", "Conv", "Mul"]
+    after = patterns.find("layernorm_after_attention", view)
+    # norm1 of block 0 sees the intro conv only; the others are reached through
+    # conv3 and the residual adds, with no other normalization between.
+    assert _unit_heads(view, after) == {
+        "/blocks.0/norm2/ReduceMean",
+        "/blocks.1/norm1/ReduceMean",
+        "/blocks.1/norm2/ReduceMean",
+    }
+    # pinned as whole units: every node of each unit, nothing else
+    assert len(after) == 3 * 9  # ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add
+    assert "fed by attention at /blocks.0/sca/Mul" in after[next(iter(after))]
+
+
+@pytest.mark.parametrize("opset", [None, 17], ids=["decomposed", "fused"])
+def test_transformer_self_attention_and_layernorms_after_it(models_dir, opset):
+    view = _view(models_dir / "transformer_tiny.onnx", opset)
+    units = attention_units(view)
+    assert [u.kind for u in units] == ["self-attention", "self-attention"]
+    core = {view.nodes[i].name for i in units[0].nodes}
+    assert core == {
+        "/layers.0/attn/MatMul",
+        "/layers.0/attn/Div",
+        "/layers.0/attn/Softmax",
+        "/layers.0/attn/MatMul_1",
+    }
+    assert _names(view, patterns.find("attention", view)) == core | {
+        n.replace("layers.0", "layers.1") for n in core
+    }
+    after = patterns.find("layernorm_after_attention", view)
+    assert _unit_heads(view, after) == {
+        "/layers.0/norm2/ReduceMean",
+        "/layers.1/norm1/ReduceMean",
+        "/layers.1/norm2/ReduceMean",
+        "/norm/ReduceMean",
+    }
+
+
+def test_gfpgan_has_fifteen_reductions_and_only_the_last_is_final(models_dir):
+    view = _view(models_dir / "gfpgan_tiny.onnx", 17)
+    reductions = [n.name for n in view.nodes if n.op_type in patterns.REDUCTIONS]
+    assert len(reductions) == 15
+    assert _names(view, patterns.find("final_reductions", view)) == {"/energy/ReduceSumSquare"}
+    assert _names(view, patterns.find("final_reductions", view, last=1)) == {
+        "/energy/ReduceSumSquare"
+    }
+    # a statistic subtracted from its own input is not a channel-attention gate
+    assert attention_units(view) == []
+    assert patterns.find("layernorm_after_attention", view) == {}
+
+
+def test_ppocrv4_attention_and_layernorms_after_it(real_model):
+    view = _view(real_model("ppocrv4_rec"), 17)
+    units = attention_units(view)
+    kinds = sorted(u.kind for u in units)
+    assert kinds == ["channel-attention"] * 2 + ["self-attention"] * 2  # 2 SE blocks, 2 SVTR
+    softmax = _names(view, patterns.find("softmax", view))
+    assert len(softmax) == 3
+    in_attention = _names(view, patterns.find("attention", view))
+    # the classifier's softmax after a weight MatMul is not attention
+    assert len(softmax & in_attention) == 2
+    lns = [u for u in norm_units(view) if u.kind == "LayerNormalization"]
+    after = patterns.find("layernorm_after_attention", view)
+    assert len(lns) == 5
+    # the first LayerNorm of the SVTR neck comes before any self-attention
+    assert [u.nodes[0] in after for u in lns] == [False, True, True, True, True]
+
+
+def _se_block(pool: str) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    pool_node = (
+        node("GlobalAveragePool", ["x"], "p", "pool")
+        if pool == "gap"
+        else node("ReduceMean", ["x"], "p", "pool", axes=[2, 3], keepdims=1)
+    )
+    return model(
+        [
+            pool_node,
+            node("Conv", ["p", "w1"], "a", "fc1"),
+            node("Relu", ["a"], "r", "relu"),
+            node("Conv", ["r", "w2"], "b", "fc2"),
+            node("HardSigmoid", ["b"], "s", "gate"),
+            node("Mul", ["x", "s"], "y", "excite"),
+        ],
+        [("x", F, [1, 8, 4, 4])],
+        [("y", F, [1, 8, 4, 4])],
+        {
+            "w1": rng.normal(size=(2, 8, 1, 1)).astype(np.float32),
+            "w2": rng.normal(size=(8, 2, 1, 1)).astype(np.float32),
+        },
+    )
+
+
+@pytest.mark.parametrize("pool", ["gap", "reducemean"])
+def test_squeeze_excitation_is_channel_attention(pool):
+    view = GraphView(_se_block(pool))
+    [unit] = attention_units(view)
+    assert unit.kind == "channel-attention"
+    assert [view.nodes[i].name for i in unit.nodes] == [
+        "pool",
+        "fc1",
+        "relu",
+        "fc2",
+        "gate",
+        "excite",
+    ]
+
+
+def _attention_then_norms(between: str) -> onnx.ModelProto:
+    """x → self-attention → [LayerNorm a] → Relu → LayerNorm b."""
+    two, eps = np.array(2.0, np.float32), np.array(1e-5, np.float32)
+
+    def ln(tag: str, x: str) -> list[onnx.NodeProto]:
+        return [
+            node("ReduceMean", [x], f"{tag}m", f"{tag}/mean", axes=[-1]),
+            node("Sub", [x, f"{tag}m"], f"{tag}d", f"{tag}/sub"),
+            node("Pow", [f"{tag}d", "two"], f"{tag}q", f"{tag}/pow"),
+            node("ReduceMean", [f"{tag}q"], f"{tag}v", f"{tag}/var", axes=[-1]),
+            node("Add", [f"{tag}v", "eps"], f"{tag}e", f"{tag}/add"),
+            node("Sqrt", [f"{tag}e"], f"{tag}s", f"{tag}/sqrt"),
+            node("Div", [f"{tag}d", f"{tag}s"], f"{tag}y", f"{tag}/div"),
+        ]
+
+    nodes = [
+        node("Transpose", ["x"], "kt", "kt", perm=[0, 2, 1]),
+        node("MatMul", ["x", "kt"], "s", "qk"),
+        node("Softmax", ["s"], "p", "softmax", axis=-1),
+        node("MatMul", ["p", "x"], "o", "pv"),
+    ]
+    src = "o"
+    if between == "norm":
+        nodes += ln("a", "o")
+        src = "ay"
+    nodes += [node("Relu", [src], "r", "relu"), *ln("b", "r")]
+    return model(nodes, [("x", F, [1, 4, 8])], [("by", F, [1, 4, 8])], {"two": two, "eps": eps})
+
+
+def test_a_norm_in_between_ends_the_path():
+    view = GraphView(_attention_then_norms("norm"))
+    assert _unit_heads(view, patterns.find("layernorm_after_attention", view)) == {"a/mean"}
+    view = GraphView(_attention_then_norms("none"))
+    assert _unit_heads(view, patterns.find("layernorm_after_attention", view)) == {"b/mean"}
+
+
+def test_fused_attention_op_is_a_block():
+    nodes = [
+        node("Attention", ["q", "k", "v"], "o", "attn"),
+        node("LayerNormalization", ["o", "g"], "y", "ln", axis=-1),
+    ]
+    m = model(
+        nodes,
+        [("q", F, [1, 2, 4, 8]), ("k", F, [1, 2, 4, 8]), ("v", F, [1, 2, 4, 8])],
+        [("y", F, [1, 2, 4, 8])],
+        {"g": np.ones(8, np.float32)},
+        opset=23,
+    )
+    view = GraphView(m)
+    assert [u.kind for u in attention_units(view)] == ["Attention"]
+    assert _names(view, patterns.find("layernorm_after_attention", view)) == {"ln"}
