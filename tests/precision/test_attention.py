@@ -195,3 +195,52 @@ def test_fused_attention_op_is_a_block():
     view = GraphView(m)
     assert [u.kind for u in attention_units(view)] == ["Attention"]
     assert _names(view, patterns.find("layernorm_after_attention", view)) == {"ln"}
+
+
+# model -> pattern -> (nodes matched, their op types), after the passes at opset 17.
+EVERY_PATTERN = {
+    "nafnet_tiny": {
+        "layernorm": (36, {"ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div", "Mul"}),
+        "layernorm_after_attention": (
+            27,
+            {"ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div", "Mul"},
+        ),
+        "attention": (6, {"GlobalAveragePool", "Conv", "Mul"}),
+        "softmax": (0, set()),
+        "final_reductions": (1, {"ReduceSum"}),
+    },
+    "gfpgan_tiny": {
+        "layernorm": (0, set()),
+        "layernorm_after_attention": (0, set()),
+        "attention": (0, set()),
+        "softmax": (0, set()),
+        "final_reductions": (1, {"ReduceSumSquare"}),
+    },
+    "transformer_tiny": {
+        "layernorm": (5, {"LayerNormalization"}),
+        "layernorm_after_attention": (4, {"LayerNormalization"}),
+        "attention": (8, {"MatMul", "Div", "Softmax"}),
+        "softmax": (2, {"Softmax"}),
+        "final_reductions": (0, set()),  # fused LayerNorms are not Reduce* nodes
+    },
+    "ppocrv4_rec": {
+        "layernorm": (5, {"LayerNormalization"}),
+        "layernorm_after_attention": (4, {"LayerNormalization"}),
+        "attention": (
+            22,
+            {"GlobalAveragePool", "Conv", "Relu", "HardSigmoid", "Mul"}
+            | {"MatMul", "Flatten", "Softmax", "Reshape"},
+        ),
+        "softmax": (3, {"Softmax"}),
+        "final_reductions": (1, {"GlobalAveragePool"}),
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_PATTERN))
+def test_every_pattern_on_every_example_model(name, models_dir, real_model):
+    path = real_model(name) if name == "ppocrv4_rec" else models_dir / f"{name}.onnx"
+    view = _view(path, 17)
+    for pattern, (count, ops) in EVERY_PATTERN[name].items():
+        found = patterns.find(pattern, view)
+        assert (len(found), {view.nodes[i].op_type for i in found}) == (count, ops), pattern
