@@ -82,6 +82,13 @@ def make_feeds(policy: Policy, model: onnx.ModelProto) -> list[Feed]:
     files = {
         n: _load_npz(policy, s, shapes[n]) for n, s in specs.items() if s.data.file is not None
     }
+    files.update(
+        {
+            n: load_images(policy, s, shapes[n])
+            for n, s in specs.items()
+            if s.data.images is not None
+        }
+    )
     n_samples = policy.accuracy.samples
     if files:
         n_samples = min(n_samples, *(len(v) for v in files.values()))
@@ -136,3 +143,89 @@ def _load_npz(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.nda
         f"or [N, {', '.join(map(str, shape))}]",
         where=str(policy.path),
     )
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+def load_images(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.ndarray:
+    """Images of the folder, sorted by name, as [samples, *shape] (batches of consecutive images).
+
+    Why this preprocessing: it is what deployments of image models do (resize,
+    scale to [0, 1], per-channel mean/std, NCHW or NHWC, RGB or BGR), so the
+    reference data has the value ranges the engine will see in production.
+    """
+    from PIL import Image
+
+    img = spec.data.images
+    field = f"inputs.{spec.name}.data"
+    where = str(policy.path)
+    if len(shape) != 4:
+        raise UsageError(
+            f"{field}.images: input '{spec.name}' has rank {len(shape)}; images need a rank-4 input",
+            where=where,
+            hint="use 'file' (.npz) or a distribution for this input",
+        )
+    layout = img.layout or _guess_layout(shape)
+    if layout is None:
+        raise UsageError(
+            f"{field}.layout: cannot tell where the channels of {list(shape)} are",
+            where=where,
+            hint="add 'layout: NCHW' or 'layout: NHWC'",
+        )
+    n, (c, h, w) = (
+        shape[0],
+        ((shape[1], shape[2], shape[3]) if layout == "NCHW" else shape[3:] + shape[1:3]),
+    )
+    want_c = 1 if img.channels == "GRAY" else 3
+    if c != want_c:
+        raise UsageError(
+            f"{field}.channels: {img.channels} gives {want_c} channel(s); the input has {c} ({layout})",
+            where=where,
+            hint="set channels (RGB, BGR, GRAY) or layout to fit the model",
+        )
+    if img.resize is not None and tuple(img.resize) != (h, w):
+        raise UsageError(
+            f"{field}.resize: {list(img.resize)} does not fit the input's H, W = {[h, w]}",
+            where=where,
+            hint=f"set resize: [{h}, {w}] or change inputs.{spec.name}.shape",
+        )
+    for key, values in (("mean", img.mean), ("std", img.std)):
+        if len(values) not in (1, c):
+            raise UsageError(
+                f"{field}.{key}: {len(values)} values for {c} channel(s)",
+                where=where,
+                hint=f"give one number or {c}",
+            )
+    paths = sorted(p for p in img.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if len(paths) < n:
+        raise UsageError(
+            f"{field}.images: {img.folder} holds {len(paths)} image(s); one sample needs {n}",
+            where=where,
+            hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
+        )
+    mean = np.asarray(img.mean, np.float32)
+    std = np.asarray(img.std, np.float32)
+    arrays = []
+    for path in paths[: (len(paths) // n) * n]:
+        try:
+            with Image.open(path) as im:
+                im = im.convert("L" if want_c == 1 else "RGB").resize((w, h), Image.BILINEAR)
+                a = np.asarray(im, dtype=np.float32).reshape(h, w, want_c)
+        except (OSError, ValueError) as exc:
+            raise UsageError(
+                f"{field}.images: cannot read {path.name}: {exc}", where=where
+            ) from None
+        if img.channels == "BGR":
+            a = a[..., ::-1]
+        a = (a * img.scale - mean) / std
+        arrays.append(a.transpose(2, 0, 1) if layout == "NCHW" else a)
+    stacked = np.stack(arrays).astype(np.float32)
+    return stacked.reshape(len(arrays) // n, *shape)
+
+
+def _guess_layout(shape: tuple[int, ...]) -> str | None:
+    nchw, nhwc = shape[1] in (1, 3), shape[3] in (1, 3)
+    if nchw != nhwc:
+        return "NCHW" if nchw else "NHWC"
+    return None

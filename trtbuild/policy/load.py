@@ -18,6 +18,7 @@ from trtbuild.policy.model import (
     AccuracySpec,
     BuildSpec,
     DataSpec,
+    ImageSpec,
     InputSpec,
     Match,
     Passes,
@@ -140,6 +141,65 @@ def _dims(value: Any) -> tuple[int, ...] | None:
     return None if value is None else tuple(int(v) for v in value)
 
 
+IMAGE_KEYS = ("images", "resize", "layout", "channels", "scale")
+
+
+def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
+    at = ("inputs", name, "data")
+    sources = [k for k in ("file", "distribution", "images") if k in raw]
+    if len(sources) > 1:
+        raise loc.error(at, f"give one of 'file', 'distribution' or 'images', not {sources}")
+    if "images" not in raw:
+        for key in IMAGE_KEYS:
+            if key in raw:
+                raise loc.error((*at, key), f"'{key}' applies to 'images' only")
+        for key in ("mean", "std"):
+            if isinstance(raw.get(key), list):
+                raise loc.error((*at, key), f"a distribution's {key} is one number")
+    if raw.get("low", 0.0) > raw.get("high", 1.0):
+        raise loc.error((*at, "low"), "low must not exceed high")
+    if "std" in raw and any(v <= 0 for v in _floats(raw["std"])):
+        raise loc.error((*at, "std"), "std must be positive")
+    images = None
+    if "images" in raw:
+        folder = (base / raw["images"]).resolve()
+        if not folder.is_dir():
+            raise loc.error(
+                (*at, "images"),
+                f"image folder not found: {folder}",
+                "the path is relative to the policy file",
+            )
+        images = ImageSpec(
+            folder=folder,
+            resize=tuple(raw["resize"]) if "resize" in raw else None,
+            layout=raw.get("layout"),
+            channels=raw.get("channels", "RGB"),
+            scale=float(raw.get("scale", 1.0 / 255.0)),
+            mean=_floats(raw.get("mean", 0.0)),
+            std=_floats(raw.get("std", 1.0)),
+        )
+    data_spec = DataSpec(
+        distribution=raw.get("distribution", "uniform"),
+        low=float(raw.get("low", 0.0)),
+        high=float(raw.get("high", 1.0)),
+        mean=float(raw.get("mean", 0.0)) if images is None else 0.0,
+        std=float(raw.get("std", 1.0)) if images is None else 1.0,
+        file=(base / raw["file"]).resolve() if "file" in raw else None,
+        images=images,
+    )
+    if data_spec.file is not None and not data_spec.file.is_file():
+        raise loc.error(
+            (*at, "file"),
+            f"data file not found: {data_spec.file}",
+            "the path is relative to the policy file",
+        )
+    return data_spec
+
+
+def _floats(value) -> tuple[float, ...]:
+    return tuple(float(v) for v in value) if isinstance(value, list) else (float(value),)
+
+
 def _build(data: dict, path: Path, loc: _Located) -> Policy:
     base = path.parent
     inputs = []
@@ -155,25 +215,7 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
             ok = all(a <= b <= c for a, b, c in zip(spec["min"], spec["opt"], spec["max"]))
             if len(ranks) != 1 or not ok:
                 raise loc.error(("inputs", name), "profile needs equal ranks and min <= opt <= max")
-        raw = spec.get("data") or {}
-        if "file" in raw and "distribution" in raw:
-            raise loc.error(("inputs", name, "data"), "give either 'file' or 'distribution'")
-        if raw.get("low", 0.0) > raw.get("high", 1.0):
-            raise loc.error(("inputs", name, "data", "low"), "low must not exceed high")
-        data_spec = DataSpec(
-            distribution=raw.get("distribution", "uniform"),
-            low=float(raw.get("low", 0.0)),
-            high=float(raw.get("high", 1.0)),
-            mean=float(raw.get("mean", 0.0)),
-            std=float(raw.get("std", 1.0)),
-            file=(base / raw["file"]).resolve() if "file" in raw else None,
-        )
-        if data_spec.file is not None and not data_spec.file.is_file():
-            raise loc.error(
-                ("inputs", name, "data", "file"),
-                f"data file not found: {data_spec.file}",
-                "the path is relative to the policy file",
-            )
+        data_spec = _data_spec(spec.get("data") or {}, name, base, loc)
         inputs.append(
             InputSpec(
                 name=name,

@@ -12,6 +12,19 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    """A folder of images turned into input tensors the way a deployment preprocesses them."""
+
+    folder: Path
+    resize: tuple[int, int] | None = None  # (H, W); default: the input's own H and W
+    layout: str | None = None  # NCHW or NHWC; default: where the channel dimension is 1 or 3
+    channels: str = "RGB"
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+
+
+@dataclass(frozen=True)
 class DataSpec:
     distribution: str = "uniform"
     low: float = 0.0
@@ -19,6 +32,7 @@ class DataSpec:
     mean: float = 0.0
     std: float = 1.0
     file: Path | None = None
+    images: ImageSpec | None = None
 
 
 @dataclass(frozen=True)

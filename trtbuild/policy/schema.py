@@ -38,17 +38,39 @@ _TOLERANCE = {
     },
 }
 
+_NUMBERS = {"oneOf": [_NUMBER, {"type": "array", "items": _NUMBER, "minItems": 1}]}
+
 _DATA = {
     "type": "object",
-    "description": "How reference inputs are made: a distribution, or an .npz file keyed by input name.",
+    "description": (
+        "How reference inputs are made: a seeded distribution, an .npz file keyed by input "
+        "name, or a folder of images (resized, scaled, normalised per channel)."
+    ),
     "additionalProperties": False,
     "properties": {
         "distribution": {"enum": ["uniform", "normal"]},
         "low": _NUMBER,
         "high": _NUMBER,
-        "mean": _NUMBER,
-        "std": _NONNEG,
+        "mean": {**_NUMBERS, "description": "normal: a number; images: one per channel"},
+        "std": {**_NUMBERS, "description": "normal: a number; images: one per channel"},
         "file": {"type": "string", "minLength": 1},
+        "images": {
+            "type": "string",
+            "minLength": 1,
+            "description": "a folder, relative to the policy",
+        },
+        "resize": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1},
+            "minItems": 2,
+            "maxItems": 2,
+        },
+        "layout": {"enum": ["NCHW", "NHWC"]},
+        "channels": {"enum": ["RGB", "BGR", "GRAY"]},
+        "scale": {
+            **_NUMBER,
+            "description": "pixels are multiplied by this before mean/std (default 1/255)",
+        },
     },
 }
 

@@ -1,0 +1,126 @@
+"""Reference data from an image folder, preprocessed as deployments do."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import F, model, node
+from trtbuild.accuracy.data import make_feeds
+from trtbuild.cli import main
+from trtbuild.errors import UsageError
+from trtbuild.policy import load_policy
+
+
+def _folder(tmp_path, n: int = 3, size=(6, 5)) -> tuple:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    pixels = []
+    for i in range(n):
+        a = rng.integers(0, 256, size=(*size, 3), dtype=np.uint8)  # H, W, RGB
+        Image.fromarray(a).save(folder / f"img{i}.png")
+        pixels.append(a.astype(np.float32))
+    (folder / "notes.txt").write_text("not an image")
+    return folder, pixels
+
+
+def _policy(tmp_path, m, data: str, shape: str) -> object:
+    import onnx
+
+    onnx.save(m, tmp_path / "m.onnx")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        version: 1
+        model: m.onnx
+        inputs:
+          x:
+            shape: {shape}
+            data: {data}
+        accuracy: {{samples: 8}}
+        """)
+    )
+    return load_policy(path)
+
+
+def _identity(shape):
+    return model([node("Identity", ["x"], "y", "id")], [("x", F, shape)], [("y", F, shape)])
+
+
+def test_images_nchw_rgb_with_mean_and_std(tmp_path):
+    folder, pixels = _folder(tmp_path)
+    policy = _policy(
+        tmp_path,
+        _identity([1, 3, 6, 5]),
+        "{images: images, mean: [0.5, 0.4, 0.3], std: [0.2, 0.25, 0.5]}",
+        "[1, 3, 6, 5]",
+    )
+    feeds = make_feeds(policy, _identity([1, 3, 6, 5]))
+    assert len(feeds) == 3  # three images, one per sample; the .txt is ignored
+    want = (pixels[1] / 255.0 - [0.5, 0.4, 0.3]) / [0.2, 0.25, 0.5]
+    np.testing.assert_allclose(feeds[1]["x"][0], want.transpose(2, 0, 1), atol=1e-6)
+    assert folder.is_dir()
+
+
+def test_images_nhwc_bgr_resized_caffe_style(tmp_path):
+    _folder(tmp_path, n=2, size=(12, 10))
+    data = "{images: images, channels: BGR, scale: 1.0, mean: [104, 117, 123], resize: [6, 5]}"
+    m = _identity([1, 6, 5, 3])
+    feeds = make_feeds(_policy(tmp_path, m, data, "[1, 6, 5, 3]"), m)
+    x = feeds[0]["x"]
+    assert x.shape == (1, 6, 5, 3) and x.dtype == np.float32
+    with Image.open(tmp_path / "images" / "img0.png") as im:
+        rgb = np.asarray(im.resize((5, 6), Image.BILINEAR), np.float32)
+    np.testing.assert_allclose(x[0], rgb[..., ::-1] - [104, 117, 123], rtol=1e-6)
+
+
+def test_images_fill_a_batch_from_consecutive_files(tmp_path):
+    _folder(tmp_path, n=5)
+    m = _identity([2, 3, 6, 5])
+    feeds = make_feeds(_policy(tmp_path, m, "{images: images}", "[2, 3, 6, 5]"), m)
+    assert len(feeds) == 2 and feeds[0]["x"].shape == (2, 3, 6, 5)  # the fifth image is left over
+    assert feeds[0]["x"].min() >= 0.0 and feeds[0]["x"].max() <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("data", "shape", "message"),
+    [
+        ("{images: nowhere}", "[1, 3, 6, 5]", "image folder not found"),
+        ("{images: images, mean: [1, 2]}", "[1, 3, 6, 5]", "mean: 2 values for 3 channel"),
+        ("{images: images, channels: GRAY}", "[1, 3, 6, 5]", "channels: GRAY gives 1"),
+        ("{images: images, resize: [8, 8]}", "[1, 3, 6, 5]", "resize: [8, 8] does not fit"),
+        ("{images: images}", "[4, 3, 6, 5]", "holds 3 image(s); one sample needs 4"),
+        ("{images: images}", "[1, 8, 6, 5]", "cannot tell where the channels"),
+        ("{distribution: normal, resize: [6, 5]}", "[1, 3, 6, 5]", "'resize' applies to 'images'"),
+        ("{distribution: normal, mean: [1, 2]}", "[1, 3, 6, 5]", "mean is one number"),
+        ("{images: images, file: a.npz}", "[1, 3, 6, 5]", "give one of 'file', 'distribution'"),
+    ],
+)
+def test_bad_image_data_names_the_field(tmp_path, data, shape, message):
+    _folder(tmp_path)
+    dims = [int(d) for d in shape.strip("[]").split(",")]
+    with pytest.raises(UsageError, match=re.escape(message)) as info:
+        m = _identity(dims)
+        make_feeds(_policy(tmp_path, m, data, shape), m)
+    assert "p.yaml" in str(info.value) or "p.yaml" in (info.value.where or "")
+
+
+def test_build_from_an_image_folder(tmp_path, write_policy):
+    _folder(tmp_path, n=2, size=(64, 64))
+    text = write_policy().read_text()
+    text = text.replace(
+        "data: {distribution: uniform, low: 0.0, high: 1.0}",
+        f"data: {{images: {tmp_path / 'images'}}}",
+    )
+    policy = tmp_path / "images.yaml"
+    policy.write_text(text)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0
+    import json
+
+    assert json.loads((out / "report.json").read_text())["samples"] == 2
