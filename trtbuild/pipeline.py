@@ -155,9 +155,14 @@ def evaluate_all(
     engine: bytes | None,
     fp16_engine: bytes | None,
     backend: str,
+    fp32_engine: bytes | None = None,
     verbose: bool = False,
-) -> tuple[dict[str, Any], ev.Evaluation]:
-    """Policy and all-FP16 baseline, same evaluator; divergence always from the emulation."""
+) -> tuple[dict[str, Any], ev.Evaluation, ev.Evaluation]:
+    """Policy and all-FP16 baseline, same evaluator; divergence always from the emulation.
+
+    With `accuracy.fp32_check`, the all-FP32 graph is judged too: on a GPU that
+    separates what the backend itself changes from what FP16 changes.
+    """
     policy = stages.policy
     reference = stages.prepared.model
     threshold = policy.accuracy.divergence_threshold
@@ -176,6 +181,28 @@ def evaluate_all(
 
     main, used, first, curve = judge(stages.converted, engine)
     base, base_used, base_first, base_curve = judge(baseline(stages, "fp16"), fp16_engine)
+    baselines: dict[str, Any] = {
+        "fp16": {
+            "passed": base.passed,
+            "evaluator": base_used,
+            "outputs": base.outputs_json(),
+            "first_divergence": base_first,
+            "error_curve": base_curve,
+        }
+    }
+    if policy.accuracy.fp32_check:
+        fp32 = baseline(stages, "fp32")
+        if evaluator == "tensorrt" and fp32_engine is not None:
+            runner, fp32_used = ev.trt_runner(fp32_engine, backend, name="tensorrt"), "tensorrt"
+        else:
+            runner = ev.onnxrt_runner(fp32.model, name="onnxrt-fp32-graph", optimize=False)
+            fp32_used = "onnxrt-fp32-graph"
+        checked = ev.compare(reference, runner, stages.feeds, policy.accuracy, fp32_used, verbose)
+        baselines["fp32"] = {
+            "passed": checked.passed,
+            "evaluator": fp32_used,
+            "outputs": checked.outputs_json(),
+        }
 
     report = {
         "passed": main.passed,
@@ -186,21 +213,14 @@ def evaluate_all(
         "samples": len(stages.feeds),
         "outputs": main.outputs_json(),
         "precision": stages.assignment.summary(policy.precision.rules),
-        "baselines": {
-            "fp16": {
-                "passed": base.passed,
-                "evaluator": base_used,
-                "outputs": base.outputs_json(),
-                "first_divergence": base_first,
-                "error_curve": base_curve,
-            }
-        },
+        "baselines": baselines,
         "first_divergence": first,
         "error_curve": curve,
+        "divergence_threshold": threshold,
         "warnings": stages.warnings + boundary_warnings(stages),
         "trtbuild_version": __version__,
     }
-    return report, main
+    return report, main, base
 
 
 def versions(backend: str) -> dict[str, Any]:
@@ -228,7 +248,7 @@ def versions(backend: str) -> dict[str, Any]:
 def build(
     policy: Policy, out_dir: Path, backend: str | None = None, verbose: bool = False
 ) -> Outcome:
-    from trtbuild.accuracy import render
+    from trtbuild.accuracy import render, report_html
     from trtbuild.build.backends import build_engine, gpu_available, resolve_backend
 
     backend = resolve_backend(backend or policy.build.backend)
@@ -253,13 +273,14 @@ def build(
 
         evaluator = "tensorrt" if backend != "none" and gpu_available() else "emulated-fp16"
         t = time.perf_counter()
-        report, main = evaluate_all(
+        report, main, base = evaluate_all(
             stages,
             evaluator=evaluator,
             backend=backend,
             verbose=verbose,
             engine=engines["policy"].engine if "policy" in engines else None,
             fp16_engine=engines["fp16"].engine if "fp16" in engines else None,
+            fp32_engine=engines["fp32"].engine if "fp32" in engines else None,
         )
         stages.timings["accuracy"] = time.perf_counter() - t
         report["backend"] = backend
@@ -282,6 +303,7 @@ def build(
         write_json(stage / "build.json", build_info)
         write_json(stage / "report.json", report)
         write_text(stage / "report.md", render.markdown(report, build_info))
+        write_text(stage / "report.html", report_html.html(report, build_info, main, base))
         write_text(stage / "junit.xml", render.junit(report))
     code = EXIT_OK if report["passed"] else EXIT_ACCURACY
     return Outcome(code, report, out_dir)
@@ -329,7 +351,7 @@ def report_only(
     policy: Policy, out_dir: Path, engine: Path | None = None, verbose: bool = False
 ) -> Outcome:
     """`trtbuild report`: the accuracy report without rebuilding."""
-    from trtbuild.accuracy import render
+    from trtbuild.accuracy import render, report_html
     from trtbuild.build.backends import gpu_available, resolve_backend
 
     stages = run_front(policy)
@@ -338,7 +360,7 @@ def report_only(
         backend = resolve_backend(policy.build.backend)
         evaluator, plan = "tensorrt", engine.read_bytes()
     with staged_output(out_dir, REPORT_FILES) as stage:
-        report, main = evaluate_all(
+        report, main, base = evaluate_all(
             stages,
             evaluator=evaluator,
             engine=plan,
@@ -350,5 +372,6 @@ def report_only(
         write_results(main, stage)
         write_json(stage / "report.json", report)
         write_text(stage / "report.md", render.markdown(report, None))
+        write_text(stage / "report.html", report_html.html(report, None, main, base))
         write_text(stage / "junit.xml", render.junit(report))
     return Outcome(EXIT_OK if report["passed"] else EXIT_ACCURACY, report, out_dir)

@@ -304,6 +304,7 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
         samples=a.get("samples", 4),
         seed=a.get("seed", 0),
         divergence_threshold=a.get("divergence_threshold", 0.05),
+        fp32_check=a.get("fp32_check", False),
         default_tolerance=default_tol,
         output_tolerances=outputs,
     )

@@ -106,6 +106,7 @@ class AccuracySpec:
     samples: int = 4
     seed: int = 0
     divergence_threshold: float = 0.05
+    fp32_check: bool = False
     default_tolerance: Tolerance = field(default_factory=Tolerance)
     output_tolerances: tuple[tuple[str, Tolerance], ...] = ()
 

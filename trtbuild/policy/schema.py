@@ -180,6 +180,11 @@ SCHEMA: dict[str, Any] = {
             "properties": {
                 "samples": {"type": "integer", "minimum": 1},
                 "seed": {"type": "integer", "minimum": 0},
+                "fp32_check": {
+                    "type": "boolean",
+                    "description": "also judge the all-FP32 graph (engine on a GPU): what the "
+                    "backend itself changes, apart from FP16",
+                },
                 "divergence_threshold": {
                     "type": "number",
                     "exclusiveMinimum": 0,

@@ -1,0 +1,95 @@
+"""report.html: self-contained, and its plots really render in a browser."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from trtbuild.accuracy.report_html import BASELINE_COLOR, POLICY_COLOR
+from trtbuild.cli import main
+
+
+@pytest.fixture(scope="module")
+def nafnet_report(tmp_path_factory, nafnet_path):
+    from tests.conftest import NAFNET_POLICY, PINS
+
+    tmp = tmp_path_factory.mktemp("html")
+    policy = tmp / "policy.yaml"
+    text = NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none")
+    policy.write_text(text.replace("  samples: 2", "  samples: 2\n  fp32_check: true"))
+    assert main(["build", "--policy", str(policy), "--out", str(tmp / "out")]) == 0
+    return tmp / "out"
+
+
+def test_page_is_self_contained_with_every_plot_embedded(nafnet_report):
+    page = (nafnet_report / "report.html").read_text()
+    assert "<link" not in page and not re.search(r"(src|href)=\"https?:", page)
+    plots = re.findall(r'data-plot="([^"]+)"[^>]*src="data:image/png;base64,([^"]+)"', page)
+    kinds = [k for k, _ in plots]
+    # the curve, one histogram per output (restored, total), a heatmap for the image output
+    assert kinds == ["error-curve", "histogram", "histogram", "heatmap"]
+    for _, data in plots:
+        assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "/blocks.0/norm1/Pow" in page  # the baseline's first divergence is named
+
+
+def test_fp32_check_is_reported(nafnet_report):
+    report = json.loads((nafnet_report / "report.json").read_text())
+    fp32 = report["baselines"]["fp32"]
+    assert fp32["passed"] and fp32["evaluator"] == "onnxrt-fp32-graph"
+    assert fp32["outputs"]["restored"]["max_abs"] < 1e-4
+    assert "All-FP32 sanity check" in (nafnet_report / "report.html").read_text()
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("CI must have Chromium for this test (.ci/run installs Debian's chromium)")
+    pytest.skip("no Chromium on this machine (apt-get install chromium)")
+
+
+def _run(browser: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+
+
+def _pixels_near(img: np.ndarray, hex_color: str, tol: int = 40) -> int:
+    rgb = np.array([int(hex_color[i : i + 2], 16) for i in (1, 3, 5)])
+    return int(np.count_nonzero(np.abs(img[..., :3].astype(int) - rgb).max(axis=-1) <= tol))
+
+
+def test_headless_chromium_renders_every_plot(nafnet_report, tmp_path):
+    browser = _chromium()
+    url = (nafnet_report / "report.html").resolve().as_uri()
+    dom = _run(browser, tmp_path, "--dump-dom", "--virtual-time-budget=5000", url).stdout
+    loaded = re.search(r'data-plots-loaded="(\d+)/(\d+)"', dom)
+    assert loaded, "the page's load handler did not run"
+    assert loaded.group(1) == loaded.group(2) == "4", "a plot failed to decode"
+
+    shot = tmp_path / "report.png"
+    _run(browser, tmp_path, f"--screenshot={shot}", "--window-size=1200,3000", url)
+    img = np.asarray(Image.open(shot).convert("RGB"))
+    assert img.shape == (3000, 1200, 3)
+    assert img.std() > 10, "the screenshot is blank"
+    # the policy's curve and histograms (blue), the baseline's (orange) are on screen
+    assert _pixels_near(img, POLICY_COLOR) > 1000
+    assert _pixels_near(img, BASELINE_COLOR) > 1000
