@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format models install schema clean bench
+.PHONY: demo test lint format models install schema clean bench nightly
 
 demo: models
 	$(BIN)/trtbuild build --policy policies/nafnet.yaml
@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml
 models: install
 	$(BIN)/python scripts/make_models.py --out models
 	$(BIN)/python scripts/fetch_models.py --out models
+
+nightly: install models
+	$(BIN)/trtbuild nightly --policies policies --out build/nightly --history history/nightly.sqlite
 
 bench: install models
 	$(BIN)/python -m pip install --quiet -e ".[bench]"

@@ -87,6 +87,29 @@ def _parser() -> argparse.ArgumentParser:
         "--no-fold-batchnorm", action="store_true", help="keep BatchNormalization after Conv"
     )
 
+    n = sub.add_parser(
+        "nightly",
+        help="build and report every policy, keep history, flag regressions",
+        epilog="exit codes: 0 every policy passes with no regression, 1 some policy failed, "
+        "errored or regressed (the summary names it), 2 bad arguments",
+    )
+    n.add_argument("--policies", type=Path, default=Path("policies"), metavar="DIR")
+    n.add_argument("--out", "-o", type=Path, default=Path("build/nightly"), metavar="DIR")
+    n.add_argument("--history", type=Path, default=Path("history/nightly.sqlite"), metavar="FILE")
+    n.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="policies in parallel")
+    n.add_argument(
+        "--backend",
+        choices=["auto", "tensorrt", "tensorrt-rtx", "none"],
+        help="override every policy's build.backend",
+    )
+    n.add_argument(
+        "--margin",
+        type=float,
+        default=0.25,
+        metavar="F",
+        help="error growth over the last passing night that counts as a regression (0.25 = 25%%)",
+    )
+
     sub.add_parser("schema", help="print the policy's JSON Schema")
     return p
 
@@ -246,6 +269,42 @@ def _cmd_prepare(args) -> int:
     return 0
 
 
+def _cmd_nightly(args) -> int:
+    from trtbuild import nightly
+    from trtbuild.errors import UsageError
+
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    if args.margin < 0:
+        raise UsageError("--margin must not be negative")
+
+    def progress(result) -> None:
+        print(f"  {result.policy}: {result.status}", flush=True)
+
+    night = nightly.nightly(
+        args.policies,
+        args.out,
+        args.history,
+        jobs=args.jobs,
+        backend=args.backend,
+        margin=args.margin,
+        progress=progress,
+    )
+    for g in night.regressions:
+        print(f"REGRESSION {g.policy}: {g.kind}: {g.detail} (last pass {g.since})")
+    for r in night.results:
+        if r.status != "pass":
+            print(
+                f"{r.status.upper()} {r.policy}: {r.message.splitlines()[0] if r.message else ''}"
+            )
+    bad = night.attention()
+    print(("ATTENTION: " + ", ".join(bad)) if bad else f"all {len(night.results)} policies pass")
+    print(
+        f"wrote {args.out}/summary.md, summary.html, junit.xml; history {args.history} (run {night.run_id})"
+    )
+    return night.exit_code
+
+
 def _cmd_schema(args) -> int:
     from trtbuild.policy.schema import SCHEMA
 
@@ -260,4 +319,5 @@ _COMMANDS = {
     "report": _cmd_report,
     "prepare": _cmd_prepare,
     "schema": _cmd_schema,
+    "nightly": _cmd_nightly,
 }

@@ -1,0 +1,152 @@
+"""Two nights of the accuracy job: a policy loses a needed pin, the second night says so."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from trtbuild.cli import main
+
+LN_RULES = ("    - id: ln-after-attention", "    - id: first-layernorm")
+
+
+def _example_policies(folder, models_dir):
+    folder.mkdir()
+    for name in ("nafnet", "gfpgan", "transformer"):
+        text = (ROOT / "policies" / f"{name}.yaml").read_text()
+        (folder / f"{name}.yaml").write_text(text.replace("../models/", f"{models_dir}/"))
+
+
+def _drop_layernorm_pins(path) -> None:
+    text = path.read_text()
+    start, end = text.index(LN_RULES[0]), text.index("    - id: final-reduction")
+    path.write_text(text[:start] + text[end:])
+
+
+def _nightly(policies, out, history, *extra) -> int:
+    args = ["nightly", "--policies", str(policies), "--out", str(out), "--history", str(history)]
+    return main([*args, "--backend", "none", *extra])
+
+
+def test_two_nights_a_lost_pin_is_named_and_both_nights_are_in_history(
+    tmp_path, models_dir, capsys
+):
+    policies, out, history = tmp_path / "policies", tmp_path / "nightly", tmp_path / "h.sqlite"
+    _example_policies(policies, models_dir)
+
+    assert _nightly(policies, out, history) == 0
+    first = (out / "summary.md").read_text()
+    assert "ALL PASS" in first
+
+    _drop_layernorm_pins(policies / "nafnet.yaml")
+    assert _nightly(policies, out, history, "--jobs", "2") == 1
+    said = capsys.readouterr().out
+    assert "REGRESSION nafnet: pass→fail" in said and "ATTENTION: nafnet" in said
+
+    summary = (out / "summary.md").read_text()
+    assert "ATTENTION: nafnet" in summary.splitlines()[0]
+    row = next(line for line in summary.splitlines() if line.startswith("| `nafnet`"))
+    assert "FAIL" in row and "pass→fail" in row
+    assert "| `gfpgan` | pass |" in summary and "| `transformer` | pass |" in summary
+    html = (out / "summary.html").read_text()
+    assert "ATTENTION: nafnet" in html and html.count("data:image/png;base64,") == 3
+    assert (out / "trends" / "nafnet.png").read_bytes()[:4] == b"\x89PNG"
+    junit = (out / "junit.xml").read_text()
+    assert 'failures="1"' in junit and "pass→fail" in junit
+
+    db = sqlite3.connect(history)
+    assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (2,)
+    rows = db.execute("SELECT run_id, policy, status FROM results ORDER BY run_id, policy")
+    assert rows.fetchall() == [
+        (1, "gfpgan", "pass"),
+        (1, "nafnet", "pass"),
+        (1, "transformer", "pass"),
+        (2, "gfpgan", "pass"),
+        (2, "nafnet", "fail"),
+        (2, "transformer", "pass"),
+    ]
+    versions, model_hash, policy_hash = db.execute(
+        "SELECT versions, model_sha256, policy_sha256 FROM results WHERE run_id = 2 AND policy = 'nafnet'"
+    ).fetchone()
+    assert json.loads(versions)["onnxruntime"] and len(model_hash) == len(policy_hash) == 64
+    before, after = db.execute(
+        "SELECT median_abs FROM outputs WHERE policy = 'nafnet' AND output = 'restored' ORDER BY run_id"
+    ).fetchall()
+    assert after[0] > 5 * before[0]
+
+
+def test_one_broken_policy_does_not_stop_the_others(tmp_path, models_dir):
+    policies = tmp_path / "policies"
+    _example_policies(policies, models_dir)
+    (policies / "broken.yaml").write_text("version: 1\nmodel: nowhere.onnx\n")
+    out = tmp_path / "nightly"
+    assert _nightly(policies, out, tmp_path / "h.sqlite") == 1
+    report = json.loads((out / "nightly.json").read_text())
+    status = {r["policy"]: (r["status"], r["exit_code"]) for r in report["results"]}
+    assert status == {
+        "broken": ("error", 2),
+        "gfpgan": ("pass", 0),
+        "nafnet": ("pass", 0),
+        "transformer": ("pass", 0),
+    }
+    assert "nowhere.onnx" in (out / "summary.md").read_text()
+
+
+def test_error_growth_beyond_the_margin_is_a_regression(tmp_path, models_dir, capsys):
+    policies, out, history = tmp_path / "policies", tmp_path / "nightly", tmp_path / "h.sqlite"
+    policies.mkdir()
+    text = (ROOT / "policies" / "gfpgan.yaml").read_text().replace("../models/", f"{models_dir}/")
+    (policies / "gfpgan.yaml").write_text(text.replace("default: fp16", "default: fp32"))
+    assert _nightly(policies, out, history) == 0  # all FP32: errors near zero
+    (policies / "gfpgan.yaml").write_text(text)  # FP16 again: still passes, larger errors
+    assert _nightly(policies, out, history) == 1
+    said = capsys.readouterr().out
+    assert "REGRESSION gfpgan: error grew: face.max_abs" in said
+    assert "error grew" in (out / "summary.md").read_text()
+
+
+def test_bad_arguments_are_exit_2(tmp_path, capsys):
+    assert main(["nightly", "--policies", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
+    assert "policies folder not found" in capsys.readouterr().err
+    (tmp_path / "p").mkdir()
+    assert main(["nightly", "--policies", str(tmp_path / "p"), "--out", str(tmp_path)]) == 2
+    bad = tmp_path / "bad.sqlite"
+    bad.write_text("not a database")
+    (tmp_path / "p" / "x.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    code = main(
+        [
+            "nightly",
+            "--policies",
+            str(tmp_path / "p"),
+            "--out",
+            str(tmp_path),
+            "--history",
+            str(bad),
+        ]
+    )
+    assert code == 2 and "history database" in capsys.readouterr().err
+
+
+def test_workflow_is_valid_yaml_that_calls_the_documented_commands():
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
+    triggers = flow.get("on") or flow.get(True)  # YAML 1.1 reads a bare `on` as true
+    assert "schedule" in triggers and triggers["schedule"][0]["cron"]
+    steps = flow["jobs"]["nightly"]["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert "make models" in runs
+    assert "trtbuild nightly --policies policies --out build/nightly --history" in runs
+    uploads = [s for s in steps if s.get("uses", "").startswith("actions/upload-artifact")]
+    assert uploads and "build/nightly/summary.html" in uploads[0]["with"]["path"]
+    readme = (ROOT / "README.md").read_text()
+    assert "trtbuild nightly --policies" in readme and "make nightly" in readme
+    script = (ROOT / "scripts" / "nightly.sh").read_text()
+    assert "trtbuild nightly --policies" in script
+
+
+@pytest.mark.parametrize("flag", ["--jobs=0", "--margin=-1"])
+def test_bad_numbers_are_exit_2(tmp_path, flag):
+    assert main(["nightly", "--policies", str(tmp_path), flag]) == 2
