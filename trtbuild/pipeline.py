@@ -26,7 +26,7 @@ from trtbuild import __version__
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy import evaluate as ev
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.errors import EXIT_ACCURACY, EXIT_OK
+from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
 from trtbuild.fsutil import sha256_file, write_bytes, write_json, write_text
 from trtbuild.graph.model_io import load_model, save_model
 from trtbuild.graph.prepare import Prepared, prepare
@@ -126,6 +126,13 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
     lie); files it does not own are left alone.
     """
     out_dir = out_dir.resolve()
+    for folder in (out_dir, *out_dir.parents):
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(
+                "the output folder is a file",
+                where=str(folder),
+                hint="pass --out a folder, or move the file away",
+            )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:

@@ -8,10 +8,14 @@ their global logger. Running engines is left to Polygraphy's `TrtRunner`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,10 +114,44 @@ class BuildResult:
         }
 
 
+@contextlib.contextmanager
+def _deferred_interrupt() -> Iterator[threading.Event]:
+    """Hold Ctrl-C while TensorRT runs, then raise it in Python.
+
+    Why: TensorRT calls back into Python (logger, progress monitor) from C++,
+    and a KeyboardInterrupt raised inside a callback is caught and printed by
+    TensorRT, which then finishes the build as if nothing happened. So SIGINT
+    only sets a flag, the progress monitor asks TensorRT to stop, and the
+    interrupt is raised once TensorRT has returned.
+    """
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if flag.is_set():
+        raise KeyboardInterrupt
+
+
 def build_engine(
     onnx_path: Path, backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
 ) -> BuildResult:
     """Parse a strongly typed ONNX model and build a serialized engine."""
+    with _deferred_interrupt() as interrupted:
+        return _build_engine(onnx_path, backend, spec, inputs, interrupted)
+
+
+def _build_engine(
+    onnx_path: Path,
+    backend: str,
+    spec: BuildSpec,
+    inputs: tuple[InputSpec, ...],
+    interrupted: threading.Event,
+) -> BuildResult:
     trt = importlib.import_module(MODULES[backend])
     messages: list[tuple[str, str]] = []
 
@@ -156,11 +194,30 @@ def build_engine(
             config.set_compute_capability(getattr(trt.ComputeCapability, name), i)
     _add_profile(trt, builder, network, config, inputs)
     cache = _load_timing_cache(config, spec.timing_cache)
+    if hasattr(trt, "IProgressMonitor"):
+
+        class _Cancel(trt.IProgressMonitor):
+            def __init__(self) -> None:
+                trt.IProgressMonitor.__init__(self)
+
+            def phase_start(self, phase_name, parent_phase, num_steps):
+                pass
+
+            def phase_finish(self, phase_name):
+                pass
+
+            def step_complete(self, phase_name, step):  # False cancels the build
+                return not interrupted.is_set()
+
+        monitor = _Cancel()
+        config.progress_monitor = monitor
 
     started = time.perf_counter()
     serialized = builder.build_serialized_network(network, config)
     seconds = time.perf_counter() - started
     if serialized is None:
+        if interrupted.is_set():
+            return BuildResult(backend, trt.__version__, b"", seconds)  # raised on exit
         raise BackendError(f"{backend} engine build failed", hint=_last_errors(messages))
     _save_timing_cache(config, cache, spec.timing_cache)
 

@@ -107,6 +107,9 @@ def parse_policy(text: str, path: Path, shown: str | None = None) -> Policy:
         mark = getattr(exc, "problem_mark", None)
         where = f"{shown}:{mark.line + 1}" if mark else shown
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context, opened = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and opened and (mark is None or opened.line != mark.line):
+            problem += f" ({context} on line {opened.line + 1})"  # e.g. the unclosed bracket
         raise UsageError(
             f"malformed YAML: {problem}", where=where, hint="fix the YAML syntax"
         ) from None

@@ -309,6 +309,12 @@ def _validate_object(value: Mapping, schema: Mapping[str, Any], path: tuple) -> 
     for key in value:
         if not isinstance(key, str):
             raise SchemaViolation(path, f"keys must be strings, got {_describe(key)}")
+    if extra is False:  # a misspelt key explains a "missing" one, so name it first
+        for key in value:
+            if key not in props:
+                close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.5)
+                hint = f"did you mean '{close[0]}'?" if close else "allowed: " + ", ".join(props)
+                raise SchemaViolation((*path, key), f"unknown key '{key}'; {hint}")
     for key in schema.get("required", []):
         if key not in value:
             raise SchemaViolation(path, f"missing required key '{key}'")
@@ -319,10 +325,6 @@ def _validate_object(value: Mapping, schema: Mapping[str, Any], path: tuple) -> 
     for key, item in value.items():
         if key in props:
             out[key] = validate(item, props[key], (*path, key))
-        elif extra is False:
-            close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.5)
-            hint = f"did you mean '{close[0]}'?" if close else "allowed: " + ", ".join(props)
-            raise SchemaViolation((*path, key), f"unknown key '{key}'; {hint}")
         elif isinstance(extra, Mapping):
             out[key] = validate(item, extra, (*path, key))
         else:

@@ -1,0 +1,507 @@
+"""The hardening battery: bad input never crashes and nothing is half-written.
+
+Every case runs the real CLI (`main(argv)`, as a Makefile would) and must:
+exit with its documented code, print no traceback, name what to fix in one
+`trtbuild: error:` line, and leave the working folder exactly as it was
+(no output directory, no staging folder, no temporary file).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.conftest import NAFNET_POLICY, PINS, ROOT
+from tests.helpers import F, model, node
+from trtbuild.cli import main
+
+
+@dataclass(frozen=True)
+class Ctx:
+    tmp: Path
+    nafnet: Path
+
+    def policy(self, text: str, name: str = "policy.yaml") -> str:
+        path = self.tmp / name
+        path.write_text(text)
+        return str(path)
+
+    def nafnet_policy(self, rules: str = PINS, **replace: str) -> str:
+        text = NAFNET_POLICY.format(model=self.nafnet, rules=rules, backend="none")
+        for old, new in replace.items():
+            assert old.replace("_", " ") in text or old in text, old
+            text = text.replace(old.replace("_", " ") if old not in text else old, new)
+        return self.policy(text)
+
+    def model_policy(self, m: onnx.ModelProto, extra: str = "") -> str:
+        onnx.save(m, self.tmp / "m.onnx")
+        return self.policy(f"version: 1\nmodel: m.onnx\nbuild: {{backend: none}}\n{extra}")
+
+    def build(self, policy: str) -> list[str]:
+        return ["build", "--policy", policy, "--out", str(self.tmp / "out")]
+
+
+def _relu(shape=(1, 4)) -> onnx.ModelProto:
+    return model(
+        [node("Relu", ["x"], "y", "relu")], [("x", F, list(shape))], [("y", F, list(shape))]
+    )
+
+
+def _dynamic() -> onnx.ModelProto:
+    return model(
+        [node("Relu", ["x"], "y", "relu")], [("x", F, ["batch", 4])], [("y", F, ["batch", 4])]
+    )
+
+
+def _if_model() -> onnx.ModelProto:
+    then = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"], name="then_relu")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", F, [1, 4])],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"], name="else_neg")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", F, [1, 4])],
+    )
+    return model(
+        [
+            node("ReduceSum", ["x"], "s", "sum", keepdims=0),
+            node("Greater", ["s", "zero"], "c", "positive"),
+            node("If", ["c"], "y", "branch", then_branch=then, else_branch=other),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"zero": np.array(0.0, np.float32)},
+    )
+
+
+def _loop_model() -> onnx.ModelProto:
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going"),
+            helper.make_node("Add", ["acc_in", "acc_in"], ["acc_out"], name="double"),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", F, [1, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", F, [1, 4]),
+        ],
+    )
+    return model(
+        [node("Loop", ["n", "", "x"], "y", "repeat", body=body)],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"n": np.array(3, np.int64)},
+    )
+
+
+def _external(ctx: Ctx, keep_data: bool) -> str:
+    m = _relu((1, 4))
+    m.graph.node[0].op_type = "Add"
+    m.graph.node[0].input.append("w")
+    m.graph.initializer.append(numpy_helper.from_array(np.ones((1, 4), np.float32), "w"))
+    onnx.save(
+        m,
+        str(ctx.tmp / "m.onnx"),
+        save_as_external_data=True,
+        location="m.data",
+        size_threshold=0,
+    )
+    if not keep_data:
+        (ctx.tmp / "m.data").unlink()
+    return ctx.policy("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+
+
+def _npz(ctx: Ctx, **arrays) -> str:
+    np.savez(ctx.tmp / "data.npz", **arrays)
+    return "data.npz"
+
+
+# (id, argv builder, exit code, message fragment)
+CASES = [
+    # -- the policy file ---------------------------------------------------------
+    (
+        "yaml-unclosed",
+        lambda c: c.build(c.policy("version: 1\nmodel: [unclosed\n")),
+        2,
+        "while parsing a flow sequence on line 2",
+    ),
+    (
+        "yaml-tab-indent",
+        lambda c: c.build(c.policy("version: 1\n\tmodel: m.onnx\n")),
+        2,
+        "malformed YAML",
+    ),
+    ("yaml-a-list", lambda c: c.build(c.policy("- version: 1\n")), 2, "mapping"),
+    ("yaml-empty", lambda c: c.build(c.policy("")), 2, "policy.yaml"),
+    (
+        "not-utf8",
+        lambda c: c.build(
+            c.policy("x") and _write_bytes(c.tmp / "policy.yaml", b"\xff\xfe\x00bad")
+        ),
+        2,
+        "cannot read policy",
+    ),
+    ("policy-missing", lambda c: c.build(str(c.tmp / "nope.yaml")), 2, "policy file not found"),
+    ("policy-is-a-folder", lambda c: c.build(str(_mkdir(c.tmp / "folder.yaml"))), 2, "folder.yaml"),
+    (
+        "misspelt-top-key",
+        lambda c: c.build(c.policy("version: 1\nmodle: m.onnx\n")),
+        2,
+        "did you mean 'model'",
+    ),
+    (
+        "misspelt-match-key",
+        lambda c: c.build(
+            c.nafnet_policy(rules="    - {id: a, match: {patern: layernorm}, precision: fp32}\n")
+        ),
+        2,
+        "did you mean 'pattern'",
+    ),
+    (
+        "unknown-pattern",
+        lambda c: c.build(
+            c.nafnet_policy(rules="    - {id: a, match: {pattern: layernrom}, precision: fp32}\n")
+        ),
+        2,
+        "did you mean 'layernorm'",
+    ),
+    (
+        "unknown-precision",
+        lambda c: c.build(c.policy("version: 1\nmodel: m.onnx\nprecision: {default: fp8}\n")),
+        2,
+        "precision.default",
+    ),
+    (
+        "invalid-regex",
+        lambda c: c.build(
+            c.nafnet_policy(rules="    - {id: a, match: {name: '(['}, precision: fp32}\n")
+        ),
+        2,
+        "invalid regular expression",
+    ),
+    (
+        "wrong-type-samples",
+        lambda c: c.build(c.nafnet_policy(**{"samples: 2": "samples: two"})),
+        2,
+        "must be an integer",
+    ),
+    (
+        "wrong-type-rules",
+        lambda c: c.build(c.policy("version: 1\nmodel: m.onnx\nprecision: {rules: pow}\n")),
+        2,
+        "precision.rules",
+    ),
+    (
+        "rule-without-id",
+        lambda c: c.build(c.nafnet_policy(rules="    - {match: {op: Pow}, precision: fp32}\n")),
+        2,
+        "'id'",
+    ),
+    (
+        "duplicate-rule-id",
+        lambda c: c.build(
+            c.nafnet_policy(
+                rules="    - {id: a, match: {op: Pow}, precision: fp32}\n    - {id: a, match: {op: Add}, precision: fp32}\n"
+            )
+        ),
+        2,
+        "duplicate rule id 'a'",
+    ),
+    ("version-2", lambda c: c.build(c.policy("version: 2\nmodel: m.onnx\n")), 2, "must be 1"),
+    (
+        "no-model-key",
+        lambda c: c.build(c.policy("version: 1\n")),
+        2,
+        "missing required key 'model'",
+    ),
+    ("negative-atol", lambda c: c.build(c.nafnet_policy(**{"atol: 1e-2": "atol: -1"})), 2, "atol"),
+    (
+        "bad-workspace",
+        lambda c: c.build(c.policy("version: 1\nmodel: m.onnx\nbuild: {workspace: lots}\n")),
+        2,
+        "write e.g. 4GiB",
+    ),
+    (
+        "low-above-high",
+        lambda c: c.build(c.nafnet_policy(**{"low: 0.0, high: 1.0": "low: 2.0, high: 1.0"})),
+        2,
+        "low must not exceed high",
+    ),
+    (
+        "bad-compute-capability",
+        lambda c: c.build(
+            c.policy("version: 1\nmodel: m.onnx\nbuild: {compute_capabilities: [sm89]}\n")
+        ),
+        2,
+        "compute_capabilities",
+    ),
+    # -- the model ---------------------------------------------------------------
+    (
+        "model-missing",
+        lambda c: c.build(c.policy("version: 1\nmodel: missing.onnx\n")),
+        2,
+        "model file not found",
+    ),
+    ("model-truncated", lambda c: c.build(_truncated(c)), 2, "not a readable ONNX model"),
+    ("model-empty-file", lambda c: c.build(_empty_file(c)), 2, "m.onnx"),
+    ("model-is-text", lambda c: c.build(_text_model(c)), 2, "not a readable ONNX model"),
+    (
+        "model-without-nodes",
+        lambda c: c.build(c.model_policy(model([], [("x", F, [1])], [("x", F, [1])]))),
+        2,
+        "no nodes",
+    ),
+    (
+        "model-if-subgraph",
+        lambda c: c.build(c.model_policy(_if_model())),
+        2,
+        "'branch' is a If with a subgraph",
+    ),
+    (
+        "model-loop-subgraph",
+        lambda c: c.build(c.model_policy(_loop_model())),
+        2,
+        "'repeat' is a Loop with a subgraph",
+    ),
+    ("external-data-missing", lambda c: c.build(_external(c, keep_data=False)), 2, "m.data"),
+    # -- inputs and data ---------------------------------------------------------
+    (
+        "input-name-unknown",
+        lambda c: c.build(c.model_policy(_relu(), "inputs: {image: {shape: [1, 4]}}\n")),
+        2,
+        "the model has no input 'image'",
+    ),
+    (
+        "shape-rank-mismatch",
+        lambda c: c.build(c.model_policy(_relu(), "inputs: {x: {shape: [1, 4, 1]}}\n")),
+        2,
+        "rank 3 does not fit",
+    ),
+    (
+        "shape-dim-mismatch",
+        lambda c: c.build(c.model_policy(_relu(), "inputs: {x: {shape: [1, 5]}}\n")),
+        2,
+        "does not fit the model's [1, 4]",
+    ),
+    ("dynamic-without-shape", lambda c: c.build(c.model_policy(_dynamic())), 2, "dynamic shape"),
+    (
+        "profile-incomplete",
+        lambda c: c.build(c.model_policy(_dynamic(), "inputs: {x: {min: [1, 4], opt: [2, 4]}}\n")),
+        2,
+        "needs min, opt and max",
+    ),
+    (
+        "profile-out-of-order",
+        lambda c: c.build(
+            c.model_policy(_dynamic(), "inputs: {x: {min: [4, 4], opt: [2, 4], max: [8, 4]}}\n")
+        ),
+        2,
+        "min <= opt <= max",
+    ),
+    (
+        "npz-missing",
+        lambda c: c.build(c.model_policy(_relu(), "inputs: {x: {data: {file: nope.npz}}}\n")),
+        2,
+        "data file not found",
+    ),
+    (
+        "npz-wrong-key",
+        lambda c: c.build(
+            c.model_policy(
+                _relu(), f"inputs: {{x: {{data: {{file: {_npz(c, y=np.ones((1, 4)))}}}}}}}\n"
+            )
+        ),
+        2,
+        "has no array 'x'",
+    ),
+    (
+        "npz-wrong-shape",
+        lambda c: c.build(
+            c.model_policy(
+                _relu(), f"inputs: {{x: {{data: {{file: {_npz(c, x=np.ones((3, 3)))}}}}}}}\n"
+            )
+        ),
+        2,
+        "expected [1, 4]",
+    ),
+    # -- backends and commands ---------------------------------------------------
+    (
+        "backend-not-installed",
+        lambda c: [*c.build(c.nafnet_policy()), "--backend", "tensorrt"],
+        3,
+        "tensorrt",
+    ),
+    ("unknown-command", lambda c: ["frobnicate"], 2, "invalid choice"),
+    (
+        "prepare-missing-model",
+        lambda c: ["prepare", str(c.tmp / "none.onnx"), "-o", str(c.tmp / "out.onnx")],
+        2,
+        "model file not found",
+    ),
+    (
+        "report-missing-engine",
+        lambda c: [
+            "report",
+            "--policy",
+            c.nafnet_policy(),
+            "--engine",
+            str(c.tmp / "e.plan"),
+            "--out",
+            str(c.tmp / "out"),
+        ],
+        2,
+        "engine file not found",
+    ),
+    (
+        "out-is-a-file",
+        lambda c: ["build", "--policy", c.nafnet_policy(), "--out", str(_touch(c.tmp / "taken"))],
+        2,
+        "taken",
+    ),
+]
+
+
+def _write_bytes(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _touch(path: Path) -> Path:
+    path.write_text("a file, not a folder")
+    return path
+
+
+def _truncated(c: Ctx) -> str:
+    (c.tmp / "m.onnx").write_bytes(c.nafnet.read_bytes()[:300])
+    return c.policy("version: 1\nmodel: m.onnx\n")
+
+
+def _empty_file(c: Ctx) -> str:
+    (c.tmp / "m.onnx").write_bytes(b"")
+    return c.policy("version: 1\nmodel: m.onnx\n")
+
+
+def _text_model(c: Ctx) -> str:
+    (c.tmp / "m.onnx").write_text("this is not a model\n" * 10)
+    return c.policy("version: 1\nmodel: m.onnx\n")
+
+
+def _snapshot(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input(argv, code, message, tmp_path, nafnet_path, capsys):
+    if code == 3 and importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("full TensorRT is installed here")
+    work = tmp_path / "work"
+    work.mkdir()
+    args = argv(Ctx(work, nafnet_path))
+    capsys.readouterr()
+    before = _snapshot(work)
+    assert main(args) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("trtbuild: error:")]
+    assert len(lines) == 1, err
+    assert message in lines[0], err
+    assert _snapshot(work) == before, "the failed command left files behind or changed some"
+
+
+def test_battery_is_big_enough():
+    assert len(CASES) >= 30
+
+
+def test_names_empty_and_duplicate_are_given_unique_names(tmp_path, capsys):
+    m = model(
+        [
+            node("Relu", ["x"], "a", ""),
+            node("Neg", ["a"], "b", "dup"),
+            node("Relu", ["b"], "y", "dup"),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+    )
+    ctx = Ctx(tmp_path, Path())
+    policy = ctx.model_policy(
+        m, "precision: {rules: [{id: last, match: {name: '^dup__2$'}, precision: fp32}]}\n"
+    )
+    assert main(["check", "--policy", policy, "--json"]) == 0
+    import json
+
+    rows = json.loads(capsys.readouterr().out)["nodes"]
+    names = [r["node"] for r in rows]
+    assert len(set(names)) == 3 and "dup" in names and "Relu__0" in names
+    assert [r["rule"] for r in rows if r["node"] == "dup__2"] == ["last"]
+
+
+def test_external_data_model_builds(tmp_path):
+    ctx = Ctx(tmp_path, Path())
+    assert main(ctx.build(_external(ctx, keep_data=True))) == 0
+    assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_real_silero_vad_if_model_is_refused_clearly(real_model, tmp_path, capsys):
+    path = real_model("silero_vad")
+    policy = tmp_path / "vad.yaml"
+    policy.write_text(f"version: 1\nmodel: {path}\nbuild: {{backend: none}}\n")
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "is a If with a subgraph" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
+def test_ctrl_c_mid_build_keeps_previous_artifacts(tmp_path, models_dir):
+    """SIGINT while the engines build: exit 130, the last good build untouched, nothing partial."""
+    text = (ROOT / "policies" / "transformer.yaml").read_text()
+    policy = tmp_path / "transformer.yaml"
+    policy.write_text(
+        text.replace("../models/", f"{models_dir}/").replace(
+            "backend: auto", "backend: tensorrt-rtx"
+        )
+    )
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "trtbuild", "build", "--policy", str(policy), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=600)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(".out.staging-") for p in tmp_path.iterdir()):
+        assert proc.poll() is None, "the build ended before it staged anything"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err.decode()
+    assert b"interrupted" in err and b"Traceback" not in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
