@@ -87,6 +87,29 @@ def _parser() -> argparse.ArgumentParser:
         "--no-fold-batchnorm", action="store_true", help="keep BatchNormalization after Conv"
     )
 
+    t = sub.add_parser(
+        "tune",
+        help="search the smallest FP32 set that meets the tolerances; write it as a policy",
+        epilog="exit codes: 0 the tuned policy passes, 1 no passing policy within the budget "
+        "(the best attempt is written, marked as failing), 2 bad usage/policy/model",
+    )
+    policy_arg(t)
+    t.add_argument("-o", "--output", required=True, type=Path, metavar="TUNED.yaml")
+    t.add_argument("--budget", type=int, default=100, metavar="N", help="evaluations at most")
+    t.add_argument(
+        "--objective",
+        choices=["nodes", "flops"],
+        default="nodes",
+        help="what an FP32 pin costs: a node each, or its FLOPs",
+    )
+    t.add_argument("--seed", type=int, default=0, help="tie-breaking; same seed, same policy")
+    t.add_argument(
+        "--log",
+        type=Path,
+        metavar="FILE",
+        help="JSON lines, one per evaluation (default: TUNED.log.jsonl)",
+    )
+
     n = sub.add_parser(
         "nightly",
         help="build and report every policy, keep history, flag regressions",
@@ -269,6 +292,37 @@ def _cmd_prepare(args) -> int:
     return 0
 
 
+def _cmd_tune(args) -> int:
+    from trtbuild import pipeline, tune
+    from trtbuild.errors import EXIT_ACCURACY
+    from trtbuild.fsutil import write_text
+    from trtbuild.policy import load_policy
+
+    tune.check_args(args.budget, args.objective)
+    policy = load_policy(args.policy)
+    stages = pipeline.run_front(policy)
+    bar = tune.Progress()
+    try:
+        result = tune.tune(
+            stages, budget=args.budget, objective=args.objective, seed=args.seed, progress=bar
+        )
+    finally:
+        bar.done()
+    text = tune.tuned_yaml(stages, result, args.output, args.seed, args.objective)
+    write_text(args.output, text)
+    log = args.log or args.output.with_name(args.output.stem + ".log.jsonl")
+    tune.write_log(log, result)
+    for k in result.pinned:
+        print(f"  pinned {result.groups[k].label}: {result.reasons[k]}")
+    verdict = "passes" if result.passed else "DOES NOT PASS"
+    print(
+        f"{verdict} (emulated-fp16): {result.fp16_share:.1%} FP16, {len(result.pinned)} group(s) "
+        f"pinned beyond the policy's rules, {len(result.trials)} evaluation(s)"
+    )
+    print(f"wrote {args.output} and {log}")
+    return 0 if result.passed else EXIT_ACCURACY
+
+
 def _cmd_nightly(args) -> int:
     from trtbuild import nightly
     from trtbuild.errors import UsageError
@@ -320,4 +374,5 @@ _COMMANDS = {
     "prepare": _cmd_prepare,
     "schema": _cmd_schema,
     "nightly": _cmd_nightly,
+    "tune": _cmd_tune,
 }

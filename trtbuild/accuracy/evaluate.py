@@ -82,6 +82,7 @@ class OutputMetrics:
     rtol: float
     check_error_stat: str
     psnr: float | None = None
+    failed_samples: list[int] = field(default_factory=list)  # Polygraphy's verdict per sample
 
     def to_json(self) -> dict[str, Any]:
         return {k: _finite_or_str(v) for k, v in self.__dict__.items()}
@@ -142,6 +143,14 @@ def psnr(ref: np.ndarray, out: np.ndarray) -> float | None:
         return round(10 * np.log10(peak**2 / mse), 3) if mse > 0 else float("inf")
 
 
+def run_reference(reference: onnx.ModelProto, feeds: list[Feed], verbose: bool = False):
+    """The FP32 reference's RunResults; `tune` runs it once and judges many candidates."""
+    from polygraphy.comparator import Comparator
+
+    with quiet_polygraphy(verbose):
+        return Comparator.run([onnxrt_runner(reference, REFERENCE)], data_loader=feeds)
+
+
 def compare(
     reference: onnx.ModelProto,
     candidate_runner,
@@ -151,12 +160,29 @@ def compare(
     verbose: bool = False,
 ) -> Evaluation:
     """Run reference and candidate on `feeds`; judge each output with its tolerance."""
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    return judge(
+        run_reference(reference, feeds, verbose), candidate_runner, feeds, spec, evaluator, verbose
+    )
 
-    ref_runner = onnxrt_runner(reference, REFERENCE)
-    names = [o.name for o in reference.graph.output]
+
+def judge(
+    reference_results,
+    candidate_runner,
+    feeds: list[Feed],
+    spec: AccuracySpec,
+    evaluator: str,
+    verbose: bool = False,
+) -> Evaluation:
+    """Run the candidate and judge it against reference RunResults with the tolerances."""
+    from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
+
+    ref_iters = reference_results[REFERENCE]
+    names = list(ref_iters[0].keys())
     with quiet_polygraphy(verbose):
-        results = Comparator.run([ref_runner, candidate_runner], data_loader=feeds)
+        candidate = Comparator.run([candidate_runner], data_loader=feeds)
+        results = RunResults()
+        results.append((REFERENCE, ref_iters))
+        results.append((candidate_runner.name, candidate[candidate_runner.name]))
         func = SimpleCompareFunc(
             atol={n: spec.tolerance(n).atol for n in names},
             rtol={n: spec.tolerance(n).rtol for n in names},
@@ -166,7 +192,6 @@ def compare(
     verdict = verdicts[0]  # one AccuracyResult per compare function
     pair = (REFERENCE, candidate_runner.name)
     per_iter = verdict[pair]
-    ref_iters = results[REFERENCE]
     out_iters = results[candidate_runner.name]
     outputs = {}
     for name in names:
@@ -176,9 +201,11 @@ def compare(
             np.concatenate([r.ravel() for r in refs]), np.concatenate([o.ravel() for o in outs])
         )
         tol = spec.tolerance(name)
-        ok = all(bool(it[name]) for it in per_iter) and m["nonfinite"] == 0
+        failed = [k for k, it in enumerate(per_iter) if not bool(it[name])]
+        ok = not failed and m["nonfinite"] == 0
         outputs[name] = OutputMetrics(
             passed=ok,
+            failed_samples=failed,
             atol=tol.atol,
             rtol=tol.rtol,
             check_error_stat=tol.check_error_stat,

@@ -1,0 +1,112 @@
+"""`trtbuild tune` finds the smallest FP32 set that meets the tolerances, and writes it down."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+from trtbuild.cli import main
+from trtbuild.policy import load_policy
+
+
+def _without_rules(name: str, tmp_path, models_dir, real_model=None):
+    text = (ROOT / "policies" / f"{name}.yaml").read_text()
+    stem = re.search(r"\.\./models/(\w+)\.onnx", text).group(1)
+    model = real_model(stem) if real_model else models_dir / f"{stem}.onnx"
+    text = text.replace(f"../models/{stem}.onnx", str(model))
+    start, end = text.index("  rules:"), text.index("build:")
+    path = tmp_path / f"{name}-empty.yaml"
+    path.write_text(text[:start] + "  rules: []\n" + text[end:])
+    return path
+
+
+def _tune(policy, out, *extra) -> int:
+    return main(["tune", "--policy", str(policy), "-o", str(out), *extra])
+
+
+def _pinned_names(tuned) -> list[str]:
+    return [r.match.name for r in load_policy(tuned).precision.rules]
+
+
+def test_nafnet_from_no_rules_pins_only_norm_units_and_the_final_reduction(
+    tmp_path, models_dir, capsys
+):
+    policy = _without_rules("nafnet", tmp_path, models_dir)
+    tuned = tmp_path / "out" / "tuned.yaml"
+    assert _tune(policy, tuned) == 0
+    text = tuned.read_text()
+    names = _pinned_names(tuned)
+    assert sorted(names) == [
+        r"^/blocks\.0/norm1/",
+        r"^/blocks\.0/norm2/",
+        r"^/blocks\.1/norm1/",
+        r"^/blocks\.1/norm2/",
+        r"^/head/ReduceSum$",
+    ]
+    # each tuned rule says, in a comment, the measured error that made it necessary
+    for line in [x for x in text.splitlines() if x.strip().startswith("- {id: tuned-")]:
+        comment = text.splitlines()[text.splitlines().index(line) - 1]
+        assert comment.strip().startswith("#") and ("non-finite" in comment or "fail" in comment)
+    # the tuned policy is a policy: it builds and passes, with the model path re-based
+    assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert report["passed"] and report["precision"]["fp16_share"] > 0.45
+    log = (tmp_path / "out" / "tuned.log.jsonl").read_text().splitlines()
+    assert json.loads(log[0])["action"].startswith("start") and json.loads(log[-1])["step"] == len(
+        log
+    )
+    err = capsys.readouterr().err
+    assert "tune [" in err  # the progress bar
+
+
+def test_same_seed_same_policy(tmp_path, models_dir):
+    policy = _without_rules("nafnet", tmp_path, models_dir)
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    assert _tune(policy, a, "--seed", "7") == 0 and _tune(policy, b, "--seed", "7") == 0
+    assert a.read_text() == b.read_text()
+
+
+def test_gfpgan_pins_exactly_the_last_reduction(tmp_path, models_dir):
+    tuned = tmp_path / "tuned.yaml"
+    assert _tune(_without_rules("gfpgan", tmp_path, models_dir), tuned) == 0
+    assert _pinned_names(tuned) == [r"^/energy/ReduceSumSquare$"]
+
+
+def test_policy_rules_are_kept_first_and_unchanged(tmp_path, write_policy):
+    rules = "    - id: mine\n      match: {name: '^/intro/Conv$'}\n      precision: fp32\n"
+    tuned = tmp_path / "tuned.yaml"
+    assert _tune(write_policy(rules=rules), tuned, "--objective", "flops") == 0
+    loaded = load_policy(tuned).precision.rules
+    assert loaded[0].id == "mine" and loaded[0].match.name == "^/intro/Conv$"
+    assert all(r.id.startswith("tuned-") for r in loaded[1:])
+    assert "/intro/Conv" not in "".join(r.match.name for r in loaded[1:])
+
+
+def test_budget_exhausted_is_exit_1_and_says_so(tmp_path, models_dir):
+    policy = _without_rules("nafnet", tmp_path, models_dir)
+    strict = "{atol: 0.0, rtol: 0.0, check_error_stat: max}"
+    policy.write_text(
+        policy.read_text().replace("{atol: 1e-2, rtol: 1e-2, check_error_stat: median}", strict)
+    )
+    tuned = tmp_path / "tuned.yaml"
+    assert _tune(policy, tuned, "--budget", "3") == 1
+    assert "DOES NOT PASS" in tuned.read_text()
+    assert len((tmp_path / "tuned.log.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("args", [["--budget", "0"], ["--objective", "speed"]])
+def test_bad_arguments_are_exit_2(tmp_path, write_policy, args):
+    assert _tune(write_policy(), tmp_path / "t.yaml", *args) == 2
+    assert not (tmp_path / "t.yaml").exists()
+
+
+def test_ppocrv4_tuned_policy_passes_with_95_percent_fp16(tmp_path, models_dir, real_model):
+    tuned = tmp_path / "tuned.yaml"
+    policy = _without_rules("ppocrv4_rec", tmp_path, models_dir, real_model)
+    assert _tune(policy, tuned) == 0
+    assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert report["passed"] and report["precision"]["fp16_share"] >= 0.95

@@ -1,0 +1,475 @@
+"""`trtbuild tune`: the smallest FP32 set that meets every tolerance, written as a policy.
+
+Why not Polygraphy's `debug precision` or ModelOpt AutoCast: the first bisects
+a prefix or suffix of layers and needs weak typing, which TensorRT 11 removed;
+the second picks FP32 nodes by value range and never checks the converted
+model's accuracy. Here every candidate is judged by the same evaluator as
+`build` (FP16 storage emulated faithfully on the CPU), and the search moves
+whole groups (normalization units, attention blocks), so a unit is never split.
+
+The search, top to bottom:
+1. `groups`: tunable compute nodes (those the policy's own rules leave at the
+   default) in normalization units, attention blocks, or alone;
+2. range analysis: groups whose tensors leave the FP16 range on the reference
+   data are pinned first;
+3. grow: while the candidate fails, pin the group where the emulation first
+   diverges from FP32 (else the group with the largest error);
+4. shrink: try unpinning each pinned group, costliest first; keep it unpinned
+   when every tolerance still holds, and remember the error that made each
+   remaining pin necessary.
+Ties are broken by a seeded shuffle, so a seed gives the same policy every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from trtbuild.accuracy import evaluate as ev
+from trtbuild.accuracy.emulate import emulate
+from trtbuild.errors import UsageError
+from trtbuild.pipeline import Stages
+from trtbuild.policy.model import Match, Precision, Rule
+from trtbuild.precision.assign import assign
+from trtbuild.precision.attention import attention_units
+from trtbuild.precision.convert import convert
+from trtbuild.precision.graphview import GraphView
+from trtbuild.precision.norms import norm_units
+from trtbuild.precision.patterns import REDUCTIONS, reduction_depth
+
+FP16_MAX = 65504.0
+OBJECTIVES = ("nodes", "flops")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Nodes that change precision together; `kind` says why they belong together."""
+
+    kind: str  # normalization unit, attention block, reduction, node
+    nodes: tuple[int, ...]
+    names: tuple[str, ...]
+    cost: float  # what pinning it costs, in the chosen objective
+    peak: float  # largest |value| its tensors reach on the reference data
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.names[0]}" + (
+            f" (+{len(self.names) - 1} nodes)" if len(self.names) > 1 else ""
+        )
+
+
+@dataclass
+class Trial:
+    """One evaluation of a candidate pin set."""
+
+    step: int
+    action: str
+    pinned: tuple[int, ...]  # group indices
+    passed: bool
+    fp16_share: float
+    failing: dict[str, str]  # output -> the measured error that fails it
+    worst: dict[str, float]  # output -> max_abs
+    seconds: float
+
+
+@dataclass
+class TuneResult:
+    policy: Precision
+    groups: list[Group]
+    pinned: list[int]
+    reasons: dict[int, str]  # group -> why it is needed
+    trials: list[Trial] = field(default_factory=list)
+    passed: bool = False
+    fp16_share: float = 0.0
+
+
+# -- groups -------------------------------------------------------------------------
+
+
+def node_flops(view: GraphView, i: int) -> float:
+    """Rough FLOPs of one node: products of accumulating ops, else one per output element."""
+    out = view.nodes[i].output[0] if view.nodes[i].output else ""
+    t = view.shape.get(out)
+    elements = 1.0
+    if t is not None and t.tensor_type.HasField("shape"):
+        for d in t.tensor_type.shape.dim:
+            elements *= d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1
+    depth = reduction_depth(view, i)
+    return 2.0 * elements * depth if depth else elements
+
+
+def groups(stages: Stages, objective: str) -> list[Group]:
+    """Tunable nodes (left at the default by the policy's rules), in units that move together."""
+    view = stages.assignment.view
+    decisions = stages.assignment.decisions
+    ranges = stages.ranges
+    tunable = {i for i, d in enumerate(decisions) if d.rule == "default" and d.precision}
+    taken: set[int] = set()
+    out: list[Group] = []
+
+    def add(kind: str, members: tuple[int, ...]) -> None:
+        members = tuple(sorted(i for i in members if i in tunable and i not in taken))
+        if not members:
+            return
+        taken.update(members)
+        cost = sum(node_flops(view, i) if objective == "flops" else 1.0 for i in members)
+        peak = max(
+            (
+                ranges.get(t, 0.0)
+                for i in members
+                for t in (*view.float_inputs(i), *view.float_outputs(i))
+            ),
+            default=0.0,
+        )
+        out.append(Group(kind, members, tuple(view.nodes[i].name for i in members), cost, peak))
+
+    for unit in norm_units(view):
+        add("normalization unit", unit.nodes)
+    for unit in attention_units(view):
+        add("attention block", unit.nodes)
+    for i in sorted(tunable):
+        add("reduction" if view.nodes[i].op_type in REDUCTIONS else "node", (i,))
+    return out
+
+
+# -- one evaluation ---------------------------------------------------------------
+
+
+def name_regex(names: tuple[str, ...], all_names: list[str]) -> str:
+    """The shortest readable regex that selects exactly `names` among `all_names`.
+
+    A unit exported under one scope (`/blocks.1/norm2/...`) gets its scope
+    prefix; anything else gets the exact names.
+    """
+    if len(names) > 1:
+        prefix = os.path.commonprefix(list(names))  # noqa: RUF071 - cut at a "/" below
+        prefix = prefix[: prefix.rfind("/") + 1] if "/" in prefix else ""
+        if len(prefix) > 1:
+            rx = re.compile("^" + re.escape(prefix))
+            if {n for n in all_names if rx.search(n)} == set(names):
+                return "^" + re.escape(prefix)
+    if len(names) == 1:
+        return "^" + re.escape(names[0]) + "$"
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+
+
+def candidate_precision(
+    base: Precision, groups_: list[Group], pinned: list[int], all_names: list[str]
+) -> Precision:
+    rules = list(base.rules)
+    for k, g in enumerate(sorted(pinned)):
+        match = Match(name=name_regex(groups_[g].names, all_names))
+        rules.append(Rule(f"tuned-{k + 1}", match, "fp32"))
+    return replace(base, rules=tuple(rules))
+
+
+class Evaluator:
+    """Judges a pin set with the build's own evaluator; the FP32 reference runs once."""
+
+    def __init__(self, stages: Stages):
+        self.stages = stages
+        self.reference = ev.run_reference(stages.prepared.model, stages.feeds)
+        self.count = 0
+
+    def __call__(self, precision: Precision):
+        self.count += 1
+        assignment = assign(self.stages.prepared.model, precision)
+        emulated = emulate(convert(assignment).model)
+        runner = ev.onnxrt_runner(emulated, name="emulated-fp16", optimize=False)
+        spec = self.stages.policy.accuracy
+        result = ev.judge(self.reference, runner, self.stages.feeds, spec, "emulated-fp16")
+        return result, assignment, emulated
+
+    def divergence(self, emulated) -> tuple[dict | None, list[dict]]:
+        threshold = self.stages.policy.accuracy.divergence_threshold
+        return ev.divergence(self.stages.reference, emulated, self.stages.feeds[0], threshold)
+
+
+def _failing(result) -> dict[str, str]:
+    """Output -> the measured error that fails it, in Polygraphy's terms."""
+    out = {}
+    for name, m in result.outputs.items():
+        if m.passed:
+            continue
+        stat = m.check_error_stat
+        if m.nonfinite:
+            out[name] = f"{name}: {m.nonfinite} non-finite value(s) where FP32 is finite"
+            continue
+        where = f"sample(s) {', '.join(map(str, m.failed_samples))}" if m.failed_samples else "it"
+        out[name] = (
+            f"{name}: {where} fail the {stat} check (atol {m.atol:g}, rtol {m.rtol:g}); "
+            f"over all samples max |error| {m.max_abs:.4g}, median {m.median_abs:.4g}"
+        )
+    return out
+
+
+# -- the search ---------------------------------------------------------------------
+
+
+def tune(
+    stages: Stages,
+    *,
+    budget: int = 100,
+    objective: str = "nodes",
+    seed: int = 0,
+    progress: Callable[[Trial, int], None] | None = None,
+) -> TuneResult:
+    base = stages.policy.precision
+    all_groups = groups(stages, objective)
+    all_names = [n.name for n in stages.assignment.view.nodes]
+    by_node = {i: k for k, g in enumerate(all_groups) for i in g.nodes}
+    rng = random.Random(seed)
+    tiebreak = list(range(len(all_groups)))
+    rng.shuffle(tiebreak)
+    evaluator = Evaluator(stages)
+    trials: list[Trial] = []
+    reasons: dict[int, str] = {}
+
+    def run(pinned: list[int], action: str):
+        t = time.perf_counter()
+        precision = candidate_precision(base, all_groups, pinned, all_names)
+        result, assignment, emulated = evaluator(precision)
+        failing = _failing(result)
+        if result.passed:  # an overflow the outputs happen to mask is still an overflow
+            first, _ = evaluator.divergence(emulated)
+            if first is not None and "non-finite" in first["reason"]:
+                failing["(intermediate)"] = f"{first['node']} ({first['op']}): {first['reason']}"
+        share = assignment.summary()["fp16_share"]
+        trial = Trial(
+            len(trials) + 1,
+            action,
+            tuple(sorted(pinned)),
+            not failing,
+            share,
+            failing,
+            {n: m.max_abs for n, m in result.outputs.items()},
+            round(time.perf_counter() - t, 3),
+        )
+        trials.append(trial)
+        if progress:
+            progress(trial, budget)
+        return trial, emulated
+
+    # 2. range analysis: what leaves the FP16 range is the first suspect
+    pinned = sorted(k for k, g in enumerate(all_groups) if g.peak > FP16_MAX)
+    for k in pinned:
+        reasons[k] = (
+            f"reaches |x| = {all_groups[k].peak:.4g} on the reference data (FP16 max 65504)"
+        )
+    result, emulated = run(
+        pinned, "start: range analysis" if pinned else "start: policy rules only"
+    )
+
+    # 3. grow while failing: an overflow pins its own group; otherwise pin groups
+    #    nearest the outputs, doubling the batch (a passing set in O(log n) steps)
+    batch = 1
+    while not result.passed and len(trials) < budget:
+        culprit = _overflowing_group(evaluator, emulated, by_node, pinned)
+        if culprit is not None:
+            picked = [culprit]
+        else:
+            rest = [k for k in range(len(all_groups)) if k not in pinned]
+            rest.sort(key=lambda k: (-max(all_groups[k].nodes), tiebreak[k]))
+            picked, batch = rest[:batch], batch * 2
+        if not picked:
+            break
+        why = "; ".join(result.failing.values()) or "output below tolerance"
+        for k in picked:
+            reasons[k] = why
+        pinned = sorted({*pinned, *picked})
+        label = all_groups[picked[0]].label + (
+            f" and {len(picked) - 1} more" if len(picked) > 1 else ""
+        )
+        result, emulated = run(pinned, f"pin {label}")
+
+    # 4. shrink (delta debugging): unpin chunks, costliest first, halving the chunk
+    #    until single groups; a group whose removal fails keeps the error as its reason
+    if result.passed:
+        order = sorted(pinned, key=lambda k: (-all_groups[k].cost, tiebreak[k]))
+        chunk = max(1, len(order) // 2)
+        while order and len(trials) < budget:
+            i = 0
+            while i < len(order) and len(trials) < budget:
+                part = order[i : i + chunk]
+                trial_set = [g for g in pinned if g not in part]
+                label = all_groups[part[0]].label + (
+                    f" and {len(part) - 1} more" if len(part) > 1 else ""
+                )
+                r, _ = run(trial_set, f"unpin {label}")
+                if r.passed:
+                    pinned = trial_set
+                    order = [g for g in order if g not in part]
+                    for g in part:
+                        reasons.pop(g, None)
+                else:
+                    if chunk == 1:
+                        reasons[part[0]] = "without it: " + "; ".join(r.failing.values())
+                    i += chunk
+            if chunk == 1:
+                break
+            chunk = max(1, chunk // 2)
+    final = next(t for t in reversed(trials) if t.pinned == tuple(sorted(pinned)))
+    return TuneResult(
+        candidate_precision(base, all_groups, pinned, all_names),
+        all_groups,
+        sorted(pinned),
+        {k: reasons.get(k, "kept (not re-checked within the budget)") for k in pinned},
+        trials,
+        final.passed,
+        final.fp16_share,
+    )
+
+
+def _overflowing_group(evaluator, emulated, by_node, pinned) -> int | None:
+    """The unpinned group where the emulation first turns non-finite (or nearest upstream)."""
+    first, _ = evaluator.divergence(emulated)
+    if first is None or "non-finite" not in first["reason"]:
+        return None
+    view = evaluator.stages.assignment.view
+    index = {n.name: i for i, n in enumerate(view.nodes)}
+    queue, seen = [index[first["node"]]], set()
+    while queue:
+        i = queue.pop(0)
+        if i in seen:
+            continue
+        seen.add(i)
+        k = by_node.get(i)
+        if k is not None and k not in pinned:
+            return k
+        queue.extend(view.predecessors(i))
+    return None
+
+
+# -- writing the tuned policy --------------------------------------------------------
+
+
+def _rel(path: Path, start: Path) -> str:
+    try:
+        return os.path.relpath(path, start)
+    except ValueError:  # another drive
+        return str(path)
+
+
+def _flow(value: Any) -> str:
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000)
+    return text.split("\n...")[0].strip()  # a bare scalar ends with a document marker
+
+
+def tuned_yaml(stages: Stages, result: TuneResult, out: Path, seed: int, objective: str) -> str:
+    """The original policy, then one commented rule per pinned group; paths re-based to `out`."""
+    import yaml
+
+    policy = stages.policy
+    raw = yaml.safe_load(policy.path.read_text(encoding="utf-8"))
+    here, there = policy.path.parent, out.resolve().parent
+    raw["model"] = _rel(policy.model, there)
+    for spec in (raw.get("inputs") or {}).values():
+        data = (spec or {}).get("data") or {}
+        for key in ("file", "images"):
+            if key in data:
+                data[key] = _rel((here / data[key]).resolve(), there)
+    build = raw.get("build") or {}
+    if build.get("timing_cache"):
+        build["timing_cache"] = _rel((here / build["timing_cache"]).resolve(), there)
+    precision = raw.pop("precision", {}) or {}
+    rules = precision.pop("rules", []) or []
+    evals = len(result.trials)
+    verdict = "passes" if result.passed else "DOES NOT PASS (budget exhausted)"
+    lines = []
+    first = policy.path.read_text(encoding="utf-8").splitlines()[:1]
+    marker = "# yaml-language-server: $schema="
+    if first and first[0].startswith(marker):  # keep editor completion, re-based
+        schema = first[0][len(marker) :].strip()
+        if "://" not in schema:
+            schema = _rel((here / schema).resolve(), there)
+        lines.append(marker + schema)
+    lines += [
+        f"# Tuned by `trtbuild tune` from {_rel(policy.path, there)}: {verdict} with "
+        f"{result.fp16_share:.1%} of compute nodes in FP16,",
+        f"# {len(result.pinned)} group(s) pinned after {evals} evaluation(s) "
+        f"(evaluator emulated-fp16, objective {objective}, seed {seed}).",
+    ]
+    rest = {k: v for k, v in raw.items()}
+    lines.append(yaml.safe_dump(rest, sort_keys=False, default_flow_style=None, width=100).rstrip())
+    lines.append("precision:")
+    for key, value in precision.items():
+        lines.append(f"  {key}: {_flow(value)}")
+    lines.append("  rules:")
+    if rules:
+        lines.append("    # the policy's own rules, unchanged")
+        for rule in rules:
+            lines.append(f"    - {_flow(rule)}")
+    for k, rule in zip(result.pinned, result.policy.rules[len(rules) :]):
+        g = result.groups[k]
+        lines.append(f"    # {g.label}: {result.reasons[k]}")
+        entry = {"id": rule.id, "match": {"name": rule.match.name}, "precision": "fp32"}
+        lines.append(f"    - {_flow(entry)}")
+    if not rules and not result.pinned:
+        lines[-1] = "  rules: []   # every tolerance holds with no FP32 pin"
+    return "\n".join(lines) + "\n"
+
+
+def write_log(path: Path, result: TuneResult) -> None:
+    from trtbuild.fsutil import write_text
+
+    rows = []
+    for t in result.trials:
+        rows.append(
+            json.dumps(
+                {
+                    "step": t.step,
+                    "action": t.action,
+                    "pinned_groups": [result.groups[k].label for k in t.pinned],
+                    "passed": t.passed,
+                    "fp16_share": t.fp16_share,
+                    "failing": t.failing,
+                    "max_abs": t.worst,
+                    "seconds": t.seconds,
+                }
+            )
+        )
+    write_text(path, "\n".join(rows) + "\n")
+
+
+class Progress:
+    """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, stream=None, width: int = 24):
+        self.stream = stream if stream is not None else sys.stderr  # looked up now, not at import
+        self.width = width
+        self.tty = self.stream.isatty()
+
+    def __call__(self, trial: Trial, budget: int) -> None:
+        filled = min(self.width, round(self.width * trial.step / max(budget, 1)))
+        bar = "#" * filled + "." * (self.width - filled)
+        state = "pass" if trial.passed else "fail"
+        text = (
+            f"tune [{bar}] {trial.step}/{budget} {state} {trial.fp16_share:.1%} FP16  "
+            f"{trial.action[:60]}"
+        )
+        if self.tty:
+            self.stream.write("\r" + text.ljust(110))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def check_args(budget: int, objective: str) -> None:
+    if budget < 1:
+        raise UsageError("--budget must be at least 1")
+    if objective not in OBJECTIVES:
+        raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}")
