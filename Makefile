@@ -33,6 +33,7 @@ nightly: install models
 bench: install models
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/bench_convert.py
+	$(BIN)/python benchmarks/bench_tune.py $(if $(MODELOPT_PYTHON),--modelopt-python $(MODELOPT_PYTHON))
 
 schema: install
 	$(BIN)/trtbuild schema > docs/policy.schema.json

@@ -93,6 +93,8 @@ def _distance_to_outputs(view: GraphView) -> dict[int, int]:
 
 
 def _dims(view: GraphView, tensor: str) -> list[int | None] | None:
+    if tensor in view.initializers:  # weights carry their shape; value_info does not list them
+        return list(view.initializers[tensor].dims)
     t = view.shape.get(tensor)
     if t is None or not t.tensor_type.HasField("shape"):
         return None

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""`trtbuild tune` against onnxconverter-common and ModelOpt AutoCast, judged the same way.
+
+Why one judge: each tool checks its own result in its own way (onnxconverter-
+common with ONNX Runtime's FP16 on the CPU, which hides overflow; AutoCast not
+at all), so a tool's own verdict cannot be compared. Here every tool starts
+from the same prepared FP32 graph and the same reference data, and every
+result is judged by trtbuild's evaluator (FP16 storage emulated on the CPU,
+Polygraphy's comparator with the policy's tolerances). FP16 share is counted the
+same way for all: nodes of the prepared graph (Casts aside) whose float output
+is FP16.
+
+Peers:
+- onnxconverter-common `auto_convert_mixed_precision` (bisects node blocks
+  with ONNX Runtime), given a validate_fn that applies the policy's tolerances;
+- ModelOpt AutoCast `convert_to_mixed_precision` with its defaults, where
+  nvidia-modelopt installs (it needs torch and onnx 1.21, so it runs from its
+  own virtualenv: `--modelopt-python PATH`).
+
+Usage: python benchmarks/bench_tune.py [--models nafnet,gfpgan,...] [--modelopt-python PY]
+Needs: pip install -e ".[bench]"; the models of `make models`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trtbuild import pipeline, tune  # noqa: E402
+from trtbuild.accuracy import evaluate as ev  # noqa: E402
+from trtbuild.accuracy.emulate import emulate  # noqa: E402
+from trtbuild.policy import load_policy  # noqa: E402
+
+MODELS = ("nafnet", "gfpgan", "transformer", "ppocrv4_rec", "open_nsfw")
+
+AUTOCAST = """
+import sys, onnx
+from modelopt.onnx.autocast import convert_to_mixed_precision
+model = convert_to_mixed_precision(onnx_path=sys.argv[1], low_precision_type="fp16", keep_io_types=True)
+onnx.save(model, sys.argv[2])
+"""
+
+
+def empty_policy(name: str, tmp: Path) -> Path:
+    """The example policy with no rules: every tool starts from nothing."""
+    text = (ROOT / "policies" / f"{name}.yaml").read_text()
+    text = text.replace("../models/", f"{ROOT / 'models'}/")
+    start, end = text.index("  rules:"), text.index("build:")
+    path = tmp / f"{name}.yaml"
+    path.write_text(text[:start] + "  rules: []\n" + text[end:])
+    return path
+
+
+def fp16_share(mixed: onnx.ModelProto) -> tuple[float, float]:
+    """(FP16 share of FLOPs, FP16 share of nodes) in the tool's own graph, Casts aside.
+
+    FLOPs first: tools fuse and rename differently (AutoCast turns a decomposed
+    LayerNorm into one node), so node counts differ between graphs, while the
+    FLOPs a graph spends in FP16 are what FP16 buys.
+    """
+    from trtbuild.precision.graphview import GraphView
+
+    view = GraphView(onnx.shape_inference.infer_shapes(mixed))
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+    flops = {True: 0.0, False: 0.0}
+    nodes = {True: 0, False: 0}
+    for i, node in enumerate(view.nodes):
+        if node.op_type == "Cast":
+            continue
+        kinds = [view.dtype.get(o) for o in node.output if view.dtype.get(o) in floats]
+        if not kinds:
+            continue
+        half = kinds[0] == onnx.TensorProto.FLOAT16
+        flops[half] += tune.node_flops(view, i)
+        nodes[half] += 1
+    return (
+        flops[True] / max(flops[True] + flops[False], 1.0),
+        nodes[True] / max(nodes[True] + nodes[False], 1),
+    )
+
+
+def judge(stages, reference, mixed: onnx.ModelProto) -> tuple[bool, float]:
+    runner = ev.onnxrt_runner(emulate(mixed), name="emulated-fp16", optimize=False)
+    result = ev.judge(reference, runner, stages.feeds, stages.policy.accuracy, "emulated-fp16")
+    worst = max(
+        (m.max_abs / (1e-12 + float(np.max(np.abs(np.asarray(reference[ev.REFERENCE][0][n]))))))
+        for n, m in result.outputs.items()
+    )
+    return result.passed, worst
+
+
+def policy_check(spec, names):
+    """onnxconverter-common's validate_fn: the policy's tolerances, Polygraphy's median/max semantics."""
+
+    def ok(ref_list, out_list) -> bool:
+        for name, r, o in zip(names, ref_list, out_list):
+            tol = spec.tolerance(name)
+            r, o = np.asarray(r, np.float64), np.asarray(o, np.float64)
+            if not np.all(np.isfinite(o)):
+                return False
+            d = np.abs(o - r)
+            rel = d / np.maximum(np.abs(r), 1e-30)
+            stat = {"max": np.max, "mean": np.mean, "median": np.median}.get(
+                tol.check_error_stat, np.max
+            )
+            if stat(d) > tol.atol and stat(rel) > tol.rtol:
+                return False
+        return True
+
+    return ok
+
+
+def run_model(name: str, tmp: Path, modelopt_python: str | None, objective: str) -> list[tuple]:
+    policy = load_policy(empty_policy(name, tmp))
+    stages = pipeline.run_front(policy)
+    prepared = stages.prepared.model
+    reference = ev.run_reference(prepared, stages.feeds)
+    rows = []
+
+    t = time.perf_counter()
+    result = tune.tune(stages, budget=100, objective=objective)
+    seconds = time.perf_counter() - t
+    from trtbuild.precision.assign import assign
+    from trtbuild.precision.convert import convert
+
+    mixed = convert(assign(prepared, result.policy)).model
+    rows.append(
+        (name, "trtbuild tune", *fp16_share(mixed), *judge(stages, reference, mixed), seconds)
+    )
+
+    from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
+
+    outputs = [o.name for o in prepared.graph.output]
+    t = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            occ = auto_convert_mixed_precision(
+                prepared,
+                stages.feeds[0],
+                validate_fn=policy_check(policy.accuracy, outputs),
+                keep_io_types=True,
+            )
+        seconds = time.perf_counter() - t
+        rows.append(
+            (
+                name,
+                "onnxconverter-common auto_mixed",
+                *fp16_share(occ),
+                *judge(stages, reference, occ),
+                seconds,
+            )
+        )
+    except Exception as exc:  # a peer failing on a model is a result too
+        rows.append(
+            (
+                name,
+                "onnxconverter-common auto_mixed",
+                None,
+                None,
+                None,
+                None,
+                time.perf_counter() - t,
+                str(exc)[:80],
+            )
+        )
+
+    if modelopt_python:
+        src, dst = tmp / f"{name}.prepared.onnx", tmp / f"{name}.autocast.onnx"
+        onnx.save(prepared, src)
+        t = time.perf_counter()
+        done = subprocess.run(
+            [modelopt_python, "-c", AUTOCAST, str(src), str(dst)], capture_output=True, text=True
+        )
+        seconds = time.perf_counter() - t
+        if done.returncode == 0:
+            ac = onnx.load(dst)
+            rows.append(
+                (
+                    name,
+                    "ModelOpt AutoCast (defaults)",
+                    *fp16_share(ac),
+                    *judge(stages, reference, ac),
+                    seconds,
+                )
+            )
+        else:
+            err = (done.stderr.strip().splitlines() or ["failed"])[-1][:80]
+            rows.append(
+                (name, "ModelOpt AutoCast (defaults)", None, None, None, None, seconds, err)
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--objective", default="flops", choices=["nodes", "flops"])
+    parser.add_argument(
+        "--modelopt-python", help="python of a virtualenv with nvidia-modelopt[onnx]"
+    )
+    args = parser.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="trtbuild-bench-tune-"))
+    rows = []
+    with ev.quiet_polygraphy():
+        for name in args.models.split(","):
+            rows += run_model(name, tmp, args.modelopt_python, args.objective)
+    print(
+        "| model | tool | FP16 FLOPs | FP16 nodes | passes (emulated-fp16) "
+        "| worst max error / output range | time s |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        name, tool, flops, share, passed, worst, seconds, *note = row
+        if share is None:
+            why = note[0] if note else ""
+            print(f"| {name} | {tool} | – | – | fails to run: {why} | – | {seconds:.1f} |")
+            continue
+        verdict = "yes" if passed else "**no**"
+        print(
+            f"| {name} | {tool} | {flops:.1%} | {share:.1%} | {verdict} | {worst:.2e} "
+            f"| {seconds:.1f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
