@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -151,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `trtbuild ... | head`: the reader left; the work is done
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except Exception:
         traceback.print_exc()
         print(

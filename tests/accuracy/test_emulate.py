@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 from tests.helpers import F, model, node
 from trtbuild.accuracy.emulate import emulate
@@ -59,3 +60,29 @@ def test_fused_layernorm_in_fp16_is_emulated_conservatively():
     (emu,) = _run(emulate(_all_fp16(m)), {"x": x})
     assert np.isfinite(ref).all()
     assert np.abs(emu - ref).max() > 0.5  # d² > 65504 overflows: variance inf, output collapses
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "opset"),
+    [
+        ("ReduceMean", {"axes": [2, 3], "keepdims": 1}, 17),
+        ("GlobalAveragePool", {}, 17),
+        ("ReduceMean", {"keepdims": 1}, 18),  # axes as an input at opset 18
+    ],
+)
+def test_a_mean_whose_sum_leaves_fp16_is_inf_conservatively(op, attrs, opset):
+    """A mean of 100s over 64x64 is 100, but its sum (409600) is stored in FP16 first."""
+    inputs = ["x", "axes"] if opset >= 18 else ["x"]
+    inits = {"axes": np.array([2, 3], np.int64)} if opset >= 18 else {}
+    m = model(
+        [node(op, inputs, "y", "mean", **attrs)],
+        [("x", F, [1, 2, 64, 64])],
+        [("y", F, [1, 2, 1, 1])],
+        inits,
+        opset=opset,
+    )
+    x = {"x": np.full((1, 2, 64, 64), 100.0, np.float32)}
+    assert np.allclose(_run(m, x)[0], 100.0)
+    assert np.isinf(_run(emulate(_all_fp16(m)), x)[0]).all()
+    small = {"x": np.full((1, 2, 64, 64), 1.0, np.float32)}  # sum 4096: fine in FP16
+    assert np.allclose(_run(emulate(_all_fp16(m)), small)[0], 1.0)

@@ -96,6 +96,12 @@ def emulate(mixed: onnx.ModelProto) -> onnx.ModelProto:
         ):
             _layernorm(em, new, out_low[node.output[0]], rank.get(node.input[0]))
             continue
+        if (
+            node.op_type in ("ReduceMean", "GlobalAveragePool")
+            and node.output[0] in out_low
+            and _mean(em, new, out_low[node.output[0]], rank.get(node.input[0]))
+        ):
+            continue
         for attr in new.attribute:
             if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW:
                 attr.t.CopyFrom(
@@ -133,6 +139,54 @@ def emulate(mixed: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _stored_mean(
+    em: _Emitter, x: str, axes, keepdims: int, low: int, name: str, out: str | None = None
+) -> str:
+    """mean = sum / count with the sum stored in `low`: a sum past 65504 is inf in FP16.
+
+    Why: TensorRT accumulates in FP32 but does not document whether the sum a
+    reduction or a normalization produces is kept in FP16, so the conservative
+    emulation stores it (DESIGN.md: centred values, squares, sums and means).
+    `axes` is a list, a tensor name (opset 18 input), or None for all axes.
+    """
+    ins = [x]
+    if isinstance(axes, str):
+        ins.append(axes)
+    elif axes is not None and em.opset >= 13:
+        ins.append(em.constant(f"{name}/axes", np.array(axes, np.int64)))
+    attrs = {"keepdims": keepdims}
+    if axes is not None and not isinstance(axes, str) and em.opset < 13:
+        attrs["axes"] = list(axes)
+    total = em.node("ReduceSum", ins, em.fresh(f"{name}/sum"), f"{name}/sum", **attrs)
+    total = em.round(total, em.fresh(f"{name}/sum_h"), low, f"{name}/sum")
+    size_x = em.node("Size", [x], em.fresh(f"{name}/size_x"), f"{name}/size_x")
+    size_s = em.node("Size", [total], em.fresh(f"{name}/size_s"), f"{name}/size_s")
+    count = em.node("Div", [size_x, size_s], em.fresh(f"{name}/count_i"), f"{name}/count_i")
+    count = em.node(
+        "Cast", [count], em.fresh(f"{name}/count"), f"{name}/count", to=TensorProto.FLOAT
+    )
+    mean = em.node("Div", [total, count], em.fresh(f"{name}/mean"), f"{name}/mean")
+    return em.round(mean, out or em.fresh(f"{name}/mean_h"), low, f"{name}/mean")
+
+
+def _mean(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None) -> bool:
+    """ReduceMean / GlobalAveragePool through its stored sum; False to emulate it as one op."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "GlobalAveragePool":
+        if x_rank is None:
+            return False
+        axes, keepdims = list(range(2, x_rank)), 1
+    else:
+        keepdims = attrs.get("keepdims", 1)
+        axes = attrs.get("axes")
+        if axes is None and len(node.input) > 1 and node.input[1]:
+            axes = node.input[1]
+        if attrs.get("noop_with_empty_axes", 0):
+            return False
+    _stored_mean(em, node.input[0], axes, keepdims, low, node.name, node.output[0])
+    return True
+
+
 def _layernorm(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None) -> None:
     """LayerNormalization as its stored intermediates: mean, d, d², var, std, y."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -147,13 +201,7 @@ def _layernorm(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None)
     name = node.name
 
     def reduce_mean(src: str, tag: str) -> str:
-        out = em.fresh(f"{name}/{tag}")
-        if em.opset >= 18:
-            ax = em.constant(f"{name}/axes", np.array(axes, np.int64))
-            em.node("ReduceMean", [src, ax], out, f"{name}/{tag}", keepdims=1)
-        else:
-            em.node("ReduceMean", [src], out, f"{name}/{tag}", axes=axes, keepdims=1)
-        return em.round(out, em.fresh(f"{name}/{tag}_h"), low, f"{name}/{tag}")
+        return _stored_mean(em, src, axes, 1, low, f"{name}/{tag}")
 
     def step(op: str, ins: list[str], tag: str, last: str | None = None) -> str:
         out = em.node(op, ins, em.fresh(f"{name}/{tag}"), f"{name}/{tag}")
