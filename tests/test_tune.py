@@ -103,6 +103,14 @@ def test_bad_arguments_are_exit_2(tmp_path, write_policy, args):
     assert not (tmp_path / "t.yaml").exists()
 
 
+def test_a_policy_already_fp32_is_exit_2(tmp_path, write_policy, capsys):
+    text = write_policy().read_text().replace("default: fp16", "default: fp32")
+    policy = tmp_path / "fp32.yaml"
+    policy.write_text(text)
+    assert _tune(policy, tmp_path / "t.yaml") == 2
+    assert "precision.default" in capsys.readouterr().err
+
+
 def test_ppocrv4_tuned_policy_passes_with_95_percent_fp16(tmp_path, models_dir, real_model):
     tuned = tmp_path / "tuned.yaml"
     policy = _without_rules("ppocrv4_rec", tmp_path, models_dir, real_model)

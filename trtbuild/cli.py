@@ -305,6 +305,7 @@ def _cmd_tune(args) -> int:
 
     tune.check_args(args.budget, args.objective)
     policy = load_policy(args.policy)
+    tune.check_policy(policy)
     stages = pipeline.run_front(policy)
     bar = tune.Progress()
     try:

@@ -239,9 +239,12 @@ def tune(
         result, assignment, emulated = evaluator(precision)
         failing = _failing(result)
         if result.passed:  # an overflow the outputs happen to mask is still an overflow
-            first, _ = evaluator.divergence(emulated)
-            if first is not None and "non-finite" in first["reason"]:
-                failing["(intermediate)"] = f"{first['node']} ({first['op']}): {first['reason']}"
+            bad = _first_nonfinite(evaluator, emulated)
+            if bad is not None:
+                failing["(intermediate)"] = (
+                    f"{bad['node']} ({bad['op']}): {bad['nonfinite']} non-finite value(s) "
+                    f"where FP32 is finite (FP32 peak |x| = {bad['ref_max_abs']:.4g})"
+                )
         share = assignment.summary()["fp16_share"]
         trial = Trial(
             len(trials) + 1,
@@ -328,10 +331,16 @@ def tune(
     )
 
 
+def _first_nonfinite(evaluator, emulated) -> dict | None:
+    """The first tensor (topological order) the emulation makes non-finite where FP32 is not."""
+    _, curve = evaluator.divergence(emulated)
+    return next((p for p in curve if p.get("nonfinite")), None)
+
+
 def _overflowing_group(evaluator, emulated, by_node, pinned) -> int | None:
     """The unpinned group where the emulation first turns non-finite (or nearest upstream)."""
-    first, _ = evaluator.divergence(emulated)
-    if first is None or "non-finite" not in first["reason"]:
+    first = _first_nonfinite(evaluator, emulated)
+    if first is None:
         return None
     view = evaluator.stages.assignment.view
     index = {n.name: i for i, n in enumerate(view.nodes)}
@@ -473,3 +482,13 @@ def check_args(budget: int, objective: str) -> None:
         raise UsageError("--budget must be at least 1")
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+
+
+def check_policy(policy) -> None:
+    """Tuning pins nodes to FP32, so it needs a policy whose default is a low precision."""
+    if policy.precision.default == "fp32":
+        raise UsageError(
+            "precision.default: tune pins nodes to FP32, and this policy's default is already fp32",
+            where=str(policy.path),
+            hint="set precision.default: fp16 (or bf16) and let tune find what must stay fp32",
+        )

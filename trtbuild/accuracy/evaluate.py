@@ -307,6 +307,7 @@ def divergence(
                 "tensor": tensor,
                 "rel_error": _finite_or_str(rel),
                 "ref_max_abs": scale,
+                "nonfinite": bad,
             }
         )
         if first is None and (bad or rel > threshold):
