@@ -171,8 +171,8 @@ def evaluate_all(
     separates what the backend itself changes from what FP16 changes.
     """
     policy = stages.policy
-    reference = stages.prepared.model
     threshold = policy.accuracy.divergence_threshold
+    reference = ev.run_reference(stages.prepared.model, stages.feeds, verbose)  # once for all
 
     def judge(converted: Converted, plan: bytes | None):
         """One evaluation and its first divergence; the emulated model is built once."""
@@ -182,7 +182,7 @@ def evaluate_all(
         else:
             runner = ev.onnxrt_runner(emulated, name="emulated-fp16", optimize=False)
             used = "emulated-fp16"
-        result = ev.compare(reference, runner, stages.feeds, policy.accuracy, used, verbose)
+        result = ev.judge(reference, runner, stages.feeds, policy.accuracy, used, verbose)
         first, curve = ev.divergence(stages.reference, emulated, stages.feeds[0], threshold)
         return result, used, first, curve
 
@@ -204,7 +204,7 @@ def evaluate_all(
         else:
             runner = ev.onnxrt_runner(fp32.model, name="onnxrt-fp32-graph", optimize=False)
             fp32_used = "onnxrt-fp32-graph"
-        checked = ev.compare(reference, runner, stages.feeds, policy.accuracy, fp32_used, verbose)
+        checked = ev.judge(reference, runner, stages.feeds, policy.accuracy, fp32_used, verbose)
         baselines["fp32"] = {
             "passed": checked.passed,
             "evaluator": fp32_used,

@@ -151,20 +151,6 @@ def run_reference(reference: onnx.ModelProto, feeds: list[Feed], verbose: bool =
         return Comparator.run([onnxrt_runner(reference, REFERENCE)], data_loader=feeds)
 
 
-def compare(
-    reference: onnx.ModelProto,
-    candidate_runner,
-    feeds: list[Feed],
-    spec: AccuracySpec,
-    evaluator: str,
-    verbose: bool = False,
-) -> Evaluation:
-    """Run reference and candidate on `feeds`; judge each output with its tolerance."""
-    return judge(
-        run_reference(reference, feeds, verbose), candidate_runner, feeds, spec, evaluator, verbose
-    )
-
-
 def judge(
     reference_results,
     candidate_runner,
