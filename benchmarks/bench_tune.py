@@ -42,6 +42,8 @@ from trtbuild import pipeline, tune  # noqa: E402
 from trtbuild.accuracy import evaluate as ev  # noqa: E402
 from trtbuild.accuracy.emulate import emulate  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
+from trtbuild.precision.assign import assign  # noqa: E402
+from trtbuild.precision.convert import convert  # noqa: E402
 
 MODELS = ("nafnet", "gfpgan", "transformer", "ppocrv4_rec", "open_nsfw")
 
@@ -95,7 +97,10 @@ def judge(stages, reference, mixed: onnx.ModelProto) -> tuple[bool, float]:
     runner = ev.onnxrt_runner(emulate(mixed), name="emulated-fp16", optimize=False)
     result = ev.judge(reference, runner, stages.feeds, stages.policy.accuracy, "emulated-fp16")
     worst = max(
-        (m.max_abs / (1e-12 + float(np.max(np.abs(np.asarray(reference[ev.REFERENCE][0][n]))))))
+        (
+            m.max_abs
+            / (1e-12 + float(np.max(np.abs(np.asarray(reference.run_results[ev.REFERENCE][0][n])))))
+        )
         for n, m in result.outputs.items()
     )
     return result.passed, worst
@@ -126,15 +131,12 @@ def run_model(name: str, tmp: Path, modelopt_python: str | None, objective: str)
     policy = load_policy(empty_policy(name, tmp))
     stages = pipeline.run_front(policy)
     prepared = stages.prepared.model
-    reference = ev.run_reference(prepared, stages.feeds)
+    reference = stages.reference
     rows = []
 
     t = time.perf_counter()
     result = tune.tune(stages, budget=100, objective=objective)
     seconds = time.perf_counter() - t
-    from trtbuild.precision.assign import assign
-    from trtbuild.precision.convert import convert
-
     mixed = convert(assign(prepared, result.policy)).model
     rows.append(
         (name, "trtbuild tune", *fp16_share(mixed), *judge(stages, reference, mixed), seconds)

@@ -113,8 +113,23 @@ class GraphBuilder:
         b = self.init(f"{key}.bias", 0.1 * self.rng.standard_normal((1, c, 1, 1)))
         return self.op(scope, "Add", [self.op(scope, "Mul", [y, w]), b])
 
-    def model(self, inputs, outputs, opset: int, name: str) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
+    def model(self, inputs: dict, outputs: dict, opset: int, name: str) -> onnx.ModelProto:
+        """The checked model; `inputs` name -> shape, `outputs` name -> (tensor, shape).
+
+        Each output gets an `Identity` named `/out/{name}`, as exporters name them.
+        """
+        for out, (tensor, _) in outputs.items():
+            self.nodes.append(helper.make_node("Identity", [tensor], [out], name=f"/out/{out}"))
+        graph = helper.make_graph(
+            self.nodes,
+            name,
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+            [
+                helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                for n, (_, s) in outputs.items()
+            ],
+            self.inits,
+        )
         model = helper.make_model(
             graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="trtbuild-examples"
         )
@@ -160,14 +175,9 @@ def nafnet_tiny(size: int = 64, width: int = 16, blocks: int = 2) -> onnx.ModelP
         x = naf_block(g, f"/blocks.{i}", x, width)
     restored = g.op("/ending", "Add", [g.conv("/ending", x, width, 3, k=3, std=1e-3), "input"])
     total = g.op("/head", "ReduceSum", [g.op("/head", "Abs", [x])], keepdims=0)
-    g.nodes.append(helper.make_node("Identity", [restored], ["restored"], name="/out/restored"))
-    g.nodes.append(helper.make_node("Identity", [total], ["total"], name="/out/total"))
     return g.model(
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
-        [
-            helper.make_tensor_value_info("restored", TensorProto.FLOAT, [1, 3, size, size]),
-            helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
-        ],
+        {"input": [1, 3, size, size]},
+        {"restored": (restored, [1, 3, size, size]), "total": (total, [])},
         opset=13,
         name="nafnet_tiny",
     )
@@ -193,14 +203,9 @@ def gfpgan_tiny(size: int = 32, width: int = 8, stages: int = 14) -> onnx.ModelP
         x = g.op(scope, "Add", [x, g.op(scope, "LeakyRelu", [h], alpha=0.2)])
     face = g.conv("/to_rgb", x, width, 3, std=0.05)
     energy = g.op("/energy", "ReduceSumSquare", [x], keepdims=0)
-    g.nodes.append(helper.make_node("Identity", [face], ["face"], name="/out/face"))
-    g.nodes.append(helper.make_node("Identity", [energy], ["energy"], name="/out/energy"))
     return g.model(
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
-        [
-            helper.make_tensor_value_info("face", TensorProto.FLOAT, [1, 3, size, size]),
-            helper.make_tensor_value_info("energy", TensorProto.FLOAT, []),
-        ],
+        {"input": [1, 3, size, size]},
+        {"face": (face, [1, 3, size, size]), "energy": (energy, [])},
         opset=13,
         name="gfpgan_tiny",
     )
@@ -269,10 +274,9 @@ def transformer_tiny(
         x = g.op(scope, "Add", [x, h])
     x = g.layernorm("/norm", x, dim)
     logits = g.linear("/head", x, dim, 8)
-    g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/out/logits"))
     return g.model(
-        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, seq, dim])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, seq, 8])],
+        {"tokens": [1, seq, dim]},
+        {"logits": (logits, [1, seq, 8])},
         opset=13,
         name="transformer_tiny",
     )

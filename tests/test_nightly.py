@@ -147,6 +147,7 @@ def test_workflow_is_valid_yaml_that_calls_the_documented_commands():
     assert "trtbuild nightly --policies" in script
 
 
-@pytest.mark.parametrize("flag", ["--jobs=0", "--margin=-1"])
-def test_bad_numbers_are_exit_2(tmp_path, flag):
+@pytest.mark.parametrize(("flag", "named"), [("--jobs=0", "--jobs"), ("--margin=-1", "--margin")])
+def test_bad_numbers_are_exit_2(tmp_path, flag, named, capsys):
     assert main(["nightly", "--policies", str(tmp_path), flag]) == 2
+    assert named in capsys.readouterr().err

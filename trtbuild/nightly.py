@@ -320,16 +320,19 @@ def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
     fig, ax = plt.subplots(figsize=(6, 2.8))
     x = list(range(len(points)))
     names = sorted({n for p in points for n in p["outputs"]})
+    positive = False
     for name in names:
         for key, style in (("median_abs", "-"), ("max_abs", ":")):
             ys = [p["outputs"].get(name, {}).get(key) for p in points]
-            ys = [y if y is not None and y > 0 and y != float("inf") else float("nan") for y in ys]
+            ys = [y if y is not None and 0 < y < float("inf") else float("nan") for y in ys]
+            positive = positive or any(y == y for y in ys)
             ax.plot(x, ys, style, marker="o", ms=3, label=f"{name} {key}")
     for i, p in enumerate(points):
         if p["status"] != "pass":
             ax.axvspan(i - 0.4, i + 0.4, color="#d62728", alpha=0.15)
     ax.set_xticks(x, [f"#{p['run']}\n{p['started'][5:10]}" for p in points], fontsize=7)
-    ax.set_yscale("log")
+    if positive:  # errors of exactly zero (an all-FP32 policy) have no log scale
+        ax.set_yscale("log")
     ax.set_ylabel("|error|")
     ax.set_title(f"{policy} (red: failing night)", fontsize=10)
     if names:
@@ -360,9 +363,7 @@ COLUMNS = (
 
 def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bool, list[str]]]:
     """One row per policy (ok?, cells): the summary's table, for Markdown and HTML alike."""
-    by_policy: dict[str, list[Regression]] = {}
-    for g in found:
-        by_policy.setdefault(g.policy, []).append(g)
+    by_policy = _by_policy(found)
     rows = []
     for r in results:
         regs = by_policy.get(r.policy, [])
@@ -427,32 +428,24 @@ def summary_html(heading: str, rows: list[tuple[bool, list[str]]], pngs: dict[st
     )
 
 
-def junit(results: list[PolicyResult], found: list[Regression]) -> str:
-    from xml.sax.saxutils import escape, quoteattr
-
-    regs: dict[str, list[Regression]] = {}
+def _by_policy(found: list[Regression]) -> dict[str, list[Regression]]:
+    grouped: dict[str, list[Regression]] = {}
     for g in found:
-        regs.setdefault(g.policy, []).append(g)
-    cases, failures = [], 0
+        grouped.setdefault(g.policy, []).append(g)
+    return grouped
+
+
+def junit(results: list[PolicyResult], found: list[Regression]) -> str:
+    """One test case per policy; failing, erroring and regressed policies fail."""
+    from trtbuild.accuracy.render import junit_xml
+
+    regs = _by_policy(found)
+    cases = []
     for r in results:
-        problems = []
-        if r.status != "pass":
-            problems.append(f"{r.status}: {r.message}")
+        problems = [f"{r.status}: {r.message}"] if r.status != "pass" else []
         problems += [f"regression ({g.kind}): {g.detail}" for g in regs.get(r.policy, [])]
-        body = ""
-        if problems:
-            failures += 1
-            text = "\n".join(problems)
-            body = f"<failure message={quoteattr(problems[0][:200])}>{escape(text)}</failure>"
-        cases.append(
-            f"    <testcase classname='trtbuild.nightly' name={quoteattr(r.policy)}>{body}</testcase>"
-        )
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n<testsuites>\n'
-        f'  <testsuite name="trtbuild-nightly" tests="{len(cases)}" failures="{failures}">\n'
-        + "\n".join(cases)
-        + "\n  </testsuite>\n</testsuites>\n"
-    )
+        cases.append(("trtbuild.nightly", r.policy, "\n".join(problems) or None))
+    return junit_xml("trtbuild-nightly", cases)
 
 
 @dataclass

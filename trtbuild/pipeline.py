@@ -172,18 +172,20 @@ def evaluate_all(
     """
     policy = stages.policy
     threshold = policy.accuracy.divergence_threshold
-    reference = ev.run_reference(stages.prepared.model, stages.feeds, verbose)  # once for all
+    reference = stages.reference  # one marked FP32 pass per feed serves every judgement
+
+    def runner(model: onnx.ModelProto, plan: bytes | None, label: str):
+        """The engine on a GPU, else ONNX Runtime on `model`; and the evaluator's label."""
+        if evaluator == "tensorrt" and plan is not None:
+            return ev.trt_runner(plan, backend, name="tensorrt"), "tensorrt"
+        return ev.onnxrt_runner(model, name=label, optimize=False), label
 
     def judge(converted: Converted, plan: bytes | None):
         """One evaluation and its first divergence; the emulated model is built once."""
         emulated = emulate(converted.model)
-        if evaluator == "tensorrt" and plan is not None:
-            runner, used = ev.trt_runner(plan, backend, name="tensorrt"), "tensorrt"
-        else:
-            runner = ev.onnxrt_runner(emulated, name="emulated-fp16", optimize=False)
-            used = "emulated-fp16"
-        result = ev.judge(reference, runner, stages.feeds, policy.accuracy, used, verbose)
-        first, curve = ev.divergence(stages.reference, emulated, stages.feeds[0], threshold)
+        run, used = runner(emulated, plan, "emulated-fp16")
+        result = ev.judge(reference, run, stages.feeds, policy.accuracy, used, verbose)
+        first, curve = ev.divergence(reference, emulated, stages.feeds[0], threshold)
         return result, used, first, curve
 
     main, used, first, curve = judge(stages.converted, engine)
@@ -198,13 +200,8 @@ def evaluate_all(
         }
     }
     if policy.accuracy.fp32_check:
-        fp32 = baseline(stages, "fp32")
-        if evaluator == "tensorrt" and fp32_engine is not None:
-            runner, fp32_used = ev.trt_runner(fp32_engine, backend, name="tensorrt"), "tensorrt"
-        else:
-            runner = ev.onnxrt_runner(fp32.model, name="onnxrt-fp32-graph", optimize=False)
-            fp32_used = "onnxrt-fp32-graph"
-        checked = ev.judge(reference, runner, stages.feeds, policy.accuracy, fp32_used, verbose)
+        run, fp32_used = runner(baseline(stages, "fp32").model, fp32_engine, "onnxrt-fp32-graph")
+        checked = ev.judge(reference, run, stages.feeds, policy.accuracy, fp32_used, verbose)
         baselines["fp32"] = {
             "passed": checked.passed,
             "evaluator": fp32_used,

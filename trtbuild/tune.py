@@ -176,7 +176,7 @@ class Evaluator:
 
     def __init__(self, stages: Stages):
         self.stages = stages
-        self.reference = ev.run_reference(stages.prepared.model, stages.feeds)
+        self.reference = stages.reference
         self.count = 0
 
     def __call__(self, precision: Precision):
@@ -408,8 +408,7 @@ def tuned_yaml(stages: Stages, result: TuneResult, out: Path, seed: int, objecti
         f"# {len(result.pinned)} group(s) pinned after {evals} evaluation(s) "
         f"(evaluator emulated-fp16, objective {objective}, seed {seed}).",
     ]
-    rest = {k: v for k, v in raw.items()}
-    lines.append(yaml.safe_dump(rest, sort_keys=False, default_flow_style=None, width=100).rstrip())
+    lines.append(yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=100).rstrip())
     lines.append("precision:")
     for key, value in precision.items():
         lines.append(f"  {key}: {_flow(value)}")

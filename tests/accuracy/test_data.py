@@ -53,7 +53,7 @@ def _identity(shape):
 
 
 def test_images_nchw_rgb_with_mean_and_std(tmp_path):
-    folder, pixels = _folder(tmp_path)
+    _, pixels = _folder(tmp_path)
     policy = _policy(
         tmp_path,
         _identity([1, 3, 6, 5]),
@@ -64,7 +64,6 @@ def test_images_nchw_rgb_with_mean_and_std(tmp_path):
     assert len(feeds) == 3  # three images, one per sample; the .txt is ignored
     want = (pixels[1] / 255.0 - [0.5, 0.4, 0.3]) / [0.2, 0.25, 0.5]
     np.testing.assert_allclose(feeds[1]["x"][0], want.transpose(2, 0, 1), atol=1e-6)
-    assert folder.is_dir()
 
 
 def test_images_nhwc_bgr_resized_caffe_style(tmp_path):

@@ -83,7 +83,7 @@ def test_gfpgan_has_fifteen_reductions_and_only_the_last_is_final(models_dir):
         "/energy/ReduceSumSquare"
     }
     # a statistic subtracted from its own input is not a channel-attention gate
-    assert attention_units(view) == []
+    assert attention_units(view) == ()
     assert patterns.find("layernorm_after_attention", view) == {}
 
 

@@ -143,26 +143,18 @@ def psnr(ref: np.ndarray, out: np.ndarray) -> float | None:
         return round(10 * np.log10(peak**2 / mse), 3) if mse > 0 else float("inf")
 
 
-def run_reference(reference: onnx.ModelProto, feeds: list[Feed], verbose: bool = False):
-    """The FP32 reference's RunResults; `tune` runs it once and judges many candidates."""
-    from polygraphy.comparator import Comparator
-
-    with quiet_polygraphy(verbose):
-        return Comparator.run([onnxrt_runner(reference, REFERENCE)], data_loader=feeds)
-
-
 def judge(
-    reference_results,
+    reference: ReferenceTensors,
     candidate_runner,
     feeds: list[Feed],
     spec: AccuracySpec,
     evaluator: str,
     verbose: bool = False,
 ) -> Evaluation:
-    """Run the candidate and judge it against reference RunResults with the tolerances."""
+    """Run the candidate and judge it against the reference's outputs with the tolerances."""
     from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
 
-    ref_iters = reference_results[REFERENCE]
+    ref_iters = reference.run_results[REFERENCE]
     names = list(ref_iters[0].keys())
     with quiet_polygraphy(verbose):
         candidate = Comparator.run([candidate_runner], data_loader=feeds)
@@ -231,30 +223,40 @@ class ReferenceTensors:
     """One FP32 run per feed with every float tensor marked.
 
     Range rules and boundary warnings need each tensor's peak over all feeds;
-    the first divergence needs the first feed's values. One pass gives both.
+    the first divergence needs the first feed's values; the comparator needs the
+    graph outputs of every feed, as Polygraphy RunResults. One pass gives all.
     """
 
     order: list[tuple[str, str, str]]
     first: dict[str, np.ndarray]
     ranges: dict[str, float]
+    run_results: Any = field(repr=False, default=None)
 
 
 def reference_tensors(reference: onnx.ModelProto, feeds: list[Feed]) -> ReferenceTensors:
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import IterationResult
+
     order = float_node_outputs(reference)
     names = [t for t, _, _ in order]
-    sess = all_tensors_session(reference, names)
+    outputs = [o.name for o in reference.graph.output]
+    sess = all_tensors_session(reference, list(dict.fromkeys([*names, *outputs])))
     first: dict[str, np.ndarray] = {}
     ranges: dict[str, float] = {}
+    iterations = []
     for k, feed in enumerate(feeds):
         values = run_all_tensors(sess, feed)
         if k == 0:
             first = values
+        iterations.append(IterationResult({o: values[o] for o in outputs}, runner_name=REFERENCE))
         for name, v in {**values, **feed}.items():
             v = np.asarray(v)
             if np.issubdtype(v.dtype, np.floating) and v.size:
                 with np.errstate(all="ignore"):
                     ranges[name] = max(ranges.get(name, 0.0), float(np.nanmax(np.abs(v))))
-    return ReferenceTensors(order, first, ranges)
+    results = RunResults()
+    results.append((REFERENCE, iterations))
+    return ReferenceTensors(order, first, ranges, results)
 
 
 def divergence(

@@ -125,28 +125,35 @@ def summary(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def junit_xml(suite: str, cases: list[tuple[str, str, str | None]]) -> str:
+    """JUnit XML from (classname, name, failure text or None) cases; CI dashboards read it."""
+    lines = []
+    for classname, name, failure in cases:
+        body = ""
+        if failure:
+            first = failure.splitlines()[0][:200]
+            body = f"<failure message={quoteattr(first)}>{escape(failure)}</failure>"
+        lines.append(
+            f"    <testcase classname={quoteattr(classname)} name={quoteattr(name)}>{body}</testcase>"
+        )
+    failures = sum(1 for c in cases if c[2])
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<testsuites>\n  <testsuite name={quoteattr(suite)} tests="{len(cases)}" '
+        f'failures="{failures}">\n' + "\n".join(lines) + "\n  </testsuite>\n</testsuites>\n"
+    )
+
+
 def junit(report: dict[str, Any]) -> str:
     """One test case per output, so CI dashboards show which output broke."""
     cases = []
-    failures = 0
     for name, m in report["outputs"].items():
-        body = ""
+        failure = None
         if not m["passed"]:
-            failures += 1
-            msg = (
+            failure = (
                 f"max_abs={_fmt(m['max_abs'])} median_abs={_fmt(m['median_abs'])} "
                 f"nonfinite={m['nonfinite']} (atol {m['atol']:g}, rtol {m['rtol']:g}, "
                 f"{m['check_error_stat']})"
             )
-            body = f"<failure message={quoteattr(msg)}>{escape(msg)}</failure>"
-        cases.append(
-            f"    <testcase classname={quoteattr('trtbuild.' + report['evaluator'])} "
-            f"name={quoteattr(name)}>{body}</testcase>"
-        )
-    suite = quoteattr(report["policy"])
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<testsuites>\n  <testsuite name={suite} tests="{len(cases)}" failures="{failures}">\n'
-        + "\n".join(cases)
-        + "\n  </testsuite>\n</testsuites>\n"
-    )
+        cases.append((f"trtbuild.{report['evaluator']}", name, failure))
+    return junit_xml(report["policy"], cases)

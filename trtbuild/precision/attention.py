@@ -187,8 +187,12 @@ def _channel_attention(view: GraphView, g: int) -> AttentionUnit | None:
     return None
 
 
-def attention_units(view: GraphView) -> list[AttentionUnit]:
+def attention_units(view: GraphView) -> tuple[AttentionUnit, ...]:
     """Every attention block in the graph; blocks never overlap."""
+    return view.memo("attention_units", lambda: tuple(_find_attention_units(view)))
+
+
+def _find_attention_units(view: GraphView) -> list[AttentionUnit]:
     units: list[AttentionUnit] = []
     taken: set[int] = set()
     for i, node in enumerate(view.nodes):

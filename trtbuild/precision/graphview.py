@@ -8,7 +8,9 @@ keeps each stage a plain function of values.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 import onnx
 from onnx import numpy_helper
@@ -34,6 +36,7 @@ class GraphView:
                 self.shape[vi.name] = vi.type
         for t in model.graph.initializer:
             self.dtype[t.name] = t.data_type
+        self._memo: dict[str, Any] = {}
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = defaultdict(list)
         for i, node in enumerate(self.nodes):
@@ -43,6 +46,16 @@ class GraphView:
             for inp in node.input:
                 if inp:
                     self.consumers[inp].append(i)
+
+    def memo(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A structural finding (normalization units, attention blocks) computed once per view.
+
+        Why: several rules, `layernorm_after_attention` and `tune` all ask for the
+        same units of the same read-only graph.
+        """
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def is_float(self, tensor: str) -> bool:
         return self.dtype.get(tensor) in FLOAT_TYPES
