@@ -72,7 +72,7 @@ def fp16_share(mixed: onnx.ModelProto) -> tuple[float, float]:
     LayerNorm into one node), so node counts differ between graphs, while the
     FLOPs a graph spends in FP16 are what FP16 buys.
     """
-    from trtbuild.precision.graphview import GraphView
+    from trtbuild.graph.view import GraphView
 
     view = GraphView(onnx.shape_inference.infer_shapes(mixed))
     floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)

@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--seed", type=int, default=0, help="tie-breaking; same seed, same policy")
     t.add_argument(
+        "--force", action="store_true", help="allow -o to replace the policy being tuned"
+    )
+    t.add_argument(
         "--log",
         type=Path,
         metavar="FILE",
@@ -213,11 +216,14 @@ def _print_verdict(outcome) -> None:
 
 def _cmd_check(args) -> int:
     from trtbuild import pipeline
+    from trtbuild.accuracy import risk
+    from trtbuild.accuracy.render import at_risk_lines
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
     stages = pipeline.run_front(policy)
     a = stages.assignment
+    at_risk = risk.at_risk(stages.reference.internals, stages.converted.model)
     rows = [
         {
             "node": n.name,
@@ -228,7 +234,7 @@ def _cmd_check(args) -> int:
         }
         for n, d in zip(a.view.nodes, a.decisions)
     ]
-    summary = a.summary(policy.precision.rules)
+    summary = a.summary()
     warnings = stages.warnings + pipeline.boundary_warnings(stages)
     if args.json:
         print(
@@ -237,6 +243,7 @@ def _cmd_check(args) -> int:
                     "nodes": rows,
                     "summary": summary,
                     "casts": len(stages.converted.casts),
+                    "at_risk": at_risk,
                     "warnings": warnings,
                 },
                 indent=2,
@@ -256,6 +263,7 @@ def _cmd_check(args) -> int:
         f"compute nodes ({summary['fp16_share']:.1%} fp16); {len(stages.converted.casts)} casts; "
         f"rule hits: " + ", ".join(f"{k}={v}" for k, v in summary["rule_hits"].items())
     )
+    print(at_risk_lines(at_risk, policy.accuracy.emulation))
     _warn(warnings)
     return 0
 
@@ -266,10 +274,10 @@ def _cmd_convert(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(policy)
+    stages = pipeline.run_front(policy, reference=False)
     save_model(stages.converted.model, args.output)
     _warn(stages.warnings)
-    s = stages.assignment.summary(policy.precision.rules)
+    s = stages.assignment.summary()
     print(
         f"wrote {args.output}: {s['fp16_share']:.1%} FP16, {s['fp32_nodes']} FP32 nodes, "
         f"{len(stages.converted.casts)} casts"
@@ -306,6 +314,7 @@ def _cmd_tune(args) -> int:
     tune.check_args(args.budget, args.objective)
     policy = load_policy(args.policy)
     tune.check_policy(policy)
+    tune.check_output(policy, args.output, args.force)
     stages = pipeline.run_front(policy)
     bar = tune.Progress()
     try:
@@ -322,7 +331,8 @@ def _cmd_tune(args) -> int:
         print(f"  pinned {result.groups[k].label}: {result.reasons[k]}")
     verdict = "passes" if result.passed else "DOES NOT PASS"
     print(
-        f"{verdict} (emulated-fp16): {result.fp16_share:.1%} FP16, {len(result.pinned)} group(s) "
+        f"{verdict} (emulated-fp16, {policy.accuracy.emulation} emulation): "
+        f"{result.fp16_share:.1%} FP16, {len(result.pinned)} group(s) "
         f"pinned beyond the policy's rules, {len(result.trials)} evaluation(s)"
     )
     print(f"wrote {args.output} and {log}")

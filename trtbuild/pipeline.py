@@ -9,13 +9,12 @@ interrupted or failed build leaves the previous artifacts intact.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,18 @@ import onnx
 from trtbuild import __version__
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy import evaluate as ev
-from trtbuild.accuracy.emulate import emulate
+from trtbuild.accuracy.evaluate import EMULATED, trt_runner
+from trtbuild.accuracy.judge import Verdict, judge
+from trtbuild.accuracy.reference import ReferenceTensors, run_reference
 from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
 from trtbuild.fsutil import sha256_file, write_bytes, write_json, write_text
 from trtbuild.graph.model_io import load_model, save_model
 from trtbuild.graph.prepare import Prepared, prepare
+from trtbuild.graph.view import GraphView
+from trtbuild.numerics import FP16_MAX
 from trtbuild.policy.model import Policy, Precision
 from trtbuild.precision.assign import Assignment, assign
-from trtbuild.precision.convert import FP16_MAX, Converted, convert
+from trtbuild.precision.convert import Converted, convert
 
 REPORT_FILES = (
     "report.json",
@@ -51,64 +54,67 @@ class Stages:
 
     policy: Policy
     prepared: Prepared
+    view: GraphView  # the one index over the prepared graph
     feeds: list[data_mod.Feed]
+    reference: ReferenceTensors | None  # None only where no command step needs it
     assignment: Assignment
     converted: Converted
-    reference_fn: Callable[[], ev.ReferenceTensors] = field(repr=False)
     timings: dict[str, float] = field(default_factory=dict)
     baselines: dict[str, Converted] = field(default_factory=dict)
-
-    @property
-    def reference(self) -> ev.ReferenceTensors:
-        """Every FP32 reference tensor: one marked run per feed, on first use, then cached."""
-        return self.reference_fn()
-
-    @property
-    def ranges(self) -> dict[str, float]:
-        return self.reference.ranges
 
     @property
     def warnings(self) -> list[str]:
         return self.assignment.warnings + self.converted.warnings
 
 
-def run_front(policy: Policy, *, need_feeds: bool = True) -> Stages:
-    """Load, prepare and assign; range rules trigger one FP32 run of the reference data."""
+def needs_reference(policy: Policy) -> bool:
+    """Range rules read the FP32 reference; without them `convert` need not run it."""
+    return any(r.match.max_abs_above is not None for r in policy.precision.all_rules())
+
+
+def run_front(policy: Policy, *, reference: bool = True) -> Stages:
+    """Load, prepare, run the FP32 reference (when asked or needed), assign and convert."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
     source = load_model(policy.model)
     prepared = prepare(source, policy.passes, source=str(policy.model))
+    view = GraphView(prepared.model)
     timings["prepare"] = time.perf_counter() - t
 
-    feeds = data_mod.make_feeds(policy, prepared.model) if need_feeds else []
-    reference = functools.cache(lambda: ev.reference_tensors(prepared.model, feeds))
+    ref = None
+    feeds = data_mod.make_feeds(policy, prepared.model)
+    if reference or needs_reference(policy):
+        t = time.perf_counter()
+        ref = run_reference(prepared.model, feeds, view)
+        timings["reference"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    ranges = (lambda: reference().ranges) if need_feeds else None
-    assignment = assign(prepared.model, policy.precision, ranges)
+    assignment = assign(view, policy.precision, ref.ranges if ref is not None else None)
     converted = convert(assignment)
     timings["assign_convert"] = time.perf_counter() - t
-    return Stages(policy, prepared, feeds, assignment, converted, reference, timings)
+    return Stages(policy, prepared, view, feeds, ref, assignment, converted, timings)
 
 
 def baseline(stages: Stages, default: str) -> Converted:
     """The same prepared graph with no rules: all-FP16 (what the policy buys) or all-FP32.
 
-    Cached on `stages`: build compiles the FP16 variant and evaluation judges it.
+    Remembered on `stages`: build compiles the FP16 variant and evaluation judges it.
     """
     if default not in stages.baselines:
         stages.baselines[default] = convert(
-            assign(stages.prepared.model, Precision(default=default))
+            assign(stages.view, Precision(default=default, guards=()))
         )
     return stages.baselines[default]
 
 
 def boundary_warnings(stages: Stages) -> list[str]:
     """Casts to FP16 whose source values leave the FP16 range on the reference data."""
+    if stages.reference is None:
+        return []
     found = []
     for cast in stages.converted.casts:
         if cast.to == "fp16":
-            peak = stages.ranges.get(cast.tensor, 0.0)
+            peak = stages.reference.ranges.get(cast.tensor, 0.0)  # sentinels are not data
             if peak > FP16_MAX:
                 found.append(
                     f"boundary {cast.tensor} is cast to FP16 but reaches {peak:.4g} on the reference "
@@ -158,69 +164,53 @@ class Outcome:
 def evaluate_all(
     stages: Stages,
     *,
-    evaluator: str,
-    engine: bytes | None,
-    fp16_engine: bytes | None,
+    engines: dict[str, bytes],
     backend: str,
-    fp32_engine: bytes | None = None,
     verbose: bool = False,
-) -> tuple[dict[str, Any], ev.Evaluation, ev.Evaluation]:
-    """Policy and all-FP16 baseline, same evaluator; divergence always from the emulation.
+) -> tuple[dict[str, Any], Verdict, Verdict]:
+    """Judge the policy and the all-FP16 baseline (and, with `fp32_check`, all-FP32).
 
-    With `accuracy.fp32_check`, the all-FP32 graph is judged too: on a GPU that
-    separates what the backend itself changes from what FP16 changes.
+    `engines` maps variant ("policy", "fp16", "fp32") to a plan; where a GPU runs
+    it, its outputs are judged, otherwise the emulation's. The divergence and
+    the at-risk list always come from the emulation.
     """
-    policy = stages.policy
-    threshold = policy.accuracy.divergence_threshold
-    reference = stages.reference  # one marked FP32 pass per feed serves every judgement
+    policy, reference = stages.policy, stages.reference
+    if reference is None:
+        raise ValueError("evaluate_all needs the FP32 reference; run_front(reference=True)")
 
-    def runner(model: onnx.ModelProto, plan: bytes | None, label: str):
-        """The engine on a GPU, else ONNX Runtime on `model`; and the evaluator's label."""
-        if evaluator == "tensorrt" and plan is not None:
-            return ev.trt_runner(plan, backend, name="tensorrt"), "tensorrt"
-        return ev.onnxrt_runner(model, name=label, optimize=False), label
+    def verdict(variant: str, mixed: Converted, label: str = EMULATED) -> Verdict:
+        plan = engines.get(variant)
+        runner = trt_runner(plan, backend) if plan is not None else None
+        return judge(
+            reference,
+            mixed.model,
+            stages.feeds,
+            policy.accuracy,
+            label=label,
+            engine_runner=runner,
+            verbose=verbose,
+        )
 
-    def judge(converted: Converted, plan: bytes | None):
-        """One evaluation and its first divergence; the emulated model is built once."""
-        emulated = emulate(converted.model)
-        run, used = runner(emulated, plan, "emulated-fp16")
-        result = ev.judge(reference, run, stages.feeds, policy.accuracy, used, verbose)
-        first, curve = ev.divergence(reference, emulated, stages.feeds[0], threshold)
-        return result, used, first, curve
-
-    main, used, first, curve = judge(stages.converted, engine)
-    base, base_used, base_first, base_curve = judge(baseline(stages, "fp16"), fp16_engine)
-    baselines: dict[str, Any] = {
-        "fp16": {
-            "passed": base.passed,
-            "evaluator": base_used,
-            "outputs": base.outputs_json(),
-            "first_divergence": base_first,
-            "error_curve": base_curve,
-        }
-    }
+    main = verdict("policy", stages.converted)
+    base = verdict("fp16", baseline(stages, "fp16"))
+    baselines: dict[str, Any] = {"fp16": {**base.to_json()}}
+    del baselines["fp16"]["at_risk"]
     if policy.accuracy.fp32_check:
-        run, fp32_used = runner(baseline(stages, "fp32").model, fp32_engine, "onnxrt-fp32-graph")
-        checked = ev.judge(reference, run, stages.feeds, policy.accuracy, fp32_used, verbose)
+        checked = verdict("fp32", baseline(stages, "fp32"), "onnxrt-fp32-graph")
         baselines["fp32"] = {
             "passed": checked.passed,
-            "evaluator": fp32_used,
+            "evaluator": checked.evaluator,
             "outputs": checked.outputs_json(),
         }
-
     report = {
-        "passed": main.passed,
-        "evaluator": used,
-        "divergence_evaluator": "emulated-fp16",
+        **main.to_json(),
+        "divergence_evaluator": f"{EMULATED} ({policy.accuracy.emulation})",
         "policy": str(policy.path),
         "model": str(policy.model),
         "samples": len(stages.feeds),
-        "outputs": main.outputs_json(),
-        "precision": stages.assignment.summary(policy.precision.rules),
+        "precision": stages.assignment.summary(),
         "baselines": baselines,
-        "first_divergence": first,
-        "error_curve": curve,
-        "divergence_threshold": threshold,
+        "divergence_threshold": policy.accuracy.divergence_threshold,
         "warnings": stages.warnings + boundary_warnings(stages),
         "trtbuild_version": __version__,
     }
@@ -230,7 +220,7 @@ def evaluate_all(
 def versions(backend: str) -> dict[str, Any]:
     import onnxruntime
 
-    from trtbuild.build.backends import backend_version
+    from trtbuild.engine.backends import backend_version
 
     out = {
         "trtbuild": __version__,
@@ -252,68 +242,91 @@ def versions(backend: str) -> dict[str, Any]:
 def build(
     policy: Policy, out_dir: Path, backend: str | None = None, verbose: bool = False
 ) -> Outcome:
-    from trtbuild.accuracy import render, report_html
-    from trtbuild.build.backends import build_engine, gpu_available, resolve_backend
+    """`trtbuild build`: prepare, reference, assign, convert, build engines, judge, write."""
+    from trtbuild.engine.backends import gpu_available, resolve_backend
 
     backend = resolve_backend(backend or policy.build.backend)
     stages = run_front(policy)
     with staged_output(out_dir, BUILD_FILES) as stage:
         save_model(stages.prepared.model, stage / "prepared.onnx")
         save_model(stages.converted.model, stage / "mixed.onnx")
-
-        engines: dict[str, Any] = {}
-        audit = None
-        if backend != "none":
-            result = build_engine(stage / "mixed.onnx", backend, policy.build, policy.inputs)
-            write_bytes(stage / "engine.plan", result.engine)
-            engines["policy"] = result
-            audit = audit_layers(stages, result.layers)
-            if policy.build.variants:
-                for variant in ("fp16", "fp32"):
-                    with tempfile.TemporaryDirectory() as tmp:
-                        path = Path(tmp) / f"{variant}.onnx"
-                        save_model(baseline(stages, variant).model, path)
-                        engines[variant] = build_engine(path, backend, policy.build, policy.inputs)
-
-        evaluator = "tensorrt" if backend != "none" and gpu_available() else "emulated-fp16"
+        engines = build_engines(stages, stage, backend)
+        plans = {k: e.engine for k, e in engines.items()} if gpu_available() else {}
         t = time.perf_counter()
-        report, main, base = evaluate_all(
-            stages,
-            evaluator=evaluator,
-            backend=backend,
-            verbose=verbose,
-            engine=engines["policy"].engine if "policy" in engines else None,
-            fp16_engine=engines["fp16"].engine if "fp16" in engines else None,
-            fp32_engine=engines["fp32"].engine if "fp32" in engines else None,
-        )
+        report, main, base = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
         stages.timings["accuracy"] = time.perf_counter() - t
         report["backend"] = backend
-        write_results(main, stage)
-
-        build_info = {
-            "policy": str(policy.path),
-            "model": str(policy.model),
-            "backend": backend,
-            "versions": versions(backend),
-            "hashes": {"model": sha256_file(policy.model), "policy": sha256_file(policy.path)},
-            "passes": stages.prepared.records_json(),
-            "timings_seconds": {k: round(v, 3) for k, v in stages.timings.items()},
-            "casts": len(stages.converted.casts),
-            "engines": {k: v.summary() for k, v in engines.items()},
-            "layer_audit": audit,
-            "layers": engines["policy"].layers if "policy" in engines else [],
-            "warnings": report["warnings"],
-        }
-        write_json(stage / "build.json", build_info)
-        write_json(stage / "report.json", report)
-        write_text(stage / "report.md", render.markdown(report, build_info))
-        write_text(stage / "report.html", report_html.html(report, build_info, main, base))
-        write_text(stage / "junit.xml", render.junit(report))
+        build_info = build_record(stages, backend, engines)
+        write_reports(stage, report, build_info, main, base)
     code = EXIT_OK if report["passed"] else EXIT_ACCURACY
     return Outcome(code, report, out_dir)
 
 
-def write_results(main: ev.Evaluation, stage: Path) -> None:
+def build_engines(stages: Stages, stage: Path, backend: str) -> dict[str, Any]:
+    """The policy's engine (written as engine.plan) and, with `build.variants`, all-FP16/FP32."""
+    from trtbuild.engine.backends import build_engine
+
+    policy = stages.policy
+    if backend == "none":
+        return {}
+    result = build_engine(stage / "mixed.onnx", backend, policy.build, policy.inputs)
+    write_bytes(stage / "engine.plan", result.engine)
+    engines = {"policy": result}
+    if policy.build.variants:
+        for variant in ("fp16", "fp32"):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / f"{variant}.onnx"
+                save_model(baseline(stages, variant).model, path)
+                engines[variant] = build_engine(path, backend, policy.build, policy.inputs)
+    return engines
+
+
+def build_record(stages: Stages, backend: str, engines: dict[str, Any]) -> dict[str, Any]:
+    """`build.json`: what was built from what, with which versions, and what it costs."""
+    policy = stages.policy
+    layers = engines["policy"].layers if "policy" in engines else []
+    return {
+        "policy": str(policy.path),
+        "model": str(policy.model),
+        "backend": backend,
+        "versions": versions(backend),
+        "hashes": {"model": sha256_file(policy.model), "policy": sha256_file(policy.path)},
+        "passes": stages.prepared.records_json(),
+        "timings_seconds": {k: round(v, 3) for k, v in stages.timings.items()},
+        "casts": len(stages.converted.casts),
+        "engines": {k: v.summary() for k, v in engines.items()},
+        "layer_audit": audit_layers(stages, layers) if layers else None,
+        "layers": layers,
+        "warnings": stages.warnings,
+    }
+
+
+def write_reports(
+    stage: Path,
+    report: dict[str, Any],
+    build_info: dict[str, Any] | None,
+    main: Verdict,
+    base: Verdict,
+    *,
+    owns_build: bool = True,
+) -> None:
+    """report.json, report.md, report.html, junit.xml and both runs' RunResults.
+
+    `build_info` feeds the renderers' Engines section; it is written as
+    build.json only by the command that owns it (`build`, not `report`).
+    """
+    from trtbuild.accuracy import render, report_html
+
+    write_results(main, stage)
+    if build_info is not None and owns_build:
+        write_json(stage / "build.json", build_info)
+    write_json(stage / "report.json", report)
+    write_text(stage / "report.md", render.markdown(report, build_info))
+    write_text(stage / "report.html", report_html.html(report, build_info, main, base))
+    write_text(stage / "junit.xml", render.junit(report))
+
+
+def write_results(main: Verdict, stage: Path) -> None:
     """Both runs as Polygraphy RunResults JSON (`polygraphy run --load-outputs` reads them)."""
     from polygraphy.comparator import RunResults
 
@@ -333,7 +346,7 @@ def audit_layers(stages: Stages, layers: list[dict[str, Any]]) -> dict[str, Any]
     """Proof from the parsed network that every FP32 node is an FP32 layer in TensorRT."""
     by_name = {layer["name"]: layer for layer in layers}
     checked, mismatched, missing = 0, [], []
-    for node, decision in zip(stages.assignment.view.nodes, stages.assignment.decisions):
+    for node, decision in zip(stages.view.nodes, stages.assignment.decisions):
         if decision.precision != "fp32":
             continue
         layer = by_name.get(node.name)
@@ -354,28 +367,33 @@ def audit_layers(stages: Stages, layers: list[dict[str, Any]]) -> dict[str, Any]
 def report_only(
     policy: Policy, out_dir: Path, engine: Path | None = None, verbose: bool = False
 ) -> Outcome:
-    """`trtbuild report`: the accuracy report without rebuilding."""
-    from trtbuild.accuracy import render, report_html
-    from trtbuild.build.backends import gpu_available, resolve_backend
+    """`trtbuild report`: the accuracy report without rebuilding.
+
+    The engine facts of an earlier `build` into the same folder (`build.json`)
+    are kept in the report, so it says what was built, not `backend: none`.
+    """
+    from trtbuild.engine.backends import gpu_available, resolve_backend
 
     stages = run_front(policy)
-    evaluator, backend, plan = "emulated-fp16", "none", None
+    built = _earlier_build(out_dir, policy)
+    backend = built.get("backend", "none") if built else "none"
+    plans: dict[str, bytes] = {}
     if engine is not None and gpu_available():
         backend = resolve_backend(policy.build.backend)
-        evaluator, plan = "tensorrt", engine.read_bytes()
+        plans["policy"] = engine.read_bytes()
     with staged_output(out_dir, REPORT_FILES) as stage:
-        report, main, base = evaluate_all(
-            stages,
-            evaluator=evaluator,
-            engine=plan,
-            fp16_engine=None,
-            backend=backend,
-            verbose=verbose,
-        )
+        report, main, base = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
         report["backend"] = backend
-        write_results(main, stage)
-        write_json(stage / "report.json", report)
-        write_text(stage / "report.md", render.markdown(report, None))
-        write_text(stage / "report.html", report_html.html(report, None, main, base))
-        write_text(stage / "junit.xml", render.junit(report))
+        write_reports(stage, report, built, main, base, owns_build=False)
     return Outcome(EXIT_OK if report["passed"] else EXIT_ACCURACY, report, out_dir)
+
+
+def _earlier_build(out_dir: Path, policy: Policy) -> dict[str, Any] | None:
+    """build.json of an earlier build of the same policy in `out_dir`, if it is readable."""
+    import json
+
+    try:
+        built = json.loads((out_dir / "build.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return built if isinstance(built, dict) and built.get("policy") == str(policy.path) else None

@@ -33,19 +33,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trtbuild.accuracy import evaluate as ev
-from trtbuild.accuracy.emulate import emulate
+from trtbuild.accuracy.judge import Verdict, judge
 from trtbuild.errors import UsageError
+from trtbuild.graph.attention import attention_units
+from trtbuild.graph.norms import norm_units
+from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
+from trtbuild.graph.view import GraphView
+from trtbuild.numerics import FP16_MAX
 from trtbuild.pipeline import Stages
 from trtbuild.policy.model import Match, Precision, Rule
-from trtbuild.precision.assign import assign
-from trtbuild.precision.attention import attention_units
+from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import convert
-from trtbuild.precision.graphview import GraphView
-from trtbuild.precision.norms import norm_units
-from trtbuild.precision.patterns import REDUCTIONS, reduction_depth
 
-FP16_MAX = 65504.0
 OBJECTIVES = ("nodes", "flops")
 
 
@@ -108,9 +107,9 @@ def node_flops(view: GraphView, i: int) -> float:
 
 def groups(stages: Stages, objective: str) -> list[Group]:
     """Tunable nodes (left at the default by the policy's rules), in units that move together."""
-    view = stages.assignment.view
+    view = stages.view
     decisions = stages.assignment.decisions
-    ranges = stages.ranges
+    ranges = stages.reference.ranges  # data peaks: a sentinel is not an overflow
     tunable = {i for i, d in enumerate(decisions) if d.rule == "default" and d.precision}
     taken: set[int] = set()
     out: list[Group] = []
@@ -172,25 +171,18 @@ def candidate_precision(
 
 
 class Evaluator:
-    """Judges a pin set with the build's own evaluator; the FP32 reference runs once."""
+    """Judges a pin set with the build's own judge; the FP32 reference and the view are shared."""
 
     def __init__(self, stages: Stages):
         self.stages = stages
-        self.reference = stages.reference
         self.count = 0
 
-    def __call__(self, precision: Precision):
+    def __call__(self, precision: Precision) -> tuple[Verdict, Assignment]:
         self.count += 1
-        assignment = assign(self.stages.prepared.model, precision)
-        emulated = emulate(convert(assignment).model)
-        runner = ev.onnxrt_runner(emulated, name="emulated-fp16", optimize=False)
-        spec = self.stages.policy.accuracy
-        result = ev.judge(self.reference, runner, self.stages.feeds, spec, "emulated-fp16")
-        return result, assignment, emulated
-
-    def divergence(self, emulated) -> tuple[dict | None, list[dict]]:
-        threshold = self.stages.policy.accuracy.divergence_threshold
-        return ev.divergence(self.stages.reference, emulated, self.stages.feeds[0], threshold)
+        s = self.stages
+        assignment = assign(s.view, precision)
+        verdict = judge(s.reference, convert(assignment).model, s.feeds, s.policy.accuracy)
+        return verdict, assignment
 
 
 def _failing(result) -> dict[str, str]:
@@ -224,7 +216,7 @@ def tune(
 ) -> TuneResult:
     base = stages.policy.precision
     all_groups = groups(stages, objective)
-    all_names = [n.name for n in stages.assignment.view.nodes]
+    all_names = [n.name for n in stages.view.nodes]
     by_node = {i: k for k, g in enumerate(all_groups) for i in g.nodes}
     rng = random.Random(seed)
     tiebreak = list(range(len(all_groups)))
@@ -236,10 +228,10 @@ def tune(
     def run(pinned: list[int], action: str):
         t = time.perf_counter()
         precision = candidate_precision(base, all_groups, pinned, all_names)
-        result, assignment, emulated = evaluator(precision)
+        result, assignment = evaluator(precision)
         failing = _failing(result)
         if result.passed:  # an overflow the outputs happen to mask is still an overflow
-            bad = _first_nonfinite(evaluator, emulated)
+            bad = result.first_overflow()
             if bad is not None:
                 failing["(intermediate)"] = (
                     f"{bad['node']} ({bad['op']}): {bad['nonfinite']} non-finite value(s) "
@@ -259,7 +251,7 @@ def tune(
         trials.append(trial)
         if progress:
             progress(trial, budget)
-        return trial, emulated
+        return trial, result
 
     # 2. range analysis: what leaves the FP16 range is the first suspect
     pinned = sorted(k for k, g in enumerate(all_groups) if g.peak > FP16_MAX)
@@ -267,15 +259,13 @@ def tune(
         reasons[k] = (
             f"reaches |x| = {all_groups[k].peak:.4g} on the reference data (FP16 max 65504)"
         )
-    result, emulated = run(
-        pinned, "start: range analysis" if pinned else "start: policy rules only"
-    )
+    result, verdict = run(pinned, "start: range analysis" if pinned else "start: policy rules only")
 
     # 3. grow while failing: an overflow pins its own group; otherwise pin groups
     #    nearest the outputs, doubling the batch (a passing set in O(log n) steps)
     batch = 1
     while not result.passed and len(trials) < budget:
-        culprit = _overflowing_group(evaluator, emulated, by_node, pinned)
+        culprit = _overflowing_group(stages.view, verdict, by_node, pinned)
         if culprit is not None:
             picked = [culprit]
         else:
@@ -291,7 +281,7 @@ def tune(
         label = all_groups[picked[0]].label + (
             f" and {len(picked) - 1} more" if len(picked) > 1 else ""
         )
-        result, emulated = run(pinned, f"pin {label}")
+        result, verdict = run(pinned, f"pin {label}")
 
     # 4. shrink (delta debugging): unpin chunks, costliest first, halving the chunk
     #    until single groups; a group whose removal fails keeps the error as its reason
@@ -331,18 +321,13 @@ def tune(
     )
 
 
-def _first_nonfinite(evaluator, emulated) -> dict | None:
-    """The first tensor (topological order) the emulation makes non-finite where FP32 is not."""
-    _, curve = evaluator.divergence(emulated)
-    return next((p for p in curve if p.get("nonfinite")), None)
-
-
-def _overflowing_group(evaluator, emulated, by_node, pinned) -> int | None:
+def _overflowing_group(
+    view: GraphView, verdict: Verdict, by_node: dict[int, int], pinned: list[int]
+) -> int | None:
     """The unpinned group where the emulation first turns non-finite (or nearest upstream)."""
-    first = _first_nonfinite(evaluator, emulated)
+    first = verdict.first_overflow()
     if first is None:
         return None
-    view = evaluator.stages.assignment.view
     index = {n.name: i for i, n in enumerate(view.nodes)}
     queue, seen = [index[first["node"]]], set()
     while queue:
@@ -374,39 +359,51 @@ def _flow(value: Any) -> str:
     return text.split("\n...")[0].strip()  # a bare scalar ends with a document marker
 
 
+def _rebase(value: str, here: Path, there: Path) -> str:
+    """A path written relative to the source policy, relative to the tuned one; absolute stays."""
+    if Path(value).is_absolute() or "://" in value:
+        return value
+    return _rel((here / value).resolve(), there)
+
+
+def _schema_line(text: str, here: Path, there: Path) -> list[str]:
+    """The editor's `$schema` comment from the policy's header, re-based to `there`."""
+    marker = "# yaml-language-server: $schema="
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith(marker):
+            return [marker + _rebase(line[len(marker) :].strip(), here, there)]
+    return []
+
+
 def tuned_yaml(stages: Stages, result: TuneResult, out: Path, seed: int, objective: str) -> str:
     """The original policy, then one commented rule per pinned group; paths re-based to `out`."""
     import yaml
 
     policy = stages.policy
-    raw = yaml.safe_load(policy.path.read_text(encoding="utf-8"))
+    text = policy.path.read_text(encoding="utf-8")
+    raw = yaml.safe_load(text)
     here, there = policy.path.parent, out.resolve().parent
-    raw["model"] = _rel(policy.model, there)
+    raw["model"] = _rebase(raw["model"], here, there)
     for spec in (raw.get("inputs") or {}).values():
         data = (spec or {}).get("data") or {}
         for key in ("file", "images"):
             if key in data:
-                data[key] = _rel((here / data[key]).resolve(), there)
+                data[key] = _rebase(data[key], here, there)
     build = raw.get("build") or {}
     if build.get("timing_cache"):
-        build["timing_cache"] = _rel((here / build["timing_cache"]).resolve(), there)
+        build["timing_cache"] = _rebase(build["timing_cache"], here, there)
     precision = raw.pop("precision", {}) or {}
     rules = precision.pop("rules", []) or []
-    evals = len(result.trials)
     verdict = "passes" if result.passed else "DOES NOT PASS (budget exhausted)"
-    lines = []
-    first = policy.path.read_text(encoding="utf-8").splitlines()[:1]
-    marker = "# yaml-language-server: $schema="
-    if first and first[0].startswith(marker):  # keep editor completion, re-based
-        schema = first[0][len(marker) :].strip()
-        if "://" not in schema:
-            schema = _rel((here / schema).resolve(), there)
-        lines.append(marker + schema)
-    lines += [
+    lines = [
+        *_schema_line(text, here, there),
         f"# Tuned by `trtbuild tune` from {_rel(policy.path, there)}: {verdict} with "
         f"{result.fp16_share:.1%} of compute nodes in FP16,",
-        f"# {len(result.pinned)} group(s) pinned after {evals} evaluation(s) "
-        f"(evaluator emulated-fp16, objective {objective}, seed {seed}).",
+        f"# {len(result.pinned)} group(s) pinned after {len(result.trials)} evaluation(s) "
+        f"(evaluator emulated-fp16, emulation {policy.accuracy.emulation}, "
+        f"objective {objective}, seed {seed}).",
     ]
     lines.append(yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=100).rstrip())
     lines.append("precision:")
@@ -415,11 +412,9 @@ def tuned_yaml(stages: Stages, result: TuneResult, out: Path, seed: int, objecti
     lines.append("  rules:")
     if rules:
         lines.append("    # the policy's own rules, unchanged")
-        for rule in rules:
-            lines.append(f"    - {_flow(rule)}")
+        lines += [f"    - {_flow(rule)}" for rule in rules]
     for k, rule in zip(result.pinned, result.policy.rules[len(rules) :]):
-        g = result.groups[k]
-        lines.append(f"    # {g.label}: {result.reasons[k]}")
+        lines.append(f"    # {result.groups[k].label}: {result.reasons[k]}")
         entry = {"id": rule.id, "match": {"name": rule.match.name}, "precision": "fp32"}
         lines.append(f"    - {_flow(entry)}")
     if not rules and not result.pinned:
@@ -481,6 +476,16 @@ def check_args(budget: int, objective: str) -> None:
         raise UsageError("--budget must be at least 1")
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+
+
+def check_output(policy, output: Path, force: bool) -> None:
+    """Refuse to overwrite the policy being tuned: its comments and rules would be lost."""
+    if output.resolve() == policy.path.resolve() and not force:
+        raise UsageError(
+            "-o names the policy being tuned; writing there would replace it and lose its comments",
+            where=str(output),
+            hint="write the tuned policy to another file, or pass --force to replace it",
+        )
 
 
 def check_policy(policy) -> None:

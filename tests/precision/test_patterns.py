@@ -6,11 +6,11 @@ import numpy as np
 import onnx
 
 from tests.helpers import F, model, node
+from trtbuild.graph import reductions
+from trtbuild.graph.norms import norm_units
 from trtbuild.graph.prepare import prepare
+from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Passes
-from trtbuild.precision import patterns
-from trtbuild.precision.graphview import GraphView
-from trtbuild.precision.norms import norm_units
 
 ONE = {
     "one": np.ones(8, np.float32),
@@ -101,9 +101,9 @@ def test_final_reductions_last_n_nearest_outputs():
     ]
     m = model(nodes, [("x", F, [2, 8])], [("y", F, [2, 1])])
     view = GraphView(m)
-    every = {view.nodes[i].name for i in patterns.final_reductions(view, None)}
+    every = {view.nodes[i].name for i in reductions.final_reductions(view, None)}
     assert every == {"branch0", "branch1", "branch2", "late"}
-    assert {view.nodes[i].name for i in patterns.final_reductions(view, 1)} == {"late"}
+    assert {view.nodes[i].name for i in reductions.final_reductions(view, 1)} == {"late"}
 
 
 def test_reductions_feeding_later_reductions_are_not_final():
@@ -117,4 +117,4 @@ def test_reductions_feeding_later_reductions_are_not_final():
         [("y", F, [])],
     )
     view = GraphView(m)
-    assert {view.nodes[i].name for i in patterns.final_reductions(view, None)} == {"last"}
+    assert {view.nodes[i].name for i in reductions.final_reductions(view, None)} == {"last"}

@@ -4,10 +4,17 @@ ONNX Runtime on CPU runs FP16 nodes without FP16 kernels in FP32 islands, so
 intermediate rounding and overflow vanish. The emulation computes in FP32 and
 rounds every low-precision tensor through `Cast(to=FLOAT16)` → `Cast(to=FLOAT)`;
 weights are taken from their FP16 values and graph optimisations are off, so
-ONNX Runtime cannot fold the pairs away. A fused op whose internals TensorRT
-does not document (LayerNormalization) is decomposed, with every intermediate
-tensor stored in FP16, so the CPU verdict never passes what an FP16 kernel
-could overflow.
+ONNX Runtime cannot fold the pairs away.
+
+What happens inside one kernel is an assumption, named by `emulation`:
+- `storage` (the default): arithmetic and accumulation inside an op are FP32
+  and only the tensors the graph stores are rounded, as cuBLAS/cuDNN with an
+  FP32 compute type, PyTorch's means and ONNX Runtime's CUDA LayerNorm do;
+- `strict`: the sum behind every FP16 mean (ReduceMean, GlobalAveragePool) and
+  every intermediate of a fused FP16 LayerNormalization is stored in FP16 too,
+  the worst a kernel could do.
+Whatever the assumption, `accuracy.risk` lists the FP16 ops whose internal
+quantities would leave the FP16 range.
 """
 
 from __future__ import annotations
@@ -48,9 +55,16 @@ class _Emitter:
         return self.node("Cast", [half], dst, f"{name}/load", to=TensorProto.FLOAT)
 
 
-def emulate(mixed: onnx.ModelProto) -> onnx.ModelProto:
-    """Return an FP32 model that reproduces the FP16/BF16 storage of `mixed`."""
-    mixed = infer_shapes(mixed)
+def emulate(mixed: onnx.ModelProto, emulation: str = "storage") -> onnx.ModelProto:
+    """Return an FP32 model that reproduces the FP16/BF16 storage of `mixed`.
+
+    `emulation` is `storage` or `strict` (module docstring); `mixed` is not modified.
+    """
+    if emulation not in ("storage", "strict"):
+        raise ValueError(f"unknown emulation {emulation!r}")
+    strict = emulation == "strict"
+    if strict or not _typed(mixed):  # a converted model carries every dtype already
+        mixed = infer_shapes(mixed)
     dtype: dict[str, int] = {}
     rank: dict[str, int] = {}
     for vi in (*mixed.graph.input, *mixed.graph.value_info, *mixed.graph.output):
@@ -90,14 +104,16 @@ def emulate(mixed: onnx.ModelProto) -> onnx.ModelProto:
                 em.round(new.input[0], node.output[0], to, node.name)
                 continue
         if (
-            node.op_type == "LayerNormalization"
+            strict
+            and node.op_type == "LayerNormalization"
             and node.output[0] in out_low
             and len(node.output) == 1
         ):
             _layernorm(em, new, out_low[node.output[0]], rank.get(node.input[0]))
             continue
         if (
-            node.op_type in ("ReduceMean", "GlobalAveragePool")
+            strict
+            and node.op_type in ("ReduceMean", "GlobalAveragePool")
             and node.output[0] in out_low
             and _mean(em, new, out_low[node.output[0]], rank.get(node.input[0]))
         ):
@@ -139,14 +155,19 @@ def emulate(mixed: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _typed(model: onnx.ModelProto) -> bool:
+    """Does every node output have a declared type (so no shape inference is needed)?"""
+    known = {vi.name for vi in (*model.graph.value_info, *model.graph.output)}
+    return all(o in known for n in model.graph.node for o in n.output if o)
+
+
 def _stored_mean(
     em: _Emitter, x: str, axes, keepdims: int, low: int, name: str, out: str | None = None
 ) -> str:
     """mean = sum / count with the sum stored in `low`: a sum past 65504 is inf in FP16.
 
-    Why: TensorRT accumulates in FP32 but does not document whether the sum a
-    reduction or a normalization produces is kept in FP16, so the conservative
-    emulation stores it (DESIGN.md: centred values, squares, sums and means).
+    Why (`strict` only): TensorRT does not document whether the sum behind a
+    mean is kept in FP16, so the worst-case emulation stores it.
     `axes` is a list, a tensor name (opset 18 input), or None for all axes.
     """
     ins = [x]

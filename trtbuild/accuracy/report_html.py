@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from trtbuild.accuracy.evaluate import REFERENCE, Evaluation
+from trtbuild.accuracy.evaluate import REFERENCE
+from trtbuild.accuracy.judge import Verdict as Evaluation
+from trtbuild.accuracy.render import METRICS, fmt_bytes, tolerance_text
 
 POLICY_COLOR = "#1f77b4"
 BASELINE_COLOR = "#ff7f0e"
@@ -79,9 +81,14 @@ def error_curve_plot(report: dict[str, Any]) -> str:
     ax.set_xlabel("depth (float tensors in topological order)")
     ax.set_ylabel("max |error| / tensor range")
     ax.set_title("Error along the graph (emulated FP16 vs FP32; ✕ = non-finite)")
-    ax.legend(loc="lower right", fontsize=8)
+    legend_outside(ax)
     ax.grid(alpha=0.3, which="both")
     return _png(fig)
+
+
+def legend_outside(ax) -> None:
+    """A readable legend below the axes, where it cannot cover a line or a bar."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=10, frameon=False)
 
 
 def _errors(evaluation: Evaluation, output: str) -> tuple[np.ndarray, int]:
@@ -108,10 +115,13 @@ def histogram_plot(output: str, main: Evaluation, base: Evaluation) -> str:
         logs = np.log10(np.maximum(diff, 10.0 ** (lo - 0.5)))
         extra = f", {nonfinite} non-finite" if nonfinite else ""
         ax.hist(logs, bins=bins, alpha=0.6, color=color, label=f"{label}{extra}")
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_xlabel("log10 |error|")
     ax.set_ylabel("elements")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts are whole numbers
     ax.set_title(f"|error| of {output}")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return _png(fig)
 
 
@@ -154,21 +164,59 @@ def _fmt(v: Any) -> str:
     return "–" if v is None else escape(str(v))
 
 
-COLUMNS = ("max_abs", "mean_abs", "median_abs", "p99_abs", "max_rel", "cosine", "psnr", "nonfinite")
-
-
 def _table(outputs: dict[str, dict[str, Any]]) -> str:
-    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+    head = "".join(f"<th>{c}</th>" for c in METRICS)
     rows = []
     for name, m in outputs.items():
         verdict = '<td class="pass">pass</td>' if m["passed"] else '<td class="fail">FAIL</td>'
-        cells = "".join(f"<td>{_fmt(m.get(c))}</td>" for c in COLUMNS)
-        tol = f"atol {m['atol']:g}, rtol {m['rtol']:g} ({escape(m['check_error_stat'])})"
+        cells = "".join(f"<td>{_fmt(m.get(c))}</td>" for c in METRICS)
+        tol = escape(tolerance_text(m))
         rows.append(f"<tr><td><code>{escape(name)}</code></td>{verdict}{cells}<td>{tol}</td></tr>")
     return (
         f"<table><tr><th>output</th><th>verdict</th>{head}<th>tolerance</th></tr>"
         + "".join(rows)
         + "</table>"
+    )
+
+
+def _at_risk(report: dict[str, Any]) -> str:
+    rows = report.get("at_risk") or []
+    if not rows:
+        return "<h2>Ops at risk</h2><p>None: no FP16 op's internal quantities leave the FP16 range.</p>"
+    body = "".join(
+        f"<tr><td><code>{escape(r['node'])}</code></td><td>{escape(r['op'])}</td>"
+        f"<td>{escape(r['quantity'])}</td><td>{r['peak']:.4g}</td></tr>"
+        for r in rows
+    )
+    assumed = escape(report.get("emulation") or "the engine")
+    return (
+        "<h2>Ops at risk</h2><p>FP16 ops whose internal quantities leave the FP16 range on the "
+        f"FP32 reference. The verdict assumes <code>{assumed}</code>; these fail only on a kernel "
+        "that keeps them in FP16. Pin them to be safe on any kernel.</p>"
+        f"<table><tr><th>node</th><th>op</th><th>quantity</th><th>peak</th></tr>{body}</table>"
+    )
+
+
+def _engines(build: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><td>{escape(k)}</td><td>{escape(e['backend'])} {escape(str(e['version']))}</td>"
+        f"<td>{fmt_bytes(e['engine_bytes'])}</td>"
+        f"<td>{fmt_bytes(e.get('memory', {}).get('weights_bytes'))}</td>"
+        f"<td>{fmt_bytes(e.get('memory', {}).get('activation_bytes'))}</td>"
+        f"<td>{e['build_seconds']}</td></tr>"
+        for k, e in build["engines"].items()
+    )
+    audit = build.get("layer_audit") or {}
+    line = ""
+    if audit:
+        ok = "yes" if audit.get("ok") else f"NO: {escape(str(audit.get('mismatched')))}"
+        line = (
+            f"<p>Every FP32 node is an FP32 layer in the parsed network: {ok} "
+            f"({audit.get('fp32_nodes_checked')} checked).</p>"
+        )
+    return (
+        "<h2>Engines</h2><table><tr><th>variant</th><th>backend</th><th>engine size</th>"
+        f"<th>weights</th><th>activations</th><th>build s</th></tr>{rows}</table>{line}"
     )
 
 
@@ -228,7 +276,9 @@ def html(
         f"<h1>trtbuild accuracy report <span class='{cls}'>{verdict}</span></h1>",
         "<ul>",
         f"<li>policy <code>{escape(report['policy'])}</code>, model <code>{escape(report['model'])}</code></li>",
-        f"<li>evaluator <b>{escape(report['evaluator'])}</b> against the ONNX Runtime FP32 "
+        f"<li>evaluator <b>{escape(report['evaluator'])}</b>"
+        + (f" ({escape(report['emulation'])} emulation)" if report.get("emulation") else "")
+        + " against the ONNX Runtime FP32 "
         f"reference, {report['samples']} sample(s); first divergence and error curves from "
         f"<b>{escape(report['divergence_evaluator'])}</b></li>",
         f"<li>{p['fp16_nodes']} FP16 and {p['fp32_nodes']} FP32 compute nodes "
@@ -242,6 +292,7 @@ def html(
         f"{'passes' if b['passed'] else 'FAILS'}</span> ({escape(b['evaluator'])}).</p>",
         _table(b["outputs"]),
         f"<p>First divergence (all-FP16): {_divergence(b['first_divergence'])}</p>",
+        _at_risk(report),
     ]
     fp32 = report["baselines"].get("fp32")
     if fp32:
@@ -276,16 +327,7 @@ def html(
             f"<table><tr><th>node</th><th>op</th><th>rule</th></tr>{rows}</table></details>"
         )
     if build and build.get("engines"):
-        rows = "".join(
-            f"<tr><td>{escape(k)}</td><td>{escape(e['backend'])} {escape(str(e['version']))}</td>"
-            f"<td>{e['engine_bytes']:,}</td><td>{_fmt(e.get('memory', {}).get('weights_bytes'))}</td>"
-            f"<td>{_fmt(e.get('memory', {}).get('activation_bytes'))}</td><td>{e['build_seconds']}</td></tr>"
-            for k, e in build["engines"].items()
-        )
-        parts.append(
-            "<h2>Engines</h2><table><tr><th>variant</th><th>backend</th><th>engine bytes</th>"
-            f"<th>weights bytes</th><th>activation bytes</th><th>build s</th></tr>{rows}</table>"
-        )
+        parts.append(_engines(build))
     if report.get("warnings"):
         parts.append("<h2>Warnings</h2><ul>")
         parts += [f"<li>{escape(w)}</li>" for w in report["warnings"]]

@@ -18,9 +18,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtbuild.graph.norms import NormUnit, norm_units
 from trtbuild.graph.passes import PassRecord, infer_shapes, opset_of, strip_value_info
-from trtbuild.precision.graphview import GraphView
-from trtbuild.precision.norms import NormUnit, norm_units
+from trtbuild.graph.view import GraphView
 
 LAYERNORM_OPSET = 17
 

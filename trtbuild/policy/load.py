@@ -15,6 +15,7 @@ import yaml
 
 from trtbuild.errors import UsageError
 from trtbuild.policy.model import (
+    GUARDS,
     AccuracySpec,
     BuildSpec,
     DataSpec,
@@ -50,17 +51,48 @@ def resolve_policy_path(name: str | Path) -> Path:
     )
 
 
-def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict:
-    """Map every field path to the line of its key (or of its list item)."""
+MAX_POLICY_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000  # aliases can make a small file expand without bound
+MAX_YAML_DEPTH = 32
+
+
+class _Duplicate(Exception):
+    def __init__(self, path: tuple, line: int, first: int):
+        super().__init__(path)
+        self.path, self.line, self.first = path, line, first
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _line_map(
+    node: yaml.Node, path: tuple = (), out: dict | None = None, count: list | None = None
+) -> dict:
+    """Map every field path to the line of its key (or of its list item).
+
+    Raises `_Duplicate` for a key given twice in one mapping (PyYAML keeps the
+    last silently, so a pasted second `precision:` block would drop every pin),
+    and `_TooLarge` when aliases or nesting make the document unbounded.
+    """
     out = {} if out is None else out
+    count = [0] if count is None else count
     out.setdefault(path, node.start_mark.line + 1)
+    count[0] += 1
+    if count[0] > MAX_YAML_NODES or len(path) > MAX_YAML_DEPTH:
+        raise _TooLarge(path)
     if isinstance(node, yaml.MappingNode):
+        seen: dict = {}
         for key, value in node.value:
-            out[(*path, key.value)] = key.start_mark.line + 1
-            _line_map(value, (*path, key.value), out)
+            line = key.start_mark.line + 1
+            if isinstance(key, yaml.ScalarNode) and key.value in seen:
+                raise _Duplicate((*path, key.value), line, seen[key.value])
+            seen[key.value] = line
+            out[(*path, key.value)] = line
+            _line_map(value, (*path, key.value), out, count)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _line_map(item, (*path, i), out)
+            _line_map(item, (*path, i), out, count)
     return out
 
 
@@ -92,6 +124,12 @@ def load_policy(name: str | Path) -> Policy:
     path = resolve_policy_path(name)
     shown = _display(path)
     try:
+        if path.stat().st_size > MAX_POLICY_BYTES:
+            raise UsageError(
+                f"the policy is larger than {MAX_POLICY_BYTES >> 20} MiB",
+                where=shown,
+                hint="a policy names rules, not data; put reference data in an .npz file",
+            )
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read policy: {exc}", where=shown) from None
@@ -113,7 +151,7 @@ def parse_policy(text: str, path: Path, shown: str | None = None) -> Policy:
         raise UsageError(
             f"malformed YAML: {problem}", where=where, hint="fix the YAML syntax"
         ) from None
-    loc = _Located(Path(shown), _line_map(node) if node is not None else {})
+    loc = _Located(Path(shown), _checked_lines(node, shown))
     if not isinstance(data, dict):
         raise loc.error((), "a policy must be a mapping with at least 'version' and 'model'")
     try:
@@ -123,6 +161,28 @@ def parse_policy(text: str, path: Path, shown: str | None = None) -> Policy:
     return _build(data, path, loc)
 
 
+def _checked_lines(node: yaml.Node | None, shown: str) -> dict:
+    """The line map, or one message for a duplicate key or an unbounded document."""
+    if node is None:
+        return {}
+    try:
+        return _line_map(node)
+    except _Duplicate as dup:
+        raise UsageError(
+            f"{format_path(dup.path)}: duplicate key '{dup.path[-1]}' (first given on line "
+            f"{dup.first}); YAML would silently keep only the last one",
+            where=f"{shown}:{dup.line}",
+            hint="merge the two blocks into one, or delete one of them",
+        ) from None
+    except _TooLarge:
+        raise UsageError(
+            f"the policy expands to more than {MAX_YAML_NODES} YAML nodes or nests deeper than "
+            f"{MAX_YAML_DEPTH} levels",
+            where=shown,
+            hint="remove recursive anchors/aliases; a policy is a few dozen lines",
+        ) from None
+
+
 def _fix_hint(exc: SchemaViolation) -> str | None:
     if exc.path == ("version",):
         return "this trtbuild reads policy version 1"
@@ -130,6 +190,10 @@ def _fix_hint(exc: SchemaViolation) -> str | None:
         return "add 'model: path/to/model.onnx' (relative to the policy file)"
     if exc.path and exc.path[0] == "build" and "workspace" in exc.path:
         return "write e.g. 4GiB, 512MiB or a number of bytes"
+    if exc.path[-1:] == ("id",) and "guard:" in exc.message:
+        return "ids starting with 'guard:' are reserved for the built-in guards; rename the rule"
+    if "finite" in exc.message:
+        return "write a number such as 1e-3; .nan and .inf mean nothing here"
     return None
 
 
@@ -270,7 +334,6 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
                 id=rid,
                 precision=raw_rule["precision"],
                 why=raw_rule.get("why"),
-                line=loc.lines.get(("precision", "rules", i)),
                 match=Match(
                     name=m.get("name"),
                     op=(op,) if isinstance(op, str) else tuple(op),
@@ -282,8 +345,11 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
                 ),
             )
         )
+    guards = prec.get("guards", True)
     precision = Precision(
-        default=prec.get("default", "fp16"), io=prec.get("io", "keep"), rules=tuple(rules)
+        default=prec.get("default", "fp16"),
+        rules=tuple(rules),
+        guards=tuple(GUARDS) if guards is True else tuple(guards or ()),
     )
 
     b = data.get("build") or {}
@@ -308,11 +374,18 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
         seed=a.get("seed", 0),
         divergence_threshold=a.get("divergence_threshold", 0.05),
         fp32_check=a.get("fp32_check", False),
+        emulation=a.get("emulation", "storage"),
         default_tolerance=default_tol,
         output_tolerances=outputs,
     )
 
     model = (base / data["model"]).resolve()
+    if model.is_dir():
+        raise loc.error(
+            ("model",),
+            f"{model} is a folder, not an ONNX file",
+            "name the .onnx file itself (relative to the policy file)",
+        )
     return Policy(
         path=path,
         model=model,

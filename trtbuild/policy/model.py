@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtbuild.numerics import FP16_MAX
+
+EMULATIONS = ("storage", "strict")
+
 
 @dataclass(frozen=True)
 class ImageSpec:
@@ -75,14 +79,31 @@ class Rule:
     match: Match
     precision: str
     why: str | None = None
-    line: int | None = None
+
+
+# Built-in safety rules, applied after the user's (a user rule naming a node wins).
+# Why weight-range: a weight beyond 65504 is inf in FP16 (Hugging Face's mask constant
+# finfo(float32).min among them) and `0 x -inf` is NaN; ModelOpt AutoCast keeps such
+# nodes in FP32 by default too.
+GUARDS: dict[str, Rule] = {
+    "weight-range": Rule(
+        id="guard:weight-range",
+        match=Match(initializer_abs_above=FP16_MAX),
+        precision="fp32",
+        why="consumes a weight that is finite in FP32 and beyond the FP16 range",
+    ),
+}
 
 
 @dataclass(frozen=True)
 class Precision:
     default: str = "fp16"
-    io: str = "keep"
     rules: tuple[Rule, ...] = ()
+    guards: tuple[str, ...] = tuple(GUARDS)  # names of the guards that apply
+
+    def all_rules(self) -> tuple[Rule, ...]:
+        """The user's rules, then the enabled guards: the order assignment applies them."""
+        return self.rules + tuple(GUARDS[name] for name in self.guards)
 
 
 @dataclass(frozen=True)
@@ -107,6 +128,7 @@ class AccuracySpec:
     seed: int = 0
     divergence_threshold: float = 0.05
     fp32_check: bool = False
+    emulation: str = "storage"  # what the CPU verdict assumes inside a kernel (EMULATIONS)
     default_tolerance: Tolerance = field(default_factory=Tolerance)
     output_tolerances: tuple[tuple[str, Tolerance], ...] = ()
 

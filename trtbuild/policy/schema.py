@@ -9,8 +9,11 @@ line number, not a schema path.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from trtbuild.policy.model import EMULATIONS, GUARDS
 
 PRECISIONS = ("fp16", "bf16", "fp32")
 PATTERNS = (
@@ -23,9 +26,19 @@ PATTERNS = (
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "none")
 ERROR_STATS = ("max", "mean", "median", "elemwise")
 
-_NUMBER = {"type": "number"}
-_NONNEG = {"type": "number", "minimum": 0}
-_DIMS = {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 0}
+# Every field has a bound, so loading and acting on a policy takes bounded time
+# and memory whatever the YAML holds. Numbers are finite (NaN and inf rejected).
+MAX_SAMPLES = 10_000
+_BIG = 1e30
+_NUMBER = {"type": "number", "minimum": -_BIG, "maximum": _BIG}
+_NONNEG = {"type": "number", "minimum": 0, "maximum": _BIG}
+_NAME = {"type": "string", "minLength": 1, "maxLength": 4096}
+_DIMS = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+    "minItems": 0,
+    "maxItems": 16,
+}
 
 _TOLERANCE = {
     "type": "object",
@@ -38,7 +51,7 @@ _TOLERANCE = {
     },
 }
 
-_NUMBERS = {"oneOf": [_NUMBER, {"type": "array", "items": _NUMBER, "minItems": 1}]}
+_NUMBERS = {"oneOf": [_NUMBER, {"type": "array", "items": _NUMBER, "minItems": 1, "maxItems": 16}]}
 
 _DATA = {
     "type": "object",
@@ -53,15 +66,11 @@ _DATA = {
         "high": _NUMBER,
         "mean": {**_NUMBERS, "description": "normal: a number; images: one per channel"},
         "std": {**_NUMBERS, "description": "normal: a number; images: one per channel"},
-        "file": {"type": "string", "minLength": 1},
-        "images": {
-            "type": "string",
-            "minLength": 1,
-            "description": "a folder, relative to the policy",
-        },
+        "file": _NAME,
+        "images": {**_NAME, "description": "a folder, relative to the policy"},
         "resize": {
             "type": "array",
-            "items": {"type": "integer", "minimum": 1},
+            "items": {"type": "integer", "minimum": 1, "maximum": 65536},
             "minItems": 2,
             "maxItems": 2,
         },
@@ -80,18 +89,18 @@ _MATCH = {
     "additionalProperties": False,
     "minProperties": 1,
     "properties": {
-        "name": {"type": "string", "minLength": 1, "description": "regex, re.search on node names"},
+        "name": {**_NAME, "description": "regex, re.search on node names"},
         "op": {
             "oneOf": [
-                {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+                _NAME,
+                {"type": "array", "items": _NAME, "minItems": 1, "maxItems": 1000},
             ]
         },
         "pattern": {"enum": list(PATTERNS)},
-        "last": {"type": "integer", "minimum": 1},
+        "last": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
         "max_abs_above": _NONNEG,
         "initializer_abs_above": _NONNEG,
-        "reduction_depth_above": {"type": "integer", "minimum": 1},
+        "reduction_depth_above": {"type": "integer", "minimum": 1, "maximum": 2**62},
     },
 }
 
@@ -104,9 +113,10 @@ SCHEMA: dict[str, Any] = {
     "required": ["version", "model"],
     "properties": {
         "version": {"const": 1},
-        "model": {"type": "string", "minLength": 1, "description": "relative to the policy file"},
+        "model": {**_NAME, "description": "relative to the policy file"},
         "inputs": {
             "type": "object",
+            "maxProperties": 1000,
             "additionalProperties": {
                 "type": "object",
                 "additionalProperties": False,
@@ -123,7 +133,7 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "opset": {"type": "integer", "minimum": 7},
+                "opset": {"type": "integer", "minimum": 7, "maximum": 99},
                 "fuse_layernorm": {"type": "boolean"},
                 "fold_constants": {"type": "boolean"},
                 "fold_batchnorm": {"type": "boolean"},
@@ -134,18 +144,31 @@ SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
             "properties": {
                 "default": {"enum": list(PRECISIONS)},
-                "io": {"enum": ["keep"]},
+                "io": {"enum": ["keep"], "description": "graph inputs/outputs keep their dtypes"},
+                "guards": {
+                    "description": "built-in safety rules applied after the user's: true (all, "
+                    "the default), false (none), or a list of guard names to keep",
+                    "oneOf": [
+                        {"type": "boolean"},
+                        {
+                            "type": "array",
+                            "items": {"enum": list(GUARDS)},
+                            "maxItems": len(GUARDS),
+                        },
+                    ],
+                },
                 "rules": {
                     "type": "array",
+                    "maxItems": 10_000,
                     "items": {
                         "type": "object",
                         "additionalProperties": False,
                         "required": ["id", "match", "precision"],
                         "properties": {
-                            "id": {"type": "string", "minLength": 1},
+                            "id": {**_NAME, "pattern": "^(?!guard:)"},
                             "match": _MATCH,
                             "precision": {"enum": list(PRECISIONS)},
-                            "why": {"type": "string"},
+                            "why": {"type": "string", "maxLength": 4096},
                         },
                     },
                 },
@@ -158,16 +181,21 @@ SCHEMA: dict[str, Any] = {
                 "backend": {"enum": list(BACKENDS)},
                 "compute_capabilities": {
                     "type": "array",
-                    "items": {"type": "string", "pattern": r"^\d+\.\d+$"},
+                    "items": {"type": "string", "pattern": r"^\d+\.\d+$", "maxLength": 8},
                     "minItems": 1,
+                    "maxItems": 16,
                 },
                 "workspace": {
                     "oneOf": [
-                        {"type": "integer", "minimum": 1},
-                        {"type": "string", "pattern": r"^\d+(\.\d+)?\s*([KMG]i?B|B)?$"},
+                        {"type": "integer", "minimum": 1, "maximum": 2**50},
+                        {
+                            "type": "string",
+                            "pattern": r"^\d+(\.\d+)?\s*([KMG]i?B|B)?$",
+                            "maxLength": 32,
+                        },
                     ]
                 },
-                "timing_cache": {"type": ["string", "null"]},
+                "timing_cache": {"type": ["string", "null"], "maxLength": 4096},
                 "variants": {
                     "type": "boolean",
                     "description": "also build all-FP16 and all-FP32 engines to show what the policy costs",
@@ -178,8 +206,14 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "samples": {"type": "integer", "minimum": 1},
-                "seed": {"type": "integer", "minimum": 0},
+                "samples": {"type": "integer", "minimum": 1, "maximum": MAX_SAMPLES},
+                "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1},
+                "emulation": {
+                    "enum": list(EMULATIONS),
+                    "description": "what the CPU verdict assumes inside an FP16 kernel: storage "
+                    "(default; FP32 arithmetic, every stored tensor rounded) or strict (also the "
+                    "sums behind FP16 means and a fused normalization's intermediates in FP16)",
+                },
                 "fp32_check": {
                     "type": "boolean",
                     "description": "also judge the all-FP32 graph (engine on a GPU): what the "
@@ -188,6 +222,7 @@ SCHEMA: dict[str, Any] = {
                 "divergence_threshold": {
                     "type": "number",
                     "exclusiveMinimum": 0,
+                    "maximum": 1,
                     "description": "relative error (to the tensor's range) at which an "
                     "intermediate tensor counts as diverged",
                 },
@@ -196,7 +231,11 @@ SCHEMA: dict[str, Any] = {
                     "additionalProperties": False,
                     "properties": {
                         "default": _TOLERANCE,
-                        "outputs": {"type": "object", "additionalProperties": _TOLERANCE},
+                        "outputs": {
+                            "type": "object",
+                            "additionalProperties": _TOLERANCE,
+                            "maxProperties": 10_000,
+                        },
                     },
                 },
             },
@@ -282,20 +321,28 @@ def validate(value: Any, schema: Mapping[str, Any] = SCHEMA, path: tuple = ()) -
             want = " or ".join("a " + t if t != "integer" else "an integer" for t in types)
             raise SchemaViolation(path, f"must be {want}, got {_describe(value)}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SchemaViolation(path, f"must be a finite number, got {value}")
         if "minimum" in schema and value < schema["minimum"]:
             raise SchemaViolation(path, f"must be at least {schema['minimum']}, got {value}")
         if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
             raise SchemaViolation(
                 path, f"must be greater than {schema['exclusiveMinimum']}, got {value}"
             )
+        if "maximum" in schema and value > schema["maximum"]:
+            raise SchemaViolation(path, f"must be at most {schema['maximum']:g}, got {value:g}")
     if isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
             raise SchemaViolation(path, "must not be empty")
+        if len(value) > schema.get("maxLength", len(value)):
+            raise SchemaViolation(path, f"must be at most {schema['maxLength']} characters")
         if "pattern" in schema and not re.match(schema["pattern"], value):
             raise SchemaViolation(path, f"{value!r} does not match {schema['pattern']}")
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
             raise SchemaViolation(path, f"needs at least {schema['minItems']} item(s)")
+        if len(value) > schema.get("maxItems", len(value)):
+            raise SchemaViolation(path, f"takes at most {schema['maxItems']} item(s)")
         if "items" in schema:
             value = [validate(v, schema["items"], (*path, i)) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
@@ -318,6 +365,8 @@ def _validate_object(value: Mapping, schema: Mapping[str, Any], path: tuple) -> 
     for key in schema.get("required", []):
         if key not in value:
             raise SchemaViolation(path, f"missing required key '{key}'")
+    if len(value) > schema.get("maxProperties", len(value)):
+        raise SchemaViolation(path, f"takes at most {schema['maxProperties']} keys")
     if len(value) < schema.get("minProperties", 0):
         keys = ", ".join(props)
         raise SchemaViolation(path, f"must not be empty (use one of: {keys})")

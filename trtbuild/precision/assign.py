@@ -2,7 +2,7 @@
 
 Order of the classification (first that applies wins):
 1. nodes with no float output compute nothing in float: they keep their inputs' types;
-2. the policy's rules, first match wins;
+2. the policy's rules, first match wins, then the enabled guards (`guard:*`);
 3. data-movement ops follow the precision of their input;
 4. the policy's default.
 An op whose ONNX schema has no FP16/BF16 type stays FP32 whatever asked for it.
@@ -10,14 +10,15 @@ An op whose ONNX schema has no FP16/BF16 type stays FP32 whatever asked for it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnx
 
+from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE
+from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Precision
 from trtbuild.precision import rules as rules_mod
-from trtbuild.precision.graphview import GraphView
-from trtbuild.precision.optypes import DATA_MOVEMENT, PRECISION_DTYPE
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,18 @@ class Assignment:
     def precision_of(self, index: int) -> str | None:
         return self.decisions[index].precision
 
-    def summary(self, rules: tuple = ()) -> dict:
-        """The `precision` block of report.json."""
+    def summary(self) -> dict:
+        """The `precision` block of report.json.
+
+        Counts are of compute nodes: data-movement ops (Identity, Reshape, ...)
+        follow their input and compute nothing, so they count in neither precision.
+        """
         counts = {"fp16": 0, "bf16": 0, "fp32": 0}
         pinned = []
-        rule_prec = {r.id: r.precision for r in rules}
         for node, d in zip(self.view.nodes, self.decisions):
-            if d.precision is not None:
+            if d.precision is not None and node.op_type not in DATA_MOVEMENT:
                 counts[d.precision] += 1
-            if d.precision == "fp32" and d.rule in rule_prec:
+            if d.precision == "fp32" and d.rule in self.rule_hits:
                 pinned.append({"node": node.name, "op": node.op_type, "rule": d.rule})
         compute = sum(counts.values())
         return {
@@ -59,16 +63,22 @@ class Assignment:
 
 
 def assign(
-    model: onnx.ModelProto,
+    graph: GraphView | onnx.ModelProto,
     precision: Precision,
-    ranges: rules_mod.RangeProvider | None = None,
+    ranges: Mapping[str, float] | None = None,
 ) -> Assignment:
-    view = GraphView(model)
+    """Decide every node's precision; `graph` is not modified.
+
+    Pass the stage's `GraphView` where there is one (structural findings are
+    remembered on it, so `tune`'s trials do not find the same units again).
+    `ranges` are the FP32 reference's data peaks, for `max_abs_above`.
+    """
+    view = graph if isinstance(graph, GraphView) else GraphView(graph)
     ctx = rules_mod.MatchContext(view, ranges)
     picks: list[tuple[str, str, str] | None] = [None] * len(view.nodes)
     hits: dict[str, int] = {}
     warnings: list[str] = []
-    for rule in precision.rules:
+    for rule in precision.all_rules():
         selected = rules_mod.select(rule, ctx)
         fresh = 0
         for i, reason in selected.items():
@@ -76,6 +86,8 @@ def assign(
                 picks[i] = (rule.precision, rule.id, reason)
                 fresh += 1
         hits[rule.id] = fresh
+        if rule.id.startswith("guard:"):
+            continue  # a guard that finds nothing to guard is the usual case
         if not selected:
             warnings.append(f"rule '{rule.id}' matches no node")
         elif not fresh:

@@ -19,11 +19,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtbuild.graph.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE
+from trtbuild.graph.view import GraphView
+from trtbuild.numerics import FP16_MAX
 from trtbuild.precision.assign import Assignment
-from trtbuild.precision.graphview import GraphView
-from trtbuild.precision.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE
 
-FP16_MAX = 65504.0
 _FIXED = {
     "tensor(float)": TensorProto.FLOAT,
     "tensor(float16)": TensorProto.FLOAT16,
@@ -241,8 +241,8 @@ def convert(assignment: Assignment) -> Converted:
             peak = float(np.max(np.abs(array))) if array.size else 0.0
             if d == TensorProto.FLOAT16 and peak > FP16_MAX:
                 warnings.append(
-                    f"weight {t.name} reaches {peak:.4g}, beyond FP16's 65504: it becomes inf in FP16; "
-                    "pin its consumers (match: {initializer_abs_above: 65504})"
+                    f"weight {t.name} reaches {peak:.4g}, beyond FP16's 65504: it becomes inf in FP16 "
+                    "(precision.guards: true pins its consumers; or match: {initializer_abs_above: 65504})"
                 )
             for node, k, want in uses:
                 if want == d:

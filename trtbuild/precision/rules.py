@@ -10,21 +10,18 @@ graph, not of one node.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Match, Rule
-from trtbuild.precision.graphview import GraphView
-
-# tensor name -> max |value| over the reference data, computed on demand (FP32 run).
-RangeProvider = Callable[[], Mapping[str, float]]
 
 
 @dataclass(frozen=True)
 class MatchContext:
     view: GraphView
-    ranges: RangeProvider | None = None
+    ranges: Mapping[str, float] | None = None  # tensor -> data peak on the FP32 reference
 
 
 class Matcher(Protocol):
@@ -76,7 +73,7 @@ class MaxAbsMatcher:
 
         if ctx.ranges is None:
             raise UsageError("max_abs_above needs reference data, which this command does not run")
-        ranges = ctx.ranges()
+        ranges = ctx.ranges
         out = {}
         for i, _node in enumerate(ctx.view.nodes):
             tensors = ctx.view.float_inputs(i) + ctx.view.float_outputs(i)
@@ -88,27 +85,39 @@ class MaxAbsMatcher:
 
 @dataclass(frozen=True)
 class InitializerAbsMatcher:
-    """Nodes that consume a weight whose magnitude exceeds `threshold`."""
+    """Nodes that consume a weight whose finite magnitude exceeds `threshold`.
+
+    Finite: a weight that is already inf in FP32 stays inf whatever its
+    consumer's precision, so pinning the consumer would change nothing.
+    """
 
     threshold: float
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
-        import numpy as np
-
         view, out = ctx.view, {}
         big = {}
-        for name in view.initializers:
-            if view.is_float(name):
-                arr = view.initializer_array(name)
-                peak = float(np.max(np.abs(arr))) if arr.size else 0.0
-                if peak > self.threshold:
-                    big[name] = peak
+        for name, peak in view.memo("weight_peaks", lambda: _weight_peaks(view)).items():
+            if peak > self.threshold:
+                big[name] = peak
         for i, node in enumerate(view.nodes):
             hits = [(big[t], t) for t in node.input if t in big]
             if hits:
                 peak, name = max(hits)
                 out[i] = f"weight {name} reaches {peak:.4g} > {self.threshold:g}"
         return out
+
+
+def _weight_peaks(view: GraphView) -> dict[str, float]:
+    """Largest finite |value| of every float initializer (read once per graph view)."""
+    import numpy as np
+
+    peaks = {}
+    for name in view.initializers:
+        if view.is_float(name):
+            arr = np.abs(view.initializer_array(name).astype(np.float64))
+            arr = arr[np.isfinite(arr)]
+            peaks[name] = float(arr.max()) if arr.size else 0.0
+    return peaks
 
 
 @dataclass(frozen=True)
@@ -118,11 +127,11 @@ class ReductionDepthMatcher:
     depth: int
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
-        from trtbuild.precision import patterns
+        from trtbuild.graph.reductions import reduction_depth
 
         out = {}
         for i, _node in enumerate(ctx.view.nodes):
-            depth = patterns.reduction_depth(ctx.view, i)
+            depth = reduction_depth(ctx.view, i)
             if depth is not None and depth > self.depth:
                 out[i] = f"accumulates {depth} terms > {self.depth}"
         return out

@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from trtbuild.precision.graphview import GraphView
-from trtbuild.precision.norms import norm_units, reduce_axes
-from trtbuild.precision.optypes import DATA_MOVEMENT
+from trtbuild.graph.norms import norm_units, reduce_axes
+from trtbuild.graph.optypes import DATA_MOVEMENT
+from trtbuild.graph.view import GraphView
 
 FUSED_ATTENTION = frozenset(
     {

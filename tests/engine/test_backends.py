@@ -7,7 +7,7 @@ import importlib.util
 import onnx
 import pytest
 
-from trtbuild.build.backends import build_engine, resolve_backend
+from trtbuild.engine.backends import build_engine, resolve_backend
 from trtbuild.errors import BackendError
 from trtbuild.graph.model_io import save_model
 from trtbuild.graph.prepare import prepare
@@ -15,7 +15,9 @@ from trtbuild.policy.model import BuildSpec, Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 
-rtx = pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="tensorrt-rtx not installed")
+rtx = pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt_rtx") is None, reason="tensorrt-rtx not installed"
+)
 
 
 @rtx
@@ -41,7 +43,9 @@ def test_unknown_compute_capability_is_a_usage_error(nafnet_path, tmp_path):
         build_engine(tmp_path / "m.onnx", "tensorrt-rtx", BuildSpec(compute_capabilities=("9.0",)))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="full TensorRT is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt") is not None, reason="full TensorRT is installed"
+)
 def test_missing_backend_is_exit_3():
     with pytest.raises(BackendError) as info:
         resolve_backend("tensorrt")

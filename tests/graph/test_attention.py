@@ -7,12 +7,13 @@ import onnx
 import pytest
 
 from tests.helpers import F, model, node
+from trtbuild.graph import reductions
+from trtbuild.graph.attention import attention_units
+from trtbuild.graph.norms import norm_units
 from trtbuild.graph.prepare import prepare
+from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Passes
 from trtbuild.precision import patterns
-from trtbuild.precision.attention import attention_units
-from trtbuild.precision.graphview import GraphView
-from trtbuild.precision.norms import norm_units
 
 
 def _view(path, opset: int | None = None) -> GraphView:
@@ -76,7 +77,7 @@ def test_transformer_self_attention_and_layernorms_after_it(models_dir, opset):
 
 def test_gfpgan_has_fifteen_reductions_and_only_the_last_is_final(models_dir):
     view = _view(models_dir / "gfpgan_tiny.onnx", 17)
-    reductions = [n.name for n in view.nodes if n.op_type in patterns.REDUCTIONS]
+    reductions = [n.name for n in view.nodes if n.op_type in reductions.REDUCTIONS]
     assert len(reductions) == 15
     assert _names(view, patterns.find("final_reductions", view)) == {"/energy/ReduceSumSquare"}
     assert _names(view, patterns.find("final_reductions", view, last=1)) == {

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from onnx import helper
 
-from trtbuild.precision.graphview import GraphView
+from trtbuild.graph.view import GraphView
 
 FUSED_NORMS = frozenset(
     {

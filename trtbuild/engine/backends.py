@@ -42,7 +42,11 @@ def gpu_available() -> bool:
             continue
         count = ctypes.c_int(0)
         try:
-            return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+            return (
+                cuda.cuInit(0) == 0
+                and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0
+                and count.value > 0
+            )
         except AttributeError:
             return False
     return False
@@ -228,7 +232,9 @@ def _build_engine(
             {
                 "name": layer.name,
                 "type": str(layer.type).rsplit(".", 1)[-1],
-                "outputs": [_dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)],
+                "outputs": [
+                    _dtype_name(layer.get_output(j).dtype) for j in range(layer.num_outputs)
+                ],
             }
         )
     memory = {}
@@ -238,7 +244,9 @@ def _build_engine(
             if m:
                 memory[key] = int(m.group(1))
     warnings = [msg for sev, msg in messages if sev == "WARNING"]
-    return BuildResult(backend, trt.__version__, bytes(serialized), seconds, layers, memory, warnings)
+    return BuildResult(
+        backend, trt.__version__, bytes(serialized), seconds, layers, memory, warnings
+    )
 
 
 def _dtype_name(dtype) -> str:
@@ -249,7 +257,11 @@ def _dtype_name(dtype) -> str:
 
 def _last_errors(messages: list[tuple[str, str]]) -> str:
     errors = [m for s, m in messages if s in ("ERROR", "INTERNAL_ERROR")]
-    return ("TensorRT said: " + " | ".join(errors[-3:])) if errors else "no error message from TensorRT"
+    return (
+        ("TensorRT said: " + " | ".join(errors[-3:]))
+        if errors
+        else "no error message from TensorRT"
+    )
 
 
 def _add_profile(trt, builder, network, config, inputs: tuple[InputSpec, ...]) -> None:

@@ -1,0 +1,162 @@
+"""Ops at risk: FP16 ops whose *internal* quantities would leave the FP16 range.
+
+Why a list and not a verdict: what a kernel keeps in FP16 inside one op is
+undocumented for TensorRT, so the default emulation (`storage`) assumes FP32
+accumulation, as GPU libraries do. The report still names every FP16 op whose
+internal sums, squares or variances exceed 65504 on the FP32 reference data,
+so a user can pin it where the deployed kernel turns out to keep them in FP16.
+`strict` emulation stores exactly the quantities listed here for means and
+fused LayerNorms.
+
+One registry (`QUANTITIES`) says, per op type, which internal quantities
+exist and how to measure their peak from the op's FP32 input and output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from trtbuild.graph.norms import reduce_axes
+from trtbuild.graph.view import GraphView
+from trtbuild.numerics import LOW_MAX
+
+# op input/output arrays and attributes -> {quantity: peak |value|}
+Measure = Callable[[np.ndarray, np.ndarray, tuple[int, ...] | None], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """How one op type's internal quantities are measured, and why they matter."""
+
+    measure: Measure
+    why: str
+
+
+def _peak(a: np.ndarray) -> float:
+    a = np.abs(a)
+    a = a[np.isfinite(a)]
+    return float(a.max()) if a.size else 0.0
+
+
+def _mean_sum(x: np.ndarray, y: np.ndarray, axes) -> dict[str, float]:
+    count = x.size // max(y.size, 1)
+    return {"sum behind the mean": _peak(y.astype(np.float64)) * count}
+
+
+def _partial_sums(x: np.ndarray, y: np.ndarray, axes) -> dict[str, float]:
+    return {"partial sums (bound: sum of |x|)": _peak(np.abs(x).sum(axis=axes, dtype=np.float64))}
+
+
+def _sum_of_squares(x: np.ndarray, y: np.ndarray, axes) -> dict[str, float]:
+    return {"sum of squares": _peak(y.astype(np.float64) ** 2)}
+
+
+def _moments(x: np.ndarray, axes: tuple[int, ...]) -> dict[str, float]:
+    x = x.astype(np.float64)
+    count = math.prod(x.shape[a] for a in axes)
+    mean = x.mean(axis=axes, keepdims=True)
+    sq = (x - mean) ** 2
+    return {
+        "sum behind the mean": _peak(mean) * count,
+        "squared deviations": _peak(sq),
+        "sum of squared deviations (behind the variance)": _peak(sq.sum(axis=axes)),
+    }
+
+
+def _trailing(rank: int, axis: int) -> tuple[int, ...]:
+    return tuple(range(axis % rank, rank))
+
+
+QUANTITIES: dict[str, Quantity] = {
+    "ReduceMean": Quantity(_mean_sum, "a kernel that keeps the sum in FP16 overflows"),
+    "GlobalAveragePool": Quantity(_mean_sum, "a kernel that keeps the sum in FP16 overflows"),
+    "ReduceSum": Quantity(_partial_sums, "a kernel that accumulates in FP16 can overflow"),
+    "ReduceL2": Quantity(_sum_of_squares, "a kernel that keeps the squares' sum in FP16 overflows"),
+    "LayerNormalization": Quantity(
+        lambda x, y, axes: _moments(x, axes), "a kernel that keeps its statistics in FP16 overflows"
+    ),
+    "InstanceNormalization": Quantity(
+        lambda x, y, axes: _moments(x, axes), "a kernel that keeps its statistics in FP16 overflows"
+    ),
+}
+
+
+def _axes(view: GraphView, i: int, rank: int) -> tuple[int, ...] | None:
+    """The axes an op reduces over for an input of `rank`; None where it reduces all."""
+    node = view.nodes[i]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "LayerNormalization":
+        return _trailing(rank, attrs.get("axis", -1))
+    if node.op_type in ("InstanceNormalization", "GlobalAveragePool"):
+        return tuple(range(2, rank))
+    axes = reduce_axes(view, i)
+    return None if axes is None else tuple(a % rank for a in axes)
+
+
+def candidates(view: GraphView) -> list[int]:
+    """Nodes with internal quantities worth measuring (the reference measures these)."""
+    return [i for i, n in enumerate(view.nodes) if n.op_type in QUANTITIES and n.input]
+
+
+def measure(view: GraphView, i: int, values: dict[str, np.ndarray]) -> dict[str, float]:
+    """Peaks of node `i`'s internal quantities on one feed's FP32 values."""
+    node = view.nodes[i]
+    x, y = values.get(node.input[0]), values.get(node.output[0])
+    if x is None or y is None or not np.issubdtype(np.asarray(x).dtype, np.floating):
+        return {}
+    x, y = np.asarray(x), np.asarray(y)
+    axes = _axes(view, i, x.ndim) if x.ndim else None
+    if node.op_type in ("LayerNormalization", "InstanceNormalization") and not axes:
+        return {}
+    with np.errstate(all="ignore"):
+        return QUANTITIES[node.op_type].measure(x, y, axes)
+
+
+def low_precision_nodes(mixed: onnx.ModelProto) -> dict[str, str]:
+    """Node name -> "fp16"/"bf16" for every node of `mixed` that computes in low precision."""
+    names = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
+    dtype = {
+        vi.name: vi.type.tensor_type.elem_type
+        for vi in (*mixed.graph.value_info, *mixed.graph.output)
+    }
+    out = {}
+    for node in mixed.graph.node:
+        kind = names.get(dtype.get(node.output[0])) if node.output else None
+        if kind is not None and node.op_type != "Cast":
+            out[node.name] = kind
+    return out
+
+
+def at_risk(
+    internals: dict[str, tuple[str, dict[str, float]]], mixed: onnx.ModelProto
+) -> list[dict[str, object]]:
+    """`report.json`'s `at_risk`: low-precision ops of `mixed` whose internals leave the range.
+
+    `internals` is the reference's node -> (op, {quantity: peak}); no second
+    emulation runs.
+    """
+    low = low_precision_nodes(mixed)
+    found = []
+    for node, (op, peaks) in internals.items():
+        kind = low.get(node)
+        if kind is None:
+            continue
+        for quantity, peak in peaks.items():
+            if peak > LOW_MAX[kind]:
+                found.append(
+                    {
+                        "node": node,
+                        "op": op,
+                        "quantity": quantity,
+                        "peak": peak,
+                        "why": f"{kind.upper()} {op}: its {quantity} reach {peak:.4g} on the FP32 "
+                        f"reference (max {LOW_MAX[kind]:.6g}); {QUANTITIES[op].why}",
+                    }
+                )
+    return found

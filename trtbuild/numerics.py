@@ -1,0 +1,50 @@
+"""Numeric facts every stage shares: the low-precision ranges and what a sentinel is.
+
+Why one module at the bottom: the converter warns about weights beyond FP16,
+the guards pin their consumers, the reference measures ranges, the judge and
+`tune` decide what an overflow is. If each kept its own 65504 or its own idea
+of a sentinel, two stages could disagree about the same tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FP16_MAX = 65504.0
+BF16_MAX = 3.3895313892515355e38
+LOW_MAX = {"fp16": FP16_MAX, "bf16": BF16_MAX}
+
+# Hugging Face exports write masks as `(1 - mask) * finfo(float32).min`: -3.4e38
+# is a sentinel meaning "never attend", not data. A value this large carries no
+# magnitude information; only its sign does.
+SENTINEL_ABS = 1e30
+
+
+def sentinels(values: np.ndarray) -> np.ndarray:
+    """Boolean mask of the sentinel positions of an FP32 reference tensor."""
+    with np.errstate(invalid="ignore"):
+        return np.abs(values) >= SENTINEL_ABS
+
+
+def data_peak(values: np.ndarray) -> float:
+    """Largest finite |value| that is data (sentinels and NaN aside); 0 for an empty tensor."""
+    a = np.abs(np.asarray(values, dtype=np.float64))
+    with np.errstate(invalid="ignore"):
+        a = a[np.isfinite(a) & (a < SENTINEL_ABS)]
+    return float(a.max()) if a.size else 0.0
+
+
+def sentinel_kept(ref: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Where `out` keeps a sentinel of `ref`: same sign, still beyond the sentinel threshold.
+
+    Why this is not a divergence: -3.4e38 becomes -inf in FP16, and both mean
+    "masked"; Softmax gives the same zero for either. A NaN, or an inf of the
+    opposite sign, is a real divergence and stays one.
+    """
+    with np.errstate(invalid="ignore"):
+        return (
+            sentinels(ref)
+            & (np.sign(out) == np.sign(ref))
+            & (np.abs(out) >= SENTINEL_ABS)
+            & ~np.isnan(out)
+        )
