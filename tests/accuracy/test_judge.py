@@ -1,0 +1,59 @@
+"""The judge's divergence: sentinels are not data, NaN always diverges, overflow is caught."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trtbuild.accuracy.judge import divergence
+from trtbuild.accuracy.reference import ReferenceTensors
+from trtbuild.numerics import data_peak, sentinels
+
+MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
+
+
+def _reference(r: np.ndarray) -> ReferenceTensors:
+    held = frozenset({"t"}) if sentinels(r).any() else frozenset()
+    return ReferenceTensors(
+        order=[("t", "n", "Add")],
+        first={"t": r},
+        ranges={"t": data_peak(r)},
+        sentinel_tensors=held,
+        internals={},
+    )
+
+
+def _diverges(r, e) -> tuple[dict | None, dict]:
+    r, e = np.asarray(r, np.float32), np.asarray(e, np.float32)
+    with np.errstate(all="ignore"):
+        first, curve = divergence(_reference(r), {"t": e}, threshold=0.05)
+    return first, curve[0]
+
+
+def test_a_sentinel_that_becomes_inf_of_the_same_sign_is_not_a_divergence():
+    first, point = _diverges([MIN, 0.5, 1.0], [-np.inf, 0.5, 1.0])
+    assert first is None and point["nonfinite"] == 0
+    assert point["ref_max_abs"] == 1.0  # the scale is the data's, not the sentinel's
+
+
+def test_nan_where_the_reference_holds_a_sentinel_is_a_divergence():
+    first, point = _diverges([MIN, 0.5, 1.0], [np.nan, 0.5, 1.0])
+    assert first is not None and "NaN" in first["reason"] and point["nonfinite"] == 1
+
+
+def test_nan_where_the_reference_is_data_is_a_divergence():
+    first, _ = _diverges([0.0, 0.5, 1.0], [np.nan, 0.5, 1.0])  # 0 x -inf in FP16
+    assert first is not None and "1 NaN" in first["reason"]
+
+
+def test_inf_of_the_opposite_sign_is_a_divergence():
+    first, _ = _diverges([MIN, 0.5, 1.0], [np.inf, 0.5, 1.0])
+    assert first is not None
+
+
+def test_an_ordinary_value_near_fp16_max_that_overflows_is_still_caught():
+    first, point = _diverges([70000.0, 1.0], [np.inf, 1.0])  # data, not a sentinel
+    assert first is not None and "inf" in first["reason"] and point["nonfinite"] == 1
+
+
+def test_data_peak_leaves_sentinels_and_nan_out():
+    assert data_peak(np.array([MIN, 3.0, -7.0, np.nan], np.float32)) == 7.0

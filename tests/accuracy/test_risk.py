@@ -1,0 +1,67 @@
+"""What the CPU verdict assumes inside a kernel, and the ops at risk whatever it assumes.
+
+The GFPGAN-style example's decoder normalises a 128x128 map: its statistics sum
+16384 values past 65504 while no stored tensor leaves the FP16 range. With only
+its final reduction pinned it passes when kernels sum in FP32 (`storage`, the
+default), fails when they keep the sums in FP16 (`strict`), and is listed under
+`at_risk` either way.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtbuild.cli import main
+
+
+def _build(policy, out) -> tuple[int, dict]:
+    code = main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"])
+    return code, json.loads((out / "report.json").read_text())
+
+
+def test_storage_passes_and_lists_the_decoder_statistics_at_risk(example_policy, tmp_path, capsys):
+    code, report = _build(example_policy("gfpgan"), tmp_path / "storage")
+    assert code == 0 and report["passed"]
+    assert report["emulation"] == "storage" and report["evaluator"] == "emulated-fp16"
+    assert [p["node"] for p in report["precision"]["pinned"]] == ["/energy/ReduceSumSquare"]
+    risky = {(r["node"], r["quantity"]) for r in report["at_risk"]}
+    assert ("/decoder/norm/ReduceMean", "sum behind the mean") in risky
+    assert all(r["peak"] > 65504 and r["op"] == "LayerNormalization" for r in report["at_risk"])
+    out = capsys.readouterr().out
+    assert "storage emulation" in out and "at risk (not failed" in out
+    md = (tmp_path / "storage" / "report.md").read_text()
+    html = (tmp_path / "storage" / "report.html").read_text()
+    assert "## Ops at risk" in md and "/decoder/norm/ReduceMean" in md
+    assert "<h2>Ops at risk</h2>" in html and "/decoder/norm/ReduceMean" in html
+
+
+def test_strict_fails_the_same_policy_on_the_stored_sums(example_policy, tmp_path):
+    policy = example_policy("gfpgan", accuracy={"emulation": "strict"})
+    code, report = _build(policy, tmp_path / "strict")
+    assert code == 1 and not report["outputs"]["face"]["passed"]
+    assert report["emulation"] == "strict"
+    assert report["outputs"]["energy"]["passed"]  # the pinned reduction is fine either way
+    assert report["first_divergence"]["node"] == "/decoder/norm/ReduceMean"
+
+
+def test_check_lists_the_ops_at_risk(example_policy, capsys):
+    assert main(["check", "--policy", str(example_policy("gfpgan")), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["at_risk"]
+    assert {r["node"] for r in found} == {"/decoder/norm/ReduceMean"}
+
+
+def test_a_pinned_op_is_not_at_risk(example_policy, tmp_path):
+    rule = '[{id: norm, match: {name: "^/decoder/norm/"}, precision: fp32}]'
+    _, report = _build(example_policy("gfpgan", rules=rule), tmp_path / "pinned")
+    assert report["at_risk"] == []
+
+
+@pytest.mark.parametrize("emulation", ["storage", "strict"])
+def test_the_emulation_setting_is_validated(example_policy, emulation, tmp_path, capsys):
+    policy = example_policy("gfpgan", accuracy={"emulation": emulation})
+    assert main(["check", "--policy", str(policy)]) == 0
+    bad = example_policy("gfpgan", accuracy={"emulation": "storge"})
+    assert main(["check", "--policy", str(bad)]) == 2
+    assert "did you mean 'storage'" in capsys.readouterr().err
