@@ -40,12 +40,12 @@ sys.path.insert(0, str(ROOT))
 
 from trtbuild import pipeline, tune  # noqa: E402
 from trtbuild.accuracy import evaluate as ev  # noqa: E402
-from trtbuild.accuracy.emulate import emulate  # noqa: E402
+from trtbuild.accuracy.judge import judge  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
 from trtbuild.precision.assign import assign  # noqa: E402
 from trtbuild.precision.convert import convert  # noqa: E402
 
-MODELS = ("nafnet", "gfpgan", "transformer", "ppocrv4_rec", "open_nsfw")
+MODELS = ("nafnet", "gfpgan", "transformer", "bert", "ppocrv4_rec", "ppocrv4_det", "open_nsfw")
 
 AUTOCAST = """
 import sys, onnx
@@ -55,13 +55,15 @@ onnx.save(model, sys.argv[2])
 """
 
 
-def empty_policy(name: str, tmp: Path) -> Path:
-    """The example policy with no rules: every tool starts from nothing."""
+def empty_policy(name: str, tmp: Path, emulation: str) -> Path:
+    """The example policy with no rules, under `emulation`: every tool starts from nothing."""
     text = (ROOT / "policies" / f"{name}.yaml").read_text()
     text = text.replace("../models/", f"{ROOT / 'models'}/")
     start, end = text.index("  rules:"), text.index("build:")
+    text = text[:start] + "  rules: []\n" + text[end:]
+    text = text.replace("\naccuracy:\n", f"\naccuracy:\n  emulation: {emulation}\n", 1)
     path = tmp / f"{name}.yaml"
-    path.write_text(text[:start] + "  rules: []\n" + text[end:])
+    path.write_text(text)
     return path
 
 
@@ -93,16 +95,10 @@ def fp16_share(mixed: onnx.ModelProto) -> tuple[float, float]:
     )
 
 
-def judge(stages, reference, mixed: onnx.ModelProto) -> tuple[bool, float]:
-    runner = ev.onnxrt_runner(emulate(mixed), name="emulated-fp16", optimize=False)
-    result = ev.judge(reference, runner, stages.feeds, stages.policy.accuracy, "emulated-fp16")
-    worst = max(
-        (
-            m.max_abs
-            / (1e-12 + float(np.max(np.abs(np.asarray(reference.run_results[ev.REFERENCE][0][n])))))
-        )
-        for n, m in result.outputs.items()
-    )
+def verdict(stages, mixed: onnx.ModelProto) -> tuple[bool, float]:
+    """trtbuild's judge on a peer's graph: passes, and the worst max error over output range."""
+    result = judge(stages.reference, mixed, stages.feeds, stages.policy.accuracy)
+    worst = max(m.max_abs_of_range for m in result.outputs.values())
     return result.passed, worst
 
 
@@ -127,20 +123,19 @@ def policy_check(spec, names):
     return ok
 
 
-def run_model(name: str, tmp: Path, modelopt_python: str | None, objective: str) -> list[tuple]:
-    policy = load_policy(empty_policy(name, tmp))
+def run_model(
+    name: str, tmp: Path, modelopt_python: str | None, objective: str, emulation: str
+) -> list[tuple]:
+    policy = load_policy(empty_policy(name, tmp, emulation))
     stages = pipeline.run_front(policy)
     prepared = stages.prepared.model
-    reference = stages.reference
     rows = []
 
     t = time.perf_counter()
     result = tune.tune(stages, budget=100, objective=objective)
     seconds = time.perf_counter() - t
-    mixed = convert(assign(prepared, result.policy)).model
-    rows.append(
-        (name, "trtbuild tune", *fp16_share(mixed), *judge(stages, reference, mixed), seconds)
-    )
+    mixed = convert(assign(stages.view, result.policy)).model
+    rows.append((name, "trtbuild tune", *fp16_share(mixed), *verdict(stages, mixed), seconds))
 
     from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
 
@@ -160,7 +155,7 @@ def run_model(name: str, tmp: Path, modelopt_python: str | None, objective: str)
                 name,
                 "onnxconverter-common auto_mixed",
                 *fp16_share(occ),
-                *judge(stages, reference, occ),
+                *verdict(stages, occ),
                 seconds,
             )
         )
@@ -193,7 +188,7 @@ def run_model(name: str, tmp: Path, modelopt_python: str | None, objective: str)
                     name,
                     "ModelOpt AutoCast (defaults)",
                     *fp16_share(ac),
-                    *judge(stages, reference, ac),
+                    *verdict(stages, ac),
                     seconds,
                 )
             )
@@ -212,14 +207,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--modelopt-python", help="python of a virtualenv with nvidia-modelopt[onnx]"
     )
+    parser.add_argument(
+        "--emulation",
+        default="storage",
+        choices=["storage", "strict"],
+        help="what the judge assumes inside an FP16 kernel (the policies' accuracy.emulation)",
+    )
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="trtbuild-bench-tune-"))
     rows = []
     with ev.quiet_polygraphy():
         for name in args.models.split(","):
-            rows += run_model(name, tmp, args.modelopt_python, args.objective)
+            rows += run_model(name, tmp, args.modelopt_python, args.objective, args.emulation)
     print(
-        "| model | tool | FP16 FLOPs | FP16 nodes | passes (emulated-fp16) "
+        f"| model | tool | FP16 FLOPs | FP16 nodes | passes (emulated-fp16, {args.emulation}) "
         "| worst max error / output range | time s |"
     )
     print("|---|---|---|---|---|---|---|")

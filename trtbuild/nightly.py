@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtbuild.accuracy.render import METRICS
 from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, TrtbuildError, UsageError
 from trtbuild.fsutil import write_bytes, write_text
 
-METRICS = ("max_abs", "mean_abs", "median_abs", "p99_abs", "max_rel", "cosine", "psnr", "nonfinite")
 GROWTH = ("max_abs", "median_abs")  # the errors whose growth counts as a regression
 
 SCHEMA_SQL = """
@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS results (
     status TEXT NOT NULL,              -- pass | fail | error
     exit_code INTEGER NOT NULL,
     evaluator TEXT,
+    emulation TEXT,                    -- storage | strict | NULL (a real engine)
     backend TEXT,
     model_sha256 TEXT,
     policy_sha256 TEXT,
@@ -60,10 +61,12 @@ CREATE TABLE IF NOT EXISTS outputs (
     output TEXT NOT NULL,
     passed INTEGER NOT NULL,
     max_abs REAL, mean_abs REAL, median_abs REAL, p99_abs REAL,
-    max_rel REAL, cosine REAL, psnr REAL, nonfinite INTEGER,
+    max_rel REAL, max_abs_of_range REAL, cosine REAL, psnr REAL, nonfinite INTEGER,
     PRIMARY KEY (run_id, policy, output)
 );
 """
+# Columns added since the first history format: an older file gains them on open.
+ADDED_COLUMNS = (("results", "emulation", "TEXT"), ("outputs", "max_abs_of_range", "REAL"))
 
 
 @dataclass
@@ -76,6 +79,7 @@ class PolicyResult:
     exit_code: int
     message: str = ""
     evaluator: str | None = None
+    emulation: str | None = None
     backend: str | None = None
     model_sha256: str | None = None
     policy_sha256: str | None = None
@@ -130,6 +134,7 @@ def run_policy(path: Path, out_dir: Path, backend: str | None) -> PolicyResult:
     result.status = "pass" if report["passed"] else "fail"
     result.exit_code = outcome.exit_code
     result.evaluator = report["evaluator"]
+    result.emulation = report.get("emulation")
     result.backend = report.get("backend")
     result.fp16_share = report["precision"]["fp16_share"]
     result.fp32_nodes = report["precision"]["fp32_nodes"]
@@ -174,6 +179,10 @@ def open_history(path: Path) -> sqlite3.Connection:
     try:
         db = sqlite3.connect(path)
         db.executescript(SCHEMA_SQL)
+        for table_name, column, kind in ADDED_COLUMNS:
+            have = {row[1] for row in db.execute(f"PRAGMA table_info({table_name})")}
+            if column not in have:
+                db.execute(f"ALTER TABLE {table_name} ADD COLUMN {column} {kind}")
     except sqlite3.DatabaseError as exc:
         raise UsageError(
             f"cannot use the history database: {exc}",
@@ -203,13 +212,16 @@ def record(
         run_id = cur.lastrowid
         for r in results:
             db.execute(
-                "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO results (run_id, policy, status, exit_code, evaluator, emulation, "
+                "backend, model_sha256, policy_sha256, fp16_share, fp32_nodes, message, versions) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     r.policy,
                     r.status,
                     r.exit_code,
                     r.evaluator,
+                    r.emulation,
                     r.backend,
                     r.model_sha256,
                     r.policy_sha256,
@@ -221,7 +233,8 @@ def record(
             )
             for name, m in r.outputs.items():
                 db.execute(
-                    "INSERT INTO outputs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO outputs (run_id, policy, output, passed, {', '.join(METRICS)}) "
+                    f"VALUES (?, ?, ?, ?{', ?' * len(METRICS)})",
                     (
                         run_id,
                         r.policy,
@@ -317,7 +330,7 @@ def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 2.8))
+    fig, ax = plt.subplots(figsize=(7, 3.2))
     x = list(range(len(points)))
     names = sorted({n for p in points for n in p["outputs"]})
     positive = False
@@ -330,13 +343,13 @@ def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
     for i, p in enumerate(points):
         if p["status"] != "pass":
             ax.axvspan(i - 0.4, i + 0.4, color="#d62728", alpha=0.15)
-    ax.set_xticks(x, [f"#{p['run']}\n{p['started'][5:10]}" for p in points], fontsize=7)
+    ax.set_xticks(x, [f"#{p['run']}\n{p['started'][5:10]}" for p in points], fontsize=9)
     if positive:  # errors of exactly zero (an all-FP32 policy) have no log scale
         ax.set_yscale("log")
     ax.set_ylabel("|error|")
     ax.set_title(f"{policy} (red: failing night)", fontsize=10)
-    if names:
-        ax.legend(fontsize=6, loc="upper left")
+    if names:  # beside the axes, where it cannot cover a line
+        ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     ax.grid(alpha=0.3)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
@@ -345,8 +358,17 @@ def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
 
 
 def _worst(r: PolicyResult, key: str) -> str:
-    vals = [_number(m.get(key)) for m in r.outputs.values() if m.get(key) is not None]
-    return f"{max(vals):.4g}" if vals else "–"
+    """The worst output's error, with its scale: the share of the output's range it is."""
+    rows = [(m, _number(m.get(key))) for m in r.outputs.values() if m.get(key) is not None]
+    if not rows:
+        return "–"
+    m, worst = max(rows, key=lambda mv: mv[1])
+    scale = _number(m.get("max_abs_of_range"))
+    if key == "max_abs" and scale is not None:
+        return f"{worst:.4g} ({scale:.2g} of range)"
+    if key == "median_abs" and m.get("check_error_stat") == "median":
+        return f"{worst:.4g} (atol {m['atol']:g})"
+    return f"{worst:.4g}"
 
 
 COLUMNS = (
@@ -361,6 +383,12 @@ COLUMNS = (
 )
 
 
+def _evaluator(r: PolicyResult) -> str:
+    if not r.evaluator:
+        return "–"
+    return f"{r.evaluator} ({r.emulation})" if r.emulation else r.evaluator
+
+
 def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bool, list[str]]]:
     """One row per policy (ok?, cells): the summary's table, for Markdown and HTML alike."""
     by_policy = _by_policy(found)
@@ -370,7 +398,7 @@ def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bo
         cells = [
             r.policy,
             "pass" if r.status == "pass" else r.status.upper(),
-            r.evaluator or "–",
+            _evaluator(r),
             f"{r.fp16_share:.1%}" if r.fp16_share is not None else "–",
             _worst(r, "max_abs"),
             _worst(r, "median_abs"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import os
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -73,14 +76,44 @@ def _check_fits(policy: Policy, name: str, shape, dims, spec: InputSpec) -> None
             )
 
 
+def memory_budget() -> int:
+    """Bytes the reference data may take: a quarter of this machine's memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dict) -> None:
+    """Refuse `accuracy.samples` whose feeds (and their outputs) cannot fit, before making any.
+
+    Each sample is held as a feed and judged twice (reference and candidate), so
+    the estimate is three times the inputs' bytes per sample, a lower bound.
+    """
+    per_sample = sum(math.prod(s) * np.dtype(dtypes[n]).itemsize for n, s in shapes.items())
+    need, budget = 3 * per_sample * policy.accuracy.samples, memory_budget()
+    if need > budget:
+        fits = max(1, budget // max(3 * per_sample, 1))
+        raise UsageError(
+            f"accuracy.samples: {policy.accuracy.samples} samples of these inputs need about "
+            f"{need / 2**30:.1f} GiB ({per_sample / 2**20:.3g} MiB of inputs per sample, held three "
+            f"times); this machine allows {budget / 2**30:.1f} GiB",
+            where=str(policy.path),
+            hint=f"lower accuracy.samples to at most {fits}",
+        )
+
+
 def make_feeds(policy: Policy, model: onnx.ModelProto) -> list[Feed]:
     """`accuracy.samples` feeds, deterministic for `accuracy.seed`."""
     shapes = check_inputs(policy, model)
     specs = {s.name: s for s in policy.inputs}
     rng = np.random.default_rng(policy.accuracy.seed)
     dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, t, _ in model_inputs(model)}
+    check_memory(policy, shapes, dtypes)
     files = {
-        n: _load_npz(policy, s, shapes[n]) for n, s in specs.items() if s.data.file is not None
+        n: _load_npz(policy, s, shapes[n], dtypes[n])
+        for n, s in specs.items()
+        if s.data.file is not None
     }
     files.update(
         {
@@ -117,7 +150,7 @@ def make_feeds(policy: Policy, model: onnx.ModelProto) -> list[Feed]:
     return feeds
 
 
-def _load_npz(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.ndarray:
+def _load_npz(policy: Policy, spec: InputSpec, shape: tuple[int, ...], dtype) -> np.ndarray:
     field = f"inputs.{spec.name}.data.file"
     try:
         with np.load(spec.data.file) as data:
@@ -134,6 +167,7 @@ def _load_npz(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.nda
         raise UsageError(
             f"{field}: cannot read {spec.data.file}: {exc}", where=str(policy.path)
         ) from None
+    arr = _checked_values(policy, field, spec, arr, np.dtype(dtype))
     if arr.shape == shape:
         return arr[None]
     if arr.shape[1:] == shape:
@@ -143,6 +177,36 @@ def _load_npz(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.nda
         f"or [N, {', '.join(map(str, shape))}]",
         where=str(policy.path),
     )
+
+
+def _checked_values(
+    policy: Policy, field: str, spec: InputSpec, arr: np.ndarray, want
+) -> np.ndarray:
+    """The array in the input's dtype, or one message: a wrong kind of number, or NaN/inf.
+
+    Converting within a kind (float64 to float32, int32 to int64) is what a
+    deployment's preprocessing does; floats for an integer input or integers
+    for a float one mean the file holds something else than the model expects.
+    """
+    kind = {"f": "floating-point", "i": "integer", "u": "integer", "b": "boolean"}
+    if arr.dtype.kind not in kind or kind[arr.dtype.kind] != kind.get(want.kind):
+        raise UsageError(
+            f"{field}: array '{spec.name}' holds {arr.dtype} values; the model's input "
+            f"'{spec.name}' takes {want} ({kind.get(want.kind, want.kind)})",
+            where=str(policy.path),
+            hint=f"save the array as {want} (e.g. arr.astype(np.{want}))",
+        )
+    if arr.dtype.kind == "f":
+        bad = np.argwhere(~np.isfinite(arr))
+        if bad.size:
+            index = tuple(int(i) for i in bad[0])
+            raise UsageError(
+                f"{field}: array '{spec.name}' holds {len(bad)} NaN or infinite value(s), the "
+                f"first at index {list(index)} ({arr[index]})",
+                where=str(policy.path),
+                hint="reference inputs must be finite; clean or regenerate the file",
+            )
+    return arr.astype(want, copy=False)
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
