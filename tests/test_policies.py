@@ -15,11 +15,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import FETCHED, ROOT
 from trtbuild.cli import main
 
 POLICIES = sorted((ROOT / "policies").glob("*.yaml"))
-FETCHED = {"ppocrv4_rec", "open_nsfw", "silero_vad"}
 
 
 def _localise(policy, tmp_path, models_dir, real_model):
@@ -55,5 +54,8 @@ def test_policy_builds_and_every_pinned_node_is_an_fp32_layer(
     assert main(["check", "--policy", str(local), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["nodes"]
     fp32 = [r["node"] for r in rows if r["precision"] == "fp32"]  # data movement included
-    assert audit["fp32_nodes_checked"] == len(fp32) >= report["precision"]["fp32_nodes"] > 0
+    assert audit["fp32_nodes_checked"] == len(fp32) >= report["precision"]["fp32_nodes"]
+    hits = report["precision"]["rule_hits"]
+    if any(v for k, v in hits.items() if not k.startswith("guard:")):
+        assert report["precision"]["fp32_nodes"] > 0
     assert report["passed"]

@@ -211,7 +211,7 @@ EVERY_PATTERN = {
         "final_reductions": (1, {"ReduceSum"}),
     },
     "gfpgan_tiny": {
-        "layernorm": (0, set()),
+        "layernorm": (1, {"LayerNormalization"}),  # the decoder's fused instance-norm statistics
         "layernorm_after_attention": (0, set()),
         "attention": (0, set()),
         "softmax": (0, set()),
@@ -223,6 +223,13 @@ EVERY_PATTERN = {
         "attention": (8, {"MatMul", "Div", "Softmax"}),
         "softmax": (2, {"Softmax"}),
         "final_reductions": (0, set()),  # fused LayerNorms are not Reduce* nodes
+    },
+    "bert_tiny": {
+        "layernorm": (5, {"LayerNormalization"}),
+        "layernorm_after_attention": (2, {"LayerNormalization"}),  # post-LN: one per layer
+        "attention": (10, {"MatMul", "Div", "Add", "Softmax"}),  # the mask Add included
+        "softmax": (2, {"Softmax"}),
+        "final_reductions": (0, set()),
     },
     "ppocrv4_rec": {
         "layernorm": (5, {"LayerNormalization"}),

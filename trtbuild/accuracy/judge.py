@@ -88,7 +88,8 @@ def judge(
     from polygraphy.comparator.struct import IterationResult
 
     emulated = emulate(mixed, spec.emulation)
-    tensors = [t for t, _, _ in reference.order]
+    present = {o for n in emulated.graph.node for o in n.output}  # a peer tool may fuse nodes
+    tensors = [t for t, _, _ in reference.order if t in present]
     sess = marked_session(emulated, list(dict.fromkeys(tensors + reference.outputs)))
     emulated_feeds = feeds if engine_runner is None else feeds[:1]
     iterations, first = [], {}
