@@ -68,12 +68,13 @@ def empty_policy(name: str, tmp: Path, emulation: str) -> Path:
 
 
 def fp16_share(mixed: onnx.ModelProto) -> tuple[float, float]:
-    """(FP16 share of FLOPs, FP16 share of nodes) in the tool's own graph, Casts aside.
+    """(FP16 share of FLOPs, FP16 share of compute nodes) in the tool's own graph.
 
     FLOPs first: tools fuse and rename differently (AutoCast turns a decomposed
     LayerNorm into one node), so node counts differ between graphs, while the
     FLOPs a graph spends in FP16 are what FP16 buys.
     """
+    from trtbuild.graph.optypes import computes
     from trtbuild.graph.view import GraphView
 
     view = GraphView(onnx.shape_inference.infer_shapes(mixed))
@@ -81,7 +82,7 @@ def fp16_share(mixed: onnx.ModelProto) -> tuple[float, float]:
     flops = {True: 0.0, False: 0.0}
     nodes = {True: 0, False: 0}
     for i, node in enumerate(view.nodes):
-        if node.op_type == "Cast":
+        if not computes(node.op_type):  # the same count as the report's fp16_share
             continue
         kinds = [view.dtype.get(o) for o in node.output if view.dtype.get(o) in floats]
         if not kinds:

@@ -358,7 +358,8 @@ def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
 
 
 def _worst(r: PolicyResult, key: str) -> str:
-    """The worst output's error, with its scale: the share of the output's range it is."""
+    """The worst output's error with its scale: max_abs as a share of the output's range,
+    median_abs as a multiple of the output's atol."""
     rows = [(m, _number(m.get(key))) for m in r.outputs.values() if m.get(key) is not None]
     if not rows:
         return "–"
@@ -366,8 +367,8 @@ def _worst(r: PolicyResult, key: str) -> str:
     scale = _number(m.get("max_abs_of_range"))
     if key == "max_abs" and scale is not None:
         return f"{worst:.4g} ({scale:.2g} of range)"
-    if key == "median_abs" and m.get("check_error_stat") == "median":
-        return f"{worst:.4g} (atol {m['atol']:g})"
+    if key == "median_abs" and m.get("atol"):
+        return f"{worst:.4g} ({worst / m['atol']:.2g}× atol)"
     return f"{worst:.4g}"
 
 

@@ -255,7 +255,7 @@ def build(
         report, main, base = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
         stages.timings["accuracy"] = time.perf_counter() - t
         report["backend"] = backend
-        build_info = build_record(stages, backend, engines)
+        build_info = build_record(stages, backend, engines, report["warnings"])
         write_reports(stage, report, build_info, main, base)
     code = EXIT_OK if report["passed"] else EXIT_ACCURACY
     return Outcome(code, report, out_dir)
@@ -280,7 +280,9 @@ def build_engines(stages: Stages, stage: Path, backend: str) -> dict[str, Any]:
     return engines
 
 
-def build_record(stages: Stages, backend: str, engines: dict[str, Any]) -> dict[str, Any]:
+def build_record(
+    stages: Stages, backend: str, engines: dict[str, Any], warnings: list[str]
+) -> dict[str, Any]:
     """`build.json`: what was built from what, with which versions, and what it costs."""
     policy = stages.policy
     layers = engines["policy"].layers if "policy" in engines else []
@@ -296,7 +298,7 @@ def build_record(stages: Stages, backend: str, engines: dict[str, Any]) -> dict[
         "engines": {k: v.summary() for k, v in engines.items()},
         "layer_audit": audit_layers(stages, layers) if layers else None,
         "layers": layers,
-        "warnings": stages.warnings,
+        "warnings": warnings,
     }
 
 

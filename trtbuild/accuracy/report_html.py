@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from trtbuild.accuracy.evaluate import REFERENCE
-from trtbuild.accuracy.judge import Verdict as Evaluation
+from trtbuild.accuracy.judge import Verdict
 from trtbuild.accuracy.render import METRICS, fmt_bytes, tolerance_text
 
 POLICY_COLOR = "#1f77b4"
@@ -91,7 +91,7 @@ def legend_outside(ax) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=10, frameon=False)
 
 
-def _errors(evaluation: Evaluation, output: str) -> tuple[np.ndarray, int]:
+def _errors(evaluation: Verdict, output: str) -> tuple[np.ndarray, int]:
     results = evaluation.run_results
     refs = [np.asarray(it[output], np.float64).ravel() for it in results[REFERENCE]]
     outs = [np.asarray(it[output], np.float64).ravel() for it in results[evaluation.evaluator]]
@@ -100,7 +100,7 @@ def _errors(evaluation: Evaluation, output: str) -> tuple[np.ndarray, int]:
     return diff[finite], int(np.count_nonzero(~finite))
 
 
-def histogram_plot(output: str, main: Evaluation, base: Evaluation) -> str:
+def histogram_plot(output: str, main: Verdict, base: Verdict) -> str:
     """|error| distribution of one output over every sample, on a log axis."""
     import matplotlib.pyplot as plt
 
@@ -132,7 +132,7 @@ def _channels_last_map(ref: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.nanmax(np.where(np.isfinite(diff), diff, np.inf), axis=axis)
 
 
-def heatmap_plot(output: str, main: Evaluation, base: Evaluation) -> str:
+def heatmap_plot(output: str, main: Verdict, base: Verdict) -> str:
     """Where in the image the error sits: |error| of the first sample, max over channels."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
@@ -257,8 +257,8 @@ document.body.setAttribute('data-plots-loaded',i.filter(function(x){return x.com
 def html(
     report: dict[str, Any],
     build: dict[str, Any] | None,
-    main: Evaluation,
-    base: Evaluation,
+    main: Verdict,
+    base: Verdict,
 ) -> str:
     """The whole page; plots come from the run results of both evaluations."""
     import matplotlib

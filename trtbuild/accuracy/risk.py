@@ -57,7 +57,7 @@ def _sum_of_squares(x: np.ndarray, y: np.ndarray, axes) -> dict[str, float]:
     return {"sum of squares": _peak(y.astype(np.float64) ** 2)}
 
 
-def _moments(x: np.ndarray, axes: tuple[int, ...]) -> dict[str, float]:
+def _moments(x: np.ndarray, y: np.ndarray, axes: tuple[int, ...]) -> dict[str, float]:
     x = x.astype(np.float64)
     count = math.prod(x.shape[a] for a in axes)
     mean = x.mean(axis=axes, keepdims=True)
@@ -73,17 +73,15 @@ def _trailing(rank: int, axis: int) -> tuple[int, ...]:
     return tuple(range(axis % rank, rank))
 
 
+_STATISTICS = Quantity(_moments, "a kernel that keeps its statistics in FP16 overflows")
+
 QUANTITIES: dict[str, Quantity] = {
     "ReduceMean": Quantity(_mean_sum, "a kernel that keeps the sum in FP16 overflows"),
     "GlobalAveragePool": Quantity(_mean_sum, "a kernel that keeps the sum in FP16 overflows"),
     "ReduceSum": Quantity(_partial_sums, "a kernel that accumulates in FP16 can overflow"),
     "ReduceL2": Quantity(_sum_of_squares, "a kernel that keeps the squares' sum in FP16 overflows"),
-    "LayerNormalization": Quantity(
-        lambda x, y, axes: _moments(x, axes), "a kernel that keeps its statistics in FP16 overflows"
-    ),
-    "InstanceNormalization": Quantity(
-        lambda x, y, axes: _moments(x, axes), "a kernel that keeps its statistics in FP16 overflows"
-    ),
+    "LayerNormalization": _STATISTICS,
+    "InstanceNormalization": _STATISTICS,
 }
 
 

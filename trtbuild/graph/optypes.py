@@ -53,6 +53,16 @@ DATA_MOVEMENT = frozenset(
 )
 
 
+def computes(op_type: str) -> bool:
+    """Does a node of this op count as compute in FP16 shares?
+
+    Why one predicate: the report's share, `check`'s counts and the tune
+    benchmark's node share must count the same nodes. Data movement follows its
+    input and a Cast only converts, so neither computes in a precision.
+    """
+    return op_type not in DATA_MOVEMENT and op_type != "Cast"
+
+
 @dataclass(frozen=True)
 class OpTypes:
     """Type variables of a node's formal inputs/outputs and what each allows."""

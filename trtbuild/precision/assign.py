@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE
+from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
 from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Precision
 from trtbuild.precision import rules as rules_mod
@@ -41,13 +41,13 @@ class Assignment:
     def summary(self) -> dict:
         """The `precision` block of report.json.
 
-        Counts are of compute nodes: data-movement ops (Identity, Reshape, ...)
-        follow their input and compute nothing, so they count in neither precision.
+        Counts are of compute nodes (`optypes.computes`): data movement and casts
+        count in neither precision.
         """
         counts = {"fp16": 0, "bf16": 0, "fp32": 0}
         pinned = []
         for node, d in zip(self.view.nodes, self.decisions):
-            if d.precision is not None and node.op_type not in DATA_MOVEMENT:
+            if d.precision is not None and computes(node.op_type):
                 counts[d.precision] += 1
             if d.precision == "fp32" and d.rule in self.rule_hits:
                 pinned.append({"node": node.name, "op": node.op_type, "rule": d.rule})
