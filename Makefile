@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "trtbuild needs Python >= 3.10 on PATH (or PYTHON=/path/to/python3.x)"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[rtx,dev]" --config-settings editable_mode=compat  # a path entry: no setuptools notice
+	$(BIN)/python -m pip install --quiet -e ".[rtx,dev]"
 	@touch $(STAMP)
 
 models: install
@@ -31,7 +31,7 @@ nightly: install models
 	$(BIN)/trtbuild nightly --policies policies --out build/nightly --history history/nightly.sqlite
 
 bench: install models
-	$(BIN)/python -m pip install --quiet -e ".[bench]" --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/bench_convert.py
 	$(BIN)/python benchmarks/bench_tune.py $(if $(MODELOPT_PYTHON),--modelopt-python $(MODELOPT_PYTHON))
 
