@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from trtbuild.accuracy.evaluate import quiet_polygraphy
 from trtbuild.errors import UsageError
 from trtbuild.policy.model import InputSpec, Policy
 
@@ -104,50 +105,74 @@ def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dic
 
 
 def make_feeds(policy: Policy, model: onnx.ModelProto) -> list[Feed]:
-    """`accuracy.samples` feeds, deterministic for `accuracy.seed`."""
+    """`accuracy.samples` feeds, deterministic for `accuracy.seed`.
+
+    Files and image folders are read as given; uniform data comes from Polygraphy's
+    `DataLoader` (seeded per sample, as `polygraphy run --val-range` makes it), and
+    only `normal` data, which it does not make, from numpy.
+    """
     shapes = check_inputs(policy, model)
     specs = {s.name: s for s in policy.inputs}
-    rng = np.random.default_rng(policy.accuracy.seed)
     dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, t, _ in model_inputs(model)}
     check_memory(policy, shapes, dtypes)
-    files = {
+    given = {
         n: _load_npz(policy, s, shapes[n], dtypes[n])
         for n, s in specs.items()
         if s.data.file is not None
     }
-    files.update(
-        {
-            n: load_images(policy, s, shapes[n])
-            for n, s in specs.items()
-            if s.data.images is not None
-        }
+    given.update({n: load_images(policy, s, shapes[n]) for n, s in specs.items() if s.data.images})
+    n_samples = min([policy.accuracy.samples, *(len(v) for v in given.values())])
+    data = {n: specs.get(n, InputSpec(n)).data for n in shapes if n not in given}
+    normal = {n for n, d in data.items() if d.distribution == "normal" and _is_float(dtypes[n])}
+    uniform = _uniform(
+        {n: (shapes[n], dtypes[n], data[n]) for n in data if n not in normal},
+        policy.accuracy.seed,
+        n_samples,
     )
-    n_samples = policy.accuracy.samples
-    if files:
-        n_samples = min(n_samples, *(len(v) for v in files.values()))
+    rng = np.random.default_rng(policy.accuracy.seed)
     feeds = []
     for i in range(n_samples):
         feed = {}
-        for name, shape in shapes.items():
-            if name in files:
-                feed[name] = files[name][i].astype(dtypes[name], copy=False)
-                continue
-            spec = specs.get(name, InputSpec(name)).data
-            dtype = dtypes[name]
-            if np.issubdtype(dtype, np.floating):
-                if spec.distribution == "normal":
-                    arr = rng.normal(spec.mean, spec.std, size=shape)
-                else:
-                    arr = rng.uniform(spec.low, spec.high, size=shape)
-            elif dtype == np.bool_:
-                arr = rng.integers(0, 2, size=shape)
+        for name in shapes:  # the model's input order
+            if name in given:
+                feed[name] = given[name][i].astype(dtypes[name], copy=False)
+            elif name in normal:
+                arr = rng.normal(data[name].mean, data[name].std, size=shapes[name])
+                feed[name] = arr.astype(dtypes[name])
             else:
-                arr = rng.integers(
-                    int(spec.low), max(int(spec.high), int(spec.low) + 1), size=shape
-                )
-            feed[name] = np.asarray(arr).astype(dtype)
+                feed[name] = np.asarray(uniform[i][name], dtype=dtypes[name])
         feeds.append(feed)
     return feeds
+
+
+def _is_float(dtype) -> bool:
+    return bool(np.issubdtype(dtype, np.floating))
+
+
+def _uniform(inputs: dict, seed: int, n_samples: int) -> list[Feed]:
+    """Polygraphy's `DataLoader` samples for the uniform inputs (none: empty feeds).
+
+    The policy's integer range is half-open, `[low, high)` (token ids below the
+    vocabulary size); Polygraphy's `val_range` is inclusive, so it gets `high - 1`.
+    """
+    if not inputs:
+        return [{} for _ in range(n_samples)]
+    from polygraphy.common import TensorMetadata
+    from polygraphy.comparator import DataLoader
+
+    meta, ranges = TensorMetadata(), {}
+    for name, (shape, dtype, spec) in inputs.items():
+        meta.add(name, dtype, shape)
+        if _is_float(dtype):
+            ranges[name] = (float(spec.low), float(spec.high))
+        elif dtype == np.bool_:
+            ranges[name] = (False, True)
+        else:
+            low = int(spec.low)
+            ranges[name] = (low, max(int(spec.high) - 1, low))
+    with quiet_polygraphy():  # it announces the metadata at info level
+        loader = DataLoader(seed=seed, iterations=n_samples, input_metadata=meta, val_range=ranges)
+        return [dict(loader[i]) for i in range(n_samples)]
 
 
 def _load_npz(policy: Policy, spec: InputSpec, shape: tuple[int, ...], dtype) -> np.ndarray:

@@ -1,0 +1,73 @@
+"""Regressions: tonight's results against each policy's last passing night."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from trtbuild.nightly.history import number
+from trtbuild.nightly.runner import PolicyResult
+
+GROWTH = ("max_abs", "median_abs")  # the errors whose growth counts as a regression
+
+
+@dataclass
+class Regression:
+    policy: str
+    kind: str  # "pass→fail", "error", "error grew"
+    detail: str
+    since: str | None = None  # started-time of the last passing run
+
+
+def regressions(
+    db: sqlite3.Connection, run_id: int, results: list[PolicyResult], margin: float
+) -> list[Regression]:
+    """Each policy against its last passing run before `run_id`."""
+    found = []
+    for r in results:
+        last = db.execute(
+            "SELECT r.run_id, runs.started FROM results r JOIN runs ON runs.id = r.run_id "
+            "WHERE r.policy = ? AND r.status = 'pass' AND r.run_id < ? "
+            "ORDER BY r.run_id DESC LIMIT 1",
+            (r.policy, run_id),
+        ).fetchone()
+        if last is None:
+            continue
+        since = last["started"]
+        if r.status != "pass":
+            kind = "pass→fail" if r.status == "fail" else "pass→error"
+            found.append(
+                Regression(r.policy, kind, r.message.splitlines()[0] if r.message else "", since)
+            )
+            continue
+        before = {
+            row["output"]: row
+            for row in db.execute(
+                "SELECT * FROM outputs WHERE run_id = ? AND policy = ?", (last["run_id"], r.policy)
+            )
+        }
+        for name, m in r.outputs.items():
+            old = before.get(name)
+            if old is None:
+                continue
+            for key in GROWTH:
+                now, then = number(m.get(key)), old[key]
+                if now is None or then is None:
+                    continue
+                if now > then * (1 + margin) and now - then > 1e-12:
+                    found.append(
+                        Regression(
+                            r.policy,
+                            "error grew",
+                            f"{name}.{key} {then:.4g} → {now:.4g} (+{(now / then - 1) if then else float('inf'):.0%}, margin {margin:.0%})",
+                            since,
+                        )
+                    )
+    return found
+
+
+def by_policy(found: list[Regression]) -> dict[str, list[Regression]]:
+    grouped: dict[str, list[Regression]] = {}
+    for g in found:
+        grouped.setdefault(g.policy, []).append(g)
+    return grouped

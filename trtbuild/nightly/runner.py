@@ -1,0 +1,107 @@
+"""Run every policy of a night: discover them, build each (in its own process with
+`--jobs`, so one crash or one Polygraphy logger cannot touch another), and turn
+every outcome, failures included, into a plain `PolicyResult`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtbuild.errors import TrtbuildError, UsageError
+
+
+@dataclass
+class PolicyResult:
+    """What one policy did tonight; plain data so it crosses process boundaries."""
+
+    policy: str  # the policy's file stem, the key in history
+    path: str
+    status: str  # pass | fail | error
+    exit_code: int
+    message: str = ""
+    evaluator: str | None = None
+    emulation: str | None = None
+    backend: str | None = None
+    model_sha256: str | None = None
+    policy_sha256: str | None = None
+    fp16_share: float | None = None
+    fp32_nodes: int | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def discover(policies_dir: Path) -> list[Path]:
+    if not policies_dir.is_dir():
+        raise UsageError(
+            "policies folder not found", where=str(policies_dir), hint="pass --policies DIR"
+        )
+    found = sorted(p for p in policies_dir.iterdir() if p.suffix in (".yaml", ".yml"))
+    if not found:
+        raise UsageError(
+            "no *.yaml policies in this folder", where=str(policies_dir), hint="pass --policies DIR"
+        )
+    return found
+
+
+def run_policy(path: Path, out_dir: Path, backend: str | None) -> PolicyResult:
+    """Build and report one policy; every failure becomes a result, never an exception."""
+    from trtbuild import pipeline
+    from trtbuild.fsutil import sha256_file
+    from trtbuild.policy import load_policy
+
+    result = PolicyResult(policy=path.stem, path=str(path), status="error", exit_code=70)
+    try:
+        result.policy_sha256 = sha256_file(path)
+        policy = load_policy(path)
+        if policy.model.is_file():
+            result.model_sha256 = sha256_file(policy.model)
+        outcome = pipeline.build(policy, out_dir / path.stem, backend)
+    except TrtbuildError as exc:
+        result.exit_code, result.message = exc.exit_code, str(exc)
+        return result
+    except Exception as exc:  # a bug in trtbuild: keep the traceback in the summary
+        tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        result.message = f"internal error (a bug): {exc}\n" + "".join(tb[-3:])
+        return result
+    report = outcome.report
+    result.status = "pass" if report["passed"] else "fail"
+    result.exit_code = outcome.exit_code
+    result.evaluator = report["evaluator"]
+    result.emulation = report.get("emulation")
+    result.backend = report.get("backend")
+    result.fp16_share = report["precision"]["fp16_share"]
+    result.fp32_nodes = report["precision"]["fp32_nodes"]
+    result.versions = pipeline.versions(result.backend or "none")
+    result.outputs = report["outputs"]
+    if not report["passed"]:
+        failing = [n for n, m in report["outputs"].items() if not m["passed"]]
+        result.message = "outputs below tolerance: " + ", ".join(failing)
+    return result
+
+
+def _run_one(args: tuple[Path, Path, str | None]) -> PolicyResult:
+    return run_policy(*args)
+
+
+def run_all(
+    paths: list[Path], out_dir: Path, backend: str | None, jobs: int, progress=None
+) -> list[PolicyResult]:
+    tasks = [(p, out_dir, backend) for p in paths]
+    if jobs <= 1:
+        results = []
+        for task in tasks:
+            results.append(_run_one(task))
+            if progress:
+                progress(results[-1])
+        return results
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_run_one, task): task[0] for task in tasks}
+        done: dict[Path, PolicyResult] = {}
+        for future in concurrent.futures.as_completed(futures):
+            done[futures[future]] = future.result()
+            if progress:
+                progress(done[futures[future]])
+    return [done[p] for p in paths]

@@ -1,0 +1,158 @@
+"""The night's summary: a table (Markdown and HTML alike), trend plots, JUnit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trtbuild.nightly.history import number
+from trtbuild.nightly.regressions import Regression, by_policy
+from trtbuild.nightly.runner import PolicyResult
+
+
+def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
+    """median and max |error| of every output, night after night; failing nights marked."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    x = list(range(len(points)))
+    names = sorted({n for p in points for n in p["outputs"]})
+    positive = False
+    for name in names:
+        for key, style in (("median_abs", "-"), ("max_abs", ":")):
+            ys = [p["outputs"].get(name, {}).get(key) for p in points]
+            ys = [y if y is not None and 0 < y < float("inf") else float("nan") for y in ys]
+            positive = positive or any(y == y for y in ys)
+            ax.plot(x, ys, style, marker="o", ms=3, label=f"{name} {key}")
+    for i, p in enumerate(points):
+        if p["status"] != "pass":
+            ax.axvspan(i - 0.4, i + 0.4, color="#d62728", alpha=0.15)
+    ax.set_xticks(x, [f"#{p['run']}\n{p['started'][5:10]}" for p in points], fontsize=9)
+    if positive:  # errors of exactly zero (an all-FP32 policy) have no log scale
+        ax.set_yscale("log")
+    ax.set_ylabel("|error|")
+    ax.set_title(f"{policy} (red: failing night)", fontsize=10)
+    if names:  # beside the axes, where it cannot cover a line
+        ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    ax.grid(alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _worst(r: PolicyResult, key: str) -> str:
+    """The worst output's error with its scale: max_abs as a share of the output's range,
+    median_abs as a multiple of the output's atol."""
+    rows = [(m, number(m.get(key))) for m in r.outputs.values() if m.get(key) is not None]
+    if not rows:
+        return "–"
+    m, worst = max(rows, key=lambda mv: mv[1])
+    scale = number(m.get("max_abs_of_range"))
+    if key == "max_abs" and scale is not None:
+        return f"{worst:.4g} ({scale:.2g} of range)"
+    if key == "median_abs" and m.get("atol"):
+        return f"{worst:.4g} ({worst / m['atol']:.2g}× atol)"
+    return f"{worst:.4g}"
+
+
+COLUMNS = (
+    "policy",
+    "status",
+    "evaluator",
+    "FP16 share",
+    "worst max_abs",
+    "worst median_abs",
+    "regression",
+    "message",
+)
+
+
+def _evaluator(r: PolicyResult) -> str:
+    if not r.evaluator:
+        return "–"
+    return f"{r.evaluator} ({r.emulation})" if r.emulation else r.evaluator
+
+
+def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bool, list[str]]]:
+    """One row per policy (ok?, cells): the summary's table, for Markdown and HTML alike."""
+    grouped = by_policy(found)
+    rows = []
+    for r in results:
+        regs = grouped.get(r.policy, [])
+        cells = [
+            r.policy,
+            "pass" if r.status == "pass" else r.status.upper(),
+            _evaluator(r),
+            f"{r.fp16_share:.1%}" if r.fp16_share is not None else "–",
+            _worst(r, "max_abs"),
+            _worst(r, "median_abs"),
+            "; ".join(f"{g.kind}: {g.detail} (last pass {g.since})" for g in regs) or "–",
+            r.message.splitlines()[0] if r.message else "",
+        ]
+        rows.append((r.status == "pass" and not regs, cells))
+    return rows
+
+
+def title(started: str, night_attention: list[str]) -> str:
+    verdict = "ALL PASS" if not night_attention else "ATTENTION: " + ", ".join(night_attention)
+    return f"trtbuild nightly {started}: {verdict}"
+
+
+def summary_md(heading: str, rows: list[tuple[bool, list[str]]]) -> str:
+    lines = [f"# {heading}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for _, cells in rows:
+        cells = [c.replace("|", "\\|") for c in cells]
+        cells[0] = f"`{cells[0]}`"
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Trends", ""]
+    lines += [f"![{cells[0]}](trends/{cells[0]}.png)" for _, cells in rows]
+    lines += ["", "Reports: `<policy>/report.html` next to this file.", ""]
+    return "\n".join(lines)
+
+
+def summary_html(heading: str, rows: list[tuple[bool, list[str]]], pngs: dict[str, bytes]) -> str:
+    import base64
+    from html import escape
+
+    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+    body = "".join(
+        f"<tr class='{'pass' if ok else 'fail'}'>"
+        + "".join(f"<td>{escape(c)}</td>" for c in cells)
+        + "</tr>"
+        for ok, cells in rows
+    )
+    figs = "".join(
+        f"<figure><img class='plot' alt='{escape(name)} trend' "
+        f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        f"<figcaption><a href='{escape(name)}/report.html'>{escape(name)} report</a>"
+        "</figcaption></figure>"
+        for name, png in pngs.items()
+    )
+    style = (
+        "body{font:14px system-ui,sans-serif;margin:24px}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:3px 8px}tr.fail td{background:#ffebe9}"
+        "tr.pass td:nth-child(2){color:#1a7f37}figure{display:inline-block;margin:8px}"
+    )
+    return (
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(heading)}"
+        f"</title><style>{style}</style></head><body><h1>{escape(heading)}</h1>"
+        f"<table><tr>{head}</tr>{body}</table><h2>Trends</h2>{figs}</body></html>\n"
+    )
+
+
+def junit(results: list[PolicyResult], found: list[Regression]) -> str:
+    """One test case per policy; failing, erroring and regressed policies fail."""
+    from trtbuild.accuracy.render import junit_xml
+
+    regs = by_policy(found)
+    cases = []
+    for r in results:
+        problems = [f"{r.status}: {r.message}"] if r.status != "pass" else []
+        problems += [f"regression ({g.kind}): {g.detail}" for g in regs.get(r.policy, [])]
+        cases.append(("trtbuild.nightly", r.policy, "\n".join(problems) or None))
+    return junit_xml("trtbuild-nightly", cases)
