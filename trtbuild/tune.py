@@ -382,9 +382,11 @@ def tuned_yaml(stages: Stages, result: TuneResult, out: Path, seed: int, objecti
     """The original policy, then one commented rule per pinned group; paths re-based to `out`."""
     import yaml
 
+    from trtbuild.policy.load import read_yaml
+
     policy = stages.policy
     text = policy.path.read_text(encoding="utf-8")
-    raw = yaml.safe_load(text)
+    raw = read_yaml(text)
     here, there = policy.path.parent, out.resolve().parent
     raw["model"] = _rebase(raw["model"], here, there)
     for spec in (raw.get("inputs") or {}).values():

@@ -13,7 +13,7 @@ from trtbuild.graph.norms import norm_units
 from trtbuild.graph.prepare import prepare
 from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Passes
-from trtbuild.precision import patterns
+from trtbuild.graph import patterns
 
 
 def _view(path, opset: int | None = None) -> GraphView:

@@ -51,6 +51,25 @@ def resolve_policy_path(name: str | Path) -> Path:
     )
 
 
+class PolicyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading `1e-3` as the number YAML 1.2 and users mean.
+
+    PyYAML follows YAML 1.1, where a float needs a dot, so `atol: 1e-3` would be a string.
+    """
+
+
+PolicyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def read_yaml(text: str) -> Any:
+    """A policy's values, as `load_policy` reads them (for tools that rewrite a policy)."""
+    return yaml.load(text, Loader=PolicyLoader)
+
+
 MAX_POLICY_BYTES = 1 << 20
 MAX_YAML_NODES = 100_000  # aliases can make a small file expand without bound
 MAX_YAML_DEPTH = 32
@@ -139,8 +158,8 @@ def load_policy(name: str | Path) -> Policy:
 def parse_policy(text: str, path: Path, shown: str | None = None) -> Policy:
     shown = shown or str(path)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=PolicyLoader)
+        data = read_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{shown}:{mark.line + 1}" if mark else shown

@@ -13,16 +13,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trtbuild.graph.patterns import PATTERNS
 from trtbuild.policy.model import EMULATIONS, GUARDS
 
 PRECISIONS = ("fp16", "bf16", "fp32")
-PATTERNS = (
-    "layernorm",
-    "layernorm_after_attention",
-    "attention",
-    "softmax",
-    "final_reductions",
-)
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "none")
 ERROR_STATS = ("max", "mean", "median", "elemwise")
 
@@ -96,7 +90,10 @@ _MATCH = {
                 {"type": "array", "items": _NAME, "minItems": 1, "maxItems": 1000},
             ]
         },
-        "pattern": {"enum": list(PATTERNS)},
+        "pattern": {
+            "enum": list(PATTERNS),
+            "description": "; ".join(f"{k}: {p.description}" for k, p in PATTERNS.items()),
+        },
         "last": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
         "max_abs_above": _NONNEG,
         "initializer_abs_above": _NONNEG,
@@ -253,25 +250,134 @@ class SchemaViolation(Exception):
         self.message = message
 
 
-_TYPES: dict[str, Callable[[Any], bool]] = {
-    "object": lambda v: isinstance(v, Mapping),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
+def validate(value: Any, schema: Mapping[str, Any] = SCHEMA) -> Any:
+    """Check `value` against `schema` with `jsonschema`; return it unchanged.
+
+    Why not jsonschema's own message: it says what the schema says ("'opp' was
+    unexpected"); a user needs the field, the value and the fix, so the most
+    relevant error is put in trtbuild's words.
+
+    Raises:
+        SchemaViolation: for the most relevant problem, with the path of the bad field.
+    """
+    _check_keys(value, ())
+    errors = list(_validator(schema).iter_errors(value))
+    if errors:
+        raise _violation(_most_relevant(errors))
+    return value
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    """Draft 2020-12, where a number is finite and a bool is neither number nor integer."""
+    import jsonschema
+
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine_many(
+        {
+            "number": lambda _, v: _is_number(v) and math.isfinite(v),
+            "integer": lambda _, v: isinstance(v, int) and not isinstance(v, bool),
+        }
+    )
+    return jsonschema.validators.extend(base, type_checker=checker)(schema)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_keys(value: Any, path: tuple) -> None:
+    """YAML allows `1:` or `true:` as keys; JSON Schema has no word for them."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise SchemaViolation(path, f"keys must be strings, got {_describe(key)}")
+            _check_keys(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_keys(item, (*path, i))
+
+
+def _most_relevant(errors: list) -> Any:
+    """A misspelt key explains a "missing" one, so it comes first; then the deepest error.
+
+    Within a `oneOf`, the alternative that got furthest into the value speaks, and one
+    whose type fits the value before one that wants another type.
+    """
+    rank = {"additionalProperties": 0, "required": 2}
+
+    def key(e: Any) -> tuple:
+        return (rank.get(e.validator, 1), -len(e.absolute_path))
+
+    best = min(errors, key=key)
+    while best.validator == "oneOf" and best.context:
+        best = min(
+            best.context, key=lambda e: (-len(e.absolute_path), e.validator == "type", key(e))
+        )
+    return best
+
+
+def _violation(e: Any) -> SchemaViolation:
+    path, value, want = tuple(e.absolute_path), e.instance, e.validator_value
+    kind = e.validator
+    if kind == "additionalProperties":
+        props = list(e.schema.get("properties", {}))
+        extra = next(k for k in value if k not in props)
+        close = difflib.get_close_matches(extra, props, n=1, cutoff=0.5)
+        hint = f"did you mean '{close[0]}'?" if close else "allowed: " + ", ".join(props)
+        return SchemaViolation((*path, extra), f"unknown key '{extra}'; {hint}")
+    return SchemaViolation(path, _MESSAGES.get(kind, _generic)(value, want, e))
+
+
+def _generic(value: Any, want: Any, e: Any) -> str:
+    return e.message
+
+
+def _type_message(value: Any, want: Any, e: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    types = [want] if isinstance(want, str) else want
+    return (
+        "must be "
+        + " or ".join("an integer" if t == "integer" else "a " + t for t in types)
+        + (f", got {_describe(value)}")
+    )
+
+
+def _enum_message(value: Any, want: Any, e: Any) -> str:
+    choices = ", ".join(repr(c) for c in want)
+    close = difflib.get_close_matches(str(value), [str(c) for c in want], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{_describe(value)} is not one of {choices}{hint}"
+
+
+def _min_properties(value: Any, want: Any, e: Any) -> str:
+    return f"must not be empty (use one of: {', '.join(e.schema.get('properties', {}))})"
+
+
+def _min_length(value: Any, want: Any, e: Any) -> str:
+    return "must not be empty" if want == 1 else f"must be at least {want} characters"
+
+
+_MESSAGES: dict[str, Callable[[Any, Any, Any], str]] = {
+    "type": _type_message,
+    "enum": _enum_message,
+    "const": lambda v, w, e: f"must be {w!r}, got {_describe(v)}",
+    "minimum": lambda v, w, e: f"must be at least {w}, got {v}",
+    "exclusiveMinimum": lambda v, w, e: f"must be greater than {w}, got {v}",
+    "maximum": lambda v, w, e: f"must be at most {w:g}, got {v:g}",
+    "minLength": _min_length,
+    "maxLength": lambda v, w, e: f"must be at most {w} characters",
+    "pattern": lambda v, w, e: f"{v!r} does not match {w}",
+    "minItems": lambda v, w, e: f"needs at least {w} item(s)",
+    "maxItems": lambda v, w, e: f"takes at most {w} item(s)",
+    "required": lambda v, w, e: f"missing required key '{_missing(v, w)}'",
+    "maxProperties": lambda v, w, e: f"takes at most {w} keys",
+    "minProperties": _min_properties,
 }
 
 
-def _coerce_number(value: Any) -> Any:
-    """YAML 1.1 reads `1e-3` (no dot) as a string; accept it as the number users meant."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
+def _missing(value: Any, required: list[str]) -> str:
+    return next(k for k in required if k not in value)
 
 
 def _describe(value: Any) -> str:
@@ -284,98 +390,3 @@ def _describe(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     return f"{type(value).__name__} {value!r}"
-
-
-def validate(value: Any, schema: Mapping[str, Any] = SCHEMA, path: tuple = ()) -> Any:
-    """Check `value` against `schema`; return it with numbers coerced.
-
-    Raises:
-        SchemaViolation: at the first problem, with the path of the bad field.
-    """
-    import re
-
-    if "const" in schema and value != schema["const"]:
-        raise SchemaViolation(path, f"must be {schema['const']!r}, got {_describe(value)}")
-    if "enum" in schema and value not in schema["enum"]:
-        choices = ", ".join(repr(c) for c in schema["enum"])
-        close = difflib.get_close_matches(str(value), [str(c) for c in schema["enum"]], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise SchemaViolation(path, f"{_describe(value)} is not one of {choices}{hint}")
-    if "oneOf" in schema:
-        errors = []
-        for option in schema["oneOf"]:
-            try:
-                return validate(value, option, path)
-            except SchemaViolation as exc:
-                errors.append(exc)
-        # The most specific complaint is the one that got furthest into the value.
-        raise max(errors, key=lambda e: len(e.path))
-    types = schema.get("type")
-    if types is not None:
-        types = [types] if isinstance(types, str) else types
-        if "number" in types or "integer" in types:
-            value = _coerce_number(value)
-            if "integer" in types and isinstance(value, float) and value.is_integer():
-                value = int(value)
-        if not any(_TYPES[t](value) for t in types):
-            want = " or ".join("a " + t if t != "integer" else "an integer" for t in types)
-            raise SchemaViolation(path, f"must be {want}, got {_describe(value)}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SchemaViolation(path, f"must be a finite number, got {value}")
-        if "minimum" in schema and value < schema["minimum"]:
-            raise SchemaViolation(path, f"must be at least {schema['minimum']}, got {value}")
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            raise SchemaViolation(
-                path, f"must be greater than {schema['exclusiveMinimum']}, got {value}"
-            )
-        if "maximum" in schema and value > schema["maximum"]:
-            raise SchemaViolation(path, f"must be at most {schema['maximum']:g}, got {value:g}")
-    if isinstance(value, str):
-        if len(value) < schema.get("minLength", 0):
-            raise SchemaViolation(path, "must not be empty")
-        if len(value) > schema.get("maxLength", len(value)):
-            raise SchemaViolation(path, f"must be at most {schema['maxLength']} characters")
-        if "pattern" in schema and not re.match(schema["pattern"], value):
-            raise SchemaViolation(path, f"{value!r} does not match {schema['pattern']}")
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            raise SchemaViolation(path, f"needs at least {schema['minItems']} item(s)")
-        if len(value) > schema.get("maxItems", len(value)):
-            raise SchemaViolation(path, f"takes at most {schema['maxItems']} item(s)")
-        if "items" in schema:
-            value = [validate(v, schema["items"], (*path, i)) for i, v in enumerate(value)]
-    if isinstance(value, Mapping):
-        value = _validate_object(value, schema, path)
-    return value
-
-
-def _validate_object(value: Mapping, schema: Mapping[str, Any], path: tuple) -> dict:
-    props = schema.get("properties", {})
-    extra = schema.get("additionalProperties", True)
-    for key in value:
-        if not isinstance(key, str):
-            raise SchemaViolation(path, f"keys must be strings, got {_describe(key)}")
-    if extra is False:  # a misspelt key explains a "missing" one, so name it first
-        for key in value:
-            if key not in props:
-                close = difflib.get_close_matches(key, list(props), n=1, cutoff=0.5)
-                hint = f"did you mean '{close[0]}'?" if close else "allowed: " + ", ".join(props)
-                raise SchemaViolation((*path, key), f"unknown key '{key}'; {hint}")
-    for key in schema.get("required", []):
-        if key not in value:
-            raise SchemaViolation(path, f"missing required key '{key}'")
-    if len(value) > schema.get("maxProperties", len(value)):
-        raise SchemaViolation(path, f"takes at most {schema['maxProperties']} keys")
-    if len(value) < schema.get("minProperties", 0):
-        keys = ", ".join(props)
-        raise SchemaViolation(path, f"must not be empty (use one of: {keys})")
-    out = {}
-    for key, item in value.items():
-        if key in props:
-            out[key] = validate(item, props[key], (*path, key))
-        elif isinstance(extra, Mapping):
-            out[key] = validate(item, extra, (*path, key))
-        else:
-            out[key] = item
-    return out

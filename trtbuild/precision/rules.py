@@ -57,7 +57,7 @@ class PatternMatcher:
     last: int | None = None
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
-        from trtbuild.precision import patterns
+        from trtbuild.graph import patterns
 
         return patterns.find(self.pattern, ctx.view, last=self.last)
 
