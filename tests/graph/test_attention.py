@@ -7,13 +7,12 @@ import onnx
 import pytest
 
 from tests.helpers import F, model, node
-from trtbuild.graph import reductions
+from trtbuild.graph import patterns, reductions
 from trtbuild.graph.attention import attention_units
 from trtbuild.graph.norms import norm_units
 from trtbuild.graph.prepare import prepare
 from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Passes
-from trtbuild.graph import patterns
 
 
 def _view(path, opset: int | None = None) -> GraphView:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from trtbuild.errors import BackendError
 from trtbuild.numerics import data_peak
 
 REFERENCE = "onnxrt-fp32"
@@ -63,14 +64,52 @@ def run_marked(sess, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip(names, sess.run(names, feed)))
 
 
-def trt_runner(engine: bytes, backend: str, name: str = "tensorrt"):
-    """Polygraphy's TrtRunner on a built engine; needs a GPU."""
+# Polygraphy binds `polygraphy.backend.trt` to tensorrt or tensorrt_rtx when that
+# module is first imported, by a process-wide flag: which one it bound, once per process.
+_BOUND: dict[str, bool] = {}
+
+
+@contextlib.contextmanager
+def tensorrt_flavour(rtx: bool) -> Iterator[None]:
+    """Polygraphy's `USE_TENSORRT_RTX`, set while trtbuild uses its TensorRT backend and
+    given back after, so no other Polygraphy user in this process inherits it."""
     from polygraphy import config as pg_config
 
-    pg_config.USE_TENSORRT_RTX = backend == "tensorrt-rtx"
-    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+    if _BOUND.setdefault("rtx", rtx) != rtx:
+        raise BackendError(
+            "this process already ran engines of the other TensorRT flavour; Polygraphy "
+            "binds one per process",
+            hint="run this build in a trtbuild process of its own (nightly: --jobs 2 or more)",
+        )
+    old = pg_config.USE_TENSORRT_RTX
+    pg_config.USE_TENSORRT_RTX = rtx
+    try:
+        yield
+    finally:
+        pg_config.USE_TENSORRT_RTX = old
 
-    return TrtRunner(EngineFromBytes(engine), name=name)
+
+@dataclass
+class EngineRunner:
+    """Polygraphy's `TrtRunner` on a built engine (needs a GPU), with its flavour."""
+
+    runner: Any
+    rtx: bool
+
+    def run(self, feeds: list[dict[str, np.ndarray]], verbose: bool = False) -> list:
+        """One Polygraphy `IterationResult` per feed."""
+        from polygraphy.comparator import Comparator
+
+        with tensorrt_flavour(self.rtx), quiet_polygraphy(verbose):
+            return list(Comparator.run([self.runner], data_loader=feeds)[self.runner.name])
+
+
+def trt_runner(engine: bytes, backend: str, name: str = "tensorrt") -> EngineRunner:
+    rtx = backend == "tensorrt-rtx"
+    with tensorrt_flavour(rtx):
+        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+        return EngineRunner(TrtRunner(EngineFromBytes(engine), name=name), rtx)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.evaluate import (
     EMULATED,
     REFERENCE,
+    EngineRunner,
     OutputMetrics,
     finite_or_str,
     marked_session,
@@ -77,7 +78,7 @@ def judge(
     spec: AccuracySpec,
     *,
     label: str = EMULATED,
-    engine_runner: Any = None,
+    engine_runner: EngineRunner | None = None,
     verbose: bool = False,
     progress: bool = True,
 ) -> Verdict:
@@ -104,7 +105,7 @@ def judge(
     ticker.done()
     emulation: str | None = spec.emulation
     if engine_runner is not None:
-        iterations, label, emulation = _run_engine(engine_runner, feeds, verbose), "tensorrt", None
+        iterations, label, emulation = engine_runner.run(feeds, verbose), "tensorrt", None
     outputs, results = compare(reference, iterations, label, spec, verbose)
     first_div, curve = divergence(reference, first, spec.divergence_threshold)
     return Verdict(
@@ -117,13 +118,6 @@ def judge(
         at_risk=risk.at_risk(reference.internals, mixed),
         run_results=results,
     )
-
-
-def _run_engine(runner: Any, feeds: list[Feed], verbose: bool) -> list:
-    from polygraphy.comparator import Comparator
-
-    with quiet_polygraphy(verbose):
-        return list(Comparator.run([runner], data_loader=feeds)[runner.name])
 
 
 def compare(
