@@ -184,7 +184,7 @@ def _cmd_build(args) -> int:
 
     policy = load_policy(args.policy)
     outcome = pipeline.build(policy, _out_dir(args, policy), args.backend, args.verbose)
-    _warn(outcome.report["warnings"])
+    _warn(outcome.report.warnings)
     _print_verdict(outcome)
     return outcome.exit_code
 
@@ -202,7 +202,7 @@ def _cmd_report(args) -> int:
             hint="build it first with trtbuild build",
         )
     outcome = pipeline.report_only(policy, _out_dir(args, policy), args.engine, args.verbose)
-    _warn(outcome.report["warnings"])
+    _warn(outcome.report.warnings)
     _print_verdict(outcome)
     return outcome.exit_code
 
@@ -241,7 +241,7 @@ def _cmd_check(args) -> int:
             json.dumps(
                 {
                     "nodes": rows,
-                    "summary": summary,
+                    "summary": summary.to_json(),
                     "casts": len(stages.converted.casts),
                     "at_risk": at_risk,
                     "warnings": warnings,
@@ -259,9 +259,9 @@ def _cmd_check(args) -> int:
     for r in rows:
         print("  ".join(r[k].ljust(w) for k, w in zip(header, widths)) + "  " + r["reason"])
     print(
-        f"\n{summary['fp16_nodes']} fp16, {summary['bf16_nodes']} bf16, {summary['fp32_nodes']} fp32 "
-        f"compute nodes ({summary['fp16_share']:.1%} fp16); {len(stages.converted.casts)} casts; "
-        f"rule hits: " + ", ".join(f"{k}={v}" for k, v in summary["rule_hits"].items())
+        f"\n{summary.fp16_nodes} fp16, {summary.bf16_nodes} bf16, {summary.fp32_nodes} fp32 "
+        f"compute nodes ({summary.fp16_share:.1%} fp16); {len(stages.converted.casts)} casts; "
+        f"rule hits: " + ", ".join(f"{k}={v}" for k, v in summary.rule_hits.items())
     )
     print(at_risk_lines(at_risk, policy.accuracy.emulation))
     _warn(warnings)
@@ -279,7 +279,7 @@ def _cmd_convert(args) -> int:
     _warn(stages.warnings)
     s = stages.assignment.summary()
     print(
-        f"wrote {args.output}: {s['fp16_share']:.1%} FP16, {s['fp32_nodes']} FP32 nodes, "
+        f"wrote {args.output}: {s.fp16_share:.1%} FP16, {s.fp32_nodes} FP32 nodes, "
         f"{len(stages.converted.casts)} casts"
     )
     return 0

@@ -27,6 +27,7 @@ from trtbuild.accuracy import evaluate as ev
 from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Verdict, judge
 from trtbuild.accuracy.reference import ReferenceTensors, run_reference
+from trtbuild.accuracy.report import Report
 from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
 from trtbuild.fsutil import sha256_file, write_bytes, write_json, write_text
 from trtbuild.graph.model_io import load_model, save_model
@@ -157,7 +158,7 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
 @dataclass
 class Outcome:
     exit_code: int
-    report: dict[str, Any]
+    report: Report
     out_dir: Path
 
 
@@ -167,7 +168,7 @@ def evaluate_all(
     engines: dict[str, bytes],
     backend: str,
     verbose: bool = False,
-) -> tuple[dict[str, Any], Verdict, Verdict]:
+) -> Report:
     """Judge the policy and the all-FP16 baseline (and, with `fp32_check`, all-FP32).
 
     `engines` maps variant ("policy", "fp16", "fp32") to a plan; where a GPU runs
@@ -191,29 +192,25 @@ def evaluate_all(
             verbose=verbose,
         )
 
+    fp32 = None
     main = verdict("policy", stages.converted)
-    base = verdict("fp16", baseline(stages, "fp16"))
-    baselines: dict[str, Any] = {"fp16": base.to_json()}  # its at_risk: what FP16 would risk
+    base = verdict("fp16", baseline(stages, "fp16"))  # its at_risk: what FP16 would risk
     if policy.accuracy.fp32_check:
-        checked = verdict("fp32", baseline(stages, "fp32"), "onnxrt-fp32-graph")
-        baselines["fp32"] = {
-            "passed": checked.passed,
-            "evaluator": checked.evaluator,
-            "outputs": checked.outputs_json(),
-        }
-    report = {
-        **main.to_json(),
-        "divergence_evaluator": f"{EMULATED} ({policy.accuracy.emulation})",
-        "policy": str(policy.path),
-        "model": str(policy.model),
-        "samples": len(stages.feeds),
-        "precision": stages.assignment.summary(),
-        "baselines": baselines,
-        "divergence_threshold": policy.accuracy.divergence_threshold,
-        "warnings": stages.warnings + boundary_warnings(stages),
-        "trtbuild_version": __version__,
-    }
-    return report, main, base
+        fp32 = verdict("fp32", baseline(stages, "fp32"), "onnxrt-fp32-graph")
+    return Report(
+        policy=str(policy.path),
+        model=str(policy.model),
+        samples=len(stages.feeds),
+        emulation=policy.accuracy.emulation,
+        divergence_threshold=policy.accuracy.divergence_threshold,
+        precision=stages.assignment.summary(),
+        main=main,
+        fp16=base,
+        fp32=fp32,
+        warnings=stages.warnings + boundary_warnings(stages),
+        backend=backend,
+        version=__version__,
+    )
 
 
 def versions(backend: str) -> dict[str, Any]:
@@ -252,13 +249,11 @@ def build(
         engines = build_engines(stages, stage, backend)
         plans = {k: e.engine for k, e in engines.items()} if gpu_available() else {}
         t = time.perf_counter()
-        report, main, base = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
+        report = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
         stages.timings["accuracy"] = time.perf_counter() - t
-        report["backend"] = backend
-        build_info = build_record(stages, backend, engines, report["warnings"])
-        write_reports(stage, report, build_info, main, base)
-    code = EXIT_OK if report["passed"] else EXIT_ACCURACY
-    return Outcome(code, report, out_dir)
+        report.build = build_record(stages, backend, engines, report.warnings)
+        write_reports(stage, report)
+    return Outcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
 
 
 def build_engines(stages: Stages, stage: Path, backend: str) -> dict[str, Any]:
@@ -302,28 +297,20 @@ def build_record(
     }
 
 
-def write_reports(
-    stage: Path,
-    report: dict[str, Any],
-    build_info: dict[str, Any] | None,
-    main: Verdict,
-    base: Verdict,
-    *,
-    owns_build: bool = True,
-) -> None:
+def write_reports(stage: Path, report: Report, *, owns_build: bool = True) -> None:
     """report.json, report.md, report.html, junit.xml and both runs' RunResults.
 
-    `build_info` feeds the renderers' Engines section; it is written as
+    `report.build` feeds the renderers' Engines section; it is written as
     build.json only by the command that owns it (`build`, not `report`).
     """
     from trtbuild.accuracy import render, report_html
 
-    write_results(main, stage)
-    if build_info is not None and owns_build:
-        write_json(stage / "build.json", build_info)
-    write_json(stage / "report.json", report)
-    write_text(stage / "report.md", render.markdown(report, build_info))
-    write_text(stage / "report.html", report_html.html(report, build_info, main, base))
+    write_results(report.main, stage)
+    if report.build is not None and owns_build:
+        write_json(stage / "build.json", report.build)
+    write_json(stage / "report.json", report.to_json())
+    write_text(stage / "report.md", render.markdown(report))
+    write_text(stage / "report.html", report_html.html(report))
     write_text(stage / "junit.xml", render.junit(report))
 
 
@@ -383,10 +370,10 @@ def report_only(
         backend = resolve_backend(policy.build.backend)
         plans["policy"] = engine.read_bytes()
     with staged_output(out_dir, REPORT_FILES) as stage:
-        report, main, base = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
-        report["backend"] = backend
-        write_reports(stage, report, built, main, base, owns_build=False)
-    return Outcome(EXIT_OK if report["passed"] else EXIT_ACCURACY, report, out_dir)
+        report = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
+        report.build = built
+        write_reports(stage, report, owns_build=False)
+    return Outcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
 
 
 def _earlier_build(out_dir: Path, policy: Policy) -> dict[str, Any] | None:

@@ -238,7 +238,7 @@ def tune(
                     f"{bad['node']} ({bad['op']}): {bad['nonfinite']} non-finite value(s) "
                     f"where FP32 is finite (FP32 peak |x| = {bad['ref_max_abs']:.4g})"
                 )
-        share = assignment.summary()["fp16_share"]
+        share = assignment.summary().fp16_share
         trial = Trial(
             len(trials) + 1,
             action,

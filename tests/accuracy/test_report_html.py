@@ -46,7 +46,7 @@ def test_fp32_check_is_reported(nafnet_report):
     fp32 = report["baselines"]["fp32"]
     assert fp32["passed"] and fp32["evaluator"] == "onnxrt-fp32-graph"
     assert fp32["outputs"]["restored"]["max_abs"] < 1e-4
-    assert "All-FP32 sanity check" in (nafnet_report / "report.html").read_text()
+    assert "All-FP32 check" in (nafnet_report / "report.html").read_text()
 
 
 def _chromium() -> str:
@@ -93,3 +93,15 @@ def test_headless_chromium_renders_every_plot(nafnet_report, tmp_path):
     # the policy's curve and histograms (blue), the baseline's (orange) are on screen
     assert _pixels_near(img, POLICY_COLOR) > 1000
     assert _pixels_near(img, BASELINE_COLOR) > 1000
+
+
+def test_markdown_and_html_show_the_same_sections(nafnet_report):
+    from html import unescape
+
+    md = (nafnet_report / "report.md").read_text().splitlines()
+    md_titles = [line[3:] for line in md if line.startswith("## ")]
+    page = (nafnet_report / "report.html").read_text()
+    found = re.findall(r"<h2>(.*?)</h2>|<summary>(.*?)</summary>", page)
+    html_titles = [unescape(a or b) for a, b in found]
+    assert md_titles == html_titles
+    assert "All-FP32 check" in md_titles and "Pinned nodes (37)" in md_titles

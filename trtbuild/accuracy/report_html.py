@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from html import escape
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 
 from trtbuild.accuracy.evaluate import REFERENCE
 from trtbuild.accuracy.judge import Verdict
-from trtbuild.accuracy.render import METRICS, fmt_bytes, tolerance_text
+from trtbuild.accuracy.report import Para, Plot, Report, Section, Table, header, sections
 
 POLICY_COLOR = "#1f77b4"
 BASELINE_COLOR = "#ff7f0e"
@@ -38,15 +39,15 @@ def _rel(value: Any) -> float:
     return float(value) if not isinstance(value, str) else float("inf")
 
 
-def error_curve_plot(report: dict[str, Any]) -> str:
+def error_curve_plot(report: Report) -> str:
     """Relative error of every float tensor along topological depth, policy vs all-FP16."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 3.8))
-    threshold = report.get("divergence_threshold", 0.05)
+    threshold = report.divergence_threshold
     curves = [
-        ("policy", report["error_curve"], POLICY_COLOR),
-        ("all-FP16 baseline", report["baselines"]["fp16"]["error_curve"], BASELINE_COLOR),
+        ("policy", report.main.error_curve, POLICY_COLOR),
+        ("all-FP16 baseline", report.fp16.error_curve, BASELINE_COLOR),
     ]
     finite_max = 1e-7
     for _, curve, _ in curves:
@@ -64,7 +65,7 @@ def error_curve_plot(report: dict[str, Any]) -> str:
         if bad.any():
             ax.scatter(depth[bad], shown[bad], color=NONFINITE_COLOR, marker="x", zorder=3, s=30)
     ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"divergence threshold {threshold:g}")
-    first = report["baselines"]["fp16"].get("first_divergence")
+    first = report.fp16.first_divergence
     if first:
         at = next((p["depth"] for p in curves[1][1] if p["node"] == first["node"]), None)
         if at is not None:
@@ -158,75 +159,52 @@ def heatmap_plot(output: str, main: Verdict, base: Verdict) -> str:
     return _png(fig)
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "–" if v is None else escape(str(v))
+def inline(text: str) -> str:
+    """The report's inline markup (`code`, **bold**) as HTML, everything else escaped."""
+    out = escape(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", out)
 
 
-def _table(outputs: dict[str, dict[str, Any]]) -> str:
-    head = "".join(f"<th>{c}</th>" for c in METRICS)
-    rows = []
-    for name, m in outputs.items():
-        verdict = '<td class="pass">pass</td>' if m["passed"] else '<td class="fail">FAIL</td>'
-        cells = "".join(f"<td>{_fmt(m.get(c))}</td>" for c in METRICS)
-        tol = escape(tolerance_text(m))
-        rows.append(f"<tr><td><code>{escape(name)}</code></td>{verdict}{cells}<td>{tol}</td></tr>")
-    return (
-        f"<table><tr><th>output</th><th>verdict</th>{head}<th>tolerance</th></tr>"
-        + "".join(rows)
-        + "</table>"
-    )
+def _cell(text: str) -> str:
+    if text == "pass":
+        return '<td class="pass">pass</td>'
+    if text == "**FAIL**":
+        return '<td class="fail">FAIL</td>'
+    return f"<td>{inline(text)}</td>"
 
 
-def _at_risk(report: dict[str, Any]) -> str:
-    rows = report.get("at_risk") or []
-    if not rows:
-        return "<h2>Ops at risk</h2><p>None: no FP16 op's internal quantities leave the FP16 range.</p>"
-    body = "".join(
-        f"<tr><td><code>{escape(r['node'])}</code></td><td>{escape(r['op'])}</td>"
-        f"<td>{escape(r['quantity'])}</td><td>{r['peak']:.4g}</td></tr>"
-        for r in rows
-    )
-    assumed = escape(report.get("emulation") or "the engine")
-    return (
-        "<h2>Ops at risk</h2><p>FP16 ops whose internal quantities leave the FP16 range on the "
-        f"FP32 reference. The verdict assumes <code>{assumed}</code>; these fail only on a kernel "
-        "that keeps them in FP16. Pin them to be safe on any kernel.</p>"
-        f"<table><tr><th>node</th><th>op</th><th>quantity</th><th>peak</th></tr>{body}</table>"
-    )
+def _table(table: Table) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in table.header)
+    rows = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in table.rows)
+    return f"<table><tr>{head}</tr>{rows}</table>"
 
 
-def _engines(build: dict[str, Any]) -> str:
-    rows = "".join(
-        f"<tr><td>{escape(k)}</td><td>{escape(e['backend'])} {escape(str(e['version']))}</td>"
-        f"<td>{fmt_bytes(e['engine_bytes'])}</td>"
-        f"<td>{fmt_bytes(e.get('memory', {}).get('weights_bytes'))}</td>"
-        f"<td>{fmt_bytes(e.get('memory', {}).get('activation_bytes'))}</td>"
-        f"<td>{e['build_seconds']}</td></tr>"
-        for k, e in build["engines"].items()
-    )
-    audit = build.get("layer_audit") or {}
-    line = ""
-    if audit:
-        ok = "yes" if audit.get("ok") else f"NO: {escape(str(audit.get('mismatched')))}"
-        line = (
-            f"<p>Every FP32 node is an FP32 layer in the parsed network: {ok} "
-            f"({audit.get('fp32_nodes_checked')} checked).</p>"
-        )
-    return (
-        "<h2>Engines</h2><table><tr><th>variant</th><th>backend</th><th>engine size</th>"
-        f"<th>weights</th><th>activations</th><th>build s</th></tr>{rows}</table>{line}"
-    )
+def _plot(plot: Plot, report: Report) -> str:
+    if plot.kind == "error-curve":
+        src = error_curve_plot(report)
+    elif plot.kind == "histogram":
+        src = histogram_plot(plot.output or "", report.main, report.fp16)
+    else:
+        src = heatmap_plot(plot.output or "", report.main, report.fp16)
+    return _img(src, plot.kind, plot.alt)
 
 
-def _divergence(d: dict[str, Any] | None) -> str:
-    if not d:
-        return "none: every intermediate tensor stays within the divergence threshold"
-    return (
-        f"<code>{escape(d['node'])}</code> ({escape(d['op'])}), tensor "
-        f"<code>{escape(d['tensor'])}</code>: {escape(d['reason'])}"
-    )
+def _section(section: Section, report: Report) -> str:
+    parts = []
+    plots = [b for b in section.blocks if isinstance(b, Plot)]
+    for block in section.blocks:
+        if isinstance(block, Para):
+            parts.append(f"<p>{inline(block.text)}</p>")
+        elif isinstance(block, Table):
+            parts.append(_table(block))
+    drawn = "".join(_plot(p, report) for p in plots)
+    if len(plots) > 1:
+        drawn = f"<div class='grid'>{drawn}</div>"
+    body = drawn + "".join(parts)
+    if section.collapsed:
+        return f"<details><summary>{escape(section.title)}</summary>{body}</details>"
+    return f"<h2>{escape(section.title)}</h2>{body}"
 
 
 def _img(src: str, kind: str, alt: str) -> str:
@@ -254,83 +232,21 @@ document.body.setAttribute('data-plots-loaded',i.filter(function(x){return x.com
 """
 
 
-def html(
-    report: dict[str, Any],
-    build: dict[str, Any] | None,
-    main: Verdict,
-    base: Verdict,
-) -> str:
-    """The whole page; plots come from the run results of both evaluations."""
+def html(report: Report) -> str:
+    """The whole page: the same sections as report.md, with the plots drawn."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on build machines
 
-    verdict = "PASSED" if report["passed"] else "FAILED"
-    cls = "pass" if report["passed"] else "fail"
-    p = report["precision"]
-    b = report["baselines"]["fp16"]
+    verdict = "PASSED" if report.passed else "FAILED"
+    cls = "pass" if report.passed else "fail"
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>trtbuild report: {verdict} {escape(report['policy'])}</title>",
+        f"<title>trtbuild report: {verdict} {escape(report.policy)}</title>",
         f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>",
         f"<h1>trtbuild accuracy report <span class='{cls}'>{verdict}</span></h1>",
-        "<ul>",
-        f"<li>policy <code>{escape(report['policy'])}</code>, model <code>{escape(report['model'])}</code></li>",
-        f"<li>evaluator <b>{escape(report['evaluator'])}</b>"
-        + (f" ({escape(report['emulation'])} emulation)" if report.get("emulation") else "")
-        + " against the ONNX Runtime FP32 "
-        f"reference, {report['samples']} sample(s); first divergence and error curves from "
-        f"<b>{escape(report['divergence_evaluator'])}</b></li>",
-        f"<li>{p['fp16_nodes']} FP16 and {p['fp32_nodes']} FP32 compute nodes "
-        f"({p['fp16_share']:.1%} FP16), {len(p['pinned'])} pinned by rules</li>",
-        "</ul>",
-        "<h2>Outputs (policy)</h2>",
-        _table(report["outputs"]),
-        f"<p>First divergence (policy): {_divergence(report['first_divergence'])}</p>",
-        "<h2>What the policy buys: all-FP16 baseline</h2>",
-        f"<p>All-FP16 <span class='{'pass' if b['passed'] else 'fail'}'>"
-        f"{'passes' if b['passed'] else 'FAILS'}</span> ({escape(b['evaluator'])}).</p>",
-        _table(b["outputs"]),
-        f"<p>First divergence (all-FP16): {_divergence(b['first_divergence'])}</p>",
-        _at_risk(report),
+        "<ul>" + "".join(f"<li>{inline(line)}</li>" for line in header(report)) + "</ul>",
     ]
-    fp32 = report["baselines"].get("fp32")
-    if fp32:
-        parts += [
-            "<h2>All-FP32 sanity check</h2>",
-            f"<p>All-FP32 <span class='{'pass' if fp32['passed'] else 'fail'}'>"
-            f"{'passes' if fp32['passed'] else 'FAILS'}</span> ({escape(fp32['evaluator'])}): "
-            "differences here come from the backend itself, not from FP16.</p>",
-            _table(fp32["outputs"]),
-        ]
-    parts += [
-        "<h2>Error along the graph</h2>",
-        _img(error_curve_plot(report), "error-curve", "relative error per tensor along depth"),
-        "<h2>Error distributions</h2><div class='grid'>",
-    ]
-    for name in report["outputs"]:
-        parts.append(_img(histogram_plot(name, main, base), "histogram", f"|error| of {name}"))
-    parts.append("</div>")
-    images = [n for n, m in report["outputs"].items() if m.get("psnr") is not None]
-    if images:
-        parts.append("<h2>Error heatmaps</h2>")
-        for name in images:
-            parts.append(_img(heatmap_plot(name, main, base), "heatmap", f"error map of {name}"))
-    if p["pinned"]:
-        rows = "".join(
-            f"<tr><td><code>{escape(x['node'])}</code></td><td>{escape(x['op'])}</td>"
-            f"<td><code>{escape(x['rule'])}</code></td></tr>"
-            for x in p["pinned"]
-        )
-        parts.append(
-            f"<details><summary>{len(p['pinned'])} pinned node(s)</summary>"
-            f"<table><tr><th>node</th><th>op</th><th>rule</th></tr>{rows}</table></details>"
-        )
-    if build and build.get("engines"):
-        parts.append(_engines(build))
-    if report.get("warnings"):
-        parts.append("<h2>Warnings</h2><ul>")
-        parts += [f"<li>{escape(w)}</li>" for w in report["warnings"]]
-        parts.append("</ul>")
+    parts += [_section(s, report) for s in sections(report)]
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from trtbuild.accuracy.render import METRICS
+from trtbuild.accuracy.report import METRICS
 from trtbuild.errors import UsageError
 from trtbuild.nightly.runner import PolicyResult
 

@@ -67,17 +67,17 @@ def run_policy(path: Path, out_dir: Path, backend: str | None) -> PolicyResult:
         result.message = f"internal error (a bug): {exc}\n" + "".join(tb[-3:])
         return result
     report = outcome.report
-    result.status = "pass" if report["passed"] else "fail"
+    result.status = "pass" if report.passed else "fail"
     result.exit_code = outcome.exit_code
-    result.evaluator = report["evaluator"]
-    result.emulation = report.get("emulation")
-    result.backend = report.get("backend")
-    result.fp16_share = report["precision"]["fp16_share"]
-    result.fp32_nodes = report["precision"]["fp32_nodes"]
+    result.evaluator = report.main.evaluator
+    result.emulation = report.main.emulation
+    result.backend = report.backend
+    result.fp16_share = report.precision.fp16_share
+    result.fp32_nodes = report.precision.fp32_nodes
     result.versions = pipeline.versions(result.backend or "none")
-    result.outputs = report["outputs"]
-    if not report["passed"]:
-        failing = [n for n, m in report["outputs"].items() if not m["passed"]]
+    result.outputs = report.main.outputs_json()  # plain data: it crosses processes
+    if not report.passed:
+        failing = [n for n, m in report.main.outputs.items() if not m.passed]
         result.message = "outputs below tolerance: " + ", ".join(failing)
     return result
 

@@ -11,7 +11,8 @@ An op whose ONNX schema has no FP16/BF16 type stays FP32 whatever asked for it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import onnx
 
@@ -38,7 +39,7 @@ class Assignment:
     def precision_of(self, index: int) -> str | None:
         return self.decisions[index].precision
 
-    def summary(self) -> dict:
+    def summary(self) -> PrecisionSummary:
         """The `precision` block of report.json.
 
         Counts are of compute nodes (`optypes.computes`): data movement and casts
@@ -52,14 +53,29 @@ class Assignment:
             if d.precision == "fp32" and d.rule in self.rule_hits:
                 pinned.append({"node": node.name, "op": node.op_type, "rule": d.rule})
         compute = sum(counts.values())
-        return {
-            "fp16_nodes": counts["fp16"],
-            "bf16_nodes": counts["bf16"],
-            "fp32_nodes": counts["fp32"],
-            "fp16_share": round(counts["fp16"] / compute, 4) if compute else 0.0,
-            "pinned": pinned,
-            "rule_hits": dict(self.rule_hits),
-        }
+        return PrecisionSummary(
+            fp16_nodes=counts["fp16"],
+            bf16_nodes=counts["bf16"],
+            fp32_nodes=counts["fp32"],
+            fp16_share=round(counts["fp16"] / compute, 4) if compute else 0.0,
+            pinned=pinned,
+            rule_hits=dict(self.rule_hits),
+        )
+
+
+@dataclass(frozen=True)
+class PrecisionSummary:
+    """How many compute nodes run in each precision, and which rules pinned which nodes."""
+
+    fp16_nodes: int
+    bf16_nodes: int
+    fp32_nodes: int
+    fp16_share: float
+    pinned: list[dict[str, str]]  # node, op, rule
+    rule_hits: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def assign(

@@ -1,0 +1,304 @@
+"""The report model: what `build` and `report` found, typed, and the sections that show it.
+
+Why one model: report.json, report.md, report.html, junit.xml, the terminal
+lines and the nightly history all say the same things; they read these
+dataclasses, and Markdown and HTML render the same `sections`, so no renderer
+can leave out what another shows. `to_json` keeps report.json's stable keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trtbuild.accuracy.evaluate import EMULATED, OutputMetrics
+
+if TYPE_CHECKING:
+    from trtbuild.accuracy.judge import Verdict
+    from trtbuild.precision.assign import PrecisionSummary
+
+# The per-output metrics every rendering shows, in this order (report.md, report.html,
+# the nightly summary and history); written once here.
+METRICS = (
+    "max_abs",
+    "mean_abs",
+    "median_abs",
+    "p99_abs",
+    "max_rel",
+    "max_abs_of_range",
+    "cosine",
+    "psnr",
+    "nonfinite",
+)
+
+
+@dataclass
+class Report:
+    """One policy's accuracy report: the policy's verdict and its baselines."""
+
+    policy: str
+    model: str
+    samples: int
+    emulation: str  # the policy's setting; the divergence always comes from it
+    divergence_threshold: float
+    precision: PrecisionSummary
+    main: Verdict
+    fp16: Verdict
+    fp32: Verdict | None = None  # `accuracy.fp32_check`
+    warnings: list[str] = field(default_factory=list)
+    backend: str = "none"
+    version: str = ""
+    build: dict[str, Any] | None = None  # build.json's facts (Engines section); not in JSON
+
+    @property
+    def passed(self) -> bool:
+        return self.main.passed
+
+    @property
+    def divergence_evaluator(self) -> str:
+        return f"{EMULATED} ({self.emulation})"
+
+    def to_json(self) -> dict[str, Any]:
+        baselines: dict[str, Any] = {"fp16": self.fp16.to_json()}
+        if self.fp32 is not None:
+            baselines["fp32"] = {
+                "passed": self.fp32.passed,
+                "evaluator": self.fp32.evaluator,
+                "outputs": self.fp32.outputs_json(),
+            }
+        return {
+            **self.main.to_json(),
+            "divergence_evaluator": self.divergence_evaluator,
+            "policy": self.policy,
+            "model": self.model,
+            "samples": self.samples,
+            "precision": self.precision.to_json(),
+            "baselines": baselines,
+            "divergence_threshold": self.divergence_threshold,
+            "warnings": self.warnings,
+            "trtbuild_version": self.version,
+            "backend": self.backend,
+        }
+
+
+# -- the document both Markdown and HTML render --------------------------------------
+# Inline markup in text: `code` and **bold**, which Markdown keeps and HTML converts.
+
+
+@dataclass(frozen=True)
+class Para:
+    text: str
+
+
+@dataclass(frozen=True)
+class Table:
+    header: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A figure (HTML draws it; Markdown names it); `output` for per-output plots."""
+
+    kind: str  # error-curve | histogram | heatmap
+    alt: str
+    output: str | None = None
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    blocks: list[Para | Table | Plot]
+    collapsed: bool = False  # long lists: folded in HTML
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if v is None:
+        return "–"
+    return str(v)
+
+
+def fmt_bytes(n: float | None) -> str:
+    """One byte format everywhere: binary units with three significant digits."""
+    if n is None:
+        return "–"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} GiB"
+
+
+def tolerance_text(m: OutputMetrics) -> str:
+    return f"atol {m.atol:g}, rtol {m.rtol:g} on the {m.check_error_stat}"
+
+
+def outputs_table(outputs: dict[str, OutputMetrics]) -> Table:
+    rows = [
+        (
+            f"`{name}`",
+            "pass" if m.passed else "**FAIL**",
+            *(fmt(getattr(m, c)) for c in METRICS),
+            tolerance_text(m),
+        )
+        for name, m in outputs.items()
+    ]
+    return Table(("output", "verdict", *METRICS, "tolerance"), rows)
+
+
+def divergence_text(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "none: every intermediate tensor stays within the divergence threshold"
+    return f"`{d['node']}` ({d['op']}), tensor `{d['tensor']}`: {d['reason']}"
+
+
+def header(report: Report) -> list[str]:
+    """The lines under the title: what was judged, by what, and the precision split."""
+    p, main = report.precision, report.main
+    how = f" ({main.emulation} emulation)" if main.emulation else ""
+    return [
+        f"policy: `{report.policy}`",
+        f"model: `{report.model}`",
+        f"evaluator: **{main.evaluator}**{how} against the ONNX Runtime FP32 reference, "
+        f"{report.samples} sample(s); first divergence and error curve from "
+        f"**{report.divergence_evaluator}**",
+        f"precision: {p.fp16_nodes} FP16 and {p.fp32_nodes} FP32 compute nodes "
+        f"({p.fp16_share:.1%} FP16), {len(p.pinned)} pinned by rules",
+    ]
+
+
+def sections(report: Report) -> list[Section]:
+    """Every section of report.md and report.html, in order."""
+    out = [
+        Section(
+            "Outputs (policy)",
+            [
+                outputs_table(report.main.outputs),
+                Para(f"First divergence (policy): {divergence_text(report.main.first_divergence)}"),
+            ],
+        ),
+        _baseline_section(report.fp16),
+        _at_risk_section(report),
+    ]
+    if report.fp32 is not None:
+        out.append(_fp32_section(report.fp32))
+    out.append(_curve_section(report))
+    out.append(_distributions_section(report))
+    if report.precision.pinned:
+        out.append(_pinned_section(report.precision))
+    if report.build and report.build.get("engines"):
+        out.append(_engines_section(report.build))
+    if report.warnings:
+        out.append(Section("Warnings", [Para(w) for w in report.warnings]))
+    return out
+
+
+def _baseline_section(base: Verdict) -> Section:
+    verdict = "passes" if base.passed else "**FAILS**"
+    return Section(
+        "What the policy buys: all-FP16 baseline",
+        [
+            Para(f"All-FP16 {verdict} ({base.evaluator})."),
+            outputs_table(base.outputs),
+            Para(f"First divergence (all-FP16): {divergence_text(base.first_divergence)}"),
+        ],
+    )
+
+
+def _at_risk_section(report: Report) -> Section:
+    rows = report.main.at_risk
+    if not rows:
+        return Section(
+            "Ops at risk", [Para("None: no FP16 op's internal quantities leave the FP16 range.")]
+        )
+    text = (
+        "FP16 ops whose internal quantities (sums behind means, squared deviations) leave the "
+        "FP16 range on the FP32 reference. The verdict above assumes "
+        f"`{report.main.emulation or 'the engine'}`; these fail only on a kernel that keeps "
+        "them in FP16. Pin them (a `name` rule) to be safe on any kernel."
+    )
+    table = Table(
+        ("node", "op", "quantity", "peak"),
+        [(f"`{r['node']}`", r["op"], r["quantity"], f"{r['peak']:.4g}") for r in rows],
+    )
+    return Section("Ops at risk", [Para(text), table])
+
+
+def _fp32_section(fp32: Verdict) -> Section:
+    verdict = "passes" if fp32.passed else "**FAILS**"
+    return Section(
+        "All-FP32 check",
+        [
+            Para(
+                f"All-FP32 {verdict} ({fp32.evaluator}): differences here come from the "
+                "backend itself, not from FP16."
+            ),
+            outputs_table(fp32.outputs),
+        ],
+    )
+
+
+def _curve_section(report: Report) -> Section:
+    worst = sorted(
+        (p for p in report.main.error_curve if p.get("rel_error") is not None),
+        key=lambda p: -float(p["rel_error"]),
+    )[:5]
+    rows = [(f"`{p['node']}`", p["op"], fmt(float(p["rel_error"]))) for p in worst]
+    return Section(
+        "Error along the graph",
+        [
+            Plot("error-curve", "relative error per tensor along depth"),
+            Para("Largest relative errors of the policy (max |error| / tensor range):"),
+            Table(("node", "op", "relative error"), rows),
+        ],
+    )
+
+
+def _distributions_section(report: Report) -> Section:
+    blocks: list[Para | Table | Plot] = [
+        Plot("histogram", f"|error| of {name}", name) for name in report.main.outputs
+    ]
+    blocks += [
+        Plot("heatmap", f"error map of {name}", name)
+        for name, m in report.main.outputs.items()
+        if m.psnr is not None
+    ]
+    return Section("Error distributions", blocks)
+
+
+def _pinned_section(p: PrecisionSummary) -> Section:
+    rows = [(f"`{x['node']}`", x["op"], f"`{x['rule']}`") for x in p.pinned]
+    return Section(
+        f"Pinned nodes ({len(p.pinned)})", [Table(("node", "op", "rule"), rows)], collapsed=True
+    )
+
+
+def _engines_section(build: dict[str, Any]) -> Section:
+    rows = []
+    for name, e in build["engines"].items():
+        mem = e.get("memory", {})
+        rows.append(
+            (
+                name,
+                f"{e['backend']} {e['version']}",
+                fmt_bytes(e["engine_bytes"]),
+                fmt_bytes(mem.get("weights_bytes")),
+                fmt_bytes(mem.get("activation_bytes")),
+                str(e["build_seconds"]),
+            )
+        )
+    head = ("variant", "backend", "engine size", "weights", "activations", "build s")
+    blocks: list[Para | Table | Plot] = [Table(head, rows)]
+    audit = build.get("layer_audit") or {}
+    if audit:
+        ok = "yes" if audit.get("ok") else f"**NO**: {audit.get('mismatched')}"
+        blocks.append(
+            Para(
+                f"Every FP32 node is an FP32 layer in the parsed network: {ok} "
+                f"({audit.get('fp32_nodes_checked')} checked)."
+            )
+        )
+    return Section("Engines", blocks)
