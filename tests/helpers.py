@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 
@@ -36,3 +41,34 @@ def dtypes(m: onnx.ModelProto) -> dict[str, int]:
     }
     out.update({t.name: t.data_type for t in m.graph.initializer})
     return out
+
+
+# -- a headless browser for the HTML pages --------------------------------------------
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail("CI must have Chromium for this test (.ci/run installs Debian's chromium)")
+    pytest.skip("no Chromium on this machine (apt-get install chromium)")
+
+
+def run_browser(browser: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+
+
+def pixels_near(img: np.ndarray, hex_color: str, tol: int = 40) -> int:
+    rgb = np.array([int(hex_color[i : i + 2], 16) for i in (1, 3, 5)])
+    return int(np.count_nonzero(np.abs(img[..., :3].astype(int) - rgb).max(axis=-1) <= tol))

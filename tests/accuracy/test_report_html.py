@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from tests.helpers import chromium, pixels_near, run_browser
 from trtbuild.accuracy.report_html import BASELINE_COLOR, POLICY_COLOR
 from trtbuild.cli import main
 
@@ -49,50 +47,22 @@ def test_fp32_check_is_reported(nafnet_report):
     assert "All-FP32 check" in (nafnet_report / "report.html").read_text()
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    if os.environ.get("CI"):
-        pytest.fail("CI must have Chromium for this test (.ci/run installs Debian's chromium)")
-    pytest.skip("no Chromium on this machine (apt-get install chromium)")
-
-
-def _run(browser: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
-
-
-def _pixels_near(img: np.ndarray, hex_color: str, tol: int = 40) -> int:
-    rgb = np.array([int(hex_color[i : i + 2], 16) for i in (1, 3, 5)])
-    return int(np.count_nonzero(np.abs(img[..., :3].astype(int) - rgb).max(axis=-1) <= tol))
-
-
 def test_headless_chromium_renders_every_plot(nafnet_report, tmp_path):
-    browser = _chromium()
+    browser = chromium()
     url = (nafnet_report / "report.html").resolve().as_uri()
-    dom = _run(browser, tmp_path, "--dump-dom", "--virtual-time-budget=5000", url).stdout
+    dom = run_browser(browser, tmp_path, "--dump-dom", "--virtual-time-budget=5000", url).stdout
     loaded = re.search(r'data-plots-loaded="(\d+)/(\d+)"', dom)
     assert loaded, "the page's load handler did not run"
     assert loaded.group(1) == loaded.group(2) == "4", "a plot failed to decode"
 
     shot = tmp_path / "report.png"
-    _run(browser, tmp_path, f"--screenshot={shot}", "--window-size=1200,3000", url)
+    run_browser(browser, tmp_path, f"--screenshot={shot}", "--window-size=1200,3000", url)
     img = np.asarray(Image.open(shot).convert("RGB"))
     assert img.shape == (3000, 1200, 3)
     assert img.std() > 10, "the screenshot is blank"
     # the policy's curve and histograms (blue), the baseline's (orange) are on screen
-    assert _pixels_near(img, POLICY_COLOR) > 1000
-    assert _pixels_near(img, BASELINE_COLOR) > 1000
+    assert pixels_near(img, POLICY_COLOR) > 1000
+    assert pixels_near(img, BASELINE_COLOR) > 1000
 
 
 def test_markdown_and_html_show_the_same_sections(nafnet_report):

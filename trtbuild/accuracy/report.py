@@ -31,6 +31,13 @@ METRICS = (
     "nonfinite",
 )
 
+# Marks the body of report.html and summary.html once every plot has decoded, so a
+# headless browser (and a person's devtools) can tell a broken image from a missing one.
+PLOTS_LOADED_SCRIPT = """
+window.addEventListener('load',function(){var i=[].slice.call(document.images);
+document.body.setAttribute('data-plots-loaded',i.filter(function(x){return x.complete&&x.naturalWidth>0}).length+'/'+i.length);});
+"""
+
 
 @dataclass
 class Report:

@@ -19,7 +19,16 @@ import numpy as np
 
 from trtbuild.accuracy.evaluate import REFERENCE
 from trtbuild.accuracy.judge import Verdict
-from trtbuild.accuracy.report import Para, Plot, Report, Section, Table, header, sections
+from trtbuild.accuracy.report import (
+    PLOTS_LOADED_SCRIPT,
+    Para,
+    Plot,
+    Report,
+    Section,
+    Table,
+    header,
+    sections,
+)
 
 POLICY_COLOR = "#1f77b4"
 BASELINE_COLOR = "#ff7f0e"
@@ -68,16 +77,9 @@ def error_curve_plot(report: Report) -> str:
     first = report.fp16.first_divergence
     if first:
         at = next((p["depth"] for p in curves[1][1] if p["node"] == first["node"]), None)
-        if at is not None:
-            ax.axvline(at, color=BASELINE_COLOR, ls=":", lw=1)
-            ax.annotate(
-                f"all-FP16 breaks at {first['node']}",
-                (at, top),
-                xytext=(4, -12),
-                textcoords="offset points",
-                fontsize=8,
-                color=BASELINE_COLOR,
-            )
+        if at is not None:  # named in the legend, so no text lies on the curves
+            label = f"all-FP16 breaks at {first['node']}"
+            ax.axvline(at, color=BASELINE_COLOR, ls=":", lw=1, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("depth (float tensors in topological order)")
     ax.set_ylabel("max |error| / tensor range")
@@ -224,13 +226,6 @@ figure{margin:8px 0}img.plot{max-width:100%;border:1px solid #eee}
 .grid{display:flex;flex-wrap:wrap;gap:8px}.label{color:#57606a}
 """
 
-# Marks the body once every plot has decoded, so a headless browser (and a
-# person's devtools) can tell a broken image from a missing one.
-SCRIPT = """
-window.addEventListener('load',function(){var i=[].slice.call(document.images);
-document.body.setAttribute('data-plots-loaded',i.filter(function(x){return x.complete&&x.naturalWidth>0}).length+'/'+i.length);});
-"""
-
 
 def html(report: Report) -> str:
     """The whole page: the same sections as report.md, with the plots drawn."""
@@ -243,7 +238,7 @@ def html(report: Report) -> str:
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>trtbuild report: {verdict} {escape(report.policy)}</title>",
-        f"<style>{STYLE}</style><script>{SCRIPT}</script></head><body>",
+        f"<style>{STYLE}</style><script>{PLOTS_LOADED_SCRIPT}</script></head><body>",
         f"<h1>trtbuild accuracy report <span class='{cls}'>{verdict}</span></h1>",
         "<ul>" + "".join(f"<li>{inline(line)}</li>" for line in header(report)) + "</ul>",
     ]

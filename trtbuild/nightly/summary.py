@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from trtbuild.nightly.history import number
@@ -10,9 +11,20 @@ from trtbuild.nightly.runner import PolicyResult
 
 
 def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
-    """median and max |error| of every output, night after night; failing nights marked."""
+    """The trend figure as PNG bytes."""
     import io
 
+    import matplotlib.pyplot as plt
+
+    fig = trend_figure(policy, points)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def trend_figure(policy: str, points: list[dict[str, Any]]) -> Any:
+    """median and max |error| of every output, night after night; failing nights marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,27 +49,32 @@ def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
     ax.set_ylabel("|error|")
     ax.set_title(f"{policy} (red: failing night)", fontsize=10)
     if names:  # beside the axes, where it cannot cover a line
-        ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+        ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    ax.margins(y=0.08)  # a line at the extreme stays off the frame
     ax.grid(alpha=0.3)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
 
 
 def _worst(r: PolicyResult, key: str) -> str:
-    """The worst output's error with its scale: max_abs as a share of the output's range,
-    median_abs as a multiple of the output's atol."""
+    """The worst output's error with its scale: a share of that output's range.
+
+    Outputs differ in scale (an image in [0, 1], an energy near 1e7), so an absolute
+    error alone reads wrong; the range is the one scale every output has.
+    """
     rows = [(m, number(m.get(key))) for m in r.outputs.values() if m.get(key) is not None]
     if not rows:
         return "–"
-    m, worst = max(rows, key=lambda mv: mv[1])
-    scale = number(m.get("max_abs_of_range"))
-    if key == "max_abs" and scale is not None:
-        return f"{worst:.4g} ({scale:.2g} of range)"
-    if key == "median_abs" and m.get("atol"):
-        return f"{worst:.4g} ({worst / m['atol']:.2g}× atol)"
-    return f"{worst:.4g}"
+    m, worst = max(rows, key=lambda mv: _of_range(mv[0], mv[1]))
+    share = _of_range(m, worst)
+    return f"{worst:.4g} ({share:.2g} of range)" if share >= 0 else f"{worst:.4g}"
+
+
+def _of_range(m: dict[str, Any], error: float) -> float:
+    """`error` / the output's FP32 range (max_abs / max_abs_of_range); -1 when unknown."""
+    max_abs, share = number(m.get("max_abs")), number(m.get("max_abs_of_range"))
+    if not max_abs or not share or not math.isfinite(max_abs) or not math.isfinite(share):
+        return float("inf") if error == float("inf") else -1.0
+    return error / (max_abs / share)
 
 
 COLUMNS = (
@@ -119,6 +136,8 @@ def summary_html(heading: str, rows: list[tuple[bool, list[str]]], pngs: dict[st
     import base64
     from html import escape
 
+    from trtbuild.accuracy.report import PLOTS_LOADED_SCRIPT
+
     head = "".join(f"<th>{c}</th>" for c in COLUMNS)
     body = "".join(
         f"<tr class='{'pass' if ok else 'fail'}'>"
@@ -140,7 +159,7 @@ def summary_html(heading: str, rows: list[tuple[bool, list[str]]], pngs: dict[st
     )
     return (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(heading)}"
-        f"</title><style>{style}</style></head><body><h1>{escape(heading)}</h1>"
+        f"</title><style>{style}</style><script>{PLOTS_LOADED_SCRIPT}</script></head><body><h1>{escape(heading)}</h1>"
         f"<table><tr>{head}</tr>{body}</table><h2>Trends</h2>{figs}</body></html>\n"
     )
 

@@ -1,0 +1,110 @@
+"""The plots people read: legends beside the data, never on it; summary.html in a browser."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import ROOT
+from tests.helpers import chromium, pixels_near, run_browser
+from trtbuild.cli import main
+from trtbuild.nightly.summary import trend_figure
+
+LINE_COLOR = "#1f77b4"  # matplotlib's first line colour: the first output's median
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def assert_legends_clear(fig) -> None:
+    """Every legend sits outside every axes of its figure, in readable text."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends, "the figure has no legend"
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            assert not _overlaps(box, ax.get_window_extent(renderer)), "a legend covers the data"
+        assert min(t.get_fontsize() for t in legend.get_texts()) >= 9
+
+
+def _points(nights: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "run": k + 1,
+            "started": f"2026-11-{k + 1:02d}T02:00:00+00:00",
+            "status": "pass" if k % 4 else "fail",
+            "outputs": {
+                name: {"median_abs": float(rng.uniform(1e-4, 1e-3)), "max_abs": 1e-2 * (k + 1)}
+                for name in ("restored", "total", "a_long_output_name_for_the_legend")
+            },
+        }
+        for k in range(nights)
+    ]
+
+
+@pytest.mark.parametrize("nights", [1, 2, 30, 60])
+def test_trend_legend_is_beside_the_lines(nights):
+    import matplotlib.pyplot as plt
+
+    fig = trend_figure("nafnet", _points(nights))
+    try:
+        assert_legends_clear(fig)
+    finally:
+        plt.close(fig)
+
+
+def test_report_plot_legends_are_clear_of_the_data(example_policy, monkeypatch):
+    """Every plot of report.html: the error curve, each histogram, the heatmap."""
+    import matplotlib.pyplot as plt
+
+    from trtbuild import pipeline
+    from trtbuild.accuracy import report_html
+    from trtbuild.policy import load_policy
+
+    stages = pipeline.run_front(load_policy(example_policy("nafnet")))
+    report = pipeline.evaluate_all(stages, engines={}, backend="none")
+    figures = []
+    monkeypatch.setattr(report_html, "_png", lambda fig: figures.append(fig) or "data:,")
+    report_html.html(report)
+    assert len(figures) == 4  # curve, two histograms, one heatmap
+    for fig in figures:
+        if any(ax.get_legend() for ax in fig.axes):
+            assert_legends_clear(fig)
+        plt.close(fig)
+
+
+@pytest.fixture(scope="module")
+def summary_page(tmp_path_factory, models_dir):
+    """Three nights of two policies: trends with a few points each."""
+    tmp = tmp_path_factory.mktemp("summary")
+    policies = tmp / "policies"
+    policies.mkdir()
+    for name in ("nafnet", "gfpgan"):
+        text = (ROOT / "policies" / f"{name}.yaml").read_text()
+        (policies / f"{name}.yaml").write_text(text.replace("../models/", f"{models_dir}/"))
+    args = ["nightly", "--policies", str(policies), "--out", str(tmp / "out")]
+    for _ in range(3):
+        assert main([*args, "--history", str(tmp / "h.sqlite"), "--backend", "none"]) == 0
+    return tmp / "out" / "summary.html"
+
+
+def test_headless_chromium_renders_the_summary(summary_page, tmp_path):
+    browser = chromium()
+    url = summary_page.resolve().as_uri()
+    dom = run_browser(browser, tmp_path, "--dump-dom", "--virtual-time-budget=5000", url).stdout
+    loaded = re.search(r'data-plots-loaded="(\d+)/(\d+)"', dom)
+    assert loaded, "the page's load handler did not run"
+    assert loaded.group(1) == loaded.group(2) == "2", "a trend plot failed to decode"
+
+    shot = tmp_path / "summary.png"
+    run_browser(browser, tmp_path, f"--screenshot={shot}", "--window-size=1400,1200", url)
+    img = np.asarray(Image.open(shot).convert("RGB"))
+    assert img.std() > 10, "the screenshot is blank"
+    assert pixels_near(img, LINE_COLOR) > 200  # the trend lines are on screen
