@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import textwrap
@@ -14,6 +15,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import make_models  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory) -> Path:
+    """One cache folder for the whole run, never the user's ~/.cache/trtbuild.
+
+    Shared on purpose: the cache must never change a result, so every test that
+    runs after a warm-up also checks that claim.
+    """
+    folder = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("TRTBUILD_CACHE_DIR")
+    os.environ["TRTBUILD_CACHE_DIR"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("TRTBUILD_CACHE_DIR", None)
+    else:
+        os.environ["TRTBUILD_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="session")

@@ -620,3 +620,59 @@ def test_ctrl_c_mid_build_keeps_previous_artifacts(tmp_path, models_dir):
     assert b"interrupted" in err and b"Traceback" not in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# -- the cache: trouble with it degrades to no cache, with one warning, never a failure ----
+
+
+def _corrupt_every_entry(folder: Path) -> None:
+    entries = [p for p in folder.rglob("*") if p.is_file()]
+    assert entries, "the warm-up run cached nothing"
+    for path in entries:
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # truncated
+
+
+def _read_only(folder: Path) -> Path:
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):  # root ignores modes: a folder no one may create
+        return Path("/sys/trtbuild-cache")
+    return folder
+
+
+@pytest.mark.parametrize("trouble", ["corrupt entry", "read-only folder", "folder is a file"])
+def test_cache_trouble_warns_once_and_changes_nothing(trouble, tmp_path, write_policy, capsys):
+    policy = str(write_policy())
+    assert main(["check", "--policy", policy, "--json", "--no-cache"]) == 0
+    expected = capsys.readouterr().out
+    folder = tmp_path / "cache"
+    if trouble == "corrupt entry":
+        os.environ["TRTBUILD_CACHE_DIR"] = str(folder)
+        try:
+            assert main(["check", "--policy", policy, "--json"]) == 0  # warm up
+            capsys.readouterr()
+            _corrupt_every_entry(folder)
+            warned = "dropped a corrupt cache entry"
+        finally:
+            os.environ.pop("TRTBUILD_CACHE_DIR")
+    elif trouble == "read-only folder":
+        folder, warned = _read_only(folder), "cache off for this run"
+    else:
+        folder.write_text("not a folder")
+        warned = "is a file, not a folder"
+    os.environ["TRTBUILD_CACHE_DIR"] = str(folder)
+    try:
+        started = time.monotonic()
+        code = main(["check", "--policy", policy, "--json"])
+        out, err = capsys.readouterr()
+        assert code == 0 and out == expected, err
+        assert err.count("trtbuild: warning:") == 1 and warned in err, err
+        assert "Traceback" not in err and time.monotonic() - started < 30
+        if trouble == "corrupt entry":  # rewritten: the next run hits, silently
+            assert main(["check", "--policy", policy, "--json"]) == 0
+            out, err = capsys.readouterr()
+            assert out == expected and "warning" not in err
+    finally:
+        os.environ.pop("TRTBUILD_CACHE_DIR")
+        if folder.is_dir():
+            folder.chmod(0o755)

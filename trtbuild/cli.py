@@ -49,6 +49,15 @@ def _parser() -> argparse.ArgumentParser:
             help="policy YAML; a bare name is also looked up in ./policies/",
         )
         sp.add_argument("--verbose", "-v", action="store_true", help="show Polygraphy's log")
+        no_cache_arg(sp)
+
+    def no_cache_arg(sp):
+        sp.add_argument(
+            "--no-cache",
+            action="store_true",
+            help="compute the prepared graph and the FP32 reference afresh "
+            "(cache: TRTBUILD_CACHE_DIR, default ~/.cache/trtbuild)",
+        )
 
     b = sub.add_parser("build", help="prepare, assign, build and report into DIR", epilog=_EPILOG)
     policy_arg(b)
@@ -87,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--no-fold-batchnorm", action="store_true", help="keep BatchNormalization after Conv"
     )
+    no_cache_arg(pr)
 
     t = sub.add_parser(
         "tune",
@@ -137,7 +147,13 @@ def _parser() -> argparse.ArgumentParser:
         help="error growth over the last passing night that counts as a regression (0.25 = 25%%)",
     )
 
+    no_cache_arg(n)
+
     sub.add_parser("schema", help="print the policy's JSON Schema")
+
+    ca = sub.add_parser("cache", help="show or clear the cache of prepared graphs and references")
+    ca.add_argument("action", choices=["info", "clear"])
+    ca.add_argument("--json", action="store_true", help="machine-readable output (info)")
     return p
 
 
@@ -174,6 +190,14 @@ def _warn(messages: list[str]) -> None:
         print(f"trtbuild: warning: {m}", file=sys.stderr)
 
 
+def _cache(args):
+    from trtbuild.cache import Cache
+
+    cache = Cache(enabled=not args.no_cache)
+    cache.check_root()
+    return cache
+
+
 def _out_dir(args, policy) -> Path:
     return args.out if args.out is not None else Path("build") / policy.stem
 
@@ -183,7 +207,9 @@ def _cmd_build(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    outcome = pipeline.build(policy, _out_dir(args, policy), args.backend, args.verbose)
+    outcome = pipeline.build(
+        policy, _out_dir(args, policy), args.backend, args.verbose, cache=_cache(args)
+    )
     _warn(outcome.report.warnings)
     _print_verdict(outcome)
     return outcome.exit_code
@@ -201,7 +227,9 @@ def _cmd_report(args) -> int:
             where=str(args.engine),
             hint="build it first with trtbuild build",
         )
-    outcome = pipeline.report_only(policy, _out_dir(args, policy), args.engine, args.verbose)
+    outcome = pipeline.report_only(
+        policy, _out_dir(args, policy), args.engine, args.verbose, cache=_cache(args)
+    )
     _warn(outcome.report.warnings)
     _print_verdict(outcome)
     return outcome.exit_code
@@ -221,7 +249,7 @@ def _cmd_check(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(policy)
+    stages = pipeline.run_front(policy, cache=_cache(args))
     a = stages.assignment
     at_risk = risk.at_risk(stages.reference.internals, stages.converted.model)
     rows = [
@@ -274,7 +302,7 @@ def _cmd_convert(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(policy, reference=False)
+    stages = pipeline.run_front(policy, reference=False, cache=_cache(args))
     save_model(stages.converted.model, args.output)
     _warn(stages.warnings)
     s = stages.assignment.summary()
@@ -286,18 +314,17 @@ def _cmd_convert(args) -> int:
 
 
 def _cmd_prepare(args) -> int:
-    from trtbuild.graph.model_io import load_model, save_model
-    from trtbuild.graph.prepare import prepare
+    from trtbuild.graph.model_io import save_model
+    from trtbuild.pipeline import prepared_graph
     from trtbuild.policy.model import Passes
 
-    model = load_model(args.model)
     passes = Passes(
         opset=args.opset,
         fold_constants=not args.no_fold,
         fuse_layernorm=not args.no_fuse_layernorm,
         fold_batchnorm=not args.no_fold_batchnorm,
     )
-    prepared = prepare(model, passes, source=str(args.model))
+    prepared, _ = prepared_graph(args.model, passes, _cache(args))
     save_model(prepared.model, args.output)
     for rec in prepared.records:
         print("\n".join(rec.summary()))
@@ -315,7 +342,7 @@ def _cmd_tune(args) -> int:
     policy = load_policy(args.policy)
     tune.check_policy(policy)
     tune.check_output(policy, args.output, args.force)
-    stages = pipeline.run_front(policy)
+    stages = pipeline.run_front(policy, cache=_cache(args))
     bar = tune.Progress()
     try:
         result = tune.tune(
@@ -359,6 +386,7 @@ def _cmd_nightly(args) -> int:
         backend=args.backend,
         margin=args.margin,
         progress=progress,
+        use_cache=not args.no_cache,
     )
     for g in night.regressions:
         print(f"REGRESSION {g.policy}: {g.kind}: {g.detail} (last pass {g.since})")
@@ -373,6 +401,27 @@ def _cmd_nightly(args) -> int:
         f"wrote {args.out}/summary.md, summary.html, junit.xml; history {args.history} (run {night.run_id})"
     )
     return night.exit_code
+
+
+def _cmd_cache(args) -> int:
+    from trtbuild.cache import Cache
+
+    cache = Cache()
+    if args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.root}")
+        return 0
+    info = cache.info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    from trtbuild.accuracy.report import fmt_bytes
+
+    kinds = ", ".join(f"{v} {k}" for k, v in info["by_kind"].items())
+    print(
+        f"{info['root']}: {info['entries']} entries ({kinds}), {fmt_bytes(info['bytes'])} "
+        f"of {fmt_bytes(info['max_bytes'])} (TRTBUILD_CACHE_MAX_MB)"
+    )
+    return 0
 
 
 def _cmd_schema(args) -> int:
@@ -391,4 +440,5 @@ _COMMANDS = {
     "schema": _cmd_schema,
     "nightly": _cmd_nightly,
     "tune": _cmd_tune,
+    "cache": _cmd_cache,
 }

@@ -28,13 +28,15 @@ from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Verdict, judge
 from trtbuild.accuracy.reference import ReferenceTensors, run_reference
 from trtbuild.accuracy.report import Report
+from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
+from trtbuild.cache import key as cache_key
 from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
 from trtbuild.fsutil import sha256_file, write_bytes, write_json, write_text
 from trtbuild.graph.model_io import load_model, save_model
 from trtbuild.graph.prepare import Prepared, prepare
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
-from trtbuild.policy.model import Policy, Precision
+from trtbuild.policy.model import Passes, Policy, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import Converted, convert
 
@@ -62,6 +64,7 @@ class Stages:
     converted: Converted
     timings: dict[str, float] = field(default_factory=dict)
     baselines: dict[str, Converted] = field(default_factory=dict)
+    cache_hits: dict[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
 
     @property
     def warnings(self) -> list[str]:
@@ -73,12 +76,16 @@ def needs_reference(policy: Policy) -> bool:
     return any(r.match.max_abs_above is not None for r in policy.precision.all_rules())
 
 
-def run_front(policy: Policy, *, reference: bool = True) -> Stages:
-    """Load, prepare, run the FP32 reference (when asked or needed), assign and convert."""
+def run_front(policy: Policy, *, reference: bool = True, cache: Cache | None = None) -> Stages:
+    """Load, prepare, run the FP32 reference (when asked or needed), assign and convert.
+
+    With a `cache`, the prepared graph and the reference come from it when their
+    inputs are unchanged (`trtbuild.cache` says what the keys cover).
+    """
+    cache = cache if cache is not None else Cache(enabled=False)
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    source = load_model(policy.model)
-    prepared = prepare(source, policy.passes, source=str(policy.model))
+    prepared, digest = prepared_graph(policy.model, policy.passes, cache)
     view = GraphView(prepared.model)
     timings["prepare"] = time.perf_counter() - t
 
@@ -86,14 +93,51 @@ def run_front(policy: Policy, *, reference: bool = True) -> Stages:
     feeds = data_mod.make_feeds(policy, prepared.model)
     if reference or needs_reference(policy):
         t = time.perf_counter()
-        ref = run_reference(prepared.model, feeds, view)
+        ref = _reference(prepared, feeds, view, cache, digest)
         timings["reference"] = time.perf_counter() - t
 
     t = time.perf_counter()
     assignment = assign(view, policy.precision, ref.ranges if ref is not None else None)
     converted = convert(assignment)
     timings["assign_convert"] = time.perf_counter() - t
-    return Stages(policy, prepared, view, feeds, ref, assignment, converted, timings)
+    stages = Stages(policy, prepared, view, feeds, ref, assignment, converted, timings)
+    ran = ("prepared", "reference") if ref is not None else ("prepared",)
+    stages.cache_hits = {kind: cache.hits.get(kind, "off") for kind in ran}
+    return stages
+
+
+def prepared_graph(model: Path, passes: Passes, cache: Cache) -> tuple[Prepared, str | None]:
+    """The prepared graph and its cache key, from the cache when model, passes and code match."""
+    digest = None
+    if cache.enabled:
+        try:
+            source_digest = model_digest(model)
+        except Exception:  # unreadable or not ONNX: load_model says so, in its words
+            source_digest = None
+        if source_digest is not None:
+            digest = cache_key("prepared", code_fingerprint(), source_digest, repr(passes))
+            cached = cache.get("prepared", digest)
+            if cached is not None:
+                return cached, digest
+    prepared = prepare(load_model(model), passes, source=str(model))
+    if digest is not None:
+        cache.put("prepared", digest, prepared)
+    return prepared, digest
+
+
+def _reference(
+    prepared: Prepared, feeds: list, view: GraphView, cache: Cache, digest: str | None
+) -> ReferenceTensors:
+    """The FP32 reference, from the cache when the prepared graph and the feeds match."""
+    key = cache_key("reference", digest, feeds_digest(feeds)) if digest else None
+    if key is not None:
+        cached = cache.get("reference", key)
+        if cached is not None:
+            return cached
+    ref = run_reference(prepared.model, feeds, view)
+    if key is not None:
+        cache.put("reference", key, ref)
+    return ref
 
 
 def baseline(stages: Stages, default: str) -> Converted:
@@ -236,13 +280,18 @@ def versions(backend: str) -> dict[str, Any]:
 
 
 def build(
-    policy: Policy, out_dir: Path, backend: str | None = None, verbose: bool = False
+    policy: Policy,
+    out_dir: Path,
+    backend: str | None = None,
+    verbose: bool = False,
+    *,
+    cache: Cache | None = None,
 ) -> Outcome:
     """`trtbuild build`: prepare, reference, assign, convert, build engines, judge, write."""
     from trtbuild.engine.backends import gpu_available, resolve_backend
 
     backend = resolve_backend(backend or policy.build.backend)
-    stages = run_front(policy)
+    stages = run_front(policy, cache=cache)
     with staged_output(out_dir, BUILD_FILES) as stage:
         save_model(stages.prepared.model, stage / "prepared.onnx")
         save_model(stages.converted.model, stage / "mixed.onnx")
@@ -289,6 +338,7 @@ def build_record(
         "hashes": {"model": sha256_file(policy.model), "policy": sha256_file(policy.path)},
         "passes": stages.prepared.records_json(),
         "timings_seconds": {k: round(v, 3) for k, v in stages.timings.items()},
+        "cache": stages.cache_hits,
         "casts": len(stages.converted.casts),
         "engines": {k: v.summary() for k, v in engines.items()},
         "layer_audit": audit_layers(stages, layers) if layers else None,
@@ -353,7 +403,12 @@ def audit_layers(stages: Stages, layers: list[dict[str, Any]]) -> dict[str, Any]
 
 
 def report_only(
-    policy: Policy, out_dir: Path, engine: Path | None = None, verbose: bool = False
+    policy: Policy,
+    out_dir: Path,
+    engine: Path | None = None,
+    verbose: bool = False,
+    *,
+    cache: Cache | None = None,
 ) -> Outcome:
     """`trtbuild report`: the accuracy report without rebuilding.
 
@@ -362,7 +417,7 @@ def report_only(
     """
     from trtbuild.engine.backends import gpu_available, resolve_backend
 
-    stages = run_front(policy)
+    stages = run_front(policy, cache=cache)
     built = _earlier_build(out_dir, policy)
     backend = built.get("backend", "none") if built else "none"
     plans: dict[str, bytes] = {}

@@ -55,6 +55,7 @@ def nightly(
     backend: str | None = None,
     margin: float = 0.25,
     progress=None,
+    use_cache: bool = True,
 ) -> Night:
     from trtbuild import pipeline
 
@@ -62,7 +63,7 @@ def nightly(
     db = open_history(history)
     try:
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        results = run_all(paths, out_dir, backend, jobs, progress)
+        results = run_all(paths, out_dir, backend, jobs, progress, use_cache)
         run_id = record(db, started, results, pipeline.versions("none"))
         found = regressions(db, run_id, results, margin)
         pngs = {r.policy: trend_png(r.policy, trend(db, r.policy)) for r in results}

@@ -46,9 +46,12 @@ def discover(policies_dir: Path) -> list[Path]:
     return found
 
 
-def run_policy(path: Path, out_dir: Path, backend: str | None) -> PolicyResult:
+def run_policy(
+    path: Path, out_dir: Path, backend: str | None, use_cache: bool = True
+) -> PolicyResult:
     """Build and report one policy; every failure becomes a result, never an exception."""
     from trtbuild import pipeline
+    from trtbuild.cache import Cache
     from trtbuild.fsutil import sha256_file
     from trtbuild.policy import load_policy
 
@@ -58,7 +61,9 @@ def run_policy(path: Path, out_dir: Path, backend: str | None) -> PolicyResult:
         policy = load_policy(path)
         if policy.model.is_file():
             result.model_sha256 = sha256_file(policy.model)
-        outcome = pipeline.build(policy, out_dir / path.stem, backend)
+        cache = Cache(enabled=use_cache)
+        cache.check_root()
+        outcome = pipeline.build(policy, out_dir / path.stem, backend, cache=cache)
     except TrtbuildError as exc:
         result.exit_code, result.message = exc.exit_code, str(exc)
         return result
@@ -82,14 +87,19 @@ def run_policy(path: Path, out_dir: Path, backend: str | None) -> PolicyResult:
     return result
 
 
-def _run_one(args: tuple[Path, Path, str | None]) -> PolicyResult:
+def _run_one(args: tuple[Path, Path, str | None, bool]) -> PolicyResult:
     return run_policy(*args)
 
 
 def run_all(
-    paths: list[Path], out_dir: Path, backend: str | None, jobs: int, progress=None
+    paths: list[Path],
+    out_dir: Path,
+    backend: str | None,
+    jobs: int,
+    progress=None,
+    use_cache: bool = True,
 ) -> list[PolicyResult]:
-    tasks = [(p, out_dir, backend) for p in paths]
+    tasks = [(p, out_dir, backend, use_cache) for p in paths]
     if jobs <= 1:
         results = []
         for task in tasks:

@@ -1,0 +1,77 @@
+"""The cache never changes a result; it is capped, and `trtbuild cache` shows and clears it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import NAFNET_POLICY, PINS
+from trtbuild.cache import Cache
+from trtbuild.cli import main
+
+ARTIFACTS = (
+    "prepared.onnx",
+    "mixed.onnx",
+    "report.json",
+    "report.md",
+    "junit.xml",
+    "reference_outputs.json",
+    "evaluated_outputs.json",
+)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("TRTBUILD_CACHE_DIR", str(folder))
+    return folder
+
+
+def test_cached_and_uncached_builds_are_byte_identical(tmp_path, nafnet_path, cache_dir):
+    policy = tmp_path / "p.yaml"
+    policy.write_text(NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none"))
+    runs = {"off": ["--no-cache"], "cold": [], "warm": []}
+    for name, extra in runs.items():
+        argv = ["build", "--policy", str(policy), "--out", str(tmp_path / name), *extra]
+        assert main(argv) == 0
+    files = {name: {f: (tmp_path / name / f).read_bytes() for f in ARTIFACTS} for name in runs}
+    assert files["off"] == files["cold"] == files["warm"]
+    hits = {n: json.loads((tmp_path / n / "build.json").read_text())["cache"] for n in runs}
+    assert hits["off"] == {"prepared": "off", "reference": "off"}
+    assert hits["cold"] == {"prepared": "miss", "reference": "miss"}
+    assert hits["warm"] == {"prepared": "hit", "reference": "hit"}
+
+
+def test_another_seed_misses_the_reference_but_hits_the_graph(tmp_path, nafnet_path, cache_dir):
+    text = NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none")
+    for seed in (0, 1):
+        policy = tmp_path / f"s{seed}.yaml"
+        policy.write_text(text.replace("  samples: 2", f"  samples: 2\n  seed: {seed}"))
+        assert main(["build", "--policy", str(policy), "--out", str(tmp_path / f"s{seed}")]) == 0
+    hits = json.loads((tmp_path / "s1" / "build.json").read_text())["cache"]
+    assert hits == {"prepared": "hit", "reference": "miss"}
+
+
+def test_least_recently_used_entries_leave_first(tmp_path):
+    cache = Cache(root=tmp_path, max_bytes=250_000)
+    payload = b"x" * 100_000
+    for name in ("a", "b"):
+        cache.put("prepared", name * 64, payload)
+    assert cache.get("prepared", "a" * 64) == payload  # a is now the most recently used
+    cache.put("prepared", "c" * 64, payload)  # over the cap: b goes, not a
+    assert cache.get("prepared", "b" * 64) is None
+    assert cache.get("prepared", "a" * 64) == payload
+    assert cache.get("prepared", "c" * 64) == payload
+
+
+def test_cache_info_and_clear(tmp_path, write_policy, cache_dir, capsys):
+    assert main(["check", "--policy", str(write_policy())]) == 0
+    capsys.readouterr()
+    assert main(["cache", "info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["root"] == str(cache_dir) and info["by_kind"] == {"prepared": 1, "reference": 1}
+    assert info["bytes"] > 0
+    assert main(["cache", "clear"]) == 0
+    assert "removed 2 entries" in capsys.readouterr().out
+    assert Cache().info()["entries"] == 0

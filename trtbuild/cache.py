@@ -1,0 +1,230 @@
+"""A content-addressed cache of the prepared graph and the FP32 reference.
+
+Why: a user who edits one rule and runs `check` again would otherwise pay for
+every graph pass and the reference run each time, though neither answer can
+change. The key of an entry is everything its value depends on: the model's
+bytes (external data included), the passes, the trtbuild code and the versions
+of onnx, onnx-graphsurgeon, onnxruntime and Polygraphy; the reference also keys
+on the feeds. So a hit returns exactly what a miss would compute.
+
+Entries are written atomically and carry a sha256 of their payload: a corrupt
+or truncated entry is dropped, recomputed and warned about once. The folder is
+capped in size, least recently used first out. A folder that cannot be used
+(read-only, a file) turns the cache off with one warning: it never fails a
+command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import pickle
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"trtbuild-cache/1\n"
+DEFAULT_MAX_BYTES = 2 << 30
+KINDS = ("prepared", "reference")
+
+
+def default_root() -> Path:
+    """`TRTBUILD_CACHE_DIR`, else `~/.cache/trtbuild` (XDG_CACHE_HOME respected)."""
+    if os.environ.get("TRTBUILD_CACHE_DIR"):
+        return Path(os.environ["TRTBUILD_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "trtbuild"
+
+
+def default_max_bytes() -> int:
+    """`TRTBUILD_CACHE_MAX_MB`, else 2 GiB."""
+    raw = os.environ.get("TRTBUILD_CACHE_MAX_MB", "")
+    return int(float(raw) * (1 << 20)) if raw.strip() else DEFAULT_MAX_BYTES
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The trtbuild sources and the versions of what computes a cached value.
+
+    The sources, not just the version number: an editable install changes code
+    without changing `__version__`, and a stale prepared graph must never be served.
+    """
+    import onnx
+    import onnx_graphsurgeon
+    import onnxruntime
+    import polygraphy
+
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    for module in (onnx, onnx_graphsurgeon, onnxruntime, polygraphy, sys):
+        h.update(str(getattr(module, "__version__", getattr(module, "version", ""))).encode())
+    return h.hexdigest()
+
+
+def model_digest(path: Path) -> str:
+    """sha256 of the model file and of every external-data file it names."""
+    import onnx
+
+    h = hashlib.sha256(path.read_bytes())
+    proto = onnx.load(str(path), load_external_data=False)
+    locations = sorted(
+        {
+            entry.value
+            for t in proto.graph.initializer
+            if t.data_location == onnx.TensorProto.EXTERNAL
+            for entry in t.external_data
+            if entry.key == "location"
+        }
+    )
+    for location in locations:
+        extra = path.parent / location
+        h.update(location.encode() + b"\0")
+        h.update(extra.read_bytes() if extra.is_file() else b"<missing>")
+    return h.hexdigest()
+
+
+def key(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def feeds_digest(feeds: Iterable[dict[str, Any]]) -> str:
+    h = hashlib.sha256()
+    for feed in feeds:
+        for name in sorted(feed):
+            arr = feed[name]
+            h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
+            h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Cache:
+    """One cache folder; `enabled=False` (`--no-cache`) computes everything."""
+
+    root: Path = field(default_factory=default_root)
+    enabled: bool = True
+    max_bytes: int = field(default_factory=default_max_bytes)
+    hits: dict[str, str] = field(default_factory=dict)  # kind -> hit | miss | off
+    _warned: set[str] = field(default_factory=set)
+
+    def get(self, kind: str, digest: str) -> Any | None:
+        """The cached value, or None (a miss, a disabled cache or a corrupt entry)."""
+        if not self.enabled:
+            self.hits[kind] = "off"
+            return None
+        path = self._path(kind, digest)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            self.hits[kind] = "miss"
+            return None
+        except OSError as exc:
+            self._off(kind, f"cannot read {path}: {exc.strerror or exc}")
+            return None
+        value = _decode(blob)
+        if value is None:
+            self._warn("corrupt", f"dropped a corrupt cache entry {path}; it is recomputed")
+            path.unlink(missing_ok=True)
+            self.hits[kind] = "miss"
+            return None
+        _touch(path)
+        self.hits[kind] = "hit"
+        return value
+
+    def put(self, kind: str, digest: str, value: Any) -> None:
+        """Store atomically, then evict least recently used entries beyond the cap."""
+        if not self.enabled:
+            return
+        payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+        path = self._path(kind, digest)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            self._off(kind, f"cannot write to {self.root}: {exc.strerror or exc}")
+            return
+        self.evict()
+
+    def entries(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [p for kind in KINDS for p in (self.root / kind).glob("*/*") if p.is_file()]
+
+    def evict(self) -> int:
+        """Remove least recently used entries until the folder fits `max_bytes`."""
+        files = sorted(self.entries(), key=lambda p: p.stat().st_mtime)
+        total, removed = sum(p.stat().st_size for p in files), 0
+        for path in files:
+            if total <= self.max_bytes:
+                break
+            total -= path.stat().st_size
+            path.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
+    def info(self) -> dict[str, Any]:
+        files = self.entries()
+        by_kind = {k: sum(1 for p in files if p.parent.parent.name == k) for k in KINDS}
+        return {
+            "root": str(self.root),
+            "entries": len(files),
+            "by_kind": by_kind,
+            "bytes": sum(p.stat().st_size for p in files),
+            "max_bytes": self.max_bytes,
+        }
+
+    def clear(self) -> int:
+        files = self.entries()
+        for path in files:
+            path.unlink(missing_ok=True)
+        return len(files)
+
+    def check_root(self) -> None:
+        """Turn the cache off, with one warning, when its folder cannot be used."""
+        if self.enabled and self.root.exists() and not self.root.is_dir():
+            self._off("*", f"{self.root} is a file, not a folder; set TRTBUILD_CACHE_DIR")
+
+    def _path(self, kind: str, digest: str) -> Path:
+        return self.root / kind / digest[:2] / digest
+
+    def _off(self, kind: str, why: str) -> None:
+        self.enabled = False
+        self.hits[kind] = "off"
+        self._warn("off", f"cache off for this run: {why}")
+
+    def _warn(self, what: str, message: str) -> None:
+        if what not in self._warned:  # once per problem and run
+            self._warned.add(what)
+            print(f"trtbuild: warning: {message}", file=sys.stderr)
+
+
+def _decode(blob: bytes) -> Any | None:
+    if not blob.startswith(MAGIC):
+        return None
+    digest, _, payload = blob[len(MAGIC) :].partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        return None
+    try:
+        return pickle.loads(payload)
+    except Exception:  # a payload of another trtbuild: treat as corrupt
+        return None
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path)  # least recently *used*: a hit counts
