@@ -38,19 +38,20 @@ def test_cached_and_uncached_builds_are_byte_identical(tmp_path, nafnet_path, ca
     files = {name: {f: (tmp_path / name / f).read_bytes() for f in ARTIFACTS} for name in runs}
     assert files["off"] == files["cold"] == files["warm"]
     hits = {n: json.loads((tmp_path / n / "build.json").read_text())["cache"] for n in runs}
-    assert hits["off"] == {"prepared": "off", "reference": "off"}
-    assert hits["cold"] == {"prepared": "miss", "reference": "miss"}
-    assert hits["warm"] == {"prepared": "hit", "reference": "hit"}
+    kinds = ("prepared", "reference", "converted")
+    assert hits["off"] == dict.fromkeys(kinds, "off")
+    assert hits["cold"] == dict.fromkeys(kinds, "miss")
+    assert hits["warm"] == dict.fromkeys(kinds, "hit")
 
 
-def test_another_seed_misses_the_reference_but_hits_the_graph(tmp_path, nafnet_path, cache_dir):
+def test_another_seed_misses_the_reference_only(tmp_path, nafnet_path, cache_dir):
     text = NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none")
     for seed in (0, 1):
         policy = tmp_path / f"s{seed}.yaml"
         policy.write_text(text.replace("  samples: 2", f"  samples: 2\n  seed: {seed}"))
         assert main(["build", "--policy", str(policy), "--out", str(tmp_path / f"s{seed}")]) == 0
     hits = json.loads((tmp_path / "s1" / "build.json").read_text())["cache"]
-    assert hits == {"prepared": "hit", "reference": "miss"}
+    assert hits == {"prepared": "hit", "reference": "miss", "converted": "hit"}
 
 
 def test_least_recently_used_entries_leave_first(tmp_path):
@@ -70,8 +71,12 @@ def test_cache_info_and_clear(tmp_path, write_policy, cache_dir, capsys):
     capsys.readouterr()
     assert main(["cache", "info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["root"] == str(cache_dir) and info["by_kind"] == {"prepared": 1, "reference": 1}
+    assert info["root"] == str(cache_dir) and info["by_kind"] == {
+        "prepared": 1,
+        "reference": 1,
+        "converted": 1,
+    }
     assert info["bytes"] > 0
     assert main(["cache", "clear"]) == 0
-    assert "removed 2 entries" in capsys.readouterr().out
+    assert "removed 3 entries" in capsys.readouterr().out
     assert Cache().info()["entries"] == 0

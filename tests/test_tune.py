@@ -62,11 +62,20 @@ def test_nafnet_from_no_rules_pins_only_norm_units_and_the_final_reduction(
     assert "tune [" in err  # the progress bar
 
 
-def test_same_seed_same_policy(tmp_path, models_dir):
+def _trials(log) -> list[dict]:
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+@pytest.mark.parametrize("jobs", ["1", "3"])
+def test_same_seed_same_policy_whatever_the_jobs(jobs, tmp_path, models_dir):
+    """Parallel shrinking judges ahead, but keeps only what one job would have judged."""
     policy = _without_rules("nafnet", tmp_path, models_dir)
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    assert _tune(policy, a, "--seed", "7") == 0 and _tune(policy, b, "--seed", "7") == 0
+    assert _tune(policy, a, "--seed", "7") == 0
+    assert _tune(policy, b, "--seed", "7", "--jobs", jobs) == 0
     assert a.read_text() == b.read_text()
+    assert _trials(tmp_path / "a.log.jsonl") == _trials(tmp_path / "b.log.jsonl")
 
 
 def test_gfpgan_pins_exactly_the_last_reduction(tmp_path, models_dir):

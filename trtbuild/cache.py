@@ -1,11 +1,11 @@
-"""A content-addressed cache of the prepared graph and the FP32 reference.
+"""A content-addressed cache of the prepared graph, the FP32 reference and the mixed model.
 
 Why: a user who edits one rule and runs `check` again would otherwise pay for
 every graph pass and the reference run each time, though neither answer can
 change. The key of an entry is everything its value depends on: the model's
 bytes (external data included), the passes, the trtbuild code and the versions
 of onnx, onnx-graphsurgeon, onnxruntime and Polygraphy; the reference also keys
-on the feeds. So a hit returns exactly what a miss would compute.
+on the feeds, the mixed model on every node's precision. So a hit returns exactly what a miss would compute.
 
 Entries are written atomically and carry a sha256 of their payload: a corrupt
 or truncated entry is dropped, recomputed and warned about once. The folder is
@@ -29,7 +29,7 @@ from typing import Any
 
 MAGIC = b"trtbuild-cache/1\n"
 DEFAULT_MAX_BYTES = 2 << 30
-KINDS = ("prepared", "reference")
+KINDS = ("prepared", "reference", "converted")
 
 
 def default_root() -> Path:

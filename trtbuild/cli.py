@@ -115,6 +115,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--seed", type=int, default=0, help="tie-breaking; same seed, same policy")
     t.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=1,
+        metavar="N",
+        help="candidates judged in parallel processes (same result as one job)",
+    )
+    t.add_argument(
         "--force", action="store_true", help="allow -o to replace the policy being tuned"
     )
     t.add_argument(
@@ -338,7 +346,7 @@ def _cmd_tune(args) -> int:
     from trtbuild.fsutil import write_text
     from trtbuild.policy import load_policy
 
-    tune.check_args(args.budget, args.objective)
+    tune.check_args(args.budget, args.objective, args.jobs)
     policy = load_policy(args.policy)
     tune.check_policy(policy)
     tune.check_output(policy, args.output, args.force)
@@ -346,7 +354,12 @@ def _cmd_tune(args) -> int:
     bar = tune.Progress()
     try:
         result = tune.tune(
-            stages, budget=args.budget, objective=args.objective, seed=args.seed, progress=bar
+            stages,
+            budget=args.budget,
+            objective=args.objective,
+            seed=args.seed,
+            jobs=args.jobs,
+            progress=bar,
         )
     finally:
         bar.done()

@@ -98,10 +98,10 @@ def run_front(policy: Policy, *, reference: bool = True, cache: Cache | None = N
 
     t = time.perf_counter()
     assignment = assign(view, policy.precision, ref.ranges if ref is not None else None)
-    converted = convert(assignment)
+    converted = _converted(assignment, cache, digest)
     timings["assign_convert"] = time.perf_counter() - t
     stages = Stages(policy, prepared, view, feeds, ref, assignment, converted, timings)
-    ran = ("prepared", "reference") if ref is not None else ("prepared",)
+    ran = ("prepared", "reference", "converted") if ref is not None else ("prepared", "converted")
     stages.cache_hits = {kind: cache.hits.get(kind, "off") for kind in ran}
     return stages
 
@@ -123,6 +123,21 @@ def prepared_graph(model: Path, passes: Passes, cache: Cache) -> tuple[Prepared,
     if digest is not None:
         cache.put("prepared", digest, prepared)
     return prepared, digest
+
+
+def _converted(assignment: Assignment, cache: Cache, digest: str | None) -> Converted:
+    """The mixed model, from the cache when the prepared graph and every node's precision
+    match: the conversion reads nothing else (rule ids only label the report)."""
+    precisions = ",".join(str(d.precision) for d in assignment.decisions)
+    key = cache_key("converted", digest, precisions) if digest else None
+    if key is not None:
+        cached = cache.get("converted", key)
+        if cached is not None:
+            return cached
+    converted = convert(assignment)
+    if key is not None:
+        cache.put("converted", key, converted)
+    return converted
 
 
 def _reference(

@@ -22,13 +22,14 @@ Ties are broken by a seeded shuffle, so a seed gives the same policy every run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
 from trtbuild.pipeline import Stages
 from trtbuild.policy.model import Match, Precision, Rule
-from trtbuild.precision.assign import Assignment, assign
+from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 
 OBJECTIVES = ("nodes", "flops")
@@ -170,23 +171,42 @@ def candidate_precision(
     return replace(base, rules=tuple(rules))
 
 
-class Evaluator:
-    """Judges a pin set with the build's own judge; the FP32 reference and the view are shared."""
+@dataclass(frozen=True)
+class Outcome:
+    """What the search needs of one judged candidate: light, so it crosses processes."""
 
-    def __init__(self, stages: Stages):
-        self.stages = stages
-        self.count = 0
-
-    def __call__(self, precision: Precision) -> tuple[Verdict, Assignment]:
-        self.count += 1
-        s = self.stages
-        assignment = assign(s.view, precision)
-        mixed = convert(assignment).model
-        verdict = judge(s.reference, mixed, s.feeds, s.policy.accuracy, progress=False)
-        return verdict, assignment
+    passed: bool
+    failing: dict[str, str]  # output (or "(intermediate)") -> the error that fails it
+    overflow: dict[str, Any] | None  # the first intermediate turned non-finite
+    worst: dict[str, float]  # output -> max_abs
+    fp16_share: float
+    seconds: float
 
 
-def _failing(result) -> dict[str, str]:
+def evaluate(stages: Stages, precision: Precision) -> Outcome:
+    """Judge one pin set with the build's own judge; the reference and the view are shared."""
+    t = time.perf_counter()
+    assignment = assign(stages.view, precision)
+    mixed = convert(assignment).model
+    verdict = judge(stages.reference, mixed, stages.feeds, stages.policy.accuracy, progress=False)
+    failing = _failing(verdict)
+    overflow = verdict.first_overflow()
+    if verdict.passed and overflow is not None:  # an overflow an output masks is still one
+        failing["(intermediate)"] = (
+            f"{overflow['node']} ({overflow['op']}): {overflow['nonfinite']} non-finite "
+            f"value(s) where FP32 is finite (FP32 peak |x| = {overflow['ref_max_abs']:.4g})"
+        )
+    return Outcome(
+        passed=not failing,
+        failing=failing,
+        overflow=overflow,
+        worst={n: m.max_abs for n, m in verdict.outputs.items()},
+        fp16_share=assignment.summary().fp16_share,
+        seconds=round(time.perf_counter() - t, 3),
+    )
+
+
+def _failing(result: Verdict) -> dict[str, str]:
     """Output -> the measured error that fails it, in Polygraphy's terms."""
     out = {}
     for name, m in result.outputs.items():
@@ -204,7 +224,146 @@ def _failing(result) -> dict[str, str]:
     return out
 
 
+# Worker processes inherit the stages by fork (never pickled: the reference is large).
+_WORKER_STAGES: list[Stages] = []
+
+
+def _evaluate_in_worker(precision: Precision) -> Outcome:
+    return evaluate(_WORKER_STAGES[0], precision)
+
+
 # -- the search ---------------------------------------------------------------------
+
+
+class Search:
+    """The search's state and its steps (start, grow, shrink), top to bottom in `run`.
+
+    With `jobs > 1`, shrinking judges the next candidates in parallel on the
+    assumption that each removal fails (most pins are needed), and keeps only
+    what a sequential search would have judged, so a seed gives the same policy
+    whatever `jobs` is.
+    """
+
+    def __init__(self, stages: Stages, budget: int, objective: str, seed: int, jobs: int):
+        self.stages, self.budget, self.jobs = stages, budget, jobs
+        self.groups = groups(stages, objective)
+        self.names = [n.name for n in stages.view.nodes]
+        self.by_node = {i: k for k, g in enumerate(self.groups) for i in g.nodes}
+        self.tiebreak = list(range(len(self.groups)))
+        random.Random(seed).shuffle(self.tiebreak)
+        self.trials: list[Trial] = []
+        self.reasons: dict[int, str] = {}
+        self.pinned: list[int] = []
+        self.progress: Callable[[Trial, int], None] | None = None
+        self.pool: Any = None
+
+    def precision(self, pinned: list[int]) -> Precision:
+        return candidate_precision(self.stages.policy.precision, self.groups, pinned, self.names)
+
+    def record(self, pinned: list[int], action: str, outcome: Outcome) -> Outcome:
+        o = outcome
+        trial = Trial(
+            len(self.trials) + 1,
+            action,
+            tuple(sorted(pinned)),
+            o.passed,
+            o.fp16_share,
+            o.failing,
+            o.worst,
+            o.seconds,
+        )
+        self.trials.append(trial)
+        if self.progress:
+            self.progress(trial, self.budget)
+        return outcome
+
+    def judge(self, pinned: list[int], action: str) -> Outcome:
+        return self.record(pinned, action, evaluate(self.stages, self.precision(pinned)))
+
+    def judge_many(self, candidates: list[list[int]]) -> list[Outcome]:
+        """Judge several pin sets, in parallel when there is a pool (results in order)."""
+        precisions = [self.precision(c) for c in candidates]
+        if self.pool is None or len(candidates) < 2:
+            return [evaluate(self.stages, p) for p in precisions]
+        return list(self.pool.map(_evaluate_in_worker, precisions))
+
+    def left(self) -> int:
+        return self.budget - len(self.trials)
+
+    def label(self, picked: list[int]) -> str:
+        more = f" and {len(picked) - 1} more" if len(picked) > 1 else ""
+        return self.groups[picked[0]].label + more
+
+    # 2. range analysis: what leaves the FP16 range is the first suspect
+    def start(self) -> Outcome:
+        self.pinned = sorted(k for k, g in enumerate(self.groups) if g.peak > FP16_MAX)
+        for k in self.pinned:
+            self.reasons[k] = (
+                f"reaches |x| = {self.groups[k].peak:.4g} on the reference data (FP16 max 65504)"
+            )
+        action = "start: range analysis" if self.pinned else "start: policy rules only"
+        return self.judge(self.pinned, action)
+
+    # 3. grow while failing: an overflow pins its own group; otherwise pin the groups
+    #    nearest the outputs, doubling the batch (a passing set in O(log n) steps)
+    def grow(self, outcome: Outcome) -> Outcome:
+        batch = 1
+        while not outcome.passed and self.left() > 0:
+            culprit = _overflowing_group(
+                self.stages.view, outcome.overflow, self.by_node, self.pinned
+            )
+            if culprit is not None:
+                picked = [culprit]
+            else:
+                rest = [k for k in range(len(self.groups)) if k not in self.pinned]
+                rest.sort(key=lambda k: (-max(self.groups[k].nodes), self.tiebreak[k]))
+                picked, batch = rest[:batch], batch * 2
+            if not picked:
+                break
+            why = "; ".join(outcome.failing.values()) or "output below tolerance"
+            self.reasons.update(dict.fromkeys(picked, why))
+            self.pinned = sorted({*self.pinned, *picked})
+            outcome = self.judge(self.pinned, f"pin {self.label(picked)}")
+        return outcome
+
+    # 4. shrink (delta debugging): unpin chunks, costliest first, halving the chunk
+    #    until single groups; a group whose removal fails keeps the error as its reason
+    def shrink(self) -> None:
+        order = sorted(self.pinned, key=lambda k: (-self.groups[k].cost, self.tiebreak[k]))
+        chunk = max(1, len(order) // 2)
+        while order and self.left() > 0:
+            i = 0
+            while i < len(order) and self.left() > 0:
+                parts = [order[j : j + chunk] for j in range(i, len(order), chunk)]
+                parts = parts[: max(1, min(self.jobs, self.left()))]
+                tries = [[g for g in self.pinned if g not in part] for part in parts]
+                for part, trial_set, outcome in zip(parts, tries, self.judge_many(tries)):
+                    self.record(trial_set, f"unpin {self.label(part)}", outcome)
+                    if outcome.passed:  # later guesses assumed this failed: drop them
+                        self.pinned = trial_set
+                        order = [g for g in order if g not in part]
+                        for g in part:
+                            self.reasons.pop(g, None)
+                        break
+                    if chunk == 1:
+                        self.reasons[part[0]] = "without it: " + "; ".join(outcome.failing.values())
+                    i += chunk
+            if chunk == 1:
+                break
+            chunk = max(1, chunk // 2)
+
+    def result(self) -> TuneResult:
+        final = next(t for t in reversed(self.trials) if t.pinned == tuple(sorted(self.pinned)))
+        kept = "kept (not re-checked within the budget)"
+        return TuneResult(
+            self.precision(self.pinned),
+            self.groups,
+            sorted(self.pinned),
+            {k: self.reasons.get(k, kept) for k in self.pinned},
+            self.trials,
+            final.passed,
+            final.fp16_share,
+        )
 
 
 def tune(
@@ -213,120 +372,41 @@ def tune(
     budget: int = 100,
     objective: str = "nodes",
     seed: int = 0,
+    jobs: int = 1,
     progress: Callable[[Trial, int], None] | None = None,
 ) -> TuneResult:
-    base = stages.policy.precision
-    all_groups = groups(stages, objective)
-    all_names = [n.name for n in stages.view.nodes]
-    by_node = {i: k for k, g in enumerate(all_groups) for i in g.nodes}
-    rng = random.Random(seed)
-    tiebreak = list(range(len(all_groups)))
-    rng.shuffle(tiebreak)
-    evaluator = Evaluator(stages)
-    trials: list[Trial] = []
-    reasons: dict[int, str] = {}
+    """The smallest pin set (in `objective`) that passes, within `budget` evaluations."""
+    search = Search(stages, budget, objective, seed, jobs)
+    search.progress = progress
+    with _pool(stages, jobs) as search.pool:
+        outcome = search.grow(search.start())
+        if outcome.passed:
+            search.shrink()
+    return search.result()
 
-    def run(pinned: list[int], action: str):
-        t = time.perf_counter()
-        precision = candidate_precision(base, all_groups, pinned, all_names)
-        result, assignment = evaluator(precision)
-        failing = _failing(result)
-        if result.passed:  # an overflow the outputs happen to mask is still an overflow
-            bad = result.first_overflow()
-            if bad is not None:
-                failing["(intermediate)"] = (
-                    f"{bad['node']} ({bad['op']}): {bad['nonfinite']} non-finite value(s) "
-                    f"where FP32 is finite (FP32 peak |x| = {bad['ref_max_abs']:.4g})"
-                )
-        share = assignment.summary().fp16_share
-        trial = Trial(
-            len(trials) + 1,
-            action,
-            tuple(sorted(pinned)),
-            not failing,
-            share,
-            failing,
-            {n: m.max_abs for n, m in result.outputs.items()},
-            round(time.perf_counter() - t, 3),
-        )
-        trials.append(trial)
-        if progress:
-            progress(trial, budget)
-        return trial, result
 
-    # 2. range analysis: what leaves the FP16 range is the first suspect
-    pinned = sorted(k for k, g in enumerate(all_groups) if g.peak > FP16_MAX)
-    for k in pinned:
-        reasons[k] = (
-            f"reaches |x| = {all_groups[k].peak:.4g} on the reference data (FP16 max 65504)"
-        )
-    result, verdict = run(pinned, "start: range analysis" if pinned else "start: policy rules only")
+@contextlib.contextmanager
+def _pool(stages: Stages, jobs: int) -> Iterator[Any]:
+    """Worker processes that inherit `stages` by fork; None with one job (or no fork)."""
+    import concurrent.futures
+    import multiprocessing
 
-    # 3. grow while failing: an overflow pins its own group; otherwise pin groups
-    #    nearest the outputs, doubling the batch (a passing set in O(log n) steps)
-    batch = 1
-    while not result.passed and len(trials) < budget:
-        culprit = _overflowing_group(stages.view, verdict, by_node, pinned)
-        if culprit is not None:
-            picked = [culprit]
-        else:
-            rest = [k for k in range(len(all_groups)) if k not in pinned]
-            rest.sort(key=lambda k: (-max(all_groups[k].nodes), tiebreak[k]))
-            picked, batch = rest[:batch], batch * 2
-        if not picked:
-            break
-        why = "; ".join(result.failing.values()) or "output below tolerance"
-        for k in picked:
-            reasons[k] = why
-        pinned = sorted({*pinned, *picked})
-        label = all_groups[picked[0]].label + (
-            f" and {len(picked) - 1} more" if len(picked) > 1 else ""
-        )
-        result, verdict = run(pinned, f"pin {label}")
-
-    # 4. shrink (delta debugging): unpin chunks, costliest first, halving the chunk
-    #    until single groups; a group whose removal fails keeps the error as its reason
-    if result.passed:
-        order = sorted(pinned, key=lambda k: (-all_groups[k].cost, tiebreak[k]))
-        chunk = max(1, len(order) // 2)
-        while order and len(trials) < budget:
-            i = 0
-            while i < len(order) and len(trials) < budget:
-                part = order[i : i + chunk]
-                trial_set = [g for g in pinned if g not in part]
-                label = all_groups[part[0]].label + (
-                    f" and {len(part) - 1} more" if len(part) > 1 else ""
-                )
-                r, _ = run(trial_set, f"unpin {label}")
-                if r.passed:
-                    pinned = trial_set
-                    order = [g for g in order if g not in part]
-                    for g in part:
-                        reasons.pop(g, None)
-                else:
-                    if chunk == 1:
-                        reasons[part[0]] = "without it: " + "; ".join(r.failing.values())
-                    i += chunk
-            if chunk == 1:
-                break
-            chunk = max(1, chunk // 2)
-    final = next(t for t in reversed(trials) if t.pinned == tuple(sorted(pinned)))
-    return TuneResult(
-        candidate_precision(base, all_groups, pinned, all_names),
-        all_groups,
-        sorted(pinned),
-        {k: reasons.get(k, "kept (not re-checked within the budget)") for k in pinned},
-        trials,
-        final.passed,
-        final.fp16_share,
-    )
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield None
+        return
+    _WORKER_STAGES[:] = [stages]
+    try:
+        context = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            yield pool
+    finally:
+        _WORKER_STAGES.clear()
 
 
 def _overflowing_group(
-    view: GraphView, verdict: Verdict, by_node: dict[int, int], pinned: list[int]
+    view: GraphView, first: dict[str, Any] | None, by_node: dict[int, int], pinned: list[int]
 ) -> int | None:
     """The unpinned group where the emulation first turns non-finite (or nearest upstream)."""
-    first = verdict.first_overflow()
     if first is None:
         return None
     index = {n.name: i for i, n in enumerate(view.nodes)}
@@ -474,9 +554,11 @@ class Progress:
             self.stream.write("\n")
 
 
-def check_args(budget: int, objective: str) -> None:
+def check_args(budget: int, objective: str, jobs: int = 1) -> None:
     if budget < 1:
         raise UsageError("--budget must be at least 1")
+    if not 1 <= jobs <= 256:
+        raise UsageError("--jobs must be between 1 and 256")
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}")
 

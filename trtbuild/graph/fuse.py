@@ -176,6 +176,8 @@ def _broadcast(view: GraphView, name: str | None, k: int, shape) -> np.ndarray |
 def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
     """Fold inference-mode BatchNormalization into the Conv that feeds it."""
     record = PassRecord("fold_batchnorm", details={"folded": [], "not_folded": []})
+    if not any(n.op_type == "BatchNormalization" for n in model.graph.node):
+        return model, record  # the common case: no index over the graph to build
     view = GraphView(model)
     removed: set[int] = set()
     replaced: dict[int, onnx.NodeProto] = {}

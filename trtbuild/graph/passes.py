@@ -174,8 +174,31 @@ def _name_converter_nodes(
     return added
 
 
+# Ops onnx-graphsurgeon folds from shapes alone, whatever their input's values.
+_SHAPE_OPS = {"Shape", "Size"}
+
+
+def foldable(model: onnx.ModelProto) -> bool:
+    """Whether onnx-graphsurgeon could change anything: a node fed by constants only,
+    a shape op, or a node nothing consumes. One linear scan; importing, folding and
+    exporting a 10k-node graph costs seconds even where nothing folds."""
+    graph = model.graph
+    const = {t.name for t in graph.initializer} | {""}
+    used = {o.name for o in graph.output}
+    for n in graph.node:
+        used.update(n.input)
+    for n in graph.node:
+        if n.op_type in _SHAPE_OPS or all(i in const for i in n.input):
+            return True
+        if not any(o in used for o in n.output):
+            return True
+    return False
+
+
 def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
     """Fold constant subgraphs and drop dead nodes with onnx-graphsurgeon."""
+    if not foldable(model):
+        return model, PassRecord("fold_constants", details={"skipped": "nothing to fold"})
     import onnx_graphsurgeon as gs
 
     before = len(model.graph.node)
