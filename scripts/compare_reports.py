@@ -33,12 +33,26 @@ def snapshot(policies: list[Path]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for path in policies:
             dest = Path(tmp) / path.stem
-            code = main(["build", "--policy", str(path), "--out", str(dest), "--backend", "none"])
+            argv = ["build", "--policy", str(path), "--out", str(dest), "--backend", "none"]
+            code = main([*argv, "--no-cache"])  # computed, not recalled
             report = json.loads((dest / "report.json").read_text())
             for key in VOLATILE:
                 report.pop(key, None)
             out[path.stem] = {"exit_code": code, "report": report}
     return out
+
+
+def normalized(value: Any) -> Any:
+    """The report with its per-tensor lists keyed by tensor (depth dropped), recursively."""
+    if isinstance(value, dict):
+        out = {k: normalized(v) for k, v in value.items()}
+        if isinstance(out.get("error_curve"), list):
+            curve = out["error_curve"]
+            out["error_curve"] = {p["tensor"]: {**p, "depth": None} for p in curve}
+        if isinstance(out.get("at_risk"), list):
+            out["at_risk"] = {f"{r['node']} {r['quantity']}": r for r in out["at_risk"]}
+        return out
+    return value
 
 
 def differences(before: Any, after: Any, where: str = "") -> list[str]:
@@ -73,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         args.write.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
         print(f"wrote {args.write}: {len(current)} policies")
         return 0
-    found = differences(json.loads(args.against.read_text()), current)
+    found = differences(normalized(json.loads(args.against.read_text())), normalized(current))
     for line in found:
         print(line)
     print(

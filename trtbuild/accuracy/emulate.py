@@ -65,94 +65,102 @@ def emulate(mixed: onnx.ModelProto, emulation: str = "storage") -> onnx.ModelPro
     strict = emulation == "strict"
     if strict or not _typed(mixed):  # a converted model carries every dtype already
         mixed = infer_shapes(mixed)
+    dtype, rank = _tensor_types(mixed)
+    em = _Emitter(mixed)
+    inits = [_fp32_initializer(t) for t in mixed.graph.initializer]
+    dtype.update({t.name: t.data_type for t in mixed.graph.initializer})
+    for vi in mixed.graph.input:  # a low-precision input is read as FP32
+        if vi.type.tensor_type.elem_type in LOW:
+            em.actual[vi.name] = em.node(
+                "Cast", [vi.name], em.fresh(vi.name), f"emu/in/{vi.name}", to=TensorProto.FLOAT
+            )
+    for node in mixed.graph.node:
+        _emit(em, node, dtype, rank, strict)
+    for vi in mixed.graph.output:
+        _declared_output(em, vi)
+    graph = helper.make_graph(
+        em.nodes,
+        mixed.graph.name + "_emulated",
+        list(mixed.graph.input),
+        list(mixed.graph.output),
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=list(mixed.opset_import))
+    model.ir_version = mixed.ir_version
+    return model
+
+
+def _tensor_types(mixed: onnx.ModelProto) -> tuple[dict[str, int], dict[str, int]]:
+    """Every tensor's declared element type and (where known) rank."""
     dtype: dict[str, int] = {}
     rank: dict[str, int] = {}
     for vi in (*mixed.graph.input, *mixed.graph.value_info, *mixed.graph.output):
         dtype[vi.name] = vi.type.tensor_type.elem_type
         if vi.type.tensor_type.HasField("shape"):
             rank[vi.name] = len(vi.type.tensor_type.shape.dim)
-    em = _Emitter(mixed)
+    return dtype, rank
 
-    inits = []
-    for t in mixed.graph.initializer:
-        if t.data_type in LOW:
-            inits.append(
-                numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
-            )
-        else:
-            inits.append(t)
-        dtype[t.name] = t.data_type
 
-    inputs = []
-    for vi in mixed.graph.input:
-        inputs.append(vi)
-        if vi.type.tensor_type.elem_type in LOW:
-            em.actual[vi.name] = em.node(
-                "Cast", [vi.name], em.fresh(vi.name), f"emu/in/{vi.name}", to=TensorProto.FLOAT
-            )
+def _fp32_initializer(t: onnx.TensorProto) -> onnx.TensorProto:
+    """A stored FP16/BF16 weight, exactly, in FP32 (the conversion is exact)."""
+    if t.data_type not in LOW:
+        return t
+    return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
 
-    for node in mixed.graph.node:
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        for k, t in enumerate(new.input):
-            if t:
-                new.input[k] = em.actual.get(t, t)
-        out_low = {o: dtype.get(o) for o in node.output if dtype.get(o) in LOW}
-        if node.op_type == "Cast":
-            to = next(a.i for a in node.attribute if a.name == "to")
-            if to in LOW:
-                em.round(new.input[0], node.output[0], to, node.name)
-                continue
-        if (
-            strict
-            and node.op_type == "LayerNormalization"
-            and node.output[0] in out_low
-            and len(node.output) == 1
-        ):
-            _layernorm(em, new, out_low[node.output[0]], rank.get(node.input[0]))
-            continue
-        if (
-            strict
-            and node.op_type in ("ReduceMean", "GlobalAveragePool")
-            and node.output[0] in out_low
-            and _mean(em, new, out_low[node.output[0]], rank.get(node.input[0]))
-        ):
-            continue
-        for attr in new.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW:
-                attr.t.CopyFrom(
-                    numpy_helper.from_array(
-                        numpy_helper.to_array(attr.t).astype(np.float32), attr.t.name
-                    )
-                )
-        raw = {}
-        for k, o in enumerate(new.output):
-            if o in out_low:
-                raw[o] = em.fresh(o)
-                new.output[k] = raw[o]
-        em.nodes.append(new)
-        for o, r in raw.items():
-            em.round(r, o, out_low[o], f"emu/{o}")
 
-    outputs = []
-    for vi in mixed.graph.output:
-        low = vi.type.tensor_type.elem_type
-        if low in LOW:  # the emulated value is FP32; hand it out in the declared type
-            src = vi.name + "__emu_out"
-            for n in em.nodes:
-                for k, o in enumerate(n.output):
-                    if o == vi.name:
-                        n.output[k] = src
-                for k, i in enumerate(n.input):
-                    if i == vi.name:
-                        n.input[k] = src
-            em.node("Cast", [src], vi.name, f"emu/out/{vi.name}", to=low)
-        outputs.append(vi)
+def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: bool) -> None:
+    """One node in FP32, each low-precision output rounded once to its stored type."""
+    new = onnx.NodeProto()
+    new.CopyFrom(node)
+    for k, t in enumerate(new.input):
+        if t:
+            new.input[k] = em.actual.get(t, t)
+    out_low = {o: dtype.get(o) for o in node.output if dtype.get(o) in LOW}
+    if node.op_type == "Cast":
+        to = next(a.i for a in node.attribute if a.name == "to")
+        if to in LOW:
+            em.round(new.input[0], node.output[0], to, node.name)
+            return
+    low = out_low.get(node.output[0]) if node.output else None
+    if strict and low is not None and _strict_kernel(em, new, low, rank.get(node.input[0])):
+        return
+    for attr in new.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW:
+            attr.t.CopyFrom(_fp32_initializer(attr.t))
+    raw = {}
+    for k, o in enumerate(new.output):
+        if o in out_low:
+            raw[o] = em.fresh(o)
+            new.output[k] = raw[o]
+    em.nodes.append(new)
+    for o, r in raw.items():
+        em.round(r, o, out_low[o], f"emu/{o}")
 
-    graph = helper.make_graph(em.nodes, mixed.graph.name + "_emulated", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=list(mixed.opset_import))
-    model.ir_version = mixed.ir_version
-    return model
+
+def _strict_kernel(em: _Emitter, new: onnx.NodeProto, low: int, rank: int | None) -> bool:
+    """Under `strict`, the sums behind a LayerNorm or a mean stored in `low` too."""
+    if new.op_type == "LayerNormalization" and len(new.output) == 1:
+        _layernorm(em, new, low, rank)
+        return True
+    if new.op_type in ("ReduceMean", "GlobalAveragePool"):
+        return bool(_mean(em, new, low, rank))
+    return False
+
+
+def _declared_output(em: _Emitter, vi: onnx.ValueInfoProto) -> None:
+    """The emulated value is FP32; a low-precision graph output is handed out as declared."""
+    low = vi.type.tensor_type.elem_type
+    if low not in LOW:
+        return
+    src = vi.name + "__emu_out"
+    for n in em.nodes:
+        for k, o in enumerate(n.output):
+            if o == vi.name:
+                n.output[k] = src
+        for k, i in enumerate(n.input):
+            if i == vi.name:
+                n.input[k] = src
+    em.node("Cast", [src], vi.name, f"emu/out/{vi.name}", to=low)
 
 
 def _typed(model: onnx.ModelProto) -> bool:

@@ -156,9 +156,42 @@ def _build_engine(
     inputs: tuple[InputSpec, ...],
     interrupted: threading.Event,
 ) -> BuildResult:
+    """Parse, configure, build; then read the network's layers and the builder's log."""
     trt = importlib.import_module(MODULES[backend])
     messages: list[tuple[str, str]] = []
+    logger = _logger(trt, messages)
+    builder = trt.Builder(logger)
+    if builder is None:
+        raise BackendError(f"{backend}: cannot create a builder", hint=_last_errors(messages))
+    network, _parser = _parse(trt, builder, logger, onnx_path, backend)
+    config = _config(trt, builder, spec, backend)
+    _add_profile(trt, builder, network, config, inputs)
+    cache = _load_timing_cache(config, spec.timing_cache)
+    monitor = _cancel_monitor(trt, interrupted)
+    if monitor is not None:
+        config.progress_monitor = monitor
 
+    started = time.perf_counter()
+    serialized = builder.build_serialized_network(network, config)
+    seconds = time.perf_counter() - started
+    if serialized is None:
+        if interrupted.is_set():
+            return BuildResult(backend, trt.__version__, b"", seconds)  # raised on exit
+        raise BackendError(f"{backend} engine build failed", hint=_last_errors(messages))
+    _save_timing_cache(config, cache, spec.timing_cache)
+    warnings = [msg for sev, msg in messages if sev == "WARNING"]
+    return BuildResult(
+        backend,
+        trt.__version__,
+        bytes(serialized),
+        seconds,
+        _layers(network),
+        _memory(messages),
+        warnings,
+    )
+
+
+def _logger(trt: Any, messages: list[tuple[str, str]]) -> Any:
     class _Logger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
@@ -166,10 +199,14 @@ def _build_engine(
         def log(self, severity, msg):  # called from C++; must not raise
             messages.append((str(severity).rsplit(".", 1)[-1], msg))
 
-    logger = _Logger()
-    builder = trt.Builder(logger)
-    if builder is None:
-        raise BackendError(f"{backend}: cannot create a builder", hint=_last_errors(messages))
+    return _Logger()
+
+
+def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path, backend: str) -> tuple[Any, Any]:
+    """A strongly typed network (TensorRT 11 has no other kind) parsed from the mixed model.
+
+    The parser is returned too: it owns the weights, so it must outlive the build.
+    """
     flags = 0
     strongly = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
     if strongly is not None:
@@ -182,49 +219,51 @@ def _build_engine(
             f"{backend} cannot parse {onnx_path.name}: " + "; ".join(errors[:3]),
             hint="check the op is supported by this TensorRT version",
         )
+    return network, parser
+
+
+def _config(trt: Any, builder: Any, spec: BuildSpec, backend: str) -> Any:
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec.workspace)
-    if backend == "tensorrt-rtx":
-        config.num_compute_capabilities = len(spec.compute_capabilities)
-        for i, cc in enumerate(spec.compute_capabilities):
-            name = "SM" + cc.replace(".", "")
-            if not hasattr(trt.ComputeCapability, name):
-                known = sorted(n for n in dir(trt.ComputeCapability) if n.startswith("SM"))
-                raise UsageError(
-                    f"compute capability {cc} is not a TensorRT-RTX target",
-                    where="build.compute_capabilities",
-                    hint="choose from " + ", ".join(k[2:-1] + "." + k[-1] for k in known),
-                )
-            config.set_compute_capability(getattr(trt.ComputeCapability, name), i)
-    _add_profile(trt, builder, network, config, inputs)
-    cache = _load_timing_cache(config, spec.timing_cache)
-    if hasattr(trt, "IProgressMonitor"):
+    if backend != "tensorrt-rtx":
+        return config
+    config.num_compute_capabilities = len(spec.compute_capabilities)
+    for i, cc in enumerate(spec.compute_capabilities):
+        name = "SM" + cc.replace(".", "")
+        if not hasattr(trt.ComputeCapability, name):
+            known = sorted(n for n in dir(trt.ComputeCapability) if n.startswith("SM"))
+            raise UsageError(
+                f"compute capability {cc} is not a TensorRT-RTX target",
+                where="build.compute_capabilities",
+                hint="choose from " + ", ".join(k[2:-1] + "." + k[-1] for k in known),
+            )
+        config.set_compute_capability(getattr(trt.ComputeCapability, name), i)
+    return config
 
-        class _Cancel(trt.IProgressMonitor):
-            def __init__(self) -> None:
-                trt.IProgressMonitor.__init__(self)
 
-            def phase_start(self, phase_name, parent_phase, num_steps):
-                pass
+def _cancel_monitor(trt: Any, interrupted: threading.Event) -> Any:
+    """A progress monitor that cancels the build on Ctrl-C (None where TensorRT has none)."""
+    if not hasattr(trt, "IProgressMonitor"):
+        return None
 
-            def phase_finish(self, phase_name):
-                pass
+    class _Cancel(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
 
-            def step_complete(self, phase_name, step):  # False cancels the build
-                return not interrupted.is_set()
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            pass
 
-        monitor = _Cancel()
-        config.progress_monitor = monitor
+        def phase_finish(self, phase_name):
+            pass
 
-    started = time.perf_counter()
-    serialized = builder.build_serialized_network(network, config)
-    seconds = time.perf_counter() - started
-    if serialized is None:
-        if interrupted.is_set():
-            return BuildResult(backend, trt.__version__, b"", seconds)  # raised on exit
-        raise BackendError(f"{backend} engine build failed", hint=_last_errors(messages))
-    _save_timing_cache(config, cache, spec.timing_cache)
+        def step_complete(self, phase_name, step):  # False cancels the build
+            return not interrupted.is_set()
 
+    return _Cancel()
+
+
+def _layers(network: Any) -> list[dict[str, Any]]:
+    """Every layer of the parsed network with its output dtypes: the layer audit reads them."""
     layers = []
     for i in range(network.num_layers):
         layer = network.get_layer(i)
@@ -237,16 +276,17 @@ def _build_engine(
                 ],
             }
         )
+    return layers
+
+
+def _memory(messages: list[tuple[str, str]]) -> dict[str, int]:
     memory = {}
     for key, pattern in _MEMORY_LINES.items():
         for _, msg in messages:
             m = re.search(pattern, msg)
             if m:
                 memory[key] = int(m.group(1))
-    warnings = [msg for sev, msg in messages if sev == "WARNING"]
-    return BuildResult(
-        backend, trt.__version__, bytes(serialized), seconds, layers, memory, warnings
-    )
+    return memory
 
 
 def _dtype_name(dtype) -> str:

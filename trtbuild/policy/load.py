@@ -287,41 +287,68 @@ def _floats(value) -> tuple[float, ...]:
 
 
 def _build(data: dict, path: Path, loc: _Located) -> Policy:
+    """The validated document as a `Policy`, section by section, with the checks a
+    schema cannot express (profiles in order, unique rule ids, regexes that compile)."""
     base = path.parent
-    inputs = []
-    for name, spec in (data.get("inputs") or {}).items():
-        spec = spec or {}
-        has_profile = any(k in spec for k in ("min", "opt", "max"))
-        if has_profile and not all(k in spec for k in ("min", "opt", "max")):
-            raise loc.error(("inputs", name), "an optimization profile needs min, opt and max")
-        if has_profile and "shape" in spec:
-            raise loc.error(("inputs", name), "give either 'shape' or min/opt/max, not both")
-        if has_profile:
-            ranks = {len(spec[k]) for k in ("min", "opt", "max")}
-            ok = all(a <= b <= c for a, b, c in zip(spec["min"], spec["opt"], spec["max"]))
-            if len(ranks) != 1 or not ok:
-                raise loc.error(("inputs", name), "profile needs equal ranks and min <= opt <= max")
-        data_spec = _data_spec(spec.get("data") or {}, name, base, loc)
-        inputs.append(
-            InputSpec(
-                name=name,
-                shape=_dims(spec.get("shape")),
-                min=_dims(spec.get("min")),
-                opt=_dims(spec.get("opt")),
-                max=_dims(spec.get("max")),
-                data=data_spec,
-            )
-        )
+    return Policy(
+        path=path,
+        model=_model(data, base, loc),
+        inputs=tuple(
+            _input(name, spec or {}, base, loc) for name, spec in _section(data, "inputs")
+        ),
+        passes=_passes(data.get("passes") or {}),
+        precision=_precision(data.get("precision") or {}, loc),
+        build=_build_spec(data.get("build") or {}, base),
+        accuracy=_accuracy(data.get("accuracy") or {}),
+    )
 
-    p = data.get("passes") or {}
-    passes = Passes(
+
+def _section(data: dict, key: str) -> list[tuple[str, Any]]:
+    return list((data.get(key) or {}).items())
+
+
+def _model(data: dict, base: Path, loc: _Located) -> Path:
+    model = (base / data["model"]).resolve()
+    if model.is_dir():
+        raise loc.error(
+            ("model",),
+            f"{model} is a folder, not an ONNX file",
+            "name the .onnx file itself (relative to the policy file)",
+        )
+    return model
+
+
+def _input(name: str, spec: dict, base: Path, loc: _Located) -> InputSpec:
+    has_profile = any(k in spec for k in ("min", "opt", "max"))
+    if has_profile and not all(k in spec for k in ("min", "opt", "max")):
+        raise loc.error(("inputs", name), "an optimization profile needs min, opt and max")
+    if has_profile and "shape" in spec:
+        raise loc.error(("inputs", name), "give either 'shape' or min/opt/max, not both")
+    if has_profile:
+        ranks = {len(spec[k]) for k in ("min", "opt", "max")}
+        ok = all(a <= b <= c for a, b, c in zip(spec["min"], spec["opt"], spec["max"]))
+        if len(ranks) != 1 or not ok:
+            raise loc.error(("inputs", name), "profile needs equal ranks and min <= opt <= max")
+    return InputSpec(
+        name=name,
+        shape=_dims(spec.get("shape")),
+        min=_dims(spec.get("min")),
+        opt=_dims(spec.get("opt")),
+        max=_dims(spec.get("max")),
+        data=_data_spec(spec.get("data") or {}, name, base, loc),
+    )
+
+
+def _passes(p: dict) -> Passes:
+    return Passes(
         opset=p.get("opset"),
         fuse_layernorm=p.get("fuse_layernorm", True),
         fold_constants=p.get("fold_constants", True),
         fold_batchnorm=p.get("fold_batchnorm", True),
     )
 
-    prec = data.get("precision") or {}
+
+def _precision(prec: dict, loc: _Located) -> Precision:
     rules, seen = [], {}
     for i, raw_rule in enumerate(prec.get("rules") or []):
         rid = raw_rule["id"]
@@ -332,48 +359,51 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
                 "give every rule its own id",
             )
         seen[rid] = i
-        m = raw_rule["match"]
-        if m.get("name") is not None:
-            try:
-                re.compile(m["name"])
-            except re.error as exc:
-                raise loc.error(
-                    ("precision", "rules", i, "match", "name"),
-                    f"invalid regular expression {m['name']!r}: {exc}",
-                    "quote the pattern and escape special characters such as '(' or '['",
-                ) from None
-        if "last" in m and m.get("pattern") != "final_reductions":
-            raise loc.error(
-                ("precision", "rules", i, "match", "last"),
-                "'last' only applies to pattern: final_reductions",
-            )
-        op = m.get("op", ())
-        rules.append(
-            Rule(
-                id=rid,
-                precision=raw_rule["precision"],
-                why=raw_rule.get("why"),
-                match=Match(
-                    name=m.get("name"),
-                    op=(op,) if isinstance(op, str) else tuple(op),
-                    pattern=m.get("pattern"),
-                    last=m.get("last"),
-                    max_abs_above=m.get("max_abs_above"),
-                    initializer_abs_above=m.get("initializer_abs_above"),
-                    reduction_depth_above=m.get("reduction_depth_above"),
-                ),
-            )
-        )
+        rules.append(_rule(i, raw_rule, loc))
     guards = prec.get("guards", True)
-    precision = Precision(
+    return Precision(
         default=prec.get("default", "fp16"),
         rules=tuple(rules),
         guards=tuple(GUARDS) if guards is True else tuple(guards or ()),
     )
 
-    b = data.get("build") or {}
+
+def _rule(i: int, raw_rule: dict, loc: _Located) -> Rule:
+    m = raw_rule["match"]
+    if m.get("name") is not None:
+        try:
+            re.compile(m["name"])
+        except re.error as exc:
+            raise loc.error(
+                ("precision", "rules", i, "match", "name"),
+                f"invalid regular expression {m['name']!r}: {exc}",
+                "quote the pattern and escape special characters such as '(' or '['",
+            ) from None
+    if "last" in m and m.get("pattern") != "final_reductions":
+        raise loc.error(
+            ("precision", "rules", i, "match", "last"),
+            "'last' only applies to pattern: final_reductions",
+        )
+    op = m.get("op", ())
+    return Rule(
+        id=raw_rule["id"],
+        precision=raw_rule["precision"],
+        why=raw_rule.get("why"),
+        match=Match(
+            name=m.get("name"),
+            op=(op,) if isinstance(op, str) else tuple(op),
+            pattern=m.get("pattern"),
+            last=m.get("last"),
+            max_abs_above=m.get("max_abs_above"),
+            initializer_abs_above=m.get("initializer_abs_above"),
+            reduction_depth_above=m.get("reduction_depth_above"),
+        ),
+    )
+
+
+def _build_spec(b: dict, base: Path) -> BuildSpec:
     workspace = b.get("workspace", 4 << 30)
-    build = BuildSpec(
+    return BuildSpec(
         backend=b.get("backend", "auto"),
         compute_capabilities=tuple(b.get("compute_capabilities", ("8.9",))),
         workspace=workspace if isinstance(workspace, int) else parse_size(workspace),
@@ -381,14 +411,15 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
         variants=b.get("variants", True),
     )
 
-    a = data.get("accuracy") or {}
+
+def _accuracy(a: dict) -> AccuracySpec:
     tol = a.get("tolerances") or {}
     default_tol = Tolerance(**{**vars(Tolerance()), **(tol.get("default") or {})})
     outputs = tuple(
         (name, Tolerance(**{**vars(default_tol), **(t or {})}))
         for name, t in (tol.get("outputs") or {}).items()
     )
-    accuracy = AccuracySpec(
+    return AccuracySpec(
         samples=a.get("samples", 4),
         seed=a.get("seed", 0),
         divergence_threshold=a.get("divergence_threshold", 0.05),
@@ -396,23 +427,6 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
         emulation=a.get("emulation", "storage"),
         default_tolerance=default_tol,
         output_tolerances=outputs,
-    )
-
-    model = (base / data["model"]).resolve()
-    if model.is_dir():
-        raise loc.error(
-            ("model",),
-            f"{model} is a folder, not an ONNX file",
-            "name the .onnx file itself (relative to the policy file)",
-        )
-    return Policy(
-        path=path,
-        model=model,
-        inputs=tuple(inputs),
-        passes=passes,
-        precision=precision,
-        build=build,
-        accuracy=accuracy,
     )
 
 
