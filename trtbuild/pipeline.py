@@ -33,9 +33,9 @@ from trtbuild.cache import key as cache_key
 from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
 from trtbuild.fsutil import sha256_file, write_bytes, write_json, write_text
 from trtbuild.graph.model_io import load_model, save_model
-from trtbuild.graph.prepare import Prepared, prepare
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
+from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Passes, Policy, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import Converted, convert

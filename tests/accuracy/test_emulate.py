@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import F, model, node
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.graph.prepare import prepare
+from trtbuild.passes.prepare import prepare
 from trtbuild.policy.model import Passes, Precision
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert

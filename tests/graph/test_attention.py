@@ -10,8 +10,8 @@ from tests.helpers import F, model, node
 from trtbuild.graph import patterns, reductions
 from trtbuild.graph.attention import attention_units
 from trtbuild.graph.norms import norm_units
-from trtbuild.graph.prepare import prepare
 from trtbuild.graph.view import GraphView
+from trtbuild.passes.prepare import prepare
 from trtbuild.policy.model import Passes
 
 

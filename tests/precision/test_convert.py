@@ -103,7 +103,7 @@ def test_rule_that_matches_nothing_warns():
 
 
 def test_decisions_say_why(nafnet_path):
-    from trtbuild.graph.prepare import prepare
+    from trtbuild.passes.prepare import prepare
     from trtbuild.policy.model import Passes
 
     prepared = prepare(onnx.load(nafnet_path), Passes(opset=17)).model

@@ -8,8 +8,8 @@ import onnx
 from tests.helpers import F, model, node
 from trtbuild.graph import reductions
 from trtbuild.graph.norms import norm_units
-from trtbuild.graph.prepare import prepare
 from trtbuild.graph.view import GraphView
+from trtbuild.passes.prepare import prepare
 from trtbuild.policy.model import Passes
 
 ONE = {

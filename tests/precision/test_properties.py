@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.graph.prepare import prepare
+from trtbuild.passes.prepare import prepare
 from trtbuild.policy.model import Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert

@@ -3,7 +3,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from trtbuild.graph.prepare import prepare
+from trtbuild.passes.prepare import prepare
 from trtbuild.policy.model import Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
 

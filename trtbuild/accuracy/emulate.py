@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbuild.graph.passes import infer_shapes, opset_of
+from trtbuild.graph.model_io import infer_shapes, opset_of
 
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 

@@ -1,7 +1,9 @@
-"""Model loading and saving with user-grade errors and atomic writes."""
+"""Model I/O: loading and saving with user-grade errors and atomic writes, the opset,
+shape inference."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from trtbuild.errors import UsageError
 from trtbuild.fsutil import atomic_path
 
 _TWO_GIB = 2**31 - 1
+log = logging.getLogger(__name__)
 
 
 def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.ModelProto:
@@ -61,3 +64,24 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
                 all_tensors_to_one_file=True,
                 location=data_name,
             )
+
+
+def opset_of(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference that never fails the pipeline; custom ops simply stay unknown."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as exc:  # inference errors on exotic models are not user errors
+        log.warning("shape inference failed (%s); continuing without it", exc)
+        return model
+
+
+def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
+    del model.graph.value_info[:]
+    return model

@@ -15,8 +15,8 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from trtbuild.graph.model_io import opset_of
 from trtbuild.graph.optypes import FLOAT_TYPES, OpTypes, op_types
-from trtbuild.graph.passes import opset_of
 
 
 class GraphView:

@@ -7,7 +7,6 @@ visible in `build.json` and the report, and node names must survive.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from trtbuild.errors import UsageError
-
-log = logging.getLogger(__name__)
+from trtbuild.graph.model_io import opset_of
 
 
 @dataclass
@@ -46,22 +44,6 @@ class PassRecord:
                 f"  {i['name']}: {i['why']}" for i in items if isinstance(i, dict) and "why" in i
             ]
         return lines
-
-
-def opset_of(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return 1
-
-
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference that never fails the pipeline; custom ops simply stay unknown."""
-    try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception as exc:  # inference errors on exotic models are not user errors
-        log.warning("shape inference failed (%s); continuing without it", exc)
-        return model
 
 
 def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
@@ -230,8 +212,3 @@ def name_unnamed_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRec
             record.changed += 1
         seen.add(node.name)
     return model, record
-
-
-def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
-    del model.graph.value_info[:]
-    return model

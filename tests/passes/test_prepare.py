@@ -4,8 +4,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from trtbuild.graph.passes import opset_of
-from trtbuild.graph.prepare import prepare
+from trtbuild.graph.model_io import opset_of
+from trtbuild.passes.prepare import prepare
 from trtbuild.policy.model import Passes
 
 

@@ -9,9 +9,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 from tests.helpers import F, model, node
-from trtbuild.graph import fuse
-from trtbuild.graph.passes import opset_of
-from trtbuild.graph.prepare import prepare
+from trtbuild.graph.model_io import opset_of
+from trtbuild.passes import fuse
+from trtbuild.passes.prepare import prepare
 from trtbuild.policy.model import Passes
 
 RNG = np.random.default_rng(0)

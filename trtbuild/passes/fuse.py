@@ -18,9 +18,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
-from trtbuild.graph.passes import PassRecord, infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.view import GraphView
+from trtbuild.passes.basic import PassRecord
 
 LAYERNORM_OPSET = 17
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import onnx
 
 from trtbuild.errors import UsageError
-from trtbuild.graph import fuse, passes
+from trtbuild.graph.model_io import infer_shapes, strip_value_info
+from trtbuild.passes import basic as passes
+from trtbuild.passes import fuse
 from trtbuild.policy.model import Passes
 
 _CONTROL_FLOW = {"If", "Loop", "Scan"}
@@ -41,7 +43,7 @@ def prepare(model: onnx.ModelProto, options: Passes, *, source: str = "model") -
     if options.fold_batchnorm:
         model, rec = fuse.fold_batchnorm(model)
         records.append(rec)
-    model = passes.infer_shapes(passes.strip_value_info(model))
+    model = infer_shapes(strip_value_info(model))
     return Prepared(model, records)
 
 
