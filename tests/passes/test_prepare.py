@@ -38,3 +38,15 @@ def test_prepare_keeps_node_names_and_is_idempotent(nafnet_path):
 def test_prepare_never_lowers_the_opset(nafnet_path):
     prepared = prepare(onnx.load(nafnet_path), Passes(opset=11))
     assert opset_of(prepared.model) == 13
+
+
+def test_prepare_leaves_its_input_as_it_was(models_dir):
+    """Every pass that changes a graph changes a copy: unnamed nodes, Constants, BatchNorms,
+    inferred shapes and an opset upgrade all in one model."""
+    for name in ("nafnet_tiny", "transformer_tiny", "gfpgan_tiny", "bert_tiny"):
+        source = onnx.load(models_dir / f"{name}.onnx")
+        source.graph.node[0].name = ""  # one unnamed node
+        before = source.SerializeToString()
+        prepared = prepare(source, Passes(opset=17)).model
+        assert source.SerializeToString() == before, name
+        assert prepared is not source

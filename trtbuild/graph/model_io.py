@@ -79,9 +79,16 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as exc:  # inference errors on exotic models are not user errors
         log.warning("shape inference failed (%s); continuing without it", exc)
-        return model
+        out = onnx.ModelProto()
+        out.CopyFrom(model)  # callers change what this returns; never the caller's model
+        return out
 
 
 def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
-    del model.graph.value_info[:]
-    return model
+    """The model without inferred shapes (a copy when there are any: the input stays)."""
+    if not model.graph.value_info:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.value_info[:]
+    return out

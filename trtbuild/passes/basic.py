@@ -46,6 +46,13 @@ class PassRecord:
         return lines
 
 
+def copied(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for a pass to change: the caller's model stays as it was."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
 def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
     """Turn `Constant` nodes into initializers, as TensorRT sees weights.
 
@@ -53,6 +60,9 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     (Paddle, older PyTorch) write them as `Constant` nodes.
     """
     record = PassRecord("lift_constants")
+    if not any(n.op_type == "Constant" for n in model.graph.node):
+        return model, record
+    model = copied(model)  # passes never change their input
     keep = []
     for node in model.graph.node:
         value = (
@@ -200,6 +210,10 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
 def name_unnamed_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
     """Give every node a unique name: rules, reports and TensorRT layers are keyed by it."""
     record = PassRecord("name_nodes")
+    names = [n.name for n in model.graph.node]
+    if all(names) and len(set(names)) == len(names):
+        return model, record
+    model = copied(model)  # passes never change their input
     seen: set[str] = set()
     for i, node in enumerate(model.graph.node):
         if not node.name or node.name in seen:

@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
 from trtbuild.graph.view import GraphView
-from trtbuild.passes.basic import PassRecord
+from trtbuild.passes.basic import PassRecord, copied
 
 LAYERNORM_OPSET = 17
 
@@ -179,6 +179,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     record = PassRecord("fold_batchnorm", details={"folded": [], "not_folded": []})
     if not any(n.op_type == "BatchNormalization" for n in model.graph.node):
         return model, record  # the common case: no index over the graph to build
+    model = copied(model)  # passes never change their input
     view = GraphView(model)
     removed: set[int] = set()
     replaced: dict[int, onnx.NodeProto] = {}
