@@ -115,6 +115,7 @@ class BuildResult:
             "engine_bytes": len(self.engine),
             "build_seconds": round(self.seconds, 3),
             "memory": self.memory,
+            "builder_warnings": self.warnings,  # TensorRT's own, as its logger said them
         }
 
 
