@@ -3,6 +3,9 @@ PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11 python3.10; 
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# -qq: errors only. pip's warnings here are about the machine's own index settings and
+# setuptools' notice about editable installs, neither of which a user can act on.
+PIP    := $(BIN)/python -m pip install -qq
 
 .PHONY: demo test lint format models install schema clean bench nightly
 
@@ -18,9 +21,10 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "trtbuild needs Python >= 3.10 on PATH (or PYTHON=/path/to/python3.x)"; exit 2; }
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[rtx,dev]"
+	@echo "installing trtbuild and its dependencies into $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PIP) --upgrade pip
+	@$(PIP) -e ".[rtx,dev]"
 	@touch $(STAMP)
 
 models: install
@@ -31,7 +35,7 @@ nightly: install models
 	$(BIN)/trtbuild nightly --policies policies --out build/nightly --history history/nightly.sqlite
 
 bench: install models
-	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	@$(PIP) -e ".[bench]"
 	$(BIN)/python benchmarks/bench_convert.py
 	$(BIN)/python benchmarks/bench_tune.py $(if $(MODELOPT_PYTHON),--modelopt-python $(MODELOPT_PYTHON))
 

@@ -17,7 +17,12 @@ Peers:
   nvidia-modelopt installs (it needs torch and onnx 1.21, so it runs from its
   own virtualenv: `--modelopt-python PATH`).
 
+Times: `trtbuild tune` and AutoCast run as whole processes, cold (start, imports,
+preparing the graph, the FP32 reference, the search); onnxconverter-common has no
+command line and is timed in this process, from the prepared graph.
+
 Usage: python benchmarks/bench_tune.py [--models nafnet,gfpgan,...] [--modelopt-python PY]
+       [--emulation storage|strict] [--objective flops|nodes] [--jobs N]
 Needs: pip install -e ".[bench]"; the models of `make models`.
 """
 
@@ -30,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from trtbuild import pipeline, tune  # noqa: E402
 from trtbuild.accuracy import evaluate as ev  # noqa: E402
 from trtbuild.accuracy.judge import judge  # noqa: E402
+from trtbuild.cache import Cache  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
 from trtbuild.precision.assign import assign  # noqa: E402
 from trtbuild.precision.convert import convert  # noqa: E402
@@ -125,17 +132,25 @@ def policy_check(spec, names):
 
 
 def run_model(
-    name: str, tmp: Path, modelopt_python: str | None, objective: str, emulation: str
+    name: str, tmp: Path, modelopt_python: str | None, objective: str, emulation: str, jobs: int
 ) -> list[tuple]:
-    policy = load_policy(empty_policy(name, tmp, emulation))
-    stages = pipeline.run_front(policy)
+    source = empty_policy(name, tmp, emulation)
+    policy = load_policy(source)
+    stages = pipeline.run_front(policy, cache=Cache(enabled=False))
     prepared = stages.prepared.model
     rows = []
 
+    # A whole `trtbuild tune` process, cold (--no-cache: passes and the FP32 reference
+    # included), as AutoCast's row below is a whole process of its own.
+    tuned = tmp / f"{name}.tuned.yaml"
+    cmd = [sys.executable, "-m", "trtbuild", "tune", "--policy", str(source), "-o", str(tuned)]
+    cmd += ["--objective", objective, "--jobs", str(jobs), "--no-cache"]
     t = time.perf_counter()
-    result = tune.tune(stages, budget=100, objective=objective)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     seconds = time.perf_counter() - t
-    mixed = convert(assign(stages.view, result.policy)).model
+    if done.returncode not in (0, 1):  # 1: the budget ran out; the best attempt is judged
+        sys.exit(f"trtbuild tune failed on {name}:\n{done.stderr[-2000:]}")
+    mixed = convert(assign(stages.view, load_policy(tuned).precision)).model
     rows.append((name, "trtbuild tune", *fp16_share(mixed), *verdict(stages, mixed), seconds))
 
     from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
@@ -143,7 +158,9 @@ def run_model(
     outputs = [o.name for o in prepared.graph.output]
     t = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        # its per-weight "will be truncated" warnings would bury the table
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             occ = auto_convert_mixed_precision(
                 prepared,
                 stages.feeds[0],
@@ -214,12 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=["storage", "strict"],
         help="what the judge assumes inside an FP16 kernel (the policies' accuracy.emulation)",
     )
+    parser.add_argument("--jobs", type=int, default=1, help="trtbuild tune --jobs")
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="trtbuild-bench-tune-"))
     rows = []
     with ev.quiet_polygraphy():
         for name in args.models.split(","):
-            rows += run_model(name, tmp, args.modelopt_python, args.objective, args.emulation)
+            rows += run_model(
+                name, tmp, args.modelopt_python, args.objective, args.emulation, args.jobs
+            )
     print(
         f"| model | tool | FP16 FLOPs | FP16 nodes | passes (emulated-fp16, {args.emulation}) "
         "| worst max error / output range | time s |"

@@ -6,6 +6,11 @@ before it and comparing after it::
     python scripts/compare_reports.py --write before.json     # on the old commit
     python scripts/compare_reports.py --against before.json   # on the new one
 
+A change that makes other reference data (a new random generator, say) would
+differ everywhere; ``--freeze-data DIR`` first writes the example policies with
+today's feeds as ``.npz`` files (``DIR/policies``, ``DIR/data``), and both
+snapshots are then taken with ``--policies DIR/policies``.
+
 Builds run with ``--backend none``: the figures come from the evaluator, not the
 engine, and the snapshot must not depend on which machine built it. Paths and
 the version are left out; every other key must be equal, floats bit for bit.
@@ -40,6 +45,34 @@ def snapshot(policies: list[Path]) -> dict[str, Any]:
                 report.pop(key, None)
             out[path.stem] = {"exit_code": code, "report": report}
     return out
+
+
+def freeze_data(policies: list[Path], folder: Path) -> None:
+    """Each policy again, its inputs read from an .npz of the feeds the current code makes."""
+    import numpy as np
+    import yaml
+
+    from trtbuild.accuracy.data import make_feeds
+    from trtbuild.cache import Cache
+    from trtbuild.pipeline import prepared_graph
+    from trtbuild.policy import load_policy
+    from trtbuild.policy.load import read_yaml
+
+    (folder / "policies").mkdir(parents=True, exist_ok=True)
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    for path in policies:
+        policy = load_policy(path)
+        prepared, _ = prepared_graph(policy.model, policy.passes, Cache(enabled=False))
+        feeds = make_feeds(policy, prepared.model)
+        npz = (folder / "data" / f"{path.stem}.npz").resolve()
+        np.savez(npz, **{name: np.stack([f[name] for f in feeds]) for name in feeds[0]})
+        raw = read_yaml(path.read_text(encoding="utf-8"))
+        raw["model"] = str(policy.model)
+        inputs = raw.get("inputs") or {}
+        for name in feeds[0]:
+            inputs[name] = {**(inputs.get(name) or {}), "data": {"file": str(npz)}}
+        raw["inputs"] = inputs
+        (folder / "policies" / path.name).write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
 def normalized(value: Any) -> Any:
@@ -80,8 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--write", type=Path, metavar="SNAPSHOT.json")
     group.add_argument("--against", type=Path, metavar="SNAPSHOT.json")
+    group.add_argument("--freeze-data", type=Path, metavar="DIR")
     parser.add_argument("--policies", type=Path, default=ROOT / "policies")
     args = parser.parse_args(argv)
+    if args.freeze_data:
+        freeze_data(sorted(args.policies.glob("*.yaml")), args.freeze_data)
+        print(
+            f"wrote {args.freeze_data}/policies and data: use --policies {args.freeze_data}/policies"
+        )
+        return 0
     current = snapshot(sorted(args.policies.glob("*.yaml")))
     if args.write:
         args.write.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -67,6 +68,14 @@ def run_browser(browser: str, tmp_path, *args: str) -> subprocess.CompletedProce
         *args,
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+
+
+def keep_screenshot(shot: Path) -> None:
+    """Copy a browser screenshot to `TRTBUILD_SCREENSHOTS` (when set), for a person to look at."""
+    folder = os.environ.get("TRTBUILD_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(folder) / shot.name)
 
 
 def pixels_near(img: np.ndarray, hex_color: str, tol: int = 40) -> int:

@@ -641,26 +641,25 @@ def _read_only(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("trouble", ["corrupt entry", "read-only folder", "folder is a file"])
-def test_cache_trouble_warns_once_and_changes_nothing(trouble, tmp_path, write_policy, capsys):
+def test_cache_trouble_warns_once_and_changes_nothing(
+    trouble, tmp_path, write_policy, capsys, monkeypatch
+):
     policy = str(write_policy())
     assert main(["check", "--policy", policy, "--json", "--no-cache"]) == 0
     expected = capsys.readouterr().out
     folder = tmp_path / "cache"
     if trouble == "corrupt entry":
-        os.environ["TRTBUILD_CACHE_DIR"] = str(folder)
-        try:
-            assert main(["check", "--policy", policy, "--json"]) == 0  # warm up
-            capsys.readouterr()
-            _corrupt_every_entry(folder)
-            warned = "dropped a corrupt cache entry"
-        finally:
-            os.environ.pop("TRTBUILD_CACHE_DIR")
+        monkeypatch.setenv("TRTBUILD_CACHE_DIR", str(folder))
+        assert main(["check", "--policy", policy, "--json"]) == 0  # warm up
+        capsys.readouterr()
+        _corrupt_every_entry(folder)
+        warned = "dropped a corrupt cache entry"
     elif trouble == "read-only folder":
         folder, warned = _read_only(folder), "cache off for this run"
     else:
         folder.write_text("not a folder")
         warned = "is a file, not a folder"
-    os.environ["TRTBUILD_CACHE_DIR"] = str(folder)
+    monkeypatch.setenv("TRTBUILD_CACHE_DIR", str(folder))
     try:
         started = time.monotonic()
         code = main(["check", "--policy", policy, "--json"])
@@ -673,6 +672,5 @@ def test_cache_trouble_warns_once_and_changes_nothing(trouble, tmp_path, write_p
             out, err = capsys.readouterr()
             assert out == expected and "warning" not in err
     finally:
-        os.environ.pop("TRTBUILD_CACHE_DIR")
         if folder.is_dir():
             folder.chmod(0o755)

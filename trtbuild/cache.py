@@ -53,26 +53,47 @@ def code_fingerprint() -> str:
     The sources, not just the version number: an editable install changes code
     without changing `__version__`, and a stale prepared graph must never be served.
     """
-    import onnx
-    import onnx_graphsurgeon
-    import onnxruntime
-    import polygraphy
-
     h = hashlib.sha256()
     package = Path(__file__).resolve().parent
     for path in sorted(package.rglob("*.py")):
         h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
-    for module in (onnx, onnx_graphsurgeon, onnxruntime, polygraphy, sys):
-        h.update(str(getattr(module, "__version__", getattr(module, "version", ""))).encode())
+    for dist in DEPENDENCIES:
+        h.update(f"{dist}={_installed_version(dist)};".encode())
+    h.update(sys.version.encode())
     return h.hexdigest()
+
+
+# What computes a cached value; versions read from the installed metadata, so a warm
+# `check` does not import onnxruntime only to learn its version.
+DEPENDENCIES = (
+    ("onnx",),
+    ("onnx-graphsurgeon", "onnx_graphsurgeon"),
+    ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"),
+    ("polygraphy",),
+)
+
+
+def _installed_version(names: tuple[str, ...]) -> str:
+    """The version of the first distribution of `names` that is installed."""
+    from importlib import metadata
+
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "absent"
 
 
 def model_digest(path: Path) -> str:
     """sha256 of the model file and of every external-data file it names."""
     import onnx
 
-    h = hashlib.sha256(path.read_bytes())
-    proto = onnx.load(str(path), load_external_data=False)
+    raw = path.read_bytes()
+    h = hashlib.sha256(raw)
+    if b"location" not in raw:  # every external-data entry names its file under this key
+        return h.hexdigest()
+    proto = onnx.load_model_from_string(raw)
     locations = sorted(
         {
             entry.value
@@ -216,8 +237,9 @@ class Cache:
 def _decode(blob: bytes) -> Any | None:
     if not blob.startswith(MAGIC):
         return None
-    digest, _, payload = blob[len(MAGIC) :].partition(b"\n")
-    if hashlib.sha256(payload).hexdigest().encode() != digest:
+    end = blob.find(b"\n", len(MAGIC))
+    digest, payload = blob[len(MAGIC) : end], memoryview(blob)[end + 1 :]  # no copy
+    if end < 0 or hashlib.sha256(payload).hexdigest().encode() != digest:
         return None
     try:
         return pickle.loads(payload)

@@ -282,7 +282,7 @@ def _cmd_check(args) -> int:
                     "at_risk": at_risk,
                     "warnings": warnings,
                 },
-                indent=2,
+                separators=(",", ":"),  # one compact line: the C encoder (indent is pure Python)
             )
         )
         return 0

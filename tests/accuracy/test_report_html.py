@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import chromium, pixels_near, run_browser
+from tests.helpers import chromium, keep_screenshot, pixels_near, run_browser
 from trtbuild.accuracy.report_html import BASELINE_COLOR, POLICY_COLOR
 from trtbuild.cli import main
 
@@ -57,6 +57,7 @@ def test_headless_chromium_renders_every_plot(nafnet_report, tmp_path):
 
     shot = tmp_path / "report.png"
     run_browser(browser, tmp_path, f"--screenshot={shot}", "--window-size=1200,3000", url)
+    keep_screenshot(shot)
     img = np.asarray(Image.open(shot).convert("RGB"))
     assert img.shape == (3000, 1200, 3)
     assert img.std() > 10, "the screenshot is blank"

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import ROOT
-from tests.helpers import chromium, pixels_near, run_browser
+from tests.helpers import chromium, keep_screenshot, pixels_near, run_browser
 from trtbuild.cli import main
 from trtbuild.nightly.summary import trend_figure
 
@@ -105,6 +105,7 @@ def test_headless_chromium_renders_the_summary(summary_page, tmp_path):
 
     shot = tmp_path / "summary.png"
     run_browser(browser, tmp_path, f"--screenshot={shot}", "--window-size=1400,1200", url)
+    keep_screenshot(shot)
     img = np.asarray(Image.open(shot).convert("RGB"))
     assert img.std() > 10, "the screenshot is blank"
     assert pixels_near(img, LINE_COLOR) > 200  # the trend lines are on screen

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
 from trtbuild.accuracy.report import (
     Para,
@@ -84,6 +83,9 @@ def summary(report: Report) -> str:
 
 def junit_xml(suite: str, cases: list[tuple[str, str, str | None]]) -> str:
     """JUnit XML from (classname, name, failure text or None) cases; CI dashboards read it."""
+    # imported here: xml.sax pulls in urllib, which `check` does not need at start-up
+    from xml.sax.saxutils import escape, quoteattr
+
     lines = []
     for classname, name, failure in cases:
         body = ""
