@@ -156,3 +156,25 @@ def test_ppocrv4_det_lists_its_squeeze_excitation_pools_at_risk(example_policy, 
     found = json.loads(capsys.readouterr().out)["at_risk"]
     assert len(found) == 4 and {r["op"] for r in found} == {"GlobalAveragePool"}
     assert all(r["quantity"] == "sum behind the mean" and r["peak"] > 65504 for r in found)
+
+
+def test_a_trial_opens_one_session_and_shares_the_reference(tmp_path, models_dir, monkeypatch):
+    """Each candidate is judged in one ONNX Runtime session; the FP32 reference never reruns."""
+    import onnxruntime
+
+    from trtbuild import pipeline, tune
+    from trtbuild.accuracy import reference
+
+    stages = pipeline.run_front(load_policy(_without_rules("nafnet", tmp_path, models_dir)))
+    opened = []
+
+    class Counting(onnxruntime.InferenceSession):  # a real session, counted
+        def __init__(self, *args, **kwargs):
+            opened.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Counting)
+    monkeypatch.setattr(reference, "run_reference", lambda *a, **k: pytest.fail("reran"))
+    outcome = tune.evaluate(stages, stages.policy.precision)
+    assert not outcome.passed and "total" in outcome.failing  # judged for real: FP16 overflows
+    assert len(opened) == 1
