@@ -364,6 +364,12 @@ CASES = [
         "model file not found",
     ),
     (
+        "prepare-opset-out-of-range",
+        lambda c: ["prepare", str(c.nafnet), "-o", str(c.tmp / "out.onnx"), "--opset", "-3"],
+        2,
+        "--opset must be between 7 and 99",
+    ),
+    (
         "report-missing-engine",
         lambda c: [
             "report",
@@ -674,3 +680,12 @@ def test_cache_trouble_warns_once_and_changes_nothing(
     finally:
         if folder.is_dir():
             folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("size", ["abc", "-5", ".nan", "1e40"])
+def test_cache_size_that_is_no_size_is_a_usage_error(size, write_policy, capsys, monkeypatch):
+    monkeypatch.setenv("TRTBUILD_CACHE_MAX_MB", size)
+    assert main(["check", "--policy", str(write_policy())]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.count("trtbuild: error:") == 1 and "TRTBUILD_CACHE_MAX_MB" in err, err

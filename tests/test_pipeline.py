@@ -25,6 +25,24 @@ def test_report_without_rebuilding_keeps_build_artifacts(write_policy, tmp_path)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
+def test_report_names_an_engine_it_cannot_run_without_a_gpu(write_policy, tmp_path, capsys):
+    from trtbuild.engine.backends import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is visible: the engine runs")
+    out = tmp_path / "out"
+    policy = str(write_policy(backend="tensorrt-rtx"))
+    assert main(["build", "--policy", policy, "--out", str(out)]) == 0
+    capsys.readouterr()
+    argv = ["report", "--policy", policy, "--out", str(out), "--engine", str(out / "engine.plan")]
+    assert main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["evaluator"] == "emulated-fp16"
+    assert "engine.plan is not run: no GPU" in report["warnings"][0]
+    assert "is not run: no GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
 def test_failed_rebuild_leaves_previous_artifacts_intact(write_policy, tmp_path):
     out = tmp_path / "out"
     assert main(["build", "--policy", str(write_policy()), "--out", str(out)]) == 0

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtbuild.errors import UsageError
+
 MAGIC = b"trtbuild-cache/1\n"
 DEFAULT_MAX_BYTES = 2 << 30
 KINDS = ("prepared", "reference", "converted")
@@ -41,9 +43,20 @@ def default_root() -> Path:
 
 
 def default_max_bytes() -> int:
-    """`TRTBUILD_CACHE_MAX_MB`, else 2 GiB."""
-    raw = os.environ.get("TRTBUILD_CACHE_MAX_MB", "")
-    return int(float(raw) * (1 << 20)) if raw.strip() else DEFAULT_MAX_BYTES
+    """`TRTBUILD_CACHE_MAX_MB`, else 2 GiB; a value that is no size is the user's to fix."""
+    raw = os.environ.get("TRTBUILD_CACHE_MAX_MB", "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        megabytes = float(raw)
+    except ValueError:
+        megabytes = -1.0
+    if not 0 <= megabytes <= 1 << 30:  # NaN fails too
+        raise UsageError(
+            f"TRTBUILD_CACHE_MAX_MB={raw!r} is not a size in megabytes",
+            hint="set it to a number of megabytes such as 2048, or unset it",
+        )
+    return int(megabytes * (1 << 20))
 
 
 @functools.lru_cache(maxsize=1)

@@ -322,10 +322,15 @@ def _cmd_convert(args) -> int:
 
 
 def _cmd_prepare(args) -> int:
+    from trtbuild.errors import UsageError
     from trtbuild.graph.model_io import save_model
     from trtbuild.pipeline import prepared_graph
     from trtbuild.policy.model import Passes
+    from trtbuild.policy.schema import OPSET_RANGE
 
+    low, high = OPSET_RANGE
+    if args.opset is not None and not low <= args.opset <= high:
+        raise UsageError(f"--opset must be between {low} and {high}, got {args.opset}")
     passes = Passes(
         opset=args.opset,
         fold_constants=not args.no_fold,

@@ -436,11 +436,18 @@ def report_only(
     built = _earlier_build(out_dir, policy)
     backend = built.get("backend", "none") if built else "none"
     plans: dict[str, bytes] = {}
+    unrun = []
     if engine is not None and gpu_available():
         backend = resolve_backend(policy.build.backend)
         plans["policy"] = engine.read_bytes()
+    elif engine is not None:
+        unrun.append(
+            f"engine {engine} is not run: no GPU is visible here, so the verdict is the "
+            f"{EMULATED} one; run `trtbuild report --engine` on a machine with a GPU"
+        )
     with staged_output(out_dir, REPORT_FILES) as stage:
         report = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
+        report.warnings = unrun + report.warnings
         report.build = built
         write_reports(stage, report, owns_build=False)
     return Outcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)

@@ -23,6 +23,7 @@ ERROR_STATS = ("max", "mean", "median", "elemwise")
 # Every field has a bound, so loading and acting on a policy takes bounded time
 # and memory whatever the YAML holds. Numbers are finite (NaN and inf rejected).
 MAX_SAMPLES = 10_000
+OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`
 _BIG = 1e30
 _NUMBER = {"type": "number", "minimum": -_BIG, "maximum": _BIG}
 _NONNEG = {"type": "number", "minimum": 0, "maximum": _BIG}
@@ -130,7 +131,7 @@ SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "opset": {"type": "integer", "minimum": 7, "maximum": 99},
+                "opset": {"type": "integer", "minimum": OPSET_RANGE[0], "maximum": OPSET_RANGE[1]},
                 "fuse_layernorm": {"type": "boolean"},
                 "fold_constants": {"type": "boolean"},
                 "fold_batchnorm": {"type": "boolean"},
