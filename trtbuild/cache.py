@@ -33,6 +33,15 @@ MAGIC = b"trtbuild-cache/1\n"
 DEFAULT_MAX_BYTES = 2 << 30
 KINDS = ("prepared", "reference", "converted")
 
+# What computes a cached value; versions read from the installed metadata, so a warm
+# `check` does not import onnxruntime only to learn its version.
+DEPENDENCIES = (
+    ("onnx",),
+    ("onnx-graphsurgeon", "onnx_graphsurgeon"),
+    ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"),
+    ("polygraphy",),
+)
+
 
 def default_root() -> Path:
     """`TRTBUILD_CACHE_DIR`, else `~/.cache/trtbuild` (XDG_CACHE_HOME respected)."""
@@ -74,16 +83,6 @@ def code_fingerprint() -> str:
         h.update(f"{dist}={_installed_version(dist)};".encode())
     h.update(sys.version.encode())
     return h.hexdigest()
-
-
-# What computes a cached value; versions read from the installed metadata, so a warm
-# `check` does not import onnxruntime only to learn its version.
-DEPENDENCIES = (
-    ("onnx",),
-    ("onnx-graphsurgeon", "onnx_graphsurgeon"),
-    ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino"),
-    ("polygraphy",),
-)
 
 
 def _installed_version(names: tuple[str, ...]) -> str:
