@@ -47,7 +47,6 @@ sys.path.insert(0, str(ROOT))
 from trtbuild import pipeline, tune  # noqa: E402
 from trtbuild.accuracy import evaluate as ev  # noqa: E402
 from trtbuild.accuracy.judge import judge  # noqa: E402
-from trtbuild.cache import Cache  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
 from trtbuild.precision.assign import assign  # noqa: E402
 from trtbuild.precision.convert import convert  # noqa: E402
@@ -136,7 +135,7 @@ def run_model(
 ) -> list[tuple]:
     source = empty_policy(name, tmp, emulation)
     policy = load_policy(source)
-    stages = pipeline.run_front(policy, cache=Cache(enabled=False))
+    stages = pipeline.run_front(policy)  # no cache: computed here, as tune computes it
     prepared = stages.prepared.model
     rows = []
 

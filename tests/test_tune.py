@@ -163,7 +163,6 @@ def test_a_trial_opens_one_session_and_shares_the_reference(tmp_path, models_dir
     import onnxruntime
 
     from trtbuild import pipeline, tune
-    from trtbuild.accuracy import reference
 
     stages = pipeline.run_front(load_policy(_without_rules("nafnet", tmp_path, models_dir)))
     opened = []
@@ -174,7 +173,7 @@ def test_a_trial_opens_one_session_and_shares_the_reference(tmp_path, models_dir
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", Counting)
-    monkeypatch.setattr(reference, "run_reference", lambda *a, **k: pytest.fail("reran"))
+    monkeypatch.setattr(pipeline, "run_reference", lambda *a, **k: pytest.fail("reran"))
     outcome = tune.evaluate(stages, stages.policy.precision)
     assert not outcome.passed and "total" in outcome.failing  # judged for real: FP16 overflows
     assert len(opened) == 1

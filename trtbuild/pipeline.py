@@ -443,7 +443,7 @@ def report_only(
     elif engine is not None:
         unrun.append(
             f"engine {engine} is not run: no GPU is visible here, so the verdict is the "
-            f"{EMULATED} one; run `trtbuild report --engine` on a machine with a GPU"
+            f"{EMULATED} one; report on a machine with a GPU to judge the engine itself"
         )
     with staged_output(out_dir, REPORT_FILES) as stage:
         report = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)

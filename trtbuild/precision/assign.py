@@ -10,8 +10,9 @@ An op whose ONNX schema has no FP16/BF16 type stays FP32 whatever asked for it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import onnx
@@ -75,15 +76,9 @@ class PrecisionSummary:
     rule_hits: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
-        # not dataclasses.asdict: it deep-copies every pinned row (a tenth of a second on 10k nodes)
-        return {
-            "fp16_nodes": self.fp16_nodes,
-            "bf16_nodes": self.bf16_nodes,
-            "fp32_nodes": self.fp32_nodes,
-            "fp16_share": self.fp16_share,
-            "pinned": [dict(row) for row in self.pinned],
-            "rule_hits": dict(self.rule_hits),
-        }
+        # shallow, not dataclasses.asdict: that deep-copies every pinned row (a tenth of a
+        # second on 10k nodes), and the rows are plain str dicts
+        return {f.name: copy.copy(getattr(self, f.name)) for f in fields(self)}
 
 
 def assign(
