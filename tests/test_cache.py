@@ -7,8 +7,10 @@ import json
 import pytest
 
 from tests.conftest import NAFNET_POLICY, PINS
+from trtbuild import pipeline
 from trtbuild.cache import Cache
 from trtbuild.cli import main
+from trtbuild.policy import load_policy
 
 ARTIFACTS = (
     "prepared.onnx",
@@ -73,10 +75,43 @@ def test_cache_info_and_clear(tmp_path, write_policy, cache_dir, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["root"] == str(cache_dir) and info["by_kind"] == {
         "prepared": 1,
+        "measures": 1,
         "reference": 1,
         "converted": 1,
     }
     assert info["bytes"] > 0
     assert main(["cache", "clear"]) == 0
-    assert "removed 3 entries" in capsys.readouterr().out
+    assert "removed 4 entries" in capsys.readouterr().out
     assert Cache().info()["entries"] == 0
+
+
+def test_check_reads_the_measures_alone_and_says_what_a_cold_check_says(
+    write_policy, cache_dir, capsys
+):
+    policy = write_policy()
+    said = []
+    for extra in (["--no-cache"], [], []):  # uncached, cold, warm
+        assert main(["check", "--policy", str(policy), "--json", *extra]) == 0
+        said.append(capsys.readouterr().out)
+    assert said[0] == said[1] == said[2]
+    cache = Cache()
+    stages = pipeline.run_front(load_policy(policy), reference="measures", cache=cache)
+    assert stages.reference is None and stages.cache_hits["reference"] == "hit"
+    assert "reference" not in cache.hits  # the tensors' entry was not read
+
+
+def test_measures_come_from_an_earlier_builds_tensors(write_policy, cache_dir):
+    policy = load_policy(write_policy())
+    pipeline.run_front(policy, cache=Cache())  # as build: writes the tensors and the measures
+    for entry in (cache_dir / "measures").glob("*/*"):
+        entry.unlink()
+    cache = Cache()
+    stages = pipeline.run_front(policy, reference="measures", cache=cache)
+    assert cache.hits == {
+        "prepared": "hit",
+        "measures": "miss",
+        "reference": "hit",
+        "converted": "hit",
+    }
+    assert stages.cache_hits["reference"] == "hit"
+    assert Cache().info()["by_kind"]["measures"] == 1  # stored on its own for the next check

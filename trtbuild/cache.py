@@ -31,7 +31,7 @@ from trtbuild.errors import UsageError
 
 MAGIC = b"trtbuild-cache/1\n"
 DEFAULT_MAX_BYTES = 2 << 30
-KINDS = ("prepared", "reference", "converted")
+KINDS = ("prepared", "measures", "reference", "converted")
 
 # What computes a cached value; versions read from the installed metadata, so a warm
 # `check` does not import onnxruntime only to learn its version.

@@ -257,9 +257,9 @@ def _cmd_check(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(policy, cache=_cache(args))
+    stages = pipeline.run_front(policy, reference="measures", cache=_cache(args))
     a = stages.assignment
-    at_risk = risk.at_risk(stages.reference.internals, stages.converted.model)
+    at_risk = risk.at_risk(stages.measures.internals, stages.converted.model)
     rows = [
         {
             "node": n.name,
@@ -310,7 +310,7 @@ def _cmd_convert(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(policy, reference=False, cache=_cache(args))
+    stages = pipeline.run_front(policy, reference="none", cache=_cache(args))
     save_model(stages.converted.model, args.output)
     _warn(stages.warnings)
     s = stages.assignment.summary()

@@ -26,7 +26,7 @@ from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy import evaluate as ev
 from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Verdict, judge
-from trtbuild.accuracy.reference import ReferenceTensors, run_reference
+from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, run_reference
 from trtbuild.accuracy.report import Report
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
 from trtbuild.cache import key as cache_key
@@ -59,7 +59,8 @@ class Stages:
     prepared: Prepared
     view: GraphView  # the one index over the prepared graph
     feeds: list[data_mod.Feed]
-    reference: ReferenceTensors | None  # None only where no command step needs it
+    measures: ReferenceMeasures | None  # None only where no command step needs the reference
+    reference: ReferenceTensors | None  # with its tensors; only for run_front(reference="tensors")
     assignment: Assignment
     converted: Converted
     timings: dict[str, float] = field(default_factory=dict)
@@ -76,12 +77,21 @@ def needs_reference(policy: Policy) -> bool:
     return any(r.match.max_abs_above is not None for r in policy.precision.all_rules())
 
 
-def run_front(policy: Policy, *, reference: bool = True, cache: Cache | None = None) -> Stages:
-    """Load, prepare, run the FP32 reference (when asked or needed), assign and convert.
+# How much of the FP32 reference a command reads: nothing, its measures (peaks, internals:
+# `check`, range rules) or its tensors too (the judge). Each level reads its own cache entry.
+REFERENCE_LEVELS = ("none", "measures", "tensors")
+
+
+def run_front(policy: Policy, *, reference: str = "tensors", cache: Cache | None = None) -> Stages:
+    """Load, prepare, run the FP32 reference (as far as asked or needed), assign and convert.
 
     With a `cache`, the prepared graph and the reference come from it when their
     inputs are unchanged (`trtbuild.cache` says what the keys cover).
     """
+    if reference not in REFERENCE_LEVELS:
+        raise ValueError(f"reference must be one of {REFERENCE_LEVELS}, not {reference!r}")
+    if reference == "none" and needs_reference(policy):
+        reference = "measures"
     cache = cache if cache is not None else Cache(enabled=False)
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -89,21 +99,31 @@ def run_front(policy: Policy, *, reference: bool = True, cache: Cache | None = N
     view = GraphView(prepared.model)
     timings["prepare"] = time.perf_counter() - t
 
-    ref = None
+    measures, ref = None, None
     feeds = data_mod.make_feeds(policy, prepared.model)
-    if reference or needs_reference(policy):
+    if reference != "none":
         t = time.perf_counter()
-        ref = _reference(prepared, feeds, view, cache, digest)
+        measures, ref = _reference(prepared, feeds, view, cache, digest, reference)
         timings["reference"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    assignment = assign(view, policy.precision, ref.ranges if ref is not None else None)
+    assignment = assign(view, policy.precision, measures.ranges if measures is not None else None)
     converted = _converted(assignment, cache, digest)
     timings["assign_convert"] = time.perf_counter() - t
-    stages = Stages(policy, prepared, view, feeds, ref, assignment, converted, timings)
-    ran = ("prepared", "reference", "converted") if ref is not None else ("prepared", "converted")
-    stages.cache_hits = {kind: cache.hits.get(kind, "off") for kind in ran}
+    stages = Stages(policy, prepared, view, feeds, measures, ref, assignment, converted, timings)
+    stages.cache_hits = _hits(cache, reference)
     return stages
+
+
+def _hits(cache: Cache, reference: str) -> dict[str, str]:
+    """`build.json`'s `cache`: hit, miss or off for each entry the run needed."""
+    hits = {"prepared": cache.hits.get("prepared", "off")}
+    if reference != "none":  # the measures come from their entry or the tensors'
+        kinds = ("reference",) if reference == "tensors" else ("measures", "reference")
+        seen = [cache.hits[k] for k in kinds if k in cache.hits]
+        hits["reference"] = "hit" if "hit" in seen else (seen[0] if seen else "off")
+    hits["converted"] = cache.hits.get("converted", "off")
+    return hits
 
 
 def prepared_graph(model: Path, passes: Passes, cache: Cache) -> tuple[Prepared, str | None]:
@@ -141,18 +161,34 @@ def _converted(assignment: Assignment, cache: Cache, digest: str | None) -> Conv
 
 
 def _reference(
-    prepared: Prepared, feeds: list, view: GraphView, cache: Cache, digest: str | None
-) -> ReferenceTensors:
-    """The FP32 reference, from the cache when the prepared graph and the feeds match."""
+    prepared: Prepared,
+    feeds: list,
+    view: GraphView,
+    cache: Cache,
+    digest: str | None,
+    level: str,
+) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
+    """The FP32 reference to `level`, from the cache when the prepared graph and feeds match.
+
+    The measures are read from their own small entry, or else taken from the
+    tensors' entry (an earlier `build` wrote it) and stored on their own.
+    """
     key = cache_key("reference", digest, feeds_digest(feeds)) if digest else None
     if key is not None:
+        measures = cache.get("measures", key) if level == "measures" else None
+        if measures is not None:
+            return measures, None
         cached = cache.get("reference", key)
         if cached is not None:
-            return cached
+            if level == "measures":
+                cache.put("measures", key, cached.measures)
+                return cached.measures, None
+            return cached.measures, cached
     ref = run_reference(prepared.model, feeds, view)
     if key is not None:
+        cache.put("measures", key, ref.measures)
         cache.put("reference", key, ref)
-    return ref
+    return ref.measures, ref if level == "tensors" else None
 
 
 def baseline(stages: Stages, default: str) -> Converted:
@@ -169,12 +205,12 @@ def baseline(stages: Stages, default: str) -> Converted:
 
 def boundary_warnings(stages: Stages) -> list[str]:
     """Casts to FP16 whose source values leave the FP16 range on the reference data."""
-    if stages.reference is None:
+    if stages.measures is None:
         return []
     found = []
     for cast in stages.converted.casts:
         if cast.to == "fp16":
-            peak = stages.reference.ranges.get(cast.tensor, 0.0)  # sentinels are not data
+            peak = stages.measures.ranges.get(cast.tensor, 0.0)  # sentinels are not data
             if peak > FP16_MAX:
                 found.append(
                     f"boundary {cast.tensor} is cast to FP16 but reaches {peak:.4g} on the reference "
@@ -236,7 +272,7 @@ def evaluate_all(
     """
     policy, reference = stages.policy, stages.reference
     if reference is None:
-        raise ValueError("evaluate_all needs the FP32 reference; run_front(reference=True)")
+        raise ValueError('evaluate_all needs the reference tensors; run_front(reference="tensors")')
 
     def verdict(variant: str, mixed: Converted, label: str = EMULATED) -> Verdict:
         plan = engines.get(variant)

@@ -110,7 +110,7 @@ def groups(stages: Stages, objective: str) -> list[Group]:
     """Tunable nodes (left at the default by the policy's rules), in units that move together."""
     view = stages.view
     decisions = stages.assignment.decisions
-    ranges = stages.reference.ranges  # data peaks: a sentinel is not an overflow
+    ranges = stages.measures.ranges  # data peaks: a sentinel is not an overflow
     tunable = {i for i, d in enumerate(decisions) if d.rule == "default" and d.precision}
     taken: set[int] = set()
     out: list[Group] = []

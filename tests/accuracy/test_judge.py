@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtbuild.accuracy.judge import divergence
-from trtbuild.accuracy.reference import ReferenceTensors
+from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors
 from trtbuild.numerics import data_peak, sentinels
 
 MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
@@ -13,13 +13,13 @@ MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
 
 def _reference(r: np.ndarray) -> ReferenceTensors:
     held = frozenset({"t"}) if sentinels(r).any() else frozenset()
-    return ReferenceTensors(
+    measures = ReferenceMeasures(
         order=[("t", "n", "Add")],
-        first={"t": r},
         ranges={"t": data_peak(r)},
         sentinel_tensors=held,
         internals={},
     )
+    return ReferenceTensors(measures, first={"t": r})
 
 
 def _diverges(r, e) -> tuple[dict | None, dict]:

@@ -90,8 +90,8 @@ def judge(
 
     emulated = emulate(mixed, spec.emulation)
     present = {o for n in emulated.graph.node for o in n.output}  # a peer tool may fuse nodes
-    tensors = [t for t, _, _ in reference.order if t in present]
-    sess = marked_session(emulated, list(dict.fromkeys(tensors + reference.outputs)))
+    tensors = [t for t, _, _ in reference.measures.order if t in present]
+    sess = marked_session(emulated, list(dict.fromkeys(tensors + reference.measures.outputs)))
     emulated_feeds = feeds if engine_runner is None else feeds[:1]
     iterations, first = [], {}
     ticker = SampleProgress(f"judging {label}", len(emulated_feeds) if progress else 0)
@@ -99,7 +99,7 @@ def judge(
         values = run_marked(sess, feed)
         if k == 0:
             first = values
-        outs = {o: values[o] for o in reference.outputs}
+        outs = {o: values[o] for o in reference.measures.outputs}
         iterations.append(IterationResult(outs, runner_name=label))
         ticker.tick(k + 1)
     ticker.done()
@@ -115,7 +115,7 @@ def judge(
         outputs=outputs,
         first_divergence=first_div,
         error_curve=curve,
-        at_risk=risk.at_risk(reference.internals, mixed),
+        at_risk=risk.at_risk(reference.measures.internals, mixed),
         run_results=results,
     )
 
@@ -127,7 +127,7 @@ def compare(
     from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
 
     ref_iters = reference.run_results[REFERENCE]
-    names = reference.outputs
+    names = reference.measures.outputs
     results = RunResults()
     results.append((REFERENCE, ref_iters))
     results.append((label, iterations))
@@ -169,14 +169,14 @@ def divergence(
     Returns the divergence (or None) and the per-tensor error curve along depth.
     """
     first, curve = None, []
-    for depth, (tensor, node, op) in enumerate(reference.order):
+    for depth, (tensor, node, op) in enumerate(reference.measures.order):
         if tensor not in reference.first or tensor not in values:
             continue
         r = np.asarray(reference.first[tensor], dtype=np.float64)
         e = np.asarray(values[tensor], dtype=np.float64)
         if r.shape != e.shape:
             continue
-        if tensor in reference.sentinel_tensors:
+        if tensor in reference.measures.sentinel_tensors:
             keep = ~sentinel_kept(r, e)
             r, e = r[keep], e[keep]
         with np.errstate(all="ignore"):

@@ -4,7 +4,8 @@ An explicit stage (not a lazy property): `build`, `report`, `check` and `tune`
 call `run_reference` once, and every judgement, range rule, boundary warning
 and at-risk entry reads the same values.
 
-What one pass gives:
+What one pass gives (the peaks and internals, with the tensors' order, are the
+`ReferenceMeasures`, cached on their own):
 - the graph outputs of every feed, as Polygraphy `RunResults` (the comparator's
   reference);
 - the first feed's every tensor (the first divergence compares against them);
@@ -29,17 +30,29 @@ from trtbuild.graph.view import GraphView
 from trtbuild.numerics import data_peak, sentinels
 
 
-@dataclass
-class ReferenceTensors:
-    """Everything the FP32 reference run measured; read-only after `run_reference`."""
+@dataclass(frozen=True)
+class ReferenceMeasures:
+    """What the FP32 run measured, without its tensors.
+
+    Everything `check`, range rules, boundary warnings and `at_risk` read, kept
+    apart from the tensors so that a warm `check` reads kilobytes from the cache,
+    not every tensor of the first feed.
+    """
 
     order: list[tuple[str, str, str]]  # (tensor, node, op) of float node outputs, topological
-    first: dict[str, np.ndarray]  # every marked tensor of the first feed
     ranges: dict[str, float]  # tensor -> largest |value| that is data, over all feeds
     sentinel_tensors: frozenset[str]  # tensors holding values >= SENTINEL_ABS
     internals: dict[str, tuple[str, dict[str, float]]]  # node -> (op, {quantity: peak})
     outputs: list[str] = field(default_factory=list)
-    run_results: Any = field(repr=False, default=None)
+
+
+@dataclass(frozen=True)
+class ReferenceTensors:
+    """The measures and the tensors the judge compares against; read-only."""
+
+    measures: ReferenceMeasures
+    first: dict[str, np.ndarray]  # every marked tensor of the first feed
+    run_results: Any = field(repr=False, default=None)  # graph outputs of every feed
 
 
 def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:
@@ -83,7 +96,8 @@ def run_reference(
     ticker.done()
     results = RunResults()
     results.append((REFERENCE, iterations))
-    return ReferenceTensors(order, first, ranges, frozenset(held), internals, outputs, results)
+    measures = ReferenceMeasures(order, ranges, frozenset(held), internals, outputs)
+    return ReferenceTensors(measures, first, results)
 
 
 def _update_ranges(values: dict[str, np.ndarray], ranges: dict[str, float], held: set) -> None:
