@@ -55,5 +55,14 @@ def test_an_ordinary_value_near_fp16_max_that_overflows_is_still_caught():
     assert first is not None and "inf" in first["reason"] and point["nonfinite"] == 1
 
 
-def test_data_peak_leaves_sentinels_and_nan_out():
-    assert data_peak(np.array([MIN, 3.0, -7.0, np.nan], np.float32)) == 7.0
+def test_the_error_skips_values_the_reference_itself_holds_as_inf():
+    _, clean = _diverges([0.0, 1.0], [0.25, 1.0])
+    _, beside_inf = _diverges([np.inf, 0.0, 1.0], [np.inf, 0.25, 1.0])  # inf in both: no error
+    assert clean["rel_error"] == beside_inf["rel_error"] == 0.25
+    assert clean["nonfinite"] == beside_inf["nonfinite"] == 0
+
+
+def test_a_scalar_tensor_is_measured_too():
+    with np.errstate(all="ignore"):
+        _, curve = divergence(_reference(np.float32(2.0)), {"t": np.float32(2.5)}, threshold=0.05)
+    assert curve[0]["rel_error"] == 0.25

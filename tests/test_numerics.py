@@ -1,0 +1,34 @@
+"""A tensor's data peak: the same number on the quick path and the masked one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtbuild.numerics import data_peak
+
+MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
+
+
+def test_data_peak_leaves_sentinels_and_nan_out():
+    assert data_peak(np.array([MIN, 3.0, -7.0, np.nan], np.float32)) == 7.0
+
+
+@pytest.mark.parametrize(
+    ("values", "peak"),
+    [
+        ([-7.0, 3.0], 7.0),  # all data: the two reductions
+        ([-7.0, 3.0, np.inf], 7.0),  # the masked copy
+        ([np.nan], 0.0),
+        ([-0.0], 0.0),
+        ([], 0.0),
+    ],
+)
+def test_data_peak_is_the_largest_finite_magnitude(values, peak):
+    got = data_peak(np.array(values, np.float32))
+    assert got == peak and not np.signbit(got)  # -0.0 would print as a peak of "-0.0"
+
+
+def test_data_peak_is_exact_in_the_tensors_own_dtype():
+    values = np.array([1.0, -65504.0], np.float16)
+    assert data_peak(values) == data_peak(values.astype(np.float64)) == 65504.0
