@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import onnx
 
@@ -79,10 +79,13 @@ def needs_reference(policy: Policy) -> bool:
 
 # How much of the FP32 reference a command reads: nothing, its measures (peaks, internals:
 # `check`, range rules) or its tensors too (the judge). Each level reads its own cache entry.
-REFERENCE_LEVELS = ("none", "measures", "tensors")
+ReferenceLevel = Literal["none", "measures", "tensors"]
+REFERENCE_LEVELS: tuple[str, ...] = get_args(ReferenceLevel)
 
 
-def run_front(policy: Policy, *, reference: str = "tensors", cache: Cache | None = None) -> Stages:
+def run_front(
+    policy: Policy, *, reference: ReferenceLevel = "tensors", cache: Cache | None = None
+) -> Stages:
     """Load, prepare, run the FP32 reference (as far as asked or needed), assign and convert.
 
     With a `cache`, the prepared graph and the reference come from it when their
@@ -115,7 +118,7 @@ def run_front(policy: Policy, *, reference: str = "tensors", cache: Cache | None
     return stages
 
 
-def _hits(cache: Cache, reference: str) -> dict[str, str]:
+def _hits(cache: Cache, reference: ReferenceLevel) -> dict[str, str]:
     """`build.json`'s `cache`: hit, miss or off for each entry the run needed."""
     hits = {"prepared": cache.hits.get("prepared", "off")}
     if reference != "none":  # the measures come from their entry or the tensors'
@@ -166,7 +169,7 @@ def _reference(
     view: GraphView,
     cache: Cache,
     digest: str | None,
-    level: str,
+    level: ReferenceLevel,
 ) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
     """The FP32 reference to `level`, from the cache when the prepared graph and feeds match.
 

@@ -35,8 +35,8 @@ class ReferenceMeasures:
     """What the FP32 run measured, without its tensors.
 
     Everything `check`, range rules, boundary warnings and `at_risk` read, kept
-    apart from the tensors so that a warm `check` reads kilobytes from the cache,
-    not every tensor of the first feed.
+    apart from the tensors so that a warm `check` reads a megabyte from the cache
+    on a 10k-node model, not the first feed's every tensor (24 MB there).
     """
 
     order: list[tuple[str, str, str]]  # (tensor, node, op) of float node outputs, topological
