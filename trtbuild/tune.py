@@ -27,14 +27,14 @@ import json
 import os
 import random
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from trtbuild.accuracy.judge import Verdict, judge
+from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.graph.attention import attention_units
 from trtbuild.graph.norms import norm_units
@@ -530,28 +530,21 @@ def write_log(path: Path, result: TuneResult) -> None:
 class Progress:
     """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
 
-    def __init__(self, stream=None, width: int = 24):
-        self.stream = stream if stream is not None else sys.stderr  # looked up now, not at import
+    def __init__(self, stream: TextIO | None = None, width: int = 24):
+        self.line = StatusLine(stream)
         self.width = width
-        self.tty = self.stream.isatty()
 
     def __call__(self, trial: Trial, budget: int) -> None:
         filled = min(self.width, round(self.width * trial.step / max(budget, 1)))
         bar = "#" * filled + "." * (self.width - filled)
         state = "pass" if trial.passed else "fail"
-        text = (
+        self.line.write(
             f"tune [{bar}] {trial.step}/{budget} {state} {trial.fp16_share:.1%} FP16  "
             f"{trial.action[:60]}"
         )
-        if self.tty:
-            self.stream.write("\r" + text.ljust(110))
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
 
     def done(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
+        self.line.done()
 
 
 def check_args(budget: int, objective: str, jobs: int = 1) -> None:

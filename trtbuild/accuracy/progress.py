@@ -1,26 +1,48 @@
-"""Progress on stderr for runs over many samples, shown only once they take a while.
+"""Progress on stderr: one status line, and sample counts shown once a run takes a while.
 
 Why only after a delay: `make demo` and CI logs stay quiet for the usual four
-samples, while 500 samples of a large model no longer look like a hang.
+samples, while 500 samples of a large model no longer look like a hang. Why one
+`StatusLine` for every progress display (samples here, `tune`'s bar): a terminal
+gets one line rewritten in place, a log gets one line per update, the same way.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from typing import TextIO
 
 DELAY_SECONDS = 2.0
+
+
+class StatusLine:
+    """One line on a terminal, rewritten in place; a line per update anywhere else."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream if stream is not None else sys.stderr  # looked up now, not at import
+        self.tty = self.stream.isatty()
+        self.width = 0  # the longest text so far: a shorter one must cover it
+
+    def write(self, text: str) -> None:
+        self.width = max(self.width, len(text))
+        self.stream.write(("\r" + text.ljust(self.width)) if self.tty else (text + "\n"))
+        self.stream.flush()
+
+    def done(self) -> None:
+        """End the rewritten line, if one was written."""
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 class SampleProgress:
     """`label: k/N samples` on stderr, once the run has taken `DELAY_SECONDS`."""
 
-    def __init__(self, label: str, total: int, stream=None):
+    def __init__(self, label: str, total: int, stream: TextIO | None = None):
         self.label, self.total = label, total
-        self.stream = stream if stream is not None else sys.stderr
+        self.line = StatusLine(stream)
         self.start = time.monotonic()
         self.last = 0.0
-        self.shown = False
 
     def tick(self, done: int) -> None:
         """Report `done` samples; silent for a total of 0 (progress switched off)."""
@@ -29,13 +51,8 @@ class SampleProgress:
         now = time.monotonic()
         if now - self.start < DELAY_SECONDS or (now - self.last < 1.0 and done < self.total):
             return
-        self.last, self.shown = now, True
-        tty = self.stream.isatty()
-        text = f"{self.label}: {done}/{self.total} samples"
-        self.stream.write(("\r" + text) if tty else (text + "\n"))
-        self.stream.flush()
+        self.last = now
+        self.line.write(f"{self.label}: {done}/{self.total} samples")
 
     def done(self) -> None:
-        if self.shown and self.stream.isatty():
-            self.stream.write("\n")
-            self.stream.flush()
+        self.line.done()
