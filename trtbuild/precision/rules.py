@@ -99,6 +99,8 @@ class InitializerAbsMatcher:
         for name, peak in view.memo("weight_peaks", lambda: _weight_peaks(view)).items():
             if peak > self.threshold:
                 big[name] = peak
+        if not big:  # the usual case: no need to look at every node's inputs
+            return out
         for i, node in enumerate(view.nodes):
             hits = [(big[t], t) for t in node.input if t in big]
             if hits:
