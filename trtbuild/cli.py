@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
             "-p",
             required=True,
             metavar="P",
-            help="policy YAML; a bare name is also looked up in ./policies/",
+            help="policy YAML; NAME.yaml (or NAME) is also looked up in ./policies/",
         )
         sp.add_argument("--verbose", "-v", action="store_true", help="show Polygraphy's log")
         no_cache_arg(sp)

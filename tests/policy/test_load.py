@@ -23,6 +23,14 @@ def test_bare_name_is_looked_up_in_policies_dir(tmp_path, monkeypatch, write_pol
     write_policy(name="policies/mine.yaml")
     monkeypatch.chdir(tmp_path)
     assert load_policy("mine.yaml").stem == "mine"
+    assert load_policy("mine").stem == "mine"  # as `trtbuild build --policy nafnet`
+
+
+def test_a_missing_policy_names_every_place_looked_at(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as info:
+        load_policy("ghost")
+    assert "ghost, policies/ghost, ghost.yaml, policies/ghost.yaml" in str(info.value.hint)
 
 
 def _error(write_policy, text: str) -> str:

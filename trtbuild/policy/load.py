@@ -36,18 +36,18 @@ _SIZE_UNITS.update({"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30})
 
 
 def resolve_policy_path(name: str | Path) -> Path:
-    """`--policy nafnet.yaml` finds `./policies/nafnet.yaml` when no such file exists here."""
+    """`--policy nafnet.yaml` (or just `nafnet`) finds `./policies/nafnet.yaml` when no
+    such file exists here: the example policies are run by name from the project root."""
     path = Path(name)
-    if path.is_file():
-        return path.resolve()
-    candidate = POLICY_DIR / path
-    if not path.is_absolute() and candidate.is_file():
-        return candidate.resolve()
-    looked = f"{path}" + ("" if path.is_absolute() else f" and {candidate}")
+    names = [path] if path.suffix else [path, path.with_name(path.name + ".yaml")]
+    candidates = [p for n in names for p in ([n] if n.is_absolute() else [n, POLICY_DIR / n])]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
     raise UsageError(
         "policy file not found",
         where=str(name),
-        hint=f"looked at {looked}; pass an existing path with --policy",
+        hint=f"looked at {', '.join(map(str, candidates))}; pass an existing path with --policy",
     )
 
 
