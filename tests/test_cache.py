@@ -79,7 +79,11 @@ def test_cache_info_and_clear(tmp_path, write_policy, cache_dir, capsys):
         "reference": 1,
         "converted": 1,
     }
-    assert info["bytes"] > 0
+    sizes = info["bytes_by_kind"]
+    assert info["bytes"] == sum(sizes.values()) > 0
+    assert sizes["measures"] < sizes["reference"]  # what check reads: no tensors
+    assert main(["cache", "info"]) == 0
+    assert "1 measures " in capsys.readouterr().out
     assert main(["cache", "clear"]) == 0
     assert "removed 4 entries" in capsys.readouterr().out
     assert Cache().info()["entries"] == 0

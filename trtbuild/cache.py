@@ -211,13 +211,14 @@ class Cache:
         return removed
 
     def info(self) -> dict[str, Any]:
-        files = self.entries()
-        by_kind = {k: sum(1 for p in files if p.parent.parent.name == k) for k in KINDS}
+        """Entries and bytes, in all and per kind: which kind fills the folder."""
+        sizes = [(p.parent.parent.name, p.stat().st_size) for p in self.entries()]
         return {
             "root": str(self.root),
-            "entries": len(files),
-            "by_kind": by_kind,
-            "bytes": sum(p.stat().st_size for p in files),
+            "entries": len(sizes),
+            "by_kind": {k: sum(1 for kind, _ in sizes if kind == k) for k in KINDS},
+            "bytes": sum(size for _, size in sizes),
+            "bytes_by_kind": {k: sum(n for kind, n in sizes if kind == k) for k in KINDS},
             "max_bytes": self.max_bytes,
         }
 

@@ -434,7 +434,9 @@ def _cmd_cache(args) -> int:
         return 0
     from trtbuild.accuracy.report import fmt_bytes
 
-    kinds = ", ".join(f"{v} {k}" for k, v in info["by_kind"].items())
+    kinds = ", ".join(
+        f"{n} {k} {fmt_bytes(info['bytes_by_kind'][k])}" for k, n in info["by_kind"].items()
+    )
     print(
         f"{info['root']}: {info['entries']} entries ({kinds}), {fmt_bytes(info['bytes'])} "
         f"of {fmt_bytes(info['max_bytes'])} (TRTBUILD_CACHE_MAX_MB)"

@@ -133,7 +133,7 @@ def fmt_bytes(n: float | None) -> str:
         return "–"
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
+        if value < 1000 or unit == "GiB":  # 1000-1023 would print as 1e+03 at three digits
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
         value /= 1024
     return f"{value:.3g} GiB"
