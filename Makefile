@@ -6,10 +6,6 @@ STAMP  := $(VENV)/.installed
 # -qq: errors only. pip's warnings here are about the machine's own index settings and
 # setuptools' notice about editable installs, neither of which a user can act on.
 PIP    := $(BIN)/python -m pip install -qq
-# pip compiles a regular install's bytecode, not an editable one's; where the environment
-# sets PYTHONDONTWRITEBYTECODE (many container images do), every run would compile
-# trtbuild's modules again. Stale files are recompiled in memory, so this is only speed.
-BYTECODE := $(BIN)/python -m compileall -q trtbuild
 
 .PHONY: demo test lint format models install schema clean bench nightly
 
@@ -29,7 +25,10 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@$(PIP) --upgrade pip
 	@$(PIP) -e ".[rtx,dev]"
-	@$(BYTECODE)
+	@# pip compiles a regular install's bytecode, not an editable one's; where the environment
+	@# sets PYTHONDONTWRITEBYTECODE (many container images do), every run would compile
+	@# trtbuild's modules again. Stale files are recompiled in memory: this is only speed.
+	@$(BIN)/python -m compileall -q trtbuild
 	@touch $(STAMP)
 
 models: install
@@ -41,7 +40,6 @@ nightly: install models
 
 bench: install models
 	@$(PIP) -e ".[bench]"
-	@$(BYTECODE)
 	$(BIN)/python benchmarks/bench_convert.py
 	$(BIN)/python benchmarks/bench_tune.py $(if $(MODELOPT_PYTHON),--modelopt-python $(MODELOPT_PYTHON))
 

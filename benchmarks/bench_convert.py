@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"check warm {med[rows[4][0]]:.2f} s, slowest {max(check_warm):.2f} s (target < 1 s)")
     print(f"trtbuild said: {trt_out}")
+    # What `check` read from the cache: the reference's measures, not its tensors.
+    print(subprocess.run([*trt, "cache", "info"], capture_output=True, text=True, env=env).stdout)
     return 0
 
 
