@@ -104,7 +104,9 @@ def fp16_share(mixed: onnx.ModelProto) -> tuple[float, float]:
 
 def verdict(stages, mixed: onnx.ModelProto) -> tuple[bool, float]:
     """trtbuild's judge on a peer's graph: passes, and the worst max error over output range."""
-    result = judge(stages.reference, mixed, stages.feeds, stages.policy.accuracy)
+    result = judge(
+        stages.reference, stages.prepared.model, mixed, stages.feeds, stages.policy.accuracy
+    )
     worst = max(m.max_abs_of_range for m in result.outputs.values())
     return result.passed, worst
 

@@ -32,6 +32,10 @@ from trtbuild.errors import UsageError
 MAGIC = b"trtbuild-cache/1\n"
 DEFAULT_MAX_BYTES = 2 << 30
 KINDS = ("prepared", "measures", "reference", "converted")
+# Tensors (the reference's outputs of every feed) grow with the input: an entry of
+# them is kept only while it takes at most this share of the cap, so one large
+# input never evicts every small entry (the measures are always kept).
+BULKY = {"reference": 8}
 
 # What computes a cached value; versions read from the installed metadata, so a warm
 # `check` does not import onnxruntime only to learn its version.
@@ -174,11 +178,17 @@ class Cache:
         self.hits[kind] = "hit"
         return value
 
-    def put(self, kind: str, digest: str, value: Any) -> None:
-        """Store atomically, then evict least recently used entries beyond the cap."""
+    def put(self, kind: str, digest: str, value: Any) -> bool:
+        """Store atomically, then evict least recently used entries beyond the cap.
+
+        An entry larger than its share of the cap (`BULKY`, else the whole cap) is
+        not written and evicts nothing; False says so.
+        """
         if not self.enabled:
-            return
+            return False
         payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(payload) + 100 > self.max_bytes // BULKY.get(kind, 1):
+            return False
         blob = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
         path = self._path(kind, digest)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -190,29 +200,47 @@ class Cache:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             self._off(kind, f"cannot write to {self.root}: {exc.strerror or exc}")
-            return
+            return False
         self.evict()
+        return True
 
     def entries(self) -> list[Path]:
         if not self.root.is_dir():
             return []
-        return [p for kind in KINDS for p in (self.root / kind).glob("*/*") if p.is_file()]
+        return [p for p, _ in self._stats()]
+
+    def _stats(self) -> list[tuple[Path, os.stat_result]]:
+        """Finished entries with their stat; in-flight `.tmp` files and entries another
+        process removes meanwhile are left out (several trtbuilds may share the folder)."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for kind in KINDS:
+            for path in (self.root / kind).glob("*/*"):
+                if path.name.endswith(".tmp"):
+                    continue
+                with contextlib.suppress(OSError):
+                    st = path.stat()
+                    if not path.is_dir():
+                        found.append((path, st))
+        return found
 
     def evict(self) -> int:
         """Remove least recently used entries until the folder fits `max_bytes`."""
-        files = sorted(self.entries(), key=lambda p: p.stat().st_mtime)
-        total, removed = sum(p.stat().st_size for p in files), 0
-        for path in files:
+        files = sorted(self._stats(), key=lambda e: e[1].st_mtime)
+        total, removed = sum(st.st_size for _, st in files), 0
+        for path, st in files:
             if total <= self.max_bytes:
                 break
-            total -= path.stat().st_size
-            path.unlink(missing_ok=True)
-            removed += 1
+            total -= st.st_size
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+                removed += 1
         return removed
 
     def info(self) -> dict[str, Any]:
         """Entries and bytes, in all and per kind: which kind fills the folder."""
-        sizes = [(p.parent.parent.name, p.stat().st_size) for p in self.entries()]
+        sizes = [(p.parent.parent.name, st.st_size) for p, st in self._stats()]
         return {
             "root": str(self.root),
             "entries": len(sizes),

@@ -26,6 +26,24 @@ def sentinels(values: np.ndarray) -> np.ndarray:
         return np.abs(values) >= SENTINEL_ABS
 
 
+def measure_peak(values: np.ndarray) -> tuple[float, bool]:
+    """(`data_peak`, whether every value is data: finite and no sentinel), in one pass.
+
+    Why both: a tensor whose every value is data needs no element-wise reference
+    to tell where a candidate overflows; the reference keeps only the others.
+    """
+    a = np.asarray(values)
+    if not a.size:
+        return 0.0, True
+    peak = abs(max(float(a.max()), -float(a.min())))  # NaN if any value is NaN; abs: -0.0
+    if peak < SENTINEL_ABS:  # False for NaN and inf
+        return peak, True
+    a = np.abs(a.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        a = a[np.isfinite(a) & (a < SENTINEL_ABS)]
+    return (float(a.max()) if a.size else 0.0), False
+
+
 def data_peak(values: np.ndarray) -> float:
     """Largest finite |value| that is data (sentinels and NaN aside); 0 for an empty tensor.
 
@@ -34,16 +52,7 @@ def data_peak(values: np.ndarray) -> float:
     only when a NaN, an inf or a sentinel is there. Either way the same number:
     |x| and the widening to float are exact.
     """
-    a = np.asarray(values)
-    if not a.size:
-        return 0.0
-    peak = abs(max(float(a.max()), -float(a.min())))  # NaN if any value is NaN; abs: -0.0
-    if peak < SENTINEL_ABS:  # False for NaN and inf
-        return peak
-    a = np.abs(a.astype(np.float64))
-    with np.errstate(invalid="ignore"):
-        a = a[np.isfinite(a) & (a < SENTINEL_ABS)]
-    return float(a.max()) if a.size else 0.0
+    return measure_peak(values)[0]
 
 
 def sentinel_kept(ref: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from trtbuild import __version__
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy import evaluate as ev
 from trtbuild.accuracy.evaluate import EMULATED, trt_runner
-from trtbuild.accuracy.judge import Verdict, judge
+from trtbuild.accuracy.judge import Candidate, Verdict, judge_all
 from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, run_reference
 from trtbuild.accuracy.report import Report
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
@@ -106,7 +106,8 @@ def run_front(
     feeds = data_mod.make_feeds(policy, prepared.model)
     if reference != "none":
         t = time.perf_counter()
-        measures, ref = _reference(prepared, feeds, view, cache, digest, reference)
+        budget = policy.accuracy.budget()
+        measures, ref = _reference(prepared, feeds, view, cache, digest, reference, budget)
         timings["reference"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -121,10 +122,10 @@ def run_front(
 def _hits(cache: Cache, reference: ReferenceLevel) -> dict[str, str]:
     """`build.json`'s `cache`: hit, miss or off for each entry the run needed."""
     hits = {"prepared": cache.hits.get("prepared", "off")}
-    if reference != "none":  # the measures come from their entry or the tensors'
-        kinds = ("reference",) if reference == "tensors" else ("measures", "reference")
-        seen = [cache.hits[k] for k in kinds if k in cache.hits]
-        hits["reference"] = "hit" if "hit" in seen else (seen[0] if seen else "off")
+    if reference != "none":  # a hit when every entry the level reads was one
+        kinds = ("measures", "reference") if reference == "tensors" else ("measures",)
+        seen = [cache.hits.get(k, "miss") for k in kinds]
+        hits["reference"] = seen[-1] if len(set(seen)) == 1 else "miss"
     hits["converted"] = cache.hits.get("converted", "off")
     return hits
 
@@ -170,27 +171,27 @@ def _reference(
     cache: Cache,
     digest: str | None,
     level: ReferenceLevel,
+    budget: int,
 ) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
     """The FP32 reference to `level`, from the cache when the prepared graph and feeds match.
 
-    The measures are read from their own small entry, or else taken from the
-    tensors' entry (an earlier `build` wrote it) and stored on their own.
+    The measures have an entry of their own, always written; the outputs of
+    every feed (`tensors`) another, written only by a command that reads them
+    and only while small against the cap (`Cache.put`): `check` writes no tensors.
     """
     key = cache_key("reference", digest, feeds_digest(feeds)) if digest else None
     if key is not None:
-        measures = cache.get("measures", key) if level == "measures" else None
-        if measures is not None:
+        measures = cache.get("measures", key)
+        if measures is not None and level == "measures":
             return measures, None
-        cached = cache.get("reference", key)
-        if cached is not None:
-            if level == "measures":
-                cache.put("measures", key, cached.measures)
-                return cached.measures, None
-            return cached.measures, cached
-    ref = run_reference(prepared.model, feeds, view)
+        outputs = cache.get("reference", key) if measures is not None else None
+        if outputs is not None:
+            return measures, ReferenceTensors(measures, outputs)
+    ref = run_reference(prepared.model, feeds, view, budget=budget)
     if key is not None:
         cache.put("measures", key, ref.measures)
-        cache.put("reference", key, ref)
+        if level == "tensors":
+            cache.put("reference", key, ref.run_results)
     return ref.measures, ref if level == "tensors" else None
 
 
@@ -277,24 +278,21 @@ def evaluate_all(
     if reference is None:
         raise ValueError('evaluate_all needs the reference tensors; run_front(reference="tensors")')
 
-    def verdict(variant: str, mixed: Converted, label: str = EMULATED) -> Verdict:
-        plan = engines.get(variant)
-        runner = trt_runner(plan, backend) if plan is not None else None
-        return judge(
-            reference,
-            mixed.model,
-            stages.feeds,
-            policy.accuracy,
-            label=label,
-            engine_runner=runner,
-            verbose=verbose,
-        )
-
-    fp32 = None
-    main = verdict("policy", stages.converted)
-    base = verdict("fp16", baseline(stages, "fp16"))  # its at_risk: what FP16 would risk
+    variants = [
+        ("policy", stages.converted, EMULATED),
+        ("fp16", baseline(stages, "fp16"), EMULATED),
+    ]
     if policy.accuracy.fp32_check:
-        fp32 = verdict("fp32", baseline(stages, "fp32"), "onnxrt-fp32-graph")
+        variants.append(("fp32", baseline(stages, "fp32"), "onnxrt-fp32-graph"))
+    candidates = [
+        Candidate(mixed.model, label, trt_runner(engines[v], backend) if v in engines else None)
+        for v, mixed, label in variants
+    ]
+    verdicts = judge_all(
+        reference, stages.prepared.model, candidates, stages.feeds, policy.accuracy, verbose=verbose
+    )
+    main, base = verdicts[0], verdicts[1]  # the baseline's at_risk: what FP16 would risk
+    fp32 = verdicts[2] if len(verdicts) > 2 else None
     return Report(
         policy=str(policy.path),
         model=str(policy.model),

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from trtbuild.accuracy.judge import Verdict, judge
+from trtbuild.accuracy.judge import judge
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.graph.attention import attention_units
@@ -184,44 +184,34 @@ class Outcome:
 
 
 def evaluate(stages: Stages, precision: Precision) -> Outcome:
-    """Judge one pin set with the build's own judge; the reference and the view are shared."""
+    """Judge one pin set with the build's own judge; the reference and the view are shared.
+
+    Only the overflow is walked (the reference is not run again): the search
+    needs the outputs' verdict and the first tensor the candidate overflows,
+    and an overflow an output masks fails the candidate all the same.
+    """
     t = time.perf_counter()
     assignment = assign(stages.view, precision)
     mixed = convert(assignment).model
-    verdict = judge(stages.reference, mixed, stages.feeds, stages.policy.accuracy, progress=False)
-    failing = _failing(verdict)
-    overflow = verdict.first_overflow()
-    if verdict.passed and overflow is not None:  # an overflow an output masks is still one
-        failing["(intermediate)"] = (
-            f"{overflow['node']} ({overflow['op']}): {overflow['nonfinite']} non-finite "
-            f"value(s) where FP32 is finite (FP32 peak |x| = {overflow['ref_max_abs']:.4g})"
-        )
+    verdict = judge(
+        stages.reference,
+        stages.prepared.model,
+        mixed,
+        stages.feeds,
+        stages.policy.accuracy,
+        detail="overflow",
+        overflow_fails=True,
+        progress=False,
+    )
+    failing = verdict.failures()
     return Outcome(
         passed=not failing,
         failing=failing,
-        overflow=overflow,
+        overflow=verdict.overflow,
         worst={n: m.max_abs for n, m in verdict.outputs.items()},
         fp16_share=assignment.summary().fp16_share,
         seconds=round(time.perf_counter() - t, 3),
     )
-
-
-def _failing(result: Verdict) -> dict[str, str]:
-    """Output -> the measured error that fails it, in Polygraphy's terms."""
-    out = {}
-    for name, m in result.outputs.items():
-        if m.passed:
-            continue
-        stat = m.check_error_stat
-        if m.nonfinite:
-            out[name] = f"{name}: {m.nonfinite} non-finite value(s) where FP32 is finite"
-            continue
-        where = f"sample(s) {', '.join(map(str, m.failed_samples))}" if m.failed_samples else "it"
-        out[name] = (
-            f"{name}: {where} fail the {stat} check (atol {m.atol:g}, rtol {m.rtol:g}); "
-            f"over all samples max |error| {m.max_abs:.4g}, median {m.median_abs:.4g}"
-        )
-    return out
 
 
 # Worker processes inherit the stages by fork (never pickled: the reference is large).

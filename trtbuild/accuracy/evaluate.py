@@ -40,14 +40,23 @@ def quiet_polygraphy(verbose: bool = False) -> Iterator[None]:
         G_LOGGER.module_severity = old
 
 
-def _session(model_bytes: bytes, optimize: bool):
+def _session(model_bytes: bytes, optimize: bool, arena: bool = True):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if not arena:  # an arena keeps its peak for the session's life: one per segment adds up
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
     if not optimize:  # the emulation's Cast pairs must survive
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+
+
+def plain_session(model_bytes: bytes):
+    """A session with optimisations off: the emulation's Cast pairs and every marked
+    tensor survive, and a segment computes what the whole graph would."""
+    return _session(model_bytes, optimize=False, arena=False)
 
 
 def marked_session(model: onnx.ModelProto, names: list[str]):

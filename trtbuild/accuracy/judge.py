@@ -1,19 +1,27 @@
-"""The one judge: a candidate mixed model against the FP32 reference, under one assumption.
+"""The one judge: candidate mixed models against the FP32 reference, under one assumption.
 
-`build`, `report`, `tune` and `benchmarks/bench_tune.py` all call `judge`, so a
-policy, its baselines, every tune trial and every peer tool's result are judged
-the same way: one ONNX Runtime session per candidate on its emulated graph
-with every tensor it needs marked (outputs of every feed, intermediates of the
-first), Polygraphy's `SimpleCompareFunc` with the policy's tolerances on the
-outputs, the first divergence along the graph, and the ops at risk. On a GPU
-the engine's outputs replace the emulated ones; the divergence and the
-at-risk list still come from the emulation, and say so.
+`build`, `report`, `tune` and `benchmarks/bench_tune.py` all call `judge_all`
+(or `judge`, for one candidate), so a policy, its baselines, every tune trial
+and every peer tool's result are judged the same way: Polygraphy's
+`SimpleCompareFunc` with the policy's tolerances on the outputs of every feed,
+the first divergence along the graph on the first feed, and the ops at risk.
+
+The runs stream (`accuracy.stream`): each candidate's emulated graph is cut
+where the reference is cut, and on the first feed the reference runs again
+beside the candidates, segment by segment, each tensor compared as it is
+produced and then dropped. No run holds more than `accuracy.memory_budget`
+allows. Where only the overflow matters (`detail="overflow"`, `tune`'s
+trials), the reference is not run again: its measures tell where the FP32
+values are finite. On a GPU the engine's outputs replace the emulated ones;
+the divergence and the at-risk list still come from the emulation, and say so.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -27,16 +35,19 @@ from trtbuild.accuracy.evaluate import (
     EngineRunner,
     OutputMetrics,
     finite_or_str,
-    marked_session,
     metrics,
     psnr,
     quiet_polygraphy,
-    run_marked,
 )
 from trtbuild.accuracy.progress import SampleProgress
-from trtbuild.accuracy.reference import ReferenceTensors
+from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
+from trtbuild.accuracy.stream import Plan, SegmentRunner, plan_aligned
 from trtbuild.numerics import data_peak, sentinel_kept
 from trtbuild.policy.model import AccuracySpec
+
+# How much of the graph a judgement walks: the error curve and first divergence (the
+# reference runs again beside the candidates), or only where a candidate overflows.
+Detail = Literal["divergence", "overflow"]
 
 
 @dataclass
@@ -51,13 +62,26 @@ class Verdict:
     error_curve: list[dict[str, Any]]
     at_risk: list[dict[str, Any]]
     run_results: Any = field(repr=False, default=None)
+    overflow: dict[str, Any] | None = None  # the first intermediate turned non-finite
+    overflow_fails: bool = False  # judged with an overflow an output masks as a failure
 
     def outputs_json(self) -> dict[str, Any]:
         return {k: v.to_json() for k, v in self.outputs.items()}
 
     def first_overflow(self) -> dict[str, Any] | None:
         """The first intermediate the emulation makes non-finite where FP32 is finite."""
-        return next((p for p in self.error_curve if p.get("nonfinite")), None)
+        return self.overflow
+
+    def failures(self) -> dict[str, str]:
+        """Output (or "(intermediate)") -> the measured error that fails it, in Polygraphy's terms."""
+        out = {name: _failure(name, m) for name, m in self.outputs.items() if not m.passed}
+        o = self.overflow
+        if self.overflow_fails and not out and o is not None:
+            out["(intermediate)"] = (
+                f"{o['node']} ({o['op']}): {o['nonfinite']} non-finite "
+                f"value(s) where FP32 is finite (FP32 peak |x| = {o['ref_max_abs']:.4g})"
+            )
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,52 +95,188 @@ class Verdict:
         }
 
 
+def _failure(name: str, m: OutputMetrics) -> str:
+    if m.nonfinite:
+        return f"{name}: {m.nonfinite} non-finite value(s) where FP32 is finite"
+    where = f"sample(s) {', '.join(map(str, m.failed_samples))}" if m.failed_samples else "it"
+    return (
+        f"{name}: {where} fail the {m.check_error_stat} check (atol {m.atol:g}, rtol {m.rtol:g}); "
+        f"over all samples max |error| {m.max_abs:.4g}, median {m.median_abs:.4g}"
+    )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One model to judge: a mixed graph, its label, and (on a GPU) its engine."""
+
+    mixed: onnx.ModelProto
+    label: str = EMULATED
+    engine_runner: EngineRunner | None = None
+
+
 def judge(
     reference: ReferenceTensors,
+    graph: onnx.ModelProto,
     mixed: onnx.ModelProto,
     feeds: list[Feed],
     spec: AccuracySpec,
     *,
     label: str = EMULATED,
     engine_runner: EngineRunner | None = None,
+    detail: Detail = "divergence",
+    overflow_fails: bool = False,
     verbose: bool = False,
     progress: bool = True,
 ) -> Verdict:
-    """Judge `mixed` (or, with `engine_runner`, its engine) against `reference`.
+    """Judge one candidate: `judge_all` with a list of one."""
+    (verdict,) = judge_all(
+        reference,
+        graph,
+        [Candidate(mixed, label, engine_runner)],
+        feeds,
+        spec,
+        detail=detail,
+        overflow_fails=overflow_fails,
+        verbose=verbose,
+        progress=progress,
+    )
+    return verdict
 
-    `progress` shows samples on stderr once a run takes seconds; `tune` has a bar of its own.
+
+def judge_all(
+    reference: ReferenceTensors,
+    graph: onnx.ModelProto,
+    candidates: list[Candidate],
+    feeds: list[Feed],
+    spec: AccuracySpec,
+    *,
+    detail: Detail = "divergence",
+    overflow_fails: bool = False,
+    verbose: bool = False,
+    progress: bool = True,
+) -> list[Verdict]:
+    """Judge `candidates` (or their engines) against `reference`, the FP32 run of `graph`.
+
+    With `overflow_fails`, a candidate whose intermediate turns non-finite where
+    FP32 is finite fails even when every output holds (`tune`: an overflow an
+    output masks is still one). `progress` shows samples on stderr once a run
+    takes seconds; `tune` has a bar of its own.
     """
+    same = [_identity(c) for c in candidates]  # a policy with no pin is its FP16 baseline
+    unique = [candidates[same.index(k)] for k in dict.fromkeys(same)]
+    measures = reference.measures
+    plan = reference_plan(graph, measures.order, measures.sizes, spec.budget())
+    runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
+    labels = ", ".join(dict.fromkeys(c.label for c in candidates))
+    ticker = SampleProgress(f"judging {labels}", len(feeds) if progress else 0)
+    _lockstep(graph, plan, runs, feeds[0], detail)
+    ticker.tick(1)
+    for k, feed in enumerate(feeds[1:], start=2):
+        for run in runs:
+            if run.candidate.engine_runner is None:
+                run.outputs.append(run.outputs_of(feed))
+        ticker.tick(k)
+    ticker.done()
+    verdicts = [_verdict(reference, run, feeds, spec, overflow_fails, verbose) for run in runs]
+    firsts = list(dict.fromkeys(same))
+    return [verdicts[firsts.index(k)] for k in same]
+
+
+def _identity(c: Candidate) -> tuple[str, int, bytes]:
+    """Candidates with one label, engine and graph get one judgement."""
+    digest = hashlib.sha256(c.mixed.SerializeToString(deterministic=True)).digest()
+    return c.label, id(c.engine_runner), digest
+
+
+@dataclass
+class _Run:
+    """One candidate's emulated graph, cut like the reference, and what its runs found."""
+
+    candidate: Candidate
+    plan: Plan
+    runner: SegmentRunner
+    walk: _Walk
+    outputs: list[dict[str, np.ndarray]] = field(default_factory=list)  # per feed
+
+    @classmethod
+    def start(
+        cls, c: Candidate, plan: Plan, measures: ReferenceMeasures, spec: AccuracySpec, detail
+    ) -> _Run:
+        emulated = emulate(c.mixed, spec.emulation)
+        present = {o for n in emulated.graph.node for o in n.output}  # a peer tool may fuse nodes
+        marked = {t for t, _, _ in measures.order if t in present} | set(measures.outputs)
+        mine = plan_aligned(emulated, marked, plan)
+        walk = _Walk(measures, spec.divergence_threshold, detail)
+        return cls(c, mine, SegmentRunner(emulated, mine), walk)
+
+    def outputs_of(self, feed: Feed) -> dict[str, np.ndarray]:
+        """The graph outputs of one more feed (its intermediates are dropped as they come)."""
+        names, outs = self.walk.measures.outputs, {}
+        for values in self.runner.run(feed):
+            outs.update({o: values[o] for o in names if o in values})
+        return outs
+
+
+def _lockstep(graph: onnx.ModelProto, plan: Plan, runs: list[_Run], feed: Feed, detail) -> None:
+    """The first feed: the reference (for a divergence) and every candidate, segment by segment.
+
+    A reference tensor is held until every candidate has produced its own (the
+    same segment, unless a candidate's graph moved it later), then dropped.
+    """
+    ref: Iterator[dict[str, np.ndarray]] | None = None
+    if detail == "divergence":
+        ref = SegmentRunner(graph, plan).run(feed)
+    streams = [run.runner.run(feed) for run in runs]
+    outputs = set(runs[0].walk.measures.outputs) if runs else set()
+    pending: dict[str, np.ndarray] = {}
+    firsts: list[dict[str, np.ndarray]] = [{} for _ in runs]
+    for k, seg in enumerate(plan.segments):
+        if ref is not None:
+            values = next(ref)
+            pending.update({t: values[t] for t in seg.marked})
+            del values
+        for run, stream, first in zip(runs, streams, firsts):
+            values = next(stream)
+            produced = {t: values[t] for t in run.plan.segments[k].marked}
+            run.walk.take(produced, pending if ref is not None else None)
+            first.update({o: v for o, v in produced.items() if o in outputs})
+            del values, produced
+        for t in [t for t in pending if all(r.plan.segment_of.get(t, -1) <= k for r in runs)]:
+            del pending[t]
+    for run, first in zip(runs, firsts):
+        run.outputs.append(first)
+
+
+def _verdict(
+    reference: ReferenceTensors,
+    run: _Run,
+    feeds: list[Feed],
+    spec: AccuracySpec,
+    overflow_fails: bool,
+    verbose: bool,
+) -> Verdict:
+    """Polygraphy's verdict on the outputs, with the walk's divergence and the ops at risk."""
     from polygraphy.comparator.struct import IterationResult
 
-    emulated = emulate(mixed, spec.emulation)
-    present = {o for n in emulated.graph.node for o in n.output}  # a peer tool may fuse nodes
-    tensors = [t for t, _, _ in reference.measures.order if t in present]
-    sess = marked_session(emulated, list(dict.fromkeys(tensors + reference.measures.outputs)))
-    emulated_feeds = feeds if engine_runner is None else feeds[:1]
-    iterations, first = [], {}
-    ticker = SampleProgress(f"judging {label}", len(emulated_feeds) if progress else 0)
-    for k, feed in enumerate(emulated_feeds):
-        values = run_marked(sess, feed)
-        if k == 0:
-            first = values
-        outs = {o: values[o] for o in reference.measures.outputs}
-        iterations.append(IterationResult(outs, runner_name=label))
-        ticker.tick(k + 1)
-    ticker.done()
-    emulation: str | None = spec.emulation
-    if engine_runner is not None:
-        iterations, label, emulation = engine_runner.run(feeds, verbose), "tensorrt", None
+    c = run.candidate
+    label, emulation = c.label, spec.emulation
+    iterations = [IterationResult(outs, runner_name=label) for outs in run.outputs]
+    if c.engine_runner is not None:
+        iterations, label, emulation = c.engine_runner.run(feeds, verbose), "tensorrt", None
     outputs, results = compare(reference, iterations, label, spec, verbose)
-    first_div, curve = divergence(reference, first, spec.divergence_threshold)
+    first_div, curve, overflow = run.walk.finish()
+    passed = all(m.passed for m in outputs.values())
     return Verdict(
         evaluator=label,
         emulation=emulation,
-        passed=all(m.passed for m in outputs.values()),
+        passed=passed and not (overflow_fails and overflow is not None),
         outputs=outputs,
         first_divergence=first_div,
         error_curve=curve,
-        at_risk=risk.at_risk(reference.measures.internals, mixed),
+        at_risk=risk.at_risk(reference.measures.internals, c.mixed),
         run_results=results,
+        overflow=overflow,
+        overflow_fails=overflow_fails,
     )
 
 
@@ -159,49 +319,99 @@ def compare(
     return outputs, results
 
 
-def divergence(
-    reference: ReferenceTensors, values: dict[str, np.ndarray], threshold: float
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """First tensor (topological order) that is non-finite or off by > threshold of its range.
+class _Walk:
+    """One candidate's walk along the graph: a point per tensor, measured as tensors come.
 
-    `values` are the candidate's tensors on the first feed. A sentinel the
-    candidate keeps (-3.4e38 become -inf) is not a divergence; a NaN always is.
-    Returns the divergence (or None) and the per-tensor error curve along depth.
+    With the reference's tensor (`detail="divergence"`), a point is its error
+    against FP32 (`point`); without it, only whether the candidate turned
+    non-finite where FP32 is finite, told from the reference's measures (a
+    tensor that held a NaN, an inf or a sentinel there kept its values).
     """
-    first, curve = None, []
-    for depth, (tensor, node, op) in enumerate(reference.measures.order):
-        if tensor not in reference.first or tensor not in values:
-            continue
-        r, e = np.asarray(reference.first[tensor]), np.asarray(values[tensor])
-        if r.shape != e.shape:
-            continue
-        if tensor in reference.measures.sentinel_tensors:
-            keep = ~sentinel_kept(r, e)
-            r, e = r[keep], e[keep]
-        bad, nan, scale, err = _error(r, e)
-        rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
-        rel = float("inf") if bad else rel
-        curve.append(
-            {
-                "depth": depth,
-                "node": node,
-                "op": op,
-                "tensor": tensor,
-                "rel_error": finite_or_str(rel),
-                "ref_max_abs": scale,
-                "nonfinite": bad,
-            }
-        )
-        if first is None and (bad or rel > threshold):
-            kinds = ", ".join(f"{n} {k}" for n, k in ((nan, "NaN"), (bad - nan, "inf")) if n)
-            reason = (
-                f"{bad} non-finite value(s) ({kinds}) where FP32 is finite "
-                f"(FP32 peak |x| = {scale:.4g})"
-                if bad
-                else f"error {rel:.2%} of the tensor's range exceeds {threshold:.0%}"
-            )
-            first = {"node": node, "op": op, "tensor": tensor, "reason": reason}
-    return first, curve
+
+    def __init__(self, measures: ReferenceMeasures, threshold: float, detail: Detail):
+        self.measures, self.threshold, self.detail = measures, threshold, detail
+        self.depth = {t: (d, node, op) for d, (t, node, op) in enumerate(measures.order)}
+        self.points: dict[int, dict[str, Any]] = {}
+
+    def take(self, values: dict[str, np.ndarray], ref: dict[str, np.ndarray] | None) -> None:
+        for tensor, e in values.items():
+            where = self.depth.get(tensor)
+            if where is None:
+                continue
+            depth, node, op = where
+            if ref is not None:
+                r = ref.get(tensor)
+                p = None if r is None else point(self.measures, tensor, r, e)
+            else:
+                p = self._overflow(tensor, np.asarray(e))
+            if p is not None:
+                self.points[depth] = {"depth": depth, "node": node, "op": op, **p}
+
+    def _overflow(self, tensor: str, e: np.ndarray) -> dict[str, Any] | None:
+        r = self.measures.special.get(tensor)
+        if r is not None:
+            return point(self.measures, tensor, r, e)
+        if self.measures.shapes.get(tensor) != e.shape:
+            return None
+        if e.size and np.isfinite(max(float(e.max()), -float(e.min()))):
+            return None  # every value finite: no overflow (the usual case, one cheap pass)
+        bad = int(np.count_nonzero(~np.isfinite(e)))
+        if not bad:
+            return None
+        nan = int(np.count_nonzero(np.isnan(e)))
+        scale = self.measures.first_peaks.get(tensor, 0.0)
+        return _point_json(tensor, bad, nan, scale, float("inf"))
+
+    def finish(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
+        """(first divergence, error curve, first overflow); only the overflow without `divergence`."""
+        ordered = [self.points[d] for d in sorted(self.points)]
+        overflow = next((p for p in ordered if p.get("nonfinite")), None)
+        overflow = {k: v for k, v in overflow.items() if k != "_nan"} if overflow else None
+        if self.detail != "divergence":
+            return None, [], overflow
+        first = None
+        for p in ordered:
+            bad, nan, rel = p["nonfinite"], p.pop("_nan"), p["rel_error"]
+            rel = float(rel) if isinstance(rel, str) else rel
+            if first is None and (bad or rel > self.threshold):
+                first = {"node": p["node"], "op": p["op"], "tensor": p["tensor"]}
+                first["reason"] = _reason(bad, nan, p["ref_max_abs"], rel, self.threshold)
+        return first, ordered, overflow
+
+
+def _reason(bad: int, nan: int, scale: float, rel: float, threshold: float) -> str:
+    if bad:
+        kinds = ", ".join(f"{n} {k}" for n, k in ((nan, "NaN"), (bad - nan, "inf")) if n)
+        return f"{bad} non-finite value(s) ({kinds}) where FP32 is finite (FP32 peak |x| = {scale:.4g})"
+    return f"error {rel:.2%} of the tensor's range exceeds {threshold:.0%}"
+
+
+def point(
+    measures: ReferenceMeasures, tensor: str, r: np.ndarray, e: np.ndarray
+) -> dict[str, Any] | None:
+    """One tensor's error against FP32, or None where the shapes differ (a peer tool's graph).
+
+    A sentinel the candidate keeps (-3.4e38 become -inf) is not a divergence; a NaN always is.
+    """
+    r, e = np.asarray(r), np.asarray(e)
+    if r.shape != e.shape:
+        return None
+    if tensor in measures.sentinel_tensors:
+        keep = ~sentinel_kept(r, e)
+        r, e = r[keep], e[keep]
+    bad, nan, scale, err = _error(r, e)
+    rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
+    return _point_json(tensor, bad, nan, scale, float("inf") if bad else rel)
+
+
+def _point_json(tensor: str, bad: int, nan: int, scale: float, rel: float) -> dict[str, Any]:
+    return {
+        "tensor": tensor,
+        "rel_error": finite_or_str(rel),
+        "ref_max_abs": scale,
+        "nonfinite": bad,
+        "_nan": nan,
+    }
 
 
 def _error(r: np.ndarray, e: np.ndarray) -> tuple[int, int, float, float]:

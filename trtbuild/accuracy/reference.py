@@ -1,17 +1,23 @@
-"""The FP32 reference: one ONNX Runtime run per feed, every float tensor marked.
+"""The FP32 reference: every float tensor of every feed measured, segment by segment.
 
 An explicit stage (not a lazy property): `build`, `report`, `check` and `tune`
 call `run_reference` once, and every judgement, range rule, boundary warning
 and at-risk entry reads the same values.
 
-What one pass gives (the peaks and internals, with the tensors' order, are the
-`ReferenceMeasures`, cached on their own):
-- the graph outputs of every feed, as Polygraphy `RunResults` (the comparator's
-  reference);
-- the first feed's every tensor (the first divergence compares against them);
+What one pass keeps (the measures are cached on their own; the outputs beside
+them only while they are small):
 - each tensor's data peak over all feeds (range rules, boundary warnings,
-  `tune`'s range analysis), sentinels aside;
-- the internal quantities of every op a kernel could overflow (`risk`).
+  `tune`'s range analysis), sentinels aside, and its peak on the first feed
+  (the scale of the divergence);
+- the internal quantities of every op a kernel could overflow (`risk`);
+- the first feed's sizes and shapes (the judge cuts its runs by them) and, of
+  the few tensors that hold a NaN, an inf or a sentinel there, the values, so
+  that a candidate's overflow is told apart from the reference's own;
+- the graph outputs of every feed, as Polygraphy `RunResults` (the comparator's
+  reference).
+The intermediates themselves are dropped as soon as they are measured (a
+`SegmentRunner` holds what `accuracy.memory_budget` allows); the judge runs
+the reference again beside a candidate where it compares them.
 """
 
 from __future__ import annotations
@@ -24,19 +30,19 @@ import onnx
 
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.data import Feed
-from trtbuild.accuracy.evaluate import REFERENCE, marked_session, quiet_polygraphy, run_marked
+from trtbuild.accuracy.evaluate import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.progress import SampleProgress
+from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import data_peak, sentinels
+from trtbuild.numerics import measure_peak
 
 
 @dataclass(frozen=True)
 class ReferenceMeasures:
     """What the FP32 run measured, without its tensors.
 
-    Everything `check`, range rules, boundary warnings and `at_risk` read, kept
-    apart from the tensors so that a warm `check` reads a megabyte from the cache
-    on a 10k-node model, not the first feed's every tensor (24 MB there).
+    Everything `check`, range rules, boundary warnings, `at_risk` and an
+    overflow-only judgement read: a megabyte or so, whatever the input size.
     """
 
     order: list[tuple[str, str, str]]  # (tensor, node, op) of float node outputs, topological
@@ -44,14 +50,17 @@ class ReferenceMeasures:
     sentinel_tensors: frozenset[str]  # tensors holding values >= SENTINEL_ABS
     internals: dict[str, tuple[str, dict[str, float]]]  # node -> (op, {quantity: peak})
     outputs: list[str] = field(default_factory=list)
+    first_peaks: dict[str, float] = field(default_factory=dict)  # data peak on the first feed
+    sizes: dict[str, int] = field(default_factory=dict)  # bytes of each tensor, first feed
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # first feed
+    special: dict[str, np.ndarray] = field(default_factory=dict)  # first feed, NaN/inf/sentinel
 
 
 @dataclass(frozen=True)
 class ReferenceTensors:
-    """The measures and the tensors the judge compares against; read-only."""
+    """The measures and the graph outputs of every feed the judge compares against."""
 
     measures: ReferenceMeasures
-    first: dict[str, np.ndarray]  # every marked tensor of the first feed
     run_results: Any = field(repr=False, default=None)  # graph outputs of every feed
 
 
@@ -60,50 +69,90 @@ def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:
     return [(t, n.name, n.op_type) for i, n in enumerate(view.nodes) for t in view.float_outputs(i)]
 
 
+def reference_plan(
+    model: onnx.ModelProto, order: list[tuple[str, str, str]], sizes: dict[str, int], budget: int
+) -> Plan:
+    """The reference's cuts: every float node output and graph output marked."""
+    marked = {t for t, _, _ in order} | {o.name for o in model.graph.output}
+    return plan_by_budget(model, marked, sizes, budget)
+
+
+@dataclass
+class _Tally:
+    """The running measures of one reference pass (one object, passed explicitly)."""
+
+    ranges: dict[str, float] = field(default_factory=dict)
+    held: set[str] = field(default_factory=set)
+    internals: dict[str, tuple[str, dict[str, float]]] = field(default_factory=dict)
+    first_peaks: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    special: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def values(self, values: dict[str, np.ndarray], first: bool) -> None:
+        """Peaks (and, on the first feed, sizes and special values) of new tensors."""
+        for name, v in values.items():
+            v = np.asarray(v)
+            if first:
+                self.sizes[name], self.shapes[name] = int(v.nbytes), tuple(v.shape)
+            if not (np.issubdtype(v.dtype, np.floating) and v.size):
+                continue
+            peak, plain = measure_peak(v)
+            self.ranges[name] = max(self.ranges.get(name, 0.0), peak)
+            if first:
+                self.first_peaks[name] = peak
+                if not plain:
+                    self.special[name] = v.copy()
+            if not plain and name not in self.held and np.any(np.abs(v) >= 1e30):
+                self.held.add(name)
+
+    def risks(self, view: GraphView, nodes: list[int], values: dict[str, np.ndarray]) -> None:
+        for i in nodes:
+            node = view.nodes[i]
+            peaks = self.internals.setdefault(node.name, (node.op_type, {}))[1]
+            for q, v in risk.measure(view, i, values).items():
+                peaks[q] = max(peaks.get(q, 0.0), v)
+
+
 def run_reference(
-    reference: onnx.ModelProto, feeds: list[Feed], view: GraphView | None = None
+    reference: onnx.ModelProto, feeds: list[Feed], view: GraphView | None, *, budget: int
 ) -> ReferenceTensors:
-    """Run the FP32 graph once per feed and measure everything later stages need."""
+    """Run the FP32 graph segment by segment on every feed and measure what later stages need."""
     from polygraphy.comparator import RunResults
     from polygraphy.comparator.struct import IterationResult
 
     view = view if view is not None else GraphView(reference)
     order = float_node_outputs(view)
     outputs = [o.name for o in reference.graph.output]
-    sess = marked_session(reference, list(dict.fromkeys([t for t, _, _ in order] + outputs)))
-    watched = risk.candidates(view)
-    first: dict[str, np.ndarray] = {}
-    ranges: dict[str, float] = {}
-    held: set[str] = set()
-    internals: dict[str, tuple[str, dict[str, float]]] = {}
-    iterations = []
+    sizes = estimate_sizes(reference, feeds[0]) if feeds else {}
+    plan = reference_plan(reference, order, sizes, budget)
+    watched = set(risk.candidates(view))
+    runner = SegmentRunner(reference, plan) if plan is not None else None
+    tally, iterations = _Tally(), []
     ticker = SampleProgress("FP32 reference", len(feeds))
     with quiet_polygraphy():
         for k, feed in enumerate(feeds):
-            values = {**feed, **run_marked(sess, feed)}
-            if k == 0:
-                first = values
-            iterations.append(
-                IterationResult({o: values[o] for o in outputs}, runner_name=REFERENCE)
-            )
-            _update_ranges(values, ranges, held)
-            for i in watched:
-                node = view.nodes[i]
-                peaks = internals.setdefault(node.name, (node.op_type, {}))[1]
-                for q, v in risk.measure(view, i, values).items():
-                    peaks[q] = max(peaks.get(q, 0.0), v)
+            tally.values(feed, k == 0)
+            outs = {o: np.asarray(feed[o]) for o in outputs if o in feed}
+            for seg, values in zip(plan.segments, runner.run(feed)):
+                tally.values({t: values[t] for t in seg.marked}, k == 0)
+                tally.risks(view, [i for i in seg.nodes if i in watched], values)
+                outs.update({o: values[o] for o in outputs if o in values})
+                del values
+            iterations.append(IterationResult(outs, runner_name=REFERENCE))
             ticker.tick(k + 1)
     ticker.done()
     results = RunResults()
     results.append((REFERENCE, iterations))
-    measures = ReferenceMeasures(order, ranges, frozenset(held), internals, outputs)
-    return ReferenceTensors(measures, first, results)
-
-
-def _update_ranges(values: dict[str, np.ndarray], ranges: dict[str, float], held: set) -> None:
-    for name, v in values.items():
-        v = np.asarray(v)
-        if np.issubdtype(v.dtype, np.floating) and v.size:
-            ranges[name] = max(ranges.get(name, 0.0), data_peak(v))
-            if name not in held and sentinels(v).any():
-                held.add(name)
+    measures = ReferenceMeasures(
+        order,
+        tally.ranges,
+        frozenset(tally.held),
+        tally.internals,
+        outputs,
+        tally.first_peaks,
+        tally.sizes,
+        tally.shapes,
+        tally.special,
+    )
+    return ReferenceTensors(measures, results)

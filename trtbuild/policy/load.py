@@ -207,7 +207,7 @@ def _fix_hint(exc: SchemaViolation) -> str | None:
         return "this trtbuild reads policy version 1"
     if exc.message.startswith("missing required key 'model'"):
         return "add 'model: path/to/model.onnx' (relative to the policy file)"
-    if exc.path and exc.path[0] == "build" and "workspace" in exc.path:
+    if exc.path and exc.path[-1] in ("workspace", "memory_budget"):
         return "write e.g. 4GiB, 512MiB or a number of bytes"
     if exc.path[-1:] == ("id",) and "guard:" in exc.message:
         return "ids starting with 'guard:' are reserved for the built-in guards; rename the rule"
@@ -427,7 +427,12 @@ def _accuracy(a: dict) -> AccuracySpec:
         emulation=a.get("emulation", "storage"),
         default_tolerance=default_tol,
         output_tolerances=outputs,
+        memory_budget=_size(a.get("memory_budget")),
     )
+
+
+def _size(value: int | str | None) -> int | None:
+    return value if value is None or isinstance(value, int) else parse_size(value)
 
 
 def parse_size(text: str) -> int:

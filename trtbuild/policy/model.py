@@ -7,6 +7,7 @@ policy behind another stage's back (ModelOpt's mutable defaults are a lesson).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,6 +123,26 @@ class Tolerance:
     check_error_stat: str = "median"
 
 
+DEFAULT_BUDGET_SHARE = 48  # the default memory budget: this share of the machine's memory ...
+DEFAULT_BUDGET_RANGE = (256 << 20, 4 << 30)  # ... within these bounds
+
+
+def default_memory_budget() -> int:
+    """`accuracy.memory_budget` when the policy gives none: 1/48 of physical memory, clamped.
+
+    Why so small a share: the budget bounds the tensors a judge holds at once,
+    next to what ONNX Runtime itself needs; 512 MiB on a 24 GiB machine keeps
+    a 1280x1280 detector within three times plain inference, and the judge
+    streams whatever does not fit.
+    """
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        ram = 16 << 30
+    low, high = DEFAULT_BUDGET_RANGE
+    return int(min(max(ram // DEFAULT_BUDGET_SHARE, low), high))
+
+
 @dataclass(frozen=True)
 class AccuracySpec:
     samples: int = 4
@@ -131,6 +152,10 @@ class AccuracySpec:
     emulation: str = "storage"  # what the CPU verdict assumes inside a kernel (EMULATIONS)
     default_tolerance: Tolerance = field(default_factory=Tolerance)
     output_tolerances: tuple[tuple[str, Tolerance], ...] = ()
+    memory_budget: int | None = None  # bytes of tensors a judge holds; None: the machine's share
+
+    def budget(self) -> int:
+        return self.memory_budget if self.memory_budget is not None else default_memory_budget()
 
     def tolerance(self, output: str) -> Tolerance:
         return dict(self.output_tolerances).get(output, self.default_tolerance)

@@ -35,6 +35,14 @@ _DIMS = {
     "maxItems": 16,
 }
 
+# A size in bytes: a number, or a string with a unit (4GiB, 512MiB).
+_SIZE: dict = {
+    "oneOf": [
+        {"type": "integer", "minimum": 1, "maximum": 2**50},
+        {"type": "string", "pattern": r"^\d+(\.\d+)?\s*([KMG]i?B|B)?$", "maxLength": 32},
+    ]
+}
+
 _TOLERANCE = {
     "type": "object",
     "description": "Polygraphy CompareFunc.simple settings for one output.",
@@ -183,16 +191,7 @@ SCHEMA: dict[str, Any] = {
                     "minItems": 1,
                     "maxItems": 16,
                 },
-                "workspace": {
-                    "oneOf": [
-                        {"type": "integer", "minimum": 1, "maximum": 2**50},
-                        {
-                            "type": "string",
-                            "pattern": r"^\d+(\.\d+)?\s*([KMG]i?B|B)?$",
-                            "maxLength": 32,
-                        },
-                    ]
-                },
+                "workspace": _SIZE,
                 "timing_cache": {"type": ["string", "null"], "maxLength": 4096},
                 "variants": {
                     "type": "boolean",
@@ -211,6 +210,12 @@ SCHEMA: dict[str, Any] = {
                     "description": "what the CPU verdict assumes inside an FP16 kernel: storage "
                     "(default; FP32 arithmetic, every stored tensor rounded) or strict (also the "
                     "sums behind FP16 means and a fused normalization's intermediates in FP16)",
+                },
+                "memory_budget": {
+                    **_SIZE,
+                    "description": "bytes of tensors a judgement holds at once (e.g. 2GiB); runs "
+                    "larger than this stream through it. Default: 1/48 of this machine's memory, "
+                    "within 256 MiB to 4 GiB",
                 },
                 "fp32_check": {
                     "type": "boolean",
