@@ -68,7 +68,9 @@ def test_least_recently_used_entries_leave_first(tmp_path):
     assert cache.get("prepared", "c" * 64) == payload
 
 
-def test_cache_info_and_clear(tmp_path, write_policy, cache_dir, capsys):
+def test_cache_info_and_clear_and_check_writes_no_tensors(
+    tmp_path, write_policy, cache_dir, capsys
+):
     assert main(["check", "--policy", str(write_policy())]) == 0
     capsys.readouterr()
     assert main(["cache", "info", "--json"]) == 0
@@ -76,17 +78,28 @@ def test_cache_info_and_clear(tmp_path, write_policy, cache_dir, capsys):
     assert info["root"] == str(cache_dir) and info["by_kind"] == {
         "prepared": 1,
         "measures": 1,
-        "reference": 1,
+        "reference": 0,  # check reads the measures only, and writes no tensors
         "converted": 1,
     }
     sizes = info["bytes_by_kind"]
     assert info["bytes"] == sum(sizes.values()) > 0
-    assert sizes["measures"] < sizes["reference"]  # what check reads: no tensors
     assert main(["cache", "info"]) == 0
     assert "1 measures " in capsys.readouterr().out
     assert main(["cache", "clear"]) == 0
-    assert "removed 4 entries" in capsys.readouterr().out
+    assert "removed 3 entries" in capsys.readouterr().out
     assert Cache().info()["entries"] == 0
+
+
+def test_an_entry_over_its_share_of_the_cap_is_not_written_and_evicts_nothing(tmp_path):
+    cache = Cache(root=tmp_path, max_bytes=800_000)
+    small = b"x" * 90_000
+    for name in "abcd":
+        assert cache.put("prepared", name * 64, small)
+    assert not cache.put("prepared", "e" * 64, b"x" * 900_000)  # over the whole cap
+    assert not cache.put("reference", "f" * 64, b"x" * 120_000)  # tensors: over 1/8 of it
+    assert cache.put("reference", "g" * 64, b"x" * 50_000)  # small tensors are kept
+    assert all(cache.get("prepared", n * 64) == small for n in "abcd")  # nothing evicted
+    assert cache.get("prepared", "e" * 64) is None and cache.get("reference", "f" * 64) is None
 
 
 def test_check_reads_the_measures_alone_and_says_what_a_cold_check_says(
@@ -102,20 +115,3 @@ def test_check_reads_the_measures_alone_and_says_what_a_cold_check_says(
     stages = pipeline.run_front(load_policy(policy), reference="measures", cache=cache)
     assert stages.reference is None and stages.cache_hits["reference"] == "hit"
     assert "reference" not in cache.hits  # the tensors' entry was not read
-
-
-def test_measures_come_from_an_earlier_builds_tensors(write_policy, cache_dir):
-    policy = load_policy(write_policy())
-    pipeline.run_front(policy, cache=Cache())  # as build: writes the tensors and the measures
-    for entry in (cache_dir / "measures").glob("*/*"):
-        entry.unlink()
-    cache = Cache()
-    stages = pipeline.run_front(policy, reference="measures", cache=cache)
-    assert cache.hits == {
-        "prepared": "hit",
-        "measures": "miss",
-        "reference": "hit",
-        "converted": "hit",
-    }
-    assert stages.cache_hits["reference"] == "hit"
-    assert Cache().info()["by_kind"]["measures"] == 1  # stored on its own for the next check

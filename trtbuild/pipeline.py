@@ -124,8 +124,12 @@ def _hits(cache: Cache, reference: ReferenceLevel) -> dict[str, str]:
     hits = {"prepared": cache.hits.get("prepared", "off")}
     if reference != "none":  # a hit when every entry the level reads was one
         kinds = ("measures", "reference") if reference == "tensors" else ("measures",)
-        seen = [cache.hits.get(k, "miss") for k in kinds]
-        hits["reference"] = seen[-1] if len(set(seen)) == 1 else "miss"
+        seen = [cache.hits[k] for k in kinds if k in cache.hits]
+        hits["reference"] = (
+            "hit"
+            if seen == ["hit"] * len(kinds)
+            else ("off" if "off" in seen or not seen else "miss")
+        )
     hits["converted"] = cache.hits.get("converted", "off")
     return hits
 

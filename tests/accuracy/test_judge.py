@@ -1,31 +1,42 @@
-"""The judge's divergence: sentinels are not data, NaN always diverges, overflow is caught."""
+"""The judge's divergence: sentinels are not data, NaN always diverges, overflow is caught.
+
+Each case is walked twice: against the reference's tensor (`build`'s
+divergence) and from the reference's measures alone (`tune`'s overflow-only
+walk); both must find the same overflow.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from trtbuild.accuracy.judge import divergence
-from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors
-from trtbuild.numerics import data_peak, sentinels
+from trtbuild.accuracy.reference import ReferenceMeasures
+from trtbuild.numerics import measure_peak, sentinels
 
 MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
 
 
-def _reference(r: np.ndarray) -> ReferenceTensors:
-    held = frozenset({"t"}) if sentinels(r).any() else frozenset()
-    measures = ReferenceMeasures(
+def _measures(r: np.ndarray) -> ReferenceMeasures:
+    peak, plain = measure_peak(r)
+    return ReferenceMeasures(
         order=[("t", "n", "Add")],
-        ranges={"t": data_peak(r)},
-        sentinel_tensors=held,
+        ranges={"t": peak},
+        sentinel_tensors=frozenset({"t"}) if sentinels(r).any() else frozenset(),
         internals={},
+        first_peaks={"t": peak},
+        sizes={"t": r.nbytes},
+        shapes={"t": r.shape},
+        special={} if plain else {"t": r},
     )
-    return ReferenceTensors(measures, first={"t": r})
 
 
 def _diverges(r, e) -> tuple[dict | None, dict]:
     r, e = np.asarray(r, np.float32), np.asarray(e, np.float32)
     with np.errstate(all="ignore"):
-        first, curve = divergence(_reference(r), {"t": e}, threshold=0.05)
+        first, curve, overflow = divergence(_measures(r), {"t": e}, {"t": r}, threshold=0.05)
+        _, no_curve, alone = divergence(_measures(r), {"t": e}, None, threshold=0.05)
+    assert no_curve == [] and overflow == alone  # the overflow-only walk agrees
     return first, curve[0]
 
 
@@ -63,6 +74,14 @@ def test_the_error_skips_values_the_reference_itself_holds_as_inf():
 
 
 def test_a_scalar_tensor_is_measured_too():
+    _, point = _diverges(np.float32(2.0), np.float32(2.5))
+    assert point["rel_error"] == 0.25
+
+
+@pytest.mark.parametrize("e", [[np.inf, 1.0], [np.nan, 1.0], [-np.inf, np.nan]])
+def test_the_overflow_only_walk_reports_the_same_point(e):
+    r = np.asarray([3.0, 1.0], np.float32)
     with np.errstate(all="ignore"):
-        _, curve = divergence(_reference(np.float32(2.0)), {"t": np.float32(2.5)}, threshold=0.05)
-    assert curve[0]["rel_error"] == 0.25
+        _, _, overflow = divergence(_measures(r), {"t": np.asarray(e, np.float32)}, None, 0.05)
+    assert overflow is not None and overflow["nonfinite"] == int(np.count_nonzero(~np.isfinite(e)))
+    assert overflow["ref_max_abs"] == 3.0 and overflow["node"] == "n"
