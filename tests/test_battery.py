@@ -247,6 +247,18 @@ CASES = [
         "write e.g. 4GiB",
     ),
     (
+        "bad-memory-budget",
+        lambda c: c.build(c.nafnet_policy(**{"samples: 2": "samples: 2\n  memory_budget: lots"})),
+        2,
+        "write e.g. 4GiB",
+    ),
+    (
+        "memory-budget-below-one-step",
+        lambda c: c.build(c.nafnet_policy(**{"samples: 2": "samples: 2\n  memory_budget: 512KiB"})),
+        2,
+        "one step may take half the budget of 512 KiB",
+    ),
+    (
         "low-above-high",
         lambda c: c.build(c.nafnet_policy(**{"low: 0.0, high: 1.0": "low: 2.0, high: 1.0"})),
         2,

@@ -432,7 +432,7 @@ def _cmd_cache(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    from trtbuild.accuracy.report import fmt_bytes
+    from trtbuild.sizes import fmt_bytes
 
     kinds = ", ".join(
         f"{n} {k} {fmt_bytes(info['bytes_by_kind'][k])}" for k, n in info["by_kind"].items()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtbuild.accuracy.report import fmt_bytes
+from trtbuild.sizes import fmt_bytes
 
 
 @pytest.mark.parametrize(

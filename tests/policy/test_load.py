@@ -4,7 +4,7 @@ import pytest
 
 from trtbuild.errors import UsageError
 from trtbuild.policy import load_policy
-from trtbuild.policy.load import parse_size
+from trtbuild.sizes import parse_size
 
 
 def test_valid_policy_resolves_paths_and_defaults(write_policy, nafnet_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import onnx
@@ -12,6 +11,7 @@ from onnx import helper
 from trtbuild.accuracy.evaluate import quiet_polygraphy
 from trtbuild.errors import UsageError
 from trtbuild.policy.model import InputSpec, Policy
+from trtbuild.sizes import fmt_bytes
 
 Feed = dict[str, np.ndarray]
 
@@ -77,30 +77,23 @@ def _check_fits(policy: Policy, name: str, shape, dims, spec: InputSpec) -> None
             )
 
 
-def memory_budget() -> int:
-    """Bytes the reference data may take: a quarter of this machine's memory."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
 def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dict) -> None:
     """Refuse `accuracy.samples` whose feeds (and their outputs) cannot fit, before making any.
 
-    Each sample is held as a feed and judged twice (reference and candidate), so
-    the estimate is three times the inputs' bytes per sample, a lower bound.
+    Every feed is held for the whole run beside its outputs (reference and
+    candidate), so the estimate is three times the inputs' bytes per sample, a
+    lower bound, against the same `accuracy.memory_budget` the judge streams by.
     """
     per_sample = sum(math.prod(s) * np.dtype(dtypes[n]).itemsize for n, s in shapes.items())
-    need, budget = 3 * per_sample * policy.accuracy.samples, memory_budget()
+    need, budget = 3 * per_sample * policy.accuracy.samples, policy.accuracy.budget()
     if need > budget:
         fits = max(1, budget // max(3 * per_sample, 1))
         raise UsageError(
             f"accuracy.samples: {policy.accuracy.samples} samples of these inputs need about "
-            f"{need / 2**30:.1f} GiB ({per_sample / 2**20:.3g} MiB of inputs per sample, held three "
-            f"times); this machine allows {budget / 2**30:.1f} GiB",
+            f"{fmt_bytes(need)} ({fmt_bytes(per_sample)} of inputs per sample, held three "
+            f"times); accuracy.memory_budget is {fmt_bytes(budget)}",
             where=str(policy.path),
-            hint=f"lower accuracy.samples to at most {fits}",
+            hint=f"lower accuracy.samples to at most {fits}, or raise accuracy.memory_budget",
         )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.accuracy.evaluate import EMULATED, OutputMetrics
+from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from trtbuild.accuracy.judge import Verdict
@@ -125,18 +126,6 @@ def fmt(v: Any) -> str:
     if v is None:
         return "–"
     return str(v)
-
-
-def fmt_bytes(n: float | None) -> str:
-    """One byte format everywhere: binary units with three significant digits."""
-    if n is None:
-        return "–"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1000 or unit == "GiB":  # 1000-1023 would print as 1e+03 at three digits
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
-        value /= 1024
-    return f"{value:.3g} GiB"
 
 
 def tolerance_text(m: OutputMetrics) -> str:

@@ -29,6 +29,7 @@ import onnx
 from onnx import helper
 
 from trtbuild.errors import UsageError
+from trtbuild.sizes import fmt_bytes
 
 # A run holds a segment of the reference and a segment of one candidate at once, and
 # ONNX Runtime hands each output out as a copy of its own buffer: a segment's tensors
@@ -57,14 +58,6 @@ class Plan:
 
     def __len__(self) -> int:
         return len(self.segments)
-
-
-def fmt_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1000 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} GiB"
 
 
 def plan_by_budget(
@@ -110,10 +103,10 @@ def _check_step(
     largest = max(tensors, key=lambda t: sizes.get(t, 0))
     raise UsageError(
         f"accuracy.memory_budget: node {node.name or node.op_type} ({node.op_type}) holds "
-        f"{fmt_size(step)} at once (its largest tensor {largest} is "
-        f"{fmt_size(sizes.get(largest, 0))}); one step may take half the budget "
-        f"of {fmt_size(budget)}",
-        hint=f"raise accuracy.memory_budget to at least {fmt_size(step * STEP_SHARE)}, "
+        f"{fmt_bytes(step)} at once (its largest tensor {largest} is "
+        f"{fmt_bytes(sizes.get(largest, 0))}); one step may take half the budget "
+        f"of {fmt_bytes(budget)}",
+        hint=f"raise accuracy.memory_budget to at least {fmt_bytes(step * STEP_SHARE)}, "
         "or judge smaller inputs",
     )
 
@@ -237,7 +230,8 @@ class SegmentRunner:
                 del live[t]
             yield {**inputs, **{t: values[t] for t in self.handed[k]}}
             del inputs, values
-            release_freed_memory()
+            if k + 1 < len(self.plan):  # the next run's first segment reuses the last one's pages
+                release_freed_memory()
 
     def _session(self, k: int, inputs: dict[str, np.ndarray]):
         from trtbuild.accuracy.evaluate import plain_session

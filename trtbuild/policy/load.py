@@ -29,10 +29,9 @@ from trtbuild.policy.model import (
     Tolerance,
 )
 from trtbuild.policy.schema import SchemaViolation, validate
+from trtbuild.sizes import parse_size
 
 POLICY_DIR = Path("policies")
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}
-_SIZE_UNITS.update({"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30})
 
 
 def resolve_policy_path(name: str | Path) -> Path:
@@ -433,10 +432,3 @@ def _accuracy(a: dict) -> AccuracySpec:
 
 def _size(value: int | str | None) -> int | None:
     return value if value is None or isinstance(value, int) else parse_size(value)
-
-
-def parse_size(text: str) -> int:
-    m = re.match(r"^(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?$", text.strip())
-    if not m:  # the schema's pattern already rejected this; keep the message anyway
-        raise UsageError(f"bad size {text!r}", hint="write e.g. 4GiB")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])

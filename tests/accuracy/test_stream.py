@@ -1,0 +1,126 @@
+"""The streaming judge: cut runs compute what one run computes, within the budget's cuts.
+
+Real ONNX Runtime sessions on generated models; a budget small enough to cut
+NAFNet into many segments must give the same report, figure for figure, as
+one that runs it whole.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.conftest import NAFNET_POLICY, PINS
+from trtbuild import pipeline
+from trtbuild.accuracy import judge as judge_mod
+from trtbuild.accuracy import stream
+from trtbuild.accuracy.emulate import emulate
+from trtbuild.accuracy.evaluate import marked_session, run_marked
+from trtbuild.accuracy.reference import float_node_outputs
+from trtbuild.cli import main
+from trtbuild.graph.model_io import load_model
+from trtbuild.graph.view import GraphView
+from trtbuild.policy import load_policy
+from trtbuild.policy.model import Precision
+from trtbuild.precision.assign import assign
+from trtbuild.precision.convert import convert
+from trtbuild.tune import tune
+
+KIB = 1 << 10
+
+
+def _feed(seed: int = 0) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(seed).random((1, 3, 64, 64), np.float32)}
+
+
+def _plan(model, budget: int) -> stream.Plan:
+    view = GraphView(model)
+    marked = {t for t, _, _ in float_node_outputs(view)} | set(view.outputs)
+    return stream.plan_by_budget(model, marked, stream.estimate_sizes(model, _feed()), budget)
+
+
+def test_a_small_budget_cuts_the_graph_and_every_border_is_kept(nafnet_path):
+    model = load_model(nafnet_path)
+    plan = _plan(model, 2048 * KIB)
+    assert len(plan) > 3
+    produced: set[str] = {"input"}
+    for k, seg in enumerate(plan.segments):
+        assert set(seg.needs) <= produced, f"segment {k} reads a value no earlier segment kept"
+        here = {o for i in seg.nodes for o in model.graph.node[i].output}
+        produced |= set(seg.keep)
+        assert set(seg.marked) <= here
+    assert sorted(i for seg in plan.segments for i in seg.nodes) == list(
+        range(len(model.graph.node))
+    )
+
+
+def test_a_cut_run_gives_every_tensor_bit_for_bit(nafnet_path):
+    model = load_model(nafnet_path)
+    view = GraphView(model)
+    names = [t for t, _, op in float_node_outputs(view) if op != "Constant"]
+    whole = run_marked(marked_session(model, names), _feed())  # Polygraphy marks no Constant
+    plan = _plan(model, 2048 * KIB)
+    cut = {}
+    for seg, values in zip(plan.segments, stream.SegmentRunner(model, plan).run(_feed())):
+        cut.update({t: values[t] for t in seg.marked})
+    assert set(whole) <= set(cut)
+    for t in names:
+        np.testing.assert_array_equal(cut[t], whole[t], err_msg=t)
+
+
+def test_an_emulated_candidate_is_cut_where_the_reference_is(nafnet_path):
+    model = load_model(nafnet_path)
+    mixed = convert(assign(GraphView(model), Precision(default="fp16", guards=()))).model
+    emulated = emulate(mixed)
+    plan = _plan(model, 2048 * KIB)
+    aligned = stream.plan_aligned(emulated, set(plan.segment_of), plan)
+    assert len(aligned) == len(plan)
+    for tensor, k in plan.segment_of.items():
+        assert aligned.segment_of.get(tensor) == k, tensor
+
+
+def test_a_report_is_the_same_whole_or_cut_into_segments(tmp_path, nafnet_path):
+    text = NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none")
+    reports = []
+    for budget in ("1GiB", "2MiB"):
+        policy = tmp_path / f"b{budget}.yaml"
+        policy.write_text(text.replace("  samples: 2", f"  samples: 2\n  memory_budget: {budget}"))
+        out = tmp_path / budget
+        assert main(["build", "--policy", str(policy), "--out", str(out), "--no-cache"]) in (0, 1)
+        report = json.loads((out / "report.json").read_text())
+        report.pop("policy", None)
+        reports.append(report)
+    assert reports[0] == reports[1]
+    assert reports[0]["baselines"]["fp16"]["first_divergence"] is not None  # something to compare
+
+
+def test_build_and_tune_are_judged_by_one_function(tmp_path, write_policy, monkeypatch):
+    made = []
+    real = judge_mod._verdict
+
+    def spy(reference, run, feeds, spec, overflow_fails, verbose):
+        made.append(overflow_fails)
+        return real(reference, run, feeds, spec, overflow_fails, verbose)
+
+    monkeypatch.setattr(judge_mod, "_verdict", spy)
+    policy = write_policy()
+    assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "b")]) == 0
+    from_build = list(made)
+    stages = pipeline.run_front(load_policy(policy))
+    tune(stages, budget=2)
+    assert from_build and not any(from_build)  # build: the outputs' verdict
+    assert made[len(from_build) :] and all(made[len(from_build) :])  # tune: masked overflow too
+
+
+@pytest.mark.parametrize("budget", [2048 * KIB, 1 << 30])
+def test_the_reference_measures_do_not_depend_on_the_cuts(write_policy, budget):
+    policy = load_policy(write_policy())
+    policy = replace(policy, accuracy=replace(policy.accuracy, memory_budget=budget))
+    m = pipeline.run_front(policy, reference="measures").measures
+    base = replace(policy, accuracy=replace(policy.accuracy, memory_budget=4 << 30))
+    whole = pipeline.run_front(base, reference="measures").measures
+    assert m.ranges == whole.ranges and m.internals == whole.internals
+    assert m.first_peaks == whole.first_peaks and m.sizes == whole.sizes
