@@ -40,8 +40,10 @@ nightly: install models
 
 bench: install models
 	@$(PIP) -e ".[bench]"
+	$(BIN)/python scripts/fetch_models.py photo_text --out models
 	$(BIN)/python benchmarks/bench_convert.py
 	$(BIN)/python benchmarks/bench_tune.py $(if $(MODELOPT_PYTHON),--modelopt-python $(MODELOPT_PYTHON))
+	$(BIN)/python benchmarks/bench_memory.py $(if $(MODELOPT_PYTHON),--modelopt-python $(MODELOPT_PYTHON))
 
 schema: install
 	$(BIN)/trtbuild schema > docs/policy.schema.json

@@ -52,6 +52,9 @@ from trtbuild.precision.assign import assign  # noqa: E402
 from trtbuild.precision.convert import convert  # noqa: E402
 
 MODELS = ("nafnet", "gfpgan", "transformer", "bert", "ppocrv4_rec", "ppocrv4_det", "open_nsfw")
+# Benchmark policies of their own (benchmarks/policies/): the detector on a real photo of
+# handwriting (`python scripts/fetch_models.py photo_text`), judged by its mean error.
+EXTRA = ("ppocrv4_det_photo",)
 
 AUTOCAST = """
 import sys, onnx
@@ -62,9 +65,13 @@ onnx.save(model, sys.argv[2])
 
 
 def empty_policy(name: str, tmp: Path, emulation: str) -> Path:
-    """The example policy with no rules, under `emulation`: every tool starts from nothing."""
-    text = (ROOT / "policies" / f"{name}.yaml").read_text()
-    text = text.replace("../models/", f"{ROOT / 'models'}/")
+    """The example policy (or a benchmark's own) with no rules, under `emulation`: every tool
+    starts from nothing."""
+    source = ROOT / "policies" / f"{name}.yaml"
+    if not source.exists():
+        source = ROOT / "benchmarks" / "policies" / f"{name}.yaml"
+    text = source.read_text()
+    text = text.replace("../../models/", "../models/").replace("../models/", f"{ROOT / 'models'}/")
     start, end = text.index("  rules:"), text.index("build:")
     text = text[:start] + "  rules: []\n" + text[end:]
     text = text.replace("\naccuracy:\n", f"\naccuracy:\n  emulation: {emulation}\n", 1)
@@ -221,7 +228,7 @@ def run_model(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS + EXTRA))
     parser.add_argument("--objective", default="flops", choices=["nodes", "flops"])
     parser.add_argument(
         "--modelopt-python", help="python of a virtualenv with nvidia-modelopt[onnx]"

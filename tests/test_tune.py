@@ -158,8 +158,12 @@ def test_ppocrv4_det_lists_its_squeeze_excitation_pools_at_risk(example_policy, 
     assert all(r["quantity"] == "sum behind the mean" and r["peak"] > 65504 for r in found)
 
 
-def test_a_trial_opens_one_session_and_shares_the_reference(tmp_path, models_dir, monkeypatch):
-    """Each candidate is judged in one ONNX Runtime session; the FP32 reference never reruns."""
+def test_a_trial_opens_one_session_a_run_kind_and_never_reruns_the_reference(
+    tmp_path, models_dir, monkeypatch
+):
+    """A trial's candidate fits one segment here: one session hands out every tensor of the
+    first feed, one only the outputs of the second; the FP32 reference runs neither in the
+    front half again nor beside the trial (tune walks only the overflow)."""
     import onnxruntime
 
     from trtbuild import pipeline, tune
@@ -176,4 +180,4 @@ def test_a_trial_opens_one_session_and_shares_the_reference(tmp_path, models_dir
     monkeypatch.setattr(pipeline, "run_reference", lambda *a, **k: pytest.fail("reran"))
     outcome = tune.evaluate(stages, stages.policy.precision)
     assert not outcome.passed and "total" in outcome.failing  # judged for real: FP16 overflows
-    assert len(opened) == 1
+    assert len(opened) == 2
