@@ -40,11 +40,13 @@ def quiet_polygraphy(verbose: bool = False) -> Iterator[None]:
         G_LOGGER.module_severity = old
 
 
-def _session(model_bytes: bytes, optimize: bool, arena: bool = True):
+def _session(model_bytes: bytes, optimize: bool, arena: bool = True, in_order: bool = False):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if in_order:  # the graph's own order: a check placed after its tensor frees it there
+        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if not arena:  # an arena keeps its peak for the session's life: one per segment adds up
         options.enable_cpu_mem_arena = False
         options.enable_mem_pattern = False
@@ -57,6 +59,12 @@ def plain_session(model_bytes: bytes):
     """A session with optimisations off: the emulation's Cast pairs and every marked
     tensor survive, and a segment computes what the whole graph would."""
     return _session(model_bytes, optimize=False, arena=False)
+
+
+def lean_session(model_bytes: bytes):
+    """A whole graph run as inference runs it (intermediates freed as they are consumed), with
+    optimisations and the arena off, in the graph's order: what a lean run needs."""
+    return _session(model_bytes, optimize=False, arena=False, in_order=True)
 
 
 def marked_session(model: onnx.ModelProto, names: list[str]):

@@ -41,7 +41,7 @@ from trtbuild.accuracy.evaluate import (
 )
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
-from trtbuild.accuracy.stream import Plan, SegmentRunner, plan_aligned
+from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
 from trtbuild.numerics import data_peak, sentinel_kept
 from trtbuild.policy.model import AccuracySpec
 
@@ -169,7 +169,11 @@ def judge_all(
     runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
     labels = ", ".join(dict.fromkeys(c.label for c in candidates))
     ticker = SampleProgress(f"judging {labels}", len(feeds) if progress else 0)
-    _lockstep(graph, plan, runs, feeds[0], detail)
+    if detail == "divergence":
+        _lockstep(graph, plan, runs, feeds[0])
+    else:
+        for run in runs:
+            run.overflow_pass(feeds[0])
     ticker.tick(1)
     for k, feed in enumerate(feeds[1:], start=2):
         for run in runs:
@@ -190,60 +194,81 @@ def _identity(c: Candidate) -> tuple[str, int, bytes]:
 
 @dataclass
 class _Run:
-    """One candidate's emulated graph, cut like the reference, and what its runs found."""
+    """One candidate's emulated graph, its runners, and what its runs found."""
 
     candidate: Candidate
-    plan: Plan
-    runner: SegmentRunner  # every tensor handed out: the first feed's walk
-    lean: SegmentRunner  # the graph outputs only: every later feed
+    emulated: onnx.ModelProto
+    reference_plan: Plan
+    lean: LeanRunner  # the outputs (and tensors' finite sums) only, whole
     walk: _Walk
     outputs: list[dict[str, np.ndarray]] = field(default_factory=list)  # per feed
+    cut: SegmentRunner | None = None  # every tensor handed out, cut where the reference is
 
     @classmethod
     def start(
         cls, c: Candidate, plan: Plan, measures: ReferenceMeasures, spec: AccuracySpec, detail
     ) -> _Run:
         emulated = emulate(c.mixed, spec.emulation)
-        present = {o for n in emulated.graph.node for o in n.output}  # a peer tool may fuse nodes
-        marked = {t for t, _, _ in measures.order if t in present} | set(measures.outputs)
-        mine = plan_aligned(emulated, marked, plan)
         walk = _Walk(measures, spec.divergence_threshold, detail)
-        lean = SegmentRunner(emulated, mine, mark=False)
-        return cls(c, mine, SegmentRunner(emulated, mine), lean, walk)
+        shown, checked = [*measures.outputs], set()
+        if detail == "overflow":  # values where the reference is special, sums elsewhere
+            tensors = {o for n in emulated.graph.node for o in n.output} & set(walk.depth)
+            shown += sorted(tensors & set(measures.special) - set(shown))
+            checked = tensors - set(shown)
+        return cls(c, emulated, plan, LeanRunner(emulated, shown, checked), walk)
+
+    def cut_runner(self) -> SegmentRunner:
+        """The runner that hands out every tensor, made on first use (a divergence, a suspect)."""
+        if self.cut is None:
+            present = {o for n in self.emulated.graph.node for o in n.output}  # peers fuse nodes
+            marked = (present & set(self.walk.depth)) | set(self.walk.measures.outputs)
+            plan = plan_aligned(self.emulated, marked, self.reference_plan)
+            self.cut = SegmentRunner(self.emulated, plan)
+        return self.cut
 
     def outputs_of(self, feed: Feed) -> dict[str, np.ndarray]:
         """The graph outputs of one more feed (its intermediates are never handed out)."""
-        names, outs = self.walk.measures.outputs, {}
-        for values in self.lean.run(feed):
-            outs.update({o: values[o] for o in names if o in values})
-        return outs
+        values = self.lean.run(feed)
+        return {o: values[o] for o in self.walk.measures.outputs if o in values}
+
+    def overflow_pass(self, feed: Feed) -> None:
+        """The first feed for `detail="overflow"`: one lean run, and the cut run only where a
+        tensor's sum says one of its values may not be finite (the walk then finds which)."""
+        values = self.lean.run(feed)
+        outputs = self.walk.measures.outputs
+        self.outputs.append({o: values[o] for o in outputs if o in values})
+        self.walk.take({t: v for t, v in values.items() if t in self.walk.depth}, None)
+        suspects = self.lean.suspects(values)
+        del values
+        if suspects:
+            runner = self.cut_runner()
+            for seg, cut in zip(runner.plan.segments, runner.run(feed)):
+                self.walk.take({t: cut[t] for t in seg.marked}, None)
 
 
-def _lockstep(graph: onnx.ModelProto, plan: Plan, runs: list[_Run], feed: Feed, detail) -> None:
-    """The first feed: the reference (for a divergence) and every candidate, segment by segment.
+def _lockstep(graph: onnx.ModelProto, plan: Plan, runs: list[_Run], feed: Feed) -> None:
+    """The first feed: the reference and every candidate, segment by segment.
 
     A reference tensor is held until every candidate has produced its own (the
     same segment, unless a candidate's graph moved it later), then dropped.
     """
-    ref: Iterator[dict[str, np.ndarray]] | None = None
-    if detail == "divergence":
-        ref = SegmentRunner(graph, plan).run(feed)
-    streams = [run.runner.run(feed) for run in runs]
+    ref: Iterator[dict[str, np.ndarray]] = SegmentRunner(graph, plan).run(feed)
+    streams = [run.cut_runner().run(feed) for run in runs]
     outputs = set(runs[0].walk.measures.outputs) if runs else set()
     pending: dict[str, np.ndarray] = {}
     firsts: list[dict[str, np.ndarray]] = [{} for _ in runs]
     for k, seg in enumerate(plan.segments):
-        if ref is not None:
-            values = next(ref)
-            pending.update({t: values[t] for t in seg.marked})
-            del values
+        values = next(ref)
+        pending.update({t: values[t] for t in seg.marked})
+        del values
         for run, stream, first in zip(runs, streams, firsts):
             values = next(stream)
-            produced = {t: values[t] for t in run.plan.segments[k].marked}
-            run.walk.take(produced, pending if ref is not None else None)
+            produced = {t: values[t] for t in run.cut_runner().plan.segments[k].marked}
+            run.walk.take(produced, pending)
             first.update({o: v for o, v in produced.items() if o in outputs})
             del values, produced
-        for t in [t for t in pending if all(r.plan.segment_of.get(t, -1) <= k for r in runs)]:
+        done = [r.cut_runner().plan.segment_of for r in runs]
+        for t in [t for t in pending if all(d.get(t, -1) <= k for d in done)]:
             del pending[t]
     for run, first in zip(runs, firsts):
         run.outputs.append(first)

@@ -277,6 +277,62 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+class LeanRunner:
+    """A whole graph in one session that hands out only what is asked, the way inference runs.
+
+    Why not segments: nothing but the outputs (and, for `finite_sums`, a scalar
+    per tensor) leaves the session, so ONNX Runtime frees each intermediate
+    after its last reader and the run holds what plain inference holds; at
+    640x640 that is three times faster than a cut run that hands every tensor out.
+
+    `finite_sums` names tensors to check: each gets a `ReduceSum` right after
+    the node that makes it, whose result is finite only when every value is
+    (an inf or a NaN always reaches the sum; a sum of finite values may still
+    overflow, so a non-finite sum is a suspect to confirm, never a verdict).
+    """
+
+    SUFFIX = "__trtbuild_sum"
+
+    def __init__(self, model: onnx.ModelProto, outputs: list[str], finite_sums: set[str]):
+        self.sums = {t: t + self.SUFFIX for t in finite_sums}
+        self.model = _with_sums(model, outputs, self.sums)
+        self.session = None
+
+    def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from trtbuild.accuracy.evaluate import lean_session
+
+        if self.session is None:
+            self.session = lean_session(self.model.SerializeToString())
+        names = [o.name for o in self.session.get_outputs()]
+        values = dict(zip(names, self.session.run(names, feed)))
+        release_freed_memory()
+        return values
+
+    def suspects(self, values: dict[str, np.ndarray]) -> list[str]:
+        """Checked tensors whose sum is not finite (one of their values may not be)."""
+        with np.errstate(all="ignore"):
+            return [t for t, s in self.sums.items() if not np.isfinite(values[s]).all()]
+
+
+def _with_sums(model: onnx.ModelProto, outputs: list[str], sums: dict[str, str]) -> onnx.ModelProto:
+    """`model` with only `outputs` and a scalar ReduceSum of each of `sums`, placed in order."""
+    nodes = []
+    for node in model.graph.node:
+        nodes.append(node)
+        for o in node.output:
+            if o in sums:
+                nodes.append(helper.make_node("ReduceSum", [o], [sums[o]], sums[o], keepdims=0))
+    by_name = {o.name: o for o in model.graph.output}
+    outs = [by_name.get(t) or helper.ValueInfoProto(name=t) for t in outputs]
+    outs += [helper.ValueInfoProto(name=s) for s in sums.values()]
+    graph = helper.make_graph(
+        nodes, model.graph.name, list(model.graph.input), outs, list(model.graph.initializer)
+    )
+    lean = helper.make_model(graph, opset_imports=list(model.opset_import))
+    lean.ir_version = model.ir_version
+    return lean
+
+
 def _last_reader(plan: Plan) -> dict[str, int]:
     last: dict[str, int] = {}
     for k, seg in enumerate(plan.segments):
