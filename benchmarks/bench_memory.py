@@ -13,7 +13,7 @@ Cases: the real PP-OCRv4 detector (`make models` fetches it) at 640x640,
 `build` and `tune`; `check` cold (an empty cache) and warm (the same cache).
 
 Usage: python benchmarks/bench_memory.py [--sizes 640,1280,1920] [--modelopt-python PY]
-       [--skip tune,...]
+       [--skip tune,...] [--tune-max 1280]
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def cell(run: Run, plain: Run) -> str:
     )
 
 
-def case(n: int, tmp: Path, skip: set[str], modelopt: str | None) -> list[str]:
+def case(n: int, tmp: Path, skip: set[str], modelopt: str | None, tune_max: int) -> list[str]:
     trt = [sys.executable, "-m", "trtbuild"]
     policy = tmp / f"det{n}.yaml"
     policy.write_text(POLICY.format(model=MODEL, n=n))
@@ -112,7 +112,9 @@ def case(n: int, tmp: Path, skip: set[str], modelopt: str | None) -> list[str]:
     env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp / f"cache{n}")}
     for _ in ("cold", "warm"):
         row.append(cell(measure([*trt, "check", "--policy", str(policy)], env), plain))
-    if "tune" not in skip:
+    if "tune" not in skip and n > tune_max:
+        row.append("–")
+    elif "tune" not in skip:
         tuned = tmp / f"tuned{n}.yaml"
         cmd = [*trt, "tune", "--policy", str(policy), "-o", str(tuned), "--no-cache"]
         row.append(cell(measure(cmd), plain))
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="640,1280,1920")
     parser.add_argument("--skip", default="", help="commands to leave out, e.g. tune")
+    parser.add_argument("--tune-max", type=int, default=1280, help="tune only up to this size")
     parser.add_argument("--modelopt-python", help="python of a virtualenv with nvidia-modelopt")
     args = parser.parse_args(argv)
     if not MODEL.exists():
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * len(head))
     with tempfile.TemporaryDirectory(prefix="trtbuild-bench-memory-") as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
-            row = case(n, Path(tmp), skip, args.modelopt_python)
+            row = case(n, Path(tmp), skip, args.modelopt_python, args.tune_max)
             print("| " + " | ".join(row) + " |", flush=True)
     print(
         "\nPeaks are whole processes (wait4 ru_maxrss); 'over' marks a peak beyond "

@@ -85,3 +85,20 @@ def test_the_overflow_only_walk_reports_the_same_point(e):
         _, _, overflow = divergence(_measures(r), {"t": np.asarray(e, np.float32)}, None, 0.05)
     assert overflow is not None and overflow["nonfinite"] == int(np.count_nonzero(~np.isfinite(e)))
     assert overflow["ref_max_abs"] == 3.0 and overflow["node"] == "n"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_blockwise_difference_is_the_exact_float64_maximum(seed):
+    """Large tensors take |e - r| in float32 blocks first; the maximum must stay exact."""
+    from trtbuild.accuracy.judge import _BLOCK, _max_abs_diff
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(_BLOCK + 1, 3 * _BLOCK))
+    r = rng.normal(size=n).astype(np.float32) * float(rng.choice([1e-3, 1.0, 1e4]))
+    noise = rng.normal(size=n).astype(np.float32) * float(rng.choice([1e-7, 1e-3, 1.0]))
+    e = (r + noise).astype(np.float16 if seed % 3 == 0 else np.float32)
+    want = float(np.abs(np.subtract(e, r, dtype=np.float64)).max())
+    assert _max_abs_diff(r, e) == want
+    with np.errstate(all="ignore"):
+        e[n // 2] = np.inf if seed % 2 else np.nan
+    assert not np.isfinite(_max_abs_diff(r, e))
