@@ -187,7 +187,9 @@ def nafnet_tiny(size: int = 64, width: int = 16, blocks: int = 2) -> onnx.ModelP
     )
 
 
-def gfpgan_tiny(size: int = 32, width: int = 8, stages: int = 14) -> onnx.ModelProto:
+def gfpgan_tiny(
+    size: int = 32, width: int = 8, stages: int = 14, std: float = 6.0, dynamic: bool = False
+) -> onnx.ModelProto:
     """GFPGAN-style generator: fifteen reductions, and only the last overflows FP16.
 
     Each of the 14 stages re-centres its features by a style statistic (a
@@ -204,7 +206,7 @@ def gfpgan_tiny(size: int = 32, width: int = 8, stages: int = 14) -> onnx.ModelP
     in FP32 (`storage`) and fails when it keeps the sums in FP16 (`strict`).
     """
     g = GraphBuilder(seed=1)
-    x = g.conv("/encoder", "input", 3, width, k=3, std=6.0)
+    x = g.conv("/encoder", "input", 3, width, k=3, std=std)
     for i in range(stages):
         scope = f"/stage.{i}"
         stat = "ReduceMean" if i % 2 == 0 else "ReduceMax"
@@ -225,12 +227,24 @@ def gfpgan_tiny(size: int = 32, width: int = 8, stages: int = 14) -> onnx.ModelP
     face = g.conv("/to_rgb", normed, width, 3, std=0.05)
     energy = g.op("/energy", "ReduceSumSquare", [x], keepdims=0)
     big = 4 * size
+    side, out = ([1, 3, "height", "width"], [1, 3, "out_h", "out_w"]) if dynamic else (None, None)
     return g.model(
-        {"input": [1, 3, size, size]},
-        {"face": (face, [1, 3, big, big]), "energy": (energy, [])},
+        {"input": side or [1, 3, size, size]},
+        {"face": (face, out or [1, 3, big, big]), "energy": (energy, [])},
         opset=13,
-        name="gfpgan_tiny",
+        name="gfpgan_dynamic" if dynamic else "gfpgan_tiny",
     )
+
+
+def gfpgan_dynamic() -> onnx.ModelProto:
+    """The GFPGAN-style generator with a dynamic height and width and smaller features.
+
+    Its final reduction (the feature energy) sums squares over the whole map, so it
+    grows with H x W: 4.5e3 at 32x32, 2.3e4 at 64x64 (both fit FP16) and 4.2e5 at
+    256x256. Judged at `opt` alone, all-FP16 passes; the engine built for the
+    profile returns inf at `max`.
+    """
+    return gfpgan_tiny(std=0.1, dynamic=True)
 
 
 def _heads(g: GraphBuilder, scope: str, x: str, seq: int, heads: int, dh: int, perm) -> str:
@@ -365,6 +379,7 @@ def _fused_ln(g: GraphBuilder, scope: str, x: str, c: int) -> str:
 MODELS = {
     "nafnet_tiny": nafnet_tiny,
     "gfpgan_tiny": gfpgan_tiny,
+    "gfpgan_dynamic": gfpgan_dynamic,
     "transformer_tiny": transformer_tiny,
     "bert_tiny": bert_tiny,
 }

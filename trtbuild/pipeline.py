@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -27,7 +27,7 @@ from trtbuild.accuracy import evaluate as ev
 from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Candidate, Verdict, judge_all
 from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, run_reference
-from trtbuild.accuracy.report import Report
+from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
@@ -51,9 +51,25 @@ REPORT_FILES = (
 BUILD_FILES = ("prepared.onnx", "mixed.onnx", "engine.plan", "build.json", *REPORT_FILES)
 
 
+@dataclass(frozen=True)
+class ShapeRun:
+    """One point of the input space (`data.ShapePoint`): its feeds and its FP32 reference."""
+
+    point: data_mod.ShapePoint
+    feeds: list[data_mod.Feed]
+    measures: ReferenceMeasures | None
+    reference: ReferenceTensors | None
+
+
 @dataclass
 class Stages:
-    """What the front half of the pipeline produced; shared by build, report, check, convert."""
+    """What the front half of the pipeline produced; shared by build, report, check, convert.
+
+    `shapes` holds every point the policy is judged at, the primary one (`shape`
+    or `opt`) first; `feeds` and `reference` are the primary's, and `measures`
+    joins every point's (a range rule or an at-risk sum that leaves FP16 at any
+    shape counts).
+    """
 
     policy: Policy
     prepared: Prepared
@@ -63,6 +79,7 @@ class Stages:
     reference: ReferenceTensors | None  # with its tensors; only for run_front(reference="tensors")
     assignment: Assignment
     converted: Converted
+    shapes: list[ShapeRun] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     baselines: dict[str, Converted] = field(default_factory=dict)
     cache_hits: dict[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
@@ -102,21 +119,61 @@ def run_front(
     view = GraphView(prepared.model)
     timings["prepare"] = time.perf_counter() - t
 
-    measures, ref = None, None
-    feeds = data_mod.make_feeds(policy, prepared.model)
+    t = time.perf_counter()
+    shapes = [
+        _shape_run(policy, prepared, view, point, cache, digest, reference)
+        for point in data_mod.shape_points(policy, prepared.model)
+    ]
+    measures = join_measures([r.measures for r in shapes if r.measures is not None])
     if reference != "none":
-        t = time.perf_counter()
-        budget = policy.accuracy.budget()
-        measures, ref = _reference(prepared, feeds, view, cache, digest, reference, budget)
         timings["reference"] = time.perf_counter() - t
 
     t = time.perf_counter()
     assignment = assign(view, policy.precision, measures.ranges if measures is not None else None)
     converted = _converted(assignment, cache, digest)
     timings["assign_convert"] = time.perf_counter() - t
-    stages = Stages(policy, prepared, view, feeds, measures, ref, assignment, converted, timings)
+    primary = shapes[0]
+    stages = Stages(
+        policy, prepared, view, primary.feeds, measures, primary.reference, assignment, converted
+    )
+    stages.shapes, stages.timings = shapes, timings
     stages.cache_hits = _hits(cache, reference)
     return stages
+
+
+def _shape_run(
+    policy: Policy,
+    prepared: Prepared,
+    view: GraphView,
+    point: data_mod.ShapePoint,
+    cache: Cache,
+    digest: str | None,
+    reference: ReferenceLevel,
+) -> ShapeRun:
+    feeds = data_mod.make_feeds(policy, prepared.model, point)
+    if reference == "none":
+        return ShapeRun(point, feeds, None, None)
+    budget = policy.accuracy.budget()
+    measures, ref = _reference(prepared, feeds, view, cache, digest, reference, budget)
+    return ShapeRun(point, feeds, measures, ref)
+
+
+def join_measures(all_measures: list[ReferenceMeasures]) -> ReferenceMeasures | None:
+    """The first point's measures with every point's peaks: ranges and internals at their
+    largest over all shapes, sentinel tensors of any shape."""
+    if len(all_measures) <= 1:
+        return all_measures[0] if all_measures else None
+    ranges: dict[str, float] = {}
+    internals: dict[str, tuple[str, dict[str, float]]] = {}
+    for m in all_measures:
+        for t, v in m.ranges.items():
+            ranges[t] = max(ranges.get(t, 0.0), v)
+        for node, (op, peaks) in m.internals.items():
+            mine = internals.setdefault(node, (op, {}))[1]
+            for q, v in peaks.items():
+                mine[q] = max(mine.get(q, 0.0), v)
+    held = frozenset().union(*(m.sentinel_tensors for m in all_measures))
+    return replace(all_measures[0], ranges=ranges, internals=internals, sentinel_tensors=held)
 
 
 def _hits(cache: Cache, reference: ReferenceLevel) -> dict[str, str]:
@@ -292,11 +349,22 @@ def evaluate_all(
         Candidate(mixed.model, label, trt_runner(engines[v], backend) if v in engines else None)
         for v, mixed, label in variants
     ]
-    verdicts = judge_all(
-        reference, stages.prepared.model, candidates, stages.feeds, policy.accuracy, verbose=verbose
-    )
-    main, base = verdicts[0], verdicts[1]  # the baseline's at_risk: what FP16 would risk
-    fp32 = verdicts[2] if len(verdicts) > 2 else None
+    per_shape, firsts = [], []
+    for run in stages.shapes:  # every point of the input space, the primary first
+        if run.reference is None:
+            raise ValueError("evaluate_all needs every shape's reference tensors")
+        verdicts = judge_all(
+            run.reference,
+            stages.prepared.model,
+            candidates,
+            run.feeds,
+            policy.accuracy,
+            verbose=verbose,
+        )
+        per_shape.append(ShapeVerdict(run.point.name, run.point.shapes, verdicts[0], verdicts[1]))
+        firsts = firsts or verdicts
+    main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk
+    fp32 = firsts[2] if len(firsts) > 2 else None
     return Report(
         policy=str(policy.path),
         model=str(policy.model),
@@ -307,6 +375,7 @@ def evaluate_all(
         main=main,
         fp16=base,
         fp32=fp32,
+        shapes=per_shape,
         warnings=stages.warnings + boundary_warnings(stages),
         backend=backend,
         version=__version__,

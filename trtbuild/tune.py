@@ -184,31 +184,41 @@ class Outcome:
 
 
 def evaluate(stages: Stages, precision: Precision) -> Outcome:
-    """Judge one pin set with the build's own judge; the reference and the view are shared.
+    """Judge one pin set with the build's own judge, at every shape; the reference and the
+    view are shared.
 
     Only the overflow is walked (the reference is not run again): the search
     needs the outputs' verdict and the first tensor the candidate overflows,
-    and an overflow an output masks fails the candidate all the same.
+    and an overflow an output masks fails the candidate all the same. With
+    several shapes a failure names its shape, and the first overflow found
+    (in the shapes' order) picks what to pin.
     """
     t = time.perf_counter()
     assignment = assign(stages.view, precision)
     mixed = convert(assignment).model
-    verdict = judge(
-        stages.reference,
-        stages.prepared.model,
-        mixed,
-        stages.feeds,
-        stages.policy.accuracy,
-        detail="overflow",
-        overflow_fails=True,
-        progress=False,
-    )
-    failing = verdict.failures()
+    failing: dict[str, str] = {}
+    overflow, worst = None, {}
+    for run in stages.shapes:
+        verdict = judge(
+            run.reference,
+            stages.prepared.model,
+            mixed,
+            run.feeds,
+            stages.policy.accuracy,
+            detail="overflow",
+            overflow_fails=True,
+            progress=False,
+        )
+        label = f"at {run.point.name}: " if len(stages.shapes) > 1 else ""
+        failing.update({f"{label}{k}": label + v for k, v in verdict.failures().items()})
+        overflow = overflow or verdict.overflow
+        for name, m in verdict.outputs.items():
+            worst[name] = max(worst.get(name, 0.0), m.max_abs)
     return Outcome(
         passed=not failing,
         failing=failing,
-        overflow=verdict.overflow,
-        worst={n: m.max_abs for n, m in verdict.outputs.items()},
+        overflow=overflow,
+        worst=worst,
         fp16_share=assignment.summary().fp16_share,
         seconds=round(time.perf_counter() - t, 3),
     )

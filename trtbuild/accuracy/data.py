@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -61,17 +62,20 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
     return shapes
 
 
-def _check_fits(policy: Policy, name: str, shape, dims, spec: InputSpec) -> None:
+def _check_fits(
+    policy: Policy, name: str, shape, dims, spec: InputSpec, field: str | None = None
+) -> None:
+    field = field or f"inputs.{name}.shape"
     if len(shape) != len(dims):
         raise UsageError(
-            f"inputs.{name}.shape: rank {len(shape)} does not fit the model's rank-{len(dims)} input",
+            f"{field}: rank {len(shape)} does not fit the model's rank-{len(dims)} input",
             where=str(policy.path),
             hint=f"the model expects {[d if d else '?' for d in dims]}",
         )
     for given, fixed in zip(shape, dims):
         if isinstance(fixed, int) and fixed > 0 and given != fixed:
             raise UsageError(
-                f"inputs.{name}.shape: {list(shape)} does not fit the model's {[d if d else '?' for d in dims]}",
+                f"{field}: {list(shape)} does not fit the model's {[d if d else '?' for d in dims]}",
                 where=str(policy.path),
                 hint="only dynamic dimensions may differ",
             )
@@ -97,14 +101,85 @@ def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dic
         )
 
 
-def make_feeds(policy: Policy, model: onnx.ModelProto) -> list[Feed]:
-    """`accuracy.samples` feeds, deterministic for `accuracy.seed`.
+@dataclass(frozen=True)
+class ShapePoint:
+    """One set of input shapes a policy is judged at: a profile point, a named shape, or the
+    shape the data files hold."""
+
+    name: str  # shape | min | opt | max | a name of accuracy.shapes | the data's dims
+    shapes: dict[str, tuple[int, ...]]  # every model input, in the model's order
+
+    @property
+    def label(self) -> str:
+        """`max [1, 3, 256, 256]`: the name and the dims, of each input where there are several."""
+        if len(self.shapes) == 1:
+            return f"{self.name} {list(next(iter(self.shapes.values())))}"
+        dims = ", ".join(f"{n}: {list(d)}" for n, d in self.shapes.items())
+        return f"{self.name} {{{dims}}}"
+
+
+def shape_points(policy: Policy, model: onnx.ModelProto) -> list[ShapePoint]:
+    """Every input space point the policy is judged at, the primary one (`shape`/`opt`) first.
+
+    Why every profile point: sums grow with the input, so a reduction that fits FP16 at
+    `opt` can be inf at `max`, in the engine built for that whole profile. Data from
+    files or images has one shape: it is judged there, named after it.
+    """
+    base = check_inputs(policy, model)
+    specs = {s.name: s for s in policy.inputs}
+    if any(s.data.file is not None or s.data.images for s in policy.inputs):
+        first = next(s for s in policy.inputs if s.data.file is not None or s.data.images)
+        return [ShapePoint("x".join(map(str, base[first.name])), base)]
+    profiled = [s for s in policy.inputs if s.opt is not None]
+    points = [ShapePoint("opt" if profiled else "shape", base)]
+    for which in ("min", "max") if profiled else ():
+        points.append(ShapePoint(which, {**base, **{s.name: getattr(s, which) for s in profiled}}))
+    for name, dims in policy.accuracy.shapes:
+        points.append(ShapePoint(name, _named_point(policy, model, base, specs, name, dict(dims))))
+    unique: dict[tuple, ShapePoint] = {}
+    for p in points:  # min == opt is judged once, under both names
+        key = tuple(p.shapes.items())
+        unique[key] = ShapePoint(f"{unique[key].name}={p.name}", p.shapes) if key in unique else p
+    return list(unique.values())
+
+
+def _named_point(policy: Policy, model, base: dict, specs: dict, name: str, dims: dict) -> dict:
+    """A named point of `accuracy.shapes`: inputs it names take its dims, within the profile."""
+    field = f"accuracy.shapes.{name}"
+    inputs = {n: d for n, _, d in model_inputs(model)}
+    for input_name, shape in dims.items():
+        if input_name not in inputs:
+            raise UsageError(
+                f"{field}: the model has no input '{input_name}'",
+                where=str(policy.path),
+                hint="its inputs are " + ", ".join(inputs),
+            )
+        _check_fits(policy, input_name, shape, inputs[input_name], InputSpec(input_name), field)
+        spec = specs.get(input_name)
+        if spec is not None and spec.min is not None:
+            inside = all(lo <= d <= hi for lo, d, hi in zip(spec.min, shape, spec.max))
+            if not inside:
+                raise UsageError(
+                    f"{field}.{input_name}: {list(shape)} is outside the optimization profile "
+                    f"{list(spec.min)} .. {list(spec.max)}",
+                    where=str(policy.path),
+                    hint="the engine runs only shapes within its profile: widen min/max or "
+                    "choose a shape inside",
+                )
+    return {**base, **{n: tuple(d) for n, d in dims.items()}}
+
+
+def make_feeds(
+    policy: Policy, model: onnx.ModelProto, point: ShapePoint | None = None
+) -> list[Feed]:
+    """`accuracy.samples` feeds at `point` (default: the primary one), deterministic for
+    `accuracy.seed`.
 
     Files and image folders are read as given; uniform data comes from Polygraphy's
     `DataLoader` (seeded per sample, as `polygraphy run --val-range` makes it), and
     only `normal` data, which it does not make, from numpy.
     """
-    shapes = check_inputs(policy, model)
+    shapes = point.shapes if point is not None else check_inputs(policy, model)
     specs = {s.name: s for s in policy.inputs}
     dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, t, _ in model_inputs(model)}
     check_memory(policy, shapes, dtypes)

@@ -59,26 +59,52 @@ def at_risk_lines(at_risk: list[dict[str, Any]], emulation: str | None) -> str:
 
 
 def summary(report: Report) -> str:
-    """The few lines a terminal or a CI log shows, each error with its scale and tolerance."""
-    p, main, base = report.precision, report.main, report.fp16
+    """The few lines a terminal or a CI log shows, each error with its scale and tolerance.
+
+    With several shapes, the verdict names the failing ones with their dims, and
+    each shape gets its own lines (a failing one lists its failing outputs).
+    """
+    p, main = report.precision, report.main
     how = main.evaluator + (f", {main.emulation} emulation" if main.emulation else "")
+    failing = report.failing_shapes
+    where = (
+        f" at {', '.join(s.label for s in failing)}" if failing and len(report.shapes) > 1 else ""
+    )
     lines = [
-        f"{'PASSED' if report.passed else 'FAILED'} ({how}): "
+        f"{'PASSED' if report.passed else 'FAILED'}{where} ({how}): "
         f"{p.fp16_share:.1%} FP16, {len(p.pinned)} node(s) pinned to FP32"
     ]
-    for name, m in main.outputs.items():
-        lines.append(
-            f"  {name}: {'pass' if m.passed else 'FAIL'}  max_abs={fmt(m.max_abs)} "
-            f"({fmt(m.max_abs_of_range)} of its range)  median_abs={fmt(m.median_abs)}  "
-            f"nonfinite={m.nonfinite}  [{tolerance_text(m)}]"
-        )
-    lines.append(at_risk_lines(main.at_risk, main.emulation))
-    first = base.first_divergence
-    lines.append(
-        f"all-FP16 baseline: {'passes' if base.passed else 'FAILS'}"
-        + (f"; first divergence at {first['node']} ({first['reason']})" if first else "")
-    )
+    shapes = report.shapes if len(report.shapes) > 1 else []
+    if shapes:
+        lines.append(f"  at {shapes[0].label}:")
+    indent = "    " if shapes else "  "
+    lines += [_output_line(name, m, indent) for name, m in main.outputs.items()]
+    for s in shapes[1:]:
+        bad = {n: m for n, m in s.main.outputs.items() if not m.passed}
+        lines.append(f"  at {s.label}: {'FAIL' if bad else 'pass'}")
+        lines += [_output_line(name, m, indent) for name, m in bad.items()]
+    lines.append(at_risk_lines(report.at_risk, main.emulation))
+    lines.append(_baseline_line(report))
     return "\n".join(lines)
+
+
+def _output_line(name: str, m: Any, indent: str = "  ") -> str:
+    return (
+        f"{indent}{name}: {'pass' if m.passed else 'FAIL'}  max_abs={fmt(m.max_abs)} "
+        f"({fmt(m.max_abs_of_range)} of its range)  median_abs={fmt(m.median_abs)}  "
+        f"nonfinite={m.nonfinite}  [{tolerance_text(m)}]"
+    )
+
+
+def _baseline_line(report: Report) -> str:
+    """The all-FP16 baseline's verdict: where it first fails, and its first divergence there."""
+    fails = [s for s in report.shapes if not s.fp16.passed]
+    base = fails[0].fp16 if fails else report.fp16
+    where = f" at {fails[0].label}" if fails and len(report.shapes) > 1 else ""
+    first = base.first_divergence
+    return f"all-FP16 baseline: {'FAILS' + where if fails or not base.passed else 'passes'}" + (
+        f"; first divergence at {first['node']} ({first['reason']})" if first else ""
+    )
 
 
 def junit_xml(suite: str, cases: list[tuple[str, str, str | None]]) -> str:
@@ -104,14 +130,18 @@ def junit_xml(suite: str, cases: list[tuple[str, str, str | None]]) -> str:
 
 
 def junit(report: Report) -> str:
-    """One test case per output, so CI dashboards show which output broke."""
+    """One test case per output (and shape, where there are several), so CI dashboards show
+    which output broke, and where."""
     cases = []
-    for name, m in report.main.outputs.items():
-        failure = None
-        if not m.passed:
-            failure = (
-                f"max_abs={fmt(m.max_abs)} median_abs={fmt(m.median_abs)} "
-                f"nonfinite={m.nonfinite} ({tolerance_text(m)})"
-            )
-        cases.append((f"trtbuild.{report.main.evaluator}", name, failure))
+    points = [(s.label, s.main) for s in report.shapes] or [("", report.main)]
+    for label, verdict in points:
+        for name, m in verdict.outputs.items():
+            failure = None
+            if not m.passed:
+                failure = (
+                    f"max_abs={fmt(m.max_abs)} median_abs={fmt(m.median_abs)} "
+                    f"nonfinite={m.nonfinite} ({tolerance_text(m)})"
+                )
+            case = f"{name} @ {label}" if len(points) > 1 else name
+            cases.append((f"trtbuild.{report.main.evaluator}", case, failure))
     return junit_xml(report.policy, cases)

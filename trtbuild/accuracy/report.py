@@ -41,8 +41,44 @@ document.body.setAttribute('data-plots-loaded',i.filter(function(x){return x.com
 
 
 @dataclass
+class ShapeVerdict:
+    """The policy and its all-FP16 baseline judged at one point of the input space."""
+
+    name: str  # shape | min | opt | max | a named point | the data's dims
+    inputs: dict[str, tuple[int, ...]]
+    main: Verdict
+    fp16: Verdict
+
+    @property
+    def label(self) -> str:
+        """`max [1, 3, 256, 256]`: the name and the dims, of each input where there are several."""
+        if len(self.inputs) == 1:
+            return f"{self.name} {list(next(iter(self.inputs.values())))}"
+        return (
+            f"{self.name} {{" + ", ".join(f"{n}: {list(d)}" for n, d in self.inputs.items()) + "}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inputs": {n: list(d) for n, d in self.inputs.items()},
+            "passed": self.main.passed,
+            "outputs": self.main.outputs_json(),
+            "at_risk": self.main.at_risk,
+            "first_divergence": self.main.first_divergence,
+            "baselines": {
+                "fp16": {
+                    "passed": self.fp16.passed,
+                    "first_divergence": self.fp16.first_divergence,
+                }
+            },
+        }
+
+
+@dataclass
 class Report:
-    """One policy's accuracy report: the policy's verdict and its baselines."""
+    """One policy's accuracy report: the policy's verdict and its baselines at the primary
+    shape (`shape` or `opt`), and at every point of the input space in `shapes`."""
 
     policy: str
     model: str
@@ -53,6 +89,7 @@ class Report:
     main: Verdict
     fp16: Verdict
     fp32: Verdict | None = None  # `accuracy.fp32_check`
+    shapes: list[ShapeVerdict] = field(default_factory=list)  # every point, the primary first
     warnings: list[str] = field(default_factory=list)
     backend: str = "none"
     version: str = ""
@@ -60,7 +97,23 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return self.main.passed
+        """Every shape passes (the policy's engine serves its whole profile)."""
+        return all(s.main.passed for s in self.shapes) if self.shapes else self.main.passed
+
+    @property
+    def failing_shapes(self) -> list[ShapeVerdict]:
+        return [s for s in self.shapes if not s.main.passed]
+
+    @property
+    def at_risk(self) -> list[dict[str, Any]]:
+        """Ops at risk at any shape, each quantity at its largest peak."""
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        for verdict in [s.main for s in self.shapes] or [self.main]:
+            for r in verdict.at_risk:
+                key = (r["node"], r["quantity"])
+                if key not in found or r["peak"] > found[key]["peak"]:
+                    found[key] = r
+        return list(found.values())
 
     @property
     def divergence_evaluator(self) -> str:
@@ -76,6 +129,9 @@ class Report:
             }
         return {
             **self.main.to_json(),
+            "passed": self.passed,
+            "at_risk": self.at_risk,
+            "shapes": [s.to_json() for s in self.shapes],
             "divergence_evaluator": self.divergence_evaluator,
             "policy": self.policy,
             "model": self.model,
@@ -179,6 +235,8 @@ def sections(report: Report) -> list[Section]:
         _baseline_section(report.fp16),
         _at_risk_section(report),
     ]
+    if len(report.shapes) > 1:
+        out.insert(1, _shapes_section(report))
     if report.fp32 is not None:
         out.append(_fp32_section(report.fp32))
     out.append(_curve_section(report))
@@ -190,6 +248,31 @@ def sections(report: Report) -> list[Section]:
     if report.warnings:
         out.append(Section("Warnings", [Para(w) for w in report.warnings]))
     return out
+
+
+def _shapes_section(report: Report) -> Section:
+    """A column per point of the input space: each output's verdict and worst error there."""
+    shapes = report.shapes
+    rows = []
+    for name in report.main.outputs:
+        cells = []
+        for sv in shapes:
+            m = sv.main.outputs[name]
+            cells.append(f"{'pass' if m.passed else '**FAIL**'} {fmt(m.max_abs)}")
+        rows.append((f"`{name}`", *cells))
+    rows.append(("first divergence", *(_short_divergence(s.main.first_divergence) for s in shapes)))
+    rows.append(("all-FP16", *("passes" if s.fp16.passed else "**FAILS**" for s in shapes)))
+    text = (
+        "The policy is judged at every point of its optimization profile (and every named "
+        "shape of `accuracy.shapes`): sums grow with the input, and the engine serves them "
+        "all. It passes only where every column passes. Cells: verdict and max |error|."
+    )
+    head = ("output", *(f"`{s.label}`" for s in shapes))
+    return Section("Shapes", [Para(text), Table(head, rows)])
+
+
+def _short_divergence(d: dict[str, Any] | None) -> str:
+    return f"`{d['node']}`" if d else "none"
 
 
 def _baseline_section(base: Verdict) -> Section:
@@ -205,7 +288,7 @@ def _baseline_section(base: Verdict) -> Section:
 
 
 def _at_risk_section(report: Report) -> Section:
-    rows = report.main.at_risk
+    rows = report.at_risk
     if not rows:
         return Section(
             "Ops at risk", [Para("None: no FP16 op's internal quantities leave the FP16 range.")]

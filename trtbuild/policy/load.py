@@ -427,6 +427,10 @@ def _accuracy(a: dict) -> AccuracySpec:
         default_tolerance=default_tol,
         output_tolerances=outputs,
         memory_budget=_size(a.get("memory_budget")),
+        shapes=tuple(
+            (name, tuple((i, tuple(d)) for i, d in (dims or {}).items()))
+            for name, dims in (a.get("shapes") or {}).items()
+        ),
     )
 
 

@@ -153,6 +153,8 @@ class AccuracySpec:
     default_tolerance: Tolerance = field(default_factory=Tolerance)
     output_tolerances: tuple[tuple[str, Tolerance], ...] = ()
     memory_budget: int | None = None  # bytes of tensors a judge holds; None: the machine's share
+    # named input shapes judged beside the profile's min/opt/max: ((name, ((input, dims), ...)), ...)
+    shapes: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...] = ()
 
     def budget(self) -> int:
         return self.memory_budget if self.memory_budget is not None else default_memory_budget()

@@ -217,6 +217,18 @@ SCHEMA: dict[str, Any] = {
                     "larger than this stream through it. Default: 1/48 of this machine's memory, "
                     "within 256 MiB to 4 GiB",
                 },
+                "shapes": {
+                    "type": "object",
+                    "description": "named input shapes judged too, beside a profile's min, opt "
+                    "and max: {NAME: {INPUT: [dims]}}; inputs not named keep their opt shape",
+                    "maxProperties": 64,
+                    "propertyNames": {"pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+                    "additionalProperties": {
+                        "type": "object",
+                        "minProperties": 1,
+                        "additionalProperties": _DIMS,
+                    },
+                },
                 "fp32_check": {
                     "type": "boolean",
                     "description": "also judge the all-FP32 graph (engine on a GPU): what the "
