@@ -58,6 +58,17 @@ def _relu(shape=(1, 4)) -> onnx.ModelProto:
     )
 
 
+def _with_weight(value: float, scale: float = 1.0) -> onnx.ModelProto:
+    """y = (x + w) * scale: a NaN w (a broken checkpoint) or a scale that overflows FP32."""
+    inits = {"w": np.full((1, 4), value, np.float32), "s": np.array(scale, np.float32)}
+    return model(
+        [node("Add", ["x", "w"], "a", "add_w"), node("Mul", ["a", "s"], "y", "scale")],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        inits,
+    )
+
+
 def _dynamic() -> onnx.ModelProto:
     return model(
         [node("Relu", ["x"], "y", "relu")], [("x", F, ["batch", 4])], [("y", F, ["batch", 4])]
@@ -257,6 +268,38 @@ CASES = [
         lambda c: c.build(c.nafnet_policy(**{"samples: 2": "samples: 2\n  memory_budget: 512KiB"})),
         2,
         "one step may take half the budget of 512 KiB",
+    ),
+    (
+        "nan-weights",
+        lambda c: c.build(c.model_policy(_with_weight(float("nan")))),
+        2,
+        "output 'y' holds NaN on the reference data; it first appears in tensor 'a' (node add_w, Add); its weight w holds NaN",
+    ),
+    (
+        "inf-reference",
+        lambda c: c.build(c.model_policy(_with_weight(1.0, 3e38))),
+        2,
+        "output 'y' holds inf on the reference data; it first appears in tensor 'y' (node scale, Mul)",
+    ),
+    (
+        "named-shape-outside-the-profile",
+        lambda c: c.build(
+            c.model_policy(
+                _dynamic(),
+                "inputs: {x: {min: [1, 4], opt: [2, 4], max: [4, 4]}}\n"
+                "accuracy: {shapes: {huge: {x: [8, 4]}}}\n",
+            )
+        ),
+        2,
+        "accuracy.shapes.huge.x: [8, 4] is outside the optimization profile [1, 4] .. [4, 4]",
+    ),
+    (
+        "quantile-without-error-quantile",
+        lambda c: c.build(
+            c.nafnet_policy(**{"check_error_stat: median": "check_error_stat: quantile"})
+        ),
+        2,
+        "check_error_stat: quantile needs error_quantile",
     ),
     (
         "low-above-high",

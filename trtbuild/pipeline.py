@@ -26,7 +26,12 @@ from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy import evaluate as ev
 from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Candidate, Verdict, judge_all
-from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, run_reference
+from trtbuild.accuracy.reference import (
+    ReferenceMeasures,
+    ReferenceTensors,
+    check_finite,
+    run_reference,
+)
 from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
 from trtbuild.cache import key as cache_key
@@ -124,6 +129,9 @@ def run_front(
         _shape_run(policy, prepared, view, point, cache, digest, reference)
         for point in data_mod.shape_points(policy, prepared.model)
     ]
+    for run in shapes:
+        if run.measures is not None:
+            check_finite(view, run.measures, str(policy.model))
     measures = join_measures([r.measures for r in shapes if r.measures is not None])
     if reference != "none":
         timings["reference"] = time.perf_counter() - t

@@ -145,9 +145,19 @@ class OutputMetrics:
     check_error_stat: str
     psnr: float | None = None
     failed_samples: list[int] = field(default_factory=list)  # Polygraphy's verdict per sample
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # accuracy.checks, judged
+    tolerance: Any = None  # the policy's Tolerance for this output (not in JSON)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: finite_or_str(v) for k, v in self.__dict__.items()}
+        out = {
+            k: finite_or_str(v)
+            for k, v in self.__dict__.items()
+            if k not in ("checks", "tolerance")
+        }
+        out["checks"] = {
+            c: {k: finite_or_str(v) for k, v in e.items()} for c, e in self.checks.items()
+        }
+        return out
 
 
 def finite_or_str(v: Any) -> Any:
@@ -165,13 +175,7 @@ def metrics(ref: np.ndarray, out: np.ndarray) -> dict[str, Any]:
         diff = np.abs(out - ref)
         diff = np.where(np.isnan(diff), np.inf, diff)
         rel = diff / np.maximum(np.abs(ref), np.finfo(np.float32).tiny)
-        denom = np.linalg.norm(ref) * np.linalg.norm(out)
         peak = data_peak(ref)
-        cosine = (
-            float(np.dot(ref, out) / denom)
-            if denom and np.isfinite(denom)
-            else (1.0 if not diff.any() else 0.0)
-        )
         return {
             "max_abs": float(diff.max()) if diff.size else 0.0,
             "mean_abs": float(diff.mean()) if diff.size else 0.0,
@@ -181,18 +185,5 @@ def metrics(ref: np.ndarray, out: np.ndarray) -> dict[str, Any]:
             "max_abs_of_range": (float(diff.max()) / peak if peak > 0 else 0.0)
             if diff.size
             else 0.0,
-            "cosine": round(cosine, 6) if np.isfinite(cosine) else 0.0,
             "nonfinite": nonfinite,
         }
-
-
-def psnr(ref: np.ndarray, out: np.ndarray) -> float | None:
-    """PSNR for image-like (NCHW/NHWC, 1 or 3 channels) outputs, peak = reference range."""
-    if ref.ndim != 4 or not ({ref.shape[1], ref.shape[-1]} & {1, 3}):
-        return None
-    with np.errstate(all="ignore"):
-        mse = float(np.mean((out.astype(np.float64) - ref) ** 2))
-        peak = float(ref.max() - ref.min()) or 1.0
-        if not np.isfinite(mse):
-            return 0.0
-        return round(10 * np.log10(peak**2 / mse), 3) if mse > 0 else float("inf")

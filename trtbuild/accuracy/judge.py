@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 
 from trtbuild.accuracy import risk
+from trtbuild.accuracy.checks import describe, run_checks
 from trtbuild.accuracy.data import Feed
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.evaluate import (
@@ -36,8 +37,6 @@ from trtbuild.accuracy.evaluate import (
     OutputMetrics,
     finite_or_str,
     metrics,
-    psnr,
-    quiet_polygraphy,
 )
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
@@ -99,8 +98,11 @@ def _failure(name: str, m: OutputMetrics) -> str:
     if m.nonfinite:
         return f"{name}: {m.nonfinite} non-finite value(s) where FP32 is finite"
     where = f"sample(s) {', '.join(map(str, m.failed_samples))}" if m.failed_samples else "it"
+    bad = [c for c, e in m.checks.items() if not e["passed"]] or ["simple"]
+    tol = m.tolerance
+    said = "; ".join(describe(c, m.checks.get(c, {}), tol) for c in bad) if tol else ""
     return (
-        f"{name}: {where} fail the {m.check_error_stat} check (atol {m.atol:g}, rtol {m.rtol:g}); "
+        f"{name}: {where} fail {said or f'the {m.check_error_stat} check'}; "
         f"over all samples max |error| {m.max_abs:.4g}, median {m.median_abs:.4g}"
     )
 
@@ -310,8 +312,8 @@ def _verdict(
 def compare(
     reference: ReferenceTensors, iterations: list, label: str, spec: AccuracySpec, verbose: bool
 ) -> tuple[dict[str, OutputMetrics], Any]:
-    """Polygraphy's verdict per output and sample with the policy's tolerances, plus metrics."""
-    from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
+    """Polygraphy's verdicts per output and sample with the policy's checks, plus metrics."""
+    from polygraphy.comparator import RunResults
 
     ref_iters = reference.run_results[REFERENCE]
     names = reference.measures.outputs
@@ -319,13 +321,7 @@ def compare(
     results.append((REFERENCE, ref_iters))
     results.append((label, iterations))
     tol = {n: spec.tolerance(n) for n in names}
-    func = SimpleCompareFunc(
-        atol={n: t.atol for n, t in tol.items()},
-        rtol={n: t.rtol for n, t in tol.items()},
-        check_error_stat={n: t.check_error_stat for n, t in tol.items()},
-    )
-    with quiet_polygraphy(verbose):
-        per_iter = Comparator.compare_accuracy(results, compare_func=func)[0][(REFERENCE, label)]
+    found = run_checks(ref_iters, iterations, label, tol, verbose)
     outputs = {}
     for name in names:
         refs = [np.asarray(it[name]) for it in ref_iters]
@@ -333,14 +329,21 @@ def compare(
         m = metrics(
             np.concatenate([r.ravel() for r in refs]), np.concatenate([o.ravel() for o in outs])
         )
-        failed = [k for k, it in enumerate(per_iter) if not bool(it[name])]
+        shown = found[name].pop("shown", {})
+        judged = found[name]
+        failed = sorted({k for c in judged.values() for k in c["failed_samples"]})
+        cosine = judged["cosine"]["value"] if "cosine" in judged else shown.get("cosine")
+        psnr = judged["psnr"]["value"] if "psnr" in judged else shown.get("psnr")
         outputs[name] = OutputMetrics(
             passed=not failed and m["nonfinite"] == 0,
             failed_samples=failed,
             atol=tol[name].atol,
             rtol=tol[name].rtol,
             check_error_stat=tol[name].check_error_stat,
-            psnr=psnr(refs[0], outs[0]),
+            cosine=round(cosine, 6) if cosine is not None and np.isfinite(cosine) else 0.0,
+            psnr=round(psnr, 3) if psnr is not None and not np.isnan(psnr) else None,
+            checks=judged,
+            tolerance=tol[name],
             **m,
         )
     return outputs, results

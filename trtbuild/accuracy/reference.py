@@ -33,6 +33,7 @@ from trtbuild.accuracy.data import Feed
 from trtbuild.accuracy.evaluate import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
+from trtbuild.errors import UsageError
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import measure_peak
 
@@ -54,6 +55,7 @@ class ReferenceMeasures:
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each tensor, first feed
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # first feed
     special: dict[str, np.ndarray] = field(default_factory=dict)  # first feed, NaN/inf/sentinel
+    nonfinite: dict[str, str] = field(default_factory=dict)  # tensor -> "NaN" | "inf", any feed
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class _Tally:
     sizes: dict[str, int] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     special: dict[str, np.ndarray] = field(default_factory=dict)
+    nonfinite: dict[str, str] = field(default_factory=dict)
 
     def values(self, values: dict[str, np.ndarray], first: bool) -> None:
         """Peaks (and, on the first feed, sizes and special values) of new tensors."""
@@ -103,8 +106,19 @@ class _Tally:
                 self.first_peaks[name] = peak
                 if not plain:
                     self.special[name] = v.copy()
-            if not plain and name not in self.held and np.any(np.abs(v) >= 1e30):
+            if not plain:
+                self._not_data(name, v)
+
+    def _not_data(self, name: str, v: np.ndarray) -> None:
+        """A tensor with a value that is not data: a sentinel, an inf or a NaN."""
+        with np.errstate(invalid="ignore"):
+            if name not in self.held and np.any(np.abs(v) >= 1e30):
                 self.held.add(name)
+        if self.nonfinite.get(name) != "NaN":
+            if np.isnan(v).any():
+                self.nonfinite[name] = "NaN"
+            elif np.isinf(v).any():
+                self.nonfinite[name] = "inf"
 
     def risks(self, view: GraphView, nodes: list[int], values: dict[str, np.ndarray]) -> None:
         for i in nodes:
@@ -154,5 +168,62 @@ def run_reference(
         tally.sizes,
         tally.shapes,
         tally.special,
+        tally.nonfinite,
     )
     return ReferenceTensors(measures, results)
+
+
+def check_finite(view: GraphView, measures: ReferenceMeasures, where: str) -> None:
+    """Refuse a reference whose graph output holds NaN or inf: FP16 cannot be judged against it.
+
+    Names the output, the first tensor upstream where the value appears (in the
+    graph's order), its node, and a NaN or inf weight that node reads, if any.
+    Sentinels elsewhere (a Hugging Face mask's -inf) are not refused: only an
+    output that carries one is.
+    """
+    for output in measures.outputs:
+        kind = measures.nonfinite.get(output)
+        if kind is None:
+            continue
+        upstream = _ancestors(view, output)
+        first = next(
+            (
+                t
+                for t, _, _ in measures.order
+                if t in upstream and measures.nonfinite.get(t) == kind
+            ),
+            output,
+        )
+        node = view.nodes[view.producer[first]] if first in view.producer else None
+        said = f" (node {node.name}, {node.op_type})" if node is not None else ""
+        weight = _bad_weight(view, node) if node is not None else None
+        cause = f"; its weight {weight} holds {kind}" if weight else ""
+        raise UsageError(
+            f"the FP32 reference of output '{output}' holds {kind} on the reference data; it "
+            f"first appears in tensor '{first}'{said}{cause}",
+            where=where,
+            hint="fix the model (a broken checkpoint's weights?) or the inputs: FP16 is judged "
+            "against a finite FP32 reference",
+        )
+
+
+def _ancestors(view: GraphView, tensor: str) -> set[str]:
+    seen, stack = {tensor}, [tensor]
+    while stack:
+        i = view.producer.get(stack.pop())
+        if i is None:
+            continue
+        for t in view.nodes[i].input:
+            if t and t not in seen:
+                seen.add(t)
+                stack.append(t)
+    return seen
+
+
+def _bad_weight(view: GraphView, node) -> str | None:
+    for t in node.input:
+        if t in view.initializers:
+            w = view.initializer_array(t)
+            if np.issubdtype(w.dtype, np.floating) and not np.isfinite(w).all():
+                return t
+    return None

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trtbuild.accuracy.evaluate import EMULATED, OutputMetrics
+from trtbuild.accuracy.checks import describe, image_like
+from trtbuild.accuracy.evaluate import EMULATED, REFERENCE, OutputMetrics
 from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:
@@ -185,7 +186,10 @@ def fmt(v: Any) -> str:
 
 
 def tolerance_text(m: OutputMetrics) -> str:
-    return f"atol {m.atol:g}, rtol {m.rtol:g} on the {m.check_error_stat}"
+    """Every check the output is judged by, each metric next to its threshold."""
+    if m.tolerance is None or not m.checks:
+        return f"atol {m.atol:g}, rtol {m.rtol:g} on the {m.check_error_stat}"
+    return "; ".join(describe(c, e, m.tolerance) for c, e in m.checks.items())
 
 
 def outputs_table(outputs: dict[str, OutputMetrics]) -> Table:
@@ -340,10 +344,11 @@ def _distributions_section(report: Report) -> Section:
     blocks: list[Para | Table | Plot] = [
         Plot("histogram", f"|error| of {name}", name) for name in report.main.outputs
     ]
+    first = report.main.run_results[REFERENCE][0] if report.main.run_results else {}
     blocks += [
         Plot("heatmap", f"error map of {name}", name)
-        for name, m in report.main.outputs.items()
-        if m.psnr is not None
+        for name in report.main.outputs
+        if name in first and image_like(first[name].shape)
     ]
     return Section("Error distributions", blocks)
 

@@ -298,7 +298,7 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
         passes=_passes(data.get("passes") or {}),
         precision=_precision(data.get("precision") or {}, loc),
         build=_build_spec(data.get("build") or {}, base),
-        accuracy=_accuracy(data.get("accuracy") or {}),
+        accuracy=_accuracy(data.get("accuracy") or {}, loc),
     )
 
 
@@ -411,11 +411,46 @@ def _build_spec(b: dict, base: Path) -> BuildSpec:
     )
 
 
-def _accuracy(a: dict) -> AccuracySpec:
+_SIMPLE_KEYS = ("atol", "rtol", "check_error_stat", "error_quantile")
+_METRIC_KEYS = ("psnr_threshold", "cosine_similarity_threshold", "snr_threshold", "compare")
+
+
+def _tolerance(given: dict, where: tuple, loc: _Located) -> Tolerance:
+    """One output's tolerance from the keys given for it (the default's, then its own).
+
+    Polygraphy's simple atol/rtol check applies when one of its keys is given, or
+    when nothing else is: `{psnr_threshold: 30}` alone judges by PSNR alone.
+    """
+    simple = any(k in given for k in _SIMPLE_KEYS) or not any(k in given for k in _METRIC_KEYS)
+    tol = Tolerance(**{**given, "simple": simple})
+    if tol.check_error_stat == "quantile" and tol.error_quantile is None:
+        raise loc.error(
+            (*where, "error_quantile"),
+            "check_error_stat: quantile needs error_quantile",
+            hint="add error_quantile: 0.99 (the 99th percentile of the errors), for example",
+        )
+    if tol.error_quantile is not None and tol.check_error_stat != "quantile":
+        raise loc.error(
+            (*where, "error_quantile"),
+            "error_quantile is read only with check_error_stat: quantile",
+            hint="add check_error_stat: quantile, or remove error_quantile",
+        )
+    if tol.compare != "indices" and (tol.index_tolerance is not None or tol.top_k is not None):
+        raise loc.error(
+            (*where, "compare"),
+            "index_tolerance and top_k are read only with compare: indices",
+            hint="add compare: indices (the output's top_k largest values compared as indices)",
+        )
+    return tol
+
+
+def _accuracy(a: dict, loc: _Located) -> AccuracySpec:
     tol = a.get("tolerances") or {}
-    default_tol = Tolerance(**{**vars(Tolerance()), **(tol.get("default") or {})})
+    base = dict(tol.get("default") or {})
+    where = ("accuracy", "tolerances")
+    default_tol = _tolerance(base, (*where, "default"), loc)
     outputs = tuple(
-        (name, Tolerance(**{**vars(default_tol), **(t or {})}))
+        (name, _tolerance({**base, **(t or {})}, (*where, "outputs", name), loc))
         for name, t in (tol.get("outputs") or {}).items()
     )
     return AccuracySpec(

@@ -118,9 +118,37 @@ class BuildSpec:
 
 @dataclass(frozen=True)
 class Tolerance:
+    """How one output is judged, by Polygraphy's names; every check it holds must pass.
+
+    `simple` is Polygraphy's `SimpleCompareFunc` (atol, rtol, check_error_stat,
+    error_quantile): judged when any of its keys is given, or when no other check
+    is. The metric thresholds are its `PsnrCompareFunc`,
+    `CosineSimilarityCompareFunc` and `SnrCompareFunc`; `compare: indices` is its
+    `IndicesCompareFunc`, on the indices of the `top_k` largest values where given.
+    """
+
     atol: float = 1e-3
     rtol: float = 1e-3
-    check_error_stat: str = "median"
+    check_error_stat: str = "elemwise"  # Polygraphy's default: every element within tolerance
+    error_quantile: float | None = None  # with check_error_stat: quantile
+    psnr_threshold: float | None = None  # dB
+    cosine_similarity_threshold: float | None = None
+    snr_threshold: float | None = None  # dB
+    compare: str = "values"  # values | indices
+    index_tolerance: int | None = None
+    top_k: int | None = None
+    simple: bool = True
+
+    def checks(self) -> tuple[str, ...]:
+        """The checks this output is judged by, in the order reports show them."""
+        metric = (
+            ("psnr", self.psnr_threshold),
+            ("cosine", self.cosine_similarity_threshold),
+            ("snr", self.snr_threshold),
+        )
+        found = ("simple",) if self.simple else ()
+        found += tuple(k for k, v in metric if v is not None)
+        return found + (("indices",) if self.compare == "indices" else ())
 
 
 DEFAULT_BUDGET_SHARE = 24  # the default memory budget: this share of the machine's memory ...

@@ -18,7 +18,7 @@ from trtbuild.policy.model import EMULATIONS, GUARDS
 
 PRECISIONS = ("fp16", "bf16", "fp32")
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "none")
-ERROR_STATS = ("max", "mean", "median", "elemwise")
+ERROR_STATS = ("elemwise", "max", "mean", "median", "quantile")
 
 # Every field has a bound, so loading and acting on a policy takes bounded time
 # and memory whatever the YAML holds. Numbers are finite (NaN and inf rejected).
@@ -45,12 +45,28 @@ _SIZE: dict = {
 
 _TOLERANCE = {
     "type": "object",
-    "description": "Polygraphy CompareFunc.simple settings for one output.",
+    "description": "How one output is judged, by Polygraphy's compare functions and names; "
+    "every key given must hold.",
     "additionalProperties": False,
     "properties": {
         "atol": _NONNEG,
         "rtol": _NONNEG,
-        "check_error_stat": {"enum": list(ERROR_STATS)},
+        "check_error_stat": {
+            "enum": list(ERROR_STATS),
+            "description": "elemwise (default, as Polygraphy): every element within atol + "
+            "rtol x |ref|; max, mean, median or quantile (with error_quantile) of the errors",
+        },
+        "error_quantile": {"type": "number", "minimum": 0, "maximum": 1},
+        "psnr_threshold": {**_NUMBER, "description": "minimum PSNR in dB (PsnrCompareFunc)"},
+        "cosine_similarity_threshold": {"type": "number", "minimum": -1, "maximum": 1},
+        "snr_threshold": {**_NUMBER, "description": "minimum SNR in dB (SnrCompareFunc)"},
+        "compare": {
+            "enum": ["values", "indices"],
+            "description": "indices: the output holds indices (a TopK's), or with top_k the "
+            "indices of its top_k largest values; IndicesCompareFunc",
+        },
+        "index_tolerance": {"type": "integer", "minimum": 0, "maximum": 1_000_000},
+        "top_k": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
     },
 }
 

@@ -1,0 +1,93 @@
+"""Task metrics by Polygraphy's compare functions: every check given must hold, and only those.
+
+Real models, real ONNX Runtime runs: NAFNet's restored image for PSNR, the real
+PP-OCRv4 recognizer's character probabilities for cosine similarity and top-k.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import NAFNET_POLICY, PINS
+from trtbuild.cli import main
+
+
+def _report(tmp_path, text: str, name: str) -> dict:
+    policy = tmp_path / f"{name}.yaml"
+    policy.write_text(text)
+    out = tmp_path / name
+    code = main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"])
+    report = json.loads((out / "report.json").read_text())
+    assert code == (0 if report["passed"] else 1)
+    return report
+
+
+def _nafnet(nafnet_path, restored: str) -> str:
+    text = NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none")
+    return text + f"    outputs:\n      restored: {restored}\n"
+
+
+def test_psnr_fails_where_atol_passes_and_the_reverse(tmp_path, nafnet_path):
+    loose = _report(tmp_path, _nafnet(nafnet_path, "{atol: 1.0, rtol: 0}"), "loose")
+    assert loose["outputs"]["restored"]["passed"]
+    psnr = loose["outputs"]["restored"]["psnr"]
+    assert 40 < psnr < 120  # Polygraphy's PSNR, shown without a threshold too
+
+    strict_psnr = _report(
+        tmp_path, _nafnet(nafnet_path, f"{{atol: 1.0, rtol: 0, psnr_threshold: {psnr + 10}}}"), "p"
+    )
+    out = strict_psnr["outputs"]["restored"]
+    assert not out["passed"] and out["checks"]["simple"]["passed"]
+    assert not out["checks"]["psnr"]["passed"] and out["checks"]["psnr"]["threshold"] == psnr + 10
+
+    tight = _report(tmp_path, _nafnet(nafnet_path, "{atol: 1e-7, rtol: 0}"), "tight")
+    assert not tight["outputs"]["restored"]["passed"]
+    text = NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none").replace(
+        "default: {atol: 1e-2, rtol: 1e-2, check_error_stat: median}",
+        f"default: {{psnr_threshold: {psnr - 10}}}\n    outputs: {{total: {{rtol: 1e-2}}}}",
+    )
+    out = _report(tmp_path, text, "q")["outputs"]["restored"]
+    assert out["passed"] and list(out["checks"]) == ["psnr"]  # no atol check was asked for
+
+
+def test_quantile_is_polygraphys(tmp_path, nafnet_path):
+    text = _nafnet(
+        nafnet_path, "{atol: 1e-3, rtol: 0, check_error_stat: quantile, error_quantile: 0.5}"
+    )
+    report = _report(tmp_path, text, "quantile")
+    out = report["outputs"]["restored"]
+    assert out["checks"]["simple"]["passed"] == (out["median_abs"] <= 1e-3)
+
+
+def test_cosine_and_top_k_on_the_real_recognizer(example_policy, tmp_path):
+    tol = "{cosine_similarity_threshold: 0.999, compare: indices, top_k: 3, index_tolerance: 1}"
+    policy = example_policy(
+        "ppocrv4_rec",
+        replace={
+            "default: {atol: 1e-3, rtol: 1e-2, check_error_stat: median}": f"default: {tol}",
+            "    max: [4, 3, 48, 640]": "    max: [1, 3, 48, 320]",
+            "    min: [1, 3, 48, 64]": "    min: [1, 3, 48, 320]",
+        },
+    )
+    out = tmp_path / "rec"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    (name, result), *_ = report["outputs"].items()
+    assert set(result["checks"]) == {"cosine", "indices"} and result["passed"]
+    assert result["checks"]["cosine"]["value"] >= 0.999 == result["checks"]["cosine"]["threshold"]
+    assert result["checks"]["indices"]["top_k"] == 3
+
+    strict = example_policy(
+        "ppocrv4_rec",
+        replace={
+            "default: {atol: 1e-3, rtol: 1e-2, check_error_stat: median}": (
+                "default: {cosine_similarity_threshold: 1.0}"
+            ),
+            "    max: [4, 3, 48, 640]": "    max: [1, 3, 48, 320]",
+            "    min: [1, 3, 48, 64]": "    min: [1, 3, 48, 320]",
+        },
+    )
+    code = main(
+        ["build", "--policy", str(strict), "--out", str(tmp_path / "s"), "--backend", "none"]
+    )
+    assert code == 1 and name

@@ -1,0 +1,83 @@
+"""Accuracy over the input space: every profile point and named shape is judged.
+
+The GFPGAN-style generator with a dynamic H x W (`policies/gfpgan_dynamic.yaml`)
+has a final reduction that fits FP16 at `opt` and is inf at `max`: judged at
+`opt` alone, all-FP16 would pass.
+"""
+
+from __future__ import annotations
+
+import json
+
+from trtbuild.cli import main
+from trtbuild.policy import load_policy
+
+
+def _build(policy, out) -> int:
+    return main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"])
+
+
+def test_unpinned_the_reduction_fails_at_max_and_the_verdict_names_it(
+    example_policy, tmp_path, capsys
+):
+    policy = example_policy("gfpgan_dynamic", rules="[]")
+    assert _build(policy, tmp_path / "out") == 1
+    said = capsys.readouterr().out
+    assert said.startswith("FAILED at max [1, 3, 256, 256]")
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    verdicts = {s["name"]: s["passed"] for s in report["shapes"]}
+    assert verdicts == {"opt": True, "min": True, "max": False} and not report["passed"]
+    maximum = next(s for s in report["shapes"] if s["name"] == "max")
+    assert maximum["inputs"] == {"input": [1, 3, 256, 256]}
+    assert maximum["outputs"]["energy"]["nonfinite"] > 0
+    assert maximum["first_divergence"]["node"] == "/energy/ReduceSumSquare"
+    junit = (tmp_path / "out" / "junit.xml").read_text()
+    assert (
+        junit.count("<testcase") == 6 and 'name="energy @ max [1, 3, 256, 256]"><failure' in junit
+    )
+    assert "| `energy` | pass" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_pinned_it_passes_at_all_three_shapes(example_policy, tmp_path):
+    assert _build(example_policy("gfpgan_dynamic"), tmp_path / "out") == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [s["name"] for s in report["shapes"]] == ["opt", "min", "max"]
+    assert all(s["passed"] for s in report["shapes"])
+    assert not next(s for s in report["shapes"] if s["name"] == "max")["baselines"]["fp16"][
+        "passed"
+    ]  # what the pin buys, at the shape that needs it
+
+
+def test_tune_from_no_rules_pins_the_reduction(example_policy, tmp_path):
+    tuned = tmp_path / "tuned.yaml"
+    assert (
+        main(
+            [
+                "tune",
+                "--policy",
+                str(example_policy("gfpgan_dynamic", rules="[]")),
+                "-o",
+                str(tuned),
+            ]
+        )
+        == 0
+    )
+    names = [r.match.name for r in load_policy(tuned).precision.rules]
+    assert names == [r"^/energy/ReduceSumSquare$"]
+
+
+def test_a_named_shape_is_judged_beside_the_profile(example_policy, tmp_path):
+    policy = example_policy(
+        "gfpgan_dynamic", accuracy={"shapes": "{wide: {input: [1, 3, 32, 128]}}"}
+    )
+    assert _build(policy, tmp_path / "out") == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    wide = next(s for s in report["shapes"] if s["name"] == "wide")
+    assert wide["inputs"] == {"input": [1, 3, 32, 128]} and wide["passed"]
+
+
+def test_a_static_policy_is_judged_once(write_policy, tmp_path):
+    assert _build(write_policy(), tmp_path / "out") == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [s["name"] for s in report["shapes"]] == ["shape"]
+    assert "## Shapes" not in (tmp_path / "out" / "report.md").read_text()

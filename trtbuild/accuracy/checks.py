@@ -1,0 +1,170 @@
+"""The checks an output is judged by: Polygraphy's compare functions, one registry.
+
+Why Polygraphy's: users of TensorRT judge with `polygraphy run --atol/--rtol`,
+`--check-error-stat quantile --error-quantile`, `--psnr-threshold`,
+`--cosine-similarity-threshold`, `--snr-threshold` and `--index-tolerance`;
+the same names in a policy mean the same computation here. Each check runs as
+one `Comparator.compare_accuracy` over the outputs it applies to (their
+`IterationResult`s only), so an output with no PSNR threshold is never judged
+by PSNR. Every check an output has must pass on every sample.
+
+Cosine similarity is measured on every output and PSNR on image-like ones even
+without a threshold (a threshold that cannot fail), so reports show them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trtbuild.policy.model import Tolerance
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A single-number check: its Polygraphy compare function, policy key and result field."""
+
+    func: str  # class name in polygraphy.comparator
+    key: str  # the threshold's name in a policy, as Polygraphy's argument
+    value: str  # the attribute of the result that holds the metric
+    unit: str
+
+
+METRICS = {
+    "psnr": Metric("PsnrCompareFunc", "psnr_threshold", "psnr", " dB"),
+    "cosine": Metric(
+        "CosineSimilarityCompareFunc", "cosine_similarity_threshold", "cosine_similarity", ""
+    ),
+    "snr": Metric("SnrCompareFunc", "snr_threshold", "snr", " dB"),
+}
+NEVER_FAILS = {"psnr": float("-inf"), "cosine": -1.0, "snr": float("-inf")}
+
+
+def image_like(shape: tuple[int, ...]) -> bool:
+    """NCHW or NHWC with 1 or 3 channels: an output PSNR means something for."""
+    return len(shape) == 4 and bool({shape[1], shape[-1]} & {1, 3})
+
+
+def run_checks(
+    ref_iters: list, iterations: list, label: str, tol: dict[str, Tolerance], verbose: bool
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """output -> check -> {passed, failed_samples, value, threshold} over every sample."""
+    from trtbuild.accuracy.evaluate import quiet_polygraphy
+
+    found: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in tol}
+    with quiet_polygraphy(verbose):
+        _simple(found, ref_iters, iterations, label, tol)
+        for check, metric in METRICS.items():
+            _metric(found, ref_iters, iterations, label, tol, check, metric)
+        _indices(found, ref_iters, iterations, label, tol)
+    return found
+
+
+def _compare(ref_iters: list, iterations: list, label: str, names: list[str], func) -> list:
+    """Polygraphy's per-sample results of `func` on the outputs `names` alone."""
+    from polygraphy.comparator import Comparator, RunResults
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.evaluate import REFERENCE
+
+    results = RunResults()
+    for runner, iters in ((REFERENCE, ref_iters), (label, iterations)):
+        subset = [  # a 0-d output as one value: Polygraphy's metrics index their inputs
+            IterationResult({n: np.atleast_1d(it[n]) for n in names}, runner_name=runner)
+            for it in iters
+        ]
+        results.append((runner, subset))
+    return Comparator.compare_accuracy(results, compare_func=func)[0][(REFERENCE, label)]
+
+
+def _record(
+    found: dict, check: str, per_iter: list, names: list[str], extra: dict | None = None
+) -> None:
+    for name in names:
+        failed = [k for k, it in enumerate(per_iter) if not bool(it[name])]
+        more = (extra or {}).get(name, {})
+        found[name][check] = {"passed": not failed, "failed_samples": failed, **more}
+
+
+def _simple(found: dict, ref_iters, iterations, label: str, tol: dict[str, Tolerance]) -> None:
+    from polygraphy.comparator import SimpleCompareFunc
+
+    names = [n for n, t in tol.items() if t.simple]
+    if not names:
+        return
+    quantiles = {n: tol[n].error_quantile for n in names if tol[n].error_quantile is not None}
+    func = SimpleCompareFunc(
+        atol={n: tol[n].atol for n in names},
+        rtol={n: tol[n].rtol for n in names},
+        check_error_stat={n: tol[n].check_error_stat for n in names},
+        error_quantile=quantiles or None,
+    )
+    _record(found, "simple", _compare(ref_iters, iterations, label, names, func), names)
+
+
+def _metric(found, ref_iters, iterations, label: str, tol, check: str, metric: Metric) -> None:
+    from polygraphy import comparator
+
+    judged = {
+        n: getattr(t, metric.key) for n, t in tol.items() if getattr(t, metric.key) is not None
+    }
+    shown = {
+        n: NEVER_FAILS[check]
+        for n in tol
+        if n not in judged
+        and (check == "cosine" or (check == "psnr" and image_like(ref_iters[0][n].shape)))
+    }
+    thresholds = {**shown, **judged}
+    if not thresholds:
+        return
+    names = list(thresholds)
+    func = getattr(comparator, metric.func)(**{metric.key: thresholds})
+    per_iter = _compare(ref_iters, iterations, label, names, func)
+    for name in names:
+        values = [float(getattr(it[name], metric.value)) for it in per_iter]
+        worst = min(values) if values else None
+        entry = {"value": worst, "threshold": judged.get(name)}
+        if name in judged:
+            failed = [k for k, it in enumerate(per_iter) if not bool(it[name])]
+            found[name][check] = {"passed": not failed, "failed_samples": failed, **entry}
+        else:
+            found[name].setdefault("shown", {})[check] = worst
+
+
+def _indices(found: dict, ref_iters, iterations, label: str, tol: dict[str, Tolerance]) -> None:
+    from polygraphy.comparator import IndicesCompareFunc, PostprocessFunc
+    from polygraphy.comparator.struct import IterationResult
+
+    names = [n for n, t in tol.items() if t.compare == "indices"]
+    if not names:
+        return
+    top_k = {n: tol[n].top_k for n in names if tol[n].top_k is not None}
+
+    def indices(iters: list) -> list:
+        if not top_k:
+            return iters
+        post = PostprocessFunc.top_k(k=top_k)
+        return [post(IterationResult(dict(it), runner_name=it.runner_name)) for it in iters]
+
+    func = IndicesCompareFunc(index_tolerance={n: tol[n].index_tolerance or 0 for n in names})
+    per_iter = _compare(indices(ref_iters), indices(iterations), label, names, func)
+    extra = {n: {"threshold": tol[n].index_tolerance or 0, "top_k": tol[n].top_k} for n in names}
+    _record(found, "indices", per_iter, names, extra)
+
+
+def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
+    """One check as a report shows it: the measured value next to its threshold."""
+    if check == "simple":
+        stat = tol.check_error_stat
+        if stat == "quantile":
+            stat = f"{tol.error_quantile:g} quantile"
+        return f"atol {tol.atol:g}, rtol {tol.rtol:g} on the {stat}"
+    if check == "indices":
+        what = f"top-{tol.top_k} indices" if tol.top_k else "indices"
+        return f"{what} within {entry.get('threshold', 0)} position(s)"
+    metric = METRICS[check]
+    value = entry.get("value")
+    got = f"{value:.4g}{metric.unit}" if value is not None else "–"
+    return f"{check} {got} (>= {entry.get('threshold'):g}{metric.unit})"
