@@ -154,7 +154,8 @@ def test_ppocrv4_det_pins_no_squeeze_excitation_block_for_sums_only_a_kernel_wou
 def test_ppocrv4_det_lists_its_squeeze_excitation_pools_at_risk(example_policy, capsys):
     assert main(["check", "--policy", str(example_policy("ppocrv4_det")), "--json"]) == 0
     found = json.loads(capsys.readouterr().out)["at_risk"]
-    assert len(found) == 4 and {r["op"] for r in found} == {"GlobalAveragePool"}
+    # four at opt (640x640); at the profile's max (960x960) a fifth pool's sum leaves FP16 too
+    assert len(found) == 5 and {r["op"] for r in found} == {"GlobalAveragePool"}
     assert all(r["quantity"] == "sum behind the mean" and r["peak"] > 65504 for r in found)
 
 

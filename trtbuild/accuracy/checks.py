@@ -134,7 +134,7 @@ def _metric(found, ref_iters, iterations, label: str, tol, check: str, metric: M
 
 
 def _indices(found: dict, ref_iters, iterations, label: str, tol: dict[str, Tolerance]) -> None:
-    from polygraphy.comparator import IndicesCompareFunc, PostprocessFunc
+    from polygraphy.comparator import IndicesCompareFunc, TopKPostprocessFunc
     from polygraphy.comparator.struct import IterationResult
 
     names = [n for n, t in tol.items() if t.compare == "indices"]
@@ -145,7 +145,7 @@ def _indices(found: dict, ref_iters, iterations, label: str, tol: dict[str, Tole
     def indices(iters: list) -> list:
         if not top_k:
             return iters
-        post = PostprocessFunc.top_k(k=top_k)
+        post = TopKPostprocessFunc(k=top_k)
         return [post(IterationResult(dict(it), runner_name=it.runner_name)) for it in iters]
 
     func = IndicesCompareFunc(index_tolerance={n: tol[n].index_tolerance or 0 for n in names})

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS results (
     fp32_nodes INTEGER,
     message TEXT,
     versions TEXT,
+    shapes TEXT,                       -- JSON [{name, inputs, passed}]: every point judged
     PRIMARY KEY (run_id, policy)
 );
 CREATE TABLE IF NOT EXISTS outputs (
@@ -48,11 +49,17 @@ CREATE TABLE IF NOT EXISTS outputs (
     passed INTEGER NOT NULL,
     max_abs REAL, mean_abs REAL, median_abs REAL, p99_abs REAL,
     max_rel REAL, max_abs_of_range REAL, cosine REAL, psnr REAL, nonfinite INTEGER,
+    checks TEXT,                       -- JSON {check: {passed, value, threshold}}
     PRIMARY KEY (run_id, policy, output)
 );
 """
 # Columns added since the first history format: an older file gains them on open.
-ADDED_COLUMNS = (("results", "emulation", "TEXT"), ("outputs", "max_abs_of_range", "REAL"))
+ADDED_COLUMNS = (
+    ("results", "emulation", "TEXT"),
+    ("outputs", "max_abs_of_range", "REAL"),
+    ("results", "shapes", "TEXT"),
+    ("outputs", "checks", "TEXT"),
+)
 
 
 def open_history(path: Path) -> sqlite3.Connection:
@@ -94,8 +101,8 @@ def record(
         for r in results:
             db.execute(
                 "INSERT INTO results (run_id, policy, status, exit_code, evaluator, emulation, "
-                "backend, model_sha256, policy_sha256, fp16_share, fp32_nodes, message, versions) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "backend, model_sha256, policy_sha256, fp16_share, fp32_nodes, message, versions, "
+                "shapes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     r.policy,
@@ -110,18 +117,20 @@ def record(
                     r.fp32_nodes,
                     r.message,
                     json.dumps(r.versions),
+                    json.dumps(r.shapes),
                 ),
             )
             for name, m in r.outputs.items():
                 db.execute(
-                    f"INSERT INTO outputs (run_id, policy, output, passed, {', '.join(METRICS)}) "
-                    f"VALUES (?, ?, ?, ?{', ?' * len(METRICS)})",
+                    f"INSERT INTO outputs (run_id, policy, output, passed, {', '.join(METRICS)}, "
+                    f"checks) VALUES (?, ?, ?, ?{', ?' * len(METRICS)}, ?)",
                     (
                         run_id,
                         r.policy,
                         name,
                         int(m["passed"]),
                         *(number(m.get(k)) for k in METRICS),
+                        json.dumps(m.get("checks", {})),
                     ),
                 )
     return run_id

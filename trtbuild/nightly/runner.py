@@ -31,6 +31,7 @@ class PolicyResult:
     fp32_nodes: int | None = None
     versions: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shapes: list[dict[str, Any]] = field(default_factory=list)  # [{name, inputs, passed}]
 
 
 def discover(policies_dir: Path) -> list[Path]:
@@ -81,10 +82,23 @@ def run_policy(
     result.fp32_nodes = report.precision.fp32_nodes
     result.versions = pipeline.versions(result.backend or "none")
     result.outputs = report.main.outputs_json()  # plain data: it crosses processes
+    result.shapes = [
+        {
+            "name": sv.name,
+            "inputs": {n: list(d) for n, d in sv.inputs.items()},
+            "passed": sv.main.passed,
+        }
+        for sv in report.shapes
+    ]
     if not report.passed:
-        failing = [n for n, m in report.main.outputs.items() if not m.passed]
-        result.message = "outputs below tolerance: " + ", ".join(failing)
+        result.message = "; ".join(_below(sv, len(report.shapes)) for sv in report.failing_shapes)
     return result
+
+
+def _below(sv, n_shapes: int) -> str:
+    failing = ", ".join(n for n, m in sv.main.outputs.items() if not m.passed)
+    where = f" at {sv.label}" if n_shapes > 1 else ""
+    return f"outputs below tolerance{where}: {failing}"
 
 
 def _run_one(args: tuple[Path, Path, str | None, bool]) -> PolicyResult:
