@@ -376,10 +376,56 @@ def _fused_ln(g: GraphBuilder, scope: str, x: str, c: int) -> str:
     return g.op(scope, "LayerNormalization", [x, w, b], axis=-1, epsilon=1e-12)
 
 
+def legacy_detector() -> onnx.ModelProto:
+    """A detector exported as before IR version 4: every weight also listed as a graph input,
+    and the input declared at the tracer's placeholder shape [10, 3, 32, 32].
+
+    Its runtime makes the dims dynamic when it loads it; a policy does the same with
+    `passes.override_input_shapes`. Halving twice and upsampling back, it runs only
+    where height and width are multiples of 4.
+    """
+    rng = np.random.default_rng(7)
+    weights = {
+        "conv1.w": rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32),
+        "conv1.b": rng.normal(0, 0.1, (8,)).astype(np.float32),
+        "conv2.w": rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32),
+        "conv2.b": rng.normal(0, 0.1, (4,)).astype(np.float32),
+        "up.scales": np.array([1, 1, 4, 4], np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["input", "conv1.w", "conv1.b"], ["c1"], "conv1", pads=[1] * 4),
+        helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
+        helper.make_node("MaxPool", ["r1"], ["p1"], "pool1", kernel_shape=[4, 4], strides=[4, 4]),
+        helper.make_node("Conv", ["p1", "conv2.w", "conv2.b"], ["c2"], "conv2"),
+        helper.make_node("Upsample", ["c2", "up.scales"], ["u"], "up", mode="nearest"),
+        helper.make_node("Conv", ["r1", "conv2.w", "conv2.b"], ["c3"], "skip"),
+        helper.make_node("Add", ["u", "c3"], ["a"], "merge"),
+        helper.make_node("Sigmoid", ["a"], ["scores"], "scores"),
+    ]
+    inits = [
+        helper.make_tensor(k, TensorProto.FLOAT, v.shape, v.ravel()) for k, v in weights.items()
+    ]
+    listed = [
+        helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in weights.items()
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "legacy_detector",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [10, 3, 32, 32]), *listed],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [10, 4, 32, 32])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 3
+    onnx.checker.check_model(model)
+    return model
+
+
 MODELS = {
     "nafnet_tiny": nafnet_tiny,
     "gfpgan_tiny": gfpgan_tiny,
     "gfpgan_dynamic": gfpgan_dynamic,
+    "legacy_detector": legacy_detector,
     "transformer_tiny": transformer_tiny,
     "bert_tiny": bert_tiny,
 }

@@ -308,9 +308,11 @@ def _cmd_convert(args) -> int:
     from trtbuild import pipeline
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
+    from trtbuild.precision.validate import validate_mixed
 
     policy = load_policy(args.policy)
     stages = pipeline.run_front(policy, reference="none", cache=_cache(args))
+    validate_mixed(stages.converted.model)
     save_model(stages.converted.model, args.output)
     _warn(stages.warnings)
     s = stages.assignment.summary()
@@ -380,6 +382,14 @@ def _cmd_tune(args) -> int:
         f"{result.fp16_share:.1%} FP16, {len(result.pinned)} group(s) "
         f"pinned beyond the policy's rules, {len(result.trials)} evaluation(s)"
     )
+    if result.exhausted:
+        _warn(
+            [
+                f"tune used its whole budget of {result.budget} evaluations and may have stopped "
+                f"before the end (a full search of these {len(result.groups)} groups needs at "
+                f"most {result.full_search}); raise --budget"
+            ]
+        )
     print(f"wrote {args.output} and {log}")
     return 0 if result.passed else EXIT_ACCURACY
 

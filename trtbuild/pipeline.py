@@ -44,6 +44,7 @@ from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Passes, Policy, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import Converted, convert
+from trtbuild.precision.validate import validate_mixed
 
 REPORT_FILES = (
     "report.json",
@@ -162,8 +163,34 @@ def _shape_run(
     if reference == "none":
         return ShapeRun(point, feeds, None, None)
     budget = policy.accuracy.budget()
-    measures, ref = _reference(prepared, feeds, view, cache, digest, reference, budget)
+    try:
+        measures, ref = _reference(prepared, feeds, view, cache, digest, reference, budget)
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        raise _cannot_run(policy, point, exc) from None
     return ShapeRun(point, feeds, measures, ref)
+
+
+def _cannot_run(policy: Policy, point: data_mod.ShapePoint, exc: Exception) -> UsageError:
+    """ONNX Runtime refused to run the FP32 model on the policy's data: the user's input.
+
+    Why exit 2 and not a bug: a shape the model cannot take (720 rows where it
+    halves five times) fails inside a node, as Polygraphy's `run` would.
+    """
+    import re
+
+    text = str(exc)
+    node = re.search(r"Name:'([^']*)'", text)
+    said = re.search(r"Status Message: (.*)", text)
+    where = f" in node {node.group(1)}" if node else ""
+    return UsageError(
+        f"the FP32 model cannot run at {point.label}{where}: "
+        f"{(said.group(1) if said else text).strip()[:300]}",
+        where=str(policy.path),
+        hint="choose input shapes (inputs.*.shape, min/opt/max, accuracy.shapes) or data the "
+        "model takes",
+    )
 
 
 def join_measures(all_measures: list[ReferenceMeasures]) -> ReferenceMeasures | None:
@@ -427,6 +454,7 @@ def build(
     stages = run_front(policy, cache=cache)
     with staged_output(out_dir, BUILD_FILES) as stage:
         save_model(stages.prepared.model, stage / "prepared.onnx")
+        validate_mixed(stages.converted.model)
         save_model(stages.converted.model, stage / "mixed.onnx")
         engines = build_engines(stages, stage, backend)
         plans = {k: e.engine for k, e in engines.items()} if gpu_available() else {}
@@ -434,6 +462,7 @@ def build(
         report = evaluate_all(stages, engines=plans, backend=backend, verbose=verbose)
         stages.timings["accuracy"] = time.perf_counter() - t
         report.build = build_record(stages, backend, engines, report.warnings)
+        report.warnings += engine_warnings(report.build)
         write_reports(stage, report)
     return Outcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
 
@@ -478,6 +507,30 @@ def build_record(
         "layers": layers,
         "warnings": warnings,
     }
+
+
+# What TensorRT's builder says about precision is the user's business, not only build.json's.
+PRECISION_WORDS = ("fp16", "fp32", "precision", "layernorm", "overflow", "subnormal")
+
+
+def engine_warnings(record: dict[str, Any]) -> list[str]:
+    """The policy engine builder's warnings about precision, and an audit that could not
+    check a pinned node."""
+    engine = (record.get("engines") or {}).get("policy") or {}  # the variants are baselines
+    found = [
+        f"TensorRT: {w}"
+        for w in engine.get("builder_warnings", [])
+        if any(word in w.lower() for word in PRECISION_WORDS)
+    ]
+    audit = record.get("layer_audit") or {}
+    missing = audit.get("not_in_network") or []
+    if missing:
+        shown = ", ".join(missing[:3]) + (f", +{len(missing) - 3} more" if len(missing) > 3 else "")
+        found.append(
+            f"the layer audit found no layer named after {len(missing)} FP32 node(s) ({shown}); "
+            "their precision in the engine is unchecked"
+        )
+    return list(dict.fromkeys(found))
 
 
 def write_reports(stage: Path, report: Report, *, owns_build: bool = True) -> None:

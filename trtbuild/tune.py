@@ -89,6 +89,18 @@ class TuneResult:
     trials: list[Trial] = field(default_factory=list)
     passed: bool = False
     fp16_share: float = 0.0
+    budget: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """The search used every evaluation it had: it may have stopped before the end."""
+        return len(self.trials) >= self.budget > 0
+
+    @property
+    def full_search(self) -> int:
+        """Evaluations a full search needs at most: the start, one pin per group while
+        growing, and twice the groups while shrinking (chunks halving down to one)."""
+        return 1 + 3 * len(self.groups)
 
 
 # -- groups -------------------------------------------------------------------------
@@ -363,6 +375,7 @@ class Search:
             self.trials,
             final.passed,
             final.fp16_share,
+            self.budget,
         )
 
 

@@ -77,7 +77,9 @@ def _check_fits(
             raise UsageError(
                 f"{field}: {list(shape)} does not fit the model's {[d if d else '?' for d in dims]}",
                 where=str(policy.path),
-                hint="only dynamic dimensions may differ",
+                hint="only dynamic dimensions may differ; if the model's shape is an export's "
+                f"placeholder, set passes.override_input_shapes: {{{name}: [...]}} (a name for a "
+                "dynamic dim)",
             )
 
 

@@ -360,6 +360,19 @@ def _pinned_section(p: PrecisionSummary) -> Section:
     )
 
 
+def _audit_text(audit: dict[str, Any]) -> str:
+    """The layer audit's finding; nothing checked is said as such, never as a pass."""
+    checked, missing = audit.get("fp32_nodes_checked") or 0, audit.get("not_in_network") or []
+    if not checked and not missing:
+        return "Layer audit: no node runs in FP32, so there is no FP32 layer to check."
+    if not audit.get("ok"):
+        return f"Every FP32 node is an FP32 layer in the parsed network: **NO**: {audit.get('mismatched')}"
+    text = f"Every FP32 node is an FP32 layer in the parsed network: yes ({checked} checked)."
+    if missing:
+        text += f" **Warning**: {len(missing)} FP32 node(s) have no layer of their name, unchecked."
+    return text
+
+
 def _engines_section(build: dict[str, Any]) -> Section:
     rows = []
     for name, e in build["engines"].items():
@@ -378,11 +391,5 @@ def _engines_section(build: dict[str, Any]) -> Section:
     blocks: list[Para | Table | Plot] = [Table(head, rows)]
     audit = build.get("layer_audit") or {}
     if audit:
-        ok = "yes" if audit.get("ok") else f"**NO**: {audit.get('mismatched')}"
-        blocks.append(
-            Para(
-                f"Every FP32 node is an FP32 layer in the parsed network: {ok} "
-                f"({audit.get('fp32_nodes_checked')} checked)."
-            )
-        )
+        blocks.append(Para(_audit_text(audit)))
     return Section("Engines", blocks)

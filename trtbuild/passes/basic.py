@@ -207,6 +207,72 @@ def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     return folded, PassRecord("fold_constants", changed=removed, details={"nodes_removed": removed})
 
 
+def override_input_shapes(
+    model: onnx.ModelProto, shapes: tuple[tuple[str, tuple[int | str, ...]], ...]
+) -> tuple[onnx.ModelProto, PassRecord]:
+    """Polygraphy's `surgeon sanitize --override-input-shapes`: new declared input shapes.
+
+    Why: exporters write a placeholder shape (a face detector traced at
+    [10, 3, 32, 32]) that its runtime makes dynamic when it loads the model. A
+    dim given as a name becomes dynamic. The outputs' and intermediates' shapes
+    inferred from the old ones are cleared; `prepare` infers them again.
+    """
+    record = PassRecord("override_input_shapes")
+    if not shapes:
+        return model, record
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    for name, _ in shapes:
+        if name not in inputs:
+            raise UsageError(
+                f"passes.override_input_shapes.{name}: the model has no input '{name}'",
+                hint="its inputs are " + ", ".join(inputs),
+            )
+    model = copied(model)
+    given = dict(shapes)
+    for vi in model.graph.input:
+        if vi.name in given:
+            _set_dims(vi, given[vi.name])
+            record.changed += 1
+    for vi in model.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    del model.graph.value_info[:]
+    record.details["inputs"] = {n: list(d) for n, d in shapes}
+    return model, record
+
+
+def _set_dims(vi: onnx.ValueInfoProto, dims: tuple[int | str, ...]) -> None:
+    shape = vi.type.tensor_type.shape
+    del shape.dim[:]
+    for d in dims:
+        dim = shape.dim.add()
+        if isinstance(d, str):
+            dim.dim_param = d
+        else:
+            dim.dim_value = d
+
+
+def drop_initializer_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """Weights listed as graph inputs too (exports before IR version 4) become weights only.
+
+    Why: the mixed model stores a weight in FP16 while its graph input would
+    still be declared FP32, which neither `onnx.checker` nor ONNX Runtime
+    accepts; a weight is not an input anyone feeds.
+    """
+    record = PassRecord("drop_initializer_inputs")
+    initializers = {t.name for t in model.graph.initializer}
+    listed = [i.name for i in model.graph.input if i.name in initializers]
+    if not listed:
+        return model, record
+    model = copied(model)
+    kept = [i for i in model.graph.input if i.name not in initializers]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.ir_version = max(model.ir_version, 4)  # IR 3 requires weights to be inputs
+    record.changed = len(listed)
+    return model, record
+
+
 def name_unnamed_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
     """Give every node a unique name: rules, reports and TensorRT layers are keyed by it."""
     record = PassRecord("name_nodes")

@@ -28,6 +28,10 @@ def prepare(model: onnx.ModelProto, options: Passes, *, source: str = "model") -
     """Sanitize: names, constants, opset, folding, fusions, shapes; each step recorded."""
     _reject_unsupported(model, source)
     records = []
+    model, rec = passes.override_input_shapes(model, options.override_input_shapes)
+    records.append(rec)
+    model, rec = passes.drop_initializer_inputs(model)
+    records.append(rec)
     model, rec = passes.name_unnamed_nodes(model)
     records.append(rec)
     model, rec = passes.upgrade_opset(model, options.opset)

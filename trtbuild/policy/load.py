@@ -344,6 +344,9 @@ def _passes(p: dict) -> Passes:
         fuse_layernorm=p.get("fuse_layernorm", True),
         fold_constants=p.get("fold_constants", True),
         fold_batchnorm=p.get("fold_batchnorm", True),
+        override_input_shapes=tuple(
+            (name, tuple(dims)) for name, dims in (p.get("override_input_shapes") or {}).items()
+        ),
     )
 
 

@@ -61,6 +61,8 @@ class Passes:
     fuse_layernorm: bool = True
     fold_constants: bool = True
     fold_batchnorm: bool = True
+    # Polygraphy's --override-input-shapes: ((input, dims), ...), a dim a number or a name
+    override_input_shapes: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

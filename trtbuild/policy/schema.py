@@ -159,6 +159,22 @@ SCHEMA: dict[str, Any] = {
                 "fuse_layernorm": {"type": "boolean"},
                 "fold_constants": {"type": "boolean"},
                 "fold_batchnorm": {"type": "boolean"},
+                "override_input_shapes": {
+                    "type": "object",
+                    "description": "new declared input shapes, as Polygraphy's surgeon sanitize "
+                    "--override-input-shapes: {INPUT: [dims]}, a dim a number or a name (dynamic)",
+                    "maxProperties": 1000,
+                    "additionalProperties": {
+                        "type": "array",
+                        "maxItems": 16,
+                        "items": {
+                            "oneOf": [
+                                {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
+                                {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"},
+                            ]
+                        },
+                    },
+                },
             },
         },
         "precision": {

@@ -1,0 +1,69 @@
+"""Real exports as they come: placeholder shapes, weights listed as inputs, shapes a model
+cannot run, and a mixed model that is checked before it is written."""
+
+from __future__ import annotations
+
+import onnx
+import onnxruntime as ort
+
+from trtbuild.cli import main
+
+
+def _policy(example_policy, **replace):
+    return example_policy("legacy_detector", replace=replace)
+
+
+def test_the_ir3_model_builds_and_its_mixed_model_is_valid(example_policy, tmp_path, capsys):
+    out = tmp_path / "out"
+    policy = _policy(example_policy)
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 0
+    mixed = onnx.load(out / "mixed.onnx")
+    onnx.checker.check_model(mixed, full_check=True)
+    ort.InferenceSession(mixed.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert [i.name for i in mixed.graph.input] == ["input"]  # the weights are weights only
+    dims = [d.dim_param or d.dim_value for d in mixed.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 3, "height", "width"]
+    import json
+
+    passes = {p["pass"]: p for p in json.loads((out / "build.json").read_text())["passes"]}
+    assert passes["override_input_shapes"]["changed"] == 1
+    assert passes["drop_initializer_inputs"]["changed"] == 5
+    assert "shape inference failed" not in capsys.readouterr().err
+
+
+def test_without_the_override_the_mismatch_points_to_it(example_policy, tmp_path, capsys):
+    policy = _policy(
+        example_policy, **{"  override_input_shapes: {input: [1, 3, height, width]}\n": ""}
+    )
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit the model's [10, 3, 32, 32]" in err
+    assert "passes.override_input_shapes" in err
+
+
+def test_an_unknown_input_in_the_override_is_exit_2(example_policy, capsys):
+    policy = _policy(example_policy, **{"{input: [1, 3, height, width]}": "{image: [1, 3, 8, 8]}"})
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "passes.override_input_shapes.image: the model has no input 'image'" in err
+
+
+def test_a_shape_the_model_cannot_run_is_exit_2_naming_shape_and_node(
+    example_policy, tmp_path, capsys
+):
+    policy = _policy(example_policy, **{"shape: [1, 3, 96, 128]": "shape: [1, 3, 90, 128]"})
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "cannot run at shape [1, 3, 90, 128] in node merge" in err
+    assert not out.exists()
+
+
+def test_tune_says_when_it_used_its_whole_budget(example_policy, tmp_path, capsys):
+    policy = example_policy("nafnet", rules="[]")
+    assert main(
+        ["tune", "--policy", str(policy), "-o", str(tmp_path / "t.yaml"), "--budget", "2"]
+    ) in (0, 1)
+    err = capsys.readouterr().err
+    assert "tune used its whole budget of 2 evaluations" in err and "raise --budget" in err
