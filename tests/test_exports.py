@@ -3,8 +3,13 @@ cannot run, and a mixed model that is checked before it is written."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import onnx
 import onnxruntime as ort
+import pytest
 
 from trtbuild.cli import main
 
@@ -67,3 +72,22 @@ def test_tune_says_when_it_used_its_whole_budget(example_policy, tmp_path, capsy
     ) in (0, 1)
     err = capsys.readouterr().err
     assert "tune used its whole budget of 2 evaluations" in err and "raise --budget" in err
+
+
+# The lines trtbuild writes on a build: its verdict, the outputs and shapes under it, the
+# ops at risk, the baseline, progress, warnings and errors.
+OURS = ("PASSED", "FAILED", "  ", "at risk", "all-FP16", "wrote ", "trtbuild: ", "judging ")
+OURS += ("FP32 reference",)
+
+
+@pytest.mark.parametrize("name", ["legacy_detector", "bert"])
+def test_a_cold_build_prints_only_trtbuild_lines(example_policy, tmp_path, name):
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "trtbuild", "build", "--policy", str(example_policy(name))]
+    done = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "out")], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [x for x in (done.stdout + done.stderr).splitlines() if x.strip()]
+    foreign = [x for x in lines if not x.startswith(OURS)]
+    assert lines and not foreign

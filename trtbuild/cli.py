@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import traceback
@@ -48,7 +49,12 @@ def _parser() -> argparse.ArgumentParser:
             metavar="P",
             help="policy YAML; NAME.yaml (or NAME) is also looked up in ./policies/",
         )
-        sp.add_argument("--verbose", "-v", action="store_true", help="show Polygraphy's log")
+        sp.add_argument(
+            "--verbose",
+            "-v",
+            action="store_true",
+            help="also show the log of Polygraphy, onnx-graphsurgeon and ONNX Runtime",
+        )
         no_cache_arg(sp)
 
     def no_cache_arg(sp):
@@ -165,12 +171,39 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Once(logging.Filter):
+    """Each warning once per command: a pass may meet the same model twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text in self.seen:
+            return False
+        self.seen.add(text)
+        return True
+
+
+def _warnings_handler() -> logging.Handler:
+    """trtbuild's own log (its modules' `logging` warnings) as `trtbuild: warning:` lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("trtbuild: warning: %(message)s"))
+    handler.addFilter(_Once())
+    return handler
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return int(exc.code or 0)
+    handler = _warnings_handler()
+    package_log = logging.getLogger("trtbuild")
+    package_log.addHandler(handler)
     try:
         return _COMMANDS[args.command](args)
     except TrtbuildError as exc:
@@ -191,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_BUG
+    finally:
+        package_log.removeHandler(handler)  # main(argv) may run again in this process
 
 
 def _warn(messages: list[str]) -> None:
@@ -257,7 +292,9 @@ def _cmd_check(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(policy, reference="measures", cache=_cache(args))
+    stages = pipeline.run_front(
+        policy, reference="measures", cache=_cache(args), verbose=args.verbose
+    )
     a = stages.assignment
     at_risk = risk.at_risk(stages.measures.internals, stages.converted.model)
     rows = [
@@ -311,7 +348,7 @@ def _cmd_convert(args) -> int:
     from trtbuild.precision.validate import validate_mixed
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(policy, reference="none", cache=_cache(args))
+    stages = pipeline.run_front(policy, reference="none", cache=_cache(args), verbose=args.verbose)
     validate_mixed(stages.converted.model)
     save_model(stages.converted.model, args.output)
     _warn(stages.warnings)
@@ -357,7 +394,7 @@ def _cmd_tune(args) -> int:
     policy = load_policy(args.policy)
     tune.check_policy(policy)
     tune.check_output(policy, args.output, args.force)
-    stages = pipeline.run_front(policy, cache=_cache(args))
+    stages = pipeline.run_front(policy, cache=_cache(args), verbose=args.verbose)
     bar = tune.Progress()
     try:
         result = tune.tune(

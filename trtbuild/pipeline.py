@@ -107,7 +107,11 @@ REFERENCE_LEVELS: tuple[str, ...] = get_args(ReferenceLevel)
 
 
 def run_front(
-    policy: Policy, *, reference: ReferenceLevel = "tensors", cache: Cache | None = None
+    policy: Policy,
+    *,
+    reference: ReferenceLevel = "tensors",
+    cache: Cache | None = None,
+    verbose: bool = False,
 ) -> Stages:
     """Load, prepare, run the FP32 reference (as far as asked or needed), assign and convert.
 
@@ -121,7 +125,7 @@ def run_front(
     cache = cache if cache is not None else Cache(enabled=False)
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    prepared, digest = prepared_graph(policy.model, policy.passes, cache)
+    prepared, digest = prepared_graph(policy.model, policy.passes, cache, verbose)
     view = GraphView(prepared.model)
     timings["prepare"] = time.perf_counter() - t
 
@@ -226,7 +230,9 @@ def _hits(cache: Cache, reference: ReferenceLevel) -> dict[str, str]:
     return hits
 
 
-def prepared_graph(model: Path, passes: Passes, cache: Cache) -> tuple[Prepared, str | None]:
+def prepared_graph(
+    model: Path, passes: Passes, cache: Cache, verbose: bool = False
+) -> tuple[Prepared, str | None]:
     """The prepared graph and its cache key, from the cache when model, passes and code match."""
     digest = None
     if cache.enabled:
@@ -239,7 +245,7 @@ def prepared_graph(model: Path, passes: Passes, cache: Cache) -> tuple[Prepared,
             cached = cache.get("prepared", digest)
             if cached is not None:
                 return cached, digest
-    prepared = prepare(load_model(model), passes, source=str(model))
+    prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose)
     if digest is not None:
         cache.put("prepared", digest, prepared)
     return prepared, digest
@@ -451,7 +457,7 @@ def build(
     from trtbuild.engine.backends import gpu_available, resolve_backend
 
     backend = resolve_backend(backend or policy.build.backend)
-    stages = run_front(policy, cache=cache)
+    stages = run_front(policy, cache=cache, verbose=verbose)
     with staged_output(out_dir, BUILD_FILES) as stage:
         save_model(stages.prepared.model, stage / "prepared.onnx")
         validate_mixed(stages.converted.model)
@@ -603,7 +609,7 @@ def report_only(
     """
     from trtbuild.engine.backends import gpu_available, resolve_backend
 
-    stages = run_front(policy, cache=cache)
+    stages = run_front(policy, cache=cache, verbose=verbose)
     built = _earlier_build(out_dir, policy)
     backend = built.get("backend", "none") if built else "none"
     plans: dict[str, bytes] = {}

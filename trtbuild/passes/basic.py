@@ -7,6 +7,8 @@ visible in `build.json` and the report, and node names must survive.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,15 +189,23 @@ def foldable(model: onnx.ModelProto) -> bool:
     return False
 
 
-def fold_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
-    """Fold constant subgraphs and drop dead nodes with onnx-graphsurgeon."""
+def fold_constants(
+    model: onnx.ModelProto, verbose: bool = False
+) -> tuple[onnx.ModelProto, PassRecord]:
+    """Fold constant subgraphs and drop dead nodes with onnx-graphsurgeon.
+
+    Its log and that of the ONNX Runtime session it folds with (`foldable nodes
+    that produce large outputs`, `UnsqueezeElimination cannot remove node`) are
+    shown with `--verbose` only: the terminal shows trtbuild's lines.
+    """
     if not foldable(model):
         return model, PassRecord("fold_constants", details={"skipped": "nothing to fold"})
     import onnx_graphsurgeon as gs
 
     before = len(model.graph.node)
     graph = gs.import_onnx(model)
-    graph.fold_constants(error_ok=True).cleanup(remove_unused_graph_inputs=False).toposort()
+    with quiet_dependencies(verbose):
+        graph.fold_constants(error_ok=True).cleanup(remove_unused_graph_inputs=False).toposort()
     folded = gs.export_onnx(graph, do_type_check=False)
     # gs writes its own producer/ir version; keep the model's metadata and opsets.
     folded.ir_version = model.ir_version
@@ -271,6 +281,29 @@ def drop_initializer_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Pa
     model.ir_version = max(model.ir_version, 4)  # IR 3 requires weights to be inputs
     record.changed = len(listed)
     return model, record
+
+
+@contextlib.contextmanager
+def quiet_dependencies(verbose: bool) -> Iterator[None]:
+    """onnx-graphsurgeon's log and ONNX Runtime's default logger at errors only, given back after.
+
+    ONNX Runtime's default logger belongs to the process: it is set for the
+    fold and restored to its default (warnings) after, not left changed.
+    """
+    if verbose:
+        yield
+        return
+    import onnxruntime as ort
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    old = G_LOGGER.severity
+    G_LOGGER.severity = G_LOGGER.ERROR
+    ort.set_default_logger_severity(3)
+    try:
+        yield
+    finally:
+        G_LOGGER.severity = old
+        ort.set_default_logger_severity(2)  # ONNX Runtime's default; it has no getter
 
 
 def name_unnamed_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:

@@ -24,7 +24,9 @@ class Prepared:
         return [r.to_json() for r in self.records]
 
 
-def prepare(model: onnx.ModelProto, options: Passes, *, source: str = "model") -> Prepared:
+def prepare(
+    model: onnx.ModelProto, options: Passes, *, source: str = "model", verbose: bool = False
+) -> Prepared:
     """Sanitize: names, constants, opset, folding, fusions, shapes; each step recorded."""
     _reject_unsupported(model, source)
     records = []
@@ -39,7 +41,7 @@ def prepare(model: onnx.ModelProto, options: Passes, *, source: str = "model") -
     model, rec = passes.lift_constants(model)
     records.append(rec)
     if options.fold_constants:
-        model, rec = passes.fold_constants(model)
+        model, rec = passes.fold_constants(model, verbose)
         records.append(rec)
     if options.fuse_layernorm:
         model, rec = fuse.fuse_layernorm(model)
