@@ -376,6 +376,129 @@ def _fused_ln(g: GraphBuilder, scope: str, x: str, c: int) -> str:
     return g.op(scope, "LayerNormalization", [x, w, b], axis=-1, epsilon=1e-12)
 
 
+def _keras_layernorm(g: GraphBuilder, scope: str, x: str, c: int, transposed: bool) -> str:
+    """Keras LayerNormalization as tf2onnx writes it: `moments` by GlobalAveragePool (between
+    transposes where its optimizer moved the axis), SquaredDifference as Sub and Mul,
+    `batchnorm/Rsqrt` as Sqrt and Reciprocal, then x * k + (beta - mean * k)."""
+    key = scope.strip("/").replace("/", ".")
+
+    if transposed:  # [B, S, H] as [S, B, H]: the pool still averages the last axis
+        t1 = g.op(f"{scope}/moments/mean", "Transpose", [x], perm=[1, 0, 2])
+        p1 = g.op(f"{scope}/moments/mean", "GlobalAveragePool", [t1])
+        m = g.op(f"{scope}/moments/mean", "Transpose", [p1], perm=[1, 0, 2])
+    else:
+        m = g.op(f"{scope}/moments/mean", "GlobalAveragePool", [x])
+    d = g.op(f"{scope}/moments/SquaredDifference", "Sub", [x, m])
+    sq = g.op(f"{scope}/moments/SquaredDifference", "Mul", [d, d])
+    if transposed:
+        t2 = g.op(f"{scope}/moments/variance", "Transpose", [sq], perm=[1, 0, 2])
+        p2 = g.op(f"{scope}/moments/variance", "GlobalAveragePool", [t2])
+        var = g.op(f"{scope}/moments/variance", "Transpose", [p2], perm=[1, 0, 2])
+    else:
+        var = g.op(f"{scope}/moments/variance", "GlobalAveragePool", [sq])
+    ve = g.op(f"{scope}/batchnorm/add", "Add", [var, g.init(f"{key}.epsilon", np.array(1e-3))])
+    k = g.op(
+        f"{scope}/batchnorm/Rsqrt", "Reciprocal", [g.op(f"{scope}/batchnorm/Rsqrt", "Sqrt", [ve])]
+    )
+    gamma = g.init(f"{key}.gamma", 1.0 + 0.1 * g.rng.standard_normal((c,)))
+    beta = g.init(f"{key}.beta", 0.1 * g.rng.standard_normal((c,)))
+    k = g.op(f"{scope}/batchnorm/mul", "Mul", [k, gamma])
+    xk = g.op(f"{scope}/batchnorm/mul_1", "Mul", [x, k])
+    mk = g.op(f"{scope}/batchnorm/mul_2", "Mul", [m, k])
+    c2 = g.op(f"{scope}/batchnorm/sub", "Sub", [beta, mk])
+    return g.op(f"{scope}/batchnorm/add_1", "Add", [xk, c2])
+
+
+def _einsum_dense(g: GraphBuilder, scope: str, x: str, cin: int, cout: int) -> str:
+    """Keras' EinsumDense as tf2onnx writes it: Einsum by the kernel, then Add(bias)."""
+    key = scope.strip("/").replace("/", ".")
+    w = g.init(f"{key}.kernel", g.rng.normal(0.0, 1.0 / np.sqrt(cin), (cin, cout)))
+    b = g.init(f"{key}.bias", g.rng.normal(0.0, 0.01, (cout,)))
+    return g.op(scope, "Add", [g.op(scope, "Einsum", [x, w], equation="bsh,hd->bsd"), b])
+
+
+def _keras_attention(g: GraphBuilder, scope: str, x: str, seq: int, dim: int, heads: int) -> str:
+    """Keras MultiHeadAttention through tf2onnx: Einsum projections, reshapes and squeezes
+    between the score MatMul and the Softmax, a reshape after it."""
+    dh = dim // heads
+    shape = g.ints(f"{scope.strip('/').replace('/', '.')}.heads", [1, seq, heads, dh])
+
+    def split(name: str, perm: list[int]) -> str:
+        t = _einsum_dense(g, f"{scope}/{name}", x, dim, dim)
+        return g.op(
+            f"{scope}/{name}",
+            "Transpose",
+            [g.op(f"{scope}/{name}", "Reshape", [t, shape])],
+            perm=perm,
+        )
+
+    q, k, v = split("query", [0, 2, 1, 3]), split("key", [0, 2, 3, 1]), split("value", [0, 2, 1, 3])
+    scores = g.op(f"{scope}/einsum", "MatMul", [q, k])
+    flat = g.ints(f"{scope.strip('/').replace('/', '.')}.flat", [1, 1, heads, seq, seq])
+    scores = g.op(f"{scope}/einsum", "Reshape", [scores, flat])
+    scores = g.op(
+        f"{scope}/Mul", "Mul", [scores, g.init(f"{scope.strip('/')}.scale", np.array(dh**-0.5))]
+    )
+    scores = g.op(f"{scope}/einsum", "Squeeze", [scores, g.ints(f"{scope.strip('/')}.sq", [0])])
+    probs = g.op(f"{scope}/softmax", "Softmax", [scores], axis=-1)
+    probs = g.op(
+        f"{scope}/softmax",
+        "Reshape",
+        [probs, g.ints(f"{scope.strip('/')}.p", [1, heads, seq, seq])],
+    )
+    ctx = g.op(f"{scope}/einsum_1", "MatMul", [probs, v])
+    ctx = g.op(f"{scope}/einsum_1", "Transpose", [ctx], perm=[0, 2, 1, 3])
+    ctx = g.op(
+        f"{scope}/einsum_1", "Reshape", [ctx, g.ints(f"{scope.strip('/')}.o", [1, seq, dim])]
+    )
+    return _einsum_dense(g, f"{scope}/attention_output", ctx, dim, dim)
+
+
+def keras_bert(seq: int = 16, dim: int = 32, heads: int = 2, layers: int = 2) -> onnx.ModelProto:
+    """A Keras BERT-style encoder and classifier as tf2onnx converts it (opset 13).
+
+    Its LayerNorms are the batch-norm form with `GlobalAveragePool` means (the
+    second of each layer between transposes), its attention has Einsum
+    projections and reshapes/squeezes around the Softmax, and a classifier head
+    ends in a Softmax over two classes that is no attention.
+    """
+    g = GraphBuilder(seed=11)
+    x = g.op(
+        "/embeddings",
+        "Add",
+        ["embeddings", g.init("position", g.rng.normal(0, 0.5, (1, seq, dim)))],
+    )
+    x = _keras_layernorm(g, "/embeddings/layer_norm", x, dim, transposed=False)
+    for i in range(layers):
+        scope = f"/encoder/layer_{i}"
+        a = _keras_attention(g, f"{scope}/self_attention", x, seq, dim, heads)
+        x = _keras_layernorm(
+            g,
+            f"{scope}/self_attention_layer_norm",
+            g.op(scope, "Add", [a, x]),
+            dim,
+            transposed=False,
+        )
+        h = g.op(
+            f"{scope}/intermediate",
+            "Relu",
+            [_einsum_dense(g, f"{scope}/intermediate", x, dim, 2 * dim)],
+        )
+        h = _einsum_dense(g, f"{scope}/output", h, 2 * dim, dim)
+        x = _keras_layernorm(
+            g, f"{scope}/output_layer_norm", g.op(scope, "Add", [h, x]), dim, transposed=True
+        )
+    first = g.op("/pooler", "Gather", [x, g.ints("pooler.index", 0)], axis=1)
+    logits = g.linear("/classifier", first, dim, 2)
+    probs = g.op("/classifier", "Softmax", [logits], axis=-1)
+    return g.model(
+        {"embeddings": [1, seq, dim]},
+        {"probabilities": (probs, [1, 2]), "sequence_output": (x, [1, seq, dim])},
+        opset=13,
+        name="keras_bert",
+    )
+
+
 def legacy_detector() -> onnx.ModelProto:
     """A detector exported as before IR version 4: every weight also listed as a graph input,
     and the input declared at the tracer's placeholder shape [10, 3, 32, 32].
@@ -426,6 +549,7 @@ MODELS = {
     "gfpgan_tiny": gfpgan_tiny,
     "gfpgan_dynamic": gfpgan_dynamic,
     "legacy_detector": legacy_detector,
+    "keras_bert": keras_bert,
     "transformer_tiny": transformer_tiny,
     "bert_tiny": bert_tiny,
 }

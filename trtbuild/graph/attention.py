@@ -11,8 +11,10 @@ Forms recognised:
 - fused attention ops (ONNX `Attention`, onnxruntime's `MultiHeadAttention`,
   `GroupQueryAttention`, ...);
 - Softmax self-attention: MatMul(Q, Kᵀ) of two activations, optional scale
-  (`Mul`/`Div`) and mask (`Add`/`Where`), `Softmax`, MatMul(P, V); the block
-  is that core, not the Q/K/V projections;
+  (`Mul`/`Div`) and mask (`Add`/`Where`), `Softmax`, MatMul(P, V), with layout
+  ops (reshapes, squeezes, transposes, as tf2onnx leaves Keras' attention) on
+  either side of the Softmax and MatMul or Einsum products; the block is that
+  core, not the Q/K/V projections;
 - channel attention as in NAFNet's SCA and squeeze-excitation:
   GlobalAveragePool (or a spatial `ReduceMean`) → 1×1 Conv / MatMul / Gemm and
   activations → `Mul` with the pooled tensor itself.
@@ -40,8 +42,8 @@ FUSED_ATTENTION = frozenset(
 PRODUCTS = frozenset({"MatMul", "Einsum"})
 # Between Q·Kᵀ and Softmax: scaling, masking, bias, layout.
 SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Clip"}) | DATA_MOVEMENT
-# Between Softmax and ·V: dropout, masking, layout.
-PROB_OPS = frozenset({"Cast", "Dropout", "Identity", "Reshape", "Mul", "Where"})
+# Between Softmax and ·V: dropout, masking, layout (tf2onnx reshapes and squeezes here).
+PROB_OPS = frozenset({"Cast", "Dropout", "Mul", "Where"}) | DATA_MOVEMENT
 ACTIVATIONS = frozenset(
     {
         "Relu",

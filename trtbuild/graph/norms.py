@@ -13,6 +13,9 @@ Forms recognised (each seen in real exports):
   normalises axis 1);
 - LayerNorm as tf2onnx writes Keras' (batch-norm style): the same statistics,
   then x * (gamma * rsqrt) + (beta - mean * gamma * rsqrt);
+- any of these with its means (`moments/mean`, `moments/variance`) written as
+  tf2onnx's global-pool optimizer writes them: `GlobalAveragePool`, alone or
+  between a `Transpose` and its inverse;
 - RMSNorm: the LayerNorm tail without centring;
 - GroupNorm as PyTorch exports it: Reshape, InstanceNormalization, Reshape,
   Mul, Add.
@@ -106,20 +109,82 @@ def _keepdims(node) -> bool:
 
 
 @dataclass(frozen=True)
+class _Mean:
+    """A mean over some axes, however an exporter wrote it (see `_mean_at`)."""
+
+    nodes: tuple[int, ...]
+    x: str
+    out: str
+    axes: tuple[int, ...] | None  # in x's layout; None for all axes
+    keepdims: bool
+
+
+def _rank(view: GraphView, tensor: str) -> int | None:
+    t = view.shape.get(tensor)
+    if t is None or not t.tensor_type.HasField("shape"):
+        return None
+    return len(t.tensor_type.shape.dim)
+
+
+def _perm(view: GraphView, i: int) -> tuple[int, ...] | None:
+    return next(
+        (tuple(helper.get_attribute_value(a)) for a in view.nodes[i].attribute if a.name == "perm"),
+        None,
+    )
+
+
+def _mean_at(view: GraphView, i: int) -> _Mean | None:
+    """ReduceMean; GlobalAveragePool (the mean over axes 2..); or GlobalAveragePool between a
+    Transpose and its inverse, as tf2onnx's optimizers leave Keras' `moments`."""
+    n = view.nodes[i]
+    if n.op_type == "ReduceMean":
+        return _Mean((i,), n.input[0], n.output[0], reduce_axes(view, i), _keepdims(n))
+    if n.op_type != "GlobalAveragePool":
+        return None
+    rank = _rank(view, n.input[0])
+    if rank is None or rank < 3:
+        return None
+    pooled = tuple(range(2, rank))
+    before = view.producer.get(n.input[0])
+    after = _single(view, n.output[0], "Transpose")
+    if before is None or view.nodes[before].op_type != "Transpose" or after is None:
+        return _Mean((i,), n.input[0], n.output[0], pooled, True)
+    p, q = _perm(view, before), _perm(view, after)
+    if p is None or q is None or len(p) != rank or [p[j] for j in q] != list(range(rank)):
+        return _Mean((i,), n.input[0], n.output[0], pooled, True)
+    x_axes = tuple(sorted(p[j] for j in pooled))
+    return _Mean((before, i, after), view.nodes[before].input[0], _out(view, after), x_axes, True)
+
+
+def _means_of(view: GraphView, tensor: str) -> list[_Mean]:
+    """The means computed from `tensor` (directly, or through a transposed pool)."""
+    found = []
+    for c in view.consumers.get(tensor, []):
+        entry = c
+        if view.nodes[c].op_type == "Transpose":
+            nxt = _single(view, _out(view, c), "GlobalAveragePool")
+            entry = nxt if nxt is not None else c
+        mean = _mean_at(view, entry)
+        if mean is not None and mean.x == tensor:
+            found.append(mean)
+    return found
+
+
+@dataclass(frozen=True)
 class _Stats:
     """mean(x²) + eps → sqrt, shared by LayerNorm and RMSNorm."""
 
-    nodes: tuple[int, ...]  # square, ReduceMean, Add, Sqrt
+    nodes: tuple[int, ...]  # square, the mean's nodes, Add, Sqrt
     std: str
     epsilon: str
-    var_reduce: int
+    variance: _Mean
 
 
 def _stats(view: GraphView, sq: int) -> _Stats | None:
-    mean = _consumers(view, view.nodes[sq].output[0], "ReduceMean")
-    if not mean:
+    means = _means_of(view, view.nodes[sq].output[0])
+    if not means:
         return None
-    var = view.nodes[mean[0]].output[0]
+    var = means[0].out
     for add in _consumers(view, var, "Add"):
         eps = _other(view.nodes[add], var)
         if eps is None or not _is_scalar_const(view, eps):
@@ -127,7 +192,7 @@ def _stats(view: GraphView, sq: int) -> _Stats | None:
         sqrt = _consumers(view, view.nodes[add].output[0], "Sqrt")
         if sqrt:
             std = view.nodes[sqrt[0]].output[0]
-            return _Stats((sq, mean[0], add, sqrt[0]), std, eps, mean[0])
+            return _Stats((sq, *means[0].nodes, add, sqrt[0]), std, eps, means[0])
     return None
 
 
@@ -173,9 +238,12 @@ def _out(view: GraphView, index: int) -> str:
 
 
 def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
-    """A centred LayerNorm starting at ReduceMean `i` (PyTorch/Paddle or tf2onnx form)."""
+    """A centred LayerNorm whose mean is computed at node `i` (PyTorch/Paddle or tf2onnx form)."""
     n = view.nodes[i]
-    x, m = n.input[0], n.output[0]
+    mean = _mean_at(view, i)
+    if mean is None:
+        return None
+    x, m = mean.x, mean.out
     subs = [c for c in _consumers(view, m, "Sub") if list(view.nodes[c].input) == [x, m]]
     if not subs:
         return None
@@ -186,14 +254,14 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
         return None
     common = dict(
         x=x,
-        axes=(reduce_axes(view, i), reduce_axes(view, stats.var_reduce)),
-        keepdims=_keepdims(n) and _keepdims(view.nodes[stats.var_reduce]),
+        axes=(mean.axes, stats.variance.axes),
+        keepdims=mean.keepdims and stats.variance.keepdims,
         epsilon=stats.epsilon,
     )
     div = _divide(view, d, stats.std)
     if div is not None:
         affine, scale, bias = _affine(view, div[-1])
-        nodes = (i, subs[0], *stats.nodes, *div, *affine)
+        nodes = (*mean.nodes, subs[0], *stats.nodes, *div, *affine)
         return NormUnit(
             "layernorm",
             nodes,
@@ -203,14 +271,14 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
             bias=bias,
             **common,
         )
-    return _tf_layernorm(view, i, subs[0], stats, common)
+    return _tf_layernorm(view, mean, subs[0], stats, common)
 
 
 def _tf_layernorm(
-    view: GraphView, i: int, sub: int, stats: _Stats, common: dict
+    view: GraphView, mean: _Mean, sub: int, stats: _Stats, common: dict
 ) -> NormUnit | None:
     """tf2onnx's Keras LayerNorm: x * k + (beta - mean * k), k = gamma * rsqrt(var + eps)."""
-    x, m = view.nodes[i].input[0], _out(view, i)
+    x, m = mean.x, mean.out
     recip = _consumers(view, stats.std, "Reciprocal")
     if not recip:
         return None
@@ -243,11 +311,11 @@ def _tf_layernorm(
         nodes += [centre[0], add[0]]
     else:
         return None
-    ordered = tuple(sorted((i, sub, *stats.nodes, *nodes)))
+    ordered = tuple(sorted((*mean.nodes, sub, *stats.nodes, *nodes)))
     return NormUnit(
         "layernorm",
         ordered,
-        f"decomposed LayerNorm unit (tf2onnx form) from {view.nodes[i].name}",
+        f"decomposed LayerNorm unit (tf2onnx form) from {view.nodes[mean.nodes[0]].name}",
         output=_out(view, nodes[-1]),
         scale=scale,
         bias=bias,
@@ -272,7 +340,7 @@ def _rmsnorm_at(view: GraphView, i: int) -> NormUnit | None:
         f"decomposed RMSNorm unit from {n.name}",
         x=x,
         output=_out(view, nodes[-1]),
-        axes=(reduce_axes(view, stats.var_reduce),),
+        axes=(stats.variance.axes,),
         epsilon=stats.epsilon,
         scale=scale,
         bias=bias,
@@ -332,7 +400,7 @@ def _find_norm_units(view: GraphView) -> list[NormUnit]:
         if n.op_type in FUSED_NORMS:
             add(_fused_at(view, i))
     for i, n in enumerate(view.nodes):
-        if n.op_type == "ReduceMean" and i not in taken:
+        if n.op_type in ("ReduceMean", "GlobalAveragePool") and i not in taken:
             add(_layernorm_at(view, i))
     for i, n in enumerate(view.nodes):
         if n.op_type in ("Pow", "Mul") and i not in taken:
