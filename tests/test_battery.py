@@ -69,6 +69,20 @@ def _with_weight(value: float, scale: float = 1.0) -> onnx.ModelProto:
     )
 
 
+def _halving() -> onnx.ModelProto:
+    """Pool by 2, upsample back, add the input: only even heights and widths run."""
+    return model(
+        [
+            node("MaxPool", ["x"], "p", "pool", kernel_shape=[2, 2], strides=[2, 2]),
+            node("Resize", ["p", "", "scales"], "u", "up", mode="nearest"),
+            node("Add", ["x", "u"], "y", "merge"),
+        ],
+        [("x", F, [1, 1, "h", "w"])],
+        [("y", F, [1, 1, "h", "w"])],
+        {"scales": np.array([1, 1, 2, 2], np.float32)},
+    )
+
+
 def _dynamic() -> onnx.ModelProto:
     return model(
         [node("Relu", ["x"], "y", "relu")], [("x", F, ["batch", 4])], [("y", F, ["batch", 4])]
@@ -280,6 +294,22 @@ CASES = [
         lambda c: c.build(c.model_policy(_with_weight(1.0, 3e38))),
         2,
         "output 'y' holds inf on the reference data; it first appears in tensor 'y' (node scale, Mul)",
+    ),
+    (
+        "a-shape-the-model-cannot-run",
+        lambda c: c.build(c.model_policy(_halving(), "inputs: {x: {shape: [1, 1, 5, 6]}}\n")),
+        2,
+        "the FP32 model cannot run at shape [1, 1, 5, 6] in node merge",
+    ),
+    (
+        "override-names-an-unknown-input",
+        lambda c: c.build(
+            c.nafnet_policy(
+                **{"passes: {opset: 17}": "passes: {override_input_shapes: {image: [1, 3, 8, 8]}}"}
+            )
+        ),
+        2,
+        "passes.override_input_shapes.image: the model has no input 'image'",
     ),
     (
         "named-shape-outside-the-profile",

@@ -30,7 +30,10 @@ def prepare(
     """Sanitize: names, constants, opset, folding, fusions, shapes; each step recorded."""
     _reject_unsupported(model, source)
     records = []
-    model, rec = passes.override_input_shapes(model, options.override_input_shapes)
+    try:
+        model, rec = passes.override_input_shapes(model, options.override_input_shapes)
+    except UsageError as exc:  # it names the policy's field; the model is where inputs are
+        raise UsageError(exc.message, where=exc.where or source, hint=exc.hint) from None
     records.append(rec)
     model, rec = passes.drop_initializer_inputs(model)
     records.append(rec)
