@@ -41,7 +41,7 @@ from trtbuild.graph.model_io import load_model, save_model
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
 from trtbuild.passes.prepare import Prepared, prepare
-from trtbuild.policy.model import Passes, Policy, Precision
+from trtbuild.policy.model import MemoryBudget, Passes, Policy, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import Converted, convert
 from trtbuild.precision.validate import validate_mixed
@@ -273,7 +273,7 @@ def _reference(
     cache: Cache,
     digest: str | None,
     level: ReferenceLevel,
-    budget: int,
+    budget: MemoryBudget,
 ) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
     """The FP32 reference to `level`, from the cache when the prepared graph and feeds match.
 

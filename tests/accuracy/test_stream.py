@@ -24,7 +24,7 @@ from trtbuild.cli import main
 from trtbuild.graph.model_io import load_model
 from trtbuild.graph.view import GraphView
 from trtbuild.policy import load_policy
-from trtbuild.policy.model import Precision
+from trtbuild.policy.model import MemoryBudget, Precision
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 from trtbuild.tune import tune
@@ -39,7 +39,8 @@ def _feed(seed: int = 0) -> dict[str, np.ndarray]:
 def _plan(model, budget: int) -> stream.Plan:
     view = GraphView(model)
     marked = {t for t, _, _ in float_node_outputs(view)} | set(view.outputs)
-    return stream.plan_by_budget(model, marked, stream.estimate_sizes(model, _feed()), budget)
+    sizes = stream.estimate_sizes(model, _feed())
+    return stream.plan_by_budget(model, marked, sizes, MemoryBudget(budget))
 
 
 def test_a_small_budget_cuts_the_graph_and_every_border_is_kept(nafnet_path):
@@ -124,3 +125,18 @@ def test_the_reference_measures_do_not_depend_on_the_cuts(write_policy, budget):
     whole = pipeline.run_front(base, reference="measures").measures
     assert m.ranges == whole.ranges and m.internals == whole.internals
     assert m.first_peaks == whole.first_peaks and m.sizes == whole.sizes
+
+
+def test_a_default_budget_grows_to_the_largest_step_and_a_policys_own_does_not(nafnet_path):
+    from trtbuild.errors import UsageError
+
+    model = load_model(nafnet_path)
+    view = GraphView(model)
+    marked = {t for t, _, _ in float_node_outputs(view)}
+    sizes = stream.estimate_sizes(model, _feed())
+    grown = stream.plan_by_budget(model, marked, sizes, MemoryBudget(64 * KIB, 1 << 30))
+    assert grown.budget > 64 * KIB and len(grown) > 1
+    with pytest.raises(UsageError, match="one step may take half the budget of 64 KiB"):
+        stream.plan_by_budget(model, marked, sizes, MemoryBudget(64 * KIB))
+    with pytest.raises(UsageError, match="half this machine's memory"):
+        stream.plan_by_budget(model, marked, sizes, MemoryBudget(64 * KIB, 128 * KIB))

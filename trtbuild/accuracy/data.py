@@ -91,7 +91,7 @@ def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dic
     lower bound, against the same `accuracy.memory_budget` the judge streams by.
     """
     per_sample = sum(math.prod(s) * np.dtype(dtypes[n]).itemsize for n, s in shapes.items())
-    need, budget = 3 * per_sample * policy.accuracy.samples, policy.accuracy.budget()
+    need, budget = 3 * per_sample * policy.accuracy.samples, policy.accuracy.budget().bytes
     if need > budget:
         fits = max(1, budget // max(3 * per_sample, 1))
         raise UsageError(

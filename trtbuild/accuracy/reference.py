@@ -36,6 +36,7 @@ from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_b
 from trtbuild.errors import UsageError
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import measure_peak
+from trtbuild.policy.model import MemoryBudget
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,10 @@ def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:
 
 
 def reference_plan(
-    model: onnx.ModelProto, order: list[tuple[str, str, str]], sizes: dict[str, int], budget: int
+    model: onnx.ModelProto,
+    order: list[tuple[str, str, str]],
+    sizes: dict[str, int],
+    budget: MemoryBudget,
 ) -> Plan:
     """The reference's cuts: every float node output and graph output marked."""
     marked = {t for t, _, _ in order} | {o.name for o in model.graph.output}
@@ -129,7 +133,11 @@ class _Tally:
 
 
 def run_reference(
-    reference: onnx.ModelProto, feeds: list[Feed], view: GraphView | None, *, budget: int
+    reference: onnx.ModelProto,
+    feeds: list[Feed],
+    view: GraphView | None,
+    *,
+    budget: MemoryBudget,
 ) -> ReferenceTensors:
     """Run the FP32 graph segment by segment on every feed and measure what later stages need."""
     from polygraphy.comparator import RunResults

@@ -29,6 +29,7 @@ import onnx
 from onnx import helper
 
 from trtbuild.errors import UsageError
+from trtbuild.policy.model import MemoryBudget
 from trtbuild.sizes import fmt_bytes
 
 # A run holds a segment of the reference and a segment of one candidate at once, and
@@ -61,18 +62,20 @@ class Plan:
 
 
 def plan_by_budget(
-    model: onnx.ModelProto, marked: set[str], sizes: dict[str, int], budget: int
+    model: onnx.ModelProto, marked: set[str], sizes: dict[str, int], budget: MemoryBudget
 ) -> Plan:
     """Cut `model` where a segment's tensors and the values crossing into it reach budget/4.
 
-    `sizes` gives each tensor's bytes at the input shape; one node whose inputs
-    and outputs alone pass half the budget is refused: no cut can run it.
+    `sizes` gives each tensor's bytes at the input shape. One node whose inputs
+    and outputs alone pass half the budget cannot be cut: a default budget grows
+    to fit it (up to its ceiling), a policy's own is refused with exit 2.
     """
     nodes = list(model.graph.node)
+    initializers = {t.name for t in model.graph.initializer}
+    budget = _fitted(nodes, sizes, budget, initializers)
     limit = max(budget // SEGMENT_SHARE, 1)
     last_use = _last_use(nodes)
     freed_at: dict[int, list[str]] = defaultdict(list)
-    initializers = {t.name for t in model.graph.initializer}
     live = {t: sizes.get(t, 0) for t in _graph_inputs(model, initializers)}
     for t in live:
         freed_at[last_use.get(t, -1) + 1].append(t)
@@ -81,7 +84,6 @@ def plan_by_budget(
         for t in freed_at.pop(i, ()):
             live.pop(t, None)
         out = sum(sizes.get(o, 0) for o in node.output if o)
-        _check_step(node, sizes, budget, initializers)
         if assign and held + out > limit:
             seg, held = seg + 1, sum(live.values())
         assign.append(seg)
@@ -93,21 +95,32 @@ def plan_by_budget(
     return cut(model, assign, marked, budget=budget)
 
 
-def _check_step(
-    node: onnx.NodeProto, sizes: dict[str, int], budget: int, initializers: set[str]
-) -> None:
-    tensors = [t for t in (*node.input, *node.output) if t and t not in initializers]
-    step = sum(sizes.get(t, 0) for t in tensors)
-    if step <= budget // STEP_SHARE:
-        return
-    largest = max(tensors, key=lambda t: sizes.get(t, 0))
+def _fitted(
+    nodes: list[onnx.NodeProto], sizes: dict[str, int], budget: MemoryBudget, initializers: set
+) -> int:
+    """The budget in bytes that the largest step fits in, or exit 2 naming that step."""
+
+    def tensors(node: onnx.NodeProto) -> list[str]:
+        return [t for t in (*node.input, *node.output) if t and t not in initializers]
+
+    if not nodes:
+        return budget.bytes
+    node = max(nodes, key=lambda n: sum(sizes.get(t, 0) for t in tensors(n)))
+    step = sum(sizes.get(t, 0) for t in tensors(node))
+    need = step * STEP_SHARE
+    if need <= budget.bytes:
+        return budget.bytes
+    if budget.ceiling is not None and need <= budget.ceiling:
+        return need
+    largest = max(tensors(node), key=lambda t: sizes.get(t, 0))
+    allowed = budget.bytes if budget.ceiling is None else budget.ceiling
+    what = "the budget of" if budget.ceiling is None else "half this machine's memory,"
     raise UsageError(
         f"accuracy.memory_budget: node {node.name or node.op_type} ({node.op_type}) holds "
         f"{fmt_bytes(step)} at once (its largest tensor {largest} is "
-        f"{fmt_bytes(sizes.get(largest, 0))}); one step may take half the budget "
-        f"of {fmt_bytes(budget)}",
-        hint=f"raise accuracy.memory_budget to at least {fmt_bytes(step * STEP_SHARE)}, "
-        "or judge smaller inputs",
+        f"{fmt_bytes(sizes.get(largest, 0))}); one step may take half {what} "
+        f"{fmt_bytes(allowed)}",
+        hint=f"raise accuracy.memory_budget to at least {fmt_bytes(need)}, or judge smaller inputs",
     )
 
 

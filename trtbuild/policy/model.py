@@ -157,6 +157,13 @@ DEFAULT_BUDGET_SHARE = 24  # the default memory budget: this share of the machin
 DEFAULT_BUDGET_RANGE = (256 << 20, 4 << 30)  # ... within these bounds
 
 
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
 def default_memory_budget() -> int:
     """`accuracy.memory_budget` when the policy gives none: 1/24 of physical memory, clamped.
 
@@ -165,12 +172,22 @@ def default_memory_budget() -> int:
     1920x1920 detector whose largest step is 340 MiB, and whatever does not
     fit streams through it.
     """
-    try:
-        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        ram = 16 << 30
     low, high = DEFAULT_BUDGET_RANGE
-    return int(min(max(ram // DEFAULT_BUDGET_SHARE, low), high))
+    return int(min(max(physical_memory() // DEFAULT_BUDGET_SHARE, low), high))
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Bytes of tensors a judgement may hold, and how far a default may grow.
+
+    A policy's own `memory_budget` is kept as given (a step that does not fit is
+    exit 2); the default grows to what the model's largest step needs, up to
+    `ceiling` (half the machine's memory), so a 2048x2048 restoration model
+    needs no setting where the machine can judge it.
+    """
+
+    bytes: int
+    ceiling: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,8 +203,10 @@ class AccuracySpec:
     # named input shapes judged beside the profile's min/opt/max: ((name, ((input, dims), ...)), ...)
     shapes: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...] = ()
 
-    def budget(self) -> int:
-        return self.memory_budget if self.memory_budget is not None else default_memory_budget()
+    def budget(self) -> MemoryBudget:
+        if self.memory_budget is not None:
+            return MemoryBudget(self.memory_budget)
+        return MemoryBudget(default_memory_budget(), physical_memory() // 2)
 
     def tolerance(self, output: str) -> Tolerance:
         return dict(self.output_tolerances).get(output, self.default_tolerance)
