@@ -236,7 +236,7 @@ def sections(report: Report) -> list[Section]:
                 Para(f"First divergence (policy): {divergence_text(report.main.first_divergence)}"),
             ],
         ),
-        _baseline_section(report.fp16),
+        _baseline_section(report),
         _at_risk_section(report),
     ]
     if len(report.shapes) > 1:
@@ -271,7 +271,7 @@ def _shapes_section(report: Report) -> Section:
         "shape of `accuracy.shapes`): sums grow with the input, and the engine serves them "
         "all. It passes only where every column passes. Cells: verdict and max |error|."
     )
-    head = ("output", *(f"`{s.label}`" for s in shapes))
+    head = ("output", *(s.label for s in shapes))
     return Section("Shapes", [Para(text), Table(head, rows)])
 
 
@@ -279,12 +279,19 @@ def _short_divergence(d: dict[str, Any] | None) -> str:
     return f"`{d['node']}`" if d else "none"
 
 
-def _baseline_section(base: Verdict) -> Section:
+def _baseline_section(report: Report) -> Section:
+    """The all-FP16 baseline at the primary shape, and where else it fails."""
+    base = report.fp16
     verdict = "passes" if base.passed else "**FAILS**"
+    text = f"All-FP16 {verdict} ({base.evaluator})"
+    if len(report.shapes) > 1:
+        fails = [s.label for s in report.shapes if not s.fp16.passed]
+        elsewhere = f"; it **FAILS** at {', '.join(fails)}" if fails else " at every shape"
+        text += f" at {report.shapes[0].label}{elsewhere} (the Shapes table)"
     return Section(
         "What the policy buys: all-FP16 baseline",
         [
-            Para(f"All-FP16 {verdict} ({base.evaluator})."),
+            Para(text + "."),
             outputs_table(base.outputs),
             Para(f"First divergence (all-FP16): {divergence_text(base.first_divergence)}"),
         ],
