@@ -115,3 +115,27 @@ def test_check_reads_the_measures_alone_and_says_what_a_cold_check_says(
     stages = pipeline.run_front(load_policy(policy), reference="measures", cache=cache)
     assert stages.reference is None and stages.cache_hits["reference"] == "hit"
     assert "reference" not in cache.hits  # the tensors' entry was not read
+
+
+def test_eight_checks_at_once_on_one_small_cold_cache(tmp_path, write_policy):
+    """As a nightly with --jobs or two terminals do: eviction and listing meet files that
+    other processes are writing or have just removed, and no command may fail for it."""
+    import os
+    import subprocess
+    import sys
+
+    policy = write_policy()
+    env = {
+        **os.environ,
+        "TRTBUILD_CACHE_DIR": str(tmp_path / "shared"),
+        "TRTBUILD_CACHE_MAX_MB": "0.2",  # every put evicts
+    }
+    cmd = [sys.executable, "-m", "trtbuild", "check", "--policy", str(policy), "--json"]
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(8)
+    ]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    assert [code for code, _, _ in results] == [0] * 8, [err for _, _, err in results]
+    assert not any("Traceback" in err for _, _, err in results)
+    assert len({out for _, out, _ in results}) == 1  # the cache never changes a result
