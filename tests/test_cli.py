@@ -108,4 +108,14 @@ def test_schema_and_help_exit_0(capsys):
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out)["title"] == "trtbuild precision policy"
     assert main(["--help"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    for code in (
+        "0 ok",
+        "1 accuracy",
+        "2 bad usage",
+        "3 backend",
+        "70 internal",
+        "130 interrupted",
+    ):
+        assert code in said, code
     assert main(["frobnicate"]) == 2

@@ -20,7 +20,11 @@ from trtbuild.errors import EXIT_USAGE, TrtbuildError
 
 EXIT_BUG = 70  # an internal error: traceback kept, reported as a bug
 
-_EPILOG = "exit codes: 0 ok, 1 accuracy below tolerance, 2 bad usage/policy/model, 3 backend unavailable or build failed"
+_EPILOG = (
+    "exit codes: 0 ok, 1 accuracy below tolerance, 2 bad usage/policy/model, 3 backend "
+    "unavailable or build failed, 70 internal error (a bug: the traceback is kept), 130 "
+    "interrupted (earlier artifacts left as they were), 141 the reader of stdout left"
+)
 
 
 class _Parser(argparse.ArgumentParser):
