@@ -337,7 +337,7 @@ def _cmd_check(args) -> int:
         print("  ".join(r[k].ljust(w) for k, w in zip(header, widths)) + "  " + r["reason"])
     print(
         f"\n{summary.fp16_nodes} fp16, {summary.bf16_nodes} bf16, {summary.fp32_nodes} fp32 "
-        f"compute nodes ({summary.fp16_share:.1%} fp16); {len(stages.converted.casts)} casts; "
+        f"compute nodes ({summary.share_text()}); {len(stages.converted.casts)} casts; "
         f"rule hits: " + ", ".join(f"{k}={v}" for k, v in summary.rule_hits.items())
     )
     print(at_risk_lines(at_risk, policy.accuracy.emulation))
@@ -358,7 +358,7 @@ def _cmd_convert(args) -> int:
     _warn(stages.warnings)
     s = stages.assignment.summary()
     print(
-        f"wrote {args.output}: {s.fp16_share:.1%} FP16, {s.fp32_nodes} FP32 nodes, "
+        f"wrote {args.output}: {s.share_text()}, {s.fp32_nodes} FP32 nodes, "
         f"{len(stages.converted.casts)} casts"
     )
     return 0
@@ -420,7 +420,7 @@ def _cmd_tune(args) -> int:
     verdict = "passes" if result.passed else "DOES NOT PASS"
     print(
         f"{verdict} (emulated-fp16, {policy.accuracy.emulation} emulation): "
-        f"{result.fp16_share:.1%} FP16, {len(result.pinned)} group(s) "
+        f"{result.fp16_share:.1%} {result.low.upper()}, {len(result.pinned)} group(s) "
         f"pinned beyond the policy's rules, {len(result.trials)} evaluation(s)"
     )
     if result.exhausted:

@@ -40,7 +40,7 @@ from trtbuild.graph.attention import attention_units
 from trtbuild.graph.norms import norm_units
 from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import FP16_MAX
+from trtbuild.numerics import LOW_MAX
 from trtbuild.pipeline import Stages
 from trtbuild.policy.model import Match, Precision, Rule
 from trtbuild.precision.assign import assign
@@ -88,8 +88,9 @@ class TuneResult:
     reasons: dict[int, str]  # group -> why it is needed
     trials: list[Trial] = field(default_factory=list)
     passed: bool = False
-    fp16_share: float = 0.0
+    fp16_share: float = 0.0  # the share in the policy's low precision (`low`)
     budget: int = 0
+    low: str = "fp16"
 
     @property
     def exhausted(self) -> bool:
@@ -231,7 +232,7 @@ def evaluate(stages: Stages, precision: Precision) -> Outcome:
         failing=failing,
         overflow=overflow,
         worst=worst,
-        fp16_share=assignment.summary().fp16_share,
+        fp16_share=assignment.summary().low_share,
         seconds=round(time.perf_counter() - t, 3),
     )
 
@@ -308,10 +309,12 @@ class Search:
 
     # 2. range analysis: what leaves the FP16 range is the first suspect
     def start(self) -> Outcome:
-        self.pinned = sorted(k for k, g in enumerate(self.groups) if g.peak > FP16_MAX)
+        low = self.stages.policy.precision.default  # fp16 | bf16 (check_policy refused fp32)
+        self.pinned = sorted(k for k, g in enumerate(self.groups) if g.peak > LOW_MAX[low])
         for k in self.pinned:
             self.reasons[k] = (
-                f"reaches |x| = {self.groups[k].peak:.4g} on the reference data (FP16 max 65504)"
+                f"reaches |x| = {self.groups[k].peak:.4g} on the reference data "
+                f"({low.upper()} max {LOW_MAX[low]:.6g})"
             )
         action = "start: range analysis" if self.pinned else "start: policy rules only"
         return self.judge(self.pinned, action)
@@ -376,6 +379,7 @@ class Search:
             final.passed,
             final.fp16_share,
             self.budget,
+            self.stages.policy.precision.default,
         )
 
 
@@ -496,7 +500,7 @@ def tuned_yaml(stages: Stages, result: TuneResult, out: Path, seed: int, objecti
     lines = [
         *_schema_line(text, here, there),
         f"# Tuned by `trtbuild tune` from {_rel(policy.path, there)}: {verdict} with "
-        f"{result.fp16_share:.1%} of compute nodes in FP16,",
+        f"{result.fp16_share:.1%} of compute nodes in {result.low.upper()},",
         f"# {len(result.pinned)} group(s) pinned after {len(result.trials)} evaluation(s) "
         f"(evaluator emulated-fp16, emulation {policy.accuracy.emulation}, "
         f"objective {objective}, seed {seed}).",
@@ -552,7 +556,7 @@ class Progress:
         bar = "#" * filled + "." * (self.width - filled)
         state = "pass" if trial.passed else "fail"
         self.line.write(
-            f"tune [{bar}] {trial.step}/{budget} {state} {trial.fp16_share:.1%} FP16  "
+            f"tune [{bar}] {trial.step}/{budget} {state} {trial.fp16_share:.1%}  "
             f"{trial.action[:60]}"
         )
 

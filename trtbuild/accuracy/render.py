@@ -72,7 +72,7 @@ def summary(report: Report) -> str:
     )
     lines = [
         f"{'PASSED' if report.passed else 'FAILED'}{where} ({how}): "
-        f"{p.fp16_share:.1%} FP16, {len(p.pinned)} node(s) pinned to FP32"
+        f"{p.share_text()}, {len(p.pinned)} node(s) pinned to FP32"
     ]
     shapes = report.shapes if len(report.shapes) > 1 else []
     if shapes:

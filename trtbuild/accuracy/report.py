@@ -221,8 +221,8 @@ def header(report: Report) -> list[str]:
         f"evaluator: **{main.evaluator}**{how} against the ONNX Runtime FP32 reference, "
         f"{report.samples} sample(s); first divergence and error curve from "
         f"**{report.divergence_evaluator}**",
-        f"precision: {p.fp16_nodes} FP16 and {p.fp32_nodes} FP32 compute nodes "
-        f"({p.fp16_share:.1%} FP16), {len(p.pinned)} pinned by rules",
+        f"precision: {p.fp16_nodes} FP16, {p.bf16_nodes} BF16 and {p.fp32_nodes} FP32 compute "
+        f"nodes ({p.share_text()}), {len(p.pinned)} pinned by rules",
     ]
 
 

@@ -78,7 +78,7 @@ def run_policy(
     result.evaluator = report.main.evaluator
     result.emulation = report.main.emulation
     result.backend = report.backend
-    result.fp16_share = report.precision.fp16_share
+    result.fp16_share = report.precision.low_share  # FP16 or BF16, the policy's own
     result.fp32_nodes = report.precision.fp32_nodes
     result.versions = pipeline.versions(result.backend or "none")
     result.outputs = report.main.outputs_json()  # plain data: it crosses processes

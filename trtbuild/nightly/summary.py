@@ -81,7 +81,7 @@ COLUMNS = (
     "policy",
     "status",
     "evaluator",
-    "FP16 share",
+    "low-precision share (FP16 or BF16)",
     "worst max_abs",
     "worst median_abs",
     "regression",

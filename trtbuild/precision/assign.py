@@ -54,6 +54,7 @@ class Assignment:
             if d.precision == "fp32" and d.rule in self.rule_hits:
                 pinned.append({"node": node.name, "op": node.op_type, "rule": d.rule})
         compute = sum(counts.values())
+        low = "bf16" if counts["bf16"] > counts["fp16"] else "fp16"
         return PrecisionSummary(
             fp16_nodes=counts["fp16"],
             bf16_nodes=counts["bf16"],
@@ -61,6 +62,8 @@ class Assignment:
             fp16_share=round(counts["fp16"] / compute, 4) if compute else 0.0,
             pinned=pinned,
             rule_hits=dict(self.rule_hits),
+            low=low,
+            low_share=round(counts[low] / compute, 4) if compute else 0.0,
         )
 
 
@@ -74,6 +77,12 @@ class PrecisionSummary:
     fp16_share: float
     pinned: list[dict[str, str]]  # node, op, rule
     rule_hits: dict[str, int]
+    low: str = "fp16"  # the low precision the policy computes in: fp16 | bf16
+    low_share: float = 0.0  # compute nodes in that precision
+
+    def share_text(self) -> str:
+        """`95.0% FP16` or `95.0% BF16`: what a BF16 policy buys is counted as BF16."""
+        return f"{self.low_share:.1%} {self.low.upper()}"
 
     def to_json(self) -> dict[str, Any]:
         # shallow, not dataclasses.asdict: that deep-copies every pinned row (a tenth of a
