@@ -34,7 +34,11 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+BACKEND_CHOICES = ["auto", "tensorrt", "tensorrt-rtx", "none"]
+
+
 def _parser() -> argparse.ArgumentParser:
+    """The command line: one builder per command, in the order `--help` lists them."""
     p = _Parser(
         prog="trtbuild",
         description="Build TensorRT engines under a per-layer precision policy, "
@@ -44,55 +48,76 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"trtbuild {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    for add in (
+        _build_args,
+        _check_args,
+        _convert_args,
+        _report_args,
+        _prepare_args,
+        _tune_args,
+        _nightly_args,
+        _schema_args,
+        _cache_args,
+    ):
+        add(sub)
+    return p
 
-    def policy_arg(sp):
-        sp.add_argument(
-            "--policy",
-            "-p",
-            required=True,
-            metavar="P",
-            help="policy YAML; NAME.yaml (or NAME) is also looked up in ./policies/",
-        )
-        sp.add_argument(
-            "--verbose",
-            "-v",
-            action="store_true",
-            help="also show the log of Polygraphy, onnx-graphsurgeon and ONNX Runtime",
-        )
-        no_cache_arg(sp)
 
-    def no_cache_arg(sp):
-        sp.add_argument(
-            "--no-cache",
-            action="store_true",
-            help="compute the prepared graph and the FP32 reference afresh "
-            "(cache: TRTBUILD_CACHE_DIR, default ~/.cache/trtbuild)",
-        )
+def _policy_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--policy",
+        "-p",
+        required=True,
+        metavar="P",
+        help="policy YAML; NAME.yaml (or NAME) is also looked up in ./policies/",
+    )
+    sp.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also show the log of Polygraphy, onnx-graphsurgeon and ONNX Runtime",
+    )
+    _no_cache_arg(sp)
 
-    b = sub.add_parser("build", help="prepare, assign, build and report into DIR", epilog=_EPILOG)
-    policy_arg(b)
-    b.add_argument("--out", "-o", type=Path, metavar="DIR", help="default: build/<policy stem>/")
-    b.add_argument(
-        "--backend",
-        choices=["auto", "tensorrt", "tensorrt-rtx", "none"],
-        help="override build.backend",
+
+def _no_cache_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compute the prepared graph and the FP32 reference afresh "
+        "(cache: TRTBUILD_CACHE_DIR, default ~/.cache/trtbuild)",
     )
 
+
+def _build_args(sub) -> None:
+    b = sub.add_parser("build", help="prepare, assign, build and report into DIR", epilog=_EPILOG)
+    _policy_args(b)
+    b.add_argument("--out", "-o", type=Path, metavar="DIR", help="default: build/<policy stem>/")
+    b.add_argument("--backend", choices=BACKEND_CHOICES, help="override build.backend")
+
+
+def _check_args(sub) -> None:
     c = sub.add_parser(
         "check", help="validate a policy against its model; show each node's precision"
     )
-    policy_arg(c)
+    _policy_args(c)
     c.add_argument("--json", action="store_true", help="machine-readable output")
 
+
+def _convert_args(sub) -> None:
     cv = sub.add_parser("convert", help="write only the mixed-precision model")
-    policy_arg(cv)
+    _policy_args(cv)
     cv.add_argument("-o", "--output", required=True, type=Path, metavar="MIXED.onnx")
 
+
+def _report_args(sub) -> None:
     r = sub.add_parser("report", help="the accuracy report without rebuilding", epilog=_EPILOG)
-    policy_arg(r)
+    _policy_args(r)
     r.add_argument("--engine", "-e", type=Path, metavar="E", help="engine to run (needs a GPU)")
     r.add_argument("--out", "-o", type=Path, metavar="DIR", help="default: build/<policy stem>/")
 
+
+def _prepare_args(sub) -> None:
     pr = sub.add_parser("prepare", help="run the graph passes alone")
     pr.add_argument("model", type=Path, metavar="MODEL")
     pr.add_argument("-o", "--output", required=True, type=Path, metavar="OUT")
@@ -106,15 +131,17 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument(
         "--no-fold-batchnorm", action="store_true", help="keep BatchNormalization after Conv"
     )
-    no_cache_arg(pr)
+    _no_cache_arg(pr)
 
+
+def _tune_args(sub) -> None:
     t = sub.add_parser(
         "tune",
         help="search the smallest FP32 set that meets the tolerances; write it as a policy",
         epilog="exit codes: 0 the tuned policy passes, 1 no passing policy within the budget "
         "(the best attempt is written, marked as failing), 2 bad usage/policy/model",
     )
-    policy_arg(t)
+    _policy_args(t)
     t.add_argument("-o", "--output", required=True, type=Path, metavar="TUNED.yaml")
     t.add_argument("--budget", type=int, default=100, metavar="N", help="evaluations at most")
     t.add_argument(
@@ -142,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
         help="JSON lines, one per evaluation (default: TUNED.log.jsonl)",
     )
 
+
+def _nightly_args(sub) -> None:
     n = sub.add_parser(
         "nightly",
         help="build and report every policy, keep history, flag regressions",
@@ -153,9 +182,7 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--history", type=Path, default=Path("history/nightly.sqlite"), metavar="FILE")
     n.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="policies in parallel")
     n.add_argument(
-        "--backend",
-        choices=["auto", "tensorrt", "tensorrt-rtx", "none"],
-        help="override every policy's build.backend",
+        "--backend", choices=BACKEND_CHOICES, help="override every policy's build.backend"
     )
     n.add_argument(
         "--margin",
@@ -164,15 +191,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="F",
         help="error growth over the last passing night that counts as a regression (0.25 = 25%%)",
     )
+    _no_cache_arg(n)
 
-    no_cache_arg(n)
 
+def _schema_args(sub) -> None:
     sub.add_parser("schema", help="print the policy's JSON Schema")
 
+
+def _cache_args(sub) -> None:
     ca = sub.add_parser("cache", help="show or clear the cache of prepared graphs and references")
     ca.add_argument("action", choices=["info", "clear"])
     ca.add_argument("--json", action="store_true", help="machine-readable output (info)")
-    return p
 
 
 class _Once(logging.Filter):

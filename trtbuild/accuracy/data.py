@@ -314,11 +314,29 @@ def load_images(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.n
     scale to [0, 1], per-channel mean/std, NCHW or NHWC, RGB or BGR), so the
     reference data has the value ranges the engine will see in production.
     """
-    from PIL import Image
-
     img = spec.data.images
     field = f"inputs.{spec.name}.data"
-    where = str(policy.path)
+    layout, (_, h, w) = _image_layout(policy, spec, shape, field)
+    n, where = shape[0], str(policy.path)
+    paths = sorted(p for p in img.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if len(paths) < n:
+        raise UsageError(
+            f"{field}.images: {img.folder} holds {len(paths)} image(s); one sample needs {n}",
+            where=where,
+            hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
+        )
+    arrays = [
+        _image(policy, spec, path, (h, w), field, layout) for path in paths[: (len(paths) // n) * n]
+    ]
+    stacked = np.stack(arrays).astype(np.float32)
+    return stacked.reshape(len(arrays) // n, *shape)
+
+
+def _image_layout(
+    policy: Policy, spec: InputSpec, shape: tuple[int, ...], field: str
+) -> tuple[str, tuple[int, int, int]]:
+    """The layout and (channels, height, width) of an image input, or the field to fix."""
+    img, where = spec.data.images, str(policy.path)
     if len(shape) != 4:
         raise UsageError(
             f"{field}.images: input '{spec.name}' has rank {len(shape)}; images need a rank-4 input",
@@ -332,10 +350,7 @@ def load_images(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.n
             where=where,
             hint="add 'layout: NCHW' or 'layout: NHWC'",
         )
-    n, (c, h, w) = (
-        shape[0],
-        ((shape[1], shape[2], shape[3]) if layout == "NCHW" else shape[3:] + shape[1:3]),
-    )
+    c, h, w = (shape[1], shape[2], shape[3]) if layout == "NCHW" else shape[3:] + shape[1:3]
     want_c = 1 if img.channels == "GRAY" else 3
     if c != want_c:
         raise UsageError(
@@ -356,31 +371,29 @@ def load_images(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.n
                 where=where,
                 hint=f"give one number or {c}",
             )
-    paths = sorted(p for p in img.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    if len(paths) < n:
+    return layout, (c, h, w)
+
+
+def _image(
+    policy: Policy, spec: InputSpec, path, size: tuple[int, int], field: str, layout: str
+) -> np.ndarray:
+    """One image, resized, scaled and normalised, in the input's layout."""
+    from PIL import Image
+
+    img, (h, w) = spec.data.images, size
+    channels = 1 if img.channels == "GRAY" else 3
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L" if channels == 1 else "RGB").resize((w, h), Image.BILINEAR)
+            a = np.asarray(im, dtype=np.float32).reshape(h, w, channels)
+    except (OSError, ValueError) as exc:
         raise UsageError(
-            f"{field}.images: {img.folder} holds {len(paths)} image(s); one sample needs {n}",
-            where=where,
-            hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
-        )
-    mean = np.asarray(img.mean, np.float32)
-    std = np.asarray(img.std, np.float32)
-    arrays = []
-    for path in paths[: (len(paths) // n) * n]:
-        try:
-            with Image.open(path) as im:
-                im = im.convert("L" if want_c == 1 else "RGB").resize((w, h), Image.BILINEAR)
-                a = np.asarray(im, dtype=np.float32).reshape(h, w, want_c)
-        except (OSError, ValueError) as exc:
-            raise UsageError(
-                f"{field}.images: cannot read {path.name}: {exc}", where=where
-            ) from None
-        if img.channels == "BGR":
-            a = a[..., ::-1]
-        a = (a * img.scale - mean) / std
-        arrays.append(a.transpose(2, 0, 1) if layout == "NCHW" else a)
-    stacked = np.stack(arrays).astype(np.float32)
-    return stacked.reshape(len(arrays) // n, *shape)
+            f"{field}.images: cannot read {path.name}: {exc}", where=str(policy.path)
+        ) from None
+    if img.channels == "BGR":
+        a = a[..., ::-1]
+    a = (a * img.scale - np.asarray(img.mean, np.float32)) / np.asarray(img.std, np.float32)
+    return a.transpose(2, 0, 1) if layout == "NCHW" else a
 
 
 def _guess_layout(shape: tuple[int, ...]) -> str | None:

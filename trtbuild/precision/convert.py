@@ -216,13 +216,9 @@ def _tensor(array: np.ndarray, dtype: int, name: str) -> onnx.TensorProto:
     return numpy_helper.from_array(array.astype(np.float32), name)
 
 
-def convert(assignment: Assignment) -> Converted:
-    """Return the mixed-precision model for `assignment` (the source model is not modified)."""
-    view = assignment.view
-    rw = _Rewriter(assignment)
-    nodes, casts = rw.run()
+def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto], list[str]]:
+    """Every weight in each type its consumers need (in place where one type serves all)."""
     warnings: list[str] = []
-
     initializers: list[onnx.TensorProto] = []
     for t in view.graph.initializer:
         uses = rw.init_uses.get(t.name, [])
@@ -247,10 +243,13 @@ def convert(assignment: Assignment) -> Converted:
             for node, k, want in uses:
                 if want == d:
                     node.input[k] = name
+    return initializers, warnings
 
-    graph = view.graph
+
+def _value_info(view: GraphView, rw: _Rewriter) -> list[onnx.ValueInfoProto]:
+    """The inferred types, retyped where a value changed precision, and the casts' outputs."""
     value_info = []
-    for vi in graph.value_info:
+    for vi in view.graph.value_info:
         if vi.name in rw.dtype and vi.name not in rw.graph_outputs:
             new_vi = onnx.ValueInfoProto()
             new_vi.CopyFrom(vi)
@@ -262,7 +261,17 @@ def convert(assignment: Assignment) -> Converted:
             new_vi.type.CopyFrom(view.shape[src])
             new_vi.type.tensor_type.elem_type = rw.dtype[new_name]
             value_info.append(new_vi)
+    return value_info
 
+
+def convert(assignment: Assignment) -> Converted:
+    """Return the mixed-precision model for `assignment` (the source model is not modified)."""
+    view = assignment.view
+    rw = _Rewriter(assignment)
+    nodes, casts = rw.run()
+    initializers, warnings = _initializers(view, rw)
+    value_info = _value_info(view, rw)
+    graph = view.graph
     new_graph = helper.make_graph(
         nodes,
         graph.name,
