@@ -237,12 +237,17 @@ def evaluate(stages: Stages, precision: Precision) -> Outcome:
     )
 
 
-# Worker processes inherit the stages by fork (never pickled: the reference is large).
-_WORKER_STAGES: list[Stages] = []
+# Set in each worker process by the pool's initializer, never in the parent: the stages
+# arrive by fork (never pickled: the reference is large).
+_WORKER: dict[str, Stages] = {}
+
+
+def _init_worker(stages: Stages) -> None:
+    _WORKER["stages"] = stages
 
 
 def _evaluate_in_worker(precision: Precision) -> Outcome:
-    return evaluate(_WORKER_STAGES[0], precision)
+    return evaluate(_WORKER["stages"], precision)
 
 
 # -- the search ---------------------------------------------------------------------
@@ -411,13 +416,11 @@ def _pool(stages: Stages, jobs: int) -> Iterator[Any]:
     if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         yield None
         return
-    _WORKER_STAGES[:] = [stages]
-    try:
-        context = multiprocessing.get_context("fork")
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-            yield pool
-    finally:
-        _WORKER_STAGES.clear()
+    context = multiprocessing.get_context("fork")  # fork: initargs are inherited, not pickled
+    with concurrent.futures.ProcessPoolExecutor(
+        jobs, mp_context=context, initializer=_init_worker, initargs=(stages,)
+    ) as pool:
+        yield pool
 
 
 def _overflowing_group(
