@@ -151,3 +151,16 @@ def test_workflow_is_valid_yaml_that_calls_the_documented_commands():
 def test_bad_numbers_are_exit_2(tmp_path, flag, named, capsys):
     assert main(["nightly", "--policies", str(tmp_path), flag]) == 2
     assert named in capsys.readouterr().err
+
+
+def test_a_pass_in_another_lane_is_no_baseline_for_a_regression(tmp_path, models_dir, capsys):
+    """A night judged on a GPU and a night emulated on a CPU are different lanes."""
+    policies, out, history = tmp_path / "policies", tmp_path / "nightly", tmp_path / "h.sqlite"
+    _example_policies(policies, models_dir)
+    assert _nightly(policies, out, history) == 0
+    with sqlite3.connect(history) as db:  # as if that night had run the engines on a GPU
+        db.execute("UPDATE results SET evaluator = 'tensorrt', emulation = NULL")
+    _drop_layernorm_pins(policies / "nafnet.yaml")
+    assert _nightly(policies, out, history) == 1  # nafnet fails tonight ...
+    said = capsys.readouterr().out
+    assert "FAIL nafnet" in said and "REGRESSION nafnet" not in said  # ... in a lane of its own

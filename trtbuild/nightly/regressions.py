@@ -14,7 +14,7 @@ GROWTH = ("max_abs", "median_abs")  # the errors whose growth counts as a regres
 @dataclass
 class Regression:
     policy: str
-    kind: str  # "pass→fail", "error", "error grew"
+    kind: str  # "pass→fail", "pass→error", "error grew"
     detail: str
     since: str | None = None  # started-time of the last passing run
 
@@ -22,14 +22,25 @@ class Regression:
 def regressions(
     db: sqlite3.Connection, run_id: int, results: list[PolicyResult], margin: float
 ) -> list[Regression]:
-    """Each policy against its last passing run before `run_id`."""
+    """Each policy against its last passing run before `run_id` in the same lane.
+
+    A lane is the evaluator, the emulation and the backend: a night judged on a GPU
+    is not compared with a night emulated on a CPU (a result that errored before it
+    was judged has no lane and is compared with the policy's last pass anywhere).
+    """
     found = []
     for r in results:
+        lane = (
+            ""
+            if r.evaluator is None
+            else (" AND r.evaluator IS ? AND r.emulation IS ? AND r.backend IS ?")
+        )
+        args = () if r.evaluator is None else (r.evaluator, r.emulation, r.backend)
         last = db.execute(
             "SELECT r.run_id, runs.started FROM results r JOIN runs ON runs.id = r.run_id "
-            "WHERE r.policy = ? AND r.status = 'pass' AND r.run_id < ? "
+            f"WHERE r.policy = ? AND r.status = 'pass' AND r.run_id < ?{lane} "
             "ORDER BY r.run_id DESC LIMIT 1",
-            (r.policy, run_id),
+            (r.policy, run_id, *args),
         ).fetchone()
         if last is None:
             continue
