@@ -69,6 +69,19 @@ def _with_weight(value: float, scale: float = 1.0) -> onnx.ModelProto:
     )
 
 
+def _broken_record(c: Ctx) -> list[str]:
+    """`report` into a folder whose build.json lacks what its Engines section reads."""
+    import json
+
+    policy = c.nafnet_policy()
+    out = c.tmp / "out"
+    out.mkdir()
+    engine = {"backend": "tensorrt-rtx", "version": "1.0", "engine_bytes": 1}  # no build_seconds
+    record = {"policy": str(Path(policy).resolve()), "backend": "tensorrt-rtx"}
+    (out / "build.json").write_text(json.dumps({**record, "engines": {"policy": engine}}))
+    return ["report", "--policy", policy, "--out", str(out)]
+
+
 def _halving() -> onnx.ModelProto:
     """Pool by 2, upsample back, add the input: only even heights and widths run."""
     return model(
@@ -294,6 +307,12 @@ CASES = [
         lambda c: c.build(c.model_policy(_with_weight(1.0, 3e38))),
         2,
         "output 'y' holds inf on the reference data; it first appears in tensor 'y' (node scale, Mul)",
+    ),
+    (
+        "report-over-a-broken-build-record",
+        _broken_record,
+        2,
+        "engines.policy.build_seconds is missing; it is not a record this trtbuild wrote",
     ),
     (
         "a-shape-the-model-cannot-run",

@@ -615,7 +615,9 @@ def report_only(
     plans: dict[str, bytes] = {}
     unrun = []
     if engine is not None and gpu_available():
-        backend = resolve_backend(policy.build.backend)
+        # the engine's own build.json says which TensorRT made it; else the policy's backend
+        own = _earlier_build(engine.resolve().parent, policy)
+        backend = own["backend"] if own else resolve_backend(policy.build.backend)
         plans["policy"] = engine.read_bytes()
     elif engine is not None:
         unrun.append(
@@ -634,8 +636,31 @@ def _earlier_build(out_dir: Path, policy: Policy) -> dict[str, Any] | None:
     """build.json of an earlier build of the same policy in `out_dir`, if it is readable."""
     import json
 
+    path = out_dir / "build.json"
     try:
-        built = json.loads((out_dir / "build.json").read_text(encoding="utf-8"))
+        built = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return built if isinstance(built, dict) and built.get("policy") == str(policy.path) else None
+    if not isinstance(built, dict) or built.get("policy") != str(policy.path):
+        return None
+    _check_record(built, path)
+    return built
+
+
+# What the report's Engines section reads of each engine in build.json.
+ENGINE_KEYS = ("backend", "version", "engine_bytes", "build_seconds")
+
+
+def _check_record(built: dict[str, Any], path: Path) -> None:
+    """Refuse, with exit 2, a build.json of this policy that the report could not read."""
+    engines = built.get("engines")
+    problems = [] if isinstance(engines, dict) else ["engines is not a mapping"]
+    for variant, engine in (engines or {}).items() if isinstance(engines, dict) else ():
+        missing = [k for k in ENGINE_KEYS if not isinstance(engine, dict) or k not in engine]
+        problems += [f"engines.{variant}.{k} is missing" for k in missing]
+    if problems:
+        raise UsageError(
+            f"{problems[0]}; it is not a record this trtbuild wrote",
+            where=str(path),
+            hint="build again (trtbuild build) or remove the file",
+        )
