@@ -1,4 +1,5 @@
-"""Command line: argument parsing and the mapping of errors to exit codes, nothing else.
+"""Command line: argument parsing, the mapping of errors to exit codes, and what the
+commands print (verdicts, `check`'s table, warnings); the work is the pipeline's.
 
 `main(argv)` returns the exit code so tests can call it directly. Heavy modules
 (onnx, onnxruntime, polygraphy, tensorrt) are imported inside the commands, so

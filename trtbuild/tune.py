@@ -10,13 +10,15 @@ whole groups (normalization units, attention blocks), so a unit is never split.
 The search, top to bottom:
 1. `groups`: tunable compute nodes (those the policy's own rules leave at the
    default) in normalization units, attention blocks, or alone;
-2. range analysis: groups whose tensors leave the FP16 range on the reference
-   data are pinned first;
-3. grow: while the candidate fails, pin the group where the emulation first
-   diverges from FP32 (else the group with the largest error);
-4. shrink: try unpinning each pinned group, costliest first; keep it unpinned
-   when every tolerance still holds, and remember the error that made each
-   remaining pin necessary.
+2. range analysis: groups whose tensors leave the low precision's range (FP16
+   or BF16) on the reference data, at any shape, are pinned first;
+3. grow: while the candidate fails, an overflow (the first tensor the emulation
+   turns non-finite) pins its own group, or the nearest one upstream; otherwise
+   the groups nearest the outputs are pinned, the batch doubling each step;
+4. shrink (delta debugging): unpin chunks of the pinned groups, costliest first,
+   halving the chunk down to single groups; a chunk stays unpinned when every
+   tolerance still holds at every shape, and each remaining pin keeps the error
+   that made it necessary.
 Ties are broken by a seeded shuffle, so a seed gives the same policy every run.
 """
 

@@ -1,8 +1,8 @@
-"""The policy's JSON Schema, and a validator for the subset of it the schema uses.
+"""The policy's JSON Schema, and its validation in trtbuild's words.
 
 Why one dict: `trtbuild schema` exports exactly what the loader enforces, so an
-editor's completion and the CLI's verdict never disagree. The validator is ours
-rather than `jsonschema`'s because users need "did you mean 'op'?" and the YAML
+editor's completion and the CLI's verdict never disagree. `jsonschema` validates;
+its first error is then said as users need it: "did you mean 'op'?" and the YAML
 line number, not a schema path.
 """
 
