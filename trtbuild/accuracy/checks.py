@@ -47,6 +47,12 @@ def image_like(shape: tuple[int, ...]) -> bool:
     return len(shape) == 4 and bool({shape[1], shape[-1]} & {1, 3})
 
 
+def map_like(shape: tuple[int, ...]) -> bool:
+    """Any NCHW map of some spatial extent (a detector's score, box and landmark maps):
+    an output whose error has a place worth drawing."""
+    return len(shape) == 4 and min(shape[2], shape[3]) >= 4
+
+
 def run_checks(
     ref_iters: list, iterations: list, label: str, tol: dict[str, Tolerance], verbose: bool
 ) -> dict[str, dict[str, dict[str, Any]]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trtbuild.accuracy.checks import describe, image_like
+from trtbuild.accuracy.checks import describe, image_like, map_like
 from trtbuild.accuracy.evaluate import EMULATED, REFERENCE, OutputMetrics
 from trtbuild.sizes import fmt_bytes
 
@@ -355,7 +355,7 @@ def _distributions_section(report: Report) -> Section:
     blocks += [
         Plot("heatmap", f"error map of {name}", name)
         for name in report.main.outputs
-        if name in first and image_like(first[name].shape)
+        if name in first and (image_like(first[name].shape) or map_like(first[name].shape))
     ]
     return Section("Error distributions", blocks)
 

@@ -78,7 +78,9 @@ def error_curve_plot(report: Report) -> str:
     if first:
         at = next((p["depth"] for p in curves[1][1] if p["node"] == first["node"]), None)
         if at is not None:  # named in the legend, so no text lies on the curves
-            label = f"all-FP16 breaks at {first['node']}"
+            # a passing baseline still diverges somewhere first: say which, not "breaks"
+            verb = "breaks" if not report.fp16.passed else "first diverges"
+            label = f"all-FP16 {verb} at {first['node']}"
             ax.axvline(at, color=BASELINE_COLOR, ls=":", lw=1, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("depth (float tensors in topological order)")
@@ -130,7 +132,7 @@ def histogram_plot(output: str, main: Verdict, base: Verdict) -> str:
 
 def _channels_last_map(ref: np.ndarray, out: np.ndarray) -> np.ndarray:
     diff = np.abs(out[0].astype(np.float64) - ref[0])
-    axis = 0 if ref.shape[1] in (1, 3) else -1
+    axis = -1 if ref.shape[-1] in (1, 3) and ref.shape[1] not in (1, 3) else 0  # NHWC or NCHW
     with np.errstate(all="ignore"):
         return np.nanmax(np.where(np.isfinite(diff), diff, np.inf), axis=axis)
 
