@@ -46,6 +46,7 @@ def test_two_nights_a_lost_pin_is_named_and_both_nights_are_in_history(
     assert _nightly(policies, out, history, "--jobs", "2") == 1
     said = capsys.readouterr().out
     assert "REGRESSION nafnet: pass→fail" in said and "ATTENTION: nafnet" in said
+    assert "the policy changed since that pass" in said  # its pins were dropped; not the model
 
     summary = (out / "summary.md").read_text()
     assert "ATTENTION: nafnet" in summary.splitlines()[0]

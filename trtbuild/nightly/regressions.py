@@ -37,7 +37,8 @@ def regressions(
         )
         args = () if r.evaluator is None else (r.evaluator, r.emulation, r.backend)
         last = db.execute(
-            "SELECT r.run_id, runs.started FROM results r JOIN runs ON runs.id = r.run_id "
+            "SELECT r.run_id, runs.started, r.model_sha256, r.policy_sha256 "
+            "FROM results r JOIN runs ON runs.id = r.run_id "
             f"WHERE r.policy = ? AND r.status = 'pass' AND r.run_id < ?{lane} "
             "ORDER BY r.run_id DESC LIMIT 1",
             (r.policy, run_id, *args),
@@ -45,11 +46,11 @@ def regressions(
         if last is None:
             continue
         since = last["started"]
+        changed = _changed(r, last)
         if r.status != "pass":
             kind = "pass→fail" if r.status == "fail" else "pass→error"
-            found.append(
-                Regression(r.policy, kind, r.message.splitlines()[0] if r.message else "", since)
-            )
+            said = r.message.splitlines()[0] if r.message else ""
+            found.append(Regression(r.policy, kind, said + changed, since))
             continue
         before = {
             row["output"]: row
@@ -70,11 +71,26 @@ def regressions(
                         Regression(
                             r.policy,
                             "error grew",
-                            f"{name}.{key} {then:.4g} → {now:.4g} (+{(now / then - 1) if then else float('inf'):.0%}, margin {margin:.0%})",
+                            f"{name}.{key} {then:.4g} → {now:.4g} (+{(now / then - 1) if then else float('inf'):.0%}, margin {margin:.0%}){changed}",
                             since,
                         )
                     )
     return found
+
+
+def _changed(r: PolicyResult, last) -> str:
+    """What changed since the last pass: the model, the policy, or neither (the toolchain)."""
+    what = [
+        name
+        for name, now, then in (
+            ("model", r.model_sha256, last["model_sha256"]),
+            ("policy", r.policy_sha256, last["policy_sha256"]),
+        )
+        if now and then and now != then
+    ]
+    if not what:
+        return "; model and policy unchanged since that pass"
+    return f"; the {' and the '.join(what)} changed since that pass"
 
 
 def by_policy(found: list[Regression]) -> dict[str, list[Regression]]:
