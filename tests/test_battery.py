@@ -23,7 +23,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import NAFNET_POLICY, PINS, ROOT
-from tests.helpers import F, model, node
+from tests.helpers import F, model, needs_rtx, node
 from trtbuild.cli import main
 
 
@@ -702,7 +702,7 @@ def test_real_silero_vad_if_model_is_refused_clearly(real_model, tmp_path, capsy
     assert "is a If with a subgraph" in err and "Traceback" not in err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
+@needs_rtx
 def test_ctrl_c_mid_build_keeps_previous_artifacts(tmp_path, models_dir):
     """SIGINT while the engines build: exit 130, the last good build untouched, nothing partial."""
     text = (ROOT / "policies" / "transformer.yaml").read_text()

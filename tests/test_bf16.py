@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from tests.helpers import needs_rtx
 from trtbuild.cli import main
 
 
@@ -19,6 +20,7 @@ def _bf16(example_policy):
     )
 
 
+@needs_rtx
 def test_a_bf16_policy_builds_and_says_bf16(example_policy, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["build", "--policy", str(_bf16(example_policy)), "--out", str(out)]) == 0

@@ -8,11 +8,10 @@ import os
 
 import pytest
 
+from tests.helpers import needs_rtx
 from trtbuild.cli import main
 
-rtx = pytest.mark.skipif(
-    importlib.util.find_spec("tensorrt_rtx") is None, reason="tensorrt-rtx not installed"
-)
+rtx = needs_rtx  # one marker for every test that builds with TensorRT-RTX
 # These tests expect the CPU verdict; on a GPU host with full TensorRT the engine is judged.
 cpu_only = pytest.mark.skipif(
     importlib.util.find_spec("tensorrt") is not None and os.path.exists("/dev/nvidia0"),

@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from tests.helpers import needs_rtx
 from trtbuild.cli import main
 
 
@@ -81,6 +82,7 @@ OURS += ("FP32 reference",)
 
 
 @pytest.mark.parametrize("name", ["legacy_detector", "bert"])
+@needs_rtx
 def test_a_cold_build_prints_only_trtbuild_lines(example_policy, tmp_path, name):
     env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "trtbuild", "build", "--policy", str(example_policy(name))]

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import F, model, node
+from tests.helpers import F, model, needs_rtx, node
 from trtbuild.cli import main
 
 
@@ -25,6 +25,7 @@ def test_report_without_rebuilding_keeps_build_artifacts(write_policy, tmp_path)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
+@needs_rtx
 def test_report_names_an_engine_it_cannot_run_without_a_gpu(write_policy, tmp_path, capsys):
     from trtbuild.engine.backends import gpu_available
 
@@ -43,6 +44,7 @@ def test_report_names_an_engine_it_cannot_run_without_a_gpu(write_policy, tmp_pa
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
+@needs_rtx
 def test_failed_rebuild_leaves_previous_artifacts_intact(write_policy, tmp_path):
     out = tmp_path / "out"
     assert main(["build", "--policy", str(write_policy()), "--out", str(out)]) == 0

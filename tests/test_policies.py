@@ -7,7 +7,6 @@ ONNX node, so the build's layer audit can prove it without a GPU.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 
@@ -16,6 +15,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import FETCHED, ROOT
+from tests.helpers import needs_rtx
 from trtbuild.cli import main
 
 POLICIES = sorted((ROOT / "policies").glob("*.yaml"))
@@ -31,8 +31,8 @@ def _localise(policy, tmp_path, models_dir, real_model):
     return local
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt_rtx") is None, reason="needs tensorrt-rtx")
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.stem)
+@needs_rtx
 def test_policy_builds_and_every_pinned_node_is_an_fp32_layer(
     policy, tmp_path, models_dir, real_model, capsys
 ):

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import needs_rtx
 from trtbuild.cli import main
 from trtbuild.policy import load_policy
 
@@ -31,6 +32,7 @@ def _pinned_names(tuned) -> list[str]:
     return [r.match.name for r in load_policy(tuned).precision.rules]
 
 
+@needs_rtx
 def test_nafnet_from_no_rules_pins_only_norm_units_and_the_final_reduction(
     tmp_path, models_dir, capsys
 ):
@@ -120,6 +122,7 @@ def test_a_policy_already_fp32_is_exit_2(tmp_path, write_policy, capsys):
     assert "precision.default" in capsys.readouterr().err
 
 
+@needs_rtx
 def test_ppocrv4_tuned_policy_passes_with_95_percent_fp16(tmp_path, models_dir, real_model):
     tuned = tmp_path / "tuned.yaml"
     policy = _without_rules("ppocrv4_rec", tmp_path, models_dir, real_model)
@@ -129,6 +132,7 @@ def test_ppocrv4_tuned_policy_passes_with_95_percent_fp16(tmp_path, models_dir, 
     assert report["passed"] and report["precision"]["fp16_share"] >= 0.95
 
 
+@needs_rtx
 def test_bert_from_no_rules_pins_no_attention_block_for_the_mask_sentinel(example_policy, tmp_path):
     """-3.4e38 becoming -inf in FP16 is not an overflow: tune must not pin attention for it."""
     tuned = tmp_path / "tuned.yaml"

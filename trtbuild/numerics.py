@@ -26,6 +26,13 @@ def sentinels(values: np.ndarray) -> np.ndarray:
         return np.abs(values) >= SENTINEL_ABS
 
 
+def finite_peak(values: np.ndarray) -> float:
+    """Largest finite |value|, sentinels included (an internal sum is never a sentinel)."""
+    a = np.abs(np.asarray(values))
+    a = a[np.isfinite(a)]
+    return float(a.max()) if a.size else 0.0
+
+
 def measure_peak(values: np.ndarray) -> tuple[float, bool]:
     """(`data_peak`, whether every value is data: finite and no sentinel), in one pass.
 

@@ -39,7 +39,7 @@ from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
 from trtbuild.fsutil import sha256_file, write_bytes, write_json, write_text
 from trtbuild.graph.model_io import load_model, save_model
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import FP16_MAX
+from trtbuild.numerics import LOW_MAX
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import MemoryBudget, Passes, Policy, Precision
 from trtbuild.precision.assign import Assignment, assign
@@ -310,17 +310,18 @@ def baseline(stages: Stages, default: str) -> Converted:
 
 
 def boundary_warnings(stages: Stages) -> list[str]:
-    """Casts to FP16 whose source values leave the FP16 range on the reference data."""
+    """Casts to FP16 or BF16 whose source values leave that range on the reference data."""
     if stages.measures is None:
         return []
     found = []
     for cast in stages.converted.casts:
-        if cast.to == "fp16":
+        if cast.to in LOW_MAX:
             peak = stages.measures.ranges.get(cast.tensor, 0.0)  # sentinels are not data
-            if peak > FP16_MAX:
+            if peak > LOW_MAX[cast.to]:
                 found.append(
-                    f"boundary {cast.tensor} is cast to FP16 but reaches {peak:.4g} on the reference "
-                    "data (FP16 max 65504): pin its consumers too"
+                    f"boundary {cast.tensor} is cast to {cast.to.upper()} but reaches {peak:.4g} on "
+                    f"the reference data ({cast.to.upper()} max {LOW_MAX[cast.to]:.6g}): pin its "
+                    "consumers too"
                 )
     return found
 
@@ -456,8 +457,8 @@ def build(
     """`trtbuild build`: prepare, reference, assign, convert, build engines, judge, write."""
     from trtbuild.engine.backends import gpu_available, resolve_backend
 
-    backend = resolve_backend(backend or policy.build.backend)
-    stages = run_front(policy, cache=cache, verbose=verbose)
+    stages = run_front(policy, cache=cache, verbose=verbose)  # the user's errors (2) first,
+    backend = resolve_backend(backend or policy.build.backend)  # then the machine's (3)
     with staged_output(out_dir, BUILD_FILES) as stage:
         save_model(stages.prepared.model, stage / "prepared.onnx")
         validate_mixed(stages.converted.model)

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests.helpers import needs_rtx
 from trtbuild.errors import BackendError
 from trtbuild.policy.model import BuildSpec
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("tensorrt_rtx") is None, reason="tensorrt-rtx not installed"
-)
+@needs_rtx
 def test_rtx_runner_binds_tensorrt_rtx_and_gives_polygraphys_flag_back(tmp_path):
     from polygraphy import config as pg_config
 

@@ -7,6 +7,7 @@ import importlib.util
 import onnx
 import pytest
 
+from tests.helpers import needs_rtx
 from trtbuild.engine.backends import build_engine, resolve_backend
 from trtbuild.errors import BackendError
 from trtbuild.graph.model_io import save_model
@@ -15,9 +16,7 @@ from trtbuild.policy.model import BuildSpec, Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 
-rtx = pytest.mark.skipif(
-    importlib.util.find_spec("tensorrt_rtx") is None, reason="tensorrt-rtx not installed"
-)
+rtx = needs_rtx  # one marker for every test that builds with TensorRT-RTX
 
 
 @rtx

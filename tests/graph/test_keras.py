@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers import needs_rtx
 from trtbuild.cli import main
 from trtbuild.graph.attention import attention_units, norms_after_attention
 from trtbuild.graph.model_io import infer_shapes
@@ -61,6 +62,7 @@ def test_fuse_layernorm_fuses_the_pooled_forms(models_dir):
     assert not any(n.op_type == "GlobalAveragePool" for n in fused.graph.node)
 
 
+@needs_rtx
 def test_the_example_policy_builds_with_its_pins_audited(example_policy, tmp_path):
     out = tmp_path / "out"
     assert main(["build", "--policy", str(example_policy("keras_bert")), "--out", str(out)]) == 0

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 from trtbuild.graph.norms import reduce_axes
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import LOW_MAX
+from trtbuild.numerics import LOW_MAX, finite_peak
 
 # op input/output arrays and attributes -> {quantity: peak |value|}
 Measure = Callable[[np.ndarray, np.ndarray, tuple[int, ...] | None], dict[str, float]]
@@ -38,23 +38,19 @@ class Quantity:
     why: str
 
 
-def _peak(a: np.ndarray) -> float:
-    a = np.abs(a)
-    a = a[np.isfinite(a)]
-    return float(a.max()) if a.size else 0.0
-
-
 def _mean_sum(x: np.ndarray, y: np.ndarray, axes) -> dict[str, float]:
     count = x.size // max(y.size, 1)
-    return {"sum behind the mean": _peak(y.astype(np.float64)) * count}
+    return {"sum behind the mean": finite_peak(y.astype(np.float64)) * count}
 
 
 def _partial_sums(x: np.ndarray, y: np.ndarray, axes) -> dict[str, float]:
-    return {"partial sums (bound: sum of |x|)": _peak(np.abs(x).sum(axis=axes, dtype=np.float64))}
+    return {
+        "partial sums (bound: sum of |x|)": finite_peak(np.abs(x).sum(axis=axes, dtype=np.float64))
+    }
 
 
 def _sum_of_squares(x: np.ndarray, y: np.ndarray, axes) -> dict[str, float]:
-    return {"sum of squares": _peak(y.astype(np.float64) ** 2)}
+    return {"sum of squares": finite_peak(y.astype(np.float64) ** 2)}
 
 
 def _moments(x: np.ndarray, y: np.ndarray, axes: tuple[int, ...]) -> dict[str, float]:
@@ -63,9 +59,9 @@ def _moments(x: np.ndarray, y: np.ndarray, axes: tuple[int, ...]) -> dict[str, f
     mean = x.mean(axis=axes, keepdims=True)
     sq = (x - mean) ** 2
     return {
-        "sum behind the mean": _peak(mean) * count,
-        "squared deviations": _peak(sq),
-        "sum of squared deviations (behind the variance)": _peak(sq.sum(axis=axes)),
+        "sum behind the mean": finite_peak(mean) * count,
+        "squared deviations": finite_peak(sq),
+        "sum of squared deviations (behind the variance)": finite_peak(sq.sum(axis=axes)),
     }
 
 
