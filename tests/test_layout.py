@@ -59,3 +59,39 @@ def test_package_imports_only_what_is_below_it(package):
 
 def test_no_package_is_named_build():
     assert not (PACKAGE / "build").exists()
+
+
+def _mutables(path: Path) -> set[str]:
+    """Module-level names bound to a mutable: a dict, list or set display or call."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        targets, value = [], None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp))
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            mutable = mutable or value.func.id in ("dict", "list", "set", "defaultdict")
+        if mutable:
+            found.update(t.id for t in targets if isinstance(t, ast.Name))
+    return found
+
+
+def test_no_module_imports_another_modules_mutable():
+    """State shared by import is hidden state: each module's mutables stay its own.
+
+    A public UPPER_CASE table (the schema, `LOW_MAX`, the check registry) is a fact
+    written once and read everywhere, not state; anything else mutable is refused.
+    """
+    modules = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): p
+        for p in PACKAGE.rglob("*.py")
+    }
+    for path in modules.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module not in modules:
+                continue
+            shared = {a.name for a in node.names} & _mutables(modules[node.module])
+            shared = {n for n in shared if n.startswith("_") or not n.isupper()}
+            assert not shared, f"{path.relative_to(PACKAGE)} imports {node.module}'s {shared}"
