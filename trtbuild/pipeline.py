@@ -358,7 +358,7 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
 
 
 @dataclass
-class Outcome:
+class BuildOutcome:
     exit_code: int
     report: Report
     out_dir: Path
@@ -453,7 +453,7 @@ def build(
     verbose: bool = False,
     *,
     cache: Cache | None = None,
-) -> Outcome:
+) -> BuildOutcome:
     """`trtbuild build`: prepare, reference, assign, convert, build engines, judge, write."""
     from trtbuild.engine.backends import gpu_available, resolve_backend
 
@@ -471,7 +471,7 @@ def build(
         report.build = build_record(stages, backend, engines, report.warnings)
         report.warnings += engine_warnings(report.build)
         write_reports(stage, report)
-    return Outcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
+    return BuildOutcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
 
 
 def build_engines(stages: Stages, stage: Path, backend: str) -> dict[str, Any]:
@@ -602,7 +602,7 @@ def report_only(
     verbose: bool = False,
     *,
     cache: Cache | None = None,
-) -> Outcome:
+) -> BuildOutcome:
     """`trtbuild report`: the accuracy report without rebuilding.
 
     The engine facts of an earlier `build` into the same folder (`build.json`)
@@ -630,7 +630,7 @@ def report_only(
         report.warnings = unrun + report.warnings
         report.build = built
         write_reports(stage, report, owns_build=False)
-    return Outcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
+    return BuildOutcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
 
 
 def _earlier_build(out_dir: Path, policy: Policy) -> dict[str, Any] | None:

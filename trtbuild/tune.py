@@ -187,7 +187,7 @@ def candidate_precision(
 
 
 @dataclass(frozen=True)
-class Outcome:
+class TrialOutcome:
     """What the search needs of one judged candidate: light, so it crosses processes."""
 
     passed: bool
@@ -198,7 +198,7 @@ class Outcome:
     seconds: float
 
 
-def evaluate(stages: Stages, precision: Precision) -> Outcome:
+def evaluate(stages: Stages, precision: Precision) -> TrialOutcome:
     """Judge one pin set with the build's own judge, at every shape; the reference and the
     view are shared.
 
@@ -229,7 +229,7 @@ def evaluate(stages: Stages, precision: Precision) -> Outcome:
         overflow = overflow or verdict.overflow
         for name, m in verdict.outputs.items():
             worst[name] = max(worst.get(name, 0.0), m.max_abs)
-    return Outcome(
+    return TrialOutcome(
         passed=not failing,
         failing=failing,
         overflow=overflow,
@@ -248,7 +248,7 @@ def _init_worker(stages: Stages) -> None:
     _WORKER["stages"] = stages
 
 
-def _evaluate_in_worker(precision: Precision) -> Outcome:
+def _evaluate_in_worker(precision: Precision) -> TrialOutcome:
     return evaluate(_WORKER["stages"], precision)
 
 
@@ -280,7 +280,7 @@ class Search:
     def precision(self, pinned: list[int]) -> Precision:
         return candidate_precision(self.stages.policy.precision, self.groups, pinned, self.names)
 
-    def record(self, pinned: list[int], action: str, outcome: Outcome) -> Outcome:
+    def record(self, pinned: list[int], action: str, outcome: TrialOutcome) -> TrialOutcome:
         o = outcome
         trial = Trial(
             len(self.trials) + 1,
@@ -297,10 +297,10 @@ class Search:
             self.progress(trial, self.budget)
         return outcome
 
-    def judge(self, pinned: list[int], action: str) -> Outcome:
+    def try_pins(self, pinned: list[int], action: str) -> TrialOutcome:
         return self.record(pinned, action, evaluate(self.stages, self.precision(pinned)))
 
-    def judge_many(self, candidates: list[list[int]]) -> list[Outcome]:
+    def judge_many(self, candidates: list[list[int]]) -> list[TrialOutcome]:
         """Judge several pin sets, in parallel when there is a pool (results in order)."""
         precisions = [self.precision(c) for c in candidates]
         if self.pool is None or len(candidates) < 2:
@@ -315,7 +315,7 @@ class Search:
         return self.groups[picked[0]].label + more
 
     # 2. range analysis: what leaves the FP16 range is the first suspect
-    def start(self) -> Outcome:
+    def start(self) -> TrialOutcome:
         low = self.stages.policy.precision.default  # fp16 | bf16 (check_policy refused fp32)
         self.pinned = sorted(k for k, g in enumerate(self.groups) if g.peak > LOW_MAX[low])
         for k in self.pinned:
@@ -324,11 +324,11 @@ class Search:
                 f"({low.upper()} max {LOW_MAX[low]:.6g})"
             )
         action = "start: range analysis" if self.pinned else "start: policy rules only"
-        return self.judge(self.pinned, action)
+        return self.try_pins(self.pinned, action)
 
     # 3. grow while failing: an overflow pins its own group; otherwise pin the groups
     #    nearest the outputs, doubling the batch (a passing set in O(log n) steps)
-    def grow(self, outcome: Outcome) -> Outcome:
+    def grow(self, outcome: TrialOutcome) -> TrialOutcome:
         batch = 1
         while not outcome.passed and self.left() > 0:
             culprit = _overflowing_group(
@@ -345,7 +345,7 @@ class Search:
             why = "; ".join(outcome.failing.values()) or "output below tolerance"
             self.reasons.update(dict.fromkeys(picked, why))
             self.pinned = sorted({*self.pinned, *picked})
-            outcome = self.judge(self.pinned, f"pin {self.label(picked)}")
+            outcome = self.try_pins(self.pinned, f"pin {self.label(picked)}")
         return outcome
 
     # 4. shrink (delta debugging): unpin chunks, costliest first, halving the chunk
