@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 
 from trtbuild.errors import BackendError
 from trtbuild.numerics import data_peak
@@ -65,20 +64,6 @@ def lean_session(model_bytes: bytes):
     """A whole graph run as inference runs it (intermediates freed as they are consumed), with
     optimisations and the arena off, in the graph's order: what a lean run needs."""
     return _session(model_bytes, optimize=False, arena=False, in_order=True)
-
-
-def marked_session(model: onnx.ModelProto, names: list[str]):
-    """A session whose outputs are the named tensors (optimisations off: none is fused away)."""
-    from polygraphy.backend.onnx import modify_outputs
-
-    with quiet_polygraphy():
-        marked = modify_outputs(model, outputs=names, copy=True)
-    return _session(marked.SerializeToString(), optimize=False)
-
-
-def run_marked(sess, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feed)))
 
 
 # Polygraphy binds `polygraphy.backend.trt` to tensorrt or tensorrt_rtx when that
