@@ -112,6 +112,8 @@ def case(n: int, tmp: Path, skip: set[str], modelopt: str | None, tune_max: int)
     env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp / f"cache{n}")}
     for _ in ("cold", "warm"):
         row.append(cell(measure([*trt, "check", "--policy", str(policy)], env), plain))
+    info = measure([*trt, "cache", "info"], env).stdout.strip().split(": ", 1)[-1]
+    print(f"{n}x{n} cache after check: {info}", file=sys.stderr)  # no tensors: measures only
     if "tune" not in skip and n > tune_max:
         row.append("–")
     elif "tune" not in skip:

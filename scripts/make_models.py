@@ -382,20 +382,16 @@ def _keras_layernorm(g: GraphBuilder, scope: str, x: str, c: int, transposed: bo
     `batchnorm/Rsqrt` as Sqrt and Reciprocal, then x * k + (beta - mean * k)."""
     key = scope.strip("/").replace("/", ".")
 
-    if transposed:  # [B, S, H] as [S, B, H]: the pool still averages the last axis
-        t1 = g.op(f"{scope}/moments/mean", "Transpose", [x], perm=[1, 0, 2])
-        p1 = g.op(f"{scope}/moments/mean", "GlobalAveragePool", [t1])
-        m = g.op(f"{scope}/moments/mean", "Transpose", [p1], perm=[1, 0, 2])
-    else:
-        m = g.op(f"{scope}/moments/mean", "GlobalAveragePool", [x])
+    def mean(t: str, tag: str) -> str:
+        name = f"{scope}/moments/{tag}"
+        if not transposed:
+            return g.op(name, "GlobalAveragePool", [t])
+        there = g.op(name, "Transpose", [t], perm=[1, 0, 2])  # [S, B, H]: still the last axis
+        return g.op(name, "Transpose", [g.op(name, "GlobalAveragePool", [there])], perm=[1, 0, 2])
+
+    m = mean(x, "mean")
     d = g.op(f"{scope}/moments/SquaredDifference", "Sub", [x, m])
-    sq = g.op(f"{scope}/moments/SquaredDifference", "Mul", [d, d])
-    if transposed:
-        t2 = g.op(f"{scope}/moments/variance", "Transpose", [sq], perm=[1, 0, 2])
-        p2 = g.op(f"{scope}/moments/variance", "GlobalAveragePool", [t2])
-        var = g.op(f"{scope}/moments/variance", "Transpose", [p2], perm=[1, 0, 2])
-    else:
-        var = g.op(f"{scope}/moments/variance", "GlobalAveragePool", [sq])
+    var = mean(g.op(f"{scope}/moments/SquaredDifference", "Mul", [d, d]), "variance")
     ve = g.op(f"{scope}/batchnorm/add", "Add", [var, g.init(f"{key}.epsilon", np.array(1e-3))])
     k = g.op(
         f"{scope}/batchnorm/Rsqrt", "Reciprocal", [g.op(f"{scope}/batchnorm/Rsqrt", "Sqrt", [ve])]

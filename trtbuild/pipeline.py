@@ -24,6 +24,7 @@ import onnx
 from trtbuild import __version__
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy import evaluate as ev
+from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Candidate, Verdict, judge_all
 from trtbuild.accuracy.reference import (
@@ -387,8 +388,14 @@ def evaluate_all(
     ]
     if policy.accuracy.fp32_check:
         variants.append(("fp32", baseline(stages, "fp32"), "onnxrt-fp32-graph"))
-    candidates = [
-        Candidate(mixed.model, label, trt_runner(engines[v], backend) if v in engines else None)
+    emulation = policy.accuracy.emulation
+    candidates = [  # each emulated once, for every shape
+        Candidate(
+            mixed.model,
+            label,
+            trt_runner(engines[v], backend) if v in engines else None,
+            emulate(mixed.model, emulation),
+        )
         for v, mixed, label in variants
     ]
     per_shape, firsts = [], []

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.judge import judge
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
@@ -211,6 +212,7 @@ def evaluate(stages: Stages, precision: Precision) -> TrialOutcome:
     t = time.perf_counter()
     assignment = assign(stages.view, precision)
     mixed = convert(assignment).model
+    emulated = emulate(mixed, stages.policy.accuracy.emulation)  # once for every shape
     failing: dict[str, str] = {}
     overflow, worst = None, {}
     for run in stages.shapes:
@@ -220,6 +222,7 @@ def evaluate(stages: Stages, precision: Precision) -> TrialOutcome:
             mixed,
             run.feeds,
             stages.policy.accuracy,
+            emulated=emulated,
             detail="overflow",
             overflow_fails=True,
             progress=False,

@@ -67,10 +67,6 @@ class Verdict:
     def outputs_json(self) -> dict[str, Any]:
         return {k: v.to_json() for k, v in self.outputs.items()}
 
-    def first_overflow(self) -> dict[str, Any] | None:
-        """The first intermediate the emulation makes non-finite where FP32 is finite."""
-        return self.overflow
-
     def failures(self) -> dict[str, str]:
         """Output (or "(intermediate)") -> the measured error that fails it, in Polygraphy's terms."""
         out = {name: _failure(name, m) for name, m in self.outputs.items() if not m.passed}
@@ -109,11 +105,13 @@ def _failure(name: str, m: OutputMetrics) -> str:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One model to judge: a mixed graph, its label, and (on a GPU) its engine."""
+    """One model to judge: a mixed graph, its label, (on a GPU) its engine, and its emulated
+    graph where the caller made it once for several judgements (one per shape)."""
 
     mixed: onnx.ModelProto
     label: str = EMULATED
     engine_runner: EngineRunner | None = None
+    emulated: onnx.ModelProto | None = None
 
 
 def judge(
@@ -125,6 +123,7 @@ def judge(
     *,
     label: str = EMULATED,
     engine_runner: EngineRunner | None = None,
+    emulated: onnx.ModelProto | None = None,
     detail: Detail = "divergence",
     overflow_fails: bool = False,
     verbose: bool = False,
@@ -134,7 +133,7 @@ def judge(
     (verdict,) = judge_all(
         reference,
         graph,
-        [Candidate(mixed, label, engine_runner)],
+        [Candidate(mixed, label, engine_runner, emulated)],
         feeds,
         spec,
         detail=detail,
@@ -210,7 +209,7 @@ class _Run:
     def start(
         cls, c: Candidate, plan: Plan, measures: ReferenceMeasures, spec: AccuracySpec, detail
     ) -> _Run:
-        emulated = emulate(c.mixed, spec.emulation)
+        emulated = c.emulated if c.emulated is not None else emulate(c.mixed, spec.emulation)
         walk = _Walk(measures, spec.divergence_threshold, detail)
         shown, checked = [*measures.outputs], set()
         if detail == "overflow":  # values where the reference is special, sums elsewhere
