@@ -118,3 +118,19 @@ def test_schema_and_help_exit_0(capsys):
     ):
         assert code in said, code
     assert main(["frobnicate"]) == 2
+
+
+def test_an_interrupt_a_library_rewrapped_is_still_exit_130(monkeypatch, write_policy, capsys):
+    """onnxruntime turns a Ctrl-C during its import into ImportError; that is still Ctrl-C."""
+    from trtbuild import pipeline
+
+    def interrupted_import(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise ImportError("initialization failed") from exc
+
+    monkeypatch.setattr(pipeline, "run_front", interrupted_import)
+    assert main(["build", "--policy", str(write_policy())]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err

@@ -229,6 +229,18 @@ def _warnings_handler() -> logging.Handler:
     return handler
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt stands behind `exc` (onnxruntime turns one that arrives
+    while it initialises into `ImportError: initialization failed`)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -250,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
-    except Exception:
+    except Exception as exc:
+        if _interrupted(exc):  # Ctrl-C inside a library's import, re-raised as its error
+            print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
+            return 130
         traceback.print_exc()
         print(
             "trtbuild: internal error: this is a bug in trtbuild; please report it with the "

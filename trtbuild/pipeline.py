@@ -466,9 +466,9 @@ def build(
 
     stages = run_front(policy, cache=cache, verbose=verbose)  # the user's errors (2) first,
     backend = resolve_backend(backend or policy.build.backend)  # then the machine's (3)
+    validate_mixed(stages.converted.model)  # before anything is staged
     with staged_output(out_dir, BUILD_FILES) as stage:
         save_model(stages.prepared.model, stage / "prepared.onnx")
-        validate_mixed(stages.converted.model)
         save_model(stages.converted.model, stage / "mixed.onnx")
         engines = build_engines(stages, stage, backend)
         plans = {k: e.engine for k, e in engines.items()} if gpu_available() else {}

@@ -307,15 +307,18 @@ class LeanRunner:
     SUFFIX = "__trtbuild_sum"
 
     def __init__(self, model: onnx.ModelProto, outputs: list[str], finite_sums: set[str]):
+        self.model, self.outputs = model, outputs
         self.sums = {t: t + self.SUFFIX for t in finite_sums}
-        self.model = _with_sums(model, outputs, self.sums)
         self.session = None
 
     def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Sessions are made at the first run, as `SegmentRunner`'s: a judgement of one feed
+        that walks the divergence never needs this one."""
         from trtbuild.accuracy.evaluate import lean_session
 
         if self.session is None:
-            self.session = lean_session(self.model.SerializeToString())
+            lean = _with_sums(self.model, self.outputs, self.sums)
+            self.session = lean_session(lean.SerializeToString())
         names = [o.name for o in self.session.get_outputs()]
         values = dict(zip(names, self.session.run(names, feed)))
         release_freed_memory()
