@@ -540,6 +540,56 @@ def legacy_detector() -> onnx.ModelProto:
     return model
 
 
+def loop_sum(steps: int = 64, width: int = 32) -> onnx.ModelProto:
+    """A Loop whose running sum leaves FP16 after about 40 of its 64 iterations.
+
+    Each iteration adds a projection of the input (about 1600 a feature) to a
+    carried sum, which reaches about 100k, past FP16's 65504, and is the
+    output (FP32). In FP16 the body's `Add` turns inf, and the output with it;
+    pinned to FP32, the projection and the input's scaling stay FP16.
+    """
+    rng = np.random.default_rng(11)
+    w = rng.uniform(0.5, 1.5, (width, width)).astype(np.float32) / width
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "proj.w"], ["step"], "project"),
+            helper.make_node("Add", ["sum_in", "step"], ["sum_out"], "accumulate"),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], "keep_going"),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("sum_in", TensorProto.FLOAT, [1, width]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("sum_out", TensorProto.FLOAT, [1, width]),
+        ],
+    )
+    nodes = [
+        helper.make_node("Mul", ["input", "in.scale"], ["x"], "scale_in"),
+        helper.make_node("Loop", ["steps", "go", "zeros"], ["output"], "running_sum", body=body),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(steps, np.int64), "steps"),
+        numpy_helper.from_array(np.array(True), "go"),
+        numpy_helper.from_array(np.zeros((1, width), np.float32), "zeros"),
+        numpy_helper.from_array(w, "proj.w"),
+        numpy_helper.from_array(np.array(3200.0, np.float32), "in.scale"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "loop_sum",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 MODELS = {
     "nafnet_tiny": nafnet_tiny,
     "gfpgan_tiny": gfpgan_tiny,
@@ -548,6 +598,7 @@ MODELS = {
     "keras_bert": keras_bert,
     "transformer_tiny": transformer_tiny,
     "bert_tiny": bert_tiny,
+    "loop_sum": loop_sum,
 }
 
 

@@ -119,6 +119,20 @@ def real_model():
 FETCHED = set(fetch_models.MODELS)
 
 
+def local_data(text: str) -> str:
+    """A policy's `../models/*.npz` data as absolute paths, made by scripts/make_audio.py if
+    missing (it runs the fetched Silero VAD, so the model is fetched first)."""
+    import make_audio
+
+    for name in sorted(set(re.findall(r"\.\./models/([\w.-]+\.npz)", text))):
+        path = ROOT / "models" / name
+        if not path.is_file():
+            fetch_models.fetch("silero_vad", ROOT / "models", ROOT / ".cache" / "wheels")
+            assert make_audio.main(["--out", str(ROOT / "models")]) == 0
+        text = text.replace(f"../models/{name}", str(path))
+    return text
+
+
 @pytest.fixture
 def example_policy(tmp_path, models_dir, real_model):
     """A copy of `policies/NAME.yaml` pointing at this session's model, with text edits applied.
@@ -131,7 +145,7 @@ def example_policy(tmp_path, models_dir, real_model):
         text = (ROOT / "policies" / f"{name}.yaml").read_text()
         stem = re.search(r"^model: \.\./models/(\w+)\.onnx", text, re.M).group(1)
         model = real_model(stem) if stem in FETCHED else models_dir / f"{stem}.onnx"
-        text = text.replace(f"../models/{stem}.onnx", str(model))
+        text = local_data(text.replace(f"../models/{stem}.onnx", str(model)))
         text = text.replace("$schema=../docs/", f"$schema={ROOT / 'docs'}/")
         if rules is not None:
             start, end = text.index("  rules:"), text.index("build:")

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import FETCHED, ROOT
+from tests.conftest import FETCHED, ROOT, local_data
 from tests.helpers import needs_rtx
 from trtbuild.cli import main
 
@@ -27,7 +27,7 @@ def _localise(policy, tmp_path, models_dir, real_model):
     stem = re.search(r"^model: \.\./models/(\w+)\.onnx", text, re.M).group(1)
     path = real_model(stem) if stem in FETCHED else models_dir / f"{stem}.onnx"
     local = tmp_path / policy.name
-    local.write_text(text.replace(f"../models/{stem}.onnx", str(path)))
+    local.write_text(local_data(text.replace(f"../models/{stem}.onnx", str(path))))
     return local
 
 

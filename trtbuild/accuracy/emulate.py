@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, opset_of
 
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -94,7 +95,10 @@ def _tensor_types(mixed: onnx.ModelProto) -> tuple[dict[str, int], dict[str, int
     """Every tensor's declared element type and (where known) rank."""
     dtype: dict[str, int] = {}
     rank: dict[str, int] = {}
-    for vi in (*mixed.graph.input, *mixed.graph.value_info, *mixed.graph.output):
+    graphs = [g for _, g in subgraphs.walk(mixed.graph)]
+    for vi in (vi for g in graphs for vi in (*g.input, *g.value_info, *g.output)):
+        if vi.name in dtype and not vi.type.tensor_type.elem_type:
+            continue  # a body output declared without a type: its value_info says it
         dtype[vi.name] = vi.type.tensor_type.elem_type
         if vi.type.tensor_type.HasField("shape"):
             rank[vi.name] = len(vi.type.tensor_type.shape.dim)
@@ -115,6 +119,9 @@ def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: b
     for k, t in enumerate(new.input):
         if t:
             new.input[k] = em.actual.get(t, t)
+    for attr in new.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            attr.g.CopyFrom(_body(em, attr.g, dtype, rank, strict))
     out_low = {o: dtype.get(o) for o in node.output if dtype.get(o) in LOW}
     if node.op_type == "Cast":
         to = next(a.i for a in node.attribute if a.name == "to")
@@ -137,6 +144,35 @@ def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: b
         em.round(r, o, out_low[o], f"emu/{o}")
 
 
+def _body(em: _Emitter, graph: onnx.GraphProto, dtype: dict, rank: dict, strict: bool):
+    """A control-flow body emulated like the main graph, its inputs and outputs in FP32.
+
+    Why FP32 at the borders: inside the emulation every value is FP32 holding
+    a rounded low-precision value, so a body's carried values and branch
+    outputs are FP32 too; what the body stores in FP16 is rounded inside it.
+    """
+    outer, em.nodes = em.nodes, []
+    for node in graph.node:
+        _emit(em, node, dtype, rank, strict)
+    body = helper.make_graph(
+        em.nodes, graph.name, [_as_fp32(vi) for vi in graph.input], [], doc_string=graph.doc_string
+    )
+    for vi in graph.output:
+        out = _as_fp32(vi)
+        out.name = em.actual.get(vi.name, vi.name)
+        body.output.append(out)
+    em.nodes = outer
+    return body
+
+
+def _as_fp32(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(vi)
+    if out.type.tensor_type.elem_type in LOW:
+        out.type.tensor_type.elem_type = TensorProto.FLOAT
+    return out
+
+
 def _strict_kernel(em: _Emitter, new: onnx.NodeProto, low: int, rank: int | None) -> bool:
     """Under `strict`, the sums behind a LayerNorm or a mean stored in `low` too."""
     if new.op_type == "LayerNormalization" and len(new.output) == 1:
@@ -153,20 +189,31 @@ def _declared_output(em: _Emitter, vi: onnx.ValueInfoProto) -> None:
     if low not in LOW:
         return
     src = vi.name + "__emu_out"
-    for n in em.nodes:
-        for k, o in enumerate(n.output):
-            if o == vi.name:
-                n.output[k] = src
-        for k, i in enumerate(n.input):
-            if i == vi.name:
-                n.input[k] = src
+    _rename_value(em.nodes, vi.name, src)
     em.node("Cast", [src], vi.name, f"emu/out/{vi.name}", to=low)
+
+
+def _rename_value(nodes, old: str, new: str) -> None:
+    """Rename a value where nodes make or read it, bodies (which read it from outside) included."""
+    for n in nodes:
+        for k, o in enumerate(n.output):
+            if o == old:
+                n.output[k] = new
+        for k, i in enumerate(n.input):
+            if i == old:
+                n.input[k] = new
+        for _, body in subgraphs.bodies(n):
+            _rename_value(body.node, old, new)
+            for vi in body.output:
+                if vi.name == old:
+                    vi.name = new
 
 
 def _typed(model: onnx.ModelProto) -> bool:
     """Does every node output have a declared type (so no shape inference is needed)?"""
-    known = {vi.name for vi in (*model.graph.value_info, *model.graph.output)}
-    return all(o in known for n in model.graph.node for o in n.output if o)
+    graphs = [g for _, g in subgraphs.walk(model.graph)]
+    known = {vi.name for g in graphs for vi in (*g.input, *g.value_info, *g.output)}
+    return all(o in known for n in subgraphs.all_nodes(model) for o in n.output if o)
 
 
 def _stored_mean(

@@ -38,6 +38,8 @@ from trtbuild.accuracy.evaluate import (
     finite_or_str,
     metrics,
 )
+from trtbuild.accuracy.probes import SUFFIX as PEAK
+from trtbuild.accuracy.probes import probe
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
@@ -166,6 +168,7 @@ def judge_all(
     same = [_identity(c) for c in candidates]  # a policy with no pin is its FP16 baseline
     unique = [candidates[same.index(k)] for k in dict.fromkeys(same)]
     measures = reference.measures
+    graph = probe(graph, set(measures.bodies)).model  # bodies hand out their tensors' peaks
     plan = reference_plan(graph, measures.order, measures.sizes, spec.budget())
     runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
     labels = ", ".join(dict.fromkeys(c.label for c in candidates))
@@ -210,6 +213,7 @@ class _Run:
         cls, c: Candidate, plan: Plan, measures: ReferenceMeasures, spec: AccuracySpec, detail
     ) -> _Run:
         emulated = c.emulated if c.emulated is not None else emulate(c.mixed, spec.emulation)
+        emulated = probe(emulated, set(measures.bodies)).model
         walk = _Walk(measures, spec.divergence_threshold, detail)
         shown, checked = [*measures.outputs], set()
         if detail == "overflow":  # values where the reference is special, sums elsewhere
@@ -360,15 +364,22 @@ class _Walk:
     def __init__(self, measures: ReferenceMeasures, threshold: float, detail: Detail):
         self.measures, self.threshold, self.detail = measures, threshold, detail
         self.depth = {t: (d, node, op) for d, (t, node, op) in enumerate(measures.order)}
+        self.peak_of = {f"{t}{PEAK}": t for t in measures.bodies}  # a body tensor's peak
+        self.depth.update({p: self.depth[t] for p, t in self.peak_of.items() if t in self.depth})
         self.points: dict[int, dict[str, Any]] = {}
 
     def take(self, values: dict[str, np.ndarray], ref: dict[str, np.ndarray] | None) -> None:
-        for tensor, e in values.items():
-            where = self.depth.get(tensor)
+        for name, e in values.items():
+            where = self.depth.get(name)
             if where is None:
                 continue
             depth, node, op = where
-            if ref is not None:
+            tensor = self.peak_of.get(name, name)
+            if tensor != name:  # inside a body only the peak is known: an overflow, or nothing
+                p = self._overflow(tensor, np.asarray(e))
+                if p is not None:
+                    p["inside"] = "a control-flow body (its peak is measured, not its values)"
+            elif ref is not None:
                 r = ref.get(tensor)
                 p = None if r is None else point(self.measures, tensor, r, e)
             else:

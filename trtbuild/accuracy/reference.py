@@ -31,6 +31,7 @@ import onnx
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.data import Feed
 from trtbuild.accuracy.evaluate import REFERENCE, quiet_polygraphy
+from trtbuild.accuracy.probes import probe
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
 from trtbuild.errors import UsageError
@@ -57,6 +58,7 @@ class ReferenceMeasures:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # first feed
     special: dict[str, np.ndarray] = field(default_factory=dict)  # first feed, NaN/inf/sentinel
     nonfinite: dict[str, str] = field(default_factory=dict)  # tensor -> "NaN" | "inf", any feed
+    bodies: frozenset[str] = frozenset()  # tensors inside control-flow bodies: peaks only
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,19 @@ def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:
     return [(t, n.name, n.op_type) for i, n in enumerate(view.nodes) for t in view.float_outputs(i)]
 
 
+def body_tensors(view: GraphView, order: list[tuple[str, str, str]]) -> set[str]:
+    """The float tensors made inside control-flow bodies (measured by their peaks only)."""
+    return {t for t, _, _ in order if t in view.producer and view.scope[view.producer[t]]}
+
+
 def reference_plan(
     model: onnx.ModelProto,
     order: list[tuple[str, str, str]],
     sizes: dict[str, int],
     budget: MemoryBudget,
 ) -> Plan:
-    """The reference's cuts: every float node output and graph output marked."""
+    """The reference's cuts: every float node output and graph output marked (`model` probed:
+    its bodies' peaks are graph outputs)."""
     marked = {t for t, _, _ in order} | {o.name for o in model.graph.output}
     return plan_by_budget(model, marked, sizes, budget)
 
@@ -146,10 +154,11 @@ def run_reference(
     view = view if view is not None else GraphView(reference)
     order = float_node_outputs(view)
     outputs = [o.name for o in reference.graph.output]
-    sizes = estimate_sizes(reference, feeds[0]) if feeds else {}
-    plan = reference_plan(reference, order, sizes, budget)
+    probed = probe(reference, body_tensors(view, order))
+    sizes = estimate_sizes(probed.model, feeds[0]) if feeds else {}
+    plan = reference_plan(probed.model, order, sizes, budget)
     watched = set(risk.candidates(view))
-    runner = SegmentRunner(reference, plan) if plan is not None else None
+    runner = SegmentRunner(probed.model, plan) if plan is not None else None
     tally, iterations = _Tally(), []
     ticker = SampleProgress("FP32 reference", len(feeds))
     with quiet_polygraphy():
@@ -157,8 +166,13 @@ def run_reference(
             tally.values(feed, k == 0)
             outs = {o: np.asarray(feed[o]) for o in outputs if o in feed}
             for seg, values in zip(plan.segments, runner.run(feed)):
-                tally.values({t: values[t] for t in seg.marked}, k == 0)
-                tally.risks(view, [i for i in seg.nodes if i in watched], values)
+                tally.values(
+                    {t: values[t] for t in seg.marked if t not in probed.tensor_of}, k == 0
+                )
+                tally.values(probed.peaks(values), k == 0)
+                tally.risks(
+                    view, [view.top[i] for i in seg.nodes if view.top[i] in watched], values
+                )
                 outs.update({o: values[o] for o in outputs if o in values})
                 del values
             iterations.append(IterationResult(outs, runner_name=REFERENCE))
@@ -177,6 +191,7 @@ def run_reference(
         tally.shapes,
         tally.special,
         tally.nonfinite,
+        frozenset(probed.tensor_of.values()),
     )
     return ReferenceTensors(measures, results)
 

@@ -29,6 +29,7 @@ import onnx
 from onnx import helper
 
 from trtbuild.errors import UsageError
+from trtbuild.graph import subgraphs
 from trtbuild.policy.model import MemoryBudget
 from trtbuild.sizes import fmt_bytes
 
@@ -186,7 +187,7 @@ def cut(
 
 
 def _reads(node: onnx.NodeProto) -> list[str]:
-    return [t for t in node.input if t]
+    return subgraphs.node_reads(node)  # a control node's bodies read outer values by name
 
 
 def _last_use(nodes: list[onnx.NodeProto]) -> dict[str, int]:

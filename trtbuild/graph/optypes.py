@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto
 
+from trtbuild.graph.subgraphs import CONTROL_FLOW
+
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 PRECISION_DTYPE = {
     "fp16": TensorProto.FLOAT16,
@@ -58,9 +60,10 @@ def computes(op_type: str) -> bool:
 
     Why one predicate: the report's share, `check`'s counts and the tune
     benchmark's node share must count the same nodes. Data movement follows its
-    input and a Cast only converts, so neither computes in a precision.
+    input and a Cast only converts, so neither computes in a precision; control flow
+    computes in its bodies, whose nodes count one by one.
     """
-    return op_type not in DATA_MOVEMENT and op_type != "Cast"
+    return op_type not in DATA_MOVEMENT and op_type != "Cast" and op_type not in CONTROL_FLOW
 
 
 @dataclass(frozen=True)

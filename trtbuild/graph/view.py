@@ -15,37 +15,77 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import opset_of
 from trtbuild.graph.optypes import FLOAT_TYPES, OpTypes, op_types
 
 
 class GraphView:
+    """Every node of the model, bodies of control flow included, in one list.
+
+    A body's nodes come right before the `If`/`Loop`/`Scan` that holds them
+    (they run as part of it, and it hands out what they make), so producers
+    still come before consumers. `scope[i]` says where node `i` lives ("" for
+    the main graph, `If_0/then_branch` inside a body), `parent[i]` the index
+    of the control node around it, and `top` the main graph's nodes in order.
+    A body's outputs count as read by its control node.
+    """
+
     def __init__(self, model: onnx.ModelProto):
         self.model = model
         self.graph = model.graph
-        self.nodes = list(model.graph.node)
+        self.nodes: list[onnx.NodeProto] = []
+        self.scope: list[str] = []
+        self.parent: list[int | None] = []
+        self.top: list[int] = []
+        self.body_of: dict[int, list[tuple[str, onnx.GraphProto, list[int]]]] = {}
         self.opset = opset_of(model)
-        self.initializers = {t.name: t for t in model.graph.initializer}
-        self.inputs = [i.name for i in model.graph.input if i.name not in self.initializers]
-        self.outputs = [o.name for o in model.graph.output]
+        self.initializers: dict[str, onnx.TensorProto] = {}
         self.dtype: dict[str, int] = {}
         self.shape: dict[str, onnx.TypeProto] = {}
-        for vi in (*model.graph.input, *model.graph.value_info, *model.graph.output):
-            if vi.type.HasField("tensor_type"):
-                self.dtype[vi.name] = vi.type.tensor_type.elem_type
-                self.shape[vi.name] = vi.type
-        for t in model.graph.initializer:
-            self.dtype[t.name] = t.data_type
-        self._memo: dict[str, Any] = {}
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = defaultdict(list)
-        for i, node in enumerate(self.nodes):
-            for out in node.output:
-                if out:
-                    self.producer[out] = i
-            for inp in node.input:
-                if inp:
-                    self.consumers[inp].append(i)
+        self.top = self._index(model.graph, "", None)
+        self.inputs = [i.name for i in model.graph.input if i.name not in self.initializers]
+        self.outputs = [o.name for o in model.graph.output]
+        self._memo: dict[str, Any] = {}
+
+    def _index(self, graph: onnx.GraphProto, scope: str, parent: int | None) -> list[int]:
+        """Index one graph's nodes (bodies first, recursively); returns their indices."""
+        for vi in (*graph.input, *graph.value_info, *graph.output):
+            if vi.type.HasField("tensor_type"):
+                self.dtype.setdefault(vi.name, vi.type.tensor_type.elem_type)
+                self.shape.setdefault(vi.name, vi.type)
+        for t in graph.initializer:
+            self.initializers[t.name] = t
+            self.dtype[t.name] = t.data_type
+        mine = []
+        for node in graph.node:
+            held = subgraphs.bodies(node)
+            inner = [(a, b, self._index(b, f"{node.name}/{a}", None)) for a, b in held]
+            i = self._add(node, scope, parent)
+            for _, body, members in inner:
+                for k in members:  # indexed before their control node had an index
+                    self.parent[k] = i
+                for o in body.output:
+                    self.consumers[o.name].append(i)
+            if inner:
+                self.body_of[i] = inner
+            mine.append(i)
+        return mine
+
+    def _add(self, node: onnx.NodeProto, scope: str, parent: int | None) -> int:
+        i = len(self.nodes)
+        self.nodes.append(node)
+        self.scope.append(scope)
+        self.parent.append(parent)
+        for out in node.output:
+            if out:
+                self.producer[out] = i
+        for inp in node.input:
+            if inp:
+                self.consumers[inp].append(i)
+        return i
 
     def memo(self, key: str, compute: Callable[[], Any]) -> Any:
         """A structural finding (normalization units, attention blocks) computed once per view.
@@ -94,3 +134,12 @@ class GraphView:
 
     def initializer_array(self, name: str):
         return numpy_helper.to_array(self.initializers[name])
+
+    def inside(self, index: int) -> list[int]:
+        """Every node inside control node `index`'s bodies, nested bodies included."""
+        found = []
+        for _, _, members in self.body_of.get(index, []):
+            for k in members:
+                found.extend(self.inside(k))
+                found.append(k)
+        return sorted(found)

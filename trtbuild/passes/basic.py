@@ -17,6 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from trtbuild.errors import UsageError
+from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import opset_of
 
 
@@ -59,27 +60,36 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     """Turn `Constant` nodes into initializers, as TensorRT sees weights.
 
     Why: precision rules and range analysis reason about weights, and exporters
-    (Paddle, older PyTorch) write them as `Constant` nodes.
+    (Paddle, older PyTorch) write them as `Constant` nodes. A constant inside a
+    control-flow body becomes an initializer of the main graph, which the body
+    reads from outside (names are unique by then): the conversion types weights
+    there, once, whichever body reads them.
     """
     record = PassRecord("lift_constants")
-    if not any(n.op_type == "Constant" for n in model.graph.node):
+    inner = [g for scope, g in subgraphs.walk(model.graph) if scope and g.initializer]
+    if not inner and not any(n.op_type == "Constant" for n in subgraphs.all_nodes(model)):
         return model, record
     model = copied(model)  # passes never change their input
-    keep = []
-    for node in model.graph.node:
-        value = (
-            _constant_value(node)
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
-            else None
-        )
-        if value is None:
-            keep.append(node)
-            continue
-        model.graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
-        record.changed += 1
-    if record.changed:
-        del model.graph.node[:]
-        model.graph.node.extend(keep)
+    for scope, graph in subgraphs.walk(model.graph):
+        if scope and graph.initializer:  # a body's own weights move out with its constants
+            model.graph.initializer.extend(graph.initializer)
+            record.changed += len(graph.initializer)
+            del graph.initializer[:]
+        keep = []
+        for node in graph.node:
+            value = (
+                _constant_value(node)
+                if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+                else None
+            )
+            if value is None:
+                keep.append(node)
+                continue
+            model.graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+            record.changed += 1
+        if len(keep) != len(graph.node):
+            del graph.node[:]
+            graph.node.extend(keep)
     return model, record
 
 
@@ -180,9 +190,9 @@ def foldable(model: onnx.ModelProto) -> bool:
     const = {t.name for t in graph.initializer} | {""}
     used = {o.name for o in graph.output}
     for n in graph.node:
-        used.update(n.input)
+        used.update(subgraphs.node_reads(n))
     for n in graph.node:
-        if n.op_type in _SHAPE_OPS or all(i in const for i in n.input):
+        if n.op_type in _SHAPE_OPS or all(i in const for i in subgraphs.node_reads(n)):
             return True
         if not any(o in used for o in n.output):
             return True
@@ -196,7 +206,9 @@ def fold_constants(
 
     Its log and that of the ONNX Runtime session it folds with (`foldable nodes
     that produce large outputs`, `UnsqueezeElimination cannot remove node`) are
-    shown with `--verbose` only: the terminal shows trtbuild's lines.
+    shown with `--verbose` only: the terminal shows trtbuild's lines. An `If`
+    whose condition folds stays for `control.inline_constant_ifs`: onnx-graphsurgeon's
+    own flattening leaves the readers of its outputs dangling.
     """
     if not foldable(model):
         return model, PassRecord("fold_constants", details={"skipped": "nothing to fold"})
@@ -205,7 +217,9 @@ def fold_constants(
     before = len(model.graph.node)
     graph = gs.import_onnx(model)
     with quiet_dependencies(verbose):
-        graph.fold_constants(error_ok=True).cleanup(remove_unused_graph_inputs=False).toposort()
+        graph.fold_constants(error_ok=True, flatten_subgraphs=False).cleanup(
+            remove_unused_graph_inputs=False
+        ).toposort()
     folded = gs.export_onnx(graph, do_type_check=False)
     # gs writes its own producer/ir version; keep the model's metadata and opsets.
     folded.ir_version = model.ir_version
@@ -213,8 +227,21 @@ def fold_constants(
     folded.opset_import.extend(model.opset_import)
     folded.producer_name = model.producer_name
     folded.producer_version = model.producer_version
+    _keep_body_weights(model, folded)
     removed = before - len(folded.graph.node)
     return folded, PassRecord("fold_constants", changed=removed, details={"nodes_removed": removed})
+
+
+def _keep_body_weights(source: onnx.ModelProto, folded: onnx.ModelProto) -> None:
+    """Put back the weights only a control-flow body reads, which onnx-graphsurgeon drops.
+
+    Why: its cleanup counts the main graph's readers of a weight, not a body's
+    (which reads it from outside by name), and exports the model without it.
+    """
+    defined = subgraphs.defined_in(folded.graph)
+    read = {t for n in folded.graph.node for t in subgraphs.node_reads(n)}
+    lost = read - defined
+    folded.graph.initializer.extend(t for t in source.graph.initializer if t.name in lost)
 
 
 def override_input_shapes(
@@ -307,21 +334,71 @@ def quiet_dependencies(verbose: bool) -> Iterator[None]:
 
 
 def name_unnamed_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
-    """Give every node a unique name: rules, reports and TensorRT layers are keyed by it."""
+    """Give every node a unique name: rules, reports and TensorRT layers are keyed by it.
+
+    A node inside a control-flow body gets its qualified name,
+    `{control node}/{attribute}/{node}` (`If_0/then_branch/Conv_3`), and a value
+    a body defines under a name used elsewhere in the model (two loops' `i`)
+    is renamed with the body's scope: the policy sees all nodes in one list.
+    """
     record = PassRecord("name_nodes")
     names = [n.name for n in model.graph.node]
-    if all(names) and len(set(names)) == len(names):
+    nested = any(subgraphs.has_body(n) for n in model.graph.node)
+    if all(names) and len(set(names)) == len(names) and not nested:
         return model, record
     model = copied(model)  # passes never change their input
     seen: set[str] = set()
-    for i, node in enumerate(model.graph.node):
-        if not node.name or node.name in seen:
-            base = node.name or f"{node.op_type}"
-            name, k = f"{base}__{i}", i
+    record.changed += _name_graph(model.graph, "", seen)
+    if nested:
+        record.changed += _unique_values(model.graph, "", set())
+    return model, record
+
+
+def _name_graph(graph: onnx.GraphProto, scope: str, seen: set[str]) -> int:
+    changed = 0
+    prefix = f"{scope}/" if scope else ""
+    for i, node in enumerate(graph.node):
+        base = node.name or f"{node.op_type}"
+        if scope and not node.name.startswith(prefix):
+            base = prefix + base
+        if base != node.name or base in seen:
+            name, k = (base, i) if base not in seen and node.name else (f"{base}__{i}", i)
             while name in seen:
                 k += 1
                 name = f"{base}__{k}"
             node.name = name
-            record.changed += 1
+            changed += 1
         seen.add(node.name)
-    return model, record
+        for attr, body in subgraphs.bodies(node):
+            changed += _name_graph(body, f"{node.name}/{attr}", seen)
+    return changed
+
+
+def _unique_values(graph: onnx.GraphProto, scope: str, taken: set[str]) -> int:
+    """Rename values a body defines under a name already defined elsewhere in the model."""
+    changed = 0
+    if scope:
+        clash = {t for t in subgraphs.defined_in(graph) if t in taken}
+        if clash:
+            _rename(graph, {t: f"{scope}/{t}" for t in clash})
+            changed += len(clash)
+    taken |= subgraphs.defined_in(graph)
+    for node in graph.node:
+        for attr, body in subgraphs.bodies(node):
+            changed += _unique_values(body, f"{node.name}/{attr}", taken)
+    return changed
+
+
+def _rename(graph: onnx.GraphProto, names: dict[str, str]) -> None:
+    """Rename values in a body and every body inside it (no body may redefine them)."""
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        vi.name = names.get(vi.name, vi.name)
+    for t in graph.initializer:
+        t.name = names.get(t.name, t.name)
+    for node in graph.node:
+        for k, t in enumerate(node.input):
+            node.input[k] = names.get(t, t)
+        for k, t in enumerate(node.output):
+            node.output[k] = names.get(t, t)
+        for _, body in subgraphs.bodies(node):
+            _rename(body, names)

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
 from trtbuild.graph.view import GraphView
@@ -31,7 +32,11 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     record = PassRecord("fuse_layernorm", details={"fused": [], "not_fused": []})
     model = infer_shapes(model)
     view = GraphView(model)
-    units = [u for u in norm_units(view) if u.kind == "layernorm"]
+    units = [u for u in norm_units(view) if u.kind == "layernorm" and _main(view, u.nodes)]
+    if view.body_of:
+        record.details["subgraphs"] = (
+            "not searched: units inside control-flow bodies stay as exported"
+        )
     if not units:
         return strip_value_info(model), record
     too_old = opset_of(model) < LAYERNORM_OPSET
@@ -60,14 +65,17 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     record.changed = len(record.details["fused"])
     if record.changed:
         nodes = [
-            replaced.get(i, n)
-            for i, n in enumerate(view.nodes)
-            if i not in removed or i in replaced
+            replaced.get(i, view.nodes[i]) for i in view.top if i not in removed or i in replaced
         ]
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         drop_unused_initializers(model)
     return strip_value_info(model), record
+
+
+def _main(view: GraphView, nodes) -> bool:
+    """Are all these nodes in the main graph (fusions do not rewrite bodies)?"""
+    return all(not view.scope[i] for i in nodes)
 
 
 def _named(view: GraphView, unit: NormUnit, why: str | None = None) -> dict:
@@ -183,7 +191,8 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     view = GraphView(model)
     removed: set[int] = set()
     replaced: dict[int, onnx.NodeProto] = {}
-    for i, bn in enumerate(view.nodes):
+    for i in view.top:  # bodies are not searched: a BatchNorm there stays as exported
+        bn = view.nodes[i]
         if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
             continue
         conv_index = view.producer.get(bn.input[0])
@@ -198,7 +207,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
         record.details["folded"].append({"name": conv.name, "batchnorm": bn.name})
     record.changed = len(record.details["folded"])
     if record.changed:
-        nodes = [replaced.get(i, n) for i, n in enumerate(view.nodes) if i not in removed]
+        nodes = [replaced.get(i, view.nodes[i]) for i in view.top if i not in removed]
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         drop_unused_initializers(model)
@@ -238,7 +247,7 @@ def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> int:
-    used = {t for n in model.graph.node for t in n.input}
+    used = {t for n in model.graph.node for t in subgraphs.node_reads(n)}
     used |= {o.name for o in (*model.graph.output, *model.graph.input)}
     keep = [t for t in model.graph.initializer if t.name in used]
     dropped = len(model.graph.initializer) - len(keep)

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 import onnx
 
 from trtbuild.errors import UsageError
+from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, strip_value_info
 from trtbuild.passes import basic as passes
-from trtbuild.passes import fuse
+from trtbuild.passes import control, fuse
 from trtbuild.policy.model import Passes
-
-_CONTROL_FLOW = {"If", "Loop", "Scan"}
 
 
 @dataclass
@@ -28,13 +27,15 @@ def prepare(
     model: onnx.ModelProto, options: Passes, *, source: str = "model", verbose: bool = False
 ) -> Prepared:
     """Sanitize: names, constants, opset, folding, fusions, shapes; each step recorded."""
-    _reject_unsupported(model, source)
     records = []
     try:
         model, rec = passes.override_input_shapes(model, options.override_input_shapes)
     except UsageError as exc:  # it names the policy's field; the model is where inputs are
         raise UsageError(exc.message, where=exc.where or source, hint=exc.hint) from None
     records.append(rec)
+    model, rec = control.freeze_inputs(model, options.freeze_inputs)
+    if rec.changed:
+        records.append(rec)
     model, rec = passes.drop_initializer_inputs(model)
     records.append(rec)
     model, rec = passes.name_unnamed_nodes(model)
@@ -46,6 +47,7 @@ def prepare(
     if options.fold_constants:
         model, rec = passes.fold_constants(model, verbose)
         records.append(rec)
+        model = _fold_control_flow(model, records, verbose)
     if options.fuse_layernorm:
         model, rec = fuse.fuse_layernorm(model)
         records.append(rec)
@@ -53,15 +55,37 @@ def prepare(
         model, rec = fuse.fold_batchnorm(model)
         records.append(rec)
     model = infer_shapes(strip_value_info(model))
+    _check_bodies(model, source)
     return Prepared(model, records)
 
 
-def _reject_unsupported(model: onnx.ModelProto, source: str) -> None:
-    for node in model.graph.node:
-        if node.op_type in _CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+def _fold_control_flow(model: onnx.ModelProto, records: list, verbose: bool) -> onnx.ModelProto:
+    """Inline the Ifs whose condition folded, and fold what that exposes (a few rounds).
+
+    Folding can leave weights inside bodies; they move to the main graph as
+    `lift_constants` moves them, so the conversion types each weight once.
+    """
+    for _ in range(3):
+        model, rec = control.inline_constant_ifs(model)
+        if not rec.changed:
+            break
+        records.append(rec)
+        model, rec = passes.fold_constants(model, verbose)
+        records.append(rec)
+    model, rec = passes.lift_constants(model)
+    if rec.changed:
+        records.append(rec)
+    return model
+
+
+def _check_bodies(model: onnx.ModelProto, source: str) -> None:
+    """Refuse, naming the node, control flow whose bodies cannot keep one type per value."""
+    for node in subgraphs.all_nodes(model):
+        why = subgraphs.typing_problem(node) if subgraphs.has_body(node) else None
+        if why is not None:
             raise UsageError(
-                f"node {node.name or '(unnamed)'!r} is a {node.op_type} with a subgraph; "
-                "control-flow subgraphs are not supported yet",
+                f"node {node.name!r} ({node.op_type}) cannot be typed consistently: {why}",
                 where=source,
-                hint="export the model without control flow (e.g. trace with fixed sizes)",
+                hint="re-export the model so that every branch and iteration declares one type "
+                "per value (the exporter's own output would fail in ONNX Runtime too)",
             )

@@ -347,6 +347,10 @@ def _passes(p: dict) -> Passes:
         override_input_shapes=tuple(
             (name, tuple(dims)) for name, dims in (p.get("override_input_shapes") or {}).items()
         ),
+        freeze_inputs=tuple(
+            (name, tuple(v) if isinstance(v, list) else v)
+            for name, v in (p.get("freeze_inputs") or {}).items()
+        ),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trtbuild.numerics import FP16_MAX
 
@@ -63,6 +64,8 @@ class Passes:
     fold_batchnorm: bool = True
     # Polygraphy's --override-input-shapes: ((input, dims), ...), a dim a number or a name
     override_input_shapes: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
+    # inputs made constants: ((input, value), ...), a value a number, a bool or a flat list
+    freeze_inputs: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

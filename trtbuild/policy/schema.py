@@ -159,6 +159,20 @@ SCHEMA: dict[str, Any] = {
                 "fuse_layernorm": {"type": "boolean"},
                 "fold_constants": {"type": "boolean"},
                 "fold_batchnorm": {"type": "boolean"},
+                "freeze_inputs": {
+                    "type": "object",
+                    "description": "inputs that become constants of the given value, as an engine "
+                    "built for one of them serves it (Silero VAD's sample rate): {INPUT: value}; "
+                    "control flow that branches on it folds away",
+                    "maxProperties": 1000,
+                    "additionalProperties": {
+                        "oneOf": [
+                            _NUMBER,
+                            {"type": "boolean"},
+                            {"type": "array", "maxItems": 4096, "items": _NUMBER},
+                        ]
+                    },
+                },
                 "override_input_shapes": {
                     "type": "object",
                     "description": "new declared input shapes, as Polygraphy's surgeon sanitize "

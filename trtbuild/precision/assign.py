@@ -18,6 +18,7 @@ from typing import Any
 import onnx
 
 from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
+from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Precision
 from trtbuild.precision import rules as rules_mod
@@ -123,8 +124,12 @@ def assign(
                 f"rule '{rule.id}' matches only nodes that earlier rules already decided"
             )
 
+    _into_bodies(view, picks, hits)
     decisions: list[Decision] = []
     for i, node in enumerate(view.nodes):
+        if node.op_type in CONTROL_FLOW and i in view.body_of:
+            decisions.append(Decision(None, "control-flow", _CONTROL_REASON))
+            continue
         if not view.float_outputs(i):
             decisions.append(Decision(None, "no-float", "produces no floating-point tensor"))
             continue
@@ -137,6 +142,28 @@ def assign(
             decision = Decision(precision.default, "default", f"policy default {precision.default}")
         decisions.append(_respect_schema(view, i, decision))
     return Assignment(view, decisions, hits, warnings)
+
+
+_CONTROL_REASON = "computes in its bodies; its outputs keep their exported types"
+
+
+def _into_bodies(
+    view: GraphView, picks: list[tuple[str, str, str] | None], hits: dict[str, int]
+) -> None:
+    """A rule that matches an If/Loop/Scan applies to every node of its bodies no rule took.
+
+    Why: pinning a whole body (a loop that accumulates) is one rule, the way
+    `tune` pins it; a node of the body that a rule names keeps that rule.
+    Innermost first, so an inner control node's own rule wins inside it.
+    """
+    for i in sorted(view.body_of, key=lambda k: len(view.inside(k))):
+        if picks[i] is None:
+            continue
+        prec, rid, reason = picks[i]
+        for k in view.inside(i):
+            if picks[k] is None and view.float_outputs(k):
+                picks[k] = (prec, rid, f"inside {view.nodes[i].name}: {reason}")
+                hits[rid] = hits.get(rid, 0) + 1
 
 
 def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: str) -> Decision:

@@ -46,25 +46,53 @@ class Converted:
 
 
 class _Rewriter:
-    def __init__(self, assignment: Assignment):
+    """Rewrites one graph (the main graph, or a body with `parent` the rewriter around it).
+
+    A value is owned by the rewriter of the graph that defines it: a body that
+    reads an outer value in another type asks the owner for the cast, which
+    the owner emits before the control node (once, outside any loop).
+    """
+
+    def __init__(
+        self,
+        assignment: Assignment,
+        members: list[int] | None = None,
+        graph: onnx.GraphProto | None = None,
+        parent: _Rewriter | None = None,
+    ):
         self.a = assignment
         self.view: GraphView = assignment.view
+        self.graph = graph if graph is not None else self.view.graph
+        self.members = members if members is not None else self.view.top
+        self.parent = parent
+        self.root: _Rewriter = parent.root if parent is not None else self
         self.nodes: list[onnx.NodeProto] = []
-        self.actual: dict[str, str] = {n: n for n in self.view.inputs}  # source name -> new name
-        self.dtype: dict[str, int] = {
-            n: self.view.dtype[n] for n in self.view.inputs if n in self.view.dtype
-        }
+        inputs = (
+            self.view.inputs if parent is None else [i.name for i in self.graph.input if i.name]
+        )
+        self.actual: dict[str, str] = {n: n for n in inputs}  # source name -> new name
+        self.dtype: dict[str, int] = {n: self.view.dtype[n] for n in inputs if n in self.view.dtype}
         self.cast_cache: dict[tuple[str, int], str] = {}
         self.origin: dict[str, str] = {}  # new name -> source name
         self.casts: list[CastRecord] = []
         self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
-        self.graph_outputs = set(self.view.outputs)
+        self.graph_outputs = set(self.view.outputs) if parent is None else set()
+
+    def owner(self, tensor: str) -> _Rewriter:
+        """The rewriter of the graph that defines `tensor` (this one, or one around it)."""
+        rw: _Rewriter | None = self
+        while rw is not None:
+            if tensor in rw.actual:
+                return rw
+            rw = rw.parent
+        return self
 
     # -- types -----------------------------------------------------------------
     def current(self, tensor: str) -> int | None:
         if tensor in self.view.initializers:
             return self.view.dtype.get(tensor)
-        return self.dtype.get(self.actual.get(tensor, tensor), self.view.dtype.get(tensor))
+        rw = self.owner(tensor)
+        return rw.dtype.get(rw.actual.get(tensor, tensor), self.view.dtype.get(tensor))
 
     def _main_var(self, i: int) -> str | None:
         node, types = self.view.nodes[i], self.view.types(i)
@@ -140,51 +168,103 @@ class _Rewriter:
         return self.cast_cache[key]
 
     def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
-        for i, node in enumerate(self.view.nodes):
+        for i in self.members:
+            node = self.view.nodes[i]
             new = onnx.NodeProto()
             new.CopyFrom(node)
             want_in, out = self.plan(i)
-            for k, t in enumerate(node.input):
-                if not t:
-                    continue
-                if t in self.view.initializers:
-                    if want_in[k] is not None:
-                        self.init_uses[t].append((new, k, want_in[k]))
-                    continue
-                src = self.actual.get(t, t)
-                cur = self.dtype.get(src, self.view.dtype.get(t))
-                if want_in[k] is not None and cur is not None and cur != want_in[k]:
-                    new.input[k] = self.cast(src, want_in[k], t)
-                else:
-                    new.input[k] = src
+            self._inputs(node, new, want_in)
+            for attr in new.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    attr.g.CopyFrom(self._body(i, attr.name))
             self._fix_attributes(new, out)
-            post = []
-            for k, o in enumerate(node.output):
-                if not o:
-                    continue
-                d = out[k] if out[k] is not None else self.view.dtype.get(o)
-                exported = self.view.dtype.get(o)
-                if (
-                    o in self.graph_outputs
-                    and d is not None
-                    and exported is not None
-                    and d != exported
-                ):
-                    internal = f"{o}__{DTYPE_NAME[d]}"
-                    new.output[k] = internal
-                    self.actual[o], self.dtype[internal] = internal, d
-                    name = f"trtbuild/cast_{DTYPE_NAME[exported]}/{o.lstrip('/')}"
-                    post.append(helper.make_node("Cast", [internal], [o], name=name, to=exported))
-                    self.casts.append(CastRecord(name, o, DTYPE_NAME[exported]))
-                    self.cast_cache[(internal, exported)] = o
-                    self.dtype[o] = exported
-                else:
-                    self.actual[o] = o
-                    if d is not None:
-                        self.dtype[o] = d
+            post = self._outputs(node, new, out)
             self.nodes.append(new)
             self.nodes.extend(post)
         return self.nodes, self.casts
+
+    def _inputs(self, node: onnx.NodeProto, new: onnx.NodeProto, want_in: list) -> None:
+        for k, t in enumerate(node.input):
+            if not t:
+                continue
+            if t in self.view.initializers:
+                if want_in[k] is not None:
+                    self.root.init_uses[t].append((new, k, want_in[k]))
+                continue
+            owner = self.owner(t)
+            src = owner.actual.get(t, t)
+            cur = owner.dtype.get(src, self.view.dtype.get(t))
+            if want_in[k] is not None and cur is not None and cur != want_in[k]:
+                new.input[k] = owner.cast(src, want_in[k], t)
+            else:
+                new.input[k] = src
+
+    def _outputs(self, node: onnx.NodeProto, new: onnx.NodeProto, out: list) -> list:
+        """Record each output's type; a main-graph output computed in another type is cast back."""
+        post = []
+        for k, o in enumerate(node.output):
+            if not o:
+                continue
+            d = out[k] if out[k] is not None else self.view.dtype.get(o)
+            exported = self.view.dtype.get(o)
+            if o in self.graph_outputs and d is not None and exported is not None and d != exported:
+                internal = f"{o}__{DTYPE_NAME[d]}"
+                new.output[k] = internal
+                self.actual[o], self.dtype[internal] = internal, d
+                name = f"trtbuild/cast_{DTYPE_NAME[exported]}/{o.lstrip('/')}"
+                post.append(helper.make_node("Cast", [internal], [o], name=name, to=exported))
+                self.casts.append(CastRecord(name, o, DTYPE_NAME[exported]))
+                self.cast_cache[(internal, exported)] = o
+                self.dtype[o] = exported
+            else:
+                self.actual[o] = o
+                if d is not None:
+                    self.dtype[o] = d
+        return post
+
+    def _body(self, i: int, attr: str) -> onnx.GraphProto:
+        """One body of control node `i`, rewritten, its inputs and outputs in their exported types.
+
+        Why exported types: a Loop's carried values keep one type across
+        iterations and an If's branches one type between them only if every
+        body hands out what it was declared to; a body that computes its last
+        node in FP16 casts it back inside the body.
+        """
+        graph, members = next((g, m) for a, g, m in self.view.body_of[i] if a == attr)
+        sub = _Rewriter(self.a, members, graph, self)
+        sub.run()
+        control = self.view.nodes[i]
+        scope = f"{control.name}/{attr}"
+        outputs = [sub._seal(vi, control, k, scope) for k, vi in enumerate(graph.output)]
+        self.root.casts.extend(sub.casts)
+        body = helper.make_graph(
+            sub.nodes,
+            graph.name,
+            list(graph.input),
+            outputs,
+            doc_string=graph.doc_string,
+            value_info=_value_info(self.view, sub, graph),
+        )
+        return body
+
+    def _seal(self, vi: onnx.ValueInfoProto, control: onnx.NodeProto, k: int, scope: str):
+        """A body output in its declared type (the control node's, where the body's is unset)."""
+        want = vi.type.tensor_type.elem_type or self.view.dtype.get(_bound(control, k), 0)
+        owner = self.owner(vi.name)
+        src = owner.actual.get(vi.name, vi.name)
+        cur = owner.dtype.get(src, self.view.dtype.get(vi.name))
+        out = onnx.ValueInfoProto()
+        out.CopyFrom(vi)
+        if want in FLOAT_TYPES and cur in FLOAT_TYPES and cur != want:
+            dst = f"{scope}/{vi.name}__{DTYPE_NAME[want]}"
+            name = f"trtbuild/cast_{DTYPE_NAME[want]}/{scope}/{vi.name.lstrip('/')}"
+            self.nodes.append(helper.make_node("Cast", [src], [dst], name=name, to=want))
+            self.casts.append(CastRecord(name, vi.name, DTYPE_NAME[want]))
+            src = dst
+        out.name = src
+        if want and not out.type.tensor_type.elem_type:
+            out.type.tensor_type.elem_type = want
+        return out
 
     @staticmethod
     def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
@@ -246,10 +326,18 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
     return initializers, warnings
 
 
-def _value_info(view: GraphView, rw: _Rewriter) -> list[onnx.ValueInfoProto]:
+def _bound(control: onnx.NodeProto, k: int) -> str:
+    """The control node's output that a body's output `k` becomes (Loop: after its condition)."""
+    k = k - 1 if control.op_type == "Loop" else k
+    return control.output[k] if 0 <= k < len(control.output) else ""
+
+
+def _value_info(
+    view: GraphView, rw: _Rewriter, graph: onnx.GraphProto | None = None
+) -> list[onnx.ValueInfoProto]:
     """The inferred types, retyped where a value changed precision, and the casts' outputs."""
     value_info = []
-    for vi in view.graph.value_info:
+    for vi in (graph if graph is not None else view.graph).value_info:
         if vi.name in rw.dtype and vi.name not in rw.graph_outputs:
             new_vi = onnx.ValueInfoProto()
             new_vi.CopyFrom(vi)

@@ -1,0 +1,123 @@
+"""Control flow: the bodies of `If`, `Loop` and `Scan` nodes, and what they read.
+
+Why one module: the view, the passes, the conversion, the emulation and the
+streaming runs all ask the same questions of a node with a body ("which graphs
+does it hold", "which outer values does it read"); a body reads values of the
+enclosing graphs by name, without listing them as inputs, so a question asked
+of `node.input` alone misses them.
+
+Qualified names: a node inside a body is named `{control node}/{attribute}/{node}`,
+for example `If_0/then_branch/Conv_3` (`passes.basic.name_unnamed_nodes`
+writes them), so rules, reports and pins name it like any other node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx
+
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+_GRAPH = onnx.AttributeProto.GRAPH
+
+
+def bodies(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
+    """(attribute name, graph) of every body a node holds, in attribute order."""
+    return [(a.name, a.g) for a in node.attribute if a.type == _GRAPH]
+
+
+def has_body(node: onnx.NodeProto) -> bool:
+    return any(a.type == _GRAPH for a in node.attribute)
+
+
+def defined_in(graph: onnx.GraphProto) -> set[str]:
+    """Names a graph defines itself: its inputs, initializers and node outputs."""
+    names = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    names.update(o for n in graph.node for o in n.output if o)
+    return names
+
+
+def outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names a body (and the bodies inside it) reads from the graphs around it."""
+    own = defined_in(graph)
+    reads = {t for n in graph.node for t in n.input if t}
+    reads.update(o.name for o in graph.output)
+    for n in graph.node:
+        for _, body in bodies(n):
+            reads |= outer_reads(body)
+    return reads - own
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every value a node needs to run: its inputs and, for control flow, what its bodies read."""
+    reads = [t for t in node.input if t]
+    for _, body in bodies(node):
+        reads.extend(sorted(outer_reads(body) - set(reads)))
+    return reads
+
+
+def walk(graph: onnx.GraphProto, scope: str = "") -> Iterator[tuple[str, onnx.GraphProto]]:
+    """(scope, graph) for `graph` and every body inside it, outermost first.
+
+    The scope of a body is `{control node}/{attribute}`, the prefix of its nodes'
+    qualified names; the main graph's scope is "".
+    """
+    yield scope, graph
+    for n in graph.node:
+        for attr, body in bodies(n):
+            yield from walk(body, f"{n.name}/{attr}")
+
+
+def all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node of the model, bodies included."""
+    for _, graph in walk(model.graph):
+        yield from graph.node
+
+
+def typing_problem(node: onnx.NodeProto) -> str | None:
+    """Why a control node's bodies cannot be typed consistently, or None.
+
+    The conversion keeps every body's inputs and outputs in their declared
+    types; that holds only where an If's branches declare one type per output
+    and a Loop's or Scan's body hands each carried value back in the type it
+    takes it in.
+    """
+    held = dict(bodies(node))
+    if node.op_type == "If" and len(held) == 2:
+        pairs = zip(held["then_branch"].output, held["else_branch"].output)
+        for k, (a, b) in enumerate(pairs):
+            ta, tb = _elem(a), _elem(b)
+            if ta and tb and ta != tb:
+                return (
+                    f"its then_branch output {k} ({a.name}) is {_type_name(ta)} but its "
+                    f"else_branch output {k} ({b.name}) is {_type_name(tb)}"
+                )
+        return None
+    body = held.get("body")
+    if body is None or node.op_type not in ("Loop", "Scan"):
+        return None
+    first_in, first_out = (2, 1) if node.op_type == "Loop" else (0, 0)
+    n_state = len(node.input) - (
+        2
+        if node.op_type == "Loop"
+        else next(a.i for a in node.attribute if a.name == "num_scan_inputs")
+    )
+    for k in range(max(n_state, 0)):
+        if first_in + k >= len(body.input) or first_out + k >= len(body.output):
+            break
+        vin, vout = body.input[first_in + k], body.output[first_out + k]
+        ti, to = _elem(vin), _elem(vout)
+        if ti and to and ti != to:
+            return (
+                f"its body takes carried value {k} ({vin.name}) as {_type_name(ti)} but hands "
+                f"it back ({vout.name}) as {_type_name(to)}"
+            )
+    return None
+
+
+def _elem(vi: onnx.ValueInfoProto) -> int:
+    return vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+
+
+def _type_name(elem: int) -> str:
+    return onnx.helper.tensor_dtype_to_np_dtype(elem).name

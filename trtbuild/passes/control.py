@@ -1,0 +1,129 @@
+"""Passes for control flow: inputs frozen to one value, and `If`s whose condition is constant.
+
+Why: TensorRT imports both branches of an `If` for the shapes of its profile.
+An export that branches on a value its deployment fixes (Silero VAD picks its
+8 kHz or 16 kHz model by the `sr` input) cannot build, since the branch not
+taken is invalid at the other's input length; and TensorRT-RTX fails on an
+`If` whose condition is a build-time constant (an internal assertion,
+`graphScope.cpp:471`, on Silero VAD's shape checks). An engine serves one such
+value, so the policy says which (`passes.freeze_inputs`) and the branch taken
+replaces the `If`. onnx-graphsurgeon's own flattening leaves readers of the
+`If`'s outputs dangling, so it is done here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from trtbuild.errors import UsageError
+from trtbuild.graph import subgraphs
+from trtbuild.passes.basic import PassRecord, copied
+
+
+def freeze_inputs(
+    model: onnx.ModelProto, values: tuple[tuple[str, object], ...]
+) -> tuple[onnx.ModelProto, PassRecord]:
+    """Each named input becomes an initializer holding its value (in the input's dtype)."""
+    record = PassRecord("freeze_inputs")
+    if not values:
+        return model, record
+    inputs = {i.name: i for i in model.graph.input}
+    for name, _ in values:
+        if name not in inputs:
+            raise UsageError(
+                f"passes.freeze_inputs.{name}: the model has no input '{name}'",
+                hint="its inputs are " + ", ".join(inputs),
+            )
+    model = copied(model)
+    given = dict(values)
+    kept = []
+    for vi in model.graph.input:
+        if vi.name not in given:
+            kept.append(vi)
+            continue
+        model.graph.initializer.append(_constant(vi, given[vi.name]))
+        record.changed += 1
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    record.details["inputs"] = {n: list(v) if isinstance(v, tuple) else v for n, v in values}
+    return model, record
+
+
+def _constant(vi: onnx.ValueInfoProto, value: object) -> onnx.TensorProto:
+    dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+    array = np.asarray(value, dtype=dtype)
+    dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    if all(d > 0 for d in dims) and int(np.prod(dims)) == array.size:
+        array = array.reshape(dims)
+    elif dims and array.ndim == 0:
+        raise UsageError(
+            f"passes.freeze_inputs.{vi.name}: the input has shape "
+            f"{[d.dim_value or d.dim_param for d in vi.type.tensor_type.shape.dim]}; "
+            "a single number fits only a scalar input",
+            hint="give the value as a list with one number per element",
+        )
+    return numpy_helper.from_array(array, vi.name)
+
+
+def inline_constant_ifs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """Replace each `If` whose condition is a constant by the nodes of the branch it takes.
+
+    The branch's nodes keep their qualified names (`If_0/then_branch/Conv_3`), so
+    rules that name them still match; its outputs reach the `If`'s readers
+    through an `Identity` named after the `If`.
+    """
+    record = PassRecord("inline_constant_ifs", details={"inlined": []})
+    if not any(n.op_type == "If" for n in subgraphs.all_nodes(model)):
+        return model, record
+    model = copied(model)
+    constants = {t.name: t for t in model.graph.initializer}
+    _inline(model.graph, constants, record)
+    record.changed = len(record.details["inlined"])
+    return model, record
+
+
+def _inline(graph: onnx.GraphProto, constants: dict, record: PassRecord) -> None:
+    constants = {**constants, **{t.name: t for t in graph.initializer}}
+    constants.update({n.output[0]: n.attribute[0].t for n in graph.node if _plain_constant(n)})
+    nodes = []
+    for node in graph.node:
+        taken = _taken_branch(node, constants)
+        if taken is None:
+            for _, body in subgraphs.bodies(node):
+                _inline(body, constants, record)
+            nodes.append(node)
+            continue
+        attr, branch = taken
+        _inline(branch, constants, record)
+        nodes.extend(branch.node)
+        graph.initializer.extend(branch.initializer)
+        for k, (out, made) in enumerate(zip(node.output, branch.output)):
+            if out:
+                name = f"{node.name}/output_{k}"
+                nodes.append(helper.make_node("Identity", [made.name], [out], name=name))
+        record.details["inlined"].append({"name": node.name, "branch": attr})
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _plain_constant(node: onnx.NodeProto) -> bool:
+    return (
+        node.op_type == "Constant"
+        and len(node.attribute) == 1
+        and node.attribute[0].name == "value"
+    )
+
+
+def _taken_branch(node: onnx.NodeProto, constants: dict) -> tuple[str, onnx.GraphProto] | None:
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+        return None
+    cond = constants.get(node.input[0])
+    if cond is None:
+        return None
+    value = numpy_helper.to_array(cond)
+    if value.size != 1:
+        return None
+    attr = "then_branch" if bool(value.reshape(())) else "else_branch"
+    return attr, dict(subgraphs.bodies(node))[attr]
