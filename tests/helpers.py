@@ -44,6 +44,71 @@ def dtypes(m: onnx.ModelProto) -> dict[str, int]:
     return out
 
 
+# -- control flow ------------------------------------------------------------------
+
+
+def if_model(scale: float = 1.0) -> onnx.ModelProto:
+    """y = If(sum(x) > 0) then Relu(x) * w * scale else Neg(x) * w: each branch reads the outer
+    weight `w`; both name their products `p` (the naming pass must set them apart)."""
+    vi = helper.make_tensor_value_info
+
+    def branch(op: str, tag: str, k: float) -> onnx.GraphProto:
+        return helper.make_graph(
+            [
+                node(op, ["x"], f"{tag}_a", f"{tag}_{op.lower()}"),
+                node("Mul", [f"{tag}_a", "w"], "p", "mul"),
+                node("Mul", ["p", f"k_{tag}"], f"{tag}_out", "scale"),
+            ],
+            tag,
+            [],
+            [vi(f"{tag}_out", F, [1, 4])],
+            [numpy_helper.from_array(np.array(k, np.float32), f"k_{tag}")],
+        )
+
+    return model(
+        [
+            node("ReduceSum", ["x"], "s", "sum", keepdims=0),
+            node("Greater", ["s", "zero"], "c", "positive"),
+            node(
+                "If",
+                ["c"],
+                "y",
+                "branch",
+                then_branch=branch("Relu", "then", scale),
+                else_branch=branch("Neg", "else", 1.0),
+            ),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"zero": np.array(0.0, np.float32), "w": np.full((1, 4), 2.0, np.float32)},
+    )
+
+
+def scan_model(steps: int = 8, width: int = 4, gain: float = 1.0) -> onnx.ModelProto:
+    """A Scan over `steps` rows of x: a running sum (the state) and each row times 2 (scanned)."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            node("Mul", ["row", "gain"], "scaled", "scale_row"),
+            node("Add", ["acc_in", "scaled"], "acc_out", "accumulate"),
+            node("Mul", ["row", "two"], "doubled", "double"),
+        ],
+        "body",
+        [vi("acc_in", F, [width]), vi("row", F, [width])],
+        [vi("acc_out", F, [width]), vi("doubled", F, [width])],
+    )
+    return model(
+        [node("Scan", ["init", "x"], ["total", "rows"], "scan", body=body, num_scan_inputs=1)],
+        [("x", F, [steps, width])],
+        [("total", F, [width]), ("rows", F, [steps, width])],
+        {
+            "init": np.zeros(width, np.float32),
+            "gain": np.array(gain, np.float32),
+            "two": np.array(2.0, np.float32),
+        },
+    )
+
+
 # -- a headless browser for the HTML pages --------------------------------------------
 
 

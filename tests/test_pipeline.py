@@ -102,3 +102,34 @@ def test_npz_missing_key_names_the_field(tmp_path, capsys):
     assert main(["check", "--policy", str(policy)]) == 2
     err = capsys.readouterr().err
     assert "inputs.x.data.file" in err and "keys found: other" in err
+
+
+def test_a_loop_fails_unpinned_naming_the_node_in_its_body_and_passes_pinned(
+    example_policy, tmp_path, capsys
+):
+    """The running sum inside the Loop overflows FP16 after ~40 iterations: the failure says
+    where (a body node, by its qualified name); the example policy's pin fixes it."""
+    unpinned = example_policy("loop_sum", rules="[]")
+    assert (
+        main(["build", "--policy", str(unpinned), "-o", str(tmp_path / "u"), "--backend", "none"])
+        == 1
+    )
+    out = capsys.readouterr().out
+    assert "first divergence at running_sum/body/accumulate (turns inf where FP32 is finite" in out
+    report = json.loads((tmp_path / "u" / "report.json").read_text())
+    assert report["first_divergence"]["node"] == "running_sum/body/accumulate"
+    pinned = example_policy("loop_sum")
+    assert (
+        main(["build", "--policy", str(pinned), "-o", str(tmp_path / "p"), "--backend", "none"])
+        == 0
+    )
+    report = json.loads((tmp_path / "p" / "report.json").read_text())
+    assert report["precision"]["pinned"] == [
+        {"node": "running_sum/body/accumulate", "op": "Add", "rule": "running-sum"}
+    ]
+    capsys.readouterr()
+    assert main(["check", "--policy", str(pinned), "--json"]) == 0
+    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
+    assert rows["running_sum/body/accumulate"]["rule"] == "running-sum"
+    assert rows["running_sum/body/project"]["precision"] == "fp16"
+    assert rows["running_sum"]["rule"] == "control-flow"

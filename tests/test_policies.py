@@ -59,3 +59,23 @@ def test_policy_builds_and_every_pinned_node_is_an_fp32_layer(
     if any(v for k, v in hits.items() if not k.startswith("guard:")):
         assert report["precision"]["fp32_nodes"] > 0
     assert report["passed"]
+
+
+@needs_rtx
+def test_silero_vad_pins_reach_the_engine_by_their_names_inside_the_branches(
+    example_policy, tmp_path
+):
+    """A rule naming a node of the 16 kHz branch (the LSTM, and the data movement around it
+    inside the shape-check Ifs that stay control flow) reaches TensorRT-RTX as FP32 layers."""
+    rule = "[{id: rnn, match: {name: '^If_0/then_branch/.*/decoder/'}, precision: fp32}]"
+    policy = example_policy("silero_vad", rules=rule)
+    out = tmp_path / "out"
+    assert (
+        main(["build", "--policy", str(policy), "-o", str(out), "--backend", "tensorrt-rtx"]) == 0
+    )
+    audit = json.loads((out / "build.json").read_text())["layer_audit"]
+    report = json.loads((out / "report.json").read_text())
+    pinned = [p["node"] for p in report["precision"]["pinned"]]
+    assert any("/decoder/rnn/LSTM" in n for n in pinned)
+    assert audit["ok"] and audit["not_in_network"] == []
+    assert audit["fp32_nodes_checked"] >= len(pinned) > 0

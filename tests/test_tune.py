@@ -186,3 +186,11 @@ def test_a_trial_opens_one_session_a_run_kind_and_never_reruns_the_reference(
     outcome = tune.evaluate(stages, stages.policy.precision)
     assert not outcome.passed and "total" in outcome.failing  # judged for real: FP16 overflows
     assert len(opened) == 2
+
+
+def test_tune_pins_the_running_sum_inside_a_loop_body(tmp_path, models_dir, capsys):
+    policy = _without_rules("loop_sum", tmp_path, models_dir)
+    tuned = tmp_path / "tuned.yaml"
+    assert _tune(policy, tuned) == 0
+    assert _pinned_names(tuned) == ["^running_sum/body/accumulate$"]
+    assert "pinned node running_sum/body/accumulate" in capsys.readouterr().out

@@ -24,6 +24,7 @@ import onnx
 from trtbuild import __version__
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy import evaluate as ev
+from trtbuild.accuracy import risk
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Candidate, Verdict, judge_all
@@ -39,6 +40,7 @@ from trtbuild.cache import key as cache_key
 from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
 from trtbuild.fsutil import sha256_file, write_bytes, write_json, write_text
 from trtbuild.graph.model_io import load_model, save_model
+from trtbuild.graph.optypes import computes
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX
 from trtbuild.passes.prepare import Prepared, prepare
@@ -310,6 +312,32 @@ def baseline(stages: Stages, default: str) -> Converted:
     return stages.baselines[default]
 
 
+def body_warnings(stages: Stages) -> list[str]:
+    """What is not measured inside control-flow bodies (ONNX Runtime hands out no body tensor)."""
+    view = stages.view
+    inside = [
+        i
+        for i, n in enumerate(view.nodes)
+        if view.scope[i] and view.float_outputs(i) and computes(n.op_type)
+    ]
+    if not inside:
+        return []  # data movement only (shape checks): nothing computes there
+    controls = list(dict.fromkeys(view.nodes[view.parent[i]].name for i in inside))
+    shown = ", ".join(controls[:3]) + (f", +{len(controls) - 3} more" if len(controls) > 3 else "")
+    text = (
+        f"{len(inside)} compute node(s) run inside the control flow of {shown}: each of their tensors "
+        "is measured by its peak only (an overflow there is found and named; the divergence is "
+        "measured at the control node's outputs)"
+    )
+    blind = risk.unmeasured(view, stages.converted.model)
+    if blind:
+        text += (
+            f"; the internal sums of {len(blind)} low-precision op(s) there are not measured "
+            f"({', '.join(blind[:3])}): pin them to be safe on any kernel"
+        )
+    return [text]
+
+
 def boundary_warnings(stages: Stages) -> list[str]:
     """Casts to FP16 or BF16 whose source values leave that range on the reference data."""
     if stages.measures is None:
@@ -425,7 +453,7 @@ def evaluate_all(
         fp16=base,
         fp32=fp32,
         shapes=per_shape,
-        warnings=stages.warnings + boundary_warnings(stages),
+        warnings=stages.warnings + boundary_warnings(stages) + body_warnings(stages),
         backend=backend,
         version=__version__,
     )

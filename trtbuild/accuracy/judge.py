@@ -378,7 +378,7 @@ class _Walk:
             if tensor != name:  # inside a body only the peak is known: an overflow, or nothing
                 p = self._overflow(tensor, np.asarray(e))
                 if p is not None:
-                    p["inside"] = "a control-flow body (its peak is measured, not its values)"
+                    p["inside"] = "a control-flow body, where only its peak is measured"
             elif ref is not None:
                 r = ref.get(tensor)
                 p = None if r is None else point(self.measures, tensor, r, e)
@@ -416,6 +416,12 @@ class _Walk:
             if first is None and (bad or rel > self.threshold):
                 first = {"node": p["node"], "op": p["op"], "tensor": p["tensor"]}
                 first["reason"] = _reason(bad, nan, p["ref_max_abs"], rel, self.threshold)
+                if "inside" in p:  # a peak: whether a value turned non-finite, not how many
+                    kind = "NaN" if nan else "inf"
+                    first["reason"] = (
+                        f"turns {kind} where FP32 is finite (FP32 peak |x| = "
+                        f"{p['ref_max_abs']:.4g}), inside {p['inside']}"
+                    )
         return first, ordered, overflow
 
 

@@ -83,6 +83,9 @@ def summary(report: Report) -> str:
         bad = {n: m for n, m in s.main.outputs.items() if not m.passed}
         lines.append(f"  at {s.label}: {'FAIL' if bad else 'pass'}")
         lines += [_output_line(name, m, indent) for name, m in bad.items()]
+    first = (failing[0].main if failing else main).first_divergence
+    if not report.passed and first:  # where a failing policy goes wrong, named
+        lines.append(f"  first divergence at {first['node']} ({first['reason']})")
     lines.append(at_risk_lines(report.at_risk, main.emulation))
     lines.append(_baseline_line(report))
     return "\n".join(lines)

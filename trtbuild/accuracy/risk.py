@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from trtbuild.graph import subgraphs
 from trtbuild.graph.norms import reduce_axes
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX, finite_peak
@@ -94,8 +95,22 @@ def _axes(view: GraphView, i: int, rank: int) -> tuple[int, ...] | None:
 
 
 def candidates(view: GraphView) -> list[int]:
-    """Nodes with internal quantities worth measuring (the reference measures these)."""
-    return [i for i, n in enumerate(view.nodes) if n.op_type in QUANTITIES and n.input]
+    """Nodes with internal quantities worth measuring (the reference measures these).
+
+    Only the main graph's: ONNX Runtime hands out no tensor inside a body
+    (`unmeasured` names the body nodes this leaves out).
+    """
+    return [i for i in view.top if view.nodes[i].op_type in QUANTITIES and view.nodes[i].input]
+
+
+def unmeasured(view: GraphView, mixed: onnx.ModelProto) -> list[str]:
+    """Low-precision nodes inside control-flow bodies whose internal quantities go unmeasured."""
+    low = low_precision_nodes(mixed)
+    return [
+        n.name
+        for i, n in enumerate(view.nodes)
+        if view.scope[i] and n.op_type in QUANTITIES and n.name in low
+    ]
 
 
 def measure(view: GraphView, i: int, values: dict[str, np.ndarray]) -> dict[str, float]:
@@ -115,12 +130,11 @@ def measure(view: GraphView, i: int, values: dict[str, np.ndarray]) -> dict[str,
 def low_precision_nodes(mixed: onnx.ModelProto) -> dict[str, str]:
     """Node name -> "fp16"/"bf16" for every node of `mixed` that computes in low precision."""
     names = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
-    dtype = {
-        vi.name: vi.type.tensor_type.elem_type
-        for vi in (*mixed.graph.value_info, *mixed.graph.output)
-    }
+    graphs = [g for _, g in subgraphs.walk(mixed.graph)]
+    dtype = {vi.name: vi.type.tensor_type.elem_type for g in graphs for vi in g.value_info}
+    dtype.update({vi.name: vi.type.tensor_type.elem_type for vi in mixed.graph.output})
     out = {}
-    for node in mixed.graph.node:
+    for node in subgraphs.all_nodes(mixed):
         kind = names.get(dtype.get(node.output[0])) if node.output else None
         if kind is not None and node.op_type != "Cast":
             out[node.name] = kind

@@ -1,0 +1,96 @@
+"""Frozen inputs and If nodes with a constant condition: the branch taken replaces the If."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from tests.helpers import I64, F, if_model, model, node
+from trtbuild.errors import UsageError
+from trtbuild.graph import subgraphs
+from trtbuild.passes.control import freeze_inputs, inline_constant_ifs
+from trtbuild.passes.prepare import prepare
+from trtbuild.policy.model import Passes
+
+
+def _run(m: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feed)
+
+
+def _rate_switch() -> onnx.ModelProto:
+    """y = If(rate == 16000) then Relu(x) * w else Neg(x) * w: an audio model picking its rate."""
+    base = if_model()
+    m = model(
+        [
+            node("Equal", ["rate", "k16"], "c", "is_16k"),
+            node(
+                "If", ["c"], "y", "by_rate", **{a.name: a.g for a in base.graph.node[2].attribute}
+            ),
+        ],
+        [("x", F, [1, 4]), ("rate", I64, [])],
+        [("y", F, [1, 4])],
+        {"k16": np.array(16000, np.int64), "w": np.full((1, 4), 2.0, np.float32)},
+    )
+    return m
+
+
+@pytest.mark.parametrize(("rate", "branch"), [(16000, "then_branch"), (8000, "else_branch")])
+def test_a_frozen_input_folds_its_if_to_the_branch_it_takes(rate, branch):
+    source = _rate_switch()
+    prepared = prepare(source, Passes(freeze_inputs=(("rate", rate),)))
+    assert [i.name for i in prepared.model.graph.input] == ["x"]
+    assert not [n for n in subgraphs.all_nodes(prepared.model) if n.op_type == "If"]
+    names = [n.name for n in prepared.model.graph.node]
+    assert f"by_rate/{branch}/mul" in names  # the branch's nodes keep their qualified names
+    inlined = next(r for r in prepared.records if r.name == "inline_constant_ifs")
+    assert inlined.details["inlined"] == [{"name": "by_rate", "branch": branch}]
+    x = np.array([[1.0, -2.0, 3.0, 4.0]], np.float32)
+    want = _run(source, {"x": x, "rate": np.array(rate, np.int64)})
+    np.testing.assert_array_equal(_run(prepared.model, {"x": x})[0], want[0])
+    onnx.checker.check_model(prepared.model, full_check=True)
+
+
+def test_an_if_on_data_stays():
+    model_, record = inline_constant_ifs(prepare(if_model(), Passes()).model)
+    assert record.changed == 0
+    assert [n.op_type for n in model_.graph.node].count("If") == 1
+
+
+def test_freezing_an_input_the_model_lacks_names_the_field():
+    with pytest.raises(UsageError, match=r"passes.freeze_inputs.sr: the model has no input 'sr'"):
+        freeze_inputs(if_model(), (("sr", 16000),))
+
+
+def test_a_single_number_for_a_tensor_input_is_refused():
+    with pytest.raises(UsageError, match="a single number fits only a scalar input"):
+        freeze_inputs(if_model(), (("x", 1.0),))
+
+
+def test_weights_only_a_body_reads_survive_folding(models_dir):
+    prepared = prepare(onnx.load(models_dir / "loop_sum.onnx"), Passes())
+    names = {t.name for t in prepared.model.graph.initializer}
+    assert "proj.w" in names  # onnx-graphsurgeon's cleanup drops it: read inside the Loop only
+    onnx.checker.check_model(prepared.model, full_check=True)
+
+
+def test_body_weights_move_to_the_main_graph():
+    prepared = prepare(if_model(), Passes())
+    for scope, graph in subgraphs.walk(prepared.model.graph):
+        assert not scope or not graph.initializer
+    assert {"k_then", "k_else"} <= {t.name for t in prepared.model.graph.initializer}
+
+
+def test_real_silero_vad_at_16k_keeps_its_outputs(real_model):
+    source = onnx.load(real_model("silero_vad"))
+    prepared = prepare(source, Passes(freeze_inputs=(("sr", 16000),)))
+    top_ifs = [n.name for n in prepared.model.graph.node if n.op_type == "If"]
+    assert "If_0" not in top_ifs
+    rng = np.random.default_rng(0)
+    feed = {"input": rng.normal(0, 0.1, (1, 576)).astype(np.float32)}
+    feed["state"] = rng.normal(0, 0.1, (2, 1, 128)).astype(np.float32)
+    want = _run(source, {**feed, "sr": np.array(16000, np.int64)})
+    for got, ref in zip(_run(prepared.model, feed), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
