@@ -357,7 +357,7 @@ def _cmd_check(args) -> int:
         for n, d in zip(a.view.nodes, a.decisions)
     ]
     summary = a.summary()
-    warnings = stages.warnings + pipeline.boundary_warnings(stages) + pipeline.body_warnings(stages)
+    warnings = pipeline.report_warnings(stages)
     if args.json:
         print(
             json.dumps(

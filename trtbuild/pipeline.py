@@ -312,6 +312,12 @@ def baseline(stages: Stages, default: str) -> Converted:
     return stages.baselines[default]
 
 
+def report_warnings(stages: Stages) -> list[str]:
+    """Every warning `check` prints and the report lists: the rules', the conversion's, the
+    FP16 boundaries' and what control flow leaves unmeasured."""
+    return stages.warnings + boundary_warnings(stages) + body_warnings(stages)
+
+
 def body_warnings(stages: Stages) -> list[str]:
     """What is not measured inside control-flow bodies (ONNX Runtime hands out no body tensor)."""
     view = stages.view
@@ -416,28 +422,13 @@ def evaluate_all(
     ]
     if policy.accuracy.fp32_check:
         variants.append(("fp32", baseline(stages, "fp32"), "onnxrt-fp32-graph"))
-    emulation = policy.accuracy.emulation
-    candidates = [  # each emulated once, for every shape
-        Candidate(
-            mixed.model,
-            label,
-            trt_runner(engines[v], backend) if v in engines else None,
-            emulate(mixed.model, emulation),
-        )
-        for v, mixed, label in variants
-    ]
+    candidates = _candidates(variants, engines, backend, policy.accuracy.emulation)
     per_shape, firsts = [], []
     for run in stages.shapes:  # every point of the input space, the primary first
         if run.reference is None:
             raise ValueError("evaluate_all needs every shape's reference tensors")
-        verdicts = judge_all(
-            run.reference,
-            stages.prepared.model,
-            candidates,
-            run.feeds,
-            policy.accuracy,
-            verbose=verbose,
-        )
+        model, spec = stages.prepared.model, policy.accuracy
+        verdicts = judge_all(run.reference, model, candidates, run.feeds, spec, verbose=verbose)
         per_shape.append(ShapeVerdict(run.point.name, run.point.shapes, verdicts[0], verdicts[1]))
         firsts = firsts or verdicts
     main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk
@@ -453,10 +444,28 @@ def evaluate_all(
         fp16=base,
         fp32=fp32,
         shapes=per_shape,
-        warnings=stages.warnings + boundary_warnings(stages) + body_warnings(stages),
+        warnings=report_warnings(stages),
         backend=backend,
         version=__version__,
     )
+
+
+def _candidates(
+    variants: list[tuple[str, Converted, str]],
+    engines: dict[str, bytes],
+    backend: str,
+    emulation: str,
+) -> list[Candidate]:
+    """Each variant emulated once, for every shape it is judged at (and its engine, if built)."""
+    return [
+        Candidate(
+            mixed.model,
+            label,
+            trt_runner(engines[v], backend) if v in engines else None,
+            emulate(mixed.model, emulation),
+        )
+        for v, mixed, label in variants
+    ]
 
 
 def versions(backend: str) -> dict[str, Any]:

@@ -23,12 +23,10 @@ from trtbuild.graph.optypes import FLOAT_TYPES, OpTypes, op_types
 class GraphView:
     """Every node of the model, bodies of control flow included, in one list.
 
-    A body's nodes come right before the `If`/`Loop`/`Scan` that holds them
-    (they run as part of it, and it hands out what they make), so producers
-    still come before consumers. `scope[i]` says where node `i` lives ("" for
-    the main graph, `If_0/then_branch` inside a body), `parent[i]` the index
-    of the control node around it, and `top` the main graph's nodes in order.
-    A body's outputs count as read by its control node.
+    A body's nodes come right before the `If`/`Loop`/`Scan` that holds them (it
+    hands out what they make, and reads their outputs), so producers still come
+    first. `scope[i]`: "" in the main graph, `If_0/then_branch` in a body;
+    `parent[i]`: the control node around it; `top`: the main graph's nodes.
     """
 
     def __init__(self, model: onnx.ModelProto):
@@ -37,7 +35,6 @@ class GraphView:
         self.nodes: list[onnx.NodeProto] = []
         self.scope: list[str] = []
         self.parent: list[int | None] = []
-        self.top: list[int] = []
         self.body_of: dict[int, list[tuple[str, onnx.GraphProto, list[int]]]] = {}
         self.opset = opset_of(model)
         self.initializers: dict[str, onnx.TensorProto] = {}
@@ -45,7 +42,7 @@ class GraphView:
         self.shape: dict[str, onnx.TypeProto] = {}
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = defaultdict(list)
-        self.top = self._index(model.graph, "", None)
+        self.top: list[int] = self._index(model.graph, "", None)
         self.inputs = [i.name for i in model.graph.input if i.name not in self.initializers]
         self.outputs = [o.name for o in model.graph.output]
         self._memo: dict[str, Any] = {}
@@ -61,7 +58,7 @@ class GraphView:
             self.dtype[t.name] = t.data_type
         mine = []
         for node in graph.node:
-            held = subgraphs.bodies(node)
+            held = subgraphs.bodies(node)  # indexed first: their nodes come before this one
             inner = [(a, b, self._index(b, f"{node.name}/{a}", None)) for a, b in held]
             i = self._add(node, scope, parent)
             for _, body, members in inner:

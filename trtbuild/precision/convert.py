@@ -94,65 +94,6 @@ class _Rewriter:
         rw = self.owner(tensor)
         return rw.dtype.get(rw.actual.get(tensor, tensor), self.view.dtype.get(tensor))
 
-    def _main_var(self, i: int) -> str | None:
-        node, types = self.view.nodes[i], self.view.types(i)
-        for k, t in enumerate(node.output):
-            if t and self.view.is_float(t) and types.is_var(types.output_var(k)):
-                return types.output_var(k)
-        return None
-
-    def plan(self, i: int) -> tuple[list[int | None], list[int | None]]:
-        """Desired dtype of each input and resulting dtype of each output (None: untouched)."""
-        view, node = self.view, self.view.nodes[i]
-        types = view.types(i)
-        prec = self.a.precision_of(i)
-        as_exported_in = [view.dtype.get(t) if t and view.is_float(t) else None for t in node.input]
-        as_exported_out = [
-            view.dtype.get(t) if t and view.is_float(t) else None for t in node.output
-        ]
-        if not types.known or any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for a in node.attribute
-        ):
-            return as_exported_in, as_exported_out
-        target = PRECISION_DTYPE[prec] if prec is not None else None
-        main = self._main_var(i) if target is not None else None
-
-        groups: dict[str, list[int]] = defaultdict(list)
-        for k, t in enumerate(node.input):
-            if t and view.is_float(t):
-                groups[types.input_var(k) or ""].append(k)
-        want_in: list[int | None] = [None] * len(node.input)
-        resolved: dict[str, int] = {}
-        for var, idxs in groups.items():
-            if var in _FIXED:
-                d = _FIXED[var]
-            elif node.op_type == "Cast":
-                d = None  # a Cast takes any type; never cast its input
-            elif target is not None and types.allows(var, target):
-                d = target  # main var, or a secondary float var that can follow it (Pow's exponent)
-            else:
-                current = {self.current(node.input[k]) for k in idxs}
-                only = next(iter(current)) if len(current) == 1 else None
-                d = only if only is not None and types.allows(var, only) else TensorProto.FLOAT
-            if d is not None:
-                resolved[var] = d
-            for k in idxs:
-                want_in[k] = d if d is not None else self.current(node.input[k])
-        out: list[int | None] = [None] * len(node.output)
-        for k, t in enumerate(node.output):
-            if not t or not view.is_float(t):
-                continue
-            var = types.output_var(k)
-            if node.op_type == "Cast" or var == main:
-                out[k] = target if target is not None else as_exported_out[k]
-            elif var in _FIXED:
-                out[k] = _FIXED[var]
-            else:
-                out[k] = resolved.get(var, as_exported_out[k])
-        return want_in, out
-
-    # -- emission --------------------------------------------------------------
     def cast(self, src: str, to: int, source_name: str) -> str:
         key = (src, to)
         if key not in self.cast_cache:
@@ -172,12 +113,12 @@ class _Rewriter:
             node = self.view.nodes[i]
             new = onnx.NodeProto()
             new.CopyFrom(node)
-            want_in, out = self.plan(i)
+            want_in, out = _plan(self, i)
             self._inputs(node, new, want_in)
             for attr in new.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
-                    attr.g.CopyFrom(self._body(i, attr.name))
-            self._fix_attributes(new, out)
+                    attr.g.CopyFrom(_rewrite_body(self, i, attr.name))
+            _fix_attributes(new, out)
             post = self._outputs(node, new, out)
             self.nodes.append(new)
             self.nodes.extend(post)
@@ -222,67 +163,121 @@ class _Rewriter:
                     self.dtype[o] = d
         return post
 
-    def _body(self, i: int, attr: str) -> onnx.GraphProto:
-        """One body of control node `i`, rewritten, its inputs and outputs in their exported types.
 
-        Why exported types: a Loop's carried values keep one type across
-        iterations and an If's branches one type between them only if every
-        body hands out what it was declared to; a body that computes its last
-        node in FP16 casts it back inside the body.
-        """
-        graph, members = next((g, m) for a, g, m in self.view.body_of[i] if a == attr)
-        sub = _Rewriter(self.a, members, graph, self)
-        sub.run()
-        control = self.view.nodes[i]
-        scope = f"{control.name}/{attr}"
-        outputs = [sub._seal(vi, control, k, scope) for k, vi in enumerate(graph.output)]
-        self.root.casts.extend(sub.casts)
-        body = helper.make_graph(
-            sub.nodes,
-            graph.name,
-            list(graph.input),
-            outputs,
-            doc_string=graph.doc_string,
-            value_info=_value_info(self.view, sub, graph),
-        )
-        return body
+def _main_var(rw: _Rewriter, i: int) -> str | None:
+    node, types = rw.view.nodes[i], rw.view.types(i)
+    for k, t in enumerate(node.output):
+        if t and rw.view.is_float(t) and types.is_var(types.output_var(k)):
+            return types.output_var(k)
+    return None
 
-    def _seal(self, vi: onnx.ValueInfoProto, control: onnx.NodeProto, k: int, scope: str):
-        """A body output in its declared type (the control node's, where the body's is unset)."""
-        want = vi.type.tensor_type.elem_type or self.view.dtype.get(_bound(control, k), 0)
-        owner = self.owner(vi.name)
-        src = owner.actual.get(vi.name, vi.name)
-        cur = owner.dtype.get(src, self.view.dtype.get(vi.name))
-        out = onnx.ValueInfoProto()
-        out.CopyFrom(vi)
-        if want in FLOAT_TYPES and cur in FLOAT_TYPES and cur != want:
-            dst = f"{scope}/{vi.name}__{DTYPE_NAME[want]}"
-            name = f"trtbuild/cast_{DTYPE_NAME[want]}/{scope}/{vi.name.lstrip('/')}"
-            self.nodes.append(helper.make_node("Cast", [src], [dst], name=name, to=want))
-            self.casts.append(CastRecord(name, vi.name, DTYPE_NAME[want]))
-            src = dst
-        out.name = src
-        if want and not out.type.tensor_type.elem_type:
-            out.type.tensor_type.elem_type = want
-        return out
 
-    @staticmethod
-    def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
-        for attr in new.attribute:
-            if (
-                new.op_type == "Cast"
-                and attr.name == "to"
-                and attr.i in FLOAT_TYPES
-                and out
-                and out[0]
-            ):
-                attr.i = out[0]
-            retype = (
-                out and out[0] and attr.t.data_type in FLOAT_TYPES and attr.t.data_type != out[0]
-            )
-            if new.op_type == "ConstantOfShape" and attr.name == "value" and retype:
-                value = numpy_helper.to_array(attr.t).astype(np.float32)
-                attr.t.CopyFrom(_tensor(value, out[0], attr.t.name))
+def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
+    """Desired dtype of each input and resulting dtype of each output (None: untouched)."""
+    view, node = rw.view, rw.view.nodes[i]
+    types = view.types(i)
+    prec = rw.a.precision_of(i)
+    as_exported_in = [view.dtype.get(t) if t and view.is_float(t) else None for t in node.input]
+    as_exported_out = [view.dtype.get(t) if t and view.is_float(t) else None for t in node.output]
+    if not types.known or any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    ):
+        return as_exported_in, as_exported_out
+    target = PRECISION_DTYPE[prec] if prec is not None else None
+    main = _main_var(rw, i) if target is not None else None
+
+    groups: dict[str, list[int]] = defaultdict(list)
+    for k, t in enumerate(node.input):
+        if t and view.is_float(t):
+            groups[types.input_var(k) or ""].append(k)
+    want_in: list[int | None] = [None] * len(node.input)
+    resolved: dict[str, int] = {}
+    for var, idxs in groups.items():
+        if var in _FIXED:
+            d = _FIXED[var]
+        elif node.op_type == "Cast":
+            d = None  # a Cast takes any type; never cast its input
+        elif target is not None and types.allows(var, target):
+            d = target  # main var, or a secondary float var that can follow it (Pow's exponent)
+        else:
+            current = {rw.current(node.input[k]) for k in idxs}
+            only = next(iter(current)) if len(current) == 1 else None
+            d = only if only is not None and types.allows(var, only) else TensorProto.FLOAT
+        if d is not None:
+            resolved[var] = d
+        for k in idxs:
+            want_in[k] = d if d is not None else rw.current(node.input[k])
+    out: list[int | None] = [None] * len(node.output)
+    for k, t in enumerate(node.output):
+        if not t or not view.is_float(t):
+            continue
+        var = types.output_var(k)
+        if node.op_type == "Cast" or var == main:
+            out[k] = target if target is not None else as_exported_out[k]
+        elif var in _FIXED:
+            out[k] = _FIXED[var]
+        else:
+            out[k] = resolved.get(var, as_exported_out[k])
+    return want_in, out
+
+
+# -- emission --------------------------------------------------------------
+
+
+def _rewrite_body(rw: _Rewriter, i: int, attr: str) -> onnx.GraphProto:
+    """One body of control node `i`, rewritten, its inputs and outputs in their exported types.
+
+    Why exported types: a Loop's carried values keep one type across
+    iterations and an If's branches one type between them only if every
+    body hands out what it was declared to; a body that computes its last
+    node in FP16 casts it back inside the body.
+    """
+    graph, members = next((g, m) for a, g, m in rw.view.body_of[i] if a == attr)
+    sub = _Rewriter(rw.a, members, graph, rw)
+    sub.run()
+    control = rw.view.nodes[i]
+    scope = f"{control.name}/{attr}"
+    outputs = [_seal(sub, vi, control, k, scope) for k, vi in enumerate(graph.output)]
+    rw.root.casts.extend(sub.casts)
+    body = helper.make_graph(
+        sub.nodes,
+        graph.name,
+        list(graph.input),
+        outputs,
+        doc_string=graph.doc_string,
+        value_info=_value_info(rw.view, sub, graph),
+    )
+    return body
+
+
+def _seal(rw: _Rewriter, vi: onnx.ValueInfoProto, control: onnx.NodeProto, k: int, scope: str):
+    """A body output in its declared type (the control node's, where the body's is unset)."""
+    want = vi.type.tensor_type.elem_type or rw.view.dtype.get(_bound(control, k), 0)
+    owner = rw.owner(vi.name)
+    src = owner.actual.get(vi.name, vi.name)
+    cur = owner.dtype.get(src, rw.view.dtype.get(vi.name))
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(vi)
+    if want in FLOAT_TYPES and cur in FLOAT_TYPES and cur != want:
+        dst = f"{scope}/{vi.name}__{DTYPE_NAME[want]}"
+        name = f"trtbuild/cast_{DTYPE_NAME[want]}/{scope}/{vi.name.lstrip('/')}"
+        rw.nodes.append(helper.make_node("Cast", [src], [dst], name=name, to=want))
+        rw.casts.append(CastRecord(name, vi.name, DTYPE_NAME[want]))
+        src = dst
+    out.name = src
+    if want and not out.type.tensor_type.elem_type:
+        out.type.tensor_type.elem_type = want
+    return out
+
+
+def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
+    for attr in new.attribute:
+        if new.op_type == "Cast" and attr.name == "to" and attr.i in FLOAT_TYPES and out and out[0]:
+            attr.i = out[0]
+        retype = out and out[0] and attr.t.data_type in FLOAT_TYPES and attr.t.data_type != out[0]
+        if new.op_type == "ConstantOfShape" and attr.name == "value" and retype:
+            value = numpy_helper.to_array(attr.t).astype(np.float32)
+            attr.t.CopyFrom(_tensor(value, out[0], attr.t.name))
 
 
 def _tensor(array: np.ndarray, dtype: int, name: str) -> onnx.TensorProto:
