@@ -122,12 +122,7 @@ def _peak_of(body: onnx.GraphProto, t: str) -> str:
 
 def _carry(node: onnx.NodeProto, body: onnx.GraphProto, peaks: dict[str, tuple[str, str]]) -> None:
     """A Loop's or Scan's largest peak over its iterations, as new carried values."""
-    if node.op_type == "Loop":
-        n_state, first_in, first_body_in, first_body_out = len(node.input) - 2, 2, 2, 1
-    else:  # Scan
-        n_scan = next(a.i for a in node.attribute if a.name == "num_scan_inputs")
-        n_state = len(node.input) - n_scan
-        first_in, first_body_in, first_body_out = 0, 0, 0
+    n_state, first_in, first_body_in, first_body_out = subgraphs.carried(node)
     for k, (src, name) in enumerate(peaks.values()):
         prev, acc = f"{src}/prev", f"{src}/acc"
         body.node.append(helper.make_node("Max", [prev, src], [acc], name=acc))

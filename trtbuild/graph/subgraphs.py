@@ -74,6 +74,15 @@ def all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
         yield from graph.node
 
 
+def carried(node: onnx.NodeProto) -> tuple[int, int, int, int]:
+    """A Loop's or Scan's carried values: (how many, first node input, first body input,
+    first body output); a node's outputs start with them. Loop: M and cond come first."""
+    if node.op_type == "Loop":
+        return len(node.input) - 2, 2, 2, 1
+    n_scan = next(a.i for a in node.attribute if a.name == "num_scan_inputs")
+    return len(node.input) - n_scan, 0, 0, 0
+
+
 def typing_problem(node: onnx.NodeProto) -> str | None:
     """Why a control node's bodies cannot be typed consistently, or None.
 
@@ -85,33 +94,20 @@ def typing_problem(node: onnx.NodeProto) -> str | None:
     held = dict(bodies(node))
     if node.op_type == "If" and len(held) == 2:
         pairs = zip(held["then_branch"].output, held["else_branch"].output)
-        for k, (a, b) in enumerate(pairs):
-            ta, tb = _elem(a), _elem(b)
-            if ta and tb and ta != tb:
-                return (
-                    f"its then_branch output {k} ({a.name}) is {_type_name(ta)} but its "
-                    f"else_branch output {k} ({b.name}) is {_type_name(tb)}"
-                )
+        what = (
+            "its then_branch output {k} ({a}) is {ta} but its else_branch output {k} ({b}) is {tb}"
+        )
+    elif node.op_type in ("Loop", "Scan") and "body" in held:
+        n, _, first_in, first_out = carried(node)
+        body = held["body"]
+        pairs = zip(body.input[first_in : first_in + n], body.output[first_out : first_out + n])
+        what = "its body takes carried value {k} ({a}) as {ta} but hands it back ({b}) as {tb}"
+    else:
         return None
-    body = held.get("body")
-    if body is None or node.op_type not in ("Loop", "Scan"):
-        return None
-    first_in, first_out = (2, 1) if node.op_type == "Loop" else (0, 0)
-    n_state = len(node.input) - (
-        2
-        if node.op_type == "Loop"
-        else next(a.i for a in node.attribute if a.name == "num_scan_inputs")
-    )
-    for k in range(max(n_state, 0)):
-        if first_in + k >= len(body.input) or first_out + k >= len(body.output):
-            break
-        vin, vout = body.input[first_in + k], body.output[first_out + k]
-        ti, to = _elem(vin), _elem(vout)
-        if ti and to and ti != to:
-            return (
-                f"its body takes carried value {k} ({vin.name}) as {_type_name(ti)} but hands "
-                f"it back ({vout.name}) as {_type_name(to)}"
-            )
+    for k, (a, b) in enumerate(pairs):
+        ta, tb = _elem(a), _elem(b)
+        if ta and tb and ta != tb:
+            return what.format(k=k, a=a.name, b=b.name, ta=_type_name(ta), tb=_type_name(tb))
     return None
 
 

@@ -257,14 +257,7 @@ def override_input_shapes(
     record = PassRecord("override_input_shapes")
     if not shapes:
         return model, record
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [i.name for i in model.graph.input if i.name not in initializers]
-    for name, _ in shapes:
-        if name not in inputs:
-            raise UsageError(
-                f"passes.override_input_shapes.{name}: the model has no input '{name}'",
-                hint="its inputs are " + ", ".join(inputs),
-            )
+    inputs_named(model, [name for name, _ in shapes], "passes.override_input_shapes")
     model = copied(model)
     given = dict(shapes)
     for vi in model.graph.input:
@@ -276,6 +269,18 @@ def override_input_shapes(
     del model.graph.value_info[:]
     record.details["inputs"] = {n: list(d) for n, d in shapes}
     return model, record
+
+
+def inputs_named(model: onnx.ModelProto, names: list[str], field: str) -> None:
+    """Exit 2, naming the policy's field, for a name that is not one of the model's inputs."""
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    for name in names:
+        if name not in inputs:
+            raise UsageError(
+                f"{field}.{name}: the model has no input '{name}'",
+                hint="its inputs are " + ", ".join(inputs),
+            )
 
 
 def _set_dims(vi: onnx.ValueInfoProto, dims: tuple[int | str, ...]) -> None:

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.passes.basic import PassRecord, copied
+from trtbuild.passes.basic import PassRecord, copied, inputs_named
 
 
 def freeze_inputs(
@@ -29,13 +29,7 @@ def freeze_inputs(
     record = PassRecord("freeze_inputs")
     if not values:
         return model, record
-    inputs = {i.name: i for i in model.graph.input}
-    for name, _ in values:
-        if name not in inputs:
-            raise UsageError(
-                f"passes.freeze_inputs.{name}: the model has no input '{name}'",
-                hint="its inputs are " + ", ".join(inputs),
-            )
+    inputs_named(model, [name for name, _ in values], "passes.freeze_inputs")
     model = copied(model)
     given = dict(values)
     kept = []
