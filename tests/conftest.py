@@ -119,6 +119,44 @@ def real_model():
 FETCHED = set(fetch_models.MODELS)
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server from the `pgserver` package, for the whole run.
+
+    Skipped only where none can start; under `CI=true` that is a failure. Its data
+    folder is short (a Unix socket's path may not pass 107 bytes).
+    """
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="trtbuild-pg-")
+    try:
+        import pgserver
+
+        server = pgserver.get_server(folder, cleanup_mode="stop")
+        server.psql("SELECT 1;")
+    except Exception as exc:  # the package is missing, or no server can start here
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get("CI"):
+            pytest.fail(f"CI=true: no PostgreSQL server could start ({exc})")
+        pytest.skip(f"no PostgreSQL server could start: {exc}")
+    yield server
+    server.cleanup()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_target(request, tmp_path) -> str:
+    """A fresh history: an SQLite file, or a database of its own on the PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "history.sqlite")
+    server = request.getfixturevalue("postgres")
+    name = f"h_{tmp_path.name.replace('-', '_')[-40:].lower()}_{os.getpid()}"
+    server.psql(f"DROP DATABASE IF EXISTS {name};")
+    server.psql(f"CREATE DATABASE {name};")
+    return server.get_uri(name)
+
+
 def local_data(text: str) -> str:
     """A policy's `../models/*.npz` data as absolute paths, made by scripts/make_audio.py if
     missing (it runs the fetched Silero VAD, so the model is fetched first)."""

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from trtbuild import __version__
-from trtbuild.errors import EXIT_USAGE, TrtbuildError
+from trtbuild.errors import EXIT_USAGE, TrtbuildError, UsageError
 
 EXIT_BUG = 70  # an internal error: traceback kept, reported as a bug
 
@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         _prepare_args,
         _tune_args,
         _nightly_args,
+        _summary_args,
         _schema_args,
         _cache_args,
     ):
@@ -180,8 +181,23 @@ def _nightly_args(sub) -> None:
     )
     n.add_argument("--policies", type=Path, default=Path("policies"), metavar="DIR")
     n.add_argument("--out", "-o", type=Path, default=Path("build/nightly"), metavar="DIR")
-    n.add_argument("--history", type=Path, default=Path("history/nightly.sqlite"), metavar="FILE")
+    _history_arg(n)
     n.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="policies in parallel")
+    n.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run shard K of N (a policy's shard follows from its name); needs --run-id",
+    )
+    n.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="the night's id, shared by its shards (in CI, the workflow's run id)",
+    )
+    n.add_argument(
+        "--device",
+        metavar="NAME",
+        help="the lane's device (default: the GPU that ran the engines, or cpu-emulation)",
+    )
     n.add_argument(
         "--backend", choices=BACKEND_CHOICES, help="override every policy's build.backend"
     )
@@ -193,6 +209,43 @@ def _nightly_args(sub) -> None:
         help="error growth over the last passing night that counts as a regression (0.25 = 25%%)",
     )
     _no_cache_arg(n)
+
+
+def _history_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--history",
+        default="history/nightly.sqlite",
+        metavar="PATH|URL",
+        help="an SQLite path (default history/nightly.sqlite), sqlite:///PATH, or "
+        "postgresql://USER@HOST/DB (postgresql://USER@/DB?host=/SOCKET/DIR for a socket)",
+    )
+
+
+def _summary_args(sub) -> None:
+    n = sub.add_parser(
+        "summary",
+        help="the whole night from the history: every shard, every lane",
+        epilog="exit codes: 0 every policy of every shard passes with no regression, 1 some "
+        "policy failed, errored or regressed, or a shard did not report, 2 bad arguments "
+        "or an unusable history",
+    )
+    _history_arg(n)
+    n.add_argument("--run-id", required=True, metavar="ID", help="the night the shards ran as")
+    n.add_argument("--out", "-o", type=Path, default=Path("build/nightly"), metavar="DIR")
+    n.add_argument(
+        "--shards",
+        type=int,
+        default=0,
+        metavar="N",
+        help="shards each device was to run (default: as many as its shards recorded)",
+    )
+    n.add_argument(
+        "--margin",
+        type=float,
+        default=0.25,
+        metavar="F",
+        help="error growth over the last passing night that counts as a regression (0.25 = 25%%)",
+    )
 
 
 def _schema_args(sub) -> None:
@@ -309,7 +362,6 @@ def _cmd_build(args) -> int:
 
 def _cmd_report(args) -> int:
     from trtbuild import pipeline
-    from trtbuild.errors import UsageError
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
@@ -410,7 +462,6 @@ def _cmd_convert(args) -> int:
 
 
 def _cmd_prepare(args) -> int:
-    from trtbuild.errors import UsageError
     from trtbuild.graph.model_io import save_model
     from trtbuild.pipeline import prepared_graph
     from trtbuild.policy.model import Passes
@@ -482,12 +533,12 @@ def _cmd_tune(args) -> int:
 
 def _cmd_nightly(args) -> int:
     from trtbuild import nightly
-    from trtbuild.errors import UsageError
 
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     if args.margin < 0:
         raise UsageError("--margin must not be negative")
+    shard = _shard(args.shard, args.run_id)
 
     def progress(result) -> None:
         print(f"  {result.policy}: {result.status}", flush=True)
@@ -501,20 +552,62 @@ def _cmd_nightly(args) -> int:
         margin=args.margin,
         progress=progress,
         use_cache=not args.no_cache,
+        shard=shard,
+        device=args.device,
     )
-    for g in night.regressions:
-        print(f"REGRESSION {g.policy}: {g.kind}: {g.detail} (last pass {g.since})")
-    for r in night.results:
-        if r.status != "pass":
-            print(
-                f"{r.status.upper()} {r.policy}: {r.message.splitlines()[0] if r.message else ''}"
-            )
-    bad = night.attention()
-    print(("ATTENTION: " + ", ".join(bad)) if bad else f"all {len(night.results)} policies pass")
+    _night_lines(night, len(night.results))
     print(
-        f"wrote {args.out}/summary.md, summary.html, junit.xml; history {args.history} (run {night.run_id})"
+        f"wrote {args.out}/summary.md, summary.html, junit.xml, nightly.json; "
+        f"history {args.history} (run {night.run_id})"
     )
     return night.exit_code
+
+
+def _cmd_summary(args) -> int:
+    from trtbuild import nightly
+
+    if args.margin < 0:
+        raise UsageError("--margin must not be negative")
+    if args.shards < 0:
+        raise UsageError("--shards must not be negative")
+    night = nightly.summarize(
+        args.history, args.run_id, args.out, margin=args.margin, shards=args.shards
+    )
+    _night_lines(night, len(night.results))
+    print(f"wrote {args.out}/summary.md, summary.html, junit.xml, nightly.json")
+    return night.exit_code
+
+
+def _shard(text: str | None, run_id: str | None):
+    """`--shard K/N` as a Shard, or one message naming the flag."""
+    from trtbuild.nightly import Shard
+
+    if text is None:
+        return Shard(night=run_id)
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise UsageError(f"--shard {text!r}: give K/N with 1 <= K <= N, for example 2/4")
+    if run_id is None:
+        raise UsageError(
+            "--shard needs --run-id: the shards of one night share it",
+            hint="in CI, --run-id ${{ github.run_id }}",
+        )
+    return Shard(int(k), int(n), run_id)
+
+
+def _night_lines(night, count: int) -> None:
+    """The night's verdict on the terminal: regressions, failures, missing shards."""
+    for g in night.regressions:
+        on = f" on {g.device}" if g.device else ""
+        print(f"REGRESSION {g.policy}{on}: {g.kind}: {g.detail} (last pass {g.since})")
+    for r in night.results:
+        if r.status != "pass":
+            first = r.message.splitlines()[0] if r.message else ""
+            print(f"{r.status.upper()} {r.policy}: {first}")
+    for m in night.missing:
+        print(f"MISSING {m}: it did not report")
+    bad = night.attention() + night.missing
+    print(("ATTENTION: " + ", ".join(bad)) if bad else f"all {count} results pass")
 
 
 def _cmd_cache(args) -> int:
@@ -555,6 +648,7 @@ _COMMANDS = {
     "prepare": _cmd_prepare,
     "schema": _cmd_schema,
     "nightly": _cmd_nightly,
+    "summary": _cmd_summary,
     "tune": _cmd_tune,
     "cache": _cmd_cache,
 }

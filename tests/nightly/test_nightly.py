@@ -45,7 +45,7 @@ def test_two_nights_a_lost_pin_is_named_and_both_nights_are_in_history(
     _drop_layernorm_pins(policies / "nafnet.yaml")
     assert _nightly(policies, out, history, "--jobs", "2") == 1
     said = capsys.readouterr().out
-    assert "REGRESSION nafnet: pass→fail" in said and "ATTENTION: nafnet" in said
+    assert "REGRESSION nafnet on cpu-emulation: pass→fail" in said and "ATTENTION: nafnet" in said
     assert "the policy changed since that pass" in said  # its pins were dropped; not the model
 
     summary = (out / "summary.md").read_text()
@@ -106,7 +106,7 @@ def test_error_growth_beyond_the_margin_is_a_regression(tmp_path, models_dir, ca
     (policies / "gfpgan.yaml").write_text(text)  # FP16 again: still passes, larger errors
     assert _nightly(policies, out, history) == 1
     said = capsys.readouterr().out
-    assert "REGRESSION gfpgan: error grew: face.max_abs" in said
+    assert "REGRESSION gfpgan on cpu-emulation: error grew: face.max_abs" in said
     assert "error grew" in (out / "summary.md").read_text()
 
 
@@ -132,18 +132,26 @@ def test_bad_arguments_are_exit_2(tmp_path, capsys):
     assert code == 2 and "history database" in capsys.readouterr().err
 
 
-def test_workflow_is_valid_yaml_that_calls_the_documented_commands():
+def test_workflow_is_a_matrix_of_shards_and_gpus_then_one_summary():
     flow = yaml.safe_load((ROOT / ".github" / "workflows" / "nightly.yml").read_text())
     triggers = flow.get("on") or flow.get(True)  # YAML 1.1 reads a bare `on` as true
     assert "schedule" in triggers and triggers["schedule"][0]["cron"]
-    steps = flow["jobs"]["nightly"]["steps"]
-    runs = "\n".join(s.get("run", "") for s in steps)
+    shards, summary = flow["jobs"]["nightly"], flow["jobs"]["summary"]
+    matrix = shards["strategy"]["matrix"]
+    assert len(matrix["shard"]) == int(flow["env"]["SHARDS"]) and len(matrix["gpu"]) >= 2
+    assert shards["strategy"]["fail-fast"] is False
+    runs = "\n".join(s.get("run", "") for s in shards["steps"])
     assert "make models" in runs
-    assert "trtbuild nightly --policies policies --out build/nightly --history" in runs
-    uploads = [s for s in steps if s.get("uses", "").startswith("actions/upload-artifact")]
+    assert "trtbuild nightly --policies policies --out build/nightly" in runs
+    assert "--shard ${{ matrix.shard }}/$SHARDS --run-id ${{ github.run_id }}" in runs
+    assert summary["needs"] == "nightly" and summary["if"] == "always()"
+    said = "\n".join(s.get("run", "") for s in summary["steps"])
+    assert "trtbuild summary --history" in said and "--run-id ${{ github.run_id }}" in said
+    uploads = [s for s in summary["steps"] if s.get("uses", "").startswith("actions/upload")]
     assert uploads and "build/nightly/summary.html" in uploads[0]["with"]["path"]
     readme = (ROOT / "README.md").read_text()
     assert "trtbuild nightly --policies" in readme and "make nightly" in readme
+    assert "trtbuild summary --history" in readme
     script = (ROOT / "scripts" / "nightly.sh").read_text()
     assert "trtbuild nightly --policies" in script
 

@@ -52,6 +52,23 @@ def gpu_available() -> bool:
     return False
 
 
+def gpu_name() -> str | None:
+    """The first CUDA device's name ("NVIDIA A10"), from the driver; None without one."""
+    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            cuda = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
+        try:
+            ok = cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
+            if ok and cuda.cuDeviceGetName(name, len(name), device) == 0:
+                return name.value.decode(errors="replace") or None
+        except AttributeError:
+            return None
+    return None
+
+
 def _importable(module: str) -> Any | None:
     try:
         return importlib.import_module(module)

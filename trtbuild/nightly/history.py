@@ -1,7 +1,13 @@
-"""The nightly history: one SQLite file, one run per night, per policy and per output.
+"""The nightly history: one database, an SQLite file on one machine or PostgreSQL for many.
 
-Why SQLite: a night is written in one transaction (whole or not at all), and the
-questions asked of it (the last passing night, a policy's trend) are queries.
+Why a database: a night (or one shard of it) is written in one transaction,
+whole or not at all, and the questions asked of it (the last passing night in
+a lane, a policy's trend, every shard of a night) are queries. One code path
+serves both kinds, SQLAlchemy Core: SQLite by path or `sqlite:///` URL (the
+default; WAL and a busy timeout let shards on one machine write at once), and
+PostgreSQL by a libpq URL (`postgresql://user@host/db`, or the Unix-socket form
+`postgresql://user@/db?host=/run/postgresql`) through psycopg 3, the optional
+`postgres` extra. trtbuild creates the schema and upgrades it in place.
 """
 
 from __future__ import annotations
@@ -9,7 +15,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import socket
-import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,68 +24,260 @@ from trtbuild.accuracy.report import METRICS
 from trtbuild.errors import UsageError
 from trtbuild.nightly.runner import PolicyResult
 
-SCHEMA_SQL = """
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    started TEXT NOT NULL,
-    finished TEXT NOT NULL,
-    host TEXT NOT NULL,
-    versions TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS results (
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    policy TEXT NOT NULL,
-    status TEXT NOT NULL,              -- pass | fail | error
-    exit_code INTEGER NOT NULL,
-    evaluator TEXT,
-    emulation TEXT,                    -- storage | strict | NULL (a real engine)
-    backend TEXT,
-    model_sha256 TEXT,
-    policy_sha256 TEXT,
-    fp16_share REAL,
-    fp32_nodes INTEGER,
-    message TEXT,
-    versions TEXT,
-    shapes TEXT,                       -- JSON [{name, inputs, passed}]: every point judged
-    PRIMARY KEY (run_id, policy)
-);
-CREATE TABLE IF NOT EXISTS outputs (
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    policy TEXT NOT NULL,
-    output TEXT NOT NULL,
-    passed INTEGER NOT NULL,
-    max_abs REAL, mean_abs REAL, median_abs REAL, p99_abs REAL,
-    max_rel REAL, max_abs_of_range REAL, cosine REAL, psnr REAL, nonfinite INTEGER,
-    checks TEXT,                       -- JSON {check: {passed, value, threshold}}
-    PRIMARY KEY (run_id, policy, output)
-);
-"""
-# Columns added since the first history format: an older file gains them on open.
+SCHEMA_VERSION = 2
+# Columns added since the first history format: an older database gains them on open.
 ADDED_COLUMNS = (
     ("results", "emulation", "TEXT"),
     ("outputs", "max_abs_of_range", "REAL"),
     ("results", "shapes", "TEXT"),
     ("outputs", "checks", "TEXT"),
+    ("runs", "night", "TEXT"),
+    ("runs", "shard", "INTEGER"),
+    ("runs", "shards", "INTEGER"),
+    ("runs", "device", "TEXT"),
+    ("results", "device", "TEXT"),
+    ("results", "trt_version", "TEXT"),
 )
+# The columns that make a table ours: a database whose table lacks one holds another schema.
+_OURS = {
+    "runs": {"id", "started", "finished", "host", "versions"},
+    "results": {"run_id", "policy", "status", "exit_code"},
+    "outputs": {"run_id", "policy", "output", "passed"},
+}
+_LANE = ("evaluator", "emulation", "backend", "device")  # a regression compares like with like
+_PG_LOCK = 0x7472_7462  # "trtb": one schema change at a time across shards
 
 
-def open_history(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _tables():
+    """The schema, built per history (SQLAlchemy's MetaData is mutable: none at module level)."""
+    from sqlalchemy import Column, Float, ForeignKey, Integer, MetaData, Table, Text
+
+    md = MetaData()
+    Table(
+        "runs",
+        md,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("started", Text, nullable=False),
+        Column("finished", Text, nullable=False),
+        Column("host", Text, nullable=False),
+        Column("versions", Text, nullable=False),
+        *(
+            Column(c, Integer if k == "INTEGER" else Text)
+            for t, c, k in ADDED_COLUMNS
+            if t == "runs"
+        ),
+        sqlite_autoincrement=True,
+    )
+    results = [
+        Column("run_id", Integer, ForeignKey("runs.id"), primary_key=True),
+        Column("policy", Text, primary_key=True),
+        Column("status", Text, nullable=False),
+        Column("exit_code", Integer, nullable=False),
+        *(Column(c, Text) for c in ("evaluator", "emulation", "backend", "device", "trt_version")),
+        *(Column(c, Text) for c in ("model_sha256", "policy_sha256")),
+        Column("fp16_share", Float),
+        Column("fp32_nodes", Integer),
+        *(Column(c, Text) for c in ("message", "versions", "shapes")),
+    ]
+    Table("results", md, *results)
+    Table(
+        "outputs",
+        md,
+        Column("run_id", Integer, ForeignKey("runs.id"), primary_key=True),
+        Column("policy", Text, primary_key=True),
+        Column("output", Text, primary_key=True),
+        Column("passed", Integer, nullable=False),
+        *(Column(m, Integer if m == "nonfinite" else Float) for m in METRICS),
+        Column("checks", Text),
+    )
+    Table("trtbuild_meta", md, Column("key", Text, primary_key=True), Column("value", Text))
+    return md
+
+
+def history_url(target: str | Path) -> Any:
+    """The SQLAlchemy URL of `--history`: a path (SQLite) or a URL; exit 2 for anything else."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    text = str(target)
+    if "://" not in text:
+        path = Path(text).expanduser().resolve()
+        return make_url(f"sqlite:///{path}")
     try:
-        db = sqlite3.connect(path)
-        db.executescript(SCHEMA_SQL)
-        for table_name, column, kind in ADDED_COLUMNS:
-            have = {row[1] for row in db.execute(f"PRAGMA table_info({table_name})")}
-            if column not in have:
-                db.execute(f"ALTER TABLE {table_name} ADD COLUMN {column} {kind}")
-    except sqlite3.DatabaseError as exc:
-        raise UsageError(
-            f"cannot use the history database: {exc}",
-            where=str(path),
-            hint="point --history at an SQLite file written by trtbuild nightly, or a new path",
-        ) from None
-    db.row_factory = sqlite3.Row
-    return db
+        url = make_url(text)
+    except ArgumentError as exc:
+        raise _bad_url(text, str(exc)) from None
+    scheme = url.drivername.split("+")[0]
+    if scheme == "sqlite":
+        return url
+    if scheme in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+psycopg")
+    raise _bad_url(text, f"unsupported scheme '{url.drivername}'")
+
+
+def _bad_url(text: str, why: str) -> UsageError:
+    return UsageError(
+        f"--history: not a history path or URL ({why})",
+        where=_redacted(text),
+        hint="give an SQLite path, sqlite:///PATH or postgresql://USER@HOST/DB; "
+        "through a Unix socket, postgresql://USER@/DB?host=/SOCKET/DIR",
+    )
+
+
+def _redacted(text: str) -> str:
+    """A URL without its password, to name it in a message."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(text).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: a path, shown as given
+        return text
+
+
+class History:
+    """One history database, opened (and created or upgraded) by `open_history`."""
+
+    def __init__(self, engine: Any, where: str):
+        self.engine, self.where = engine, where
+        self.t = _tables().tables
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One transaction; a database that fails under it is exit 2 naming it."""
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise _unusable(self.where, exc) from None
+
+    def record(self, started: str, results: list[PolicyResult], versions: dict, **run: Any) -> int:
+        """One night (or one shard of it), in one transaction: whole or not at all.
+
+        `run` holds `night`, `shard`, `shards` and `device` where a shard wrote it.
+        """
+        finished = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        with self.transaction() as conn:
+            row = {"started": started, "finished": finished, "host": socket.gethostname()}
+            row["versions"] = json.dumps(versions)
+            run_id = conn.execute(
+                self.t["runs"].insert().values(**row, **run)
+            ).inserted_primary_key[0]
+            for r in results:
+                conn.execute(self.t["results"].insert().values(**_result_row(run_id, r)))
+                rows = [_output_row(run_id, r.policy, n, m) for n, m in r.outputs.items()]
+                if rows:
+                    conn.execute(self.t["outputs"].insert(), rows)
+        return int(run_id)
+
+    def last_pass(self, r: PolicyResult, run_id: int, night: str | None) -> dict | None:
+        """The last passing result of `r`'s policy before `run_id`, in `r`'s lane, not of `night`.
+
+        A result that errored before it was judged has no evaluator: it is matched by its
+        device alone.
+        """
+        from sqlalchemy import select
+
+        runs, results = self.t["runs"], self.t["results"]
+        q = (
+            select(results, runs.c.started)
+            .join(runs, runs.c.id == results.c.run_id)
+            .where(results.c.policy == r.policy, results.c.status == "pass")
+            .where(results.c.run_id < run_id)
+        )
+        lane = _LANE if r.evaluator is not None else ("device",)
+        for key in lane:
+            value = getattr(r, key)
+            q = q.where(results.c[key].is_(None) if value is None else results.c[key] == value)
+        if night is not None:
+            q = q.where((runs.c.night.is_(None)) | (runs.c.night != night))
+        with self.transaction() as conn:
+            row = conn.execute(q.order_by(results.c.run_id.desc()).limit(1)).mappings().first()
+        return dict(row) if row is not None else None
+
+    def outputs(self, run_id: int, policy: str) -> dict[str, dict[str, Any]]:
+        from sqlalchemy import select
+
+        o = self.t["outputs"]
+        q = select(o).where(o.c.run_id == run_id, o.c.policy == policy)
+        with self.transaction() as conn:
+            return {row["output"]: dict(row) for row in conn.execute(q).mappings()}
+
+    def trend(self, policy: str, device: str | None = None, limit: int = 60) -> list[dict]:
+        """The policy's last `limit` results (in one lane's device where given), oldest first."""
+        from sqlalchemy import select
+
+        runs, results = self.t["runs"], self.t["results"]
+        q = select(results.c.run_id, results.c.status, runs.c.started).join(
+            runs, runs.c.id == results.c.run_id
+        )
+        q = q.where(results.c.policy == policy)
+        if device is not None:
+            q = q.where(results.c.device == device)
+        with self.transaction() as conn:
+            rows = list(conn.execute(q.order_by(results.c.run_id.desc()).limit(limit)).mappings())
+        return [
+            {
+                "run": row["run_id"],
+                "started": row["started"],
+                "status": row["status"],
+                "outputs": self.outputs(row["run_id"], policy),
+            }
+            for row in reversed(rows)
+        ]
+
+    def night(self, night: str) -> tuple[list[dict], list[tuple[int, PolicyResult]]]:
+        """Every shard run of `night` and every result they wrote, as (run id, result)."""
+        from sqlalchemy import select
+
+        runs, results = self.t["runs"], self.t["results"]
+        with self.transaction() as conn:
+            shard_runs = [
+                dict(r)
+                for r in conn.execute(
+                    select(runs).where(runs.c.night == night).order_by(runs.c.id)
+                ).mappings()
+            ]
+            ids = [r["id"] for r in shard_runs]
+            rows = list(
+                conn.execute(
+                    select(results).where(results.c.run_id.in_(ids)).order_by(results.c.run_id)
+                ).mappings()
+            )
+        found = [(row["run_id"], self._result(row)) for row in rows]
+        return shard_runs, found
+
+    def _result(self, row: Any) -> PolicyResult:
+        """A PolicyResult as the history keeps it (the summary judges from the history alone)."""
+        outputs = {}
+        for name, o in self.outputs(row["run_id"], row["policy"]).items():
+            m = {k: o[k] for k in METRICS}
+            m["passed"] = bool(o["passed"])
+            m["checks"] = json.loads(o["checks"] or "{}")
+            outputs[name] = m
+        return PolicyResult(
+            policy=row["policy"],
+            path="",
+            status=row["status"],
+            exit_code=row["exit_code"],
+            message=row["message"] or "",
+            evaluator=row["evaluator"],
+            emulation=row["emulation"],
+            backend=row["backend"],
+            device=row["device"],
+            trt_version=row["trt_version"],
+            model_sha256=row["model_sha256"],
+            policy_sha256=row["policy_sha256"],
+            fp16_share=row["fp16_share"],
+            fp32_nodes=row["fp32_nodes"],
+            versions=json.loads(row["versions"] or "{}"),
+            outputs=outputs,
+            shapes=json.loads(row["shapes"] or "[]"),
+        )
 
 
 def number(v: Any) -> float | None:
@@ -87,75 +286,128 @@ def number(v: Any) -> float | None:
     return v
 
 
-def record(
-    db: sqlite3.Connection, started: str, results: list[PolicyResult], versions: dict
-) -> int:
-    """One night, written in one transaction: it is in the history whole or not at all."""
-    finished = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    with db:
-        cur = db.execute(
-            "INSERT INTO runs (started, finished, host, versions) VALUES (?, ?, ?, ?)",
-            (started, finished, socket.gethostname(), json.dumps(versions)),
-        )
-        run_id = cur.lastrowid
-        for r in results:
-            db.execute(
-                "INSERT INTO results (run_id, policy, status, exit_code, evaluator, emulation, "
-                "backend, model_sha256, policy_sha256, fp16_share, fp32_nodes, message, versions, "
-                "shapes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    r.policy,
-                    r.status,
-                    r.exit_code,
-                    r.evaluator,
-                    r.emulation,
-                    r.backend,
-                    r.model_sha256,
-                    r.policy_sha256,
-                    r.fp16_share,
-                    r.fp32_nodes,
-                    r.message,
-                    json.dumps(r.versions),
-                    json.dumps(r.shapes),
-                ),
-            )
-            for name, m in r.outputs.items():
-                db.execute(
-                    f"INSERT INTO outputs (run_id, policy, output, passed, {', '.join(METRICS)}, "
-                    f"checks) VALUES (?, ?, ?, ?{', ?' * len(METRICS)}, ?)",
-                    (
-                        run_id,
-                        r.policy,
-                        name,
-                        int(m["passed"]),
-                        *(number(m.get(k)) for k in METRICS),
-                        json.dumps(m.get("checks", {})),
-                    ),
-                )
-    return run_id
+def _result_row(run_id: int, r: PolicyResult) -> dict[str, Any]:
+    keys = ("policy", "status", "exit_code", "evaluator", "emulation", "backend", "device")
+    row = {k: getattr(r, k) for k in keys}
+    row.update(
+        run_id=run_id,
+        trt_version=r.trt_version,
+        model_sha256=r.model_sha256,
+        policy_sha256=r.policy_sha256,
+        fp16_share=r.fp16_share,
+        fp32_nodes=r.fp32_nodes,
+        message=r.message,
+        versions=json.dumps(r.versions),
+        shapes=json.dumps(r.shapes),
+    )
+    return row
 
 
-def trend(db: sqlite3.Connection, policy: str, limit: int = 60) -> list[dict[str, Any]]:
-    rows = db.execute(
-        "SELECT runs.id, runs.started, r.status FROM results r JOIN runs ON runs.id = r.run_id "
-        "WHERE r.policy = ? ORDER BY runs.id DESC LIMIT ?",
-        (policy, limit),
-    ).fetchall()
-    out = []
-    for row in reversed(rows):
-        outputs = {
-            o["output"]: dict(o)
-            for o in db.execute(
-                "SELECT * FROM outputs WHERE run_id = ? AND policy = ?", (row["id"], policy)
+def _output_row(run_id: int, policy: str, name: str, m: dict[str, Any]) -> dict[str, Any]:
+    row = {"run_id": run_id, "policy": policy, "output": name, "passed": int(m["passed"])}
+    row.update({k: number(m.get(k)) for k in METRICS})
+    row["checks"] = json.dumps(m.get("checks", {}))
+    return row
+
+
+def _unusable(where: str, exc: Exception) -> UsageError:
+    first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return UsageError(
+        f"cannot use the history database: {first[0] if first else type(exc).__name__}",
+        where=where,
+        hint="check --history: is the server up, may the user connect, is the file one "
+        "trtbuild nightly wrote? Or give a new path",
+    )
+
+
+def open_history(target: str | Path) -> History:
+    """Connect, then create the schema or upgrade an older one in place; exit 2 when the
+    database cannot be used (unreachable, not a database, another schema, no driver)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    url = history_url(target)
+    where = _redacted(str(target))
+    engine = _engine(url)
+    history = History(engine, where)
+    try:
+        with engine.begin() as conn:
+            _schema(conn, history.t, where)
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        raise _unusable(where, exc) from None
+    except UsageError:
+        engine.dispose()
+        raise
+    return history
+
+
+def _engine(url: Any) -> Any:
+    """An engine; SQLite in WAL mode with a busy timeout, each transaction taking the write
+    lock at BEGIN, so shards on one machine wait for each other instead of failing."""
+    from sqlalchemy import create_engine, event
+
+    if url.drivername.startswith("postgresql"):
+        try:
+            import psycopg  # noqa: F401 - the driver SQLAlchemy loads for postgresql+psycopg
+        except ImportError:
+            raise UsageError(
+                "--history: a postgresql:// history needs the PostgreSQL driver, psycopg 3",
+                hint="pip install 'trtbuild[postgres]'",
+            ) from None
+        return create_engine(url, pool_pre_ping=True)
+    if url.database:
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _wal(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # SQLAlchemy's BEGIN below, not the driver's
+        dbapi_conn.execute("PRAGMA busy_timeout = 60000")
+        dbapi_conn.execute("PRAGMA journal_mode = WAL")
+
+    @event.listens_for(engine, "begin")
+    def _immediate(conn) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _schema(conn: Any, tables: dict, where: str) -> None:
+    """Create what is missing, add the columns an older trtbuild did not write, and refuse
+    a database whose tables of these names are not ours."""
+    from sqlalchemy import inspect, select, text
+
+    if conn.dialect.name == "postgresql":  # shards starting at once create the schema once
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
+    have = {
+        t: {c["name"] for c in inspect(conn).get_columns(t)}
+        for t in inspect(conn).get_table_names()
+    }
+    for name, needed in _OURS.items():
+        missing = needed - have.get(name, needed)
+        if missing:
+            raise UsageError(
+                f"the history database holds a table '{name}' of another schema (no column "
+                f"{', '.join(sorted(missing))})",
+                where=where,
+                hint="give --history a database of its own (a new SQLite path or database)",
             )
-        }
-        out.append(
-            {
-                "run": row["id"],
-                "started": row["started"],
-                "status": row["status"],
-                "outputs": outputs,
-            }
+    tables["runs"].metadata.create_all(conn)
+    real = "DOUBLE PRECISION" if conn.dialect.name == "postgresql" else "REAL"
+    for table, column, kind in ADDED_COLUMNS:
+        if table in have and column not in have[table]:
+            kind = real if kind == "REAL" else kind
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {kind}"))
+    meta = tables["trtbuild_meta"]
+    found = conn.execute(select(meta.c.value).where(meta.c.key == "schema")).scalar()
+    if found is not None and int(found) > SCHEMA_VERSION:
+        raise UsageError(
+            f"the history database has schema {found}, written by a newer trtbuild "
+            f"(this one writes {SCHEMA_VERSION})",
+            where=where,
+            hint="upgrade trtbuild",
         )
-    return out
+    if found is None:
+        conn.execute(meta.insert().values(key="schema", value=str(SCHEMA_VERSION)))
+    elif int(found) < SCHEMA_VERSION:
+        conn.execute(meta.update().where(meta.c.key == "schema").values(value=str(SCHEMA_VERSION)))

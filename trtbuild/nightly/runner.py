@@ -5,6 +5,7 @@ every outcome, failures included, into a plain `PolicyResult`."""
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ class PolicyResult:
     evaluator: str | None = None
     emulation: str | None = None
     backend: str | None = None
+    device: str | None = None  # a GPU's name where an engine was judged, else cpu-emulation
+    trt_version: str | None = None  # the TensorRT (or TensorRT-RTX) that built the engines
     model_sha256: str | None = None
     policy_sha256: str | None = None
     fp16_share: float | None = None
@@ -32,6 +35,26 @@ class PolicyResult:
     versions: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     shapes: list[dict[str, Any]] = field(default_factory=list)  # [{name, inputs, passed}]
+
+
+CPU_LANE = "cpu-emulation"  # the device of a lane whose outputs come from the emulation
+
+
+def shard_of(policy: str, shards: int) -> int:
+    """The shard (1..shards) a policy belongs to, from its name alone: adding a policy moves
+    no other, and every shard of a night agrees without talking to the others."""
+    return int(hashlib.sha256(policy.encode()).hexdigest(), 16) % shards + 1
+
+
+def device_of(evaluator: str | None, given: str | None) -> str:
+    """The lane's device: `--device` where given, the GPU that ran the engines, or the CPU."""
+    if given:
+        return given
+    if evaluator == "tensorrt":
+        from trtbuild.engine.backends import gpu_name
+
+        return gpu_name() or "gpu"
+    return CPU_LANE
 
 
 def discover(policies_dir: Path) -> list[Path]:
@@ -48,7 +71,11 @@ def discover(policies_dir: Path) -> list[Path]:
 
 
 def run_policy(
-    path: Path, out_dir: Path, backend: str | None, use_cache: bool = True
+    path: Path,
+    out_dir: Path,
+    backend: str | None,
+    use_cache: bool = True,
+    device: str | None = None,
 ) -> PolicyResult:
     """Build and report one policy; every failure becomes a result, never an exception."""
     from trtbuild import pipeline
@@ -57,6 +84,7 @@ def run_policy(
     from trtbuild.policy import load_policy
 
     result = PolicyResult(policy=path.stem, path=str(path), status="error", exit_code=70)
+    result.device = device_of(None, device)
     try:
         result.policy_sha256 = sha256_file(path)
         policy = load_policy(path)
@@ -78,9 +106,11 @@ def run_policy(
     result.evaluator = report.main.evaluator
     result.emulation = report.main.emulation
     result.backend = report.backend
+    result.device = device_of(result.evaluator, device)
     result.fp16_share = report.precision.low_share  # FP16 or BF16, the policy's own
     result.fp32_nodes = report.precision.fp32_nodes
     result.versions = pipeline.versions(result.backend or "none")
+    result.trt_version = result.versions.get(result.backend or "none")
     result.outputs = report.main.outputs_json()  # plain data: it crosses processes
     result.shapes = [
         {
@@ -101,7 +131,7 @@ def _below(sv, n_shapes: int) -> str:
     return f"outputs below tolerance{where}: {failing}"
 
 
-def _run_one(args: tuple[Path, Path, str | None, bool]) -> PolicyResult:
+def _run_one(args: tuple[Path, Path, str | None, bool, str | None]) -> PolicyResult:
     return run_policy(*args)
 
 
@@ -112,8 +142,9 @@ def run_all(
     jobs: int,
     progress=None,
     use_cache: bool = True,
+    device: str | None = None,
 ) -> list[PolicyResult]:
-    tasks = [(p, out_dir, backend, use_cache) for p in paths]
+    tasks = [(p, out_dir, backend, use_cache, device) for p in paths]
     if jobs <= 1:
         results = []
         for task in tasks:

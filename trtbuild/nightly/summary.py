@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from trtbuild.nightly.history import number
@@ -81,6 +82,7 @@ COLUMNS = (
     "policy",
     "status",
     "evaluator",
+    "device",
     "low-precision share (FP16 or BF16)",
     "worst max_abs",
     "worst median_abs",
@@ -100,11 +102,12 @@ def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bo
     grouped = by_policy(found)
     rows = []
     for r in results:
-        regs = grouped.get(r.policy, [])
+        regs = [g for g in grouped.get(r.policy, []) if g.device == r.device]
         cells = [
             r.policy,
             "pass" if r.status == "pass" else r.status.upper(),
             _evaluator(r),
+            r.device or "–",
             f"{r.fp16_share:.1%}" if r.fp16_share is not None else "–",
             _worst(r, "max_abs"),
             _worst(r, "median_abs"),
@@ -115,24 +118,82 @@ def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bo
     return rows
 
 
+@dataclass(frozen=True)
+class Lanes:
+    """The policies side by side in every lane of the night, and what disagrees or is missing."""
+
+    head: list[str]  # "policy", then one column per lane
+    rows: list[list[str]]
+    split: list[str]  # "POLICY passes on A but fails on B"
+    missing: list[str]  # "shard K/N on DEVICE"
+
+    def shown(self) -> bool:
+        return len(self.head) > 2 or bool(self.split or self.missing)
+
+
+def lanes_section(results: list[PolicyResult], missing: list[str]) -> Lanes:
+    """A lane is a device and an evaluator: a policy right on one GPU and wrong on another
+    is what a nightly over several is for, so it is called out."""
+    lane_of = {id(r): f"{r.device or '–'} ({_evaluator(r)})" for r in results}
+    lanes = sorted(set(lane_of.values()))
+    policies = sorted({r.policy for r in results})
+    cell = {(r.policy, lane_of[id(r)]): r.status for r in results}
+    rows = [[p, *(cell.get((p, lane), "–") for lane in lanes)] for p in policies]
+    split = []
+    for p in policies:
+        passing = [lane for lane in lanes if cell.get((p, lane)) == "pass"]
+        failing = [lane for lane in lanes if cell.get((p, lane)) in ("fail", "error")]
+        if passing and failing:
+            split.append(f"{p} passes on {', '.join(passing)} but fails on {', '.join(failing)}")
+    return Lanes(["policy", *lanes], rows, split, missing)
+
+
+def _lanes_md(lanes: Lanes) -> list[str]:
+    if not lanes.shown():
+        return []
+    out = ["", "## Lanes", ""]
+    out += [f"- **missing: {m}** (it did not report)" for m in lanes.missing]
+    out += [f"- **{s}**" for s in lanes.split]
+    out += ["", "| " + " | ".join(lanes.head) + " |", "|" + "---|" * len(lanes.head)]
+    out += ["| " + " | ".join([f"`{r[0]}`", *r[1:]]) + " |" for r in lanes.rows]
+    return out
+
+
+def _lanes_html(lanes: Lanes) -> str:
+    from html import escape
+
+    if not lanes.shown():
+        return ""
+    notes = "".join(f"<li><b>missing: {escape(m)}</b></li>" for m in lanes.missing)
+    notes += "".join(f"<li><b>{escape(s)}</b></li>" for s in lanes.split)
+    head = "".join(f"<th>{escape(c)}</th>" for c in lanes.head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in lanes.rows
+    )
+    return f"<h2>Lanes</h2><ul>{notes}</ul><table><tr>{head}</tr>{body}</table>"
+
+
 def title(started: str, night_attention: list[str]) -> str:
     verdict = "ALL PASS" if not night_attention else "ATTENTION: " + ", ".join(night_attention)
     return f"trtbuild nightly {started}: {verdict}"
 
 
-def summary_md(heading: str, rows: list[tuple[bool, list[str]]]) -> str:
+def summary_md(heading: str, rows: list[tuple[bool, list[str]]], lanes: Lanes) -> str:
     lines = [f"# {heading}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for _, cells in rows:
         cells = [c.replace("|", "\\|") for c in cells]
         cells[0] = f"`{cells[0]}`"
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _lanes_md(lanes)
     lines += ["", "## Trends", ""]
     lines += [f"![{cells[0]}](trends/{cells[0]}.png)" for _, cells in rows]
     lines += ["", "Reports: `<policy>/report.html` next to this file.", ""]
     return "\n".join(lines)
 
 
-def summary_html(heading: str, rows: list[tuple[bool, list[str]]], pngs: dict[str, bytes]) -> str:
+def summary_html(
+    heading: str, rows: list[tuple[bool, list[str]]], pngs: dict[str, bytes], lanes: Lanes
+) -> str:
     import base64
     from html import escape
 
@@ -160,18 +221,23 @@ def summary_html(heading: str, rows: list[tuple[bool, list[str]]], pngs: dict[st
     return (
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(heading)}"
         f"</title><style>{style}</style><script>{PLOTS_LOADED_SCRIPT}</script></head><body><h1>{escape(heading)}</h1>"
-        f"<table><tr>{head}</tr>{body}</table><h2>Trends</h2>{figs}</body></html>\n"
+        f"<table><tr>{head}</tr>{body}</table>{_lanes_html(lanes)}<h2>Trends</h2>{figs}"
+        "</body></html>\n"
     )
 
 
-def junit(results: list[PolicyResult], found: list[Regression]) -> str:
-    """One test case per policy; failing, erroring and regressed policies fail."""
+def junit(results: list[PolicyResult], found: list[Regression], missing: list[str] = ()) -> str:
+    """One test case per policy and lane; failing, erroring and regressed ones fail, and so
+    does each shard that did not report."""
     from trtbuild.accuracy.render import junit_xml
 
     regs = by_policy(found)
     cases = []
     for r in results:
         problems = [f"{r.status}: {r.message}"] if r.status != "pass" else []
-        problems += [f"regression ({g.kind}): {g.detail}" for g in regs.get(r.policy, [])]
-        cases.append(("trtbuild.nightly", r.policy, "\n".join(problems) or None))
+        mine = [g for g in regs.get(r.policy, []) if g.device == r.device]
+        problems += [f"regression ({g.kind}): {g.detail}" for g in mine]
+        name = f"{r.policy} @ {r.device}" if r.device else r.policy
+        cases.append(("trtbuild.nightly", name, "\n".join(problems) or None))
+    cases += [("trtbuild.nightly.shards", m, f"{m} did not report") for m in missing]
     return junit_xml("trtbuild-nightly", cases)
