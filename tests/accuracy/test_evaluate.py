@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests.conftest import ROOT
 from tests.helpers import needs_rtx
 from trtbuild.errors import BackendError
 from trtbuild.policy.model import BuildSpec
@@ -35,3 +39,24 @@ def test_rtx_runner_binds_tensorrt_rtx_and_gives_polygraphys_flag_back(tmp_path)
     # the other flavour cannot share this process: one clear error, not a wrong runtime
     with pytest.raises(BackendError, match="process of its own"):
         trt_runner(engine, "tensorrt")
+
+
+@needs_rtx
+def test_the_other_tensorrt_flavour_in_one_process_is_refused_with_one_message():
+    """Polygraphy binds its TensorRT backend once per process; the second flavour says so."""
+    code = (
+        "from trtbuild.accuracy.evaluate import bound_flavour, tensorrt_flavour\n"
+        "from trtbuild.errors import BackendError\n"
+        "assert bound_flavour() is None\n"
+        "with tensorrt_flavour(True):\n"
+        "    import polygraphy.backend.trt\n"
+        "assert bound_flavour() is True\n"
+        "try:\n"
+        "    with tensorrt_flavour(False):\n"
+        "        pass\n"
+        "except BackendError as exc:\n"
+        "    print(exc.message)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "already ran engines of the other TensorRT flavour" in done.stdout

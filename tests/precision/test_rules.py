@@ -35,3 +35,16 @@ def test_max_abs_above_uses_reference_ranges(prepared):
     pinned = _pinned(prepared, Match(max_abs_above=65504), ranges)
     # the producer (output too big) and its consumer (input too big)
     assert set(pinned) == {"/blocks.0/norm1/Pow", "/blocks.0/norm1/ReduceMean_1"}
+
+
+def test_every_match_key_has_exactly_one_kind_of_matcher():
+    """The registry is the one list of what a rule can match on (Match's fields, `last` aside,
+    which only narrows a pattern)."""
+    from dataclasses import fields
+
+    from trtbuild.policy.model import Match
+    from trtbuild.precision.rules import MATCHERS
+
+    keys = [k.KEY for k in MATCHERS]
+    assert len(keys) == len(set(keys))
+    assert set(keys) == {f.name for f in fields(Match)} - {"last"}

@@ -10,6 +10,7 @@ every tensor marked (one run gives outputs and intermediates) and the metrics.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,9 +67,17 @@ def lean_session(model_bytes: bytes):
     return _session(model_bytes, optimize=False, arena=False, in_order=True)
 
 
-# Polygraphy binds `polygraphy.backend.trt` to tensorrt or tensorrt_rtx when that
-# module is first imported, by a process-wide flag: which one it bound, once per process.
-_BOUND: dict[str, bool] = {}
+def bound_flavour() -> bool | None:
+    """Which TensorRT Polygraphy's backend is bound to in this process: True for TensorRT-RTX,
+    None before its first import.
+
+    Why ask Polygraphy: it binds `polygraphy.backend.trt` to tensorrt or tensorrt_rtx
+    when that module is first imported, once per process; its own module says which.
+    """
+    runner = sys.modules.get("polygraphy.backend.trt.runner")
+    if runner is None:
+        return None
+    return runner.trt.__name__ == "tensorrt_rtx"  # the module it bound (imported on access)
 
 
 @contextlib.contextmanager
@@ -77,7 +86,8 @@ def tensorrt_flavour(rtx: bool) -> Iterator[None]:
     given back after, so no other Polygraphy user in this process inherits it."""
     from polygraphy import config as pg_config
 
-    if _BOUND.setdefault("rtx", rtx) != rtx:
+    bound = bound_flavour()
+    if bound is not None and bound != rtx:
         raise BackendError(
             "this process already ran engines of the other TensorRT flavour; Polygraphy "
             "binds one per process",

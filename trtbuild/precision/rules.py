@@ -1,7 +1,8 @@
 """Policy rules as small matcher objects that say why they matched.
 
-A rule's `match` keys are ANDed: each key is one `Matcher` that returns the
-nodes it selects with a reason, and the rule matches their intersection. Why
+A rule's `match` keys are ANDed: each key is one `Matcher` (one small class
+per kind, in the `MATCHERS` registry) that returns the nodes it selects with a
+reason, and the rule matches their intersection. Why
 sets over whole graphs rather than a per-node predicate: structural keys
 (`final_reductions, last: 1`, units found by patterns) are properties of the
 graph, not of one node.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Match, Rule
@@ -25,6 +26,13 @@ class MatchContext:
 
 
 class Matcher(Protocol):
+    """One kind of `match` key: made from a rule's `Match` where the key is given."""
+
+    KEY: ClassVar[str]  # the `match` key (a field of `Match`) this kind reads
+
+    @classmethod
+    def from_match(cls, match: Match) -> Matcher: ...
+
     def select(self, ctx: MatchContext) -> dict[int, str]:
         """Node index -> human-readable reason."""
 
@@ -32,6 +40,11 @@ class Matcher(Protocol):
 @dataclass(frozen=True)
 class NameMatcher:
     regex: str
+    KEY: ClassVar[str] = "name"
+
+    @classmethod
+    def from_match(cls, match: Match) -> NameMatcher:
+        return cls(match.name)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         rx = re.compile(self.regex)
@@ -45,6 +58,11 @@ class NameMatcher:
 @dataclass(frozen=True)
 class OpMatcher:
     ops: tuple[str, ...]
+    KEY: ClassVar[str] = "op"
+
+    @classmethod
+    def from_match(cls, match: Match) -> OpMatcher:
+        return cls(match.op)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         ops = set(self.ops)
@@ -55,6 +73,11 @@ class OpMatcher:
 class PatternMatcher:
     pattern: str
     last: int | None = None
+    KEY: ClassVar[str] = "pattern"  # with `last`, which only narrows a pattern
+
+    @classmethod
+    def from_match(cls, match: Match) -> PatternMatcher:
+        return cls(match.pattern, match.last)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         from trtbuild.graph import patterns
@@ -67,6 +90,11 @@ class MaxAbsMatcher:
     """Nodes any of whose float inputs or outputs exceed `threshold` on the reference data."""
 
     threshold: float
+    KEY: ClassVar[str] = "max_abs_above"
+
+    @classmethod
+    def from_match(cls, match: Match) -> MaxAbsMatcher:
+        return cls(match.max_abs_above)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         from trtbuild.errors import UsageError
@@ -92,6 +120,11 @@ class InitializerAbsMatcher:
     """
 
     threshold: float
+    KEY: ClassVar[str] = "initializer_abs_above"
+
+    @classmethod
+    def from_match(cls, match: Match) -> InitializerAbsMatcher:
+        return cls(match.initializer_abs_above)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         view, out = ctx.view, {}
@@ -134,6 +167,11 @@ class ReductionDepthMatcher:
     """MatMul/Gemm/Conv/Reduce nodes that accumulate more than `depth` products."""
 
     depth: int
+    KEY: ClassVar[str] = "reduction_depth_above"
+
+    @classmethod
+    def from_match(cls, match: Match) -> ReductionDepthMatcher:
+        return cls(match.reduction_depth_above)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         from trtbuild.graph.reductions import reduction_depth
@@ -146,21 +184,21 @@ class ReductionDepthMatcher:
         return out
 
 
-def matchers_for(match: Match) -> list[Matcher]:
-    found: list[Matcher] = []
-    if match.name is not None:
-        found.append(NameMatcher(match.name))
-    if match.op:
-        found.append(OpMatcher(match.op))
-    if match.pattern is not None:
-        found.append(PatternMatcher(match.pattern, match.last))
-    if match.max_abs_above is not None:
-        found.append(MaxAbsMatcher(match.max_abs_above))
-    if match.initializer_abs_above is not None:
-        found.append(InitializerAbsMatcher(match.initializer_abs_above))
-    if match.reduction_depth_above is not None:
-        found.append(ReductionDepthMatcher(match.reduction_depth_above))
-    return found
+# The kinds of match, one class each: the registry `select` reads. A new kind is a class
+# with a `KEY` (a new field of `policy.model.Match` and the schema) added here.
+MATCHERS: tuple[type[Matcher], ...] = (
+    NameMatcher,
+    OpMatcher,
+    PatternMatcher,
+    MaxAbsMatcher,
+    InitializerAbsMatcher,
+    ReductionDepthMatcher,
+)
+
+
+def matchers_for(match: Match, kinds: tuple[type[Matcher], ...] = MATCHERS) -> list[Matcher]:
+    """One matcher per key the rule gives, in the registry's order."""
+    return [k.from_match(match) for k in kinds if getattr(match, k.KEY) not in (None, ())]
 
 
 def select(rule: Rule, ctx: MatchContext) -> dict[int, str]:
