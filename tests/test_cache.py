@@ -139,3 +139,17 @@ def test_eight_checks_at_once_on_one_small_cold_cache(tmp_path, write_policy):
     assert [code for code, _, _ in results] == [0] * 8, [err for _, _, err in results]
     assert not any("Traceback" in err for _, _, err in results)
     assert len({out for _, out, _ in results}) == 1  # the cache never changes a result
+
+
+def test_the_cache_prints_nothing_and_hands_each_warning_once_to_its_listener(tmp_path, capsys):
+    heard: list[str] = []
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    cache = Cache(root=blocked, on_event=heard.append)
+    cache.check_root()
+    cache.check_root()
+    assert cache.put("measures", "ab" * 32, {"x": 1}) is False
+    assert heard == cache.events == [
+        f"cache off for this run: {blocked} is a file, not a folder; set TRTBUILD_CACHE_DIR"
+    ]
+    assert capsys.readouterr().err == ""

@@ -95,3 +95,16 @@ def test_no_module_imports_another_modules_mutable():
             shared = {a.name for a in node.names} & _mutables(modules[node.module])
             shared = {n for n in shared if n.startswith("_") or not n.isupper()}
             assert not shared, f"{path.relative_to(PACKAGE)} imports {node.module}'s {shared}"
+
+
+def test_functions_and_classes_read_at_once():
+    """No function over 60 lines and no class over 120 in the package: each reads at once."""
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            limit = {ast.FunctionDef: 60, ast.AsyncFunctionDef: 60, ast.ClassDef: 120}.get(
+                type(node)
+            )
+            if limit and node.end_lineno - node.lineno + 1 > limit:
+                too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert not too_long, too_long

@@ -11,7 +11,8 @@ Entries are written atomically and carry a sha256 of their payload: a corrupt
 or truncated entry is dropped, recomputed and warned about once. The folder is
 capped in size, least recently used first out. A folder that cannot be used
 (read-only, a file) turns the cache off with one warning: it never fails a
-command.
+command. The cache prints nothing itself: each warning is an event, kept in
+`events` and handed to `on_event` (the CLI prints it, the nightly logs it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import hashlib
 import os
 import pickle
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,9 @@ class Cache:
     root: Path = field(default_factory=default_root)
     enabled: bool = True
     max_bytes: int = field(default_factory=default_max_bytes)
+    on_event: Callable[[str], None] | None = None  # told each warning as it happens
     hits: dict[str, str] = field(default_factory=dict)  # kind -> hit | miss | off
+    events: list[str] = field(default_factory=list)  # the warnings, once per problem
     _warned: set[str] = field(default_factory=set)
 
     def get(self, kind: str, digest: str) -> Any | None:
@@ -205,29 +208,11 @@ class Cache:
         return True
 
     def entries(self) -> list[Path]:
-        if not self.root.is_dir():
-            return []
-        return [p for p, _ in self._stats()]
-
-    def _stats(self) -> list[tuple[Path, os.stat_result]]:
-        """Finished entries with their stat; in-flight `.tmp` files and entries another
-        process removes meanwhile are left out (several trtbuilds may share the folder)."""
-        if not self.root.is_dir():
-            return []
-        found = []
-        for kind in KINDS:
-            for path in (self.root / kind).glob("*/*"):
-                if path.name.endswith(".tmp"):
-                    continue
-                with contextlib.suppress(OSError):
-                    st = path.stat()
-                    if not path.is_dir():
-                        found.append((path, st))
-        return found
+        return [p for p, _ in _stats(self.root)]
 
     def evict(self) -> int:
         """Remove least recently used entries until the folder fits `max_bytes`."""
-        files = sorted(self._stats(), key=lambda e: e[1].st_mtime)
+        files = sorted(_stats(self.root), key=lambda e: e[1].st_mtime)
         total, removed = sum(st.st_size for _, st in files), 0
         for path, st in files:
             if total <= self.max_bytes:
@@ -240,7 +225,7 @@ class Cache:
 
     def info(self) -> dict[str, Any]:
         """Entries and bytes, in all and per kind: which kind fills the folder."""
-        sizes = [(p.parent.parent.name, st.st_size) for p, st in self._stats()]
+        sizes = [(p.parent.parent.name, st.st_size) for p, st in _stats(self.root)]
         return {
             "root": str(self.root),
             "entries": len(sizes),
@@ -272,7 +257,26 @@ class Cache:
     def _warn(self, what: str, message: str) -> None:
         if what not in self._warned:  # once per problem and run
             self._warned.add(what)
-            print(f"trtbuild: warning: {message}", file=sys.stderr)
+            self.events.append(message)
+            if self.on_event is not None:
+                self.on_event(message)
+
+
+def _stats(root: Path) -> list[tuple[Path, os.stat_result]]:
+    """Finished entries with their stat; in-flight `.tmp` files and entries another process
+    removes meanwhile are left out (several trtbuilds may share the folder)."""
+    if not root.is_dir():
+        return []
+    found = []
+    for kind in KINDS:
+        for path in (root / kind).glob("*/*"):
+            if path.name.endswith(".tmp"):
+                continue
+            with contextlib.suppress(OSError):
+                st = path.stat()
+                if not path.is_dir():
+                    found.append((path, st))
+    return found
 
 
 def _decode(blob: bytes) -> Any | None:

@@ -338,7 +338,7 @@ def _warn(messages: list[str]) -> None:
 def _cache(args):
     from trtbuild.cache import Cache
 
-    cache = Cache(enabled=not args.no_cache)
+    cache = Cache(enabled=not args.no_cache, on_event=lambda message: _warn([message]))
     cache.check_root()
     return cache
 

@@ -377,20 +377,22 @@ class Search:
                 break
             chunk = max(1, chunk // 2)
 
-    def result(self) -> TuneResult:
-        final = next(t for t in reversed(self.trials) if t.pinned == tuple(sorted(self.pinned)))
-        kept = "kept (not re-checked within the budget)"
-        return TuneResult(
-            self.precision(self.pinned),
-            self.groups,
-            sorted(self.pinned),
-            {k: self.reasons.get(k, kept) for k in self.pinned},
-            self.trials,
-            final.passed,
-            final.fp16_share,
-            self.budget,
-            self.stages.policy.precision.default,
-        )
+
+def _result(search: Search) -> TuneResult:
+    """What the search found: the last trial of its final pin set, and why each pin stays."""
+    final = next(t for t in reversed(search.trials) if t.pinned == tuple(sorted(search.pinned)))
+    kept = "kept (not re-checked within the budget)"
+    return TuneResult(
+        search.precision(search.pinned),
+        search.groups,
+        sorted(search.pinned),
+        {k: search.reasons.get(k, kept) for k in search.pinned},
+        search.trials,
+        final.passed,
+        final.fp16_share,
+        search.budget,
+        search.stages.policy.precision.default,
+    )
 
 
 def tune(
@@ -409,7 +411,7 @@ def tune(
         outcome = search.grow(search.start())
         if outcome.passed:
             search.shrink()
-    return search.result()
+    return _result(search)
 
 
 @contextlib.contextmanager

@@ -50,3 +50,18 @@ def test_prepare_leaves_its_input_as_it_was(models_dir):
         prepared = prepare(source, Passes(opset=17)).model
         assert source.SerializeToString() == before, name
         assert prepared is not source
+
+
+def test_the_opset_upgrade_reaches_into_bodies_and_what_it_adds_there_is_named():
+    from tests.precision.test_control_flow import _layernorm_in_a_loop
+    from trtbuild.graph.view import GraphView
+
+    source = _layernorm_in_a_loop()  # opset 13: ReduceMean's axes an attribute, in a body
+    prepared = prepare(source, Passes(opset=18)).model
+    view = GraphView(prepared)
+    names = [n.name for n in view.nodes]
+    assert all(names) and len(set(names)) == len(names)
+    means = [n for n in view.nodes if n.op_type == "ReduceMean"]
+    assert means and all(len(n.input) == 2 for n in means)  # axes became an input
+    x = {"x": np.random.default_rng(0).normal(size=(1, 8)).astype(np.float32)}
+    np.testing.assert_allclose(_run(prepared, x)[0], _run(source, x)[0], rtol=1e-5)

@@ -248,36 +248,31 @@ class History:
                     select(results).where(results.c.run_id.in_(ids)).order_by(results.c.run_id)
                 ).mappings()
             )
-        found = [(row["run_id"], self._result(row)) for row in rows]
+        found = [
+            (row["run_id"], _policy_result(row, self.outputs(row["run_id"], row["policy"])))
+            for row in rows
+        ]
         return shard_runs, found
 
-    def _result(self, row: Any) -> PolicyResult:
-        """A PolicyResult as the history keeps it (the summary judges from the history alone)."""
-        outputs = {}
-        for name, o in self.outputs(row["run_id"], row["policy"]).items():
-            m = {k: o[k] for k in METRICS}
-            m["passed"] = bool(o["passed"])
-            m["checks"] = json.loads(o["checks"] or "{}")
-            outputs[name] = m
-        return PolicyResult(
-            policy=row["policy"],
-            path="",
-            status=row["status"],
-            exit_code=row["exit_code"],
-            message=row["message"] or "",
-            evaluator=row["evaluator"],
-            emulation=row["emulation"],
-            backend=row["backend"],
-            device=row["device"],
-            trt_version=row["trt_version"],
-            model_sha256=row["model_sha256"],
-            policy_sha256=row["policy_sha256"],
-            fp16_share=row["fp16_share"],
-            fp32_nodes=row["fp32_nodes"],
-            versions=json.loads(row["versions"] or "{}"),
-            outputs=outputs,
-            shapes=json.loads(row["shapes"] or "[]"),
-        )
+
+def _policy_result(row: Any, outputs: dict[str, dict[str, Any]]) -> PolicyResult:
+    """A PolicyResult as the history keeps it (the summary judges from the history alone)."""
+    metrics = {}
+    for name, o in outputs.items():
+        m = {k: o[k] for k in METRICS}
+        m["passed"] = bool(o["passed"])
+        m["checks"] = json.loads(o["checks"] or "{}")
+        metrics[name] = m
+    plain = ("policy", "status", "exit_code", "evaluator", "emulation", "backend", "device")
+    plain += ("trt_version", "model_sha256", "policy_sha256", "fp16_share", "fp32_nodes")
+    return PolicyResult(
+        path="",
+        message=row["message"] or "",
+        versions=json.loads(row["versions"] or "{}"),
+        outputs=metrics,
+        shapes=json.loads(row["shapes"] or "[]"),
+        **{k: row[k] for k in plain},
+    )
 
 
 def number(v: Any) -> float | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import logging
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +91,7 @@ def run_policy(
         policy = load_policy(path)
         if policy.model.is_file():
             result.model_sha256 = sha256_file(policy.model)
-        cache = Cache(enabled=use_cache)
+        cache = Cache(enabled=use_cache, on_event=logging.getLogger("trtbuild").warning)
         cache.check_root()
         outcome = pipeline.build(policy, out_dir / path.stem, backend, cache=cache)
     except TrtbuildError as exc:

@@ -42,6 +42,9 @@ def prepare(
     records.append(rec)
     model, rec = passes.upgrade_opset(model, options.opset)
     records.append(rec)
+    model, rec = passes.name_unnamed_nodes(model)  # what the converter added inside bodies
+    if rec.changed:
+        records.append(rec)
     model, rec = passes.lift_constants(model)
     records.append(rec)
     if options.fold_constants:
