@@ -44,7 +44,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtbuild import pipeline, tune  # noqa: E402
+from trtbuild import front, tune  # noqa: E402
 from trtbuild.accuracy import evaluate as ev  # noqa: E402
 from trtbuild.accuracy.judge import judge  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
@@ -144,7 +144,7 @@ def run_model(
 ) -> list[tuple]:
     source = empty_policy(name, tmp, emulation)
     policy = load_policy(source)
-    stages = pipeline.run_front(policy)  # no cache: computed here, as tune computes it
+    stages = front.run_front(policy)  # no cache: computed here, as tune computes it
     prepared = stages.prepared.model
     rows = []
 

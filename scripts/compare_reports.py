@@ -54,7 +54,7 @@ def freeze_data(policies: list[Path], folder: Path) -> None:
 
     from trtbuild.accuracy.data import make_feeds
     from trtbuild.cache import Cache
-    from trtbuild.pipeline import prepared_graph
+    from trtbuild.front import prepared_graph
     from trtbuild.policy import load_policy
     from trtbuild.policy.load import read_yaml
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.conftest import NAFNET_POLICY, PINS
-from trtbuild import pipeline
+from trtbuild import front
 from trtbuild.cache import Cache
 from trtbuild.cli import main
 from trtbuild.policy import load_policy
@@ -112,7 +112,7 @@ def test_check_reads_the_measures_alone_and_says_what_a_cold_check_says(
         said.append(capsys.readouterr().out)
     assert said[0] == said[1] == said[2]
     cache = Cache()
-    stages = pipeline.run_front(load_policy(policy), reference="measures", cache=cache)
+    stages = front.run_front(load_policy(policy), reference="measures", cache=cache)
     assert stages.reference is None and stages.cache_hits["reference"] == "hit"
     assert "reference" not in cache.hits  # the tensors' entry was not read
 
@@ -149,7 +149,9 @@ def test_the_cache_prints_nothing_and_hands_each_warning_once_to_its_listener(tm
     cache.check_root()
     cache.check_root()
     assert cache.put("measures", "ab" * 32, {"x": 1}) is False
-    assert heard == cache.events == [
-        f"cache off for this run: {blocked} is a file, not a folder; set TRTBUILD_CACHE_DIR"
-    ]
+    assert (
+        heard
+        == cache.events
+        == [f"cache off for this run: {blocked} is a file, not a folder; set TRTBUILD_CACHE_DIR"]
+    )
     assert capsys.readouterr().err == ""

@@ -171,9 +171,9 @@ def test_a_trial_opens_one_session_a_run_kind_and_never_reruns_the_reference(
     front half again nor beside the trial (tune walks only the overflow)."""
     import onnxruntime
 
-    from trtbuild import pipeline, tune
+    from trtbuild import front, tune
 
-    stages = pipeline.run_front(load_policy(_without_rules("nafnet", tmp_path, models_dir)))
+    stages = front.run_front(load_policy(_without_rules("nafnet", tmp_path, models_dir)))
     opened = []
 
     class Counting(onnxruntime.InferenceSession):  # a real session, counted
@@ -182,7 +182,7 @@ def test_a_trial_opens_one_session_a_run_kind_and_never_reruns_the_reference(
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", Counting)
-    monkeypatch.setattr(pipeline, "run_reference", lambda *a, **k: pytest.fail("reran"))
+    monkeypatch.setattr(front, "run_reference", lambda *a, **k: pytest.fail("reran"))
     outcome = tune.evaluate(stages, stages.policy.precision)
     assert not outcome.passed and "total" in outcome.failing  # judged for real: FP16 overflows
     assert len(opened) == 2

@@ -387,17 +387,15 @@ def _print_verdict(outcome) -> None:
 
 
 def _cmd_check(args) -> int:
-    from trtbuild import pipeline
-    from trtbuild.accuracy import risk
+    from trtbuild import evaluation
     from trtbuild.accuracy.render import at_risk_lines
+    from trtbuild.front import run_front
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(
-        policy, reference="measures", cache=_cache(args), verbose=args.verbose
-    )
+    stages = run_front(policy, reference="measures", cache=_cache(args), verbose=args.verbose)
     a = stages.assignment
-    at_risk = risk.at_risk(stages.measures.internals, stages.converted.model)
+    at_risk = evaluation.at_risk(stages)
     rows = [
         {
             "node": n.name,
@@ -409,7 +407,7 @@ def _cmd_check(args) -> int:
         for n, d in zip(a.view.nodes, a.decisions)
     ]
     summary = a.summary()
-    warnings = pipeline.report_warnings(stages)
+    warnings = evaluation.report_warnings(stages)
     if args.json:
         print(
             json.dumps(
@@ -443,13 +441,13 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_convert(args) -> int:
-    from trtbuild import pipeline
+    from trtbuild import front
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
     from trtbuild.precision.validate import validate_mixed
 
     policy = load_policy(args.policy)
-    stages = pipeline.run_front(policy, reference="none", cache=_cache(args), verbose=args.verbose)
+    stages = front.run_front(policy, reference="none", cache=_cache(args), verbose=args.verbose)
     validate_mixed(stages.converted.model)
     save_model(stages.converted.model, args.output)
     _warn(stages.warnings)
@@ -462,8 +460,8 @@ def _cmd_convert(args) -> int:
 
 
 def _cmd_prepare(args) -> int:
+    from trtbuild.front import prepared_graph
     from trtbuild.graph.model_io import save_model
-    from trtbuild.pipeline import prepared_graph
     from trtbuild.policy.model import Passes
     from trtbuild.policy.schema import OPSET_RANGE
 
@@ -485,7 +483,7 @@ def _cmd_prepare(args) -> int:
 
 
 def _cmd_tune(args) -> int:
-    from trtbuild import pipeline, tune
+    from trtbuild import front, tune
     from trtbuild.errors import EXIT_ACCURACY
     from trtbuild.fsutil import write_text
     from trtbuild.policy import load_policy
@@ -494,7 +492,7 @@ def _cmd_tune(args) -> int:
     policy = load_policy(args.policy)
     tune.check_policy(policy)
     tune.check_output(policy, args.output, args.force)
-    stages = pipeline.run_front(policy, cache=_cache(args), verbose=args.verbose)
+    stages = front.run_front(policy, cache=_cache(args), verbose=args.verbose)
     bar = tune.Progress()
     try:
         result = tune.tune(

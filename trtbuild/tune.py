@@ -39,12 +39,12 @@ from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.judge import judge
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
+from trtbuild.front import Front
 from trtbuild.graph.attention import attention_units
 from trtbuild.graph.norms import norm_units
 from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX
-from trtbuild.pipeline import Stages
 from trtbuild.policy.model import Match, Precision, Rule
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
@@ -122,7 +122,7 @@ def node_flops(view: GraphView, i: int) -> float:
     return 2.0 * elements * depth if depth else elements
 
 
-def groups(stages: Stages, objective: str) -> list[Group]:
+def groups(stages: Front, objective: str) -> list[Group]:
     """Tunable nodes (left at the default by the policy's rules), in units that move together."""
     view = stages.view
     decisions = stages.assignment.decisions
@@ -199,7 +199,7 @@ class TrialOutcome:
     seconds: float
 
 
-def evaluate(stages: Stages, precision: Precision) -> TrialOutcome:
+def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
     """Judge one pin set with the build's own judge, at every shape; the reference and the
     view are shared.
 
@@ -244,10 +244,10 @@ def evaluate(stages: Stages, precision: Precision) -> TrialOutcome:
 
 # Set in each worker process by the pool's initializer, never in the parent: the stages
 # arrive by fork (never pickled: the reference is large).
-_WORKER: dict[str, Stages] = {}
+_WORKER: dict[str, Front] = {}
 
 
-def _init_worker(stages: Stages) -> None:
+def _init_worker(stages: Front) -> None:
     _WORKER["stages"] = stages
 
 
@@ -267,7 +267,7 @@ class Search:
     whatever `jobs` is.
     """
 
-    def __init__(self, stages: Stages, budget: int, objective: str, seed: int, jobs: int):
+    def __init__(self, stages: Front, budget: int, objective: str, seed: int, jobs: int):
         self.stages, self.budget, self.jobs = stages, budget, jobs
         self.groups = groups(stages, objective)
         self.names = [n.name for n in stages.view.nodes]
@@ -396,7 +396,7 @@ def _result(search: Search) -> TuneResult:
 
 
 def tune(
-    stages: Stages,
+    stages: Front,
     *,
     budget: int = 100,
     objective: str = "nodes",
@@ -415,7 +415,7 @@ def tune(
 
 
 @contextlib.contextmanager
-def _pool(stages: Stages, jobs: int) -> Iterator[Any]:
+def _pool(stages: Front, jobs: int) -> Iterator[Any]:
     """Worker processes that inherit `stages` by fork; None with one job (or no fork)."""
     import concurrent.futures
     import multiprocessing
@@ -485,7 +485,7 @@ def _schema_line(text: str, here: Path, there: Path) -> list[str]:
     return []
 
 
-def tuned_yaml(stages: Stages, result: TuneResult, out: Path, seed: int, objective: str) -> str:
+def tuned_yaml(stages: Front, result: TuneResult, out: Path, seed: int, objective: str) -> str:
     """The original policy, then one commented rule per pinned group; paths re-based to `out`."""
     import yaml
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import NAFNET_POLICY, PINS
-from trtbuild import pipeline
+from trtbuild import front
 from trtbuild.accuracy import judge as judge_mod
 from trtbuild.accuracy import stream
 from trtbuild.accuracy.emulate import emulate
@@ -123,7 +123,7 @@ def test_build_and_tune_are_judged_by_one_function(tmp_path, write_policy, monke
     policy = write_policy()
     assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "b")]) == 0
     from_build = list(made)
-    stages = pipeline.run_front(load_policy(policy))
+    stages = front.run_front(load_policy(policy))
     tune(stages, budget=2)
     assert from_build and not any(from_build)  # build: the outputs' verdict
     assert made[len(from_build) :] and all(made[len(from_build) :])  # tune: masked overflow too
@@ -133,9 +133,9 @@ def test_build_and_tune_are_judged_by_one_function(tmp_path, write_policy, monke
 def test_the_reference_measures_do_not_depend_on_the_cuts(write_policy, budget):
     policy = load_policy(write_policy())
     policy = replace(policy, accuracy=replace(policy.accuracy, memory_budget=budget))
-    m = pipeline.run_front(policy, reference="measures").measures
+    m = front.run_front(policy, reference="measures").measures
     base = replace(policy, accuracy=replace(policy.accuracy, memory_budget=4 << 30))
-    whole = pipeline.run_front(base, reference="measures").measures
+    whole = front.run_front(base, reference="measures").measures
     assert m.ranges == whole.ranges and m.internals == whole.internals
     assert m.first_peaks == whole.first_peaks and m.sizes == whole.sizes
 

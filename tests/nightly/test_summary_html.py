@@ -64,12 +64,12 @@ def test_report_plot_legends_are_clear_of_the_data(example_policy, monkeypatch):
     """Every plot of report.html: the error curve, each histogram, the heatmap."""
     import matplotlib.pyplot as plt
 
-    from trtbuild import pipeline
+    from trtbuild import evaluation, front
     from trtbuild.accuracy import report_html
     from trtbuild.policy import load_policy
 
-    stages = pipeline.run_front(load_policy(example_policy("nafnet")))
-    report = pipeline.evaluate_all(stages, engines={}, backend="none")
+    stages = front.run_front(load_policy(example_policy("nafnet")))
+    report = evaluation.evaluate_all(stages, engines={}, backend="none")
     figures = []
     monkeypatch.setattr(report_html, "_png", lambda fig: figures.append(fig) or "data:,")
     report_html.html(report)

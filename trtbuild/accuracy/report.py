@@ -17,6 +17,7 @@ from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from trtbuild.accuracy.judge import Verdict
+    from trtbuild.artifacts import BuildRecord
     from trtbuild.precision.assign import PrecisionSummary
 
 # The per-output metrics every rendering shows, in this order (report.md, report.html,
@@ -94,7 +95,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     backend: str = "none"
     version: str = ""
-    build: dict[str, Any] | None = None  # build.json's facts (Engines section); not in JSON
+    build: BuildRecord | None = None  # build.json's facts (Engines section); not in JSON
 
     @property
     def passed(self) -> bool:
@@ -247,7 +248,7 @@ def sections(report: Report) -> list[Section]:
     out.append(_distributions_section(report))
     if report.precision.pinned:
         out.append(_pinned_section(report.precision))
-    if report.build and report.build.get("engines"):
+    if report.build and report.build.engines:
         out.append(_engines_section(report.build))
     if report.warnings:
         out.append(Section("Warnings", [Para(w) for w in report.warnings]))
@@ -380,9 +381,9 @@ def _audit_text(audit: dict[str, Any]) -> str:
     return text
 
 
-def _engines_section(build: dict[str, Any]) -> Section:
+def _engines_section(build: BuildRecord) -> Section:
     rows = []
-    for name, e in build["engines"].items():
+    for name, e in build.engines.items():
         mem = e.get("memory", {})
         rows.append(
             (
@@ -396,7 +397,7 @@ def _engines_section(build: dict[str, Any]) -> Section:
         )
     head = ("variant", "backend", "engine size", "weights", "activations", "build s")
     blocks: list[Para | Table | Plot] = [Table(head, rows)]
-    audit = build.get("layer_audit") or {}
+    audit = build.layer_audit or {}
     if audit:
         blocks.append(Para(_audit_text(audit)))
     return Section("Engines", blocks)

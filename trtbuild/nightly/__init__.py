@@ -89,7 +89,7 @@ def nightly(
     The results are in `OUT/nightly.json` before the history is opened: a history
     that cannot be reached (exit 2) loses nothing.
     """
-    from trtbuild import pipeline
+    from trtbuild.artifacts import versions
 
     shard = shard or Shard()
     history_url(history)  # a bad URL is exit 2 before anything runs
@@ -103,7 +103,7 @@ def nightly(
     with _kept(out_dir):
         db = open_history(history)
         try:
-            run_id = db.record(started, results, pipeline.versions("none"), **run)
+            run_id = db.record(started, results, versions("none"), **run)
             found = regressions(db, run_id, results, margin, shard.night)
             pngs = {r.policy: trend_png(r.policy, db.trend(r.policy, r.device)) for r in results}
         finally:

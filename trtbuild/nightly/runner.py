@@ -80,6 +80,7 @@ def run_policy(
 ) -> PolicyResult:
     """Build and report one policy; every failure becomes a result, never an exception."""
     from trtbuild import pipeline
+    from trtbuild.artifacts import versions
     from trtbuild.cache import Cache
     from trtbuild.fsutil import sha256_file
     from trtbuild.policy import load_policy
@@ -110,7 +111,7 @@ def run_policy(
     result.device = device_of(result.evaluator, device)
     result.fp16_share = report.precision.low_share  # FP16 or BF16, the policy's own
     result.fp32_nodes = report.precision.fp32_nodes
-    result.versions = pipeline.versions(result.backend or "none")
+    result.versions = versions(result.backend or "none")
     result.trt_version = result.versions.get(result.backend or "none")
     result.outputs = report.main.outputs_json()  # plain data: it crosses processes
     result.shapes = [

@@ -1,0 +1,266 @@
+"""What a build leaves on disk: the staged output folder, build.json as a typed record, the
+reports, and the layer audit that proves each FP32 node an FP32 layer.
+
+Artifacts are staged in a hidden directory next to the output directory and
+moved into place only when the run finished (an accuracy failure is a finished
+run: its report is the point), so an interrupted or failed build leaves the
+previous artifacts intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from trtbuild import __version__
+from trtbuild.accuracy import evaluate as ev
+from trtbuild.accuracy.judge import Verdict
+from trtbuild.accuracy.report import Report
+from trtbuild.errors import UsageError
+from trtbuild.front import Front
+from trtbuild.fsutil import sha256_file, write_json, write_text
+
+REPORT_FILES = (
+    "report.json",
+    "report.md",
+    "report.html",
+    "junit.xml",
+    "reference_outputs.json",
+    "evaluated_outputs.json",
+)
+
+
+BUILD_FILES = ("prepared.onnx", "mixed.onnx", "engine.plan", "build.json", *REPORT_FILES)
+
+
+@contextlib.contextmanager
+def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
+    """A staging directory whose files replace `out_dir`'s artifacts only on success.
+
+    `owns` names the files the command is responsible for: those it did not
+    produce this time are removed (a stale engine next to a new report would
+    lie); files it does not own are left alone.
+    """
+    out_dir = out_dir.resolve()
+    for folder in (out_dir, *out_dir.parents):
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(
+                "the output folder is a file",
+                where=str(folder),
+                hint="pass --out a folder, or move the file away",
+            )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
+        yield staging
+        out_dir.mkdir(parents=True, exist_ok=True)
+        produced = {p.name for p in staging.iterdir()}
+        for name in owns:
+            if name not in produced and (out_dir / name).exists():
+                (out_dir / name).unlink()
+        for name in sorted(produced):
+            os.replace(staging / name, out_dir / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def versions(backend: str) -> dict[str, Any]:
+    import onnxruntime
+
+    from trtbuild.engine.backends import backend_version
+
+    out = {
+        "trtbuild": __version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "python": platform.python_version(),
+    }
+    try:
+        import polygraphy
+
+        out["polygraphy"] = polygraphy.__version__
+    except ImportError:
+        pass
+    if backend != "none":
+        out[backend] = backend_version(backend)
+    return out
+
+
+# What the report's Engines section reads of each engine in build.json.
+ENGINE_KEYS = ("backend", "version", "engine_bytes", "build_seconds")
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    """`build.json`: what was built from what, with which versions, and what it cost.
+
+    `from_json` reads one back (`report` keeps an earlier build's facts) and refuses,
+    with exit 2, a record it could not render.
+    """
+
+    policy: str
+    model: str
+    backend: str
+    versions: dict[str, Any]
+    hashes: dict[str, str]
+    passes: list[dict[str, Any]]
+    timings_seconds: dict[str, float]
+    cache: dict[str, str]
+    casts: int
+    engines: dict[str, dict[str, Any]]  # variant -> the engine's summary (ENGINE_KEYS at least)
+    layer_audit: dict[str, Any] | None
+    layers: list[dict[str, Any]]
+    warnings: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: copy.copy(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Any, path: Path) -> BuildRecord:
+        """The record in `data`, or exit 2 naming the first thing this trtbuild cannot read."""
+        problems = [] if isinstance(data, dict) else ["it is not a mapping"]
+        if not problems:
+            problems = [f"{f.name} is missing" for f in fields(cls) if f.name not in data]
+        engines = data.get("engines") if isinstance(data, dict) else None
+        if not problems and not isinstance(engines, dict):
+            problems = ["engines is not a mapping"]
+        for variant, engine in engines.items() if not problems else ():
+            missing = [k for k in ENGINE_KEYS if not isinstance(engine, dict) or k not in engine]
+            problems += [f"engines.{variant}.{k} is missing" for k in missing]
+        if problems:
+            raise UsageError(
+                f"{problems[0]}; it is not a record this trtbuild wrote",
+                where=str(path),
+                hint="build again (trtbuild build) or remove the file",
+            )
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+def build_record(
+    front: Front,
+    backend: str,
+    engines: dict[str, Any],
+    warnings: list[str],
+    timings: dict[str, float],
+) -> BuildRecord:
+    """The record of one build; `timings` adds the front after the front half's."""
+    policy = front.policy
+    layers = engines["policy"].layers if "policy" in engines else []
+    return BuildRecord(
+        policy=str(policy.path),
+        model=str(policy.model),
+        backend=backend,
+        versions=versions(backend),
+        hashes={"model": sha256_file(policy.model), "policy": sha256_file(policy.path)},
+        passes=front.prepared.records_json(),
+        timings_seconds={k: round(v, 3) for k, v in {**front.timings, **timings}.items()},
+        cache=dict(front.cache_hits),
+        casts=len(front.converted.casts),
+        engines={k: v.summary() for k, v in engines.items()},
+        layer_audit=audit_layers(front, layers) if layers else None,
+        layers=layers,
+        warnings=warnings,
+    )
+
+
+# What TensorRT's builder says about precision is the user's business, not only build.json's.
+PRECISION_WORDS = ("fp16", "fp32", "precision", "layernorm", "overflow", "subnormal")
+
+
+def engine_warnings(record: BuildRecord) -> list[str]:
+    """The policy engine builder's warnings about precision, and an audit that could not
+    check a pinned node."""
+    engine = record.engines.get("policy") or {}  # the variants are baselines
+    found = [
+        f"TensorRT: {w}"
+        for w in engine.get("builder_warnings", [])
+        if any(word in w.lower() for word in PRECISION_WORDS)
+    ]
+    audit = record.layer_audit or {}
+    missing = audit.get("not_in_network") or []
+    if missing:
+        shown = ", ".join(missing[:3]) + (f", +{len(missing) - 3} more" if len(missing) > 3 else "")
+        found.append(
+            f"the layer audit found no layer named after {len(missing)} FP32 node(s) ({shown}); "
+            "their precision in the engine is unchecked"
+        )
+    return list(dict.fromkeys(found))
+
+
+def write_reports(stage: Path, report: Report, *, owns_build: bool = True) -> None:
+    """report.json, report.md, report.html, junit.xml and both runs' RunResults.
+
+    `report.build` feeds the renderers' Engines section; it is written as
+    build.json only by the command that owns it (`build`, not `report`).
+    """
+    from trtbuild.accuracy import render, report_html
+
+    write_results(report.main, stage)
+    if report.build is not None and owns_build:
+        write_json(stage / "build.json", report.build.to_json())
+    write_json(stage / "report.json", report.to_json())
+    write_text(stage / "report.md", render.markdown(report))
+    write_text(stage / "report.html", report_html.html(report))
+    write_text(stage / "junit.xml", render.junit(report))
+
+
+def write_results(main: Verdict, stage: Path) -> None:
+    """Both runs as Polygraphy RunResults JSON (`polygraphy run --load-outputs` reads them)."""
+    from polygraphy.comparator import RunResults
+
+    from trtbuild.fsutil import atomic_path
+
+    for runner, file in (
+        (ev.REFERENCE, "reference_outputs.json"),
+        (main.evaluator, "evaluated_outputs.json"),
+    ):
+        single = RunResults()
+        single.append((runner, main.run_results[runner]))
+        with atomic_path(stage / file) as tmp, ev.quiet_polygraphy():
+            single.save(str(tmp))
+
+
+def audit_layers(front: Front, layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Proof from the parsed network that every FP32 node is an FP32 layer in TensorRT."""
+    by_name = {layer["name"]: layer for layer in layers}
+    checked, mismatched, missing = 0, [], []
+    for node, decision in zip(front.view.nodes, front.assignment.decisions):
+        if decision.precision != "fp32":
+            continue
+        layer = by_name.get(node.name)
+        if layer is None:
+            missing.append(node.name)
+            continue
+        checked += 1
+        if any(d not in ("fp32",) for d in layer["outputs"] if d in ("fp16", "bf16", "fp32")):
+            mismatched.append({"node": node.name, "outputs": layer["outputs"]})
+    return {
+        "fp32_nodes_checked": checked,
+        "mismatched": mismatched,
+        "not_in_network": missing,
+        "ok": not mismatched,
+    }
+
+
+def earlier_build(out_dir: Path, policy_path: Path) -> BuildRecord | None:
+    """build.json of an earlier build of the same policy in `out_dir`, if there is one; exit 2
+    for a record of that policy this trtbuild cannot read."""
+    path = out_dir / "build.json"
+    try:
+        built = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(built, dict) or built.get("policy") != str(policy_path):
+        return None
+    return BuildRecord.from_json(built, path)

@@ -1,0 +1,295 @@
+"""The front half of the pipeline: load, prepare, the FP32 reference, assign, convert.
+
+`run_front` returns one frozen `Front`: every later stage (the judge, the
+engines, `check`'s table, `tune`'s trials) reads it and none changes it. With a
+cache, the prepared graph, the reference and the mixed model come from it when
+their inputs are unchanged (`trtbuild.cache` says what the keys cover).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal, get_args
+
+from trtbuild.accuracy import data as data_mod
+from trtbuild.accuracy.reference import (
+    ReferenceMeasures,
+    ReferenceTensors,
+    check_finite,
+    run_reference,
+)
+from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
+from trtbuild.cache import key as cache_key
+from trtbuild.errors import UsageError
+from trtbuild.graph.model_io import load_model
+from trtbuild.graph.view import GraphView
+from trtbuild.passes.prepare import Prepared, prepare
+from trtbuild.policy.model import MemoryBudget, Passes, Policy, Precision
+from trtbuild.precision.assign import Assignment, assign
+from trtbuild.precision.convert import Converted, convert
+
+
+@dataclass(frozen=True)
+class ShapeRun:
+    """One point of the input space (`data.ShapePoint`): its feeds and its FP32 reference."""
+
+    point: data_mod.ShapePoint
+    feeds: list[data_mod.Feed]
+    measures: ReferenceMeasures | None
+    reference: ReferenceTensors | None
+
+
+@dataclass(frozen=True)
+class Front:
+    """What the front half of the pipeline produced; shared by build, report, check, convert.
+
+    Frozen: built once by `run_front`, read by every later stage, changed by none.
+
+    `shapes` holds every point the policy is judged at, the primary one (`shape`
+    or `opt`) first; `feeds` and `reference` are the primary's, and `measures`
+    joins every point's (a range rule or an at-risk sum that leaves FP16 at any
+    shape counts).
+    """
+
+    policy: Policy
+    prepared: Prepared
+    view: GraphView  # the one index over the prepared graph
+    feeds: list[data_mod.Feed]
+    measures: ReferenceMeasures | None  # None only where no command step needs the reference
+    reference: ReferenceTensors | None  # with its tensors; only for run_front(reference="tensors")
+    assignment: Assignment
+    converted: Converted
+    shapes: tuple[ShapeRun, ...] = ()
+    timings: Mapping[str, float] = field(default_factory=dict)  # seconds per stage
+    cache_hits: Mapping[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.assignment.warnings + self.converted.warnings
+
+
+def needs_reference(policy: Policy) -> bool:
+    """Range rules read the FP32 reference; without them `convert` need not run it."""
+    return any(r.match.max_abs_above is not None for r in policy.precision.all_rules())
+
+
+# How much of the FP32 reference a command reads: nothing, its measures (peaks, internals:
+# `check`, range rules) or its tensors too (the judge). Each level reads its own cache entry.
+ReferenceLevel = Literal["none", "measures", "tensors"]
+
+
+REFERENCE_LEVELS: tuple[str, ...] = get_args(ReferenceLevel)
+
+
+def run_front(
+    policy: Policy,
+    *,
+    reference: ReferenceLevel = "tensors",
+    cache: Cache | None = None,
+    verbose: bool = False,
+) -> Front:
+    """Load, prepare, run the FP32 reference (as far as asked or needed), assign and convert.
+
+    With a `cache`, the prepared graph and the reference come from it when their
+    inputs are unchanged (`trtbuild.cache` says what the keys cover).
+    """
+    if reference not in REFERENCE_LEVELS:
+        raise ValueError(f"reference must be one of {REFERENCE_LEVELS}, not {reference!r}")
+    if reference == "none" and needs_reference(policy):
+        reference = "measures"
+    cache = cache if cache is not None else Cache(enabled=False)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    prepared, digest = prepared_graph(policy.model, policy.passes, cache, verbose)
+    view = GraphView(prepared.model)
+    timings["prepare"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    shapes = [
+        _shape_run(policy, prepared, view, point, cache, digest, reference)
+        for point in data_mod.shape_points(policy, prepared.model)
+    ]
+    for run in shapes:
+        if run.measures is not None:
+            check_finite(view, run.measures, str(policy.model))
+    measures = join_measures([r.measures for r in shapes if r.measures is not None])
+    if reference != "none":
+        timings["reference"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    assignment = assign(view, policy.precision, measures.ranges if measures is not None else None)
+    converted = _converted(assignment, cache, digest)
+    timings["assign_convert"] = time.perf_counter() - t
+    primary = shapes[0]
+    return Front(
+        policy,
+        prepared,
+        view,
+        primary.feeds,
+        measures,
+        primary.reference,
+        assignment,
+        converted,
+        tuple(shapes),
+        timings,
+        _hits(cache, reference),
+    )
+
+
+def _shape_run(
+    policy: Policy,
+    prepared: Prepared,
+    view: GraphView,
+    point: data_mod.ShapePoint,
+    cache: Cache,
+    digest: str | None,
+    reference: ReferenceLevel,
+) -> ShapeRun:
+    feeds = data_mod.make_feeds(policy, prepared.model, point)
+    if reference == "none":
+        return ShapeRun(point, feeds, None, None)
+    budget = policy.accuracy.budget()
+    try:
+        measures, ref = _reference(prepared, feeds, view, cache, digest, reference, budget)
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        raise _cannot_run(policy, point, exc) from None
+    return ShapeRun(point, feeds, measures, ref)
+
+
+def _cannot_run(policy: Policy, point: data_mod.ShapePoint, exc: Exception) -> UsageError:
+    """ONNX Runtime refused to run the FP32 model on the policy's data: the user's input.
+
+    Why exit 2 and not a bug: a shape the model cannot take (720 rows where it
+    halves five times) fails inside a node, as Polygraphy's `run` would.
+    """
+    import re
+
+    text = str(exc)
+    node = re.search(r"Name:'([^']*)'", text)
+    said = re.search(r"Status Message: (.*)", text)
+    where = f" in node {node.group(1)}" if node else ""
+    return UsageError(
+        f"the FP32 model cannot run at {point.label}{where}: "
+        f"{(said.group(1) if said else text).strip()[:300]}",
+        where=str(policy.path),
+        hint="choose input shapes (inputs.*.shape, min/opt/max, accuracy.shapes) or data the "
+        "model takes",
+    )
+
+
+def join_measures(all_measures: list[ReferenceMeasures]) -> ReferenceMeasures | None:
+    """The first point's measures with every point's peaks: ranges and internals at their
+    largest over all shapes, sentinel tensors of any shape."""
+    if len(all_measures) <= 1:
+        return all_measures[0] if all_measures else None
+    ranges: dict[str, float] = {}
+    internals: dict[str, tuple[str, dict[str, float]]] = {}
+    for m in all_measures:
+        for t, v in m.ranges.items():
+            ranges[t] = max(ranges.get(t, 0.0), v)
+        for node, (op, peaks) in m.internals.items():
+            mine = internals.setdefault(node, (op, {}))[1]
+            for q, v in peaks.items():
+                mine[q] = max(mine.get(q, 0.0), v)
+    held = frozenset().union(*(m.sentinel_tensors for m in all_measures))
+    return replace(all_measures[0], ranges=ranges, internals=internals, sentinel_tensors=held)
+
+
+def _hits(cache: Cache, reference: ReferenceLevel) -> dict[str, str]:
+    """`build.json`'s `cache`: hit, miss or off for each entry the run needed."""
+    hits = {"prepared": cache.hits.get("prepared", "off")}
+    if reference != "none":  # a hit when every entry the level reads was one
+        kinds = ("measures", "reference") if reference == "tensors" else ("measures",)
+        seen = [cache.hits[k] for k in kinds if k in cache.hits]
+        hits["reference"] = (
+            "hit"
+            if seen == ["hit"] * len(kinds)
+            else ("off" if "off" in seen or not seen else "miss")
+        )
+    hits["converted"] = cache.hits.get("converted", "off")
+    return hits
+
+
+def prepared_graph(
+    model: Path, passes: Passes, cache: Cache, verbose: bool = False
+) -> tuple[Prepared, str | None]:
+    """The prepared graph and its cache key, from the cache when model, passes and code match."""
+    digest = None
+    if cache.enabled:
+        try:
+            source_digest = model_digest(model)
+        except Exception:  # unreadable or not ONNX: load_model says so, in its words
+            source_digest = None
+        if source_digest is not None:
+            digest = cache_key("prepared", code_fingerprint(), source_digest, repr(passes))
+            cached = cache.get("prepared", digest)
+            if cached is not None:
+                return cached, digest
+    prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose)
+    if digest is not None:
+        cache.put("prepared", digest, prepared)
+    return prepared, digest
+
+
+def _converted(assignment: Assignment, cache: Cache, digest: str | None) -> Converted:
+    """The mixed model, from the cache when the prepared graph and every node's precision
+    match: the conversion reads nothing else (rule ids only label the report)."""
+    precisions = ",".join(str(d.precision) for d in assignment.decisions)
+    key = cache_key("converted", digest, precisions) if digest else None
+    if key is not None:
+        cached = cache.get("converted", key)
+        if cached is not None:
+            return cached
+    converted = convert(assignment)
+    if key is not None:
+        cache.put("converted", key, converted)
+    return converted
+
+
+def _reference(
+    prepared: Prepared,
+    feeds: list,
+    view: GraphView,
+    cache: Cache,
+    digest: str | None,
+    level: ReferenceLevel,
+    budget: MemoryBudget,
+) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
+    """The FP32 reference to `level`, from the cache when the prepared graph and feeds match.
+
+    The measures have an entry of their own, always written; the outputs of
+    every feed (`tensors`) another, written only by a command that reads them
+    and only while small against the cap (`Cache.put`): `check` writes no tensors.
+    """
+    key = cache_key("reference", digest, feeds_digest(feeds)) if digest else None
+    if key is not None:
+        measures = cache.get("measures", key)
+        if measures is not None and level == "measures":
+            return measures, None
+        outputs = cache.get("reference", key) if measures is not None else None
+        if outputs is not None:
+            return measures, ReferenceTensors(measures, outputs)
+    ref = run_reference(prepared.model, feeds, view, budget=budget)
+    if key is not None:
+        cache.put("measures", key, ref.measures)
+        if level == "tensors":
+            cache.put("reference", key, ref.run_results)
+    return ref.measures, ref if level == "tensors" else None
+
+
+def baseline(front: Front, default: str) -> Converted:
+    """The same prepared graph with no rules: all-FP16 (what the policy buys) or all-FP32."""
+    return convert(assign(front.view, Precision(default=default, guards=())))
+
+
+def baselines(front: Front, *, engines: bool = False) -> dict[str, Converted]:
+    """The baselines a build needs, each converted once: all-FP16 always, all-FP32 where the
+    policy checks it or builds it as an engine variant (`engines`)."""
+    accuracy, build = front.policy.accuracy, front.policy.build
+    wanted = ["fp16"] + (["fp32"] if accuracy.fp32_check or (engines and build.variants) else [])
+    return {v: baseline(front, v) for v in wanted}
