@@ -11,12 +11,12 @@ import json
 import re
 
 import onnx
-import onnxruntime as ort
 import pytest
 
 from tests.conftest import FETCHED, ROOT, local_data
 from tests.helpers import needs_rtx
 from trtbuild.cli import main
+from trtbuild.precision.validate import validate_mixed
 
 POLICIES = sorted((ROOT / "policies").glob("*.yaml"))
 
@@ -41,9 +41,9 @@ def test_policy_builds_and_every_pinned_node_is_an_fp32_layer(
     code = main(["build", "--policy", str(local), "--out", str(out), "--backend", "tensorrt-rtx"])
     assert code == 0, (out / "report.md").read_text() if (out / "report.md").exists() else code
 
-    mixed = onnx.load(out / "mixed.onnx")
-    onnx.checker.check_model(mixed, full_check=True)
-    ort.InferenceSession(mixed.SerializeToString(), providers=["CPUExecutionProvider"])
+    # onnx.checker's full check and an ONNX Runtime session (which has no CPU kernel for
+    # some BF16 ops: the model is valid, the execution provider is not)
+    validate_mixed(onnx.load(out / "mixed.onnx"))
 
     build = json.loads((out / "build.json").read_text())
     report = json.loads((out / "report.json").read_text())

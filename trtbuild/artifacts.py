@@ -17,7 +17,7 @@ import platform
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -105,33 +105,40 @@ ENGINE_KEYS = ("backend", "version", "engine_bytes", "build_seconds")
 class BuildRecord:
     """`build.json`: what was built from what, with which versions, and what it cost.
 
-    `from_json` reads one back (`report` keeps an earlier build's facts) and refuses,
-    with exit 2, a record it could not render.
+    `from_json` reads one back (`report` keeps an earlier build's facts): what the
+    report renders (the policy, the backend, each engine's `ENGINE_KEYS`) must be
+    there, or it is exit 2; the rest a record of an older trtbuild may lack.
     """
 
     policy: str
-    model: str
     backend: str
-    versions: dict[str, Any]
-    hashes: dict[str, str]
-    passes: list[dict[str, Any]]
-    timings_seconds: dict[str, float]
-    cache: dict[str, str]
-    casts: int
     engines: dict[str, dict[str, Any]]  # variant -> the engine's summary (ENGINE_KEYS at least)
-    layer_audit: dict[str, Any] | None
-    layers: list[dict[str, Any]]
-    warnings: list[str]
+    model: str = ""
+    versions: dict[str, Any] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    timings_seconds: dict[str, float] = field(default_factory=dict)
+    cache: dict[str, str] = field(default_factory=dict)
+    casts: int = 0
+    layer_audit: dict[str, Any] | None = None
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: copy.copy(getattr(self, f.name)) for f in fields(self)}
+        """The keys in build.json's order (the one `trtbuild build` has always written)."""
+        order = ("policy", "model", "backend", "versions", "hashes", "passes")
+        order += ("timings_seconds", "cache", "casts", "engines", "layer_audit", "layers")
+        return {k: copy.copy(getattr(self, k)) for k in (*order, "warnings")}
 
     @classmethod
     def from_json(cls, data: Any, path: Path) -> BuildRecord:
         """The record in `data`, or exit 2 naming the first thing this trtbuild cannot read."""
         problems = [] if isinstance(data, dict) else ["it is not a mapping"]
+        required = [
+            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+        ]
         if not problems:
-            problems = [f"{f.name} is missing" for f in fields(cls) if f.name not in data]
+            problems = [f"{name} is missing" for name in required if name not in data]
         engines = data.get("engines") if isinstance(data, dict) else None
         if not problems and not isinstance(engines, dict):
             problems = ["engines is not a mapping"]
@@ -144,7 +151,7 @@ class BuildRecord:
                 where=str(path),
                 hint="build again (trtbuild build) or remove the file",
             )
-        return cls(**{f.name: data[f.name] for f in fields(cls)})
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
 
 def build_record(
