@@ -24,6 +24,7 @@ from trtbuild.accuracy.reference import (
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
+from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.model_io import load_model
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
@@ -65,6 +66,7 @@ class Front:
     shapes: tuple[ShapeRun, ...] = ()
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds per stage
     cache_hits: Mapping[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
+    analysis: Analysis | None = None  # the structural findings over `view`, found once
 
     @property
     def warnings(self) -> list[str]:
@@ -120,7 +122,9 @@ def run_front(
         timings["reference"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    assignment = assign(view, policy.precision, measures.ranges if measures is not None else None)
+    analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
+    ranges = measures.ranges if measures is not None else None
+    assignment = assign(view, policy.precision, ranges, analysis)
     converted = _converted(assignment, cache, digest)
     timings["assign_convert"] = time.perf_counter() - t
     primary = shapes[0]
@@ -136,6 +140,7 @@ def run_front(
         tuple(shapes),
         timings,
         _hits(cache, reference),
+        analysis,
     )
 
 
@@ -284,7 +289,7 @@ def _reference(
 
 def baseline(front: Front, default: str) -> Converted:
     """The same prepared graph with no rules: all-FP16 (what the policy buys) or all-FP32."""
-    return convert(assign(front.view, Precision(default=default, guards=())))
+    return convert(assign(front.view, Precision(default=default, guards=()), None, front.analysis))
 
 
 def baselines(front: Front, *, engines: bool = False) -> dict[str, Converted]:

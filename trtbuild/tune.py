@@ -40,8 +40,7 @@ from trtbuild.accuracy.judge import judge
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
-from trtbuild.graph.attention import attention_units
-from trtbuild.graph.norms import norm_units
+from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX
@@ -147,9 +146,10 @@ def groups(stages: Front, objective: str) -> list[Group]:
         )
         out.append(Group(kind, members, tuple(view.nodes[i].name for i in members), cost, peak))
 
-    for unit in norm_units(view):
+    analysis = stages.analysis or Analysis(view)
+    for unit in analysis.norm_units():
         add("normalization unit", unit.nodes)
-    for unit in attention_units(view):
+    for unit in analysis.attention_units():
         add("attention block", unit.nodes)
     for i in sorted(tunable):
         add("reduction" if view.nodes[i].op_type in REDUCTIONS else "node", (i,))
@@ -210,7 +210,7 @@ def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
     (in the shapes' order) picks what to pin.
     """
     t = time.perf_counter()
-    assignment = assign(stages.view, precision)
+    assignment = assign(stages.view, precision, None, stages.analysis)
     mixed = convert(assignment).model
     emulated = emulate(mixed, stages.policy.accuracy.emulation)  # once for every shape
     failing: dict[str, str] = {}

@@ -8,6 +8,7 @@ import pytest
 
 from tests.helpers import F, model, node
 from trtbuild.graph import patterns, reductions
+from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.attention import attention_units
 from trtbuild.graph.norms import norm_units
 from trtbuild.graph.view import GraphView
@@ -37,7 +38,7 @@ def test_nafnet_channel_attention_and_the_norms_it_feeds(nafnet_path):
         ("channel-attention", "/blocks.1/sca/Mul"),
     ]
     assert [view.nodes[i].op_type for i in units[0].nodes] == ["GlobalAveragePool", "Conv", "Mul"]
-    after = patterns.find("layernorm_after_attention", view)
+    after = patterns.find("layernorm_after_attention", Analysis(view))
     # norm1 of block 0 sees the intro conv only; the others are reached through
     # conv3 and the residual adds, with no other normalization between.
     assert _unit_heads(view, after) == {
@@ -62,10 +63,10 @@ def test_transformer_self_attention_and_layernorms_after_it(models_dir, opset):
         "/layers.0/attn/Softmax",
         "/layers.0/attn/MatMul_1",
     }
-    assert _names(view, patterns.find("attention", view)) == core | {
+    assert _names(view, patterns.find("attention", Analysis(view))) == core | {
         n.replace("layers.0", "layers.1") for n in core
     }
-    after = patterns.find("layernorm_after_attention", view)
+    after = patterns.find("layernorm_after_attention", Analysis(view))
     assert _unit_heads(view, after) == {
         "/layers.0/norm2/ReduceMean",
         "/layers.1/norm1/ReduceMean",
@@ -78,13 +79,15 @@ def test_gfpgan_has_fifteen_reductions_and_only_the_last_is_final(models_dir):
     view = _view(models_dir / "gfpgan_tiny.onnx", 17)
     found = [n.name for n in view.nodes if n.op_type in reductions.REDUCTIONS]
     assert len(found) == 15
-    assert _names(view, patterns.find("final_reductions", view)) == {"/energy/ReduceSumSquare"}
-    assert _names(view, patterns.find("final_reductions", view, last=1)) == {
+    assert _names(view, patterns.find("final_reductions", Analysis(view))) == {
+        "/energy/ReduceSumSquare"
+    }
+    assert _names(view, patterns.find("final_reductions", Analysis(view), last=1)) == {
         "/energy/ReduceSumSquare"
     }
     # a statistic subtracted from its own input is not a channel-attention gate
     assert attention_units(view) == ()
-    assert patterns.find("layernorm_after_attention", view) == {}
+    assert patterns.find("layernorm_after_attention", Analysis(view)) == {}
 
 
 def test_ppocrv4_attention_and_layernorms_after_it(real_model):
@@ -92,13 +95,13 @@ def test_ppocrv4_attention_and_layernorms_after_it(real_model):
     units = attention_units(view)
     kinds = sorted(u.kind for u in units)
     assert kinds == ["channel-attention"] * 2 + ["self-attention"] * 2  # 2 SE blocks, 2 SVTR
-    softmax = _names(view, patterns.find("softmax", view))
+    softmax = _names(view, patterns.find("softmax", Analysis(view)))
     assert len(softmax) == 3
-    in_attention = _names(view, patterns.find("attention", view))
+    in_attention = _names(view, patterns.find("attention", Analysis(view)))
     # the classifier's softmax after a weight MatMul is not attention
     assert len(softmax & in_attention) == 2
     lns = [u for u in norm_units(view) if u.kind == "LayerNormalization"]
-    after = patterns.find("layernorm_after_attention", view)
+    after = patterns.find("layernorm_after_attention", Analysis(view))
     assert len(lns) == 5
     # the first LayerNorm of the SVTR neck comes before any self-attention
     assert [u.nodes[0] in after for u in lns] == [False, True, True, True, True]
@@ -175,9 +178,13 @@ def _attention_then_norms(between: str) -> onnx.ModelProto:
 
 def test_a_norm_in_between_ends_the_path():
     view = GraphView(_attention_then_norms("norm"))
-    assert _unit_heads(view, patterns.find("layernorm_after_attention", view)) == {"a/mean"}
+    assert _unit_heads(view, patterns.find("layernorm_after_attention", Analysis(view))) == {
+        "a/mean"
+    }
     view = GraphView(_attention_then_norms("none"))
-    assert _unit_heads(view, patterns.find("layernorm_after_attention", view)) == {"b/mean"}
+    assert _unit_heads(view, patterns.find("layernorm_after_attention", Analysis(view))) == {
+        "b/mean"
+    }
 
 
 def test_fused_attention_op_is_a_block():
@@ -194,7 +201,7 @@ def test_fused_attention_op_is_a_block():
     )
     view = GraphView(m)
     assert [u.kind for u in attention_units(view)] == ["Attention"]
-    assert _names(view, patterns.find("layernorm_after_attention", view)) == {"ln"}
+    assert _names(view, patterns.find("layernorm_after_attention", Analysis(view))) == {"ln"}
 
 
 # model -> pattern -> (nodes matched, their op types), after the passes at opset 17.
@@ -249,5 +256,5 @@ def test_every_pattern_on_every_example_model(name, models_dir, real_model):
     path = real_model(name) if name == "ppocrv4_rec" else models_dir / f"{name}.onnx"
     view = _view(path, 17)
     for pattern, (count, ops) in EVERY_PATTERN[name].items():
-        found = patterns.find(pattern, view)
+        found = patterns.find(pattern, Analysis(view))
         assert (len(found), {view.nodes[i].op_type for i in found}) == (count, ops), pattern

@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.helpers import needs_rtx
 from trtbuild.cli import main
+from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.attention import attention_units, norms_after_attention
 from trtbuild.graph.model_io import infer_shapes
 from trtbuild.graph.norms import norm_units
@@ -45,7 +46,7 @@ def test_attention_blocks_and_not_the_classifier(keras):
 
 
 def test_layernorm_after_attention_is_each_layers_first(keras):
-    pinned = {_scope(keras, i) for i in norms_after_attention(keras)}
+    pinned = {_scope(keras, i) for i in norms_after_attention(Analysis(keras))}
     assert pinned == {
         "/encoder/layer_0/self_attention_layer_norm",
         "/encoder/layer_1/self_attention_layer_norm",

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from trtbuild.graph.norms import norm_units, reduce_axes
+from trtbuild.graph.norms import reduce_axes
 from trtbuild.graph.optypes import DATA_MOVEMENT
 from trtbuild.graph.view import GraphView
+
+if TYPE_CHECKING:
+    from trtbuild.graph.analysis import Analysis
 
 FUSED_ATTENTION = frozenset(
     {
@@ -191,7 +195,7 @@ def _channel_attention(view: GraphView, g: int) -> AttentionUnit | None:
 
 def attention_units(view: GraphView) -> tuple[AttentionUnit, ...]:
     """Every attention block in the graph; blocks never overlap."""
-    return view.memo("attention_units", lambda: tuple(_find_attention_units(view)))
+    return tuple(_find_attention_units(view))
 
 
 def _find_attention_units(view: GraphView) -> list[AttentionUnit]:
@@ -211,7 +215,7 @@ def _find_attention_units(view: GraphView) -> list[AttentionUnit]:
     return units
 
 
-def norms_after_attention(view: GraphView) -> dict[int, str]:
+def norms_after_attention(analysis: Analysis) -> dict[int, str]:
     """Normalization units whose input an attention block reaches without another norm between.
 
     One forward pass in topological order: each node carries the nearest
@@ -219,9 +223,10 @@ def norms_after_attention(view: GraphView) -> dict[int, str]:
     adds, gates, activations and layout ops. A normalization unit stops the
     flow; whatever else (pooling, a reduction) also stops it.
     """
-    attention = attention_units(view)
+    view = analysis.view
+    attention = analysis.attention_units()
     ends = {unit.output: unit for unit in attention}
-    units = norm_units(view)
+    units = analysis.norm_units()
     in_norm = {i for unit in units for i in unit.nodes}
     carried: list[tuple[str, int] | None] = [None] * len(view.nodes)
     for i, node in enumerate(view.nodes):

@@ -384,7 +384,7 @@ def _fused_at(view: GraphView, i: int) -> NormUnit:
 
 def norm_units(view: GraphView) -> tuple[NormUnit, ...]:
     """Every normalization unit in the graph, fused ones first; units never overlap."""
-    return view.memo("norm_units", lambda: tuple(_find_norm_units(view)))
+    return tuple(_find_norm_units(view))
 
 
 def _find_norm_units(view: GraphView) -> list[NormUnit]:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trtbuild.graph.view import GraphView
+    from trtbuild.graph.analysis import Analysis
 
-Finder = Callable[["GraphView", "int | None"], dict[int, str]]
+Finder = Callable[["Analysis", "int | None"], dict[int, str]]
 
 
 @dataclass(frozen=True)
@@ -28,34 +28,29 @@ class Pattern:
     find: Finder
 
 
-def _layernorm(view: GraphView, last: int | None) -> dict[int, str]:
-    from trtbuild.graph.norms import norm_units
-
-    return {i: unit.reason for unit in norm_units(view) for i in unit.nodes}
+def _layernorm(analysis: Analysis, last: int | None) -> dict[int, str]:
+    return {i: unit.reason for unit in analysis.norm_units() for i in unit.nodes}
 
 
-def _layernorm_after_attention(view: GraphView, last: int | None) -> dict[int, str]:
+def _layernorm_after_attention(analysis: Analysis, last: int | None) -> dict[int, str]:
     from trtbuild.graph.attention import norms_after_attention
 
-    return norms_after_attention(view)
+    return norms_after_attention(analysis)
 
 
-def _attention(view: GraphView, last: int | None) -> dict[int, str]:
-    from trtbuild.graph.attention import attention_units
-
-    return {i: unit.reason for unit in attention_units(view) for i in unit.nodes}
+def _attention(analysis: Analysis, last: int | None) -> dict[int, str]:
+    return {i: unit.reason for unit in analysis.attention_units() for i in unit.nodes}
 
 
-def _softmax(view: GraphView, last: int | None) -> dict[int, str]:
-    return {
-        i: n.op_type for i, n in enumerate(view.nodes) if n.op_type in ("Softmax", "LogSoftmax")
-    }
+def _softmax(analysis: Analysis, last: int | None) -> dict[int, str]:
+    nodes = analysis.view.nodes
+    return {i: n.op_type for i, n in enumerate(nodes) if n.op_type in ("Softmax", "LogSoftmax")}
 
 
-def _final_reductions(view: GraphView, last: int | None) -> dict[int, str]:
+def _final_reductions(analysis: Analysis, last: int | None) -> dict[int, str]:
     from trtbuild.graph.reductions import final_reductions
 
-    return final_reductions(view, last)
+    return final_reductions(analysis.view, last)
 
 
 PATTERNS: dict[str, Pattern] = {
@@ -78,6 +73,6 @@ PATTERNS: dict[str, Pattern] = {
 }
 
 
-def find(pattern: str, view: GraphView, last: int | None = None) -> dict[int, str]:
+def find(pattern: str, analysis: Analysis, last: int | None = None) -> dict[int, str]:
     """Node index -> reason for every node of `pattern` (a name the schema has validated)."""
-    return PATTERNS[pattern].find(view, last)
+    return PATTERNS[pattern].find(analysis, last)

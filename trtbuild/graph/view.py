@@ -8,9 +8,7 @@ keeps each stage a plain function of values.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from functools import cached_property
-from typing import Any
 
 import onnx
 from onnx import numpy_helper
@@ -45,7 +43,6 @@ class GraphView:
         self.top: list[int] = self._index(model.graph, "", None)
         self.inputs = [i.name for i in model.graph.input if i.name not in self.initializers]
         self.outputs = [o.name for o in model.graph.output]
-        self._memo: dict[str, Any] = {}
 
     def _index(self, graph: onnx.GraphProto, scope: str, parent: int | None) -> list[int]:
         """Index one graph's nodes (bodies first, recursively); returns their indices."""
@@ -83,16 +80,6 @@ class GraphView:
             if inp:
                 self.consumers[inp].append(i)
         return i
-
-    def memo(self, key: str, compute: Callable[[], Any]) -> Any:
-        """A structural finding (normalization units, attention blocks) computed once per view.
-
-        Why: several rules, `layernorm_after_attention` and `tune` all ask for the
-        same units of the same read-only graph.
-        """
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
 
     def is_float(self, tensor: str) -> bool:
         return self.dtype.get(tensor) in FLOAT_TYPES

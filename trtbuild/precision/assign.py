@@ -17,6 +17,7 @@ from typing import Any
 
 import onnx
 
+from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView
@@ -95,15 +96,17 @@ def assign(
     graph: GraphView | onnx.ModelProto,
     precision: Precision,
     ranges: Mapping[str, float] | None = None,
+    analysis: Analysis | None = None,
 ) -> Assignment:
     """Decide every node's precision; `graph` is not modified.
 
-    Pass the stage's `GraphView` where there is one (structural findings are
-    remembered on it, so `tune`'s trials do not find the same units again).
-    `ranges` are the FP32 reference's data peaks, for `max_abs_above`.
+    Pass the stage's `Analysis` where there is one (its structural findings are
+    kept, so `tune`'s trials do not find the same units again). `ranges` are
+    the FP32 reference's data peaks, for `max_abs_above`.
     """
     view = graph if isinstance(graph, GraphView) else GraphView(graph)
-    ctx = rules_mod.MatchContext(view, ranges)
+    analysis = analysis if analysis is not None and analysis.view is view else Analysis(view)
+    ctx = rules_mod.MatchContext(analysis, ranges)
     picks: list[tuple[str, str, str] | None] = [None] * len(view.nodes)
     hits: dict[str, int] = {}
     warnings: list[str] = []

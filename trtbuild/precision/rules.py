@@ -15,14 +15,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Match, Rule
 
 
 @dataclass(frozen=True)
 class MatchContext:
-    view: GraphView
+    analysis: Analysis  # the graph's structural findings, shared by every rule
     ranges: Mapping[str, float] | None = None  # tensor -> data peak on the FP32 reference
+
+    @property
+    def view(self) -> GraphView:
+        return self.analysis.view
 
 
 class Matcher(Protocol):
@@ -82,7 +87,7 @@ class PatternMatcher:
     def select(self, ctx: MatchContext) -> dict[int, str]:
         from trtbuild.graph import patterns
 
-        return patterns.find(self.pattern, ctx.view, last=self.last)
+        return patterns.find(self.pattern, ctx.analysis, last=self.last)
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ class InitializerAbsMatcher:
     def select(self, ctx: MatchContext) -> dict[int, str]:
         view, out = ctx.view, {}
         big = {}
-        for name, peak in view.memo("weight_peaks", lambda: _weight_peaks(view)).items():
+        for name, peak in ctx.analysis.weight_peaks().items():
             if peak > self.threshold:
                 big[name] = peak
         if not big:  # the usual case: no need to look at every node's inputs
@@ -140,26 +145,6 @@ class InitializerAbsMatcher:
                 peak, name = max(hits)
                 out[i] = f"weight {name} reaches {peak:.4g} > {self.threshold:g}"
         return out
-
-
-def _weight_peaks(view: GraphView) -> dict[str, float]:
-    """Largest finite |value| of every float initializer (read once per graph view).
-
-    In the weight's own dtype, with no copy unless it holds a non-finite value: a
-    10k-node model has thousands of weights and this runs on every `check`.
-    """
-    import numpy as np
-
-    peaks = {}
-    for name in view.initializers:
-        if view.is_float(name):
-            arr = view.initializer_array(name)
-            peak = float(np.max(np.abs(arr))) if arr.size else 0.0
-            if not np.isfinite(peak):
-                finite = arr[np.isfinite(arr)]
-                peak = float(np.max(np.abs(finite))) if finite.size else 0.0
-            peaks[name] = peak
-    return peaks
 
 
 @dataclass(frozen=True)
