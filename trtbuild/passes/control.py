@@ -3,9 +3,9 @@
 Why: TensorRT imports both branches of an `If` for the shapes of its profile.
 An export that branches on a value its deployment fixes (Silero VAD picks its
 8 kHz or 16 kHz model by the `sr` input) cannot build, since the branch not
-taken is invalid at the other's input length; and TensorRT-RTX fails on an
-`If` whose condition is a build-time constant (an internal assertion,
-`graphScope.cpp:471`, on Silero VAD's shape checks). An engine serves one such
+taken is invalid at the other's input length; and TensorRT-RTX stopped with an
+internal assertion (`graphScope.cpp:471`) on Silero VAD's 16 kHz branch until its
+shape check whose condition folds to a constant was inlined. An engine serves one such
 value, so the policy says which (`passes.freeze_inputs`) and the branch taken
 replaces the `If`. onnx-graphsurgeon's own flattening leaves readers of the
 `If`'s outputs dangling, so it is done here.
