@@ -723,7 +723,15 @@ def test_ctrl_c_mid_build_keeps_previous_artifacts(tmp_path, models_dir):
     subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=600)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # as a terminal starts it: a test run started in the background (`make test &`) has
+    # SIGINT ignored, and a child would inherit that
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     while not any(p.name.startswith(".out.staging-") for p in tmp_path.iterdir()):
         assert proc.poll() is None, "the build ended before it staged anything"
