@@ -201,14 +201,18 @@ def _nightly_args(sub) -> None:
     n.add_argument(
         "--backend", choices=BACKEND_CHOICES, help="override every policy's build.backend"
     )
-    n.add_argument(
+    _margin_arg(n)
+    _no_cache_arg(n)
+
+
+def _margin_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
         "--margin",
         type=float,
         default=0.25,
         metavar="F",
         help="error growth over the last passing night that counts as a regression (0.25 = 25%%)",
     )
-    _no_cache_arg(n)
 
 
 def _history_arg(sp: argparse.ArgumentParser) -> None:
@@ -239,13 +243,7 @@ def _summary_args(sub) -> None:
         metavar="N",
         help="shards each device was to run (default: as many as its shards recorded)",
     )
-    n.add_argument(
-        "--margin",
-        type=float,
-        default=0.25,
-        metavar="F",
-        help="error growth over the last passing night that counts as a regression (0.25 = 25%%)",
-    )
+    _margin_arg(n)
 
 
 def _schema_args(sub) -> None:
