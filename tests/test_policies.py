@@ -79,3 +79,21 @@ def test_silero_vad_pins_reach_the_engine_by_their_names_inside_the_branches(
     assert any("/decoder/rnn/LSTM" in n for n in pinned)
     assert audit["ok"] and audit["not_in_network"] == []
     assert audit["fp32_nodes_checked"] >= len(pinned) > 0
+
+
+@needs_rtx
+def test_silero_vad_if_on_its_sample_rate_does_not_build_with_tensorrt_rtx(
+    example_policy, tmp_path, capsys
+):
+    """Why the Silero policies freeze `sr` (README, Control flow): TensorRT-RTX stops on the
+    unfrozen If. When this test fails, TensorRT-RTX builds it, and the freeze can go."""
+    sr = "  sr:\n    shape: []\n    data: {distribution: uniform, low: 16000, high: 16001}\n"
+    policy = example_policy(
+        "silero_vad",
+        replace={"passes:\n": f"{sr}passes: {{}}\n", "  freeze_inputs: {sr: 16000}\n": ""},
+    )
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "-o", str(out), "--backend", "tensorrt-rtx"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "tensorrt-rtx engine build failed" in err and "graphScope.cpp" in err

@@ -77,22 +77,23 @@ def evaluate_all(
     engines: dict[str, bytes],
     backend: str,
     verbose: bool = False,
-    made: dict[str, Converted] | None = None,
+    base_models: dict[str, Converted] | None = None,
 ) -> Report:
     """Judge the policy and the all-FP16 baseline (and, with `fp32_check`, all-FP32).
 
     `engines` maps variant ("policy", "fp16", "fp32") to a plan; where a GPU runs
     it, its outputs are judged, otherwise the emulation's. The divergence and
-    the at-risk list always come from the emulation.
+    the at-risk list always come from the emulation. `base_models` are the
+    baselines where the caller converted them already (`build` compiles them too).
     """
     policy, reference = front.policy, front.reference
     if reference is None:
         raise ValueError('evaluate_all needs the reference tensors; run_front(reference="tensors")')
 
-    made = made if made is not None else baselines(front)  # `made`: converted by the caller
-    variants = [("policy", front.converted, EMULATED), ("fp16", made["fp16"], EMULATED)]
+    models = base_models if base_models is not None else baselines(front)
+    variants = [("policy", front.converted, EMULATED), ("fp16", models["fp16"], EMULATED)]
     if policy.accuracy.fp32_check:
-        variants.append(("fp32", made["fp32"], "onnxrt-fp32-graph"))
+        variants.append(("fp32", models["fp32"], "onnxrt-fp32-graph"))
     candidates = _candidates(variants, engines, backend, policy.accuracy.emulation)
     per_shape, firsts = [], []
     for run in front.shapes:  # every point of the input space, the primary first

@@ -63,10 +63,10 @@ class Front:
     reference: ReferenceTensors | None  # with its tensors; only for run_front(reference="tensors")
     assignment: Assignment
     converted: Converted
+    analysis: Analysis  # the structural findings over `view`, found once, shared by assignments
     shapes: tuple[ShapeRun, ...] = ()
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds per stage
     cache_hits: Mapping[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
-    analysis: Analysis | None = None  # the structural findings over `view`, found once
 
     @property
     def warnings(self) -> list[str]:
@@ -137,10 +137,10 @@ def run_front(
         primary.reference,
         assignment,
         converted,
+        analysis,
         tuple(shapes),
         timings,
         _hits(cache, reference),
-        analysis,
     )
 
 

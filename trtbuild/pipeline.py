@@ -60,11 +60,13 @@ def build(
     with staged_output(out_dir, BUILD_FILES) as stage:
         save_model(front.prepared.model, stage / "prepared.onnx")
         save_model(front.converted.model, stage / "mixed.onnx")
-        made = baselines(front, engines=True)
-        engines = build_engines(front, stage, backend, made)
+        base_models = baselines(front, engines=True)
+        engines = build_engines(front, stage, backend, base_models)
         plans = {k: e.engine for k, e in engines.items()} if gpu_available() else {}
         t = time.perf_counter()
-        report = evaluate_all(front, engines=plans, backend=backend, verbose=verbose, made=made)
+        report = evaluate_all(
+            front, engines=plans, backend=backend, verbose=verbose, base_models=base_models
+        )
         timings = {"accuracy": time.perf_counter() - t}
         record = build_record(front, backend, engines, report.warnings, timings)
         report = replace(report, build=record, warnings=report.warnings + engine_warnings(record))
@@ -73,7 +75,7 @@ def build(
 
 
 def build_engines(
-    front: Front, stage: Path, backend: str, made: dict[str, Converted]
+    front: Front, stage: Path, backend: str, base_models: dict[str, Converted]
 ) -> dict[str, Any]:
     """The policy's engine (written as engine.plan) and, with `build.variants`, all-FP16/FP32."""
     from trtbuild.engine.backends import build_engine
@@ -88,7 +90,7 @@ def build_engines(
         for variant in ("fp16", "fp32"):
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / f"{variant}.onnx"
-                save_model(made[variant].model, path)
+                save_model(base_models[variant].model, path)
                 engines[variant] = build_engine(path, backend, policy.build, policy.inputs)
     return engines
 

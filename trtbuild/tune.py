@@ -40,7 +40,6 @@ from trtbuild.accuracy.judge import judge
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
-from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX
@@ -146,7 +145,7 @@ def groups(stages: Front, objective: str) -> list[Group]:
         )
         out.append(Group(kind, members, tuple(view.nodes[i].name for i in members), cost, peak))
 
-    analysis = stages.analysis or Analysis(view)
+    analysis = stages.analysis
     for unit in analysis.norm_units():
         add("normalization unit", unit.nodes)
     for unit in analysis.attention_units():

@@ -38,8 +38,7 @@ from trtbuild.accuracy.evaluate import (
     finite_or_str,
     metrics,
 )
-from trtbuild.accuracy.probes import SUFFIX as PEAK
-from trtbuild.accuracy.probes import probe
+from trtbuild.accuracy.probes import peak_name, probe
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
@@ -364,7 +363,7 @@ class _Walk:
     def __init__(self, measures: ReferenceMeasures, threshold: float, detail: Detail):
         self.measures, self.threshold, self.detail = measures, threshold, detail
         self.depth = {t: (d, node, op) for d, (t, node, op) in enumerate(measures.order)}
-        self.peak_of = {f"{t}{PEAK}": t for t in measures.bodies}  # a body tensor's peak
+        self.peak_of = {peak_name(t): t for t in measures.bodies}  # a body tensor's peak
         self.depth.update({p: self.depth[t] for p, t in self.peak_of.items() if t in self.depth})
         self.points: dict[int, dict[str, Any]] = {}
 

@@ -28,6 +28,11 @@ SUFFIX = "__trtbuild_peak"
 _NOT_RUN = "trtbuild/peak_not_run"
 
 
+def peak_name(tensor: str) -> str:
+    """The main graph's output that hands out the peak of `tensor`, made inside a body."""
+    return f"{tensor}{SUFFIX}"
+
+
 @dataclass(frozen=True)
 class Probes:
     """A model with its bodies' peaks handed out, and which tensor each extra output measures."""
@@ -75,7 +80,7 @@ def _probe_node(node: onnx.NodeProto, tensors: set[str], top: bool) -> dict[str,
     wanted = [t for _, _, peaks in per_body for t in peaks]
     if not wanted:
         return {}
-    names = {t: f"{t}{SUFFIX}" if top else f"{t}{SUFFIX}@{node.name}" for t in wanted}
+    names = {t: peak_name(t) if top else f"{peak_name(t)}@{node.name}" for t in wanted}
     if node.op_type == "If":
         for attr, body, peaks in per_body:
             for t in wanted:

@@ -363,17 +363,18 @@ def _name_graph(graph: onnx.GraphProto, scope: str, seen: set[str]) -> int:
     changed = 0
     prefix = f"{scope}/" if scope else ""
     for i, node in enumerate(graph.node):
-        base = node.name or f"{node.op_type}"
-        if scope and not node.name.startswith(prefix):
-            base = prefix + base
-        if base != node.name or base in seen:
-            name, k = (base, i) if base not in seen and node.name else (f"{base}__{i}", i)
+        wanted = node.name if node.name.startswith(prefix) else prefix + node.name
+        name = wanted
+        if not node.name or wanted in seen:  # `{name or op}__{index}`, the next free index
+            base = wanted or f"{prefix}{node.op_type}"
+            name, k = f"{base}__{i}", i
             while name in seen:
                 k += 1
                 name = f"{base}__{k}"
+        if name != node.name:
             node.name = name
             changed += 1
-        seen.add(node.name)
+        seen.add(name)
         for attr, body in subgraphs.bodies(node):
             changed += _name_graph(body, f"{node.name}/{attr}", seen)
     return changed
