@@ -10,6 +10,7 @@ every tensor marked (one run gives outputs and intermediates) and the metrics.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import warnings
 from collections.abc import Iterator
@@ -40,31 +41,75 @@ def quiet_polygraphy(verbose: bool = False) -> Iterator[None]:
         G_LOGGER.module_severity = old
 
 
-def _session(model_bytes: bytes, optimize: bool, arena: bool = True, in_order: bool = False):
+# ONNX Runtime's CPU memory, shared by every judging session (see `_shared_arena`).
+_ARENA_CONFIG = {"arena_extend_strategy": 1}  # kSameAsRequested: grow by what is asked, no more
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_arena() -> None:
+    """One CPU arena for every session the judge makes, registered once a process.
+
+    Why: a session's own arena keeps its peak for the session's life (a cut run
+    has a session per segment, so the peaks add up), and no arena at all
+    allocates every tensor afresh, so the kernel spends more time faulting pages
+    in than the kernels spend computing (measured on PP-OCRv4 det at 1280x1280:
+    7.5 s for the accuracy stage without, 4.4 s with). One arena that grows by
+    what is asked, shrunk at the end of every run (`run`), reuses memory within
+    a run and gives it back after. Only sessions that opt in
+    (`session.use_env_allocators`) use it; no other session in the process changes.
+    """
     import onnxruntime as ort
 
+    info = ort.OrtMemoryInfo(
+        "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+    )
+    ort.create_and_register_allocator(info, ort.OrtArenaCfg(_ARENA_CONFIG))
+
+
+@functools.lru_cache(maxsize=1)
+def _run_options():
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
+def run_session(session, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """`session.run`, then the shared arena gives back what the run no longer holds."""
+    return session.run(names, feed, _run_options())
+
+
+def _session(model_bytes: bytes, in_order: bool = False):
+    """A session with optimisations off (the emulation's Cast pairs and every marked tensor
+    survive), on the shared arena, whose idle threads sleep.
+
+    Why no spinning: the judge alternates ONNX Runtime runs with numpy work on
+    the same cores, and spinning workers take the cores numpy needs.
+    """
+    import onnxruntime as ort
+
+    _shared_arena()
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.enable_mem_pattern = False  # a pattern is one block of the run's peak, held
+    options.add_session_config_entry("session.use_env_allocators", "1")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if in_order:  # the graph's own order: a check placed after its tensor frees it there
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    if not arena:  # an arena keeps its peak for the session's life: one per segment adds up
-        options.enable_cpu_mem_arena = False
-        options.enable_mem_pattern = False
-    if not optimize:  # the emulation's Cast pairs must survive
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 
 def plain_session(model_bytes: bytes):
-    """A session with optimisations off: the emulation's Cast pairs and every marked
-    tensor survive, and a segment computes what the whole graph would."""
-    return _session(model_bytes, optimize=False, arena=False)
+    """A session for one segment of a cut run: it computes what the whole graph would."""
+    return _session(model_bytes)
 
 
 def lean_session(model_bytes: bytes):
-    """A whole graph run as inference runs it (intermediates freed as they are consumed), with
-    optimisations and the arena off, in the graph's order: what a lean run needs."""
-    return _session(model_bytes, optimize=False, arena=False, in_order=True)
+    """A whole graph run as inference runs it (intermediates freed as they are consumed),
+    in the graph's order: what a lean run needs."""
+    return _session(model_bytes, in_order=True)
 
 
 def bound_flavour() -> bool | None:

@@ -28,16 +28,18 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from trtbuild.accuracy.evaluate import lean_session, plain_session, run_session
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.policy.model import MemoryBudget
 from trtbuild.sizes import fmt_bytes
 
-# A run holds a segment of the reference and a segment of one candidate at once, and
-# ONNX Runtime hands each output out as a copy of its own buffer: a segment's tensors
-# may take a quarter of the budget. One node's tensors (a step) may take half: it is a
-# segment of its own, held once by the reference and once by a candidate.
-SEGMENT_SHARE = 4
+# A reference segment waits beside a candidate's, and at the end of a run its tensors
+# exist twice (in ONNX Runtime's arena and as the copies it hands out): three segments'
+# worth at once, so a segment's tensors may take a sixth of the budget. One node's
+# tensors (a step) may take half: it is a segment of its own, held once by the
+# reference and once by a candidate.
+SEGMENT_SHARE = 6
 STEP_SHARE = 2
 
 
@@ -237,7 +239,7 @@ class SegmentRunner:
             sess = self.sessions[k] or self._session(k, inputs)
             self.sessions[k] = sess
             names = [o.name for o in sess.get_outputs()]
-            values = dict(zip(names, sess.run(names, inputs)))
+            values = dict(zip(names, run_session(sess, names, inputs)))
             for t in seg.keep:
                 live[t] = values[t]
             for t in [t for t in live if last_reader.get(t, -1) <= k]:
@@ -248,8 +250,6 @@ class SegmentRunner:
                 release_freed_memory()
 
     def _session(self, k: int, inputs: dict[str, np.ndarray]):
-        from trtbuild.accuracy.evaluate import plain_session
-
         seg = self.plan.segments[k]
         nodes = [self.model.graph.node[i] for i in seg.nodes]
         feeds = [
@@ -315,13 +315,12 @@ class LeanRunner:
     def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Sessions are made at the first run, as `SegmentRunner`'s: a judgement of one feed
         that walks the divergence never needs this one."""
-        from trtbuild.accuracy.evaluate import lean_session
 
         if self.session is None:
             lean = _with_sums(self.model, self.outputs, self.sums)
             self.session = lean_session(lean.SerializeToString())
         names = [o.name for o in self.session.get_outputs()]
-        values = dict(zip(names, self.session.run(names, feed)))
+        values = dict(zip(names, run_session(self.session, names, feed)))
         release_freed_memory()
         return values
 
