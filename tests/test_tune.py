@@ -103,9 +103,27 @@ def test_budget_exhausted_is_exit_1_and_says_so(tmp_path, models_dir):
         policy.read_text().replace("{atol: 1e-2, rtol: 1e-2, check_error_stat: median}", strict)
     )
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(policy, tuned, "--budget", "3") == 1
+    assert _tune(policy, tuned, "--budget", "1") == 1  # the start fails, nothing left to try
     assert "DOES NOT PASS" in tuned.read_text()
-    assert len((tmp_path / "tuned.log.jsonl").read_text().splitlines()) == 3
+    assert len((tmp_path / "tuned.log.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_budget_that_ends_mid_search_keeps_the_shortest_passing_run_found(
+    tmp_path, models_dir, capsys
+):
+    """Out of evaluations while bisecting, the search pins what it knows passes: a policy
+    that passes, not minimal, and says the budget ran out."""
+    policy = _without_rules("nafnet", tmp_path, models_dir)
+    strict = "{atol: 0.0, rtol: 0.0, check_error_stat: max}"
+    policy.write_text(
+        policy.read_text().replace("{atol: 1e-2, rtol: 1e-2, check_error_stat: median}", strict)
+    )
+    tuned = tmp_path / "tuned.yaml"
+    assert _tune(policy, tuned, "--budget", "4") == 0
+    rows = [json.loads(line) for line in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and rows[1]["action"].startswith("pin all") and rows[1]["passed"]
+    assert "passes" in tuned.read_text().splitlines()[1]
+    assert "budget" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args", [["--budget", "0"], ["--objective", "speed"]])

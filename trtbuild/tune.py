@@ -14,11 +14,14 @@ The search, top to bottom:
    or BF16) on the reference data, at any shape, are pinned first;
 3. grow: while the candidate fails, an overflow (the first tensor the emulation
    turns non-finite) pins its own group, or the nearest one upstream; otherwise
-   the groups nearest the outputs are pinned, the batch doubling each step;
+   a bisection over the unpinned groups, nearest the outputs first, finds the
+   shortest run of them that passes, and pins its last group (the one the
+   outputs cannot do without): a group in O(log n) evaluations;
 4. shrink (delta debugging): unpin chunks of the pinned groups, costliest first,
    halving the chunk down to single groups; a chunk stays unpinned when every
    tolerance still holds at every shape, and each remaining pin keeps the error
    that made it necessary.
+A pin set is judged once: the search remembers every verdict it recorded.
 Ties are broken by a seeded shuffle, so a seed gives the same policy every run.
 """
 
@@ -258,7 +261,7 @@ def _evaluate_in_worker(precision: Precision) -> TrialOutcome:
 
 
 class Search:
-    """The search's state and its steps (start, grow, shrink), top to bottom in `run`.
+    """The search's state: its groups, what it pinned and why, and every verdict recorded.
 
     With `jobs > 1`, shrinking judges the next candidates in parallel on the
     assumption that each removal fails (most pins are needed), and keeps only
@@ -278,6 +281,7 @@ class Search:
         self.pinned: list[int] = []
         self.progress: Callable[[Trial, int], None] | None = None
         self.pool: Any = None
+        self.known: dict[tuple[int, ...], TrialOutcome] = {}  # pin set -> its recorded verdict
 
     def precision(self, pinned: list[int]) -> Precision:
         return candidate_precision(self.stages.policy.precision, self.groups, pinned, self.names)
@@ -295,19 +299,28 @@ class Search:
             o.seconds,
         )
         self.trials.append(trial)
+        self.known[trial.pinned] = outcome
         if self.progress:
             self.progress(trial, self.budget)
         return outcome
 
     def try_pins(self, pinned: list[int], action: str) -> TrialOutcome:
+        """The verdict on `pinned`: remembered, or judged now and recorded as a trial."""
+        known = self.known.get(tuple(sorted(pinned)))
+        if known is not None:
+            return known
         return self.record(pinned, action, evaluate(self.stages, self.precision(pinned)))
 
-    def judge_many(self, candidates: list[list[int]]) -> list[TrialOutcome]:
-        """Judge several pin sets, in parallel when there is a pool (results in order)."""
-        precisions = [self.precision(c) for c in candidates]
-        if self.pool is None or len(candidates) < 2:
-            return [evaluate(self.stages, p) for p in precisions]
-        return list(self.pool.map(_evaluate_in_worker, precisions))
+    def judge_many(self, candidates: list[list[int]]) -> list[TrialOutcome | None]:
+        """Judge several pin sets, in parallel when there is a pool (results in order);
+        None for a set whose verdict is remembered (`known`)."""
+        todo = [c for c in candidates if tuple(sorted(c)) not in self.known]
+        precisions = [self.precision(c) for c in todo]
+        if self.pool is None or len(todo) < 2:
+            fresh = iter([evaluate(self.stages, p) for p in precisions])
+        else:
+            fresh = iter(self.pool.map(_evaluate_in_worker, precisions))
+        return [None if tuple(sorted(c)) in self.known else next(fresh) for c in candidates]
 
     def left(self) -> int:
         return self.budget - len(self.trials)
@@ -316,65 +329,103 @@ class Search:
         more = f" and {len(picked) - 1} more" if len(picked) > 1 else ""
         return self.groups[picked[0]].label + more
 
-    # 2. range analysis: what leaves the FP16 range is the first suspect
-    def start(self) -> TrialOutcome:
-        low = self.stages.policy.precision.default  # fp16 | bf16 (check_policy refused fp32)
-        self.pinned = sorted(k for k, g in enumerate(self.groups) if g.peak > LOW_MAX[low])
-        for k in self.pinned:
-            self.reasons[k] = (
-                f"reaches |x| = {self.groups[k].peak:.4g} on the reference data "
-                f"({low.upper()} max {LOW_MAX[low]:.6g})"
-            )
-        action = "start: range analysis" if self.pinned else "start: policy rules only"
-        return self.try_pins(self.pinned, action)
 
-    # 3. grow while failing: an overflow pins its own group; otherwise pin the groups
-    #    nearest the outputs, doubling the batch (a passing set in O(log n) steps)
-    def grow(self, outcome: TrialOutcome) -> TrialOutcome:
-        batch = 1
-        while not outcome.passed and self.left() > 0:
-            culprit = _overflowing_group(
-                self.stages.view, outcome.overflow, self.by_node, self.pinned
-            )
-            if culprit is not None:
-                picked = [culprit]
-            else:
-                rest = [k for k in range(len(self.groups)) if k not in self.pinned]
-                rest.sort(key=lambda k: (-max(self.groups[k].nodes), self.tiebreak[k]))
-                picked, batch = rest[:batch], batch * 2
-            if not picked:
-                break
-            why = "; ".join(outcome.failing.values()) or "output below tolerance"
-            self.reasons.update(dict.fromkeys(picked, why))
-            self.pinned = sorted({*self.pinned, *picked})
-            outcome = self.try_pins(self.pinned, f"pin {self.label(picked)}")
-        return outcome
+# -- the steps, in the order `tune` takes them ------------------------------------
 
-    # 4. shrink (delta debugging): unpin chunks, costliest first, halving the chunk
-    #    until single groups; a group whose removal fails keeps the error as its reason
-    def shrink(self) -> None:
-        order = sorted(self.pinned, key=lambda k: (-self.groups[k].cost, self.tiebreak[k]))
-        chunk = max(1, len(order) // 2)
-        while order and self.left() > 0:
-            i = 0
-            while i < len(order) and self.left() > 0:
-                parts = [order[j : j + chunk] for j in range(i, len(order), chunk)]
-                parts = parts[: max(1, min(self.jobs, self.left()))]
-                tries = [[g for g in self.pinned if g not in part] for part in parts]
-                for part, trial_set, outcome in zip(parts, tries, self.judge_many(tries)):
-                    self.record(trial_set, f"unpin {self.label(part)}", outcome)
-                    if outcome.passed:  # later guesses assumed this failed: drop them
-                        self.pinned = trial_set
-                        order = [g for g in order if g not in part]
-                        for g in part:
-                            self.reasons.pop(g, None)
-                        break
-                    if chunk == 1:
-                        self.reasons[part[0]] = "without it: " + "; ".join(outcome.failing.values())
-                    i += chunk
-            if chunk == 1:
+
+# 2. range analysis: what leaves the FP16 range is the first suspect
+def _start(search: Search) -> TrialOutcome:
+    low = search.stages.policy.precision.default  # fp16 | bf16 (check_policy refused fp32)
+    search.pinned = sorted(k for k, g in enumerate(search.groups) if g.peak > LOW_MAX[low])
+    for k in search.pinned:
+        search.reasons[k] = (
+            f"reaches |x| = {search.groups[k].peak:.4g} on the reference data "
+            f"({low.upper()} max {LOW_MAX[low]:.6g})"
+        )
+    action = "start: range analysis" if search.pinned else "start: policy rules only"
+    return search.try_pins(search.pinned, action)
+
+
+# 3. grow while failing: an overflow pins its own group; otherwise a bisection finds
+#    the group the outputs cannot do without (a passing set in O(log n) steps)
+def _grow(search: Search, outcome: TrialOutcome) -> TrialOutcome:
+    while not outcome.passed and search.left() > 0:
+        culprit = _overflowing_group(
+            search.stages.view, outcome.overflow, search.by_node, search.pinned
+        )
+        if culprit is None:
+            found = _bisect(search, outcome)
+            if found is None:
                 break
-            chunk = max(1, chunk // 2)
+            outcome = found
+            continue
+        why = "; ".join(outcome.failing.values()) or "output below tolerance"
+        search.reasons[culprit] = why
+        search.pinned = sorted({*search.pinned, culprit})
+        outcome = search.try_pins(search.pinned, f"pin {search.label([culprit])}")
+    return outcome
+
+
+def _bisect(search: Search, failing: TrialOutcome) -> TrialOutcome | None:
+    """Pin the last group of the shortest run of unpinned groups (nearest the outputs
+    first) that passes; None when there is none left, or all of them fail too.
+
+    Pinning more groups rarely hurts, so the verdict along the run is taken
+    as monotonic: a binary search between a failing and a passing length. Out
+    of evaluations, the shortest passing run found so far is pinned whole.
+    """
+    rest = [k for k in range(len(search.groups)) if k not in search.pinned]
+    rest.sort(key=lambda k: (-max(search.groups[k].nodes), search.tiebreak[k]))
+    if not rest:
+        return None
+    top = search.try_pins([*search.pinned, *rest], f"pin all {len(rest)} unpinned group(s)")
+    if not top.passed:
+        search.pinned = sorted({*search.pinned, *rest})
+        return None
+    lo, hi, why = 0, len(rest), failing
+    while hi - lo > 1 and search.left() > 0:
+        mid = (lo + hi) // 2
+        trial = search.try_pins(
+            [*search.pinned, *rest[:mid]], f"bisect: pin {search.label(rest[:mid])}"
+        )
+        if trial.passed:
+            hi = mid
+        else:
+            lo, why = mid, trial
+    picked = rest[hi - 1 : hi] if hi - lo == 1 else rest[:hi]
+    for k in picked:
+        search.reasons[k] = "; ".join(why.failing.values()) or "output below tolerance"
+    search.pinned = sorted({*search.pinned, *picked})
+    return search.try_pins(search.pinned, f"pin {search.label(picked)}")
+
+
+# 4. shrink (delta debugging): unpin chunks, costliest first, halving the chunk
+#    until single groups; a group whose removal fails keeps the error as its reason
+def _shrink(search: Search) -> None:
+    order = sorted(search.pinned, key=lambda k: (-search.groups[k].cost, search.tiebreak[k]))
+    chunk = max(1, len(order) // 2)
+    while order and search.left() > 0:
+        i = 0
+        while i < len(order) and search.left() > 0:
+            parts = [order[j : j + chunk] for j in range(i, len(order), chunk)]
+            parts = parts[: max(1, min(search.jobs, search.left()))]
+            tries = [[g for g in search.pinned if g not in part] for part in parts]
+            for part, trial_set, fresh in zip(parts, tries, search.judge_many(tries)):
+                outcome = search.known.get(tuple(sorted(trial_set))) or search.record(
+                    trial_set, f"unpin {search.label(part)}", fresh
+                )
+                if outcome.passed:  # later guesses assumed this failed: drop them
+                    search.pinned = trial_set
+                    order = [g for g in order if g not in part]
+                    for g in part:
+                        search.reasons.pop(g, None)
+                    break
+                if chunk == 1:
+                    search.reasons[part[0]] = "without it: " + "; ".join(outcome.failing.values())
+                i += chunk
+        if chunk == 1:
+            break
+        chunk = max(1, chunk // 2)
 
 
 def _result(search: Search) -> TuneResult:
@@ -407,9 +458,9 @@ def tune(
     search = Search(stages, budget, objective, seed, jobs)
     search.progress = progress
     with _pool(stages, jobs) as search.pool:
-        outcome = search.grow(search.start())
+        outcome = _grow(search, _start(search))
         if outcome.passed:
-            search.shrink()
+            _shrink(search)
     return _result(search)
 
 
