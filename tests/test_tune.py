@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -171,6 +172,28 @@ def test_ppocrv4_det_pins_no_squeeze_excitation_block_for_sums_only_a_kernel_wou
     tuned = tmp_path / "det.yaml"
     assert _tune(example_policy("ppocrv4_det"), tuned, "--budget", "20") == 0
     assert _pinned_names(tuned) == []
+
+
+def test_a_pin_no_overflow_names_is_found_by_bisection(tmp_path, real_model):
+    """The real detector on a real photo, judged by its mean error (the benchmark's case):
+    nothing overflows, and one early convolution is what the output cannot do without.
+    Bisection finds it in about log2 of the groups, each verdict judged once."""
+    text = (ROOT / "benchmarks" / "policies" / "ppocrv4_det_photo.yaml").read_text()
+    photos = real_model("photo_text").parent
+    text = text.replace("../../models/ppocrv4_det.onnx", str(real_model("ppocrv4_det")))
+    policy = tmp_path / "photo.yaml"
+    policy.write_text(text.replace("../../models/photos/text", str(photos)))
+    tuned = tmp_path / "tuned.yaml"
+    assert _tune(policy, tuned, "--objective", "flops") == 0
+    assert _pinned_names(tuned) == [r"^p2o\.Conv\.1$"]
+    log = [json.loads(x) for x in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
+    groups = 277  # compute nodes of the prepared detector, none in a unit
+    assert len(log) <= 3 + math.ceil(math.log2(groups))
+    assert len({tuple(t["pinned_groups"]) for t in log}) == len(log)  # no set judged twice
+    assert [t["action"].split(":")[0] for t in log[:2]] == [
+        "start",
+        "pin all 277 unpinned group(s)",
+    ]
 
 
 def test_ppocrv4_det_lists_its_squeeze_excitation_pools_at_risk(example_policy, capsys):

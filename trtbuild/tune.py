@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -103,9 +104,11 @@ class TuneResult:
 
     @property
     def full_search(self) -> int:
-        """Evaluations a full search needs at most: the start, one pin per group while
-        growing, and twice the groups while shrinking (chunks halving down to one)."""
-        return 1 + 3 * len(self.groups)
+        """Evaluations a full search needs at most: the start and every group pinned; per
+        group pinned while growing, a bisection (log2 of the groups) and its pin; twice
+        the groups while shrinking (chunks halving down to one)."""
+        n = len(self.groups)
+        return 2 + n * (math.ceil(math.log2(max(n, 1))) + 1) + 2 * n
 
 
 # -- groups -------------------------------------------------------------------------
