@@ -97,6 +97,16 @@ def test_policy_rules_are_kept_first_and_unchanged(tmp_path, write_policy):
     assert "/intro/Conv" not in "".join(r.match.name for r in loaded[1:])
 
 
+def test_a_range_rule_is_matched_on_the_reference_in_every_trial(tmp_path, write_policy):
+    """`max_abs_above` reads the FP32 reference's peaks, which tune has: its rule holds in
+    every trial as in `build`."""
+    rules = "    - id: big\n      match: {max_abs_above: 65504}\n      precision: fp32\n"
+    tuned = tmp_path / "tuned.yaml"
+    assert _tune(write_policy(rules=rules), tuned) == 0
+    loaded = load_policy(tuned).precision.rules
+    assert loaded[0].id == "big" and loaded[0].match.max_abs_above == 65504
+
+
 def test_budget_exhausted_is_exit_1_and_says_so(tmp_path, models_dir):
     policy = _without_rules("nafnet", tmp_path, models_dir)
     strict = "{atol: 0.0, rtol: 0.0, check_error_stat: max}"

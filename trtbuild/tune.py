@@ -215,7 +215,7 @@ def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
     (in the shapes' order) picks what to pin.
     """
     t = time.perf_counter()
-    assignment = assign(stages.view, precision, None, stages.analysis)
+    assignment = assign(stages.view, precision, stages.measures.ranges, stages.analysis)
     mixed = convert(assignment).model
     emulated = emulate(mixed, stages.policy.accuracy.emulation)  # once for every shape
     failing: dict[str, str] = {}

@@ -53,8 +53,8 @@ def _shared_arena() -> None:
     has a session per segment, so the peaks add up), and no arena at all
     allocates every tensor afresh, so the kernel spends more time faulting pages
     in than the kernels spend computing (measured on PP-OCRv4 det at 1280x1280:
-    7.5 s for the accuracy stage without, 4.4 s with). One arena that grows by
-    what is asked, shrunk at the end of every run (`run`), reuses memory within
+    7.5 s for the accuracy stage without, 4.2 s with). One arena that grows by
+    what is asked, shrunk at the end of every run (`run_session`), reuses memory within
     a run and gives it back after. Only sessions that opt in
     (`session.use_env_allocators`) use it; no other session in the process changes.
     """
