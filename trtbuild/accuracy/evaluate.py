@@ -95,6 +95,7 @@ def _session(model_bytes: bytes, in_order: bool = False):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.enable_mem_pattern = False  # a pattern is one block of the run's peak, held
     options.add_session_config_entry("session.use_env_allocators", "1")
+    options.enable_cpu_mem_arena = False  # never an arena of its own, should the shared one go
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if in_order:  # the graph's own order: a check placed after its tensor frees it there
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
