@@ -91,3 +91,31 @@ def test_cosine_and_top_k_on_the_real_recognizer(example_policy, tmp_path):
         ["build", "--policy", str(strict), "--out", str(tmp_path / "s"), "--backend", "none"]
     )
     assert code == 1 and name
+
+
+def test_the_verdicts_are_the_same_with_and_without_polygraphys_log():
+    """Without --verbose each compare function is called itself (no statistics computed for
+    a log nobody sees); with it, through Polygraphy's Comparator: the same verdicts."""
+    import numpy as np
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.policy.model import Tolerance
+
+    rng = np.random.default_rng(0)
+    refs, outs = [], []
+    for _ in range(3):
+        image, logits = rng.random((1, 3, 8, 8), np.float32), rng.random((2, 10), np.float32)
+        refs.append(IterationResult({"image": image, "logits": logits}, runner_name="ref"))
+        noisy = {"image": image + 0.01 * rng.standard_normal(image.shape, np.float32)}
+        noisy["logits"] = logits[:, ::-1].copy()  # the top index moves: indices fail
+        outs.append(IterationResult(noisy, runner_name="cand"))
+    tol = {
+        "image": Tolerance(atol=1e-3, rtol=0.0, psnr_threshold=30.0, snr_threshold=20.0),
+        "logits": Tolerance(compare="indices", top_k=1, index_tolerance=0),
+    }
+    quiet = run_checks(refs, outs, "cand", tol, verbose=False)
+    loud = run_checks(refs, outs, "cand", tol, verbose=True)
+    assert quiet == loud
+    assert not quiet["image"]["simple"]["passed"] and not quiet["logits"]["indices"]["passed"]
+    assert {"psnr", "snr", "shown"} <= set(quiet["image"])

@@ -3,10 +3,12 @@
 Why Polygraphy's: users of TensorRT judge with `polygraphy run --atol/--rtol`,
 `--check-error-stat quantile --error-quantile`, `--psnr-threshold`,
 `--cosine-similarity-threshold`, `--snr-threshold` and `--index-tolerance`;
-the same names in a policy mean the same computation here. Each check runs as
-one `Comparator.compare_accuracy` over the outputs it applies to (their
+the same names in a policy mean the same computation here. Each check is one
+Polygraphy compare function over the outputs it applies to (their
 `IterationResult`s only), so an output with no PSNR threshold is never judged
-by PSNR. Every check an output has must pass on every sample.
+by PSNR; with `--verbose` it runs through `Comparator.compare_accuracy`, whose
+log shows every output's statistics. Every check an output has must pass on
+every sample.
 
 Cosine similarity is measured on every output and PSNR on image-like ones even
 without a threshold (a threshold that cannot fail), so reports show them.
@@ -60,29 +62,53 @@ def run_checks(
     from trtbuild.accuracy.evaluate import quiet_polygraphy
 
     found: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in tol}
+    pair = _Pair(ref_iters, iterations, label, verbose)
     with quiet_polygraphy(verbose):
-        _simple(found, ref_iters, iterations, label, tol)
+        _simple(found, pair, tol)
         for check, metric in METRICS.items():
-            _metric(found, ref_iters, iterations, label, tol, check, metric)
-        _indices(found, ref_iters, iterations, label, tol)
+            _metric(found, pair, tol, check, metric)
+        _indices(found, pair, tol)
     return found
 
 
-def _compare(ref_iters: list, iterations: list, label: str, names: list[str], func) -> list:
-    """Polygraphy's per-sample results of `func` on the outputs `names` alone."""
-    from polygraphy.comparator import Comparator, RunResults
-    from polygraphy.comparator.struct import IterationResult
+@dataclass(frozen=True)
+class _Pair:
+    """The reference's samples and a candidate's, compared check by check."""
 
-    from trtbuild.accuracy.evaluate import REFERENCE
+    ref_iters: list
+    iterations: list
+    label: str
+    verbose: bool  # through Polygraphy's Comparator, which logs every output's statistics
 
-    results = RunResults()
-    for runner, iters in ((REFERENCE, ref_iters), (label, iterations)):
-        subset = [  # a 0-d output as one value: Polygraphy's metrics index their inputs
-            IterationResult({n: np.atleast_1d(it[n]) for n in names}, runner_name=runner)
-            for it in iters
-        ]
-        results.append((runner, subset))
-    return Comparator.compare_accuracy(results, compare_func=func)[0][(REFERENCE, label)]
+    def compare(self, names: list[str], func, ref_iters=None, iterations=None) -> list:
+        """Polygraphy's per-sample results of `func` on the outputs `names` alone.
+
+        Why call `func` itself unless verbose: `Comparator.compare_accuracy` computes
+        every output's statistics (quantiles included) for its log whether or not the
+        log is shown, three times per sample here; `func` gives the same results.
+        """
+        from polygraphy.comparator import Comparator, RunResults
+        from polygraphy.comparator.struct import IterationResult
+
+        from trtbuild.accuracy.evaluate import REFERENCE
+
+        sides = []
+        for runner, iters in (
+            (REFERENCE, self.ref_iters if ref_iters is None else ref_iters),
+            (self.label, self.iterations if iterations is None else iterations),
+        ):
+            sides.append(  # a 0-d output as one value: Polygraphy's metrics index their inputs
+                [
+                    IterationResult({n: np.atleast_1d(it[n]) for n in names}, runner_name=runner)
+                    for it in iters
+                ]
+            )
+        if not self.verbose:
+            return [func(r, o) for r, o in zip(*sides)]
+        results = RunResults()
+        results.append((REFERENCE, sides[0]))
+        results.append((self.label, sides[1]))
+        return Comparator.compare_accuracy(results, compare_func=func)[0][(REFERENCE, self.label)]
 
 
 def _record(
@@ -94,7 +120,7 @@ def _record(
         found[name][check] = {"passed": not failed, "failed_samples": failed, **more}
 
 
-def _simple(found: dict, ref_iters, iterations, label: str, tol: dict[str, Tolerance]) -> None:
+def _simple(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
     from polygraphy.comparator import SimpleCompareFunc
 
     names = [n for n, t in tol.items() if t.simple]
@@ -107,10 +133,10 @@ def _simple(found: dict, ref_iters, iterations, label: str, tol: dict[str, Toler
         check_error_stat={n: tol[n].check_error_stat for n in names},
         error_quantile=quantiles or None,
     )
-    _record(found, "simple", _compare(ref_iters, iterations, label, names, func), names)
+    _record(found, "simple", pair.compare(names, func), names)
 
 
-def _metric(found, ref_iters, iterations, label: str, tol, check: str, metric: Metric) -> None:
+def _metric(found, pair: _Pair, tol, check: str, metric: Metric) -> None:
     from polygraphy import comparator
 
     judged = {
@@ -120,14 +146,14 @@ def _metric(found, ref_iters, iterations, label: str, tol, check: str, metric: M
         n: NEVER_FAILS[check]
         for n in tol
         if n not in judged
-        and (check == "cosine" or (check == "psnr" and image_like(ref_iters[0][n].shape)))
+        and (check == "cosine" or (check == "psnr" and image_like(pair.ref_iters[0][n].shape)))
     }
     thresholds = {**shown, **judged}
     if not thresholds:
         return
     names = list(thresholds)
     func = getattr(comparator, metric.func)(**{metric.key: thresholds})
-    per_iter = _compare(ref_iters, iterations, label, names, func)
+    per_iter = pair.compare(names, func)
     for name in names:
         values = [float(getattr(it[name], metric.value)) for it in per_iter]
         worst = min(values) if values else None
@@ -139,7 +165,7 @@ def _metric(found, ref_iters, iterations, label: str, tol, check: str, metric: M
             found[name].setdefault("shown", {})[check] = worst
 
 
-def _indices(found: dict, ref_iters, iterations, label: str, tol: dict[str, Tolerance]) -> None:
+def _indices(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
     from polygraphy.comparator import IndicesCompareFunc, TopKPostprocessFunc
     from polygraphy.comparator.struct import IterationResult
 
@@ -155,7 +181,7 @@ def _indices(found: dict, ref_iters, iterations, label: str, tol: dict[str, Tole
         return [post(IterationResult(dict(it), runner_name=it.runner_name)) for it in iters]
 
     func = IndicesCompareFunc(index_tolerance={n: tol[n].index_tolerance or 0 for n in names})
-    per_iter = _compare(indices(ref_iters), indices(iterations), label, names, func)
+    per_iter = pair.compare(names, func, indices(pair.ref_iters), indices(pair.iterations))
     extra = {n: {"threshold": tol[n].index_tolerance or 0, "top_k": tol[n].top_k} for n in names}
     _record(found, "indices", per_iter, names, extra)
 
