@@ -58,15 +58,22 @@ class Front:
     policy: Policy
     prepared: Prepared
     view: GraphView  # the one index over the prepared graph
-    feeds: list[data_mod.Feed]
     measures: ReferenceMeasures | None  # None only where no command step needs the reference
-    reference: ReferenceTensors | None  # with its tensors; only for run_front(reference="tensors")
     assignment: Assignment
     converted: Converted
     analysis: Analysis  # the structural findings over `view`, found once, shared by assignments
-    shapes: tuple[ShapeRun, ...] = ()
+    shapes: tuple[ShapeRun, ...]  # the primary point first
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds per stage
     cache_hits: Mapping[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
+
+    @property
+    def feeds(self) -> list[data_mod.Feed]:
+        return self.shapes[0].feeds
+
+    @property
+    def reference(self) -> ReferenceTensors | None:
+        """With its tensors; only for run_front(reference="tensors")."""
+        return self.shapes[0].reference
 
     @property
     def warnings(self) -> list[str]:
@@ -127,14 +134,11 @@ def run_front(
     assignment = assign(view, policy.precision, ranges, analysis)
     converted = _converted(assignment, cache, digest)
     timings["assign_convert"] = time.perf_counter() - t
-    primary = shapes[0]
     return Front(
         policy,
         prepared,
         view,
-        primary.feeds,
         measures,
-        primary.reference,
         assignment,
         converted,
         analysis,

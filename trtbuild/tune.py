@@ -414,9 +414,10 @@ def _shrink(search: Search) -> None:
             parts = parts[: max(1, min(search.jobs, search.left()))]
             tries = [[g for g in search.pinned if g not in part] for part in parts]
             for part, trial_set, fresh in zip(parts, tries, search.judge_many(tries)):
-                outcome = search.known.get(tuple(sorted(trial_set))) or search.record(
-                    trial_set, f"unpin {search.label(part)}", fresh
-                )
+                if fresh is None:  # judged before: its verdict, and no new trial
+                    outcome = search.known[tuple(sorted(trial_set))]
+                else:
+                    outcome = search.record(trial_set, f"unpin {search.label(part)}", fresh)
                 if outcome.passed:  # later guesses assumed this failed: drop them
                     search.pinned = trial_set
                     order = [g for g in order if g not in part]

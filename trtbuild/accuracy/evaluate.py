@@ -52,11 +52,12 @@ def _shared_arena() -> None:
     Why: a session's own arena keeps its peak for the session's life (a cut run
     has a session per segment, so the peaks add up), and no arena at all
     allocates every tensor afresh, so the kernel spends more time faulting pages
-    in than the kernels spend computing (measured on PP-OCRv4 det at 1280x1280:
-    7.5 s for the accuracy stage without, 4.2 s with). One arena that grows by
-    what is asked, shrunk at the end of every run (`run_session`), reuses memory within
-    a run and gives it back after. Only sessions that opt in
-    (`session.use_env_allocators`) use it; no other session in the process changes.
+    in than the kernels spend computing (`benchmarks/bench_memory.py`, PP-OCRv4 det
+    at 1280x1280: the accuracy stage took 7.0 to 8.6 s without, 3.5 to 4.5 s with).
+    One arena that grows by what is asked, shrunk at the end of every run
+    (`run_session`), reuses memory within a run and gives it back after. Only
+    sessions that opt in (`session.use_env_allocators`) use it; no other session
+    in the process changes.
     """
     import onnxruntime as ort
 
