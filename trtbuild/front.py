@@ -112,7 +112,8 @@ def run_front(
     cache = cache if cache is not None else Cache(enabled=False)
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    prepared, digest = prepared_graph(policy.model, policy.passes, cache, verbose)
+    budget = policy.accuracy.budget().bytes  # bounds constant folding too
+    prepared, digest = prepared_graph(policy.model, policy.passes, cache, verbose, budget)
     view = GraphView(prepared.model)
     timings["prepare"] = time.perf_counter() - t
 
@@ -225,9 +226,10 @@ def _hits(cache: Cache, reference: ReferenceLevel) -> dict[str, str]:
 
 
 def prepared_graph(
-    model: Path, passes: Passes, cache: Cache, verbose: bool = False
+    model: Path, passes: Passes, cache: Cache, verbose: bool = False, budget: int | None = None
 ) -> tuple[Prepared, str | None]:
-    """The prepared graph and its cache key, from the cache when model, passes and code match."""
+    """The prepared graph and its cache key, from the cache when model, passes, the folding
+    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match."""
     digest = None
     if cache.enabled:
         try:
@@ -235,11 +237,15 @@ def prepared_graph(
         except Exception:  # unreadable or not ONNX: load_model says so, in its words
             source_digest = None
         if source_digest is not None:
-            digest = cache_key("prepared", code_fingerprint(), source_digest, repr(passes))
+            digest = cache_key(
+                "prepared", code_fingerprint(), source_digest, repr(passes), repr(budget)
+            )
             cached = cache.get("prepared", digest)
             if cached is not None:
                 return cached, digest
-    prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose)
+    prepared = prepare(
+        load_model(model), passes, source=str(model), verbose=verbose, budget=budget
+    )
     if digest is not None:
         cache.put("prepared", digest, prepared)
     return prepared, digest

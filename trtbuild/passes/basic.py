@@ -200,10 +200,14 @@ def foldable(model: onnx.ModelProto) -> bool:
 
 
 def fold_constants(
-    model: onnx.ModelProto, verbose: bool = False
+    model: onnx.ModelProto, verbose: bool = False, budget: int | None = None
 ) -> tuple[onnx.ModelProto, PassRecord]:
-    """Fold constant subgraphs and drop dead nodes with onnx-graphsurgeon.
+    """Fold constant subgraphs and drop dead nodes with onnx-graphsurgeon, within `budget`.
 
+    A node whose output would exceed `budget` bytes (default: the machine's
+    `default_memory_budget()`) is not computed (`fold_budget.oversized`, read
+    from shapes before the fold runs) and is listed under `unfolded`: a model
+    must not make `prepare` allocate what it describes in a few bytes.
     Its log and that of the ONNX Runtime session it folds with (`foldable nodes
     that produce large outputs`, `UnsqueezeElimination cannot remove node`) are
     shown with `--verbose` only: the terminal shows trtbuild's lines. An `If`
@@ -214,12 +218,17 @@ def fold_constants(
         return model, PassRecord("fold_constants", details={"skipped": "nothing to fold"})
     import onnx_graphsurgeon as gs
 
+    from trtbuild.passes.fold_budget import oversized
+    from trtbuild.policy.model import default_memory_budget
+
+    unfolded = oversized(model, budget if budget is not None else default_memory_budget())
+    excluded = {u["name"] for u in unfolded}
     before = len(model.graph.node)
     graph = gs.import_onnx(model)
     with quiet_dependencies(verbose):
-        graph.fold_constants(error_ok=True, flatten_subgraphs=False).cleanup(
-            remove_unused_graph_inputs=False
-        ).toposort()
+        graph.fold_constants(
+            error_ok=True, flatten_subgraphs=False, should_exclude_node=lambda n: n.name in excluded
+        ).cleanup(remove_unused_graph_inputs=False).toposort()
     folded = gs.export_onnx(graph, do_type_check=False)
     # gs writes its own producer/ir version; keep the model's metadata and opsets.
     folded.ir_version = model.ir_version
@@ -229,7 +238,10 @@ def fold_constants(
     folded.producer_version = model.producer_version
     _keep_body_weights(model, folded)
     removed = before - len(folded.graph.node)
-    return folded, PassRecord("fold_constants", changed=removed, details={"nodes_removed": removed})
+    record = PassRecord("fold_constants", changed=removed, details={"nodes_removed": removed})
+    if unfolded:
+        record.details["unfolded"] = unfolded
+    return folded, record
 
 
 def _keep_body_weights(source: onnx.ModelProto, folded: onnx.ModelProto) -> None:

@@ -24,9 +24,19 @@ class Prepared:
 
 
 def prepare(
-    model: onnx.ModelProto, options: Passes, *, source: str = "model", verbose: bool = False
+    model: onnx.ModelProto,
+    options: Passes,
+    *,
+    source: str = "model",
+    verbose: bool = False,
+    budget: int | None = None,
 ) -> Prepared:
-    """Sanitize: names, constants, opset, folding, fusions, shapes; each step recorded."""
+    """Sanitize: names, constants, opset, folding, fusions, shapes; each step recorded.
+
+    `budget` bounds, in bytes, each constant folding may compute (the policy's
+    `accuracy.memory_budget`; None: the machine's default budget): a larger one
+    stays a node of the graph and its record says so.
+    """
     records = []
     try:
         model, rec = passes.override_input_shapes(model, options.override_input_shapes)
@@ -48,9 +58,9 @@ def prepare(
     model, rec = passes.lift_constants(model)
     records.append(rec)
     if options.fold_constants:
-        model, rec = passes.fold_constants(model, verbose)
+        model, rec = passes.fold_constants(model, verbose, budget)
         records.append(rec)
-        model = _fold_control_flow(model, records, verbose)
+        model = _fold_control_flow(model, records, verbose, budget)
     if options.fuse_layernorm:
         model, rec = fuse.fuse_layernorm(model)
         records.append(rec)
@@ -62,7 +72,9 @@ def prepare(
     return Prepared(model, records)
 
 
-def _fold_control_flow(model: onnx.ModelProto, records: list, verbose: bool) -> onnx.ModelProto:
+def _fold_control_flow(
+    model: onnx.ModelProto, records: list, verbose: bool, budget: int | None
+) -> onnx.ModelProto:
     """Inline the Ifs whose condition folded, and fold what that exposes (a few rounds).
 
     Folding can leave weights inside bodies; they move to the main graph as
@@ -73,7 +85,7 @@ def _fold_control_flow(model: onnx.ModelProto, records: list, verbose: bool) -> 
         if not rec.changed:
             break
         records.append(rec)
-        model, rec = passes.fold_constants(model, verbose)
+        model, rec = passes.fold_constants(model, verbose, budget)
         records.append(rec)
     model, rec = passes.lift_constants(model)
     if rec.changed:
