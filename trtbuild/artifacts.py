@@ -1,10 +1,10 @@
 """What a build leaves on disk: the staged output folder, build.json as a typed record, the
 reports, and the layer audit that proves each FP32 node an FP32 layer.
 
-Artifacts are staged in a hidden directory next to the output directory and
-moved into place only when the run finished (an accuracy failure is a finished
-run: its report is the point), so an interrupted or failed build leaves the
-previous artifacts intact.
+Artifacts are staged in a hidden directory next to the output directory, which
+becomes the output directory in one step only when the run finished (an accuracy
+failure is a finished run: its report is the point), so an interrupted, failed or
+killed build leaves the previous artifacts intact, all of them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -29,7 +28,15 @@ from trtbuild.accuracy.judge import Verdict
 from trtbuild.accuracy.report import Report
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
-from trtbuild.fsutil import sha256_file, write_json, write_text
+from trtbuild.fsutil import (
+    MARKER,
+    check_out_folder,
+    publish_folder,
+    sha256_file,
+    staging_folder,
+    write_json,
+    write_text,
+)
 
 REPORT_FILES = (
     "report.json",
@@ -46,12 +53,35 @@ BUILD_FILES = ("prepared.onnx", "mixed.onnx", "engine.plan", "build.json", *REPO
 
 @contextlib.contextmanager
 def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
-    """A staging directory whose files replace `out_dir`'s artifacts only on success.
+    """A staging folder that becomes `out_dir` in one step, only on success.
 
-    `owns` names the files the command is responsible for: those it did not
-    produce this time are removed (a stale engine next to a new report would
-    lie); files it does not own are left alone.
+    Publication is whole (`fsutil.publish_folder`): the out folder holds the old set
+    or the new one, never a mix, even under SIGKILL. `owns` names the files the command
+    answers for: those it did not produce this time are dropped (a stale engine next
+    to a new report would lie); files it does not own (a build's engine under
+    `report`, a user's notes) are kept. A folder that holds files trtbuild did not
+    write is refused before anything is staged.
     """
+    out_dir = _output_folder(out_dir)
+    check_out_folder(out_dir, known=(*BUILD_FILES, MARKER), owns=owns)
+    mode = out_dir.stat().st_mode & 0o7777 if out_dir.is_dir() else None
+    staging = staging_folder(out_dir)
+    try:
+        try:
+            yield staging
+            command = "build" if "build.json" in owns else "report"
+            publish_folder(staging, out_dir, owns, command, mode)
+        except OSError as exc:  # name the out folder's file, not the staging folder's
+            moved = _in_out_folder(exc, staging, out_dir)
+            if moved is None:
+                raise
+            raise moved from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # after an exchange: the old set
+
+
+def _output_folder(out_dir: Path) -> Path:
+    """`out_dir` resolved, or exit 2 where it or a folder above it is a file."""
     out_dir = out_dir.resolve()
     for folder in (out_dir, *out_dir.parents):
         if folder.exists() and not folder.is_dir():
@@ -60,19 +90,17 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
                 where=str(folder),
                 hint="pass --out a folder, or move the file away",
             )
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
-    try:
-        yield staging
-        out_dir.mkdir(parents=True, exist_ok=True)
-        produced = {p.name for p in staging.iterdir()}
-        for name in owns:
-            if name not in produced and (out_dir / name).exists():
-                (out_dir / name).unlink()
-        for name in sorted(produced):
-            os.replace(staging / name, out_dir / name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def _in_out_folder(exc: OSError, staging: Path, out_dir: Path) -> OSError | None:
+    """`exc` naming the file it would be in the out folder (the user never sees the
+    staging folder's name), or None where it names no file in staging."""
+    name = os.fsdecode(exc.filename) if exc.filename is not None else ""
+    if not name.startswith(str(staging)):
+        return None
+    moved = str(out_dir) + name[len(str(staging)) :]
+    return OSError(exc.errno, exc.strerror, moved)
 
 
 def versions(backend: str) -> dict[str, Any]:

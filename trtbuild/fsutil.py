@@ -1,20 +1,47 @@
-"""Atomic file output: every artifact appears whole or not at all.
+"""Atomic file output: every artifact appears whole or not at all, and a set of artifacts
+(an output folder) is published whole or not at all.
 
 Why: a half-written engine or report that the next Makefile step loads is worse
 than a clear failure, and an interrupted build must leave the previous
-artifacts intact.
+artifacts intact: not one new file beside two old ones.
+
+Publication (`publish_folder`): the new set is written into a staging folder
+`.NAME.staging-PID-*` beside the output folder, the files of the old folder that
+the command does not own are hard-linked into it (so they survive), and the two
+folders are swapped with one `renameat2(RENAME_EXCHANGE)` on Linux; elsewhere the
+old folder is renamed aside (`.NAME.old-PID-*`) and the staged one into its place,
+and a kill between those two renames is undone by the next publication, which
+puts the old folder back. Staging and aside folders of processes that are gone
+are removed by the next publication into the same parent folder.
+
+An output folder carries `.trtbuild-output` (JSON: the command, the version, the
+files trtbuild wrote); a folder that holds files trtbuild did not write and no
+such marker is refused, so `--out ~` cannot replace a user's files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
+import shutil
+import signal
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
+
+from trtbuild.errors import UsageError
+
+MARKER = ".trtbuild-output"
+# tests only: "kill-at=N" SIGKILLs the process at step N of a publication, "portable"
+# swaps without renameat2; unset, it costs one environment lookup per publication
+TEST_HOOK = "TRTBUILD_TEST_PUBLICATION"
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-(?P<pid>\d+)-[a-z0-9_]+$")
 
 
 @contextlib.contextmanager
@@ -35,9 +62,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp_path
         os.replace(tmp_path, final)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # a write's ENOSPC names no file: name the one that was being written
+            raise OSError(exc.errno, exc.strerror, str(final)) from exc
         raise
 
 
@@ -70,3 +100,192 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def check_out_folder(out_dir: Path, known: Collection[str], owns: Collection[str] = ()) -> None:
+    """Exit 2 unless `out_dir` is absent, empty, or an earlier trtbuild output; and for an
+    artifact name in `owns` that is a folder there.
+
+    Why: publication replaces what the folder holds; a folder of the user's (`--out ~`)
+    must be refused before anything is written, naming what would be lost. A folder
+    whose entries all bear names trtbuild writes (`known`, or a subfolder with its own
+    marker) is an output of an earlier trtbuild, which wrote no marker.
+    """
+    if out_dir.parent == out_dir:
+        raise UsageError("the root folder cannot be an output folder", where=str(out_dir))
+    if not out_dir.is_dir():
+        return
+    for name in owns:
+        if (out_dir / name).is_dir() and not (out_dir / name).is_symlink():
+            raise UsageError(
+                "is a folder where trtbuild writes a file",
+                where=str(out_dir / name),
+                hint="move the folder away, or pass --out another folder",
+            )
+    entries = sorted(os.listdir(out_dir))
+    if MARKER in entries:
+        return
+    foreign = [e for e in entries if e not in known and not (out_dir / e / MARKER).is_file()]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if foreign[3:] else "")
+        raise UsageError(
+            f"the output folder holds files trtbuild did not write ({shown}); publishing "
+            "into it would replace them",
+            where=str(out_dir),
+            hint="pass --out a new or empty folder, or one trtbuild wrote (it holds "
+            f"{MARKER}); or move those files away",
+        )
+
+
+def write_marker(folder: Path, command: str, files: Collection[str]) -> None:
+    """`.trtbuild-output`: this folder is trtbuild's, written by `command`, holding `files`."""
+    from trtbuild import __version__
+
+    doc = {"trtbuild": __version__, "command": command, "files": sorted(files)}
+    write_json(folder / MARKER, doc)
+
+
+def read_marker(folder: Path) -> dict[str, Any]:
+    """The folder's marker, or {} where there is none (or none this trtbuild can read)."""
+    try:
+        doc = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def staging_folder(out_dir: Path) -> Path:
+    """A new staging folder beside `out_dir`, named after this process so that the next
+    publication can tell it is orphaned once the process is gone."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(out_dir.parent)
+    prefix = f".{out_dir.name}.staging-{os.getpid()}-"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir.parent))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def clean_leftovers(parent: Path) -> None:
+    """Remove the staging folders of processes that are gone, and put back an old output
+    folder that a kill left aside (only where its place is still empty).
+
+    Why: a SIGKILL skips every `finally`; without this, each one leaves a staging
+    folder the size of a build that nothing removes.
+    """
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        found = _LEFTOVER.match(name)
+        if found is None or _alive(int(found["pid"])):
+            continue
+        path, home = parent / name, parent / found["name"]
+        if found["kind"] == "old" and not os.path.lexists(home):
+            with contextlib.suppress(OSError):
+                os.rename(path, home)  # the portable swap was killed between its renames
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class _Steps:
+    """The steps of one publication; under `TEST_HOOK` "kill-at=N", SIGKILL at step N."""
+
+    def __init__(self) -> None:
+        hook = os.environ.get(TEST_HOOK, "")
+        fields = dict(f.partition("=")[::2] for f in hook.split(",") if f)
+        self.kill_at = int(fields.get("kill-at") or 0)
+        self.portable = "portable" in fields
+        self.done = 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.done == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def publish_folder(
+    staging: Path, out_dir: Path, owns: Collection[str], command: str, mode: int | None = None
+) -> None:
+    """Make `staging` the output folder in one step, keeping the files of `out_dir` that
+    the command does not own (a report's publication keeps the build's engine, and a
+    user's notes in a trtbuild folder stay).
+
+    `owns` names the artifacts the command answers for: one it did not produce this
+    time is not carried over (a stale engine beside a new report would lie).
+    """
+    step = _Steps()
+    step()
+    old = read_marker(out_dir)
+    produced = set(os.listdir(staging))
+    if out_dir.is_dir():
+        for name in sorted(os.listdir(out_dir)):
+            if name in owns or name == MARKER or name in produced:
+                continue
+            _carry(out_dir / name, staging / name)
+            step()
+    kept = set(old.get("files", [])) - set(owns)
+    write_marker(staging, command, (produced | kept) & set(os.listdir(staging)))
+    step()
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, mode if mode is not None else 0o777 & ~umask)  # mkdtemp's is 0700
+    if not out_dir.is_dir():
+        os.rename(staging, out_dir)
+    elif not step.portable and _exchange(staging, out_dir):
+        step()  # the staging path now holds the old set; the caller removes it
+    else:
+        aside = tempfile.mkdtemp(prefix=f".{out_dir.name}.old-{os.getpid()}-", dir=out_dir.parent)
+        os.rename(out_dir, aside)  # onto the empty folder that reserved the name
+        step()
+        os.rename(staging, out_dir)
+        step()
+        shutil.rmtree(aside, ignore_errors=True)
+    step()
+
+
+def _carry(src: Path, dst: Path) -> None:
+    """`src` at `dst` without copying its bytes where the file system allows (hard links)."""
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dst)
+    elif src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(src, dst)
+
+
+def _link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # a file system without hard links
+        shutil.copy2(src, dst)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically with Linux's renameat2(RENAME_EXCHANGE); False where the
+    system or the file system cannot, so the caller swaps with two renames."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # glibc before 2.28, musl
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    renameat2.argtypes += [ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
