@@ -37,6 +37,7 @@ ADDED_COLUMNS = (
     ("runs", "device", "TEXT"),
     ("results", "device", "TEXT"),
     ("results", "trt_version", "TEXT"),
+    ("runs", "attempt", "INTEGER"),
 )
 # The columns that make a table ours: a database whose table lacks one holds another schema.
 _OURS = {
@@ -158,12 +159,15 @@ class History:
     def record(self, started: str, results: list[PolicyResult], versions: dict, **run: Any) -> int:
         """One night (or one shard of it), in one transaction: whole or not at all.
 
-        `run` holds `night`, `shard`, `shards` and `device` where a shard wrote it.
+        `run` holds `night`, `shard`, `shards` and `device` where a shard wrote it. A
+        shard run again under its night (a CI retry) is its next `attempt`: every attempt
+        is kept, and the last one counts (`latest`).
         """
         finished = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         with self.transaction() as conn:
             row = {"started": started, "finished": finished, "host": socket.gethostname()}
             row["versions"] = json.dumps(versions)
+            row["attempt"] = _attempt(conn, self.t["runs"], run)
             run_id = conn.execute(
                 self.t["runs"].insert().values(**row, **run)
             ).inserted_primary_key[0]
@@ -187,7 +191,7 @@ class History:
             select(results, runs.c.started)
             .join(runs, runs.c.id == results.c.run_id)
             .where(results.c.policy == r.policy, results.c.status == "pass")
-            .where(results.c.run_id < run_id)
+            .where(results.c.run_id < run_id, latest(self.t))
         )
         lane = _LANE if r.evaluator is not None else ("device",)
         for key in lane:
@@ -215,7 +219,7 @@ class History:
         q = select(results.c.run_id, results.c.status, runs.c.started).join(
             runs, runs.c.id == results.c.run_id
         )
-        q = q.where(results.c.policy == policy)
+        q = q.where(results.c.policy == policy, latest(self.t))
         if device is not None:
             q = q.where(results.c.device == device)
         with self.transaction() as conn:
@@ -231,28 +235,68 @@ class History:
         ]
 
     def night(self, night: str) -> tuple[list[dict], list[tuple[int, PolicyResult]]]:
-        """Every shard run of `night` and every result they wrote, as (run id, result)."""
-        from sqlalchemy import select
-
-        runs, results = self.t["runs"], self.t["results"]
+        """Every shard run of `night` (each attempt) and, as (run id, result), the results of
+        each policy's last attempt: a retried shard supersedes what it ran before."""
         with self.transaction() as conn:
-            shard_runs = [
-                dict(r)
-                for r in conn.execute(
-                    select(runs).where(runs.c.night == night).order_by(runs.c.id)
-                ).mappings()
-            ]
-            ids = [r["id"] for r in shard_runs]
-            rows = list(
-                conn.execute(
-                    select(results).where(results.c.run_id.in_(ids)).order_by(results.c.run_id)
-                ).mappings()
-            )
+            shard_runs, rows = _night_rows(conn, self.t, night)
         found = [
             (row["run_id"], _policy_result(row, self.outputs(row["run_id"], row["policy"])))
             for row in rows
         ]
         return shard_runs, found
+
+
+def latest(t: dict) -> Any:
+    """Where a result is its shard's last attempt at the policy: no later run of the same
+    night, shard and device wrote it. A run without a night (no `--run-id`) is never
+    retried. Why a query, not a flag: a history written before attempts were kept,
+    with a night's retries in it, reads right too.
+    """
+    from sqlalchemy import and_, exists, func, select
+
+    runs, results = t["runs"], t["results"]
+    mine, later = runs.alias("mine"), runs.alias("later")
+    again = results.alias("again")
+    return ~exists(
+        select(again.c.run_id)
+        .join(later, later.c.id == again.c.run_id)
+        .join(mine, mine.c.id == results.c.run_id)
+        .where(
+            and_(
+                again.c.policy == results.c.policy,
+                again.c.run_id > results.c.run_id,
+                later.c.night == mine.c.night,
+                func.coalesce(later.c.shard, 1) == func.coalesce(mine.c.shard, 1),
+                func.coalesce(later.c.device, "") == func.coalesce(mine.c.device, ""),
+            )
+        )
+    )
+
+
+def _attempt(conn: Any, runs: Any, run: dict[str, Any]) -> int:
+    """1 + the runs already recorded for this night, shard and device (1 without a night)."""
+    from sqlalchemy import func, select
+
+    if run.get("night") is None:
+        return 1
+    q = select(func.count()).where(
+        runs.c.night == run["night"],
+        func.coalesce(runs.c.shard, 1) == (run.get("shard") or 1),
+        func.coalesce(runs.c.device, "") == (run.get("device") or ""),
+    )
+    return int(conn.execute(q).scalar() or 0) + 1
+
+
+def _night_rows(conn: Any, t: dict, night: str) -> tuple[list[dict], list[Any]]:
+    """The runs of `night`, oldest first, and the latest attempt's result rows."""
+    from sqlalchemy import select
+
+    runs, results = t["runs"], t["results"]
+    q = select(runs).where(runs.c.night == night).order_by(runs.c.id)
+    shard_runs = [dict(r) for r in conn.execute(q).mappings()]
+    ids = [r["id"] for r in shard_runs]
+    q = select(results).where(results.c.run_id.in_(ids), latest(t)).order_by(results.c.run_id)
+    return shard_runs, list(conn.execute(q).mappings())
 
 
 def _policy_result(row: Any, outputs: dict[str, dict[str, Any]]) -> PolicyResult:
