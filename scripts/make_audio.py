@@ -1,4 +1,5 @@
-"""Write Silero VAD's reference frames: a generated utterance at 16 and 8 kHz, with real states.
+"""Write Silero VAD's reference frames (a generated utterance at 16 and 8 kHz, with real
+states) and the same utterance's spectrogram for the denoiser example.
 
 Why generated: no package on PyPI ships a speech recording inside its wheel, and
 the project fetches nothing but wheels. The signal is built the way speech is:
@@ -74,6 +75,14 @@ def frames(model: Path, audio: np.ndarray, rate: int) -> dict[str, np.ndarray]:
     return {"input": np.stack(inputs), "state": np.stack(states), "speech": np.array(speech)}
 
 
+def spectrogram(audio: np.ndarray, window: int = 320, hop: int = 160) -> np.ndarray:
+    """log(1 + |STFT|) frames as a speech enhancer reads them: [frames, window // 2 + 1]."""
+    count = 1 + (len(audio) - window) // hop
+    taps = np.hanning(window).astype(np.float32)
+    frames = np.stack([audio[k * hop : k * hop + window] * taps for k in range(count)])
+    return np.log1p(np.abs(np.fft.rfft(frames, axis=1))).astype(np.float32)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("models"))
@@ -91,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         tmp.replace(path)
         p = data["speech"][every]
         print(f"wrote {path}: {len(p)} frames, speech probability {p.min():.2f}..{p.max():.2f}")
+    spec = spectrogram(utterance())[None]  # one sample: [1, frames, bins]
+    path = args.out / "denoiser_frames.npz"
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(tmp, spec=spec)
+    tmp.replace(path)
+    print(f"wrote {path}: {spec.shape[1]} spectrogram frames of {spec.shape[2]} bins")
     return 0
 
 

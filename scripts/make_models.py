@@ -590,6 +590,90 @@ def loop_sum(steps: int = 64, width: int = 32) -> onnx.ModelProto:
     return model
 
 
+def _instance_norm(g: GraphBuilder, scope: str, x: str, c: int) -> str:
+    """nn.InstanceNorm2d(affine=True) as torch.onnx exports it: one InstanceNormalization."""
+    key = scope.strip("/").replace("/", ".")
+    scale = g.init(f"{key}.weight", 1.0 + 0.1 * g.rng.standard_normal((c,)))
+    bias = g.init(f"{key}.bias", 0.1 * g.rng.standard_normal((c,)))
+    return g.op(scope, "InstanceNormalization", [x, scale, bias], epsilon=1e-5)
+
+
+def _spatial_mean(g: GraphBuilder, scope: str, x: str, total: str) -> str:
+    """`total` over H, then over W, both read from the shape of `x` (as `s / h / w` exports)."""
+    shape = g.op(f"{scope}/count", "Shape", [x])
+    for axis in (2, 3):
+        index = g.ints(f"{scope.strip('/')}.axis{axis}", [axis])
+        side = g.op(f"{scope}/count", "Gather", [shape, index], axis=0)
+        total = g.op(
+            scope, "Div", [total, g.op(f"{scope}/count", "Cast", [side], to=TensorProto.FLOAT)]
+        )
+    return total
+
+
+def matting_dynamic(width: int = 8) -> onnx.ModelProto:
+    """MODNet-style portrait matting with a dynamic H x W: instance norms and a global context.
+
+    The context branch sums the half-resolution features over the whole map and
+    divides by its height and width (`x.sum((2, 3)) / h / w`, as exported), so the sum
+    grows with the image: on a photo about 6e3 at 256x256, 2.6e4 at 512x512 (both
+    fit FP16) and 1.0e5 at 1024x1024, inf in FP16, and the matte turns NaN. A
+    policy judged at 512x512 alone passes; the engine built for a profile up to
+    1024x1024 does not.
+    """
+    g = GraphBuilder(seed=3)
+    x = g.conv("/enc.0", "input", 3, width, k=3)
+    x = g.op("/enc.0", "Relu", [_instance_norm(g, "/enc.0/norm", x, width)])
+    x = g.op("/down", "AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    x = g.conv("/enc.1", x, width, width, k=3)
+    x = g.op("/enc.1", "Relu", [_instance_norm(g, "/enc.1/norm", x, width)])
+    total = g.op("/context", "ReduceSum", [x, g.ints("context.axes", [2, 3])], keepdims=1)
+    mean = _spatial_mean(g, "/context", x, total)
+    gate = g.op("/context", "Sigmoid", [g.conv("/context/fc", mean, width, width)])
+    x = g.op("/context", "Mul", [x, gate])
+    x = g.conv("/dec", x, width, 1, k=3)
+    up = g.op("/dec", "Resize", [x, "", g.init("dec.scales", [1, 1, 2, 2])], mode="linear")
+    matte = g.op("/dec", "Sigmoid", [up])
+    return g.model(
+        {"input": [1, 3, "height", "width"]},
+        {"matte": (matte, [1, 1, "height", "width"])},
+        opset=13,
+        name="matting_dynamic",
+    )
+
+
+def denoiser_dynamic(bins: int = 161, hidden: int = 32, std: float = 1.6) -> onnx.ModelProto:
+    """A speech enhancer's mask estimator over a spectrogram [1, frames, bins], frames dynamic.
+
+    Each hidden channel is normalised by its energy over the whole utterance (a
+    ReduceSum over time, as streaming-free enhancers do): on the generated
+    utterance's 299 frames the largest energy fits FP16; repeated to 1000 frames
+    it is past 65504, inf in FP16, and the mask falls back to its bias.
+    """
+    g = GraphBuilder(seed=4)
+    h = g.op("/enc", "Relu", [g.linear("/enc", "spec", bins, hidden, std=std)])
+    energy = g.op(
+        "/norm", "ReduceSum", [g.op("/norm", "Mul", [h, h]), g.ints("norm.axes", [1])], keepdims=1
+    )
+    shape = g.op("/norm/count", "Shape", ["spec"])
+    frames = g.op("/norm/count", "Gather", [shape, g.ints("norm.time", [1])], axis=0)
+    count = g.op("/norm/count", "Cast", [frames], to=TensorProto.FLOAT)
+    rms = g.op(
+        "/norm",
+        "Sqrt",
+        [g.op("/norm", "Add", [g.op("/norm", "Div", [energy, count]), g.const("/norm", 1e-5)])],
+    )
+    mask = g.op(
+        "/mask", "Sigmoid", [g.linear("/mask", g.op("/norm", "Div", [h, rms]), hidden, bins)]
+    )
+    enhanced = g.op("/out", "Mul", ["spec", mask])
+    return g.model(
+        {"spec": [1, "frames", bins]},
+        {"enhanced": (enhanced, [1, "frames", bins])},
+        opset=13,
+        name="denoiser_dynamic",
+    )
+
+
 MODELS = {
     "nafnet_tiny": nafnet_tiny,
     "gfpgan_tiny": gfpgan_tiny,
@@ -599,6 +683,8 @@ MODELS = {
     "transformer_tiny": transformer_tiny,
     "bert_tiny": bert_tiny,
     "loop_sum": loop_sum,
+    "matting_dynamic": matting_dynamic,
+    "denoiser_dynamic": denoiser_dynamic,
 }
 
 

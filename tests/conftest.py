@@ -158,8 +158,9 @@ def history_target(request, tmp_path) -> str:
 
 
 def local_data(text: str) -> str:
-    """A policy's `../models/*.npz` data as absolute paths, made by scripts/make_audio.py if
-    missing (it runs the fetched Silero VAD, so the model is fetched first)."""
+    """A policy's `../models/*.npz` data and photo folders as absolute paths, made by
+    scripts/make_audio.py if missing (it runs the fetched Silero VAD, so the model is fetched
+    first) or fetched by package name."""
     import make_audio
 
     for name in sorted(set(re.findall(r"\.\./models/([\w.-]+\.npz)", text))):
@@ -168,6 +169,11 @@ def local_data(text: str) -> str:
             fetch_models.fetch("silero_vad", ROOT / "models", ROOT / ".cache" / "wheels")
             assert make_audio.main(["--out", str(ROOT / "models")]) == 0
         text = text.replace(f"../models/{name}", str(path))
+    for folder in sorted(set(re.findall(r"\.\./models/(photos/[\w.-]+)/", text))):
+        for name, source in fetch_models.MODELS.items():  # the photos that folder holds
+            if source.dest.startswith(folder + "/"):
+                fetch_models.fetch(name, ROOT / "models", ROOT / ".cache" / "wheels")
+        text = text.replace(f"../models/{folder}/", f"{ROOT / 'models' / folder}/")
     return text
 
 

@@ -48,7 +48,10 @@ def test_build_writes_engine_and_passing_report(write_policy, tmp_path, capsys):
     assert build["layer_audit"]["ok"] and build["layer_audit"]["fp32_nodes_checked"] >= 37
     assert build["engines"]["policy"]["engine_bytes"] == (out / "engine.plan").stat().st_size
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "staging left behind"
-    assert "PASSED (emulated-fp16, storage emulation)" in capsys.readouterr().out
+    assert (
+        "PASSED at shape [1, 3, 64, 64] (emulated-fp16, storage emulation; random data)"
+        in capsys.readouterr().out
+    )
     # `report` owns only the report files: the engine and build record stay as built.
     engine = (out / "engine.plan").read_bytes()
     policy = str(write_policy(backend="tensorrt-rtx"))

@@ -10,7 +10,7 @@ from trtbuild.accuracy import risk
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Candidate, judge_all
-from trtbuild.accuracy.report import Report, ShapeVerdict
+from trtbuild.accuracy.report import Report, ShapeVerdict, Skipped
 from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
 from trtbuild.numerics import LOW_MAX
@@ -101,7 +101,10 @@ def evaluate_all(
             raise ValueError("evaluate_all needs every shape's reference tensors")
         model, spec = front.prepared.model, policy.accuracy
         verdicts = judge_all(run.reference, model, candidates, run.feeds, spec, verbose=verbose)
-        per_shape.append(ShapeVerdict(run.point.name, run.point.shapes, verdicts[0], verdicts[1]))
+        point = run.point
+        per_shape.append(
+            ShapeVerdict(point.name, point.shapes, verdicts[0], verdicts[1], dict(run.data))
+        )
         firsts = firsts or verdicts
     main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk
     fp32 = firsts[2] if len(firsts) > 2 else None
@@ -116,6 +119,7 @@ def evaluate_all(
         fp16=base,
         fp32=fp32,
         shapes=per_shape,
+        skipped=[Skipped(p.name, p.shapes, p.skip or "") for p in front.skipped],
         warnings=report_warnings(front),
         backend=backend,
         version=__version__,

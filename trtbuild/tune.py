@@ -96,6 +96,15 @@ class TuneResult:
     fp16_share: float = 0.0  # the share in the policy's low precision (`low`)
     budget: int = 0
     low: str = "fp16"
+    point_seconds: dict[str, float] = field(default_factory=dict)  # point -> judging seconds
+
+    @property
+    def costliest_point(self) -> str | None:
+        """`max [1, 3, 1024, 1024] (71% of the judging time)`, where there are several points."""
+        if len(self.point_seconds) < 2:
+            return None
+        label, seconds = max(self.point_seconds.items(), key=lambda kv: kv[1])
+        return f"{label} ({seconds / max(sum(self.point_seconds.values()), 1e-9):.0%} of the judging time)"
 
     @property
     def exhausted(self) -> bool:
@@ -202,6 +211,7 @@ class TrialOutcome:
     worst: dict[str, float]  # output -> max_abs
     fp16_share: float
     seconds: float
+    point_seconds: dict[str, float] = field(default_factory=dict)  # point label -> judging time
 
 
 def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
@@ -219,8 +229,9 @@ def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
     mixed = convert(assignment).model
     emulated = emulate(mixed, stages.policy.accuracy.emulation)  # once for every shape
     failing: dict[str, str] = {}
-    overflow, worst = None, {}
+    overflow, worst, point_seconds = None, {}, {}
     for run in stages.shapes:
+        started = time.perf_counter()
         verdict = judge(
             run.reference,
             stages.prepared.model,
@@ -237,6 +248,7 @@ def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
         overflow = overflow or verdict.overflow
         for name, m in verdict.outputs.items():
             worst[name] = max(worst.get(name, 0.0), m.max_abs)
+        point_seconds[run.point.label] = time.perf_counter() - started
     return TrialOutcome(
         passed=not failing,
         failing=failing,
@@ -244,6 +256,7 @@ def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
         worst=worst,
         fp16_share=assignment.summary().low_share,
         seconds=round(time.perf_counter() - t, 3),
+        point_seconds=point_seconds,
     )
 
 
@@ -285,6 +298,7 @@ class Search:
         self.progress: Callable[[Trial, int], None] | None = None
         self.pool: Any = None
         self.known: dict[tuple[int, ...], TrialOutcome] = {}  # pin set -> its recorded verdict
+        self.point_seconds: dict[str, float] = {}  # point label -> judging seconds, all trials
 
     def precision(self, pinned: list[int]) -> Precision:
         return candidate_precision(self.stages.policy.precision, self.groups, pinned, self.names)
@@ -301,6 +315,8 @@ class Search:
             o.worst,
             o.seconds,
         )
+        for label, seconds in o.point_seconds.items():
+            self.point_seconds[label] = self.point_seconds.get(label, 0.0) + seconds
         self.trials.append(trial)
         self.known[trial.pinned] = outcome
         if self.progress:
@@ -446,6 +462,7 @@ def _result(search: Search) -> TuneResult:
         final.fp16_share,
         search.budget,
         search.stages.policy.precision.default,
+        dict(search.point_seconds),
     )
 
 
@@ -555,6 +572,10 @@ def tuned_yaml(stages: Front, result: TuneResult, out: Path, seed: int, objectiv
         for key in ("file", "images"):
             if key in data:
                 data[key] = _rebase(data[key], here, there)
+    for point in ((raw.get("accuracy") or {}).get("shapes") or {}).values():
+        data = (point or {}).get("data")
+        if isinstance(data, dict) and "file" in data:  # a list is an input named `data`
+            data["file"] = _rebase(data["file"], here, there)
     build = raw.get("build") or {}
     if build.get("timing_cache"):
         build["timing_cache"] = _rebase(build["timing_cache"], here, there)

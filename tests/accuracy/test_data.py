@@ -92,7 +92,7 @@ def test_images_fill_a_batch_from_consecutive_files(tmp_path):
         ("{images: nowhere}", "[1, 3, 6, 5]", "image folder not found"),
         ("{images: images, mean: [1, 2]}", "[1, 3, 6, 5]", "mean: 2 values for 3 channel"),
         ("{images: images, channels: GRAY}", "[1, 3, 6, 5]", "channels: GRAY gives 1"),
-        ("{images: images, resize: [8, 8]}", "[1, 3, 6, 5]", "resize: [8, 8] does not fit"),
+        ("{images: images, derive: tile}", "[1, 3, 6, 5]", "'derive' applies to 'file' only"),
         ("{images: images}", "[4, 3, 6, 5]", "holds 3 image(s); one sample needs 4"),
         ("{images: images}", "[1, 8, 6, 5]", "cannot tell where the channels"),
         ("{distribution: normal, resize: [6, 5]}", "[1, 3, 6, 5]", "'resize' applies to 'images'"),

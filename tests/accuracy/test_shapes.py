@@ -81,3 +81,57 @@ def test_a_static_policy_is_judged_once(write_policy, tmp_path):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [s["name"] for s in report["shapes"]] == ["shape"]
     assert "## Shapes" not in (tmp_path / "out" / "report.md").read_text()
+
+
+# -- real data at every point: the matting example (photos) and the denoiser (.npz) -----
+
+
+def test_photos_judged_at_every_point_and_opt_alone_would_have_passed(
+    example_policy, tmp_path, capsys
+):
+    """The matting example unpinned: the photos pass at min and opt and fail at max, where the
+    context sum leaves FP16; the verdict names every point and the data."""
+    out = tmp_path / "out"
+    assert _build(example_policy("matting", rules="[]"), out) == 1
+    said = capsys.readouterr().out
+    assert said.startswith(
+        "FAILED at max [1, 3, 1024, 1024]; passed at min [1, 3, 256, 256], opt [1, 3, 512, 512] "
+        "(emulated-fp16, storage emulation; image data)"
+    )
+    report = json.loads((out / "report.json").read_text())
+    shapes = {s["name"]: s for s in report["shapes"]}
+    assert {n: s["passed"] for n, s in shapes.items()} == {"opt": True, "min": True, "max": False}
+    assert shapes["max"]["data"]["input"] == {
+        "kind": "images",
+        "source": "images portraits/ resized to 1024x1024",
+    }
+    assert shapes["max"]["first_divergence"]["node"] == "/context/ReduceSum"
+    assert report["data"] == "image data"
+
+
+def test_tune_on_photos_meets_the_tolerance_at_max(example_policy, tmp_path, capsys):
+    tuned = tmp_path / "tuned.yaml"
+    policy = example_policy("matting", rules="[]")
+    assert main(["tune", "--policy", str(policy), "-o", str(tuned)]) == 0
+    assert "^/context/ReduceSum$" in tuned.read_text()
+    capsys.readouterr()
+    assert _build(tuned, tmp_path / "out") == 0
+    assert capsys.readouterr().out.startswith(
+        "PASSED at min [1, 3, 256, 256], opt [1, 3, 512, 512], max [1, 3, 1024, 1024]"
+    )
+
+
+def test_a_file_of_299_frames_is_judged_at_1000_and_says_how(example_policy, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _build(example_policy("denoiser", rules="[]"), out) == 1
+    said = capsys.readouterr().out
+    assert said.startswith(
+        "FAILED at max [1, 1000, 161]; passed at min [1, 1, 161], opt [1, 299, 161]"
+    )
+    assert "file data at opt; data derived from a file at min, max" in said.splitlines()[0]
+    assert "  data at max [1, 1000, 161]: denoiser_frames.npz tiled on axis 1 (299 -> 1000)" in said
+    shapes = {s["name"]: s for s in json.loads((out / "report.json").read_text())["shapes"]}
+    assert shapes["max"]["data"]["spec"]["kind"] == "derived"
+    assert shapes["max"]["first_divergence"]["node"] == "/norm/ReduceSum"
+    md = (out / "report.md").read_text()
+    assert "denoiser_frames.npz tiled on axis 1 (299 -> 1000)" in md

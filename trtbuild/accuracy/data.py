@@ -1,86 +1,30 @@
-"""Reference input data: seeded distributions or an .npz file, checked against the model."""
+"""Reference input data at each point: seeded distributions, .npz files or image folders.
+
+Why provenance travels with the feeds: a verdict is only as good as its data, so
+every point says whether it was judged on the user's data, on data derived from
+it (a sequence tiled to the point's length), on synthetic data with its
+statistics, or on random values.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from trtbuild.accuracy import derive, images
 from trtbuild.accuracy.evaluate import quiet_polygraphy
+from trtbuild.accuracy.images import load_images
+from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
 from trtbuild.errors import UsageError
-from trtbuild.policy.model import InputSpec, Policy
+from trtbuild.policy.model import DataSpec, InputSpec, Policy
 from trtbuild.sizes import fmt_bytes
 
 Feed = dict[str, np.ndarray]
-
-
-def model_inputs(model: onnx.ModelProto) -> list[tuple[str, int, list[int | str | None]]]:
-    inits = {t.name for t in model.graph.initializer}
-    out = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dims = [
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
-        ]
-        out.append((vi.name, tt.elem_type, dims))
-    return out
-
-
-def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    """Resolve the feed shape of every model input, or say which policy field to fix."""
-    inputs = model_inputs(model)
-    names = [n for n, _, _ in inputs]
-    specs = {s.name: s for s in policy.inputs}
-    for name in specs:
-        if name not in names:
-            raise UsageError(
-                f"inputs.{name}: the model has no input '{name}'",
-                where=str(policy.path),
-                hint="its inputs are " + ", ".join(names),
-            )
-    shapes = {}
-    for name, _, dims in inputs:
-        spec = specs.get(name)
-        shape = spec.feed_shape if spec else None
-        if shape is None:
-            if any(not isinstance(d, int) or d <= 0 for d in dims):
-                raise UsageError(
-                    f"inputs.{name}: the model's input '{name}' has dynamic shape "
-                    f"{[d if d else '?' for d in dims]}",
-                    where=str(policy.path),
-                    hint=f"add 'inputs: {{{name}: {{shape: [...]}}}}' or a min/opt/max profile",
-                )
-            shape = tuple(dims)
-        else:
-            _check_fits(policy, name, shape, dims, spec)
-        shapes[name] = tuple(shape)
-    return shapes
-
-
-def _check_fits(
-    policy: Policy, name: str, shape, dims, spec: InputSpec, field: str | None = None
-) -> None:
-    field = field or f"inputs.{name}.shape"
-    if len(shape) != len(dims):
-        raise UsageError(
-            f"{field}: rank {len(shape)} does not fit the model's rank-{len(dims)} input",
-            where=str(policy.path),
-            hint=f"the model expects {[d if d else '?' for d in dims]}",
-        )
-    for given, fixed in zip(shape, dims):
-        if isinstance(fixed, int) and fixed > 0 and given != fixed:
-            raise UsageError(
-                f"{field}: {list(shape)} does not fit the model's {[d if d else '?' for d in dims]}",
-                where=str(policy.path),
-                hint="only dynamic dimensions may differ; if the model's shape is an export's "
-                f"placeholder, set passes.override_input_shapes: {{{name}: [...]}} (a name for a "
-                "dynamic dim)",
-            )
 
 
 def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dict) -> None:
@@ -104,94 +48,39 @@ def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dic
 
 
 @dataclass(frozen=True)
-class ShapePoint:
-    """One set of input shapes a policy is judged at: a profile point, a named shape, or the
-    shape the data files hold."""
+class PointFeeds:
+    """The feeds of one point and, for every input, where its data comes from."""
 
-    name: str  # shape | min | opt | max | a name of accuracy.shapes | the data's dims
-    shapes: dict[str, tuple[int, ...]]  # every model input, in the model's order
-
-    @property
-    def label(self) -> str:
-        """`max [1, 3, 256, 256]`: the name and the dims, of each input where there are several."""
-        if len(self.shapes) == 1:
-            return f"{self.name} {list(next(iter(self.shapes.values())))}"
-        dims = ", ".join(f"{n}: {list(d)}" for n, d in self.shapes.items())
-        return f"{self.name} {{{dims}}}"
-
-
-def shape_points(policy: Policy, model: onnx.ModelProto) -> list[ShapePoint]:
-    """Every input space point the policy is judged at, the primary one (`shape`/`opt`) first.
-
-    Why every profile point: sums grow with the input, so a reduction that fits FP16 at
-    `opt` can be inf at `max`, in the engine built for that whole profile. Data from
-    files or images has one shape: it is judged there, named after it.
-    """
-    base = check_inputs(policy, model)
-    specs = {s.name: s for s in policy.inputs}
-    if any(s.data.file is not None or s.data.images for s in policy.inputs):
-        first = next(s for s in policy.inputs if s.data.file is not None or s.data.images)
-        return [ShapePoint("x".join(map(str, base[first.name])), base)]
-    profiled = [s for s in policy.inputs if s.opt is not None]
-    points = [ShapePoint("opt" if profiled else "shape", base)]
-    for which in ("min", "max") if profiled else ():
-        points.append(ShapePoint(which, {**base, **{s.name: getattr(s, which) for s in profiled}}))
-    for name, dims in policy.accuracy.shapes:
-        points.append(ShapePoint(name, _named_point(policy, model, base, specs, name, dict(dims))))
-    unique: dict[tuple, ShapePoint] = {}
-    for p in points:  # min == opt is judged once, under both names
-        key = tuple(p.shapes.items())
-        unique[key] = ShapePoint(f"{unique[key].name}={p.name}", p.shapes) if key in unique else p
-    return list(unique.values())
-
-
-def _named_point(policy: Policy, model, base: dict, specs: dict, name: str, dims: dict) -> dict:
-    """A named point of `accuracy.shapes`: inputs it names take its dims, within the profile."""
-    field = f"accuracy.shapes.{name}"
-    inputs = {n: d for n, _, d in model_inputs(model)}
-    for input_name, shape in dims.items():
-        if input_name not in inputs:
-            raise UsageError(
-                f"{field}: the model has no input '{input_name}'",
-                where=str(policy.path),
-                hint="its inputs are " + ", ".join(inputs),
-            )
-        _check_fits(policy, input_name, shape, inputs[input_name], InputSpec(input_name), field)
-        spec = specs.get(input_name)
-        if spec is not None and spec.min is not None:
-            inside = all(lo <= d <= hi for lo, d, hi in zip(spec.min, shape, spec.max))
-            if not inside:
-                raise UsageError(
-                    f"{field}.{input_name}: {list(shape)} is outside the optimization profile "
-                    f"{list(spec.min)} .. {list(spec.max)}",
-                    where=str(policy.path),
-                    hint="the engine runs only shapes within its profile: widen min/max or "
-                    "choose a shape inside",
-                )
-    return {**base, **{n: tuple(d) for n, d in dims.items()}}
+    feeds: list[Feed]
+    data: dict[str, InputData]
 
 
 def make_feeds(
     policy: Policy, model: onnx.ModelProto, point: ShapePoint | None = None
 ) -> list[Feed]:
-    """`accuracy.samples` feeds at `point` (default: the primary one), deterministic for
-    `accuracy.seed`.
+    """`accuracy.samples` feeds at `point` (default: the primary one); see `point_feeds`."""
+    return point_feeds(policy, model, point).feeds
 
-    Files and image folders are read as given; uniform data comes from Polygraphy's
-    `DataLoader` (seeded per sample, as `polygraphy run --val-range` makes it), and
-    only `normal` data, which it does not make, from numpy.
+
+def point_feeds(
+    policy: Policy, model: onnx.ModelProto, point: ShapePoint | None = None
+) -> PointFeeds:
+    """`accuracy.samples` feeds at `point` (default: the primary one), deterministic for
+    `accuracy.seed`, with where each input's data comes from.
+
+    The point's own file first, then images fit to the point, then the input's file
+    (derived where its arrays have another shape), then a distribution: uniform
+    from Polygraphy's `DataLoader` (seeded per sample, as `polygraphy run
+    --val-range` makes it), `normal`, which it does not make, from numpy.
     """
     shapes = point.shapes if point is not None else check_inputs(policy, model)
-    specs = {s.name: s for s in policy.inputs}
-    dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, t, _ in model_inputs(model)}
+    inputs = {n: (t, d) for n, t, d in model_inputs(model)}
+    dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, (t, _) in inputs.items()}
     check_memory(policy, shapes, dtypes)
-    given = {
-        n: _load_npz(policy, s, shapes[n], dtypes[n])
-        for n, s in specs.items()
-        if s.data.file is not None
-    }
-    given.update({n: load_images(policy, s, shapes[n]) for n, s in specs.items() if s.data.images})
+    model_dims = {n: d for n, (_, d) in inputs.items()}
+    given, sources = _given(policy, shapes, dtypes, model_dims, point)
     n_samples = min([policy.accuracy.samples, *(len(v) for v in given.values())])
+    specs = {s.name: s for s in policy.inputs}
     data = {n: specs.get(n, InputSpec(n)).data for n in shapes if n not in given}
     normal = {n for n, d in data.items() if d.distribution == "normal" and _is_float(dtypes[n])}
     uniform = _uniform(
@@ -212,7 +101,71 @@ def make_feeds(
             else:
                 feed[name] = np.asarray(uniform[i][name], dtype=dtypes[name])
         feeds.append(feed)
-    return feeds
+    sources.update({n: _random_source(d, dtypes[n], n in normal) for n, d in data.items()})
+    return PointFeeds(feeds, {n: sources[n] for n in shapes})
+
+
+def _given(
+    policy: Policy,
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict,
+    model_dims: dict,
+    point: ShapePoint | None,
+) -> tuple[dict[str, np.ndarray], dict[str, InputData]]:
+    """The inputs whose data comes from the user's files or images, as [samples, *shape]."""
+    own = _point_file(policy, point, shapes, dtypes) if point and point.file else {}
+    specs = {s.name: s for s in policy.inputs}
+    given, sources = {}, {}
+    for name, shape in shapes.items():
+        spec = specs.get(name)
+        if name in own:
+            given[name] = own[name]
+            sources[name] = InputData("file", f"{point.file.name} (this point's own)")
+        elif spec is not None and spec.data.images is not None:
+            given[name] = load_images(policy, spec, shape)
+            sources[name] = InputData("images", images.describe(spec, shape))
+        elif spec is not None and spec.data.file is not None:
+            arr = _load_npz(policy, spec, dtypes[name])
+            given[name], kind, text = derive.fit(policy, spec, arr, shape, model_dims[name], point)
+            sources[name] = InputData(kind, text)
+    return given, sources
+
+
+def _random_source(data: DataSpec, dtype, normal: bool) -> InputData:
+    if normal:
+        return InputData("random", f"normal (mean {data.mean:g}, std {data.std:g})")
+    if dtype == np.bool_:
+        return InputData("random", "uniform booleans")
+    kind = "" if _is_float(dtype) else " integers"
+    return InputData("random", f"uniform{kind} [{data.low:g}, {data.high:g})")
+
+
+def _point_file(
+    policy: Policy, point: ShapePoint, shapes: dict[str, tuple[int, ...]], dtypes: dict
+) -> dict[str, np.ndarray]:
+    """A point's own .npz: its arrays, keyed by input name, at exactly this point's shapes."""
+    field = f"accuracy.shapes.{point.name.split('=')[-1]}.data.file"
+    arrays = read_npz(policy, point.file, field)
+    unknown = [k for k in arrays if k not in shapes]
+    if unknown:
+        raise UsageError(
+            f"{field}: {point.file.name} holds array(s) {unknown} that name no model input",
+            where=str(policy.path),
+            hint="the model's inputs are " + ", ".join(shapes),
+        )
+    out = {}
+    for name, arr in arrays.items():
+        arr = _checked_values(policy, field, name, arr, np.dtype(dtypes[name]))
+        shape = shapes[name]
+        if arr.shape != shape and arr.shape[1:] != shape:
+            raise UsageError(
+                f"{field}: array '{name}' has shape {list(arr.shape)}; {point.label} needs "
+                f"{list(shape)} or [N, {', '.join(map(str, shape))}]",
+                where=str(policy.path),
+                hint="a point's own file holds that point's shapes",
+            )
+        out[name] = arr[None] if arr.shape == shape else arr
+    return out
 
 
 def _is_float(dtype) -> bool:
@@ -245,38 +198,29 @@ def _uniform(inputs: dict, seed: int, n_samples: int) -> list[Feed]:
         return [dict(loader[i]) for i in range(n_samples)]
 
 
-def _load_npz(policy: Policy, spec: InputSpec, shape: tuple[int, ...], dtype) -> np.ndarray:
-    field = f"inputs.{spec.name}.data.file"
+def read_npz(policy: Policy, path: Path, field: str) -> dict[str, np.ndarray]:
+    """Every array of an .npz, read without pickles (an object array is refused)."""
     try:
-        with np.load(spec.data.file) as data:
-            if spec.name not in data:
-                raise UsageError(
-                    f"{field}: {spec.data.file.name} has no array '{spec.name}'",
-                    where=str(policy.path),
-                    hint="keys found: " + ", ".join(data.files),
-                )
-            arr = data[spec.name]
-    except UsageError:
-        raise
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
     except Exception as exc:
+        raise UsageError(f"{field}: cannot read {path}: {exc}", where=str(policy.path)) from None
+
+
+def _load_npz(policy: Policy, spec: InputSpec, dtype) -> np.ndarray:
+    """The input's array from its .npz, in the input's dtype, as the file holds it."""
+    field = f"inputs.{spec.name}.data.file"
+    arrays = read_npz(policy, spec.data.file, field)
+    if spec.name not in arrays:
         raise UsageError(
-            f"{field}: cannot read {spec.data.file}: {exc}", where=str(policy.path)
-        ) from None
-    arr = _checked_values(policy, field, spec, arr, np.dtype(dtype))
-    if arr.shape == shape:
-        return arr[None]
-    if arr.shape[1:] == shape:
-        return arr
-    raise UsageError(
-        f"{field}: array '{spec.name}' has shape {list(arr.shape)}; expected {list(shape)} "
-        f"or [N, {', '.join(map(str, shape))}]",
-        where=str(policy.path),
-    )
+            f"{field}: {spec.data.file.name} has no array '{spec.name}'",
+            where=str(policy.path),
+            hint="keys found: " + ", ".join(arrays),
+        )
+    return _checked_values(policy, field, spec.name, arrays[spec.name], np.dtype(dtype))
 
 
-def _checked_values(
-    policy: Policy, field: str, spec: InputSpec, arr: np.ndarray, want
-) -> np.ndarray:
+def _checked_values(policy: Policy, field: str, name: str, arr: np.ndarray, want) -> np.ndarray:
     """The array in the input's dtype, or one message: a wrong kind of number, or NaN/inf.
 
     Converting within a kind (float64 to float32, int32 to int64) is what a
@@ -286,8 +230,8 @@ def _checked_values(
     kind = {"f": "floating-point", "i": "integer", "u": "integer", "b": "boolean"}
     if arr.dtype.kind not in kind or kind[arr.dtype.kind] != kind.get(want.kind):
         raise UsageError(
-            f"{field}: array '{spec.name}' holds {arr.dtype} values; the model's input "
-            f"'{spec.name}' takes {want} ({kind.get(want.kind, want.kind)})",
+            f"{field}: array '{name}' holds {arr.dtype} values; the model's input "
+            f"'{name}' takes {want} ({kind.get(want.kind, want.kind)})",
             where=str(policy.path),
             hint=f"save the array as {want} (e.g. arr.astype(np.{want}))",
         )
@@ -296,108 +240,9 @@ def _checked_values(
         if bad.size:
             index = tuple(int(i) for i in bad[0])
             raise UsageError(
-                f"{field}: array '{spec.name}' holds {len(bad)} NaN or infinite value(s), the "
+                f"{field}: array '{name}' holds {len(bad)} NaN or infinite value(s), the "
                 f"first at index {list(index)} ({arr[index]})",
                 where=str(policy.path),
                 hint="reference inputs must be finite; clean or regenerate the file",
             )
     return arr.astype(want, copy=False)
-
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-
-
-def load_images(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.ndarray:
-    """Images of the folder, sorted by name, as [samples, *shape] (batches of consecutive images).
-
-    Why this preprocessing: it is what deployments of image models do (resize,
-    scale to [0, 1], per-channel mean/std, NCHW or NHWC, RGB or BGR), so the
-    reference data has the value ranges the engine will see in production.
-    """
-    img = spec.data.images
-    field = f"inputs.{spec.name}.data"
-    layout, (_, h, w) = _image_layout(policy, spec, shape, field)
-    n, where = shape[0], str(policy.path)
-    paths = sorted(p for p in img.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-    if len(paths) < n:
-        raise UsageError(
-            f"{field}.images: {img.folder} holds {len(paths)} image(s); one sample needs {n}",
-            where=where,
-            hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
-        )
-    arrays = [
-        _image(policy, spec, path, (h, w), field, layout) for path in paths[: (len(paths) // n) * n]
-    ]
-    stacked = np.stack(arrays).astype(np.float32)
-    return stacked.reshape(len(arrays) // n, *shape)
-
-
-def _image_layout(
-    policy: Policy, spec: InputSpec, shape: tuple[int, ...], field: str
-) -> tuple[str, tuple[int, int, int]]:
-    """The layout and (channels, height, width) of an image input, or the field to fix."""
-    img, where = spec.data.images, str(policy.path)
-    if len(shape) != 4:
-        raise UsageError(
-            f"{field}.images: input '{spec.name}' has rank {len(shape)}; images need a rank-4 input",
-            where=where,
-            hint="use 'file' (.npz) or a distribution for this input",
-        )
-    layout = img.layout or _guess_layout(shape)
-    if layout is None:
-        raise UsageError(
-            f"{field}.layout: cannot tell where the channels of {list(shape)} are",
-            where=where,
-            hint="add 'layout: NCHW' or 'layout: NHWC'",
-        )
-    c, h, w = (shape[1], shape[2], shape[3]) if layout == "NCHW" else shape[3:] + shape[1:3]
-    want_c = 1 if img.channels == "GRAY" else 3
-    if c != want_c:
-        raise UsageError(
-            f"{field}.channels: {img.channels} gives {want_c} channel(s); the input has {c} ({layout})",
-            where=where,
-            hint="set channels (RGB, BGR, GRAY) or layout to fit the model",
-        )
-    if img.resize is not None and tuple(img.resize) != (h, w):
-        raise UsageError(
-            f"{field}.resize: {list(img.resize)} does not fit the input's H, W = {[h, w]}",
-            where=where,
-            hint=f"set resize: [{h}, {w}] or change inputs.{spec.name}.shape",
-        )
-    for key, values in (("mean", img.mean), ("std", img.std)):
-        if len(values) not in (1, c):
-            raise UsageError(
-                f"{field}.{key}: {len(values)} values for {c} channel(s)",
-                where=where,
-                hint=f"give one number or {c}",
-            )
-    return layout, (c, h, w)
-
-
-def _image(
-    policy: Policy, spec: InputSpec, path, size: tuple[int, int], field: str, layout: str
-) -> np.ndarray:
-    """One image, resized, scaled and normalised, in the input's layout."""
-    from PIL import Image
-
-    img, (h, w) = spec.data.images, size
-    channels = 1 if img.channels == "GRAY" else 3
-    try:
-        with Image.open(path) as im:
-            im = im.convert("L" if channels == 1 else "RGB").resize((w, h), Image.BILINEAR)
-            a = np.asarray(im, dtype=np.float32).reshape(h, w, channels)
-    except (OSError, ValueError) as exc:
-        raise UsageError(
-            f"{field}.images: cannot read {path.name}: {exc}", where=str(policy.path)
-        ) from None
-    if img.channels == "BGR":
-        a = a[..., ::-1]
-    a = (a * img.scale - np.asarray(img.mean, np.float32)) / np.asarray(img.std, np.float32)
-    return a.transpose(2, 0, 1) if layout == "NCHW" else a
-
-
-def _guess_layout(shape: tuple[int, ...]) -> str | None:
-    nchw, nhwc = shape[1] in (1, 3), shape[3] in (1, 3)
-    if nchw != nhwc:
-        return "NCHW" if nchw else "NHWC"
-    return None

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from trtbuild.accuracy.points import MADE_UP
 from trtbuild.accuracy.report import (
     Para,
     Plot,
     Report,
     Section,
     Table,
+    data_summary,
     fmt,
     header,
+    in_point_order,
     sections,
     tolerance_text,
 )
@@ -61,20 +64,14 @@ def at_risk_lines(at_risk: list[dict[str, Any]], emulation: str | None) -> str:
 def summary(report: Report) -> str:
     """The few lines a terminal or a CI log shows, each error with its scale and tolerance.
 
-    With several shapes, the verdict names the failing ones with their dims, and
-    each shape gets its own lines (a failing one lists its failing outputs).
+    The verdict names the points it judged and the data it judged them on; with
+    several points each gets its own lines (a failing one lists its failing
+    outputs), data not the user's own is said per point, and so is every point
+    the policy skips.
     """
-    p, main = report.precision, report.main
-    how = main.evaluator + (f", {main.emulation} emulation" if main.emulation else "")
-    failing = report.failing_shapes
-    where = (
-        f" at {', '.join(s.label for s in failing)}" if failing and len(report.shapes) > 1 else ""
-    )
-    lines = [
-        f"{'PASSED' if report.passed else 'FAILED'}{where} ({how}): "
-        f"{p.share_text()}, {len(p.pinned)} node(s) pinned to FP32"
-    ]
+    main = report.main
     shapes = report.shapes if len(report.shapes) > 1 else []
+    lines = [verdict_line(report)]
     if shapes:
         lines.append(f"  at {shapes[0].label}:")
     indent = "    " if shapes else "  "
@@ -83,12 +80,56 @@ def summary(report: Report) -> str:
         bad = {n: m for n, m in s.main.outputs.items() if not m.passed}
         lines.append(f"  at {s.label}: {'FAIL' if bad else 'pass'}")
         lines += [_output_line(name, m, indent) for name, m in bad.items()]
+    for s in in_point_order(report.shapes):
+        for name, d in s.made_up.items():
+            who = f"{name}: " if len(s.data) > 1 else ""
+            lines.append(f"  data at {s.label}: {who}{d.source}")
+    lines += [f"  not judged: {s.label} ({s.reason})" for s in report.skipped]
+    failing = report.failing_shapes
     first = (failing[0].main if failing else main).first_divergence
     if not report.passed and first:  # where a failing policy goes wrong, named
         lines.append(f"  first divergence at {first['node']} ({first['reason']})")
     lines.append(at_risk_lines(report.at_risk, main.emulation))
     lines.append(_baseline_line(report))
     return "\n".join(lines)
+
+
+def judged_line(front) -> str:
+    """What `check` measured: every point with its data, made-up data and skipped points said."""
+    runs = in_point_order([r.point for r in front.shapes])
+    data = {r.point.name: r.data for r in front.shapes}
+    lines = [
+        f"measured at {', '.join(p.label for p in runs)} "
+        f"({data_summary([(p.name, data[p.name]) for p in runs])})"
+    ]
+    for p in runs:
+        for name, d in data[p.name].items():
+            if d.kind in MADE_UP:
+                who = f"{name}: " if len(data[p.name]) > 1 else ""
+                lines.append(f"  data at {p.label}: {who}{d.source}")
+    lines += [f"  not judged: {p.label} ({p.skip})" for p in front.skipped]
+    return "\n".join(lines)
+
+
+def verdict_line(report: Report) -> str:
+    """`PASSED at min [..], opt [..], max [..] (emulated-fp16, storage emulation; image data)`,
+    or `FAILED at max [..]; passed at ...`: every judged point named, failing ones first."""
+    p, main = report.precision, report.main
+    how = main.evaluator + (f", {main.emulation} emulation" if main.emulation else "")
+    data = data_summary([(s.name, s.data) for s in report.shapes])
+    ordered = in_point_order(report.shapes)
+    failing = [s.label for s in ordered if not s.main.passed]
+    passing = [s.label for s in ordered if s.main.passed]
+    if report.passed or not ordered:
+        where = f" at {', '.join(passing)}" if passing else ""
+    else:
+        where = f" at {', '.join(failing)}" + (
+            f"; passed at {', '.join(passing)}" if passing else ""
+        )
+    return (
+        f"{'PASSED' if report.passed else 'FAILED'}{where} ({how}{'; ' + data if data else ''}): "
+        f"{p.share_text()}, {len(p.pinned)} node(s) pinned to FP32"
+    )
 
 
 def _output_line(name: str, m: Any, indent: str = "  ") -> str:
@@ -110,8 +151,9 @@ def _baseline_line(report: Report) -> str:
     )
 
 
-def junit_xml(suite: str, cases: list[tuple[str, str, str | None]]) -> str:
-    """JUnit XML from (classname, name, failure text or None) cases; CI dashboards read it."""
+def junit_xml(suite: str, cases: list[tuple[str, str, str | None]], skipped=()) -> str:
+    """JUnit XML from (classname, name, failure text or None) cases, and (classname, name,
+    reason) skipped ones; CI dashboards read it."""
     # imported here: xml.sax pulls in urllib, which `check` does not need at start-up
     from xml.sax.saxutils import escape, quoteattr
 
@@ -124,11 +166,18 @@ def junit_xml(suite: str, cases: list[tuple[str, str, str | None]]) -> str:
         lines.append(
             f"    <testcase classname={quoteattr(classname)} name={quoteattr(name)}>{body}</testcase>"
         )
+    for classname, name, reason in skipped:
+        lines.append(
+            f"    <testcase classname={quoteattr(classname)} name={quoteattr(name)}>"
+            f"<skipped message={quoteattr(reason[:200])}/></testcase>"
+        )
     failures = sum(1 for c in cases if c[2])
     return (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<testsuites>\n  <testsuite name={quoteattr(suite)} tests="{len(cases)}" '
-        f'failures="{failures}">\n' + "\n".join(lines) + "\n  </testsuite>\n</testsuites>\n"
+        f'<testsuites>\n  <testsuite name={quoteattr(suite)} tests="{len(cases) + len(skipped)}" '
+        f'failures="{failures}" skipped="{len(skipped)}">\n'
+        + "\n".join(lines)
+        + "\n  </testsuite>\n</testsuites>\n"
     )
 
 
@@ -145,6 +194,11 @@ def junit(report: Report) -> str:
                     f"max_abs={fmt(m.max_abs)} median_abs={fmt(m.median_abs)} "
                     f"nonfinite={m.nonfinite} ({tolerance_text(m)})"
                 )
-            case = f"{name} @ {label}" if len(points) > 1 else name
+            case = f"{name} @ {label}" if len(points) > 1 or report.skipped else name
             cases.append((f"trtbuild.{report.main.evaluator}", case, failure))
-    return junit_xml(report.policy, cases)
+    skipped = [
+        (f"trtbuild.{report.main.evaluator}", f"{name} @ {s.label}", f"not judged: {s.reason}")
+        for s in report.skipped
+        for name in report.main.outputs
+    ]
+    return junit_xml(report.policy, cases, skipped)

@@ -8,11 +8,13 @@ can leave out what another shows. `to_json` keeps report.json's stable keys.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.accuracy.checks import describe, image_like, map_like
 from trtbuild.accuracy.evaluate import EMULATED, REFERENCE, OutputMetrics
+from trtbuild.accuracy.points import DATA_KINDS, MADE_UP, InputData, point_label
 from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:
@@ -46,24 +48,27 @@ document.body.setAttribute('data-plots-loaded',i.filter(function(x){return x.com
 class ShapeVerdict:
     """The policy and its all-FP16 baseline judged at one point of the input space."""
 
-    name: str  # shape | min | opt | max | a named point | the data's dims
+    name: str  # shape | min | opt | max | a named point (opt=min where equal)
     inputs: dict[str, tuple[int, ...]]
     main: Verdict
     fp16: Verdict
+    data: dict[str, InputData] = field(default_factory=dict)  # where each input's data is from
 
     @property
     def label(self) -> str:
         """`max [1, 3, 256, 256]`: the name and the dims, of each input where there are several."""
-        if len(self.inputs) == 1:
-            return f"{self.name} {list(next(iter(self.inputs.values())))}"
-        return (
-            f"{self.name} {{" + ", ".join(f"{n}: {list(d)}" for n, d in self.inputs.items()) + "}"
-        )
+        return point_label(self.name, self.inputs)
+
+    @property
+    def made_up(self) -> dict[str, InputData]:
+        """Inputs judged on data derived from a file or synthetic: not the user's own."""
+        return {n: d for n, d in self.data.items() if d.kind in MADE_UP}
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "inputs": {n: list(d) for n, d in self.inputs.items()},
+            "data": {n: d.to_json() for n, d in self.data.items()},
             "passed": self.main.passed,
             "outputs": self.main.outputs_json(),
             "at_risk": self.main.at_risk,
@@ -75,6 +80,47 @@ class ShapeVerdict:
                 }
             },
         }
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A point the policy says not to judge (`accuracy.shapes.NAME.skip`), and why."""
+
+    name: str
+    inputs: dict[str, tuple[int, ...]]
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return point_label(self.name, self.inputs)
+
+    def to_json(self) -> dict[str, Any]:
+        inputs = {n: list(d) for n, d in self.inputs.items()}
+        return {"name": self.name, "inputs": inputs, "reason": self.reason}
+
+
+# The order a verdict names points in: the profile's, then the named ones as given.
+_POINT_ORDER = {"min": 0, "opt": 1, "max": 2, "shape": 1}
+
+
+def in_point_order(points: list) -> list:
+    """Points (anything with `.name`) as min, opt, max, then named points in their order."""
+    return sorted(points, key=lambda p: _POINT_ORDER.get(p.name.split("=")[0], 3))
+
+
+def data_summary(points: list[tuple[str, Mapping[str, InputData]]]) -> str:
+    """`image data`, or `file data at opt; data derived from a file at max`: what the (name,
+    data) points were judged on, each kind of data once."""
+    by_kind: dict[str, list[str]] = {}
+    for name, data in sorted(points, key=lambda p: _POINT_ORDER.get(p[0].split("=")[0], 3)):
+        for kind in dict.fromkeys(d.kind for d in data.values()):
+            by_kind.setdefault(kind, []).append(name)
+    parts = []
+    for kind, word in DATA_KINDS.items():
+        names = by_kind.get(kind)
+        if names:
+            parts.append(word if len(names) == len(points) else f"{word} at {', '.join(names)}")
+    return "; ".join(parts)
 
 
 @dataclass
@@ -92,6 +138,7 @@ class Report:
     fp16: Verdict
     fp32: Verdict | None = None  # `accuracy.fp32_check`
     shapes: list[ShapeVerdict] = field(default_factory=list)  # every point, the primary first
+    skipped: list[Skipped] = field(default_factory=list)  # points not judged, with the reason
     warnings: list[str] = field(default_factory=list)
     backend: str = "none"
     version: str = ""
@@ -134,6 +181,8 @@ class Report:
             "passed": self.passed,
             "at_risk": self.at_risk,
             "shapes": [s.to_json() for s in self.shapes],
+            "skipped_shapes": [s.to_json() for s in self.skipped],
+            "data": data_summary([(s.name, s.data) for s in self.shapes]),
             "divergence_evaluator": self.divergence_evaluator,
             "policy": self.policy,
             "model": self.model,
@@ -240,7 +289,7 @@ def sections(report: Report) -> list[Section]:
         _baseline_section(report),
         _at_risk_section(report),
     ]
-    if len(report.shapes) > 1:
+    if len(report.shapes) > 1 or report.skipped:
         out.insert(1, _shapes_section(report))
     if report.fp32 is not None:
         out.append(_fp32_section(report.fp32))
@@ -267,13 +316,22 @@ def _shapes_section(report: Report) -> Section:
         rows.append((f"`{name}`", *cells))
     rows.append(("first divergence", *(_short_divergence(s.main.first_divergence) for s in shapes)))
     rows.append(("all-FP16", *("passes" if s.fp16.passed else "**FAILS**" for s in shapes)))
+    rows.append(("data", *(_data_cell(s) for s in shapes)))
     text = (
         "The policy is judged at every point of its optimization profile (and every named "
         "shape of `accuracy.shapes`): sums grow with the input, and the engine serves them "
         "all. It passes only where every column passes. Cells: verdict and max |error|."
     )
     head = ("output", *(s.label for s in shapes))
-    return Section("Shapes", [Para(text), Table(head, rows)])
+    parts: list = [Para(text), Table(head, rows)]
+    parts += [Para(f"Not judged: {s.label}: {s.reason}.") for s in report.skipped]
+    return Section("Shapes", parts)
+
+
+def _data_cell(sv: ShapeVerdict) -> str:
+    """Each input's data at a point (its name where there are several inputs)."""
+    many = len(sv.data) > 1
+    return "; ".join(f"{n}: {d.source}" if many else d.source for n, d in sv.data.items())
 
 
 def _short_divergence(d: dict[str, Any] | None) -> str:

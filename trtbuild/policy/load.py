@@ -23,6 +23,7 @@ from trtbuild.policy.model import (
     InputSpec,
     Match,
     Passes,
+    PointSpec,
     Policy,
     Precision,
     Rule,
@@ -210,6 +211,8 @@ def _fix_hint(exc: SchemaViolation) -> str | None:
         return "write e.g. 4GiB, 512MiB or a number of bytes"
     if exc.path[-1:] == ("id",) and "guard:" in exc.message:
         return "ids starting with 'guard:' are reserved for the built-in guards; rename the rule"
+    if exc.path[-1:] == ("skip",) and len(exc.path) == 4:
+        return 'say why the point is not judged: skip: "the reason" (a list there is dims)'
     if "finite" in exc.message:
         return "write a number such as 1e-3; .nan and .inf mean nothing here"
     return None
@@ -226,7 +229,7 @@ def _dims(value: Any) -> tuple[int, ...] | None:
     return None if value is None else tuple(int(v) for v in value)
 
 
-IMAGE_KEYS = ("images", "resize", "layout", "channels", "scale")
+IMAGE_KEYS = ("images", "resize", "fit", "layout", "channels", "scale")
 
 
 def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
@@ -234,6 +237,13 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
     sources = [k for k in ("file", "distribution", "images") if k in raw]
     if len(sources) > 1:
         raise loc.error(at, f"give one of 'file', 'distribution' or 'images', not {sources}")
+    if "derive" in raw and "file" not in raw:
+        raise loc.error(
+            (*at, "derive"),
+            "'derive' applies to 'file' only",
+            "images are fit to every point (fit: resize or crop); distributions are made at "
+            "every point",
+        )
     if "images" not in raw:
         for key in IMAGE_KEYS:
             if key in raw:
@@ -257,6 +267,7 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
         images = ImageSpec(
             folder=folder,
             resize=tuple(raw["resize"]) if "resize" in raw else None,
+            fit=raw.get("fit", "resize"),
             layout=raw.get("layout"),
             channels=raw.get("channels", "RGB"),
             scale=float(raw.get("scale", 1.0 / 255.0)),
@@ -271,6 +282,7 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
         std=float(raw.get("std", 1.0)) if images is None else 1.0,
         file=(base / raw["file"]).resolve() if "file" in raw else None,
         images=images,
+        derive=raw.get("derive", "tile"),
     )
     if data_spec.file is not None and not data_spec.file.is_file():
         raise loc.error(
@@ -298,7 +310,7 @@ def _build(data: dict, path: Path, loc: _Located) -> Policy:
         passes=_passes(data.get("passes") or {}),
         precision=_precision(data.get("precision") or {}, loc),
         build=_build_spec(data.get("build") or {}, base),
-        accuracy=_accuracy(data.get("accuracy") or {}, loc),
+        accuracy=_accuracy(data.get("accuracy") or {}, base, loc),
     )
 
 
@@ -312,6 +324,12 @@ def _model(data: dict, base: Path, loc: _Located) -> Path:
         raise loc.error(
             ("model",),
             f"{model} is a folder, not an ONNX file",
+            "name the .onnx file itself (relative to the policy file)",
+        )
+    if model.exists() and not model.is_file():  # a FIFO would block the first read for ever
+        raise loc.error(
+            ("model",),
+            f"{model} is not a regular file (a FIFO, device or socket), not an ONNX file",
             "name the .onnx file itself (relative to the policy file)",
         )
     return model
@@ -451,7 +469,7 @@ def _tolerance(given: dict, where: tuple, loc: _Located) -> Tolerance:
     return tol
 
 
-def _accuracy(a: dict, loc: _Located) -> AccuracySpec:
+def _accuracy(a: dict, policy_dir: Path, loc: _Located) -> AccuracySpec:
     tol = a.get("tolerances") or {}
     base = dict(tol.get("default") or {})
     where = ("accuracy", "tolerances")
@@ -470,10 +488,33 @@ def _accuracy(a: dict, loc: _Located) -> AccuracySpec:
         output_tolerances=outputs,
         memory_budget=_size(a.get("memory_budget")),
         shapes=tuple(
-            (name, tuple((i, tuple(d)) for i, d in (dims or {}).items()))
-            for name, dims in (a.get("shapes") or {}).items()
+            _point(name, raw or {}, policy_dir, loc)
+            for name, raw in (a.get("shapes") or {}).items()
         ),
+        max_image_pixels=a.get("max_image_pixels", AccuracySpec.max_image_pixels),
     )
+
+
+def _point(name: str, raw: dict, base: Path, loc: _Located) -> PointSpec:
+    """One `accuracy.shapes` entry: input dims (lists), `data` and `skip` told apart by type."""
+    at = ("accuracy", "shapes", name)
+    data = raw.get("data") if isinstance(raw.get("data"), dict) else None
+    skip = raw.get("skip") if isinstance(raw.get("skip"), str) else None
+    dims = tuple((i, tuple(d)) for i, d in raw.items() if isinstance(d, list))
+    if skip is not None and data is not None:
+        raise loc.error((*at, "skip"), "a skipped point is not judged; its data would not be read")
+    if not dims and data is None and skip is None:
+        raise loc.error(at, "a point needs input dims, data: {file: ...} or skip: REASON")
+    file = None
+    if data is not None:
+        file = (base / data["file"]).resolve()
+        if not file.is_file():
+            raise loc.error(
+                (*at, "data", "file"),
+                f"data file not found: {file}",
+                "the path is relative to the policy file",
+            )
+    return PointSpec(name=name, dims=dims, file=file, skip=skip)
 
 
 def _size(value: int | str | None) -> int | None:

@@ -15,6 +15,11 @@ from typing import Any
 from trtbuild.numerics import FP16_MAX
 
 EMULATIONS = ("storage", "strict")
+IMAGE_FITS = ("resize", "crop")  # how images are brought to each point's H x W
+DERIVATIONS = ("tile", "synthetic", "none")  # a file's data at a point of another shape
+PROFILE_POINTS = ("shape", "min", "opt", "max")  # points the inputs' own shapes define
+# PIL's own limit (Image.MAX_IMAGE_PIXELS); beyond twice it PIL refuses to decode at all
+DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,8 @@ class ImageSpec:
     """A folder of images turned into input tensors the way a deployment preprocesses them."""
 
     folder: Path
-    resize: tuple[int, int] | None = None  # (H, W); default: the input's own H and W
+    resize: tuple[int, int] | None = None  # (H, W) every image takes first; then `fit`
+    fit: str = "resize"  # IMAGE_FITS: to each point's H, W by resizing, or centre crop/pad
     layout: str | None = None  # NCHW or NHWC; default: where the channel dimension is 1 or 3
     channels: str = "RGB"
     scale: float = 1.0 / 255.0
@@ -39,6 +45,7 @@ class DataSpec:
     std: float = 1.0
     file: Path | None = None
     images: ImageSpec | None = None
+    derive: str = "tile"  # DERIVATIONS: a file's data at a point its arrays do not fit
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,25 @@ class Tolerance:
         return found + (("indices",) if self.compare == "indices" else ())
 
 
+@dataclass(frozen=True)
+class PointSpec:
+    """One entry of `accuracy.shapes`: a named point, or data/skip for a profile's own point.
+
+    Why data and skip per point: a file holds one shape, and the engine serves every
+    shape of its profile; each point gets its own real data, data derived from the
+    input's, or an explicit reason it is not judged, never a silent drop.
+    """
+
+    name: str
+    dims: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ((input, dims), ...)
+    file: Path | None = None  # an .npz keyed by input name, arrays of this point's shapes
+    skip: str | None = None  # why this point is not judged
+
+    @property
+    def is_profile_point(self) -> bool:
+        return self.name in PROFILE_POINTS
+
+
 DEFAULT_BUDGET_SHARE = 24  # the default memory budget: this share of the machine's memory ...
 DEFAULT_BUDGET_RANGE = (256 << 20, 4 << 30)  # ... within these bounds
 
@@ -203,8 +229,9 @@ class AccuracySpec:
     default_tolerance: Tolerance = field(default_factory=Tolerance)
     output_tolerances: tuple[tuple[str, Tolerance], ...] = ()
     memory_budget: int | None = None  # bytes of tensors a judge holds; None: the machine's share
-    # named input shapes judged beside the profile's min/opt/max: ((name, ((input, dims), ...)), ...)
-    shapes: tuple[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], ...] = ()
+    # named input shapes judged beside the profile's min/opt/max, and per-point data or skip
+    shapes: tuple[PointSpec, ...] = ()
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # a larger image is exit 2, not decoded
 
     def budget(self) -> MemoryBudget:
         if self.memory_budget is not None:

@@ -14,7 +14,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trtbuild.graph.patterns import PATTERNS
-from trtbuild.policy.model import EMULATIONS, GUARDS
+from trtbuild.policy.model import (
+    DEFAULT_BUDGET_SHARE,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DERIVATIONS,
+    EMULATIONS,
+    GUARDS,
+    IMAGE_FITS,
+)
 
 PRECISIONS = ("fp16", "bf16", "fp32")
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "none")
@@ -89,9 +96,23 @@ _DATA = {
         "images": {**_NAME, "description": "a folder, relative to the policy"},
         "resize": {
             "type": "array",
+            "description": "[H, W] every image is resized to first; `fit` then brings it to each "
+            "judged point's H, W (useful with fit: crop; default: straight to each point)",
             "items": {"type": "integer", "minimum": 1, "maximum": 65536},
             "minItems": 2,
             "maxItems": 2,
+        },
+        "fit": {
+            "enum": list(IMAGE_FITS),
+            "description": "how images meet each point's H, W: resize (default) or crop (centre "
+            "crop, mirrored padding where the image is smaller; keeps the pixel scale)",
+        },
+        "derive": {
+            "enum": list(DERIVATIONS),
+            "description": "a file's data at a point whose shape its arrays do not have: tile "
+            "(default; crop or repeat along the axes that differ), synthetic (random values "
+            "with the data's per-channel mean, std and range) or none (exit 2: give the point "
+            "data in accuracy.shapes or skip it)",
         },
         "layout": {"enum": ["NCHW", "NHWC"]},
         "channels": {"enum": ["RGB", "BGR", "GRAY"]},
@@ -99,6 +120,34 @@ _DATA = {
             **_NUMBER,
             "description": "pixels are multiplied by this before mean/std (default 1/255)",
         },
+    },
+}
+
+# A point of `accuracy.shapes`: input dims, plus `data` (a mapping) and `skip` (a reason).
+# Told apart by the value's type, so an input named `data` or `skip` can still get dims.
+_POINT_DATA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["file"],
+    "properties": {
+        "file": {**_NAME, "description": ".npz keyed by input name, this point's shapes"}
+    },
+}
+_POINTS = {
+    "type": "object",
+    "description": "points judged beside a profile's min, opt and max: {NAME: {INPUT: [dims]}} "
+    "(inputs not named keep their opt shape); any point, min/opt/max included, may add "
+    "data: {file: X.npz} (its own real data) or skip: REASON (not judged; the verdict says so)",
+    "maxProperties": 64,
+    "propertyNames": {"pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+    "additionalProperties": {
+        "type": "object",
+        "minProperties": 1,
+        "properties": {
+            "data": {"oneOf": [_DIMS, _POINT_DATA]},
+            "skip": {"oneOf": [_DIMS, {"type": "string", "minLength": 1, "maxLength": 1000}]},
+        },
+        "additionalProperties": _DIMS,
     },
 }
 
@@ -260,20 +309,17 @@ SCHEMA: dict[str, Any] = {
                 "memory_budget": {
                     **_SIZE,
                     "description": "bytes of tensors a judgement holds at once (e.g. 2GiB); runs "
-                    "larger than this stream through it. Default: 1/48 of this machine's memory, "
-                    "within 256 MiB to 4 GiB",
+                    "larger than this stream through it. Default: "
+                    f"1/{DEFAULT_BUDGET_SHARE} of this machine's memory, within 256 MiB to 4 GiB",
                 },
-                "shapes": {
-                    "type": "object",
-                    "description": "named input shapes judged too, beside a profile's min, opt "
-                    "and max: {NAME: {INPUT: [dims]}}; inputs not named keep their opt shape",
-                    "maxProperties": 64,
-                    "propertyNames": {"pattern": "^[A-Za-z0-9_.-]{1,64}$"},
-                    "additionalProperties": {
-                        "type": "object",
-                        "minProperties": 1,
-                        "additionalProperties": _DIMS,
-                    },
+                "shapes": _POINTS,
+                "max_image_pixels": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 2 * DEFAULT_MAX_IMAGE_PIXELS,
+                    "description": "an image with more pixels is refused before it is decoded "
+                    f"(default {DEFAULT_MAX_IMAGE_PIXELS:,}, Pillow's; at most twice that, "
+                    "where Pillow itself refuses)",
                 },
                 "fp32_check": {
                     "type": "boolean",
@@ -402,7 +448,7 @@ def _type_message(value: Any, want: Any, e: Any) -> str:
     types = [want] if isinstance(want, str) else want
     return (
         "must be "
-        + " or ".join("an integer" if t == "integer" else "a " + t for t in types)
+        + " or ".join(("an " if t[0] in "aeiou" else "a ") + t for t in types)
         + (f", got {_describe(value)}")
     )
 

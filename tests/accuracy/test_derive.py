@@ -1,0 +1,98 @@
+"""A file's data at points of other shapes: the file where it fits, derived where it does not,
+and said so; `derive: none` and what cannot be derived are the user's to fix."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import F, model, node
+from trtbuild.cli import main
+from trtbuild.errors import UsageError
+from trtbuild.front import run_front
+from trtbuild.policy import load_policy
+
+FRAMES = np.arange(2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3)  # 2 samples of 5 frames
+
+
+def _policy(tmp_path, data: str = "{file: x.npz}", accuracy: str = "") -> object:
+    dims = [1, "t", 3]
+    onnx.save(
+        model([node("Identity", ["x"], "y", "id")], [("x", F, dims)], [("y", F, dims)]),
+        tmp_path / "m.onnx",
+    )
+    np.savez(tmp_path / "x.npz", x=FRAMES[:, None])
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        textwrap.dedent(f"""\
+        version: 1
+        model: m.onnx
+        inputs:
+          x: {{min: [1, 2, 3], opt: [1, 5, 3], max: [1, 12, 3], data: {data}}}
+        """)
+        + (f"accuracy:\n{textwrap.indent(accuracy, '  ')}" if accuracy else "")
+    )
+    return path
+
+
+def _runs(path) -> dict:
+    return {r.point.name: r for r in run_front(load_policy(path), reference="none").shapes}
+
+
+def test_the_file_where_it_fits_cropped_and_tiled_elsewhere(tmp_path):
+    runs = _runs(_policy(tmp_path))
+    assert runs["opt"].data["x"].kind == "file"
+    np.testing.assert_array_equal(runs["opt"].feeds[1]["x"][0], FRAMES[1])
+    assert runs["min"].data["x"].source == "x.npz cropped on axis 1 (5 -> 2)"
+    np.testing.assert_array_equal(runs["min"].feeds[0]["x"][0], FRAMES[0, :2])
+    assert runs["max"].data["x"].source == "x.npz tiled on axis 1 (5 -> 12)"
+    tiled = runs["max"].feeds[1]["x"][0]
+    np.testing.assert_array_equal(tiled, FRAMES[1, np.arange(12) % 5])
+
+
+def test_synthetic_data_keeps_each_channel_within_its_range(tmp_path):
+    runs = _runs(_policy(tmp_path, "{file: x.npz, derive: synthetic}"))
+    made = runs["max"].feeds[0]["x"][0]  # [12, 3]
+    assert runs["max"].data["x"].kind == "synthetic"
+    assert "per index of axis 0, 2" in runs["max"].data["x"].source
+    lo, hi = FRAMES.min(axis=(0, 1)), FRAMES.max(axis=(0, 1))
+    assert made.shape == (12, 3) and (made >= lo).all() and (made <= hi).all()
+    assert not np.array_equal(made[:5], FRAMES[0])  # not the file's values
+
+
+def test_derive_none_names_the_point_and_the_fix(tmp_path, capsys):
+    assert main(["check", "--policy", str(_policy(tmp_path, "{file: x.npz, derive: none}"))]) == 2
+    err = capsys.readouterr().err
+    assert "min [1, 2, 3] needs [1, 2, 3] and derive is none" in err
+    assert "accuracy.shapes.min.data.file" in err and "accuracy.shapes.min.skip" in err
+
+
+def test_a_point_gets_its_own_file(tmp_path, capsys):
+    path = _policy(tmp_path, accuracy="shapes: {max: {data: {file: long.npz}}}\n")
+    long = np.full((1, 12, 3), 7.0, np.float32)
+    np.savez(tmp_path / "long.npz", x=long)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    said = capsys.readouterr().out
+    assert "data at min [1, 2, 3]: x.npz cropped on axis 1 (5 -> 2)" in said
+    assert "data at max" not in said  # its own real data
+    shapes = {s["name"]: s for s in json.loads((out / "report.json").read_text())["shapes"]}
+    assert shapes["max"]["data"]["x"] == {"kind": "file", "source": "long.npz (this point's own)"}
+
+
+def test_a_points_file_of_another_shape_is_exit_2(tmp_path):
+    path = _policy(tmp_path, accuracy="shapes: {max: {data: {file: long.npz}}}\n")
+    np.savez(tmp_path / "long.npz", x=np.zeros((1, 11, 3), np.float32))
+    with pytest.raises(UsageError, match=r"accuracy\.shapes\.max\.data\.file: array 'x' has shape"):
+        run_front(load_policy(path), reference="none")
+
+
+def test_an_axis_the_model_fixes_cannot_be_derived(tmp_path):
+    path = _policy(tmp_path)
+    np.savez(tmp_path / "x.npz", x=np.zeros((1, 5, 4), np.float32))  # 4 features, the model 3
+    with pytest.raises(UsageError, match="has 4 on axis 2 where the model's input has 3"):
+        run_front(load_policy(path), reference="none")

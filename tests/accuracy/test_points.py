@@ -1,0 +1,114 @@
+"""Every point of the input space is judged, whatever the data; none is dropped silently."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+from PIL import Image
+
+from tests.helpers import F, model, node
+from trtbuild.accuracy.points import shape_points
+from trtbuild.cli import main
+from trtbuild.errors import UsageError
+from trtbuild.front import run_front
+from trtbuild.policy import load_policy
+
+
+def _policy(tmp_path, inputs: str, accuracy: str = "") -> object:
+    """An identity over [1, 3, h, w] with an image folder of two photos of other sizes."""
+    dims = [1, 3, "h", "w"]
+    onnx.save(
+        model([node("Identity", ["x"], "y", "id")], [("x", F, dims)], [("y", F, dims)]),
+        tmp_path / "m.onnx",
+    )
+    (tmp_path / "images").mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i, size in enumerate(((20, 30), (16, 16))):
+        pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "images" / f"{i}.png")
+    path = tmp_path / "p.yaml"
+    text = f"version: 1\nmodel: m.onnx\ninputs:\n  x:\n{textwrap.indent(inputs, '    ')}"
+    path.write_text(text + (f"accuracy:\n{textwrap.indent(accuracy, '  ')}" if accuracy else ""))
+    return path
+
+
+PROFILE = "min: [1, 3, 8, 8]\nopt: [1, 3, 16, 16]\nmax: [1, 3, 32, 24]\ndata: {images: images}\n"
+
+
+def test_image_data_is_judged_at_every_profile_point_and_named_point(tmp_path):
+    path = _policy(tmp_path, PROFILE, "shapes: {wide: {x: [1, 3, 16, 24]}}\n")
+    front = run_front(load_policy(path), reference="none")
+    got = {r.point.name: r.feeds[0]["x"].shape for r in front.shapes}
+    assert got == {
+        "opt": (1, 3, 16, 16),
+        "min": (1, 3, 8, 8),
+        "max": (1, 3, 32, 24),
+        "wide": (1, 3, 16, 24),
+    }
+    for run in front.shapes:
+        assert len(run.feeds) == 2 and run.data["x"].kind == "images"
+        h, w = run.point.shapes["x"][2:]
+        assert run.data["x"].source == f"images images/ resized to {h}x{w}"
+
+
+def test_a_named_point_outside_the_profile_is_exit_2_with_image_data(tmp_path, capsys):
+    path = _policy(tmp_path, PROFILE, "shapes: {huge: {x: [1, 3, 64, 64]}}\n")
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "accuracy.shapes.huge.x: [1, 3, 64, 64] is outside the optimization profile" in err
+    assert "[1, 3, 8, 8] .. [1, 3, 32, 24]" in err
+
+
+def test_a_point_beside_a_static_shape_is_outside_what_the_engine_is_built_for(tmp_path):
+    path = _policy(tmp_path, "shape: [1, 3, 16, 16]\n", "shapes: {big: {x: [1, 3, 32, 32]}}\n")
+    with pytest.raises(UsageError, match="outside the static shape \\[1, 3, 16, 16\\]"):
+        shape_points(load_policy(path), onnx.load(tmp_path / "m.onnx"))
+
+
+def test_a_profile_point_takes_its_dims_from_the_profile(tmp_path):
+    path = _policy(tmp_path, PROFILE, "shapes: {max: {x: [1, 3, 30, 24]}}\n")
+    with pytest.raises(UsageError, match="differs from the profile's max") as info:
+        run_front(load_policy(path), reference="none")
+    assert "give only data or skip there" in str(info.value)
+
+
+def test_a_skipped_point_is_named_in_every_verdict(tmp_path, capsys):
+    path = _policy(tmp_path, PROFILE, "shapes: {min: {skip: warm-up shape only}}\n")
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("PASSED at opt [1, 3, 16, 16], max [1, 3, 32, 24] (")
+    assert "  not judged: min [1, 3, 8, 8] (warm-up shape only)" in said
+    report = json.loads((out / "report.json").read_text())
+    assert [s["name"] for s in report["shapes"]] == ["opt", "max"]
+    assert report["skipped_shapes"] == [
+        {"name": "min", "inputs": {"x": [1, 3, 8, 8]}, "reason": "warm-up shape only"}
+    ]
+    assert "<skipped message=" in (out / "junit.xml").read_text()
+    assert "Not judged: min [1, 3, 8, 8]: warm-up shape only." in (out / "report.md").read_text()
+
+
+def test_skipping_every_point_is_exit_2(tmp_path, capsys):
+    path = _policy(
+        tmp_path,
+        "shape: [1, 3, 16, 16]\ndata: {images: images}\n",
+        "shapes: {shape: {skip: none today}}\n",
+    )
+    assert main(["check", "--policy", str(path)]) == 2
+    assert "every point is skipped" in capsys.readouterr().err
+
+
+def test_skip_true_asks_for_the_reason(tmp_path, capsys):
+    path = _policy(tmp_path, PROFILE, "shapes: {min: {skip: true}}\n")
+    assert main(["check", "--policy", str(path)]) == 2
+    assert 'say why the point is not judged: skip: "the reason"' in capsys.readouterr().err
+
+
+def test_min_equal_to_opt_is_judged_once_under_both_names(tmp_path):
+    inputs = "min: [1, 3, 16, 16]\nopt: [1, 3, 16, 16]\nmax: [1, 3, 32, 24]\n"
+    points = shape_points(load_policy(_policy(tmp_path, inputs)), onnx.load(tmp_path / "m.onnx"))
+    assert [p.name for p in points] == ["opt=min", "max"]

@@ -1,0 +1,123 @@
+"""A file's data at a point whose shape its arrays do not have: tiled, synthetic, or refused.
+
+Why derive at all: an .npz holds one shape (299 frames), and the engine serves a
+profile (1 to 1000 frames); judging only the file's shape would call the whole
+profile good from one point. Tiling keeps the real values and their order along
+the axes that differ (a sequence repeated to length, or its first frames);
+synthetic data keeps their statistics. Either is said plainly, and `derive: none`
+makes a point without data of its own the user's to fix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trtbuild.accuracy.points import ShapePoint
+from trtbuild.errors import UsageError
+from trtbuild.policy.model import InputSpec, Policy
+
+
+def fit(
+    policy: Policy,
+    spec: InputSpec,
+    arr: np.ndarray,
+    shape: tuple[int, ...],
+    model_dims: list,
+    point: ShapePoint | None,
+) -> tuple[np.ndarray, str, str]:
+    """`arr` as [samples, *shape], with its kind (file, derived, synthetic) and its source."""
+    field, name = f"inputs.{spec.name}.data.file", spec.data.file.name
+    samples = _with_sample_axis(policy, field, spec.name, arr, shape)
+    have = samples.shape[1:]
+    if have == shape:
+        return samples, "file", name
+    _check_axes(policy, field, spec.name, have, shape, model_dims)
+    where = point.label if point is not None else str(list(shape))
+    if spec.data.derive == "none":
+        point_name = point.name.split("=")[-1] if point is not None else "opt"
+        raise UsageError(
+            f"{field}: array '{spec.name}' has shape {list(have)}; {where} needs {list(shape)} "
+            "and derive is none",
+            where=str(policy.path),
+            hint=f"give the point its own data (accuracy.shapes.{point_name}.data.file), skip it "
+            f"(accuracy.shapes.{point_name}.skip: REASON), or set derive: tile or synthetic",
+        )
+    if spec.data.derive == "synthetic":
+        return (
+            _synthetic(samples, shape, policy.accuracy.seed),
+            "synthetic",
+            _said(name, have, shape, synthetic=True),
+        )
+    return _tiled(samples, shape), "derived", _said(name, have, shape, synthetic=False)
+
+
+def _with_sample_axis(
+    policy: Policy, field: str, name: str, arr: np.ndarray, shape: tuple[int, ...]
+) -> np.ndarray:
+    """[N, *dims]: one sample where the array has the input's rank, else its leading axis."""
+    if arr.ndim == len(shape):
+        return arr[None]
+    if arr.ndim == len(shape) + 1 and arr.shape[0] > 0:
+        return arr
+    raise UsageError(
+        f"{field}: array '{name}' has shape {list(arr.shape)}; the input takes rank "
+        f"{len(shape)} ({list(shape)} here) or [N, ...] with a leading sample axis",
+        where=str(policy.path),
+        hint="save one array per input, shaped like the input or with a sample axis first",
+    )
+
+
+def _check_axes(
+    policy: Policy,
+    field: str,
+    name: str,
+    have: tuple[int, ...],
+    shape: tuple[int, ...],
+    model_dims: list,
+) -> None:
+    """Only axes the model leaves dynamic may differ: any other holds another input."""
+    for axis, (a, b, fixed) in enumerate(zip(have, shape, model_dims)):
+        if a != b and (a == 0 or (isinstance(fixed, int) and fixed > 0)):
+            raise UsageError(
+                f"{field}: array '{name}' has {a} on axis {axis} where the model's input has "
+                f"{b}; only dynamic axes can be derived",
+                where=str(policy.path),
+                hint=f"save the array with shape {list(shape)} (or [N, ...] of it)",
+            )
+
+
+def _tiled(samples: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Each differing axis cropped to its first entries, or repeated (wrapping) to length."""
+    out = samples
+    for axis, want in enumerate(shape, start=1):
+        if out.shape[axis] != want:
+            out = np.take(out, np.arange(want), axis=axis, mode="wrap")
+    return out
+
+
+def _synthetic(samples: np.ndarray, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Random values with the data's mean, std and range per index of the axes that keep
+    their size (a spectrogram's frequency bins, an image's channels)."""
+    pooled = (0, *(i + 1 for i, (a, b) in enumerate(zip(samples.shape[1:], shape)) if a != b))
+    lo, hi = samples.min(axis=pooled, keepdims=True), samples.max(axis=pooled, keepdims=True)
+    rng = np.random.default_rng(seed)
+    size = (len(samples), *shape)
+    if samples.dtype.kind == "f":
+        x = samples.astype(np.float64)
+        mean, std = x.mean(axis=pooled, keepdims=True), x.std(axis=pooled, keepdims=True)
+        return np.clip(rng.normal(mean, std, size=size), lo, hi).astype(samples.dtype)
+    drawn = rng.integers(lo.astype(np.int64), hi.astype(np.int64), size=size, endpoint=True)
+    return drawn.astype(samples.dtype)
+
+
+def _said(name: str, have: tuple, shape: tuple, *, synthetic: bool) -> str:
+    """`frames.npz tiled on axis 1 (299 -> 1000)`, or the synthetic data's statistics."""
+    changed = [(i, a, b) for i, (a, b) in enumerate(zip(have, shape)) if a != b]
+    if synthetic:
+        kept = [str(i) for i in range(len(shape)) if i not in {c[0] for c in changed}]
+        per = f" per index of axis {', '.join(kept)}" if kept else ""
+        return f"synthetic: normal values with {name}'s mean, std and range{per} (it holds {list(have)})"
+    steps = ", ".join(
+        f"{'tiled' if b > a else 'cropped'} on axis {i} ({a} -> {b})" for i, a, b in changed
+    )
+    return f"{name} {steps}"
