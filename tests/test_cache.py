@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import pickle
+import shlex
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import NAFNET_POLICY, PINS
+from tests.conftest import NAFNET_POLICY, PINS, ROOT
+from trtbuild import cache as cache_mod
 from trtbuild import front
-from trtbuild.cache import Cache
+from trtbuild.cache import KINDS, Cache
 from trtbuild.cli import main
 from trtbuild.policy import load_policy
 
@@ -58,14 +65,15 @@ def test_another_seed_misses_the_reference_only(tmp_path, nafnet_path, cache_dir
 
 def test_least_recently_used_entries_leave_first(tmp_path):
     cache = Cache(root=tmp_path, max_bytes=250_000)
-    payload = b"x" * 100_000
-    for name in ("a", "b"):
-        cache.put("prepared", name * 64, payload)
-    assert cache.get("prepared", "a" * 64) == payload  # a is now the most recently used
-    cache.put("prepared", "c" * 64, payload)  # over the cap: b goes, not a
-    assert cache.get("prepared", "b" * 64) is None
-    assert cache.get("prepared", "a" * 64) == payload
-    assert cache.get("prepared", "c" * 64) == payload
+    value = _prepared(100_000)
+    a, b, c = (_digest(name) for name in "abc")
+    for digest in (a, b):
+        cache.put("prepared", digest, value)
+    assert _same(cache.get("prepared", a), value)  # a is now the most recently used
+    cache.put("prepared", c, value)  # over the cap: b goes, not a
+    assert cache.get("prepared", b) is None
+    assert _same(cache.get("prepared", a), value)
+    assert _same(cache.get("prepared", c), value)
 
 
 def test_cache_info_and_clear_and_check_writes_no_tensors(
@@ -92,14 +100,15 @@ def test_cache_info_and_clear_and_check_writes_no_tensors(
 
 def test_an_entry_over_its_share_of_the_cap_is_not_written_and_evicts_nothing(tmp_path):
     cache = Cache(root=tmp_path, max_bytes=800_000)
-    small = b"x" * 90_000
+    small = _prepared(90_000)
     for name in "abcd":
-        assert cache.put("prepared", name * 64, small)
-    assert not cache.put("prepared", "e" * 64, b"x" * 900_000)  # over the whole cap
-    assert not cache.put("reference", "f" * 64, b"x" * 120_000)  # tensors: over 1/8 of it
-    assert cache.put("reference", "g" * 64, b"x" * 50_000)  # small tensors are kept
-    assert all(cache.get("prepared", n * 64) == small for n in "abcd")  # nothing evicted
-    assert cache.get("prepared", "e" * 64) is None and cache.get("reference", "f" * 64) is None
+        assert cache.put("prepared", _digest(name), small)
+    assert not cache.put("prepared", _digest("e"), _prepared(900_000))  # over the whole cap
+    assert not cache.put("reference", _digest("f"), _run_results(120_000))  # over 1/8 of it
+    assert cache.put("reference", _digest("g"), _run_results(50_000))  # small tensors are kept
+    assert all(_same(cache.get("prepared", _digest(n)), small) for n in "abcd")  # none evicted
+    assert cache.get("prepared", _digest("e")) is None
+    assert cache.get("reference", _digest("f")) is None
 
 
 def test_check_reads_the_measures_alone_and_says_what_a_cold_check_says(
@@ -155,3 +164,290 @@ def test_the_cache_prints_nothing_and_hands_each_warning_once_to_its_listener(tm
         == [f"cache off for this run: {blocked} is a file, not a folder; set TRTBUILD_CACHE_DIR"]
     )
     assert capsys.readouterr().err == ""
+
+
+# -- the cache holds data, not code (issue #34) -------------------------------------------
+
+
+def _digest(seed: str) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def _prepared(nbytes: int = 16):
+    """A real prepared graph whose model carries `nbytes` of weights."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from trtbuild.passes.basic import PassRecord
+    from trtbuild.passes.prepare import Prepared
+
+    weight = numpy_helper.from_array(np.zeros(max(nbytes // 4, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"], name="id")],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [weight],
+    )
+    records = [PassRecord("lift", 1, {"names": ["a"], "shape": (1, 2), "peak": 1.5})]
+    return Prepared(helper.make_model(graph), records)
+
+
+def _run_results(nbytes: int):
+    """Real Polygraphy RunResults with one float32 output of `nbytes`."""
+    import numpy as np
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import IterationResult
+
+    results = RunResults()
+    out = np.arange(max(nbytes // 4, 1), dtype=np.float32)
+    results.append(("onnxrt-fp32", [IterationResult({"y": out}, runner_name="onnxrt-fp32")]))
+    return results
+
+
+def _same(a, b) -> bool:
+    """Equal and of the same types all the way down; arrays bit for bit, dtypes kept."""
+    import dataclasses
+
+    import numpy as np
+    import onnx
+    from polygraphy.comparator.struct import IterationResult
+
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray | np.generic):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, onnx.ModelProto):
+        return a.SerializeToString() == b.SerializeToString()
+    if dataclasses.is_dataclass(a):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, IterationResult):
+        return (a.runner_name, a.runtime) == (b.runner_name, b.runtime) and _same(
+            dict(a.items()), dict(b.items())
+        )
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) or type(a).__name__ == "RunResults":
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and a != a:
+        return b != b
+    return a == b
+
+
+class _Recording(Cache):
+    """A real cache that also keeps what it was asked to store, to compare with what it reads."""
+
+    def __init__(self, root: Path):
+        super().__init__(root=root)
+        self.stored: dict[tuple[str, str], object] = {}
+
+    def put(self, kind, digest, value):
+        stored = super().put(kind, digest, value)
+        if stored:
+            self.stored[(kind, digest)] = value
+        return stored
+
+
+def test_every_kind_reads_back_exactly_what_was_stored_and_as_data(tmp_path):
+    policy = load_policy(ROOT / "policies" / "nafnet.yaml")
+    miss = _Recording(tmp_path / "cache")
+    cold = front.run_front(policy, reference="tensors", cache=miss)
+    assert {kind for kind, _ in miss.stored} == set(KINDS)
+    warm = Cache(root=tmp_path / "cache")
+    hot = front.run_front(policy, reference="tensors", cache=warm)
+    assert set(warm.hits.values()) == {"hit"}, warm.hits
+    for (kind, digest), value in miss.stored.items():
+        assert _same(Cache(root=tmp_path / "cache").get(kind, digest), value), kind
+    assert _same(hot.prepared, cold.prepared) and _same(hot.converted, cold.converted)
+    assert _same(hot.measures, cold.measures)
+    assert _same(hot.reference.run_results, cold.reference.run_results)
+    for path in Cache(root=tmp_path / "cache").entries():  # JSON, then blobs: no pickle
+        blob = path.read_bytes()
+        start = blob.index(b"\n", len(cache_mod.MAGIC)) + 1
+        assert blob[start : start + 8] == b'{"kind":', path
+
+
+def test_a_planted_pickle_entry_is_never_run(tmp_path, write_policy, cache_dir, capsys):
+    """Another user who could write the folder, or a CI cache restored from storage: a
+    pickle with a valid header and sha256 is dropped as corrupt, never unpickled."""
+    policy = str(write_policy())
+    assert main(["check", "--policy", policy, "--json"]) == 0
+    expected = capsys.readouterr().out
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {shlex.quote(str(marker))}",))
+
+    payload = pickle.dumps(Payload())
+    entries = Cache().entries()
+    assert entries
+    for path in entries:
+        sha = hashlib.sha256(payload).hexdigest().encode()
+        path.write_bytes(cache_mod.MAGIC + sha + b"\n" + payload)
+    code = main(["check", "--policy", policy, "--json"])
+    out, err = capsys.readouterr()
+    assert not marker.exists(), "the planted pickle ran"
+    assert code == 0 and out == expected and err.count("dropped a corrupt cache entry") == 1, err
+    assert main(["check", "--policy", policy, "--json"]) == 0  # recomputed and rewritten
+    out, err = capsys.readouterr()
+    assert out == expected and "warning" not in err and not marker.exists()
+
+
+def test_a_write_never_goes_through_a_planted_symlink(tmp_path):
+    cache = Cache(root=tmp_path / "cache")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    digest = _digest("symlinks")
+    folder = tmp_path / "cache" / "prepared" / digest[:2]
+    folder.mkdir(parents=True, mode=0o700)
+    names = [f".{digest}.{os.getpid()}.tmp"]  # the name before the fix
+    names += [f".{digest}.{os.getpid()}.{n}.tmp" for n in range(_temp_names())]
+    for name in names:
+        (folder / name).symlink_to(victim)
+    cache.put("prepared", digest, _prepared())
+    assert victim.read_text() == "precious"
+    assert [p.name for p in folder.iterdir() if not p.is_symlink()] in ([], [digest])
+
+
+def test_a_read_never_follows_a_symlink_nor_waits_on_a_fifo(tmp_path):
+    cache = Cache(root=tmp_path / "cache")
+    source, planted = _digest("real"), _digest("planted")
+    assert cache.put("prepared", source, _prepared())
+    elsewhere = tmp_path / "elsewhere"
+    (cache.root / "prepared" / source[:2] / source).rename(elsewhere)
+    link = cache.root / "prepared" / planted[:2] / planted
+    link.parent.mkdir(mode=0o700, exist_ok=True)
+    link.symlink_to(elsewhere)
+    before = elsewhere.read_bytes()
+    assert cache.get("prepared", planted) is None and cache.hits["prepared"] == "miss"
+    assert not link.is_symlink() and elsewhere.read_bytes() == before  # dropped, not followed
+    assert [e.startswith("dropped") for e in cache.events] == [True]
+    fifo = cache.root / "prepared" / source[:2] / source
+    os.mkfifo(fifo)  # a read that waited for a writer would hang here
+    assert cache.get("prepared", source) is None and not fifo.exists()
+
+
+def _temp_names() -> int:
+    return getattr(cache_mod, "TEMP_NAMES", 16)
+
+
+def _chown_away(folder: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a folder to another user")
+    os.chown(folder, 65534, 65534)
+
+
+@pytest.mark.parametrize(
+    "trouble", ["world-writable root", "group-writable kind folder", "root of another user"]
+)
+def test_a_folder_others_could_write_turns_the_cache_off(
+    trouble, tmp_path, write_policy, capsys, monkeypatch
+):
+    policy = str(write_policy())
+    assert main(["check", "--policy", policy, "--json", "--no-cache"]) == 0
+    expected = capsys.readouterr().out
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o700)
+    if trouble == "world-writable root":
+        folder.chmod(0o777)
+    elif trouble == "group-writable kind folder":
+        (folder / "prepared").mkdir(mode=0o700)
+        (folder / "prepared").chmod(0o770)
+    else:
+        _chown_away(folder)
+    monkeypatch.setenv("TRTBUILD_CACHE_DIR", str(folder))
+    assert main(["check", "--policy", policy, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert out == expected
+    assert err.count("trtbuild: warning:") == 1 and "cache off for this run" in err, err
+    assert "Traceback" not in err
+    assert Cache().info()["entries"] == 0  # nothing was written there
+
+
+def test_eviction_and_clear_touch_only_the_caches_own_files(tmp_path):
+    cache = Cache(root=tmp_path / "cache")
+    digest = _digest("entry")
+    assert cache.put("prepared", digest, _prepared())
+    folder = cache.root / "prepared" / digest[:2]
+    header = cache_mod.MAGIC + b"0" * 64 + b"\n"
+    other = _digest("other")
+    elsewhere = "00" if other[:2] != "00" else "01"
+    theirs = {
+        folder / "photo.jpg": b"\xff\xd8" + b"x" * (3 << 20),  # a user's 3 MB file
+        folder / (digest[:2] + _digest("no header")[2:]): b"a digest's name, no header",
+        cache.root / "prepared" / elsewhere / other: header,  # not in its own XX folder
+        cache.root / "measures" / "ab" / "photo.jpg": b"holiday",
+    }
+    for path, data in theirs.items():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.write_bytes(data)
+    assert cache.info()["entries"] == 1 and cache.info()["bytes"] < 1 << 20
+    cache.max_bytes = 1
+    assert cache.evict() == 1
+    assert all(path.read_bytes() == data for path, data in theirs.items())
+    cache.max_bytes = 1 << 30
+    assert cache.put("prepared", digest, _prepared())
+    assert cache.clear() == 1 and cache.entries() == []
+    assert all(path.read_bytes() == data for path, data in theirs.items())
+
+
+def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
+    import subprocess
+
+    cache = Cache(root=tmp_path / "cache")
+    digest = _digest("stale")
+    assert cache.put("prepared", digest, _prepared())
+    folder = cache.root / "prepared" / digest[:2]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    now = time.time()
+    temps = {  # name -> (age in seconds, removed?)
+        f".{digest}.{dead.pid}.0.tmp": (120, True),  # its process is gone
+        f".{digest}.{dead.pid}.tmp": (120, True),  # the name before the fix
+        f".{digest}.{os.getpid()}.1.tmp": (2 * 3600, True),  # alive, but two hours old
+        f".{digest}.{os.getpid()}.0.tmp": (0, False),  # a write under way
+        ".notes.tmp": (2 * 3600, False),  # not a name the cache makes
+    }
+    for name, (age, _) in temps.items():
+        (folder / name).write_bytes(b"partial")
+        os.utime(folder / name, (now - age, now - age))
+    cache.evict()
+    assert {n for n in temps if (folder / n).exists()} == {
+        n for n, (_, removed) in temps.items() if not removed
+    }
+    (folder / f".{digest}.{dead.pid}.0.tmp").write_bytes(b"partial")
+    os.utime(folder / f".{digest}.{dead.pid}.0.tmp", (now - 120, now - 120))
+    assert cache.clear() == 1 and not (folder / f".{digest}.{dead.pid}.0.tmp").exists()
+
+
+def test_a_value_the_codec_cannot_express_is_not_cached(tmp_path):
+    import numpy as np
+
+    cache = Cache(root=tmp_path / "cache")
+    odd = _prepared()
+    odd.records[0].details["obj"] = np.array([object()], dtype=object)  # would need pickle
+    assert cache.put("prepared", _digest("odd"), odd) is False
+    assert cache.put("prepared", _digest("set"), {"not": "a Prepared"}) is False
+    assert cache.entries() == []
+
+
+def test_check_twice_from_the_command_line_hits_and_says_the_same(tmp_path):
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "trtbuild"
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [str(exe), "check", "--policy", "policies/nafnet.yaml"]
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+        files = Cache(root=tmp_path / "cache").entries()
+        runs.append((proc.stdout, {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}))
+    (first, cold), (second, warm) = runs
+    assert first == second and cold
+    assert cold.keys() == warm.keys()
+    for path, (inode, mtime) in cold.items():  # read (touched), not rewritten
+        assert warm[path][0] == inode and warm[path][1] > mtime, path
