@@ -442,13 +442,15 @@ def _cmd_convert(args) -> int:
     from trtbuild import front
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
-    from trtbuild.precision.validate import validate_mixed
+    from trtbuild.precision.validate import start_mixed_check
 
     policy = load_policy(args.policy)
-    stages = front.run_front(policy, reference="none", cache=_cache(args), verbose=args.verbose)
-    validate_mixed(stages.converted.model)
+    cache = _cache(args)
+    stages = front.run_front(policy, reference="none", cache=cache, verbose=args.verbose)
+    check = start_mixed_check(stages.converted.model, cache)  # once per mixed model
+    loaded = check.result()  # joined before the file is written
     save_model(stages.converted.model, args.output)
-    _warn(stages.warnings)
+    _warn(stages.warnings + loaded)
     s = stages.assignment.summary()
     print(
         f"wrote {args.output}: {s.share_text()}, {s.fp32_nodes} FP32 nodes, "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from trtbuild.fsutil import write_bytes
 from trtbuild.graph.model_io import save_model
 from trtbuild.policy.model import Policy
 from trtbuild.precision.convert import Converted
-from trtbuild.precision.validate import validate_mixed
+from trtbuild.precision.validate import MixedCheck, start_mixed_check
 
 
 @dataclass
@@ -56,8 +58,8 @@ def build(
 
     front = run_front(policy, cache=cache, verbose=verbose)  # the user's errors (2) first,
     backend = resolve_backend(backend or policy.build.backend)  # then the machine's (3)
-    validate_mixed(front.converted.model)  # before anything is staged
-    with staged_output(out_dir, BUILD_FILES) as stage:
+    check = start_mixed_check(front.converted.model, cache)  # ORT's load runs beside the build
+    with _joined(check), staged_output(out_dir, BUILD_FILES) as stage:
         save_model(front.prepared.model, stage / "prepared.onnx")
         save_model(front.converted.model, stage / "mixed.onnx")
         base_models = baselines(front, engines=True)
@@ -68,10 +70,21 @@ def build(
             front, engines=plans, backend=backend, verbose=verbose, base_models=base_models
         )
         timings = {"accuracy": time.perf_counter() - t}
-        record = build_record(front, backend, engines, report.warnings, timings)
-        report = replace(report, build=record, warnings=report.warnings + engine_warnings(record))
+        loaded = check.result()  # joined before anything is published
+        record = build_record(front, backend, engines, report.warnings + loaded, timings)
+        warnings = report.warnings + loaded + engine_warnings(record)
+        report = replace(report, build=record, warnings=warnings)
         write_reports(stage, report)
     return BuildOutcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
+
+
+@contextmanager
+def _joined(check: MixedCheck) -> Iterator[None]:
+    """The mixed model's check stops with the build, whichever way the build ends."""
+    try:
+        yield
+    finally:
+        check.cancel()
 
 
 def build_engines(

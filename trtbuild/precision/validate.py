@@ -3,35 +3,135 @@
 Why: a mixed graph that `onnx.checker` refuses, or that ONNX Runtime will not
 load (a weight stored in FP16 behind an input still declared FP32), is a
 trtbuild bug however it arose; it must never be written as if it were done.
+
+How, and why so:
+- `onnx.checker`'s full check runs in this process: it cannot crash it.
+- ONNX Runtime loads the model as a user would, with its default graph
+  optimisations, in a child process (`ort_child`): its optimisers crash on some
+  valid mixed graphs (a SIGSEGV in `NchwcTransformer` on an FP16 `Transpose` →
+  `Cast` → `MatMul`, as around an FP16 GRU) or refuse them (`LayerNormFusion`
+  binding FP16 and FP32), and a crash in trtbuild's own process would take the
+  command down with it. When that load fails, a second child loads it with
+  optimisations off: if that loads, the model is valid ONNX that TensorRT builds,
+  and the failure is ONNX Runtime's (a warning naming its version and the op);
+  if not, the model is invalid (`InvalidMixedModel`, exit 70).
+- The child starts as soon as the mixed model exists (`start_mixed_check`) and
+  is joined before anything is published (`MixedCheck.result`), so the load runs
+  beside the rest of the command.
+- A model validated once is not validated again: its digest (with the versions of
+  ONNX Runtime and onnx) is recorded as a small `converted` entry of the cache
+  after the check passed, holding the check's warnings. Why a record of its own
+  and not the cached mixed model: `check` caches mixed models it never validates,
+  and the record is written only by a check that passed, so a hit proves it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
 import onnx
+
+from trtbuild.precision import ort_child
 
 
 class InvalidMixedModel(RuntimeError):
     """The converted graph fails a check: a bug in trtbuild (exit 70, with its traceback)."""
 
 
-def validate_mixed(model: onnx.ModelProto) -> None:
-    """`onnx.checker` (full check, with strict shape inference), then an ONNX Runtime session.
+def validate_mixed(model: onnx.ModelProto, cache: Any = None) -> list[str]:
+    """Both checks, waited for: the warnings (ONNX Runtime's own failures), or an
+    `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass."""
+    return start_mixed_check(model, cache).result()
 
-    A session that fails only for want of a CPU kernel for a type (ONNX Runtime has
-    no BF16 `ReduceMean`) is no fault of the model: TensorRT builds it.
-    """
-    import onnxruntime as ort
 
+def start_mixed_check(model: onnx.ModelProto, cache: Any = None) -> MixedCheck:
+    """Start ONNX Runtime's load in a child, run `onnx.checker` here meanwhile, and return
+    the load to join with `result()` before anything is published."""
+    data = model.SerializeToString()
+    digest = _digest(data)
+    if cache is not None and cache.enabled:
+        record = cache.get("converted", digest)
+        if record is not None:
+            return MixedCheck(None, None, list(record.warnings))
+    folder = Path(tempfile.mkdtemp(prefix="trtbuild-mixed-"))
+    path = folder / "mixed.onnx"
+    path.write_bytes(data)
+    check = MixedCheck(ort_child.spawn(path, "default"), path, cache=cache, digest=digest)
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:  # the checker's own ValidationError and inference errors
+        check.cancel()
         raise InvalidMixedModel(f"the mixed model fails onnx.checker (full check): {exc}") from exc
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # ONNX Runtime's own exception types
-        if type(exc).__name__ == "NotImplemented":
-            return  # no CPU kernel for a type (BF16 ReduceMean): the model is valid, the EP is not
-        raise InvalidMixedModel(f"the mixed model does not load in ONNX Runtime: {exc}") from exc
+    return check
+
+
+@dataclass
+class MixedCheck:
+    """ONNX Runtime's load of one mixed model, under way in a child process."""
+
+    proc: subprocess.Popen | None
+    path: Path | None  # the model's temporary file; its folder goes when the check ends
+    warnings: list[str] = field(default_factory=list)
+    cache: Any = None
+    digest: str = ""
+
+    def result(self) -> list[str]:
+        """Wait for the load: its warnings, or `InvalidMixedModel` where the model is invalid."""
+        if self.proc is None:
+            return self.warnings
+        try:
+            self.warnings = _judge(ort_child.outcome(self.proc), self.path)
+        finally:
+            self.cancel()
+        if self.cache is not None and self.cache.enabled:
+            self.cache.put("converted", self.digest, _record(self.warnings))
+        return self.warnings
+
+    def cancel(self) -> None:
+        """Stop the child (if it still runs) and remove the temporary model."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        if self.path is not None:
+            shutil.rmtree(self.path.parent, ignore_errors=True)
+
+
+def _judge(first: ort_child.Outcome, path: Path) -> list[str]:
+    """No warning where the default load worked; else load with optimisations off to tell
+    ONNX Runtime's fault (a warning) from the model's (`InvalidMixedModel`)."""
+    if first.ok or first.no_kernel:
+        return []  # no CPU kernel for a type (BF16 ReduceMean): the model is valid, the EP not
+    plain = ort_child.outcome(ort_child.spawn(path, "off"))
+    if not (plain.ok or plain.no_kernel):
+        said = plain.message if plain.crash is None else f"it crashed ({plain.crash})"
+        raise InvalidMixedModel(
+            f"the mixed model does not load in ONNX Runtime {ort_child.version()} "
+            f"(graph optimisations off): {said}"
+        )
+    return [ort_child.warning(first, path)]
+
+
+def _digest(data: bytes) -> str:
+    """The record's key: the model's bytes and what judged them."""
+    h = hashlib.sha256(b"trtbuild-validated\0")
+    h.update(f"onnxruntime={ort_child.version()};onnx={onnx.__version__};".encode())
+    h.update(sys.version.encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+def _record(warnings: list[str]) -> Any:
+    """A `converted` value holding only the check's warnings (a tiny model, no casts)."""
+    from onnx import helper
+
+    from trtbuild.precision.convert import Converted
+
+    graph = helper.make_graph([], "validated", [], [])
+    return Converted(helper.make_model(graph), [], list(warnings))

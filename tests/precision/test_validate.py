@@ -1,0 +1,141 @@
+"""The mixed model is loaded as a user loads it, in a child process (issues #34, #36).
+
+An FP16 GRU's mixed model crashes ONNX Runtime's default-optimised session (a SIGSEGV in
+NchwcTransformer), which the old check, a session with optimisations off in trtbuild's own
+process, called loadable. Now the crash is a warning naming ONNX Runtime's version and
+the node, the model stays valid ONNX, and a model validated once is not loaded again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtbuild import cache_codec
+from trtbuild.cache import Cache
+from trtbuild.precision.validate import InvalidMixedModel, start_mixed_check, validate_mixed
+
+HIDDEN, WIDTH = 8, 4
+
+
+def _gru(fp16: bool) -> onnx.ModelProto:
+    """x (batch-major) → Transpose → GRU → Squeeze → Transpose → MatMul head; the mixed
+    form (FP16 GRU, FP32 head) is what `convert` writes for a policy pinning the head."""
+    rng = np.random.default_rng(0)
+    kind = np.float16 if fp16 else np.float32
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((1, 3 * HIDDEN, WIDTH)).astype(kind), "W"),
+        numpy_helper.from_array(rng.standard_normal((1, 3 * HIDDEN, HIDDEN)).astype(kind), "R"),
+        numpy_helper.from_array(rng.standard_normal((HIDDEN, 4)).astype(np.float32), "P"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis"),
+    ]
+    x = "xh" if fp16 else "x"
+    nodes = [
+        helper.make_node("Transpose", [x], ["xt"], perm=[1, 0, 2], name="to_time_major"),
+        helper.make_node("GRU", ["xt", "W", "R"], ["Y", ""], hidden_size=HIDDEN, name="gru"),
+        helper.make_node("Squeeze", ["Y", "axis"], ["Ys"], name="squeeze"),
+        helper.make_node("Transpose", ["Ys"], ["Yt"], perm=[1, 0, 2], name="to_batch_major"),
+        helper.make_node("MatMul", ["Yf" if fp16 else "Yt", "P"], ["y"], name="head"),
+    ]
+    if fp16:
+        nodes.insert(0, helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16))
+        nodes.insert(-1, helper.make_node("Cast", ["Yt"], ["Yf"], to=TensorProto.FLOAT))
+        nodes[0].name, nodes[-2].name = "x/cast", "Yt/cast"
+    graph = helper.make_graph(
+        nodes,
+        "gru",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "steps", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "steps", 4])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _crashes_in_default_session(path) -> bool:
+    code = f"import onnxruntime as o; o.InferenceSession({str(path)!r}, providers=['CPUExecutionProvider'])"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode < 0
+
+
+def test_an_onnx_runtime_crash_is_a_warning_naming_its_version_and_the_node(tmp_path):
+    mixed = _gru(fp16=True)
+    onnx.save(mixed, tmp_path / "mixed.onnx")
+    if not _crashes_in_default_session(tmp_path / "mixed.onnx"):
+        pytest.skip(f"ONNX Runtime {ort.__version__} on this CPU does not crash on it")
+    warnings = validate_mixed(mixed)  # in this process, it would have been a SIGSEGV
+    (said,) = warnings
+    assert f"ONNX Runtime {ort.__version__} crashes (SIGSEGV)" in said
+    assert "NchwcTransformer" in said and "at node 'head' (MatMul)" in said
+    assert 'disabled_optimizers=["NchwcTransformer"]' in said
+    onnx.checker.check_model(mixed, full_check=True)  # the file stays valid ONNX
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ort.InferenceSession(mixed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def test_a_model_that_does_not_load_is_invalid_and_nothing_is_recorded(tmp_path):
+    """An FP16 weight where the graph declares FP32: an InvalidMixedModel (exit 70)."""
+    model = _gru(fp16=False)
+    weight = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float16)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(weight, "W"))
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    with pytest.raises(InvalidMixedModel, match="the mixed model"):
+        validate_mixed(model, cache)
+    assert start_mixed_check(_gru(fp16=False), cache).proc is not None
+
+
+def test_a_model_validated_once_is_not_loaded_again(tmp_path):
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    mixed = _gru(fp16=True)
+    first = validate_mixed(mixed, cache)
+    again = start_mixed_check(mixed, cache)
+    assert again.proc is None  # no child, no session: the record of the first check
+    assert again.result() == first
+    other = _gru(fp16=False)
+    check = start_mixed_check(other, cache)
+    assert check.proc is not None  # another model is checked
+    assert check.result() == []
+
+
+def test_convert_of_a_gru_policy_warns_and_writes_the_model(tmp_path):
+    """The real command: the FP16 GRU's crash is a warning (exit 0), said again when warm."""
+    onnx.save(_gru(fp16=False), tmp_path / "gru.onnx")
+    policy = tmp_path / "gru.yaml"
+    policy.write_text(
+        textwrap.dedent(
+            """\
+            version: 1
+            model: gru.onnx
+            inputs: {x: {shape: [1, 6, 4]}}
+            precision:
+              default: fp16
+              rules:
+                - {id: head, match: {name: "^head$"}, precision: fp32}
+            build: {backend: none}
+            """
+        )
+    )
+    env_cache = tmp_path / "cache"
+    said = []
+    for _ in range(2):  # cold, then warm: the validation is remembered, its warning too
+        out = tmp_path / "mixed.onnx"
+        done = subprocess.run(
+            [sys.executable, "-m", "trtbuild", "convert", "--policy", str(policy), "-o", str(out)],
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "TRTBUILD_CACHE_DIR": str(env_cache)},
+        )
+        assert done.returncode == 0, done.stderr
+        said.append(done.stdout + done.stderr)
+        onnx.checker.check_model(onnx.load(out), full_check=True)
+    if not _crashes_in_default_session(tmp_path / "mixed.onnx"):
+        pytest.skip(f"ONNX Runtime {ort.__version__} on this CPU does not crash on it")
+    assert all(f"ONNX Runtime {ort.__version__} crashes (SIGSEGV)" in s for s in said), said
