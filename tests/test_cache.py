@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import NAFNET_POLICY, PINS, ROOT
 from trtbuild import cache as cache_mod
-from trtbuild import front
+from trtbuild import cache_codec, front
 from trtbuild.cache import KINDS, Cache
 from trtbuild.cli import main
 from trtbuild.policy import load_policy
@@ -64,7 +64,7 @@ def test_another_seed_misses_the_reference_only(tmp_path, nafnet_path, cache_dir
 
 
 def test_least_recently_used_entries_leave_first(tmp_path):
-    cache = Cache(root=tmp_path, max_bytes=250_000)
+    cache = Cache(codec=cache_codec, root=tmp_path, max_bytes=250_000)
     value = _prepared(100_000)
     a, b, c = (_digest(name) for name in "abc")
     for digest in (a, b):
@@ -95,11 +95,11 @@ def test_cache_info_and_clear_and_check_writes_no_tensors(
     assert "1 measures " in capsys.readouterr().out
     assert main(["cache", "clear"]) == 0
     assert "removed 3 entries" in capsys.readouterr().out
-    assert Cache().info()["entries"] == 0
+    assert Cache(codec=cache_codec).info()["entries"] == 0
 
 
 def test_an_entry_over_its_share_of_the_cap_is_not_written_and_evicts_nothing(tmp_path):
-    cache = Cache(root=tmp_path, max_bytes=800_000)
+    cache = Cache(codec=cache_codec, root=tmp_path, max_bytes=800_000)
     small = _prepared(90_000)
     for name in "abcd":
         assert cache.put("prepared", _digest(name), small)
@@ -120,7 +120,7 @@ def test_check_reads_the_measures_alone_and_says_what_a_cold_check_says(
         assert main(["check", "--policy", str(policy), "--json", *extra]) == 0
         said.append(capsys.readouterr().out)
     assert said[0] == said[1] == said[2]
-    cache = Cache()
+    cache = Cache(codec=cache_codec)
     stages = front.run_front(load_policy(policy), reference="measures", cache=cache)
     assert stages.reference is None and stages.cache_hits["reference"] == "hit"
     assert "reference" not in cache.hits  # the tensors' entry was not read
@@ -154,7 +154,7 @@ def test_the_cache_prints_nothing_and_hands_each_warning_once_to_its_listener(tm
     heard: list[str] = []
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    cache = Cache(root=blocked, on_event=heard.append)
+    cache = Cache(codec=cache_codec, root=blocked, on_event=heard.append)
     cache.check_root()
     cache.check_root()
     assert cache.put("measures", "ab" * 32, {"x": 1}) is False
@@ -239,7 +239,7 @@ class _Recording(Cache):
     """A real cache that also keeps what it was asked to store, to compare with what it reads."""
 
     def __init__(self, root: Path):
-        super().__init__(root=root)
+        super().__init__(root=root, codec=cache_codec)
         self.stored: dict[tuple[str, str], object] = {}
 
     def put(self, kind, digest, value):
@@ -254,15 +254,19 @@ def test_every_kind_reads_back_exactly_what_was_stored_and_as_data(tmp_path):
     miss = _Recording(tmp_path / "cache")
     cold = front.run_front(policy, reference="tensors", cache=miss)
     assert {kind for kind, _ in miss.stored} == set(KINDS)
-    warm = Cache(root=tmp_path / "cache")
+    warm = Cache(codec=cache_codec, root=tmp_path / "cache")
     hot = front.run_front(policy, reference="tensors", cache=warm)
     assert set(warm.hits.values()) == {"hit"}, warm.hits
     for (kind, digest), value in miss.stored.items():
-        assert _same(Cache(root=tmp_path / "cache").get(kind, digest), value), kind
+        assert _same(Cache(codec=cache_codec, root=tmp_path / "cache").get(kind, digest), value), (
+            kind
+        )
     assert _same(hot.prepared, cold.prepared) and _same(hot.converted, cold.converted)
     assert _same(hot.measures, cold.measures)
     assert _same(hot.reference.run_results, cold.reference.run_results)
-    for path in Cache(root=tmp_path / "cache").entries():  # JSON, then blobs: no pickle
+    for path in Cache(
+        codec=cache_codec, root=tmp_path / "cache"
+    ).entries():  # JSON, then blobs: no pickle
         blob = path.read_bytes()
         start = blob.index(b"\n", len(cache_mod.MAGIC)) + 1
         assert blob[start : start + 8] == b'{"kind":', path
@@ -281,7 +285,7 @@ def test_a_planted_pickle_entry_is_never_run(tmp_path, write_policy, cache_dir, 
             return (os.system, (f"touch {shlex.quote(str(marker))}",))
 
     payload = pickle.dumps(Payload())
-    entries = Cache().entries()
+    entries = Cache(codec=cache_codec).entries()
     assert entries
     for path in entries:
         sha = hashlib.sha256(payload).hexdigest().encode()
@@ -296,7 +300,7 @@ def test_a_planted_pickle_entry_is_never_run(tmp_path, write_policy, cache_dir, 
 
 
 def test_a_write_never_goes_through_a_planted_symlink(tmp_path):
-    cache = Cache(root=tmp_path / "cache")
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     digest = _digest("symlinks")
@@ -312,7 +316,7 @@ def test_a_write_never_goes_through_a_planted_symlink(tmp_path):
 
 
 def test_a_read_never_follows_a_symlink_nor_waits_on_a_fifo(tmp_path):
-    cache = Cache(root=tmp_path / "cache")
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
     source, planted = _digest("real"), _digest("planted")
     assert cache.put("prepared", source, _prepared())
     elsewhere = tmp_path / "elsewhere"
@@ -363,11 +367,11 @@ def test_a_folder_others_could_write_turns_the_cache_off(
     assert out == expected
     assert err.count("trtbuild: warning:") == 1 and "cache off for this run" in err, err
     assert "Traceback" not in err
-    assert Cache().info()["entries"] == 0  # nothing was written there
+    assert Cache(codec=cache_codec).info()["entries"] == 0  # nothing was written there
 
 
 def test_eviction_and_clear_touch_only_the_caches_own_files(tmp_path):
-    cache = Cache(root=tmp_path / "cache")
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
     digest = _digest("entry")
     assert cache.put("prepared", digest, _prepared())
     folder = cache.root / "prepared" / digest[:2]
@@ -396,7 +400,7 @@ def test_eviction_and_clear_touch_only_the_caches_own_files(tmp_path):
 def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
     import subprocess
 
-    cache = Cache(root=tmp_path / "cache")
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
     digest = _digest("stale")
     assert cache.put("prepared", digest, _prepared())
     folder = cache.root / "prepared" / digest[:2]
@@ -425,7 +429,7 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
 def test_a_value_the_codec_cannot_express_is_not_cached(tmp_path):
     import numpy as np
 
-    cache = Cache(root=tmp_path / "cache")
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
     odd = _prepared()
     odd.records[0].details["obj"] = np.array([object()], dtype=object)  # would need pickle
     assert cache.put("prepared", _digest("odd"), odd) is False
@@ -444,7 +448,7 @@ def test_check_twice_from_the_command_line_hits_and_says_the_same(tmp_path):
     for _ in range(2):
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
-        files = Cache(root=tmp_path / "cache").entries()
+        files = Cache(codec=cache_codec, root=tmp_path / "cache").entries()
         runs.append((proc.stdout, {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}))
     (first, cold), (second, warm) = runs
     assert first == second and cold

@@ -19,6 +19,8 @@ ALLOWED = {
     "engine": {"graph", "policy"},
     "accuracy": {"graph", "policy"},
     "cache": set(),
+    # each cached kind as data; it builds the stages' values, so it sits above them
+    "cache_codec": {"cache", "graph", "policy", "passes", "precision", "accuracy"},
 }
 
 

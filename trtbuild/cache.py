@@ -39,7 +39,6 @@ import contextlib
 import errno
 import functools
 import hashlib
-import importlib
 import os
 import re
 import stat
@@ -48,8 +47,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from trtbuild.errors import UsageError
 
@@ -180,6 +178,27 @@ def feeds_digest(feeds: Iterable[dict[str, Any]]) -> str:
     return h.hexdigest()
 
 
+class Uncacheable(ValueError):
+    """A value a codec cannot express exactly: the cache refuses it rather than approximate."""
+
+
+class Corrupt(ValueError):
+    """A payload that is no value of its kind: the cache drops it as a corrupt entry."""
+
+
+class Codec(Protocol):
+    """How each kind's values become bytes and back (`trtbuild.cache_codec`).
+
+    Given by whoever knows the kinds (the CLI, the nightly), not imported here:
+    the values are the stages' (a prepared graph, a mixed model, the reference's),
+    which sit above the cache, and the arrows point down.
+    """
+
+    def encode(self, kind: str, value: Any) -> list[bytes]: ...
+
+    def decode(self, kind: str, blob: bytes, start: int) -> Any: ...
+
+
 @dataclass
 class Cache:
     """One cache folder; `enabled=False` (`--no-cache`) computes everything."""
@@ -192,6 +211,7 @@ class Cache:
     events: list[str] = field(default_factory=list)  # the warnings, once per problem
     _warned: set[str] = field(default_factory=set)
     _trusted: set[Path] = field(default_factory=set)  # folders found to be the user's alone
+    codec: Codec | None = None  # needed to store or read values; `info` and `clear` need none
 
     def get(self, kind: str, digest: str) -> Any | None:
         """The cached value, or None (a miss, a disabled cache or a corrupt entry)."""
@@ -201,7 +221,7 @@ class Cache:
             return None
         path = folder / digest
         try:
-            value = _load(kind, path)
+            value = _load(kind, path, _needed(self.codec))
         except FileNotFoundError:
             self.hits[kind] = "miss"
             return None
@@ -222,7 +242,7 @@ class Cache:
         """
         if not self.enabled:
             return False
-        parts = _encode(kind, value)
+        parts = _encode(kind, value, _needed(self.codec))
         if isinstance(parts, str):
             self._warn("uncacheable", parts)
             return False
@@ -244,8 +264,7 @@ class Cache:
         return [path for path, _ in _scan(self.root)[0]]
 
     def evict(self) -> int:
-        """Remove least recently used entries until the folder fits `max_bytes`, and the
-        temporaries of writers that are gone."""
+        """Remove least recently used entries beyond `max_bytes`, and dead writers' temporaries."""
         return _evict(self.root, self.max_bytes)
 
     def info(self) -> dict[str, Any]:
@@ -264,8 +283,7 @@ class Cache:
             self._trust((self.root,), "*", create=False)
 
     def _folder(self, kind: str, digest: str, *, create: bool) -> Path | None:
-        """The entry's folder once it and those above it are the user's alone (made so when
-        `create`); None when one is missing or the cache is off now."""
+        """The entry's folder once it and those above are the user's alone; else None."""
         if kind not in KINDS or not ENTRY_NAME.fullmatch(digest):
             raise ValueError(f"no cache entry {kind}/{digest}: a kind of {KINDS}, a sha256")
         folders = (self.root, self.root / kind, self.root / kind / digest[:2])
@@ -300,17 +318,6 @@ class Cache:
             self.events.append(message)
             if self.on_event is not None:
                 self.on_event(message)
-
-
-def _codec() -> ModuleType:
-    """The kinds' codecs (`trtbuild.cache_codec`), imported when an entry is first used.
-
-    By name, not by an import statement: they build the stages' values (the prepared
-    graph, the mixed model, the reference's), which sit above the cache in the layout
-    (tests/test_layout.py keeps this module free of them), and `trtbuild --help` loads
-    none of it.
-    """
-    return importlib.import_module("trtbuild.cache_codec")
 
 
 def _distrust(folder: Path, *, follow: bool, create: bool) -> str | None:
@@ -355,23 +362,28 @@ class _NotAnEntry(Exception):
     """No entry where one should be: a symlink, no regular file, or a corrupt one."""
 
 
-def _encode(kind: str, value: Any) -> list[bytes] | str:
+def _needed(codec: Codec | None) -> Codec:
+    if codec is None:
+        raise ValueError("a Cache that stores values needs a codec (trtbuild.cache_codec)")
+    return codec
+
+
+def _encode(kind: str, value: Any, codec: Codec) -> list[bytes] | str:
     """The payload's parts, or why the value is not cached (never pickled instead)."""
-    codec = _codec()
     try:
         return codec.encode(kind, value)
-    except codec.Uncacheable as exc:
+    except Uncacheable as exc:
         return f"not cached: the {kind} entry would hold {exc}"
 
 
-def _load(kind: str, path: Path) -> Any:
+def _load(kind: str, path: Path, codec: Codec) -> Any:
     """The value of the entry at `path`.
 
     Raises:
         _NotAnEntry: no regular file, or a corrupt one (the message says which).
         OSError: it cannot be read (FileNotFoundError: a miss).
     """
-    value = _decode(kind, _read_entry(path))
+    value = _decode(kind, _read_entry(path), codec)
     if value is None:
         raise _NotAnEntry(f"dropped a corrupt cache entry {path}")
     return value
@@ -436,7 +448,7 @@ def _create_temp(folder: Path, digest: str) -> tuple[int, Path]:
     raise FileExistsError(errno.EEXIST, "every temporary name of the entry is taken", str(folder))
 
 
-def _decode(kind: str, blob: bytes) -> Any | None:
+def _decode(kind: str, blob: bytes, codec: Codec) -> Any | None:
     """The entry's value, or None when its header, sha256 or payload is not right."""
     start = len(MAGIC) + 65  # MAGIC, the payload's sha256 in hex, a newline, the payload
     if not blob.startswith(MAGIC) or blob[start - 1 : start] != b"\n":
@@ -444,10 +456,9 @@ def _decode(kind: str, blob: bytes) -> Any | None:
     sha = hashlib.sha256(memoryview(blob)[start:]).hexdigest().encode()
     if sha != blob[len(MAGIC) : start - 1]:
         return None
-    codec = _codec()
     try:
         return codec.decode(kind, blob, start)
-    except codec.Corrupt:  # another version's payload, or no value of the kind
+    except Corrupt:  # another version's payload, or no value of the kind
         return None
 
 

@@ -31,17 +31,14 @@ from typing import Any
 
 import numpy as np
 
+from trtbuild.cache import Corrupt, Uncacheable
+
 Blobs = list[bytes]
 Encoder = Callable[[Any, Blobs], Any]
 Decoder = Callable[[Any, list[memoryview]], Any]
 
 
-class Uncacheable(ValueError):
-    """A value the codec cannot express exactly: the cache refuses it rather than approximate."""
-
-
-class Corrupt(ValueError):
-    """A payload that is no value of its kind: the cache drops it as a corrupt entry."""
+__all__ = ["Corrupt", "Uncacheable", "decode", "encode"]
 
 
 def encode(kind: str, value: Any) -> list[bytes]:

@@ -17,9 +17,14 @@ import traceback
 from pathlib import Path
 
 from trtbuild import __version__
-from trtbuild.errors import EXIT_USAGE, TrtbuildError, UsageError
-
-EXIT_BUG = 70  # an internal error: traceback kept, reported as a bug
+from trtbuild.errors import (
+    EXIT_BUG,
+    EXIT_USAGE,
+    TrtbuildError,
+    UsageError,
+    exit_code_for,
+    printable,
+)
 
 _EPILOG = (
     "exit codes: 0 ok, 1 accuracy below tolerance, 2 bad usage/policy/model, 3 backend "
@@ -317,26 +322,42 @@ def main(argv: list[str] | None = None) -> int:
         if _interrupted(exc):  # Ctrl-C inside a library's import, re-raised as its error
             print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
             return 130
-        traceback.print_exc()
-        print(
-            "trtbuild: internal error: this is a bug in trtbuild; please report it with the "
-            "traceback above",
-            file=sys.stderr,
-        )
-        return EXIT_BUG
+        return _failed(exc)
     finally:
         package_log.removeHandler(handler)  # main(argv) may run again in this process
 
 
+def _failed(exc: Exception) -> int:
+    """The exit code for an exception no command caught (`errors.exit_code_for`): the
+    surroundings' faults (a full disk, permissions, a symlink loop) are one line and exit
+    2; anything else is a bug in trtbuild, with its traceback."""
+    code, message = exit_code_for(exc)
+    if code != EXIT_BUG:
+        print(f"trtbuild: error: {message}", file=sys.stderr)
+        return code
+    traceback.print_exc()
+    print(
+        "trtbuild: internal error: this is a bug in trtbuild; please report it with the "
+        "traceback above",
+        file=sys.stderr,
+    )
+    return EXIT_BUG
+
+
 def _warn(messages: list[str]) -> None:
+    """Warnings as `trtbuild: warning:` lines, control characters escaped (they may quote
+    the user's keys and values)."""
     for m in messages:
-        print(f"trtbuild: warning: {m}", file=sys.stderr)
+        print(f"trtbuild: warning: {printable(m)}", file=sys.stderr)
 
 
 def _cache(args):
+    from trtbuild import cache_codec
     from trtbuild.cache import Cache
 
-    cache = Cache(enabled=not args.no_cache, on_event=lambda message: _warn([message]))
+    cache = Cache(
+        enabled=not args.no_cache, on_event=lambda message: _warn([message]), codec=cache_codec
+    )
     cache.check_root()
     return cache
 
@@ -386,7 +407,7 @@ def _print_verdict(outcome) -> None:
 
 def _cmd_check(args) -> int:
     from trtbuild import evaluation
-    from trtbuild.accuracy.render import at_risk_lines
+    from trtbuild.accuracy.render import at_risk_lines, judged_line
     from trtbuild.front import run_front
     from trtbuild.policy import load_policy
 
@@ -407,18 +428,7 @@ def _cmd_check(args) -> int:
     summary = a.summary()
     warnings = evaluation.report_warnings(stages)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "nodes": rows,
-                    "summary": summary.to_json(),
-                    "casts": len(stages.converted.casts),
-                    "at_risk": at_risk,
-                    "warnings": warnings,
-                },
-                separators=(",", ":"),  # one compact line: the C encoder (indent is pure Python)
-            )
-        )
+        print(json.dumps(_check_json(stages, rows, at_risk, warnings), separators=(",", ":")))
         return 0
     widths = [
         max(len(r[k]) for r in [*rows, dict.fromkeys(rows[0], k)])
@@ -434,8 +444,28 @@ def _cmd_check(args) -> int:
         f"rule hits: " + ", ".join(f"{k}={v}" for k, v in summary.rule_hits.items())
     )
     print(at_risk_lines(at_risk, policy.accuracy.emulation))
+    print(judged_line(stages))
     _warn(warnings)
     return 0
+
+
+def _check_json(stages, rows: list, at_risk: list, warnings: list) -> dict:
+    """`check --json`: one compact line (the C encoder; indent is pure Python)."""
+    return {
+        "nodes": rows,
+        "summary": stages.assignment.summary().to_json(),
+        "casts": len(stages.converted.casts),
+        "at_risk": at_risk,
+        "warnings": warnings,
+        "points": [
+            {"name": r.point.name, "inputs": r.point.shapes}
+            | {"data": {n: d.to_json() for n, d in r.data.items()}}
+            for r in stages.shapes
+        ],
+        "skipped_points": [
+            {"name": p.name, "inputs": p.shapes, "reason": p.skip} for p in stages.skipped
+        ],
+    }
 
 
 def _cmd_convert(args) -> int:
@@ -523,6 +553,11 @@ def _cmd_tune(args) -> int:
                 f"tune used its whole budget of {result.budget} evaluations and may have stopped "
                 f"before the end (a full search of these {len(result.groups)} groups needs at "
                 f"most {result.full_search}); raise --budget"
+                + (
+                    f"; the point that costs the most is {result.costliest_point}"
+                    if result.costliest_point
+                    else ""
+                )
             ]
         )
     print(f"wrote {args.output} and {log}")
@@ -537,6 +572,7 @@ def _cmd_nightly(args) -> int:
     if args.margin < 0:
         raise UsageError("--margin must not be negative")
     shard = _shard(args.shard, args.run_id)
+    _claim_out(args.out)  # not a folder of the user's: exit 2 before anything runs
 
     def progress(result) -> None:
         print(f"  {result.policy}: {result.status}", flush=True)
@@ -553,6 +589,7 @@ def _cmd_nightly(args) -> int:
         shard=shard,
         device=args.device,
     )
+    _claim_out(args.out, mark="nightly")
     _night_lines(night, len(night.results))
     print(
         f"wrote {args.out}/summary.md, summary.html, junit.xml, nightly.json; "
@@ -574,6 +611,23 @@ def _cmd_summary(args) -> int:
     _night_lines(night, len(night.results))
     print(f"wrote {args.out}/summary.md, summary.html, junit.xml, nightly.json")
     return night.exit_code
+
+
+# what a nightly writes into its --out, besides one build folder per policy
+NIGHTLY_FILES = ("summary.md", "summary.html", "junit.xml", "nightly.json", "trends")
+
+
+def _claim_out(folder: Path, mark: str | None = None) -> None:
+    """Exit 2 where the nightly's --out holds files trtbuild did not write (it would
+    overwrite them); with `mark`, say it is trtbuild's (`.trtbuild-output`)."""
+    from trtbuild.artifacts import BUILD_FILES
+    from trtbuild.fsutil import MARKER, check_out_folder, write_marker
+
+    folder = folder.resolve()
+    if mark is None:
+        check_out_folder(folder, known=(*NIGHTLY_FILES, *BUILD_FILES, MARKER))
+    elif folder.is_dir():
+        write_marker(folder, mark, [n for n in NIGHTLY_FILES if (folder / n).exists()])
 
 
 def _shard(text: str | None, run_id: str | None):

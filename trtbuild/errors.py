@@ -7,10 +7,30 @@ with the documented exit code, while a bug keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+import os
+import unicodedata
+
 EXIT_OK = 0
 EXIT_ACCURACY = 1
 EXIT_USAGE = 2
 EXIT_BACKEND = 3
+EXIT_BUG = 70  # an internal error: the traceback is kept, reported as a bug
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters escaped (ESC as \\x1b, a newline as \\n).
+
+    Why: keys, values and paths in a message come from the user's files; an ESC
+    sequence from a policy must not recolour or rewrite the terminal, and a newline
+    must not forge a second `trtbuild: error:` line.
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) == "Cc" else ch
+        for ch in text
+    )
 
 
 class TrtbuildError(Exception):
@@ -28,7 +48,7 @@ class TrtbuildError(Exception):
         text = f"{self.where}: {self.message}" if self.where else self.message
         if self.hint:
             text += f" ({self.hint})"
-        return text
+        return printable(text)
 
 
 class UsageError(TrtbuildError):
@@ -41,3 +61,53 @@ class BackendError(TrtbuildError):
     """Backend missing or engine build failed: exit 3."""
 
     exit_code = EXIT_BACKEND
+
+
+# What the machine around trtbuild can refuse: the user fixes these, not trtbuild's authors.
+# errno -> (what happened, the fix; {path} is the file's name, {folder} its folder)
+_SURROUNDINGS = {
+    errno.ENOSPC: ("no space left on the device", "free space on the disk that holds {folder}"),
+    errno.EDQUOT: ("disk quota exceeded", "free space in your quota on the disk of {folder}"),
+    errno.EACCES: ("permission denied", "check permissions of {path}"),
+    errno.EPERM: ("operation not permitted", "check permissions of {path}"),
+    errno.EROFS: ("read-only file system", "write to a writable folder instead of {folder}"),
+    errno.ELOOP: ("a symlink loop", "fix or remove the symlink {path}"),
+    errno.EISDIR: ("is a folder where a file goes", "move the folder away or name another path"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder", "fix the path {path}"),
+    errno.ENAMETOOLONG: ("file name too long", "use a shorter path"),
+}
+
+
+def surroundings_error(exc: BaseException) -> UsageError | None:
+    """A fault of the surroundings (full disk, permissions, a symlink loop) as exit 2, naming
+    the path and the fix; None for anything else.
+
+    Why: a full disk under --out is the user's to fix, and a traceback that calls it a bug
+    in trtbuild sends them to the wrong place.
+    """
+    if isinstance(exc, RuntimeError) and str(exc).startswith("Symlink loop from "):
+        path = str(exc).removeprefix("Symlink loop from ").strip("'")  # pathlib's resolve()
+        exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+    if not isinstance(exc, OSError) or exc.errno not in _SURROUNDINGS:
+        return None
+    what, fix = _SURROUNDINGS[exc.errno]
+    path = os.fsdecode(exc.filename) if exc.filename is not None else None
+    folder = os.path.dirname(os.path.abspath(path)) if path else "the output folder"
+    hint = fix.format(path=path or "the output files", folder=folder)
+    if exc.filename2 is not None:
+        what += f" (renaming to {os.fsdecode(exc.filename2)})"
+    return UsageError(what, where=path, hint=hint)
+
+
+def exit_code_for(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the one-line message for an exception that ended a command.
+
+    Why one mapping: the CLI and the nightly (which records each policy's outcome) must
+    agree on what is the user's to fix (2, 3) and what is a bug in trtbuild (70).
+    """
+    if isinstance(exc, TrtbuildError):
+        return exc.exit_code, str(exc)
+    found = surroundings_error(exc)
+    if found is not None:
+        return found.exit_code, str(found)
+    return EXIT_BUG, printable(f"internal error (a bug): {type(exc).__name__}: {exc}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from trtbuild.accuracy import data as data_mod
+from trtbuild.accuracy.points import ShapePoint, shape_points
 from trtbuild.accuracy.reference import (
     ReferenceMeasures,
     ReferenceTensors,
@@ -25,7 +26,7 @@ from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.model_io import load_model
+from trtbuild.graph.model_io import check_model_file, load_model
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import MemoryBudget, Passes, Policy, Precision
@@ -35,12 +36,13 @@ from trtbuild.precision.convert import Converted, convert
 
 @dataclass(frozen=True)
 class ShapeRun:
-    """One point of the input space (`data.ShapePoint`): its feeds and its FP32 reference."""
+    """One point of the input space: its feeds, where their data comes from, its reference."""
 
-    point: data_mod.ShapePoint
+    point: ShapePoint
     feeds: list[data_mod.Feed]
     measures: ReferenceMeasures | None
     reference: ReferenceTensors | None
+    data: Mapping[str, data_mod.InputData] = field(default_factory=dict)  # per input
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,10 @@ class Front:
     Frozen: built once by `run_front`, read by every later stage, changed by none.
 
     `shapes` holds every point the policy is judged at, the primary one (`shape`
-    or `opt`) first; `feeds` and `reference` are the primary's, and `measures`
-    joins every point's (a range rule or an at-risk sum that leaves FP16 at any
-    shape counts).
+    or `opt`, else the first judged) first; `feeds` and `reference` are the
+    primary's, and `measures` joins every point's (a range rule or an at-risk sum
+    that leaves FP16 at any shape counts). `skipped` names the points the policy
+    says not to judge, so every verdict can say so.
     """
 
     policy: Policy
@@ -62,9 +65,10 @@ class Front:
     assignment: Assignment
     converted: Converted
     analysis: Analysis  # the structural findings over `view`, found once, shared by assignments
-    shapes: tuple[ShapeRun, ...]  # the primary point first
+    shapes: tuple[ShapeRun, ...]  # the points judged, the primary one first
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds per stage
     cache_hits: Mapping[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
+    skipped: tuple[ShapePoint, ...] = ()  # points the policy says not to judge, and why
 
     @property
     def feeds(self) -> list[data_mod.Feed]:
@@ -118,10 +122,7 @@ def run_front(
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    shapes = [
-        _shape_run(policy, prepared, view, point, cache, digest, reference)
-        for point in data_mod.shape_points(policy, prepared.model)
-    ]
+    shapes, skipped = _shape_runs(policy, prepared, view, cache, digest, reference)
     for run in shapes:
         if run.measures is not None:
             check_finite(view, run.measures, str(policy.model))
@@ -146,21 +147,48 @@ def run_front(
         tuple(shapes),
         timings,
         _hits(cache, reference),
+        skipped,
     )
+
+
+def _shape_runs(
+    policy: Policy,
+    prepared: Prepared,
+    view: GraphView,
+    cache: Cache,
+    digest: str | None,
+    reference: ReferenceLevel,
+) -> tuple[list[ShapeRun], tuple[ShapePoint, ...]]:
+    """Every point judged, one after another (peak memory is one point's), and those skipped."""
+    points = shape_points(policy, prepared.model)
+    skipped = tuple(p for p in points if p.skip is not None)
+    if len(skipped) == len(points):
+        raise UsageError(
+            "accuracy.shapes: every point is skipped, so nothing would be judged",
+            where=str(policy.path),
+            hint="judge at least one point: remove a skip",
+        )
+    runs = [
+        _shape_run(policy, prepared, view, point, cache, digest, reference)
+        for point in points
+        if point.skip is None
+    ]
+    return runs, skipped
 
 
 def _shape_run(
     policy: Policy,
     prepared: Prepared,
     view: GraphView,
-    point: data_mod.ShapePoint,
+    point: ShapePoint,
     cache: Cache,
     digest: str | None,
     reference: ReferenceLevel,
 ) -> ShapeRun:
-    feeds = data_mod.make_feeds(policy, prepared.model, point)
+    made = data_mod.point_feeds(policy, prepared.model, point)
+    feeds = made.feeds
     if reference == "none":
-        return ShapeRun(point, feeds, None, None)
+        return ShapeRun(point, feeds, None, None, made.data)
     budget = policy.accuracy.budget()
     try:
         measures, ref = _reference(prepared, feeds, view, cache, digest, reference, budget)
@@ -168,10 +196,10 @@ def _shape_run(
         if not type(exc).__module__.startswith("onnxruntime"):
             raise
         raise _cannot_run(policy, point, exc) from None
-    return ShapeRun(point, feeds, measures, ref)
+    return ShapeRun(point, feeds, measures, ref, made.data)
 
 
-def _cannot_run(policy: Policy, point: data_mod.ShapePoint, exc: Exception) -> UsageError:
+def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError:
     """ONNX Runtime refused to run the FP32 model on the policy's data: the user's input.
 
     Why exit 2 and not a bug: a shape the model cannot take (720 rows where it
@@ -231,6 +259,7 @@ def prepared_graph(
     """The prepared graph and its cache key, from the cache when model, passes, the folding
     budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match."""
     digest = None
+    check_model_file(model)  # a FIFO or a device is exit 2 before the digest reads it
     if cache.enabled:
         try:
             source_digest = model_digest(model)
@@ -243,9 +272,7 @@ def prepared_graph(
             cached = cache.get("prepared", digest)
             if cached is not None:
                 return cached, digest
-    prepared = prepare(
-        load_model(model), passes, source=str(model), verbose=verbose, budget=budget
-    )
+    prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose, budget=budget)
     if digest is not None:
         cache.put("prepared", digest, prepared)
     return prepared, digest

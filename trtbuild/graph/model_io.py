@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 
 import onnx
@@ -16,15 +17,46 @@ _TWO_GIB = 2**31 - 1
 log = logging.getLogger(__name__)
 
 
-def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.ModelProto:
-    """Load an ONNX model (external data included) or fail with one clear message."""
+def check_model_file(path: str | os.PathLike[str], *, what: str = "model") -> None:
+    """Exit 2 unless `path` is a regular file (a symlink to one is): before anything reads it.
+
+    Why: a FIFO blocks the first read for ever and /dev/zero reads until memory runs
+    out; the cache's digest would read either before onnx could refuse it.
+    """
     path = Path(path)
-    if not path.is_file():
+    try:
+        mode = path.stat().st_mode  # other OSErrors (a symlink loop) are the surroundings'
+    except FileNotFoundError:
+        mode = None
+    if mode is None:
         raise UsageError(
             f"{what} file not found",
             where=str(path),
             hint="generate it (make models) or fix the 'model' path, which is relative to the policy",
         )
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise UsageError(
+            f"{kind}, not an ONNX file",
+            where=str(path),
+            hint=f"name a regular .onnx file as the {what}",
+        )
+
+
+# what a path is that is no regular file, by its stat type
+_KINDS = {
+    stat.S_IFDIR: "is a folder",
+    stat.S_IFIFO: "is a FIFO (named pipe)",
+    stat.S_IFCHR: "is a character device",
+    stat.S_IFBLK: "is a block device",
+    stat.S_IFSOCK: "is a socket",
+}
+
+
+def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.ModelProto:
+    """Load an ONNX model (external data included) or fail with one clear message."""
+    path = Path(path)
+    check_model_file(path, what=what)
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # protobuf raises DecodeError, onnx raises ValueError/OSError

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtbuild.errors import TrtbuildError, UsageError
+from trtbuild.errors import EXIT_BUG, UsageError, exit_code_for
 
 
 @dataclass
@@ -79,28 +79,29 @@ def run_policy(
     device: str | None = None,
 ) -> PolicyResult:
     """Build and report one policy; every failure becomes a result, never an exception."""
-    from trtbuild import pipeline
+    from trtbuild import cache_codec, pipeline
     from trtbuild.artifacts import versions
     from trtbuild.cache import Cache
     from trtbuild.fsutil import sha256_file
     from trtbuild.policy import load_policy
 
-    result = PolicyResult(policy=path.stem, path=str(path), status="error", exit_code=70)
+    result = PolicyResult(policy=path.stem, path=str(path), status="error", exit_code=EXIT_BUG)
     result.device = device_of(None, device)
     try:
         result.policy_sha256 = sha256_file(path)
         policy = load_policy(path)
         if policy.model.is_file():
             result.model_sha256 = sha256_file(policy.model)
-        cache = Cache(enabled=use_cache, on_event=logging.getLogger("trtbuild").warning)
+        cache = Cache(
+            enabled=use_cache, on_event=logging.getLogger("trtbuild").warning, codec=cache_codec
+        )
         cache.check_root()
         outcome = pipeline.build(policy, out_dir / path.stem, backend, cache=cache)
-    except TrtbuildError as exc:
-        result.exit_code, result.message = exc.exit_code, str(exc)
-        return result
-    except Exception as exc:  # a bug in trtbuild: keep the traceback in the summary
-        tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        result.message = f"internal error (a bug): {exc}\n" + "".join(tb[-3:])
+    except Exception as exc:  # the CLI's mapping: the user's faults 2 or 3, a bug 70
+        result.exit_code, result.message = exit_code_for(exc)
+        if result.exit_code == EXIT_BUG:  # keep the traceback in the summary
+            tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            result.message += "\n" + "".join(tb[-3:])
         return result
     report = outcome.report
     result.status = "pass" if report.passed else "fail"
@@ -119,9 +120,10 @@ def run_policy(
             "name": sv.name,
             "inputs": {n: list(d) for n, d in sv.inputs.items()},
             "passed": sv.main.passed,
+            "data": {n: d.to_json() for n, d in sv.data.items()},
         }
         for sv in report.shapes
-    ]
+    ] + [{**s.to_json(), "passed": None, "skipped": True} for s in report.skipped]
     if not report.passed:
         result.message = "; ".join(_below(sv, len(report.shapes)) for sv in report.failing_shapes)
     return result
