@@ -711,5 +711,60 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def gru_enhancer(bins: int = 257, hidden: int = 256, spread: float = 0.5) -> onnx.ModelProto:
+    """A streaming speech enhancer (one frame a call), with its caches as inputs and outputs.
+
+    Causal convolutions over [previous frame, this frame] (each layer's input
+    is its cache for the next call), two GRUs with their hidden states, a
+    sigmoid mask on the magnitude frame. The features are the frame's power in
+    dB normalised by the training set's statistics: the power (~1e6) is inf in
+    FP16, and the normalisation subtracts ~60 dB from values that spread by
+    `spread` dB, so FP16's rounding of the dB values (1/64 dB at 60) is
+    amplified a hundredfold: all-FP16 meets 25 dB of SNR, not 40.
+    """
+    g = GraphBuilder(seed=7)
+    power = g.op("/feat", "Mul", ["frame", "frame"])
+    power = g.op("/feat", "Add", [power, g.const("/feat", 1e-10)])
+    db = g.op("/feat", "Mul", [g.op("/feat", "Log", [power]), g.const("/feat", 10 / np.log(10))])
+    mean = g.init("feat.mean", 60.0 + 0.3 * g.rng.standard_normal((bins,)))
+    std = g.init("feat.std", spread * (1 + 0.1 * g.rng.standard_normal((bins,))))
+    x = g.op("/feat", "Div", [g.op("/feat", "Sub", [db, mean]), std])
+    x = g.op("/feat", "Reshape", [x, g.ints("feat.shape", [1, 1, 1, bins])])
+    inputs, outputs = {"frame": [1, 1, bins]}, {}
+    chans, freq = [1, 16, 32, 32, 64], bins
+    for k in range(4):  # causal in time (kernel 2 over [cache, frame]), stride 2 in frequency
+        s = f"/enc{k}"
+        inputs[f"cache{k}_in"] = [1, chans[k], 1, freq]
+        outputs[f"cache{k}_out"] = (g.op(s, "Identity", [x]), [1, chans[k], 1, freq])
+        both = g.op(s, "Concat", [f"cache{k}_in", x], axis=2)
+        w = g.rng.normal(0.0, 1 / np.sqrt(chans[k] * 6), (chans[k + 1], chans[k], 2, 3))
+        b = g.rng.normal(0.0, 0.01, (chans[k + 1],))
+        conv = [both, g.init(f"enc{k}.weight", w), g.init(f"enc{k}.bias", b)]
+        y = g.op(s, "Conv", conv, kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 0, 1])
+        x, freq = g.op(s, "Elu", [y]), (freq - 1) // 2 + 1
+    x = g.op("/gru", "Reshape", [x, g.ints("gru.shape", [1, 1, chans[-1] * freq])])
+    x = skip = g.op("/gru", "Relu", [g.linear("/gru/fc", x, chans[-1] * freq, hidden)])
+    for k in range(2):
+        std = 1 / np.sqrt(hidden)
+        w = g.init(f"gru{k}.W", g.rng.normal(0.0, std, (1, 3 * hidden, hidden)))
+        r = g.init(f"gru{k}.R", g.rng.normal(0.0, std, (1, 3 * hidden, hidden)))
+        b = g.init(f"gru{k}.B", g.rng.normal(0.0, 0.1, (1, 6 * hidden)))
+        y, h = g.op(
+            f"/gru{k}", "GRU", [x, w, r, b, "", f"h{k}_in"], n_out=2, hidden_size=hidden,
+            linear_before_reset=1,
+        )  # fmt: skip
+        x = g.op(f"/gru{k}", "Squeeze", [y, g.ints(f"gru{k}.axes", [1])])
+        inputs[f"h{k}_in"] = [1, 1, hidden]
+        outputs[f"h{k}_out"] = (h, [1, 1, hidden])
+    x = g.op("/dec", "Concat", [x, skip], axis=-1)
+    x = g.op("/dec", "Relu", [g.linear("/dec/fc0", x, 2 * hidden, hidden)])
+    mask = g.op("/mask", "Sigmoid", [g.linear("/mask", x, hidden, bins)])
+    enhanced = (g.op("/out", "Mul", ["frame", mask]), [1, 1, bins])
+    return g.model(inputs, {"enhanced": enhanced, **outputs}, opset=17, name="gru_enhancer")
+
+
+MODELS["gru_enhancer"] = gru_enhancer
+
+
 if __name__ == "__main__":
     sys.exit(main())

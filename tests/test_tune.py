@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import pytest
@@ -49,10 +48,13 @@ def test_nafnet_from_no_rules_pins_only_norm_units_and_the_final_reduction(
         r"^/blocks\.1/norm2/",
         r"^/head/ReduceSum$",
     ]
-    # each tuned rule says, in a comment, the measured error that made it necessary
+    # each tuned rule says, in a comment, the measured error or range that made it necessary
     for line in [x for x in text.splitlines() if x.strip().startswith("- {id: tuned-")]:
         comment = text.splitlines()[text.splitlines().index(line) - 1]
-        assert comment.strip().startswith("#") and ("non-finite" in comment or "fail" in comment)
+        assert comment.strip().startswith("#")
+        assert "non-finite" in comment or "fail" in comment or "inf in FP16" in comment
+    # every pin here is a range the reference leaves: known without a trial, one evaluation
+    assert "after 1 evaluation(s)" in text
     # the tuned policy is a policy: it builds and passes, with the model path re-based
     assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
     report = json.loads((tmp_path / "b" / "report.json").read_text())
@@ -122,17 +124,22 @@ def test_budget_exhausted_is_exit_1_and_says_so(tmp_path, models_dir):
 def test_a_budget_that_ends_mid_search_keeps_the_shortest_passing_run_found(
     tmp_path, models_dir, capsys
 ):
-    """Out of evaluations while bisecting, the search pins what it knows passes: a policy
+    """Out of evaluations while halving back, the search pins what it knows passes: a policy
     that passes, not minimal, and says the budget ran out."""
     policy = _without_rules("nafnet", tmp_path, models_dir)
     strict = "{atol: 0.0, rtol: 0.0, check_error_stat: max}"
     policy.write_text(
         policy.read_text().replace("{atol: 1e-2, rtol: 1e-2, check_error_stat: median}", strict)
     )
+    full = tmp_path / "full.yaml"
+    assert _tune(policy, full) == 0  # every tolerance exact: most groups end up pinned
+    rows = [json.loads(line) for line in (tmp_path / "full.log.jsonl").read_text().splitlines()]
+    grown = next(r["step"] for r in rows if r["action"].startswith("grow") and r["passed"])
+    assert rows[grown]["action"].startswith("bisect")  # halving back after the doubling passed
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(policy, tuned, "--budget", "4") == 0
-    rows = [json.loads(line) for line in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
-    assert len(rows) == 4 and rows[1]["action"].startswith("pin all") and rows[1]["passed"]
+    assert _tune(policy, tuned, "--budget", str(grown + 1)) == 0
+    cut = [json.loads(line) for line in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in cut] == [r["action"] for r in rows[: grown + 1]]
     assert "passes" in tuned.read_text().splitlines()[1]
     assert "budget" in capsys.readouterr().err
 
@@ -184,10 +191,10 @@ def test_ppocrv4_det_pins_no_squeeze_excitation_block_for_sums_only_a_kernel_wou
     assert _pinned_names(tuned) == []
 
 
-def test_a_pin_no_overflow_names_is_found_by_bisection(tmp_path, real_model):
+def test_a_pin_no_overflow_names_is_found_first_by_the_error_map(tmp_path, real_model):
     """The real detector on a real photo, judged by its mean error (the benchmark's case):
     nothing overflows, and one early convolution is what the output cannot do without.
-    Bisection finds it in about log2 of the groups, each verdict judged once."""
+    The error map of the failing start names it first; removing it again is the start."""
     text = (ROOT / "benchmarks" / "policies" / "ppocrv4_det_photo.yaml").read_text()
     photos = real_model("photo_text").parent
     text = text.replace("../../models/ppocrv4_det.onnx", str(real_model("ppocrv4_det")))
@@ -197,13 +204,9 @@ def test_a_pin_no_overflow_names_is_found_by_bisection(tmp_path, real_model):
     assert _tune(policy, tuned, "--objective", "flops") == 0
     assert _pinned_names(tuned) == [r"^p2o\.Conv\.1$"]
     log = [json.loads(x) for x in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
-    groups = 277  # compute nodes of the prepared detector, none in a unit
-    assert len(log) <= 3 + math.ceil(math.log2(groups))
-    assert len({tuple(t["pinned_groups"]) for t in log}) == len(log)  # no set judged twice
-    assert [t["action"].split(":")[0] for t in log[:2]] == [
-        "start",
-        "pin all 277 unpinned group(s)",
-    ]
+    # one emulated run's error map ranks the convolution whose error jumps first among 277
+    # groups: no halving of all of them (that took 12 evaluations), and no set judged twice
+    assert [t["action"] for t in log] == ["start: policy rules only", "grow: pin node p2o.Conv.1"]
 
 
 def test_ppocrv4_det_lists_its_squeeze_excitation_pools_at_risk(example_policy, capsys):

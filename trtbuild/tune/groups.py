@@ -1,0 +1,197 @@
+"""What `tune` moves and in what order it suspects them: groups, their costs, their ranking.
+
+Why groups: a normalization unit or an attention block split between FP16 and
+FP32 is a policy nobody would write, so they move whole. Why a ranking: one
+emulated run already shows where the error against FP32 jumps (a subtraction
+that cancels, a gain); the groups on a failing output's path whose error jumps,
+or whose error a later jump amplifies, are tried first, so a passing set is
+usually found among the first few suspects rather than by halving every group.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from trtbuild.front import Front
+from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
+from trtbuild.graph.view import GraphView
+from trtbuild.numerics import LOW_MAX
+from trtbuild.policy.model import Match, Precision, Rule
+
+# The smallest |x| each low precision rounds to infinity: half-way between its
+# largest finite value and the next power of two (round to nearest even).
+INF_AT = {"fp16": 65520.0, "bf16": (2.0 - 2.0**-8) * 2.0**127}
+# A group whose reference values pass INF_AT by this factor turns non-finite in the low
+# precision whatever its neighbours do (their rounding moves a value far less than 1%).
+SURE = 1.01
+# Relative rounding of one store in each low precision: the error floor of a tensor.
+UNIT = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+# An error that grows by less than this across a node is rounding noise, not a jump.
+JUMP = 2.0
+
+
+@dataclass(frozen=True)
+class Group:
+    """Nodes that change precision together; `kind` says why they belong together."""
+
+    kind: str  # normalization unit, attention block, reduction, node
+    nodes: tuple[int, ...]
+    names: tuple[str, ...]
+    cost: float  # what pinning it costs, in the chosen objective
+    peak: float  # largest |value| its tensors reach on the reference data
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.names[0]}" + (
+            f" (+{len(self.names) - 1} nodes)" if len(self.names) > 1 else ""
+        )
+
+    def overflows(self, low: str) -> bool:
+        """True when the group cannot run in `low` at all: a tensor of it would be inf.
+
+        Why it matters: such a pin never needs re-checking (unpinning it fails
+        by overflow at some shape, every time), which saves an evaluation each.
+        """
+        return self.peak >= INF_AT[low] * SURE
+
+
+def node_flops(view: GraphView, i: int) -> float:
+    """Rough FLOPs of one node: products of accumulating ops, else one per output element."""
+    out = view.nodes[i].output[0] if view.nodes[i].output else ""
+    t = view.shape.get(out)
+    elements = 1.0
+    if t is not None and t.tensor_type.HasField("shape"):
+        for d in t.tensor_type.shape.dim:
+            elements *= d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1
+    depth = reduction_depth(view, i)
+    return 2.0 * elements * depth if depth else elements
+
+
+def groups(stages: Front, objective: str) -> list[Group]:
+    """Tunable nodes (left at the default by the policy's rules), in units that move together."""
+    view = stages.view
+    decisions = stages.assignment.decisions
+    ranges = stages.measures.ranges  # data peaks: a sentinel is not an overflow
+    tunable = {i for i, d in enumerate(decisions) if d.rule == "default" and d.precision}
+    taken: set[int] = set()
+    out: list[Group] = []
+
+    def add(kind: str, members: tuple[int, ...]) -> None:
+        members = tuple(sorted(i for i in members if i in tunable and i not in taken))
+        if not members:
+            return
+        taken.update(members)
+        cost = sum(node_flops(view, i) if objective == "flops" else 1.0 for i in members)
+        peak = max(
+            (
+                ranges.get(t, 0.0)
+                for i in members
+                for t in (*view.float_inputs(i), *view.float_outputs(i))
+            ),
+            default=0.0,
+        )
+        out.append(Group(kind, members, tuple(view.nodes[i].name for i in members), cost, peak))
+
+    analysis = stages.analysis
+    for unit in analysis.norm_units():
+        add("normalization unit", unit.nodes)
+    for unit in analysis.attention_units():
+        add("attention block", unit.nodes)
+    for i in sorted(tunable):
+        add("reduction" if view.nodes[i].op_type in REDUCTIONS else "node", (i,))
+    return out
+
+
+def beyond_range(groups_: list[Group], low: str) -> list[int]:
+    """Range analysis: the groups whose tensors leave the low precision's range."""
+    return sorted(k for k, g in enumerate(groups_) if g.peak > LOW_MAX[low])
+
+
+# -- the ranking --------------------------------------------------------------------
+
+
+def on_path(view: GraphView, outputs: Iterable[str]) -> set[int]:
+    """Every node an output depends on (bodies of control nodes included): only these
+    can change it."""
+    queue = [view.producer[o] for o in outputs if o in view.producer]
+    seen: set[int] = set()
+    while queue:
+        i = queue.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        queue += view.predecessors(i) + view.inside(i)
+    return seen
+
+
+def _jump(view: GraphView, i: int, errors: dict[str, float], floor: float) -> float:
+    """How much a node multiplies the error it is given (1 below `JUMP`: rounding noise)."""
+    given = max((errors.get(t, 0.0) for t in view.float_inputs(i)), default=0.0)
+    made = max((errors.get(t, 0.0) for t in view.float_outputs(i)), default=0.0)
+    ratio = min(made, 1e30) / max(given, floor)
+    return ratio if ratio >= JUMP else 1.0
+
+
+def suspects(
+    view: GraphView,
+    groups_: list[Group],
+    rest: list[int],
+    errors: dict[str, float],
+    failed: Iterable[str],
+    low: str,
+) -> list[int]:
+    """The groups of `rest` on a failing output's path, most suspect first.
+
+    A node's suspicion is the jump of the error across it times the largest
+    product of jumps on its way to a failing output: the amplifier itself and
+    what feeds it (its inputs' rounding is what it amplifies) come first. Ties
+    go to the group nearest the outputs, as a plain bisection would order them.
+    Groups off every failing output's path cannot change the verdict and are left out.
+    """
+    path = on_path(view, failed)
+    jump = {i: _jump(view, i, errors, UNIT[low]) for i in path}
+    gain: dict[int, float] = {}
+    for i in sorted(path, reverse=True):  # consumers have larger indices than producers
+        after = [jump[s] * gain[s] for s in view.successors(i) if s in gain]
+        gain[i] = max(after, default=1.0)
+    score = {
+        k: max((jump[i] * gain[i] for i in groups_[k].nodes if i in path), default=0.0)
+        for k in rest
+    }
+    found = [k for k in rest if score[k] > 0.0]
+    return sorted(found, key=lambda k: (-score[k], -max(groups_[k].nodes)))
+
+
+# -- a pin set as a policy -------------------------------------------------------------
+
+
+def name_regex(names: tuple[str, ...], all_names: list[str]) -> str:
+    """The shortest readable regex that selects exactly `names` among `all_names`.
+
+    A unit exported under one scope (`/blocks.1/norm2/...`) gets its scope
+    prefix; anything else gets the exact names.
+    """
+    if len(names) > 1:
+        prefix = os.path.commonprefix(list(names))  # noqa: RUF071 - cut at a "/" below
+        prefix = prefix[: prefix.rfind("/") + 1] if "/" in prefix else ""
+        if len(prefix) > 1:
+            rx = re.compile("^" + re.escape(prefix))
+            if {n for n in all_names if rx.search(n)} == set(names):
+                return "^" + re.escape(prefix)
+    if len(names) == 1:
+        return "^" + re.escape(names[0]) + "$"
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+
+
+def candidate_precision(
+    base: Precision, groups_: list[Group], pinned: list[int], all_names: list[str]
+) -> Precision:
+    """The policy's precision with one FP32 rule per pinned group, after its own rules."""
+    rules = list(base.rules)
+    for k, g in enumerate(sorted(pinned)):
+        match = Match(name=name_regex(groups_[g].names, all_names))
+        rules.append(Rule(f"tuned-{k + 1}", match, "fp32"))
+    return replace(base, rules=tuple(rules))

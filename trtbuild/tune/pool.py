@@ -1,0 +1,157 @@
+"""Judging `tune`'s candidates: one evaluation, the error map that seeds the search, workers.
+
+Why worker processes: a trial is ONNX Runtime plus Python (assigning, converting,
+emulating), mostly one core, and the search often knows its next candidates
+before the verdicts come (the next doublings, both halves of a bisection, the
+next removals). The stages reach the workers by fork, never pickled: the
+reference can be large.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtbuild.accuracy.emulate import emulate
+from trtbuild.accuracy.evaluate import REFERENCE
+from trtbuild.accuracy.judge import judge
+from trtbuild.accuracy.reference import ReferenceTensors
+from trtbuild.front import Front
+from trtbuild.policy.model import Precision
+from trtbuild.precision.assign import assign
+from trtbuild.precision.convert import convert
+
+# Workers beyond four rarely pay: the search seldom knows more than a few candidates ahead.
+MAX_DEFAULT_JOBS = 4
+
+
+def default_jobs() -> int:
+    """`--jobs` by default: min(4, the cores this process may use)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_JOBS, cores))
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What the search needs of one judged candidate: light, so it crosses processes."""
+
+    passed: bool
+    failing: dict[str, str]  # output (or "(intermediate)") -> the error that fails it
+    overflow: dict[str, Any] | None  # the first intermediate turned non-finite
+    worst: dict[str, float]  # output -> max_abs
+    fp16_share: float
+    seconds: float
+    point_seconds: dict[str, float] = field(default_factory=dict)  # point label -> judging time
+    failed_outputs: tuple[str, ...] = ()  # graph outputs that fail at some shape
+
+
+def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
+    """Judge one pin set with the build's own judge, at every shape; the reference and the
+    view are shared.
+
+    Only the overflow is walked (the reference is not run again): the search
+    needs the outputs' verdict and the first tensor the candidate overflows,
+    and an overflow an output masks fails the candidate all the same. With
+    several shapes a failure names its shape, and the first overflow found
+    (in the shapes' order) picks what to pin.
+    """
+    t = time.perf_counter()
+    assignment = assign(stages.view, precision, stages.measures.ranges, stages.analysis)
+    mixed = convert(assignment).model
+    emulated = emulate(mixed, stages.policy.accuracy.emulation)  # once for every shape
+    failing: dict[str, str] = {}
+    overflow, worst, point_seconds, failed = None, {}, {}, set()
+    for run in stages.shapes:
+        started = time.perf_counter()
+        verdict = judge(
+            run.reference,
+            stages.prepared.model,
+            mixed,
+            run.feeds,
+            stages.policy.accuracy,
+            emulated=emulated,
+            detail="overflow",
+            overflow_fails=True,
+            progress=False,
+        )
+        label = f"at {run.point.name}: " if len(stages.shapes) > 1 else ""
+        failing.update({f"{label}{k}": label + v for k, v in verdict.failures().items()})
+        failed.update(name for name, m in verdict.outputs.items() if not m.passed)
+        overflow = overflow or verdict.overflow
+        for name, m in verdict.outputs.items():
+            worst[name] = max(worst.get(name, 0.0), m.max_abs)
+        point_seconds[run.point.label] = time.perf_counter() - started
+    return TrialOutcome(
+        passed=not failing,
+        failing=failing,
+        overflow=overflow,
+        worst=worst,
+        fp16_share=assignment.summary().low_share,
+        seconds=round(time.perf_counter() - t, 3),
+        point_seconds=point_seconds,
+        failed_outputs=tuple(sorted(failed)),
+    )
+
+
+def error_map(stages: Front, precision: Precision) -> dict[str, float]:
+    """Each tensor's error against FP32 (max |error| over its range) in one candidate, on
+    the first feed of the primary shape: what the search's ranking reads.
+
+    Why one feed: the map only orders the suspects; the verdicts that decide
+    still judge every feed at every shape. The reference runs again beside the
+    candidate here (the judge's `divergence` walk), once per search.
+    """
+    from polygraphy.comparator import RunResults
+
+    run = stages.shapes[0]
+    first = RunResults()
+    first.append((REFERENCE, [run.reference.run_results[REFERENCE][0]]))
+    reference = ReferenceTensors(run.reference.measures, first)
+    assignment = assign(stages.view, precision, stages.measures.ranges, stages.analysis)
+    verdict = judge(
+        reference,
+        stages.prepared.model,
+        convert(assignment).model,
+        run.feeds[:1],
+        stages.policy.accuracy,
+        detail="divergence",
+        progress=False,
+    )
+    return {p["tensor"]: float(p["rel_error"]) for p in verdict.error_curve}
+
+
+# Set in each worker process by the pool's initializer, never in the parent: the stages
+# arrive by fork (never pickled: the reference is large).
+_WORKER: dict[str, Front] = {}
+
+
+def _init_worker(stages: Front) -> None:
+    _WORKER["stages"] = stages
+
+
+def evaluate_in_worker(precision: Precision) -> TrialOutcome:
+    """`evaluate` in a worker, on the stages it inherited."""
+    return evaluate(_WORKER["stages"], precision)
+
+
+@contextlib.contextmanager
+def pool(stages: Front, jobs: int) -> Iterator[Any]:
+    """Worker processes that inherit `stages` by fork; None with one job (or no fork)."""
+    import concurrent.futures
+    import multiprocessing
+
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield None
+        return
+    context = multiprocessing.get_context("fork")  # fork: initargs are inherited, not pickled
+    with concurrent.futures.ProcessPoolExecutor(
+        jobs, mp_context=context, initializer=_init_worker, initargs=(stages,)
+    ) as workers:
+        yield workers

@@ -1,0 +1,330 @@
+"""The search: start from range analysis, grow along the worst error's path, then shrink.
+
+Why in this order: range analysis and the first overflow name pins for free
+(a tensor past the low precision's range is inf there, whatever else is
+pinned); what no overflow names, one emulated run's error map ranks, and the
+search grows the most suspect groups first, doubling, until a candidate passes,
+then halves back to the shortest passing run; shrinking removes what turned out
+not to be needed. With several jobs, the candidates the search may ask next are
+judged in parallel, but a verdict becomes a trial only when the one-job search
+asks for it: the log and the policy are the same whatever `jobs` is.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtbuild.front import Front
+from trtbuild.numerics import LOW_MAX
+from trtbuild.policy.model import Precision
+from trtbuild.tune.groups import Group, beyond_range, candidate_precision, groups, suspects
+from trtbuild.tune.pool import TrialOutcome, error_map, evaluate, evaluate_in_worker, pool
+
+
+@dataclass
+class Trial:
+    """One evaluation of a candidate pin set."""
+
+    step: int
+    action: str
+    pinned: tuple[int, ...]  # group indices
+    passed: bool
+    fp16_share: float
+    failing: dict[str, str]  # output -> the measured error that fails it
+    worst: dict[str, float]  # output -> max_abs
+    seconds: float
+
+
+@dataclass
+class TuneResult:
+    """What `tune` found, and what it cost."""
+
+    policy: Precision
+    groups: list[Group]
+    pinned: list[int]
+    reasons: dict[int, str]  # group -> why it is needed
+    trials: list[Trial] = field(default_factory=list)
+    passed: bool = False
+    fp16_share: float = 0.0  # the share in the policy's low precision (`low`)
+    budget: int = 0
+    low: str = "fp16"
+    point_seconds: dict[str, float] = field(default_factory=dict)  # point -> judging seconds
+
+    @property
+    def costliest_point(self) -> str | None:
+        """`max [1, 3, 1024, 1024] (71% of the judging time)`, where there are several points."""
+        if len(self.point_seconds) < 2:
+            return None
+        label, seconds = max(self.point_seconds.items(), key=lambda kv: kv[1])
+        return f"{label} ({seconds / max(sum(self.point_seconds.values()), 1e-9):.0%} of the judging time)"
+
+    @property
+    def exhausted(self) -> bool:
+        """The search used every evaluation it had: it may have stopped before the end."""
+        return len(self.trials) >= self.budget > 0
+
+    @property
+    def full_search(self) -> int:
+        """Evaluations a full search needs at most: the start; per group pinned while
+        growing, doublings and halvings (twice log2 of the groups) and its pin; twice the
+        groups while shrinking (chunks halving down to one)."""
+        n = len(self.groups)
+        return 1 + n * (2 * math.ceil(math.log2(max(n, 2))) + 1) + 2 * n
+
+
+class Search:
+    """The search's state: its groups, what it pinned and why, and every verdict recorded.
+
+    `known` holds every recorded verdict (a pin set is judged once); `ahead`
+    holds verdicts judged in parallel before the search asked for them, which
+    become trials only when it does.
+    """
+
+    def __init__(self, stages: Front, budget: int, objective: str, seed: int, jobs: int):
+        self.stages, self.budget, self.jobs = stages, budget, jobs
+        self.low = stages.policy.precision.default  # fp16 | bf16 (check_policy refused fp32)
+        self.groups = groups(stages, objective)
+        self.names = [n.name for n in stages.view.nodes]
+        self.by_node = {i: k for k, g in enumerate(self.groups) for i in g.nodes}
+        self.tiebreak = list(range(len(self.groups)))
+        random.Random(seed).shuffle(self.tiebreak)
+        self.trials: list[Trial] = []
+        self.reasons: dict[int, str] = {}
+        self.pinned: list[int] = []
+        self.progress: Callable[[Trial, int], None] | None = None
+        self.pool: Any = None
+        self.known: dict[tuple[int, ...], TrialOutcome] = {}  # pin set -> its recorded verdict
+        self.ahead: dict[tuple[int, ...], TrialOutcome] = {}  # judged early, not yet asked for
+        self.point_seconds: dict[str, float] = {}  # point label -> judging seconds, all trials
+
+    def precision(self, pinned: list[int]) -> Precision:
+        return candidate_precision(self.stages.policy.precision, self.groups, pinned, self.names)
+
+    def record(self, pinned: list[int], action: str, outcome: TrialOutcome) -> TrialOutcome:
+        o = outcome
+        trial = Trial(
+            len(self.trials) + 1,
+            action,
+            tuple(sorted(pinned)),
+            o.passed,
+            o.fp16_share,
+            o.failing,
+            o.worst,
+            o.seconds,
+        )
+        for label, seconds in o.point_seconds.items():
+            self.point_seconds[label] = self.point_seconds.get(label, 0.0) + seconds
+        self.trials.append(trial)
+        self.known[trial.pinned] = outcome
+        if self.progress:
+            self.progress(trial, self.budget)
+        return outcome
+
+    def try_pins(self, pinned: list[int], action: str) -> TrialOutcome:
+        """The verdict on `pinned`: remembered, or judged (now or ahead) and recorded."""
+        key = tuple(sorted(pinned))
+        if key in self.known:
+            return self.known[key]
+        outcome = self.ahead.pop(key, None)
+        if outcome is None:
+            outcome = evaluate(self.stages, self.precision(pinned))
+        return self.record(pinned, action, outcome)
+
+    def judge_ahead(self, candidates: list[list[int]]) -> None:
+        """Judge the pin sets the search may ask for next, in parallel (the first is the
+        one it asks for now); nothing is recorded until it asks."""
+        if self.pool is None:
+            return
+        keys = [tuple(sorted(c)) for c in candidates]
+        todo = [k for k in dict.fromkeys(keys) if k not in self.known and k not in self.ahead]
+        todo = todo[: max(0, min(self.jobs, self.left()))]
+        if len(todo) < 2:  # one set is judged where it is asked for
+            return
+        precisions = [self.precision(list(k)) for k in todo]
+        self.ahead.update(zip(todo, self.pool.map(evaluate_in_worker, precisions)))
+
+    def left(self) -> int:
+        return self.budget - len(self.trials)
+
+    def label(self, picked: list[int]) -> str:
+        more = f" and {len(picked) - 1} more" if len(picked) > 1 else ""
+        return self.groups[picked[0]].label + more
+
+    def ranking_errors(self) -> dict[str, float]:
+        """The current candidate's per-tensor errors (one emulated run beside the reference)."""
+        return error_map(self.stages, self.precision(self.pinned))
+
+
+# -- the steps, in the order `tune` takes them ------------------------------------
+
+
+def _start(search: Search) -> TrialOutcome:
+    """Range analysis: what leaves the low precision's range is pinned before any trial."""
+    low = search.low
+    search.pinned = beyond_range(search.groups, low)
+    for k in search.pinned:
+        search.reasons[k] = (
+            f"reaches |x| = {search.groups[k].peak:.4g} on the reference data "
+            f"({low.upper()} max {LOW_MAX[low]:.6g})"
+            + (f": inf in {low.upper()}" if search.groups[k].overflows(low) else "")
+        )
+    action = "start: range analysis" if search.pinned else "start: policy rules only"
+    return search.try_pins(search.pinned, action)
+
+
+def _grow(search: Search, outcome: TrialOutcome) -> TrialOutcome:
+    """While failing: an overflow pins its own group; otherwise the suspects grow."""
+    while not outcome.passed and search.left() > 0:
+        culprit = _overflowing_group(search, outcome.overflow)
+        if culprit is None:
+            found = _grow_suspects(search, outcome)
+            if found is None:
+                break
+            outcome = found
+            continue
+        why = "; ".join(outcome.failing.values()) or "output below tolerance"
+        search.reasons[culprit] = why
+        search.pinned = sorted({*search.pinned, culprit})
+        outcome = search.try_pins(search.pinned, f"pin {search.label([culprit])}")
+    return outcome
+
+
+def _doublings(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, n last: the run lengths the growing tries."""
+    found, length = [], 1
+    while length < n:
+        found.append(length)
+        length *= 2
+    return [*found, n] if n else []
+
+
+def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None:
+    """Pin the shortest run of suspects (most suspect first) that passes; None when every
+    suspect pinned still fails (all of them stay pinned) or the budget ran out first.
+
+    Doubling the run finds a passing length in about log2 of the suspects it
+    needs, and halving between the last failing and the first passing length
+    finds the shortest (the verdict along the run is taken as monotonic:
+    pinning more rarely hurts). Out of evaluations while halving, the shortest
+    passing run found so far is pinned.
+    """
+    rest = [k for k in range(len(search.groups)) if k not in search.pinned]
+    errors = search.ranking_errors()
+    order = suspects(
+        search.stages.view, search.groups, rest, errors, failing.failed_outputs, search.low
+    )
+    run = lambda n: [*search.pinned, *order[:n]]  # noqa: E731 - the candidate of length n
+    lengths = _doublings(len(order))
+    lo, hi, why = 0, None, failing
+    for k, n in enumerate(lengths):
+        if search.left() <= 0:
+            return None
+        search.judge_ahead([run(m) for m in lengths[k : k + search.jobs]])
+        trial = search.try_pins(run(n), f"grow: pin {search.label(order[:n])}")
+        if trial.passed:
+            hi = n
+            break
+        lo, why = n, trial
+    if hi is None:
+        search.pinned = sorted({*search.pinned, *order})
+        return None
+    while hi - lo > 1 and search.left() > 0:
+        mid = (lo + hi) // 2
+        search.judge_ahead([run(m) for m in (mid, (lo + mid) // 2, (mid + hi) // 2) if lo < m < hi])
+        trial = search.try_pins(run(mid), f"bisect: pin {search.label(order[:mid])}")
+        if trial.passed:
+            hi = mid
+        else:
+            lo, why = mid, trial
+    for k in order[:hi]:
+        search.reasons[k] = "; ".join(why.failing.values()) or "output below tolerance"
+    search.pinned = sorted({*search.pinned, *order[:hi]})
+    return search.try_pins(search.pinned, f"pin {search.label(order[:hi])}")
+
+
+def _shrink(search: Search) -> None:
+    """Delta debugging: unpin chunks of the pinned groups, costliest first, halving the
+    chunk down to single groups; a group whose removal fails keeps that error as its
+    reason. A group beyond the low precision's range is never unpinned: it would be inf."""
+    order = sorted(search.pinned, key=lambda k: (-search.groups[k].cost, search.tiebreak[k]))
+    order = [k for k in order if not search.groups[k].overflows(search.low)]
+    chunk = max(1, len(order) // 2)
+    while order and search.left() > 0:
+        i = 0
+        while i < len(order) and search.left() > 0:
+            parts = [order[j : j + chunk] for j in range(i, len(order), chunk)]
+            without = [[g for g in search.pinned if g not in part] for part in parts]
+            search.judge_ahead(without[: search.jobs])  # each assumed to fail: most pins are needed
+            outcome = search.try_pins(without[0], f"unpin {search.label(parts[0])}")
+            if outcome.passed:
+                search.pinned = without[0]
+                order = [g for g in order if g not in parts[0]]
+                for g in parts[0]:
+                    search.reasons.pop(g, None)
+                continue
+            if chunk == 1:
+                search.reasons[parts[0][0]] = "without it: " + "; ".join(outcome.failing.values())
+            i += chunk
+        if chunk == 1:
+            break
+        chunk = max(1, chunk // 2)
+
+
+def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | None:
+    """The unpinned group where the emulation first turns non-finite (or nearest upstream)."""
+    if first is None:
+        return None
+    view = search.stages.view
+    index = {n.name: i for i, n in enumerate(view.nodes)}
+    queue, seen = [index[first["node"]]], set()
+    while queue:
+        i = queue.pop(0)
+        if i in seen:
+            continue
+        seen.add(i)
+        k = search.by_node.get(i)
+        if k is not None and k not in search.pinned:
+            return k
+        queue.extend(view.predecessors(i))
+    return None
+
+
+def _result(search: Search) -> TuneResult:
+    """What the search found: the last trial of its final pin set, and why each pin stays."""
+    final = next(t for t in reversed(search.trials) if t.pinned == tuple(sorted(search.pinned)))
+    kept = "kept (not re-checked within the budget)"
+    return TuneResult(
+        search.precision(search.pinned),
+        search.groups,
+        sorted(search.pinned),
+        {k: search.reasons.get(k, kept) for k in search.pinned},
+        search.trials,
+        final.passed,
+        final.fp16_share,
+        search.budget,
+        search.low,
+        dict(search.point_seconds),
+    )
+
+
+def tune(
+    stages: Front,
+    *,
+    budget: int = 100,
+    objective: str = "nodes",
+    seed: int = 0,
+    jobs: int = 1,
+    progress: Callable[[Trial, int], None] | None = None,
+) -> TuneResult:
+    """The smallest pin set (in `objective`) that passes, within `budget` evaluations."""
+    search = Search(stages, budget, objective, seed, jobs)
+    search.progress = progress
+    with pool(stages, jobs) as search.pool:
+        outcome = _grow(search, _start(search))
+        if outcome.passed:
+            _shrink(search)
+    return _result(search)
