@@ -53,8 +53,9 @@ from trtbuild.precision.convert import convert  # noqa: E402
 
 MODELS = ("nafnet", "gfpgan", "transformer", "bert", "ppocrv4_rec", "ppocrv4_det", "open_nsfw")
 # Benchmark policies of their own (benchmarks/policies/): the detector on a real photo of
-# handwriting (`python scripts/fetch_models.py photo_text`), judged by its mean error.
-EXTRA = ("ppocrv4_det_photo",)
+# handwriting (`python scripts/fetch_models.py photo_text`), judged by its mean error; a
+# streaming GRU speech enhancer (`make models`) with its caches, judged by SNR.
+EXTRA = ("ppocrv4_det_photo", "gru_enhancer")
 
 AUTOCAST = """
 import sys, onnx
@@ -239,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["storage", "strict"],
         help="what the judge assumes inside an FP16 kernel (the policies' accuracy.emulation)",
     )
-    parser.add_argument("--jobs", type=int, default=1, help="trtbuild tune --jobs")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=tune.default_jobs(),
+        help="trtbuild tune --jobs (default: min(4, usable cores), as tune's own default)",
+    )
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="trtbuild-bench-tune-"))
     rows = []

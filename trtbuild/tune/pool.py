@@ -52,9 +52,9 @@ class TrialOutcome:
     failed_outputs: tuple[str, ...] = ()  # graph outputs that fail at some shape
 
 
-def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
-    """Judge one pin set with the build's own judge, at every shape; the reference and the
-    view are shared.
+def evaluate(stages: Front, precision: Precision, points: tuple[int, ...] = ()) -> TrialOutcome:
+    """Judge one pin set with the build's own judge, at every shape (or only at `points`,
+    indices into `stages.shapes`, for `merge`); the reference and the view are shared.
 
     Only the overflow is walked (the reference is not run again): the search
     needs the outputs' verdict and the first tensor the candidate overflows,
@@ -68,7 +68,7 @@ def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
     emulated = emulate(mixed, stages.policy.accuracy.emulation)  # once for every shape
     failing: dict[str, str] = {}
     overflow, worst, point_seconds, failed = None, {}, {}, set()
-    for run in stages.shapes:
+    for run in [stages.shapes[k] for k in points] if points else stages.shapes:
         started = time.perf_counter()
         verdict = judge(
             run.reference,
@@ -97,6 +97,30 @@ def evaluate(stages: Front, precision: Precision) -> TrialOutcome:
         seconds=round(time.perf_counter() - t, 3),
         point_seconds=point_seconds,
         failed_outputs=tuple(sorted(failed)),
+    )
+
+
+def merge(parts: list[TrialOutcome], seconds: float) -> TrialOutcome:
+    """One outcome from the outcomes of one pin set at each point, in the points' order:
+    what `evaluate` at every point returns (the first overflow in that order, the worst
+    error of all), so a set judged point by point in parallel gives the same trial."""
+    failing: dict[str, str] = {}
+    worst: dict[str, float] = {}
+    point_seconds: dict[str, float] = {}
+    for part in parts:
+        failing.update(part.failing)
+        point_seconds.update(part.point_seconds)
+        for name, value in part.worst.items():
+            worst[name] = max(worst.get(name, 0.0), value)
+    return TrialOutcome(
+        passed=not failing,
+        failing=failing,
+        overflow=next((p.overflow for p in parts if p.overflow), None),
+        worst=worst,
+        fp16_share=parts[0].fp16_share,
+        seconds=round(seconds, 3),
+        point_seconds=point_seconds,
+        failed_outputs=tuple(sorted({o for p in parts for o in p.failed_outputs})),
     )
 
 
@@ -139,6 +163,12 @@ def _init_worker(stages: Front) -> None:
 def evaluate_in_worker(precision: Precision) -> TrialOutcome:
     """`evaluate` in a worker, on the stages it inherited."""
     return evaluate(_WORKER["stages"], precision)
+
+
+def evaluate_point_in_worker(job: tuple[Precision, int]) -> TrialOutcome:
+    """`evaluate` at one point (an index into the inherited stages' shapes) in a worker."""
+    precision, point = job
+    return evaluate(_WORKER["stages"], precision, (point,))
 
 
 @contextlib.contextmanager

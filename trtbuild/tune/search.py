@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,15 @@ from trtbuild.front import Front
 from trtbuild.numerics import LOW_MAX
 from trtbuild.policy.model import Precision
 from trtbuild.tune.groups import Group, beyond_range, candidate_precision, groups, suspects
-from trtbuild.tune.pool import TrialOutcome, error_map, evaluate, evaluate_in_worker, pool
+from trtbuild.tune.pool import (
+    TrialOutcome,
+    error_map,
+    evaluate,
+    evaluate_in_worker,
+    evaluate_point_in_worker,
+    merge,
+    pool,
+)
 
 
 @dataclass
@@ -131,8 +140,19 @@ class Search:
             return self.known[key]
         outcome = self.ahead.pop(key, None)
         if outcome is None:
-            outcome = evaluate(self.stages, self.precision(pinned))
+            outcome = self.judge_now(pinned)
         return self.record(pinned, action, outcome)
+
+    def judge_now(self, pinned: list[int]) -> TrialOutcome:
+        """One pin set's verdict; with workers and several points, a point each in parallel
+        (the same outcome: `merge` keeps the points' order)."""
+        points = len(self.stages.shapes)
+        if self.pool is None or points < 2:
+            return evaluate(self.stages, self.precision(pinned))
+        started = time.perf_counter()
+        jobs = [(self.precision(pinned), k) for k in range(points)]
+        parts = list(self.pool.map(evaluate_point_in_worker, jobs))
+        return merge(parts, time.perf_counter() - started)
 
     def judge_ahead(self, candidates: list[list[int]]) -> None:
         """Judge the pin sets the search may ask for next, in parallel (the first is the
