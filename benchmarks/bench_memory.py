@@ -12,8 +12,13 @@ Cases: the real PP-OCRv4 detector (`make models` fetches it) at 640x640,
 1280x1280 and 1920x1920, normal input data, `rules: []`, `--no-cache` for
 `build` and `tune`; `check` cold (an empty cache) and warm (the same cache).
 
+`--phases N` prints where the accuracy stage's time goes at NxN instead: one
+process judges the same policy `--repeat` times and times plain FP32 inference
+between the judgements, so every ratio compares figures of one moment on a
+machine whose load changes (each phase is wrapped with `time.perf_counter`).
+
 Usage: python benchmarks/bench_memory.py [--sizes 640,1280,1920] [--modelopt-python PY]
-       [--skip tune,...] [--tune-max 1280]
+       [--skip tune,...] [--tune-max 1280] [--phases 1280 [--repeat 3]]
 """
 
 from __future__ import annotations
@@ -127,15 +132,206 @@ def case(n: int, tmp: Path, skip: set[str], modelopt: str | None, tune_max: int)
     return row
 
 
+# --- where the accuracy stage's time goes (--phases) --------------------------------------
+
+# (module, attribute, phase): every function of the accuracy stage that takes time, wrapped
+# where it is looked up. ONNX Runtime's runs are split by whose graph they run.
+TIMED = [
+    ("trtbuild.evaluation", "emulate", "emulate"),
+    ("trtbuild.accuracy.judge", "emulate", "emulate"),
+    ("trtbuild.accuracy.judge", "probe", "probes"),
+    ("trtbuild.accuracy.judge", "reference_plan", "cut plans"),
+    ("trtbuild.accuracy.judge", "plan_aligned", "cut plans"),
+    ("trtbuild.accuracy.judge", "compare", "outputs compared (Polygraphy, metrics)"),
+    ("trtbuild.accuracy.risk", "at_risk", "at risk"),
+    ("trtbuild.accuracy.stream", "plain_session", "sessions made"),
+    ("trtbuild.accuracy.stream", "lean_session", "sessions made"),
+    ("trtbuild.accuracy.stream", "release_freed_memory", "malloc_trim"),
+]
+KINDS = ("policy", "fp16 baseline", "fp32 baseline")
+
+
+def _phase_child(policy_path: str, repeat: int, shrink: bool) -> None:
+    """In its own process: judge `policy_path` `repeat` times, phases timed, plain inference
+    timed before each judgement; prints one JSON line per judgement."""
+    import importlib
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from trtbuild.accuracy import evaluate, judge, stream
+    from trtbuild.cache import Cache
+    from trtbuild.evaluation import evaluate_all
+    from trtbuild.front import baselines, run_front
+    from trtbuild.policy import load_policy
+
+    spent: dict[str, float] = {}
+    stack: list[list[float]] = []  # [start, time of inner phases] of the phases running
+
+    def timed(fn, phase):
+        def wrapper(*args, **kwargs):
+            stack.append([time.perf_counter(), 0.0])
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                start, inner = stack.pop()
+                took = time.perf_counter() - start
+                spent[phase(args) if callable(phase) else phase] = (
+                    spent.get(phase(args) if callable(phase) else phase, 0.0) + took - inner
+                )
+                if stack:
+                    stack[-1][1] += took
+
+        return wrapper
+
+    for module, name, phase in TIMED:
+        mod = importlib.import_module(module)
+        setattr(mod, name, timed(getattr(mod, name), phase))
+    _time_runs(judge, stream, timed)
+    _time_walk(judge, timed)
+    if not shrink:
+        evaluate._run_options.cache_clear()
+        evaluate._run_options = lambda shrink=True: ort.RunOptions()  # ablation: no shrink
+
+    policy = load_policy(Path(policy_path))
+    front = run_front(policy, cache=Cache(enabled=False))
+    base_models = baselines(front, engines=True)
+    plain = ort.InferenceSession(str(policy.model), providers=["CPUExecutionProvider"])
+    feed = front.feeds[0]
+    plain.run(None, feed)  # warm-up
+    for _ in range(repeat):
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            plain.run(None, feed)
+            runs.append(time.perf_counter() - t)
+        spent.clear()
+        t = time.perf_counter()
+        evaluate_all(front, engines={}, backend="none", base_models=base_models)
+        stage = time.perf_counter() - t
+        spent["other"] = stage - sum(spent.values())
+        out = {"plain": float(np.median(runs)), "stage": stage, "phases": dict(spent)}
+        print(json.dumps(out), flush=True)
+
+
+def _time_runs(judge, stream, timed) -> None:
+    """ONNX Runtime's runs, by whose graph a runner runs (reference, policy, baselines) and how
+    (cut into segments, or lean)."""
+    kind_of: dict[int, str] = {}  # id(emulated graph) -> candidate kind
+    start = judge._Run.start.__func__
+
+    def run_start(cls, c, *args, **kwargs):
+        run = start(cls, c, *args, **kwargs)
+        kind_of[id(run.emulated)] = KINDS[min(len(kind_of), len(KINDS) - 1)]
+        return run
+
+    judge._Run.start = classmethod(run_start)
+    original_judge_all = judge.judge_all
+
+    def judge_all(*args, **kwargs):
+        kind_of.clear()  # candidates are numbered per judgement
+        return original_judge_all(*args, **kwargs)
+
+    judge.judge_all = judge_all
+    import trtbuild.evaluation
+
+    trtbuild.evaluation.judge_all = judge_all
+    current: list[str] = []
+    run_session = stream.run_session
+    stream.run_session = timed(run_session, lambda args: current[-1])
+    for cls, how in ((stream.SegmentRunner, "cut"), (stream.LeanRunner, "lean")):
+        _kind_runs(cls, how, kind_of, current)
+
+
+def _kind_runs(cls, how: str, kind_of: dict[int, str], current: list[str]) -> None:
+    run = cls.run
+
+    def labelled(self, feed, **kwargs):
+        kind = f"{kind_of.get(id(self.model), 'reference')} run ({how})"
+        if how == "lean":
+            current.append(kind)
+            try:
+                return run(self, feed, **kwargs)
+            finally:
+                current.pop()
+        return _labelled_gen(run(self, feed, **kwargs), kind, current)
+
+    cls.run = labelled
+
+
+def _labelled_gen(gen, kind: str, current: list[str]):
+    while True:
+        current.append(kind)
+        try:
+            value = next(gen)
+        except StopIteration:
+            return
+        finally:
+            current.pop()
+        yield value
+
+
+def _time_walk(judge, timed) -> None:
+    judge._Walk.take = timed(judge._Walk.take, "per-tensor compare (walk)")
+
+
+def phases(n: int, tmp: Path, repeat: int) -> None:
+    """Where the accuracy stage's time goes at nxn: a table of seconds and multiples of one
+    plain inference, one column per judgement, and the arena shrink's share by ablation."""
+    policy = tmp / f"det{n}.yaml"
+    policy.write_text(POLICY.format(model=MODEL, n=n))
+    rows: list[dict] = []
+    for shrink in (True, False):
+        cmd = [sys.executable, __file__, "--phase-child", str(policy), "--repeat", str(repeat)]
+        done = subprocess.run(
+            cmd + ([] if shrink else ["--no-shrink"]), capture_output=True, text=True, cwd=ROOT
+        )
+        if done.returncode:
+            sys.exit(done.stderr[-3000:])
+        rows += [{**json.loads(line), "shrink": shrink} for line in done.stdout.splitlines()]
+    names = sorted(
+        {k for r in rows for k in r["phases"]}, key=lambda k: -rows[0]["phases"].get(k, 0)
+    )
+    head = [
+        f"judgement {i + 1}" + ("" if r["shrink"] else " (no shrink)") for i, r in enumerate(rows)
+    ]
+    print(f"accuracy stage at {n}x{n}: seconds (x one plain FP32 inference of the same moment)")
+    print("| phase | " + " | ".join(head) + " |")
+    print("|---|" + "---|" * len(rows))
+    for name in names:
+        cells = [
+            f"{r['phases'].get(name, 0):.2f} ({r['phases'].get(name, 0) / r['plain']:.1f}x)"
+            for r in rows
+        ]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(
+        "| **accuracy stage** | "
+        + " | ".join(f"**{r['stage']:.2f} ({r['stage'] / r['plain']:.1f}x)**" for r in rows)
+        + " |"
+    )
+    print("| plain FP32 inference | " + " | ".join(f"{r['plain']:.3f}" for r in rows) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="640,1280,1920")
     parser.add_argument("--skip", default="", help="commands to leave out, e.g. tune")
     parser.add_argument("--tune-max", type=int, default=1280, help="tune only up to this size")
     parser.add_argument("--modelopt-python", help="python of a virtualenv with nvidia-modelopt")
+    parser.add_argument("--phases", type=int, metavar="N", help="time the accuracy stage's phases")
+    parser.add_argument("--repeat", type=int, default=3, help="judgements per --phases process")
+    parser.add_argument("--phase-child", help=argparse.SUPPRESS)
+    parser.add_argument("--no-shrink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.phase_child:
+        _phase_child(args.phase_child, args.repeat, not args.no_shrink)
+        return 0
     if not MODEL.exists():
         sys.exit(f"{MODEL} is missing: run `make models` first")
+    if args.phases:
+        with tempfile.TemporaryDirectory(prefix="trtbuild-bench-phases-") as tmp:
+            phases(args.phases, Path(tmp), args.repeat)
+        return 0
     skip = set(filter(None, args.skip.split(",")))
     head = ["input", "plain FP32 ORT: peak, run", "build", "accuracy stage (x one run)"]
     head += ["check cold", "check warm"] + ([] if "tune" in skip else ["tune"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -67,18 +68,58 @@ def _shared_arena() -> None:
     ort.create_and_register_allocator(info, ort.OrtArenaCfg(_ARENA_CONFIG))
 
 
-@functools.lru_cache(maxsize=1)
-def _run_options():
+@functools.lru_cache(maxsize=2)
+def _run_options(shrink: bool = True):
     import onnxruntime as ort
 
     options = ort.RunOptions()
-    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    if shrink:
+        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     return options
 
 
-def run_session(session, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """`session.run`, then the shared arena gives back what the run no longer holds."""
-    return session.run(names, feed, _run_options())
+def run_session(
+    session, names: list[str], feed: dict[str, np.ndarray], *, shrink: bool = True
+) -> list[np.ndarray]:
+    """`session.run`, then (with `shrink`) the shared arena gives back what no run holds.
+
+    Why a pass shrinks once, at its end: the segments of a cut run (and the runs
+    beside it) each need about as much as the last; a shrink after every one gave
+    the pages back only for the next to fault them in again (PP-OCRv4 det at
+    1280x1280: 0.4 s of a 4.4 s accuracy stage, `bench_memory.py --phases`). Kept
+    between the runs of one pass, the arena holds the largest segment's working
+    set, never the sum.
+
+    Why `run_with_ort_values`: each output is handed out as a view of ONNX
+    Runtime's own buffer (`OrtValue.numpy()` copies nothing and keeps the buffer
+    alive), where `run` copies every tensor into fresh pages: a cut run hands
+    out every tensor of the graph, 2.8 GB of copies for PP-OCRv4 det at 1280x1280.
+    """
+    import onnxruntime as ort
+
+    options = _run_options(shrink)
+    kinds = {o.name: o.type for o in session.get_outputs()}
+    plain = all(kinds.get(n, "").startswith("tensor(") and "string" not in kinds[n] for n in names)
+    plain = plain and all(isinstance(v, np.ndarray) and v.dtype.kind != "O" for v in feed.values())
+    if not plain:  # sequences, maps, strings: as numpy copies, the general way
+        return session.run(names, feed, options)
+    inputs = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for k, v in feed.items()}
+    return [v.numpy() for v in session.run_with_ort_values(names, inputs, options)]
+
+
+def intra_op_threads() -> int:
+    """ONNX Runtime's intra-op threads: the cores this process may run on where that is fewer
+    than the machine has, else 0 (ONNX Runtime's own choice, one a physical core).
+
+    Why: ONNX Runtime counts the machine's cores, so a process that `taskset`, a
+    container or a CI runner limits to fewer runs more threads than it has cores,
+    and they wait on each other at every op.
+    """
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: ONNX Runtime's own count
+        return 0
+    return allowed if 0 < allowed < (os.cpu_count() or allowed) else 0
 
 
 def _session(model_bytes: bytes, in_order: bool = False):
@@ -98,6 +139,7 @@ def _session(model_bytes: bytes, in_order: bool = False):
     options.add_session_config_entry("session.use_env_allocators", "1")
     options.enable_cpu_mem_arena = False  # never an arena of its own, should the shared one go
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.intra_op_num_threads = intra_op_threads()
     if in_order:  # the graph's own order: a check placed after its tensor frees it there
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])

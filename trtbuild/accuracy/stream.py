@@ -227,10 +227,12 @@ class SegmentRunner:
         """Yield, per segment, its marked tensors and the values it read.
 
         Values a later segment reads are held until their last reader has run;
-        everything else a segment yields is the caller's to drop.
+        everything else a segment yields is the caller's to drop. The shared arena
+        is shrunk once, after the last segment (`run_session`).
         """
         live = {k: np.asarray(v) for k, v in feed.items()}
         last_reader = _last_reader(self.plan)
+        last = max((k for k, seg in enumerate(self.plan.segments) if seg.nodes), default=-1)
         for k, seg in enumerate(self.plan.segments):
             if not seg.nodes:
                 yield {}
@@ -239,7 +241,7 @@ class SegmentRunner:
             sess = self.sessions[k] or self._session(k, inputs)
             self.sessions[k] = sess
             names = [o.name for o in sess.get_outputs()]
-            values = dict(zip(names, run_session(sess, names, inputs)))
+            values = dict(zip(names, run_session(sess, names, inputs, shrink=k == last)))
             for t in seg.keep:
                 live[t] = values[t]
             for t in [t for t in live if last_reader.get(t, -1) <= k]:
@@ -312,16 +314,17 @@ class LeanRunner:
         self.sums = {t: t + self.SUFFIX for t in finite_sums}
         self.session = None
 
-    def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feed: dict[str, np.ndarray], *, shrink: bool = True) -> dict[str, np.ndarray]:
         """Sessions are made at the first run, as `SegmentRunner`'s: a judgement of one feed
-        that walks the divergence never needs this one."""
-
+        that walks the divergence never needs this one. Without `shrink`, the shared arena
+        keeps this run's pages for the next (a caller with more feeds to run)."""
         if self.session is None:
             lean = _with_sums(self.model, self.outputs, self.sums)
             self.session = lean_session(lean.SerializeToString())
         names = [o.name for o in self.session.get_outputs()]
-        values = dict(zip(names, run_session(self.session, names, feed)))
-        release_freed_memory()
+        values = dict(zip(names, run_session(self.session, names, feed, shrink=shrink)))
+        if shrink:
+            release_freed_memory()
         return values
 
     def suspects(self, values: dict[str, np.ndarray]) -> list[str]:
