@@ -806,3 +806,116 @@ def test_cache_size_that_is_no_size_is_a_usage_error(size, write_policy, capsys,
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.count("trtbuild: error:") == 1 and "TRTBUILD_CACHE_MAX_MB" in err, err
+
+
+# -- #34 trust boundaries: the surroundings (publication, out folders, special files) -------
+# (one block; the cases run as `test_bad_input`'s do, and a folder's symlinks are not followed)
+
+
+def _foreign_home(c: Ctx) -> str:
+    home = _mkdir(c.tmp / "home")
+    for name in (".bashrc", "engine.plan", "report.json"):
+        (home / name).write_text("the user's")
+    return str(home)
+
+
+def _artifact_is_a_folder(c: Ctx) -> str:
+    out = _mkdir(c.tmp / "out")
+    (out / ".trtbuild-output").write_text("{}")  # an earlier build's folder
+    _mkdir(out / "junit.xml")
+    (out / "junit.xml" / "mine.txt").write_text("kept")
+    return str(out)
+
+
+def _symlink_loop(c: Ctx) -> str:
+    (c.tmp / "loop").symlink_to(c.tmp / "pool")
+    (c.tmp / "pool").symlink_to(c.tmp / "loop")
+    return str(c.tmp / "loop")
+
+
+def _fifo(c: Ctx) -> str:
+    os.mkfifo(c.tmp / "m.onnx")
+    return c.policy("version: 1\nmodel: m.onnx\n")
+
+
+SURROUNDINGS = [
+    (
+        "out-holds-the-users-files",
+        lambda c: ["build", "--policy", c.nafnet_policy(), "--out", _foreign_home(c)],
+        "did not write (.bashrc); publishing into it would replace engine.plan, report.json",
+    ),
+    (
+        "report-out-holds-the-users-files",
+        lambda c: ["report", "--policy", c.nafnet_policy(), "--out", _foreign_home(c)],
+        "holds files trtbuild did not write",
+    ),
+    (
+        "nightly-out-holds-the-users-files",
+        lambda c: (
+            ["nightly", "--policies", str(_mkdir(c.tmp / "policies")), "--out", _foreign_home(c)]
+        ),
+        "holds files trtbuild did not write",
+    ),
+    (
+        "out-is-the-root",
+        lambda c: ["build", "--policy", c.nafnet_policy(), "--out", "/"],
+        "the root folder cannot be an output folder",
+    ),
+    (
+        "artifact-is-a-folder",
+        lambda c: ["build", "--policy", c.nafnet_policy(), "--out", _artifact_is_a_folder(c)],
+        "junit.xml: is a folder where trtbuild writes a file",
+    ),
+    (
+        "convert-output-is-a-folder",
+        lambda c: ["convert", "--policy", c.nafnet_policy(), "-o", str(_mkdir(c.tmp / "m"))],
+        "is a folder where a file goes",
+    ),
+    (
+        "out-is-a-symlink-loop",
+        lambda c: ["build", "--policy", c.nafnet_policy(), "--out", _symlink_loop(c)],
+        "a symlink loop",
+    ),
+    ("model-is-a-fifo", lambda c: c.build(_fifo(c)), "is not a regular file (a FIFO"),
+    (
+        "prepare-model-is-a-device",
+        lambda c: ["prepare", "/dev/zero", "-o", str(c.tmp / "x.onnx")],
+        "is a character device, not an ONNX file",
+    ),
+    (
+        "control-characters-in-a-key",
+        lambda c: c.build(c.policy('version: 1\nmodel: m.onnx\n"\\e]0;pwned\\a\\e[2J": 1\n')),
+        "unknown key '\\x1b]0;pwned\\x07\\x1b[2J'",
+    ),
+    (
+        "an-array-wording",
+        lambda c: c.build(c.policy("version: 1\nmodel: m.onnx\nprecision: {rules: pow}\n")),
+        "must be an array",
+    ),
+]
+
+
+def _lsnapshot(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.lstat().st_mtime_ns for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), [c[1:] for c in SURROUNDINGS], ids=[c[0] for c in SURROUNDINGS]
+)
+def test_bad_surroundings(argv, message, tmp_path, nafnet_path, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    args = argv(Ctx(work, nafnet_path))
+    capsys.readouterr()
+    before = _lsnapshot(work)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "\x1b" not in err and "\x07" not in err
+    lines = [line for line in err.splitlines() if line.startswith("trtbuild: error:")]
+    assert len(lines) == 1 and len(err.splitlines()) == 1, err
+    assert message in lines[0], err
+    assert _lsnapshot(work) == before, "the failed command left files behind or changed some"
+    assert [p.name for p in tmp_path.iterdir()] == ["work"]
+
+
+# -- end of the #34 surroundings block ------------------------------------------------------

@@ -171,7 +171,10 @@ def test_foreign_out_folder_is_refused_and_its_files_kept(tmp_path, capsys):
         (home / name).write_text(f"the user's {name}")
     assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(home)]) == 2
     err = capsys.readouterr().err
-    assert "holds files trtbuild did not write (.bashrc, photos.txt)" in err, err
+    assert (
+        "did not write (.bashrc, photos.txt); publishing into it would replace engine.plan, report.json"
+        in err
+    ), err
     assert {p.name: p.read_text() for p in home.iterdir()} == {
         n: f"the user's {n}" for n in (".bashrc", "engine.plan", "report.json", "photos.txt")
     }

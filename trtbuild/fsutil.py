@@ -65,8 +65,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
-            # a write's ENOSPC names no file: name the one that was being written
+        if isinstance(exc, OSError) and exc.errno and exc.filename in (None, str(tmp_path)):
+            # a write's ENOSPC names no file, a rename names the temporary one: name `path`
             raise OSError(exc.errno, exc.strerror, str(final)) from exc
         raise
 
@@ -108,8 +108,8 @@ def check_out_folder(out_dir: Path, known: Collection[str], owns: Collection[str
 
     Why: publication replaces what the folder holds; a folder of the user's (`--out ~`)
     must be refused before anything is written, naming what would be lost. A folder
-    whose entries all bear names trtbuild writes (`known`, or a subfolder with its own
-    marker) is an output of an earlier trtbuild, which wrote no marker.
+    whose entries all bear names trtbuild writes (`known`, or a subfolder of such names
+    or with its own marker) is an output of an earlier trtbuild, which wrote no marker.
     """
     if out_dir.parent == out_dir:
         raise UsageError("the root folder cannot be an output folder", where=str(out_dir))
@@ -125,16 +125,27 @@ def check_out_folder(out_dir: Path, known: Collection[str], owns: Collection[str
     entries = sorted(os.listdir(out_dir))
     if MARKER in entries:
         return
-    foreign = [e for e in entries if e not in known and not (out_dir / e / MARKER).is_file()]
+    foreign = [e for e in entries if e not in known and not _trtbuilds(out_dir / e, known)]
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if foreign[3:] else "")
+        stake = [e for e in entries if e in owns]
+        replaced = f"; publishing into it would replace {', '.join(stake)}" if stake else ""
         raise UsageError(
-            f"the output folder holds files trtbuild did not write ({shown}); publishing "
-            "into it would replace them",
+            f"the output folder holds files trtbuild did not write ({shown}){replaced}",
             where=str(out_dir),
             hint="pass --out a new or empty folder, or one trtbuild wrote (it holds "
             f"{MARKER}); or move those files away",
         )
+
+
+def _trtbuilds(folder: Path, known: Collection[str]) -> bool:
+    """Whether a subfolder is trtbuild's: it holds a marker, or only names trtbuild writes
+    (a nightly's build folder of a trtbuild that wrote no markers)."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:  # a file, or a folder it may not read
+        return False
+    return MARKER in entries or (bool(entries) and all(e in known for e in entries))
 
 
 def write_marker(folder: Path, command: str, files: Collection[str]) -> None:
@@ -160,7 +171,10 @@ def staging_folder(out_dir: Path) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(out_dir.parent)
     prefix = f".{out_dir.name}.staging-{os.getpid()}-"
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir.parent))
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir.parent))
+    except OSError as exc:  # the user knows the out folder, not the staging folder's name
+        raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
 
 
 def _alive(pid: int) -> bool:

@@ -117,7 +117,9 @@ def _fitted(
         return need
     largest = max(tensors(node), key=lambda t: sizes.get(t, 0))
     allowed = budget.bytes if budget.ceiling is None else budget.ceiling
-    what = "the budget of" if budget.ceiling is None else "half this machine's memory,"
+    what = (
+        "the budget of" if budget.ceiling is None else "the ceiling (half this machine's memory) of"
+    )
     raise UsageError(
         f"accuracy.memory_budget: node {node.name or node.op_type} ({node.op_type}) holds "
         f"{fmt_bytes(step)} at once (its largest tensor {largest} is "

@@ -1,0 +1,235 @@
+"""Faults of the machine around trtbuild are the user's to fix: exit 2 and one line that
+names the path and the fix, never exit 70 and a traceback that calls them a bug.
+
+A full disk is a real one: a 1 MiB tmpfs, filled (we run as root in CI). Where tmpfs
+cannot be mounted, `os.replace` into it raises ENOSPC instead, in process.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+from tests.helpers import I64, F, model, node
+from trtbuild.cli import main
+from trtbuild.errors import EXIT_BUG, exit_code_for
+
+TRTBUILD = str(ROOT / ".venv" / "bin" / "trtbuild")
+
+
+def _relu_policy(folder: Path) -> Path:
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+    (folder / "m.onnx").write_bytes(m.SerializeToString())
+    (folder / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    return folder / "p.yaml"
+
+
+def _mount(folder: Path, options: str) -> bool:
+    cmd = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)]
+    return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+class Disk:
+    """A folder on a full (or read-only) file system, and how to run trtbuild against it."""
+
+    def __init__(self, folder: Path, real: bool, monkeypatch, capsys) -> None:
+        self.folder, self.real = folder, real
+        self.monkeypatch, self.capsys = monkeypatch, capsys
+
+    def run(self, argv: list[str], cwd: Path) -> tuple[int, str]:
+        """The real CLI in a subprocess; in process with ENOSPC simulated as a fallback."""
+        if self.real:
+            done = subprocess.run(
+                [TRTBUILD, *argv], cwd=cwd, capture_output=True, text=True, timeout=300
+            )
+            return done.returncode, done.stderr
+        self.monkeypatch.chdir(cwd)
+        self.capsys.readouterr()
+        code = main(argv)
+        return code, self.capsys.readouterr().err
+
+
+@pytest.fixture(params=["full", "read-only"])
+def disk(request, tmp_path, monkeypatch, capsys) -> Iterator[Disk]:
+    folder = tmp_path / request.param
+    folder.mkdir()
+    ro = request.param == "read-only"
+    real = _mount(folder, "size=1m,ro" if ro else "size=1m")
+    if not real:  # no tmpfs here: the same error, raised where trtbuild renames into place
+        code = errno.EROFS if ro else errno.ENOSPC
+        replace = os.replace
+
+        def refuse(src, dst, *args, **kwargs):
+            if str(dst).startswith(str(folder)):
+                raise OSError(code, os.strerror(code), str(dst))
+            return replace(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(os, "replace", refuse)
+    elif not ro:
+        with open(folder / "filler", "wb") as f, pytest.raises(OSError, match="No space"):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    try:
+        yield Disk(folder, real, monkeypatch, capsys)
+    finally:
+        if real:
+            subprocess.run(["umount", str(folder)], check=True)
+
+
+def _one_line(code: int, err: str, *words: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("trtbuild: error:")]
+    assert len(lines) == 1 and all(w in lines[0] for w in words), err
+
+
+@pytest.mark.parametrize("command", ["build", "convert", "prepare", "tune", "nightly"])
+def test_a_full_or_read_only_disk_is_exit_2_naming_the_path(command, disk, tmp_path):
+    policy = _relu_policy(tmp_path)
+    out, history = disk.folder / "out", str(tmp_path / "h.sqlite")
+    argv = {
+        "build": ["build", "--policy", str(policy), "--out", str(out)],
+        "convert": ["convert", "--policy", str(policy), "-o", str(out)],
+        "prepare": ["prepare", str(tmp_path / "m.onnx"), "-o", str(out)],
+        "tune": ["tune", "--policy", str(policy), "-o", str(out), "--budget", "2"],
+        "nightly": [
+            "nightly",
+            "--policies",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--history",
+            history,
+        ],
+    }[command]
+    if command == "nightly" and not disk.real:
+        pytest.skip("the nightly's builds rename with os.rename, which the fallback leaves alone")
+    code, err = disk.run(argv, tmp_path)
+    fix = "free space on the disk" if disk.folder.name == "full" else "write to a writable folder"
+    _one_line(code, err, str(disk.folder), fix)
+    assert not [p for p in disk.folder.rglob("*") if p.is_file() and p.name != "filler"]
+
+
+def test_the_nightly_records_a_full_disk_as_the_users_fault_not_a_bug(tmp_path, disk):
+    from trtbuild.nightly.runner import run_policy
+
+    result = run_policy(_relu_policy(tmp_path), disk.folder / "night", None)
+    assert result.status == "error" and result.exit_code == 2, result.message
+    assert str(disk.folder / "night") in result.message
+    assert "internal error" not in result.message and "Traceback" not in result.message
+
+
+def test_a_symlink_loop_as_out_is_exit_2(tmp_path, capsys):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert (
+        main(["build", "--policy", str(_relu_policy(tmp_path)), "--out", str(tmp_path / "a")]) == 2
+    )
+    _one_line(2, capsys.readouterr().err, "a symlink loop", str(tmp_path / "a"))
+
+
+@pytest.mark.parametrize("command", ["convert", "prepare"])
+def test_a_folder_where_the_output_file_goes_is_exit_2(command, tmp_path, capsys):
+    policy = _relu_policy(tmp_path)
+    taken = tmp_path / "taken.onnx"
+    (taken / "inside").mkdir(parents=True)
+    argv = {
+        "convert": ["convert", "--policy", str(policy), "-o", str(taken)],
+        "prepare": ["prepare", str(tmp_path / "m.onnx"), "-o", str(taken)],
+    }[command]
+    assert main(argv) == 2
+    _one_line(2, capsys.readouterr().err, f"{taken}: is a folder where a file goes")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("how", ["policy", "prepare"])
+def test_a_fifo_model_is_exit_2_at_once(how, tmp_path):
+    fifo = tmp_path / "m.onnx"
+    os.mkfifo(fifo)
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    argv = ["build", "--policy", "p.yaml"] if how == "policy" else ["prepare", "m.onnx", "-o", "x"]
+    started = time.monotonic()
+    done = subprocess.run(
+        [TRTBUILD, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    _one_line(done.returncode, done.stderr, "FIFO")
+    assert time.monotonic() - started < 30
+
+
+def test_a_device_as_the_model_is_exit_2_before_it_is_read(tmp_path, capsys):
+    assert main(["prepare", "/dev/zero", "-o", str(tmp_path / "x.onnx")]) == 2
+    _one_line(2, capsys.readouterr().err, "/dev/zero", "character device")
+
+
+def _reshape_policy(folder: Path) -> Path:
+    """A model ONNX Runtime cannot run on the policy's shape: it would log in colour."""
+    m = model(
+        [node("Reshape", ["x", "s"], "y", "rs")],
+        [("x", F, [1, 4])],
+        [("y", F, [3, 5])],
+        {"s": np.array([3, 5], np.int64)},
+    )
+    (folder / "m.onnx").write_bytes(m.SerializeToString())
+    (folder / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    return folder / "p.yaml"
+
+
+def test_onnxruntimes_log_never_reaches_the_terminal(tmp_path):
+    assert I64  # the shape initializer is int64
+    done = subprocess.run(
+        [TRTBUILD, "build", "--policy", str(_reshape_policy(tmp_path))],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert "[E:onnxruntime" not in done.stderr and "\x1b" not in done.stderr, done.stderr
+    assert done.stderr.startswith("trtbuild: error:") and done.stderr.count("\n") == 1
+
+
+def test_control_characters_of_a_key_are_escaped(tmp_path, capsys):
+    (tmp_path / "p.yaml").write_text('version: 1\nmodel: m.onnx\n"\\e[31mred\\nline": 1\n')
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and err.count("\n") == 1, err
+    assert "\\x1b[31mred\\nline" in err
+
+
+def test_one_mapping_from_exceptions_to_exit_codes():
+    assert exit_code_for(OSError(errno.EDQUOT, "Disk quota exceeded", "/q/x"))[0] == 2
+    assert exit_code_for(PermissionError(errno.EACCES, "Permission denied", "/p"))[1] == (
+        "/p: permission denied (check permissions of /p)"
+    )
+    assert exit_code_for(OSError(errno.EIO, "Input/output error", "/x"))[0] == EXIT_BUG
+    assert exit_code_for(KeyError("x"))[0] == EXIT_BUG
+    assert json.loads(json.dumps(exit_code_for(ValueError("\x1b[2J"))))[1].endswith("\\x1b[2J")
+
+
+def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):
+    import sqlite3
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    _relu_policy(policies)
+    out = tmp_path / "night"
+    out.mkdir()
+    (out / ".trtbuild-output").write_text("{}")  # an earlier night's folder
+    (out / "p").symlink_to(disk.folder / "p")  # the policy's build folder is on that disk
+    argv = ["nightly", "--policies", str(policies), "--out", str(out)]
+    code, err = disk.run([*argv, "--history", str(tmp_path / "h.sqlite")], tmp_path)
+    assert code == 1 and "Traceback" not in err, err  # the night ran; a policy errored
+    with sqlite3.connect(tmp_path / "h.sqlite") as db:
+        assert db.execute("SELECT status, exit_code FROM results").fetchall() == [("error", 2)]
+    message = json.loads((out / "nightly.json").read_text())["results"][0]["message"]
+    assert str(disk.folder / "p") in message and "internal error" not in message
