@@ -59,6 +59,20 @@ def _relu(shape=(1, 4)) -> onnx.ModelProto:
     )
 
 
+def _image_identity(ctx: Ctx) -> onnx.ModelProto:
+    """An identity over [1, 3, h, w] and an image folder beside the policy."""
+    from PIL import Image
+
+    (ctx.tmp / "images").mkdir(exist_ok=True)
+    Image.new("RGB", (10, 6), (200, 100, 50)).save(ctx.tmp / "images" / "a.png")
+    dims = [1, 3, "h", "w"]
+    return model([node("Identity", ["x"], "y", "id")], [("x", F, dims)], [("y", F, dims)])
+
+
+def _dynamic_relu() -> onnx.ModelProto:
+    return model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, "n"])], [("y", F, [1, "n"])])
+
+
 def _with_weight(value: float, scale: float = 1.0) -> onnx.ModelProto:
     """y = (x + w) * scale: a NaN w (a broken checkpoint) or a scale that overflows FP32."""
     inits = {"w": np.full((1, 4), value, np.float32), "s": np.array(scale, np.float32)}
@@ -456,7 +470,32 @@ CASES = [
             )
         ),
         2,
-        "expected [1, 4]",
+        "has 3 on axis 0 where the model's input has 1",
+    ),
+    # -- every point of the input space, whatever the data (#33) -------------------
+    (
+        "point-outside-profile-with-images",
+        lambda c: c.build(
+            c.model_policy(
+                _image_identity(c),
+                "inputs: {x: {min: [1, 3, 4, 4], opt: [1, 3, 8, 8], max: [1, 3, 16, 16], "
+                "data: {images: images}}}\naccuracy: {shapes: {huge: {x: [1, 3, 32, 32]}}}\n",
+            )
+        ),
+        2,
+        "accuracy.shapes.huge.x: [1, 3, 32, 32] is outside the optimization profile",
+    ),
+    (
+        "point-without-data-that-cannot-be-derived",
+        lambda c: c.build(
+            c.model_policy(
+                _dynamic_relu(),
+                f"inputs: {{x: {{min: [1, 2], opt: [1, 4], max: [1, 8], "
+                f"data: {{file: {_npz(c, x=np.ones((1, 4), np.float32))}, derive: none}}}}}}\n",
+            )
+        ),
+        2,
+        "give the point its own data (accuracy.shapes.min.data.file), skip it",
     ),
     # -- backends and commands ---------------------------------------------------
     (

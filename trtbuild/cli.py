@@ -162,9 +162,10 @@ def _tune_args(sub) -> None:
         "--jobs",
         "-j",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="candidates judged in parallel processes (same result as one job)",
+        help="candidates judged in parallel processes (same result as one job; default: "
+        "min(4, the cores this process may use))",
     )
     t.add_argument(
         "--force", action="store_true", help="allow -o to replace the policy being tuned"
@@ -518,7 +519,8 @@ def _cmd_tune(args) -> int:
     from trtbuild.fsutil import write_text
     from trtbuild.policy import load_policy
 
-    tune.check_args(args.budget, args.objective, args.jobs)
+    jobs = args.jobs if args.jobs is not None else tune.default_jobs()
+    tune.check_args(args.budget, args.objective, jobs)
     policy = load_policy(args.policy)
     tune.check_policy(policy)
     tune.check_output(policy, args.output, args.force)
@@ -530,7 +532,7 @@ def _cmd_tune(args) -> int:
             budget=args.budget,
             objective=args.objective,
             seed=args.seed,
-            jobs=args.jobs,
+            jobs=jobs,
             progress=bar,
         )
     finally:

@@ -124,7 +124,7 @@ def test_bad_arguments_are_exit_2(tmp_path, capsys):
             "--policies",
             str(tmp_path / "p"),
             "--out",
-            str(tmp_path),
+            str(tmp_path / "out"),
             "--history",
             str(bad),
         ]
