@@ -44,7 +44,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtbuild import front, tune  # noqa: E402
+from trtbuild import front, tuning  # noqa: E402
 from trtbuild.accuracy import evaluate as ev  # noqa: E402
 from trtbuild.accuracy.judge import judge  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
@@ -102,7 +102,7 @@ def fp16_share(mixed: onnx.ModelProto) -> tuple[float, float]:
         if not kinds:
             continue
         half = kinds[0] == onnx.TensorProto.FLOAT16
-        flops[half] += tune.node_flops(view, i)
+        flops[half] += tuning.node_flops(view, i)
         nodes[half] += 1
     return (
         flops[True] / max(flops[True] + flops[False], 1.0),
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--jobs",
         type=int,
-        default=tune.default_jobs(),
+        default=tuning.default_jobs(),
         help="trtbuild tune --jobs (default: min(4, usable cores), as tune's own default)",
     )
     args = parser.parse_args(argv)

@@ -110,9 +110,9 @@ def test_points_judged_in_parallel_give_the_same_trials(example_policy, tmp_path
 def test_jobs_default_to_the_usable_cores_up_to_four():
     import os
 
-    from trtbuild import tune
+    from trtbuild import tuning
 
-    assert tune.default_jobs() == max(1, min(4, len(os.sched_getaffinity(0))))
+    assert tuning.default_jobs() == max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def test_streaming_gru_enhancer_is_tuned_in_a_few_evaluations(tmp_path, models_dir):
@@ -270,7 +270,7 @@ def test_a_trial_opens_one_session_a_run_kind_and_never_reruns_the_reference(
     front half again nor beside the trial (tune walks only the overflow)."""
     import onnxruntime
 
-    from trtbuild import front, tune
+    from trtbuild import front, tuning
 
     stages = front.run_front(load_policy(_without_rules("nafnet", tmp_path, models_dir)))
     opened = []
@@ -282,7 +282,7 @@ def test_a_trial_opens_one_session_a_run_kind_and_never_reruns_the_reference(
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", Counting)
     monkeypatch.setattr(front, "run_reference", lambda *a, **k: pytest.fail("reran"))
-    outcome = tune.evaluate(stages, stages.policy.precision)
+    outcome = tuning.evaluate(stages, stages.policy.precision)
     assert not outcome.passed and "total" in outcome.failing  # judged for real: FP16 overflows
     assert len(opened) == 2
 

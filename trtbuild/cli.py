@@ -514,20 +514,20 @@ def _cmd_prepare(args) -> int:
 
 
 def _cmd_tune(args) -> int:
-    from trtbuild import front, tune
+    from trtbuild import front, tuning
     from trtbuild.errors import EXIT_ACCURACY
     from trtbuild.fsutil import write_text
     from trtbuild.policy import load_policy
 
-    jobs = args.jobs if args.jobs is not None else tune.default_jobs()
-    tune.check_args(args.budget, args.objective, jobs)
+    jobs = args.jobs if args.jobs is not None else tuning.default_jobs()
+    tuning.check_args(args.budget, args.objective, jobs)
     policy = load_policy(args.policy)
-    tune.check_policy(policy)
-    tune.check_output(policy, args.output, args.force)
+    tuning.check_policy(policy)
+    tuning.check_output(policy, args.output, args.force)
     stages = front.run_front(policy, cache=_cache(args), verbose=args.verbose)
-    bar = tune.Progress()
+    bar = tuning.Progress()
     try:
-        result = tune.tune(
+        result = tuning.tune(
             stages,
             budget=args.budget,
             objective=args.objective,
@@ -537,10 +537,10 @@ def _cmd_tune(args) -> int:
         )
     finally:
         bar.done()
-    text = tune.tuned_yaml(stages, result, args.output, args.seed, args.objective)
+    text = tuning.tuned_yaml(stages, result, args.output, args.seed, args.objective)
     write_text(args.output, text)
     log = args.log or args.output.with_name(args.output.stem + ".log.jsonl")
-    tune.write_log(log, result)
+    tuning.write_log(log, result)
     for k in result.pinned:
         print(f"  pinned {result.groups[k].label}: {result.reasons[k]}")
     verdict = "passes" if result.passed else "DOES NOT PASS"

@@ -28,8 +28,8 @@ Ties are broken by a seeded shuffle, so a seed gives the same policy every run,
 whatever `jobs` is.
 """
 
-from trtbuild.tune.groups import Group, candidate_precision, groups, name_regex, node_flops
-from trtbuild.tune.output import (
+from trtbuild.tuning.groups import Group, candidate_precision, groups, name_regex, node_flops
+from trtbuild.tuning.output import (
     OBJECTIVES,
     Progress,
     check_args,
@@ -38,8 +38,8 @@ from trtbuild.tune.output import (
     tuned_yaml,
     write_log,
 )
-from trtbuild.tune.pool import TrialOutcome, default_jobs, error_map, evaluate
-from trtbuild.tune.search import Search, Trial, TuneResult, tune
+from trtbuild.tuning.pool import TrialOutcome, default_jobs, error_map, evaluate
+from trtbuild.tuning.search import Search, Trial, TuneResult, tune
 
 __all__ = [
     "OBJECTIVES",

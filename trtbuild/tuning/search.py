@@ -22,8 +22,8 @@ from typing import Any
 from trtbuild.front import Front
 from trtbuild.numerics import LOW_MAX
 from trtbuild.policy.model import Precision
-from trtbuild.tune.groups import Group, beyond_range, candidate_precision, groups, suspects
-from trtbuild.tune.pool import (
+from trtbuild.tuning.groups import Group, beyond_range, candidate_precision, groups, suspects
+from trtbuild.tuning.pool import (
     TrialOutcome,
     error_map,
     evaluate,

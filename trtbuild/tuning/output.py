@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
-from trtbuild.tune.search import Trial, TuneResult
+from trtbuild.tuning.search import Trial, TuneResult
 
 OBJECTIVES = ("nodes", "flops")
 

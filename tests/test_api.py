@@ -1,0 +1,59 @@
+"""trtbuild as a library: every function on an example policy, from Python, printing nothing."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+import trtbuild
+from trtbuild.errors import EXIT_USAGE
+
+
+def test_check_lists_every_node_with_its_rule(example_policy, capsys):
+    result = trtbuild.check(trtbuild.load_policy(example_policy("nafnet")))
+    pinned = [n for n in result.nodes if n.precision == "fp32"]
+    assert "final-reduction" in {n.rule for n in pinned}
+    assert all(n.reason for n in result.nodes)
+    assert 0.4 < result.low_precision_share < 0.5
+    assert result.points[0]["data"]["input"]["kind"] == "random"
+    assert capsys.readouterr().out == ""
+
+
+def test_convert_returns_the_validated_mixed_model(example_policy, capsys):
+    model = trtbuild.convert(example_policy("nafnet"))
+    assert isinstance(model, onnx.ModelProto)
+    types = {vi.type.tensor_type.elem_type for vi in model.graph.value_info}
+    assert onnx.TensorProto.FLOAT16 in types and onnx.TensorProto.FLOAT in types
+    assert capsys.readouterr().out == ""
+
+
+def test_build_writes_and_returns_the_verdict(example_policy, tmp_path, capsys):
+    result = trtbuild.build(example_policy("gfpgan_dynamic", rules="[]"), tmp_path / "out", "none")
+    assert not result.passed and result.exit_code == 1
+    assert [s["name"] for s in result.shapes] == ["opt", "min", "max"]
+    assert not next(s for s in result.shapes if s["name"] == "max")["passed"]
+    assert result.outputs["energy"].passed  # at the primary point, opt
+    assert result.files["report.json"] == tmp_path / "out" / "report.json"
+    assert result.report.passed is False
+    assert capsys.readouterr().out == ""
+
+
+def test_tune_returns_a_policy_that_passes(example_policy, tmp_path, capsys):
+    result = trtbuild.tune(example_policy("gfpgan_dynamic", rules="[]"), jobs=1)
+    assert result.passed and result.evaluations >= 1
+    assert any("ReduceSumSquare" in (r.match.name or "") for r in result.policy.precision.rules)
+    assert trtbuild.build(result.policy, tmp_path / "out", "none").passed
+    assert capsys.readouterr().out == ""
+
+
+def test_errors_are_exceptions_with_the_exit_code(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nmodel: m.onnx\nprecision: {default: fp8}\n")
+    with pytest.raises(trtbuild.TrtbuildError) as info:
+        trtbuild.check(bad)
+    assert info.value.exit_code == EXIT_USAGE and "precision.default" in str(info.value)
+
+
+def test_unknown_names_are_attribute_errors():
+    with pytest.raises(AttributeError):
+        trtbuild.frobnicate  # noqa: B018

@@ -1,0 +1,219 @@
+"""trtbuild as a library: the commands as functions that take values and return values.
+
+Why: people who deploy models drive their exports from Python (a training repo's
+export script, a notebook, a model-repository builder), as ModelOpt's AutoCast is
+`convert_to_mixed_precision(...)` and Polygraphy is a library first. Each function
+here is what its command does, less the printing: results are typed objects,
+failures are exceptions under `TrtbuildError` carrying the CLI's exit code, nothing
+is printed on stdout and nothing calls `sys.exit`. Warnings go to the `trtbuild`
+logger (the CLI prints them as `trtbuild: warning:` lines).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtbuild.policy import Policy, load_policy
+
+if TYPE_CHECKING:
+    import onnx
+
+    from trtbuild.accuracy.report import Report
+    from trtbuild.cache import Cache
+    from trtbuild.front import Front
+
+__all__ = [
+    "BuildResult",
+    "CheckResult",
+    "NodeDecision",
+    "OutputResult",
+    "TuneResult",
+    "build",
+    "check",
+    "convert",
+    "load_policy",
+    "tune",
+]
+
+log = logging.getLogger("trtbuild")
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    """One node's precision and why: the rule that chose it and the reason in words."""
+
+    name: str
+    op: str
+    precision: str  # fp16 | bf16 | fp32 | "-" (no float output: keeps its inputs' types)
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What `check` found: every node's precision, the ops at risk, the warnings, the points."""
+
+    nodes: list[NodeDecision]
+    at_risk: list[dict[str, Any]]
+    warnings: list[str]
+    low_precision_share: float  # compute nodes in FP16 (or BF16 for a BF16 policy)
+    points: list[dict[str, Any]]  # each judged point: name, inputs, data per input
+    skipped_points: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OutputResult:
+    """One output's verdict at the primary point, with the metrics it was judged by."""
+
+    passed: bool
+    metrics: dict[str, Any]  # report.json's `outputs.NAME`: max_abs, cosine, checks, ...
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What `build` made and found; `report` is the whole report (report.json's model)."""
+
+    passed: bool
+    low_precision_share: float
+    outputs: dict[str, OutputResult]
+    shapes: list[dict[str, Any]]  # report.json's `shapes`: every point's verdict and data
+    out_dir: Path
+    files: dict[str, Path]  # artifact name -> its path in out_dir
+    exit_code: int  # the CLI's: 0 passed, 1 below tolerance
+    report: Report = field(repr=False)
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The tuned policy (its rules plus the pins tune added), and how the search went."""
+
+    policy: Policy
+    passed: bool
+    evaluations: int
+    yaml: str  # the tuned policy as `trtbuild tune -o` writes it, each pin with its reason
+
+
+def _policy(policy: Policy | str | Path) -> Policy:
+    return policy if isinstance(policy, Policy) else load_policy(policy)
+
+
+def _front(policy: Policy, reference: str, cache: Cache | None, verbose: bool) -> Front:
+    from trtbuild.front import run_front
+
+    front = run_front(policy, reference=reference, cache=cache, verbose=verbose)  # type: ignore[arg-type]
+    for message in cache.events if cache is not None else ():
+        log.debug("cache: %s", message)
+    return front
+
+
+def check(
+    policy: Policy | str | Path, *, cache: Cache | None = None, verbose: bool = False
+) -> CheckResult:
+    """Validate `policy` against its model: every node's precision and why (`trtbuild check`)."""
+    from trtbuild import evaluation
+
+    front = _front(_policy(policy), "measures", cache, verbose)
+    nodes = [
+        NodeDecision(n.name, n.op_type, d.precision or "-", d.rule, d.reason)
+        for n, d in zip(front.assignment.view.nodes, front.assignment.decisions)
+    ]
+    warnings = evaluation.report_warnings(front)
+    for w in warnings:
+        log.warning(w)
+    return CheckResult(
+        nodes=nodes,
+        at_risk=evaluation.at_risk(front),
+        warnings=warnings,
+        low_precision_share=front.assignment.summary().low_share,
+        points=[
+            {"name": r.point.name, "inputs": dict(r.point.shapes)}
+            | {"data": {n: d.to_json() for n, d in r.data.items()}}
+            for r in front.shapes
+        ],
+        skipped_points=[
+            {"name": p.name, "inputs": dict(p.shapes), "reason": p.skip} for p in front.skipped
+        ],
+    )
+
+
+def convert(
+    policy: Policy | str | Path, *, cache: Cache | None = None, verbose: bool = False
+) -> onnx.ModelProto:
+    """The mixed-precision model (`trtbuild convert`), validated: onnx.checker's full check,
+    and ONNX Runtime loading it as a user would (a failure of ONNX Runtime's own is a
+    warning; an invalid model raises)."""
+    from trtbuild.precision.validate import start_mixed_check
+
+    front = _front(_policy(policy), "none", cache, verbose)
+    loaded = start_mixed_check(front.converted.model, cache).result()
+    for w in front.warnings + loaded:
+        log.warning(w)
+    return front.converted.model
+
+
+def build(
+    policy: Policy | str | Path,
+    out: str | Path | None = None,
+    backend: str | None = None,
+    *,
+    cache: Cache | None = None,
+    verbose: bool = False,
+) -> BuildResult:
+    """Prepare, assign, build and judge; write the artifacts into `out` (`trtbuild build`).
+
+    `out` defaults to `build/<policy stem>/`, `backend` to the policy's. A policy
+    below tolerance is a result (`passed` False, `exit_code` 1), not an exception.
+    """
+    from trtbuild import pipeline
+
+    policy = _policy(policy)
+    out_dir = Path(out) if out is not None else Path("build") / policy.stem
+    outcome = pipeline.build(policy, out_dir, backend, verbose, cache=cache)
+    report = outcome.report
+    for w in report.warnings:
+        log.warning(w)
+    main = report.main
+    return BuildResult(
+        passed=report.passed,
+        low_precision_share=report.precision.low_share,
+        outputs={n: OutputResult(m.passed, m.to_json()) for n, m in main.outputs.items()},
+        shapes=[s.to_json() for s in report.shapes],
+        out_dir=outcome.out_dir,
+        files={p.name: p for p in sorted(outcome.out_dir.iterdir()) if p.is_file()},
+        exit_code=outcome.exit_code,
+        report=report,
+    )
+
+
+def tune(
+    policy: Policy | str | Path,
+    *,
+    budget: int = 100,
+    objective: str = "nodes",
+    seed: int = 0,
+    jobs: int | None = None,
+    cache: Cache | None = None,
+    output: str | Path | None = None,
+) -> TuneResult:
+    """The fewest FP32 pins beyond the policy's rules that meet every tolerance at every point
+    (`trtbuild tune`); `output` only decides where the tuned policy's paths point from."""
+    from trtbuild import tuning
+    from trtbuild.policy.load import parse_policy
+
+    jobs = jobs if jobs is not None else tuning.default_jobs()
+    tuning.check_args(budget, objective, jobs)
+    policy = _policy(policy)
+    tuning.check_policy(policy)
+    front = _front(policy, "tensors", cache, False)
+    result = tuning.tune(front, budget=budget, objective=objective, seed=seed, jobs=jobs)
+    where = Path(output) if output is not None else policy.path
+    text = tuning.tuned_yaml(front, result, where, seed, objective)
+    return TuneResult(
+        policy=parse_policy(text, where.resolve()),
+        passed=result.passed,
+        evaluations=len(result.trials),
+        yaml=text,
+    )
