@@ -34,6 +34,16 @@ def node(op, ins, outs, name, **attrs):
 F, H, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64
 
 
+def identity_policy(tmp_path: Path, dims: list, input_yaml: str, extra: str = "") -> Path:
+    """`p.yaml` over an Identity on input `x` of `dims` (saved as `m.onnx`): `input_yaml` is
+    the body of `inputs.x` (flow style, one line), `extra` more top-level YAML."""
+    m = model([node("Identity", ["x"], "y", "id")], [("x", F, dims)], [("y", F, dims)])
+    onnx.save(m, tmp_path / "m.onnx")
+    path = tmp_path / "p.yaml"
+    path.write_text(f"version: 1\nmodel: m.onnx\ninputs:\n  x: {input_yaml}\n{extra}")
+    return path
+
+
 def dtypes(m: onnx.ModelProto) -> dict[str, int]:
     m = onnx.shape_inference.infer_shapes(m)
     out = {

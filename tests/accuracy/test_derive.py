@@ -7,10 +7,9 @@ import json
 import textwrap
 
 import numpy as np
-import onnx
 import pytest
 
-from tests.helpers import F, model, node
+from tests.helpers import identity_policy
 from trtbuild.cli import main
 from trtbuild.errors import UsageError
 from trtbuild.front import run_front
@@ -20,23 +19,10 @@ FRAMES = np.arange(2 * 5 * 3, dtype=np.float32).reshape(2, 5, 3)  # 2 samples of
 
 
 def _policy(tmp_path, data: str = "{file: x.npz}", accuracy: str = "") -> object:
-    dims = [1, "t", 3]
-    onnx.save(
-        model([node("Identity", ["x"], "y", "id")], [("x", F, dims)], [("y", F, dims)]),
-        tmp_path / "m.onnx",
-    )
     np.savez(tmp_path / "x.npz", x=FRAMES[:, None])
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        textwrap.dedent(f"""\
-        version: 1
-        model: m.onnx
-        inputs:
-          x: {{min: [1, 2, 3], opt: [1, 5, 3], max: [1, 12, 3], data: {data}}}
-        """)
-        + (f"accuracy:\n{textwrap.indent(accuracy, '  ')}" if accuracy else "")
-    )
-    return path
+    profile = f"{{min: [1, 2, 3], opt: [1, 5, 3], max: [1, 12, 3], data: {data}}}"
+    extra = f"accuracy:\n{textwrap.indent(accuracy, '  ')}" if accuracy else ""
+    return identity_policy(tmp_path, [1, "t", 3], profile, extra)
 
 
 def _runs(path) -> dict:

@@ -2,43 +2,23 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import numpy as np
-import onnx
 import pytest
 from PIL import Image
 
-from tests.helpers import F, model, node
+from tests.helpers import identity_policy
 from trtbuild.accuracy.images import centre_fit, load_images
 from trtbuild.errors import UsageError
 from trtbuild.policy import load_policy
 
 
 def _policy(tmp_path, data: str, extra: str = ""):
-    m = model(
-        [node("Identity", ["x"], "y", "id")],
-        [("x", F, [1, 3, "h", "w"])],
-        [("y", F, [1, 3, "h", "w"])],
-    )
-    onnx.save(m, tmp_path / "m.onnx")
     folder = tmp_path / "images"
     folder.mkdir(exist_ok=True)
     pixels = np.arange(6 * 5 * 3, dtype=np.uint8).reshape(6, 5, 3)  # H 6, W 5
     Image.fromarray(pixels).save(folder / "a.png")
-    path = tmp_path / "p.yaml"
-    path.write_text(
-        textwrap.dedent(f"""\
-        version: 1
-        model: m.onnx
-        inputs:
-          x:
-            min: [1, 3, 2, 2]
-            opt: [1, 3, 6, 5]
-            max: [1, 3, 10, 9]
-            data: {data}
-        {extra}""")
-    )
+    profile = f"{{min: [1, 3, 2, 2], opt: [1, 3, 6, 5], max: [1, 3, 10, 9], data: {data}}}"
+    path = identity_policy(tmp_path, [1, 3, "h", "w"], profile, extra)
     return load_policy(path), pixels.astype(np.float32) / 255.0
 
 
