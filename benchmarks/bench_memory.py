@@ -176,9 +176,8 @@ def _phase_child(policy_path: str, repeat: int, shrink: bool) -> None:
             finally:
                 start, inner = stack.pop()
                 took = time.perf_counter() - start
-                spent[phase(args) if callable(phase) else phase] = (
-                    spent.get(phase(args) if callable(phase) else phase, 0.0) + took - inner
-                )
+                key = phase(args) if callable(phase) else phase
+                spent[key] = spent.get(key, 0.0) + took - inner
                 if stack:
                     stack[-1][1] += took
 
@@ -275,41 +274,33 @@ def _time_walk(judge, timed) -> None:
     judge._Walk.take = timed(judge._Walk.take, "per-tensor compare (walk)")
 
 
-def phases(n: int, tmp: Path, repeat: int) -> None:
+def phases(n: int, tmp: Path, repeat: int, shrink: bool = True) -> None:
     """Where the accuracy stage's time goes at nxn: a table of seconds and multiples of one
-    plain inference, one column per judgement, and the arena shrink's share by ablation."""
+    plain inference, one column per judgement (`shrink=False`: the arena never shrunk)."""
     policy = tmp / f"det{n}.yaml"
     policy.write_text(POLICY.format(model=MODEL, n=n))
-    rows: list[dict] = []
-    for shrink in (True, False):
-        cmd = [sys.executable, __file__, "--phase-child", str(policy), "--repeat", str(repeat)]
-        done = subprocess.run(
-            cmd + ([] if shrink else ["--no-shrink"]), capture_output=True, text=True, cwd=ROOT
-        )
-        if done.returncode:
-            sys.exit(done.stderr[-3000:])
-        rows += [{**json.loads(line), "shrink": shrink} for line in done.stdout.splitlines()]
-    names = sorted(
-        {k for r in rows for k in r["phases"]}, key=lambda k: -rows[0]["phases"].get(k, 0)
+    cmd = [sys.executable, __file__, "--phase-child", str(policy), "--repeat", str(repeat)]
+    done = subprocess.run(
+        cmd + ([] if shrink else ["--no-shrink"]), capture_output=True, text=True, cwd=ROOT
     )
-    head = [
-        f"judgement {i + 1}" + ("" if r["shrink"] else " (no shrink)") for i, r in enumerate(rows)
-    ]
-    print(f"accuracy stage at {n}x{n}: seconds (x one plain FP32 inference of the same moment)")
-    print("| phase | " + " | ".join(head) + " |")
+    if done.returncode:
+        sys.exit(done.stderr[-3000:])
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    names = sorted({k for r in rows for k in r["phases"]}, key=lambda k: -rows[0]["phases"][k])
+    said = "" if shrink else ", the arena never shrunk"
+    print(f"accuracy stage at {n}x{n}{said}: seconds (x one plain FP32 inference just before)")
+    print("| phase | " + " | ".join(f"judgement {i + 1}" for i in range(len(rows))) + " |")
     print("|---|" + "---|" * len(rows))
     for name in names:
-        cells = [
-            f"{r['phases'].get(name, 0):.2f} ({r['phases'].get(name, 0) / r['plain']:.1f}x)"
-            for r in rows
-        ]
+        cells = [_times(r["phases"].get(name, 0.0), r["plain"]) for r in rows]
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print(
-        "| **accuracy stage** | "
-        + " | ".join(f"**{r['stage']:.2f} ({r['stage'] / r['plain']:.1f}x)**" for r in rows)
-        + " |"
-    )
-    print("| plain FP32 inference | " + " | ".join(f"{r['plain']:.3f}" for r in rows) + " |")
+    cells = [f"**{_times(r['stage'], r['plain'])}**" for r in rows]
+    print("| **accuracy stage** | " + " | ".join(cells) + " |")
+    print("| plain FP32 inference | " + " | ".join(f"{r['plain']:.3f} s" for r in rows) + " |")
+
+
+def _times(seconds: float, plain: float) -> str:
+    return f"{seconds:.2f} ({seconds / plain:.1f}x)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", type=int, metavar="N", help="time the accuracy stage's phases")
     parser.add_argument("--repeat", type=int, default=3, help="judgements per --phases process")
     parser.add_argument("--phase-child", help=argparse.SUPPRESS)
-    parser.add_argument("--no-shrink", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-shrink", action="store_true", help="with --phases: never shrink the arena"
+    )
     args = parser.parse_args(argv)
     if args.phase_child:
         _phase_child(args.phase_child, args.repeat, not args.no_shrink)
@@ -330,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"{MODEL} is missing: run `make models` first")
     if args.phases:
         with tempfile.TemporaryDirectory(prefix="trtbuild-bench-phases-") as tmp:
-            phases(args.phases, Path(tmp), args.repeat)
+            phases(args.phases, Path(tmp), args.repeat, not args.no_shrink)
         return 0
     skip = set(filter(None, args.skip.split(",")))
     head = ["input", "plain FP32 ORT: peak, run", "build", "accuracy stage (x one run)"]

@@ -60,3 +60,25 @@ def test_the_other_tensorrt_flavour_in_one_process_is_refused_with_one_message()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "already ran engines of the other TensorRT flavour" in done.stdout
+
+
+def test_intra_op_threads_follow_an_affinity_narrower_than_the_machine():
+    """In a child process (the affinity is the process's): one allowed core, one thread;
+    every core allowed, ONNX Runtime's own choice (0)."""
+    code = (
+        "import os\n"
+        "from trtbuild.accuracy.evaluate import intra_op_threads\n"
+        "print(intra_op_threads())\n"
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "print(intra_op_threads())\n"
+    )
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    whole = len(os.sched_getaffinity(0)) == os.cpu_count()
+    assert out[0] == ("0" if whole else str(len(os.sched_getaffinity(0))))
+    assert out[1] == ("1" if (os.cpu_count() or 1) > 1 else "0")

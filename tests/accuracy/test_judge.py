@@ -102,3 +102,21 @@ def test_the_blockwise_difference_is_the_exact_float64_maximum(seed):
     with np.errstate(all="ignore"):
         e[n // 2] = np.inf if seed % 2 else np.nan
     assert not np.isfinite(_max_abs_diff(r, e))
+
+
+@pytest.mark.parametrize("n", [7, (1 << 20) + 7])  # the whole-tensor path and the block path
+def test_the_difference_without_an_abs_pass_keeps_every_edge(n):
+    """max |d| taken as max(max d, -min d): +0.0 where every difference is -0.0 (as |d|
+    gives), the largest negative difference, and NaN or inf where a value is not finite."""
+    from trtbuild.accuracy.judge import _max_abs_diff
+
+    zeros = np.zeros(n, np.float32)
+    got = _max_abs_diff(zeros, -zeros)  # (-0.0) - (+0.0) = -0.0 everywhere
+    assert got == 0.0 and np.copysign(1.0, got) == 1.0
+    e = zeros.copy()
+    e[n // 3], e[n // 2] = -3.5, 2.0
+    assert _max_abs_diff(zeros, e) == 3.5
+    e[1] = np.nan
+    assert np.isnan(_max_abs_diff(zeros, e))
+    e[1] = -np.inf
+    assert _max_abs_diff(zeros, e) == np.inf

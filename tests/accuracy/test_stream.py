@@ -26,7 +26,7 @@ from trtbuild.policy import load_policy
 from trtbuild.policy.model import MemoryBudget, Precision
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
-from trtbuild.tune import tune
+from trtbuild.tuning import tune
 
 KIB = 1 << 10
 
@@ -153,3 +153,40 @@ def test_a_default_budget_grows_to_the_largest_step_and_a_policys_own_does_not(n
         stream.plan_by_budget(model, marked, sizes, MemoryBudget(64 * KIB))
     with pytest.raises(UsageError, match="half this machine's memory"):
         stream.plan_by_budget(model, marked, sizes, MemoryBudget(64 * KIB, 128 * KIB))
+
+
+def test_lean_runs_keep_the_arena_until_the_last_feed(write_policy, monkeypatch):
+    """Every feed after the first is one lean run of the same graph: each leaves the arena's
+    pages to the next and the last gives them back; a cut run shrinks after every segment
+    (kept for a whole pass, the arena held fragments of every segment's sizes)."""
+    text = write_policy(rules="").read_text().replace("samples: 2", "samples: 4")
+    stages = front.run_front(load_policy(write_policy(text, name="four.yaml")))
+    shrinks = []
+    real = stream.run_session
+
+    def spy(session, names, feed, *, shrink=True):
+        shrinks.append(shrink)
+        return real(session, names, feed, shrink=shrink)
+
+    monkeypatch.setattr(stream, "run_session", spy)
+    model, spec = stages.prepared.model, stages.policy.accuracy
+    candidate = judge_mod.Candidate(stages.converted.model)
+    judge_mod.judge_all(stages.reference, model, [candidate], stages.feeds, spec)
+    # the first feed: the reference and the candidate, one segment each here; then feeds 2-4
+    assert shrinks == [True, True, False, False, True]
+
+
+def test_a_candidate_judged_at_several_shapes_opens_one_lean_session(monkeypatch):
+    """A policy is judged at min, opt and max: each candidate's whole-graph session takes
+    any shape, so it is made once for all of them (the cut runs' sessions are per shape)."""
+    from tests.conftest import ROOT
+    from trtbuild.evaluation import evaluate_all
+
+    stages = front.run_front(load_policy(ROOT / "policies" / "gfpgan_dynamic.yaml"))
+    assert len(stages.shapes) == 3
+    opened = []
+    real = stream.lean_session
+    monkeypatch.setattr(stream, "lean_session", lambda b: opened.append(1) or real(b))
+    report = evaluate_all(stages, engines={}, backend="none")
+    assert [s.main.passed for s in report.shapes] == [True, True, True]
+    assert len(opened) == 2  # the policy and the all-FP16 baseline, once each

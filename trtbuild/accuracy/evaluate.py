@@ -81,30 +81,14 @@ def _run_options(shrink: bool = True):
 def run_session(
     session, names: list[str], feed: dict[str, np.ndarray], *, shrink: bool = True
 ) -> list[np.ndarray]:
-    """`session.run`, then (with `shrink`) the shared arena gives back what no run holds.
+    """`session.run`, then (with `shrink`) the shared arena gives back what the run no longer
+    holds. Without it, the next run reuses those pages instead of faulting them in again: a
+    caller passes `shrink=False` where another run of the same graph follows at once.
 
-    Why a pass shrinks once, at its end: the segments of a cut run (and the runs
-    beside it) each need about as much as the last; a shrink after every one gave
-    the pages back only for the next to fault them in again (PP-OCRv4 det at
-    1280x1280: 0.4 s of a 4.4 s accuracy stage, `bench_memory.py --phases`). Kept
-    between the runs of one pass, the arena holds the largest segment's working
-    set, never the sum.
-
-    Why `run_with_ort_values`: each output is handed out as a view of ONNX
-    Runtime's own buffer (`OrtValue.numpy()` copies nothing and keeps the buffer
-    alive), where `run` copies every tensor into fresh pages: a cut run hands
-    out every tensor of the graph, 2.8 GB of copies for PP-OCRv4 det at 1280x1280.
+    Why `run` and its copies, not `run_with_ort_values` and views of the arena: on
+    PP-OCRv4 det at 1280x1280 the views took the same time and peak (#36).
     """
-    import onnxruntime as ort
-
-    options = _run_options(shrink)
-    kinds = {o.name: o.type for o in session.get_outputs()}
-    plain = all(kinds.get(n, "").startswith("tensor(") and "string" not in kinds[n] for n in names)
-    plain = plain and all(isinstance(v, np.ndarray) and v.dtype.kind != "O" for v in feed.values())
-    if not plain:  # sequences, maps, strings: as numpy copies, the general way
-        return session.run(names, feed, options)
-    inputs = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for k, v in feed.items()}
-    return [v.numpy() for v in session.run_with_ort_values(names, inputs, options)]
+    return session.run(names, feed, _run_options(shrink))
 
 
 def intra_op_threads() -> int:
