@@ -1,4 +1,4 @@
-# Two commands for a fresh machine: `make demo` and `make test`.
+# Two commands for a fresh machine: `make demo` and `make test`. `make docs` builds the docs site.
 PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11 python3.10; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1 && { echo $$p; break; }; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # setuptools' notice about editable installs, neither of which a user can act on.
 PIP    := $(BIN)/python -m pip install -qq
 
-.PHONY: demo test lint format models install schema clean bench nightly
+.PHONY: demo test lint format models install schema clean bench nightly docs
 
 demo: models
 	$(BIN)/trtbuild build --policy policies/nafnet.yaml
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	@echo "installing trtbuild and its dependencies into $(VENV)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(PIP) --upgrade pip
-	@$(PIP) -e ".[rtx,dev]"
+	@$(PIP) -e ".[rtx,dev,docs]"
 	@# pip compiles a regular install's bytecode, not an editable one's; where the environment
 	@# sets PYTHONDONTWRITEBYTECODE (many container images do), every run would compile
 	@# trtbuild's modules again. Stale files are recompiled in memory: this is only speed.
@@ -45,6 +45,14 @@ bench: install models
 	$(BIN)/python benchmarks/bench_convert.py
 	$(BIN)/python benchmarks/bench_tune.py $(if $(MODELOPT_PYTHON),--modelopt-python $(MODELOPT_PYTHON))
 	$(BIN)/python benchmarks/bench_memory.py $(if $(MODELOPT_PYTHON),--modelopt-python $(MODELOPT_PYTHON))
+
+# The docs site (docs/ -> build/docs/), strict: a warning, a broken link or a missing
+# cross-reference fails (-W --keep-going -n); -E reads every page each time, so a warning
+# is never hidden by an earlier build. Sphinx and its extensions are the `docs` extra, which
+# `make install` installs (tests/test_docs.py builds the CLI and API pages with it too).
+docs: install
+	$(BIN)/sphinx-build -E -W --keep-going -n -q -b html docs build/docs
+	@echo "wrote build/docs/index.html"
 
 schema: install
 	$(BIN)/trtbuild schema > docs/policy.schema.json

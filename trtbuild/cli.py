@@ -43,8 +43,11 @@ class _Parser(argparse.ArgumentParser):
 BACKEND_CHOICES = ["auto", "tensorrt", "tensorrt-rtx", "none"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The command line: one builder per command, in the order `--help` lists them."""
+def parser() -> argparse.ArgumentParser:
+    """The command line: one builder per command, in the order `--help` lists them.
+
+    Public so the docs' CLI reference is generated from it (sphinx-argparse).
+    """
     p = _Parser(
         prog="trtbuild",
         description="Build TensorRT engines under a per-layer precision policy, "
@@ -68,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     ):
         add(sub)
     return p
+
+
+_parser = parser  # the name it had before the docs needed a public one
 
 
 def _policy_args(sp: argparse.ArgumentParser) -> None:
@@ -299,9 +305,8 @@ def _interrupted(exc: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return int(exc.code or 0)
     handler = _warnings_handler()
