@@ -112,7 +112,21 @@ def _front(policy: Policy, reference: str, cache: Cache | None, verbose: bool) -
 def check(
     policy: Policy | str | Path, *, cache: Cache | None = None, verbose: bool = False
 ) -> CheckResult:
-    """Validate `policy` against its model: every node's precision and why (`trtbuild check`)."""
+    """Validate `policy` against its model: every node's precision and why (`trtbuild check`).
+
+    Args:
+        policy: a loaded `Policy`, or the path of a policy file.
+        cache: a `trtbuild.cache.Cache` to reuse the prepared graph and the reference's
+            measures; None computes everything.
+        verbose: let the dependencies' own logs through.
+
+    Returns:
+        The nodes with their precision, rule and reason; the ops at risk; the warnings;
+        the points measured, each with its data.
+
+    Raises:
+        TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
+    """
     from trtbuild import evaluation
 
     front = _front(_policy(policy), "measures", cache, verbose)
@@ -142,9 +156,23 @@ def check(
 def convert(
     policy: Policy | str | Path, *, cache: Cache | None = None, verbose: bool = False
 ) -> onnx.ModelProto:
-    """The mixed-precision model (`trtbuild convert`), validated: onnx.checker's full check,
-    and ONNX Runtime loading it as a user would (a failure of ONNX Runtime's own is a
-    warning; an invalid model raises)."""
+    """The mixed-precision model (`trtbuild convert`), validated before it is returned.
+
+    Validated as `convert` does: onnx.checker's full check, and ONNX Runtime loading
+    it as a user would (a failure of ONNX Runtime's own is a logged warning, since
+    TensorRT still builds the model).
+
+    Args:
+        policy: a loaded `Policy`, or the path of a policy file.
+        cache: a `trtbuild.cache.Cache`; None computes everything.
+        verbose: let the dependencies' own logs through.
+
+    Returns:
+        The mixed model, ready for `onnx.save` or TensorRT's parser.
+
+    Raises:
+        TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
+    """
     from trtbuild.precision.validate import start_mixed_check
 
     front = _front(_policy(policy), "none", cache, verbose)
@@ -164,8 +192,23 @@ def build(
 ) -> BuildResult:
     """Prepare, assign, build and judge; write the artifacts into `out` (`trtbuild build`).
 
-    `out` defaults to `build/<policy stem>/`, `backend` to the policy's. A policy
-    below tolerance is a result (`passed` False, `exit_code` 1), not an exception.
+    A policy below tolerance is a result (`passed` False, `exit_code` 1), not an
+    exception: the report is the point of a build that fails.
+
+    Args:
+        policy: a loaded `Policy`, or the path of a policy file.
+        out: the output folder (default `build/<policy stem>/`); published whole.
+        backend: `tensorrt`, `tensorrt-rtx`, `none` or `auto`; default the policy's.
+        cache: a `trtbuild.cache.Cache`; None computes everything.
+        verbose: let the dependencies' own logs through.
+
+    Returns:
+        The verdict, the share in low precision, each output's metrics, every point's
+        verdict, and the paths written.
+
+    Raises:
+        TrtbuildError: a bad policy, model or data (`exit_code` 2), or a backend that is
+            missing or fails to build (`exit_code` 3).
     """
     from trtbuild import pipeline
 
@@ -198,8 +241,27 @@ def tune(
     cache: Cache | None = None,
     output: str | Path | None = None,
 ) -> TuneResult:
-    """The fewest FP32 pins beyond the policy's rules that meet every tolerance at every point
-    (`trtbuild tune`); `output` only decides where the tuned policy's paths point from."""
+    """The fewest FP32 pins beyond the policy's rules that meet every tolerance at every point.
+
+    What `trtbuild tune` searches; nothing is written.
+
+    Args:
+        policy: a loaded `Policy`, or the path of a policy file.
+        budget: evaluations at most.
+        objective: what a pin costs, `nodes` or `flops`.
+        seed: tie-breaking; the same seed gives the same policy.
+        jobs: worker processes (default min(4, usable cores)); the result does not
+            depend on it.
+        cache: a `trtbuild.cache.Cache`; None computes everything.
+        output: where the tuned policy would be written, so its paths point from there
+            (default: beside the policy).
+
+    Returns:
+        The tuned `Policy`, whether it passes, the evaluations spent and its YAML.
+
+    Raises:
+        TrtbuildError: a bad policy, model or data, or bad arguments (`exit_code` 2).
+    """
     from trtbuild import tuning
     from trtbuild.policy.load import parse_policy
 
