@@ -66,13 +66,17 @@ def test_a_shape_the_model_cannot_run_is_exit_2_naming_shape_and_node(
     assert not out.exists()
 
 
-def test_tune_says_when_it_used_its_whole_budget(example_policy, tmp_path, capsys):
-    policy = example_policy("nafnet", rules="[]")
-    assert main(
-        ["tune", "--policy", str(policy), "-o", str(tmp_path / "t.yaml"), "--budget", "2"]
-    ) in (0, 1)
+def test_tune_says_when_it_used_its_whole_budget_and_which_point_costs_most(
+    example_policy, tmp_path, capsys
+):
+    """The matting example from no rules needs three evaluations; with one, tune says so and
+    names the point of its profile that took the most judging time."""
+    policy = example_policy("matting", rules="[]")
+    argv = ["tune", "--policy", str(policy), "-o", str(tmp_path / "t.yaml"), "--budget", "1"]
+    assert main([*argv, "--jobs", "1"]) in (0, 1)
     err = capsys.readouterr().err
-    assert "tune used its whole budget of 2 evaluations" in err and "raise --budget" in err
+    assert "tune used its whole budget of 1 evaluations" in err and "raise --budget" in err
+    assert "the point that costs the most is max [1, 3, 1024, 1024] (" in err
 
 
 # The lines trtbuild writes on a build: its verdict, the outputs and shapes under it, the
