@@ -47,6 +47,7 @@ def test_build_writes_engine_and_passing_report(write_policy, tmp_path, capsys):
     build = json.loads((out / "build.json").read_text())
     assert build["layer_audit"]["ok"] and build["layer_audit"]["fp32_nodes_checked"] >= 37
     assert build["engines"]["policy"]["engine_bytes"] == (out / "engine.plan").stat().st_size
+    assert build["warnings"] == report["warnings"]  # one list: the engine's warnings in both
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "staging left behind"
     assert (
         "PASSED at shape [1, 3, 64, 64] (emulated-fp16, storage emulation; random data)"

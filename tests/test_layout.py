@@ -10,7 +10,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "trtbuild"
 
 # package -> what it may import (besides itself and the leaf modules below)
-LEAVES = {"errors", "numerics", "fsutil", "sizes", "__init__"}
+LEAVES = {"errors", "numerics", "fsutil", "sizes", "record", "__init__"}
 ALLOWED = {
     "graph": set(),
     "policy": {"graph"},  # graph.patterns: the pattern names the schema lists
@@ -110,3 +110,42 @@ def test_functions_and_classes_read_at_once():
             if limit and node.end_lineno - node.lineno + 1 > limit:
                 too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
     assert not too_long, too_long
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every trtbuild module and the trtbuild modules it imports: any import, at any depth,
+    type-checking ones and top-level modules included."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_no_import_cycle_anywhere():
+    """Arrows point down between modules too: no module reaches itself through its imports."""
+    graph, done, path = _module_graph(), set(), []
+
+    def visit(name: str) -> None:
+        if name in path:
+            cycle = [*path[path.index(name) :], name]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        path.append(name)
+        for other in sorted(graph[name]):
+            visit(other)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)

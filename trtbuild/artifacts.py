@@ -10,13 +10,12 @@ killed build leaves the previous artifacts intact, all of them.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import platform
 import shutil
 from collections.abc import Iterator
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from trtbuild.fsutil import (
     write_json,
     write_text,
 )
+from trtbuild.record import BuildRecord
 
 REPORT_FILES = (
     "report.json",
@@ -125,63 +125,6 @@ def versions(backend: str) -> dict[str, Any]:
     return out
 
 
-# What the report's Engines section reads of each engine in build.json.
-ENGINE_KEYS = ("backend", "version", "engine_bytes", "build_seconds")
-
-
-@dataclass(frozen=True)
-class BuildRecord:
-    """`build.json`: what was built from what, with which versions, and what it cost.
-
-    `from_json` reads one back (`report` keeps an earlier build's facts): what the
-    report renders (the policy, the backend, each engine's `ENGINE_KEYS`) must be
-    there, or it is exit 2; the rest a record of an older trtbuild may lack.
-    """
-
-    policy: str
-    backend: str
-    engines: dict[str, dict[str, Any]]  # variant -> the engine's summary (ENGINE_KEYS at least)
-    model: str = ""
-    versions: dict[str, Any] = field(default_factory=dict)
-    hashes: dict[str, str] = field(default_factory=dict)
-    passes: list[dict[str, Any]] = field(default_factory=list)
-    timings_seconds: dict[str, float] = field(default_factory=dict)
-    cache: dict[str, str] = field(default_factory=dict)
-    casts: int = 0
-    layer_audit: dict[str, Any] | None = None
-    layers: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        """The keys in build.json's order (the one `trtbuild build` has always written)."""
-        order = ("policy", "model", "backend", "versions", "hashes", "passes")
-        order += ("timings_seconds", "cache", "casts", "engines", "layer_audit", "layers")
-        return {k: copy.copy(getattr(self, k)) for k in (*order, "warnings")}
-
-    @classmethod
-    def from_json(cls, data: Any, path: Path) -> BuildRecord:
-        """The record in `data`, or exit 2 naming the first thing this trtbuild cannot read."""
-        problems = [] if isinstance(data, dict) else ["it is not a mapping"]
-        required = [
-            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
-        ]
-        if not problems:
-            problems = [f"{name} is missing" for name in required if name not in data]
-        engines = data.get("engines") if isinstance(data, dict) else None
-        if not problems and not isinstance(engines, dict):
-            problems = ["engines is not a mapping"]
-        for variant, engine in engines.items() if not problems else ():
-            missing = [k for k in ENGINE_KEYS if not isinstance(engine, dict) or k not in engine]
-            problems += [f"engines.{variant}.{k} is missing" for k in missing]
-        if problems:
-            raise UsageError(
-                f"{problems[0]}; it is not a record this trtbuild wrote",
-                where=str(path),
-                hint="build again (trtbuild build) or remove the file",
-            )
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
-
-
 def build_record(
     front: Front,
     backend: str,
@@ -189,10 +132,12 @@ def build_record(
     warnings: list[str],
     timings: dict[str, float],
 ) -> BuildRecord:
-    """The record of one build; `timings` adds the front after the front half's."""
+    """The record of one build; `timings` adds the front after the front half's. Its
+    warnings are `warnings` and the engine builder's and the layer audit's, the same list
+    the report shows."""
     policy = front.policy
     layers = engines["policy"].layers if "policy" in engines else []
-    return BuildRecord(
+    record = BuildRecord(
         policy=str(policy.path),
         model=str(policy.model),
         backend=backend,
@@ -207,6 +152,7 @@ def build_record(
         layers=layers,
         warnings=warnings,
     )
+    return replace(record, warnings=warnings + engine_warnings(record))
 
 
 # What TensorRT's builder says about precision is the user's business, not only build.json's.

@@ -23,7 +23,6 @@ from trtbuild.artifacts import (
     REPORT_FILES,
     build_record,
     earlier_build,
-    engine_warnings,
     staged_output,
     write_reports,
 )
@@ -72,8 +71,7 @@ def build(
         timings = {"accuracy": time.perf_counter() - t}
         loaded = check.result()  # joined before anything is published
         record = build_record(front, backend, engines, report.warnings + loaded, timings)
-        warnings = report.warnings + loaded + engine_warnings(record)
-        report = replace(report, build=record, warnings=warnings)
+        report = replace(report, build=record, warnings=list(record.warnings))  # the same list
         write_reports(stage, report)
     return BuildOutcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
 

@@ -46,7 +46,9 @@ def test_attention_blocks_and_not_the_classifier(keras):
 
 
 def test_layernorm_after_attention_is_each_layers_first(keras):
-    pinned = {_scope(keras, i) for i in norms_after_attention(Analysis(keras))}
+    found = Analysis(keras)
+    after = norms_after_attention(keras, found.attention_units(), found.norm_units())
+    pinned = {_scope(keras, i) for i in after}
     assert pinned == {
         "/encoder/layer_0/self_attention_layer_norm",
         "/encoder/layer_1/self_attention_layer_norm",

@@ -19,8 +19,8 @@ from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from trtbuild.accuracy.judge import Verdict
-    from trtbuild.artifacts import BuildRecord
     from trtbuild.precision.assign import PrecisionSummary
+    from trtbuild.record import BuildRecord
 
 # The per-output metrics every rendering shows, in this order (report.md, report.html,
 # the nightly summary and history); written once here.

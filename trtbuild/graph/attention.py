@@ -23,15 +23,13 @@ Forms recognised:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from trtbuild.graph.norms import reduce_axes
 from trtbuild.graph.optypes import DATA_MOVEMENT
 from trtbuild.graph.view import GraphView
-
-if TYPE_CHECKING:
-    from trtbuild.graph.analysis import Analysis
 
 FUSED_ATTENTION = frozenset(
     {
@@ -215,18 +213,19 @@ def _find_attention_units(view: GraphView) -> list[AttentionUnit]:
     return units
 
 
-def norms_after_attention(analysis: Analysis) -> dict[int, str]:
+def norms_after_attention(
+    view: GraphView, attention: Sequence[AttentionUnit], units: Sequence[Any]
+) -> dict[int, str]:
     """Normalization units whose input an attention block reaches without another norm between.
 
     One forward pass in topological order: each node carries the nearest
     attention block whose output flows into it through projections, residual
     adds, gates, activations and layout ops. A normalization unit stops the
-    flow; whatever else (pooling, a reduction) also stops it.
+    flow; whatever else (pooling, a reduction) also stops it. The units come from
+    the caller (`graph.analysis.Analysis` finds each once), so this module needs
+    nothing above it.
     """
-    view = analysis.view
-    attention = analysis.attention_units()
     ends = {unit.output: unit for unit in attention}
-    units = analysis.norm_units()
     in_norm = {i for unit in units for i in unit.nodes}
     carried: list[tuple[str, int] | None] = [None] * len(view.nodes)
     for i, node in enumerate(view.nodes):

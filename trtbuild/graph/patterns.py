@@ -35,7 +35,7 @@ def _layernorm(analysis: Analysis, last: int | None) -> dict[int, str]:
 def _layernorm_after_attention(analysis: Analysis, last: int | None) -> dict[int, str]:
     from trtbuild.graph.attention import norms_after_attention
 
-    return norms_after_attention(analysis)
+    return norms_after_attention(analysis.view, analysis.attention_units(), analysis.norm_units())
 
 
 def _attention(analysis: Analysis, last: int | None) -> dict[int, str]:
