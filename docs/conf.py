@@ -51,4 +51,6 @@ nitpick_ignore = [
     ("py:class", "onnx.ModelProto"),
     ("py:class", "Cache"),
     ("py:class", "Report"),
+    ("py:class", "collections.abc.Mapping"),  # the standard library: no intersphinx offline
+    ("py:class", "Mapping"),
 ]

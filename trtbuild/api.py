@@ -263,7 +263,7 @@ def tune(
         TrtbuildError: a bad policy, model or data, or bad arguments (`exit_code` 2).
     """
     from trtbuild import tuning
-    from trtbuild.policy.load import parse_policy
+    from trtbuild.policy import parse_policy
 
     jobs = jobs if jobs is not None else tuning.default_jobs()
     tuning.check_args(budget, objective, jobs)

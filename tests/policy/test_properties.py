@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trtbuild.errors import UsageError
-from trtbuild.policy.load import parse_policy
+from trtbuild.policy import parse_policy
 from trtbuild.policy.schema import SCHEMA
 
 KEYS = sorted(

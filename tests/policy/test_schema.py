@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.policy.load import load_policy, read_yaml
+from trtbuild.policy import load_policy
+from trtbuild.policy.load import read_yaml
 from trtbuild.policy.schema import SCHEMA, SchemaViolation, validate
 
 ROOT = Path(__file__).resolve().parents[2]

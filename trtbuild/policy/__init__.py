@@ -1,7 +1,7 @@
-"""Policy language: schema, loading, JSON Schema export."""
+"""Policy language: schema, loading, JSON Schema export, and writing a policy back."""
 
-from trtbuild.policy.load import load_policy, resolve_policy_path
-from trtbuild.policy.model import Policy, Rule
+from trtbuild.policy.load import resolve_policy_path
+from trtbuild.policy.model import Policy, Rule, load_policy, parse_policy
 from trtbuild.policy.schema import SCHEMA
 
-__all__ = ["SCHEMA", "Policy", "Rule", "load_policy", "resolve_policy_path"]
+__all__ = ["SCHEMA", "Policy", "Rule", "load_policy", "parse_policy", "resolve_policy_path"]

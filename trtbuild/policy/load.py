@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from trtbuild.errors import UsageError
-from trtbuild.policy.model import (
+from trtbuild.policy.schema import SchemaViolation, validate
+from trtbuild.policy.specs import (
     GUARDS,
     AccuracySpec,
     BuildSpec,
@@ -24,12 +25,10 @@ from trtbuild.policy.model import (
     Match,
     Passes,
     PointSpec,
-    Policy,
     Precision,
     Rule,
     Tolerance,
 )
-from trtbuild.policy.schema import SchemaViolation, validate
 from trtbuild.sizes import parse_size
 
 POLICY_DIR = Path("policies")
@@ -138,8 +137,8 @@ class _Located:
         return UsageError(f"{format_path(path)}: {message}", where=where, hint=hint)
 
 
-def load_policy(name: str | Path) -> Policy:
-    """Load and validate a policy; model path is resolved relative to the policy file."""
+def load_fields(name: str | Path) -> dict[str, Any]:
+    """A policy file's fields, validated (`model.load_policy` makes the `Policy`)."""
     path = resolve_policy_path(name)
     shown = _display(path)
     try:
@@ -152,10 +151,11 @@ def load_policy(name: str | Path) -> Policy:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read policy: {exc}", where=shown) from None
-    return parse_policy(text, path, shown)
+    return parse_fields(text, path, shown)
 
 
-def parse_policy(text: str, path: Path, shown: str | None = None) -> Policy:
+def parse_fields(text: str, path: Path, shown: str | None = None) -> dict[str, Any]:
+    """A policy text's fields, validated: every message names the file, line and field."""
     shown = shown or str(path)
     try:
         node = yaml.compose(text, Loader=PolicyLoader)
@@ -170,7 +170,17 @@ def parse_policy(text: str, path: Path, shown: str | None = None) -> Policy:
         raise UsageError(
             f"malformed YAML: {problem}", where=where, hint="fix the YAML syntax"
         ) from None
-    loc = _Located(Path(shown), _checked_lines(node, shown))
+    return _fields(data, path, _Located(Path(shown), _checked_lines(node, shown)))
+
+
+def mapping_fields(data: Any, path: Path) -> dict[str, Any]:
+    """A mapping's fields, validated as a file's text is (messages name the mapping)."""
+    import copy
+
+    return _fields(copy.deepcopy(data), path, _Located(Path("<mapping>"), {}))
+
+
+def _fields(data: Any, path: Path, loc: _Located) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise loc.error((), "a policy must be a mapping with at least 'version' and 'model'")
     try:
@@ -297,11 +307,11 @@ def _floats(value) -> tuple[float, ...]:
     return tuple(float(v) for v in value) if isinstance(value, list) else (float(value),)
 
 
-def _build(data: dict, path: Path, loc: _Located) -> Policy:
+def _build(data: dict, path: Path, loc: _Located) -> dict[str, Any]:
     """The validated document as a `Policy`, section by section, with the checks a
     schema cannot express (profiles in order, unique rule ids, regexes that compile)."""
     base = path.parent
-    return Policy(
+    return dict(
         path=path,
         model=_model(data, base, loc),
         inputs=tuple(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trtbuild.graph.patterns import PATTERNS
-from trtbuild.policy.model import (
+from trtbuild.policy.specs import (
     DEFAULT_BUDGET_SHARE,
     DEFAULT_MAX_IMAGE_PIXELS,
     DERIVATIONS,
