@@ -159,7 +159,7 @@ def _phase_child(policy_path: str, repeat: int, shrink: bool) -> None:
     import numpy as np
     import onnxruntime as ort
 
-    from trtbuild.accuracy import evaluate, judge, stream
+    from trtbuild.accuracy import judge, sessions, stream
     from trtbuild.cache import Cache
     from trtbuild.evaluation import evaluate_all
     from trtbuild.front import baselines, run_front
@@ -189,8 +189,8 @@ def _phase_child(policy_path: str, repeat: int, shrink: bool) -> None:
     _time_runs(judge, stream, timed)
     _time_walk(judge, timed)
     if not shrink:
-        evaluate._run_options.cache_clear()
-        evaluate._run_options = lambda shrink=True: ort.RunOptions()  # ablation: no shrink
+        sessions._run_options.cache_clear()
+        sessions._run_options = lambda shrink=True: ort.RunOptions()  # ablation: no shrink
 
     policy = load_policy(Path(policy_path))
     front = run_front(policy, cache=Cache(enabled=False))

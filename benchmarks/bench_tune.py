@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtbuild import front, tuning  # noqa: E402
-from trtbuild.accuracy import evaluate as ev  # noqa: E402
+from trtbuild.accuracy import sessions as ev  # noqa: E402
 from trtbuild.accuracy.judge import judge  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
 from trtbuild.precision.assign import assign  # noqa: E402

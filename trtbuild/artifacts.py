@@ -22,7 +22,7 @@ from typing import Any
 import onnx
 
 from trtbuild import __version__
-from trtbuild.accuracy import evaluate as ev
+from trtbuild.accuracy import sessions as ev
 from trtbuild.accuracy.judge import Verdict
 from trtbuild.accuracy.report import Report
 from trtbuild.errors import UsageError

@@ -418,9 +418,9 @@ def _cmd_check(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    stages = run_front(policy, reference="measures", cache=_cache(args), verbose=args.verbose)
-    a = stages.assignment
-    at_risk = evaluation.at_risk(stages)
+    front = run_front(policy, reference="measures", cache=_cache(args), verbose=args.verbose)
+    a = front.assignment
+    at_risk = evaluation.at_risk(front)
     rows = [
         {
             "node": n.name,
@@ -432,9 +432,9 @@ def _cmd_check(args) -> int:
         for n, d in zip(a.view.nodes, a.decisions)
     ]
     summary = a.summary()
-    warnings = evaluation.report_warnings(stages)
+    warnings = evaluation.report_warnings(front)
     if args.json:
-        print(json.dumps(_check_json(stages, rows, at_risk, warnings), separators=(",", ":")))
+        print(json.dumps(_check_json(front, rows, at_risk, warnings), separators=(",", ":")))
         return 0
     widths = [
         max(len(r[k]) for r in [*rows, dict.fromkeys(rows[0], k)])
@@ -446,51 +446,51 @@ def _cmd_check(args) -> int:
         print("  ".join(r[k].ljust(w) for k, w in zip(header, widths)) + "  " + r["reason"])
     print(
         f"\n{summary.fp16_nodes} fp16, {summary.bf16_nodes} bf16, {summary.fp32_nodes} fp32 "
-        f"compute nodes ({summary.share_text()}); {len(stages.converted.casts)} casts; "
+        f"compute nodes ({summary.share_text()}); {len(front.converted.casts)} casts; "
         f"rule hits: " + ", ".join(f"{k}={v}" for k, v in summary.rule_hits.items())
     )
     print(at_risk_lines(at_risk, policy.accuracy.emulation))
-    print(judged_line(stages))
+    print(judged_line(front))
     _warn(warnings)
     return 0
 
 
-def _check_json(stages, rows: list, at_risk: list, warnings: list) -> dict:
+def _check_json(front, rows: list, at_risk: list, warnings: list) -> dict:
     """`check --json`: one compact line (the C encoder; indent is pure Python)."""
     return {
         "nodes": rows,
-        "summary": stages.assignment.summary().to_json(),
-        "casts": len(stages.converted.casts),
+        "summary": front.assignment.summary().to_json(),
+        "casts": len(front.converted.casts),
         "at_risk": at_risk,
         "warnings": warnings,
         "points": [
             {"name": r.point.name, "inputs": r.point.shapes}
             | {"data": {n: d.to_json() for n, d in r.data.items()}}
-            for r in stages.shapes
+            for r in front.shapes
         ],
         "skipped_points": [
-            {"name": p.name, "inputs": p.shapes, "reason": p.skip} for p in stages.skipped
+            {"name": p.name, "inputs": p.shapes, "reason": p.skip} for p in front.skipped
         ],
     }
 
 
 def _cmd_convert(args) -> int:
-    from trtbuild import front
+    from trtbuild.front import run_front
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
     from trtbuild.precision.validate import start_mixed_check
 
     policy = load_policy(args.policy)
     cache = _cache(args)
-    stages = front.run_front(policy, reference="none", cache=cache, verbose=args.verbose)
-    check = start_mixed_check(stages.converted.model, cache)  # once per mixed model
+    front = run_front(policy, reference="none", cache=cache, verbose=args.verbose)
+    check = start_mixed_check(front.converted.model, cache)  # once per mixed model
     loaded = check.result()  # joined before the file is written
-    save_model(stages.converted.model, args.output)
-    _warn(stages.warnings + loaded)
-    s = stages.assignment.summary()
+    save_model(front.converted.model, args.output)
+    _warn(front.warnings + loaded)
+    s = front.assignment.summary()
     print(
         f"wrote {args.output}: {s.share_text()}, {s.fp32_nodes} FP32 nodes, "
-        f"{len(stages.converted.casts)} casts"
+        f"{len(front.converted.casts)} casts"
     )
     return 0
 
@@ -519,8 +519,9 @@ def _cmd_prepare(args) -> int:
 
 
 def _cmd_tune(args) -> int:
-    from trtbuild import front, tuning
+    from trtbuild import tuning
     from trtbuild.errors import EXIT_ACCURACY
+    from trtbuild.front import run_front
     from trtbuild.fsutil import write_text
     from trtbuild.policy import load_policy
 
@@ -529,11 +530,11 @@ def _cmd_tune(args) -> int:
     policy = load_policy(args.policy)
     tuning.check_policy(policy)
     tuning.check_output(policy, args.output, args.force)
-    stages = front.run_front(policy, cache=_cache(args), verbose=args.verbose)
+    front = run_front(policy, cache=_cache(args), verbose=args.verbose)
     bar = tuning.Progress()
     try:
         result = tuning.tune(
-            stages,
+            front,
             budget=args.budget,
             objective=args.objective,
             seed=args.seed,
@@ -542,7 +543,7 @@ def _cmd_tune(args) -> int:
         )
     finally:
         bar.done()
-    text = tuning.tuned_yaml(stages, result, args.output, args.seed, args.objective)
+    text = tuning.tuned_yaml(front, result, args.output, args.seed, args.objective)
     write_text(args.output, text)
     log = args.log or args.output.with_name(args.output.stem + ".log.jsonl")
     tuning.write_log(log, result)

@@ -8,9 +8,9 @@ from typing import Any
 from trtbuild import __version__
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.accuracy.evaluate import EMULATED, trt_runner
 from trtbuild.accuracy.judge import Candidate, judge_all
 from trtbuild.accuracy.report import Report, ShapeVerdict, Skipped
+from trtbuild.accuracy.sessions import EMULATED, trt_runner
 from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
 from trtbuild.numerics import LOW_MAX

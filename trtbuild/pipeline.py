@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trtbuild.accuracy.evaluate import EMULATED
 from trtbuild.accuracy.report import Report
+from trtbuild.accuracy.sessions import EMULATED
 from trtbuild.artifacts import (
     BUILD_FILES,
     REPORT_FILES,

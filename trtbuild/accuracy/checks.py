@@ -59,7 +59,7 @@ def run_checks(
     ref_iters: list, iterations: list, label: str, tol: dict[str, Tolerance], verbose: bool
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """output -> check -> {passed, failed_samples, value, threshold} over every sample."""
-    from trtbuild.accuracy.evaluate import quiet_polygraphy
+    from trtbuild.accuracy.sessions import quiet_polygraphy
 
     found: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in tol}
     pair = _Pair(ref_iters, iterations, label, verbose)
@@ -90,7 +90,7 @@ class _Pair:
         from polygraphy.comparator import Comparator, RunResults
         from polygraphy.comparator.struct import IterationResult
 
-        from trtbuild.accuracy.evaluate import REFERENCE
+        from trtbuild.accuracy.sessions import REFERENCE
 
         sides = []
         for runner, iters in (

@@ -17,9 +17,9 @@ import onnx
 from onnx import helper
 
 from trtbuild.accuracy import derive, images
-from trtbuild.accuracy.evaluate import quiet_polygraphy
 from trtbuild.accuracy.images import load_images
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
+from trtbuild.accuracy.sessions import quiet_polygraphy
 from trtbuild.errors import UsageError
 from trtbuild.policy.model import DataSpec, InputSpec, Policy
 from trtbuild.sizes import fmt_bytes

@@ -31,7 +31,10 @@ from trtbuild.accuracy import risk
 from trtbuild.accuracy.checks import describe, run_checks
 from trtbuild.accuracy.data import Feed
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.accuracy.evaluate import (
+from trtbuild.accuracy.probes import peak_name, probe
+from trtbuild.accuracy.progress import SampleProgress
+from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
+from trtbuild.accuracy.sessions import (
     EMULATED,
     REFERENCE,
     EngineRunner,
@@ -39,9 +42,6 @@ from trtbuild.accuracy.evaluate import (
     finite_or_str,
     metrics,
 )
-from trtbuild.accuracy.probes import peak_name, probe
-from trtbuild.accuracy.progress import SampleProgress
-from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
 from trtbuild.numerics import data_peak, sentinel_kept
 from trtbuild.policy.model import AccuracySpec

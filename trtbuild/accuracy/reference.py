@@ -30,9 +30,9 @@ import onnx
 
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.data import Feed
-from trtbuild.accuracy.evaluate import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.probes import probe
 from trtbuild.accuracy.progress import SampleProgress
+from trtbuild.accuracy.sessions import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
 from trtbuild.errors import UsageError
 from trtbuild.graph.view import GraphView

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.accuracy.checks import describe, image_like, map_like
-from trtbuild.accuracy.evaluate import EMULATED, REFERENCE, OutputMetrics
 from trtbuild.accuracy.points import DATA_KINDS, MADE_UP, InputData, point_label
+from trtbuild.accuracy.sessions import EMULATED, REFERENCE, OutputMetrics
 from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:

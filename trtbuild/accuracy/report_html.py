@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from trtbuild.accuracy.evaluate import REFERENCE
 from trtbuild.accuracy.judge import Verdict
 from trtbuild.accuracy.report import (
     PLOTS_LOADED_SCRIPT,
@@ -29,6 +28,7 @@ from trtbuild.accuracy.report import (
     header,
     sections,
 )
+from trtbuild.accuracy.sessions import REFERENCE
 
 POLICY_COLOR = "#1f77b4"
 BASELINE_COLOR = "#ff7f0e"

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from trtbuild.accuracy.evaluate import lean_session, plain_session, run_session
+from trtbuild.accuracy.sessions import lean_session, plain_session, run_session
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.policy.model import MemoryBudget

@@ -70,11 +70,11 @@ def node_flops(view: GraphView, i: int) -> float:
     return 2.0 * elements * depth if depth else elements
 
 
-def groups(stages: Front, objective: str) -> list[Group]:
+def groups(front: Front, objective: str) -> list[Group]:
     """Tunable nodes (left at the default by the policy's rules), in units that move together."""
-    view = stages.view
-    decisions = stages.assignment.decisions
-    ranges = stages.measures.ranges  # data peaks: a sentinel is not an overflow
+    view = front.view
+    decisions = front.assignment.decisions
+    ranges = front.measures.ranges  # data peaks: a sentinel is not an overflow
     tunable = {i for i, d in enumerate(decisions) if d.rule == "default" and d.precision}
     taken: set[int] = set()
     out: list[Group] = []
@@ -95,7 +95,7 @@ def groups(stages: Front, objective: str) -> list[Group]:
         )
         out.append(Group(kind, members, tuple(view.nodes[i].name for i in members), cost, peak))
 
-    analysis = stages.analysis
+    analysis = front.analysis
     for unit in analysis.norm_units():
         add("normalization unit", unit.nodes)
     for unit in analysis.attention_units():

@@ -52,13 +52,13 @@ def _schema_line(text: str, here: Path, there: Path) -> list[str]:
     return []
 
 
-def tuned_yaml(stages: Front, result: TuneResult, out: Path, seed: int, objective: str) -> str:
+def tuned_yaml(front: Front, result: TuneResult, out: Path, seed: int, objective: str) -> str:
     """The original policy, then one commented rule per pinned group; paths re-based to `out`."""
     import yaml
 
     from trtbuild.policy.load import read_yaml
 
-    policy = stages.policy
+    policy = front.policy
     text = policy.path.read_text(encoding="utf-8")
     raw = read_yaml(text)
     here, there = policy.path.parent, out.resolve().parent

@@ -3,7 +3,7 @@
 Why worker processes: a trial is ONNX Runtime plus Python (assigning, converting,
 emulating), mostly one core, and the search often knows its next candidates
 before the verdicts come (the next doublings, both halves of a bisection, the
-next removals). The stages reach the workers by fork, never pickled: the
+next removals). The front reach the workers by fork, never pickled: the
 reference can be large.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.accuracy.evaluate import REFERENCE
 from trtbuild.accuracy.judge import judge
 from trtbuild.accuracy.reference import ReferenceTensors
+from trtbuild.accuracy.sessions import REFERENCE
 from trtbuild.front import Front
 from trtbuild.policy.model import Precision
 from trtbuild.precision.assign import assign
@@ -52,9 +52,9 @@ class TrialOutcome:
     failed_outputs: tuple[str, ...] = ()  # graph outputs that fail at some shape
 
 
-def evaluate(stages: Front, precision: Precision, points: tuple[int, ...] = ()) -> TrialOutcome:
+def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -> TrialOutcome:
     """Judge one pin set with the build's own judge, at every shape (or only at `points`,
-    indices into `stages.shapes`, for `merge`); the reference and the view are shared.
+    indices into `front.shapes`, for `merge`); the reference and the view are shared.
 
     Only the overflow is walked (the reference is not run again): the search
     needs the outputs' verdict and the first tensor the candidate overflows,
@@ -63,25 +63,25 @@ def evaluate(stages: Front, precision: Precision, points: tuple[int, ...] = ()) 
     (in the shapes' order) picks what to pin.
     """
     t = time.perf_counter()
-    assignment = assign(stages.view, precision, stages.measures.ranges, stages.analysis)
+    assignment = assign(front.view, precision, front.measures.ranges, front.analysis)
     mixed = convert(assignment).model
-    emulated = emulate(mixed, stages.policy.accuracy.emulation)  # once for every shape
+    emulated = emulate(mixed, front.policy.accuracy.emulation)  # once for every shape
     failing: dict[str, str] = {}
     overflow, worst, point_seconds, failed = None, {}, {}, set()
-    for run in [stages.shapes[k] for k in points] if points else stages.shapes:
+    for run in [front.shapes[k] for k in points] if points else front.shapes:
         started = time.perf_counter()
         verdict = judge(
             run.reference,
-            stages.prepared.model,
+            front.prepared.model,
             mixed,
             run.feeds,
-            stages.policy.accuracy,
+            front.policy.accuracy,
             emulated=emulated,
             detail="overflow",
             overflow_fails=True,
             progress=False,
         )
-        label = f"at {run.point.name}: " if len(stages.shapes) > 1 else ""
+        label = f"at {run.point.name}: " if len(front.shapes) > 1 else ""
         failing.update({f"{label}{k}": label + v for k, v in verdict.failures().items()})
         failed.update(name for name, m in verdict.outputs.items() if not m.passed)
         overflow = overflow or verdict.overflow
@@ -124,7 +124,7 @@ def merge(parts: list[TrialOutcome], seconds: float) -> TrialOutcome:
     )
 
 
-def error_map(stages: Front, precision: Precision) -> dict[str, float]:
+def error_map(front: Front, precision: Precision) -> dict[str, float]:
     """Each tensor's error against FP32 (max |error| over its range) in one candidate, on
     the first feed of the primary shape: what the search's ranking reads.
 
@@ -134,46 +134,46 @@ def error_map(stages: Front, precision: Precision) -> dict[str, float]:
     """
     from polygraphy.comparator import RunResults
 
-    run = stages.shapes[0]
+    run = front.shapes[0]
     first = RunResults()
     first.append((REFERENCE, [run.reference.run_results[REFERENCE][0]]))
     reference = ReferenceTensors(run.reference.measures, first)
-    assignment = assign(stages.view, precision, stages.measures.ranges, stages.analysis)
+    assignment = assign(front.view, precision, front.measures.ranges, front.analysis)
     verdict = judge(
         reference,
-        stages.prepared.model,
+        front.prepared.model,
         convert(assignment).model,
         run.feeds[:1],
-        stages.policy.accuracy,
+        front.policy.accuracy,
         detail="divergence",
         progress=False,
     )
     return {p["tensor"]: float(p["rel_error"]) for p in verdict.error_curve}
 
 
-# Set in each worker process by the pool's initializer, never in the parent: the stages
-# arrive by fork (never pickled: the reference is large).
+# Set in each worker process by the pool's initializer, never in the parent: the front
+# arrives by fork (never pickled: the reference is large).
 _WORKER: dict[str, Front] = {}
 
 
-def _init_worker(stages: Front) -> None:
-    _WORKER["stages"] = stages
+def _init_worker(front: Front) -> None:
+    _WORKER["front"] = front
 
 
 def evaluate_in_worker(precision: Precision) -> TrialOutcome:
-    """`evaluate` in a worker, on the stages it inherited."""
-    return evaluate(_WORKER["stages"], precision)
+    """`evaluate` in a worker, on the front it inherited."""
+    return evaluate(_WORKER["front"], precision)
 
 
 def evaluate_point_in_worker(job: tuple[Precision, int]) -> TrialOutcome:
-    """`evaluate` at one point (an index into the inherited stages' shapes) in a worker."""
+    """`evaluate` at one point (an index into the inherited front's shapes) in a worker."""
     precision, point = job
-    return evaluate(_WORKER["stages"], precision, (point,))
+    return evaluate(_WORKER["front"], precision, (point,))
 
 
 @contextlib.contextmanager
-def pool(stages: Front, jobs: int) -> Iterator[Any]:
-    """Worker processes that inherit `stages` by fork; None with one job (or no fork)."""
+def pool(front: Front, jobs: int) -> Iterator[Any]:
+    """Worker processes that inherit `front` by fork; None with one job (or no fork)."""
     import concurrent.futures
     import multiprocessing
 
@@ -182,6 +182,6 @@ def pool(stages: Front, jobs: int) -> Iterator[Any]:
         return
     context = multiprocessing.get_context("fork")  # fork: initargs are inherited, not pickled
     with concurrent.futures.ProcessPoolExecutor(
-        jobs, mp_context=context, initializer=_init_worker, initargs=(stages,)
+        jobs, mp_context=context, initializer=_init_worker, initargs=(front,)
     ) as workers:
         yield workers

@@ -93,11 +93,11 @@ class Search:
     become trials only when it does.
     """
 
-    def __init__(self, stages: Front, budget: int, objective: str, seed: int, jobs: int):
-        self.stages, self.budget, self.jobs = stages, budget, jobs
-        self.low = stages.policy.precision.default  # fp16 | bf16 (check_policy refused fp32)
-        self.groups = groups(stages, objective)
-        self.names = [n.name for n in stages.view.nodes]
+    def __init__(self, front: Front, budget: int, objective: str, seed: int, jobs: int):
+        self.front, self.budget, self.jobs = front, budget, jobs
+        self.low = front.policy.precision.default  # fp16 | bf16 (check_policy refused fp32)
+        self.groups = groups(front, objective)
+        self.names = [n.name for n in front.view.nodes]
         self.by_node = {i: k for k, g in enumerate(self.groups) for i in g.nodes}
         self.tiebreak = list(range(len(self.groups)))
         random.Random(seed).shuffle(self.tiebreak)
@@ -111,7 +111,7 @@ class Search:
         self.point_seconds: dict[str, float] = {}  # point label -> judging seconds, all trials
 
     def precision(self, pinned: list[int]) -> Precision:
-        return candidate_precision(self.stages.policy.precision, self.groups, pinned, self.names)
+        return candidate_precision(self.front.policy.precision, self.groups, pinned, self.names)
 
     def record(self, pinned: list[int], action: str, outcome: TrialOutcome) -> TrialOutcome:
         o = outcome
@@ -146,9 +146,9 @@ class Search:
     def judge_now(self, pinned: list[int]) -> TrialOutcome:
         """One pin set's verdict; with workers and several points, a point each in parallel
         (the same outcome: `merge` keeps the points' order)."""
-        points = len(self.stages.shapes)
+        points = len(self.front.shapes)
         if self.pool is None or points < 2:
-            return evaluate(self.stages, self.precision(pinned))
+            return evaluate(self.front, self.precision(pinned))
         started = time.perf_counter()
         jobs = [(self.precision(pinned), k) for k in range(points)]
         parts = list(self.pool.map(evaluate_point_in_worker, jobs))
@@ -176,7 +176,7 @@ class Search:
 
     def ranking_errors(self) -> dict[str, float]:
         """The current candidate's per-tensor errors (one emulated run beside the reference)."""
-        return error_map(self.stages, self.precision(self.pinned))
+        return error_map(self.front, self.precision(self.pinned))
 
 
 # -- the steps, in the order `tune` takes them ------------------------------------
@@ -235,7 +235,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     rest = [k for k in range(len(search.groups)) if k not in search.pinned]
     errors = search.ranking_errors()
     order = suspects(
-        search.stages.view, search.groups, rest, errors, failing.failed_outputs, search.low
+        search.front.view, search.groups, rest, errors, failing.failed_outputs, search.low
     )
     run = lambda n: [*search.pinned, *order[:n]]  # noqa: E731 - the candidate of length n
     lengths = _doublings(len(order))
@@ -298,7 +298,7 @@ def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | No
     """The unpinned group where the emulation first turns non-finite (or nearest upstream)."""
     if first is None:
         return None
-    view = search.stages.view
+    view = search.front.view
     index = {n.name: i for i, n in enumerate(view.nodes)}
     queue, seen = [index[first["node"]]], set()
     while queue:
@@ -332,7 +332,7 @@ def _result(search: Search) -> TuneResult:
 
 
 def tune(
-    stages: Front,
+    front: Front,
     *,
     budget: int = 100,
     objective: str = "nodes",
@@ -341,9 +341,9 @@ def tune(
     progress: Callable[[Trial, int], None] | None = None,
 ) -> TuneResult:
     """The smallest pin set (in `objective`) that passes, within `budget` evaluations."""
-    search = Search(stages, budget, objective, seed, jobs)
+    search = Search(front, budget, objective, seed, jobs)
     search.progress = progress
-    with pool(stages, jobs) as search.pool:
+    with pool(front, jobs) as search.pool:
         outcome = _grow(search, _start(search))
         if outcome.passed:
             _shrink(search)

@@ -19,7 +19,7 @@ from trtbuild.policy.model import BuildSpec
 def test_rtx_runner_binds_tensorrt_rtx_and_gives_polygraphys_flag_back(tmp_path):
     from polygraphy import config as pg_config
 
-    from trtbuild.accuracy.evaluate import trt_runner
+    from trtbuild.accuracy.sessions import trt_runner
     from trtbuild.engine.backends import build_engine
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
@@ -45,7 +45,7 @@ def test_rtx_runner_binds_tensorrt_rtx_and_gives_polygraphys_flag_back(tmp_path)
 def test_the_other_tensorrt_flavour_in_one_process_is_refused_with_one_message():
     """Polygraphy binds its TensorRT backend once per process; the second flavour says so."""
     code = (
-        "from trtbuild.accuracy.evaluate import bound_flavour, tensorrt_flavour\n"
+        "from trtbuild.accuracy.sessions import bound_flavour, tensorrt_flavour\n"
         "from trtbuild.errors import BackendError\n"
         "assert bound_flavour() is None\n"
         "with tensorrt_flavour(True):\n"
@@ -67,7 +67,7 @@ def test_intra_op_threads_follow_an_affinity_narrower_than_the_machine():
     every core allowed, ONNX Runtime's own choice (0)."""
     code = (
         "import os\n"
-        "from trtbuild.accuracy.evaluate import intra_op_threads\n"
+        "from trtbuild.accuracy.sessions import intra_op_threads\n"
         "print(intra_op_threads())\n"
         "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
         "print(intra_op_threads())\n"
