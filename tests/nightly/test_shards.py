@@ -187,14 +187,17 @@ def test_a_history_of_the_first_format_upgrades_in_place(tmp_path, models_dir):
             "(run_id, policy, output));"
             "INSERT INTO runs VALUES (1, '2026-01-01T02:00:00+00:00', '2026-01-01T02:10:00+00:00',"
             " 'old-host', '{}');"
-            "INSERT INTO results (run_id, policy, status, exit_code) VALUES (1, 'old', 'pass', 0);"
+            "INSERT INTO results (run_id, policy, status, exit_code, fp16_share) VALUES "
+            "(1, 'old', 'pass', 0, 0.75);"
         )
     policies = _policies(tmp_path / "policies", models_dir)
     args = ["nightly", "--policies", str(policies), "--out", str(tmp_path / "o")]
     assert main([*args, "--history", str(path), "--backend", "none"]) == 0
     with sqlite3.connect(path) as db:
         columns = {row[1] for row in db.execute("PRAGMA table_info(results)")}
-        assert {"device", "trt_version", "emulation", "shapes"} <= columns
+        assert {"device", "trt_version", "emulation", "shapes", "low_share"} <= columns
+        assert "fp16_share" not in columns  # renamed: it held FP16 or BF16, the policy's own
+        assert db.execute("SELECT low_share FROM results WHERE run_id = 1").fetchone() == (0.75,)
         assert db.execute("SELECT value FROM trtbuild_meta").fetchone() == (str(SCHEMA_VERSION),)
         assert db.execute("SELECT count(*) FROM runs").fetchone() == (2,)
         assert db.execute("SELECT policy FROM results WHERE run_id = 1").fetchone() == ("old",)

@@ -24,7 +24,7 @@ from trtbuild.accuracy.report import METRICS
 from trtbuild.errors import UsageError
 from trtbuild.nightly.runner import PolicyResult
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Columns added since the first history format: an older database gains them on open.
 ADDED_COLUMNS = (
     ("results", "emulation", "TEXT"),
@@ -39,6 +39,9 @@ ADDED_COLUMNS = (
     ("results", "trt_version", "TEXT"),
     ("runs", "attempt", "INTEGER"),
 )
+# Columns renamed since (table, old, new): an older database's column is renamed on open.
+# fp16_share held the share in the policy's low precision, FP16 or BF16: low_share says so.
+RENAMED_COLUMNS = (("results", "fp16_share", "low_share"),)
 # The columns that make a table ours: a database whose table lacks one holds another schema.
 _OURS = {
     "runs": {"id", "started", "finished", "host", "versions"},
@@ -76,7 +79,7 @@ def _tables():
         Column("exit_code", Integer, nullable=False),
         *(Column(c, Text) for c in ("evaluator", "emulation", "backend", "device", "trt_version")),
         *(Column(c, Text) for c in ("model_sha256", "policy_sha256")),
-        Column("fp16_share", Float),
+        Column("low_share", Float),
         Column("fp32_nodes", Integer),
         *(Column(c, Text) for c in ("message", "versions", "shapes")),
     ]
@@ -308,7 +311,7 @@ def _policy_result(row: Any, outputs: dict[str, dict[str, Any]]) -> PolicyResult
         m["checks"] = json.loads(o["checks"] or "{}")
         metrics[name] = m
     plain = ("policy", "status", "exit_code", "evaluator", "emulation", "backend", "device")
-    plain += ("trt_version", "model_sha256", "policy_sha256", "fp16_share", "fp32_nodes")
+    plain += ("trt_version", "model_sha256", "policy_sha256", "low_share", "fp32_nodes")
     return PolicyResult(
         path="",
         message=row["message"] or "",
@@ -333,7 +336,7 @@ def _result_row(run_id: int, r: PolicyResult) -> dict[str, Any]:
         trt_version=r.trt_version,
         model_sha256=r.model_sha256,
         policy_sha256=r.policy_sha256,
-        fp16_share=r.fp16_share,
+        low_share=r.low_share,
         fp32_nodes=r.fp32_nodes,
         message=r.message,
         versions=json.dumps(r.versions),
@@ -432,6 +435,9 @@ def _schema(conn: Any, tables: dict, where: str) -> None:
                 hint="give --history a database of its own (a new SQLite path or database)",
             )
     tables["runs"].metadata.create_all(conn)
+    for table, old, new in RENAMED_COLUMNS:
+        if table in have and old in have[table] and new not in have[table]:
+            conn.execute(text(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}"))
     real = "DOUBLE PRECISION" if conn.dialect.name == "postgresql" else "REAL"
     for table, column, kind in ADDED_COLUMNS:
         if table in have and column not in have[table]:

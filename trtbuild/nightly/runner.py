@@ -31,7 +31,7 @@ class PolicyResult:
     trt_version: str | None = None  # the TensorRT (or TensorRT-RTX) that built the engines
     model_sha256: str | None = None
     policy_sha256: str | None = None
-    fp16_share: float | None = None
+    low_share: float | None = None
     fp32_nodes: int | None = None
     versions: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -110,7 +110,7 @@ def run_policy(
     result.emulation = report.main.emulation
     result.backend = report.backend
     result.device = device_of(result.evaluator, device)
-    result.fp16_share = report.precision.low_share  # FP16 or BF16, the policy's own
+    result.low_share = report.precision.low_share  # FP16 or BF16, the policy's own
     result.fp32_nodes = report.precision.fp32_nodes
     result.versions = versions(result.backend or "none")
     result.trt_version = result.versions.get(result.backend or "none")

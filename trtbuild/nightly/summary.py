@@ -108,7 +108,7 @@ def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bo
             "pass" if r.status == "pass" else r.status.upper(),
             _evaluator(r),
             r.device or "–",
-            f"{r.fp16_share:.1%}" if r.fp16_share is not None else "–",
+            f"{r.low_share:.1%}" if r.low_share is not None else "–",
             _worst(r, "max_abs"),
             _worst(r, "median_abs"),
             "; ".join(f"{g.kind}: {g.detail} (last pass {g.since})" for g in regs) or "–",

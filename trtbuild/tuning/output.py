@@ -81,7 +81,7 @@ def tuned_yaml(front: Front, result: TuneResult, out: Path, seed: int, objective
     lines = [
         *_schema_line(text, here, there),
         f"# Tuned by `trtbuild tune` from {_rel(policy.path, there)}: {verdict} with "
-        f"{result.fp16_share:.1%} of compute nodes in {result.low.upper()},",
+        f"{result.low_share:.1%} of compute nodes in {result.low.upper()},",
         f"# {len(result.pinned)} group(s) pinned after {len(result.trials)} evaluation(s) "
         f"(evaluator emulated-fp16, emulation {policy.accuracy.emulation}, "
         f"objective {objective}, seed {seed}).",
@@ -116,7 +116,7 @@ def write_log(path: Path, result: TuneResult) -> None:
                     "action": t.action,
                     "pinned_groups": [result.groups[k].label for k in t.pinned],
                     "passed": t.passed,
-                    "fp16_share": t.fp16_share,
+                    "low_share": t.low_share,
                     "failing": t.failing,
                     "max_abs": t.worst,
                     "seconds": t.seconds,
@@ -138,8 +138,7 @@ class Progress:
         bar = "#" * filled + "." * (self.width - filled)
         state = "pass" if trial.passed else "fail"
         self.line.write(
-            f"tune [{bar}] {trial.step}/{budget} {state} {trial.fp16_share:.1%}  "
-            f"{trial.action[:60]}"
+            f"tune [{bar}] {trial.step}/{budget} {state} {trial.low_share:.1%}  {trial.action[:60]}"
         )
 
     def done(self) -> None:

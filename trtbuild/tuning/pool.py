@@ -46,7 +46,7 @@ class TrialOutcome:
     failing: dict[str, str]  # output (or "(intermediate)") -> the error that fails it
     overflow: dict[str, Any] | None  # the first intermediate turned non-finite
     worst: dict[str, float]  # output -> max_abs
-    fp16_share: float
+    low_share: float
     seconds: float
     point_seconds: dict[str, float] = field(default_factory=dict)  # point label -> judging time
     failed_outputs: tuple[str, ...] = ()  # graph outputs that fail at some shape
@@ -93,7 +93,7 @@ def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -
         failing=failing,
         overflow=overflow,
         worst=worst,
-        fp16_share=assignment.summary().low_share,
+        low_share=assignment.summary().low_share,
         seconds=round(time.perf_counter() - t, 3),
         point_seconds=point_seconds,
         failed_outputs=tuple(sorted(failed)),
@@ -117,7 +117,7 @@ def merge(parts: list[TrialOutcome], seconds: float) -> TrialOutcome:
         failing=failing,
         overflow=next((p.overflow for p in parts if p.overflow), None),
         worst=worst,
-        fp16_share=parts[0].fp16_share,
+        low_share=parts[0].low_share,
         seconds=round(seconds, 3),
         point_seconds=point_seconds,
         failed_outputs=tuple(sorted({o for p in parts for o in p.failed_outputs})),

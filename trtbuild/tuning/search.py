@@ -42,7 +42,7 @@ class Trial:
     action: str
     pinned: tuple[int, ...]  # group indices
     passed: bool
-    fp16_share: float
+    low_share: float
     failing: dict[str, str]  # output -> the measured error that fails it
     worst: dict[str, float]  # output -> max_abs
     seconds: float
@@ -58,7 +58,7 @@ class TuneResult:
     reasons: dict[int, str]  # group -> why it is needed
     trials: list[Trial] = field(default_factory=list)
     passed: bool = False
-    fp16_share: float = 0.0  # the share in the policy's low precision (`low`)
+    low_share: float = 0.0  # the share in the policy's low precision (`low`)
     budget: int = 0
     low: str = "fp16"
     point_seconds: dict[str, float] = field(default_factory=dict)  # point -> judging seconds
@@ -120,7 +120,7 @@ class Search:
             action,
             tuple(sorted(pinned)),
             o.passed,
-            o.fp16_share,
+            o.low_share,
             o.failing,
             o.worst,
             o.seconds,
@@ -324,7 +324,7 @@ def _result(search: Search) -> TuneResult:
         {k: search.reasons.get(k, kept) for k in search.pinned},
         search.trials,
         final.passed,
-        final.fp16_share,
+        final.low_share,
         search.budget,
         search.low,
         dict(search.point_seconds),
