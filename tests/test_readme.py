@@ -1,0 +1,61 @@
+"""The README's examples are run, so none can drift from what trtbuild does."""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+
+from tests.conftest import ROOT
+from trtbuild.cli import main
+from trtbuild.policy import Policy
+
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(lang: str) -> list[str]:
+    """The fenced blocks of `lang` ("" for plain text), each opening fence with its close."""
+    found, block, kind = [], None, None
+    for line in README.splitlines(keepends=True):
+        if line.startswith("```") and block is None:
+            block, kind = [], line[3:].strip()
+        elif line.startswith("```"):
+            if kind == lang:
+                found.append("".join(block))
+            block = None
+        elif block is not None:
+            block.append(line)
+    return found
+
+
+def test_the_demo_output_is_what_the_demo_prints(example_policy, tmp_path, capsys):
+    """`make demo`'s lines in the README, but for the folder they name."""
+    shown = next(b for b in _blocks("") if b.startswith(("PASSED", "FAILED")))
+    out = tmp_path / "nafnet"
+    assert main(["build", "--policy", str(example_policy("nafnet")), "--out", str(out)]) == 0
+    said = capsys.readouterr().out.replace(f"wrote {out}/", "wrote build/nafnet/")
+    assert said == shown
+
+
+def test_the_first_policy_is_a_valid_policy(tmp_path):
+    text = next(b for b in _blocks("yaml") if "model: my_model.onnx" in b)
+    (tmp_path / "samples").mkdir()
+    policy = Policy.from_dict(yaml.safe_load(text), base_dir=tmp_path, name="my")
+    assert [s.name for s in policy.inputs] == ["image"]
+    assert policy.inputs[0].data.images.folder == (tmp_path / "samples").resolve()
+    assert [r.id for r in policy.precision.rules] == ["ln-after-attention", "last-reduction"]
+
+
+def test_the_python_api_example_runs(example_policy, tmp_path, capsys):
+    code = next(b for b in _blocks("python") if "import trtbuild" in b)
+    code = code.replace('"policies/matting.yaml"', repr(str(example_policy("matting"))))
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        exec(compile(code, "README.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+    assert (tmp_path / "build" / "matting" / "report.json").is_file()
+    tuned = Policy.from_dict(yaml.safe_load((tmp_path / "matting.tuned.yaml").read_text()))
+    assert [r.id for r in tuned.precision.rules] == ["context-sum"]  # its pin already holds
+    assert capsys.readouterr().out == ""  # the library prints nothing
