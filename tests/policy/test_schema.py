@@ -40,3 +40,36 @@ def test_validate_rejects_what_the_schema_forbids():
     with pytest.raises(SchemaViolation) as info:
         validate({"version": 1, "model": "m.onnx", "build": {"compute_capabilities": ["sm89"]}})
     assert info.value.path == ("build", "compute_capabilities", 0)
+
+
+def test_every_default_the_schema_shows_is_valid_where_it_stands():
+    """The defaults come from the dataclasses (`policy.specs`); each must fit its own field."""
+    import jsonschema
+
+    shown = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "default" in node and not isinstance(node["default"], dict):
+                piece = {k: v for k, v in node.items() if k not in ("default", "description")}
+                jsonschema.validate(node["default"], piece)
+                shown.append(node["default"])
+            for value in node.values():
+                walk(value)
+
+    walk(SCHEMA)
+    assert len(shown) > 15
+
+
+def test_the_loader_adds_no_default_of_its_own(tmp_path):
+    """Every key left out takes the dataclass's default: one place where defaults live."""
+    from trtbuild.policy import Policy
+
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nmodel: m.onnx\ninputs: {x: {shape: [1], data: {}}}\n")
+    loaded = load_policy(path)
+    from trtbuild.policy.specs import InputSpec
+
+    assert loaded == Policy(
+        path.resolve(), (tmp_path / "m.onnx").resolve(), (InputSpec("x", (1,)),)
+    )

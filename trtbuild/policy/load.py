@@ -261,7 +261,7 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
         for key in ("mean", "std"):
             if isinstance(raw.get(key), list):
                 raise loc.error((*at, key), f"a distribution's {key} is one number")
-    if raw.get("low", 0.0) > raw.get("high", 1.0):
+    if raw.get("low", DataSpec.low) > raw.get("high", DataSpec.high):
         raise loc.error((*at, "low"), "low must not exceed high")
     if "std" in raw and any(v <= 0 for v in _floats(raw["std"])):
         raise loc.error((*at, "std"), "std must be positive")
@@ -276,23 +276,16 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
             )
         images = ImageSpec(
             folder=folder,
-            resize=tuple(raw["resize"]) if "resize" in raw else None,
-            fit=raw.get("fit", "resize"),
-            layout=raw.get("layout"),
-            channels=raw.get("channels", "RGB"),
-            scale=float(raw.get("scale", 1.0 / 255.0)),
-            mean=_floats(raw.get("mean", 0.0)),
-            std=_floats(raw.get("std", 1.0)),
+            **_given(raw, ("fit", "layout", "channels")),
+            **_given(raw, ("resize",), tuple),
+            **_given(raw, ("mean", "std"), _floats),
+            **_given(raw, ("scale",), float),
         )
     data_spec = DataSpec(
-        distribution=raw.get("distribution", "uniform"),
-        low=float(raw.get("low", 0.0)),
-        high=float(raw.get("high", 1.0)),
-        mean=float(raw.get("mean", 0.0)) if images is None else 0.0,
-        std=float(raw.get("std", 1.0)) if images is None else 1.0,
+        **_given(raw, ("distribution", "derive")),
+        **_given(raw, ("low", "high") if images else ("low", "high", "mean", "std"), float),
         file=(base / raw["file"]).resolve() if "file" in raw else None,
         images=images,
-        derive=raw.get("derive", "tile"),
     )
     if data_spec.file is not None and not data_spec.file.is_file():
         raise loc.error(
@@ -368,10 +361,7 @@ def _input(name: str, spec: dict, base: Path, loc: _Located) -> InputSpec:
 
 def _passes(p: dict) -> Passes:
     return Passes(
-        opset=p.get("opset"),
-        fuse_layernorm=p.get("fuse_layernorm", True),
-        fold_constants=p.get("fold_constants", True),
-        fold_batchnorm=p.get("fold_batchnorm", True),
+        **_given(p, ("opset", "fuse_layernorm", "fold_constants", "fold_batchnorm")),
         override_input_shapes=tuple(
             (name, tuple(dims)) for name, dims in (p.get("override_input_shapes") or {}).items()
         ),
@@ -396,7 +386,7 @@ def _precision(prec: dict, loc: _Located) -> Precision:
         rules.append(_rule(i, raw_rule, loc))
     guards = prec.get("guards", True)
     return Precision(
-        default=prec.get("default", "fp16"),
+        **_given(prec, ("default",)),
         rules=tuple(rules),
         guards=tuple(GUARDS) if guards is True else tuple(guards or ()),
     )
@@ -436,13 +426,11 @@ def _rule(i: int, raw_rule: dict, loc: _Located) -> Rule:
 
 
 def _build_spec(b: dict, base: Path) -> BuildSpec:
-    workspace = b.get("workspace", 4 << 30)
     return BuildSpec(
-        backend=b.get("backend", "auto"),
-        compute_capabilities=tuple(b.get("compute_capabilities", ("8.9",))),
-        workspace=workspace if isinstance(workspace, int) else parse_size(workspace),
+        **_given(b, ("backend", "variants")),
+        **_given(b, ("compute_capabilities",), tuple),
+        **_given(b, ("workspace",), _bytes),
         timing_cache=(base / b["timing_cache"]).resolve() if b.get("timing_cache") else None,
-        variants=b.get("variants", True),
     )
 
 
@@ -488,20 +476,16 @@ def _accuracy(a: dict, policy_dir: Path, loc: _Located) -> AccuracySpec:
         (name, _tolerance({**base, **(t or {})}, (*where, "outputs", name), loc))
         for name, t in (tol.get("outputs") or {}).items()
     )
+    keys = ("samples", "seed", "divergence_threshold", "fp32_check", "emulation")
     return AccuracySpec(
-        samples=a.get("samples", 4),
-        seed=a.get("seed", 0),
-        divergence_threshold=a.get("divergence_threshold", 0.05),
-        fp32_check=a.get("fp32_check", False),
-        emulation=a.get("emulation", "storage"),
+        **_given(a, (*keys, "max_image_pixels")),
         default_tolerance=default_tol,
         output_tolerances=outputs,
-        memory_budget=_size(a.get("memory_budget")),
+        **_given(a, ("memory_budget",), _bytes),
         shapes=tuple(
             _point(name, raw or {}, policy_dir, loc)
             for name, raw in (a.get("shapes") or {}).items()
         ),
-        max_image_pixels=a.get("max_image_pixels", AccuracySpec.max_image_pixels),
     )
 
 
@@ -527,5 +511,11 @@ def _point(name: str, raw: dict, base: Path, loc: _Located) -> PointSpec:
     return PointSpec(name=name, dims=dims, file=file, skip=skip)
 
 
-def _size(value: int | str | None) -> int | None:
-    return value if value is None or isinstance(value, int) else parse_size(value)
+def _given(raw: dict, keys: tuple[str, ...], convert: Any = None) -> dict[str, Any]:
+    """The keys the document gives (converted): the rest take the dataclass's own default,
+    so every default is written once, in `specs`, and the schema shows it from there."""
+    return {k: raw[k] if convert is None else convert(raw[k]) for k in keys if k in raw}
+
+
+def _bytes(value: int | str) -> int:
+    return value if isinstance(value, int) else parse_size(value)

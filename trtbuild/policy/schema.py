@@ -21,6 +21,12 @@ from trtbuild.policy.specs import (
     EMULATIONS,
     GUARDS,
     IMAGE_FITS,
+    AccuracySpec,
+    BuildSpec,
+    DataSpec,
+    ImageSpec,
+    Passes,
+    Precision,
 )
 
 PRECISIONS = ("fp16", "bf16", "fp32")
@@ -349,6 +355,44 @@ SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
+# Where each section's defaults come from: the dataclasses of `specs` are the one place a
+# default is written; the schema shows it (editors complete it) and the loader leaves an
+# absent key to the dataclass. (section path in SCHEMA, its dataclasses, keys not shown)
+_DEFAULTS_FROM = (
+    (("inputs", "*", "data"), (DataSpec, ImageSpec), ("mean", "std")),  # per kind of data
+    (("passes",), (Passes,), ()),
+    (("precision",), (Precision,), ("rules", "guards")),
+    (("build",), (BuildSpec,), ()),
+    (("accuracy",), (AccuracySpec,), ("memory_budget",)),
+)
+
+
+def _section(schema: dict, path: tuple[str, ...]) -> dict:
+    for key in path:
+        schema = schema["additionalProperties"] if key == "*" else schema["properties"][key]
+    return schema["properties"]
+
+
+def _show_defaults(schema: dict) -> dict:
+    """`default` on every property whose dataclass field has a plain default."""
+    from dataclasses import MISSING, fields
+
+    for path, classes, hidden in _DEFAULTS_FROM:
+        props = _section(schema, path)
+        for cls in classes:
+            for f in fields(cls):
+                value = f.default
+                if f.name in props and f.name not in hidden and value is not MISSING:
+                    value = list(value) if isinstance(value, tuple) else value
+                    kinds = (list,) if props[f.name].get("type") == "array" else ()
+                    if isinstance(value, (bool, int, float, str, *kinds)):
+                        props[f.name] = {**props[f.name], "default": value}
+    return schema
+
+
+SCHEMA = _show_defaults(SCHEMA)
 
 
 class SchemaViolation(Exception):
