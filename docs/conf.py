@@ -53,4 +53,7 @@ nitpick_ignore = [
     ("py:class", "Report"),
     ("py:class", "collections.abc.Mapping"),  # the standard library: no intersphinx offline
     ("py:class", "Mapping"),
+    ("py:class", "PrecisionSummary"),  # internal types a result carries for the renderers
+    ("py:class", "Front"),
+    ("py:class", "collections.abc.Callable"),
 ]

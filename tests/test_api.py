@@ -57,3 +57,18 @@ def test_errors_are_exceptions_with_the_exit_code(tmp_path):
 def test_unknown_names_are_attribute_errors():
     with pytest.raises(AttributeError):
         trtbuild.frobnicate  # noqa: B018
+
+
+def test_a_cache_from_open_cache_serves_the_second_call(example_policy, tmp_path):
+    cache = trtbuild.open_cache(tmp_path / "cache")
+    first = trtbuild.check(example_policy("nafnet"), cache=cache)
+    again = trtbuild.open_cache(tmp_path / "cache")
+    second = trtbuild.check(example_policy("nafnet"), cache=again)
+    assert again.hits["prepared"] == "hit" and second.nodes == first.nodes
+
+
+def test_a_cache_without_codec_is_refused_before_any_work(example_policy, tmp_path):
+    from trtbuild.cache import Cache
+
+    with pytest.raises(ValueError, match="open_cache"):
+        trtbuild.check(example_policy("nafnet"), cache=Cache(root=tmp_path))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import trtbuild.api
-from trtbuild.cli import _parser, parser
+from trtbuild.cli import parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -50,11 +50,6 @@ def built(tmp_path_factory) -> Path:
     done = subprocess.run([*cmd, str(src), str(out)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     return out
-
-
-def test_parser_is_public_and_the_old_name_still_works():
-    assert _parser is parser
-    assert parser().prog == "trtbuild"
 
 
 def test_cli_page_is_generated_from_the_parser():

@@ -18,6 +18,7 @@ _API = {
     "convert": "trtbuild.api",
     "build": "trtbuild.api",
     "tune": "trtbuild.api",
+    "open_cache": "trtbuild.api",
     "CheckResult": "trtbuild.api",
     "BuildResult": "trtbuild.api",
     "TuneResult": "trtbuild.api",

@@ -12,6 +12,7 @@ logger (the CLI prints them as `trtbuild: warning:` lines).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from trtbuild.accuracy.report import Report
     from trtbuild.cache import Cache
     from trtbuild.front import Front
+    from trtbuild.precision.assign import PrecisionSummary
 
 __all__ = [
     "BuildResult",
@@ -35,6 +37,7 @@ __all__ = [
     "check",
     "convert",
     "load_policy",
+    "open_cache",
     "tune",
 ]
 
@@ -61,7 +64,10 @@ class CheckResult:
     warnings: list[str]
     low_precision_share: float  # compute nodes in FP16 (or BF16 for a BF16 policy)
     points: list[dict[str, Any]]  # each judged point: name, inputs, data per input
-    skipped_points: list[dict[str, Any]] = field(default_factory=list)
+    skipped_points: list[dict[str, Any]]
+    summary: PrecisionSummary  # nodes per precision, rule hits: the table's last line
+    casts: int
+    front: Front = field(repr=False)  # what it was found on, for renderers (`check`'s lines)
 
 
 @dataclass(frozen=True)
@@ -100,13 +106,34 @@ def _policy(policy: Policy | str | Path) -> Policy:
     return policy if isinstance(policy, Policy) else load_policy(policy)
 
 
+def open_cache(
+    root: str | Path | None = None,
+    *,
+    enabled: bool = True,
+    on_event: Callable[[str], None] | None = None,
+) -> Cache:
+    """The content-addressed cache the CLI uses (`TRTBUILD_CACHE_DIR` by default), ready to
+    store values: its codecs given, its folder checked (an untrusted one turns it off).
+
+    Pass it as `cache=` to reuse prepared graphs and references across calls; each
+    warning goes to `on_event` as it happens and stays in its `events`.
+    """
+    from trtbuild import cache_codec
+    from trtbuild.cache import Cache
+
+    where = {"root": Path(root)} if root is not None else {}
+    found = Cache(codec=cache_codec, enabled=enabled, on_event=on_event, **where)
+    found.check_root()
+    return found
+
+
 def _front(policy: Policy, reference: str, cache: Cache | None, verbose: bool) -> Front:
     from trtbuild.front import run_front
 
-    front = run_front(policy, reference=reference, cache=cache, verbose=verbose)  # type: ignore[arg-type]
-    for message in cache.events if cache is not None else ():
-        log.debug("cache: %s", message)
-    return front
+    if cache is not None and cache.enabled and cache.codec is None:
+        raise ValueError("cache= needs a codec: pass trtbuild.api.open_cache(...)")
+
+    return run_front(policy, reference=reference, cache=cache, verbose=verbose)  # type: ignore[arg-type]
 
 
 def check(
@@ -116,8 +143,8 @@ def check(
 
     Args:
         policy: a loaded `Policy`, or the path of a policy file.
-        cache: a `trtbuild.cache.Cache` to reuse the prepared graph and the reference's
-            measures; None computes everything.
+        cache: `open_cache()` to reuse the prepared graph and the reference's measures;
+            None computes everything.
         verbose: let the dependencies' own logs through.
 
     Returns:
@@ -147,9 +174,10 @@ def check(
             | {"data": {n: d.to_json() for n, d in r.data.items()}}
             for r in front.shapes
         ],
-        skipped_points=[
-            {"name": p.name, "inputs": dict(p.shapes), "reason": p.skip} for p in front.skipped
-        ],
+        skipped_points=[p.skipped_json() for p in front.skipped],
+        summary=front.assignment.summary(),
+        casts=len(front.converted.casts),
+        front=front,
     )
 
 
@@ -164,7 +192,7 @@ def convert(
 
     Args:
         policy: a loaded `Policy`, or the path of a policy file.
-        cache: a `trtbuild.cache.Cache`; None computes everything.
+        cache: `open_cache()` to reuse earlier work; None computes everything.
         verbose: let the dependencies' own logs through.
 
     Returns:
@@ -199,7 +227,7 @@ def build(
         policy: a loaded `Policy`, or the path of a policy file.
         out: the output folder (default `build/<policy stem>/`); published whole.
         backend: `tensorrt`, `tensorrt-rtx`, `none` or `auto`; default the policy's.
-        cache: a `trtbuild.cache.Cache`; None computes everything.
+        cache: `open_cache()` to reuse earlier work; None computes everything.
         verbose: let the dependencies' own logs through.
 
     Returns:
@@ -252,7 +280,7 @@ def tune(
         seed: tie-breaking; the same seed gives the same policy.
         jobs: worker processes (default min(4, usable cores)); the result does not
             depend on it.
-        cache: a `trtbuild.cache.Cache`; None computes everything.
+        cache: `open_cache()` to reuse earlier work; None computes everything.
         output: where the tuned policy would be written, so its paths point from there
             (default: beside the policy).
 

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trtbuild.errors import UsageError
+from trtbuild.fsutil import alive
 
 HEADER = b"trtbuild-cache/"  # every version's entries start so: housekeeping knows its own
 MAGIC = HEADER + b"2\n"  # 2: data codecs; a version 1 entry (a pickle) reads as corrupt
@@ -557,23 +558,8 @@ def _remove_stale(temps: list[tuple[Path, os.stat_result, int]]) -> None:
     now = time.time()
     for path, st, pid in temps:
         age = now - st.st_mtime
-        if age > STALE_SECONDS or (age > DEAD_GRACE_SECONDS and not _alive(pid)):
+        if age > STALE_SECONDS or (age > DEAD_GRACE_SECONDS and not alive(pid)):
             _remove(path)
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process `pid` runs here (signal 0 asks without sending anything)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    except (OverflowError, ValueError, OSError):
-        return False
-    return True
 
 
 def _remove(path: Path) -> int:

@@ -73,9 +73,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-_parser = parser  # the name it had before the docs needed a public one
-
-
 def _policy_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--policy",
@@ -283,11 +280,19 @@ class _Once(logging.Filter):
         return True
 
 
+class _Printable(logging.Formatter):
+    """`trtbuild: warning: ...` with control characters escaped (a warning may quote the
+    policy's keys and values), as `_warn` prints."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"trtbuild: warning: {printable(record.getMessage())}"
+
+
 def _warnings_handler() -> logging.Handler:
     """trtbuild's own log (its modules' `logging` warnings) as `trtbuild: warning:` lines."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("trtbuild: warning: %(message)s"))
+    handler.setFormatter(_Printable())
     handler.addFilter(_Once())
     return handler
 
@@ -358,14 +363,9 @@ def _warn(messages: list[str]) -> None:
 
 
 def _cache(args):
-    from trtbuild import cache_codec
-    from trtbuild.cache import Cache
+    from trtbuild.api import open_cache
 
-    cache = Cache(
-        enabled=not args.no_cache, on_event=lambda message: _warn([message]), codec=cache_codec
-    )
-    cache.check_root()
-    return cache
+    return open_cache(enabled=not args.no_cache, on_event=lambda message: _warn([message]))
 
 
 def _out_dir(args, policy) -> Path:
@@ -412,65 +412,45 @@ def _print_verdict(outcome) -> None:
 
 
 def _cmd_check(args) -> int:
-    from trtbuild import evaluation
+    from trtbuild import api
     from trtbuild.accuracy.render import at_risk_lines, judged_line
-    from trtbuild.front import run_front
     from trtbuild.policy import load_policy
 
-    policy = load_policy(args.policy)
-    front = run_front(policy, reference="measures", cache=_cache(args), verbose=args.verbose)
-    a = front.assignment
-    at_risk = evaluation.at_risk(front)
+    policy = load_policy(args.policy)  # warnings reach stderr through the `trtbuild` logger
+    found = api.check(policy, cache=_cache(args), verbose=args.verbose)
     rows = [
-        {
-            "node": n.name,
-            "op": n.op_type,
-            "precision": d.precision or "-",
-            "rule": d.rule,
-            "reason": d.reason,
-        }
-        for n, d in zip(a.view.nodes, a.decisions)
+        {"node": n.name, "op": n.op, "precision": n.precision, "rule": n.rule, "reason": n.reason}
+        for n in found.nodes
     ]
-    summary = a.summary()
-    warnings = evaluation.report_warnings(front)
     if args.json:
-        print(json.dumps(_check_json(front, rows, at_risk, warnings), separators=(",", ":")))
+        print(json.dumps(_check_json(found, rows), separators=(",", ":")))
         return 0
-    widths = [
-        max(len(r[k]) for r in [*rows, dict.fromkeys(rows[0], k)])
-        for k in ("node", "op", "precision", "rule")
-    ]
     header = ("node", "op", "precision", "rule", "reason")
+    widths = [max(len(r[k]) for r in [*rows, dict.fromkeys(header, k)]) for k in header[:4]]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  reason")
     for r in rows:
         print("  ".join(r[k].ljust(w) for k, w in zip(header, widths)) + "  " + r["reason"])
+    s = found.summary
     print(
-        f"\n{summary.fp16_nodes} fp16, {summary.bf16_nodes} bf16, {summary.fp32_nodes} fp32 "
-        f"compute nodes ({summary.share_text()}); {len(front.converted.casts)} casts; "
-        f"rule hits: " + ", ".join(f"{k}={v}" for k, v in summary.rule_hits.items())
+        f"\n{s.fp16_nodes} fp16, {s.bf16_nodes} bf16, {s.fp32_nodes} fp32 compute nodes "
+        f"({s.share_text()}); {found.casts} casts; rule hits: "
+        + ", ".join(f"{k}={v}" for k, v in s.rule_hits.items())
     )
-    print(at_risk_lines(at_risk, policy.accuracy.emulation))
-    print(judged_line(front))
-    _warn(warnings)
+    print(at_risk_lines(found.at_risk, policy.accuracy.emulation))
+    print(judged_line(found.front))
     return 0
 
 
-def _check_json(front, rows: list, at_risk: list, warnings: list) -> dict:
+def _check_json(found, rows: list) -> dict:
     """`check --json`: one compact line (the C encoder; indent is pure Python)."""
     return {
         "nodes": rows,
-        "summary": front.assignment.summary().to_json(),
-        "casts": len(front.converted.casts),
-        "at_risk": at_risk,
-        "warnings": warnings,
-        "points": [
-            {"name": r.point.name, "inputs": r.point.shapes}
-            | {"data": {n: d.to_json() for n, d in r.data.items()}}
-            for r in front.shapes
-        ],
-        "skipped_points": [
-            {"name": p.name, "inputs": p.shapes, "reason": p.skip} for p in front.skipped
-        ],
+        "summary": found.summary.to_json(),
+        "casts": found.casts,
+        "at_risk": found.at_risk,
+        "warnings": found.warnings,
+        "points": found.points,
+        "skipped_points": found.skipped_points,
     }
 
 
@@ -498,8 +478,8 @@ def _cmd_convert(args) -> int:
 def _cmd_prepare(args) -> int:
     from trtbuild.front import prepared_graph
     from trtbuild.graph.model_io import save_model
-    from trtbuild.policy.model import Passes
     from trtbuild.policy.schema import OPSET_RANGE
+    from trtbuild.policy.specs import Passes
 
     low, high = OPSET_RANGE
     if args.opset is not None and not low <= args.opset <= high:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import unicodedata
 
 EXIT_OK = 0
 EXIT_ACCURACY = 1
@@ -19,7 +18,7 @@ EXIT_BUG = 70  # an internal error: the traceback is kept, reported as a bug
 
 
 def printable(text: str) -> str:
-    """`text` with its control characters escaped (ESC as \\x1b, a newline as \\n).
+    """`text` with what does not print escaped (ESC as \\x1b, a newline as \\n, U+202E).
 
     Why: keys, values and paths in a message come from the user's files; an ESC
     sequence from a policy must not recolour or rewrite the terminal, and a newline
@@ -28,8 +27,7 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(
-        ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) == "Cc" else ch
-        for ch in text
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text
     )
 
 

@@ -9,7 +9,7 @@ from trtbuild import __version__
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.judge import Candidate, judge_all
-from trtbuild.accuracy.report import Report, ShapeVerdict, Skipped
+from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
 from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
@@ -119,7 +119,7 @@ def evaluate_all(
         fp16=base,
         fp32=fp32,
         shapes=per_shape,
-        skipped=[Skipped(p.name, p.shapes, p.skip or "") for p in front.skipped],
+        skipped=list(front.skipped),
         warnings=report_warnings(front),
         backend=backend,
         version=__version__,

@@ -29,7 +29,8 @@ from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.model_io import check_model_file, load_model
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
-from trtbuild.policy.model import MemoryBudget, Passes, Policy, Precision
+from trtbuild.policy.model import Policy
+from trtbuild.policy.specs import MemoryBudget, Passes, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import Converted, convert
 

@@ -41,7 +41,7 @@ MARKER = ".trtbuild-output"
 # tests only: "kill-at=N" SIGKILLs the process at step N of a publication, "portable"
 # swaps without renameat2; unset, it costs one environment lookup per publication
 TEST_HOOK = "TRTBUILD_TEST_PUBLICATION"
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-(?P<pid>\d+)-[a-z0-9_]+$")
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-(?P<pid>\d{1,12})-[a-z0-9_]+$")
 
 
 @contextlib.contextmanager
@@ -177,13 +177,19 @@ def staging_folder(out_dir: Path) -> Path:
         raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process `pid` runs here (signal 0 asks without sending anything): whose
+    leftovers (staging folders, cache temporaries) may be removed."""
+    if pid == os.getpid():
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
+    except PermissionError:  # another user's process: alive
         return True
+    except (OverflowError, ValueError, OSError):  # no pid this system can have
+        return False
     return True
 
 
@@ -200,7 +206,7 @@ def clean_leftovers(parent: Path) -> None:
         return
     for name in names:
         found = _LEFTOVER.match(name)
-        if found is None or _alive(int(found["pid"])):
+        if found is None or alive(int(found["pid"])):
             continue
         path, home = parent / name, parent / found["name"]
         if found["kind"] == "old" and not os.path.lexists(home):

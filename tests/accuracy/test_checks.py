@@ -100,7 +100,7 @@ def test_the_verdicts_are_the_same_with_and_without_polygraphys_log():
     from polygraphy.comparator.struct import IterationResult
 
     from trtbuild.accuracy.checks import run_checks
-    from trtbuild.policy.model import Tolerance
+    from trtbuild.policy.specs import Tolerance
 
     rng = np.random.default_rng(0)
     refs, outs = [], []

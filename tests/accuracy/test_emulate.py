@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import F, model, node
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Passes, Precision
+from trtbuild.policy.specs import Passes, Precision
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 

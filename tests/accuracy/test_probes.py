@@ -12,7 +12,7 @@ from trtbuild.accuracy.probes import probe
 from trtbuild.accuracy.reference import body_tensors, float_node_outputs
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Passes, Precision
+from trtbuild.policy.specs import Passes, Precision
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 

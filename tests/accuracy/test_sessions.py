@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from tests.conftest import ROOT
 from tests.helpers import needs_rtx
 from trtbuild.errors import BackendError
-from trtbuild.policy.model import BuildSpec
+from trtbuild.policy.specs import BuildSpec
 
 
 @needs_rtx

@@ -23,7 +23,7 @@ from trtbuild.cli import main
 from trtbuild.graph.model_io import load_model
 from trtbuild.graph.view import GraphView
 from trtbuild.policy import load_policy
-from trtbuild.policy.model import MemoryBudget, Precision
+from trtbuild.policy.specs import MemoryBudget, Precision
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 from trtbuild.tuning import tune

@@ -12,7 +12,7 @@ from trtbuild.engine.backends import build_engine, resolve_backend
 from trtbuild.errors import BackendError
 from trtbuild.graph.model_io import save_model
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import BuildSpec, Match, Passes, Precision, Rule
+from trtbuild.policy.specs import BuildSpec, Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 

@@ -13,7 +13,7 @@ from trtbuild.graph.attention import attention_units
 from trtbuild.graph.norms import norm_units
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Passes
+from trtbuild.policy.specs import Passes
 
 
 def _view(path, opset: int | None = None) -> GraphView:

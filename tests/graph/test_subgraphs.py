@@ -10,7 +10,7 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.basic import name_unnamed_nodes
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Passes
+from trtbuild.policy.specs import Passes
 
 
 def test_body_nodes_come_before_their_control_node_with_qualified_names():

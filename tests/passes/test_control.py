@@ -12,7 +12,7 @@ from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.passes.control import freeze_inputs, inline_constant_ifs
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Passes
+from trtbuild.policy.specs import Passes
 
 
 def _run(m: onnx.ModelProto, feed: dict) -> list[np.ndarray]:

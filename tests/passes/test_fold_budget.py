@@ -17,7 +17,7 @@ from tests.helpers import F, model, node
 from trtbuild.front import run_front
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy import load_policy
-from trtbuild.policy.model import Passes
+from trtbuild.policy.specs import Passes
 
 TRTBUILD = Path(sys.executable).parent / "trtbuild"
 ONE = np.ones(1, np.float32)

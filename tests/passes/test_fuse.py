@@ -12,7 +12,7 @@ from tests.helpers import F, model, node
 from trtbuild.graph.model_io import opset_of
 from trtbuild.passes import fuse
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Passes
+from trtbuild.policy.specs import Passes
 
 RNG = np.random.default_rng(0)
 W = RNG.uniform(0.5, 1.5, 8).astype(np.float32)

@@ -6,7 +6,7 @@ import onnxruntime as ort
 
 from trtbuild.graph.model_io import opset_of
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Passes
+from trtbuild.policy.specs import Passes
 
 
 def _run(model: onnx.ModelProto, feed):

@@ -13,7 +13,7 @@ from tests.helpers import F, if_model, model, node, scan_model
 from trtbuild.graph import subgraphs
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Match, Passes, Precision, Rule
+from trtbuild.policy.specs import Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 from trtbuild.precision.validate import validate_mixed

@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 
 from tests.helpers import I64, F, H, dtypes, model, node
-from trtbuild.policy.model import Match, Precision, Rule
+from trtbuild.policy.specs import Match, Precision, Rule
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 
@@ -104,7 +104,7 @@ def test_rule_that_matches_nothing_warns():
 
 def test_decisions_say_why(nafnet_path):
     from trtbuild.passes.prepare import prepare
-    from trtbuild.policy.model import Passes
+    from trtbuild.policy.specs import Passes
 
     prepared = prepare(onnx.load(nafnet_path), Passes(opset=17)).model
     a = assign(prepared, _pin("/head/ReduceSum"))

@@ -10,7 +10,7 @@ from trtbuild.graph import reductions
 from trtbuild.graph.norms import norm_units
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Passes
+from trtbuild.policy.specs import Passes
 
 ONE = {
     "one": np.ones(8, np.float32),

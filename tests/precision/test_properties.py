@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Match, Passes, Precision, Rule
+from trtbuild.policy.specs import Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 

@@ -4,7 +4,7 @@ import onnx
 import pytest
 
 from trtbuild.passes.prepare import prepare
-from trtbuild.policy.model import Match, Passes, Precision, Rule
+from trtbuild.policy.specs import Match, Passes, Precision, Rule
 from trtbuild.precision.assign import assign
 
 
@@ -42,7 +42,7 @@ def test_every_match_key_has_exactly_one_kind_of_matcher():
     which only narrows a pattern)."""
     from dataclasses import fields
 
-    from trtbuild.policy.model import Match
+    from trtbuild.policy.specs import Match
     from trtbuild.precision.rules import MATCHERS
 
     keys = [k.KEY for k in MATCHERS]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from trtbuild.policy.model import Tolerance
+from trtbuild.policy.specs import Tolerance
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from trtbuild.accuracy.images import load_images
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
 from trtbuild.accuracy.sessions import quiet_polygraphy
 from trtbuild.errors import UsageError
-from trtbuild.policy.model import DataSpec, InputSpec, Policy
+from trtbuild.policy.model import Policy
+from trtbuild.policy.specs import DataSpec, InputSpec
 from trtbuild.sizes import fmt_bytes
 
 Feed = dict[str, np.ndarray]
@@ -126,8 +127,9 @@ def _given(
             sources[name] = InputData("images", images.describe(spec, shape))
         elif spec is not None and spec.data.file is not None:
             arr = _load_npz(policy, spec, dtypes[name])
-            given[name], kind, text = derive.fit(policy, spec, arr, shape, model_dims[name], point)
-            sources[name] = InputData(kind, text)
+            given[name], sources[name] = derive.fit(
+                policy, spec, arr, shape, model_dims[name], point
+            )
     return given, sources
 
 
@@ -208,16 +210,24 @@ def read_npz(policy: Policy, path: Path, field: str) -> dict[str, np.ndarray]:
 
 
 def _load_npz(policy: Policy, spec: InputSpec, dtype) -> np.ndarray:
-    """The input's array from its .npz, in the input's dtype, as the file holds it."""
+    """The input's array from its .npz (only that one is read), in the input's dtype."""
     field = f"inputs.{spec.name}.data.file"
-    arrays = read_npz(policy, spec.data.file, field)
-    if spec.name not in arrays:
+    try:
+        with np.load(spec.data.file, allow_pickle=False) as data:
+            if spec.name not in data.files:
+                raise UsageError(
+                    f"{field}: {spec.data.file.name} has no array '{spec.name}'",
+                    where=str(policy.path),
+                    hint="keys found: " + ", ".join(data.files),
+                )
+            arr = data[spec.name]
+    except UsageError:
+        raise
+    except Exception as exc:
         raise UsageError(
-            f"{field}: {spec.data.file.name} has no array '{spec.name}'",
-            where=str(policy.path),
-            hint="keys found: " + ", ".join(arrays),
-        )
-    return _checked_values(policy, field, spec.name, arrays[spec.name], np.dtype(dtype))
+            f"{field}: cannot read {spec.data.file}: {exc}", where=str(policy.path)
+        ) from None
+    return _checked_values(policy, field, spec.name, arr, np.dtype(dtype))
 
 
 def _checked_values(policy: Policy, field: str, name: str, arr: np.ndarray, want) -> np.ndarray:

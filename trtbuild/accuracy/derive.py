@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtbuild.accuracy.points import ShapePoint
+from trtbuild.accuracy.points import InputData, ShapePoint
 from trtbuild.errors import UsageError
-from trtbuild.policy.model import InputSpec, Policy
+from trtbuild.policy.model import Policy
+from trtbuild.policy.specs import InputSpec
 
 
 def fit(
@@ -24,13 +25,13 @@ def fit(
     shape: tuple[int, ...],
     model_dims: list,
     point: ShapePoint | None,
-) -> tuple[np.ndarray, str, str]:
-    """`arr` as [samples, *shape], with its kind (file, derived, synthetic) and its source."""
+) -> tuple[np.ndarray, InputData]:
+    """`arr` as [samples, *shape] (at most `accuracy.samples`), and where it comes from."""
     field, name = f"inputs.{spec.name}.data.file", spec.data.file.name
-    samples = _with_sample_axis(policy, field, spec.name, arr, shape)
-    have = samples.shape[1:]
+    every = _with_sample_axis(policy, field, spec.name, arr, shape)
+    samples, have = every[: policy.accuracy.samples], every.shape[1:]
     if have == shape:
-        return samples, "file", name
+        return samples, InputData("file", name)
     _check_axes(policy, field, spec.name, have, shape, model_dims)
     where = point.label if point is not None else str(list(shape))
     if spec.data.derive == "none":
@@ -42,13 +43,10 @@ def fit(
             hint=f"give the point its own data (accuracy.shapes.{point_name}.data.file), skip it "
             f"(accuracy.shapes.{point_name}.skip: REASON), or set derive: tile or synthetic",
         )
-    if spec.data.derive == "synthetic":
-        return (
-            _synthetic(samples, shape, policy.accuracy.seed),
-            "synthetic",
-            _said(name, have, shape, synthetic=True),
-        )
-    return _tiled(samples, shape), "derived", _said(name, have, shape, synthetic=False)
+    if spec.data.derive == "synthetic":  # the statistics of every sample the file holds
+        made = _synthetic(every, shape, policy.accuracy.seed, len(samples))
+        return made, InputData("synthetic", _said(name, have, shape, synthetic=True))
+    return _tiled(samples, shape), InputData("derived", _said(name, have, shape, synthetic=False))
 
 
 def _with_sample_axis(
@@ -95,13 +93,13 @@ def _tiled(samples: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def _synthetic(samples: np.ndarray, shape: tuple[int, ...], seed: int) -> np.ndarray:
+def _synthetic(samples: np.ndarray, shape: tuple[int, ...], seed: int, count: int) -> np.ndarray:
     """Random values with the data's mean, std and range per index of the axes that keep
     their size (a spectrogram's frequency bins, an image's channels)."""
     pooled = (0, *(i + 1 for i, (a, b) in enumerate(zip(samples.shape[1:], shape)) if a != b))
     lo, hi = samples.min(axis=pooled, keepdims=True), samples.max(axis=pooled, keepdims=True)
     rng = np.random.default_rng(seed)
-    size = (len(samples), *shape)
+    size = (count, *shape)
     if samples.dtype.kind == "f":
         x = samples.astype(np.float64)
         mean, std = x.mean(axis=pooled, keepdims=True), x.std(axis=pooled, keepdims=True)

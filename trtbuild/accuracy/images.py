@@ -13,13 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from trtbuild.errors import UsageError
-from trtbuild.policy.model import InputSpec, Policy
+from trtbuild.policy.model import Policy
+from trtbuild.policy.specs import InputSpec
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
 def image_paths(policy: Policy, spec: InputSpec, per_sample: int) -> list[Path]:
-    """The folder's images, sorted by name, a whole number of samples of `per_sample` each."""
+    """The folder's images, sorted by name: whole samples of `per_sample` each, at most
+    `accuracy.samples` of them (no image is decoded that no sample uses)."""
     img, field = spec.data.images, f"inputs.{spec.name}.data.images"
     try:
         paths = sorted(
@@ -35,7 +37,8 @@ def image_paths(policy: Policy, spec: InputSpec, per_sample: int) -> list[Path]:
             where=str(policy.path),
             hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
         )
-    return paths[: (len(paths) // per_sample) * per_sample]
+    samples = min(len(paths) // per_sample, policy.accuracy.samples)
+    return paths[: samples * per_sample]
 
 
 def load_images(policy: Policy, spec: InputSpec, shape: tuple[int, ...]) -> np.ndarray:

@@ -44,7 +44,7 @@ from trtbuild.accuracy.sessions import (
 )
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
 from trtbuild.numerics import data_peak, sentinel_kept
-from trtbuild.policy.model import AccuracySpec
+from trtbuild.policy.specs import AccuracySpec
 
 # How much of the graph a judgement walks: the error curve and first divergence (the
 # reference runs again beside the candidates), or only where a candidate overflows.

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trtbuild.errors import UsageError
-from trtbuild.policy.model import InputSpec, PointSpec, Policy
+from trtbuild.policy.model import Policy
+from trtbuild.policy.specs import InputSpec, PointSpec
 
 if TYPE_CHECKING:
     import onnx
@@ -59,6 +60,11 @@ class ShapePoint:
     def label(self) -> str:
         """`max [1, 3, 256, 256]`: the name and the dims, of each input where there are several."""
         return point_label(self.name, self.shapes)
+
+    def skipped_json(self) -> dict[str, Any]:
+        """report.json's `skipped_shapes` entry (and `check --json`'s `skipped_points`)."""
+        inputs = {n: list(d) for n, d in self.shapes.items()}
+        return {"name": self.name, "inputs": inputs, "reason": self.skip}
 
 
 def point_label(name: str, shapes: dict[str, tuple[int, ...]]) -> str:

@@ -37,7 +37,7 @@ from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_b
 from trtbuild.errors import UsageError
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import measure_peak
-from trtbuild.policy.model import MemoryBudget
+from trtbuild.policy.specs import MemoryBudget
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from trtbuild.accuracy.points import MADE_UP
@@ -15,6 +16,7 @@ from trtbuild.accuracy.report import (
     fmt,
     header,
     in_point_order,
+    point_rank,
     sections,
     tolerance_text,
 )
@@ -80,11 +82,10 @@ def summary(report: Report) -> str:
         bad = {n: m for n, m in s.main.outputs.items() if not m.passed}
         lines.append(f"  at {s.label}: {'FAIL' if bad else 'pass'}")
         lines += [_output_line(name, m, indent) for name, m in bad.items()]
-    for s in in_point_order(report.shapes):
-        for name, d in s.made_up.items():
-            who = f"{name}: " if len(s.data) > 1 else ""
-            lines.append(f"  data at {s.label}: {who}{d.source}")
-    lines += [f"  not judged: {s.label} ({s.reason})" for s in report.skipped]
+    ordered = in_point_order(report.shapes)
+    lines += data_lines(
+        [(s.label, s.data) for s in ordered], [(s.label, s.skip) for s in report.skipped]
+    )
     failing = report.failing_shapes
     first = (failing[0].main if failing else main).first_divergence
     if not report.passed and first:  # where a failing policy goes wrong, named
@@ -96,19 +97,25 @@ def summary(report: Report) -> str:
 
 def judged_line(front) -> str:
     """What `check` measured: every point with its data, made-up data and skipped points said."""
-    runs = in_point_order([r.point for r in front.shapes])
-    data = {r.point.name: r.data for r in front.shapes}
-    lines = [
-        f"measured at {', '.join(p.label for p in runs)} "
-        f"({data_summary([(p.name, data[p.name]) for p in runs])})"
-    ]
-    for p in runs:
-        for name, d in data[p.name].items():
-            if d.kind in MADE_UP:
-                who = f"{name}: " if len(data[p.name]) > 1 else ""
-                lines.append(f"  data at {p.label}: {who}{d.source}")
-    lines += [f"  not judged: {p.label} ({p.skip})" for p in front.skipped]
+    runs = sorted(front.shapes, key=lambda r: point_rank(r.point.name))
+    summary = data_summary([(r.point.name, r.data) for r in runs])
+    lines = [f"measured at {', '.join(r.point.label for r in runs)} ({summary})"]
+    lines += data_lines(
+        [(r.point.label, r.data) for r in runs], [(p.label, p.skip) for p in front.skipped]
+    )
     return "\n".join(lines)
+
+
+def data_lines(points: list[tuple[str, Mapping]], skipped: list[tuple[str, str]]) -> list[str]:
+    """Each point's data that is not the user's own (derived, synthetic), and each point not
+    judged: the same lines under `build`'s verdict and `check`'s table."""
+    lines = []
+    for label, data in points:
+        for name, d in data.items():
+            if d.kind in MADE_UP:
+                who = f"{name}: " if len(data) > 1 else ""
+                lines.append(f"  data at {label}: {who}{d.source}")
+    return lines + [f"  not judged: {label} ({reason})" for label, reason in skipped]
 
 
 def verdict_line(report: Report) -> str:
@@ -197,7 +204,7 @@ def junit(report: Report) -> str:
             case = f"{name} @ {label}" if len(points) > 1 or report.skipped else name
             cases.append((f"trtbuild.{report.main.evaluator}", case, failure))
     skipped = [
-        (f"trtbuild.{report.main.evaluator}", f"{name} @ {s.label}", f"not judged: {s.reason}")
+        (f"trtbuild.{report.main.evaluator}", f"{name} @ {s.label}", f"not judged: {s.skip}")
         for s in report.skipped
         for name in report.main.outputs
     ]

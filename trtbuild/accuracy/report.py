@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.accuracy.checks import describe, image_like, map_like
-from trtbuild.accuracy.points import DATA_KINDS, MADE_UP, InputData, point_label
+from trtbuild.accuracy.points import DATA_KINDS, InputData, point_label
 from trtbuild.accuracy.sessions import EMULATED, REFERENCE, OutputMetrics
 from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:
     from trtbuild.accuracy.judge import Verdict
+    from trtbuild.accuracy.points import ShapePoint
     from trtbuild.precision.assign import PrecisionSummary
     from trtbuild.record import BuildRecord
 
@@ -59,11 +60,6 @@ class ShapeVerdict:
         """`max [1, 3, 256, 256]`: the name and the dims, of each input where there are several."""
         return point_label(self.name, self.inputs)
 
-    @property
-    def made_up(self) -> dict[str, InputData]:
-        """Inputs judged on data derived from a file or synthetic: not the user's own."""
-        return {n: d for n, d in self.data.items() if d.kind in MADE_UP}
-
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -82,37 +78,25 @@ class ShapeVerdict:
         }
 
 
-@dataclass(frozen=True)
-class Skipped:
-    """A point the policy says not to judge (`accuracy.shapes.NAME.skip`), and why."""
-
-    name: str
-    inputs: dict[str, tuple[int, ...]]
-    reason: str
-
-    @property
-    def label(self) -> str:
-        return point_label(self.name, self.inputs)
-
-    def to_json(self) -> dict[str, Any]:
-        inputs = {n: list(d) for n, d in self.inputs.items()}
-        return {"name": self.name, "inputs": inputs, "reason": self.reason}
-
-
 # The order a verdict names points in: the profile's, then the named ones as given.
 _POINT_ORDER = {"min": 0, "opt": 1, "max": 2, "shape": 1}
 
 
+def point_rank(name: str) -> int:
+    """Where a point stands in a verdict: min, opt (or shape), max, then named points."""
+    return _POINT_ORDER.get(name.split("=")[0], 3)
+
+
 def in_point_order(points: list) -> list:
     """Points (anything with `.name`) as min, opt, max, then named points in their order."""
-    return sorted(points, key=lambda p: _POINT_ORDER.get(p.name.split("=")[0], 3))
+    return sorted(points, key=lambda p: point_rank(p.name))
 
 
 def data_summary(points: list[tuple[str, Mapping[str, InputData]]]) -> str:
     """`image data`, or `file data at opt; data derived from a file at max`: what the (name,
     data) points were judged on, each kind of data once."""
     by_kind: dict[str, list[str]] = {}
-    for name, data in sorted(points, key=lambda p: _POINT_ORDER.get(p[0].split("=")[0], 3)):
+    for name, data in sorted(points, key=lambda p: point_rank(p[0])):
         for kind in dict.fromkeys(d.kind for d in data.values()):
             by_kind.setdefault(kind, []).append(name)
     parts = []
@@ -138,7 +122,7 @@ class Report:
     fp16: Verdict
     fp32: Verdict | None = None  # `accuracy.fp32_check`
     shapes: list[ShapeVerdict] = field(default_factory=list)  # every point, the primary first
-    skipped: list[Skipped] = field(default_factory=list)  # points not judged, with the reason
+    skipped: list[ShapePoint] = field(default_factory=list)  # points not judged (`.skip`: why)
     warnings: list[str] = field(default_factory=list)
     backend: str = "none"
     version: str = ""
@@ -181,7 +165,7 @@ class Report:
             "passed": self.passed,
             "at_risk": self.at_risk,
             "shapes": [s.to_json() for s in self.shapes],
-            "skipped_shapes": [s.to_json() for s in self.skipped],
+            "skipped_shapes": [s.skipped_json() for s in self.skipped],
             "data": data_summary([(s.name, s.data) for s in self.shapes]),
             "divergence_evaluator": self.divergence_evaluator,
             "policy": self.policy,
@@ -324,7 +308,7 @@ def _shapes_section(report: Report) -> Section:
     )
     head = ("output", *(s.label for s in shapes))
     parts: list = [Para(text), Table(head, rows)]
-    parts += [Para(f"Not judged: {s.label}: {s.reason}.") for s in report.skipped]
+    parts += [Para(f"Not judged: {s.label}: {s.skip}.") for s in report.skipped]
     return Section("Shapes", parts)
 
 

@@ -31,7 +31,7 @@ from onnx import helper
 from trtbuild.accuracy.sessions import lean_session, plain_session, run_session
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.policy.model import MemoryBudget
+from trtbuild.policy.specs import MemoryBudget
 from trtbuild.sizes import fmt_bytes
 
 # A reference segment waits beside a candidate's, and at the end of a run its tensors

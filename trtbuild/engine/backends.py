@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import BackendError, UsageError
-from trtbuild.policy.model import BuildSpec, InputSpec
+from trtbuild.policy.specs import BuildSpec, InputSpec
 
 MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 _MEMORY_LINES = {

@@ -123,7 +123,7 @@ def run_policy(
             "data": {n: d.to_json() for n, d in sv.data.items()},
         }
         for sv in report.shapes
-    ] + [{**s.to_json(), "passed": None, "skipped": True} for s in report.skipped]
+    ] + [{**s.skipped_json(), "passed": None, "skipped": True} for s in report.skipped]
     if not report.passed:
         result.message = "; ".join(_below(sv, len(report.shapes)) for sv in report.failing_shapes)
     return result

@@ -219,7 +219,7 @@ def fold_constants(
     import onnx_graphsurgeon as gs
 
     from trtbuild.passes.fold_budget import oversized
-    from trtbuild.policy.model import default_memory_budget
+    from trtbuild.policy.specs import default_memory_budget
 
     unfolded = oversized(model, budget if budget is not None else default_memory_budget())
     excluded = {u["name"] for u in unfolded}

@@ -11,7 +11,7 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, strip_value_info
 from trtbuild.passes import basic as passes
 from trtbuild.passes import control, fuse
-from trtbuild.policy.model import Passes
+from trtbuild.policy.specs import Passes
 
 
 @dataclass

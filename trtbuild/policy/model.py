@@ -1,9 +1,6 @@
 """The validated policy as one immutable value, and the ways to get one.
 
-Why frozen dataclasses with tuple fields: the pipeline passes a policy through
-every stage, and `tune` derives new policies from old ones; nothing may change a
-policy behind another stage's back (ModelOpt's mutable defaults are a lesson).
-The parts live in `specs`; reading a file or a mapping in `load` (which knows no
+Frozen, as its parts are (`specs` says why). The parts live in `specs`; reading a file or a mapping in `load` (which knows no
 `Policy`, so the arrows point one way); writing one back in `dump`.
 """
 
@@ -14,59 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtbuild.policy.specs import (
-    DEFAULT_BUDGET_RANGE,
-    DEFAULT_BUDGET_SHARE,
-    DEFAULT_MAX_IMAGE_PIXELS,
-    DERIVATIONS,
-    EMULATIONS,
-    GUARDS,
-    IMAGE_FITS,
-    PROFILE_POINTS,
-    AccuracySpec,
-    BuildSpec,
-    DataSpec,
-    ImageSpec,
-    InputSpec,
-    Match,
-    MemoryBudget,
-    Passes,
-    PointSpec,
-    Precision,
-    Rule,
-    Tolerance,
-    default_memory_budget,
-    physical_memory,
-)
+from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision
 
-# the parts, re-exported: `from trtbuild.policy.model import InputSpec` keeps working
-__all__ = [
-    "DEFAULT_BUDGET_RANGE",
-    "DEFAULT_BUDGET_SHARE",
-    "DEFAULT_MAX_IMAGE_PIXELS",
-    "DERIVATIONS",
-    "EMULATIONS",
-    "GUARDS",
-    "IMAGE_FITS",
-    "PROFILE_POINTS",
-    "AccuracySpec",
-    "BuildSpec",
-    "DataSpec",
-    "ImageSpec",
-    "InputSpec",
-    "Match",
-    "MemoryBudget",
-    "Passes",
-    "PointSpec",
-    "Policy",
-    "Precision",
-    "Rule",
-    "Tolerance",
-    "default_memory_budget",
-    "load_policy",
-    "parse_policy",
-    "physical_memory",
-]
+__all__ = ["Policy", "load_policy", "parse_policy"]
 
 
 @dataclass(frozen=True)

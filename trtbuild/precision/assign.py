@@ -21,7 +21,7 @@ from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView
-from trtbuild.policy.model import Precision
+from trtbuild.policy.specs import Precision
 from trtbuild.precision import rules as rules_mod
 
 

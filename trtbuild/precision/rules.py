@@ -17,7 +17,7 @@ from typing import ClassVar, Protocol
 
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.view import GraphView
-from trtbuild.policy.model import Match, Rule
+from trtbuild.policy.specs import Match, Rule
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from trtbuild.front import Front
 from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX
-from trtbuild.policy.model import Match, Precision, Rule
+from trtbuild.policy.specs import Match, Precision, Rule
 
 # The smallest |x| each low precision rounds to infinity: half-way between its
 # largest finite value and the next power of two (round to nearest even).

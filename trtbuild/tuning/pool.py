@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.accuracy.judge import judge
+from trtbuild.accuracy.judge import Candidate, judge, judge_all
 from trtbuild.accuracy.reference import ReferenceTensors
 from trtbuild.accuracy.sessions import REFERENCE
 from trtbuild.front import Front
-from trtbuild.policy.model import Precision
+from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import assign
 from trtbuild.precision.convert import convert
 
@@ -65,18 +65,18 @@ def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -
     t = time.perf_counter()
     assignment = assign(front.view, precision, front.measures.ranges, front.analysis)
     mixed = convert(assignment).model
-    emulated = emulate(mixed, front.policy.accuracy.emulation)  # once for every shape
+    # emulated, probed and given its session once, for every shape (the session takes any)
+    candidate = Candidate(mixed, emulated=emulate(mixed, front.policy.accuracy.emulation))
     failing: dict[str, str] = {}
     overflow, worst, point_seconds, failed = None, {}, {}, set()
     for run in [front.shapes[k] for k in points] if points else front.shapes:
         started = time.perf_counter()
-        verdict = judge(
+        (verdict,) = judge_all(
             run.reference,
             front.prepared.model,
-            mixed,
+            [candidate],
             run.feeds,
             front.policy.accuracy,
-            emulated=emulated,
             detail="overflow",
             overflow_fails=True,
             progress=False,

@@ -21,7 +21,7 @@ from typing import Any
 
 from trtbuild.front import Front
 from trtbuild.numerics import LOW_MAX
-from trtbuild.policy.model import Precision
+from trtbuild.policy.specs import Precision
 from trtbuild.tuning.groups import Group, beyond_range, candidate_precision, groups, suspects
 from trtbuild.tuning.pool import (
     TrialOutcome,
