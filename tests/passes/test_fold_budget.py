@@ -1,4 +1,4 @@
-"""Constant folding stays within the memory budget (issue #34: a 182-byte model took 4.1 GB)."""
+"""Constant folding stays within the memory budget (issue #34: a model of a few hundred bytes took 4.1 GB)."""
 
 from __future__ import annotations
 
