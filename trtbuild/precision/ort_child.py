@@ -21,6 +21,7 @@ import onnx
 from onnx import helper
 
 from trtbuild.graph import subgraphs
+from trtbuild.graph.model_io import infer_shapes
 
 # The child: create one CPU session at the given optimisation level, say why it failed.
 CHILD = """\
@@ -137,7 +138,7 @@ def _crashing_node(path: Path) -> onnx.NodeProto | None:
     """The node whose addition makes a prefix of the graph crash (bisection, bounded)."""
     model = onnx.load(str(path))
     nodes = list(model.graph.node)
-    typed = onnx.shape_inference.infer_shapes(model)
+    typed = infer_shapes(model)  # never fails: an inference error must not hide the warning
     types = {v.name: v for v in (*typed.graph.value_info, *typed.graph.output)}
     low, high, deadline = 0, len(nodes), time.monotonic() + PROBE_SECONDS
     for _ in range(PROBES):
