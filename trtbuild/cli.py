@@ -478,8 +478,7 @@ def _cmd_convert(args) -> int:
 def _cmd_prepare(args) -> int:
     from trtbuild.front import prepared_graph
     from trtbuild.graph.model_io import save_model
-    from trtbuild.policy.schema import OPSET_RANGE
-    from trtbuild.policy.specs import Passes
+    from trtbuild.policy.specs import OPSET_RANGE, Passes
 
     low, high = OPSET_RANGE
     if args.opset is not None and not low <= args.opset <= high:

@@ -11,15 +11,14 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
+from trtbuild.policy.specs import METRIC_KEYS, SIMPLE_KEYS
+
 if TYPE_CHECKING:
     from trtbuild.policy.specs import AccuracySpec, DataSpec, InputSpec, Rule, Tolerance
 
 # `model.Policy` reads this module to write itself; typing its argument as a Policy would
 # make the two import each other, so it is read by its fields (path, model, inputs, ...).
 PolicyLike = Any
-
-_SIMPLE = ("atol", "rtol", "check_error_stat", "error_quantile")
-_METRICS = ("psnr_threshold", "cosine_similarity_threshold", "snr_threshold")
 
 
 def policy_dict(policy: PolicyLike) -> dict[str, Any]:
@@ -102,8 +101,8 @@ def _rule(rule: Rule) -> dict[str, Any]:
 
 def _tolerance(tol: Tolerance) -> dict[str, Any]:
     """The keys that make this tolerance: the simple check's only where it applies."""
-    out = {k: getattr(tol, k) for k in _SIMPLE if tol.simple and getattr(tol, k) is not None}
-    out |= {k: getattr(tol, k) for k in _METRICS if getattr(tol, k) is not None}
+    out = {k: getattr(tol, k) for k in SIMPLE_KEYS if tol.simple and getattr(tol, k) is not None}
+    out |= {k: getattr(tol, k) for k in METRIC_KEYS if getattr(tol, k) is not None}
     if tol.compare == "indices":
         out["compare"] = "indices"
         out |= {k: getattr(tol, k) for k in ("index_tolerance", "top_k") if getattr(tol, k)}

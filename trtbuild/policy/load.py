@@ -14,9 +14,11 @@ from typing import Any
 import yaml
 
 from trtbuild.errors import UsageError
+from trtbuild.policy.keys import given, keyed
 from trtbuild.policy.schema import SchemaViolation, validate
 from trtbuild.policy.specs import (
-    GUARDS,
+    METRIC_KEYS,
+    SIMPLE_KEYS,
     AccuracySpec,
     BuildSpec,
     DataSpec,
@@ -29,7 +31,6 @@ from trtbuild.policy.specs import (
     Rule,
     Tolerance,
 )
-from trtbuild.sizes import parse_size
 
 POLICY_DIR = Path("policies")
 
@@ -235,11 +236,8 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _dims(value: Any) -> tuple[int, ...] | None:
-    return None if value is None else tuple(int(v) for v in value)
-
-
-IMAGE_KEYS = ("images", "resize", "fit", "layout", "channels", "scale")
+# the keys only images read (mean and std are a distribution's too)
+IMAGE_KEYS = tuple(n for *_, n in keyed(ImageSpec) if n not in {n for *_, n in keyed(DataSpec)})
 
 
 def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
@@ -263,30 +261,21 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
                 raise loc.error((*at, key), f"a distribution's {key} is one number")
     if raw.get("low", DataSpec.low) > raw.get("high", DataSpec.high):
         raise loc.error((*at, "low"), "low must not exceed high")
-    if "std" in raw and any(v <= 0 for v in _floats(raw["std"])):
+    if "std" in raw and any(
+        v <= 0 for v in (raw["std"] if isinstance(raw["std"], list) else [raw["std"]])
+    ):
         raise loc.error((*at, "std"), "std must be positive")
     images = None
     if "images" in raw:
-        folder = (base / raw["images"]).resolve()
-        if not folder.is_dir():
+        images = ImageSpec(**given(raw, ImageSpec, base))
+        if not images.folder.is_dir():
             raise loc.error(
                 (*at, "images"),
-                f"image folder not found: {folder}",
+                f"image folder not found: {images.folder}",
                 "the path is relative to the policy file",
             )
-        images = ImageSpec(
-            folder=folder,
-            **_given(raw, ("fit", "layout", "channels")),
-            **_given(raw, ("resize",), tuple),
-            **_given(raw, ("mean", "std"), _floats),
-            **_given(raw, ("scale",), float),
-        )
-    data_spec = DataSpec(
-        **_given(raw, ("distribution", "derive")),
-        **_given(raw, ("low", "high") if images else ("low", "high", "mean", "std"), float),
-        file=(base / raw["file"]).resolve() if "file" in raw else None,
-        images=images,
-    )
+    per_channel = ("mean", "std") if images else ()  # the images' own, not a distribution's
+    data_spec = DataSpec(**given(raw, DataSpec, base, skip=per_channel), images=images)
     if data_spec.file is not None and not data_spec.file.is_file():
         raise loc.error(
             (*at, "file"),
@@ -294,10 +283,6 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
             "the path is relative to the policy file",
         )
     return data_spec
-
-
-def _floats(value) -> tuple[float, ...]:
-    return tuple(float(v) for v in value) if isinstance(value, list) else (float(value),)
 
 
 def _build(data: dict, path: Path, loc: _Located) -> dict[str, Any]:
@@ -310,9 +295,9 @@ def _build(data: dict, path: Path, loc: _Located) -> dict[str, Any]:
         inputs=tuple(
             _input(name, spec or {}, base, loc) for name, spec in _section(data, "inputs")
         ),
-        passes=_passes(data.get("passes") or {}),
+        passes=Passes(**given(data.get("passes") or {}, Passes, base)),
         precision=_precision(data.get("precision") or {}, loc),
-        build=_build_spec(data.get("build") or {}, base),
+        build=BuildSpec(**given(data.get("build") or {}, BuildSpec, base)),
         accuracy=_accuracy(data.get("accuracy") or {}, base, loc),
     )
 
@@ -351,24 +336,8 @@ def _input(name: str, spec: dict, base: Path, loc: _Located) -> InputSpec:
             raise loc.error(("inputs", name), "profile needs equal ranks and min <= opt <= max")
     return InputSpec(
         name=name,
-        shape=_dims(spec.get("shape")),
-        min=_dims(spec.get("min")),
-        opt=_dims(spec.get("opt")),
-        max=_dims(spec.get("max")),
+        **given(spec, InputSpec, base),
         data=_data_spec(spec.get("data") or {}, name, base, loc),
-    )
-
-
-def _passes(p: dict) -> Passes:
-    return Passes(
-        **_given(p, ("opset", "fuse_layernorm", "fold_constants", "fold_batchnorm")),
-        override_input_shapes=tuple(
-            (name, tuple(dims)) for name, dims in (p.get("override_input_shapes") or {}).items()
-        ),
-        freeze_inputs=tuple(
-            (name, tuple(v) if isinstance(v, list) else v)
-            for name, v in (p.get("freeze_inputs") or {}).items()
-        ),
     )
 
 
@@ -384,12 +353,7 @@ def _precision(prec: dict, loc: _Located) -> Precision:
             )
         seen[rid] = i
         rules.append(_rule(i, raw_rule, loc))
-    guards = prec.get("guards", True)
-    return Precision(
-        **_given(prec, ("default",)),
-        rules=tuple(rules),
-        guards=tuple(GUARDS) if guards is True else tuple(guards or ()),
-    )
+    return Precision(**given(prec, Precision, Path()), rules=tuple(rules))
 
 
 def _rule(i: int, raw_rule: dict, loc: _Located) -> Rule:
@@ -408,44 +372,22 @@ def _rule(i: int, raw_rule: dict, loc: _Located) -> Rule:
             ("precision", "rules", i, "match", "last"),
             "'last' only applies to pattern: final_reductions",
         )
-    op = m.get("op", ())
     return Rule(
-        id=raw_rule["id"],
-        precision=raw_rule["precision"],
-        why=raw_rule.get("why"),
-        match=Match(
-            name=m.get("name"),
-            op=(op,) if isinstance(op, str) else tuple(op),
-            pattern=m.get("pattern"),
-            last=m.get("last"),
-            max_abs_above=m.get("max_abs_above"),
-            initializer_abs_above=m.get("initializer_abs_above"),
-            reduction_depth_above=m.get("reduction_depth_above"),
-        ),
+        **given(raw_rule, Rule, Path()),
+        match=Match(**given(m, Match, Path())),
     )
 
 
-def _build_spec(b: dict, base: Path) -> BuildSpec:
-    return BuildSpec(
-        **_given(b, ("backend", "variants")),
-        **_given(b, ("compute_capabilities",), tuple),
-        **_given(b, ("workspace",), _bytes),
-        timing_cache=(base / b["timing_cache"]).resolve() if b.get("timing_cache") else None,
-    )
-
-
-_SIMPLE_KEYS = ("atol", "rtol", "check_error_stat", "error_quantile")
-_METRIC_KEYS = ("psnr_threshold", "cosine_similarity_threshold", "snr_threshold", "compare")
-
-
-def _tolerance(given: dict, where: tuple, loc: _Located) -> Tolerance:
+def _tolerance(raw: dict, where: tuple, loc: _Located) -> Tolerance:
     """One output's tolerance from the keys given for it (the default's, then its own).
 
     Polygraphy's simple atol/rtol check applies when one of its keys is given, or
     when nothing else is: `{psnr_threshold: 30}` alone judges by PSNR alone.
     """
-    simple = any(k in given for k in _SIMPLE_KEYS) or not any(k in given for k in _METRIC_KEYS)
-    tol = Tolerance(**{**given, "simple": simple})
+    simple = any(k in raw for k in SIMPLE_KEYS) or not any(
+        k in raw for k in (*METRIC_KEYS, "compare")
+    )
+    tol = Tolerance(**given(raw, Tolerance, Path()), simple=simple)
     if tol.check_error_stat == "quantile" and tol.error_quantile is None:
         raise loc.error(
             (*where, "error_quantile"),
@@ -476,12 +418,10 @@ def _accuracy(a: dict, policy_dir: Path, loc: _Located) -> AccuracySpec:
         (name, _tolerance({**base, **(t or {})}, (*where, "outputs", name), loc))
         for name, t in (tol.get("outputs") or {}).items()
     )
-    keys = ("samples", "seed", "divergence_threshold", "fp32_check", "emulation")
     return AccuracySpec(
-        **_given(a, (*keys, "max_image_pixels")),
+        **given(a, AccuracySpec, policy_dir),
         default_tolerance=default_tol,
         output_tolerances=outputs,
-        **_given(a, ("memory_budget",), _bytes),
         shapes=tuple(
             _point(name, raw or {}, policy_dir, loc)
             for name, raw in (a.get("shapes") or {}).items()
@@ -509,13 +449,3 @@ def _point(name: str, raw: dict, base: Path, loc: _Located) -> PointSpec:
                 "the path is relative to the policy file",
             )
     return PointSpec(name=name, dims=dims, file=file, skip=skip)
-
-
-def _given(raw: dict, keys: tuple[str, ...], convert: Any = None) -> dict[str, Any]:
-    """The keys the document gives (converted): the rest take the dataclass's own default,
-    so every default is written once, in `specs`, and the schema shows it from there."""
-    return {k: raw[k] if convert is None else convert(raw[k]) for k in keys if k in raw}
-
-
-def _bytes(value: int | str) -> int:
-    return value if isinstance(value, int) else parse_size(value)

@@ -12,8 +12,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtbuild.graph.patterns import PATTERNS
 from trtbuild.numerics import FP16_MAX
+from trtbuild.policy.keys import (
+    BOOL,
+    DIMS,
+    NAME,
+    NONNEG,
+    NUMBER,
+    NUMBERS,
+    SIZE,
+    enum,
+    integer,
+    key,
+    section,
+)
+from trtbuild.sizes import parse_size
 
+PRECISIONS = ("fp16", "bf16", "fp32")
+BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "none")
+ERROR_STATS = ("elemwise", "max", "mean", "median", "quantile")
+MAX_SAMPLES = 10_000
+OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`
 EMULATIONS = ("storage", "strict")
 IMAGE_FITS = ("resize", "crop")  # how images are brought to each point's H x W
 DERIVATIONS = ("tile", "synthetic", "none")  # a file's data at a point of another shape
@@ -22,40 +42,107 @@ PROFILE_POINTS = ("shape", "min", "opt", "max")  # points the inputs' own shapes
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 
 
+def _floats(value: float | list) -> tuple[float, ...]:
+    return tuple(float(v) for v in value) if isinstance(value, list) else (float(value),)
+
+
+def _bytes(value: int | str) -> int:
+    return value if isinstance(value, int) else parse_size(value)
+
+
+def _pairs(value: dict) -> tuple[tuple[str, Any], ...]:
+    """A mapping keyed by input name as ((name, value), ...), lists made tuples."""
+    return tuple((n, tuple(v) if isinstance(v, list) else v) for n, v in value.items())
+
+
+_PER_CHANNEL = "normal: a number; images: one per channel"
+
+
 @dataclass(frozen=True)
 class ImageSpec:
     """A folder of images turned into input tensors the way a deployment preprocesses them."""
 
-    folder: Path
-    resize: tuple[int, int] | None = None  # (H, W) every image takes first; then `fit`
-    fit: str = "resize"  # IMAGE_FITS: to each point's H, W by resizing, or centre crop/pad
-    layout: str | None = None  # NCHW or NHWC; default: where the channel dimension is 1 or 3
-    channels: str = "RGB"
-    scale: float = 1.0 / 255.0
-    mean: tuple[float, ...] = (0.0,)
-    std: tuple[float, ...] = (1.0,)
+    folder: Path = field(
+        metadata=key(NAME, "a folder, relative to the policy", yaml="images", path=True)
+    )
+    resize: tuple[int, int] | None = field(
+        default=None,
+        metadata=key(
+            {"type": "array", "items": integer(1, 65536), "minItems": 2, "maxItems": 2},
+            "[H, W] every image is resized to first; `fit` then brings it to each judged "
+            "point's H, W (useful with fit: crop; default: straight to each point)",
+            read=tuple,
+        ),
+    )
+    fit: str = field(
+        default="resize",
+        metadata=key(
+            enum(IMAGE_FITS),
+            "how images meet each point's H, W: resize (default) or crop (centre crop, "
+            "mirrored padding where the image is smaller; keeps the pixel scale)",
+        ),
+    )
+    # default: where the channel dimension is 1 or 3
+    layout: str | None = field(default=None, metadata=key(enum(["NCHW", "NHWC"])))
+    channels: str = field(default="RGB", metadata=key(enum(["RGB", "BGR", "GRAY"])))
+    scale: float = field(
+        default=1.0 / 255.0,
+        metadata=key(
+            NUMBER, "pixels are multiplied by this before mean/std (default 1/255)", read=float
+        ),
+    )
+    mean: tuple[float, ...] = field(
+        default=(0.0,), metadata=key(NUMBERS, _PER_CHANNEL, read=_floats, show_default=False)
+    )
+    std: tuple[float, ...] = field(
+        default=(1.0,), metadata=key(NUMBERS, _PER_CHANNEL, read=_floats, show_default=False)
+    )
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    distribution: str = "uniform"
-    low: float = 0.0
-    high: float = 1.0
-    mean: float = 0.0
-    std: float = 1.0
-    file: Path | None = None
-    images: ImageSpec | None = None
-    derive: str = "tile"  # DERIVATIONS: a file's data at a point its arrays do not fit
+    """How reference inputs are made: a seeded distribution, a file, or images."""
+
+    distribution: str = field(default="uniform", metadata=key(enum(["uniform", "normal"])))
+    low: float = field(default=0.0, metadata=key(NUMBER, read=float))
+    high: float = field(default=1.0, metadata=key(NUMBER, read=float))
+    # a distribution's; images take theirs per channel (ImageSpec declares the key alike)
+    mean: float = field(
+        default=0.0, metadata=key(NUMBERS, _PER_CHANNEL, read=float, show_default=False)
+    )
+    std: float = field(
+        default=1.0, metadata=key(NUMBERS, _PER_CHANNEL, read=float, show_default=False)
+    )
+    file: Path | None = field(default=None, metadata=key(NAME, path=True))
+    images: ImageSpec | None = None  # made from the ImageSpec keys of the same mapping
+    derive: str = field(
+        default="tile",
+        metadata=key(
+            enum(DERIVATIONS),
+            "a file's data at a point whose shape its arrays do not have: tile (default; "
+            "crop or repeat along the axes that differ), synthetic (random values with the "
+            "data's per-channel mean, std and range) or none (exit 2: give the point data in "
+            "accuracy.shapes or skip it)",
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    name: str
-    shape: tuple[int, ...] | None = None
-    min: tuple[int, ...] | None = None
-    opt: tuple[int, ...] | None = None
-    max: tuple[int, ...] | None = None
-    data: DataSpec = field(default_factory=DataSpec)
+    name: str  # the key of `inputs:`
+    shape: tuple[int, ...] | None = field(default=None, metadata=key(DIMS, read=tuple))
+    min: tuple[int, ...] | None = field(default=None, metadata=key(DIMS, read=tuple))
+    opt: tuple[int, ...] | None = field(default=None, metadata=key(DIMS, read=tuple))
+    max: tuple[int, ...] | None = field(default=None, metadata=key(DIMS, read=tuple))
+    data: DataSpec = field(
+        default_factory=DataSpec,
+        metadata=key(
+            section(DataSpec, ImageSpec),
+            "How reference inputs are made: a seeded distribution, an .npz file keyed by "
+            "input name, or a folder of images (resized, scaled, normalised per channel).",
+            built=True,
+        ),
+    )
 
     @property
     def feed_shape(self) -> tuple[int, ...] | None:
@@ -65,33 +152,89 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class Passes:
-    opset: int | None = None
-    fuse_layernorm: bool = True
-    fold_constants: bool = True
-    fold_batchnorm: bool = True
+    opset: int | None = field(default=None, metadata=key(integer(*OPSET_RANGE)))
+    fuse_layernorm: bool = field(default=True, metadata=key(BOOL))
+    fold_constants: bool = field(default=True, metadata=key(BOOL))
+    fold_batchnorm: bool = field(default=True, metadata=key(BOOL))
     # Polygraphy's --override-input-shapes: ((input, dims), ...), a dim a number or a name
-    override_input_shapes: tuple[tuple[str, tuple[int | str, ...]], ...] = ()
+    override_input_shapes: tuple[tuple[str, tuple[int | str, ...]], ...] = field(
+        default=(),
+        metadata=key(
+            {
+                "type": "object",
+                "maxProperties": 1000,
+                "additionalProperties": {
+                    "type": "array",
+                    "maxItems": 16,
+                    "items": {
+                        "oneOf": [
+                            integer(1, 2**31 - 1),
+                            {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"},
+                        ]
+                    },
+                },
+            },
+            "new declared input shapes, as Polygraphy's surgeon sanitize "
+            "--override-input-shapes: {INPUT: [dims]}, a dim a number or a name (dynamic)",
+            read=_pairs,
+        ),
+    )
     # inputs made constants: ((input, value), ...), a value a number, a bool or a flat list
-    freeze_inputs: tuple[tuple[str, Any], ...] = ()
+    freeze_inputs: tuple[tuple[str, Any], ...] = field(
+        default=(),
+        metadata=key(
+            {
+                "type": "object",
+                "maxProperties": 1000,
+                "additionalProperties": {
+                    "oneOf": [NUMBER, BOOL, {"type": "array", "maxItems": 4096, "items": NUMBER}]
+                },
+            },
+            "inputs that become constants of the given value, as an engine built for one of "
+            "them serves it (Silero VAD's sample rate): {INPUT: value}; control flow that "
+            "branches on it folds away",
+            read=_pairs,
+        ),
+    )
 
 
 @dataclass(frozen=True)
 class Match:
-    name: str | None = None
-    op: tuple[str, ...] = ()
-    pattern: str | None = None
-    last: int | None = None
-    max_abs_above: float | None = None
-    initializer_abs_above: float | None = None
-    reduction_depth_above: int | None = None
+    """What a rule matches; every key given must hold."""
+
+    name: str | None = field(default=None, metadata=key(NAME, "regex, re.search on node names"))
+    op: tuple[str, ...] = field(
+        default=(),
+        metadata=key(
+            {"oneOf": [NAME, {"type": "array", "items": NAME, "minItems": 1, "maxItems": 1000}]},
+            read=lambda op: (op,) if isinstance(op, str) else tuple(op),
+            show_default=False,
+        ),
+    )
+    pattern: str | None = field(
+        default=None,
+        metadata=key(
+            enum(PATTERNS), "; ".join(f"{k}: {p.description}" for k, p in PATTERNS.items())
+        ),
+    )
+    last: int | None = field(default=None, metadata=key(integer(1, 1_000_000)))
+    max_abs_above: float | None = field(default=None, metadata=key(NONNEG))
+    initializer_abs_above: float | None = field(default=None, metadata=key(NONNEG))
+    reduction_depth_above: int | None = field(default=None, metadata=key(integer(1, 2**62)))
 
 
 @dataclass(frozen=True)
 class Rule:
-    id: str
-    match: Match
-    precision: str
-    why: str | None = None
+    id: str = field(metadata=key({**NAME, "pattern": "^(?!guard:)"}))
+    match: Match = field(
+        metadata=key(
+            section(Match, minProperties=1),
+            "All keys must hold for a node to match.",
+            built=True,
+        )
+    )
+    precision: str = field(metadata=key(enum(PRECISIONS)))
+    why: str | None = field(default=None, metadata=key({"type": "string", "maxLength": 4096}))
 
 
 # Built-in safety rules, applied after the user's (a user rule naming a node wins).
@@ -110,9 +253,35 @@ GUARDS: dict[str, Rule] = {
 
 @dataclass(frozen=True)
 class Precision:
-    default: str = "fp16"
-    rules: tuple[Rule, ...] = ()
-    guards: tuple[str, ...] = tuple(GUARDS)  # names of the guards that apply
+    default: str = field(default="fp16", metadata=key(enum(PRECISIONS)))
+    # the only choice there is: TensorRT 11 is strongly typed, the graph's I/O types are its own
+    io: str = field(
+        default="keep", metadata=key(enum(["keep"]), "graph inputs/outputs keep their dtypes")
+    )
+    rules: tuple[Rule, ...] = field(
+        default=(),
+        metadata=key(
+            {"type": "array", "maxItems": 10_000, "items": section(Rule)},
+            built=True,
+            show_default=False,
+        ),
+    )
+    # names of the guards that apply
+    guards: tuple[str, ...] = field(
+        default=tuple(GUARDS),
+        metadata=key(
+            {
+                "oneOf": [
+                    BOOL,
+                    {"type": "array", "items": enum(list(GUARDS)), "maxItems": len(GUARDS)},
+                ]
+            },
+            "built-in safety rules applied after the user's: true (all, the default), false "
+            "(none), or a list of guard names to keep",
+            read=lambda g: tuple(GUARDS) if g is True else tuple(g or ()),
+            show_default=False,
+        ),
+    )
 
     def all_rules(self) -> tuple[Rule, ...]:
         """The user's rules, then the enabled guards: the order assignment applies them."""
@@ -121,11 +290,33 @@ class Precision:
 
 @dataclass(frozen=True)
 class BuildSpec:
-    backend: str = "auto"
-    compute_capabilities: tuple[str, ...] = ("8.9",)
-    workspace: int = 4 << 30
-    timing_cache: Path | None = None
-    variants: bool = True
+    backend: str = field(default="auto", metadata=key(enum(BACKENDS)))
+    compute_capabilities: tuple[str, ...] = field(
+        default=("8.9",),
+        metadata=key(
+            {
+                "type": "array",
+                "items": {"type": "string", "pattern": r"^\d+\.\d+$", "maxLength": 8},
+                "minItems": 1,
+                "maxItems": 16,
+            },
+            read=tuple,
+        ),
+    )
+    workspace: int = field(default=4 << 30, metadata=key(SIZE, read=_bytes))
+    timing_cache: Path | None = field(
+        default=None, metadata=key({"type": ["string", "null"], "maxLength": 4096}, path=True)
+    )
+    variants: bool = field(
+        default=True,
+        metadata=key(
+            BOOL, "also build all-FP16 and all-FP32 engines to show what the policy costs"
+        ),
+    )
+
+
+SIMPLE_KEYS = ("atol", "rtol", "check_error_stat", "error_quantile")  # SimpleCompareFunc's
+METRIC_KEYS = ("psnr_threshold", "cosine_similarity_threshold", "snr_threshold")
 
 
 @dataclass(frozen=True)
@@ -139,17 +330,39 @@ class Tolerance:
     `IndicesCompareFunc`, on the indices of the `top_k` largest values where given.
     """
 
-    atol: float = 1e-3
-    rtol: float = 1e-3
-    check_error_stat: str = "elemwise"  # Polygraphy's default: every element within tolerance
-    error_quantile: float | None = None  # with check_error_stat: quantile
-    psnr_threshold: float | None = None  # dB
-    cosine_similarity_threshold: float | None = None
-    snr_threshold: float | None = None  # dB
-    compare: str = "values"  # values | indices
-    index_tolerance: int | None = None
-    top_k: int | None = None
-    simple: bool = True
+    atol: float = field(default=1e-3, metadata=key(NONNEG))
+    rtol: float = field(default=1e-3, metadata=key(NONNEG))
+    check_error_stat: str = field(
+        default="elemwise",
+        metadata=key(
+            enum(ERROR_STATS),
+            "elemwise (default, as Polygraphy): every element within atol + rtol x |ref|; "
+            "max, mean, median or quantile (with error_quantile) of the errors",
+        ),
+    )
+    error_quantile: float | None = field(
+        default=None, metadata=key({"type": "number", "minimum": 0, "maximum": 1})
+    )
+    psnr_threshold: float | None = field(
+        default=None, metadata=key(NUMBER, "minimum PSNR in dB (PsnrCompareFunc)")
+    )
+    cosine_similarity_threshold: float | None = field(
+        default=None, metadata=key({"type": "number", "minimum": -1, "maximum": 1})
+    )
+    snr_threshold: float | None = field(
+        default=None, metadata=key(NUMBER, "minimum SNR in dB (SnrCompareFunc)")
+    )
+    compare: str = field(
+        default="values",
+        metadata=key(
+            enum(["values", "indices"]),
+            "indices: the output holds indices (a TopK's), or with top_k the indices of its "
+            "top_k largest values; IndicesCompareFunc",
+        ),
+    )
+    index_tolerance: int | None = field(default=None, metadata=key(integer(0, 1_000_000)))
+    top_k: int | None = field(default=None, metadata=key(integer(1, 1_000_000)))
+    simple: bool = True  # not a key: whether the simple check applies (the loader decides)
 
     def checks(self) -> tuple[str, ...]:
         """The checks this output is judged by, in the order reports show them."""
@@ -180,6 +393,52 @@ class PointSpec:
     @property
     def is_profile_point(self) -> bool:
         return self.name in PROFILE_POINTS
+
+
+_TOLERANCE = section(
+    Tolerance,
+    description="How one output is judged, by Polygraphy's compare functions and names; "
+    "every key given must hold.",
+)
+
+# An output's keys override the default's, so its defaults are the default's, not the class's.
+_OUTPUT_TOLERANCE = {
+    **_TOLERANCE,
+    "description": "How this output is judged: tolerances.default's keys, these overriding them.",
+    "properties": {
+        name: {k: v for k, v in node.items() if k != "default"}
+        for name, node in _TOLERANCE["properties"].items()
+    },
+}
+
+# A point of `accuracy.shapes`: input dims, plus `data` (a mapping) and `skip` (a reason).
+# Told apart by the value's type, so an input named `data` or `skip` can still get dims;
+# the loader makes each PointSpec.
+_POINT_DATA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["file"],
+    "properties": {
+        "file": {**NAME, "description": ".npz keyed by input name, this point's shapes"}
+    },
+}
+_POINTS = {
+    "type": "object",
+    "description": "points judged beside a profile's min, opt and max: {NAME: {INPUT: [dims]}} "
+    "(inputs not named keep their opt shape); any point, min/opt/max included, may add "
+    "data: {file: X.npz} (its own real data) or skip: REASON (not judged; the verdict says so)",
+    "maxProperties": 64,
+    "propertyNames": {"pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+    "additionalProperties": {
+        "type": "object",
+        "minProperties": 1,
+        "properties": {
+            "data": {"oneOf": [DIMS, _POINT_DATA]},
+            "skip": {"oneOf": [DIMS, {"type": "string", "minLength": 1, "maxLength": 1000}]},
+        },
+        "additionalProperties": DIMS,
+    },
+}
 
 
 DEFAULT_BUDGET_SHARE = 24  # the default memory budget: this share of the machine's memory ...
@@ -221,17 +480,75 @@ class MemoryBudget:
 
 @dataclass(frozen=True)
 class AccuracySpec:
-    samples: int = 4
-    seed: int = 0
-    divergence_threshold: float = 0.05
-    fp32_check: bool = False
-    emulation: str = "storage"  # what the CPU verdict assumes inside a kernel (EMULATIONS)
-    default_tolerance: Tolerance = field(default_factory=Tolerance)
-    output_tolerances: tuple[tuple[str, Tolerance], ...] = ()
-    memory_budget: int | None = None  # bytes of tensors a judge holds; None: the machine's share
+    samples: int = field(default=4, metadata=key(integer(1, MAX_SAMPLES)))
+    seed: int = field(default=0, metadata=key(integer(0, 2**32 - 1)))
+    divergence_threshold: float = field(
+        default=0.05,
+        metadata=key(
+            {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+            "relative error (to the tensor's range) at which an intermediate tensor counts as "
+            "diverged",
+        ),
+    )
+    fp32_check: bool = field(
+        default=False,
+        metadata=key(
+            BOOL,
+            "also judge the all-FP32 graph (engine on a GPU): what the backend itself changes, "
+            "apart from FP16",
+        ),
+    )
+    emulation: str = field(
+        default="storage",
+        metadata=key(
+            enum(EMULATIONS),
+            "what the CPU verdict assumes inside an FP16 kernel: storage (default; FP32 "
+            "arithmetic, every stored tensor rounded) or strict (also the sums behind FP16 "
+            "means and a fused normalization's intermediates in FP16)",
+        ),
+    )
+    # `tolerances: {default: ..., outputs: {NAME: ...}}`; an output's keys override the default's
+    default_tolerance: Tolerance = field(
+        default_factory=Tolerance,
+        metadata=key(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "default": _TOLERANCE,
+                    "outputs": {
+                        "type": "object",
+                        "additionalProperties": _OUTPUT_TOLERANCE,
+                        "maxProperties": 10_000,
+                    },
+                },
+            },
+            yaml="tolerances",
+            built=True,
+        ),
+    )
+    output_tolerances: tuple[tuple[str, Tolerance], ...] = ()  # made from `tolerances` too
+    memory_budget: int | None = field(
+        default=None,  # None: the machine's share, default_memory_budget()
+        metadata=key(
+            SIZE,
+            "bytes of tensors a judgement holds at once (e.g. 2GiB); runs larger than this "
+            f"stream through it. Default: 1/{DEFAULT_BUDGET_SHARE} of this machine's memory, "
+            "within 256 MiB to 4 GiB",
+            read=_bytes,
+        ),
+    )
     # named input shapes judged beside the profile's min/opt/max, and per-point data or skip
-    shapes: tuple[PointSpec, ...] = ()
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS  # a larger image is exit 2, not decoded
+    shapes: tuple[PointSpec, ...] = field(default=(), metadata=key(_POINTS, built=True))
+    max_image_pixels: int = field(
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        metadata=key(
+            integer(1, 2 * DEFAULT_MAX_IMAGE_PIXELS),
+            "an image with more pixels is refused before it is decoded (default "
+            f"{DEFAULT_MAX_IMAGE_PIXELS:,}, Pillow's; at most twice that, where Pillow itself "
+            "refuses)",
+        ),
+    )
 
     def budget(self) -> MemoryBudget:
         if self.memory_budget is not None:
