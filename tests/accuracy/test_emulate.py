@@ -207,3 +207,38 @@ def test_storage_rounds_each_op_output_once(op):
     assert np.array_equal(emu, _h(emu)), "every output value is stored in FP16"
     assert np.all(np.abs(emu - expected) <= ulp + 1e-7), np.abs(emu - expected).max()
     assert np.mean(emu == expected) >= 0.95  # rounded once: almost every value is bit-identical
+
+
+def test_ops_that_only_move_stored_values_are_not_rounded_again():
+    """Reshape, Relu and nearest Resize of stored FP16 values are stored values: no rounding
+    pair after them, and every value as if each output were rounded; a linear Resize is."""
+    m = model(
+        [
+            node("Mul", ["x", "w"], "a", "scale"),
+            node("Reshape", ["a", "shape"], "b", "flat"),
+            node("Relu", ["b"], "c", "relu"),
+            node("Reshape", ["c", "back"], "d", "unflat"),
+            node("Resize", ["d", "", "scales"], "near", "near", mode="nearest"),
+            node("Resize", ["d", "", "scales"], "lin", "lin", mode="linear"),
+        ],
+        [("x", F, [1, 1, 4, 4])],
+        [("near", F, [1, 1, 8, 8]), ("lin", F, [1, 1, 8, 8])],
+        {
+            "w": np.full((1, 1, 4, 4), 1.0 / 3.0, np.float32),
+            "shape": np.array([16], np.int64),
+            "back": np.array([1, 1, 4, 4], np.int64),
+            "scales": np.array([1, 1, 2, 2], np.float32),
+        },
+    )
+    em = emulate(_all_fp16(m))
+    rounded = {n.input[0] for n in em.graph.node if n.name.endswith("/store")}
+    made = {o: n.name for n in em.graph.node for o in n.output}
+    assert {made.get(t) for t in rounded} >= {"scale", "lin"}
+    assert not {made.get(t) for t in rounded} & {"flat", "relu", "unflat", "near"}
+    x = np.random.default_rng(0).normal(0, 100, (1, 1, 4, 4)).astype(np.float32)
+    near, lin = _run(em, {"x": x})
+    w = np.float32(np.float16(1.0 / 3.0))  # the stored weight
+    a = (x.astype(np.float16).astype(np.float32) * w).astype(np.float16)  # FP32 math, stored
+    d = np.maximum(a, 0).astype(np.float32)
+    assert np.array_equal(near, d.repeat(2, axis=2).repeat(2, axis=3))
+    assert np.array_equal(lin, lin.astype(np.float16).astype(np.float32))  # rounded once

@@ -2,7 +2,8 @@
 
 ONNX Runtime on CPU runs FP16 nodes without FP16 kernels in FP32 islands, so
 intermediate rounding and overflow vanish. The emulation computes in FP32 and
-rounds every low-precision tensor through `Cast(to=FLOAT16)` → `Cast(to=FLOAT)`;
+rounds every low-precision tensor an op computes through `Cast(to=FLOAT16)` →
+`Cast(to=FLOAT)` (one that only moves stored values is stored already, `EXACT_OPS`);
 weights are taken from their FP16 values and graph optimisations are off, so
 ONNX Runtime cannot fold the pairs away.
 
@@ -27,6 +28,22 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, opset_of
 
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+FLOATS = (*LOW, TensorProto.FLOAT, TensorProto.DOUBLE)
+
+# Ops each of whose output values is one of their inputs' values, or an integer made from
+# one (Floor, Sign): fed values already stored in an output's type, they make stored values,
+# so their outputs are not rounded again. Why: a rounding pair is a read and a write of the
+# whole tensor, and reshapes, transposes, Relus and Clips are a sixth to a fifth of the
+# rounded tensors of a CNN or a transformer; skipping them changes no value, bit for bit.
+EXACT_OPS = frozenset(
+    {
+        "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice",
+        "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Identity", "Pad",
+        "DepthToSpace", "SpaceToDepth", "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin",
+        "Max", "Min", "Relu", "Neg", "Abs", "Clip", "Where", "Sign", "Floor", "Ceil", "Round",
+        "TopK", "Resize",
+    }
+)  # fmt: skip
 
 
 class _Emitter:
@@ -134,6 +151,9 @@ def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: b
     for attr in new.attribute:
         if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW:
             attr.t.CopyFrom(_fp32_initializer(attr.t))
+    if _stores_exactly(node, out_low, dtype):
+        em.nodes.append(new)
+        return
     raw = {}
     for k, o in enumerate(new.output):
         if o in out_low:
@@ -142,6 +162,20 @@ def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: b
     em.nodes.append(new)
     for o, r in raw.items():
         em.round(r, o, out_low[o], f"emu/{o}")
+
+
+def _stores_exactly(node: onnx.NodeProto, out_low: dict, dtype: dict) -> bool:
+    """The node's low outputs hold only values of its low inputs (EXACT_OPS), so already
+    rounded: every value input is of the outputs' one low type (Resize: only `X`, nearest)."""
+    if node.op_type not in EXACT_OPS or not out_low or len(set(out_low.values())) != 1:
+        return False
+    (low,) = set(out_low.values())
+    values = [t for t in node.input if t and dtype.get(t) in FLOATS]
+    if node.op_type == "Resize":
+        mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
+        values = node.input[:1] if mode == b"nearest" else []
+    known = all(dtype.get(t) for t in node.input if t)  # an untyped input may be FP32
+    return known and bool(values) and all(dtype.get(t) == low for t in values)
 
 
 def _body(em: _Emitter, graph: onnx.GraphProto, dtype: dict, rank: dict, strict: bool):
