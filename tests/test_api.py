@@ -38,9 +38,26 @@ def test_build_writes_and_returns_the_verdict(example_policy, tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
+def test_convert_front_holds_the_assignment_beside_the_same_model(example_policy):
+    """What the CLI prints (shares, casts) comes with the model `convert` returns."""
+    from trtbuild.api import convert_front
+
+    policy = example_policy("nafnet")
+    front = convert_front(policy)
+    assert front.converted.model == trtbuild.convert(policy)
+    assert front.assignment.summary().fp32_nodes > 0 and front.converted.casts
+
+
 def test_tune_returns_a_policy_that_passes(example_policy, tmp_path, capsys):
-    result = trtbuild.tune(example_policy("gfpgan_dynamic", rules="[]"), jobs=1)
+    seen = []
+    result = trtbuild.tune(
+        example_policy("gfpgan_dynamic", rules="[]"),
+        jobs=1,
+        progress=lambda trial, budget: seen.append((trial.step, budget)),
+    )
     assert result.passed and result.evaluations >= 1
+    assert seen == [(k + 1, 100) for k in range(result.evaluations)]
+    assert len(result.search.trials) == result.evaluations and not result.search.exhausted
     assert any("ReduceSumSquare" in (r.match.name or "") for r in result.policy.precision.rules)
     assert trtbuild.build(result.policy, tmp_path / "out", "none").passed
     assert capsys.readouterr().out == ""

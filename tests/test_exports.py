@@ -66,18 +66,23 @@ def test_a_shape_the_model_cannot_run_is_exit_2_naming_shape_and_node(
     assert not out.exists()
 
 
-def test_tune_says_when_it_used_its_whole_budget_and_which_point_costs_most(
+def test_tune_says_when_its_budget_cut_the_search_short_and_which_point_costs_most(
     example_policy, tmp_path, capsys
 ):
-    """With a budget of one evaluation tune says it used it all (here the range analysis's
-    first trial already passes: the message cannot tell, see the closing note) and names the
-    point of the profile that took the most judging time."""
-    policy = example_policy("matting", rules="[]")
-    argv = ["tune", "--policy", str(policy), "-o", str(tmp_path / "t.yaml"), "--budget", "1"]
-    assert main([*argv, "--jobs", "1"]) in (0, 1)
+    """A search that ends on its last evaluation says nothing of the budget; one the budget
+    stops with more to try says so and names the point that took the most judging time."""
+    finished = example_policy("matting", rules="[]")  # the range analysis's start passes
+    argv = ["tune", "-o", str(tmp_path / "t.yaml"), "--budget", "1", "--jobs", "1"]
+    assert main([*argv, "--policy", str(finished)]) == 0
+    assert "budget" not in capsys.readouterr().err
+    exact = {"{atol: 0.02, rtol: 0, check_error_stat: max}": "{atol: 1e-7, rtol: 0}"}
+    cut = example_policy("matting", rules="[]", replace=exact)  # the start fails
+    assert main([*argv, "--policy", str(cut)]) == 1
     err = capsys.readouterr().err
-    assert "tune used its whole budget of 1 evaluations" in err and "raise --budget" in err
+    assert "tune's budget of 1 evaluations ran out before the search ended" in err
+    assert "raise --budget" in err
     assert "the point that costs the most is max [1, 3, 1024, 1024] (" in err
+    assert "DOES NOT PASS (budget exhausted)" in (tmp_path / "t.yaml").read_text()
 
 
 # The lines trtbuild writes on a build: its verdict, the outputs and shapes under it, the

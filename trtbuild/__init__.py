@@ -16,6 +16,7 @@ _API = {
     "Policy": "trtbuild.policy",
     "check": "trtbuild.api",
     "convert": "trtbuild.api",
+    "convert_front": "trtbuild.api",
     "build": "trtbuild.api",
     "tune": "trtbuild.api",
     "open_cache": "trtbuild.api",

@@ -36,6 +36,7 @@ __all__ = [
     "build",
     "check",
     "convert",
+    "convert_front",
     "load_policy",
     "open_cache",
     "tune",
@@ -100,6 +101,9 @@ class TuneResult:
     passed: bool
     evaluations: int
     yaml: str  # the tuned policy as `trtbuild tune -o` writes it, each pin with its reason
+    # the search itself (`tuning.TuneResult`): each trial, the groups pinned and why,
+    # whether the budget ran out; what `trtbuild tune` prints and logs
+    search: Any = field(default=None, repr=False, compare=False)
 
 
 def _policy(policy: Policy | str | Path) -> Policy:
@@ -201,13 +205,25 @@ def convert(
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
+    return convert_front(policy, cache=cache, verbose=verbose).converted.model
+
+
+def convert_front(
+    policy: Policy | str | Path, *, cache: Cache | None = None, verbose: bool = False
+) -> Front:
+    """`convert`'s work with everything it knows: the assignment and the casts beside the
+    validated mixed model (`front.converted.model`), for a caller that shows them.
+
+    Raises:
+        TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
+    """
     from trtbuild.precision.validate import start_mixed_check
 
     front = _front(_policy(policy), "none", cache, verbose)
-    loaded = start_mixed_check(front.converted.model, cache).result()
+    loaded = start_mixed_check(front.converted.model, cache).result()  # once per mixed model
     for w in front.warnings + loaded:
         log.warning(w)
-    return front.converted.model
+    return front
 
 
 def build(
@@ -268,6 +284,8 @@ def tune(
     jobs: int | None = None,
     cache: Cache | None = None,
     output: str | Path | None = None,
+    progress: Callable[[Any, int], None] | None = None,
+    verbose: bool = False,
 ) -> TuneResult:
     """The fewest FP32 pins beyond the policy's rules that meet every tolerance at every point.
 
@@ -283,6 +301,9 @@ def tune(
         cache: `open_cache()` to reuse earlier work; None computes everything.
         output: where the tuned policy would be written, so its paths point from there
             (default: beside the policy).
+        progress: called after each evaluation with the trial and the budget (the CLI
+            draws its bar with it).
+        verbose: let the dependencies' own logs through.
 
     Returns:
         The tuned `Policy`, whether it passes, the evaluations spent and its YAML.
@@ -297,8 +318,10 @@ def tune(
     tuning.check_args(budget, objective, jobs)
     policy = _policy(policy)
     tuning.check_policy(policy)
-    front = _front(policy, "tensors", cache, False)
-    result = tuning.tune(front, budget=budget, objective=objective, seed=seed, jobs=jobs)
+    front = _front(policy, "tensors", cache, verbose)
+    result = tuning.tune(
+        front, budget=budget, objective=objective, seed=seed, jobs=jobs, progress=progress
+    )
     where = Path(output) if output is not None else policy.path
     text = tuning.tuned_yaml(front, result, where, seed, objective)
     return TuneResult(
@@ -306,4 +329,5 @@ def tune(
         passed=result.passed,
         evaluations=len(result.trials),
         yaml=text,
+        search=result,
     )

@@ -455,18 +455,13 @@ def _check_json(found, rows: list) -> dict:
 
 
 def _cmd_convert(args) -> int:
-    from trtbuild.front import run_front
+    from trtbuild import api
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
-    from trtbuild.precision.validate import start_mixed_check
 
-    policy = load_policy(args.policy)
-    cache = _cache(args)
-    front = run_front(policy, reference="none", cache=cache, verbose=args.verbose)
-    check = start_mixed_check(front.converted.model, cache)  # once per mixed model
-    loaded = check.result()  # joined before the file is written
+    policy = load_policy(args.policy)  # warnings reach stderr through the `trtbuild` logger
+    front = api.convert_front(policy, cache=_cache(args), verbose=args.verbose)
     save_model(front.converted.model, args.output)
-    _warn(front.warnings + loaded)
     s = front.assignment.summary()
     print(
         f"wrote {args.output}: {s.share_text()}, {s.fp32_nodes} FP32 nodes, "
@@ -498,32 +493,33 @@ def _cmd_prepare(args) -> int:
 
 
 def _cmd_tune(args) -> int:
-    from trtbuild import tuning
+    from trtbuild import api, tuning
     from trtbuild.errors import EXIT_ACCURACY
-    from trtbuild.front import run_front
     from trtbuild.fsutil import write_text
     from trtbuild.policy import load_policy
 
     jobs = args.jobs if args.jobs is not None else tuning.default_jobs()
-    tuning.check_args(args.budget, args.objective, jobs)
+    tuning.check_args(args.budget, args.objective, jobs)  # before anything is loaded
     policy = load_policy(args.policy)
     tuning.check_policy(policy)
-    tuning.check_output(policy, args.output, args.force)
-    front = run_front(policy, cache=_cache(args), verbose=args.verbose)
+    tuning.check_output(policy, args.output, args.force)  # before the search, not after
     bar = tuning.Progress()
     try:
-        result = tuning.tune(
-            front,
+        tuned = api.tune(
+            policy,
             budget=args.budget,
             objective=args.objective,
             seed=args.seed,
             jobs=jobs,
+            cache=_cache(args),
+            output=args.output,
             progress=bar,
+            verbose=args.verbose,
         )
     finally:
         bar.done()
-    text = tuning.tuned_yaml(front, result, args.output, args.seed, args.objective)
-    write_text(args.output, text)
+    write_text(args.output, tuned.yaml)
+    result = tuned.search
     log = args.log or args.output.with_name(args.output.stem + ".log.jsonl")
     tuning.write_log(log, result)
     for k in result.pinned:
@@ -537,9 +533,9 @@ def _cmd_tune(args) -> int:
     if result.exhausted:
         _warn(
             [
-                f"tune used its whole budget of {result.budget} evaluations and may have stopped "
-                f"before the end (a full search of these {len(result.groups)} groups needs at "
-                f"most {result.full_search}); raise --budget"
+                f"tune's budget of {result.budget} evaluations ran out before the search ended, "
+                f"so a smaller pin set may exist (a full search of these {len(result.groups)} "
+                f"groups needs at most {result.full_search}); raise --budget"
                 + (
                     f"; the point that costs the most is {result.costliest_point}"
                     if result.costliest_point

@@ -77,7 +77,8 @@ def tuned_yaml(front: Front, result: TuneResult, out: Path, seed: int, objective
         build["timing_cache"] = _rebase(build["timing_cache"], here, there)
     precision = raw.pop("precision", {}) or {}
     rules = precision.pop("rules", []) or []
-    verdict = "passes" if result.passed else "DOES NOT PASS (budget exhausted)"
+    verdict = "passes" if result.passed else "DOES NOT PASS"
+    verdict += " (budget exhausted)" if result.exhausted else ""
     lines = [
         *_schema_line(text, here, there),
         f"# Tuned by `trtbuild tune` from {_rel(policy.path, there)}: {verdict} with "

@@ -62,6 +62,7 @@ class TuneResult:
     budget: int = 0
     low: str = "fp16"
     point_seconds: dict[str, float] = field(default_factory=dict)  # point -> judging seconds
+    cut_short: bool = False  # the budget ran out where the search had more to try
 
     @property
     def costliest_point(self) -> str | None:
@@ -73,8 +74,13 @@ class TuneResult:
 
     @property
     def exhausted(self) -> bool:
-        """The search used every evaluation it had: it may have stopped before the end."""
-        return len(self.trials) >= self.budget > 0
+        """The budget ran out with more to try: a smaller pin set may have been missed.
+
+        Why not "every evaluation used": a search that finishes on its last evaluation
+        found what it was looking for, and saying otherwise sends users to raise a budget
+        that was enough.
+        """
+        return self.cut_short
 
     @property
     def full_search(self) -> int:
@@ -109,6 +115,7 @@ class Search:
         self.known: dict[tuple[int, ...], TrialOutcome] = {}  # pin set -> its recorded verdict
         self.ahead: dict[tuple[int, ...], TrialOutcome] = {}  # judged early, not yet asked for
         self.point_seconds: dict[str, float] = {}  # point label -> judging seconds, all trials
+        self.cut_short = False  # set where the search wanted an evaluation the budget lacked
 
     def precision(self, pinned: list[int]) -> Precision:
         return candidate_precision(self.front.policy.precision, self.groups, pinned, self.names)
@@ -170,6 +177,13 @@ class Search:
     def left(self) -> int:
         return self.budget - len(self.trials)
 
+    def may_go_on(self) -> bool:
+        """Whether the search may judge the next candidate it wants; remembers a refusal."""
+        if self.left() > 0:
+            return True
+        self.cut_short = True
+        return False
+
     def label(self, picked: list[int]) -> str:
         more = f" and {len(picked) - 1} more" if len(picked) > 1 else ""
         return self.groups[picked[0]].label + more
@@ -198,7 +212,7 @@ def _start(search: Search) -> TrialOutcome:
 
 def _grow(search: Search, outcome: TrialOutcome) -> TrialOutcome:
     """While failing: an overflow pins its own group; otherwise the suspects grow."""
-    while not outcome.passed and search.left() > 0:
+    while not outcome.passed and search.may_go_on():
         culprit = _overflowing_group(search, outcome.overflow)
         if culprit is None:
             found = _grow_suspects(search, outcome)
@@ -241,7 +255,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     lengths = _doublings(len(order))
     lo, hi, why = 0, None, failing
     for k, n in enumerate(lengths):
-        if search.left() <= 0:
+        if not search.may_go_on():
             return None
         search.judge_ahead([run(m) for m in lengths[k : k + search.jobs]])
         trial = search.try_pins(run(n), f"grow: pin {search.label(order[:n])}")
@@ -252,7 +266,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     if hi is None:
         search.pinned = sorted({*search.pinned, *order})
         return None
-    while hi - lo > 1 and search.left() > 0:
+    while hi - lo > 1 and search.may_go_on():
         mid = (lo + hi) // 2
         search.judge_ahead([run(m) for m in (mid, (lo + mid) // 2, (mid + hi) // 2) if lo < m < hi])
         trial = search.try_pins(run(mid), f"bisect: pin {search.label(order[:mid])}")
@@ -273,9 +287,9 @@ def _shrink(search: Search) -> None:
     order = sorted(search.pinned, key=lambda k: (-search.groups[k].cost, search.tiebreak[k]))
     order = [k for k in order if not search.groups[k].overflows(search.low)]
     chunk = max(1, len(order) // 2)
-    while order and search.left() > 0:
+    while order and search.may_go_on():
         i = 0
-        while i < len(order) and search.left() > 0:
+        while i < len(order) and search.may_go_on():
             parts = [order[j : j + chunk] for j in range(i, len(order), chunk)]
             without = [[g for g in search.pinned if g not in part] for part in parts]
             search.judge_ahead(without[: search.jobs])  # each assumed to fail: most pins are needed
@@ -328,6 +342,7 @@ def _result(search: Search) -> TuneResult:
         search.budget,
         search.low,
         dict(search.point_seconds),
+        search.cut_short,
     )
 
 
