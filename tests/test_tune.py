@@ -186,7 +186,11 @@ def test_a_budget_that_ends_mid_search_keeps_the_shortest_passing_run_found(
     cut = [json.loads(line) for line in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
     assert [r["action"] for r in cut] == [r["action"] for r in rows[: grown + 1]]
     assert "passes" in tuned.read_text().splitlines()[1]
-    assert "budget" in capsys.readouterr().err
+    assert "ran out before the search ended, so a smaller pin set" in capsys.readouterr().err
+    enough = tmp_path / "enough.yaml"  # the full search's own count: it ends on its last one
+    assert _tune(policy, enough, "--budget", str(len(rows))) == 0
+    assert "ran out" not in capsys.readouterr().err and "exhausted" not in enough.read_text()
+    assert _pinned_names(enough) == _pinned_names(full)
 
 
 @pytest.mark.parametrize("args", [["--budget", "0"], ["--objective", "speed"]])

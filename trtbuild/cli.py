@@ -534,8 +534,9 @@ def _cmd_tune(args) -> int:
         _warn(
             [
                 f"tune's budget of {result.budget} evaluations ran out before the search ended, "
-                f"so a smaller pin set may exist (a full search of these {len(result.groups)} "
-                f"groups needs at most {result.full_search}); raise --budget"
+                f"so {'a smaller' if result.passed else 'a passing'} pin set may exist (a full "
+                f"search of these {len(result.groups)} groups needs at most "
+                f"{result.full_search}); raise --budget"
                 + (
                     f"; the point that costs the most is {result.costliest_point}"
                     if result.costliest_point

@@ -242,3 +242,32 @@ def test_ops_that_only_move_stored_values_are_not_rounded_again():
     d = np.maximum(a, 0).astype(np.float32)
     assert np.array_equal(near, d.repeat(2, axis=2).repeat(2, axis=3))
     assert np.array_equal(lin, lin.astype(np.float16).astype(np.float32))  # rounded once
+
+
+@pytest.mark.parametrize(
+    ("opset", "clip", "rounded"),
+    [
+        (17, lambda: node("Clip", ["a", "lo", "hi"], "y", "clip"), False),  # bounds are FP16
+        (10, lambda: node("Clip", ["a"], "y", "clip", min=0.1, max=0.7), True),  # FP32 bounds
+        (17, lambda: node("Clip", ["a", "lo"], "y", "clip"), True),  # max: FLT_MAX, not inf
+        (10, lambda: node("Pad", ["a"], "y", "clip", pads=[0, 1, 0, 1], value=0.1), True),
+    ],
+)
+def test_a_value_an_attribute_or_a_default_bound_brings_is_rounded(opset, clip, rounded):
+    """Values from an attribute (opset-10 Clip, Pad) or a missing Clip bound are not stored
+    values: the output is rounded, and every value it holds is an FP16 value."""
+    width = 6 if clip().op_type == "Pad" else 4
+    m = model(
+        [node("Mul", ["x", "w"], "a", "scale"), clip()],
+        [("x", F, [1, 4])],
+        [("y", F, [1, width])],
+        {"w": np.full((1, 4), 1.0 / 3.0, np.float32), "lo": np.float32(0.1)}
+        | ({"hi": np.float32(0.7)} if opset > 10 else {}),
+        opset=opset,
+    )
+    em = emulate(_all_fp16(m))
+    made = {o: n.name for n in em.graph.node for o in n.output}
+    stored = {made.get(n.input[0]) for n in em.graph.node if n.name.endswith("/store")}
+    assert ("clip" in stored) == rounded
+    (y,) = _run(em, {"x": np.array([[0.0, 1.0, 2.0, 1e5]], np.float32)})
+    assert np.array_equal(y, y.astype(np.float16).astype(np.float32))

@@ -26,24 +26,25 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, opset_of
+from trtbuild.graph.optypes import DATA_MOVEMENT, op_types
 
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-FLOATS = (*LOW, TensorProto.FLOAT, TensorProto.DOUBLE)
 
-# Ops each of whose output values is one of their inputs' values, or an integer made from
-# one (Floor, Sign): fed values already stored in an output's type, they make stored values,
-# so their outputs are not rounded again. Why: a rounding pair is a read and a write of the
-# whole tensor, and reshapes, transposes, Relus and Clips are a sixth to a fifth of the
-# rounded tensors of a CNN or a transformer; skipping them changes no value, bit for bit.
-EXACT_OPS = frozenset(
+# Ops each of whose output values is one of their value inputs' values (those of the
+# output's type variable in the op's schema), or an integer made from one (Floor, Sign): fed
+# values already stored in the output's type, they make stored values, so their outputs
+# are not rounded again. Why: a rounding pair is a read and a write of the whole tensor,
+# and reshapes, transposes, Relus and Clips are a sixth to a fifth of the rounded tensors
+# of a CNN or a transformer; skipping them changes no value, bit for bit. Not where a float
+# attribute can be an output value (opset-10 Clip's min/max, Pad's value, Resize's
+# extrapolation_value), nor a Clip without both bounds, nor a Resize that interpolates.
+EXACT_OPS = DATA_MOVEMENT | frozenset(
     {
-        "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice",
-        "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Identity", "Pad",
-        "DepthToSpace", "SpaceToDepth", "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin",
-        "Max", "Min", "Relu", "Neg", "Abs", "Clip", "Where", "Sign", "Floor", "Ceil", "Round",
-        "TopK", "Resize",
+        "MaxPool", "GlobalMaxPool", "ReduceMax", "ReduceMin", "Max", "Min", "Relu", "Neg",
+        "Abs", "Clip", "Where", "Sign", "Floor", "Ceil", "Round", "TopK", "Resize",
     }
 )  # fmt: skip
+_FLOAT_ATTRS = (onnx.AttributeProto.FLOAT, onnx.AttributeProto.FLOATS)
 
 
 class _Emitter:
@@ -151,7 +152,7 @@ def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: b
     for attr in new.attribute:
         if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW:
             attr.t.CopyFrom(_fp32_initializer(attr.t))
-    if _stores_exactly(node, out_low, dtype):
+    if _stores_exactly(node, out_low, dtype, em.opset):
         em.nodes.append(new)
         return
     raw = {}
@@ -164,18 +165,31 @@ def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: b
         em.round(r, o, out_low[o], f"emu/{o}")
 
 
-def _stores_exactly(node: onnx.NodeProto, out_low: dict, dtype: dict) -> bool:
-    """The node's low outputs hold only values of its low inputs (EXACT_OPS), so already
-    rounded: every value input is of the outputs' one low type (Resize: only `X`, nearest)."""
-    if node.op_type not in EXACT_OPS or not out_low or len(set(out_low.values())) != 1:
+def _stores_exactly(node: onnx.NodeProto, out_low: dict, dtype: dict, opset: int) -> bool:
+    """The node's low outputs hold only values of its value inputs (EXACT_OPS), and each of
+    those is already stored in the outputs' one low type."""
+    if node.op_type not in EXACT_OPS or node.domain not in ("", "ai.onnx"):
+        return False
+    if len(set(out_low.values())) != 1 or not _selects_values(node):
         return False
     (low,) = set(out_low.values())
-    values = [t for t in node.input if t and dtype.get(t) in FLOATS]
-    if node.op_type == "Resize":
-        mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
-        values = node.input[:1] if mode == b"nearest" else []
+    types = op_types(node.op_type, node.domain, opset)
+    var = types.output_var(0)
+    values = [t for k, t in enumerate(node.input) if t and types.input_var(k) == var]
     known = all(dtype.get(t) for t in node.input if t)  # an untyped input may be FP32
     return known and bool(values) and all(dtype.get(t) == low for t in values)
+
+
+def _selects_values(node: onnx.NodeProto) -> bool:
+    """No value of the output comes from an attribute or from interpolation."""
+    attrs = {a.name: a for a in node.attribute}
+    if node.op_type == "Clip":  # a bound left out is FLT_MAX, which turns an inf into 3.4e38
+        return len(node.input) == 3 and all(node.input[1:])
+    if node.op_type != "Resize":
+        return not any(a.type in _FLOAT_ATTRS for a in attrs.values())
+    mode = attrs["mode"].s if "mode" in attrs else b"nearest"
+    where = attrs.get("coordinate_transformation_mode")
+    return mode == b"nearest" and (where is None or where.s != b"tf_crop_and_resize")
 
 
 def _body(em: _Emitter, graph: onnx.GraphProto, dtype: dict, rank: dict, strict: bool):

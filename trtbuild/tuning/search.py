@@ -62,7 +62,10 @@ class TuneResult:
     budget: int = 0
     low: str = "fp16"
     point_seconds: dict[str, float] = field(default_factory=dict)  # point -> judging seconds
-    cut_short: bool = False  # the budget ran out where the search had more to try
+    # the budget ran out where the search wanted a verdict it did not have: a smaller pin
+    # set (or, failing, a passing one) may have been missed. Not "every evaluation used": a
+    # search that ends on its last evaluation was given enough.
+    exhausted: bool = False
 
     @property
     def costliest_point(self) -> str | None:
@@ -71,16 +74,6 @@ class TuneResult:
             return None
         label, seconds = max(self.point_seconds.items(), key=lambda kv: kv[1])
         return f"{label} ({seconds / max(sum(self.point_seconds.values()), 1e-9):.0%} of the judging time)"
-
-    @property
-    def exhausted(self) -> bool:
-        """The budget ran out with more to try: a smaller pin set may have been missed.
-
-        Why not "every evaluation used": a search that finishes on its last evaluation
-        found what it was looking for, and saying otherwise sends users to raise a budget
-        that was enough.
-        """
-        return self.cut_short
 
     @property
     def full_search(self) -> int:
@@ -115,7 +108,7 @@ class Search:
         self.known: dict[tuple[int, ...], TrialOutcome] = {}  # pin set -> its recorded verdict
         self.ahead: dict[tuple[int, ...], TrialOutcome] = {}  # judged early, not yet asked for
         self.point_seconds: dict[str, float] = {}  # point label -> judging seconds, all trials
-        self.cut_short = False  # set where the search wanted an evaluation the budget lacked
+        self.exhausted = False  # set where the search wanted a verdict the budget lacked
 
     def precision(self, pinned: list[int]) -> Precision:
         return candidate_precision(self.front.policy.precision, self.groups, pinned, self.names)
@@ -177,11 +170,13 @@ class Search:
     def left(self) -> int:
         return self.budget - len(self.trials)
 
-    def may_go_on(self) -> bool:
-        """Whether the search may judge the next candidate it wants; remembers a refusal."""
-        if self.left() > 0:
+    def affords(self, pinned: list[int]) -> bool:
+        """Whether the search may have the verdict on `pinned`: remembered or judged ahead
+        (free), or within the budget; remembers a refusal."""
+        key = tuple(sorted(pinned))
+        if key in self.known or key in self.ahead or self.left() > 0:
             return True
-        self.cut_short = True
+        self.exhausted = True
         return False
 
     def label(self, picked: list[int]) -> str:
@@ -212,8 +207,10 @@ def _start(search: Search) -> TrialOutcome:
 
 def _grow(search: Search, outcome: TrialOutcome) -> TrialOutcome:
     """While failing: an overflow pins its own group; otherwise the suspects grow."""
-    while not outcome.passed and search.may_go_on():
+    while not outcome.passed:
         culprit = _overflowing_group(search, outcome.overflow)
+        if culprit is not None and not search.affords([*search.pinned, culprit]):
+            break
         if culprit is None:
             found = _grow_suspects(search, outcome)
             if found is None:
@@ -247,6 +244,11 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     passing run found so far is pinned.
     """
     rest = [k for k in range(len(search.groups)) if k not in search.pinned]
+    if not rest:  # every group pinned already: nothing to grow
+        return None
+    if search.left() <= 0:  # a run of new pins is a new verdict: no ranking run for nothing
+        search.exhausted = True
+        return None
     errors = search.ranking_errors()
     order = suspects(
         search.front.view, search.groups, rest, errors, failing.failed_outputs, search.low
@@ -255,7 +257,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     lengths = _doublings(len(order))
     lo, hi, why = 0, None, failing
     for k, n in enumerate(lengths):
-        if not search.may_go_on():
+        if not search.affords(run(n)):
             return None
         search.judge_ahead([run(m) for m in lengths[k : k + search.jobs]])
         trial = search.try_pins(run(n), f"grow: pin {search.label(order[:n])}")
@@ -266,8 +268,10 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     if hi is None:
         search.pinned = sorted({*search.pinned, *order})
         return None
-    while hi - lo > 1 and search.may_go_on():
+    while hi - lo > 1:
         mid = (lo + hi) // 2
+        if not search.affords(run(mid)):
+            break
         search.judge_ahead([run(m) for m in (mid, (lo + mid) // 2, (mid + hi) // 2) if lo < m < hi])
         trial = search.try_pins(run(mid), f"bisect: pin {search.label(order[:mid])}")
         if trial.passed:
@@ -287,11 +291,13 @@ def _shrink(search: Search) -> None:
     order = sorted(search.pinned, key=lambda k: (-search.groups[k].cost, search.tiebreak[k]))
     order = [k for k in order if not search.groups[k].overflows(search.low)]
     chunk = max(1, len(order) // 2)
-    while order and search.may_go_on():
+    while order:
         i = 0
-        while i < len(order) and search.may_go_on():
+        while i < len(order):
             parts = [order[j : j + chunk] for j in range(i, len(order), chunk)]
             without = [[g for g in search.pinned if g not in part] for part in parts]
+            if not search.affords(without[0]):
+                return
             search.judge_ahead(without[: search.jobs])  # each assumed to fail: most pins are needed
             outcome = search.try_pins(without[0], f"unpin {search.label(parts[0])}")
             if outcome.passed:
@@ -342,7 +348,7 @@ def _result(search: Search) -> TuneResult:
         search.budget,
         search.low,
         dict(search.point_seconds),
-        search.cut_short,
+        search.exhausted,
     )
 
 
