@@ -217,10 +217,10 @@ def convert_front(
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
-    from trtbuild.precision.validate import start_mixed_check
+    from trtbuild.precision.validate import validate_mixed
 
     front = _front(_policy(policy), "none", cache, verbose)
-    loaded = start_mixed_check(front.converted.model, cache).result()  # once per mixed model
+    loaded = validate_mixed(front.converted.model, cache)  # once per mixed model
     for w in front.warnings + loaded:
         log.warning(w)
     return front

@@ -139,3 +139,25 @@ def test_convert_of_a_gru_policy_warns_and_writes_the_model(tmp_path):
     if not _crashes_in_default_session(tmp_path / "mixed.onnx"):
         pytest.skip(f"ONNX Runtime {ort.__version__} on this CPU does not crash on it")
     assert all(f"ONNX Runtime {ort.__version__} crashes (SIGSEGV)" in s for s in said), said
+
+
+def test_the_load_check_imports_onnxruntime_not_a_file_in_the_working_folder(tmp_path, monkeypatch):
+    """`python -c` puts its working folder first on sys.path: the child runs in the model's
+    own (trtbuild's temporary) folder, so a planted `onnxruntime.py` decides nothing."""
+    from trtbuild.precision import ort_child
+
+    (tmp_path / "onnxruntime.py").write_text("raise SystemExit(3)\n")  # would fail any load
+    monkeypatch.chdir(tmp_path)
+    m = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    (tmp_path / "private").mkdir()
+    path = tmp_path / "private" / "m.onnx"
+    onnx.save(m, str(path))
+    assert ort_child.outcome(ort_child.spawn(path, "default")).ok

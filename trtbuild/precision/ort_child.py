@@ -58,9 +58,15 @@ class Outcome:
 
 
 def spawn(path: Path, level: str, verbose: bool = False) -> subprocess.Popen:
-    """A child creating a session for the model at `path`; `level` is "default" or "off"."""
+    """A child creating a session for the model at `path`; `level` is "default" or "off".
+
+    Why it runs in the model's folder (trtbuild's own temporary one): `python -c` puts
+    its working folder first on `sys.path`, and an `onnxruntime.py` in the user's folder
+    would otherwise be what the check imports.
+    """
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, str(path), level, "1" if verbose else "0"],
+        cwd=path.parent,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

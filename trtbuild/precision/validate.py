@@ -65,7 +65,7 @@ def start_mixed_check(model: onnx.ModelProto, cache: Any = None) -> MixedCheck:
     path.write_bytes(data)
     check = MixedCheck(ort_child.spawn(path, "default"), path, cache=cache, digest=digest)
     try:
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(data, full_check=True)  # the bytes: not serialized again
     except Exception as exc:  # the checker's own ValidationError and inference errors
         check.cancel()
         raise InvalidMixedModel(f"the mixed model fails onnx.checker (full check): {exc}") from exc
