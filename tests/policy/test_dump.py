@@ -37,3 +37,30 @@ def test_from_dict_leaves_the_mapping_as_it_was():
         "model": "m.onnx",
         "accuracy": {"tolerances": {"default": {"atol": 1}}},
     }
+
+
+def test_values_beside_the_examples_round_trip_too(tmp_path):
+    """Keys no example sets are written from the field table as well: an index tolerance of
+    0, a file's range, a metric-only output, an empty guard list, an op-less match."""
+    (tmp_path / "d.npz").write_bytes(b"")
+    doc = {
+        "version": 1,
+        "model": "m.onnx",
+        "inputs": {"x": {"shape": [1, 4], "data": {"file": "d.npz", "high": 5.0}}},
+        "passes": {"freeze_inputs": {"sr": [1, 2]}, "override_input_shapes": {"x": [1, "n"]}},
+        "precision": {
+            "guards": [],
+            "rules": [{"id": "r", "match": {"pattern": "layernorm"}, "precision": "fp32"}],
+        },
+        "accuracy": {
+            "tolerances": {
+                "default": {"compare": "indices", "index_tolerance": 0, "top_k": 3},
+                "outputs": {"y": {"psnr_threshold": 30}},
+            }
+        },
+    }
+    policy = Policy.from_dict(doc, base_dir=tmp_path)
+    again = Policy.from_dict(yaml.safe_load(policy.to_yaml()), base_dir="/")
+    assert again == Policy(**{**policy.__dict__, "path": again.path})
+    assert again.accuracy.default_tolerance.index_tolerance == 0
+    assert again.inputs[0].data.high == 5.0 and again.precision.guards == ()

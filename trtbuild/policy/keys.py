@@ -65,6 +65,8 @@ class Key:
             keys (a nested section, a list of rules); `read` and `path` do not apply.
         show_default: the schema shows the dataclass's default (editors complete it);
             False where the default is not what a user would write.
+        write: turns the field's value back into the YAML value (`Policy.to_dict`), where
+            lists and strings for tuples and paths will not do; None leaves the key out.
     """
 
     schema: Mapping[str, Any]
@@ -73,6 +75,7 @@ class Key:
     path: bool = False
     built: bool = False
     show_default: bool = True
+    write: Callable[[Any], Any] | None = None
 
 
 def key(schema: Mapping[str, Any], description: str | None = None, **options: Any) -> dict:
@@ -145,3 +148,23 @@ def given(raw: Mapping[str, Any], cls: type, base: Path, skip: tuple = ()) -> di
             value = k.read(value)
         out[f.name] = value
     return out
+
+
+def written(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The keys `obj`'s class declares, as a policy file holds them: what `given` reads back
+    as the same values. A None is left out; built fields are their writer's to add."""
+    out = {}
+    for f, k, name in keyed(type(obj)):
+        value = getattr(obj, f.name)
+        if k.built or f.name in skip or value is None:
+            continue
+        value = k.write(value) if k.write is not None else _plain(value)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return str(value) if isinstance(value, Path) else value

@@ -55,6 +55,11 @@ def _pairs(value: dict) -> tuple[tuple[str, Any], ...]:
     return tuple((n, tuple(v) if isinstance(v, list) else v) for n, v in value.items())
 
 
+def _mapping(pairs: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """`_pairs` undone: what a policy file holds."""
+    return {n: list(v) if isinstance(v, tuple) else v for n, v in pairs}
+
+
 _PER_CHANNEL = "normal: a number; images: one per channel"
 
 
@@ -177,6 +182,7 @@ class Passes:
             "new declared input shapes, as Polygraphy's surgeon sanitize "
             "--override-input-shapes: {INPUT: [dims]}, a dim a number or a name (dynamic)",
             read=_pairs,
+            write=_mapping,
         ),
     )
     # inputs made constants: ((input, value), ...), a value a number, a bool or a flat list
@@ -194,6 +200,7 @@ class Passes:
             "them serves it (Silero VAD's sample rate): {INPUT: value}; control flow that "
             "branches on it folds away",
             read=_pairs,
+            write=_mapping,
         ),
     )
 
@@ -208,6 +215,7 @@ class Match:
         metadata=key(
             {"oneOf": [NAME, {"type": "array", "items": NAME, "minItems": 1, "maxItems": 1000}]},
             read=lambda op: (op,) if isinstance(op, str) else tuple(op),
+            write=lambda op: list(op) or None,  # no op: any op (the key left out)
             show_default=False,
         ),
     )
