@@ -168,18 +168,19 @@ def check(
     warnings = evaluation.report_warnings(front)
     for w in warnings:
         log.warning(w)
+    summary = front.assignment.summary()  # one walk over the nodes
     return CheckResult(
         nodes=nodes,
         at_risk=evaluation.at_risk(front),
         warnings=warnings,
-        low_precision_share=front.assignment.summary().low_share,
+        low_precision_share=summary.low_share,
         points=[
             {"name": r.point.name, "inputs": dict(r.point.shapes)}
             | {"data": {n: d.to_json() for n, d in r.data.items()}}
             for r in front.shapes
         ],
         skipped_points=[p.skipped_json() for p in front.skipped],
-        summary=front.assignment.summary(),
+        summary=summary,
         casts=len(front.converted.casts),
         front=front,
     )
@@ -255,6 +256,7 @@ def build(
             missing or fails to build (`exit_code` 3).
     """
     from trtbuild import pipeline
+    from trtbuild.artifacts import BUILD_FILES
 
     policy = _policy(policy)
     out_dir = Path(out) if out is not None else Path("build") / policy.stem
@@ -269,7 +271,7 @@ def build(
         outputs={n: OutputResult(m.passed, m.to_json()) for n, m in main.outputs.items()},
         shapes=[s.to_json() for s in report.shapes],
         out_dir=outcome.out_dir,
-        files={p.name: p for p in sorted(outcome.out_dir.iterdir()) if p.is_file()},
+        files={n: outcome.out_dir / n for n in BUILD_FILES if (outcome.out_dir / n).is_file()},
         exit_code=outcome.exit_code,
         report=report,
     )

@@ -416,8 +416,10 @@ def _cmd_check(args) -> int:
     from trtbuild.accuracy.render import at_risk_lines, judged_line
     from trtbuild.policy import load_policy
 
-    policy = load_policy(args.policy)  # warnings reach stderr through the `trtbuild` logger
-    found = api.check(policy, cache=_cache(args), verbose=args.verbose)
+    policy = load_policy(args.policy)
+    found = api.check(  # its warnings reach stderr through the `trtbuild` logger
+        policy, cache=_cache(args), verbose=args.verbose
+    )
     rows = [
         {"node": n.name, "op": n.op, "precision": n.precision, "rule": n.rule, "reason": n.reason}
         for n in found.nodes
@@ -459,8 +461,10 @@ def _cmd_convert(args) -> int:
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
 
-    policy = load_policy(args.policy)  # warnings reach stderr through the `trtbuild` logger
-    front = api.convert_front(policy, cache=_cache(args), verbose=args.verbose)
+    policy = load_policy(args.policy)
+    front = api.convert_front(  # its warnings reach stderr through the `trtbuild` logger
+        policy, cache=_cache(args), verbose=args.verbose
+    )
     save_model(front.converted.model, args.output)
     s = front.assignment.summary()
     print(

@@ -329,7 +329,8 @@ def drop_initializer_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Pa
 
 @contextlib.contextmanager
 def quiet_dependencies(verbose: bool) -> Iterator[None]:
-    """onnx-graphsurgeon's log and ONNX Runtime's default logger at errors only, given back after.
+    """onnx-graphsurgeon's log at errors and ONNX Runtime's default logger at fatal only
+    (a fold that fails is skipped, not an error), given back after.
 
     ONNX Runtime's default logger belongs to the process: it is set for the
     fold and restored to its default (warnings) after, not left changed.

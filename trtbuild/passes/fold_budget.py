@@ -1,8 +1,9 @@
 """Which constants are too large to fold, known before any of them is computed.
 
 Why: onnx-graphsurgeon folds by running every constant subgraph in one ONNX
-Runtime session, and its `size_threshold` drops a result only after it was
-computed. A 182-byte model whose `ConstantOfShape([1000, 1000, 1000])` feeds a
+Runtime session, and its `size_threshold` skips only outputs whose static shape
+is known oversized; an oversized intermediate on the way to them is computed
+all the same. A 182-byte model whose `ConstantOfShape([1000, 1000, 1000])` feeds a
 reduction took 4.1 GB in `trtbuild prepare`. So the size of every output a fold
 would compute is read first, from shape inference (with data propagation, so
 shapes computed from constants are known), and a node whose output would

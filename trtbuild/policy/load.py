@@ -1,4 +1,4 @@
-"""Read a policy file: YAML → schema check → semantic checks → `Policy`.
+"""Read a policy file: YAML → schema check → semantic checks → the `Policy`'s fields.
 
 Why the YAML is composed twice (nodes for line numbers, then values): every
 message must name the file, the line and the field, and PyYAML only keeps marks
@@ -286,7 +286,7 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
 
 
 def _build(data: dict, path: Path, loc: _Located) -> dict[str, Any]:
-    """The validated document as a `Policy`, section by section, with the checks a
+    """The validated document as the `Policy`'s fields, section by section, with the checks a
     schema cannot express (profiles in order, unique rule ids, regexes that compile)."""
     base = path.parent
     return dict(

@@ -1,7 +1,8 @@
 """The validated policy as one immutable value, and the ways to get one.
 
-Frozen, as its parts are (`specs` says why). The parts live in `specs`; reading a file or a mapping in `load` (which knows no
-`Policy`, so the arrows point one way); writing one back in `dump`.
+Frozen, as its parts are (`specs` says why). The parts live in `specs`; reading a file
+or a mapping in `load` (which knows no `Policy`, so the arrows point one way); writing
+one back in `dump`.
 """
 
 from __future__ import annotations

@@ -37,7 +37,6 @@ OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`
 EMULATIONS = ("storage", "strict")
 IMAGE_FITS = ("resize", "crop")  # how images are brought to each point's H x W
 DERIVATIONS = ("tile", "synthetic", "none")  # a file's data at a point of another shape
-PROFILE_POINTS = ("shape", "min", "opt", "max")  # points the inputs' own shapes define
 # PIL's own limit (Image.MAX_IMAGE_PIXELS); beyond twice it PIL refuses to decode at all
 DEFAULT_MAX_IMAGE_PIXELS = 89_478_485
 
@@ -262,7 +261,8 @@ GUARDS: dict[str, Rule] = {
 @dataclass(frozen=True)
 class Precision:
     default: str = field(default="fp16", metadata=key(enum(PRECISIONS)))
-    # the only choice there is: TensorRT 11 is strongly typed, the graph's I/O types are its own
+    # read by no stage: the only choice there is (TensorRT 11 is strongly typed, the graph's
+    # I/O types are its own), a field so that the schema, the loader and to_dict know the key
     io: str = field(
         default="keep", metadata=key(enum(["keep"]), "graph inputs/outputs keep their dtypes")
     )
@@ -397,10 +397,6 @@ class PointSpec:
     dims: tuple[tuple[str, tuple[int, ...]], ...] = ()  # ((input, dims), ...)
     file: Path | None = None  # an .npz keyed by input name, arrays of this point's shapes
     skip: str | None = None  # why this point is not judged
-
-    @property
-    def is_profile_point(self) -> bool:
-        return self.name in PROFILE_POINTS
 
 
 _TOLERANCE = section(
