@@ -107,12 +107,14 @@ def test_points_judged_in_parallel_give_the_same_trials(example_policy, tmp_path
     assert "reaches |x|" in a.read_text()  # the energy past 65504 at 1000 frames
 
 
-def test_jobs_default_to_the_usable_cores_up_to_four():
+@pytest.mark.parametrize(("cores", "jobs"), [(1, 1), (3, 3), (8, 4), (64, 4)])
+def test_jobs_default_to_the_usable_cores_up_to_four(monkeypatch, cores, jobs):
     import os
 
     from trtbuild import tuning
 
-    assert tuning.default_jobs() == max(1, min(4, len(os.sched_getaffinity(0))))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert tuning.default_jobs() == jobs
 
 
 def test_streaming_gru_enhancer_is_tuned_in_a_few_evaluations(tmp_path, models_dir):

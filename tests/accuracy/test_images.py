@@ -44,7 +44,11 @@ def test_resize_first_then_crop_keeps_that_scale(tmp_path):
 def test_resize_fit_brings_the_same_image_to_every_point(tmp_path):
     policy, _ = _policy(tmp_path, "{images: images}")
     for shape in ((1, 3, 2, 2), (1, 3, 6, 5), (1, 3, 10, 9)):
-        assert load_images(policy, policy.inputs[0], shape).shape == (1, *shape)
+        with Image.open(tmp_path / "images" / "a.png") as im:
+            sized = im.resize((shape[3], shape[2]), Image.BILINEAR)
+        want = (np.asarray(sized, np.float32) / 255.0).transpose(2, 0, 1)[None]
+        got = load_images(policy, policy.inputs[0], shape)  # [images, *shape]
+        np.testing.assert_allclose(got, want[None], atol=1e-6)
 
 
 def test_centre_fit_is_the_identity_at_the_image_size():
