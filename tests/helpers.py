@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+# the console script of the environment the tests run in (a venv or not)
+TRTBUILD = str(Path(sys.executable).parent / "trtbuild")
 
 
 def model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:

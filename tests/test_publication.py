@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.helpers import F, model, node
+from tests.helpers import TRTBUILD, F, model, node
 from trtbuild.cli import main
 from trtbuild.fsutil import MARKER, TEST_HOOK, clean_leftovers
 
-TRTBUILD = str(ROOT / ".venv" / "bin" / "trtbuild")
 SETS = ("build.json", "report.json", "mixed.onnx")
 
 # writes one generation of a build's files through staged_output; argv: OUT GENERATION

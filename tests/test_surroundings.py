@@ -18,12 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
-from tests.helpers import F, model, node
+from tests.helpers import TRTBUILD, F, model, node
 from trtbuild.cli import main
 from trtbuild.errors import EXIT_BUG, exit_code_for
-
-TRTBUILD = str(ROOT / ".venv" / "bin" / "trtbuild")
 
 
 def _relu_policy(folder: Path) -> Path:

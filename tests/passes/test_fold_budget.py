@@ -5,21 +5,18 @@ from __future__ import annotations
 import json
 import resource
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from tests.helpers import F, model, node
+from tests.helpers import TRTBUILD, F, model, node
 from trtbuild.front import run_front
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy import load_policy
 from trtbuild.policy.specs import Passes
 
-TRTBUILD = Path(sys.executable).parent / "trtbuild"
 ONE = np.ones(1, np.float32)
 ADDRESS_SPACE = 2 << 30  # far below the 4 GB the fold would allocate
 
