@@ -16,11 +16,15 @@ from trtbuild.policy.keys import written
 from trtbuild.policy.specs import SIMPLE_KEYS
 
 if TYPE_CHECKING:
-    from trtbuild.policy.model import Policy
     from trtbuild.policy.specs import AccuracySpec, DataSpec, InputSpec, Rule, Tolerance
 
+# `model.Policy` reads this module to write itself; naming Policy here, even for type
+# checking, would be an import cycle (tests/test_layout.py counts those too), so it is read
+# by its fields (path, model, inputs, ...).
+PolicyLike = Any
 
-def policy_dict(policy: Policy) -> dict[str, Any]:
+
+def policy_dict(policy: PolicyLike) -> dict[str, Any]:
     """The policy as the mapping its file holds (version 1)."""
     precision = policy.precision
     return {
@@ -34,7 +38,7 @@ def policy_dict(policy: Policy) -> dict[str, Any]:
     }
 
 
-def policy_yaml(policy: Policy) -> str:
+def policy_yaml(policy: PolicyLike) -> str:
     """`policy_dict` as YAML, in the policy's own key order."""
     import yaml
 
