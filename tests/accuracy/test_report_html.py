@@ -22,7 +22,9 @@ def nafnet_report(tmp_path_factory, nafnet_path):
     tmp = tmp_path_factory.mktemp("html")
     policy = tmp / "policy.yaml"
     text = NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none")
-    policy.write_text(text.replace("  samples: 2", "  samples: 2\n  fp32_check: true"))
+    # walk: always, so the passing policy's error curve is drawn beside the baseline's
+    more = "  samples: 2\n  fp32_check: true\n  walk: always"
+    policy.write_text(text.replace("  samples: 2", more))
     assert main(["build", "--policy", str(policy), "--out", str(tmp / "out")]) == 0
     return tmp / "out"
 

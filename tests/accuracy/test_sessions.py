@@ -1,10 +1,12 @@
-"""The engine runner: Polygraphy's TrtRunner bound to the right TensorRT, no flag left behind."""
+"""The engine runner bound to the right TensorRT, no flag left behind; the metrics exact."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -82,3 +84,53 @@ def test_intra_op_threads_follow_an_affinity_narrower_than_the_machine():
     whole = len(os.sched_getaffinity(0)) == os.cpu_count()
     assert out[0] == ("0" if whole else str(len(os.sched_getaffinity(0))))
     assert out[1] == ("1" if (os.cpu_count() or 1) > 1 else "0")
+
+
+def _plain_metrics(ref, out):
+    """The figures as written first: every step on a fresh float64 copy."""
+    ref = np.asarray(ref, dtype=np.float64).ravel()
+    out = np.asarray(out, dtype=np.float64).ravel()
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        diff = np.abs(out - ref)
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        rel = diff / np.maximum(np.abs(ref), np.finfo(np.float32).tiny)
+        finite = np.abs(ref)[np.isfinite(ref)]
+        peak = float(finite.max()) if finite.size else 0.0
+        return {
+            "max_abs": float(diff.max()) if diff.size else 0.0,
+            "mean_abs": float(diff.mean()) if diff.size else 0.0,
+            "median_abs": float(np.median(diff)) if diff.size else 0.0,
+            "p99_abs": float(np.percentile(diff, 99)) if diff.size else 0.0,
+            "max_rel": float(rel.max()) if rel.size else 0.0,
+            "max_abs_of_range": float(diff.max()) / peak if diff.size and peak > 0 else 0.0,
+            "nonfinite": int(np.count_nonzero(~np.isfinite(out) & np.isfinite(ref))),
+        }
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 7, 100, 101, 40_001])
+@pytest.mark.parametrize(
+    "kind", ["plain", "nan", "inf", "both_inf", "ref_nan", "zeros", "fp16", "int"]
+)
+def test_metrics_are_the_plain_formulas_bit_for_bit(size, kind):
+    """The in-place figures are the same numbers as the plain ones, NaN and inf included."""
+    from trtbuild.accuracy.sessions import metrics
+
+    rng = np.random.default_rng(size)
+    ref = rng.standard_normal(size).astype(np.float32)
+    out = ref + rng.standard_normal(size).astype(np.float32) * np.float32(1e-3)
+    if size > 3:
+        out[3] = np.nan if kind == "nan" else out[3]
+        out[1] = np.inf if kind == "inf" else out[1]
+        if kind == "both_inf":
+            ref[2] = out[2] = -np.inf
+        ref[0] = np.nan if kind == "ref_nan" else ref[0]
+        ref[: size // 2] = 0 if kind == "zeros" else ref[: size // 2]
+    if kind == "fp16":
+        out = out.astype(np.float16)
+    if kind == "int":
+        ref, out = (ref * 10).astype(np.int64), (out * 10).astype(np.int32)
+    got, want = metrics(ref, out), _plain_metrics(ref, out)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == value or (np.isnan(value) and np.isnan(got[key])), key

@@ -115,9 +115,9 @@ def test_build_and_tune_are_judged_by_one_function(tmp_path, write_policy, monke
     made = []
     real = judge_mod._verdict
 
-    def spy(reference, run, feeds, spec, overflow_fails, verbose):
+    def spy(reference, run, judged, overflow_fails):
         made.append(overflow_fails)
-        return real(reference, run, feeds, spec, overflow_fails, verbose)
+        return real(reference, run, judged, overflow_fails)
 
     monkeypatch.setattr(judge_mod, "_verdict", spy)
     policy = write_policy()
@@ -155,10 +155,11 @@ def test_a_default_budget_grows_to_the_largest_step_and_a_policys_own_does_not(n
         stream.plan_by_budget(model, marked, sizes, MemoryBudget(64 * KIB, 128 * KIB))
 
 
-def test_lean_runs_keep_the_arena_until_the_last_feed(write_policy, monkeypatch):
-    """Every feed after the first is one lean run of the same graph: each leaves the arena's
-    pages to the next and the last gives them back; a cut run shrinks after every segment
-    (kept for a whole pass, the arena held fragments of every segment's sizes)."""
+@pytest.mark.parametrize("walk", ["always", "on_failure"])
+def test_lean_runs_keep_the_arena_until_the_last_feed(write_policy, monkeypatch, walk):
+    """Every lean run of a feed leaves the arena's pages to the next of the same graph and the
+    last gives them back; a cut run shrinks after every segment (kept for a whole pass, the
+    arena held fragments of every segment's sizes)."""
     text = write_policy(rules="").read_text().replace("samples: 2", "samples: 4")
     stages = front.run_front(load_policy(write_policy(text, name="four.yaml")))
     shrinks = []
@@ -169,11 +170,13 @@ def test_lean_runs_keep_the_arena_until_the_last_feed(write_policy, monkeypatch)
         return real(session, names, feed, shrink=shrink)
 
     monkeypatch.setattr(stream, "run_session", spy)
-    model, spec = stages.prepared.model, stages.policy.accuracy
+    model, spec = stages.prepared.model, replace(stages.policy.accuracy, walk=walk)
     candidate = judge_mod.Candidate(stages.converted.model)
-    judge_mod.judge_all(stages.reference, model, [candidate], stages.feeds, spec)
-    # the first feed: the reference and the candidate, one segment each here; then feeds 2-4
-    assert shrinks == [True, True, False, False, True]
+    (verdict,) = judge_mod.judge_all(stages.reference, model, [candidate], stages.feeds, spec)
+    if walk == "always":  # the first feed: the reference and the candidate, one segment
+        assert shrinks == [True, True, False, False, True]  # each here; then feeds 2-4
+    else:  # four lean runs; a failing candidate's walk after them (here: it overflows)
+        assert shrinks == [False, False, False, True] + [True, True] * (not verdict.passed)
 
 
 def test_a_candidate_judged_at_several_shapes_opens_one_lean_session(monkeypatch):

@@ -6,14 +6,18 @@ and every peer tool's result are judged the same way: Polygraphy's
 `SimpleCompareFunc` with the policy's tolerances on the outputs of every feed,
 the first divergence along the graph on the first feed, and the ops at risk.
 
-The runs stream (`accuracy.stream`): each candidate's emulated graph is cut
-where the reference is cut, and on the first feed the reference runs again
-beside the candidates, segment by segment, each tensor compared as it is
-produced and then dropped. No run holds more than `accuracy.memory_budget`
-allows. Where only the overflow matters (`detail="overflow"`, `tune`'s
-trials), the reference is not run again: its measures tell where the FP32
-values are finite. On a GPU the engine's outputs replace the emulated ones;
-the divergence and the at-risk list still come from the emulation, and say so.
+A verdict needs one lean run a feed: the outputs, and a finite-or-not sum of
+every tensor, so an overflow an output masks is still seen. The walk along
+the graph (the first divergence and the error curve) runs the reference again
+beside the candidate on the first feed, each tensor compared as it is produced
+and then dropped (`accuracy.stream`); by default (`accuracy.walk: on_failure`)
+only a candidate that fails or may have overflowed is walked, as the walk
+explains a verdict and costs three times the runs that make it. No run holds
+more than `accuracy.memory_budget` allows. Where only the overflow matters
+(`detail="overflow"`, `tune`'s trials), the reference is never run again: its
+measures tell where the FP32 values are finite. On a GPU the engine's outputs
+replace the emulated ones; the divergence and the at-risk list still come from
+the emulation, and say so.
 """
 
 from __future__ import annotations
@@ -43,12 +47,16 @@ from trtbuild.accuracy.sessions import (
     metrics,
 )
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
+from trtbuild.graph.propagation import unobserved
 from trtbuild.numerics import data_peak, sentinel_kept
 from trtbuild.policy.specs import AccuracySpec
 
-# How much of the graph a judgement walks: the error curve and first divergence (the
-# reference runs again beside the candidates), or only where a candidate overflows.
-Detail = Literal["divergence", "overflow"]
+# How much of the graph a judgement walks: the error curve and first divergence of every
+# candidate (the reference runs again beside them: `accuracy.walk: always`, tune's map);
+# of the candidates that fail or overflow only (`on_failure`); or only where a candidate
+# overflows (tune's trials). Every detail finds an overflow an output masks.
+Detail = Literal["divergence", "failures", "overflow"]
+DETAIL_OF_WALK: dict[str, Detail] = {"always": "divergence", "on_failure": "failures"}
 
 
 @dataclass
@@ -65,6 +73,7 @@ class Verdict:
     run_results: Any = field(repr=False, default=None)
     overflow: dict[str, Any] | None = None  # the first intermediate turned non-finite
     overflow_fails: bool = False  # judged with an overflow an output masks as a failure
+    walked: bool = True  # the first divergence was searched (False: it passed, `on_failure`)
 
     def outputs_json(self) -> dict[str, Any]:
         return {k: v.to_json() for k, v in self.outputs.items()}
@@ -87,6 +96,7 @@ class Verdict:
             "emulation": self.emulation,
             "outputs": self.outputs_json(),
             "first_divergence": self.first_divergence,
+            "walked": self.walked,
             "error_curve": self.error_curve,
             "at_risk": self.at_risk,
         }
@@ -129,7 +139,7 @@ def judge(
     label: str = EMULATED,
     engine_runner: EngineRunner | None = None,
     emulated: onnx.ModelProto | None = None,
-    detail: Detail = "divergence",
+    detail: Detail | None = None,
     overflow_fails: bool = False,
     verbose: bool = False,
     progress: bool = True,
@@ -156,18 +166,22 @@ def judge_all(
     feeds: list[Feed],
     spec: AccuracySpec,
     *,
-    detail: Detail = "divergence",
+    detail: Detail | None = None,
     overflow_fails: bool = False,
     verbose: bool = False,
     progress: bool = True,
 ) -> list[Verdict]:
     """Judge `candidates` (or their engines) against `reference`, the FP32 run of `graph`.
 
+    `detail` defaults to the policy's `accuracy.walk`. Why the walk waits for the
+    verdict (`failures`): it runs the reference again and compares every tensor,
+    three times the cost of the lean runs a verdict needs, and it explains a
+    failure; a lean run's per-tensor sums still find an overflow an output masks.
     With `overflow_fails`, a candidate whose intermediate turns non-finite where
-    FP32 is finite fails even when every output holds (`tune`: an overflow an
-    output masks is still one). `progress` shows samples on stderr once a run
-    takes seconds; `tune` has a bar of its own.
+    FP32 is finite fails even when every output holds (`tune`). `progress` shows
+    samples on stderr once a run takes seconds; `tune` has a bar of its own.
     """
+    detail = detail or DETAIL_OF_WALK[spec.walk]
     same = [_identity(c) for c in candidates]  # a policy with no pin is its FP16 baseline
     unique = [candidates[same.index(k)] for k in dict.fromkeys(same)]
     measures = reference.measures
@@ -179,8 +193,8 @@ def judge_all(
     if detail == "divergence":
         _lockstep(graph, plan, runs, feeds[0])
     else:
-        for run in runs:
-            run.overflow_pass(feeds[0])
+        for run in runs:  # a suspect is confirmed here only where no walk will find it
+            run.overflow_pass(feeds[0], shrink=len(feeds) == 1, confirm=detail == "overflow")
     ticker.tick(1)
     for k, feed in enumerate(feeds[1:], start=2):
         for run in runs:
@@ -188,7 +202,14 @@ def judge_all(
                 run.outputs.append(run.outputs_of(feed, shrink=k == len(feeds)))
         ticker.tick(k)
     ticker.done()
-    verdicts = [_verdict(reference, run, feeds, spec, overflow_fails, verbose) for run in runs]
+    judged = [_judged(reference, run, feeds, spec, verbose) for run in runs]
+    if detail == "failures":  # the walk explains a failure or an overflow, on the first feed
+        walking = [r for r, j in zip(runs, judged) if not j.passed or r.suspects]
+        for run in walking:
+            run.walk = _Walk(measures, spec.divergence_threshold, "divergence")
+        if walking:
+            _lockstep(graph, plan, walking, feeds[0], outputs=False)
+    verdicts = [_verdict(reference, run, j, overflow_fails) for run, j in zip(runs, judged)]
     firsts = list(dict.fromkeys(same))
     return [verdicts[firsts.index(k)] for k in same]
 
@@ -210,10 +231,16 @@ class _Run:
     walk: _Walk
     outputs: list[dict[str, np.ndarray]] = field(default_factory=list)  # per feed
     cut: SegmentRunner | None = None  # every tensor handed out, cut where the reference is
+    suspects: bool = False  # the first feed's lean run: a value may have turned non-finite
 
     @classmethod
     def start(
-        cls, c: Candidate, plan: Plan, measures: ReferenceMeasures, spec: AccuracySpec, detail
+        cls,
+        c: Candidate,
+        plan: Plan,
+        measures: ReferenceMeasures,
+        spec: AccuracySpec,
+        detail: Detail,
     ) -> _Run:
         bodies = tuple(sorted(measures.bodies))
         emulated = c.reused.get(("emulated", spec.emulation, bodies))
@@ -222,12 +249,14 @@ class _Run:
             emulated = c.reused[("emulated", spec.emulation, bodies)] = probe(
                 made, set(bodies)
             ).model
-        walk = _Walk(measures, spec.divergence_threshold, detail)
+        walked = "divergence" if detail == "divergence" else "overflow"
+        walk = _Walk(measures, spec.divergence_threshold, walked)
         shown, checked = [*measures.outputs], set()
-        if detail == "overflow":  # values where the reference is special, sums elsewhere
+        if walked == "overflow":  # values where the reference is special, sums elsewhere
             tensors = {o for n in emulated.graph.node for o in n.output} & set(walk.depth)
             shown += sorted(tensors & set(measures.special) - set(shown))
-            checked = tensors - set(shown)
+            sinks = set(measures.outputs) - set(measures.special)  # compared where FP32 is finite
+            checked = unobserved(emulated, tensors - set(shown), sinks, measures.shapes)
         key = ("lean", id(emulated), tuple(shown), tuple(sorted(checked)))
         lean = c.reused.get(key) or LeanRunner(emulated, shown, checked)
         c.reused[key] = lean
@@ -248,30 +277,37 @@ class _Run:
         values = self.lean.run(feed, shrink=shrink)
         return {o: values[o] for o in self.walk.measures.outputs if o in values}
 
-    def overflow_pass(self, feed: Feed) -> None:
-        """The first feed for `detail="overflow"`: one lean run, and the cut run only where a
-        tensor's sum says one of its values may not be finite (the walk then finds which)."""
-        values = self.lean.run(feed)
+    def overflow_pass(self, feed: Feed, *, shrink: bool = True, confirm: bool = True) -> None:
+        """The first feed, unless every candidate is walked: one lean run, and (`confirm`) the
+        cut run only where a tensor's sum says one of its values may not be finite (the walk
+        then finds which); `shrink=False` where more lean runs follow."""
+        values = self.lean.run(feed, shrink=shrink)
         outputs = self.walk.measures.outputs
         self.outputs.append({o: values[o] for o in outputs if o in values})
         self.walk.take({t: v for t, v in values.items() if t in self.walk.depth}, None)
         suspects = self.lean.suspects(values)
         del values
-        if suspects:
+        # an output or a special tensor that turned non-finite may carry an overflow from
+        # upstream, where no sum is placed (`unobserved`): the cut run finds its origin
+        self.suspects = bool(suspects) or self.walk.overflowed()
+        if self.suspects and confirm:
             runner = self.cut_runner()
             for seg, cut in zip(runner.plan.segments, runner.run(feed)):
                 self.walk.take({t: cut[t] for t in seg.marked}, None)
 
 
-def _lockstep(graph: onnx.ModelProto, plan: Plan, runs: list[_Run], feed: Feed) -> None:
-    """The first feed: the reference and every candidate, segment by segment.
+def _lockstep(
+    graph: onnx.ModelProto, plan: Plan, runs: list[_Run], feed: Feed, *, outputs: bool = True
+) -> None:
+    """The first feed: the reference and every candidate, segment by segment; with
+    `outputs`, the candidates' outputs of this feed are kept (no lean run made them).
 
     A reference tensor is held until every candidate has produced its own (the
     same segment, unless a candidate's graph moved it later), then dropped.
     """
     ref: Iterator[dict[str, np.ndarray]] = SegmentRunner(graph, plan).run(feed)
     streams = [run.cut_runner().run(feed) for run in runs]
-    outputs = set(runs[0].walk.measures.outputs) if runs else set()
+    names = set(runs[0].walk.measures.outputs) if runs else set()
     pending: dict[str, np.ndarray] = {}
     firsts: list[dict[str, np.ndarray]] = [{} for _ in runs]
     for k, seg in enumerate(plan.segments):
@@ -282,24 +318,34 @@ def _lockstep(graph: onnx.ModelProto, plan: Plan, runs: list[_Run], feed: Feed) 
             values = next(stream)
             produced = {t: values[t] for t in run.cut_runner().plan.segments[k].marked}
             run.walk.take(produced, pending)
-            first.update({o: v for o, v in produced.items() if o in outputs})
+            first.update({o: v for o, v in produced.items() if o in names})
             del values, produced
         done = [r.cut_runner().plan.segment_of for r in runs]
         for t in [t for t in pending if all(d.get(t, -1) <= k for d in done)]:
             del pending[t]
     for run, first in zip(runs, firsts):
-        run.outputs.append(first)
+        if outputs:
+            run.outputs.append(first)
 
 
-def _verdict(
-    reference: ReferenceTensors,
-    run: _Run,
-    feeds: list[Feed],
-    spec: AccuracySpec,
-    overflow_fails: bool,
-    verbose: bool,
-) -> Verdict:
-    """Polygraphy's verdict on the outputs, with the walk's divergence and the ops at risk."""
+@dataclass
+class _Judged:
+    """What the outputs say of one candidate, before any walk: Polygraphy's verdicts."""
+
+    label: str
+    emulation: str | None
+    outputs: dict[str, OutputMetrics]
+    results: Any
+
+    @property
+    def passed(self) -> bool:
+        return all(m.passed for m in self.outputs.values())
+
+
+def _judged(
+    reference: ReferenceTensors, run: _Run, feeds: list[Feed], spec: AccuracySpec, verbose: bool
+) -> _Judged:
+    """Polygraphy's verdict on the outputs (the engine's, where the candidate has one)."""
     from polygraphy.comparator.struct import IterationResult
 
     c = run.candidate
@@ -308,19 +354,26 @@ def _verdict(
     if c.engine_runner is not None:
         iterations, label, emulation = c.engine_runner.run(feeds, verbose), "tensorrt", None
     outputs, results = compare(reference, iterations, label, spec, verbose)
+    return _Judged(label, emulation, outputs, results)
+
+
+def _verdict(
+    reference: ReferenceTensors, run: _Run, judged: _Judged, overflow_fails: bool
+) -> Verdict:
+    """The outputs' verdict, with the walk's divergence and overflow and the ops at risk."""
     first_div, curve, overflow = run.walk.finish()
-    passed = all(m.passed for m in outputs.values())
     return Verdict(
-        evaluator=label,
-        emulation=emulation,
-        passed=passed and not (overflow_fails and overflow is not None),
-        outputs=outputs,
+        evaluator=judged.label,
+        emulation=judged.emulation,
+        passed=judged.passed and not (overflow_fails and overflow is not None),
+        outputs=judged.outputs,
         first_divergence=first_div,
         error_curve=curve,
-        at_risk=risk.at_risk(reference.measures.internals, c.mixed),
-        run_results=results,
+        at_risk=risk.at_risk(reference.measures.internals, run.candidate.mixed),
+        run_results=judged.results,
         overflow=overflow,
         overflow_fails=overflow_fails,
+        walked=run.walk.detail == "divergence",
     )
 
 
@@ -413,6 +466,10 @@ class _Walk:
         nan = int(np.count_nonzero(np.isnan(e)))
         scale = self.measures.first_peaks.get(tensor, 0.0)
         return _point_json(tensor, bad, nan, scale, float("inf"))
+
+    def overflowed(self) -> bool:
+        """Whether a tensor taken so far turned non-finite where FP32 is finite."""
+        return any(p["nonfinite"] for p in self.points.values())
 
     def finish(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
         """(first divergence, error curve, first overflow); only the overflow without `divergence`."""

@@ -69,10 +69,12 @@ class ShapeVerdict:
             "outputs": self.main.outputs_json(),
             "at_risk": self.main.at_risk,
             "first_divergence": self.main.first_divergence,
+            "walked": self.main.walked,
             "baselines": {
                 "fp16": {
                     "passed": self.fp16.passed,
                     "first_divergence": self.fp16.first_divergence,
+                    "walked": self.fp16.walked,
                 }
             },
         }
@@ -239,7 +241,16 @@ def outputs_table(outputs: dict[str, OutputMetrics]) -> Table:
     return Table(("output", "verdict", *METRICS, "tolerance"), rows)
 
 
-def divergence_text(d: dict[str, Any] | None) -> str:
+# What a report says where the judge did not walk (`accuracy.walk: on_failure`, a pass).
+NOT_WALKED = (
+    "not searched: it passes and no intermediate turns non-finite "
+    "(`accuracy.walk: always` walks a passing candidate too)"
+)
+
+
+def divergence_text(d: dict[str, Any] | None, walked: bool = True) -> str:
+    if not walked:
+        return NOT_WALKED
     if not d:
         return "none: every intermediate tensor stays within the divergence threshold"
     return f"`{d['node']}` ({d['op']}), tensor `{d['tensor']}`: {d['reason']}"
@@ -267,7 +278,10 @@ def sections(report: Report) -> list[Section]:
             "Outputs (policy)",
             [
                 outputs_table(report.main.outputs),
-                Para(f"First divergence (policy): {divergence_text(report.main.first_divergence)}"),
+                Para(
+                    "First divergence (policy): "
+                    + divergence_text(report.main.first_divergence, report.main.walked)
+                ),
             ],
         ),
         _baseline_section(report),
@@ -298,7 +312,7 @@ def _shapes_section(report: Report) -> Section:
             m = sv.main.outputs[name]
             cells.append(f"{'pass' if m.passed else '**FAIL**'} {fmt(m.max_abs)}")
         rows.append((f"`{name}`", *cells))
-    rows.append(("first divergence", *(_short_divergence(s.main.first_divergence) for s in shapes)))
+    rows.append(("first divergence", *(_short_divergence(s.main) for s in shapes)))
     rows.append(("all-FP16", *("passes" if s.fp16.passed else "**FAILS**" for s in shapes)))
     rows.append(("data", *(_data_cell(s) for s in shapes)))
     text = (
@@ -318,8 +332,9 @@ def _data_cell(sv: ShapeVerdict) -> str:
     return "; ".join(f"{n}: {d.source}" if many else d.source for n, d in sv.data.items())
 
 
-def _short_divergence(d: dict[str, Any] | None) -> str:
-    return f"`{d['node']}`" if d else "none"
+def _short_divergence(v: Verdict) -> str:
+    d = v.first_divergence
+    return f"`{d['node']}`" if d else ("none" if v.walked else "not searched")
 
 
 def _baseline_section(report: Report) -> Section:
@@ -336,7 +351,9 @@ def _baseline_section(report: Report) -> Section:
         [
             Para(text + "."),
             outputs_table(base.outputs),
-            Para(f"First divergence (all-FP16): {divergence_text(base.first_divergence)}"),
+            Para(
+                f"First divergence (all-FP16): {divergence_text(base.first_divergence, base.walked)}"
+            ),
         ],
     )
 
@@ -375,6 +392,10 @@ def _fp32_section(fp32: Verdict) -> Section:
 
 
 def _curve_section(report: Report) -> Section:
+    if not (report.main.walked or report.fp16.walked):
+        return Section(
+            "Error along the graph", [Para(f"Policy and all-FP16 baseline: {NOT_WALKED}.")]
+        )
     worst = sorted(
         (p for p in report.main.error_curve if p.get("rel_error") is not None),
         key=lambda p: -float(p["rel_error"]),

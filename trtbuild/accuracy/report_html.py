@@ -55,8 +55,11 @@ def error_curve_plot(report: Report) -> str:
     fig, ax = plt.subplots(figsize=(10, 3.8))
     threshold = report.divergence_threshold
     curves = [
-        ("policy", report.main.error_curve, POLICY_COLOR),
-        ("all-FP16 baseline", report.fp16.error_curve, BASELINE_COLOR),
+        (label + ("" if v.walked else " (not searched: it passes)"), v.error_curve, color)
+        for label, v, color in (
+            ("policy", report.main, POLICY_COLOR),
+            ("all-FP16 baseline", report.fp16, BASELINE_COLOR),
+        )
     ]
     finite_max = 1e-7
     for _, curve, _ in curves:

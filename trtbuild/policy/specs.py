@@ -35,6 +35,8 @@ ERROR_STATS = ("elemwise", "max", "mean", "median", "quantile")
 MAX_SAMPLES = 10_000
 OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`
 EMULATIONS = ("storage", "strict")
+# When the judge walks the graph for the first divergence and the error curve.
+WALKS = ("on_failure", "always")
 IMAGE_FITS = ("resize", "crop")  # how images are brought to each point's H x W
 DERIVATIONS = ("tile", "synthetic", "none")  # a file's data at a point of another shape
 # PIL's own limit (Image.MAX_IMAGE_PIXELS); beyond twice it PIL refuses to decode at all
@@ -492,6 +494,16 @@ class AccuracySpec:
             {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
             "relative error (to the tensor's range) at which an intermediate tensor counts as "
             "diverged",
+        ),
+    )
+    walk: str = field(
+        default="on_failure",
+        metadata=key(
+            enum(WALKS),
+            "when the judge walks the graph for the first divergence and the error curve "
+            "(the FP32 reference runs again beside the candidate, every tensor compared): "
+            "on_failure (default; a candidate that fails, or whose intermediate turns "
+            "non-finite) or always (a passing candidate too)",
         ),
     )
     fp32_check: bool = field(

@@ -1,0 +1,75 @@
+"""When the judge walks the graph (`accuracy.walk`): a failure and an overflow an output
+masks are always explained; a passing candidate is walked only when the policy asks.
+
+Real builds (`backend: none`) of a two-node graph: x * gain, then Clip to [0, 1]. With
+gain 10 and x in [0, 1) the product stays in FP16's range; with gain 1e5 it turns inf in
+FP16 (unless pinned), and the Clip hides that from the output (inf -> 1, as FP32's
+1e5 -> 1).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import F, model, node
+from trtbuild.cli import main
+
+
+def _build(tmp_path, gain: float, walk: str | None, atol: float = 1e-2) -> dict:
+    m = model(
+        [node("Mul", ["x", "g"], "p", "scale"), node("Clip", ["p", "lo", "hi"], "y", "clip")],
+        [("x", F, [1, 64])],
+        [("y", F, [1, 64])],
+        {"g": np.float32(gain), "lo": np.float32(0.0), "hi": np.float32(1.0)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    walk_line = f"\n  walk: {walk}" if walk else ""
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\n"
+        "inputs:\n  x: {shape: [1, 64], data: {distribution: uniform, low: 0.0, high: 1.0}}\n"
+        "precision: {default: fp16, rules: []}\nbuild: {backend: none}\n"
+        f"accuracy:\n  samples: 2{walk_line}\n"
+        f"  tolerances: {{default: {{atol: {atol}, rtol: 0.0, check_error_stat: max}}}}\n"
+    )
+    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")]) in (
+        0,
+        1,
+    )
+    return json.loads((tmp_path / "o" / "report.json").read_text())
+
+
+def test_a_passing_policy_is_not_walked_and_the_report_says_so(tmp_path):
+    report = _build(tmp_path, gain=0.5, walk=None)
+    assert report["passed"] and report["walked"] is False
+    assert report["first_divergence"] is None and report["error_curve"] == []
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "not searched: it passes and no intermediate turns non-finite" in md
+
+
+def test_walk_always_walks_a_passing_policy(tmp_path):
+    report = _build(tmp_path, gain=0.5, walk="always")
+    assert report["passed"] and report["walked"] is True
+    assert [p["node"] for p in report["error_curve"]] == ["scale", "clip"]
+
+
+def test_a_failing_policy_is_walked(tmp_path):
+    report = _build(tmp_path, gain=0.5, walk=None, atol=1e-9)  # FP16 rounding alone fails it
+    assert not report["passed"] and report["walked"] is True
+    assert [p["node"] for p in report["error_curve"]] == ["scale", "clip"]
+    assert report["first_divergence"] is None  # every tensor within 5% of its range
+
+
+@pytest.mark.parametrize("walk", [None, "always"])
+def test_an_overflow_the_output_masks_is_walked_to_its_node(tmp_path, walk):
+    """The policy pins the product from the reference's ranges; its all-FP16 baseline
+    overflows there, and passes all the same: the Clip hides the inf from the output."""
+    report = _build(tmp_path, gain=1e5, walk=walk)
+    assert report["passed"] and report["walked"] is (walk == "always")
+    base = report["baselines"]["fp16"]
+    assert base["passed"] and base["walked"] is True
+    first = base["first_divergence"]
+    assert first["node"] == "scale" and "64 non-finite value(s) (64 inf)" in first["reason"]
