@@ -3,7 +3,10 @@ warnings and the ops at risk. `build`, `report` and `check` read the same functi
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
+
+import onnx
 
 from trtbuild import __version__
 from trtbuild.accuracy import risk
@@ -132,13 +135,14 @@ def _candidates(
     backend: str,
     emulation: str,
 ) -> list[Candidate]:
-    """Each variant emulated once, for every shape it is judged at (and its engine, if built)."""
-    return [
-        Candidate(
-            mixed.model,
-            label,
-            trt_runner(engines[v], backend) if v in engines else None,
-            emulate(mixed.model, emulation),
-        )
-        for v, mixed, label in variants
-    ]
+    """Each variant emulated once, for every shape it is judged at (and its engine, if built);
+    a policy with no pin is its FP16 baseline, emulated once for both."""
+    emulated: dict[bytes, onnx.ModelProto] = {}
+    made = []
+    for v, mixed, label in variants:
+        digest = hashlib.sha256(mixed.model.SerializeToString(deterministic=True)).digest()
+        if digest not in emulated:
+            emulated[digest] = emulate(mixed.model, emulation)
+        runner = trt_runner(engines[v], backend) if v in engines else None
+        made.append(Candidate(mixed.model, label, runner, emulated[digest]))
+    return made

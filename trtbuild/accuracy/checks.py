@@ -16,6 +16,8 @@ without a threshold (a threshold that cannot fail), so reports show them.
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +92,7 @@ class _Pair:
         from polygraphy.comparator import Comparator, RunResults
         from polygraphy.comparator.struct import IterationResult
 
-        from trtbuild.accuracy.sessions import REFERENCE
+        from trtbuild.accuracy.sessions import REFERENCE, usable_cores
 
         sides = []
         for runner, iters in (
@@ -103,12 +105,20 @@ class _Pair:
                     for it in iters
                 ]
             )
-        if not self.verbose:
-            return [func(r, o) for r, o in zip(*sides)]
+        if not self.verbose:  # samples at once: numpy leaves the GIL while it partitions
+            with ThreadPoolExecutor(max(1, min(len(sides[0]), usable_cores()))) as pool:
+                return list(pool.map(functools.partial(_quietly, func), *sides))
         results = RunResults()
         results.append((REFERENCE, sides[0]))
         results.append((self.label, sides[1]))
         return Comparator.compare_accuracy(results, compare_func=func)[0][(REFERENCE, self.label)]
+
+
+def _quietly(func, ref, out):
+    """`func` with numpy's floating-point warnings off on this thread (numpy's errstate is
+    per thread; `quiet_polygraphy` set it on the caller's)."""
+    with np.errstate(all="ignore"):
+        return func(ref, out)
 
 
 def _record(

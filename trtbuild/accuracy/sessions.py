@@ -31,15 +31,15 @@ EMULATED = "emulated-fp16"
 def quiet_polygraphy(verbose: bool = False) -> Iterator[None]:
     from polygraphy.logger import G_LOGGER
 
-    old = G_LOGGER.module_severity
+    old, indent = G_LOGGER.module_severity, G_LOGGER.logging_indent
     if not verbose:  # trtbuild renders its own verdicts; Polygraphy's go to --verbose
         G_LOGGER.module_severity = G_LOGGER.CRITICAL
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             yield
-    finally:
-        G_LOGGER.module_severity = old
+    finally:  # the indent too: samples compared on threads interleave its save and restore
+        G_LOGGER.module_severity, G_LOGGER.logging_indent = old, indent
 
 
 # ONNX Runtime's CPU memory, shared by every judging session (see `_shared_arena`).
@@ -99,11 +99,16 @@ def intra_op_threads() -> int:
     container or a CI runner limits to fewer runs more threads than it has cores,
     and they wait on each other at every op.
     """
+    allowed = usable_cores()
+    return allowed if allowed < (os.cpu_count() or allowed) else 0
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), else the machine's; at least 1."""
     try:
-        allowed = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux: ONNX Runtime's own count
-        return 0
-    return allowed if 0 < allowed < (os.cpu_count() or allowed) else 0
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def _session(model_bytes: bytes, in_order: bool = False):
@@ -247,15 +252,14 @@ def metrics(ref: np.ndarray, out: np.ndarray) -> dict[str, Any]:
     place: the relative error reuses one buffer, NaN becomes inf only when there
     is a NaN, and the median and 99th percentile partition the difference itself
     once the order-dependent mean is taken (order statistics are the same numbers
-    whatever the order).
+    whatever the order). Safe on a worker thread: nothing process-wide is touched.
     """
     ref, out = _floats(ref), _floats(out)
     nonfinite = int(np.count_nonzero(~np.isfinite(out) & np.isfinite(ref)))
     if not ref.size:
         zero = ("max_abs", "mean_abs", "median_abs", "p99_abs", "max_rel", "max_abs_of_range")
         return dict.fromkeys(zero, 0.0) | {"nonfinite": nonfinite}
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with np.errstate(all="ignore"):  # per thread; warnings' filters are the process's
         diff = np.abs(np.subtract(out, ref, dtype=np.float64))
         max_abs = float(diff.max())
         if np.isnan(max_abs):  # a NaN is the worst error there is

@@ -10,7 +10,6 @@ reference can be large.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Any
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.judge import Candidate, judge, judge_all
 from trtbuild.accuracy.reference import ReferenceTensors
-from trtbuild.accuracy.sessions import REFERENCE
+from trtbuild.accuracy.sessions import REFERENCE, usable_cores
 from trtbuild.front import Front
 from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import assign
@@ -31,11 +30,7 @@ MAX_DEFAULT_JOBS = 4
 
 def default_jobs() -> int:
     """`--jobs` by default: min(4, the cores this process may use)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_DEFAULT_JOBS, cores))
+    return min(MAX_DEFAULT_JOBS, usable_cores())
 
 
 @dataclass(frozen=True)
