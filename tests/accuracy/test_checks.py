@@ -119,3 +119,34 @@ def test_the_verdicts_are_the_same_with_and_without_polygraphys_log():
     assert quiet == loud
     assert not quiet["image"]["simple"]["passed"] and not quiet["logits"]["indices"]["passed"]
     assert {"psnr", "snr", "shown"} <= set(quiet["image"])
+
+
+def test_samples_compared_at_once_leave_polygraphys_logger_and_warnings_as_they_were():
+    """The samples' checks run on threads that enter Polygraphy's indent each on their own
+    and warn where numpy does; nothing of the process is left changed behind them."""
+    import warnings
+
+    import numpy as np
+    from polygraphy.comparator.struct import IterationResult
+    from polygraphy.logger import G_LOGGER
+
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    rng = np.random.default_rng(1)
+    refs = [IterationResult({"y": rng.random(50_000, np.float32)}, runner_name="r") for _ in "ab"]
+    outs = [IterationResult({"y": r["y"] + np.float32(1.0)}, runner_name="c") for r in refs]
+    for ref, out in zip(refs, outs):  # inf - inf and 0 / 0: numpy warns, unless told not to
+        ref["y"][:2], out["y"][:2] = (np.inf, 0.0), (-np.inf, np.nan)
+    severity, indent, filters = (
+        G_LOGGER.module_severity,
+        G_LOGGER.logging_indent,
+        warnings.filters[:],
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = run_checks(refs, outs, "c", {"y": Tolerance(atol=1e-3, rtol=0.0)}, False)
+    assert found["y"]["simple"]["failed_samples"] == [0, 1]
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert (G_LOGGER.module_severity, G_LOGGER.logging_indent) == (severity, indent)
+    assert warnings.filters == filters

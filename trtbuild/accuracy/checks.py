@@ -16,7 +16,6 @@ without a threshold (a threshold that cannot fail), so reports show them.
 
 from __future__ import annotations
 
-import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -106,19 +105,13 @@ class _Pair:
                 ]
             )
         if not self.verbose:  # samples at once: numpy leaves the GIL while it partitions
+            # (their warnings meet the filter `quiet_polygraphy` holds around this call)
             with ThreadPoolExecutor(max(1, min(len(sides[0]), usable_cores()))) as pool:
-                return list(pool.map(functools.partial(_quietly, func), *sides))
+                return list(pool.map(func, *sides))
         results = RunResults()
         results.append((REFERENCE, sides[0]))
         results.append((self.label, sides[1]))
         return Comparator.compare_accuracy(results, compare_func=func)[0][(REFERENCE, self.label)]
-
-
-def _quietly(func, ref, out):
-    """`func` with numpy's floating-point warnings off on this thread (numpy's errstate is
-    per thread; `quiet_polygraphy` set it on the caller's)."""
-    with np.errstate(all="ignore"):
-        return func(ref, out)
 
 
 def _record(
