@@ -7,7 +7,8 @@ and every peer tool's result are judged the same way: Polygraphy's
 the first divergence along the graph on the first feed, and the ops at risk.
 
 A verdict needs one lean run a feed: the outputs, and a finite-or-not sum of
-every tensor, so an overflow an output masks is still seen. The walk along
+each tensor whose non-finite value could vanish before an output
+(`graph.propagation`), so an overflow an output masks is still seen. The walk along
 the graph (the first divergence and the error curve) runs the reference again
 beside the candidate on the first feed, each tensor compared as it is produced
 and then dropped (`accuracy.stream`); by default (`accuracy.walk: on_failure`)
