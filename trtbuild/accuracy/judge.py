@@ -56,7 +56,8 @@ from trtbuild.policy.specs import AccuracySpec
 # How much of the graph a judgement walks: the error curve and first divergence of every
 # candidate (the reference runs again beside them: `accuracy.walk: always`, tune's map);
 # of the candidates that fail or overflow only (`on_failure`); or only where a candidate
-# overflows (tune's trials). Every detail finds an overflow an output masks.
+# overflows (tune's trials). Every detail finds an overflow an output masks, on the first feed,
+# in a tensor of the graph (a boundary Cast the conversion adds is the boundary warning's).
 Detail = Literal["divergence", "failures", "overflow"]
 DETAIL_OF_WALK: dict[str, Detail] = {"always": "divergence", "on_failure": "failures"}
 

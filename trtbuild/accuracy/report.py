@@ -243,7 +243,7 @@ def outputs_table(outputs: dict[str, OutputMetrics]) -> Table:
 
 # What a report says where the judge did not walk (`accuracy.walk: on_failure`, a pass).
 NOT_WALKED = (
-    "not searched: it passes and no intermediate turns non-finite "
+    "not searched: it passes and no tensor of the graph turns non-finite on the first sample "
     "(`accuracy.walk: always` walks a passing candidate too)"
 )
 
