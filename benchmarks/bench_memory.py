@@ -137,7 +137,6 @@ def case(n: int, tmp: Path, skip: set[str], modelopt: str | None, tune_max: int)
 # (module, attribute, phase): every function of the accuracy stage that takes time, wrapped
 # where it is looked up. ONNX Runtime's runs are split by whose graph they run.
 TIMED = [
-    ("trtbuild.evaluation", "emulate", "emulate"),
     ("trtbuild.accuracy.judge", "emulate", "emulate"),
     ("trtbuild.accuracy.judge", "probe", "probes"),
     ("trtbuild.accuracy.judge", "reference_plan", "cut plans"),
@@ -186,7 +185,8 @@ def _phase_child(policy_path: str, repeat: int, shrink: bool) -> None:
     for module, name, phase in TIMED:
         mod = importlib.import_module(module)
         setattr(mod, name, timed(getattr(mod, name), phase))
-    _time_runs(judge, stream, timed)
+    sums: dict[str, int] = {}  # the policy's lean run: tensors summed, of those the graph names
+    _time_runs(judge, stream, timed, sums)
     _time_walk(judge, timed)
     if not shrink:
         sessions._run_options.cache_clear()
@@ -209,11 +209,11 @@ def _phase_child(policy_path: str, repeat: int, shrink: bool) -> None:
         evaluate_all(front, engines={}, backend="none", base_models=base_models)
         stage = time.perf_counter() - t
         spent["other"] = stage - sum(spent.values())
-        out = {"plain": float(np.median(runs)), "stage": stage, "phases": dict(spent)}
+        out = {"plain": float(np.median(runs)), "stage": stage, "phases": dict(spent), **sums}
         print(json.dumps(out), flush=True)
 
 
-def _time_runs(judge, stream, timed) -> None:
+def _time_runs(judge, stream, timed, sums: dict[str, int]) -> None:
     """ONNX Runtime's runs, by whose graph a runner runs (reference, policy, baselines) and how
     (cut into segments, or lean)."""
     kind_of: dict[int, str] = {}  # id(emulated graph) -> candidate kind
@@ -222,6 +222,8 @@ def _time_runs(judge, stream, timed) -> None:
     def run_start(cls, c, *args, **kwargs):
         run = start(cls, c, *args, **kwargs)
         kind_of[id(run.emulated)] = KINDS[min(len(kind_of), len(KINDS) - 1)]
+        if kind_of[id(run.emulated)] == "policy":
+            sums.update(summed=len(run.lean.sums), named=len(run.walk.depth))
         return run
 
     judge._Run.start = classmethod(run_start)
@@ -297,6 +299,8 @@ def phases(n: int, tmp: Path, repeat: int, shrink: bool = True) -> None:
     cells = [f"**{_times(r['stage'], r['plain'])}**" for r in rows]
     print("| **accuracy stage** | " + " | ".join(cells) + " |")
     print("| plain FP32 inference | " + " | ".join(f"{r['plain']:.3f} s" for r in rows) + " |")
+    if "summed" in rows[0]:
+        print(f"the policy's lean run sums {rows[0]['summed']} of the {rows[0]['named']} tensors")
 
 
 def _times(seconds: float, plain: float) -> str:

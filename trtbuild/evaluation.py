@@ -3,14 +3,10 @@ warnings and the ops at risk. `build`, `report` and `check` read the same functi
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
-
-import onnx
 
 from trtbuild import __version__
 from trtbuild.accuracy import risk
-from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.judge import Candidate, judge_all
 from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
@@ -97,7 +93,7 @@ def evaluate_all(
     variants = [("policy", front.converted, EMULATED), ("fp16", models["fp16"], EMULATED)]
     if policy.accuracy.fp32_check:
         variants.append(("fp32", models["fp32"], "onnxrt-fp32-graph"))
-    candidates = _candidates(variants, engines, backend, policy.accuracy.emulation)
+    candidates = _candidates(variants, engines, backend)
     per_shape, firsts = [], []
     for run in front.shapes:  # every point of the input space, the primary first
         if run.reference is None:
@@ -130,19 +126,12 @@ def evaluate_all(
 
 
 def _candidates(
-    variants: list[tuple[str, Converted, str]],
-    engines: dict[str, bytes],
-    backend: str,
-    emulation: str,
+    variants: list[tuple[str, Converted, str]], engines: dict[str, bytes], backend: str
 ) -> list[Candidate]:
-    """Each variant emulated once, for every shape it is judged at (and its engine, if built);
-    a policy with no pin is its FP16 baseline, emulated once for both."""
-    emulated: dict[bytes, onnx.ModelProto] = {}
-    made = []
-    for v, mixed, label in variants:
-        digest = hashlib.sha256(mixed.model.SerializeToString(deterministic=True)).digest()
-        if digest not in emulated:
-            emulated[digest] = emulate(mixed.model, emulation)
-        runner = trt_runner(engines[v], backend) if v in engines else None
-        made.append(Candidate(mixed.model, label, runner, emulated[digest]))
-    return made
+    """Each variant (and its engine, if built). The judge emulates a candidate when it first
+    runs it and keeps that for every shape (`Candidate.reused`); a policy with no pin is its
+    FP16 baseline, judged, and so emulated, once for both."""
+    return [
+        Candidate(mixed.model, label, trt_runner(engines[v], backend) if v in engines else None)
+        for v, mixed, label in variants
+    ]

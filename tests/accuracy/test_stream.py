@@ -175,8 +175,9 @@ def test_lean_runs_keep_the_arena_until_the_last_feed(write_policy, monkeypatch,
     (verdict,) = judge_mod.judge_all(stages.reference, model, [candidate], stages.feeds, spec)
     if walk == "always":  # the first feed: the reference and the candidate, one segment
         assert shrinks == [True, True, False, False, True]  # each here; then feeds 2-4
-    else:  # four lean runs; a failing candidate's walk after them (here: it overflows)
-        assert shrinks == [False, False, False, True] + [True, True] * (not verdict.passed)
+    else:  # four lean runs, then the walk of this failing, overflowing candidate
+        assert not verdict.passed and verdict.overflow is not None
+        assert shrinks == [False, False, False, True, True, True]
 
 
 def test_a_candidate_judged_at_several_shapes_opens_one_lean_session(monkeypatch):

@@ -252,10 +252,10 @@ class _Run:
             emulated = c.reused[("emulated", spec.emulation, bodies)] = probe(
                 made, set(bodies)
             ).model
-        walked = "divergence" if detail == "divergence" else "overflow"
-        walk = _Walk(measures, spec.divergence_threshold, walked)
+        mode = "divergence" if detail == "divergence" else "overflow"  # "failures" walks later
+        walk = _Walk(measures, spec.divergence_threshold, mode)
         shown, checked = [*measures.outputs], set()
-        if walked == "overflow":  # values where the reference is special, sums elsewhere
+        if mode == "overflow":  # values where the reference is special, sums elsewhere
             tensors = {o for n in emulated.graph.node for o in n.output} & set(walk.depth)
             shown += sorted(tensors & set(measures.special) - set(shown))
             sinks = set(measures.outputs) - set(measures.special)  # compared where FP32 is finite
