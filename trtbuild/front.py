@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from trtbuild.accuracy import data as data_mod
+from trtbuild.accuracy.images import Decoded
 from trtbuild.accuracy.points import ShapePoint, shape_points
 from trtbuild.accuracy.reference import (
     ReferenceMeasures,
@@ -169,8 +170,9 @@ def _shape_runs(
             where=str(policy.path),
             hint="judge at least one point: remove a skip",
         )
+    decoded = Decoded()  # each image decoded once, every point fit from its original
     runs = [
-        _shape_run(policy, prepared, view, point, cache, digest, reference)
+        _shape_run(policy, prepared, view, point, cache, digest, reference, decoded)
         for point in points
         if point.skip is None
     ]
@@ -185,8 +187,9 @@ def _shape_run(
     cache: Cache,
     digest: str | None,
     reference: ReferenceLevel,
+    decoded: Decoded,
 ) -> ShapeRun:
-    made = data_mod.point_feeds(policy, prepared.model, point)
+    made = data_mod.point_feeds(policy, prepared.model, point, decoded)
     feeds = made.feeds
     if reference == "none":
         return ShapeRun(point, feeds, None, None, made.data)

@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from trtbuild.accuracy import derive, images
-from trtbuild.accuracy.images import load_images
+from trtbuild.accuracy import derive
+from trtbuild.accuracy.images import Decoded, point_images
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
 from trtbuild.accuracy.sessions import quiet_polygraphy
 from trtbuild.errors import UsageError
@@ -64,10 +64,17 @@ def make_feeds(
 
 
 def point_feeds(
-    policy: Policy, model: onnx.ModelProto, point: ShapePoint | None = None
+    policy: Policy,
+    model: onnx.ModelProto,
+    point: ShapePoint | None = None,
+    decoded: Decoded | None = None,
 ) -> PointFeeds:
     """`accuracy.samples` feeds at `point` (default: the primary one), deterministic for
     `accuracy.seed`, with where each input's data comes from.
+
+    `decoded` holds the images decoded for earlier points of the same run (one
+    decode per image, every point fit from the original); without it they are
+    decoded for this point alone.
 
     The point's own file first, then images fit to the point, then the input's file
     (derived where its arrays have another shape), then a distribution: uniform
@@ -79,7 +86,7 @@ def point_feeds(
     dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, (t, _) in inputs.items()}
     check_memory(policy, shapes, dtypes)
     model_dims = {n: d for n, (_, d) in inputs.items()}
-    given, sources = _given(policy, shapes, dtypes, model_dims, point)
+    given, sources = _given(policy, shapes, dtypes, model_dims, point, decoded)
     n_samples = min([policy.accuracy.samples, *(len(v) for v in given.values())])
     specs = {s.name: s for s in policy.inputs}
     data = {n: specs.get(n, InputSpec(n)).data for n in shapes if n not in given}
@@ -94,8 +101,8 @@ def point_feeds(
     for i in range(n_samples):
         feed = {}
         for name in shapes:  # the model's input order
-            if name in given:
-                feed[name] = given[name][i].astype(dtypes[name], copy=False)
+            if name in given:  # an ndarray even for a 0-d input (indexing gives a scalar)
+                feed[name] = np.asarray(given[name][i], dtype=dtypes[name])
             elif name in normal:
                 arr = rng.normal(data[name].mean, data[name].std, size=shapes[name])
                 feed[name] = arr.astype(dtypes[name])
@@ -112,6 +119,7 @@ def _given(
     dtypes: dict,
     model_dims: dict,
     point: ShapePoint | None,
+    decoded: Decoded | None,
 ) -> tuple[dict[str, np.ndarray], dict[str, InputData]]:
     """The inputs whose data comes from the user's files or images, as [samples, *shape]."""
     own = _point_file(policy, point, shapes, dtypes) if point and point.file else {}
@@ -123,8 +131,7 @@ def _given(
             given[name] = own[name]
             sources[name] = InputData("file", f"{point.file.name} (this point's own)")
         elif spec is not None and spec.data.images is not None:
-            given[name] = load_images(policy, spec, shape)
-            sources[name] = InputData("images", images.describe(spec, shape))
+            given[name], sources[name] = point_images(policy, spec, shape, decoded)
         elif spec is not None and spec.data.file is not None:
             arr = _load_npz(policy, spec, dtypes[name])
             given[name], sources[name] = derive.fit(
@@ -166,6 +173,8 @@ def _point_file(
                 where=str(policy.path),
                 hint="a point's own file holds that point's shapes",
             )
+        if arr.shape != shape and len(arr) == 0:
+            raise derive.empty_file(policy, field, point.file, name, arr.shape)
         out[name] = arr[None] if arr.shape == shape else arr
     return out
 

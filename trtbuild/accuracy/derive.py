@@ -10,6 +10,8 @@ makes a point without data of its own the user's to fix.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from trtbuild.accuracy.points import InputData, ShapePoint
@@ -28,7 +30,7 @@ def fit(
 ) -> tuple[np.ndarray, InputData]:
     """`arr` as [samples, *shape] (at most `accuracy.samples`), and where it comes from."""
     field, name = f"inputs.{spec.name}.data.file", spec.data.file.name
-    every = _with_sample_axis(policy, field, spec.name, arr, shape)
+    every = _with_sample_axis(policy, field, spec, arr, shape)
     samples, have = every[: policy.accuracy.samples], every.shape[1:]
     if have == shape:
         return samples, InputData("file", name)
@@ -50,12 +52,16 @@ def fit(
 
 
 def _with_sample_axis(
-    policy: Policy, field: str, name: str, arr: np.ndarray, shape: tuple[int, ...]
+    policy: Policy, field: str, spec: InputSpec, arr: np.ndarray, shape: tuple[int, ...]
 ) -> np.ndarray:
-    """[N, *dims]: one sample where the array has the input's rank, else its leading axis."""
+    """[N, *dims]: one sample where the array has the input's rank, else its leading axis
+    (N > 0: a file without samples is the user's to fix, not an empty verdict)."""
+    name = spec.name
     if arr.ndim == len(shape):
         return arr[None]
-    if arr.ndim == len(shape) + 1 and arr.shape[0] > 0:
+    if arr.ndim == len(shape) + 1:
+        if arr.shape[0] == 0:
+            raise empty_file(policy, field, spec.data.file, name, arr.shape)
         return arr
     raise UsageError(
         f"{field}: array '{name}' has shape {list(arr.shape)}; the input takes rank "
@@ -119,3 +125,14 @@ def _said(name: str, have: tuple, shape: tuple, *, synthetic: bool) -> str:
         f"{'tiled' if b > a else 'cropped'} on axis {i} ({a} -> {b})" for i, a, b in changed
     )
     return f"{name} {steps}"
+
+
+def empty_file(
+    policy: Policy, field: str, path: Path, name: str, shape: tuple[int, ...]
+) -> UsageError:
+    """A file whose array has a sample axis of length 0: nothing to judge with, said so."""
+    return UsageError(
+        f"{field}: {path.name} holds no samples of '{name}' (array shape {list(shape)})",
+        where=str(policy.path),
+        hint=f"save at least one sample in {path}, or remove it from the policy",
+    )

@@ -35,16 +35,21 @@ class InputData:
 
 
 # random: a distribution; images and file: the user's data as it is (images fit to the
-# point); derived: a file's arrays tiled or cropped to the point; synthetic: random values
-# with a file's statistics. The last two are not the user's data and are said so.
+# point from their originals); upsampled: images some of which are smaller than the point
+# (detail above their size is interpolated, not real); padded: images cropped at a pixel
+# scale some of which are smaller than the point (mirrored borders); derived: a file's
+# arrays tiled or cropped to the point; synthetic: random values with a file's statistics.
+# The last four are not wholly the user's data and are said so at every point they hold.
 DATA_KINDS = {
     "random": "random data",
     "images": "image data",
+    "upsampled": "upsampled image data",
+    "padded": "mirror-padded image data",
     "file": "file data",
     "derived": "data derived from a file",
     "synthetic": "synthetic data",
 }  # each kind, and how a verdict says it
-MADE_UP = ("derived", "synthetic")
+MADE_UP = ("upsampled", "padded", "derived", "synthetic")
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,7 @@ def shape_points(policy: Policy, model: onnx.ModelProto) -> list[ShapePoint]:
     The profile's own points come from the inputs (min, opt, max; `shape` for a
     static policy); `accuracy.shapes` adds named points and may give any point its
     own data file or a reason to skip it. Points with equal shapes are judged once,
-    under both names.
+    under both names, unless each has its own data file: then each is judged on its own.
     """
     base = check_inputs(policy, model)
     profiled = [s for s in policy.inputs if s.opt is not None]
@@ -168,17 +173,23 @@ def shape_points(policy: Policy, model: onnx.ModelProto) -> list[ShapePoint]:
 
 def _merged(points: list[ShapePoint]) -> list[ShapePoint]:
     """Points of equal shapes as one (`opt=min`): judged unless every one of them is skipped,
-    with the data file of the first that has one."""
-    unique: dict[tuple, ShapePoint] = {}
+    with the data file of the one that has one. Two with different files of their own stay
+    two points, each judged on its own data (merged, one file would go unread)."""
+    merged: list[ShapePoint] = []
     for p in points:
-        key = tuple(p.shapes.items())
-        if key not in unique:
-            unique[key] = p
+        same = (
+            k
+            for k, q in enumerate(merged)
+            if q.shapes == p.shapes and (q.file is None or p.file is None or q.file == p.file)
+        )
+        i = next(same, None)
+        if i is None:
+            merged.append(p)
             continue
-        q = unique[key]
+        q = merged[i]
         skip = q.skip if q.skip is not None and p.skip is not None else None  # judged if any is
-        unique[key] = ShapePoint(f"{q.name}={p.name}", q.shapes, q.file or p.file, skip)
-    return list(unique.values())
+        merged[i] = ShapePoint(f"{q.name}={p.name}", q.shapes, q.file or p.file, skip)
+    return merged
 
 
 def _same_dims(policy: Policy, spec: PointSpec, point: ShapePoint) -> None:

@@ -274,6 +274,15 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
                 f"image folder not found: {images.folder}",
                 "the path is relative to the policy file",
             )
+        if images.resize is not None and images.fit == "resize":
+            h, w = images.resize
+            raise loc.error(
+                (*at, "resize"),
+                f"[{h}, {w}] with fit: resize (the default) would bring each larger point to "
+                f"its size from a {h}x{w} image: judged on detail that image threw away",
+                "remove 'resize': each point is resized straight from the original image; or add "
+                f"'fit: crop' to crop every point from the image at {h}x{w} (its pixel scale)",
+            )
     per_channel = ("mean", "std") if images else ()  # the images' own, not a distribution's
     data_spec = DataSpec(**given(raw, DataSpec, base, skip=per_channel), images=images)
     if data_spec.file is not None and not data_spec.file.is_file():
