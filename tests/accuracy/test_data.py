@@ -68,7 +68,8 @@ def test_images_nchw_rgb_with_mean_and_std(tmp_path):
 
 def test_images_nhwc_bgr_resized_caffe_style(tmp_path):
     _folder(tmp_path, n=2, size=(12, 10))
-    data = "{images: images, channels: BGR, scale: 1.0, mean: [104, 117, 123], resize: [6, 5]}"
+    data = "{images: images, channels: BGR, scale: 1.0, mean: [104, 117, 123], resize: [6, 5], "
+    data += "fit: crop}"
     m = _identity([1, 6, 5, 3])
     feeds = make_feeds(_policy(tmp_path, m, data, "[1, 6, 5, 3]"), m)
     x = feeds[0]["x"]
@@ -96,6 +97,7 @@ def test_images_fill_a_batch_from_consecutive_files(tmp_path):
         ("{images: images}", "[4, 3, 6, 5]", "holds 3 image(s); one sample needs 4"),
         ("{images: images}", "[1, 8, 6, 5]", "cannot tell where the channels"),
         ("{distribution: normal, resize: [6, 5]}", "[1, 3, 6, 5]", "'resize' applies to 'images'"),
+        ("{images: images, resize: [3, 3]}", "[1, 3, 6, 5]", "add 'fit: crop' to crop every"),
         ("{distribution: normal, mean: [1, 2]}", "[1, 3, 6, 5]", "mean is one number"),
         ("{images: images, file: a.npz}", "[1, 3, 6, 5]", "give one of 'file', 'distribution'"),
     ],

@@ -7,9 +7,10 @@ import json
 import textwrap
 
 import numpy as np
+import onnx
 import pytest
 
-from tests.helpers import identity_policy
+from tests.helpers import I64, F, identity_policy, model, node
 from trtbuild.cli import main
 from trtbuild.errors import UsageError
 from trtbuild.front import run_front
@@ -81,4 +82,71 @@ def test_an_axis_the_model_fixes_cannot_be_derived(tmp_path):
     path = _policy(tmp_path)
     np.savez(tmp_path / "x.npz", x=np.zeros((1, 5, 4), np.float32))  # 4 features, the model 3
     with pytest.raises(UsageError, match="has 4 on axis 2 where the model's input has 3"):
+        run_front(load_policy(path), reference="none")
+
+
+# -- 0-d inputs and empty files ------------------------------------------------------
+
+
+def _scalar_policy(tmp_path, sr_data: str, accuracy: str = "") -> object:
+    """y = x * float(sr): a VAD-like model whose sample rate `sr` is a 0-d int64 input."""
+    m = model(
+        [node("Cast", ["sr"], "srf", "cast", to=F), node("Mul", ["x", "srf"], "y", "mul")],
+        [("x", F, [1, "t"]), ("sr", I64, [])],
+        [("y", F, [1, "t"])],
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    frames = np.random.default_rng(0).random((2, 1, 8), dtype=np.float32)
+    np.savez(tmp_path / "frames.npz", x=frames, sr=np.array(16000, np.int64))
+    np.savez(tmp_path / "long.npz", x=np.ones((1, 16), np.float32), sr=np.array(8000, np.int64))
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        "  x: {min: [1, 4], opt: [1, 8], max: [1, 16], data: {file: frames.npz}}\n"
+        f"  sr: {{data: {sr_data}}}\n" + (f"accuracy:\n  {accuracy}\n" if accuracy else "")
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "sr_data, want",
+    [
+        ("{file: frames.npz}", {"opt": 16000, "min": 16000, "max": 8000}),
+        ("{low: 8000, high: 8001}", {"opt": 8000, "min": 8000, "max": 8000}),
+    ],
+)
+def test_a_scalar_input_at_every_point_from_a_file_or_a_distribution(tmp_path, sr_data, want):
+    path = _scalar_policy(tmp_path, sr_data, "shapes: {max: {data: {file: long.npz}}}")
+    if "low" in sr_data:
+        np.savez(tmp_path / "long.npz", x=np.ones((1, 16), np.float32))
+    runs = _runs(path)
+    for name, run in runs.items():
+        sr = run.feeds[0]["sr"]
+        assert type(sr) is np.ndarray and sr.shape == () and sr.dtype == np.int64
+        assert int(sr) == want[name]
+    assert runs["min"].data["x"].kind == "derived" and runs["max"].data["sr"].kind == (
+        "file" if "file" in sr_data else "random"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    shapes = json.loads((out / "report.json").read_text())["shapes"]
+    assert [s["inputs"]["sr"] for s in shapes] == [[], [], []]
+
+
+def test_a_points_file_without_samples_is_exit_2_naming_it(tmp_path, capsys):
+    path = _policy(tmp_path, accuracy="shapes: {max: {data: {file: empty.npz}}}\n")
+    np.savez(tmp_path / "empty.npz", x=np.zeros((0, 1, 12, 3), np.float32))
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "accuracy.shapes.max.data.file: empty.npz holds no samples of 'x'" in err
+    assert "[0, 1, 12, 3]" in err
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 2
+    assert "empty.npz holds no samples" in capsys.readouterr().err and not out.exists()
+
+
+def test_an_inputs_file_without_samples_is_exit_2_naming_it(tmp_path):
+    path = _policy(tmp_path)
+    np.savez(tmp_path / "x.npz", x=np.zeros((0, 1, 5, 3), np.float32))
+    with pytest.raises(UsageError, match=r"inputs\.x\.data\.file: x\.npz holds no samples of 'x'"):
         run_front(load_policy(path), reference="none")

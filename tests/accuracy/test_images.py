@@ -1,15 +1,24 @@
-"""Image folders fit to each point: resized, or centre-cropped with mirrored padding."""
+"""Image folders fit to each point from their originals: resized, or centre-cropped with
+mirrored padding; a point larger than an original says so."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from tests.helpers import identity_policy
-from trtbuild.accuracy.images import centre_fit, load_images
+from trtbuild.accuracy.images import centre_fit, point_images
+from trtbuild.cli import main
 from trtbuild.errors import UsageError
+from trtbuild.front import run_front
 from trtbuild.policy import load_policy
+
+
+def load_images(policy, spec, shape) -> np.ndarray:
+    return point_images(policy, spec, shape)[0]
 
 
 def _policy(tmp_path, data: str, extra: str = ""):
@@ -61,3 +70,56 @@ def test_an_image_past_the_pixel_limit_is_refused_before_it_is_decoded(tmp_path)
     with pytest.raises(UsageError, match=r"a.png has 30 pixels \(5x6\), more than") as info:
         load_images(policy, policy.inputs[0], (1, 3, 6, 5))
     assert "accuracy.max_image_pixels" in str(info.value)
+
+
+def test_a_point_larger_than_the_original_is_resized_from_it_and_says_upsampled(tmp_path):
+    policy, _ = _policy(tmp_path, "{images: images}")
+    spec = policy.inputs[0]
+    _, small = point_images(policy, spec, (1, 3, 2, 2))
+    assert small.kind == "images" and small.source == "images images/ resized to 2x2"
+    _, big = point_images(policy, spec, (1, 3, 10, 9))
+    assert big.kind == "upsampled"
+    assert big.source == (
+        "images images/ resized to 10x9; upsampled 1.8x from 6x5 (a.png): detail above that "
+        "is not real data"
+    )
+
+
+def test_crop_at_a_resize_scale_says_where_a_point_is_padded(tmp_path):
+    policy, _ = _policy(tmp_path, "{images: images, resize: [4, 4], fit: crop}")
+    spec = policy.inputs[0]
+    assert point_images(policy, spec, (1, 3, 2, 2))[1].kind == "images"  # a 6x5 image at 4x4
+    _, big = point_images(policy, spec, (1, 3, 10, 9))
+    assert big.kind == "padded"
+    assert big.source == (
+        "images images/ resized to 4x4, centre-cropped to 10x9; mirror-padded from 4x4 (a.png): "
+        "the border repeats the image, it is not real data"
+    )
+
+
+def test_each_image_is_decoded_once_for_every_point(tmp_path, monkeypatch):
+    policy, _ = _policy(tmp_path, "{images: images}")
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    front = run_front(policy, reference="none")
+    assert [r.point.name for r in front.shapes] == ["opt", "min", "max"]
+    assert [p.name for p in opened] == ["a.png"]
+
+
+def test_a_static_point_larger_than_the_photo_says_so_in_every_report(tmp_path, capsys):
+    _policy(tmp_path, "{images: images}")  # the 6x5 photo
+    path = identity_policy(tmp_path, [1, 3, 12, 10], "{data: {images: images}}")
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    said = "upsampled 2x from 6x5 (a.png): detail above that is not real data"
+    lines = capsys.readouterr().out.splitlines()
+    assert "; upsampled image data)" in lines[0]
+    assert f"  data at shape [1, 3, 12, 10]: images images/ resized to 12x10; {said}" in lines
+    (shape,) = json.loads((out / "report.json").read_text())["shapes"]
+    assert shape["data"]["x"] == {
+        "kind": "upsampled",
+        "source": f"images images/ resized to 12x10; {said}",
+    }
+    assert f"- data: images images/ resized to 12x10; {said}" in (out / "report.md").read_text()
+    assert said in (out / "report.html").read_text()

@@ -49,10 +49,19 @@ def test_image_data_is_judged_at_every_profile_point_and_named_point(tmp_path):
         "max": (1, 3, 32, 24),
         "wide": (1, 3, 16, 24),
     }
-    for run in front.shapes:
-        assert len(run.feeds) == 2 and run.data["x"].kind == "images"
-        h, w = run.point.shapes["x"][2:]
-        assert run.data["x"].source == f"images images/ resized to {h}x{w}"
+    data = {r.point.name: r.data["x"] for r in front.shapes}
+    assert all(len(run.feeds) == 2 for run in front.shapes)
+    assert data["opt"].kind == data["min"].kind == "images"
+    assert data["min"].source == "images images/ resized to 8x8"
+    # 20x30 and 16x16 photos: each point is fit from them, and one larger than a photo says so
+    assert data["max"].kind == data["wide"].kind == "upsampled"
+    assert data["max"].source == (
+        "images images/ resized to 32x24; 2 of 2 images upsampled up to 2x from 16x16 (1.png): "
+        "detail above that is not real data"
+    )
+    assert data["wide"].source.endswith(
+        "1 of 2 images upsampled 1.5x from 16x16 (1.png): detail above that is not real data"
+    )
 
 
 def test_a_named_point_outside_the_profile_is_exit_2_with_image_data(tmp_path, capsys):
@@ -112,3 +121,30 @@ def test_min_equal_to_opt_is_judged_once_under_both_names(tmp_path):
     inputs = "min: [1, 3, 16, 16]\nopt: [1, 3, 16, 16]\nmax: [1, 3, 32, 24]\n"
     points = shape_points(load_policy(_policy(tmp_path, inputs)), onnx.load(tmp_path / "m.onnx"))
     assert [p.name for p in points] == ["opt=min", "max"]
+
+
+EQUAL = "min: [1, 3, 16, 16]\nopt: [1, 3, 16, 16]\nmax: [1, 3, 32, 24]\n"
+
+
+def test_equal_points_with_files_of_their_own_are_each_judged_on_theirs(tmp_path, capsys):
+    files = "shapes: {min: {data: {file: a.npz}}, opt: {data: {file: b.npz}}}\n"
+    path = _policy(tmp_path, EQUAL, files)
+    np.savez(tmp_path / "a.npz", x=np.full((1, 3, 16, 16), 1.0, np.float32))
+    np.savez(tmp_path / "b.npz", x=np.full((1, 3, 16, 16), 2.0, np.float32))
+    runs = {r.point.name: r for r in run_front(load_policy(path), reference="none").shapes}
+    assert list(runs) == ["opt", "min", "max"]  # neither file goes unread
+    assert runs["min"].feeds[0]["x"].max() == 1.0 and runs["opt"].feeds[0]["x"].max() == 2.0
+    assert runs["min"].data["x"].source == "a.npz (this point's own)"
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "PASSED at min [1, 3, 16, 16], opt [1, 3, 16, 16], max [1, 3, 32, 24]"
+    )
+
+
+def test_equal_points_with_one_file_between_them_are_judged_once_on_it(tmp_path):
+    path = _policy(tmp_path, EQUAL, "shapes: {opt: {data: {file: b.npz}}}\n")
+    np.savez(tmp_path / "b.npz", x=np.full((1, 3, 16, 16), 2.0, np.float32))
+    runs = run_front(load_policy(path), reference="none").shapes
+    assert [r.point.name for r in runs] == ["opt=min", "max"]
+    assert runs[0].data["x"].source == "b.npz (this point's own)"

@@ -96,17 +96,25 @@ def test_photos_judged_at_every_point_and_opt_alone_would_have_passed(
     said = capsys.readouterr().out
     assert said.startswith(
         "FAILED at max [1, 3, 1024, 1024]; passed at min [1, 3, 256, 256], opt [1, 3, 512, 512] "
-        "(emulated-fp16, storage emulation; image data)"
+        "(emulated-fp16, storage emulation; image data at min; upsampled image data at opt, max)"
     )
+    # the photos are 512x512 and 300x451: larger points are fit from them, and say so
+    assert (
+        "  data at max [1, 3, 1024, 1024]: images portraits/ resized to 1024x1024; 2 of 2 images "
+        "upsampled up to 3.41x from 300x451 (chelsea.png): detail above that is not real data"
+    ) in said
     report = json.loads((out / "report.json").read_text())
     shapes = {s["name"]: s for s in report["shapes"]}
     assert {n: s["passed"] for n, s in shapes.items()} == {"opt": True, "min": True, "max": False}
-    assert shapes["max"]["data"]["input"] == {
+    assert shapes["max"]["data"]["input"]["kind"] == "upsampled"
+    assert shapes["min"]["data"]["input"] == {
         "kind": "images",
-        "source": "images portraits/ resized to 1024x1024",
+        "source": "images portraits/ resized to 256x256",
     }
     assert shapes["max"]["first_divergence"]["node"] == "/context/ReduceSum"
-    assert report["data"] == "image data"
+    assert report["data"] == "image data at min; upsampled image data at opt, max"
+    md = (out / "report.md").read_text()
+    assert "upsampled 1.71x from 300x451 (chelsea.png): detail above that is not real data" in md
 
 
 def test_tune_on_photos_meets_the_tolerance_at_max(example_policy, tmp_path, capsys):
@@ -135,3 +143,20 @@ def test_a_file_of_299_frames_is_judged_at_1000_and_says_how(example_policy, tmp
     assert shapes["max"]["first_divergence"]["node"] == "/norm/ReduceSum"
     md = (out / "report.md").read_text()
     assert "denoiser_frames.npz tiled on axis 1 (299 -> 1000)" in md
+
+
+def test_the_nightly_history_keeps_where_the_photos_were_upsampled(example_policy, tmp_path):
+    import sqlite3
+
+    folder, history = tmp_path / "policies", tmp_path / "h.sqlite"
+    folder.mkdir()
+    example_policy("matting").rename(folder / "matting.yaml")
+    args = ["nightly", "--policies", str(folder), "--out", str(tmp_path / "nightly")]
+    assert main([*args, "--history", str(history), "--backend", "none"]) == 0
+    (shapes,) = sqlite3.connect(history).execute("SELECT shapes FROM results").fetchone()
+    data = {s["name"]: s["data"]["input"] for s in json.loads(shapes)}
+    assert data["min"]["kind"] == "images" and data["max"]["kind"] == "upsampled"
+    assert data["opt"]["source"] == (
+        "images portraits/ resized to 512x512; 1 of 2 images upsampled 1.71x from 300x451 "
+        "(chelsea.png): detail above that is not real data"
+    )

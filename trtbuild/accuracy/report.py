@@ -260,7 +260,7 @@ def header(report: Report) -> list[str]:
     """The lines under the title: what was judged, by what, and the precision split."""
     p, main = report.precision, report.main
     how = f" ({main.emulation} emulation)" if main.emulation else ""
-    return [
+    lines = [
         f"policy: `{report.policy}`",
         f"model: `{report.model}`",
         f"evaluator: **{main.evaluator}**{how} against the ONNX Runtime FP32 reference, "
@@ -269,6 +269,15 @@ def header(report: Report) -> list[str]:
         f"precision: {p.fp16_nodes} FP16, {p.bf16_nodes} BF16 and {p.fp32_nodes} FP32 compute "
         f"nodes ({p.share_text()}), {len(p.pinned)} pinned by rules",
     ]
+    if report.shapes:  # one point: its data as said (upsampled photos, ...); more: the Shapes table
+        one = len(report.shapes) == 1
+        data = (
+            _data_cell(report.shapes[0])
+            if one
+            else data_summary([(s.name, s.data) for s in report.shapes])
+        )
+        lines.append(f"data: {data}")
+    return lines
 
 
 def sections(report: Report) -> list[Section]:

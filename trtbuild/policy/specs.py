@@ -75,8 +75,10 @@ class ImageSpec:
         default=None,
         metadata=key(
             {"type": "array", "items": integer(1, 65536), "minItems": 2, "maxItems": 2},
-            "[H, W] every image is resized to first; `fit` then brings it to each judged "
-            "point's H, W (useful with fit: crop; default: straight to each point)",
+            "with fit: crop, the pixel scale: each image is scaled once from the original to "
+            "[H, W] and every point is centre-cropped from that (mirror-padded where a point is "
+            "larger, and said so); with fit: resize exit 2, as each point is resized straight "
+            "from the original",
             read=tuple,
         ),
     )
@@ -84,8 +86,9 @@ class ImageSpec:
         default="resize",
         metadata=key(
             enum(IMAGE_FITS),
-            "how images meet each point's H, W: resize (default) or crop (centre crop, "
-            "mirrored padding where the image is smaller; keeps the pixel scale)",
+            "how images meet each point's H, W, always from the original: resize (default) "
+            "or crop (centre crop, mirrored padding where the image is smaller; keeps the "
+            "pixel scale). A point larger than an image says so (upsampled or mirror-padded)",
         ),
     )
     # default: where the channel dimension is 1 or 3
