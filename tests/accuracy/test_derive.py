@@ -4,6 +4,7 @@ and said so; `derive: none` and what cannot be derived are the user's to fix."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import numpy as np
@@ -127,6 +128,10 @@ def test_a_scalar_input_at_every_point_from_a_file_or_a_distribution(tmp_path, s
     assert runs["min"].data["x"].kind == "derived" and runs["max"].data["sr"].kind == (
         "file" if "file" in sr_data else "random"
     )
+    # the 0-d sample rate is the same in every sample: it does not cut the 2 frames to one
+    assert [len(runs[n].feeds) for n in ("opt", "min", "max")] == [2, 2, 1]
+    if "file" in sr_data:
+        assert runs["opt"].data["sr"].source == "frames.npz, the same in every sample"
     out = tmp_path / "out"
     assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
     shapes = json.loads((out / "report.json").read_text())["shapes"]
@@ -150,3 +155,24 @@ def test_an_inputs_file_without_samples_is_exit_2_naming_it(tmp_path):
     np.savez(tmp_path / "x.npz", x=np.zeros((0, 1, 5, 3), np.float32))
     with pytest.raises(UsageError, match=r"inputs\.x\.data\.file: x\.npz holds no samples of 'x'"):
         run_front(load_policy(path), reference="none")
+
+
+def test_the_real_silero_vad_takes_its_sample_rate_from_the_file(example_policy, tmp_path, capsys):
+    """Silero VAD 6.2.3 with `sr` (int64, shape []) an input, not frozen: fed from the .npz
+    beside its 31 frames, every frame is judged at 16 kHz."""
+    path = example_policy("silero_vad")
+    text = path.read_text()
+    frames = re.search(r"data: \{file: (\S+\.npz)\}", text).group(1)
+    with np.load(frames) as d:
+        arrays = {k: d[k] for k in d.files}
+    np.savez(tmp_path / "frames_sr.npz", **arrays, sr=np.array(16000, np.int64))
+    text = text.replace(frames, str(tmp_path / "frames_sr.npz"))
+    text = text.replace("  freeze_inputs: {sr: 16000}", "  fold_constants: true")
+    path.write_text(text.replace("\npasses:", "\n  sr: {data: {file: frames_sr.npz}}\npasses:", 1))
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("PASSED at shape {input: [1, 576], state: [2, 1, 128], sr: []}")
+    report = json.loads((out / "report.json").read_text())
+    assert report["samples"] == 31
+    assert report["shapes"][0]["data"]["sr"]["source"] == "frames_sr.npz, the same in every sample"

@@ -86,8 +86,8 @@ def point_feeds(
     dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, (t, _) in inputs.items()}
     check_memory(policy, shapes, dtypes)
     model_dims = {n: d for n, (_, d) in inputs.items()}
-    given, sources = _given(policy, shapes, dtypes, model_dims, point, decoded)
-    n_samples = min([policy.accuracy.samples, *(len(v) for v in given.values())])
+    given, sources, constant = _given(policy, shapes, dtypes, model_dims, point, decoded)
+    n_samples = _sample_count(policy.accuracy.samples, given, constant)
     specs = {s.name: s for s in policy.inputs}
     data = {n: specs.get(n, InputSpec(n)).data for n in shapes if n not in given}
     normal = {n for n, d in data.items() if d.distribution == "normal" and _is_float(dtypes[n])}
@@ -102,7 +102,8 @@ def point_feeds(
         feed = {}
         for name in shapes:  # the model's input order
             if name in given:  # an ndarray even for a 0-d input (indexing gives a scalar)
-                feed[name] = np.asarray(given[name][i], dtype=dtypes[name])
+                at = 0 if name in constant else i
+                feed[name] = np.asarray(given[name][at], dtype=dtypes[name])
             elif name in normal:
                 arr = rng.normal(data[name].mean, data[name].std, size=shapes[name])
                 feed[name] = arr.astype(dtypes[name])
@@ -110,7 +111,21 @@ def point_feeds(
                 feed[name] = np.asarray(uniform[i][name], dtype=dtypes[name])
         feeds.append(feed)
     sources.update({n: _random_source(d, dtypes[n], n in normal) for n, d in data.items()})
+    if n_samples > 1:
+        for n in constant:
+            sources[n] = InputData(
+                sources[n].kind, f"{sources[n].source}, the same in every sample"
+            )
     return PointFeeds(feeds, {n: sources[n] for n in shapes})
+
+
+def _sample_count(samples: int, given: dict[str, np.ndarray], constant: set[str]) -> int:
+    """How many samples a point is judged on: `accuracy.samples`, at most as many as every
+    file with a sample axis holds. An array without one (a 0-d sample rate, one state) is
+    the same in every sample, so it does not cut the others to one; where every file's
+    arrays lack one, that is one sample, as given."""
+    counts = [len(v) for n, v in given.items() if n not in constant]
+    return min([samples, *(counts or ([1] if given else []))])
 
 
 def _given(
@@ -120,16 +135,21 @@ def _given(
     model_dims: dict,
     point: ShapePoint | None,
     decoded: Decoded | None,
-) -> tuple[dict[str, np.ndarray], dict[str, InputData]]:
-    """The inputs whose data comes from the user's files or images, as [samples, *shape]."""
-    own = _point_file(policy, point, shapes, dtypes) if point and point.file else {}
+) -> tuple[dict[str, np.ndarray], dict[str, InputData], set[str]]:
+    """The inputs whose data comes from the user's files or images, as [samples, *shape],
+    and those whose file has no sample axis (one array for every sample)."""
+    own, constant = (
+        _point_file(policy, point, shapes, dtypes) if point and point.file else {},
+        set(),
+    )
     specs = {s.name: s for s in policy.inputs}
     given, sources = {}, {}
     for name, shape in shapes.items():
         spec = specs.get(name)
         if name in own:
-            given[name] = own[name]
+            given[name], single = own[name]
             sources[name] = InputData("file", f"{point.file.name} (this point's own)")
+            constant |= {name} if single else set()
         elif spec is not None and spec.data.images is not None:
             given[name], sources[name] = point_images(policy, spec, shape, decoded)
         elif spec is not None and spec.data.file is not None:
@@ -137,7 +157,8 @@ def _given(
             given[name], sources[name] = derive.fit(
                 policy, spec, arr, shape, model_dims[name], point
             )
-    return given, sources
+            constant |= {name} if arr.ndim == len(shape) else set()
+    return given, sources, constant
 
 
 def _random_source(data: DataSpec, dtype, normal: bool) -> InputData:
@@ -151,8 +172,9 @@ def _random_source(data: DataSpec, dtype, normal: bool) -> InputData:
 
 def _point_file(
     policy: Policy, point: ShapePoint, shapes: dict[str, tuple[int, ...]], dtypes: dict
-) -> dict[str, np.ndarray]:
-    """A point's own .npz: its arrays, keyed by input name, at exactly this point's shapes."""
+) -> dict[str, tuple[np.ndarray, bool]]:
+    """A point's own .npz: its arrays, keyed by input name, at exactly this point's shapes, as
+    [N, *shape] and whether the file gave one array without a sample axis."""
     field = f"accuracy.shapes.{point.name.split('=')[-1]}.data.file"
     arrays = read_npz(policy, point.file, field)
     unknown = [k for k in arrays if k not in shapes]
@@ -175,7 +197,7 @@ def _point_file(
             )
         if arr.shape != shape and len(arr) == 0:
             raise derive.empty_file(policy, field, point.file, name, arr.shape)
-        out[name] = arr[None] if arr.shape == shape else arr
+        out[name] = (arr[None], True) if arr.shape == shape else (arr, False)
     return out
 
 
