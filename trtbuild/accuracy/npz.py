@@ -1,0 +1,105 @@
+"""An .npz read the way the judge needs it: every header first, then only the samples used.
+
+Why not `np.load(...)[name]`: that inflates the whole array before anything can be
+checked, so a file of 10,000 frames costs all of them in memory (and time) when a
+point is judged on four, and a wrong dtype or a sample axis of length 0 is found only
+after the file is read. Here each member's `.npy` header (shape, dtype, order) is read
+from the zip without inflating its data; the checks and the memory budget work from
+those, and then only the first samples a point needs are inflated. Nothing is
+unpickled: an object array is refused from its header.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class NpzError(Exception):
+    """The file is not an .npz the judge can read; the caller names the policy field."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One array of an .npz, as its header says: nothing of its data is read."""
+
+    name: str  # the key `np.load` gives it (the member's name without `.npy`)
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran: bool  # column-major: its leading axis is not contiguous
+
+    def sample_bytes(self) -> int:
+        """Bytes of one entry of the leading axis (of the whole array if it is 0-d)."""
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
+
+    def nbytes(self, count: int | None = None) -> int:
+        """Bytes of the first `count` entries of the leading axis (all: None or 0-d)."""
+        if count is None or not self.shape:
+            return math.prod(self.shape) * self.dtype.itemsize
+        return min(count, self.shape[0]) * self.sample_bytes()
+
+
+def members(path: Path) -> dict[str, Member]:
+    """Every array of the .npz by its key, from the headers alone."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            found = {}
+            for info in zf.infolist():
+                if info.filename.endswith(".npy"):
+                    with zf.open(info) as f:
+                        found[info.filename[:-4]] = _header(f, info.filename[:-4])
+            return found
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as exc:
+        raise NpzError(str(exc) or type(exc).__name__) from None
+
+
+def read(path: Path, member: Member, count: int | None = None) -> np.ndarray:
+    """The array, or only the first `count` entries of its leading axis (None: all of it).
+
+    Only what is returned is inflated, save for a column-major array cut to fewer
+    entries (its samples are not contiguous): that one is read whole, then cut.
+    """
+    whole = count is None or not member.shape or count >= member.shape[0]
+    try:
+        with zipfile.ZipFile(path) as zf, zf.open(member.name + ".npy") as f:
+            _header(f, member.name)
+            if member.fortran:
+                arr = _rest(f, member, None)
+                return arr if whole else arr[:count]
+            return _rest(f, member, None if whole else count)
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError) as exc:
+        raise NpzError(str(exc) or type(exc).__name__) from None
+
+
+def _header(f, name: str) -> Member:
+    """The `.npy` header at the stream's start; the stream is left at the data."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise ValueError(f"array '{name}' is stored in .npy format {version}, not 1.0 or 2.0")
+    if dtype.hasobject:
+        raise ValueError(f"array '{name}' holds Python objects (pickles are never loaded)")
+    return Member(name, tuple(int(d) for d in shape), dtype, bool(fortran))
+
+
+def _rest(f, member: Member, count: int | None) -> np.ndarray:
+    """The data after the header: the first `count` entries, or everything."""
+    size = member.nbytes(count)
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = f.readinto(view[got:])
+        if not n:
+            raise EOFError(f"array '{member.name}' ends after {got} of {size} bytes")
+        got += n
+    shape = member.shape if count is None or not member.shape else (count, *member.shape[1:])
+    if member.fortran:
+        return np.frombuffer(buf, member.dtype).reshape(shape[::-1]).T
+    return np.frombuffer(buf, member.dtype).reshape(shape)
