@@ -4,6 +4,7 @@ mirrored padding; a point larger than an original says so."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,12 +100,14 @@ def test_crop_at_a_resize_scale_says_where_a_point_is_padded(tmp_path):
 
 def test_each_image_is_decoded_once_for_every_point(tmp_path, monkeypatch):
     policy, _ = _policy(tmp_path, "{images: images}")
-    opened = []
-    real_open = Image.open
-    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    decoded = []  # Pillow decodes an image's pixels when it is first converted
+    real_convert = Image.Image.convert
+    monkeypatch.setattr(
+        Image.Image, "convert", lambda im, *a, **k: decoded.append(im) or real_convert(im, *a, **k)
+    )
     front = run_front(policy, reference="none")
     assert [r.point.name for r in front.shapes] == ["opt", "min", "max"]
-    assert [p.name for p in opened] == ["a.png"]
+    assert [Path(im.filename).name for im in decoded] == ["a.png"]
 
 
 def test_a_static_point_larger_than_the_photo_says_so_in_every_report(tmp_path, capsys):

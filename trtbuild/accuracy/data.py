@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from trtbuild.accuracy import derive
-from trtbuild.accuracy.images import Decoded, point_images
+from trtbuild.accuracy import derive, files
+from trtbuild.accuracy.images import Decoded, image_layout, image_paths, point_images
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
 from trtbuild.accuracy.sessions import quiet_polygraphy
 from trtbuild.errors import UsageError
@@ -28,21 +27,34 @@ from trtbuild.sizes import fmt_bytes
 Feed = dict[str, np.ndarray]
 
 
-def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dict) -> None:
-    """Refuse `accuracy.samples` whose feeds (and their outputs) cannot fit, before making any.
+def check_memory(
+    policy: Policy,
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict,
+    loading: dict[str, int] | None = None,
+    count: int | None = None,
+) -> None:
+    """Refuse `accuracy.samples` whose feeds (and their outputs), with the data read to make
+    them, cannot fit, before reading any.
 
     Every feed is held for the whole run beside its outputs (reference and
     candidate), so the estimate is three times the inputs' bytes per sample, a
-    lower bound, against the same `accuracy.memory_budget` the judge streams by.
+    lower bound; reading the data takes what the files' headers and the images'
+    sizes say (`loading`: the samples inflated for `count` samples, the images
+    decoded), against the same `accuracy.memory_budget` the judge streams by.
     """
     per_sample = sum(math.prod(s) * np.dtype(dtypes[n]).itemsize for n, s in shapes.items())
-    need, budget = 3 * per_sample * policy.accuracy.samples, policy.accuracy.budget().bytes
+    read = sum((loading or {}).values())
+    need, budget = 3 * per_sample * policy.accuracy.samples + read, policy.accuracy.budget().bytes
     if need > budget:
-        fits = max(1, budget // max(3 * per_sample, 1))
+        rate = 3 * per_sample + read // max(count or policy.accuracy.samples, 1)
+        fits = max(1, budget // max(rate, 1))
+        parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in (loading or {}).items() if v)
+        reading = f"; reading the data {fmt_bytes(read)}: {parts}" if read else ""
         raise UsageError(
             f"accuracy.samples: {policy.accuracy.samples} samples of these inputs need about "
             f"{fmt_bytes(need)} ({fmt_bytes(per_sample)} of inputs per sample, held three "
-            f"times); accuracy.memory_budget is {fmt_bytes(budget)}",
+            f"times{reading}); accuracy.memory_budget is {fmt_bytes(budget)}",
             where=str(policy.path),
             hint=f"lower accuracy.samples to at most {fits}, or raise accuracy.memory_budget",
         )
@@ -79,15 +91,19 @@ def point_feeds(
     The point's own file first, then images fit to the point, then the input's file
     (derived where its arrays have another shape), then a distribution: uniform
     from Polygraphy's `DataLoader` (seeded per sample, as `polygraphy run
-    --val-range` makes it), `normal`, which it does not make, from numpy.
+    --val-range` makes it), `normal`, which it does not make, from numpy. Files
+    and images are known by their headers first: the sample count and the memory
+    follow from those, then only what the point uses is read.
     """
     shapes = point.shapes if point is not None else check_inputs(policy, model)
     inputs = {n: (t, d) for n, t, d in model_inputs(model)}
     dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, (t, _) in inputs.items()}
-    check_memory(policy, shapes, dtypes)
     model_dims = {n: d for n, (_, d) in inputs.items()}
-    given, sources, constant = _given(policy, shapes, dtypes, model_dims, point, decoded)
-    n_samples = _sample_count(policy.accuracy.samples, given, constant)
+    decoded = decoded if decoded is not None else Decoded()
+    plan = _plan(policy, shapes, dtypes, model_dims, point, decoded)
+    check_memory(policy, shapes, dtypes, plan.loading, plan.count)
+    given, sources = _given(policy, plan, shapes, dtypes, model_dims, point, decoded)
+    n_samples, constant = plan.count, plan.constant
     specs = {s.name: s for s in policy.inputs}
     data = {n: specs.get(n, InputSpec(n)).data for n in shapes if n not in given}
     normal = {n for n, d in data.items() if d.distribution == "normal" and _is_float(dtypes[n])}
@@ -111,54 +127,89 @@ def point_feeds(
                 feed[name] = np.asarray(uniform[i][name], dtype=dtypes[name])
         feeds.append(feed)
     sources.update({n: _random_source(d, dtypes[n], n in normal) for n, d in data.items()})
-    if n_samples > 1:
-        for n in constant:
-            sources[n] = InputData(
-                sources[n].kind, f"{sources[n].source}, the same in every sample"
-            )
+    for n in constant if n_samples > 1 else ():
+        sources[n] = InputData(sources[n].kind, f"{sources[n].source}, the same in every sample")
     return PointFeeds(feeds, {n: sources[n] for n in shapes})
 
 
-def _sample_count(samples: int, given: dict[str, np.ndarray], constant: set[str]) -> int:
-    """How many samples a point is judged on: `accuracy.samples`, at most as many as every
-    file with a sample axis holds. An array without one (a 0-d sample rate, one state) is
-    the same in every sample, so it does not cut the others to one; where every file's
-    arrays lack one, that is one sample, as given."""
-    counts = [len(v) for n, v in given.items() if n not in constant]
-    return min([samples, *(counts or ([1] if given else []))])
+@dataclass(frozen=True)
+class _Plan:
+    """What a point reads, known before any of it is read: from the files' headers and the
+    images' sizes."""
+
+    files: dict[str, files.FileInput]
+    images: dict[str, int]  # an image input's samples
+    count: int  # the samples the point is judged on
+    loading: dict[str, int]  # bytes each file and image folder takes to read
+
+    @property
+    def constant(self) -> set[str]:
+        """Inputs whose file has no sample axis: the same array in every sample."""
+        return {n for n, f in self.files.items() if f.constant}
 
 
-def _given(
+def _plan(
     policy: Policy,
     shapes: dict[str, tuple[int, ...]],
     dtypes: dict,
     model_dims: dict,
     point: ShapePoint | None,
-    decoded: Decoded | None,
-) -> tuple[dict[str, np.ndarray], dict[str, InputData], set[str]]:
-    """The inputs whose data comes from the user's files or images, as [samples, *shape],
-    and those whose file has no sample axis (one array for every sample)."""
-    own, constant = (
-        _point_file(policy, point, shapes, dtypes) if point and point.file else {},
-        set(),
-    )
+    decoded: Decoded,
+) -> _Plan:
+    """The point's files and images, checked from their headers, and how many samples it is
+    judged on: `accuracy.samples`, at most as many as every file with a sample axis and
+    every image folder holds. An array without a sample axis (a 0-d sample rate, one
+    state) is the same in every sample and does not cut the others to one; where every
+    file's arrays lack one (and no images), that is one sample, as given."""
+    found = files.plan(policy, shapes, dtypes, model_dims, point)
+    specs = {s.name: s for s in policy.inputs}
+    images, loading = {}, {}
+    for name, shape in shapes.items():
+        spec = specs.get(name)
+        if name in found or spec is None or spec.data.images is None:
+            continue
+        image_layout(policy, spec, shape, f"inputs.{name}.data")
+        paths = image_paths(policy, spec, shape[0])
+        images[name] = len(paths) // shape[0]
+        folder = f"{spec.data.images.folder.name}/"
+        loading[folder] = loading.get(folder, 0) + decoded.nbytes(policy, spec, paths)
+    counts = [f.member.shape[0] for f in found.values() if not f.constant]
+    counts += images.values()
+    count = min([policy.accuracy.samples, *(counts or ([1] if found else []))])
+    for f in found.values():
+        loading[f.path.name] = loading.get(f.path.name, 0) + f.nbytes(count)
+    return _Plan(found, images, count, loading)
+
+
+def _given(
+    policy: Policy,
+    plan: _Plan,
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict,
+    model_dims: dict,
+    point: ShapePoint | None,
+    decoded: Decoded,
+) -> tuple[dict[str, np.ndarray], dict[str, InputData]]:
+    """The inputs whose data comes from the user's files or images, as [samples, *shape]
+    (one sample where the file has no sample axis), read as the plan says."""
     specs = {s.name: s for s in policy.inputs}
     given, sources = {}, {}
     for name, shape in shapes.items():
-        spec = specs.get(name)
-        if name in own:
-            given[name], single = own[name]
-            sources[name] = InputData("file", f"{point.file.name} (this point's own)")
-            constant |= {name} if single else set()
-        elif spec is not None and spec.data.images is not None:
-            given[name], sources[name] = point_images(policy, spec, shape, decoded)
-        elif spec is not None and spec.data.file is not None:
-            arr = _load_npz(policy, spec, dtypes[name])
-            given[name], sources[name] = derive.fit(
-                policy, spec, arr, shape, model_dims[name], point
+        f = plan.files.get(name)
+        if f is not None:
+            arr = files.read(policy, f, plan.count, dtypes[name])
+            if f.own:
+                given[name] = arr[None] if f.constant else arr
+                sources[name] = InputData("file", f"{f.path.name} (this point's own)")
+            else:
+                given[name], sources[name] = derive.fit(
+                    policy, specs[name], arr, shape, model_dims[name], point
+                )
+        elif name in plan.images:
+            given[name], sources[name] = point_images(
+                policy, specs[name], shape, decoded, plan.count
             )
-            constant |= {name} if arr.ndim == len(shape) else set()
-    return given, sources, constant
+    return given, sources
 
 
 def _random_source(data: DataSpec, dtype, normal: bool) -> InputData:
@@ -168,37 +219,6 @@ def _random_source(data: DataSpec, dtype, normal: bool) -> InputData:
         return InputData("random", "uniform booleans")
     kind = "" if _is_float(dtype) else " integers"
     return InputData("random", f"uniform{kind} [{data.low:g}, {data.high:g})")
-
-
-def _point_file(
-    policy: Policy, point: ShapePoint, shapes: dict[str, tuple[int, ...]], dtypes: dict
-) -> dict[str, tuple[np.ndarray, bool]]:
-    """A point's own .npz: its arrays, keyed by input name, at exactly this point's shapes, as
-    [N, *shape] and whether the file gave one array without a sample axis."""
-    field = f"accuracy.shapes.{point.name.split('=')[-1]}.data.file"
-    arrays = read_npz(policy, point.file, field)
-    unknown = [k for k in arrays if k not in shapes]
-    if unknown:
-        raise UsageError(
-            f"{field}: {point.file.name} holds array(s) {unknown} that name no model input",
-            where=str(policy.path),
-            hint="the model's inputs are " + ", ".join(shapes),
-        )
-    out = {}
-    for name, arr in arrays.items():
-        arr = _checked_values(policy, field, name, arr, np.dtype(dtypes[name]))
-        shape = shapes[name]
-        if arr.shape != shape and arr.shape[1:] != shape:
-            raise UsageError(
-                f"{field}: array '{name}' has shape {list(arr.shape)}; {point.label} needs "
-                f"{list(shape)} or [N, {', '.join(map(str, shape))}]",
-                where=str(policy.path),
-                hint="a point's own file holds that point's shapes",
-            )
-        if arr.shape != shape and len(arr) == 0:
-            raise derive.empty_file(policy, field, point.file, name, arr.shape)
-        out[name] = (arr[None], True) if arr.shape == shape else (arr, False)
-    return out
 
 
 def _is_float(dtype) -> bool:
@@ -229,61 +249,3 @@ def _uniform(inputs: dict, seed: int, n_samples: int) -> list[Feed]:
     with quiet_polygraphy():  # it announces the metadata at info level
         loader = DataLoader(seed=seed, iterations=n_samples, input_metadata=meta, val_range=ranges)
         return [dict(loader[i]) for i in range(n_samples)]
-
-
-def read_npz(policy: Policy, path: Path, field: str) -> dict[str, np.ndarray]:
-    """Every array of an .npz, read without pickles (an object array is refused)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except Exception as exc:
-        raise UsageError(f"{field}: cannot read {path}: {exc}", where=str(policy.path)) from None
-
-
-def _load_npz(policy: Policy, spec: InputSpec, dtype) -> np.ndarray:
-    """The input's array from its .npz (only that one is read), in the input's dtype."""
-    field = f"inputs.{spec.name}.data.file"
-    try:
-        with np.load(spec.data.file, allow_pickle=False) as data:
-            if spec.name not in data.files:
-                raise UsageError(
-                    f"{field}: {spec.data.file.name} has no array '{spec.name}'",
-                    where=str(policy.path),
-                    hint="keys found: " + ", ".join(data.files),
-                )
-            arr = data[spec.name]
-    except UsageError:
-        raise
-    except Exception as exc:
-        raise UsageError(
-            f"{field}: cannot read {spec.data.file}: {exc}", where=str(policy.path)
-        ) from None
-    return _checked_values(policy, field, spec.name, arr, np.dtype(dtype))
-
-
-def _checked_values(policy: Policy, field: str, name: str, arr: np.ndarray, want) -> np.ndarray:
-    """The array in the input's dtype, or one message: a wrong kind of number, or NaN/inf.
-
-    Converting within a kind (float64 to float32, int32 to int64) is what a
-    deployment's preprocessing does; floats for an integer input or integers
-    for a float one mean the file holds something else than the model expects.
-    """
-    kind = {"f": "floating-point", "i": "integer", "u": "integer", "b": "boolean"}
-    if arr.dtype.kind not in kind or kind[arr.dtype.kind] != kind.get(want.kind):
-        raise UsageError(
-            f"{field}: array '{name}' holds {arr.dtype} values; the model's input "
-            f"'{name}' takes {want} ({kind.get(want.kind, want.kind)})",
-            where=str(policy.path),
-            hint=f"save the array as {want} (e.g. arr.astype(np.{want}))",
-        )
-    if arr.dtype.kind == "f":
-        bad = np.argwhere(~np.isfinite(arr))
-        if bad.size:
-            index = tuple(int(i) for i in bad[0])
-            raise UsageError(
-                f"{field}: array '{name}' holds {len(bad)} NaN or infinite value(s), the "
-                f"first at index {list(index)} ({arr[index]})",
-                where=str(policy.path),
-                hint="reference inputs must be finite; clean or regenerate the file",
-            )
-    return arr.astype(want, copy=False)

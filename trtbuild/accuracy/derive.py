@@ -20,23 +20,24 @@ from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import InputSpec
 
 
-def fit(
+def check(
     policy: Policy,
     spec: InputSpec,
-    arr: np.ndarray,
+    file_shape: tuple[int, ...],
     shape: tuple[int, ...],
     model_dims: list,
     point: ShapePoint | None,
-) -> tuple[np.ndarray, InputData]:
-    """`arr` as [samples, *shape] (at most `accuracy.samples`), and where it comes from."""
-    field, name = f"inputs.{spec.name}.data.file", spec.data.file.name
-    every = _with_sample_axis(policy, field, spec, arr, shape)
-    samples, have = every[: policy.accuracy.samples], every.shape[1:]
+) -> bool:
+    """From the array's shape alone (its header, before any of it is read): it fits this
+    point as it is or derived, or one message names the field to fix. True where the point
+    needs every sample the file holds: synthetic data at another shape takes their statistics."""
+    field = f"inputs.{spec.name}.data.file"
+    have = _sample_shape(policy, field, spec, file_shape, shape)
     if have == shape:
-        return samples, InputData("file", name)
+        return False
     _check_axes(policy, field, spec.name, have, shape, model_dims)
-    where = point.label if point is not None else str(list(shape))
     if spec.data.derive == "none":
+        where = point.label if point is not None else str(list(shape))
         point_name = point.name.split("=")[-1] if point is not None else "opt"
         raise UsageError(
             f"{field}: array '{spec.name}' has shape {list(have)}; {where} needs {list(shape)} "
@@ -45,26 +46,43 @@ def fit(
             hint=f"give the point its own data (accuracy.shapes.{point_name}.data.file), skip it "
             f"(accuracy.shapes.{point_name}.skip: REASON), or set derive: tile or synthetic",
         )
+    return spec.data.derive == "synthetic"
+
+
+def fit(
+    policy: Policy,
+    spec: InputSpec,
+    arr: np.ndarray,
+    shape: tuple[int, ...],
+    model_dims: list,
+    point: ShapePoint | None,
+) -> tuple[np.ndarray, InputData]:
+    """`arr` (every sample the file holds, or the first ones the point uses) as [samples,
+    *shape] (at most `accuracy.samples`), and where it comes from."""
+    check(policy, spec, arr.shape, shape, model_dims, point)
+    every = arr[None] if arr.ndim == len(shape) else arr
+    samples, have, name = every[: policy.accuracy.samples], every.shape[1:], spec.data.file.name
+    if have == shape:
+        return samples, InputData("file", name)
     if spec.data.derive == "synthetic":  # the statistics of every sample the file holds
         made = _synthetic(every, shape, policy.accuracy.seed, len(samples))
         return made, InputData("synthetic", _said(name, have, shape, synthetic=True))
     return _tiled(samples, shape), InputData("derived", _said(name, have, shape, synthetic=False))
 
 
-def _with_sample_axis(
-    policy: Policy, field: str, spec: InputSpec, arr: np.ndarray, shape: tuple[int, ...]
-) -> np.ndarray:
-    """[N, *dims]: one sample where the array has the input's rank, else its leading axis
-    (N > 0: a file without samples is the user's to fix, not an empty verdict)."""
-    name = spec.name
-    if arr.ndim == len(shape):
-        return arr[None]
-    if arr.ndim == len(shape) + 1:
-        if arr.shape[0] == 0:
-            raise empty_file(policy, field, spec.data.file, name, arr.shape)
-        return arr
+def _sample_shape(
+    policy: Policy, field: str, spec: InputSpec, file_shape: tuple[int, ...], shape: tuple
+) -> tuple[int, ...]:
+    """The dims of one sample: the array's where it has the input's rank, else after its
+    leading axis (N > 0: a file without samples is the user's to fix, not an empty verdict)."""
+    if len(file_shape) == len(shape):
+        return tuple(file_shape)
+    if len(file_shape) == len(shape) + 1:
+        if file_shape[0] == 0:
+            raise empty_file(policy, field, spec.data.file, spec.name, file_shape)
+        return tuple(file_shape[1:])
     raise UsageError(
-        f"{field}: array '{name}' has shape {list(arr.shape)}; the input takes rank "
+        f"{field}: array '{spec.name}' has shape {list(file_shape)}; the input takes rank "
         f"{len(shape)} ({list(shape)} here) or [N, ...] with a leading sample axis",
         where=str(policy.path),
         hint="save one array per input, shaped like the input or with a sample axis first",

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
-def image_paths(policy: Policy, spec: InputSpec, per_sample: int) -> list[Path]:
+def image_paths(
+    policy: Policy, spec: InputSpec, per_sample: int, count: int | None = None
+) -> list[Path]:
     """The folder's images, sorted by name: whole samples of `per_sample` each, at most
-    `accuracy.samples` of them (no image is decoded that no sample uses)."""
+    `accuracy.samples` (and `count`) of them (no image is decoded that no sample uses)."""
     img, field = spec.data.images, f"inputs.{spec.name}.data.images"
     try:
         paths = sorted(
@@ -47,7 +49,7 @@ def image_paths(policy: Policy, spec: InputSpec, per_sample: int) -> list[Path]:
             where=str(policy.path),
             hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
         )
-    samples = min(len(paths) // per_sample, policy.accuracy.samples)
+    samples = min(len(paths) // per_sample, policy.accuracy.samples, count or len(paths))
     return paths[: samples * per_sample]
 
 
@@ -71,6 +73,28 @@ class Decoded:
 
     def __init__(self) -> None:
         self._sources: dict[tuple, Source] = {}
+        self._sizes: dict[Path, tuple[int, int]] = {}  # (W, H) from each header
+
+    def nbytes(self, policy: Policy, spec: InputSpec, paths: list[Path]) -> int:
+        """What decoding `paths` holds, from their headers alone (each image's pixel count
+        checked there, before anything is decoded): the original and its `resize`."""
+        from PIL import Image
+
+        img, field = spec.data.images, f"inputs.{spec.name}.data"
+        channels = 1 if img.channels == "GRAY" else 3
+        scaled = img.resize[0] * img.resize[1] if img.fit == "crop" and img.resize else 0
+        total = 0
+        for path in paths:
+            if path not in self._sizes:
+                try:
+                    with Image.open(path) as im:
+                        self._sizes[path] = im.size
+                except (Image.DecompressionBombError, OSError, ValueError) as exc:
+                    raise _unreadable(policy, field, path, exc) from None
+            w, h = self._sizes[path]
+            _check_pixels(policy, field, path, (w, h))
+            total += (w * h + scaled) * channels
+        return total
 
     def source(self, policy: Policy, spec: InputSpec, path: Path, field: str) -> Source:
         img = spec.data.images
@@ -91,15 +115,20 @@ class _Fitted:
 
 
 def point_images(
-    policy: Policy, spec: InputSpec, shape: tuple[int, ...], decoded: Decoded | None = None
+    policy: Policy,
+    spec: InputSpec,
+    shape: tuple[int, ...],
+    decoded: Decoded | None = None,
+    count: int | None = None,
 ) -> tuple[np.ndarray, InputData]:
-    """The folder's images as [samples, *shape] (batches of consecutive images), each brought
-    to this point's H x W from its original, and how (upsampled or padded said plainly)."""
+    """The folder's images as [samples, *shape] (batches of consecutive images; at most
+    `count` samples), each brought to this point's H x W from its original, and how
+    (upsampled or padded said plainly)."""
     field = f"inputs.{spec.name}.data"
     layout, (_, h, w) = image_layout(policy, spec, shape, field)
     decoded = decoded if decoded is not None else Decoded()
     arrays, fitted = [], []
-    for path in image_paths(policy, spec, shape[0]):
+    for path in image_paths(policy, spec, shape[0], count):
         source = decoded.source(policy, spec, path, field)
         a, how = _fit(spec, source, (h, w))
         arrays.append(_normalised(spec, a, layout))
@@ -224,20 +253,24 @@ def _decode(policy: Policy, spec: InputSpec, path: Path, field: str) -> Source:
         with Image.open(path) as im:
             _check_pixels(policy, field, path, im.size)
             base = im.convert("L" if img.channels == "GRAY" else "RGB")
-    except Image.DecompressionBombError as exc:
-        raise UsageError(
-            f"{field}.images: {path.name} is refused by Pillow: {exc}",
-            where=str(policy.path),
-            hint="downscale the image; Pillow decodes no image past twice its limit",
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(
-            f"{field}.images: cannot read {path.name}: {exc}", where=str(policy.path)
-        ) from None
+    except (Image.DecompressionBombError, OSError, ValueError) as exc:
+        raise _unreadable(policy, field, path, exc) from None
     original = (base.height, base.width)
     if img.fit == "crop" and img.resize is not None:
         base = base.resize((img.resize[1], img.resize[0]), Image.BILINEAR)
     return Source(path.name, original, base)
+
+
+def _unreadable(policy: Policy, field: str, path: Path, exc: Exception) -> UsageError:
+    from PIL import Image
+
+    if isinstance(exc, Image.DecompressionBombError):
+        return UsageError(
+            f"{field}.images: {path.name} is refused by Pillow: {exc}",
+            where=str(policy.path),
+            hint="downscale the image; Pillow decodes no image past twice its limit",
+        )
+    return UsageError(f"{field}.images: cannot read {path.name}: {exc}", where=str(policy.path))
 
 
 def _check_pixels(policy: Policy, field: str, path: Path, size: tuple[int, int]) -> None:

@@ -1,0 +1,153 @@
+"""The .npz inputs of one point: planned from the files' headers, read once the count is known.
+
+Why two steps: a point is judged on at most `accuracy.samples` samples, and fewer
+where another input holds fewer; so every file is first known by its headers
+(names, dtypes, shapes, checked there, before a byte is inflated), the point's
+sample count and the memory its data takes follow from those, and only then is
+each array read, and only the samples the point uses (every sample only where
+synthetic data needs the file's statistics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtbuild.accuracy import derive, npz
+from trtbuild.accuracy.points import ShapePoint
+from trtbuild.errors import UsageError
+from trtbuild.policy.model import Policy
+
+
+@dataclass(frozen=True)
+class FileInput:
+    """One input's array in an .npz, known from its header."""
+
+    name: str  # the model input
+    path: Path
+    field: str  # the policy field that names the file
+    member: npz.Member
+    own: (
+        bool  # the point's own file (its exact shapes), else the input's (derived where it differs)
+    )
+    rank: int  # the input's rank at this point
+    every: bool = False  # synthetic data at another shape: its statistics take every sample
+
+    @property
+    def constant(self) -> bool:
+        """No sample axis: the same array in every sample (a 0-d sample rate, one state)."""
+        return len(self.member.shape) == self.rank
+
+    def nbytes(self, count: int) -> int:
+        """What reading it for `count` samples inflates."""
+        return self.member.nbytes(None if self.every or self.constant else count)
+
+
+def plan(
+    policy: Policy,
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict,
+    model_dims: dict,
+    point: ShapePoint | None,
+) -> dict[str, FileInput]:
+    """Every input this point takes from a file (its own first), checked from the headers."""
+    found = _own(policy, point, shapes, dtypes) if point is not None and point.file else {}
+    for spec in policy.inputs:
+        if spec.name in found or spec.name not in shapes or spec.data.file is None:
+            continue
+        field, path = f"inputs.{spec.name}.data.file", spec.data.file
+        member = _members(policy, path, field).get(spec.name)
+        if member is None:
+            keys = ", ".join(_members(policy, path, field))
+            raise UsageError(
+                f"{field}: {path.name} has no array '{spec.name}'",
+                where=str(policy.path),
+                hint=f"keys found: {keys}",
+            )
+        _check_kind(policy, field, spec.name, member.dtype, np.dtype(dtypes[spec.name]))
+        shape = shapes[spec.name]
+        every = derive.check(policy, spec, member.shape, shape, model_dims[spec.name], point)
+        found[spec.name] = FileInput(spec.name, path, field, member, False, len(shape), every)
+    return found
+
+
+def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
+    """The array, cut to `count` samples where it has a sample axis and needs no more, in the
+    input's dtype; NaN and inf refused in what is read."""
+    cut = None if f.every or f.constant else count
+    try:
+        arr = npz.read(f.path, f.member, cut)
+    except npz.NpzError as exc:
+        raise UsageError(
+            f"{f.field}: cannot read {f.path}: {exc}", where=str(policy.path)
+        ) from None
+    return _finite(policy, f.field, f.name, arr).astype(np.dtype(dtype), copy=False)
+
+
+def _own(
+    policy: Policy, point: ShapePoint, shapes: dict[str, tuple[int, ...]], dtypes: dict
+) -> dict[str, FileInput]:
+    """A point's own .npz: arrays keyed by input name, at exactly this point's shapes."""
+    field = f"accuracy.shapes.{point.name.split('=')[-1]}.data.file"
+    members = _members(policy, point.file, field)
+    unknown = [k for k in members if k not in shapes]
+    if unknown:
+        raise UsageError(
+            f"{field}: {point.file.name} holds array(s) {unknown} that name no model input",
+            where=str(policy.path),
+            hint="the model's inputs are " + ", ".join(shapes),
+        )
+    out = {}
+    for name, member in members.items():
+        _check_kind(policy, field, name, member.dtype, np.dtype(dtypes[name]))
+        shape, have = shapes[name], member.shape
+        if have != shape and have[1:] != shape:
+            raise UsageError(
+                f"{field}: array '{name}' has shape {list(have)}; {point.label} needs "
+                f"{list(shape)} or [N, {', '.join(map(str, shape))}]",
+                where=str(policy.path),
+                hint="a point's own file holds that point's shapes",
+            )
+        if have != shape and have[0] == 0:
+            raise derive.empty_file(policy, field, point.file, name, have)
+        out[name] = FileInput(name, point.file, field, member, True, len(shape))
+    return out
+
+
+def _members(policy: Policy, path: Path, field: str) -> dict[str, npz.Member]:
+    try:
+        return npz.members(path)
+    except npz.NpzError as exc:
+        raise UsageError(f"{field}: cannot read {path}: {exc}", where=str(policy.path)) from None
+
+
+_KINDS = {"f": "floating-point", "i": "integer", "u": "integer", "b": "boolean"}
+
+
+def _check_kind(policy: Policy, field: str, name: str, have: np.dtype, want: np.dtype) -> None:
+    """Converting within a kind (float64 to float32, int32 to int64) is what a deployment's
+    preprocessing does; floats for an integer input or integers for a float one mean the
+    file holds something else than the model expects."""
+    if have.kind not in _KINDS or _KINDS[have.kind] != _KINDS.get(want.kind):
+        raise UsageError(
+            f"{field}: array '{name}' holds {have} values; the model's input "
+            f"'{name}' takes {want} ({_KINDS.get(want.kind, want.kind)})",
+            where=str(policy.path),
+            hint=f"save the array as {want} (e.g. arr.astype(np.{want}))",
+        )
+
+
+def _finite(policy: Policy, field: str, name: str, arr: np.ndarray) -> np.ndarray:
+    if arr.dtype.kind == "f":
+        bad = np.argwhere(~np.isfinite(arr))
+        if bad.size:
+            index = tuple(int(i) for i in bad[0])
+            raise UsageError(
+                f"{field}: array '{name}' holds {len(bad)} NaN or infinite value(s), the "
+                f"first at index {list(index)} ({arr[index]})",
+                where=str(policy.path),
+                hint="reference inputs must be finite; clean or regenerate the file",
+            )
+    return arr
