@@ -176,3 +176,38 @@ def test_the_real_silero_vad_takes_its_sample_rate_from_the_file(example_policy,
     report = json.loads((out / "report.json").read_text())
     assert report["samples"] == 31
     assert report["shapes"][0]["data"]["sr"]["source"] == "frames_sr.npz, the same in every sample"
+
+
+# -- reading only what a point uses, within accuracy.memory_budget ---------------------
+
+
+def test_only_the_samples_a_point_uses_are_read(tmp_path, capsys):
+    """NaN in the third sample: judged on two, the file is good; on three, exit 2."""
+    frames = np.ones((3, 1, 5, 3), np.float32)
+    frames[2, 0, 1, 1] = np.nan
+    path = _policy(tmp_path, accuracy="samples: 2\n")
+    np.savez(tmp_path / "x.npz", x=frames)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    path.write_text(path.read_text().replace("samples: 2", "samples: 3"))
+    assert main(["check", "--policy", str(path)]) == 2
+    assert "array 'x' holds 1 NaN or infinite value(s)" in capsys.readouterr().err
+
+
+def test_synthetic_data_reading_a_whole_file_past_the_budget_is_exit_2(tmp_path, capsys):
+    """derive: synthetic takes every sample's statistics: 2000 samples of 1000 values (8 MB)
+    are over a 4 MiB budget, and said so before the file is read."""
+    m = model([node("Identity", ["x"], "y", "id")], [("x", F, [1, "t"])], [("y", F, [1, "t"])])
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez_compressed(tmp_path / "x.npz", x=np.zeros((2000, 1, 1000), np.float32))
+    data = "{file: x.npz, derive: synthetic}"
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        f"  x: {{min: [1, 500], opt: [1, 1000], max: [1, 2000], data: {data}}}\n"
+        "accuracy: {memory_budget: 4MiB}\n"
+    )
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "reading the data 7.63 MiB: x.npz 7.63 MiB" in err
+    assert "accuracy.memory_budget is 4 MiB" in err
+    assert "x.npz is read whole (derive: synthetic takes every sample's statistics)" in err

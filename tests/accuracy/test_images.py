@@ -126,3 +126,18 @@ def test_a_static_point_larger_than_the_photo_says_so_in_every_report(tmp_path, 
     }
     assert f"- data: images images/ resized to 12x10; {said}" in (out / "report.md").read_text()
     assert said in (out / "report.html").read_text()
+
+
+def test_decoding_photos_past_the_budget_is_exit_2_before_any_is_decoded(tmp_path, capsys):
+    """A 2000x2000 photo decodes to 12 MB, judged at 8x8 or not: over a 4 MiB budget."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (2000, 2000), (200, 100, 50)).save(folder / "big.png")
+    path = identity_policy(
+        tmp_path, [1, 3, 8, 8], "{data: {images: images}}", "accuracy: {memory_budget: 4MiB}\n"
+    )
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "reading the data 11.4 MiB: images/ 11.4 MiB" in err
+    assert "accuracy.memory_budget is 4 MiB" in err
+    assert "one sample does not fit: raise accuracy.memory_budget, or use smaller images" in err

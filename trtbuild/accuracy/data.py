@@ -32,6 +32,7 @@ def check_memory(
     shapes: dict[str, tuple[int, ...]],
     dtypes: dict,
     loading: dict[str, int] | None = None,
+    whole: dict[str, int] | None = None,
     count: int | None = None,
 ) -> None:
     """Refuse `accuracy.samples` whose feeds (and their outputs), with the data read to make
@@ -39,25 +40,41 @@ def check_memory(
 
     Every feed is held for the whole run beside its outputs (reference and
     candidate), so the estimate is three times the inputs' bytes per sample, a
-    lower bound; reading the data takes what the files' headers and the images'
-    sizes say (`loading`: the samples inflated for `count` samples, the images
-    decoded), against the same `accuracy.memory_budget` the judge streams by.
+    lower bound. Reading the data takes what the files' headers and the images'
+    sizes say: `loading` for `count` samples (the samples inflated, the images
+    decoded), `whole` for files read whole whatever the count (synthetic data takes
+    every sample's statistics). All against the `accuracy.memory_budget` the judge
+    streams by.
     """
     per_sample = sum(math.prod(s) * np.dtype(dtypes[n]).itemsize for n, s in shapes.items())
-    read = sum((loading or {}).values())
+    loading, whole = loading or {}, whole or {}
+    read, fixed = sum(loading.values()) + sum(whole.values()), sum(whole.values())
     need, budget = 3 * per_sample * policy.accuracy.samples + read, policy.accuracy.budget().bytes
-    if need > budget:
-        rate = 3 * per_sample + read // max(count or policy.accuracy.samples, 1)
-        fits = max(1, budget // max(rate, 1))
-        parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in (loading or {}).items() if v)
-        reading = f"; reading the data {fmt_bytes(read)}: {parts}" if read else ""
-        raise UsageError(
-            f"accuracy.samples: {policy.accuracy.samples} samples of these inputs need about "
-            f"{fmt_bytes(need)} ({fmt_bytes(per_sample)} of inputs per sample, held three "
-            f"times{reading}); accuracy.memory_budget is {fmt_bytes(budget)}",
-            where=str(policy.path),
-            hint=f"lower accuracy.samples to at most {fits}, or raise accuracy.memory_budget",
+    if need <= budget:
+        return
+    rate = 3 * per_sample + (read - fixed) // max(count or policy.accuracy.samples, 1)
+    fits = (budget - fixed) // max(rate, 1)
+    shown = dict(loading)
+    for k, v in whole.items():
+        shown[k] = shown.get(k, 0) + v
+    parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in shown.items() if v)
+    reading = f"; reading the data {fmt_bytes(read)}: {parts}" if read else ""
+    hint = f"lower accuracy.samples to at most {fits}, or raise accuracy.memory_budget"
+    if fits < 1 and not whole:
+        hint = "one sample does not fit: raise accuracy.memory_budget, or use smaller images"
+    elif fits < 1:
+        names = ", ".join(whole)
+        hint = (
+            f"{names} is read whole (derive: synthetic takes every sample's statistics): "
+            "use derive: tile, keep fewer samples in the file, or raise accuracy.memory_budget"
         )
+    raise UsageError(
+        f"accuracy.samples: {policy.accuracy.samples} samples of these inputs need about "
+        f"{fmt_bytes(need)} ({fmt_bytes(per_sample)} of inputs per sample, held three "
+        f"times{reading}); accuracy.memory_budget is {fmt_bytes(budget)}",
+        where=str(policy.path),
+        hint=hint,
+    )
 
 
 @dataclass(frozen=True)
@@ -101,7 +118,7 @@ def point_feeds(
     model_dims = {n: d for n, (_, d) in inputs.items()}
     decoded = decoded if decoded is not None else Decoded()
     plan = _plan(policy, shapes, dtypes, model_dims, point, decoded)
-    check_memory(policy, shapes, dtypes, plan.loading, plan.count)
+    check_memory(policy, shapes, dtypes, plan.loading, plan.whole, plan.count)
     given, sources = _given(policy, plan, shapes, dtypes, model_dims, point, decoded)
     n_samples, constant = plan.count, plan.constant
     specs = {s.name: s for s in policy.inputs}
@@ -140,7 +157,8 @@ class _Plan:
     files: dict[str, files.FileInput]
     images: dict[str, int]  # an image input's samples
     count: int  # the samples the point is judged on
-    loading: dict[str, int]  # bytes each file and image folder takes to read
+    loading: dict[str, int]  # bytes each file and image folder takes to read for `count`
+    whole: dict[str, int]  # bytes of the files read whole whatever the count (synthetic)
 
     @property
     def constant(self) -> set[str]:
@@ -176,9 +194,11 @@ def _plan(
     counts = [f.member.shape[0] for f in found.values() if not f.constant]
     counts += images.values()
     count = min([policy.accuracy.samples, *(counts or ([1] if found else []))])
+    whole: dict[str, int] = {}
     for f in found.values():
-        loading[f.path.name] = loading.get(f.path.name, 0) + f.nbytes(count)
-    return _Plan(found, images, count, loading)
+        into = whole if f.every else loading
+        into[f.path.name] = into.get(f.path.name, 0) + f.nbytes(count)
+    return _Plan(found, images, count, loading, whole)
 
 
 def _given(

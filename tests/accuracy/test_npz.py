@@ -1,0 +1,63 @@
+"""An .npz read header first: its arrays known without inflating them, only the samples asked
+for inflated, nothing unpickled."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+import pytest
+
+from trtbuild.accuracy import npz
+
+
+def _lying(path, shape, data: np.ndarray) -> None:
+    """An .npz whose one member `x` has a header of `shape` but holds only `data`."""
+    buf = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(data.dtype), "fortran_order": False}
+    np.lib.format.write_array_header_1_0(buf, {**header, "shape": shape})
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("x.npy", buf.getvalue() + data.tobytes())
+
+
+def test_a_header_is_read_without_the_data_and_only_the_samples_asked_for(tmp_path):
+    """The header says 10**9 samples (4 GB); three are there: asking for them reads them."""
+    path = tmp_path / "big.npz"
+    _lying(path, (10**9, 1), np.arange(3, dtype=np.float32)[:, None])
+    (member,) = npz.members(path).values()
+    assert member.shape == (10**9, 1) and member.dtype == np.float32
+    assert member.nbytes(3) == 12 and member.nbytes() == 4 * 10**9
+    np.testing.assert_array_equal(npz.read(path, member, 3)[:, 0], [0, 1, 2])
+    with pytest.raises(npz.NpzError, match="ends after 12 of 16 bytes"):
+        npz.read(path, member, 4)
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_the_first_samples_of_any_order_and_byte_order(tmp_path, save):
+    c = np.arange(60, dtype=">f4").reshape(5, 3, 4)
+    f = np.asfortranarray(np.arange(24.0).reshape(4, 6))
+    save(tmp_path / "a.npz", c=c, f=f, s=np.array(16000, np.int64))
+    found = npz.members(tmp_path / "a.npz")
+    assert {k: (m.shape, m.fortran) for k, m in found.items()} == {
+        "c": ((5, 3, 4), False),
+        "f": ((4, 6), True),
+        "s": ((), False),
+    }
+    np.testing.assert_array_equal(npz.read(tmp_path / "a.npz", found["c"], 2), c[:2])
+    np.testing.assert_array_equal(npz.read(tmp_path / "a.npz", found["f"], 3), f[:3])
+    np.testing.assert_array_equal(npz.read(tmp_path / "a.npz", found["f"]), f)
+    scalar = npz.read(tmp_path / "a.npz", found["s"], 3)
+    assert type(scalar) is np.ndarray and scalar.shape == () and int(scalar) == 16000
+
+
+def test_an_object_array_is_refused_from_its_header(tmp_path):
+    np.savez(tmp_path / "o.npz", o=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(npz.NpzError, match="holds Python objects"):
+        npz.members(tmp_path / "o.npz")
+
+
+def test_a_file_that_is_no_zip_is_an_npz_error(tmp_path):
+    (tmp_path / "x.npz").write_text("not a zip")
+    with pytest.raises(npz.NpzError):
+        npz.members(tmp_path / "x.npz")
