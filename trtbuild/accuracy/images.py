@@ -187,7 +187,12 @@ def _said(spec: InputSpec, size: tuple[int, int], fitted: list[_Fitted]) -> Inpu
 
 
 def _times(factor: float) -> str:
-    return f"{factor:.2f}".rstrip("0").rstrip(".")
+    """`2`, `1.71`, `1.004`: enough digits that a factor above 1 never reads as 1."""
+    for digits in (2, 3, 4, 6):
+        text = f"{factor:.{digits}f}".rstrip("0").rstrip(".")
+        if text != "1":
+            return text
+    return text
 
 
 def _hw(size: tuple[int, int]) -> str:
