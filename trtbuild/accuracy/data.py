@@ -2,8 +2,11 @@
 
 Why provenance travels with the feeds: a verdict is only as good as its data, so
 every point says whether it was judged on the user's data, on data derived from
-it (a sequence tiled to the point's length), on synthetic data with its
-statistics, or on random values.
+it (a sequence tiled to the point's length), on images blown up past their size,
+on synthetic data with its statistics, or on random values. Why a plan before
+any read: the files' headers and the images' sizes say how many samples a point
+gets and what reading them costs, so nothing is inflated that the point does not
+use, and data past `accuracy.memory_budget` is refused before it is read.
 """
 
 from __future__ import annotations
