@@ -187,9 +187,20 @@ class _Scales:
         self.qdq = QdqGraph(assignment.view)
         self.tensors: list[onnx.TensorProto] = []
         self.names: dict[tuple[str, int, bytes], str] = {}
+        self.q_clones: dict[tuple[str, int], str] = {}  # (Q output, type) -> its clone's
 
     def precisions(self, i: int) -> tuple[str, ...]:
         return self.a.dq_precisions.get(i) or (self.a.precision_of(i) or "fp32",)
+
+    def unused_dropped(
+        self, initializers: list[onnx.TensorProto], nodes: list[onnx.NodeProto]
+    ) -> list[onnx.TensorProto]:
+        """Without the exported scales that every Q/DQ now reads in its own type."""
+        replaced = {n.scale for n in self.qdq.nodes.values()} - set(self.names.values())
+        read = {t for node in nodes for t in node.input} | set(self.a.view.outputs)
+        for node in self.a.view.nodes:  # bodies' nodes read outer values too
+            read.update(t for t in node.input if t not in replaced)
+        return [t for t in initializers if t.name not in replaced or t.name in read]
 
     def tensor(self, i: int, dtype: int) -> str:
         from trtbuild.precision.quantized import group_value
@@ -218,18 +229,15 @@ class _Scales:
 def _emit_qdq(rw: _Rewriter, i: int, scales: _Scales) -> None:
     """A Q in its input's precision; a DQ in its consumers', cloned for each other one.
 
-    A clone's output is registered as the cast of the DQ's output to its type,
-    so a consumer that needs that type reads the clone, never a Cast.
+    A DQ clone's output is registered as the cast of the DQ's output to its type,
+    so a consumer that needs that type reads the clone, never a Cast. A Q whose
+    DQs compute in two types is cloned too, one Q per type (its input cast in
+    front of it): TensorRT-RTX's Myelin refuses one Q feeding DQs of two scale
+    types ("Invalid binary pointwise types"), and builds a chain per type.
     """
     node = rw.view.nodes[i]
     if node.op_type == "QuantizeLinear":
-        d = PRECISION_DTYPE[scales.precisions(i)[0]]
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        rw._inputs(node, new, [d] + [None] * (len(node.input) - 1))
-        new.input[1] = scales.tensor(i, d)
-        rw.nodes.append(new)
-        rw.nodes.extend(rw._outputs(node, new, [None] * len(node.output)))
+        _emit_q(rw, i, scales)
         return
     main = None
     for k, prec in enumerate(scales.precisions(i)):
@@ -237,19 +245,45 @@ def _emit_qdq(rw: _Rewriter, i: int, scales: _Scales) -> None:
         new = onnx.NodeProto()
         new.CopyFrom(node)
         rw._inputs(node, new, [None] * len(node.input))
+        new.input[0] = scales.q_clones.get((node.input[0], d), new.input[0])
         new.input[1] = scales.tensor(i, d)
         if k == 0:
             rw.nodes.append(new)
             rw.nodes.extend(rw._outputs(node, new, [d]))
             main = rw.actual[node.output[0]]
             continue
-        out = f"{node.output[0]}__{DTYPE_NAME[d]}"
-        while out in rw.dtype or out in rw.view.dtype:
-            out += "_"
+        out = _fresh(rw, f"{node.output[0]}__{DTYPE_NAME[d]}")
         new.output[0], new.name = out, f"{node.name}/trtbuild_{prec}"
         rw.nodes.append(new)
         rw.dtype[out], rw.origin[out] = d, node.output[0]
         rw.cast_cache[(main, d)] = out
+
+
+def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
+    node = rw.view.nodes[i]
+    own = PRECISION_DTYPE[scales.precisions(i)[0]]
+    group = scales.qdq.group_of[i]
+    types = {PRECISION_DTYPE[p] for dq in group.dqs for p in scales.precisions(dq)}
+    for d in [own, *sorted(types - {own} if len(types) > 1 else ())]:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        rw._inputs(node, new, [d] + [None] * (len(node.input) - 1))
+        new.input[1] = scales.tensor(i, d)
+        if d == own:
+            rw.nodes.append(new)
+            rw.nodes.extend(rw._outputs(node, new, [None] * len(node.output)))
+            continue
+        out = _fresh(rw, f"{node.output[0]}__{DTYPE_NAME[d]}")
+        new.output[0], new.name = out, f"{node.name}/trtbuild_{DTYPE_NAME[d]}"
+        rw.nodes.append(new)
+        rw.dtype[out] = rw.view.dtype.get(node.output[0], TensorProto.INT8)
+        scales.q_clones[(node.output[0], d)] = out
+
+
+def _fresh(rw: _Rewriter, name: str) -> str:
+    while name in rw.dtype or name in rw.view.dtype:
+        name += "_"
+    return name
 
 
 def _main_var(rw: _Rewriter, i: int) -> str | None:
@@ -442,7 +476,7 @@ def convert(assignment: Assignment) -> Converted:
     nodes, casts = rw.run()
     initializers, warnings = _initializers(view, rw)
     if rw.scales is not None:
-        initializers += rw.scales.tensors
+        initializers = rw.scales.unused_dropped(initializers, nodes) + rw.scales.tensors
     value_info = _value_info(view, rw)
     graph = view.graph
     new_graph = helper.make_graph(
