@@ -77,9 +77,7 @@ class _Rewriter:
         self.casts: list[CastRecord] = []
         self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
         self.graph_outputs = set(self.view.outputs) if parent is None else set()
-        self.scales: _Scales | None = None
-        if parent is None and assignment.dq_precisions:
-            self.scales = _Scales(assignment)
+        self.scales: _Scales | None = None  # the root's, where the model is quantized
 
     def owner(self, tensor: str) -> _Rewriter:
         """The rewriter of the graph that defines `tensor` (this one, or one around it)."""
@@ -112,11 +110,9 @@ class _Rewriter:
         return self.cast_cache[key]
 
     def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
-        scales = self.root.scales
         for i in self.members:
             node = self.view.nodes[i]
-            if scales is not None and scales.qdq.is_qdq(i):
-                _emit_qdq(self, i, scales)
+            if _emit_qdq(self, i):  # a Q/DQ: written by the rules of `precision.quantized`
                 continue
             new = onnx.NodeProto()
             new.CopyFrom(node)
@@ -226,7 +222,7 @@ class _Scales:
         return self.names[key]
 
 
-def _emit_qdq(rw: _Rewriter, i: int, scales: _Scales) -> None:
+def _emit_qdq(rw: _Rewriter, i: int) -> bool:
     """A Q in its input's precision; a DQ in its consumers', cloned for each other one.
 
     A DQ clone's output is registered as the cast of the DQ's output to its type,
@@ -234,11 +230,15 @@ def _emit_qdq(rw: _Rewriter, i: int, scales: _Scales) -> None:
     DQs compute in two types is cloned too, one Q per type (its input cast in
     front of it): TensorRT-RTX's Myelin refuses one Q feeding DQs of two scale
     types ("Invalid binary pointwise types"), and builds a chain per type.
+    Returns False where node `i` is no Q/DQ (or the model has none).
     """
+    scales = rw.root.scales
+    if scales is None or not scales.qdq.is_qdq(i):
+        return False
     node = rw.view.nodes[i]
     if node.op_type == "QuantizeLinear":
         _emit_q(rw, i, scales)
-        return
+        return True
     main = None
     for k, prec in enumerate(scales.precisions(i)):
         d = PRECISION_DTYPE[prec]
@@ -257,6 +257,7 @@ def _emit_qdq(rw: _Rewriter, i: int, scales: _Scales) -> None:
         rw.nodes.append(new)
         rw.dtype[out], rw.origin[out] = d, node.output[0]
         rw.cast_cache[(main, d)] = out
+    return True
 
 
 def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
@@ -473,6 +474,7 @@ def convert(assignment: Assignment) -> Converted:
     """Return the mixed-precision model for `assignment` (the source model is not modified)."""
     view = assignment.view
     rw = _Rewriter(assignment)
+    rw.scales = _Scales(assignment) if assignment.dq_precisions else None
     nodes, casts = rw.run()
     initializers, warnings = _initializers(view, rw)
     if rw.scales is not None:
