@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtbuild.graph.optypes import DTYPE_NAME, PRECISION_DTYPE
-from trtbuild.graph.qdq import FUSED_OPS, RESIDUAL_OPS, QdqGraph, holds
+from trtbuild.graph.qdq import QdqGraph, holds
 from trtbuild.graph.view import GraphView
 
 QDQ_RULE = "qdq"  # the `rule` of a Q/DQ node's decision: it follows the ops around it
@@ -41,8 +41,10 @@ def promote_for_scales(
 ) -> tuple[dict[int, str], list[str]]:
     """Ops a DQ feeds whose low precision cannot hold the DQ's group's scale: they go FP32.
 
-    Only the ops TensorRT fuses with a DQ (Conv, ConvTranspose, MatMul, Gemm, Add)
-    are promoted: any other consumer takes a Cast after an FP32 DQ.
+    Every consumer, not only the ops TensorRT fuses with a DQ (Conv, ConvTranspose,
+    MatMul, Gemm, the residual Add): nothing stands between a DQ and what it feeds,
+    and a scale above FP16's range dequantizes to values beyond it (a quantized
+    attention-mask constant of -3.4e38 has a scale of 2.7e36).
     """
     promoted: dict[int, str] = {}
     warnings: list[str] = []
@@ -52,8 +54,6 @@ def promote_for_scales(
             for c in view.consumers.get(qdq.nodes[dq].float_tensor, []):
                 p = precision_of[c]
                 if p in (None, "fp32") or c in promoted or c in qdq.nodes:
-                    continue
-                if view.nodes[c].op_type not in FUSED_OPS | RESIDUAL_OPS:
                     continue
                 if holds(scale, PRECISION_DTYPE[p]):
                     continue
