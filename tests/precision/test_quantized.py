@@ -328,3 +328,53 @@ def test_fp8_builds_for_8_9(tmp_path, capsys):
     code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
     assert code in (0, 1), capsys.readouterr().err
     assert (out / "engine.plan").stat().st_size > 0
+
+
+DEQUANTIZE = '\n    - {id: out, match: {name: "^/ending/Conv$"}, precision: fp32, dequantize: true}'
+
+
+def test_dequantize_takes_an_op_out_of_int8(quantized_dir, tmp_path):
+    stem = "nafnet_tiny_int8"
+    source = onnx.load(quantized_dir / f"{stem}.onnx")
+    front = _front(_policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, DEQUANTIZE))
+    view = GraphView(front.converted.model)
+    conv = next(i for i, n in enumerate(view.nodes) if n.name == "/ending/Conv")
+    assert QdqGraph(view).dq_inputs(conv) == []  # reads floats: no INT8 kernel
+    assert view.dtype[view.nodes[conv].input[0]] == TensorProto.FLOAT
+    assert front.assignment.summary().int8_nodes == 13
+    assert "/ending/Conv" not in _dq_fed(front.converted.model)
+    # its weight is what ONNX Runtime's DequantizeLinear makes of the INT8 one, exactly
+    weight = next(
+        t for t in front.converted.model.graph.initializer if t.name == view.nodes[conv].input[1]
+    )
+    dq = next(n for n in source.graph.node if n.name == "ending.weight_DequantizeLinear")
+    inits = [t for t in source.graph.initializer if t.name in dq.input]
+    out = helper.make_tensor_value_info(dq.output[0], TensorProto.FLOAT, None)
+    graph = helper.make_graph([dq], "dq", [], [out], inits)
+    alone = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    want = ort.InferenceSession(alone.SerializeToString()).run(None, {})[0]
+    assert np.array_equal(numpy_helper.to_array(weight), want)
+    # the weight's DQ fed only that Conv: dropped, with nothing left reading it
+    names = {n.name for n in view.nodes}
+    assert "ending.weight_DequantizeLinear" not in names
+    assert _dq_fed(front.converted.model) == {
+        k: v for k, v in _dq_fed(source).items() if k != "/ending/Conv"
+    }
+
+
+def test_dequantize_on_a_float_op_is_a_warning(quantized_dir, tmp_path):
+    rule = (
+        '\n    - {id: out, match: {name: "^/head/ReduceSum$"}, precision: fp32, dequantize: true}'
+    )
+    front = _front(_policy(tmp_path, quantized_dir / "nafnet_tiny_int8.onnx", "x", rule))
+    assert any("'out' has dequantize: true but" in w for w in front.warnings)
+
+
+@needs_rtx
+def test_a_dequantized_op_builds_with_tensorrt_rtx(quantized_dir, tmp_path, capsys):
+    stem = "nafnet_tiny_int8"
+    policy = _policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, DEQUANTIZE)
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
+    assert code in (0, 1), capsys.readouterr().err
+    assert (out / "engine.plan").stat().st_size > 0
