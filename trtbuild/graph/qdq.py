@@ -192,8 +192,14 @@ class QdqGraph:
         }
 
     def group_scale(self, group: QdqGroup) -> np.ndarray | None:
-        """The scale the group's first member holds (None where it is not a constant)."""
-        return self.nodes[group.members[0]].scale_value
+        """Every scale value of the group's members, in one flat array (None where any is
+        not a constant): what a type must hold for the whole group to take it. ONNX
+        Runtime and ModelOpt give a Q and its DQs one scale; a model that requantizes
+        (a Q and its DQ with two scales) has both here."""
+        values = [self.nodes[m].scale_value for m in group.members]
+        if any(v is None for v in values):
+            return None
+        return np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in values])
 
 
 def holds(values: np.ndarray | None, dtype: int) -> bool:

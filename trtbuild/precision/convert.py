@@ -221,7 +221,7 @@ class _Scales:
         node = self.qdq.nodes[i]
         group = self.qdq.group_of[i]
         types = {PRECISION_DTYPE[p] for m in group.members for p in self.precisions(m)}
-        value = group_value(self.qdq, group, types)
+        value = group_value(self.qdq, i, types)
         if value is None:
             return node.scale  # not a constant: `check` refuses it before any work
         key = (node.scale, dtype, value.tobytes())

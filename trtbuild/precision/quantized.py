@@ -131,18 +131,20 @@ def plan(
     return QdqPlan(precision, reasons, dq_precisions, frozenset(dead))
 
 
-def group_value(qdq: QdqGraph, group, dtypes: set[int]) -> np.ndarray | None:
-    """The one scale value every member of `group` holds, as float32.
+def group_value(qdq: QdqGraph, i: int, dtypes: set[int]) -> np.ndarray | None:
+    """The scale Q/DQ `i` holds, as float32, when its group's members compute in `dtypes`.
 
-    Where any member holds it in a low type, that type's rounding is the value,
-    and FP32 members hold the same rounded value: a Q and its DQ never disagree.
+    Where any member holds the group's scales in a low type, that type's rounding is
+    the value, and FP32 members hold the same rounded value: a Q and its DQ never
+    disagree. Each member keeps its own scale (a requantizing pair keeps both).
     """
-    value = qdq.group_scale(group)
+    value = qdq.nodes[i].scale_value
     if value is None:
         return None
     value = np.asarray(value, dtype=np.float32)
+    whole = qdq.group_scale(qdq.group_of[i])
     for d in sorted(dtypes):
-        if d != PRECISION_DTYPE["fp32"] and holds(value, d):
+        if d != PRECISION_DTYPE["fp32"] and holds(whole, d):
             return _round(value, d)
     return value
 
