@@ -378,3 +378,21 @@ def test_a_dequantized_op_builds_with_tensorrt_rtx(quantized_dir, tmp_path, caps
     code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
     assert code in (0, 1), capsys.readouterr().err
     assert (out / "engine.plan").stat().st_size > 0
+
+
+def test_check_json_carries_the_inventory_and_the_classes(quantized_dir, tmp_path, capsys):
+    import json
+
+    stem = "transformer_tiny_int8"
+    policy = _policy(tmp_path, quantized_dir / f"{stem}.onnx", stem)
+    assert main(["check", "--json", "--policy", str(policy)]) == 0
+    found = json.loads(capsys.readouterr().out)
+    summary = found["summary"]
+    assert summary["int8_nodes"] == 18 and summary["fp8_nodes"] == 0
+    assert summary["quantized"]["quantized_ops"] == {"int8": 18}
+    assert summary["quantized"]["dq_fed"]["MatMul"] == 18
+    compute = sum(summary[f"{k}_nodes"] for k in ("fp16", "bf16", "fp32", "int8", "fp8"))
+    assert summary["quantized_share"] == round(18 / compute, 4)
+    rows = {r["node"]: r for r in found["nodes"]}
+    dq = next(r for r in rows.values() if r["op"] == "DequantizeLinear")
+    assert dq["rule"] == "qdq" and "precision of the ops it feeds" in dq["reason"]
