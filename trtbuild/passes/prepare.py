@@ -51,7 +51,17 @@ def prepare(
     model, rec = passes.name_unnamed_nodes(model)
     records.append(rec)
     target = _opset(model, options.opset)
-    model, rec = passes.upgrade_opset(model, target)
+    try:
+        model, rec = passes.upgrade_opset(model, target)
+    except UsageError as exc:
+        if target == options.opset:
+            raise
+        raise UsageError(
+            f"{exc.message} (a quantized model needs opset {QDQ_SCALE_OPSET}: FP16 scales)",
+            where=source,
+            hint=f"export or quantize the model at opset {QDQ_SCALE_OPSET} (ModelOpt: --opset "
+            f"{QDQ_SCALE_OPSET}; torch.onnx.export(..., opset_version={QDQ_SCALE_OPSET}))",
+        ) from None
     if rec.changed and target != options.opset:
         rec.details["because"] = "Q/DQ: FP16 scales on DequantizeLinear need opset 19"
     records.append(rec)
