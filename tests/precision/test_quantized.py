@@ -396,3 +396,18 @@ def test_check_json_carries_the_inventory_and_the_classes(quantized_dir, tmp_pat
     rows = {r["node"]: r for r in found["nodes"]}
     dq = next(r for r in rows.values() if r["op"] == "DequantizeLinear")
     assert dq["rule"] == "qdq" and "precision of the ops it feeds" in dq["reason"]
+
+
+@needs_rtx
+def test_a_bf16_policy_carries_bf16_scales_and_builds(quantized_dir, tmp_path, capsys):
+    stem = "transformer_tiny_int8"
+    policy = _policy(tmp_path, quantized_dir / f"{stem}.onnx", stem)
+    policy.write_text(policy.read_text().replace("default: fp16", "default: bf16"))
+    front = _front(policy)
+    _, scales = _scales(front.converted.model)
+    assert {s.dtype.name for s in scales} >= {"bfloat16"}
+    assert _dq_fed(front.converted.model) == _dq_fed(onnx.load(quantized_dir / f"{stem}.onnx"))
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
+    assert code in (0, 1), capsys.readouterr().err
+    assert (out / "engine.plan").stat().st_size > 0
