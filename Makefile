@@ -33,6 +33,7 @@ $(STAMP): pyproject.toml
 
 models: install
 	$(BIN)/python scripts/make_models.py --out models
+	$(BIN)/python scripts/make_quantized.py --out models
 	$(BIN)/python scripts/fetch_models.py --out models
 	$(BIN)/python scripts/make_audio.py --out models
 

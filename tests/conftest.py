@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import make_models  # noqa: E402
+import make_quantized  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,6 +41,23 @@ def models_dir(tmp_path_factory) -> Path:
     for name, make in make_models.MODELS.items():
         onnx.save(make(), out / f"{name}.onnx")
     return out
+
+
+@pytest.fixture(scope="session")
+def quantized_dir(models_dir) -> Path:
+    """ONNX Runtime INT8 Q/DQ models as `make models` writes them, plus asymmetric ones.
+
+    `NAME_int8.onnx` is symmetric (what TensorRT takes); `NAME_asym.onnx` is ONNX
+    Runtime's default quantization (non-zero zero points), which trtbuild refuses.
+    """
+    for name, inputs in make_quantized.QUANTIZED.items():
+        make_quantized.quantize(
+            models_dir / f"{name}.onnx", models_dir / f"{name}_int8.onnx", inputs
+        )
+        make_quantized.quantize(
+            models_dir / f"{name}.onnx", models_dir / f"{name}_asym.onnx", inputs, symmetric=False
+        )
+    return models_dir
 
 
 @pytest.fixture(scope="session")

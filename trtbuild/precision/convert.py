@@ -77,6 +77,7 @@ class _Rewriter:
         self.casts: list[CastRecord] = []
         self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
         self.graph_outputs = set(self.view.outputs) if parent is None else set()
+        self.scales: _Scales | None = None  # the root's, where the model is quantized
 
     def owner(self, tensor: str) -> _Rewriter:
         """The rewriter of the graph that defines `tensor` (this one, or one around it)."""
@@ -111,10 +112,12 @@ class _Rewriter:
     def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
         for i in self.members:
             node = self.view.nodes[i]
+            if _emit_qdq(self, i):  # a Q/DQ: written by the rules of `precision.quantized`
+                continue
             new = onnx.NodeProto()
             new.CopyFrom(node)
             want_in, out = _plan(self, i)
-            self._inputs(node, new, want_in)
+            self._inputs(_bypass(self, i, node, want_in), new, want_in)  # dequantize: true
             for attr in new.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     attr.g.CopyFrom(_rewrite_body(self, i, attr.name))
@@ -162,6 +165,166 @@ class _Rewriter:
                 if d is not None:
                     self.dtype[o] = d
         return post
+
+
+class _Scales:
+    """Each Q/DQ's scale as an initializer in the node's type, one value per group.
+
+    Why new initializers and not the converted weight: a group's members may
+    compute in two types (a Q after an FP16 op, its DQ before an FP32 pin), and
+    both must hold the same value (`quantized.group_value`); the FP32 one then
+    holds the FP16-rounded value. The exported scale is never changed in place.
+    """
+
+    def __init__(self, assignment: Assignment):
+        from trtbuild.graph.qdq import QdqGraph
+
+        self.a = assignment
+        self.qdq = QdqGraph(assignment.view)
+        self.tensors: list[onnx.TensorProto] = []
+        self.names: dict[tuple[str, int, bytes], str] = {}
+        self.q_clones: dict[tuple[str, int], str] = {}  # (Q output, type) -> its clone's
+
+    def precisions(self, i: int) -> tuple[str, ...]:
+        return self.a.dq_precisions.get(i) or (self.a.precision_of(i) or "fp32",)
+
+    def unused_dropped(
+        self, initializers: list[onnx.TensorProto], nodes: list[onnx.NodeProto]
+    ) -> list[onnx.TensorProto]:
+        """Without the exported scales that every Q/DQ now reads in its own type."""
+        replaced = {n.scale for n in self.qdq.nodes.values()} - set(self.names.values())
+        read = {t for node in nodes for t in node.input} | set(self.a.view.outputs)
+        for node in self.a.view.nodes:  # bodies' nodes read outer values too
+            read.update(t for t in node.input if t not in replaced)
+        return [t for t in initializers if t.name not in replaced or t.name in read]
+
+    def dequantized(self, dq: int, dtype: int) -> str:
+        """The float initializer of a weight DQ `dq`'s output, in `dtype` (made once)."""
+        node = self.qdq.nodes[dq]
+        key = (node.quantized, dtype, b"dequantized")
+        if key not in self.names:
+            q = numpy_helper.to_array(self.a.view.initializers[node.quantized]).astype(np.float32)
+            zero = node.zero_value if node.zero_value is not None else np.zeros(1)
+            scale, zero = node.scale_value.astype(np.float32), zero.astype(np.float32)
+            if node.axis is not None:  # per axis: the scale's one dimension is the weight's `axis`
+                shape = [1] * q.ndim
+                shape[node.axis % q.ndim] = -1
+                scale, zero = scale.reshape(shape), zero.reshape(shape)
+            name = f"{node.quantized}__dequantized_{DTYPE_NAME[dtype]}"
+            self.tensors.append(_tensor((q - zero) * scale, dtype, name))
+            self.names[key] = name
+        return self.names[key]
+
+    def tensor(self, i: int, dtype: int) -> str:
+        from trtbuild.precision.quantized import group_value
+
+        node = self.qdq.nodes[i]
+        group = self.qdq.group_of[i]
+        types = {PRECISION_DTYPE[p] for m in group.members for p in self.precisions(m)}
+        value = group_value(self.qdq, i, types)
+        if value is None:
+            return node.scale  # not a constant: `check` refuses it before any work
+        key = (node.scale, dtype, value.tobytes())
+        if key not in self.names:
+            same = self.a.view.dtype.get(node.scale) == dtype and np.array_equal(
+                value, node.scale_value
+            )
+            name = node.scale if same and node.scale in self.a.view.initializers else None
+            if name is None:
+                name = f"{node.scale}__{DTYPE_NAME[dtype]}"
+                while name in self.a.view.dtype or name in self.names.values():
+                    name += "_"
+                self.tensors.append(_tensor(value, dtype, name))
+            self.names[key] = name
+        return self.names[key]
+
+
+def _emit_qdq(rw: _Rewriter, i: int) -> bool:
+    """A Q in its input's precision; a DQ in its consumers', cloned for each other one.
+
+    A DQ clone's output is registered as the cast of the DQ's output to its type,
+    so a consumer that needs that type reads the clone, never a Cast. A Q whose
+    DQs compute in two types is cloned too, one Q per type (its input cast in
+    front of it): TensorRT-RTX's Myelin refuses one Q feeding DQs of two scale
+    types ("Invalid binary pointwise types"), and builds a chain per type.
+    Returns False where node `i` is no Q/DQ (or the model has none).
+    """
+    scales = rw.root.scales
+    if scales is None or not scales.qdq.is_qdq(i):
+        return False
+    if i in rw.a.dead_qdq:
+        return True  # every op it fed reads around it (`dequantize: true`)
+    node = rw.view.nodes[i]
+    if node.op_type == "QuantizeLinear":
+        _emit_q(rw, i, scales)
+        return True
+    main = None
+    for k, prec in enumerate(scales.precisions(i)):
+        d = PRECISION_DTYPE[prec]
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        rw._inputs(node, new, [None] * len(node.input))
+        new.input[0] = scales.q_clones.get((node.input[0], d), new.input[0])
+        new.input[1] = scales.tensor(i, d)
+        if k == 0:
+            rw.nodes.append(new)
+            rw.nodes.extend(rw._outputs(node, new, [d]))
+            main = rw.actual[node.output[0]]
+            continue
+        out = _fresh(rw, f"{node.output[0]}__{DTYPE_NAME[d]}")
+        new.output[0], new.name = out, f"{node.name}/trtbuild_{prec}"
+        rw.nodes.append(new)
+        rw.dtype[out], rw.origin[out] = d, node.output[0]
+        rw.cast_cache[(main, d)] = out
+    return True
+
+
+def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
+    node = rw.view.nodes[i]
+    own = PRECISION_DTYPE[scales.precisions(i)[0]]
+    group = scales.qdq.group_of[i]
+    types = {PRECISION_DTYPE[p] for dq in group.dqs for p in scales.precisions(dq)}
+    for d in [own, *sorted(types - {own} if len(types) > 1 else ())]:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        rw._inputs(node, new, [d] + [None] * (len(node.input) - 1))
+        new.input[1] = scales.tensor(i, d)
+        if d == own:
+            rw.nodes.append(new)
+            rw.nodes.extend(rw._outputs(node, new, [None] * len(node.output)))
+            continue
+        out = _fresh(rw, f"{node.output[0]}__{DTYPE_NAME[d]}")
+        new.output[0], new.name = out, f"{node.name}/trtbuild_{DTYPE_NAME[d]}"
+        rw.nodes.append(new)
+        rw.dtype[out] = rw.view.dtype.get(node.output[0], TensorProto.INT8)
+        scales.q_clones[(node.output[0], d)] = out
+
+
+def _bypass(rw: _Rewriter, i: int, node: onnx.NodeProto, want_in: list) -> onnx.NodeProto:
+    """A `dequantize: true` op's inputs read around its DQs: the tensor in front of the
+    activation's Q, and each quantized weight dequantized once into a float initializer of
+    the type the op needs (computed as DequantizeLinear does: (q - zero point) x scale)."""
+    scales = rw.root.scales
+    if scales is None or i not in rw.a.dequantized:
+        return node
+    bypassed = onnx.NodeProto()
+    bypassed.CopyFrom(node)
+    for k, t in enumerate(node.input):
+        dq = rw.view.producer.get(t) if t else None
+        if dq is None or dq not in scales.qdq.nodes or not scales.qdq.nodes[dq].is_dq:
+            continue
+        q = rw.view.producer.get(scales.qdq.nodes[dq].quantized)
+        if q is not None and q in scales.qdq.nodes:
+            bypassed.input[k] = scales.qdq.nodes[q].float_tensor
+        else:
+            bypassed.input[k] = scales.dequantized(dq, want_in[k] or TensorProto.FLOAT)
+    return bypassed
+
+
+def _fresh(rw: _Rewriter, name: str) -> str:
+    while name in rw.dtype or name in rw.view.dtype:
+        name += "_"
+    return name
 
 
 def _main_var(rw: _Rewriter, i: int) -> str | None:
@@ -351,8 +514,11 @@ def convert(assignment: Assignment) -> Converted:
     """Return the mixed-precision model for `assignment` (the source model is not modified)."""
     view = assignment.view
     rw = _Rewriter(assignment)
+    rw.scales = _Scales(assignment) if assignment.dq_precisions else None
     nodes, casts = rw.run()
     initializers, warnings = _initializers(view, rw)
+    if rw.scales is not None:
+        initializers = rw.scales.unused_dropped(initializers, nodes) + rw.scales.tensors
     value_info = _value_info(view, rw)
     graph = view.graph
     new_graph = helper.make_graph(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtbuild.front import Front
+from trtbuild.graph.qdq import is_qdq
 from trtbuild.numerics import LOW_MAX
 from trtbuild.policy.specs import Precision
 from trtbuild.tuning.groups import Group, beyond_range, candidate_precision, groups, suspects
@@ -96,7 +97,8 @@ class Search:
         self.front, self.budget, self.jobs = front, budget, jobs
         self.low = front.policy.precision.default  # fp16 | bf16 (check_policy refused fp32)
         self.groups = groups(front, objective)
-        self.names = [n.name for n in front.view.nodes]
+        # a tuned rule's regex may also match Q/DQ nodes: no rule pins them (`precision.quantized`)
+        self.names = [n.name for n in front.view.nodes if not is_qdq(n.op_type)]
         self.by_node = {i: k for k, g in enumerate(self.groups) for i in g.nodes}
         self.tiebreak = list(range(len(self.groups)))
         random.Random(seed).shuffle(self.tiebreak)

@@ -1,0 +1,110 @@
+"""The Q/DQ index on ONNX Runtime INT8 models made by the project's script."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from trtbuild.graph.analysis import Analysis
+from trtbuild.graph.qdq import QdqGraph, fp8_capable, holds
+from trtbuild.graph.view import GraphView
+
+
+def _qdq(path) -> QdqGraph:
+    return Analysis(GraphView(onnx.load(path))).qdq()
+
+
+def test_inventory_of_the_int8_cnn(quantized_dir):
+    q = _qdq(quantized_dir / "nafnet_tiny_int8.onnx")
+    inv = q.inventory()
+    assert inv["quantized_ops"] == {"int8": 14}  # every Conv of nafnet_tiny
+    assert inv["dq_fed"]["Conv"] == 14
+    assert set(inv["pairs"]) == {"int8"}
+    assert all(n.symmetric for n in q.nodes.values())
+    weights = [n for n in q.nodes.values() if n.is_dq and n.axis is not None]
+    assert weights and all(n.scale_value.size > 1 for n in weights)  # per-channel
+
+
+def test_groups_join_a_q_with_its_dqs(quantized_dir):
+    q = _qdq(quantized_dir / "transformer_tiny_int8.onnx")
+    assert q.inventory()["quantized_ops"] == {"int8": 18}  # every MatMul
+    for g in q.groups:
+        if g.q is not None:
+            assert g.dqs, "ONNX Runtime's Q always feeds a DQ"
+            assert all(q.nodes[d].quantized == q.nodes[g.q].quantized for d in g.dqs)
+        else:
+            assert len(g.dqs) == 1 and q.nodes[g.dqs[0]].quantized in q.view.initializers
+    assert sorted(m for g in q.groups for m in g.members) == sorted(q.nodes)
+
+
+def test_asymmetric_zero_points_are_seen(quantized_dir):
+    q = _qdq(quantized_dir / "nafnet_tiny_asym.onnx")
+    assert any(not n.symmetric for n in q.nodes.values())
+    assert "uint8" in q.inventory()["pairs"]  # ONNX Runtime's default asymmetric activations
+
+
+def test_float_model_has_none(nafnet_path):
+    q = _qdq(nafnet_path)
+    assert not q and q.inventory()["pairs"] == {} and q.quantized_ops == {}
+
+
+def test_holds_refuses_what_fp16_cannot_keep():
+    assert holds(np.array([0.02, 1.0]), TensorProto.FLOAT16)
+    assert not holds(np.array([3e-10]), TensorProto.FLOAT16)  # 0 in FP16
+    assert not holds(np.array([1e-6]), TensorProto.FLOAT16)  # subnormal
+    assert not holds(np.array([7e4]), TensorProto.FLOAT16)
+    assert holds(np.array([3e-10]), TensorProto.FLOAT)
+    assert not holds(None, TensorProto.FLOAT)  # not a constant
+
+
+def test_fp8_needs_ada():
+    assert fp8_capable("8.9") and fp8_capable("12.0")
+    assert not fp8_capable("8.6") and not fp8_capable("7.5")
+
+
+def _conv_with(scale, bias_dtype=TensorProto.INT8, scale_input=None) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Conv(DQ(w), DQ(b)): a hand-made Q/DQ graph with one thing wrong."""
+    from onnx import helper, numpy_helper
+
+    inits = [
+        numpy_helper.from_array(np.array(scale, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+        numpy_helper.from_array(np.ones((2, 2, 1, 1), np.int8), "w"),
+        numpy_helper.from_array(np.array([0.1, 0.1], np.float32), "ws"),
+        numpy_helper.from_array(
+            np.ones(2, np.int32 if bias_dtype == TensorProto.INT32 else np.int8), "b"
+        ),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", scale_input or "s", "z"], ["xq"], name="q"),
+        helper.make_node("DequantizeLinear", ["xq", scale_input or "s", "z"], ["xd"], name="dq"),
+        helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], name="w_dq", axis=0),
+        helper.make_node("DequantizeLinear", ["b", "ws"], ["bd"], name="b_dq"),
+        helper.make_node("Conv", ["xd", "wd", "bd"], ["y"], name="conv"),
+    ]
+    if scale_input:
+        nodes.insert(0, helper.make_node("Abs", ["x_scale_src"], [scale_input], name="computed"))
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 4, 4]) for n in ("x", "y")]
+    extra = (
+        [helper.make_tensor_value_info("x_scale_src", TensorProto.FLOAT, [])] if scale_input else []
+    )
+    graph = helper.make_graph(nodes, "g", [vi[0], *extra], vi[1:], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def _violations(model, capabilities=("8.9",)):
+    from trtbuild.graph.qdq import violations
+
+    return violations(QdqGraph(GraphView(model)), capabilities)
+
+
+def test_violations_name_the_node_and_the_fix():
+    assert _violations(_conv_with(0.05)) == []
+    (bias,) = _violations(_conv_with(0.05, TensorProto.INT32))
+    assert bias.node == "b_dq" and bias.field == "format" and "QuantizeBias" in bias.fix
+    zero = _violations(_conv_with(0.0))
+    assert {v.node for v in zero} == {"q", "dq"} and all("> 0" in v.problem for v in zero)
+    assert _violations(_conv_with(float("inf")))[0].field == "scale"
+    computed = _violations(_conv_with(0.05, scale_input="computed_scale"))
+    assert computed[0].problem.startswith("scale computed_scale is not a constant")
