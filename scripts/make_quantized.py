@@ -57,12 +57,14 @@ class SeededReader:
 def quantize(src: Path, dst: Path, inputs: dict, symmetric: bool = True) -> None:
     """Write `src` quantized to INT8 Q/DQ at `dst` (atomically: a temporary name, then rename).
 
-    `symmetric=False` is ONNX Runtime's default (asymmetric activations, non-zero
-    zero points), which TensorRT refuses: the tests use it for the refusal.
+    `symmetric=False` is ONNX Runtime's default (asymmetric UINT8 activations,
+    non-zero zero points), which TensorRT refuses: the tests use it for the refusal.
+    Biases stay float (`QuantizeBias: False`): TensorRT takes no INT32 DQ.
     """
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     extra = {"ActivationSymmetric": True, "WeightSymmetric": True} if symmetric else {}
+    extra["QuantizeBias"] = False  # an INT32 bias DQ is refused by TensorRT (INT8/FP8/INT4 only)
     tmp = dst.with_suffix(".onnx.tmp")
     quantize_static(
         str(src),
@@ -71,7 +73,7 @@ def quantize(src: Path, dst: Path, inputs: dict, symmetric: bool = True) -> None
         quant_format=QuantFormat.QDQ,
         per_channel=True,
         weight_type=QuantType.QInt8,
-        activation_type=QuantType.QInt8,
+        activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
         extra_options=extra,
     )
     onnx.checker.check_model(onnx.load(str(tmp)))

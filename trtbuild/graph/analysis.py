@@ -41,6 +41,12 @@ class Analysis:
 
         return self._once("attention_units", lambda: attention_units(self.view))
 
+    def qdq(self):
+        """The Q/DQ index (`graph.qdq.QdqGraph`): pairs, formats, scales, DQ-fed ops."""
+        from trtbuild.graph.qdq import QdqGraph
+
+        return self._once("qdq", lambda: QdqGraph(self.view))
+
     def weight_peaks(self) -> dict[str, float]:
         """Largest finite |value| of every float initializer."""
         return self._once("weight_peaks", lambda: _weight_peaks(self.view))

@@ -50,7 +50,10 @@ def prepare(
     records.append(rec)
     model, rec = passes.name_unnamed_nodes(model)
     records.append(rec)
-    model, rec = passes.upgrade_opset(model, options.opset)
+    target = _opset(model, options.opset)
+    model, rec = passes.upgrade_opset(model, target)
+    if rec.changed and target != options.opset:
+        rec.details["because"] = "Q/DQ: FP16 scales on DequantizeLinear need opset 19"
     records.append(rec)
     model, rec = passes.name_unnamed_nodes(model)  # what the converter added inside bodies
     if rec.changed:
@@ -70,6 +73,25 @@ def prepare(
     model = infer_shapes(strip_value_info(model))
     _check_bodies(model, source)
     return Prepared(model, records)
+
+
+QDQ_SCALE_OPSET = 19  # DequantizeLinear takes FP16/BF16 scales from opset 19
+
+
+def _opset(model: onnx.ModelProto, asked: int | None) -> int | None:
+    """The opset to upgrade to: at least 19 for a quantized (Q/DQ) graph.
+
+    Why: in a strongly typed network a DQ's output type is its scale's type, and
+    an FP16 op fed by a DQ needs an FP16 scale, which only opset 19 allows; below
+    it every DQ would need a Cast in front of the op it feeds, and TensorRT fuses
+    a DQ into the op only when it is directly in front of it. The opset record
+    says the upgrade (`to` 19).
+    """
+    from trtbuild.graph.qdq import QDQ_OPS
+
+    if not any(n.op_type in QDQ_OPS for n in model.graph.node):
+        return asked
+    return max(asked or 0, QDQ_SCALE_OPSET)
 
 
 def _fold_control_flow(

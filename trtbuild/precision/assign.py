@@ -38,6 +38,8 @@ class Assignment:
     decisions: list[Decision]
     rule_hits: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    quantized: dict[int, str] = field(default_factory=dict)  # quantized op -> int8 | fp8
+    dq_precisions: dict[int, tuple[str, ...]] = field(default_factory=dict)  # DQ -> per consumer
 
     def precision_of(self, index: int) -> str | None:
         return self.decisions[index].precision
@@ -107,6 +109,7 @@ def assign(
     view = graph if isinstance(graph, GraphView) else GraphView(graph)
     analysis = analysis if analysis is not None and analysis.view is view else Analysis(view)
     ctx = rules_mod.MatchContext(analysis, ranges)
+    qdq = analysis.qdq()  # Q/DQ nodes are never picked by a rule: they follow the ops around
     picks: list[tuple[str, str, str] | None] = [None] * len(view.nodes)
     hits: dict[str, int] = {}
     warnings: list[str] = []
@@ -114,7 +117,7 @@ def assign(
         selected = rules_mod.select(rule, ctx)
         fresh = 0
         for i, reason in selected.items():
-            if picks[i] is None and view.float_outputs(i):
+            if picks[i] is None and view.float_outputs(i) and i not in qdq.nodes:
                 picks[i] = (rule.precision, rule.id, reason)
                 fresh += 1
         hits[rule.id] = fresh
@@ -144,7 +147,26 @@ def assign(
         else:
             decision = Decision(precision.default, "default", f"policy default {precision.default}")
         decisions.append(_respect_schema(view, i, decision))
-    return Assignment(view, decisions, hits, warnings)
+    if not qdq:
+        return Assignment(view, decisions, hits, warnings)
+    return _with_qdq(Assignment(view, decisions, hits, warnings), qdq)
+
+
+def _with_qdq(assignment: Assignment, qdq) -> Assignment:
+    """Decide the Q/DQ nodes last, from the ops around them (`precision.quantized`)."""
+    from trtbuild.precision import quantized
+
+    view, decisions = assignment.view, assignment.decisions
+    promoted, warnings = quantized.promote_for_scales(view, qdq, [d.precision for d in decisions])
+    for i, why in promoted.items():
+        decisions[i] = Decision("fp32", quantized.SCALE_RULE, why)
+    plan = quantized.plan(view, qdq, [d.precision for d in decisions])
+    for i, p in plan.precision.items():
+        decisions[i] = Decision(p, quantized.QDQ_RULE, plan.reasons[i])
+    assignment.warnings.extend(warnings)
+    assignment.quantized = dict(qdq.quantized_ops)
+    assignment.dq_precisions = plan.dq_precisions
+    return assignment
 
 
 _CONTROL_REASON = "computes in its bodies; its outputs keep their exported types"

@@ -77,6 +77,9 @@ class _Rewriter:
         self.casts: list[CastRecord] = []
         self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
         self.graph_outputs = set(self.view.outputs) if parent is None else set()
+        self.scales: _Scales | None = None
+        if parent is None and assignment.dq_precisions:
+            self.scales = _Scales(assignment)
 
     def owner(self, tensor: str) -> _Rewriter:
         """The rewriter of the graph that defines `tensor` (this one, or one around it)."""
@@ -109,8 +112,12 @@ class _Rewriter:
         return self.cast_cache[key]
 
     def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
+        scales = self.root.scales
         for i in self.members:
             node = self.view.nodes[i]
+            if scales is not None and scales.qdq.is_qdq(i):
+                _emit_qdq(self, i, scales)
+                continue
             new = onnx.NodeProto()
             new.CopyFrom(node)
             want_in, out = _plan(self, i)
@@ -162,6 +169,87 @@ class _Rewriter:
                 if d is not None:
                     self.dtype[o] = d
         return post
+
+
+class _Scales:
+    """Each Q/DQ's scale as an initializer in the node's type, one value per group.
+
+    Why new initializers and not the converted weight: a group's members may
+    compute in two types (a Q after an FP16 op, its DQ before an FP32 pin), and
+    both must hold the same value (`quantized.group_value`); the FP32 one then
+    holds the FP16-rounded value. The exported scale is never changed in place.
+    """
+
+    def __init__(self, assignment: Assignment):
+        from trtbuild.graph.qdq import QdqGraph
+
+        self.a = assignment
+        self.qdq = QdqGraph(assignment.view)
+        self.tensors: list[onnx.TensorProto] = []
+        self.names: dict[tuple[str, int, bytes], str] = {}
+
+    def precisions(self, i: int) -> tuple[str, ...]:
+        return self.a.dq_precisions.get(i) or (self.a.precision_of(i) or "fp32",)
+
+    def tensor(self, i: int, dtype: int) -> str:
+        from trtbuild.precision.quantized import group_value
+
+        node = self.qdq.nodes[i]
+        group = self.qdq.group_of[i]
+        types = {PRECISION_DTYPE[p] for m in group.members for p in self.precisions(m)}
+        value = group_value(self.qdq, group, types)
+        if value is None:
+            return node.scale  # not a constant: `check` refuses it before any work
+        key = (node.scale, dtype, value.tobytes())
+        if key not in self.names:
+            same = self.a.view.dtype.get(node.scale) == dtype and np.array_equal(
+                value, node.scale_value
+            )
+            name = node.scale if same and node.scale in self.a.view.initializers else None
+            if name is None:
+                name = f"{node.scale}__{DTYPE_NAME[dtype]}"
+                while name in self.a.view.dtype or name in self.names.values():
+                    name += "_"
+                self.tensors.append(_tensor(value, dtype, name))
+            self.names[key] = name
+        return self.names[key]
+
+
+def _emit_qdq(rw: _Rewriter, i: int, scales: _Scales) -> None:
+    """A Q in its input's precision; a DQ in its consumers', cloned for each other one.
+
+    A clone's output is registered as the cast of the DQ's output to its type,
+    so a consumer that needs that type reads the clone, never a Cast.
+    """
+    node = rw.view.nodes[i]
+    if node.op_type == "QuantizeLinear":
+        d = PRECISION_DTYPE[scales.precisions(i)[0]]
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        rw._inputs(node, new, [d] + [None] * (len(node.input) - 1))
+        new.input[1] = scales.tensor(i, d)
+        rw.nodes.append(new)
+        rw.nodes.extend(rw._outputs(node, new, [None] * len(node.output)))
+        return
+    main = None
+    for k, prec in enumerate(scales.precisions(i)):
+        d = PRECISION_DTYPE[prec]
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        rw._inputs(node, new, [None] * len(node.input))
+        new.input[1] = scales.tensor(i, d)
+        if k == 0:
+            rw.nodes.append(new)
+            rw.nodes.extend(rw._outputs(node, new, [d]))
+            main = rw.actual[node.output[0]]
+            continue
+        out = f"{node.output[0]}__{DTYPE_NAME[d]}"
+        while out in rw.dtype or out in rw.view.dtype:
+            out += "_"
+        new.output[0], new.name = out, f"{node.name}/trtbuild_{prec}"
+        rw.nodes.append(new)
+        rw.dtype[out], rw.origin[out] = d, node.output[0]
+        rw.cast_cache[(main, d)] = out
 
 
 def _main_var(rw: _Rewriter, i: int) -> str | None:
@@ -353,6 +441,8 @@ def convert(assignment: Assignment) -> Converted:
     rw = _Rewriter(assignment)
     nodes, casts = rw.run()
     initializers, warnings = _initializers(view, rw)
+    if rw.scales is not None:
+        initializers += rw.scales.tensors
     value_info = _value_info(view, rw)
     graph = view.graph
     new_graph = helper.make_graph(

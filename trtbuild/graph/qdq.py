@@ -1,0 +1,270 @@
+"""Quantized (Q/DQ) structure of a graph: pairs, formats, scales, zero points, DQ-fed ops.
+
+Why one module: TensorRT 11 and TensorRT-RTX take INT8/FP8 only as explicit
+`QuantizeLinear`/`DequantizeLinear` pairs, and every stage asks the same
+questions of them: `check` (TensorRT's rules, the inventory), assignment (a DQ
+follows the op it feeds; Q/DQ are never pinned), conversion (a scale's type is
+the op's float precision; one scale value per pair), the shares (INT8 and FP8
+compute beside FP16/FP32), `tune` (Q/DQ are no candidates) and the passes that
+see through a Q→DQ pair. Answering them from one read-only index keeps them
+consistent. Nothing here changes the graph.
+
+Vocabulary:
+- a *Q/DQ node*: a `QuantizeLinear` or `DequantizeLinear`;
+- a *group* (a "pair"): one Q and every DQ that reads its output (an
+  activation's quantization), or one DQ of a constant (a weight's). TensorRT
+  takes one scale for the whole group, so a group keeps one scale value;
+- *DQ-fed*: a node with an input produced directly by a DQ;
+- a *quantized op*: a Conv/ConvTranspose/MatMul/Gemm whose data and weight
+  inputs are both DQ outputs: TensorRT fuses the DQs into an INT8 (FP8) kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from onnx import TensorProto, numpy_helper
+
+from trtbuild.graph.view import GraphView
+
+QUANTIZE = "QuantizeLinear"
+DEQUANTIZE = "DequantizeLinear"
+QDQ_OPS = frozenset({QUANTIZE, DEQUANTIZE})
+# The ops TensorRT fuses with the DQs in front of them into one quantized kernel; the
+# residual Add after a quantized Conv is fused too when one of its inputs is DQ-fed.
+FUSED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+RESIDUAL_OPS = frozenset({"Add"})
+FORMATS = {
+    TensorProto.INT8: "int8",
+    TensorProto.UINT8: "uint8",
+    TensorProto.FLOAT8E4M3FN: "fp8",
+    TensorProto.FLOAT8E5M2: "fp8e5m2",
+    TensorProto.INT4: "int4",
+    TensorProto.UINT4: "uint4",
+    TensorProto.INT16: "int16",
+    TensorProto.UINT16: "uint16",
+    TensorProto.INT32: "int32",
+}
+# The quantized types TensorRT takes in a Q/DQ pair (INT4: weight-only DQs)
+TENSORRT_FORMATS = frozenset({"int8", "fp8", "int4"})
+# Classes of quantized compute in the shares, beside fp16/bf16/fp32
+COMPUTE_CLASSES = ("int8", "fp8")
+FP8_MIN_CAPABILITY = (8, 9)  # FP8 kernels: Ada (SM89) and later
+
+
+def is_qdq(op_type: str) -> bool:
+    """Is this op a QuantizeLinear or DequantizeLinear (never compute, never pinned)?"""
+    return op_type in QDQ_OPS
+
+
+@dataclass(frozen=True)
+class QdqNode:
+    """One Q or DQ: what it reads and writes, its scale and zero point (values where constant)."""
+
+    index: int
+    op: str  # QuantizeLinear | DequantizeLinear
+    name: str
+    float_tensor: str  # a Q's input, a DQ's output
+    quantized: str  # a Q's output, a DQ's input
+    scale: str
+    zero_point: str | None
+    format: str  # int8 | uint8 | fp8 | int4 | int32 | ... | unknown
+    scale_value: np.ndarray | None  # None: not a constant
+    zero_value: np.ndarray | None  # None: absent, or not a constant
+    axis: int | None  # per-axis quantization's axis; None: per tensor
+
+    @property
+    def is_dq(self) -> bool:
+        return self.op == DEQUANTIZE
+
+    @property
+    def symmetric(self) -> bool:
+        """Zero point absent or all zeros (TensorRT refuses any other)."""
+        return self.zero_value is None or not np.any(self.zero_value.astype(np.float32))
+
+
+@dataclass(frozen=True)
+class QdqGroup:
+    """A Q and the DQs that read its output, or one DQ of a constant: one scale value."""
+
+    q: int | None
+    dqs: tuple[int, ...]
+    format: str
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return ((self.q,) if self.q is not None else ()) + self.dqs
+
+
+class QdqGraph:
+    """The Q/DQ index over one `GraphView` (`Analysis.qdq()` keeps one per graph)."""
+
+    def __init__(self, view: GraphView):
+        self.view = view
+        self.nodes: dict[int, QdqNode] = {}
+        for i, node in enumerate(view.nodes):
+            if node.op_type in QDQ_OPS and node.domain in ("", "ai.onnx") and len(node.input) >= 2:
+                self.nodes[i] = _qdq_node(view, i)
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes)
+
+    def is_qdq(self, index: int) -> bool:
+        return index in self.nodes
+
+    def dq_inputs(self, index: int) -> list[int]:
+        """The DQs that produce an input of node `index` directly (in input order)."""
+        found = []
+        for t in self.view.nodes[index].input:
+            p = self.view.producer.get(t) if t else None
+            if p is not None and p in self.nodes and self.nodes[p].is_dq:
+                found.append(p)
+        return found
+
+    @cached_property
+    def groups(self) -> tuple[QdqGroup, ...]:
+        """Every group: each Q with its DQs, then each DQ no Q feeds."""
+        found, taken = [], set()
+        for i, n in self.nodes.items():
+            if n.is_dq:
+                continue
+            dqs = tuple(
+                c
+                for c in self.view.consumers.get(n.quantized, [])
+                if c in self.nodes and self.nodes[c].is_dq
+            )
+            taken.update(dqs)
+            found.append(QdqGroup(i, dqs, n.format))
+        found += [
+            QdqGroup(None, (i,), n.format)
+            for i, n in self.nodes.items()
+            if n.is_dq and i not in taken
+        ]
+        return tuple(found)
+
+    @cached_property
+    def group_of(self) -> dict[int, QdqGroup]:
+        return {m: g for g in self.groups for m in g.members}
+
+    @cached_property
+    def dq_fed(self) -> tuple[int, ...]:
+        """Every node that is not itself a Q/DQ and reads a DQ's output directly."""
+        return tuple(
+            i for i in range(len(self.view.nodes)) if i not in self.nodes and self.dq_inputs(i)
+        )
+
+    @cached_property
+    def quantized_ops(self) -> dict[int, str]:
+        """Quantized compute: Conv/ConvTranspose/MatMul/Gemm whose data and weight inputs are
+        DQ outputs, with the format of its data input's DQ (int8 or fp8)."""
+        found = {}
+        for i in self.dq_fed:
+            node = self.view.nodes[i]
+            if node.op_type not in FUSED_OPS or len(node.input) < 2:
+                continue
+            first, second = (self.nodes.get(self.view.producer.get(t, -1)) for t in node.input[:2])
+            if first is not None and second is not None and first.is_dq and second.is_dq:
+                found[i] = first.format
+        return found
+
+    def inventory(self) -> dict[str, Any]:
+        """What `check` prints and report.json records: groups per format, quantized ops
+        per format, DQ-fed nodes per op type."""
+        pairs: dict[str, int] = {}
+        for g in self.groups:
+            pairs[g.format] = pairs.get(g.format, 0) + 1
+        ops: dict[str, int] = {}
+        for fmt in self.quantized_ops.values():
+            ops[fmt] = ops.get(fmt, 0) + 1
+        fed: dict[str, int] = {}
+        for i in self.dq_fed:
+            op = self.view.nodes[i].op_type
+            fed[op] = fed.get(op, 0) + 1
+        return {
+            "q_nodes": sum(1 for n in self.nodes.values() if not n.is_dq),
+            "dq_nodes": sum(1 for n in self.nodes.values() if n.is_dq),
+            "pairs": dict(sorted(pairs.items())),
+            "quantized_ops": dict(sorted(ops.items())),
+            "dq_fed": dict(sorted(fed.items())),
+        }
+
+    def group_scale(self, group: QdqGroup) -> np.ndarray | None:
+        """The scale the group's first member holds (None where it is not a constant)."""
+        return self.nodes[group.members[0]].scale_value
+
+
+def holds(values: np.ndarray | None, dtype: int) -> bool:
+    """Can `dtype` hold these scales as TensorRT needs them: finite, > 0, normal, in range?
+
+    Why normal and not only non-zero: a subnormal FP16 scale keeps a few bits of
+    precision and TensorRT's INT8 kernels take the scale's reciprocal, which
+    overflows; a scale that leaves FP16's normal range stays FP32.
+    """
+    if values is None:
+        return False
+    if dtype == TensorProto.FLOAT:
+        return True
+    finfo = _finfo(dtype)
+    v = np.asarray(values, dtype=np.float64)
+    return bool(np.all(np.isfinite(v)) and np.all(v >= finfo[0]) and np.all(v <= finfo[1]))
+
+
+def _finfo(dtype: int) -> tuple[float, float]:
+    """(smallest normal, largest finite) of a low float type."""
+    if dtype == TensorProto.BFLOAT16:
+        return float(np.finfo(np.float32).tiny), 3.3895313892515355e38
+    return float(np.finfo(np.float16).tiny), float(np.finfo(np.float16).max)
+
+
+def fp8_capable(capability: str) -> bool:
+    """Does a compute capability ("8.9") have FP8 kernels?"""
+    major, _, minor = capability.partition(".")
+    try:
+        return (int(major), int(minor or 0)) >= FP8_MIN_CAPABILITY
+    except ValueError:
+        return False
+
+
+def _constant(view: GraphView, tensor: str) -> np.ndarray | None:
+    """The value of an initializer or a `Constant` node's output; None otherwise."""
+    if not tensor:
+        return None
+    if tensor in view.initializers:
+        return view.initializer_array(tensor)
+    p = view.producer.get(tensor)
+    if p is not None and view.nodes[p].op_type == "Constant":
+        for attr in view.nodes[p].attribute:
+            if attr.name == "value":
+                return numpy_helper.to_array(attr.t)
+    return None
+
+
+def _qdq_node(view: GraphView, i: int) -> QdqNode:
+    node = view.nodes[i]
+    is_dq = node.op_type == DEQUANTIZE
+    quantized = node.input[0] if is_dq else node.output[0]
+    zero = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    fmt = view.dtype.get(quantized)
+    if fmt is None and zero is not None:
+        fmt = view.dtype.get(zero)
+    if fmt is None and not is_dq:
+        fmt = TensorProto.UINT8  # ONNX's default for a Q without a zero point
+    axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+    scale_value = _constant(view, node.input[1])
+    per_axis = scale_value is not None and scale_value.size > 1
+    return QdqNode(
+        index=i,
+        op=node.op_type,
+        name=node.name,
+        float_tensor=node.output[0] if is_dq else node.input[0],
+        quantized=quantized,
+        scale=node.input[1],
+        zero_point=zero,
+        format=FORMATS.get(fmt, "unknown") if fmt is not None else "unknown",
+        scale_value=scale_value,
+        zero_value=_constant(view, zero) if zero else None,
+        axis=(axis if axis is not None else 1) if per_axis else None,
+    )

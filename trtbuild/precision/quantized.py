@@ -1,0 +1,133 @@
+"""The precision of Q/DQ nodes: decided by the float ops around them, never by a rule.
+
+Why a stage of its own: in a strongly typed network a DequantizeLinear's output
+type is its scale's type, and TensorRT fuses a DQ into the Conv/MatMul/Gemm (or
+residual Add) it feeds only when nothing stands between them. So a DQ computes
+in the precision of the op it feeds (a DQ shared by ops of two precisions is
+cloned, one per precision, in `convert`), a Q in the precision of its input, and
+an FP32 pin on a quantized op keeps its INT8 math: its DQs give it FP32. A Q/DQ
+group (a Q and its DQs, or a weight's DQ) keeps one scale value; a scale that
+the low precision cannot hold (zero, subnormal, above 65504 for FP16) keeps
+its whole group in FP32, and the op it feeds with it, named in a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtbuild.graph.optypes import DTYPE_NAME, PRECISION_DTYPE
+from trtbuild.graph.qdq import FUSED_OPS, RESIDUAL_OPS, QdqGraph, holds
+from trtbuild.graph.view import GraphView
+
+QDQ_RULE = "qdq"  # the `rule` of a Q/DQ node's decision: it follows the ops around it
+SCALE_RULE = "qdq-scale"  # an op kept FP32 because a scale it reads does not fit the low type
+MIN_OPSET = 19  # DequantizeLinear with FP16/BF16 scales
+
+
+@dataclass(frozen=True)
+class QdqPlan:
+    """Per Q/DQ node: its precision and why; per DQ: every precision its consumers need
+    (the first is the DQ's own; `convert` clones the DQ for each other one)."""
+
+    precision: dict[int, str]
+    reasons: dict[int, str]
+    dq_precisions: dict[int, tuple[str, ...]]
+
+
+def promote_for_scales(
+    view: GraphView, qdq: QdqGraph, precision_of: list[str | None]
+) -> tuple[dict[int, str], list[str]]:
+    """Ops a DQ feeds whose low precision cannot hold the DQ's group's scale: they go FP32.
+
+    Only the ops TensorRT fuses with a DQ (Conv, ConvTranspose, MatMul, Gemm, Add)
+    are promoted: any other consumer takes a Cast after an FP32 DQ.
+    """
+    promoted: dict[int, str] = {}
+    warnings: list[str] = []
+    for group in qdq.groups:
+        scale = qdq.group_scale(group)
+        for dq in group.dqs:
+            for c in view.consumers.get(qdq.nodes[dq].float_tensor, []):
+                p = precision_of[c]
+                if p in (None, "fp32") or c in promoted or c in qdq.nodes:
+                    continue
+                if view.nodes[c].op_type not in FUSED_OPS | RESIDUAL_OPS:
+                    continue
+                if holds(scale, PRECISION_DTYPE[p]):
+                    continue
+                why = f"the scale of {qdq.nodes[dq].name} ({_extreme(scale)}) does not fit {p.upper()}"
+                promoted[c] = why
+                warnings.append(
+                    f"{view.nodes[c].name} ({view.nodes[c].op_type}) stays FP32 with its "
+                    f"Q/DQ pair: {why}; the scale is kept, never flushed"
+                )
+    return promoted, warnings
+
+
+def plan(view: GraphView, qdq: QdqGraph, precision_of: list[str | None]) -> QdqPlan:
+    """Every Q/DQ node's precision, from the final precisions of the other nodes."""
+    precision: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    dq_precisions: dict[int, tuple[str, ...]] = {}
+    low_ok = view.opset >= MIN_OPSET
+    for i, n in qdq.nodes.items():
+        if not n.is_dq:
+            continue
+        scale = qdq.group_scale(qdq.group_of[i])
+        wanted: list[str] = []
+        for c in view.consumers.get(n.float_tensor, []):
+            p = precision_of[c] if c not in qdq.nodes else None
+            if p is not None:
+                fits = low_ok and holds(scale, PRECISION_DTYPE[p])
+                wanted.append(p if fits else "fp32")
+        dq_precisions[i] = tuple(dict.fromkeys(wanted)) or ("fp32",)
+        precision[i] = dq_precisions[i][0]
+        reasons[i] = "a DQ computes in the precision of the ops it feeds" + (
+            f" (cloned for {', '.join(dq_precisions[i][1:])})" if len(dq_precisions[i]) > 1 else ""
+        )
+    for i, n in qdq.nodes.items():
+        if n.is_dq:
+            continue
+        p = view.producer.get(n.float_tensor)
+        mine = precision.get(p) if p in qdq.nodes else (precision_of[p] if p is not None else None)
+        mine = mine or DTYPE_NAME.get(view.dtype.get(n.float_tensor, 0), "fp32")
+        fits = low_ok and mine != "fp32" and holds(n.scale_value, PRECISION_DTYPE[mine])
+        precision[i] = mine if fits else "fp32"
+        reasons[i] = "a Q computes in the precision of its input" + (
+            "" if precision[i] == mine else f"; its scale does not fit {mine.upper()}"
+        )
+    return QdqPlan(precision, reasons, dq_precisions)
+
+
+def group_value(qdq: QdqGraph, group, dtypes: set[int]) -> np.ndarray | None:
+    """The one scale value every member of `group` holds, as float32.
+
+    Where any member holds it in a low type, that type's rounding is the value,
+    and FP32 members hold the same rounded value: a Q and its DQ never disagree.
+    """
+    value = qdq.group_scale(group)
+    if value is None:
+        return None
+    value = np.asarray(value, dtype=np.float32)
+    for d in sorted(dtypes):
+        if d != PRECISION_DTYPE["fp32"] and holds(value, d):
+            return _round(value, d)
+    return value
+
+
+def _round(value: np.ndarray, dtype: int) -> np.ndarray:
+    if dtype == PRECISION_DTYPE["bf16"]:
+        import ml_dtypes
+
+        return value.astype(ml_dtypes.bfloat16).astype(np.float32)
+    return value.astype(np.float16).astype(np.float32)
+
+
+def _extreme(scale: np.ndarray | None) -> str:
+    if scale is None:
+        return "not a constant"
+    v = np.asarray(scale, dtype=np.float64).ravel()
+    bad = v[~np.isfinite(v) | (v <= np.finfo(np.float16).tiny) | (v > np.finfo(np.float16).max)]
+    return f"{(bad if bad.size else v)[0]:.3g}"
