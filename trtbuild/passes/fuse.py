@@ -19,8 +19,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtbuild.graph import subgraphs
+from trtbuild.graph.analysis import mapped
 from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
+from trtbuild.graph.qdq import QDQ_OPS
+from trtbuild.graph.seethrough import SeenThrough, see_through
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.basic import PassRecord, copied
 
@@ -32,7 +35,9 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     record = PassRecord("fuse_layernorm", details={"fused": [], "not_fused": []})
     model = infer_shapes(model)
     view = GraphView(model)
-    units = [u for u in norm_units(view) if u.kind == "layernorm" and _main(view, u.nodes)]
+    seen = see_through(view)  # a quantized graph's units are found in its float graph
+    inner = seen.view if seen is not None else view
+    units = [u for u in norm_units(inner) if u.kind == "layernorm" and _main(inner, u.nodes)]
     if view.body_of:
         record.details["subgraphs"] = (
             "not searched: units inside control-flow bodies stay as exported"
@@ -43,7 +48,11 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     replaced: dict[int, onnx.NodeProto] = {}
     removed: set[int] = set()
     for unit in units:
-        plan = _plan(view, unit)
+        plan = _plan(inner, unit)
+        if seen is not None and not isinstance(plan, str):
+            plan = _quantized_plan(view, seen, unit, plan)
+        if seen is not None:
+            unit = mapped(unit, seen.back)
         if isinstance(plan, str) or too_old:
             why = (
                 plan
@@ -64,6 +73,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
         )
     record.changed = len(record.details["fused"])
     if record.changed:
+        removed |= _unread_qdq(view, removed)
         nodes = [
             replaced.get(i, view.nodes[i]) for i in view.top if i not in removed or i in replaced
         ]
@@ -143,6 +153,61 @@ def _plan(view: GraphView, unit: NormUnit) -> tuple[onnx.NodeProto, list[onnx.Te
         "LayerNormalization", inputs, [unit.output], name=name, axis=-k, epsilon=eps
     )
     return node, inits
+
+
+def _quantized_plan(
+    view: GraphView, seen: SeenThrough, unit: NormUnit, plan: tuple
+) -> tuple[onnx.NodeProto, list[onnx.TensorProto]] | str:
+    """The fused node of a unit found in the float graph, reading what the quantized graph's
+    nodes read; or why not: a Q→DQ pair between two of its nodes quantizes an intermediate
+    (ONNX Runtime's `quantize_static` quantizes the variance, the Div, the Mul), and one
+    LayerNormalization would drop it. The unit stays whole and decomposed (a `layernorm`
+    rule still pins it as one). Its weights' DQs are exact: their values become its scale
+    and bias."""
+    node, inits = plan
+    members = {seen.back[i] for i in unit.nodes}
+    for i in sorted(members):
+        for t in view.nodes[i].input:
+            dq = view.producer.get(t)
+            if t not in seen.alias or dq is None:
+                continue
+            q = view.producer.get(view.nodes[dq].input[0])
+            source = view.producer.get(seen.alias[t])
+            if source in members and q is not None:
+                return (
+                    f"Q/DQ pair {view.nodes[q].name} quantizes its intermediate "
+                    f"{seen.alias[t]!r} between {view.nodes[source].name} and "
+                    f"{view.nodes[i].name}; one LayerNormalization would drop that quantization "
+                    "(kept as a decomposed unit; quantize without Q/DQ inside normalizations, "
+                    "as ModelOpt does, to have it fused)"
+                )
+    fused = onnx.NodeProto()
+    fused.CopyFrom(node)
+    for i in sorted(members):  # the input as the quantized graph's node reads it (a DQ's output)
+        for t in view.nodes[i].input:
+            if seen.alias.get(t, t) == node.input[0]:
+                fused.input[0] = t
+                return fused, inits
+    return fused, inits
+
+
+def _unread_qdq(view: GraphView, removed: set[int]) -> set[int]:
+    """The Q/DQ nodes only removed nodes read (a fused unit's weight DQs, its epsilon's pair),
+    followed upstream: they would be left dangling."""
+    gone: set[int] = set()
+    stack = [p for i in removed for p in view.predecessors(i)]
+    while stack:
+        p = stack.pop()
+        node = view.nodes[p]
+        if p in removed or p in gone or node.op_type not in QDQ_OPS or view.scope[p]:
+            continue
+        readers = [c for o in node.output for c in view.consumers.get(o, [])]
+        if any(o in view.outputs for o in node.output):
+            continue
+        if all(c in removed or c in gone for c in readers):
+            gone.add(p)
+            stack.extend(view.predecessors(p))
+    return gone
 
 
 def _rank(view: GraphView, tensor: str | None) -> int | None:
