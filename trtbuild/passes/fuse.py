@@ -73,10 +73,10 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
         )
     record.changed = len(record.details["fused"])
     if record.changed:
-        removed |= _unread_qdq(view, removed)
         nodes = [
             replaced.get(i, view.nodes[i]) for i in view.top if i not in removed or i in replaced
         ]
+        nodes = _without_dangling_qdq(view, nodes)
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         drop_unused_initializers(model)
@@ -191,23 +191,25 @@ def _quantized_plan(
     return fused, inits
 
 
-def _unread_qdq(view: GraphView, removed: set[int]) -> set[int]:
-    """The Q/DQ nodes only removed nodes read (a fused unit's weight DQs, its epsilon's pair),
-    followed upstream: they would be left dangling."""
-    gone: set[int] = set()
-    stack = [p for i in removed for p in view.predecessors(i)]
-    while stack:
-        p = stack.pop()
-        node = view.nodes[p]
-        if p in removed or p in gone or node.op_type not in QDQ_OPS or view.scope[p]:
-            continue
-        readers = [c for o in node.output for c in view.consumers.get(o, [])]
-        if any(o in view.outputs for o in node.output):
-            continue
-        if all(c in removed or c in gone for c in readers):
-            gone.add(p)
-            stack.extend(view.predecessors(p))
-    return gone
+def _without_dangling_qdq(view: GraphView, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` without the Q/DQ nodes a rewrite left unread (a fused unit's weight DQs, its
+    epsilon's pair, a folded Conv's old weight DQ), followed upstream. A Q/DQ that nothing
+    read before the rewrite is not the rewrite's to remove."""
+    was_read = {
+        id(view.nodes[i])
+        for i in view.top
+        if view.nodes[i].op_type in QDQ_OPS
+        and any(view.consumers.get(o) or o in view.outputs for o in view.nodes[i].output)
+    }
+    outputs = set(view.outputs)
+    while True:
+        read = {t for n in nodes for t in subgraphs.node_reads(n)} | outputs
+        gone = {
+            id(n) for n in nodes if id(n) in was_read and not any(o in read for o in n.output if o)
+        }
+        if not gone:
+            return nodes
+        nodes = [n for n in nodes if id(n) not in gone]
 
 
 def _rank(view: GraphView, tensor: str | None) -> int | None:
@@ -269,10 +271,17 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
         model.graph.initializer.extend(inits)
         replaced[conv_index] = conv
         removed.add(i)
-        record.details["folded"].append({"name": conv.name, "batchnorm": bn.name})
+        name = conv[-1].name if isinstance(conv, tuple) else conv.name
+        record.details["folded"].append({"name": name, "batchnorm": bn.name})
     record.changed = len(record.details["folded"])
     if record.changed:
-        nodes = [replaced.get(i, view.nodes[i]) for i in view.top if i not in removed]
+        nodes = [
+            n
+            for i in view.top
+            if i not in removed or i in replaced
+            for n in _as_nodes(replaced.get(i, view.nodes[i]))
+        ]
+        nodes = _without_dangling_qdq(view, nodes)  # an old weight DQ no Conv reads now
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         drop_unused_initializers(model)
@@ -281,6 +290,8 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
 
 def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
     bn = view.nodes[bn_index]
+    if conv_index is not None and view.nodes[conv_index].op_type == "DequantizeLinear":
+        return _behind_pair(view, conv_index)
     if conv_index is None or view.nodes[conv_index].op_type != "Conv":
         return "not fed by a Conv"
     conv = view.nodes[conv_index]
@@ -288,17 +299,18 @@ def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
         return "training-mode BatchNormalization"
     if conv.output[0] in view.outputs or len(view.consumers.get(conv.output[0], [])) != 1:
         return f"the Conv output {conv.output[0]!r} is used elsewhere"
-    params = [*conv.input[1:], *bn.input[1:]]
+    weight_dq = _weight_dq(view, conv)
+    params = [*conv.input[1 if weight_dq is None else 2 :], *bn.input[1:]]
     missing = [t for t in params if t and t not in view.initializers]
     if missing:
         return f"{missing[0]!r} is not a constant"
+    if weight_dq is not None:
+        return _fold_quantized(view, conv, bn, weight_dq)
     w = view.initializer_array(conv.input[1])
     b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-    gamma, beta, mean, var = (view.initializer_array(t).astype(np.float64) for t in bn.input[1:5])
-    eps = next((helper.get_attribute_value(a) for a in bn.attribute if a.name == "epsilon"), 1e-5)
-    s = gamma / np.sqrt(var + eps)
+    s, shift = _bn_affine(view, bn)
     w2 = (w.astype(np.float64) * s.reshape(-1, *[1] * (w.ndim - 1))).astype(w.dtype)
-    b2 = (((b.astype(np.float64) if b is not None else 0.0) - mean) * s + beta).astype(w.dtype)
+    b2 = ((b.astype(np.float64) if b is not None else 0.0) * s + shift).astype(w.dtype)
     inits = [
         numpy_helper.from_array(w2, f"{conv.name}.weight_bnfolded"),
         numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"),
@@ -309,6 +321,80 @@ def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
     folded.input.extend([conv.input[0], inits[0].name, inits[1].name])
     folded.output[0] = bn.output[0]
     return folded, inits
+
+
+def _as_nodes(node: onnx.NodeProto | tuple) -> tuple[onnx.NodeProto, ...]:
+    return node if isinstance(node, tuple) else (node,)
+
+
+def _bn_affine(view: GraphView, bn: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray]:
+    """BatchNorm as y = x * s + shift per channel (float64)."""
+    gamma, beta, mean, var = (view.initializer_array(t).astype(np.float64) for t in bn.input[1:5])
+    eps = next((helper.get_attribute_value(a) for a in bn.attribute if a.name == "epsilon"), 1e-5)
+    s = gamma / np.sqrt(var + eps)
+    return s, beta - mean * s
+
+
+def _behind_pair(view: GraphView, dq: int) -> str:
+    """Why a BatchNorm behind a Q→DQ pair stays: folding would drop the pair's quantization."""
+    q = view.producer.get(view.nodes[dq].input[0])
+    conv = view.producer.get(view.nodes[q].input[0]) if q is not None else None
+    if q is None or conv is None or view.nodes[conv].op_type != "Conv":
+        return "not fed by a Conv"
+    return (
+        f"Q/DQ pair {view.nodes[q].name} quantizes the output of Conv {view.nodes[conv].name} "
+        "before the BatchNormalization; folding would drop that quantization (fold BatchNorm "
+        "before quantizing, as ONNX Runtime's quant_pre_process and ModelOpt do)"
+    )
+
+
+def _weight_dq(view: GraphView, conv: onnx.NodeProto) -> int | None:
+    """The DequantizeLinear that gives a Conv its weight, where one does."""
+    p = view.producer.get(conv.input[1]) if len(conv.input) > 1 else None
+    return p if p is not None and view.nodes[p].op_type == "DequantizeLinear" else None
+
+
+def _fold_quantized(view: GraphView, conv: onnx.NodeProto, bn: onnx.NodeProto, dq_index: int):
+    """Fold a BatchNorm into a Conv whose weight is an INT8 DequantizeLinear, exactly: the
+    quantized weights stay, each output channel's scale is multiplied by |s| (a channel with
+    s < 0 has its integers negated, so every scale stays > 0 as TensorRT requires); the bias,
+    float, folds as a float Conv's does. The Conv gets a DQ of its own (the old one may be
+    shared)."""
+    dq = view.nodes[dq_index]
+    inputs = list(dq.input) + [""] * (3 - len(dq.input))
+    if inputs[0] not in view.initializers or inputs[1] not in view.initializers:
+        return f"the weight DQ {dq.name} does not read constants"
+    wq, scale = view.initializer_array(inputs[0]), view.initializer_array(inputs[1])
+    zero = view.initializer_array(inputs[2]) if inputs[2] in view.initializers else None
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    if wq.dtype != np.int8 or (zero is not None and np.any(zero)):
+        return f"the weight DQ {dq.name} is not symmetric INT8"
+    if scale.size > 1 and axis % wq.ndim != 0:
+        return f"the weight DQ {dq.name} is per-channel on axis {axis}, not the output channels"
+    s, shift = _bn_affine(view, bn)
+    if np.any(wq[s < 0] == -128):
+        return f"a channel with a negative BatchNorm scale holds -128 in {inputs[0]!r}"
+    flip = np.where(s < 0, -1, 1).astype(np.int8).reshape(-1, *[1] * (wq.ndim - 1))
+    new_scale = (np.broadcast_to(scale.astype(np.float64), s.shape) * np.abs(s)).astype(scale.dtype)
+    b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+    b2 = ((b.astype(np.float64) if b is not None else 0.0) * s + shift).astype(np.float32)
+    stem = f"{conv.name}.weight_bnfolded"
+    inits = [
+        numpy_helper.from_array((wq * flip).astype(np.int8), f"{stem}_quantized"),
+        numpy_helper.from_array(new_scale, f"{stem}_scale"),
+        numpy_helper.from_array(np.zeros(s.shape, np.int8), f"{stem}_zero_point"),
+        numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"),
+    ]
+    weight_dq = helper.make_node(
+        "DequantizeLinear", [i.name for i in inits[:3]], [stem], name=f"{stem}_DequantizeLinear",
+        axis=0,
+    )  # fmt: skip
+    folded = onnx.NodeProto()
+    folded.CopyFrom(conv)
+    del folded.input[:]
+    folded.input.extend([conv.input[0], stem, inits[3].name])
+    folded.output[0] = bn.output[0]
+    return (weight_dq, folded), inits
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> int:
