@@ -413,7 +413,7 @@ def _print_verdict(outcome) -> None:
 
 def _cmd_check(args) -> int:
     from trtbuild import api
-    from trtbuild.accuracy.render import at_risk_lines, judged_line
+    from trtbuild.accuracy.render import at_risk_lines, judged_line, quantized_line
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
@@ -433,11 +433,16 @@ def _cmd_check(args) -> int:
     for r in rows:
         print("  ".join(r[k].ljust(w) for k, w in zip(header, widths)) + "  " + r["reason"])
     s = found.summary
+    quantized = "".join(
+        f", {n} {k}" for k, n in (("int8", s.int8_nodes), ("fp8", s.fp8_nodes)) if n
+    )
     print(
-        f"\n{s.fp16_nodes} fp16, {s.bf16_nodes} bf16, {s.fp32_nodes} fp32 compute nodes "
+        f"\n{s.fp16_nodes} fp16, {s.bf16_nodes} bf16, {s.fp32_nodes} fp32{quantized} compute nodes "
         f"({s.share_text()}); {found.casts} casts; rule hits: "
         + ", ".join(f"{k}={v}" for k, v in s.rule_hits.items())
     )
+    if s.quantized.get("q_nodes") or s.quantized.get("dq_nodes"):
+        print(quantized_line(s.quantized))
     print(at_risk_lines(found.at_risk, policy.accuracy.emulation))
     print(judged_line(found.front))
     return 0

@@ -122,6 +122,8 @@ def run_front(
     budget = policy.accuracy.budget().bytes  # bounds constant folding too
     prepared, digest = prepared_graph(policy.model, policy.passes, cache, verbose, budget)
     view = GraphView(prepared.model)
+    analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
+    check_quantized(policy, analysis)  # TensorRT's Q/DQ rules, before any other work
     original = policy.accuracy.reference_model
     if original is not None:  # before anything runs: exit 2 naming the field
         check_reference_model(prepared.model, original, str(policy.path))
@@ -137,7 +139,6 @@ def run_front(
         timings["reference"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
     ranges = measures.ranges if measures is not None else None
     assignment = assign(view, policy.precision, ranges, analysis)
     converted = _converted(assignment, cache, digest)
@@ -154,6 +155,31 @@ def run_front(
         timings,
         _hits(cache, reference),
         skipped,
+    )
+
+
+def check_quantized(policy: Policy, analysis: Analysis) -> None:
+    """A quantized model TensorRT would refuse is exit 2 here, naming the node and the fix.
+
+    Why before any work: TensorRT says "Non-zero zero point is not supported" only
+    at the end of a build (exit 3), after the reference, the judge and a verdict
+    that passed; ONNX Runtime runs the same model without a word.
+    """
+    from trtbuild.graph.qdq import violations
+
+    qdq = analysis.qdq()
+    if not qdq:
+        return
+    found = violations(qdq, policy.build.compute_capabilities)
+    if not found:
+        return
+    v = found[0]
+    more = f" (and {len(found) - 1} more Q/DQ node(s))" if len(found) > 1 else ""
+    fields = "build.compute_capabilities" if v.field == "compute capability" else None
+    raise UsageError(
+        f"Q/DQ node {v.node}: {v.problem}{more}",
+        where=f"{policy.path}: {fields}" if fields else str(policy.model),
+        hint=v.fix,
     )
 
 

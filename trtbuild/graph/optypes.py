@@ -61,9 +61,15 @@ def computes(op_type: str) -> bool:
     Why one predicate: the report's share, `check`'s counts and the tune
     benchmark's node share must count the same nodes. Data movement follows its
     input and a Cast only converts, so neither computes in a precision; control flow
-    computes in its bodies, whose nodes count one by one.
+    computes in its bodies, whose nodes count one by one. A QuantizeLinear or
+    DequantizeLinear only converts too: TensorRT fuses it into the op it feeds,
+    which counts as quantized (INT8/FP8) compute.
     """
-    return op_type not in DATA_MOVEMENT and op_type != "Cast" and op_type not in CONTROL_FLOW
+    return (
+        op_type not in DATA_MOVEMENT
+        and op_type not in ("Cast", "QuantizeLinear", "DequantizeLinear")
+        and op_type not in CONTROL_FLOW
+    )
 
 
 @dataclass(frozen=True)

@@ -268,3 +268,90 @@ def _qdq_node(view: GraphView, i: int) -> QdqNode:
         zero_value=_constant(view, zero) if zero else None,
         axis=(axis if axis is not None else 1) if per_axis else None,
     )
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A Q/DQ node TensorRT refuses: which node, what of it, and how to fix the model."""
+
+    node: str
+    field: str  # zero point | scale | format | compute capability
+    problem: str
+    fix: str
+
+
+SYMMETRIC_FIX = (
+    "re-quantize symmetrically: ONNX Runtime quantize_static(..., activation_type=QuantType.QInt8, "
+    'weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": True, '
+    '"WeightSymmetric": True}), or ModelOpt (python -m modelopt.onnx.quantization), whose '
+    "zero points are 0"
+)
+FORMAT_FIX = {
+    "uint8": SYMMETRIC_FIX,
+    "int32": 'quantize without bias quantization: quantize_static(..., extra_options={"QuantizeBias": False})',
+}
+
+
+def violations(qdq: QdqGraph, capabilities: tuple[str, ...] = ()) -> list[Violation]:
+    """TensorRT's rules for explicit quantization, checked node by node, first problem each.
+
+    Zero points 0 (INT8 or FP8; UINT8 refused), scales constant, finite and > 0,
+    a quantized type TensorRT takes, FP8 only where every compute capability has it.
+    """
+    found = []
+    old = [c for c in capabilities if not fp8_capable(c)]
+    for n in qdq.nodes.values():
+        v = _violation(n, old)
+        if v is not None:
+            found.append(v)
+    return found
+
+
+def _violation(n: QdqNode, old: list[str]) -> Violation | None:
+    if n.zero_point is not None and n.zero_value is None:
+        return Violation(
+            n.name, "zero point", f"zero point {n.zero_point} is not a constant", SYMMETRIC_FIX
+        )
+    if not n.symmetric:
+        z = np.asarray(n.zero_value).astype(np.float64).ravel()
+        nonzero = z[z != 0]
+        return Violation(
+            n.name,
+            "zero point",
+            f"zero point {n.zero_point} is {nonzero[0]:g} ({nonzero.size} of {z.size} non-zero): "
+            'TensorRT takes only zero points of 0 ("Non-zero zero point is not supported")',
+            SYMMETRIC_FIX,
+        )
+    if n.format not in TENSORRT_FORMATS:
+        fix = FORMAT_FIX.get(n.format, "quantize to INT8 or FP8 (E4M3)")
+        return Violation(
+            n.name,
+            "format",
+            f"quantizes to {n.format.upper()}; TensorRT takes INT8, FP8 (E4M3) and INT4 weights",
+            fix,
+        )
+    if n.scale_value is None:
+        return Violation(
+            n.name,
+            "scale",
+            f"scale {n.scale} is not a constant",
+            "give the scale as an initializer (passes.fold_constants: true folds a computed one)",
+        )
+    s = np.asarray(n.scale_value, dtype=np.float64).ravel()
+    bad = s[~np.isfinite(s) | (s <= 0)]
+    if bad.size:
+        return Violation(
+            n.name,
+            "scale",
+            f"scale {n.scale} holds {bad[0]:g} ({bad.size} of {s.size}): TensorRT takes only finite scales > 0",
+            "re-calibrate: a zero scale is a channel whose calibration range is empty",
+        )
+    if n.format == "fp8" and old:
+        return Violation(
+            n.name,
+            "compute capability",
+            f"quantizes to FP8, which compute capability {', '.join(old)} has no kernels for "
+            "(FP8 needs 8.9 or newer)",
+            "build only for 8.9 and newer (build.compute_capabilities), or quantize to INT8",
+        )
+    return None

@@ -40,6 +40,7 @@ class Assignment:
     warnings: list[str] = field(default_factory=list)
     quantized: dict[int, str] = field(default_factory=dict)  # quantized op -> int8 | fp8
     dq_precisions: dict[int, tuple[str, ...]] = field(default_factory=dict)  # DQ -> per consumer
+    qdq_inventory: dict[str, Any] = field(default_factory=dict)  # `graph.qdq` inventory
 
     def precision_of(self, index: int) -> str | None:
         return self.decisions[index].precision
@@ -47,27 +48,36 @@ class Assignment:
     def summary(self) -> PrecisionSummary:
         """The `precision` block of report.json.
 
-        Counts are of compute nodes (`optypes.computes`): data movement and casts
-        count in neither precision.
+        Counts are of compute nodes (`optypes.computes`): data movement, casts and
+        Q/DQ nodes count in no precision; a quantized op (a Conv/MatMul/Gemm TensorRT
+        fuses with its DQs) counts as INT8 or FP8 whatever its float precision.
         """
-        counts = {"fp16": 0, "bf16": 0, "fp32": 0}
+        counts = {"fp16": 0, "bf16": 0, "fp32": 0, "int8": 0, "fp8": 0}
         pinned = []
-        for node, d in zip(self.view.nodes, self.decisions):
+        for i, (node, d) in enumerate(zip(self.view.nodes, self.decisions)):
             if d.precision is not None and computes(node.op_type):
-                counts[d.precision] += 1
+                counts[self.quantized.get(i, d.precision)] += 1
             if d.precision == "fp32" and d.rule in self.rule_hits:
                 pinned.append({"node": node.name, "op": node.op_type, "rule": d.rule})
         compute = sum(counts.values())
         low = "bf16" if counts["bf16"] > counts["fp16"] else "fp16"
+
+        def share(n: int) -> float:
+            return round(n / compute, 4) if compute else 0.0
+
         return PrecisionSummary(
             fp16_nodes=counts["fp16"],
             bf16_nodes=counts["bf16"],
             fp32_nodes=counts["fp32"],
-            fp16_share=round(counts["fp16"] / compute, 4) if compute else 0.0,
+            fp16_share=share(counts["fp16"]),
             pinned=pinned,
             rule_hits=dict(self.rule_hits),
             low=low,
-            low_share=round(counts[low] / compute, 4) if compute else 0.0,
+            low_share=share(counts[low]),
+            int8_nodes=counts["int8"],
+            fp8_nodes=counts["fp8"],
+            quantized_share=share(counts["int8"] + counts["fp8"]),
+            quantized=copy.deepcopy(self.qdq_inventory),
         )
 
 
@@ -83,10 +93,21 @@ class PrecisionSummary:
     rule_hits: dict[str, int]
     low: str = "fp16"  # the low precision the policy computes in: fp16 | bf16
     low_share: float = 0.0  # compute nodes in that precision
+    int8_nodes: int = 0  # quantized compute (ops TensorRT fuses with INT8 DQs)
+    fp8_nodes: int = 0  # the same with FP8 DQs
+    quantized_share: float = 0.0  # compute nodes in INT8 or FP8
+    quantized: dict[str, Any] = field(default_factory=dict)  # Q/DQ inventory (`graph.qdq`)
 
     def share_text(self) -> str:
-        """`95.0% FP16` or `95.0% BF16`: what a BF16 policy buys is counted as BF16."""
-        return f"{self.low_share:.1%} {self.low.upper()}"
+        """`95.0% FP16` or `95.0% BF16`: what a BF16 policy buys is counted as BF16; a
+        quantized model's INT8/FP8 compute as its own class (`80.0% FP16, 15.0% INT8`)."""
+        text = f"{self.low_share:.1%} {self.low.upper()}"
+        compute = self.fp16_nodes + self.bf16_nodes + self.fp32_nodes
+        compute += self.int8_nodes + self.fp8_nodes
+        for name, n in (("INT8", self.int8_nodes), ("FP8", self.fp8_nodes)):
+            if n:
+                text += f", {n / compute:.1%} {name}"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         # shallow, not dataclasses.asdict: that deep-copies every pinned row (a tenth of a
@@ -147,9 +168,8 @@ def assign(
         else:
             decision = Decision(precision.default, "default", f"policy default {precision.default}")
         decisions.append(_respect_schema(view, i, decision))
-    if not qdq:
-        return Assignment(view, decisions, hits, warnings)
-    return _with_qdq(Assignment(view, decisions, hits, warnings), qdq)
+    assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory())
+    return _with_qdq(assignment, qdq) if qdq else assignment
 
 
 def _with_qdq(assignment: Assignment, qdq) -> Assignment:
