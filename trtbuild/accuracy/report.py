@@ -513,4 +513,23 @@ def _engines_section(build: BuildRecord) -> Section:
     audit = build.layer_audit or {}
     if audit:
         blocks.append(Para(_audit_text(audit)))
+    blocks += [
+        Para(int8_text(name, e["int8_kernels"]))
+        for name, e in build.engines.items()
+        if e.get("int8_kernels")
+    ]
     return Section("Engines", blocks)
+
+
+def int8_text(variant: str, check: dict[str, Any]) -> str:
+    """Whether the quantized ops of an engine run INT8 kernels (`int8_kernels` in build.json):
+    the inspector's finding on a GPU, or said as not checked."""
+    head = f"INT8 kernels ({variant}, {check['evaluator']}): "
+    if not check.get("checked"):
+        return head + check.get("why", "not checked")
+    done, missing = check.get("int8_ops", []), check.get("not_int8", [])
+    text = f"{len(done)} of {check['quantized_ops']} quantized ops run INT8"
+    if missing:
+        shown = ", ".join(f"`{m}`" for m in missing[:5]) + (" …" if len(missing) > 5 else "")
+        text += f"; **not INT8**: {shown}"
+    return head + text + "."
