@@ -360,10 +360,10 @@ def against_reference_model(
     outputs = reference.measures.outputs
     try:
         session = lean_session(str(path))  # a path: external data is found beside it
+        names = [i.name for i in session.get_inputs()]
         iterations = []
         with quiet_polygraphy():
             for k, feed in enumerate(feeds):
-                names = [i.name for i in session.get_inputs()]
                 values = run_session(
                     session, outputs, {n: feed[n] for n in names}, shrink=k == len(feeds) - 1
                 )
