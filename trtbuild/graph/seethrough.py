@@ -104,10 +104,11 @@ def _constant_through(view: GraphView, q: QdqNode | None, dq: QdqNode) -> np.nda
             return None
         stored = _quantize(view.initializer_array(q.float_tensor), q)
     zero = dq.zero_value if dq.zero_value is not None else np.zeros(1, np.int64)
-    return (
-        (stored.astype(np.float64) - _along(zero, dq, stored.ndim))
-        * _along(dq.scale_value, dq, stored.ndim)
-    ).astype(np.float32)
+    with np.errstate(over="ignore"):  # a sentinel (finfo.min) quantized and back may be inf
+        return (
+            (stored.astype(np.float64) - _along(zero, dq, stored.ndim))
+            * _along(dq.scale_value, dq, stored.ndim)
+        ).astype(np.float32)
 
 
 def _blocked(view: GraphView, node: QdqNode) -> bool:
