@@ -16,8 +16,6 @@ from trtbuild.graph.optypes import computes
 from trtbuild.numerics import LOW_MAX
 from trtbuild.precision.convert import Converted
 
-QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
-
 
 def report_warnings(front: Front) -> list[str]:
     """Every warning `check` prints and the report lists: the rules', the conversion's, the
@@ -35,7 +33,7 @@ def unmeasured_quantization(front: Front) -> list[str]:
     quantized graph itself, so only the FP16 part of the error is measured."""
     if front.policy.accuracy.reference_model is not None:
         return []
-    qdq = sum(1 for n in front.view.nodes if n.op_type in QDQ_OPS)
+    qdq = len(front.analysis.qdq().nodes)
     if not qdq:
         return []
     return [
