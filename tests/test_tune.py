@@ -301,6 +301,33 @@ def test_tune_pins_the_running_sum_inside_a_loop_body(tmp_path, models_dir, caps
     assert "pinned node running_sum/body/accumulate" in capsys.readouterr().out
 
 
+@needs_rtx
+def test_a_quantized_model_is_tuned_on_its_float_ops_only(tmp_path, quantized_dir, capsys):
+    from trtbuild.front import run_front
+    from trtbuild.graph.qdq import QdqGraph
+
+    text = (ROOT / "policies" / "nafnet.yaml").read_text()
+    text = text.replace("../models/nafnet_tiny.onnx", str(quantized_dir / "nafnet_tiny_int8.onnx"))
+    start, end = text.index("  rules:"), text.index("build:")
+    policy = tmp_path / "nafnet-int8-empty.yaml"
+    policy.write_text(text[:start] + "  rules: []\n" + text[end:])
+    tuned = tmp_path / "out" / "tuned.yaml"
+    assert _tune(policy, tuned) == 0
+    front = run_front(load_policy(tuned), reference="none")
+    qdq = QdqGraph(front.view)
+    names = {front.view.nodes[i].name for i in qdq.nodes}
+    hits = front.assignment.rule_hits
+    assert any(k.startswith("tuned-") and n for k, n in hits.items())
+    for i, d in enumerate(front.assignment.decisions):  # no Q/DQ pinned by a tuned rule
+        if d.rule.startswith("tuned-"):
+            assert front.view.nodes[i].name not in names
+    assert all(front.assignment.decisions[i].rule == "qdq" for i in qdq.nodes)
+    out = tmp_path / "b"
+    code = main(["build", "--policy", str(tuned), "--backend", "tensorrt-rtx", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "engine.plan").stat().st_size > 0
+
+
 def test_a_tuned_quantized_policy_keeps_its_reference_model(tmp_path, quantized_dir):
     """`accuracy.reference_model` is re-based like `model` when the tuned policy is written
     elsewhere: it names the same model before quantization."""

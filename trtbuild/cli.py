@@ -413,7 +413,8 @@ def _print_verdict(outcome) -> None:
 
 def _cmd_check(args) -> int:
     from trtbuild import api
-    from trtbuild.accuracy.render import at_risk_lines, judged_line, quantized_line
+    from trtbuild.accuracy.render import at_risk_lines, judged_line
+    from trtbuild.accuracy.report import quantized_line
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)

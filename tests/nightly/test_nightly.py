@@ -173,3 +173,21 @@ def test_a_pass_in_another_lane_is_no_baseline_for_a_regression(tmp_path, models
     assert _nightly(policies, out, history) == 1  # nafnet fails tonight ...
     said = capsys.readouterr().out
     assert "FAIL nafnet" in said and "REGRESSION nafnet" not in said  # ... in a lane of its own
+
+
+def test_a_quantized_policy_records_its_int8_share(tmp_path, quantized_dir):
+    policies, out, history = tmp_path / "policies", tmp_path / "nightly", tmp_path / "h.sqlite"
+    policies.mkdir()
+    text = (ROOT / "policies" / "nafnet.yaml").read_text()
+    model = str(quantized_dir / "nafnet_tiny_int8.onnx")
+    text = text.replace("../models/nafnet_tiny.onnx", model)
+    pins = '    - {id: ln, match: {name: "/norm[0-9]+/"}, precision: fp32}\n'
+    (policies / "nafnet_int8.yaml").write_text(text.replace("  rules:\n", "  rules:\n" + pins))
+    assert _nightly(policies, out, history) == 0
+    with sqlite3.connect(history) as conn:
+        low, quantized = conn.execute("SELECT low_share, quantized_share FROM results").fetchone()
+    assert 0 < quantized < 1 and low + quantized <= 1  # 14 INT8 Convs of 65 compute nodes
+    row = next(
+        line for line in (out / "summary.md").read_text().splitlines() if "nafnet_int8" in line
+    )
+    assert f"{quantized:.1%} INT8/FP8" in row

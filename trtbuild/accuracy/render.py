@@ -64,21 +64,6 @@ def at_risk_lines(at_risk: list[dict[str, Any]], emulation: str | None) -> str:
     )
 
 
-def quantized_line(inventory: Mapping[str, Any]) -> str:
-    """`quantized: 82 Q/DQ pairs (82 int8), 14 quantized ops (14 int8); DQ-fed: Conv 14, ...`."""
-
-    def per(counts: Mapping[str, int]) -> str:
-        return ", ".join(f"{n} {k}" for k, n in counts.items()) or "none"
-
-    pairs, ops = inventory.get("pairs", {}), inventory.get("quantized_ops", {})
-    fed = ", ".join(f"{k} {n}" for k, n in inventory.get("dq_fed", {}).items())
-    return (
-        f"quantized: {sum(pairs.values())} Q/DQ pairs ({per(pairs)}), {sum(ops.values())} "
-        f"quantized ops ({per(ops)}); DQ-fed: {fed or 'none'}; Q/DQ nodes follow the ops "
-        "around them and are never pinned"
-    )
-
-
 def summary(report: Report) -> str:
     """The few lines a terminal or a CI log shows, each error with its scale and tolerance.
 

@@ -275,9 +275,31 @@ def header(report: Report) -> list[str]:
         f"evaluator: **{main.evaluator}**{how} against {reference_text(report)}, "
         f"{report.samples} sample(s); first divergence and error curve from "
         f"**{report.divergence_evaluator}**",
-        f"precision: {p.fp16_nodes} FP16, {p.bf16_nodes} BF16 and {p.fp32_nodes} FP32 compute "
-        f"nodes ({p.share_text()}), {len(p.pinned)} pinned by rules",
-    ]
+        f"precision: {p.fp16_nodes} FP16, {p.bf16_nodes} BF16{_quantized_counts(p)} and "
+        f"{p.fp32_nodes} FP32 compute nodes ({p.share_text()}), {len(p.pinned)} pinned by rules",
+    ] + ([quantized_line(p.quantized)] if p.quantized.get("dq_nodes") else [])
+
+
+def quantized_line(inventory: Mapping[str, Any]) -> str:
+    """`quantized: 82 Q/DQ pairs (82 int8), 14 quantized ops (14 int8); DQ-fed: Conv 14, ...`."""
+
+    def per(counts: Mapping[str, int]) -> str:
+        return ", ".join(f"{n} {k}" for k, n in counts.items()) or "none"
+
+    pairs, ops = inventory.get("pairs", {}), inventory.get("quantized_ops", {})
+    fed = ", ".join(f"{k} {n}" for k, n in inventory.get("dq_fed", {}).items())
+    return (
+        f"quantized: {sum(pairs.values())} Q/DQ pairs ({per(pairs)}), {sum(ops.values())} "
+        f"quantized ops ({per(ops)}); DQ-fed: {fed or 'none'}; Q/DQ nodes follow the ops "
+        "around them and are never pinned"
+    )
+
+
+def _quantized_counts(p: PrecisionSummary) -> str:
+    """`, 14 INT8` where the model is quantized: its own class beside FP16/BF16/FP32."""
+    return "".join(
+        f", {n} {name}" for name, n in (("INT8", p.int8_nodes), ("FP8", p.fp8_nodes)) if n
+    )
 
 
 def reference_text(report: Report) -> str:

@@ -38,6 +38,7 @@ ADDED_COLUMNS = (
     ("results", "device", "TEXT"),
     ("results", "trt_version", "TEXT"),
     ("runs", "attempt", "INTEGER"),
+    ("results", "quantized_share", "REAL"),
 )
 # Columns renamed since (table, old, new): an older database's column is renamed on open.
 # fp16_share held the share in the policy's low precision, FP16 or BF16: low_share says so.
@@ -80,6 +81,7 @@ def _tables():
         *(Column(c, Text) for c in ("evaluator", "emulation", "backend", "device", "trt_version")),
         *(Column(c, Text) for c in ("model_sha256", "policy_sha256")),
         Column("low_share", Float),
+        Column("quantized_share", Float),  # INT8/FP8 compute of a quantized model
         Column("fp32_nodes", Integer),
         *(Column(c, Text) for c in ("message", "versions", "shapes")),
     ]
@@ -312,6 +314,7 @@ def _policy_result(row: Any, outputs: dict[str, dict[str, Any]]) -> PolicyResult
         metrics[name] = m
     plain = ("policy", "status", "exit_code", "evaluator", "emulation", "backend", "device")
     plain += ("trt_version", "model_sha256", "policy_sha256", "low_share", "fp32_nodes")
+    plain += ("quantized_share",)
     return PolicyResult(
         path="",
         message=row["message"] or "",
@@ -337,6 +340,7 @@ def _result_row(run_id: int, r: PolicyResult) -> dict[str, Any]:
         model_sha256=r.model_sha256,
         policy_sha256=r.policy_sha256,
         low_share=r.low_share,
+        quantized_share=r.quantized_share,
         fp32_nodes=r.fp32_nodes,
         message=r.message,
         versions=json.dumps(r.versions),

@@ -32,6 +32,7 @@ class PolicyResult:
     model_sha256: str | None = None
     policy_sha256: str | None = None
     low_share: float | None = None
+    quantized_share: float | None = None  # INT8/FP8 compute (Q/DQ-fused ops), 0 if none
     fp32_nodes: int | None = None
     versions: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -111,6 +112,7 @@ def run_policy(
     result.backend = report.backend
     result.device = device_of(result.evaluator, device)
     result.low_share = report.precision.low_share  # FP16 or BF16, the policy's own
+    result.quantized_share = report.precision.quantized_share
     result.fp32_nodes = report.precision.fp32_nodes
     result.versions = versions(result.backend or "none")
     result.trt_version = result.versions.get(result.backend or "none")

@@ -97,6 +97,14 @@ def _evaluator(r: PolicyResult) -> str:
     return f"{r.evaluator} ({r.emulation})" if r.emulation else r.evaluator
 
 
+def _share(r: PolicyResult) -> str:
+    """`70.8%`, or `70.8% + 21.5% INT8/FP8` for a quantized model's policy."""
+    if r.low_share is None:
+        return "–"
+    q = f" + {r.quantized_share:.1%} INT8/FP8" if r.quantized_share else ""
+    return f"{r.low_share:.1%}{q}"
+
+
 def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bool, list[str]]]:
     """One row per policy (ok?, cells): the summary's table, for Markdown and HTML alike."""
     grouped = by_policy(found)
@@ -108,7 +116,7 @@ def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bo
             "pass" if r.status == "pass" else r.status.upper(),
             _evaluator(r),
             r.device or "–",
-            f"{r.low_share:.1%}" if r.low_share is not None else "–",
+            _share(r),
             _worst(r, "max_abs"),
             _worst(r, "median_abs"),
             "; ".join(f"{g.kind}: {g.detail} (last pass {g.since})" for g in regs) or "–",

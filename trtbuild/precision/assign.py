@@ -144,7 +144,12 @@ def assign(
         hits[rule.id] = fresh
         if rule.id.startswith("guard:"):
             continue  # a guard that finds nothing to guard is the usual case
-        if not selected:
+        if selected and all(i in qdq.nodes for i in selected):
+            warnings.append(
+                f"rule '{rule.id}' matches only QuantizeLinear/DequantizeLinear nodes, which are "
+                "never pinned: they follow the ops around them (match the op a DQ feeds)"
+            )
+        elif not selected:
             warnings.append(f"rule '{rule.id}' matches no node")
         elif not fresh:
             warnings.append(

@@ -77,9 +77,7 @@ class _Rewriter:
         self.casts: list[CastRecord] = []
         self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
         self.graph_outputs = set(self.view.outputs) if parent is None else set()
-        self.scales: _Scales | None = None
-        if parent is None and assignment.dq_precisions:
-            self.scales = _Scales(assignment)
+        self.scales: _Scales | None = None  # the root's, where the model is quantized
 
     def owner(self, tensor: str) -> _Rewriter:
         """The rewriter of the graph that defines `tensor` (this one, or one around it)."""
@@ -112,11 +110,9 @@ class _Rewriter:
         return self.cast_cache[key]
 
     def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
-        scales = self.root.scales
         for i in self.members:
             node = self.view.nodes[i]
-            if scales is not None and scales.qdq.is_qdq(i):
-                _emit_qdq(self, i, scales)
+            if _emit_qdq(self, i):  # a Q/DQ: written by the rules of `precision.quantized`
                 continue
             new = onnx.NodeProto()
             new.CopyFrom(node)
@@ -187,9 +183,20 @@ class _Scales:
         self.qdq = QdqGraph(assignment.view)
         self.tensors: list[onnx.TensorProto] = []
         self.names: dict[tuple[str, int, bytes], str] = {}
+        self.q_clones: dict[tuple[str, int], str] = {}  # (Q output, type) -> its clone's
 
     def precisions(self, i: int) -> tuple[str, ...]:
         return self.a.dq_precisions.get(i) or (self.a.precision_of(i) or "fp32",)
+
+    def unused_dropped(
+        self, initializers: list[onnx.TensorProto], nodes: list[onnx.NodeProto]
+    ) -> list[onnx.TensorProto]:
+        """Without the exported scales that every Q/DQ now reads in its own type."""
+        replaced = {n.scale for n in self.qdq.nodes.values()} - set(self.names.values())
+        read = {t for node in nodes for t in node.input} | set(self.a.view.outputs)
+        for node in self.a.view.nodes:  # bodies' nodes read outer values too
+            read.update(t for t in node.input if t not in replaced)
+        return [t for t in initializers if t.name not in replaced or t.name in read]
 
     def tensor(self, i: int, dtype: int) -> str:
         from trtbuild.precision.quantized import group_value
@@ -215,41 +222,69 @@ class _Scales:
         return self.names[key]
 
 
-def _emit_qdq(rw: _Rewriter, i: int, scales: _Scales) -> None:
+def _emit_qdq(rw: _Rewriter, i: int) -> bool:
     """A Q in its input's precision; a DQ in its consumers', cloned for each other one.
 
-    A clone's output is registered as the cast of the DQ's output to its type,
-    so a consumer that needs that type reads the clone, never a Cast.
+    A DQ clone's output is registered as the cast of the DQ's output to its type,
+    so a consumer that needs that type reads the clone, never a Cast. A Q whose
+    DQs compute in two types is cloned too, one Q per type (its input cast in
+    front of it): TensorRT-RTX's Myelin refuses one Q feeding DQs of two scale
+    types ("Invalid binary pointwise types"), and builds a chain per type.
+    Returns False where node `i` is no Q/DQ (or the model has none).
     """
+    scales = rw.root.scales
+    if scales is None or not scales.qdq.is_qdq(i):
+        return False
     node = rw.view.nodes[i]
     if node.op_type == "QuantizeLinear":
-        d = PRECISION_DTYPE[scales.precisions(i)[0]]
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        rw._inputs(node, new, [d] + [None] * (len(node.input) - 1))
-        new.input[1] = scales.tensor(i, d)
-        rw.nodes.append(new)
-        rw.nodes.extend(rw._outputs(node, new, [None] * len(node.output)))
-        return
+        _emit_q(rw, i, scales)
+        return True
     main = None
     for k, prec in enumerate(scales.precisions(i)):
         d = PRECISION_DTYPE[prec]
         new = onnx.NodeProto()
         new.CopyFrom(node)
         rw._inputs(node, new, [None] * len(node.input))
+        new.input[0] = scales.q_clones.get((node.input[0], d), new.input[0])
         new.input[1] = scales.tensor(i, d)
         if k == 0:
             rw.nodes.append(new)
             rw.nodes.extend(rw._outputs(node, new, [d]))
             main = rw.actual[node.output[0]]
             continue
-        out = f"{node.output[0]}__{DTYPE_NAME[d]}"
-        while out in rw.dtype or out in rw.view.dtype:
-            out += "_"
+        out = _fresh(rw, f"{node.output[0]}__{DTYPE_NAME[d]}")
         new.output[0], new.name = out, f"{node.name}/trtbuild_{prec}"
         rw.nodes.append(new)
         rw.dtype[out], rw.origin[out] = d, node.output[0]
         rw.cast_cache[(main, d)] = out
+    return True
+
+
+def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
+    node = rw.view.nodes[i]
+    own = PRECISION_DTYPE[scales.precisions(i)[0]]
+    group = scales.qdq.group_of[i]
+    types = {PRECISION_DTYPE[p] for dq in group.dqs for p in scales.precisions(dq)}
+    for d in [own, *sorted(types - {own} if len(types) > 1 else ())]:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        rw._inputs(node, new, [d] + [None] * (len(node.input) - 1))
+        new.input[1] = scales.tensor(i, d)
+        if d == own:
+            rw.nodes.append(new)
+            rw.nodes.extend(rw._outputs(node, new, [None] * len(node.output)))
+            continue
+        out = _fresh(rw, f"{node.output[0]}__{DTYPE_NAME[d]}")
+        new.output[0], new.name = out, f"{node.name}/trtbuild_{DTYPE_NAME[d]}"
+        rw.nodes.append(new)
+        rw.dtype[out] = rw.view.dtype.get(node.output[0], TensorProto.INT8)
+        scales.q_clones[(node.output[0], d)] = out
+
+
+def _fresh(rw: _Rewriter, name: str) -> str:
+    while name in rw.dtype or name in rw.view.dtype:
+        name += "_"
+    return name
 
 
 def _main_var(rw: _Rewriter, i: int) -> str | None:
@@ -439,10 +474,11 @@ def convert(assignment: Assignment) -> Converted:
     """Return the mixed-precision model for `assignment` (the source model is not modified)."""
     view = assignment.view
     rw = _Rewriter(assignment)
+    rw.scales = _Scales(assignment) if assignment.dq_precisions else None
     nodes, casts = rw.run()
     initializers, warnings = _initializers(view, rw)
     if rw.scales is not None:
-        initializers += rw.scales.tensors
+        initializers = rw.scales.unused_dropped(initializers, nodes) + rw.scales.tensors
     value_info = _value_info(view, rw)
     graph = view.graph
     new_graph = helper.make_graph(

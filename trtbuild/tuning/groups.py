@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from trtbuild.front import Front
+from trtbuild.graph.qdq import is_qdq
 from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX
@@ -71,11 +72,19 @@ def node_flops(view: GraphView, i: int) -> float:
 
 
 def groups(front: Front, objective: str) -> list[Group]:
-    """Tunable nodes (left at the default by the policy's rules), in units that move together."""
+    """Tunable nodes (left at the default by the policy's rules), in units that move together.
+
+    The float ops only: a QuantizeLinear/DequantizeLinear is never a candidate (it
+    follows the ops around it; pinning the op a DQ feeds keeps its INT8 math).
+    """
     view = front.view
     decisions = front.assignment.decisions
     ranges = front.measures.ranges  # data peaks: a sentinel is not an overflow
-    tunable = {i for i, d in enumerate(decisions) if d.rule == "default" and d.precision}
+    tunable = {
+        i
+        for i, d in enumerate(decisions)
+        if d.rule == "default" and d.precision and not is_qdq(view.nodes[i].op_type)
+    }
     taken: set[int] = set()
     out: list[Group] = []
 

@@ -1,0 +1,305 @@
+"""Quantized (Q/DQ) models through check, convert and the shares, on ONNX Runtime INT8 models.
+
+Every model here is made by the project's script (`scripts/make_quantized.py`,
+ONNX Runtime's `quantize_static`), run by real ONNX Runtime sessions and built
+by the real TensorRT-RTX builder for compute capability 8.9.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.helpers import needs_rtx
+from trtbuild.cli import main
+from trtbuild.front import run_front
+from trtbuild.graph.qdq import FUSED_OPS, QdqGraph
+from trtbuild.graph.view import GraphView
+from trtbuild.policy import load_policy
+
+MODELS = {
+    "nafnet_tiny_int8": ("input", [1, 3, 64, 64], "uniform", "/blocks.0/conv1/Conv"),
+    "transformer_tiny_int8": ("tokens", [1, 16, 32], "normal", "/layers.0/attn/q_proj/MatMul"),
+}
+POLICY = """\
+version: 1
+model: {model}
+inputs:
+  {name}:
+    shape: {shape}
+    data: {{distribution: {dist}}}
+passes: {{opset: 17, fuse_layernorm: true}}
+precision:
+  default: fp16
+  rules: {rules}
+build:
+  backend: none
+  compute_capabilities: {ccs}
+accuracy:
+  samples: 2
+  tolerances:
+    default: {{atol: 1e-2, rtol: 1e-2, check_error_stat: median}}
+"""
+
+
+def _policy(tmp_path: Path, model: Path, stem: str, rules: str = "[]", ccs: str = '["8.9"]'):
+    name, shape, dist, _ = MODELS.get(stem, MODELS["nafnet_tiny_int8"])
+    path = tmp_path / f"{stem}.yaml"
+    text = POLICY.format(model=model, name=name, shape=shape, dist=dist, rules=rules, ccs=ccs)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _pin(node: str) -> str:
+    return f'\n    - {{id: pin, match: {{name: "^{node}$"}}, precision: fp32}}'
+
+
+def _front(path: Path):
+    return run_front(load_policy(path), reference="none")
+
+
+def _dq_fed(model: onnx.ModelProto) -> dict[str, int]:
+    """Fused ops (Conv, MatMul, ...) by name -> how many of their inputs a DQ produces directly."""
+    view = GraphView(model)
+    qdq = QdqGraph(view)
+    return {
+        view.nodes[i].name: len(qdq.dq_inputs(i))
+        for i in qdq.dq_fed
+        if view.nodes[i].op_type in FUSED_OPS
+    }
+
+
+@pytest.mark.parametrize("stem", sorted(MODELS))
+@pytest.mark.parametrize("pinned", [False, True])
+def test_every_dq_fed_op_stays_dq_fed(quantized_dir, tmp_path, stem, pinned):
+    source = quantized_dir / f"{stem}.onnx"
+    rules = _pin(MODELS[stem][3]) if pinned else "[]"
+    front = _front(_policy(tmp_path, source, stem, rules))
+    before, after = _dq_fed(onnx.load(source)), _dq_fed(front.converted.model)
+    assert before and after == before  # the same ops, each with as many DQ inputs
+    view = GraphView(front.converted.model)
+    for i in QdqGraph(view).dq_fed:  # no Cast anywhere between a DQ and what it feeds
+        assert view.nodes[i].op_type != "Cast", view.nodes[i].name
+    assert view.opset >= 19  # FP16 scales; the opset record says why
+    record = next(r for r in front.prepared.records if r.name == "opset")
+    assert record.details["to"] == 19 and "Q/DQ" in record.details["because"]
+
+
+def _scales(model: onnx.ModelProto) -> tuple[QdqGraph, list[np.ndarray]]:
+    qdq = QdqGraph(GraphView(model))
+    return qdq, [n.scale_value for n in qdq.nodes.values()]
+
+
+@pytest.mark.parametrize("stem", sorted(MODELS))
+def test_scales_one_value_per_pair_none_flushed(quantized_dir, tmp_path, stem):
+    front = _front(_policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, _pin(MODELS[stem][3])))
+    qdq, scales = _scales(front.converted.model)
+    assert any(s.dtype == np.float16 for s in scales)  # FP16 ops read FP16 scales
+    for s in scales:
+        v = s.astype(np.float64)
+        assert np.all(np.isfinite(v)) and np.all(v > 0)
+        if s.dtype == np.float16:
+            assert np.all(v >= np.finfo(np.float16).tiny)  # no subnormal
+    for group in qdq.groups:
+        values = {qdq.nodes[m].scale_value.astype(np.float32).tobytes() for m in group.members}
+        assert len(values) == 1, [qdq.nodes[m].name for m in group.members]
+
+
+def test_fp32_pin_keeps_int8_math_and_clones_a_shared_dq(quantized_dir, tmp_path):
+    stem = "transformer_tiny_int8"
+    pinned = "/layers.0/attn/q_proj/MatMul"
+    front = _front(_policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, _pin(pinned)))
+    view = GraphView(front.converted.model)
+    qdq = QdqGraph(view)
+    by_name = {n.name: i for i, n in enumerate(view.nodes)}
+    q_proj = by_name[pinned]
+    for dq in qdq.dq_inputs(q_proj):  # INT8 math kept, with FP32 scales
+        assert qdq.nodes[dq].scale_value.dtype == np.float32
+    assert view.dtype[view.nodes[q_proj].output[0]] == TensorProto.FLOAT
+    k_proj = by_name["/layers.0/attn/k_proj/MatMul"]  # read the same DQ before: now a clone
+    shared = qdq.dq_inputs(k_proj)[0]
+    assert qdq.nodes[shared].scale_value.dtype == np.float16
+    assert qdq.dq_inputs(q_proj)[0] != shared
+    # each type its own Q -> DQ chain from the same tensor (Myelin refuses one Q feeding
+    # DQs of two scale types): the FP32 chain's Q reads the tensor cast to FP32
+    q16 = qdq.nodes[view.producer[qdq.nodes[shared].quantized]]
+    q32 = qdq.nodes[view.producer[qdq.nodes[qdq.dq_inputs(q_proj)[0]].quantized]]
+    assert q16.scale_value.dtype == np.float16 and q32.scale_value.dtype == np.float32
+    cast = view.nodes[view.producer[q32.float_tensor]]
+    assert cast.op_type == "Cast" and cast.input[0] == q16.float_tensor
+    summary = front.assignment.summary()
+    assert summary.int8_nodes == 18  # the pinned MatMul still counts as INT8
+    assert {"node": pinned, "op": "MatMul", "rule": "pin"} in summary.pinned
+
+
+def test_quantized_tensors_never_retyped(quantized_dir, tmp_path):
+    stem = "nafnet_tiny_int8"
+    source = onnx.load(quantized_dir / f"{stem}.onnx")
+    front = _front(_policy(tmp_path, quantized_dir / f"{stem}.onnx", stem))
+    mixed = {t.name: t for t in front.converted.model.graph.initializer}
+    quantized = [t for t in source.graph.initializer if t.data_type == TensorProto.INT8]
+    assert quantized
+    for t in quantized:  # INT8 weights and zero points: the same bytes, the same type
+        assert mixed[t.name].data_type == TensorProto.INT8
+        assert numpy_helper.to_array(mixed[t.name]).tobytes() == numpy_helper.to_array(t).tobytes()
+    view = GraphView(front.converted.model)
+    for n in QdqGraph(view).nodes.values():
+        assert view.dtype.get(n.quantized, TensorProto.INT8) == TensorProto.INT8
+
+
+def test_qdq_are_never_pinned_nor_compute(quantized_dir, tmp_path, capsys):
+    stem = "nafnet_tiny_int8"
+    rules = "\n    - {id: dq, match: {op: [DequantizeLinear, QuantizeLinear]}, precision: fp32}"
+    front = _front(_policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, rules))
+    qdq = QdqGraph(front.view)
+    assert all(front.assignment.decisions[i].rule == "qdq" for i in qdq.nodes)
+    assert any("never pinned" in w for w in front.assignment.warnings)
+    s = front.assignment.summary()
+    compute = s.fp16_nodes + s.fp32_nodes + s.int8_nodes
+    assert s.int8_nodes == 14 and s.quantized["quantized_ops"] == {"int8": 14}
+    assert compute == 65  # nafnet_tiny_int8's float and quantized ops, no Q/DQ among them
+    assert s.pinned == [] and "INT8" in s.share_text()
+
+
+def test_a_scale_fp16_cannot_hold_keeps_its_pair_fp32(quantized_dir, tmp_path):
+    source = onnx.load(quantized_dir / "nafnet_tiny_int8.onnx")
+    scale = next(t for t in source.graph.initializer if t.name == "blocks.0.conv1.weight_scale")
+    tiny = numpy_helper.to_array(scale).copy()
+    tiny[0] = 3e-10  # as ModelOpt writes for a dead channel; 0 in FP16
+    scale.CopyFrom(numpy_helper.from_array(tiny, scale.name))
+    path = tmp_path / "tiny_scale.onnx"
+    onnx.save(source, path)
+    front = _front(_policy(tmp_path, path, "nafnet_tiny_int8"))
+    assert any("/blocks.0/conv1/Conv" in w and "3e-10" in w for w in front.warnings)
+    view = GraphView(front.converted.model)
+    qdq = QdqGraph(view)
+    conv = next(i for i, n in enumerate(view.nodes) if n.name == "/blocks.0/conv1/Conv")
+    for dq in qdq.dq_inputs(conv):  # the whole pair in FP32, the op still DQ-fed
+        assert qdq.nodes[dq].scale_value.dtype == np.float32
+    weight_dq = qdq.nodes[qdq.dq_inputs(conv)[1]]
+    assert weight_dq.scale_value[0] == np.float32(3e-10)  # kept, never flushed
+    assert _dq_fed(front.converted.model) == _dq_fed(source)
+
+
+def _feeds(stem: str) -> dict[str, np.ndarray]:
+    name, shape, dist, _ = MODELS[stem]
+    rng = np.random.default_rng(1)
+    data = rng.uniform(0, 1, shape) if dist == "uniform" else rng.normal(0, 1, shape)
+    return {name: data.astype(np.float32)}
+
+
+# What the float models need in FP32 whatever their quantization (their LayerNorms square
+# values in the thousands; nafnet's `total` sums past 65504): named, as patterns are not
+# this test's subject.
+OVERFLOWS = {
+    "nafnet_tiny_int8": '\n    - {id: ln, match: {name: "/norm[0-9]+/"}, precision: fp32}'
+    '\n    - {id: sum, match: {name: "^/head/"}, precision: fp32}',
+    "transformer_tiny_int8": '\n    - {id: ln, match: {name: "norm"}, precision: fp32}',
+}
+
+
+@pytest.mark.parametrize("stem", sorted(MODELS))
+def test_mixed_model_runs_like_the_quantized_one(quantized_dir, tmp_path, stem):
+    source = quantized_dir / f"{stem}.onnx"
+    front = _front(_policy(tmp_path, source, stem, _pin(MODELS[stem][3]) + OVERFLOWS[stem]))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(str(source), options).run(None, _feeds(stem))
+    mixed = front.converted.model.SerializeToString()
+    got = ort.InferenceSession(mixed, options).run(None, _feeds(stem))
+    for w, g in zip(want, got):
+        assert np.all(np.isfinite(g))
+        err = np.median(np.abs(g.astype(np.float32) - w)) / (np.median(np.abs(w)) + 1e-6)
+        assert err < 0.05, err  # FP16 around INT8: a few INT8 steps at most
+
+
+@needs_rtx
+@pytest.mark.parametrize("stem", sorted(MODELS))
+def test_quantized_models_build_with_tensorrt_rtx(quantized_dir, tmp_path, stem, capsys):
+    policy = _policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, _pin(MODELS[stem][3]))
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
+    assert code in (0, 1), capsys.readouterr().err  # built; the verdict is the judge's
+    assert (out / "engine.plan").stat().st_size > 0
+    import json
+
+    precision = json.loads((out / "report.json").read_text())["precision"]
+    assert precision["int8_nodes"] == len(_dq_fed(onnx.load(quantized_dir / f"{stem}.onnx")))
+    assert precision["fp8_nodes"] == 0 and 0 < precision["quantized_share"] < 1
+    assert "INT8" in capsys.readouterr().out  # the verdict line names the class
+
+
+def test_asymmetric_model_is_exit_2_naming_the_zero_point(quantized_dir, tmp_path, capsys):
+    policy = _policy(tmp_path, quantized_dir / "nafnet_tiny_asym.onnx", "nafnet_tiny_int8")
+    for command in (["check"], ["convert", "-o", str(tmp_path / "m.onnx")]):
+        assert main([*command, "--policy", str(policy)]) == 2
+        err = capsys.readouterr().err
+        assert "zero point" in err and "ActivationSymmetric" in err and "Traceback" not in err
+        assert err.count("\n") == 1
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def fp8_conv() -> onnx.ModelProto:
+    """An FP8 (E4M3) Q/DQ Conv as ModelOpt's FP8 mode writes it (opset 19)."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32)
+    ws = (np.abs(w).reshape(8, -1).max(1) / 448.0).astype(np.float32)
+    e4m3 = TensorProto.FLOAT8E4M3FN
+    inits = [
+        helper.make_tensor("w_q", e4m3, w.shape, (w / ws[:, None, None, None]).ravel().tolist()),
+        helper.make_tensor("zp", e4m3, [], [0.0]),
+        helper.make_tensor("wzp", e4m3, [8], [0.0] * 8),
+        numpy_helper.from_array(np.array(0.01, np.float32), "xs"),
+        numpy_helper.from_array(ws, "ws"),
+        numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "zp"], ["xq"], name="x_q"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "zp"], ["xd"], name="x_dq"),
+        helper.make_node("DequantizeLinear", ["w_q", "ws", "wzp"], ["wd"], name="w_dq", axis=0),
+        helper.make_node("Conv", ["xd", "wd", "b"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+    ]
+    io = [("x", [1, 8, 16, 16]), ("y", [1, 8, 16, 16])]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in io]
+    graph = helper.make_graph(nodes, "fp8", vi[:1], vi[1:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _fp8_policy(tmp_path: Path, ccs: str) -> Path:
+    onnx.save(fp8_conv(), tmp_path / "fp8.onnx")
+    text = POLICY.format(
+        model="fp8.onnx", name="x", shape=[1, 8, 16, 16], dist="uniform", rules="[]", ccs=ccs
+    )
+    path = tmp_path / "fp8.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_fp8_for_a_capability_without_fp8_is_exit_2(tmp_path, capsys):
+    assert main(["check", "--policy", str(_fp8_policy(tmp_path, '["8.6", "8.9"]'))]) == 2
+    err = capsys.readouterr().err
+    assert "build.compute_capabilities" in err and "8.6" in err and "FP8" in err
+
+
+def test_fp8_check_counts_fp8(tmp_path, capsys):
+    assert main(["check", "--policy", str(_fp8_policy(tmp_path, '["8.9"]'))]) == 0
+    out = capsys.readouterr().out
+    assert "1 fp8 compute nodes" in out and "FP8" in out and "1 Q/DQ pairs" not in out
+
+
+@needs_rtx
+def test_fp8_builds_for_8_9(tmp_path, capsys):
+    policy = _fp8_policy(tmp_path, '["8.9"]')
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
+    assert code in (0, 1), capsys.readouterr().err
+    assert (out / "engine.plan").stat().st_size > 0
