@@ -126,3 +126,31 @@ def test_a_weight_seen_through_is_its_dequantized_value_exactly(quantized_dir):
     assert [seen.view.nodes[k].name for k in range(len(seen.back))] == [
         view.nodes[i].name for i in seen.back
     ]
+
+
+def test_an_fp8_model_s_patterns_are_found_through_its_pairs(quantized_dir, tmp_path):
+    """FP8 (E4M3) Q/DQ from ONNX Runtime: its weights, LayerNorm scales included, are FP8
+    constants behind DQs, dequantized as DequantizeLinear computes them."""
+    import make_quantized
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    source, out = quantized_dir / "nafnet_tiny.onnx", tmp_path / "nafnet_fp8.onnx"
+    quantize_static(
+        str(source),
+        str(out),
+        make_quantized.SeededReader(make_quantized.QUANTIZED["nafnet_tiny"]),
+        quant_format=QuantFormat.QDQ,
+        weight_type=QuantType.QFLOAT8E4M3FN,
+        activation_type=QuantType.QFLOAT8E4M3FN,
+        calibrate_method=CalibrationMethod.Distribution,
+        extra_options={"QuantizeBias": False},
+    )
+    quantized = _analysis(out)
+    assert any(n.op_type == "DequantizeLinear" for n in quantized.view.nodes)
+    found = _found(quantized)
+    assert found["layernorm"] and found == _found(_analysis(source))

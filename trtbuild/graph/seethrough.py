@@ -30,9 +30,11 @@ from onnx import helper, numpy_helper
 from trtbuild.graph.qdq import QdqGraph, QdqNode
 from trtbuild.graph.view import GraphView
 
-# the formats whose constants are dequantized here (numpy holds them as integers)
+# the formats whose constants are dequantized here: the integers' saturation bounds, and
+# the FP8 types' (ml_dtypes, which onnx's numpy_helper reads them as) with their largest value
 _INTEGER_FORMATS = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
                     "uint16": (0, 65535), "int32": (-(2**31), 2**31 - 1)}  # fmt: skip
+_FLOAT_FORMATS = {"fp8": ("float8_e4m3fn", 448.0), "fp8e5m2": ("float8_e5m2", 57344.0)}
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,8 @@ def _unread(view: GraphView, q: QdqNode, through: set[int]) -> bool:
 def _constant_through(view: GraphView, q: QdqNode | None, dq: QdqNode) -> np.ndarray | None:
     """The DQ's value where it is a constant's (a weight's, or a constant behind a Q), as
     DequantizeLinear computes it; None where it is an activation or not an integer format."""
-    if dq.format not in _INTEGER_FORMATS or dq.scale_value is None or _blocked(view, dq):
+    known = dq.format in _INTEGER_FORMATS or dq.format in _FLOAT_FORMATS
+    if not known or dq.scale_value is None or _blocked(view, dq):
         return None
     if q is None:
         if dq.quantized not in view.initializers:
@@ -127,11 +130,17 @@ def _along(values: np.ndarray, node: QdqNode, rank: int) -> np.ndarray:
 
 
 def _quantize(x: np.ndarray, q: QdqNode) -> np.ndarray:
-    """QuantizeLinear on a constant: round half to even, saturate (ONNX's definition)."""
+    """QuantizeLinear on a constant: round half to even, saturate (ONNX's definition); FP8
+    rounds to its nearest value (ml_dtypes) after saturating to its largest."""
+    scaled = x.astype(np.float64) / _along(q.scale_value, q, x.ndim)
+    if q.format in _FLOAT_FORMATS:
+        import ml_dtypes
+
+        kind, top = _FLOAT_FORMATS[q.format]
+        return np.clip(scaled, -top, top).astype(getattr(ml_dtypes, kind)).astype(np.float64)
     low, high = _INTEGER_FORMATS[q.format]
     zero = q.zero_value if q.zero_value is not None else np.zeros(1, np.int64)
-    scaled = np.rint(x.astype(np.float64) / _along(q.scale_value, q, x.ndim))
-    return np.clip(scaled + _along(zero, q, x.ndim), low, high)
+    return np.clip(np.rint(scaled) + _along(zero, q, x.ndim), low, high)
 
 
 def _float_model(
