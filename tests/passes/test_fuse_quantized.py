@@ -119,14 +119,25 @@ def test_a_layernorm_behind_a_pair_with_dequantized_weights_fuses_exactly():
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 
-def _conv_bn(pair_after_conv: bool) -> onnx.ModelProto:
+def _conv_bn(pair_after_conv: bool, float_weight: bool = False) -> onnx.ModelProto:
     """A Conv with an INT8 weight behind a DQ (per output channel), then a BatchNorm whose
-    first channel has a negative scale; `pair_after_conv` quantizes the Conv's output too."""
+    first channel has a negative scale; `pair_after_conv` quantizes the Conv's output too;
+    `float_weight` stores the weight in float behind a Q, as ModelOpt writes it."""
     wq = RNG.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8)
+    wf = RNG.normal(0, 0.3, wq.shape).astype(np.float32)
+    if float_weight:  # per-channel max calibration, as quantizers do: nothing saturates
+        ws = (np.abs(wf).reshape(4, -1).max(axis=1) / 127).astype(np.float32)
+    else:
+        ws = RNG.uniform(0.001, 0.01, 4).astype(np.float32)
+    weight = [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], name="w_dq", axis=0)]
+    if float_weight:
+        weight.insert(
+            0, helper.make_node("QuantizeLinear", ["wf", "ws", "wz"], ["wq"], name="w_q", axis=0)
+        )
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "xs", "z"], ["xq"], name="x_q"),
         helper.make_node("DequantizeLinear", ["xq", "xs", "z"], ["xd"], name="x_dq"),
-        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], name="w_dq", axis=0),
+        *weight,
         helper.make_node("Conv", ["xd", "w", "cb"], ["c"], name="conv", pads=[1, 1, 1, 1]),
     ]
     bn_in = "c"
@@ -143,8 +154,8 @@ def _conv_bn(pair_after_conv: bool) -> onnx.ModelProto:
         "xs": np.array(0.01, np.float32),
         "cs": np.array(0.1, np.float32),
         "z": np.array(0, np.int8),
-        "wq": wq,
-        "ws": RNG.uniform(0.001, 0.01, 4).astype(np.float32),
+        **({"wf": wf} if float_weight else {"wq": wq}),
+        "ws": ws,
         "wz": np.zeros(4, np.int8),
         "cb": RNG.normal(0, 0.1, 4).astype(np.float32),
         "g": np.array([-0.7, 1.2, 0.9, 1.5], np.float32),
@@ -171,7 +182,7 @@ def test_a_batchnorm_folds_into_an_int8_conv_exactly_with_positive_scales():
     ops = [n.op_type for n in after.graph.node]
     assert ops == ["QuantizeLinear", "DequantizeLinear", "DequantizeLinear", "Conv"]
     inits = {t.name: numpy_helper.to_array(t) for t in after.graph.initializer}
-    assert inits["conv.weight_bnfolded_quantized"].dtype == np.int8
+    assert inits["conv.weight_bnfolded_int8"].dtype == np.int8
     assert (inits["conv.weight_bnfolded_scale"] > 0).all()  # TensorRT takes no other
     assert "wq" not in inits  # the old weight DQ went with its last reader
     feed = {"x": RNG.uniform(0, 1, (1, 3, 8, 8)).astype(np.float32)}
@@ -185,4 +196,36 @@ def test_a_batchnorm_behind_a_pair_on_the_conv_output_stays_and_says_which():
     assert record.details["folded"] == []
     (entry,) = record.details["not_folded"]
     assert entry["name"] == "bn" and entry["why"].startswith("Q/DQ pair c_q quantizes")
+    assert [n.name for n in after.graph.node] == [n.name for n in before.graph.node]
+
+
+def test_a_batchnorm_folds_into_a_conv_whose_float_weight_is_behind_a_q():
+    """ModelOpt's form (a float weight, Q, DQ): the weight times s, the scales times |s|."""
+    before = _conv_bn(pair_after_conv=False, float_weight=True)
+    after, record = fuse.fold_batchnorm(before)
+    assert record.details["folded"] == [{"name": "conv", "batchnorm": "bn"}]
+    ops = [n.op_type for n in after.graph.node]
+    assert ops == [
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "Conv",
+    ]
+    inits = {t.name: numpy_helper.to_array(t) for t in after.graph.initializer}
+    assert (inits["conv.weight_bnfolded_scale"] > 0).all() and "wf" not in inits
+    feed = {"x": RNG.uniform(0, 1, (1, 3, 8, 8)).astype(np.float32)}
+    (a,), (b,) = _run(before, feed), _run(after, feed)
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
+
+
+def test_a_saturated_weight_in_a_negative_channel_is_not_folded():
+    """Negated, a weight the Q saturates at -128 would be 128: not exact, so kept."""
+    before = _conv_bn(pair_after_conv=False, float_weight=True)
+    for t in before.graph.initializer:
+        if t.name == "ws":  # a hundredth of the calibrated scales: most weights saturate
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) / 100, "ws"))
+    after, record = fuse.fold_batchnorm(before)
+    (entry,) = record.details["not_folded"]
+    assert "negative BatchNorm scale holds -128" in entry["why"]
     assert [n.name for n in after.graph.node] == [n.name for n in before.graph.node]

@@ -14,6 +14,8 @@ and leave anything they cannot rewrite exactly as it was, saying why.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -354,47 +356,103 @@ def _weight_dq(view: GraphView, conv: onnx.NodeProto) -> int | None:
     return p if p is not None and view.nodes[p].op_type == "DequantizeLinear" else None
 
 
-def _fold_quantized(view: GraphView, conv: onnx.NodeProto, bn: onnx.NodeProto, dq_index: int):
-    """Fold a BatchNorm into a Conv whose weight is an INT8 DequantizeLinear, exactly: the
-    quantized weights stay, each output channel's scale is multiplied by |s| (a channel with
-    s < 0 has its integers negated, so every scale stays > 0 as TensorRT requires); the bias,
-    float, folds as a float Conv's does. The Conv gets a DQ of its own (the old one may be
-    shared)."""
-    dq = view.nodes[dq_index]
-    inputs = list(dq.input) + [""] * (3 - len(dq.input))
-    if inputs[0] not in view.initializers or inputs[1] not in view.initializers:
-        return f"the weight DQ {dq.name} does not read constants"
-    wq, scale = view.initializer_array(inputs[0]), view.initializer_array(inputs[1])
-    zero = view.initializer_array(inputs[2]) if inputs[2] in view.initializers else None
-    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-    if wq.dtype != np.int8 or (zero is not None and np.any(zero)):
+@dataclass(frozen=True)
+class _QuantizedWeight:
+    """A Conv weight behind a DQ: INT8 integers stored (ONNX Runtime's form), or a float
+    constant behind a Q (ModelOpt's), with its scale (per output channel, or one)."""
+
+    values: np.ndarray
+    scale: np.ndarray
+    stored: bool
+
+
+def _quantized_weight(view: GraphView, dq: onnx.NodeProto) -> _QuantizedWeight | str:
+    """The weight a DQ gives a Conv, or why it cannot be folded into exactly."""
+    ins = list(dq.input) + [""] * (3 - len(dq.input))
+    if not all(t in view.initializers for t in ins[1:] if t):
+        return f"the scale or zero point of the weight DQ {dq.name} is not a constant"
+    zero = view.initializer_array(ins[2]) if ins[2] else None
+    if zero is None or zero.dtype != np.int8 or np.any(zero):
         return f"the weight DQ {dq.name} is not symmetric INT8"
-    if scale.size > 1 and axis % wq.ndim != 0:
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    scale = view.initializer_array(ins[1])
+    q = view.producer.get(ins[0])
+    if ins[0] in view.initializers:
+        values, stored = view.initializer_array(ins[0]), True
+    elif q is not None and view.nodes[q].op_type == "QuantizeLinear":
+        src = view.nodes[q].input[0]
+        if src not in view.initializers or list(view.nodes[q].input[1:]) != ins[1:]:
+            return f"the weight's Q {view.nodes[q].name} does not quantize a constant as its DQ"
+        values, stored = view.initializer_array(src), False
+    else:
+        return f"the weight DQ {dq.name} reads neither INT8 constants nor a Q of a constant"
+    if scale.size > 1 and axis % values.ndim != 0:
         return f"the weight DQ {dq.name} is per-channel on axis {axis}, not the output channels"
+    return _QuantizedWeight(values, scale, stored)
+
+
+def _fold_quantized(view: GraphView, conv: onnx.NodeProto, bn: onnx.NodeProto, dq_index: int):
+    """Fold a BatchNorm into a Conv whose weight is INT8 behind a DequantizeLinear, exactly:
+    each output channel's scale is multiplied by |s|; stored integers stay (a channel with
+    s < 0 negated, so every scale stays > 0 as TensorRT requires), a float weight behind a Q
+    is multiplied by s. The bias, float, folds as a float Conv's does. The Conv gets its
+    own Q/DQ (the old ones may be shared)."""
+    weight = _quantized_weight(view, view.nodes[dq_index])
+    if isinstance(weight, str):
+        return weight
     s, shift = _bn_affine(view, bn)
-    if np.any(wq[s < 0] == -128):
-        return f"a channel with a negative BatchNorm scale holds -128 in {inputs[0]!r}"
-    flip = np.where(s < 0, -1, 1).astype(np.int8).reshape(-1, *[1] * (wq.ndim - 1))
-    new_scale = (np.broadcast_to(scale.astype(np.float64), s.shape) * np.abs(s)).astype(scale.dtype)
+    if np.any(_integers(weight)[s < 0] <= -128):  # negated, -128 would be 128: saturated
+        return f"a channel with a negative BatchNorm scale holds -128 in {conv.input[1]!r}"
+    stem = f"{conv.name}.weight_bnfolded"
+    nodes, inits = _folded_weight(weight, s, stem)
     b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
     b2 = ((b.astype(np.float64) if b is not None else 0.0) * s + shift).astype(np.float32)
-    stem = f"{conv.name}.weight_bnfolded"
-    inits = [
-        numpy_helper.from_array((wq * flip).astype(np.int8), f"{stem}_quantized"),
-        numpy_helper.from_array(new_scale, f"{stem}_scale"),
-        numpy_helper.from_array(np.zeros(s.shape, np.int8), f"{stem}_zero_point"),
-        numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"),
-    ]
-    weight_dq = helper.make_node(
-        "DequantizeLinear", [i.name for i in inits[:3]], [stem], name=f"{stem}_DequantizeLinear",
-        axis=0,
-    )  # fmt: skip
+    inits.append(numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"))
     folded = onnx.NodeProto()
     folded.CopyFrom(conv)
     del folded.input[:]
-    folded.input.extend([conv.input[0], stem, inits[3].name])
+    folded.input.extend([conv.input[0], stem, inits[-1].name])
     folded.output[0] = bn.output[0]
-    return (weight_dq, folded), inits
+    return (*nodes, folded), inits
+
+
+def _integers(weight: _QuantizedWeight) -> np.ndarray:
+    """The weight's INT8 values (a float weight as its Q rounds and saturates it)."""
+    if weight.stored:
+        return weight.values
+    per = (-1, *[1] * (weight.values.ndim - 1)) if weight.scale.size > 1 else ()
+    scale = weight.scale.astype(np.float64).reshape(per) if per else float(weight.scale)
+    return np.clip(np.rint(weight.values.astype(np.float64) / scale), -128, 127)
+
+
+def _folded_weight(
+    weight: _QuantizedWeight, s: np.ndarray, stem: str
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The weight times `s` per output channel as (Q and) DQ nodes writing `stem`."""
+    per = (-1, *[1] * (weight.values.ndim - 1))
+    scale = weight.scale
+    new_scale = (np.broadcast_to(scale.astype(np.float64), s.shape) * np.abs(s)).astype(scale.dtype)
+    if weight.stored:
+        flip = np.where(s < 0, -1, 1).astype(np.int8).reshape(per)
+        values = numpy_helper.from_array((weight.values * flip).astype(np.int8), f"{stem}_int8")
+    else:
+        w2 = (weight.values.astype(np.float64) * s.reshape(per)).astype(weight.values.dtype)
+        values = numpy_helper.from_array(w2, f"{stem}_float")
+    inits = [
+        values,
+        numpy_helper.from_array(new_scale, f"{stem}_scale"),
+        numpy_helper.from_array(np.zeros(s.shape, np.int8), f"{stem}_zero_point"),
+    ]
+    params = [inits[1].name, inits[2].name]
+    nodes, quantized = [], values.name
+    if not weight.stored:
+        quantized = f"{stem}_quantized"
+        q = helper.make_node("QuantizeLinear", [values.name, *params], [quantized], axis=0)
+        q.name = f"{stem}_QuantizeLinear"
+        nodes.append(q)
+    dq = helper.make_node("DequantizeLinear", [quantized, *params], [stem], axis=0)
+    dq.name = f"{stem}_DequantizeLinear"
+    return [*nodes, dq], inits
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> int:
