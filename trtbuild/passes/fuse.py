@@ -14,6 +14,7 @@ and leave anything they cannot rewrite exactly as it was, saying why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -310,9 +311,9 @@ def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
         return _fold_quantized(view, conv, bn, weight_dq)
     w = view.initializer_array(conv.input[1])
     b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-    s, shift = _bn_affine(view, bn)
+    s, fold_bias = _bn_affine(view, bn)
     w2 = (w.astype(np.float64) * s.reshape(-1, *[1] * (w.ndim - 1))).astype(w.dtype)
-    b2 = ((b.astype(np.float64) if b is not None else 0.0) * s + shift).astype(w.dtype)
+    b2 = fold_bias(b).astype(w.dtype)
     inits = [
         numpy_helper.from_array(w2, f"{conv.name}.weight_bnfolded"),
         numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"),
@@ -329,12 +330,17 @@ def _as_nodes(node: onnx.NodeProto | tuple) -> tuple[onnx.NodeProto, ...]:
     return node if isinstance(node, tuple) else (node,)
 
 
-def _bn_affine(view: GraphView, bn: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray]:
-    """BatchNorm as y = x * s + shift per channel (float64)."""
+def _bn_affine(view: GraphView, bn: onnx.NodeProto) -> tuple[np.ndarray, Callable]:
+    """BatchNorm as y = x * s + ... per channel (float64): `s`, and the folded bias of a
+    Conv bias `b` (None: no bias), ((b - mean) * s + beta)."""
     gamma, beta, mean, var = (view.initializer_array(t).astype(np.float64) for t in bn.input[1:5])
     eps = next((helper.get_attribute_value(a) for a in bn.attribute if a.name == "epsilon"), 1e-5)
     s = gamma / np.sqrt(var + eps)
-    return s, beta - mean * s
+
+    def fold_bias(b: np.ndarray | None) -> np.ndarray:
+        return ((b.astype(np.float64) if b is not None else 0.0) - mean) * s + beta
+
+    return s, fold_bias
 
 
 def _behind_pair(view: GraphView, dq: int) -> str:
@@ -400,13 +406,13 @@ def _fold_quantized(view: GraphView, conv: onnx.NodeProto, bn: onnx.NodeProto, d
     weight = _quantized_weight(view, view.nodes[dq_index])
     if isinstance(weight, str):
         return weight
-    s, shift = _bn_affine(view, bn)
+    s, fold_bias = _bn_affine(view, bn)
     if np.any(_integers(weight)[s < 0] <= -128):  # negated, -128 would be 128: saturated
         return f"a channel with a negative BatchNorm scale holds -128 in {conv.input[1]!r}"
     stem = f"{conv.name}.weight_bnfolded"
     nodes, inits = _folded_weight(weight, s, stem)
     b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-    b2 = ((b.astype(np.float64) if b is not None else 0.0) * s + shift).astype(np.float32)
+    b2 = fold_bias(b).astype(np.float32)
     inits.append(numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"))
     folded = onnx.NodeProto()
     folded.CopyFrom(conv)
