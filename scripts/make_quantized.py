@@ -25,6 +25,11 @@ import onnx
 QUANTIZED = {
     "nafnet_tiny": {"input": ([1, 3, 64, 64], "uniform")},
     "transformer_tiny": {"tokens": ([1, 16, 32], "normal")},
+    "bert_tiny": {
+        "input_ids": ([1, 16], ("ids", 100)),  # int64 token ids in [0, 100)
+        "token_type_ids": ([1, 16], ("ids", 2)),
+        "attention_mask": ([1, 16], ("ids", 2)),
+    },
 }
 CALIBRATION_SAMPLES = 8
 
@@ -35,14 +40,7 @@ class SeededReader:
     def __init__(self, inputs: dict, samples: int = CALIBRATION_SAMPLES, seed: int = 0):
         rng = np.random.default_rng(seed)
         self._feeds = [
-            {
-                name: (
-                    rng.uniform(0.0, 1.0, size=shape)
-                    if dist == "uniform"
-                    else rng.normal(0.0, 1.0, size=shape)
-                ).astype(np.float32)
-                for name, (shape, dist) in inputs.items()
-            }
+            {name: _draw(rng, shape, dist) for name, (shape, dist) in inputs.items()}
             for _ in range(samples)
         ]
         self._iter = iter(self._feeds)
@@ -52,6 +50,14 @@ class SeededReader:
 
     def rewind(self) -> None:
         self._iter = iter(self._feeds)
+
+
+def _draw(rng: np.random.Generator, shape: list[int], dist) -> np.ndarray:
+    if dist == "uniform":
+        return rng.uniform(0.0, 1.0, size=shape).astype(np.float32)
+    if dist == "normal":
+        return rng.normal(0.0, 1.0, size=shape).astype(np.float32)
+    return rng.integers(0, dist[1], size=shape, dtype=np.int64)  # ("ids", count)
 
 
 def quantize(src: Path, dst: Path, inputs: dict, symmetric: bool = True) -> None:

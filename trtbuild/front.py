@@ -316,6 +316,7 @@ def _converted(assignment: Assignment, cache: Cache, digest: str | None) -> Conv
     """The mixed model, from the cache when the prepared graph and every node's precision
     match: the conversion reads nothing else (rule ids only label the report)."""
     precisions = ",".join(str(d.precision) for d in assignment.decisions)
+    precisions += "|dequantized:" + ",".join(map(str, sorted(assignment.dequantized)))
     key = cache_key("converted", digest, precisions) if digest else None
     if key is not None:
         cached = cache.get("converted", key)

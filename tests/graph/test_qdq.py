@@ -61,3 +61,50 @@ def test_holds_refuses_what_fp16_cannot_keep():
 def test_fp8_needs_ada():
     assert fp8_capable("8.9") and fp8_capable("12.0")
     assert not fp8_capable("8.6") and not fp8_capable("7.5")
+
+
+def _conv_with(scale, bias_dtype=TensorProto.INT8, scale_input=None) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Conv(DQ(w), DQ(b)): a hand-made Q/DQ graph with one thing wrong."""
+    from onnx import helper, numpy_helper
+
+    inits = [
+        numpy_helper.from_array(np.array(scale, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+        numpy_helper.from_array(np.ones((2, 2, 1, 1), np.int8), "w"),
+        numpy_helper.from_array(np.array([0.1, 0.1], np.float32), "ws"),
+        numpy_helper.from_array(
+            np.ones(2, np.int32 if bias_dtype == TensorProto.INT32 else np.int8), "b"
+        ),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", scale_input or "s", "z"], ["xq"], name="q"),
+        helper.make_node("DequantizeLinear", ["xq", scale_input or "s", "z"], ["xd"], name="dq"),
+        helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], name="w_dq", axis=0),
+        helper.make_node("DequantizeLinear", ["b", "ws"], ["bd"], name="b_dq"),
+        helper.make_node("Conv", ["xd", "wd", "bd"], ["y"], name="conv"),
+    ]
+    if scale_input:
+        nodes.insert(0, helper.make_node("Abs", ["x_scale_src"], [scale_input], name="computed"))
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, 4, 4]) for n in ("x", "y")]
+    extra = (
+        [helper.make_tensor_value_info("x_scale_src", TensorProto.FLOAT, [])] if scale_input else []
+    )
+    graph = helper.make_graph(nodes, "g", [vi[0], *extra], vi[1:], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def _violations(model, capabilities=("8.9",)):
+    from trtbuild.graph.qdq import violations
+
+    return violations(QdqGraph(GraphView(model)), capabilities)
+
+
+def test_violations_name_the_node_and_the_fix():
+    assert _violations(_conv_with(0.05)) == []
+    (bias,) = _violations(_conv_with(0.05, TensorProto.INT32))
+    assert bias.node == "b_dq" and bias.field == "format" and "QuantizeBias" in bias.fix
+    zero = _violations(_conv_with(0.0))
+    assert {v.node for v in zero} == {"q", "dq"} and all("> 0" in v.problem for v in zero)
+    assert _violations(_conv_with(float("inf")))[0].field == "scale"
+    computed = _violations(_conv_with(0.05, scale_input="computed_scale"))
+    assert computed[0].problem.startswith("scale computed_scale is not a constant")

@@ -23,17 +23,24 @@ from trtbuild.graph.qdq import FUSED_OPS, QdqGraph
 from trtbuild.graph.view import GraphView
 from trtbuild.policy import load_policy
 
+# model -> (its inputs: name, shape, distribution or ids below a count), a quantized op to pin
 MODELS = {
-    "nafnet_tiny_int8": ("input", [1, 3, 64, 64], "uniform", "/blocks.0/conv1/Conv"),
-    "transformer_tiny_int8": ("tokens", [1, 16, 32], "normal", "/layers.0/attn/q_proj/MatMul"),
+    "nafnet_tiny_int8": ({"input": ([1, 3, 64, 64], "uniform")}, "/blocks.0/conv1/Conv"),
+    "transformer_tiny_int8": ({"tokens": ([1, 16, 32], "normal")}, "/layers.0/attn/q_proj/MatMul"),
+    "bert_tiny_int8": (
+        {
+            "input_ids": ([1, 16], 100),
+            "token_type_ids": ([1, 16], 2),
+            "attention_mask": ([1, 16], 2),
+        },
+        "/encoder/layer.0/attention/q_proj/MatMul",
+    ),
 }
 POLICY = """\
 version: 1
 model: {model}
 inputs:
-  {name}:
-    shape: {shape}
-    data: {{distribution: {dist}}}
+{inputs}
 passes: {{opset: 17, fuse_layernorm: true}}
 precision:
   default: fp16
@@ -48,10 +55,22 @@ accuracy:
 """
 
 
+def _inputs(spec: dict) -> str:
+    lines = []
+    for name, (shape, dist) in spec.items():
+        data = (
+            f"distribution: {dist}"
+            if isinstance(dist, str)
+            else f"distribution: uniform, low: 0, high: {dist}"
+        )
+        lines.append(f"  {name}:\n    shape: {shape}\n    data: {{{data}}}")
+    return "\n".join(lines)
+
+
 def _policy(tmp_path: Path, model: Path, stem: str, rules: str = "[]", ccs: str = '["8.9"]'):
-    name, shape, dist, _ = MODELS.get(stem, MODELS["nafnet_tiny_int8"])
+    spec = MODELS.get(stem, MODELS["nafnet_tiny_int8"])[0]
     path = tmp_path / f"{stem}.yaml"
-    text = POLICY.format(model=model, name=name, shape=shape, dist=dist, rules=rules, ccs=ccs)
+    text = POLICY.format(model=model, inputs=_inputs(spec), rules=rules, ccs=ccs)
     path.write_text(textwrap.dedent(text))
     return path
 
@@ -79,7 +98,7 @@ def _dq_fed(model: onnx.ModelProto) -> dict[str, int]:
 @pytest.mark.parametrize("pinned", [False, True])
 def test_every_dq_fed_op_stays_dq_fed(quantized_dir, tmp_path, stem, pinned):
     source = quantized_dir / f"{stem}.onnx"
-    rules = _pin(MODELS[stem][3]) if pinned else "[]"
+    rules = _pin(MODELS[stem][1]) if pinned else "[]"
     front = _front(_policy(tmp_path, source, stem, rules))
     before, after = _dq_fed(onnx.load(source)), _dq_fed(front.converted.model)
     assert before and after == before  # the same ops, each with as many DQ inputs
@@ -98,7 +117,7 @@ def _scales(model: onnx.ModelProto) -> tuple[QdqGraph, list[np.ndarray]]:
 
 @pytest.mark.parametrize("stem", sorted(MODELS))
 def test_scales_one_value_per_pair_none_flushed(quantized_dir, tmp_path, stem):
-    front = _front(_policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, _pin(MODELS[stem][3])))
+    front = _front(_policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, _pin(MODELS[stem][1])))
     qdq, scales = _scales(front.converted.model)
     assert any(s.dtype == np.float16 for s in scales)  # FP16 ops read FP16 scales
     for s in scales:
@@ -188,10 +207,16 @@ def test_a_scale_fp16_cannot_hold_keeps_its_pair_fp32(quantized_dir, tmp_path):
 
 
 def _feeds(stem: str) -> dict[str, np.ndarray]:
-    name, shape, dist, _ = MODELS[stem]
     rng = np.random.default_rng(1)
-    data = rng.uniform(0, 1, shape) if dist == "uniform" else rng.normal(0, 1, shape)
-    return {name: data.astype(np.float32)}
+    feeds = {}
+    for name, (shape, dist) in MODELS[stem][0].items():
+        if dist == "uniform":
+            feeds[name] = rng.uniform(0, 1, shape).astype(np.float32)
+        elif dist == "normal":
+            feeds[name] = rng.normal(0, 1, shape).astype(np.float32)
+        else:
+            feeds[name] = rng.integers(0, dist, shape, dtype=np.int64)
+    return feeds
 
 
 # What the float models need in FP32 whatever their quantization (their LayerNorms square
@@ -201,13 +226,14 @@ OVERFLOWS = {
     "nafnet_tiny_int8": '\n    - {id: ln, match: {name: "/norm[0-9]+/"}, precision: fp32}'
     '\n    - {id: sum, match: {name: "^/head/"}, precision: fp32}',
     "transformer_tiny_int8": '\n    - {id: ln, match: {name: "norm"}, precision: fp32}',
+    "bert_tiny_int8": "\n    - {id: ln, match: {op: [LayerNormalization]}, precision: fp32}",
 }
 
 
 @pytest.mark.parametrize("stem", sorted(MODELS))
 def test_mixed_model_runs_like_the_quantized_one(quantized_dir, tmp_path, stem):
     source = quantized_dir / f"{stem}.onnx"
-    front = _front(_policy(tmp_path, source, stem, _pin(MODELS[stem][3]) + OVERFLOWS[stem]))
+    front = _front(_policy(tmp_path, source, stem, _pin(MODELS[stem][1]) + OVERFLOWS[stem]))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     want = ort.InferenceSession(str(source), options).run(None, _feeds(stem))
@@ -222,7 +248,7 @@ def test_mixed_model_runs_like_the_quantized_one(quantized_dir, tmp_path, stem):
 @needs_rtx
 @pytest.mark.parametrize("stem", sorted(MODELS))
 def test_quantized_models_build_with_tensorrt_rtx(quantized_dir, tmp_path, stem, capsys):
-    policy = _policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, _pin(MODELS[stem][3]))
+    policy = _policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, _pin(MODELS[stem][1]))
     out = tmp_path / "out"
     code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
     assert code in (0, 1), capsys.readouterr().err  # built; the verdict is the judge's
@@ -276,9 +302,8 @@ def fp8_conv() -> onnx.ModelProto:
 
 def _fp8_policy(tmp_path: Path, ccs: str) -> Path:
     onnx.save(fp8_conv(), tmp_path / "fp8.onnx")
-    text = POLICY.format(
-        model="fp8.onnx", name="x", shape=[1, 8, 16, 16], dist="uniform", rules="[]", ccs=ccs
-    )
+    inputs = _inputs({"x": ([1, 8, 16, 16], "uniform")})
+    text = POLICY.format(model="fp8.onnx", inputs=inputs, rules="[]", ccs=ccs)
     path = tmp_path / "fp8.yaml"
     path.write_text(text)
     return path
@@ -299,6 +324,56 @@ def test_fp8_check_counts_fp8(tmp_path, capsys):
 @needs_rtx
 def test_fp8_builds_for_8_9(tmp_path, capsys):
     policy = _fp8_policy(tmp_path, '["8.9"]')
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
+    assert code in (0, 1), capsys.readouterr().err
+    assert (out / "engine.plan").stat().st_size > 0
+
+
+DEQUANTIZE = '\n    - {id: out, match: {name: "^/ending/Conv$"}, precision: fp32, dequantize: true}'
+
+
+def test_dequantize_takes_an_op_out_of_int8(quantized_dir, tmp_path):
+    stem = "nafnet_tiny_int8"
+    source = onnx.load(quantized_dir / f"{stem}.onnx")
+    front = _front(_policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, DEQUANTIZE))
+    view = GraphView(front.converted.model)
+    conv = next(i for i, n in enumerate(view.nodes) if n.name == "/ending/Conv")
+    assert QdqGraph(view).dq_inputs(conv) == []  # reads floats: no INT8 kernel
+    assert view.dtype[view.nodes[conv].input[0]] == TensorProto.FLOAT
+    assert front.assignment.summary().int8_nodes == 13
+    assert "/ending/Conv" not in _dq_fed(front.converted.model)
+    # its weight is what ONNX Runtime's DequantizeLinear makes of the INT8 one, exactly
+    weight = next(
+        t for t in front.converted.model.graph.initializer if t.name == view.nodes[conv].input[1]
+    )
+    dq = next(n for n in source.graph.node if n.name == "ending.weight_DequantizeLinear")
+    inits = [t for t in source.graph.initializer if t.name in dq.input]
+    out = helper.make_tensor_value_info(dq.output[0], TensorProto.FLOAT, None)
+    graph = helper.make_graph([dq], "dq", [], [out], inits)
+    alone = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    want = ort.InferenceSession(alone.SerializeToString()).run(None, {})[0]
+    assert np.array_equal(numpy_helper.to_array(weight), want)
+    # the weight's DQ fed only that Conv: dropped, with nothing left reading it
+    names = {n.name for n in view.nodes}
+    assert "ending.weight_DequantizeLinear" not in names
+    assert _dq_fed(front.converted.model) == {
+        k: v for k, v in _dq_fed(source).items() if k != "/ending/Conv"
+    }
+
+
+def test_dequantize_on_a_float_op_is_a_warning(quantized_dir, tmp_path):
+    rule = (
+        '\n    - {id: out, match: {name: "^/head/ReduceSum$"}, precision: fp32, dequantize: true}'
+    )
+    front = _front(_policy(tmp_path, quantized_dir / "nafnet_tiny_int8.onnx", "x", rule))
+    assert any("'out' has dequantize: true but" in w for w in front.warnings)
+
+
+@needs_rtx
+def test_a_dequantized_op_builds_with_tensorrt_rtx(quantized_dir, tmp_path, capsys):
+    stem = "nafnet_tiny_int8"
+    policy = _policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, DEQUANTIZE)
     out = tmp_path / "out"
     code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
     assert code in (0, 1), capsys.readouterr().err

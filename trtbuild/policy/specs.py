@@ -244,6 +244,15 @@ class Rule:
     )
     precision: str = field(metadata=key(enum(PRECISIONS)))
     why: str | None = field(default=None, metadata=key({"type": "string", "maxLength": 4096}))
+    dequantize: bool = field(
+        default=False,
+        metadata=key(
+            BOOL,
+            "Take the matched ops of a quantized model out of INT8/FP8 altogether: each "
+            "reads the float tensor in front of its Q and its weight dequantized, in the "
+            "rule's precision. Without it, a pin keeps the INT8 math (FP32 scales, FP32 output).",
+        ),
+    )
 
 
 # Built-in safety rules, applied after the user's (a user rule naming a node wins).

@@ -41,6 +41,8 @@ class Assignment:
     quantized: dict[int, str] = field(default_factory=dict)  # quantized op -> int8 | fp8
     dq_precisions: dict[int, tuple[str, ...]] = field(default_factory=dict)  # DQ -> per consumer
     qdq_inventory: dict[str, Any] = field(default_factory=dict)  # `graph.qdq` inventory
+    dequantized: frozenset[int] = frozenset()  # ops a `dequantize: true` rule takes out of INT8
+    dead_qdq: frozenset[int] = frozenset()  # Q/DQ left without a consumer by those: dropped
 
     def precision_of(self, index: int) -> str | None:
         return self.decisions[index].precision
@@ -174,24 +176,43 @@ def assign(
             decision = Decision(precision.default, "default", f"policy default {precision.default}")
         decisions.append(_respect_schema(view, i, decision))
     assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory())
-    return _with_qdq(assignment, qdq) if qdq else assignment
+    return _with_qdq(assignment, qdq, precision) if qdq else assignment
 
 
-def _with_qdq(assignment: Assignment, qdq) -> Assignment:
+def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:
     """Decide the Q/DQ nodes last, from the ops around them (`precision.quantized`)."""
     from trtbuild.precision import quantized
 
     view, decisions = assignment.view, assignment.decisions
-    promoted, warnings = quantized.promote_for_scales(view, qdq, [d.precision for d in decisions])
+    dequantized = _dequantized(assignment, qdq, precision)
+    promoted, warnings = quantized.promote_for_scales(
+        view, qdq, [d.precision for d in decisions], dequantized
+    )
     for i, why in promoted.items():
         decisions[i] = Decision("fp32", quantized.SCALE_RULE, why)
-    plan = quantized.plan(view, qdq, [d.precision for d in decisions])
+    plan = quantized.plan(view, qdq, [d.precision for d in decisions], dequantized)
     for i, p in plan.precision.items():
         decisions[i] = Decision(p, quantized.QDQ_RULE, plan.reasons[i])
     assignment.warnings.extend(warnings)
-    assignment.quantized = dict(qdq.quantized_ops)
+    assignment.quantized = {i: f for i, f in qdq.quantized_ops.items() if i not in dequantized}
     assignment.dq_precisions = plan.dq_precisions
+    assignment.dequantized, assignment.dead_qdq = dequantized, plan.dead
     return assignment
+
+
+def _dequantized(assignment: Assignment, qdq, precision: Precision) -> frozenset[int]:
+    """The DQ-fed ops that a rule with `dequantize: true` decided; a warning for such a rule
+    that decided none."""
+    ids = [r.id for r in precision.all_rules() if r.dequantize]
+    found = frozenset(
+        i for i, d in enumerate(assignment.decisions) if d.rule in ids and qdq.dq_inputs(i)
+    )
+    for rid in ids:
+        if not any(assignment.decisions[i].rule == rid for i in found):
+            assignment.warnings.append(
+                f"rule '{rid}' has dequantize: true but decides no op that a DequantizeLinear feeds"
+            )
+    return found
 
 
 _CONTROL_REASON = "computes in its bodies; its outputs keep their exported types"

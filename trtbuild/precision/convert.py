@@ -117,7 +117,7 @@ class _Rewriter:
             new = onnx.NodeProto()
             new.CopyFrom(node)
             want_in, out = _plan(self, i)
-            self._inputs(node, new, want_in)
+            self._inputs(_bypass(self, i, node, want_in), new, want_in)  # dequantize: true
             for attr in new.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     attr.g.CopyFrom(_rewrite_body(self, i, attr.name))
@@ -198,6 +198,23 @@ class _Scales:
             read.update(t for t in node.input if t not in replaced)
         return [t for t in initializers if t.name not in replaced or t.name in read]
 
+    def dequantized(self, dq: int, dtype: int) -> str:
+        """The float initializer of a weight DQ `dq`'s output, in `dtype` (made once)."""
+        node = self.qdq.nodes[dq]
+        key = (node.quantized, dtype, b"dequantized")
+        if key not in self.names:
+            q = numpy_helper.to_array(self.a.view.initializers[node.quantized]).astype(np.float32)
+            zero = node.zero_value if node.zero_value is not None else np.zeros(1)
+            scale, zero = node.scale_value.astype(np.float32), zero.astype(np.float32)
+            if node.axis is not None:  # per axis: the scale's one dimension is the weight's `axis`
+                shape = [1] * q.ndim
+                shape[node.axis % q.ndim] = -1
+                scale, zero = scale.reshape(shape), zero.reshape(shape)
+            name = f"{node.quantized}__dequantized_{DTYPE_NAME[dtype]}"
+            self.tensors.append(_tensor((q - zero) * scale, dtype, name))
+            self.names[key] = name
+        return self.names[key]
+
     def tensor(self, i: int, dtype: int) -> str:
         from trtbuild.precision.quantized import group_value
 
@@ -235,6 +252,8 @@ def _emit_qdq(rw: _Rewriter, i: int) -> bool:
     scales = rw.root.scales
     if scales is None or not scales.qdq.is_qdq(i):
         return False
+    if i in rw.a.dead_qdq:
+        return True  # every op it fed reads around it (`dequantize: true`)
     node = rw.view.nodes[i]
     if node.op_type == "QuantizeLinear":
         _emit_q(rw, i, scales)
@@ -279,6 +298,27 @@ def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
         rw.nodes.append(new)
         rw.dtype[out] = rw.view.dtype.get(node.output[0], TensorProto.INT8)
         scales.q_clones[(node.output[0], d)] = out
+
+
+def _bypass(rw: _Rewriter, i: int, node: onnx.NodeProto, want_in: list) -> onnx.NodeProto:
+    """A `dequantize: true` op's inputs read around its DQs: the tensor in front of the
+    activation's Q, and each quantized weight dequantized once into a float initializer of
+    the type the op needs (computed as DequantizeLinear does: (q - zero point) x scale)."""
+    scales = rw.root.scales
+    if scales is None or i not in rw.a.dequantized:
+        return node
+    bypassed = onnx.NodeProto()
+    bypassed.CopyFrom(node)
+    for k, t in enumerate(node.input):
+        dq = rw.view.producer.get(t) if t else None
+        if dq is None or dq not in scales.qdq.nodes or not scales.qdq.nodes[dq].is_dq:
+            continue
+        q = rw.view.producer.get(scales.qdq.nodes[dq].quantized)
+        if q is not None and q in scales.qdq.nodes:
+            bypassed.input[k] = scales.qdq.nodes[q].float_tensor
+        else:
+            bypassed.input[k] = scales.dequantized(dq, want_in[k] or TensorProto.FLOAT)
+    return bypassed
 
 
 def _fresh(rw: _Rewriter, name: str) -> str:

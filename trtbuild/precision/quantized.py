@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtbuild.graph.optypes import DTYPE_NAME, PRECISION_DTYPE
-from trtbuild.graph.qdq import FUSED_OPS, RESIDUAL_OPS, QdqGraph, holds
+from trtbuild.graph.qdq import QdqGraph, holds
 from trtbuild.graph.view import GraphView
 
 QDQ_RULE = "qdq"  # the `rule` of a Q/DQ node's decision: it follows the ops around it
@@ -34,15 +34,21 @@ class QdqPlan:
     precision: dict[int, str]
     reasons: dict[int, str]
     dq_precisions: dict[int, tuple[str, ...]]
+    dead: frozenset[int] = frozenset()  # left without a consumer by `dequantize: true` rules
 
 
 def promote_for_scales(
-    view: GraphView, qdq: QdqGraph, precision_of: list[str | None]
+    view: GraphView,
+    qdq: QdqGraph,
+    precision_of: list[str | None],
+    dequantized: frozenset[int] = frozenset(),
 ) -> tuple[dict[int, str], list[str]]:
     """Ops a DQ feeds whose low precision cannot hold the DQ's group's scale: they go FP32.
 
-    Only the ops TensorRT fuses with a DQ (Conv, ConvTranspose, MatMul, Gemm, Add)
-    are promoted: any other consumer takes a Cast after an FP32 DQ.
+    Every consumer, not only the ops TensorRT fuses with a DQ (Conv, ConvTranspose,
+    MatMul, Gemm, the residual Add): nothing stands between a DQ and what it feeds,
+    and a scale above FP16's range dequantizes to values beyond it (a quantized
+    attention-mask constant of -3.4e38 has a scale of 2.7e36).
     """
     promoted: dict[int, str] = {}
     warnings: list[str] = []
@@ -51,9 +57,7 @@ def promote_for_scales(
         for dq in group.dqs:
             for c in view.consumers.get(qdq.nodes[dq].float_tensor, []):
                 p = precision_of[c]
-                if p in (None, "fp32") or c in promoted or c in qdq.nodes:
-                    continue
-                if view.nodes[c].op_type not in FUSED_OPS | RESIDUAL_OPS:
+                if p in (None, "fp32") or c in promoted or c in qdq.nodes or c in dequantized:
                     continue
                 if holds(scale, PRECISION_DTYPE[p]):
                     continue
@@ -66,19 +70,36 @@ def promote_for_scales(
     return promoted, warnings
 
 
-def plan(view: GraphView, qdq: QdqGraph, precision_of: list[str | None]) -> QdqPlan:
-    """Every Q/DQ node's precision, from the final precisions of the other nodes."""
+def plan(
+    view: GraphView,
+    qdq: QdqGraph,
+    precision_of: list[str | None],
+    dequantized: frozenset[int] = frozenset(),
+) -> QdqPlan:
+    """Every Q/DQ node's precision, from the final precisions of the other nodes.
+
+    A DQ whose every consumer is `dequantized` (it reads around the DQ) is dead; a
+    Q is dead when all its DQs are and nothing else reads its output.
+    """
     precision: dict[int, str] = {}
     reasons: dict[int, str] = {}
     dq_precisions: dict[int, tuple[str, ...]] = {}
+    dead: set[int] = set()
     low_ok = view.opset >= MIN_OPSET
     for i, n in qdq.nodes.items():
         if not n.is_dq:
             continue
         scale = qdq.group_scale(qdq.group_of[i])
         wanted: list[str] = []
-        for c in view.consumers.get(n.float_tensor, []):
-            p = precision_of[c] if c not in qdq.nodes else None
+        readers = view.consumers.get(n.float_tensor, [])
+        if (
+            readers
+            and all(c in dequantized for c in readers)
+            and n.float_tensor not in view.outputs
+        ):
+            dead.add(i)
+        for c in readers:
+            p = precision_of[c] if c not in qdq.nodes and c not in dequantized else None
             if p is not None:
                 fits = low_ok and holds(scale, PRECISION_DTYPE[p])
                 wanted.append(p if fits else "fp32")
@@ -98,7 +119,16 @@ def plan(view: GraphView, qdq: QdqGraph, precision_of: list[str | None]) -> QdqP
         reasons[i] = "a Q computes in the precision of its input" + (
             "" if precision[i] == mine else f"; its scale does not fit {mine.upper()}"
         )
-    return QdqPlan(precision, reasons, dq_precisions)
+    for g in qdq.groups:
+        readers = view.consumers.get(qdq.nodes[g.q].quantized, []) if g.q is not None else []
+        if (
+            g.q is not None
+            and g.dqs
+            and all(d in dead for d in g.dqs)
+            and len(readers) == len(g.dqs)
+        ):
+            dead.add(g.q)
+    return QdqPlan(precision, reasons, dq_precisions, frozenset(dead))
 
 
 def group_value(qdq: QdqGraph, group, dtypes: set[int]) -> np.ndarray | None:
