@@ -27,16 +27,20 @@ def _localise(policy, tmp_path, models_dir, real_model):
     stem = re.search(r"^model: \.\./models/(\w+)\.onnx", text, re.M).group(1)
     path = real_model(stem) if stem in FETCHED else models_dir / f"{stem}.onnx"
     local = tmp_path / policy.name
-    local.write_text(local_data(text.replace(f"../models/{stem}.onnx", str(path))))
+    text = text.replace(f"../models/{stem}.onnx", str(path))
+    # a quantized model's reference_model: the session's float model beside it
+    text = re.sub(r"\.\./models/(\w+)\.onnx", lambda m: str(models_dir / f"{m[1]}.onnx"), text)
+    local.write_text(local_data(text))
     return local
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.stem)
 @needs_rtx
 def test_policy_builds_and_every_pinned_node_is_an_fp32_layer(
-    policy, tmp_path, models_dir, real_model, capsys
+    policy, tmp_path, quantized_dir, real_model, capsys
 ):
-    local = _localise(policy, tmp_path, models_dir, real_model)
+    """`quantized_dir`: the session's models with the INT8 ones `make models` writes."""
+    local = _localise(policy, tmp_path, quantized_dir, real_model)
     out = tmp_path / "out"
     code = main(["build", "--policy", str(local), "--out", str(out), "--backend", "tensorrt-rtx"])
     assert code == 0, (out / "report.md").read_text() if (out / "report.md").exists() else code

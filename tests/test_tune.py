@@ -326,3 +326,26 @@ def test_a_quantized_model_is_tuned_on_its_float_ops_only(tmp_path, quantized_di
     code = main(["build", "--policy", str(tuned), "--backend", "tensorrt-rtx", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     assert (out / "engine.plan").stat().st_size > 0
+
+
+def test_a_tuned_quantized_policy_keeps_its_reference_model(tmp_path, quantized_dir):
+    """`accuracy.reference_model` is re-based like `model` when the tuned policy is written
+    elsewhere: it names the same model before quantization."""
+    (tmp_path / "policies").mkdir()
+    source = tmp_path / "policies" / "q.yaml"
+    source.write_text(
+        f"version: 1\nmodel: {quantized_dir / 'nafnet_tiny_int8.onnx'}\n"
+        "inputs:\n  input: {shape: [1, 3, 64, 64]}\n"
+        "precision: {default: fp16}\n"
+        "accuracy:\n  samples: 1\n  reference_model: ../models/nafnet_tiny.onnx\n"
+        "  tolerances: {default: {atol: 1, rtol: 1}}\n"
+    )
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "nafnet_tiny.onnx").write_bytes(
+        (quantized_dir / "nafnet_tiny.onnx").read_bytes()
+    )
+    out = tmp_path / "elsewhere" / "deeper" / "tuned.yaml"
+    out.parent.mkdir(parents=True)
+    assert main(["tune", "--policy", str(source), "-o", str(out)]) == 0
+    tuned = load_policy(out)
+    assert tuned.accuracy.reference_model == (tmp_path / "models" / "nafnet_tiny.onnx").resolve()

@@ -7,6 +7,7 @@ from typing import Any
 
 from trtbuild import __version__
 from trtbuild.accuracy import risk
+from trtbuild.accuracy.breakdown import split_error
 from trtbuild.accuracy.judge import Candidate, judge_all
 from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
@@ -19,7 +20,28 @@ from trtbuild.precision.convert import Converted
 def report_warnings(front: Front) -> list[str]:
     """Every warning `check` prints and the report lists: the rules', the conversion's, the
     FP16 boundaries' and what control flow leaves unmeasured."""
-    return front.warnings + boundary_warnings(front) + body_warnings(front)
+    return (
+        front.warnings
+        + boundary_warnings(front)
+        + body_warnings(front)
+        + unmeasured_quantization(front)
+    )
+
+
+def unmeasured_quantization(front: Front) -> list[str]:
+    """A quantized model judged without `accuracy.reference_model`: the reference is the
+    quantized graph itself, so only the FP16 part of the error is measured."""
+    if front.policy.accuracy.reference_model is not None:
+        return []
+    qdq = len(front.analysis.qdq().nodes)
+    if not qdq:
+        return []
+    return [
+        f"the model is quantized ({qdq} QuantizeLinear/DequantizeLinear nodes) and is judged "
+        "against its own FP32 run: the quantization's own error is not measured, only the FP16 "
+        "part; set accuracy.reference_model to the model before quantization to judge what "
+        "ships against what was trained"
+    ]
 
 
 def body_warnings(front: Front) -> list[str]:
@@ -101,8 +123,9 @@ def evaluate_all(
         model, spec = front.prepared.model, policy.accuracy
         verdicts = judge_all(run.reference, model, candidates, run.feeds, spec, verbose=verbose)
         point = run.point
+        split = split_error(run.reference, verdicts[0], spec, verbose)  # reference_model only
         per_shape.append(
-            ShapeVerdict(point.name, point.shapes, verdicts[0], verdicts[1], dict(run.data))
+            ShapeVerdict(point.name, point.shapes, verdicts[0], verdicts[1], dict(run.data), split)
         )
         firsts = firsts or verdicts
     main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk

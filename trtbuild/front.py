@@ -20,7 +20,9 @@ from trtbuild.accuracy.points import ShapePoint, shape_points
 from trtbuild.accuracy.reference import (
     ReferenceMeasures,
     ReferenceTensors,
+    against_reference_model,
     check_finite,
+    check_reference_model,
     run_reference,
 )
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
@@ -123,6 +125,9 @@ def run_front(
     view = GraphView(prepared.model)
     analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
     check_quantized(policy, analysis)  # TensorRT's Q/DQ rules, before any other work
+    original = policy.accuracy.reference_model
+    if original is not None:  # before anything runs: exit 2 naming the field
+        check_reference_model(prepared.model, original, str(policy.path))
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -226,6 +231,8 @@ def _shape_run(
         if not type(exc).__module__.startswith("onnxruntime"):
             raise
         raise _cannot_run(policy, point, exc) from None
+    if ref is not None and policy.accuracy.reference_model is not None:
+        ref = against_reference_model(ref, policy.accuracy.reference_model, feeds)
     return ShapeRun(point, feeds, measures, ref, made.data)
 
 

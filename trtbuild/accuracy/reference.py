@@ -23,6 +23,7 @@ the reference again beside a candidate where it compares them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,18 @@ class ReferenceTensors:
 
     measures: ReferenceMeasures
     run_results: Any = field(repr=False, default=None)  # graph outputs of every feed
+    # with `accuracy.reference_model`, `run_results` are that model's outputs; these are the
+    # graph's own FP32 outputs (the quantized graph's), and `original` names the model
+    graph_results: Any = field(repr=False, default=None)
+    original: Path | None = None
+
+    @property
+    def quantized(self) -> ReferenceTensors | None:
+        """The graph's own FP32 run as a reference (the FP16 part is judged against it)."""
+        if self.graph_results is None:
+            return None
+        iterations = self.graph_results[QUANTIZED_FP32]
+        return ReferenceTensors(self.measures, _as_reference(iterations))
 
 
 def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:
@@ -250,3 +263,145 @@ def _bad_weight(view: GraphView, node) -> str | None:
             if np.issubdtype(w.dtype, np.floating) and not np.isfinite(w).all():
                 return t
     return None
+
+
+# The label of the quantized graph's own FP32 outputs where a reference model is judged against.
+QUANTIZED_FP32 = "onnxrt-fp32-quantized"
+
+
+def check_reference_model(model: onnx.ModelProto, path: Path, where: str) -> None:
+    """Exit 2 unless the reference model takes the same inputs and gives the same outputs
+    (names, element types, and every dim both declare as a number) as `model`.
+
+    Why before anything runs: the judge feeds both the same tensors and compares their
+    outputs by name; a mismatch found later would be a traceback from ONNX Runtime.
+    """
+    from trtbuild.graph.model_io import check_model_file
+
+    field = "accuracy.reference_model"
+    fix = "name the unquantized model the quantized one was made from (same inputs and outputs)"
+    check_model_file(path, what="reference model")
+    try:
+        original = onnx.load(str(path), load_external_data=False)  # the graph's I/O only
+    except Exception as exc:
+        raise UsageError(
+            f"{field}: {path} is not a readable ONNX model ({type(exc).__name__})",
+            where=where,
+            hint=fix,
+        ) from None
+    for kind in ("input", "output"):
+        mine, theirs = _io(model, kind), _io(original, kind)
+        if set(mine) != set(theirs):
+            raise UsageError(
+                f"{field}: {path.name} has {kind}s {sorted(theirs)}, the model {sorted(mine)}",
+                where=where,
+                hint=fix,
+            )
+        for name, (dtype, dims) in mine.items():
+            other_dtype, other_dims = theirs[name]
+            if dtype != other_dtype or not _dims_agree(dims, other_dims):
+                raise UsageError(
+                    f"{field}: {kind} '{name}' is {_io_text(other_dtype, other_dims)} in "
+                    f"{path.name} but {_io_text(dtype, dims)} in the model",
+                    where=where,
+                    hint=fix,
+                )
+
+
+def _io(model: onnx.ModelProto, kind: str) -> dict[str, tuple[int, list[int | str | None]]]:
+    """name -> (element type, dims: a number, a symbol or None) of the graph's inputs/outputs."""
+    inits = {t.name for t in model.graph.initializer}
+    values = model.graph.input if kind == "input" else model.graph.output
+    out = {}
+    for vi in values:
+        if vi.name in inits:
+            continue  # an initializer listed as an input (IR < 4) is not fed
+        t = vi.type.tensor_type
+        dims = (
+            [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+            if t.HasField("shape")
+            else None
+        )
+        out[vi.name] = (t.elem_type, dims)
+    return out
+
+
+def _dims_agree(a: list | None, b: list | None) -> bool:
+    """Unknown ranks agree with anything; a symbolic dim with any dim; numbers must be equal."""
+    if a is None or b is None:
+        return True
+    if len(a) != len(b):
+        return False
+    return all(not isinstance(x, int) or not isinstance(y, int) or x == y for x, y in zip(a, b))
+
+
+def _io_text(dtype: int, dims: list | None) -> str:
+    shown = (
+        "?" if dims is None else "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+    )
+    return f"{onnx.TensorProto.DataType.Name(dtype).lower()} {shown}"
+
+
+def against_reference_model(
+    reference: ReferenceTensors, path: Path, feeds: list[Feed]
+) -> ReferenceTensors:
+    """`reference` with the reference model's outputs as what the judge compares against,
+    the graph's own FP32 outputs kept beside them (`graph_results`).
+
+    The reference model runs whole (only its outputs are kept) in an ONNX Runtime session
+    with optimizations off, as the reference itself runs; the measures (peaks, internals,
+    the walk) stay the graph's: tensor by tensor only the graph itself can be followed.
+    """
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.sessions import lean_session, run_session
+
+    outputs = reference.measures.outputs
+    try:
+        session = lean_session(str(path))  # a path: external data is found beside it
+        names = [i.name for i in session.get_inputs()]
+        iterations = []
+        with quiet_polygraphy():
+            for k, feed in enumerate(feeds):
+                values = run_session(
+                    session, outputs, {n: feed[n] for n in names}, shrink=k == len(feeds) - 1
+                )
+                iterations.append(
+                    IterationResult(dict(zip(outputs, values)), runner_name=REFERENCE)
+                )
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        raise UsageError(
+            f"accuracy.reference_model: ONNX Runtime cannot run {path.name} on the policy's data: "
+            f"{str(exc).strip()[:300]}",
+            where=str(path),
+            hint="name the unquantized model the quantized one was made from (same inputs and "
+            "outputs)",
+        ) from None
+    results = RunResults()
+    results.append((REFERENCE, iterations))
+    quantized = RunResults()
+    quantized.append(
+        (
+            QUANTIZED_FP32,
+            [
+                IterationResult(dict(it.items()), runner_name=QUANTIZED_FP32)
+                for it in reference.run_results[REFERENCE]
+            ],
+        )
+    )
+    return ReferenceTensors(reference.measures, results, quantized, path)
+
+
+def _as_reference(iterations: list) -> Any:
+    """Polygraphy `RunResults` holding `iterations` as the reference's."""
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import IterationResult
+
+    results = RunResults()
+    results.append(
+        (REFERENCE, [IterationResult(dict(it.items()), runner_name=REFERENCE) for it in iterations])
+    )
+    return results

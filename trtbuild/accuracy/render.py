@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from trtbuild.accuracy.points import MADE_UP
@@ -78,6 +79,7 @@ def summary(report: Report) -> str:
         lines.append(f"  at {shapes[0].label}:")
     indent = "    " if shapes else "  "
     lines += [_output_line(name, m, indent) for name, m in main.outputs.items()]
+    lines += split_lines(report.split, indent)
     for s in shapes[1:]:
         bad = {n: m for n, m in s.main.outputs.items() if not m.passed}
         lines.append(f"  at {s.label}: {'FAIL' if bad else 'pass'}")
@@ -133,10 +135,35 @@ def verdict_line(report: Report) -> str:
         where = f" at {', '.join(failing)}" + (
             f"; passed at {', '.join(passing)}" if passing else ""
         )
+    if report.split is not None:
+        how += f", against {Path(report.split.reference_model).name} before quantization"
     return (
         f"{'PASSED' if report.passed else 'FAILED'}{where} ({how}{'; ' + data if data else ''}): "
         f"{p.share_text()}, {len(p.pinned)} node(s) pinned to FP32"
     )
+
+
+def split_lines(split: Any, indent: str = "  ") -> list[str]:
+    """With `accuracy.reference_model`: each output's error split into the quantization's
+    own and the FP16 part, and the outputs no FP32 pin can fix."""
+    if split is None:
+        return []
+    lines = []
+    for name in split.parts["policy_vs_original"]:
+        q = split.parts["quantized_vs_original"][name]
+        h = split.parts["policy_vs_quantized"][name]
+        lines.append(
+            f"{indent}{name}: quantization alone max_abs={fmt(q.max_abs)} "
+            f"median_abs={fmt(q.median_abs)} ({'pass' if q.passed else 'FAIL'}); FP16 part "
+            f"max_abs={fmt(h.max_abs)} median_abs={fmt(h.median_abs)}"
+        )
+    failing = split.quantization_fails()
+    if failing:
+        lines.append(
+            f"{indent}the quantization alone fails the tolerances on {', '.join(failing)}: "
+            "no FP32 pin can fix that (re-quantize, or loosen the tolerances)"
+        )
+    return lines
 
 
 def _output_line(name: str, m: Any, indent: str = "  ") -> str:

@@ -18,6 +18,7 @@ from trtbuild.accuracy.sessions import EMULATED, REFERENCE, OutputMetrics
 from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:
+    from trtbuild.accuracy.breakdown import ErrorSplit
     from trtbuild.accuracy.judge import Verdict
     from trtbuild.accuracy.points import ShapePoint
     from trtbuild.precision.assign import PrecisionSummary
@@ -54,6 +55,7 @@ class ShapeVerdict:
     main: Verdict
     fp16: Verdict
     data: dict[str, InputData] = field(default_factory=dict)  # where each input's data is from
+    split: ErrorSplit | None = None  # with accuracy.reference_model: the error in two parts
 
     @property
     def label(self) -> str:
@@ -70,6 +72,7 @@ class ShapeVerdict:
             "at_risk": self.main.at_risk,
             "first_divergence": self.main.first_divergence,
             "walked": self.main.walked,
+            "reference_model": self.split.to_json() if self.split else None,
             "baselines": {
                 "fp16": {
                     "passed": self.fp16.passed,
@@ -151,6 +154,11 @@ class Report:
         return list(found.values())
 
     @property
+    def split(self) -> ErrorSplit | None:
+        """The primary point's error split (`accuracy.reference_model`), else None."""
+        return self.shapes[0].split if self.shapes else None
+
+    @property
     def divergence_evaluator(self) -> str:
         return f"{EMULATED} ({self.emulation})"
 
@@ -175,6 +183,7 @@ class Report:
             "samples": self.samples,
             "precision": self.precision.to_json(),
             "baselines": baselines,
+            "reference_model": self.split.to_json() if self.split else None,
             "divergence_threshold": self.divergence_threshold,
             "warnings": self.warnings,
             "trtbuild_version": self.version,
@@ -263,7 +272,7 @@ def header(report: Report) -> list[str]:
     lines = [
         f"policy: `{report.policy}`",
         f"model: `{report.model}`",
-        f"evaluator: **{main.evaluator}**{how} against the ONNX Runtime FP32 reference, "
+        f"evaluator: **{main.evaluator}**{how} against {reference_text(report)}, "
         f"{report.samples} sample(s); first divergence and error curve from "
         f"**{report.divergence_evaluator}**",
         f"precision: {p.fp16_nodes} FP16, {p.bf16_nodes} BF16{_quantized_counts(p)} and "
@@ -302,6 +311,13 @@ def _quantized_counts(p: PrecisionSummary) -> str:
     )
 
 
+def reference_text(report: Report) -> str:
+    """What the outputs are judged against: the model's FP32 run, or the reference model's."""
+    if report.split is None:
+        return "the ONNX Runtime FP32 reference"
+    return f"the model before quantization (`{report.split.reference_model}`, ONNX Runtime FP32)"
+
+
 def sections(report: Report) -> list[Section]:
     """Every section of report.md and report.html, in order."""
     out = [
@@ -318,6 +334,8 @@ def sections(report: Report) -> list[Section]:
         _baseline_section(report),
         _at_risk_section(report),
     ]
+    if report.split is not None:
+        out.insert(1, _split_section(report.split))
     if len(report.shapes) > 1 or report.skipped:
         out.insert(1, _shapes_section(report))
     if report.fp32 is not None:
@@ -331,6 +349,38 @@ def sections(report: Report) -> list[Section]:
     if report.warnings:
         out.append(Section("Warnings", [Para(w) for w in report.warnings]))
     return out
+
+
+def _split_section(split: ErrorSplit) -> Section:
+    """Each output's error against the model before quantization, and its two parts."""
+    from trtbuild.accuracy.breakdown import PARTS
+
+    rows = [
+        (f"`{name}`", PARTS[part], "pass" if m.passed else "**FAIL**", fmt(m.max_abs),
+         fmt(m.median_abs), fmt(m.max_abs_of_range), fmt(m.cosine), fmt(m.psnr), str(m.nonfinite))
+        for name in split.parts["policy_vs_original"]
+        for part, by_output in split.parts.items()
+        for m in [by_output[name]]
+    ]  # fmt: skip
+    head = ("output", "comparison", "verdict", "max_abs", "median_abs", "max_abs_of_range",
+            "cosine", "psnr", "nonfinite")  # fmt: skip
+    text = (
+        f"The tolerances apply against `{split.reference_model}`, the model before "
+        "quantization. The quantization alone is the quantized graph run in FP32 (Q/DQ as "
+        "ONNX Runtime runs them) against it: no FP32 pin removes that part. The FP16 part is "
+        "the policy against the quantized graph in FP32: what pins change."
+    )
+    blocks: list[Para | Table | Plot] = [Para(text), Table(head, rows)]
+    failing = split.quantization_fails()
+    if failing:
+        blocks.append(
+            Para(
+                f"**The quantization alone fails the tolerances** on {', '.join(failing)}: "
+                "re-quantize (calibration data, per-channel scales, leave layers unquantized) "
+                "or loosen the tolerances; pinning layers to FP32 cannot fix it."
+            )
+        )
+    return Section("Against the model before quantization", blocks)
 
 
 def _shapes_section(report: Report) -> Section:
@@ -494,4 +544,23 @@ def _engines_section(build: BuildRecord) -> Section:
     audit = build.layer_audit or {}
     if audit:
         blocks.append(Para(_audit_text(audit)))
+    blocks += [
+        Para(int8_text(name, e["int8_kernels"]))
+        for name, e in build.engines.items()
+        if e.get("int8_kernels")
+    ]
     return Section("Engines", blocks)
+
+
+def int8_text(variant: str, check: dict[str, Any]) -> str:
+    """Whether the quantized ops of an engine run INT8 kernels (`int8_kernels` in build.json):
+    the inspector's finding on a GPU, or said as not checked."""
+    head = f"INT8 kernels ({variant}, {check['evaluator']}): "
+    if not check.get("checked"):
+        return head + check.get("why", "not checked")
+    done, missing = check.get("int8_ops", []), check.get("not_int8", [])
+    text = f"{len(done)} of {check['quantized_ops']} quantized ops run INT8"
+    if missing:
+        shown = ", ".join(f"`{m}`" for m in missing[:5]) + (" …" if len(missing) > 5 else "")
+        text += f"; **not INT8**: {shown}"
+    return head + text + "."

@@ -124,9 +124,10 @@ class BuildResult:
     layers: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    int8_kernels: dict[str, Any] | None = None  # a quantized model's: `int8_check`
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out = {
             "backend": self.backend,
             "version": self.version,
             "engine_bytes": len(self.engine),
@@ -134,6 +135,9 @@ class BuildResult:
             "memory": self.memory,
             "builder_warnings": self.warnings,  # TensorRT's own, as its logger said them
         }
+        if self.int8_kernels is not None:
+            out["int8_kernels"] = self.int8_kernels
+        return out
 
 
 @contextlib.contextmanager
@@ -183,6 +187,10 @@ def _build_engine(
         raise BackendError(f"{backend}: cannot create a builder", hint=_last_errors(messages))
     network, _parser = _parse(trt, builder, logger, onnx_path, backend)
     config = _config(trt, builder, spec, backend)
+    layers = _layers(network)
+    quantized = any(layer["type"] == "DEQUANTIZE" for layer in layers)
+    if quantized and backend == "tensorrt":  # the inspector then names each layer's formats
+        config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     _add_profile(trt, builder, network, config, inputs)
     cache = _load_timing_cache(config, spec.timing_cache)
     monitor = _cancel_monitor(trt, interrupted)
@@ -198,15 +206,107 @@ def _build_engine(
         raise BackendError(f"{backend} engine build failed", hint=_last_errors(messages))
     _save_timing_cache(config, cache, spec.timing_cache)
     warnings = [msg for sev, msg in messages if sev == "WARNING"]
+    engine = bytes(serialized)
     return BuildResult(
         backend,
         trt.__version__,
-        bytes(serialized),
+        engine,
         seconds,
-        _layers(network),
+        layers,
         _memory(messages),
         warnings,
+        int8_check(engine, backend, onnx_path) if quantized else None,
     )
+
+
+# Whether a quantized engine really runs INT8 kernels is TensorRT's choice, made in the build
+# (full TensorRT) or when the engine is loaded (TensorRT-RTX); only the engine itself says it.
+INSPECTOR = "tensorrt engine inspector (needs a GPU)"
+NEEDS_GPU = (
+    "not checked: needs a GPU (the engine inspector reads the engine deserialized on a CUDA "
+    "device); build on a GPU machine with backend tensorrt to see which layers run INT8"
+)
+RTX_JIT = (
+    "not checked: TensorRT-RTX chooses its kernels when the engine is loaded on the GPU; build "
+    "with backend tensorrt on a GPU machine to see which layers run INT8"
+)
+
+
+def int8_check(engine: bytes, backend: str, onnx_path: Path) -> dict[str, Any]:
+    """Which of the model's quantized ops (Conv/MatMul/Gemm fed by DQs) run INT8 kernels in the
+    engine, from TensorRT's engine inspector; said as not checked, never guessed, where no GPU
+    (or no full TensorRT) can read the engine."""
+    ops = quantized_op_names(onnx_path)
+    base: dict[str, Any] = {"evaluator": INSPECTOR, "quantized_ops": len(ops)}
+    if not gpu_available():
+        return {**base, "checked": False, "why": NEEDS_GPU}
+    if backend != "tensorrt":
+        return {**base, "checked": False, "why": RTX_JIT}
+    return {**base, "checked": True, **int8_layers(_engine_information(engine, backend), ops)}
+
+
+def quantized_op_names(onnx_path: Path) -> list[str]:
+    """The names of the ops TensorRT should run as INT8 (or FP8) kernels (`graph.qdq`)."""
+    import onnx
+
+    from trtbuild.graph.qdq import QdqGraph
+    from trtbuild.graph.view import GraphView
+
+    view = GraphView(onnx.load(str(onnx_path)))
+    return [view.nodes[i].name for i in QdqGraph(view).quantized_ops]
+
+
+def _engine_information(engine: bytes, backend: str) -> dict[str, Any]:
+    """The engine inspector's layer information (JSON), the engine deserialized on the GPU."""
+    import json
+
+    trt = importlib.import_module(MODULES[backend])
+    runtime = trt.Runtime(_logger(trt, []))
+    deserialized = runtime.deserialize_cuda_engine(engine)
+    if deserialized is None:
+        raise BackendError(f"{backend} cannot deserialize the engine it built on this GPU")
+    inspector = deserialized.create_engine_inspector()
+    return json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
+
+
+def int8_layers(information: dict[str, Any], ops: list[str]) -> dict[str, Any]:
+    """From the inspector's `Layers`: the INT8 layers and which quantized ops none of them holds.
+
+    A layer runs INT8 math when an input's `Format/Datatype` is Int8 and neither its weights
+    nor its tactic are float (an Int8 input to a float kernel is only a reformat); the ONNX
+    nodes a layer holds are its `Metadata` entries (`[ONNX Layer: NAME]`), else the parts of
+    its fused name.
+    """
+    int8, held = [], set()
+    for layer in information.get("Layers", []):
+        if not isinstance(layer, dict) or not _runs_int8(layer):
+            continue
+        int8.append(str(layer.get("Name", "")))
+        held.update(_onnx_names(layer))
+    return {
+        "int8_layers": len(int8),
+        "int8_ops": [op for op in ops if op in held],
+        "not_int8": [op for op in ops if op not in held],
+    }
+
+
+def _runs_int8(layer: dict[str, Any]) -> bool:
+    formats = [
+        str(t.get("Format/Datatype", "")) for t in layer.get("Inputs", []) if isinstance(t, dict)
+    ]
+    if not any(f.lower().startswith("int8") for f in formats):
+        return False
+    weights = layer.get("Weights")
+    if isinstance(weights, dict) and str(weights.get("Type", "Int8")).lower() != "int8":
+        return False
+    tactic = str(layer.get("TacticName", "")).lower()
+    return not any(f in tactic for f in ("f32f32", "f16f16", "h884", "s1688"))
+
+
+def _onnx_names(layer: dict[str, Any]) -> set[str]:
+    meta = str(layer.get("Metadata", ""))
+    names = set(re.findall(r"\[ONNX Layer: ([^\]]+)\]", meta))
+    return names or {n.strip() for n in str(layer.get("Name", "")).split(" + ")}
 
 
 def _logger(trt: Any, messages: list[tuple[str, str]]) -> Any:

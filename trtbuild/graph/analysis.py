@@ -10,11 +10,13 @@ keeps the one its stages and `tune`'s trials share).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from trtbuild.graph.view import GraphView
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 class Analysis:
@@ -29,17 +31,39 @@ class Analysis:
             self._found[name] = find()
         return self._found[name]
 
+    def see_through(self) -> tuple[Analysis, tuple[int, ...] | None]:
+        """The analysis of the float graph under this one's Q→DQ pairs
+        (`graph.seethrough`) and each of its nodes' index here; (self, None) where the
+        graph has no Q/DQ node. The structural findings below are made there and mapped
+        back, so a quantized model's units are its float original's."""
+
+        def find() -> tuple[Analysis, tuple[int, ...] | None]:
+            from trtbuild.graph.seethrough import see_through
+
+            seen = see_through(self.view, self.qdq())
+            return (self, None) if seen is None else (Analysis(seen.view), seen.back)
+
+        return self._once("see_through", find)
+
     def norm_units(self) -> tuple:
-        """Every normalization unit (`graph.norms.norm_units`)."""
+        """Every normalization unit (`graph.norms.norm_units`), seen through Q/DQ."""
         from trtbuild.graph.norms import norm_units
 
-        return self._once("norm_units", lambda: norm_units(self.view))
+        inner, back = self.see_through()
+        if back is None:
+            return self._once("norm_units", lambda: norm_units(self.view))
+        return self._once("norm_units", lambda: tuple(mapped(u, back) for u in inner.norm_units()))
 
     def attention_units(self) -> tuple:
-        """Every attention block (`graph.attention.attention_units`)."""
+        """Every attention block (`graph.attention.attention_units`), seen through Q/DQ."""
         from trtbuild.graph.attention import attention_units
 
-        return self._once("attention_units", lambda: attention_units(self.view))
+        inner, back = self.see_through()
+        if back is None:
+            return self._once("attention_units", lambda: attention_units(self.view))
+        return self._once(
+            "attention_units", lambda: tuple(mapped(u, back) for u in inner.attention_units())
+        )
 
     def qdq(self):
         """The Q/DQ index (`graph.qdq.QdqGraph`): pairs, formats, scales, DQ-fed ops."""
@@ -50,6 +74,16 @@ class Analysis:
     def weight_peaks(self) -> dict[str, float]:
         """Largest finite |value| of every float initializer."""
         return self._once("weight_peaks", lambda: _weight_peaks(self.view))
+
+
+def mapped(unit: U, back: tuple[int, ...]) -> U:
+    """A unit found in the float graph, its node indices (`nodes`, an attention block's
+    `output`) those of the quantized graph; its tensor names are the float graph's, which the
+    quantized graph holds too (a Q's input, a DQ's output)."""
+    changes: dict[str, Any] = {"nodes": tuple(back[i] for i in unit.nodes)}
+    if isinstance(getattr(unit, "output", None), int):
+        changes["output"] = back[unit.output]
+    return replace(unit, **changes)
 
 
 def _weight_peaks(view: GraphView) -> dict[str, float]:

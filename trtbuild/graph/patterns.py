@@ -35,7 +35,9 @@ def _layernorm(analysis: Analysis, last: int | None) -> dict[int, str]:
 def _layernorm_after_attention(analysis: Analysis, last: int | None) -> dict[int, str]:
     from trtbuild.graph.attention import norms_after_attention
 
-    return norms_after_attention(analysis.view, analysis.attention_units(), analysis.norm_units())
+    inner, back = analysis.see_through()  # the flow is followed in the float graph
+    found = norms_after_attention(inner.view, inner.attention_units(), inner.norm_units())
+    return _back(found, back)
 
 
 def _attention(analysis: Analysis, last: int | None) -> dict[int, str]:
@@ -50,7 +52,13 @@ def _softmax(analysis: Analysis, last: int | None) -> dict[int, str]:
 def _final_reductions(analysis: Analysis, last: int | None) -> dict[int, str]:
     from trtbuild.graph.reductions import final_reductions
 
-    return final_reductions(analysis.view, last)
+    inner, back = analysis.see_through()
+    return _back(final_reductions(inner.view, last), back)
+
+
+def _back(found: dict[int, str], back: tuple[int, ...] | None) -> dict[int, str]:
+    """Findings in the float graph (`Analysis.see_through`) as indices of the graph itself."""
+    return found if back is None else {back[i]: why for i, why in found.items()}
 
 
 PATTERNS: dict[str, Pattern] = {

@@ -14,13 +14,19 @@ and leave anything they cannot rewrite exactly as it was, saying why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from trtbuild.graph import subgraphs
+from trtbuild.graph.analysis import mapped
 from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
+from trtbuild.graph.qdq import QDQ_OPS
+from trtbuild.graph.seethrough import SeenThrough, see_through
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.basic import PassRecord, copied
 
@@ -32,7 +38,9 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     record = PassRecord("fuse_layernorm", details={"fused": [], "not_fused": []})
     model = infer_shapes(model)
     view = GraphView(model)
-    units = [u for u in norm_units(view) if u.kind == "layernorm" and _main(view, u.nodes)]
+    seen = see_through(view)  # a quantized graph's units are found in its float graph
+    inner = seen.view if seen is not None else view
+    units = [u for u in norm_units(inner) if u.kind == "layernorm" and _main(inner, u.nodes)]
     if view.body_of:
         record.details["subgraphs"] = (
             "not searched: units inside control-flow bodies stay as exported"
@@ -43,7 +51,11 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     replaced: dict[int, onnx.NodeProto] = {}
     removed: set[int] = set()
     for unit in units:
-        plan = _plan(view, unit)
+        plan = _plan(inner, unit)
+        if seen is not None and not isinstance(plan, str):
+            plan = _quantized_plan(view, seen, unit, plan)
+        if seen is not None:
+            unit = mapped(unit, seen.back)
         if isinstance(plan, str) or too_old:
             why = (
                 plan
@@ -67,6 +79,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
         nodes = [
             replaced.get(i, view.nodes[i]) for i in view.top if i not in removed or i in replaced
         ]
+        nodes = _without_dangling_qdq(view, nodes)
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         drop_unused_initializers(model)
@@ -145,6 +158,63 @@ def _plan(view: GraphView, unit: NormUnit) -> tuple[onnx.NodeProto, list[onnx.Te
     return node, inits
 
 
+def _quantized_plan(
+    view: GraphView, seen: SeenThrough, unit: NormUnit, plan: tuple
+) -> tuple[onnx.NodeProto, list[onnx.TensorProto]] | str:
+    """The fused node of a unit found in the float graph, reading what the quantized graph's
+    nodes read; or why not: a Q→DQ pair between two of its nodes quantizes an intermediate
+    (ONNX Runtime's `quantize_static` quantizes the variance, the Div, the Mul), and one
+    LayerNormalization would drop it. The unit stays whole and decomposed (a `layernorm`
+    rule still pins it as one). Its weights' DQs are exact: their values become its scale
+    and bias."""
+    node, inits = plan
+    members = {seen.back[i] for i in unit.nodes}
+    for i in sorted(members):
+        for t in view.nodes[i].input:
+            dq = view.producer.get(t)
+            if t not in seen.alias or dq is None:
+                continue
+            q = view.producer.get(view.nodes[dq].input[0])
+            source = view.producer.get(seen.alias[t])
+            if source in members and q is not None:
+                return (
+                    f"Q/DQ pair {view.nodes[q].name} quantizes its intermediate "
+                    f"{seen.alias[t]!r} between {view.nodes[source].name} and "
+                    f"{view.nodes[i].name}; one LayerNormalization would drop that quantization "
+                    "(kept as a decomposed unit; quantize without Q/DQ inside normalizations, "
+                    "as ModelOpt does, to have it fused)"
+                )
+    fused = onnx.NodeProto()
+    fused.CopyFrom(node)
+    for i in sorted(members):  # the input as the quantized graph's node reads it (a DQ's output)
+        for t in view.nodes[i].input:
+            if seen.alias.get(t, t) == node.input[0]:
+                fused.input[0] = t
+                return fused, inits
+    return fused, inits
+
+
+def _without_dangling_qdq(view: GraphView, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """`nodes` without the Q/DQ nodes a rewrite left unread (a fused unit's weight DQs, its
+    epsilon's pair, a folded Conv's old weight DQ), followed upstream. A Q/DQ that nothing
+    read before the rewrite is not the rewrite's to remove."""
+    was_read = {
+        id(view.nodes[i])
+        for i in view.top
+        if view.nodes[i].op_type in QDQ_OPS
+        and any(view.consumers.get(o) or o in view.outputs for o in view.nodes[i].output)
+    }
+    outputs = set(view.outputs)
+    while True:
+        read = {t for n in nodes for t in subgraphs.node_reads(n)} | outputs
+        gone = {
+            id(n) for n in nodes if id(n) in was_read and not any(o in read for o in n.output if o)
+        }
+        if not gone:
+            return nodes
+        nodes = [n for n in nodes if id(n) not in gone]
+
+
 def _rank(view: GraphView, tensor: str | None) -> int | None:
     t = view.shape.get(tensor or "")
     if t is None or not t.tensor_type.HasField("shape"):
@@ -204,10 +274,17 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
         model.graph.initializer.extend(inits)
         replaced[conv_index] = conv
         removed.add(i)
-        record.details["folded"].append({"name": conv.name, "batchnorm": bn.name})
+        name = conv[-1].name if isinstance(conv, tuple) else conv.name
+        record.details["folded"].append({"name": name, "batchnorm": bn.name})
     record.changed = len(record.details["folded"])
     if record.changed:
-        nodes = [replaced.get(i, view.nodes[i]) for i in view.top if i not in removed]
+        nodes = [
+            n
+            for i in view.top
+            if i not in removed or i in replaced
+            for n in _as_nodes(replaced.get(i, view.nodes[i]))
+        ]
+        nodes = _without_dangling_qdq(view, nodes)  # an old weight DQ no Conv reads now
         del model.graph.node[:]
         model.graph.node.extend(nodes)
         drop_unused_initializers(model)
@@ -216,6 +293,8 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
 
 def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
     bn = view.nodes[bn_index]
+    if conv_index is not None and view.nodes[conv_index].op_type == "DequantizeLinear":
+        return _behind_pair(view, conv_index)
     if conv_index is None or view.nodes[conv_index].op_type != "Conv":
         return "not fed by a Conv"
     conv = view.nodes[conv_index]
@@ -223,17 +302,18 @@ def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
         return "training-mode BatchNormalization"
     if conv.output[0] in view.outputs or len(view.consumers.get(conv.output[0], [])) != 1:
         return f"the Conv output {conv.output[0]!r} is used elsewhere"
-    params = [*conv.input[1:], *bn.input[1:]]
+    weight_dq = _weight_dq(view, conv)
+    params = [*conv.input[1 if weight_dq is None else 2 :], *bn.input[1:]]
     missing = [t for t in params if t and t not in view.initializers]
     if missing:
         return f"{missing[0]!r} is not a constant"
+    if weight_dq is not None:
+        return _fold_quantized(view, conv, bn, weight_dq)
     w = view.initializer_array(conv.input[1])
     b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-    gamma, beta, mean, var = (view.initializer_array(t).astype(np.float64) for t in bn.input[1:5])
-    eps = next((helper.get_attribute_value(a) for a in bn.attribute if a.name == "epsilon"), 1e-5)
-    s = gamma / np.sqrt(var + eps)
+    s, fold_bias = _bn_affine(view, bn)
     w2 = (w.astype(np.float64) * s.reshape(-1, *[1] * (w.ndim - 1))).astype(w.dtype)
-    b2 = (((b.astype(np.float64) if b is not None else 0.0) - mean) * s + beta).astype(w.dtype)
+    b2 = fold_bias(b).astype(w.dtype)
     inits = [
         numpy_helper.from_array(w2, f"{conv.name}.weight_bnfolded"),
         numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"),
@@ -244,6 +324,141 @@ def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
     folded.input.extend([conv.input[0], inits[0].name, inits[1].name])
     folded.output[0] = bn.output[0]
     return folded, inits
+
+
+def _as_nodes(node: onnx.NodeProto | tuple) -> tuple[onnx.NodeProto, ...]:
+    return node if isinstance(node, tuple) else (node,)
+
+
+def _bn_affine(view: GraphView, bn: onnx.NodeProto) -> tuple[np.ndarray, Callable]:
+    """BatchNorm as y = x * s + ... per channel (float64): `s`, and the folded bias of a
+    Conv bias `b` (None: no bias), ((b - mean) * s + beta)."""
+    gamma, beta, mean, var = (view.initializer_array(t).astype(np.float64) for t in bn.input[1:5])
+    eps = next((helper.get_attribute_value(a) for a in bn.attribute if a.name == "epsilon"), 1e-5)
+    s = gamma / np.sqrt(var + eps)
+
+    def fold_bias(b: np.ndarray | None) -> np.ndarray:
+        return ((b.astype(np.float64) if b is not None else 0.0) - mean) * s + beta
+
+    return s, fold_bias
+
+
+def _behind_pair(view: GraphView, dq: int) -> str:
+    """Why a BatchNorm behind a Q→DQ pair stays: folding would drop the pair's quantization."""
+    q = view.producer.get(view.nodes[dq].input[0])
+    conv = view.producer.get(view.nodes[q].input[0]) if q is not None else None
+    if q is None or conv is None or view.nodes[conv].op_type != "Conv":
+        return "not fed by a Conv"
+    return (
+        f"Q/DQ pair {view.nodes[q].name} quantizes the output of Conv {view.nodes[conv].name} "
+        "before the BatchNormalization; folding would drop that quantization (fold BatchNorm "
+        "before quantizing, as ONNX Runtime's quant_pre_process and ModelOpt do)"
+    )
+
+
+def _weight_dq(view: GraphView, conv: onnx.NodeProto) -> int | None:
+    """The DequantizeLinear that gives a Conv its weight, where one does."""
+    p = view.producer.get(conv.input[1]) if len(conv.input) > 1 else None
+    return p if p is not None and view.nodes[p].op_type == "DequantizeLinear" else None
+
+
+@dataclass(frozen=True)
+class _QuantizedWeight:
+    """A Conv weight behind a DQ: INT8 integers stored (ONNX Runtime's form), or a float
+    constant behind a Q (ModelOpt's), with its scale (per output channel, or one)."""
+
+    values: np.ndarray
+    scale: np.ndarray
+    stored: bool
+
+
+def _quantized_weight(view: GraphView, dq: onnx.NodeProto) -> _QuantizedWeight | str:
+    """The weight a DQ gives a Conv, or why it cannot be folded into exactly."""
+    ins = list(dq.input) + [""] * (3 - len(dq.input))
+    if not all(t in view.initializers for t in ins[1:] if t):
+        return f"the scale or zero point of the weight DQ {dq.name} is not a constant"
+    zero = view.initializer_array(ins[2]) if ins[2] else None
+    if zero is None or zero.dtype != np.int8 or np.any(zero):
+        return f"the weight DQ {dq.name} is not symmetric INT8"
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    scale = view.initializer_array(ins[1])
+    q = view.producer.get(ins[0])
+    if ins[0] in view.initializers:
+        values, stored = view.initializer_array(ins[0]), True
+    elif q is not None and view.nodes[q].op_type == "QuantizeLinear":
+        src = view.nodes[q].input[0]
+        if src not in view.initializers or list(view.nodes[q].input[1:]) != ins[1:]:
+            return f"the weight's Q {view.nodes[q].name} does not quantize a constant as its DQ"
+        values, stored = view.initializer_array(src), False
+    else:
+        return f"the weight DQ {dq.name} reads neither INT8 constants nor a Q of a constant"
+    if scale.size > 1 and axis % values.ndim != 0:
+        return f"the weight DQ {dq.name} is per-channel on axis {axis}, not the output channels"
+    return _QuantizedWeight(values, scale, stored)
+
+
+def _fold_quantized(view: GraphView, conv: onnx.NodeProto, bn: onnx.NodeProto, dq_index: int):
+    """Fold a BatchNorm into a Conv whose weight is INT8 behind a DequantizeLinear, exactly:
+    each output channel's scale is multiplied by |s|; stored integers stay (a channel with
+    s < 0 negated, so every scale stays > 0 as TensorRT requires), a float weight behind a Q
+    is multiplied by s. The bias, float, folds as a float Conv's does. The Conv gets its
+    own Q/DQ (the old ones may be shared)."""
+    weight = _quantized_weight(view, view.nodes[dq_index])
+    if isinstance(weight, str):
+        return weight
+    s, fold_bias = _bn_affine(view, bn)
+    if np.any(_integers(weight)[s < 0] <= -128):  # negated, -128 would be 128: saturated
+        return f"a channel with a negative BatchNorm scale holds -128 in {conv.input[1]!r}"
+    stem = f"{conv.name}.weight_bnfolded"
+    nodes, inits = _folded_weight(weight, s, stem)
+    b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+    b2 = fold_bias(b).astype(np.float32)
+    inits.append(numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"))
+    folded = onnx.NodeProto()
+    folded.CopyFrom(conv)
+    del folded.input[:]
+    folded.input.extend([conv.input[0], stem, inits[-1].name])
+    folded.output[0] = bn.output[0]
+    return (*nodes, folded), inits
+
+
+def _integers(weight: _QuantizedWeight) -> np.ndarray:
+    """The weight's INT8 values (a float weight as its Q rounds and saturates it)."""
+    if weight.stored:
+        return weight.values
+    per = (-1, *[1] * (weight.values.ndim - 1)) if weight.scale.size > 1 else ()
+    scale = weight.scale.astype(np.float64).reshape(per) if per else float(weight.scale)
+    return np.clip(np.rint(weight.values.astype(np.float64) / scale), -128, 127)
+
+
+def _folded_weight(
+    weight: _QuantizedWeight, s: np.ndarray, stem: str
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The weight times `s` per output channel as (Q and) DQ nodes writing `stem`."""
+    per = (-1, *[1] * (weight.values.ndim - 1))
+    scale = weight.scale
+    new_scale = (np.broadcast_to(scale.astype(np.float64), s.shape) * np.abs(s)).astype(scale.dtype)
+    if weight.stored:
+        flip = np.where(s < 0, -1, 1).astype(np.int8).reshape(per)
+        values = numpy_helper.from_array((weight.values * flip).astype(np.int8), f"{stem}_int8")
+    else:
+        w2 = (weight.values.astype(np.float64) * s.reshape(per)).astype(weight.values.dtype)
+        values = numpy_helper.from_array(w2, f"{stem}_float")
+    inits = [
+        values,
+        numpy_helper.from_array(new_scale, f"{stem}_scale"),
+        numpy_helper.from_array(np.zeros(s.shape, np.int8), f"{stem}_zero_point"),
+    ]
+    params = [inits[1].name, inits[2].name]
+    nodes, quantized = [], values.name
+    if not weight.stored:
+        quantized = f"{stem}_quantized"
+        q = helper.make_node("QuantizeLinear", [values.name, *params], [quantized], axis=0)
+        q.name = f"{stem}_QuantizeLinear"
+        nodes.append(q)
+    dq = helper.make_node("DequantizeLinear", [quantized, *params], [stem], axis=0)
+    dq.name = f"{stem}_DequantizeLinear"
+    return [*nodes, dq], inits
 
 
 def drop_unused_initializers(model: onnx.ModelProto) -> int:

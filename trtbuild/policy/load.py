@@ -427,7 +427,7 @@ def _accuracy(a: dict, policy_dir: Path, loc: _Located) -> AccuracySpec:
         (name, _tolerance({**base, **(t or {})}, (*where, "outputs", name), loc))
         for name, t in (tol.get("outputs") or {}).items()
     )
-    return AccuracySpec(
+    spec = AccuracySpec(
         **given(a, AccuracySpec, policy_dir),
         default_tolerance=default_tol,
         output_tolerances=outputs,
@@ -436,6 +436,16 @@ def _accuracy(a: dict, policy_dir: Path, loc: _Located) -> AccuracySpec:
             for name, raw in (a.get("shapes") or {}).items()
         ),
     )
+    original = spec.reference_model
+    if original is not None and not original.is_file():
+        what = "is not a regular file" if original.exists() else "not found"
+        raise loc.error(
+            ("accuracy", "reference_model"),
+            f"reference model {what}: {original}",
+            "name the unquantized .onnx file the quantized model was made from (the path is "
+            "relative to the policy file)",
+        )
+    return spec
 
 
 def _point(name: str, raw: dict, base: Path, loc: _Located) -> PointSpec:

@@ -518,6 +518,16 @@ class AccuracySpec:
             "non-finite) or always (a passing candidate too)",
         ),
     )
+    reference_model: Path | None = field(
+        default=None,
+        metadata=key(
+            NAME,
+            "the model before quantization (an .onnx file relative to the policy, with the "
+            "same inputs and outputs): the tolerances then apply against it, and the report "
+            "splits each output's error into the quantization's own and the FP16 part",
+            path=True,
+        ),
+    )
     fp32_check: bool = field(
         default=False,
         metadata=key(

@@ -72,6 +72,9 @@ def tuned_yaml(front: Front, result: TuneResult, out: Path, seed: int, objective
         data = (point or {}).get("data")
         if isinstance(data, dict) and "file" in data:  # a list is an input named `data`
             data["file"] = _rebase(data["file"], here, there)
+    accuracy = raw.get("accuracy") or {}
+    if accuracy.get("reference_model"):  # the model before quantization
+        accuracy["reference_model"] = _rebase(accuracy["reference_model"], here, there)
     build = raw.get("build") or {}
     if build.get("timing_cache"):
         build["timing_cache"] = _rebase(build["timing_cache"], here, there)

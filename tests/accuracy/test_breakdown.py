@@ -1,0 +1,201 @@
+"""`accuracy.reference_model`: a quantized model judged against the model before quantization.
+
+The reported errors are checked independently: the original and the quantized model
+run in plain ONNX Runtime sessions (optimizations off, so Q/DQ run as their op
+definitions say), the policy's emulated graph too, and the figures come from numpy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtbuild.accuracy.emulate import emulate
+from trtbuild.cli import main
+from trtbuild.errors import UsageError
+from trtbuild.front import run_front
+from trtbuild.policy.model import load_policy
+
+POLICY = """\
+version: 1
+model: {model}
+inputs:
+  input:
+    shape: [1, 3, 64, 64]
+    data: {{distribution: uniform, low: 0.0, high: 1.0}}
+precision:
+  default: fp16
+  rules:
+    - id: final-reduction
+      match: {{pattern: final_reductions, last: 1}}
+      precision: fp32
+accuracy:
+  samples: 2
+  tolerances:
+    default: {{atol: 0.1, rtol: 0.1, check_error_stat: median}}
+{extra}"""
+
+
+def _policy(tmp_path: Path, model: Path, extra: str = "") -> Path:
+    path = tmp_path / "q.yaml"
+    path.write_text(POLICY.format(model=model, extra=extra))
+    return path
+
+
+def _run(model: onnx.ModelProto | str, feeds: list[dict]) -> list[list[np.ndarray]]:
+    """Plain ONNX Runtime, every graph optimization off: Q/DQ as their definitions say."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return [session.run(None, feed) for feed in feeds]
+
+
+def _max_abs(a: list[list[np.ndarray]], b: list[list[np.ndarray]], k: int) -> float:
+    return max(
+        float(np.abs(x[k].astype(np.float64) - y[k].astype(np.float64)).max()) for x, y in zip(a, b)
+    )
+
+
+def test_the_reported_errors_are_those_against_the_original_checked_independently(
+    tmp_path, quantized_dir
+):
+    quantized, original = (
+        quantized_dir / "nafnet_tiny_int8.onnx",
+        quantized_dir / "nafnet_tiny.onnx",
+    )
+    policy = _policy(tmp_path, quantized, f"  reference_model: {original}\n")
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"])
+    report = json.loads((out / "report.json").read_text())
+    assert code == (0 if report["passed"] else 1)
+
+    front = run_front(load_policy(policy), reference="none")
+    feeds = [dict(f) for f in front.feeds]
+    names = [o.name for o in onnx.load(str(original)).graph.output]
+    theirs = _run(str(original), feeds)
+    mine = _run(str(quantized), feeds)
+    policy_runs = _run(emulate(front.converted.model, "storage"), feeds)
+    split = report["reference_model"]
+    assert split["path"] == str(original)
+    for k, name in enumerate(names):
+        parts = split["outputs"][name]
+        quant = _max_abs(mine, theirs, k)
+        assert quant > 0  # INT8 has an error of its own, and it is measured
+        assert parts["quantized_vs_original"]["max_abs"] == pytest.approx(quant, rel=1e-3)
+        assert parts["policy_vs_original"]["max_abs"] == pytest.approx(
+            _max_abs(policy_runs, theirs, k), rel=1e-3
+        )
+        assert parts["policy_vs_quantized"]["max_abs"] == pytest.approx(
+            _max_abs(policy_runs, mine, k), rel=1e-3
+        )
+        # the verdict's figures are the policy against the original
+        assert report["outputs"][name]["max_abs"] == parts["policy_vs_original"]["max_abs"]
+        assert report["shapes"][0]["reference_model"]["outputs"][name] == parts
+    assert "before quantization" in (out / "report.md").read_text()
+    assert not any("quantization's own error is not measured" in w for w in report["warnings"])
+
+
+def test_without_a_reference_model_a_quantized_model_is_warned(tmp_path, quantized_dir, capsys):
+    policy = _policy(tmp_path, quantized_dir / "nafnet_tiny_int8.onnx")
+    out = tmp_path / "out"
+    main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"])
+    report = json.loads((out / "report.json").read_text())
+    assert report["reference_model"] is None
+    said = [w for w in report["warnings"] if "quantization's own error is not measured" in w]
+    assert len(said) == 1 and "accuracy.reference_model" in said[0]
+    assert "quantization's own error is not measured" in capsys.readouterr().err
+
+
+def test_a_float_model_is_not_warned_about_quantization(tmp_path, quantized_dir):
+    front = run_front(
+        load_policy(_policy(tmp_path, quantized_dir / "nafnet_tiny.onnx")), reference="none"
+    )
+    from trtbuild.evaluation import report_warnings
+
+    assert not any("quantiz" in w for w in report_warnings(front))
+
+
+def test_a_missing_reference_model_is_exit_2_naming_the_field(tmp_path, quantized_dir, capsys):
+    policy = _policy(
+        tmp_path, quantized_dir / "nafnet_tiny_int8.onnx", "  reference_model: gone.onnx\n"
+    )
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "accuracy.reference_model" in err and "gone.onnx" in err
+    with pytest.raises(UsageError, match="reference_model"):
+        load_policy(policy)
+
+
+def test_a_reference_model_with_other_inputs_is_exit_2_naming_the_field(
+    tmp_path, quantized_dir, capsys
+):
+    other = quantized_dir / "transformer_tiny.onnx"  # input 'tokens', not 'input'
+    policy = _policy(
+        tmp_path, quantized_dir / "nafnet_tiny_int8.onnx", f"  reference_model: {other}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "accuracy.reference_model" in err and "inputs" in err
+    assert not out.exists()  # nothing half-written
+
+
+def test_a_reference_model_with_another_shape_is_exit_2_naming_the_output(tmp_path, capsys):
+    def identity(dims: list[int], name: str) -> Path:
+        g = helper.make_graph(
+            [helper.make_node("Identity", ["input"], ["y"], name="id")],
+            "g",
+            [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 64, 64])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
+        )
+        path = tmp_path / name
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+        return path
+
+    model = identity([1, 3, 64, 64], "m.onnx")
+    other = identity([1, 3, 32, 64], "other.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: {model.name}\naccuracy:\n  reference_model: {other.name}\n"
+    )
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "accuracy.reference_model: output 'y'" in err and "[1, 3, 32, 64]" in err
+
+
+def test_the_emulation_keeps_int8_exact_and_rounds_a_dequantized_fp16_value_once():
+    """A DQ with an FP16 scale: int8 values and zero points untouched, the scale taken at its
+    FP16 value, the product rounded to FP16 once (what an FP16 DQ stores)."""
+    scale = np.array([0.0123, 3.1e-3], np.float16)  # per channel, not exact in FP32 terms
+    q = np.array([[-128, 127, 5], [1, -7, 100]], np.int8)
+    g = helper.make_graph(
+        [
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="dq", axis=0),
+            helper.make_node("QuantizeLinear", ["d", "s", "z"], ["q2"], name="q", axis=0),
+            helper.make_node("DequantizeLinear", ["q2", "s", "z"], ["y"], name="dq2", axis=0),
+        ],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 3])],
+        [
+            numpy_helper.from_array(q, "q"),
+            numpy_helper.from_array(scale, "s"),
+            numpy_helper.from_array(np.zeros(2, np.int8), "z"),
+        ],
+    )
+    mixed = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    emulated = emulate(mixed)
+    inits = {t.name: numpy_helper.to_array(t) for t in emulated.graph.initializer}
+    assert inits["q"].dtype == np.int8 and (inits["q"] == q).all()
+    assert inits["z"].dtype == np.int8
+    assert (inits["s"] == scale.astype(np.float32)).all()  # the FP16 value, exactly
+    (y,) = _run(emulated, [{}])[0]
+    expected = (q.astype(np.float32) * scale.astype(np.float32)[:, None]).astype(np.float16)
+    assert y.dtype == np.float16 and (y == expected).all()

@@ -1,0 +1,75 @@
+"""The error against the model before quantization, split into its two parts.
+
+With `accuracy.reference_model`, the policy is judged against the unquantized model
+(what was trained); its error then holds two parts that call for different fixes:
+the quantization's own (the quantized graph run in FP32, as ONNX Runtime runs Q/DQ,
+against the original), which no FP32 pin can remove, and the FP16 part (the policy
+against the quantized graph in FP32), which pins do. Each part is measured by the same
+compare function and tolerances as the verdict, so one can be read against the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trtbuild.accuracy.reference import QUANTIZED_FP32, ReferenceTensors
+from trtbuild.accuracy.sessions import OutputMetrics
+
+if TYPE_CHECKING:
+    from trtbuild.accuracy.judge import Verdict
+    from trtbuild.policy.specs import AccuracySpec
+
+# report.json's names for the three comparisons of each output, in the order shown
+PARTS = {
+    "policy_vs_original": "policy against the original",
+    "quantized_vs_original": "quantization alone (quantized graph in FP32 against the original)",
+    "policy_vs_quantized": "FP16 part (policy against the quantized graph in FP32)",
+}
+
+
+@dataclass
+class ErrorSplit:
+    """One point's outputs, each compared three ways (`PARTS`)."""
+
+    reference_model: str
+    evaluator: str  # of the policy's outputs: emulated-fp16 or tensorrt
+    parts: dict[str, dict[str, OutputMetrics]]  # part -> output -> metrics
+
+    def to_json(self) -> dict[str, Any]:
+        names = list(self.parts["policy_vs_original"])
+        return {
+            "path": self.reference_model,
+            "evaluator": self.evaluator,
+            "quantized_evaluator": QUANTIZED_FP32,
+            "outputs": {n: {part: self.parts[part][n].to_json() for part in PARTS} for n in names},
+        }
+
+    def quantization_fails(self) -> list[str]:
+        """Outputs the quantization alone takes past the tolerances: no pin can fix those."""
+        return [n for n, m in self.parts["quantized_vs_original"].items() if not m.passed]
+
+
+def split_error(
+    reference: ReferenceTensors, verdict: Verdict, spec: AccuracySpec, verbose: bool = False
+) -> ErrorSplit | None:
+    """The policy's `verdict` (judged against the reference model) split in two; None where
+    the policy has no reference model."""
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.judge import compare
+
+    quantized = reference.quantized
+    if quantized is None or reference.original is None:
+        return None
+    runs = reference.graph_results[QUANTIZED_FP32]
+    graph = [IterationResult(dict(it.items()), runner_name=QUANTIZED_FP32) for it in runs]
+    alone, _ = compare(reference, graph, QUANTIZED_FP32, spec, verbose)
+    policy_runs = list(verdict.run_results[verdict.evaluator])
+    fp16, _ = compare(quantized, policy_runs, verdict.evaluator, spec, verbose)
+    parts = {
+        "policy_vs_original": verdict.outputs,
+        "quantized_vs_original": alone,
+        "policy_vs_quantized": fp16,
+    }
+    return ErrorSplit(str(reference.original), verdict.evaluator, parts)
