@@ -1,36 +1,86 @@
 """trtbuild: TensorRT engines under a per-layer precision policy, proven against FP32.
 
-The library (`trtbuild.api`): `load_policy`, `check`, `convert`, `build`, `tune`, their
-result types, and `TrtbuildError`; loaded on first use, so `trtbuild --help` and
-`import trtbuild` stay instant.
+The library (`trtbuild.api`): `load_policy`, `Policy`, `check`, `convert`, `build`, `tune`,
+their result types, and `TrtbuildError`; loaded on first use, so `trtbuild --help` and
+`import trtbuild` stay instant. Type checkers and editors see every name (the imports
+under `TYPE_CHECKING`), and `dir(trtbuild)` lists them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what `__getattr__` imports on first use, seen by mypy and pyright
+    from trtbuild.api import build, check, convert, convert_front, open_cache, tune
+    from trtbuild.errors import BackendError, TrtbuildError, UsageError
+    from trtbuild.policy import Policy, PolicySource, load_policy
+    from trtbuild.policy.specs import Match, Rule
+    from trtbuild.results import (
+        AtRisk,
+        BuildResult,
+        CheckResult,
+        Divergence,
+        NodeDecision,
+        OutputResult,
+        Pin,
+        PointResult,
+        TuneResult,
+    )
 
 _API = {
     "load_policy": "trtbuild.policy",
     "Policy": "trtbuild.policy",
+    "PolicySource": "trtbuild.policy",
+    "Rule": "trtbuild.policy.specs",
+    "Match": "trtbuild.policy.specs",
     "check": "trtbuild.api",
     "convert": "trtbuild.api",
     "convert_front": "trtbuild.api",
     "build": "trtbuild.api",
     "tune": "trtbuild.api",
     "open_cache": "trtbuild.api",
-    "CheckResult": "trtbuild.api",
-    "BuildResult": "trtbuild.api",
-    "TuneResult": "trtbuild.api",
-    "NodeDecision": "trtbuild.api",
-    "OutputResult": "trtbuild.api",
+    "CheckResult": "trtbuild.results",
+    "BuildResult": "trtbuild.results",
+    "TuneResult": "trtbuild.results",
+    "NodeDecision": "trtbuild.results",
+    "OutputResult": "trtbuild.results",
+    "PointResult": "trtbuild.results",
+    "AtRisk": "trtbuild.results",
+    "Divergence": "trtbuild.results",
+    "Pin": "trtbuild.results",
     "TrtbuildError": "trtbuild.errors",
     "UsageError": "trtbuild.errors",
     "BackendError": "trtbuild.errors",
 }
 
-__all__ = ["__version__", *_API]
+__all__ = [
+    "AtRisk",
+    "BackendError",
+    "BuildResult",
+    "CheckResult",
+    "Divergence",
+    "Match",
+    "NodeDecision",
+    "OutputResult",
+    "Pin",
+    "PointResult",
+    "Policy",
+    "PolicySource",
+    "Rule",
+    "TrtbuildError",
+    "TuneResult",
+    "UsageError",
+    "__version__",
+    "build",
+    "check",
+    "convert",
+    "convert_front",
+    "load_policy",
+    "open_cache",
+    "tune",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -40,3 +90,8 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(_API[name]), name)
+
+
+def __dir__() -> list[str]:
+    """The public names with the module's own, before any is imported."""
+    return sorted({*globals(), *__all__})

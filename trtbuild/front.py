@@ -166,7 +166,7 @@ def _shape_runs(
     if len(skipped) == len(points):
         raise UsageError(
             "accuracy.shapes: every point is skipped, so nothing would be judged",
-            where=str(policy.path),
+            where=policy.where,
             hint="judge at least one point: remove a skip",
         )
     runs = [
@@ -215,7 +215,7 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError
     return UsageError(
         f"the FP32 model cannot run at {point.label}{where}: "
         f"{(said.group(1) if said else text).strip()[:300]}",
-        where=str(policy.path),
+        where=policy.where,
         hint="choose input shapes (inputs.*.shape, min/opt/max, accuracy.shapes) or data the "
         "model takes",
     )

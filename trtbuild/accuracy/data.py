@@ -43,7 +43,7 @@ def check_memory(policy: Policy, shapes: dict[str, tuple[int, ...]], dtypes: dic
             f"accuracy.samples: {policy.accuracy.samples} samples of these inputs need about "
             f"{fmt_bytes(need)} ({fmt_bytes(per_sample)} of inputs per sample, held three "
             f"times); accuracy.memory_budget is {fmt_bytes(budget)}",
-            where=str(policy.path),
+            where=policy.where,
             hint=f"lower accuracy.samples to at most {fits}, or raise accuracy.memory_budget",
         )
 
@@ -152,7 +152,7 @@ def _point_file(
     if unknown:
         raise UsageError(
             f"{field}: {point.file.name} holds array(s) {unknown} that name no model input",
-            where=str(policy.path),
+            where=policy.where,
             hint="the model's inputs are " + ", ".join(shapes),
         )
     out = {}
@@ -163,7 +163,7 @@ def _point_file(
             raise UsageError(
                 f"{field}: array '{name}' has shape {list(arr.shape)}; {point.label} needs "
                 f"{list(shape)} or [N, {', '.join(map(str, shape))}]",
-                where=str(policy.path),
+                where=policy.where,
                 hint="a point's own file holds that point's shapes",
             )
         out[name] = arr[None] if arr.shape == shape else arr
@@ -206,7 +206,7 @@ def read_npz(policy: Policy, path: Path, field: str) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except Exception as exc:
-        raise UsageError(f"{field}: cannot read {path}: {exc}", where=str(policy.path)) from None
+        raise UsageError(f"{field}: cannot read {path}: {exc}", where=policy.where) from None
 
 
 def _load_npz(policy: Policy, spec: InputSpec, dtype) -> np.ndarray:
@@ -217,7 +217,7 @@ def _load_npz(policy: Policy, spec: InputSpec, dtype) -> np.ndarray:
             if spec.name not in data.files:
                 raise UsageError(
                     f"{field}: {spec.data.file.name} has no array '{spec.name}'",
-                    where=str(policy.path),
+                    where=policy.where,
                     hint="keys found: " + ", ".join(data.files),
                 )
             arr = data[spec.name]
@@ -225,7 +225,7 @@ def _load_npz(policy: Policy, spec: InputSpec, dtype) -> np.ndarray:
         raise
     except Exception as exc:
         raise UsageError(
-            f"{field}: cannot read {spec.data.file}: {exc}", where=str(policy.path)
+            f"{field}: cannot read {spec.data.file}: {exc}", where=policy.where
         ) from None
     return _checked_values(policy, field, spec.name, arr, np.dtype(dtype))
 
@@ -242,7 +242,7 @@ def _checked_values(policy: Policy, field: str, name: str, arr: np.ndarray, want
         raise UsageError(
             f"{field}: array '{name}' holds {arr.dtype} values; the model's input "
             f"'{name}' takes {want} ({kind.get(want.kind, want.kind)})",
-            where=str(policy.path),
+            where=policy.where,
             hint=f"save the array as {want} (e.g. arr.astype(np.{want}))",
         )
     if arr.dtype.kind == "f":
@@ -252,7 +252,7 @@ def _checked_values(policy: Policy, field: str, name: str, arr: np.ndarray, want
             raise UsageError(
                 f"{field}: array '{name}' holds {len(bad)} NaN or infinite value(s), the "
                 f"first at index {list(index)} ({arr[index]})",
-                where=str(policy.path),
+                where=policy.where,
                 hint="reference inputs must be finite; clean or regenerate the file",
             )
     return arr.astype(want, copy=False)

@@ -39,7 +39,7 @@ def fit(
         raise UsageError(
             f"{field}: array '{spec.name}' has shape {list(have)}; {where} needs {list(shape)} "
             "and derive is none",
-            where=str(policy.path),
+            where=policy.where,
             hint=f"give the point its own data (accuracy.shapes.{point_name}.data.file), skip it "
             f"(accuracy.shapes.{point_name}.skip: REASON), or set derive: tile or synthetic",
         )
@@ -60,7 +60,7 @@ def _with_sample_axis(
     raise UsageError(
         f"{field}: array '{name}' has shape {list(arr.shape)}; the input takes rank "
         f"{len(shape)} ({list(shape)} here) or [N, ...] with a leading sample axis",
-        where=str(policy.path),
+        where=policy.where,
         hint="save one array per input, shaped like the input or with a sample axis first",
     )
 
@@ -79,7 +79,7 @@ def _check_axes(
             raise UsageError(
                 f"{field}: array '{name}' has {a} on axis {axis} where the model's input has "
                 f"{b}; only dynamic axes can be derived",
-                where=str(policy.path),
+                where=policy.where,
                 hint=f"save the array with shape {list(shape)} (or [N, ...] of it)",
             )
 

@@ -29,12 +29,12 @@ def image_paths(policy: Policy, spec: InputSpec, per_sample: int) -> list[Path]:
         )
     except OSError as exc:
         raise UsageError(
-            f"{field}: cannot list {img.folder}: {exc.strerror or exc}", where=str(policy.path)
+            f"{field}: cannot list {img.folder}: {exc.strerror or exc}", where=policy.where
         ) from None
     if len(paths) < per_sample:
         raise UsageError(
             f"{field}: {img.folder} holds {len(paths)} image(s); one sample needs {per_sample}",
-            where=str(policy.path),
+            where=policy.where,
             hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
         )
     samples = min(len(paths) // per_sample, policy.accuracy.samples)
@@ -64,7 +64,7 @@ def image_layout(
     policy: Policy, spec: InputSpec, shape: tuple[int, ...], field: str
 ) -> tuple[str, tuple[int, int, int]]:
     """The layout and (channels, height, width) of an image input, or the field to fix."""
-    img, where = spec.data.images, str(policy.path)
+    img, where = spec.data.images, policy.where
     if len(shape) != 4:
         raise UsageError(
             f"{field}.images: input '{spec.name}' has rank {len(shape)}; images need a rank-4 input",
@@ -132,12 +132,12 @@ def _pixels(
     except Image.DecompressionBombError as exc:
         raise UsageError(
             f"{field}.images: {path.name} is refused by Pillow: {exc}",
-            where=str(policy.path),
+            where=policy.where,
             hint="downscale the image; Pillow decodes no image past twice its limit",
         ) from None
     except (OSError, ValueError) as exc:
         raise UsageError(
-            f"{field}.images: cannot read {path.name}: {exc}", where=str(policy.path)
+            f"{field}.images: cannot read {path.name}: {exc}", where=policy.where
         ) from None
     return a if img.fit == "resize" else centre_fit(a, h, w)
 
@@ -149,7 +149,7 @@ def _check_pixels(policy: Policy, field: str, path: Path, size: tuple[int, int])
         raise UsageError(
             f"{field}.images: {path.name} has {count:,} pixels ({size[0]}x{size[1]}), more than "
             f"accuracy.max_image_pixels {limit:,}",
-            where=str(policy.path),
+            where=policy.where,
             hint="downscale the image, or raise accuracy.max_image_pixels if you trust it",
         )
 
