@@ -93,5 +93,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    """The public names with the module's own, before any is imported."""
-    return sorted({*globals(), *__all__})
+    """The public names and the module's own dunders, before any is imported."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__"))})
