@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 
+_NONFINITE = ("inf", "-inf", "nan")  # report.json writes a non-finite figure as a string
+
+
 def _picked(cls: type, found: dict[str, Any]) -> Any:
     """`cls` from the keys of `found` it declares (report.json may hold more)."""
     return cls(**{f.name: found.get(f.name) for f in fields(cls) if f.name in found})
@@ -138,7 +141,7 @@ class OutputResult:
 
     @classmethod
     def from_json(cls, found: dict[str, Any]) -> OutputResult:
-        values = {k: float(v) if isinstance(v, str) else v for k, v in found.items()}
+        values = {k: float(v) if v in _NONFINITE else v for k, v in found.items()}
         values["failed_samples"] = tuple(found.get("failed_samples") or ())
         values["checks"] = dict(found.get("checks") or {})
         return _picked(cls, values)
