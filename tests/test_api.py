@@ -211,3 +211,21 @@ def test_the_namespace_is_visible_without_importing_the_pipeline():
     from importlib.resources import files
 
     assert files("trtbuild").joinpath("py.typed").is_file()
+
+
+def test_the_stub_names_what_the_package_imports_lazily():
+    """`__init__.pyi` (what type checkers read) and `_API` (what `__getattr__` imports) agree."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    stub = ast.parse((ROOT / "trtbuild" / "__init__.pyi").read_text())
+    typed = {
+        a.asname: f"{n.module}" for n in stub.body if isinstance(n, ast.ImportFrom) for a in n.names
+    }
+    assert set(typed) == set(trtbuild._API)
+    assert all(
+        getattr(trtbuild, name) is getattr(__import__(typed[name], fromlist=[name]), name)
+        for name in typed
+    )
+    assert set(trtbuild.__all__) == {*trtbuild._API, "__version__"}

@@ -2,32 +2,16 @@
 
 The library (`trtbuild.api`): `load_policy`, `Policy`, `check`, `convert`, `build`, `tune`,
 their result types, and `TrtbuildError`; loaded on first use, so `trtbuild --help` and
-`import trtbuild` stay instant. Type checkers and editors see every name (the imports
-under `TYPE_CHECKING`), and `dir(trtbuild)` lists them.
+`import trtbuild` stay instant. Type checkers and editors see every name with its type
+through `__init__.pyi` (tests/test_api.py checks it names what `_API` does), and
+`dir(trtbuild)` lists them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 __version__ = "0.1.0"
-
-if TYPE_CHECKING:  # what `__getattr__` imports on first use, seen by mypy and pyright
-    from trtbuild.api import build, check, convert, convert_front, open_cache, tune
-    from trtbuild.errors import BackendError, TrtbuildError, UsageError
-    from trtbuild.policy import Policy, PolicySource, load_policy
-    from trtbuild.policy.specs import Match, Rule
-    from trtbuild.results import (
-        AtRisk,
-        BuildResult,
-        CheckResult,
-        Divergence,
-        NodeDecision,
-        OutputResult,
-        Pin,
-        PointResult,
-        TuneResult,
-    )
 
 _API = {
     "load_policy": "trtbuild.policy",

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from trtbuild.cache import Cache
     from trtbuild.front import Front
-    from trtbuild.tuning.search import Trial
+    from trtbuild.tuning.search import SearchResult, Trial
 
 __all__ = [
     "AtRisk",
@@ -335,8 +335,18 @@ def tune(
         found = tuning.tune(
             front, budget=budget, objective=objective, seed=seed, jobs=jobs, progress=progress
         )
+    return _tuned(front, found, output, seed, objective)
+
+
+def _tuned(
+    front: Front, found: SearchResult, output: str | Path | None, seed: int, objective: str
+) -> TuneResult:
+    """The search's result as the library's: the tuned policy a new value, named after
+    `output` (or `<name>.tuned`); the budget's warning to the `trtbuild` logger."""
+    from trtbuild import tuning
+
     where = Path(output) if output is not None else None
-    name = where.stem if where is not None else f"{policy.name}.tuned"
+    name = where.stem if where is not None else f"{front.policy.name}.tuned"
     text, tuned = tuning.tuned_policy(front, found, where, seed, objective, name)
     if found.exhausted:
         log.warning(tuning.budget_warning(found))

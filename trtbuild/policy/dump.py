@@ -149,6 +149,16 @@ def flow(value: Any) -> str:
     return text.split("\n...")[0].strip()  # a bare scalar ends with a document marker
 
 
+def person_yaml(policy: PolicyLike, folder: Path | None) -> str:
+    """`Policy.to_yaml`: the source's text where the policy is what it says and is saved
+    beside it (`folder` None or the source's); else `human_yaml` from the value."""
+    src = policy.current_source
+    if src is not None and src.text is not None and folder in (None, src.base_dir):
+        return src.text
+    source = policy.source
+    return human_yaml(policy, folder or (source.base_dir if source is not None else None))
+
+
 def human_yaml(
     policy: PolicyLike,
     folder: Path | None,

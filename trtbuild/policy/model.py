@@ -77,8 +77,7 @@ class Policy:
         return str(path) if path is not None else f"<policy {self.name}>"
 
     @property
-    def stem(self) -> str:
-        """Its name (the default out folder is `build/<name>/`)."""
+    def stem(self) -> str:  # the name, as the policy's file stem once was
         return self.name
 
     @classmethod
@@ -128,29 +127,19 @@ class Policy:
 
     def to_yaml(self, where: str | Path | None = None) -> str:
         """The policy as a person writes it: paths as its source had them, only the keys
-        that are not defaults, and the comments above rules (tune's reasons) kept.
-
-        Where the policy is what its source text says and is saved beside it, the text
-        itself is returned (every comment kept).
+        that are not defaults, the comments above rules (tune's reasons) kept; where it is
+        what its source text says and is saved beside it, that text, every comment kept.
 
         Args:
             where: the file it will be saved as: relative paths are written from its
                 folder. Default: the source's folder (absolute paths without a source).
         """
-        from trtbuild.policy.dump import human_yaml
+        from trtbuild.policy.dump import person_yaml
 
-        src = self.current_source
-        folder = Path(where).resolve().parent if where is not None else None
-        if src is not None and src.text is not None and folder in (None, src.base_dir):
-            return src.text
-        return human_yaml(self, folder or (self.source.base_dir if self.source else None))
+        return person_yaml(self, Path(where).resolve().parent if where is not None else None)
 
     def save(self, path: str | Path) -> Policy:
-        """Write `to_yaml(path)` to `path` (whole or not at all); return the policy it is now.
-
-        Raises:
-            OSError: the file cannot be written.
-        """
+        """Write `to_yaml(path)` to `path`, whole or not at all; return the policy it is now."""
         from trtbuild.fsutil import write_text
 
         text = self.to_yaml(path)
