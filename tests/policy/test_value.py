@@ -105,3 +105,47 @@ def test_to_yaml_writes_what_a_person_would(tmp_path):
     assert "    # the reason it is pinned\n    - {id: r," in text
     saved = changed.save(tmp_path / "sub" / "q.yaml")
     assert saved == changed and saved.path == (tmp_path / "sub" / "q.yaml").resolve()
+
+
+def test_to_yaml_for_another_folder_keeps_the_comments_and_rebases_the_paths(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "# yaml-language-server: $schema=schema.json\n"
+        "version: 1\nmodel: m.onnx  # the export\n"
+        "precision:\n  rules:\n    # why r\n    - {id: r, match: {op: Pow}, precision: fp32}\n"
+    )
+    policy = load_policy(path)
+    text = policy.to_yaml(tmp_path / "sub" / "q.yaml")
+    assert text == (
+        "# yaml-language-server: $schema=../schema.json\n"
+        "version: 1\nmodel: ../m.onnx  # the export\n"
+        "precision:\n  rules:\n    # why r\n    - {id: r, match: {op: Pow}, precision: fp32}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "precision:\n  rules:\n    - {id: a, match: {op: Pow}, precision: fp32}\n",
+        "precision:\n  default: fp16\n  rules:\n    - id: a\n      match: {op: Pow}\n"
+        "      precision: fp32\nbuild: {backend: none}\n",
+        "precision:\n  rules: []  # none yet\n",
+        "precision:\n  rules: [{id: a, match: {op: Pow}, precision: fp32}]\nbuild: {}\n",
+        "precision:\n  default: fp16  # low\n",
+        "build: {backend: none}\n",
+    ],
+)
+def test_rules_are_added_to_the_text_where_it_keeps_them(tmp_path, layout):
+    from trtbuild.policy import parse_policy
+    from trtbuild.policy.text import with_rules
+
+    text = f"version: 1\nmodel: m.onnx\n{layout}"
+    added = with_rules(
+        text, ["# pinned for a reason", "- {id: z, match: {op: Exp}, precision: fp32}"]
+    )
+    before = parse_policy(text, tmp_path / "p.yaml")
+    after = parse_policy(added, tmp_path / "p.yaml")
+    assert [r.id for r in after.precision.rules] == [*(r.id for r in before.precision.rules), "z"]
+    assert after.source.notes[-1] == ("z", "pinned for a reason")
+    assert after == before.with_rules(Rule("z", Match(op=("Exp",)), "fp32"))
+    assert all(line[line.index("#") :] in added for line in text.splitlines() if "#" in line)

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from trtbuild.errors import UsageError
-from trtbuild.policy.keys import given, keyed
+from trtbuild.policy.keys import given, keyed, written
 from trtbuild.policy.schema import SCHEMA, SchemaViolation, _validator, validate
 from trtbuild.policy.source import PolicySource
 from trtbuild.policy.specs import (
@@ -210,9 +210,10 @@ def merged_rules(
 ) -> tuple[Rule, ...]:
     """`precision`'s rules, each of `rules` replacing the one of its id or added after them,
     less the ids in `drop`; each given rule checked as a file's would be."""
-    from trtbuild.policy.dump import rule_dict
-
-    given_rules = [rule_dict(r) if isinstance(r, Rule) else _plain(r) for r in rules]
+    given_rules = [
+        {**written(r), "match": written(r.match)} if isinstance(r, Rule) else _plain(r)
+        for r in rules
+    ]
     doc = _numbers_where_wanted({"version": 1, "model": "-", "precision": {"rules": given_rules}})
     loc = _Located(Path("<rules>"), {})
     try:

@@ -26,22 +26,19 @@ def tuned_policy(
 ) -> tuple[str, Policy]:
     """The policy searched with the pins it needs, as text and as a new `Policy`.
 
-    Rendered from the value searched (`front.policy`), not from its file: a policy made or
-    changed in code is tuned as it is. Each pin follows the policy's own rules with a
-    comment saying the measured error that made it necessary; paths are relative to
-    `out`'s folder (the source's folder where `out` is None). The `Policy` is the text
-    read back (not saved anywhere yet): its identity is its own, not the untuned file's.
+    Rendered from the value searched (`front.policy`), not from a file read again: where
+    the value is what its source text says, that text (every comment kept) with the pins
+    after its rules; a policy made or changed in code is written from the value. Each pin
+    has a comment saying the measured error that made it necessary; paths are relative to
+    `out`'s folder (the source's where `out` is None). The `Policy` is the text read back
+    (saved nowhere yet): its identity is its own, not the untuned file's.
     """
     from trtbuild.policy import parse_policy
-    from trtbuild.policy.dump import human_yaml, relative
+    from trtbuild.policy.dump import flow, human_yaml, relative, rule_dict
 
     policy = front.policy
-    tuned = replace(policy, precision=result.policy, source=policy.source)
-    notes = {rule: f"{group}: {reason}" for rule, group, reason in pins(front, result)}
-    if out is not None:
-        folder = out.resolve().parent
-    else:
-        folder = policy.source.base_dir if policy.source is not None else None
+    source = policy.source
+    folder = out.resolve().parent if out is not None else source.base_dir if source else None
     came = relative(policy.path, folder) if policy.path and folder else policy.where
     verdict = "passes" if result.passed else "DOES NOT PASS"
     verdict += " (budget exhausted)" if result.exhausted else ""
@@ -52,9 +49,37 @@ def tuned_policy(
         f"(evaluator emulated-fp16, emulation {policy.accuracy.emulation}, "
         f"objective {objective}, seed {seed}).",
     )
-    text = human_yaml(tuned, folder, header, notes)
+    found = pins(front, result)
+    rules = {r.id: r for r in result.policy.rules}
+    lines = [x for rule, group, reason in found for x in (f"# {group}: {reason}", "")]
+    lines[1::2] = [f"- {flow(rule_dict(rules[rule]))}" for rule, _, _ in found]
+    text = _edited(policy, folder, header, lines)
+    if text is None:
+        notes = {rule: f"{group}: {reason}" for rule, group, reason in found}
+        tuned = replace(policy, precision=result.policy)
+        text = human_yaml(tuned, folder, header, notes)
     where = out.resolve() if out is not None else (folder or Path.cwd()) / f"{name}.yaml"
     return text, parse_policy(text, where, name=name, file=False)
+
+
+def _edited(
+    policy: Policy, folder: Path | None, header: tuple[str, ...], lines: list[str]
+) -> str | None:
+    """The policy's own text with `lines` after its rules and `header` after its `$schema`
+    line, its paths re-based to `folder`; None where it has no such text (or its layout
+    is not one `policy.text` edits)."""
+    from trtbuild.policy.text import rebased_text, with_rules
+
+    src = policy.current_source
+    if src is None or src.text is None:
+        return None
+    text = rebased_text(policy, folder) if folder is not None else src.text
+    text = with_rules(text, lines) if text is not None else None
+    if text is None:
+        return None
+    rows = text.splitlines(keepends=True)
+    at = 1 if rows and rows[0].startswith("# yaml-language-server:") else 0
+    return "".join([*rows[:at], *(f"{h}\n" for h in header), *rows[at:]])
 
 
 def pins(front: Front, result: SearchResult) -> list[tuple[str, str, str]]:
