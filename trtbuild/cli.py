@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 from trtbuild import __version__
@@ -457,7 +458,7 @@ def _cmd_check(args) -> int:
         f"({s.share_text()}); {found.casts} casts; rule hits: "
         + ", ".join(f"{k}={v}" for k, v in s.rule_hits.items())
     )
-    print(at_risk_lines(found.at_risk, policy.accuracy.emulation))
+    print(at_risk_lines([asdict(r) for r in found.at_risk], policy.accuracy.emulation))
     print(judged_line(found.front))
     return 0
 
@@ -468,7 +469,7 @@ def _check_json(found, rows: list) -> dict:
         "nodes": rows,
         "summary": found.summary.to_json(),
         "casts": found.casts,
-        "at_risk": found.at_risk,
+        "at_risk": [asdict(r) for r in found.at_risk],
         "warnings": found.warnings,
         "points": found.points,
         "skipped_points": found.skipped_points,
