@@ -52,7 +52,7 @@ def resolve_policy_path(name: str | Path) -> Path:
     raise UsageError(
         "policy file not found",
         where=str(name),
-        hint=f"looked at {', '.join(map(str, candidates))}; pass an existing path with --policy",
+        hint=f"looked at {', '.join(map(str, candidates))}; name an existing policy file",
     )
 
 
