@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtbuild.errors import UsageError
-from trtbuild.policy import Policy, load_policy
+from trtbuild.policy import Policy, PolicySource, load_policy
+from trtbuild.policy.specs import Match, Rule
 from trtbuild.results import (
     AtRisk,
     Backend,
@@ -45,10 +46,14 @@ __all__ = [
     "BuildResult",
     "CheckResult",
     "Divergence",
+    "Match",
     "NodeDecision",
     "OutputResult",
     "Pin",
     "PointResult",
+    "Policy",
+    "PolicySource",
+    "Rule",
     "TuneResult",
     "build",
     "check",

@@ -72,7 +72,7 @@ class Policy:
 
     @property
     def where(self) -> str:
-        """What errors and records name it by: its file, else `<policy NAME>`."""
+        """Its file's path, else `<policy NAME>`: what errors and build.json name it by."""
         path = self.path
         return str(path) if path is not None else f"<policy {self.name}>"
 
@@ -87,7 +87,7 @@ class Policy:
         """A policy from the mapping a policy file holds, validated as a file is.
 
         Takes what `yaml.safe_load` returns (`atol: 1e-2`, a string in YAML 1.1, is the
-        number it means where a number goes) and what Python code passes: `Path`s,
+        number it means where a number goes) and what Python code passes: paths (`Path`),
         tuples, numpy scalars. The mapping is not changed.
 
         Args:
