@@ -176,6 +176,15 @@ def test_bad_arguments_are_usage_errors_in_the_library_s_words(call, words, tmp_
     assert words in str(info.value) and "--" not in str(info.value)
 
 
+def test_a_missing_model_is_said_in_library_words_naming_the_policy_value(tmp_path):
+    policy = trtbuild.Policy.from_dict({"version": 1, "model": "m.onnx"}, base_dir=tmp_path)
+    with pytest.raises(trtbuild.UsageError) as info:
+        trtbuild.check(policy)
+    said = str(info.value)
+    assert "model file not found" in said and str(tmp_path / "m.onnx") in said
+    assert "make models" not in said and "--" not in said
+
+
 def test_the_cli_says_the_library_s_arguments_as_flags(tmp_path, write_policy, capsys):
     from trtbuild.cli import main
 

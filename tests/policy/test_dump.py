@@ -9,6 +9,7 @@ import yaml
 
 from trtbuild.errors import UsageError
 from trtbuild.policy import Policy, load_policy, parse_policy
+from trtbuild.policy.specs import Match, Rule
 
 POLICIES = sorted((Path(__file__).resolve().parents[2] / "policies").glob("*.yaml"))
 
@@ -25,6 +26,9 @@ def test_every_example_policy_round_trips(path, tmp_path):
     assert again == policy
     raw = yaml.safe_load(path.read_text())
     assert Policy.from_dict(raw, base_dir=path.parent, name=path.stem) == policy
+    changed = policy.with_rules(Rule("extra", Match(op=("Exp",)), "fp32"))  # written anew
+    text = changed.to_yaml(moved)
+    assert parse_policy(text, moved) == changed and text != policy.to_yaml(moved)
 
 
 def test_from_dict_resolves_paths_against_base_dir_and_names_the_field(tmp_path):
