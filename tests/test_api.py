@@ -19,7 +19,8 @@ def test_check_lists_every_node_with_its_rule(example_policy, capsys):
     assert "final-reduction" in {n.rule for n in pinned}
     assert all(n.reason for n in result.nodes)
     assert 0.4 < result.low_precision_share < 0.5
-    assert result.points[0]["data"]["input"]["kind"] == "random"
+    assert result.points[0].data["input"]["kind"] == "random"
+    assert result.points[0].inputs == {"input": (1, 3, 64, 64)}
     assert capsys.readouterr().out == ""
 
 

@@ -16,12 +16,14 @@ from trtbuild.policy.specs import Match as Match
 from trtbuild.policy.specs import Rule as Rule
 from trtbuild.results import AtRisk as AtRisk
 from trtbuild.results import BuildResult as BuildResult
+from trtbuild.results import CheckedPoint as CheckedPoint
 from trtbuild.results import CheckResult as CheckResult
 from trtbuild.results import Divergence as Divergence
 from trtbuild.results import NodeDecision as NodeDecision
 from trtbuild.results import OutputResult as OutputResult
 from trtbuild.results import Pin as Pin
 from trtbuild.results import PointResult as PointResult
+from trtbuild.results import SkippedPoint as SkippedPoint
 from trtbuild.results import TuneResult as TuneResult
 
 __version__: str

@@ -24,6 +24,7 @@ from trtbuild.results import (
     AtRisk,
     Backend,
     BuildResult,
+    CheckedPoint,
     CheckResult,
     Divergence,
     NodeDecision,
@@ -31,6 +32,7 @@ from trtbuild.results import (
     OutputResult,
     Pin,
     PointResult,
+    SkippedPoint,
     TuneResult,
 )
 
@@ -45,6 +47,7 @@ __all__ = [
     "AtRisk",
     "BuildResult",
     "CheckResult",
+    "CheckedPoint",
     "Divergence",
     "Match",
     "NodeDecision",
@@ -54,6 +57,7 @@ __all__ = [
     "Policy",
     "PolicySource",
     "Rule",
+    "SkippedPoint",
     "TuneResult",
     "build",
     "check",
@@ -158,11 +162,14 @@ def check(
         warnings=warnings,
         low_precision_share=summary.low_share,
         points=[
-            {"name": r.point.name, "inputs": dict(r.point.shapes)}
-            | {"data": {n: d.to_json() for n, d in r.data.items()}}
+            CheckedPoint(
+                r.point.name,
+                {n: tuple(d) for n, d in r.point.shapes.items()},
+                {n: d.to_json() for n, d in r.data.items()},
+            )
             for r in front.shapes
         ],
-        skipped_points=[p.skipped_json() for p in front.skipped],
+        skipped_points=[SkippedPoint(p.name, dict(p.shapes), p.skip or "") for p in front.skipped],
         summary=summary,
         casts=len(front.converted.casts),
         front=front,

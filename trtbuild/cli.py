@@ -471,8 +471,8 @@ def _check_json(found, rows: list) -> dict:
         "casts": found.casts,
         "at_risk": [asdict(r) for r in found.at_risk],
         "warnings": found.warnings,
-        "points": found.points,
-        "skipped_points": found.skipped_points,
+        "points": [asdict(p) for p in found.points],
+        "skipped_points": [asdict(p) for p in found.skipped_points],
     }
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "Backend",
     "BuildResult",
     "CheckResult",
+    "CheckedPoint",
     "Divergence",
     "NodeDecision",
     "Objective",
@@ -35,6 +36,7 @@ __all__ = [
     "Pin",
     "PointResult",
     "Precision",
+    "SkippedPoint",
     "TuneResult",
 ]
 
@@ -185,6 +187,36 @@ class PointResult:
 
 
 @dataclass(frozen=True)
+class CheckedPoint:
+    """A point `check` measured the reference at, and the data each input gets there.
+
+    Attributes:
+        name: min, opt, max, shape, or the name given in `accuracy.shapes`.
+        inputs: each input's dims at this point.
+        data: what each input is fed (report.json's `data`: kind, source, range, ...).
+    """
+
+    name: str
+    inputs: dict[str, tuple[int, ...]]
+    data: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SkippedPoint:
+    """A point the policy does not judge (`accuracy.shapes.NAME.skip`), and why.
+
+    Attributes:
+        name: the point's name.
+        inputs: each input's dims there.
+        reason: the policy's reason.
+    """
+
+    name: str
+    inputs: dict[str, tuple[int, ...]]
+    reason: str
+
+
+@dataclass(frozen=True)
 class CheckResult:
     """What `check` found: every node's precision, the ops at risk, the warnings, the points.
 
@@ -194,7 +226,7 @@ class CheckResult:
         warnings: what the `trtbuild` logger was told.
         low_precision_share: the share of compute nodes in FP16 (BF16 for a BF16 policy).
         points: each point that would be judged: its name, inputs and data.
-        skipped_points: the points a policy skips, with the reason.
+        skipped_points: the points the policy skips, with the reason.
         summary: nodes per precision and rule hits (the table's last line).
         casts: the casts the conversion inserts.
         front: what it was found on (for renderers).
@@ -204,8 +236,8 @@ class CheckResult:
     at_risk: list[AtRisk]
     warnings: list[str]
     low_precision_share: float
-    points: list[dict[str, Any]]
-    skipped_points: list[dict[str, Any]]
+    points: list[CheckedPoint]
+    skipped_points: list[SkippedPoint]
     summary: PrecisionSummary
     casts: int
     front: Front = field(repr=False)

@@ -35,6 +35,7 @@ def export(folder: Path) -> None:
     checked = trtbuild.check(trtbuild.load_policy("policies/nafnet.yaml"))
     assert_type(checked.nodes[0], trtbuild.NodeDecision)
     assert_type(checked.at_risk, list[trtbuild.AtRisk])
+    assert_type(checked.points[0].inputs, dict[str, tuple[int, ...]])
     try:
         trtbuild.build(policy, backend="none")
     except trtbuild.TrtbuildError as exc:
