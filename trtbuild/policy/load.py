@@ -257,7 +257,7 @@ def _numbers_where_wanted(doc: Any) -> Any:
     (`1e-2`: YAML 1.1's `yaml.safe_load` leaves it a string), made that number."""
     if not isinstance(doc, dict):
         return doc
-    for _ in range(10_000):  # each round fixes every string the validator names
+    for _ in range(100):  # each round fixes every string the validator names
         fixes = [e for err in _validator(SCHEMA).iter_errors(doc) for e in _wanted_numbers(err)]
         if not fixes:
             break

@@ -149,7 +149,10 @@ class Policy:
 
 def _sourced(policy: Policy, source: PolicySource) -> Policy:
     """`policy` with `source`, the source's fingerprint its own."""
-    return replace(policy, source=replace(source, fingerprint=policy.fingerprint))
+    fingerprint = policy.fingerprint
+    found = replace(policy, source=replace(source, fingerprint=fingerprint))
+    found.__dict__["fingerprint"] = fingerprint  # the same content: not computed again
+    return found
 
 
 def load_policy(name: str | Path) -> Policy:
