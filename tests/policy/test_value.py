@@ -112,14 +112,14 @@ def test_to_yaml_for_another_folder_keeps_the_comments_and_rebases_the_paths(tmp
     path.write_text(
         "# yaml-language-server: $schema=schema.json\n"
         "version: 1\nmodel: m.onnx  # the export\n"
-        "precision:\n  rules:\n    # why r\n    - {id: r, match: {op: Pow}, precision: fp32}\n"
+        "precision:\n  rules:\n    # why r\n    - {id: r, match: {name: m.onnx}, precision: fp32}\n"
     )
     policy = load_policy(path)
     text = policy.to_yaml(tmp_path / "sub" / "q.yaml")
     assert text == (
         "# yaml-language-server: $schema=../schema.json\n"
-        "version: 1\nmodel: ../m.onnx  # the export\n"
-        "precision:\n  rules:\n    # why r\n    - {id: r, match: {op: Pow}, precision: fp32}\n"
+        "version: 1\nmodel: ../m.onnx  # the export\n"  # a regex that names it too stays
+        "precision:\n  rules:\n    # why r\n    - {id: r, match: {name: m.onnx}, precision: fp32}\n"
     )
 
 

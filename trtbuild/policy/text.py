@@ -17,7 +17,22 @@ from typing import Any
 
 import yaml
 
+from trtbuild.policy import specs
+from trtbuild.policy.keys import keyed
 from trtbuild.policy.load import PolicyLoader
+
+# The keys whose value is a path relative to the policy: the model, a point's data file,
+# and every field the table marks `path` (data files, image folders, the timing cache).
+PATH_KEYS = frozenset(
+    {"model", "file"}
+    | {
+        name
+        for cls in vars(specs).values()
+        if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+        for _, k, name in keyed(cls)
+        if k.path
+    }
+)
 
 
 def policy_paths(value: Any) -> set[Path]:
@@ -59,16 +74,19 @@ def rebased_text(policy: Any, folder: Path) -> str | None:
 def rebased(text: str, base: Path, folder: Path, paths: set[Path]) -> str | None:
     """`text` with each relative path among `paths` written from `folder` instead of `base`.
 
-    Absolute paths stay as they are; a path is a string value that names one of `paths`
-    from `base`. None where the text cannot be read as YAML.
+    Absolute paths stay as they are; a path is the string value of a path key
+    (`PATH_KEYS`) that names one of `paths` from `base`. None where the text cannot be
+    read as YAML.
     """
     try:
         root = yaml.compose(text, Loader=PolicyLoader)
     except yaml.YAMLError:
         return None
     edits = []
-    for node in _scalars(root):
+    for key, node in _scalars(root):
         value = node.value
+        if key not in PATH_KEYS:
+            continue
         if not value or os.path.isabs(value) or "://" in value:
             continue
         target = (base / value).resolve()
@@ -113,17 +131,18 @@ def with_rules(text: str, lines: list[str]) -> str | None:
     return None
 
 
-def _scalars(node: yaml.Node) -> list[yaml.ScalarNode]:
-    """The scalar values under `node` (not mapping keys)."""
-    found, stack = [], [node]
+def _scalars(node: yaml.Node) -> list[tuple[str | None, yaml.ScalarNode]]:
+    """The scalar values under `node`, each with the key it is the value of (None in a list)."""
+    found: list[tuple[str | None, yaml.ScalarNode]] = []
+    stack: list[tuple[str | None, yaml.Node]] = [(None, node)]
     while stack:
-        item = stack.pop()
+        key, item = stack.pop()
         if isinstance(item, yaml.ScalarNode):
-            found.append(item)
+            found.append((key, item))
         elif isinstance(item, yaml.MappingNode):
-            stack += [v for _, v in item.value]
+            stack += [(getattr(k, "value", None), v) for k, v in item.value]
         elif isinstance(item, yaml.SequenceNode):
-            stack += item.value
+            stack += [(None, v) for v in item.value]
     return found
 
 
