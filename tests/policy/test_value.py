@@ -89,7 +89,7 @@ def test_to_yaml_writes_what_a_person_would(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(
         f"version: 1\nmodel: m.onnx  # the export\n"
-        f"build: {{timing_cache: {tmp_path}/t.cache, backend: auto}}\n"
+        f"build: {{timing_cache: {tmp_path}/t.cache, backend: auto, workspace: 1GiB}}\n"
         "inputs: {x: {shape: [1, 4], data: {file: d.npz}}}\n"
         "precision:\n  rules:\n    # the reason it is pinned\n"
         "    - {id: r, match: {op: Pow}, precision: fp32}\n"
@@ -100,7 +100,7 @@ def test_to_yaml_writes_what_a_person_would(tmp_path):
     text = changed.to_yaml(tmp_path / "sub" / "q.yaml")
     doc = yaml.safe_load(text)
     assert doc["model"] == "../m.onnx" and doc["inputs"]["x"]["data"] == {"file": "../d.npz"}
-    assert doc["build"] == {"timing_cache": f"{tmp_path}/t.cache"}  # backend: auto is a default
+    assert doc["build"] == {"timing_cache": f"{tmp_path}/t.cache", "workspace": "1GiB"}
     assert "accuracy" not in doc and "passes" not in doc
     assert "    # the reason it is pinned\n    - {id: r," in text
     saved = changed.save(tmp_path / "sub" / "q.yaml")

@@ -163,7 +163,7 @@ def written(
     Args:
         path: how a path is written (absolute by default; relative for a person's file).
         defaults: write a value equal to the field's default too (False: what a person
-            writes, the keys that change something).
+            writes, the keys that change something, sizes in whole units as `1GiB`).
     """
     out = {}
     for f, k, name in keyed(type(obj)):
@@ -172,10 +172,23 @@ def written(
             continue
         if not defaults and value == _default(f):
             continue
-        value = k.write(value) if k.write is not None else _plain(value, path)
+        if not defaults and k.schema.get("oneOf") == SIZE["oneOf"]:
+            value = _size_text(value)
+        elif k.write is not None:
+            value = k.write(value)
+        else:
+            value = _plain(value, path)
         if value is not None:
             out[name] = value
     return out
+
+
+def _size_text(value: int) -> int | str:
+    """A size as a person writes it (`1GiB`, `512MiB`) where it is a whole number of units."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value % scale == 0:
+            return f"{value // scale}{unit}"
+    return value
 
 
 def _default(f: Field) -> Any:
