@@ -15,7 +15,7 @@ demo: models
 test: install models
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m mypy tests/typing/api_usage.py
+	$(BIN)/python -m mypy tests/static/api_usage.py
 	$(BIN)/python -m pytest
 
 install: $(STAMP)
