@@ -239,3 +239,19 @@ def test_the_stub_names_what_the_package_imports_lazily():
         for name in typed
     )
     assert set(trtbuild.__all__) == {*trtbuild._API, "__version__"}
+
+
+def test_no_module_names_a_policy_by_its_path():
+    """A policy made in code has no path (`policy.path` is None): errors and records name it
+    by `policy.where`, and its hash is `policy.sha256`, never a file's read again."""
+    import re
+
+    from tests.conftest import ROOT
+
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "trtbuild").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"str\((\w+\.)*policy\.path\)|sha256_file\((\w+\.)*policy\.path\)", line)
+    ]
+    assert not found, found
