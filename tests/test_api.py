@@ -252,6 +252,6 @@ def test_no_module_names_a_policy_by_its_path():
         f"{path.relative_to(ROOT)}:{n}"
         for path in sorted((ROOT / "trtbuild").rglob("*.py"))
         for n, line in enumerate(path.read_text().splitlines(), 1)
-        if re.search(r"str\((\w+\.)*policy\.path\)|sha256_file\((\w+\.)*policy\.path\)", line)
+        if re.search(r"(str\(|sha256_file\(|\{)(\w+\.)*policy\.path[)}]", line)
     ]
     assert not found, found
