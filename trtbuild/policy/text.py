@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from trtbuild.policy import specs
+import trtbuild.policy.specs as specs
 from trtbuild.policy.keys import keyed
 from trtbuild.policy.load import PolicyLoader
 
