@@ -67,4 +67,4 @@ format: install
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf build .cache .pytest_cache .ruff_cache
+	rm -rf build .cache .pytest_cache .ruff_cache .mypy_cache
