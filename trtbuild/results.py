@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from trtbuild.front import Front
     from trtbuild.policy.model import Policy
     from trtbuild.precision.assign import PrecisionSummary
+    from trtbuild.tuning.search import SearchResult
 
 Precision = Literal["fp16", "bf16", "fp32"]
 Backend = Literal["auto", "tensorrt", "tensorrt-rtx", "none"]
@@ -309,4 +310,4 @@ class TuneResult:
     evaluations: int
     pins: list[Pin]
     yaml: str
-    search: Any = field(default=None, repr=False, compare=False)
+    search: SearchResult | None = field(default=None, repr=False, compare=False)

@@ -26,6 +26,8 @@ def export(folder: Path) -> None:
     assert_type(tuned.low_precision_share, float)
     assert_type(tuned.budget_exhausted, bool)
     assert_type(tuned.pins[0], trtbuild.Pin)
+    assert tuned.search is not None
+    assert_type(tuned.search.trials[0].passed, bool)
     saved = tuned.policy.save(folder / "model.tuned.yaml")
     result = trtbuild.build(saved, backend="none")
     assert_type(result, trtbuild.BuildResult)
