@@ -15,6 +15,7 @@ demo: models
 test: install models
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy tests/static/api_usage.py
 	$(BIN)/python -m pytest
 
 install: $(STAMP)
@@ -67,4 +68,4 @@ format: install
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf build .cache .pytest_cache .ruff_cache
+	rm -rf build .cache .pytest_cache .ruff_cache .mypy_cache

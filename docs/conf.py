@@ -56,4 +56,9 @@ nitpick_ignore = [
     ("py:class", "PrecisionSummary"),  # internal types a result carries for the renderers
     ("py:class", "Front"),
     ("py:class", "collections.abc.Callable"),
+    ("py:class", "collections.abc.Iterable"),
+    ("py:class", "Trial"),  # tune's progress callback gets the search's own trial
+    ("py:class", "SearchResult"),  # the search behind a TuneResult (what the CLI logs)
+    ("py:class", "Backend"),  # Literal aliases (trtbuild.results): their values are in the text
+    ("py:class", "Objective"),
 ]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import onnx
 import pytest
+import yaml
 
 import trtbuild
 from trtbuild.errors import EXIT_USAGE
@@ -15,7 +19,8 @@ def test_check_lists_every_node_with_its_rule(example_policy, capsys):
     assert "final-reduction" in {n.rule for n in pinned}
     assert all(n.reason for n in result.nodes)
     assert 0.4 < result.low_precision_share < 0.5
-    assert result.points[0]["data"]["input"]["kind"] == "random"
+    assert result.points[0].data["input"]["kind"] == "random"
+    assert result.points[0].inputs == {"input": (1, 3, 64, 64)}
     assert capsys.readouterr().out == ""
 
 
@@ -30,9 +35,13 @@ def test_convert_returns_the_validated_mixed_model(example_policy, capsys):
 def test_build_writes_and_returns_the_verdict(example_policy, tmp_path, capsys):
     result = trtbuild.build(example_policy("gfpgan_dynamic", rules="[]"), tmp_path / "out", "none")
     assert not result.passed and result.exit_code == 1
-    assert [s["name"] for s in result.shapes] == ["opt", "min", "max"]
-    assert not next(s for s in result.shapes if s["name"] == "max")["passed"]
+    assert [p.name for p in result.points] == ["opt", "min", "max"]
+    assert not next(p for p in result.points if p.name == "max").passed
     assert result.outputs["energy"].passed  # at the primary point, opt
+    assert result.outputs == result.points[0].outputs
+    energy = result.points[2].outputs["energy"]
+    assert energy.max_abs > 0 and not energy.passed and isinstance(energy.failed_samples, tuple)
+    assert result.points[0].inputs["input"] == (1, 3, 64, 64)
     assert result.files["report.json"] == tmp_path / "out" / "report.json"
     assert result.report.passed is False
     assert capsys.readouterr().out == ""
@@ -91,3 +100,158 @@ def test_a_cache_without_codec_is_refused_before_any_work(example_policy, tmp_pa
 
     with pytest.raises(ValueError, match="open_cache"):
         trtbuild.check(example_policy("nafnet"), cache=Cache(root=tmp_path))
+
+
+def _in_code(example_policy, tmp_path, name: str, **edits) -> trtbuild.Policy:
+    """The example policy as a script makes it: a mapping, no file behind it; a decoy
+    `policy.yaml` (another model, other rules) where a file would have been looked for."""
+    doc = yaml.safe_load(example_policy(name, **edits).read_text())  # YAML 1.1: 1e-2 a string
+    (tmp_path / "policy.yaml").write_text("version: 1\nmodel: decoy.onnx\n")
+    return trtbuild.Policy.from_dict(doc, base_dir=tmp_path, name="mine")
+
+
+def test_a_policy_made_in_code_is_tuned_written_and_built_as_itself(
+    example_policy, tmp_path, monkeypatch, caplog
+):
+    """No file behind the policy: tune searches it (not a file's), the tuned policy is a new
+    value with its own name and hash, and build.json records that value."""
+    policy = _in_code(example_policy, tmp_path, "gfpgan_dynamic", rules="[]")
+    monkeypatch.chdir(tmp_path)
+    tuned = trtbuild.tune(policy, jobs=1, quiet=True)
+    assert tuned.passed and not tuned.budget_exhausted and 0.5 < tuned.low_precision_share < 1
+    assert tuned.policy.name == "mine.tuned" and tuned.policy.path is None
+    assert tuned.policy.sha256 not in (policy.sha256, trtbuild.load_policy("policy.yaml").sha256)
+    assert [p.rule for p in tuned.pins] == [r.id for r in tuned.policy.precision.rules]
+    assert all(f"# {p.group}: {p.reason}" in tuned.yaml for p in tuned.pins)
+    assert tuned.policy.to_yaml() == tuned.yaml
+    result = trtbuild.build(tuned.policy, backend="none")
+    assert result.passed and result.out_dir == Path("build") / "mine.tuned"
+    built = json.loads((tmp_path / "build" / "mine.tuned" / "build.json").read_text())
+    assert built["policy"] == "<policy mine.tuned>"
+    assert built["hashes"]["policy"] == tuned.policy.sha256
+    saved = tuned.policy.save(tmp_path / "out" / "mine.tuned.yaml")
+    assert saved == tuned.policy and saved.path == tmp_path / "out" / "mine.tuned.yaml"
+    assert trtbuild.load_policy(saved.path) == tuned.policy
+    assert not [r for r in caplog.records if "budget" in r.getMessage()]
+
+
+def test_tune_searches_the_policy_changed_in_code_not_its_file(example_policy, tmp_path):
+    """A rule added in code stays first and unchanged; the file's rules are not read again."""
+    path = example_policy("gfpgan_dynamic", rules="[]")
+    policy = trtbuild.load_policy(path).with_rules(
+        {"id": "mine", "match": {"op": "ReduceSumSquare"}, "precision": "fp32"}
+    )
+    path.write_text("version: 1\nmodel: elsewhere.onnx\n")  # edited during the search
+    tuned = trtbuild.tune(policy, jobs=1, quiet=True, output=tmp_path / "t.yaml")
+    assert tuned.policy.precision.rules[0].id == "mine"
+    assert tuned.policy.name == "t" and tuned.passed
+
+
+def test_a_budget_cut_short_says_so_to_the_result_and_the_logger(write_policy, caplog):
+    """Every tolerance exact: the start fails and one evaluation leaves the search wanting."""
+    policy = trtbuild.load_policy(write_policy(rules=""))
+    exact = {"atol": 0.0, "rtol": 0.0, "check_error_stat": "max"}
+    policy = trtbuild.Policy.from_dict(
+        {**policy.to_dict(), "accuracy": {"samples": 1, "tolerances": {"default": exact}}}
+    )
+    tuned = trtbuild.tune(policy, budget=1, jobs=1, quiet=True)
+    assert tuned.evaluations == 1 and tuned.budget_exhausted and not tuned.passed
+    said = [r.getMessage() for r in caplog.records if r.name == "trtbuild"]
+    assert any("ran out" in m and "raise `budget`" in m for m in said)
+    assert "DOES NOT PASS (budget exhausted)" in tuned.yaml
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda p: trtbuild.build(p, backend="nonee"), "`backend` must be one of auto, tensorrt"),
+        (lambda p: trtbuild.tune(p, budget=0), "`budget` must be at least 1"),
+        (lambda p: trtbuild.tune(p, objective="speed"), "`objective` must be one of nodes"),
+    ],
+)
+def test_bad_arguments_are_usage_errors_in_the_library_s_words(call, words, tmp_path):
+    """Before any work (the policy's model does not even exist), no flag named."""
+    policy = trtbuild.Policy.from_dict({"version": 1, "model": "m.onnx"}, base_dir=tmp_path)
+    with pytest.raises(trtbuild.UsageError) as info:
+        call(policy)
+    assert words in str(info.value) and "--" not in str(info.value)
+
+
+def test_a_missing_model_is_said_in_library_words_naming_the_policy_value(tmp_path):
+    policy = trtbuild.Policy.from_dict({"version": 1, "model": "m.onnx"}, base_dir=tmp_path)
+    with pytest.raises(trtbuild.UsageError) as info:
+        trtbuild.check(policy)
+    said = str(info.value)
+    assert "model file not found" in said and str(tmp_path / "m.onnx") in said
+    assert "make models" not in said and "--" not in said
+
+
+def test_the_cli_says_the_library_s_arguments_as_flags(tmp_path, write_policy, capsys):
+    from trtbuild.cli import main
+
+    assert (
+        main(["tune", "--policy", str(write_policy()), "-o", str(tmp_path / "t"), "--budget", "0"])
+        == 2
+    )
+    assert "--budget must be at least 1" in capsys.readouterr().err
+
+
+def test_quiet_silences_progress_for_the_call_only():
+    import io
+
+    from trtbuild.accuracy.progress import StatusLine, silenced
+
+    loud, hushed = io.StringIO(), io.StringIO()
+    with silenced():
+        StatusLine(hushed).write("judging 1/4 samples")
+    StatusLine(loud).write("judging 1/4 samples")
+    assert hushed.getvalue() == "" and loud.getvalue() == "judging 1/4 samples\n"
+
+
+def test_the_namespace_is_visible_without_importing_the_pipeline():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, trtbuild; names = dir(trtbuild);"
+        "assert {'Policy', 'build', 'TuneResult', 'PointResult'} <= set(names), names;"
+        "assert 'onnx' not in sys.modules and 'trtbuild.api' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    from importlib.resources import files
+
+    assert files("trtbuild").joinpath("py.typed").is_file()
+
+
+def test_the_stub_names_what_the_package_imports_lazily():
+    """`__init__.pyi` (what type checkers read) and `_API` (what `__getattr__` imports) agree."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    stub = ast.parse((ROOT / "trtbuild" / "__init__.pyi").read_text())
+    typed = {
+        a.asname: f"{n.module}" for n in stub.body if isinstance(n, ast.ImportFrom) for a in n.names
+    }
+    assert set(typed) == set(trtbuild._API)
+    assert all(
+        getattr(trtbuild, name) is getattr(__import__(typed[name], fromlist=[name]), name)
+        for name in typed
+    )
+    assert set(trtbuild.__all__) == {*trtbuild._API, "__version__"}
+
+
+def test_no_module_names_a_policy_by_its_path():
+    """A policy made in code has no path (`policy.path` is None): errors and records name it
+    by `policy.where`, and its hash is `policy.sha256`, never a file's read again."""
+    import re
+
+    from tests.conftest import ROOT
+
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "trtbuild").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"(str\(|sha256_file\(|\{)(\w+\.)*policy\.path[)}]", line)
+    ]
+    assert not found, found

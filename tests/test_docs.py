@@ -100,6 +100,19 @@ def test_api_page_documents_every_public_name(built):
         assert f'id="trtbuild.errors.{name}"' in html, name
 
 
+def test_api_page_documents_every_field_of_every_result(built):
+    """A result's fields are what a user reads: each is on the page, said in its docstring."""
+    import dataclasses
+
+    html = (built / "api.html").read_text(encoding="utf-8")
+    for name in trtbuild.api.__all__:
+        cls = getattr(trtbuild.api, name)
+        if not dataclasses.is_dataclass(cls) or name in ("Policy", "Rule", "Match"):
+            continue  # the policy's sections are the policy page's (`docs/policy.md`)
+        for f in dataclasses.fields(cls):
+            assert f'id="trtbuild.api.{name}.{f.name}"' in html, f"{name}.{f.name}"
+
+
 def test_api_functions_have_docstrings():
     """autodoc documents what the docstring says: a public function without one is blank."""
     for name in trtbuild.api.__all__:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import yaml
 
 from tests.conftest import ROOT
 from trtbuild.cli import main
-from trtbuild.policy import Policy
+from trtbuild.policy import Policy, load_policy
 
 README = (ROOT / "README.md").read_text()
 
@@ -46,16 +47,24 @@ def test_the_first_policy_is_a_valid_policy(tmp_path):
     assert [r.id for r in policy.precision.rules] == ["ln-after-attention", "last-reduction"]
 
 
-def test_the_python_api_example_runs(example_policy, tmp_path, capsys):
+def test_the_python_api_example_runs(models_dir, tmp_path, capsys):
+    """A policy made in code, tuned, written and built, as the README shows it."""
     code = next(b for b in _blocks("python") if "import trtbuild" in b)
-    code = code.replace('"policies/matting.yaml"', repr(str(example_policy("matting"))))
+    model = "models/gfpgan_dynamic.onnx"
+    assert model in code
+    code = code.replace(model, str(models_dir / "gfpgan_dynamic.onnx"))
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
         exec(compile(code, "README.md", "exec"), {})
     finally:
         os.chdir(cwd)
-    assert (tmp_path / "build" / "matting" / "report.json").is_file()
-    tuned = Policy.from_dict(yaml.safe_load((tmp_path / "matting.tuned.yaml").read_text()))
-    assert [r.id for r in tuned.precision.rules] == ["context-sum"]  # its pin already holds
-    assert capsys.readouterr().out == ""  # the library prints nothing
+    said = capsys.readouterr()
+    assert said.out.splitlines()[0].startswith("True ") and said.err == ""
+    text = (tmp_path / "gfpgan.tuned.yaml").read_text()
+    tuned = load_policy(tmp_path / "gfpgan.tuned.yaml")
+    assert [r.id for r in tuned.precision.rules] == ["tuned-1"]
+    assert "    # reduction /energy/ReduceSumSquare: reaches |x| = " in text  # the pin's reason
+    built = json.loads((tmp_path / "build" / "gfpgan.tuned" / "build.json").read_text())
+    assert built["policy"] == str(tmp_path.resolve() / "gfpgan.tuned.yaml")
+    assert built["hashes"]["policy"] == tuned.sha256

@@ -1,8 +1,10 @@
 """trtbuild: TensorRT engines under a per-layer precision policy, proven against FP32.
 
-The library (`trtbuild.api`): `load_policy`, `check`, `convert`, `build`, `tune`, their
-result types, and `TrtbuildError`; loaded on first use, so `trtbuild --help` and
-`import trtbuild` stay instant.
+The library (`trtbuild.api`): `load_policy`, `Policy`, `check`, `convert`, `build`, `tune`,
+their result types, and `TrtbuildError`; loaded on first use, so `trtbuild --help` and
+`import trtbuild` stay instant. Type checkers and editors see every name with its type
+through `__init__.pyi` (tests/test_api.py checks it names what `_API` does), and
+`dir(trtbuild)` lists them.
 """
 
 from __future__ import annotations
@@ -14,23 +16,59 @@ __version__ = "0.1.0"
 _API = {
     "load_policy": "trtbuild.policy",
     "Policy": "trtbuild.policy",
+    "PolicySource": "trtbuild.policy",
+    "Rule": "trtbuild.policy.specs",
+    "Match": "trtbuild.policy.specs",
     "check": "trtbuild.api",
     "convert": "trtbuild.api",
     "convert_front": "trtbuild.api",
     "build": "trtbuild.api",
     "tune": "trtbuild.api",
     "open_cache": "trtbuild.api",
-    "CheckResult": "trtbuild.api",
-    "BuildResult": "trtbuild.api",
-    "TuneResult": "trtbuild.api",
-    "NodeDecision": "trtbuild.api",
-    "OutputResult": "trtbuild.api",
+    "CheckResult": "trtbuild.results",
+    "CheckedPoint": "trtbuild.results",
+    "SkippedPoint": "trtbuild.results",
+    "BuildResult": "trtbuild.results",
+    "TuneResult": "trtbuild.results",
+    "NodeDecision": "trtbuild.results",
+    "OutputResult": "trtbuild.results",
+    "PointResult": "trtbuild.results",
+    "AtRisk": "trtbuild.results",
+    "Divergence": "trtbuild.results",
+    "Pin": "trtbuild.results",
     "TrtbuildError": "trtbuild.errors",
     "UsageError": "trtbuild.errors",
     "BackendError": "trtbuild.errors",
 }
 
-__all__ = ["__version__", *_API]
+__all__ = [
+    "AtRisk",
+    "BackendError",
+    "BuildResult",
+    "CheckResult",
+    "CheckedPoint",
+    "Divergence",
+    "Match",
+    "NodeDecision",
+    "OutputResult",
+    "Pin",
+    "PointResult",
+    "Policy",
+    "PolicySource",
+    "Rule",
+    "SkippedPoint",
+    "TrtbuildError",
+    "TuneResult",
+    "UsageError",
+    "__version__",
+    "build",
+    "check",
+    "convert",
+    "convert_front",
+    "load_policy",
+    "open_cache",
+    "tune",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -40,3 +78,8 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(_API[name]), name)
+
+
+def __dir__() -> list[str]:
+    """The public names and the module's own dunders, before any is imported."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__"))})

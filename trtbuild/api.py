@@ -12,26 +12,52 @@ logger (the CLI prints them as `trtbuild: warning:` lines).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from trtbuild.policy import Policy, load_policy
+from trtbuild.errors import UsageError
+from trtbuild.policy import Policy, PolicySource, load_policy
+from trtbuild.policy.specs import Match, Rule
+from trtbuild.results import (
+    AtRisk,
+    Backend,
+    BuildResult,
+    CheckedPoint,
+    CheckResult,
+    Divergence,
+    NodeDecision,
+    Objective,
+    OutputResult,
+    Pin,
+    PointResult,
+    SkippedPoint,
+    TuneResult,
+)
 
 if TYPE_CHECKING:
     import onnx
 
-    from trtbuild.accuracy.report import Report
     from trtbuild.cache import Cache
     from trtbuild.front import Front
-    from trtbuild.precision.assign import PrecisionSummary
+    from trtbuild.tuning.search import SearchResult, Trial
 
 __all__ = [
+    "AtRisk",
     "BuildResult",
     "CheckResult",
+    "CheckedPoint",
+    "Divergence",
+    "Match",
     "NodeDecision",
     "OutputResult",
+    "Pin",
+    "PointResult",
+    "Policy",
+    "PolicySource",
+    "Rule",
+    "SkippedPoint",
     "TuneResult",
     "build",
     "check",
@@ -45,69 +71,24 @@ __all__ = [
 log = logging.getLogger("trtbuild")
 
 
-@dataclass(frozen=True)
-class NodeDecision:
-    """One node's precision and why: the rule that chose it and the reason in words."""
-
-    name: str
-    op: str
-    precision: str  # fp16 | bf16 | fp32 | "-" (no float output: keeps its inputs' types)
-    rule: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """What `check` found: every node's precision, the ops at risk, the warnings, the points."""
-
-    nodes: list[NodeDecision]
-    at_risk: list[dict[str, Any]]
-    warnings: list[str]
-    low_precision_share: float  # compute nodes in FP16 (or BF16 for a BF16 policy)
-    points: list[dict[str, Any]]  # each judged point: name, inputs, data per input
-    skipped_points: list[dict[str, Any]]
-    summary: PrecisionSummary  # nodes per precision, rule hits: the table's last line
-    casts: int
-    front: Front = field(repr=False)  # what it was found on, for renderers (`check`'s lines)
-
-
-@dataclass(frozen=True)
-class OutputResult:
-    """One output's verdict at the primary point, with the metrics it was judged by."""
-
-    passed: bool
-    metrics: dict[str, Any]  # report.json's `outputs.NAME`: max_abs, cosine, checks, ...
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    """What `build` made and found; `report` is the whole report (report.json's model)."""
-
-    passed: bool
-    low_precision_share: float
-    outputs: dict[str, OutputResult]
-    shapes: list[dict[str, Any]]  # report.json's `shapes`: every point's verdict and data
-    out_dir: Path
-    files: dict[str, Path]  # artifact name -> its path in out_dir
-    exit_code: int  # the CLI's: 0 passed, 1 below tolerance
-    report: Report = field(repr=False)
-
-
-@dataclass(frozen=True)
-class TuneResult:
-    """The tuned policy (its rules plus the pins tune added), and how the search went."""
-
-    policy: Policy
-    passed: bool
-    evaluations: int
-    yaml: str  # the tuned policy as `trtbuild tune -o` writes it, each pin with its reason
-    # the search itself (`tuning.TuneResult`): each trial, the groups pinned and why,
-    # whether the budget ran out; what `trtbuild tune` prints and logs
-    search: Any = field(default=None, repr=False, compare=False)
-
-
 def _policy(policy: Policy | str | Path) -> Policy:
-    return policy if isinstance(policy, Policy) else load_policy(policy)
+    if isinstance(policy, Policy):
+        return policy
+    if not isinstance(policy, (str, Path)):
+        raise UsageError(
+            f"`policy` must be a Policy or the path of a policy file, not {type(policy).__name__}",
+            hint="pass trtbuild.load_policy(path) or trtbuild.Policy.from_dict(mapping)",
+        )
+    return load_policy(policy)
+
+
+@contextmanager
+def _quiet(on: bool) -> Iterator[None]:
+    """Progress lines off for this call only (a context variable, not a process flag)."""
+    from trtbuild.accuracy.progress import silenced
+
+    with silenced(on):
+        yield
 
 
 def open_cache(
@@ -141,15 +122,20 @@ def _front(policy: Policy, reference: str, cache: Cache | None, verbose: bool) -
 
 
 def check(
-    policy: Policy | str | Path, *, cache: Cache | None = None, verbose: bool = False
+    policy: Policy | str | Path,
+    *,
+    cache: Cache | None = None,
+    verbose: bool = False,
+    quiet: bool = False,
 ) -> CheckResult:
     """Validate `policy` against its model: every node's precision and why (`trtbuild check`).
 
     Args:
-        policy: a loaded `Policy`, or the path of a policy file.
+        policy: a `Policy` (loaded, or made in code), or the path of a policy file.
         cache: `open_cache()` to reuse the prepared graph and the reference's measures;
-            None computes everything.
+            None (the library's default, unlike the CLI's) computes everything.
         verbose: let the dependencies' own logs through.
+        quiet: no progress lines on stderr (a long reference run shows its samples).
 
     Returns:
         The nodes with their precision, rule and reason; the ops at risk; the warnings;
@@ -160,7 +146,8 @@ def check(
     """
     from trtbuild import evaluation
 
-    front = _front(_policy(policy), "measures", cache, verbose)
+    with _quiet(quiet):
+        front = _front(_policy(policy), "measures", cache, verbose)
     nodes = [
         NodeDecision(n.name, n.op_type, d.precision or "-", d.rule, d.reason)
         for n, d in zip(front.assignment.view.nodes, front.assignment.decisions)
@@ -171,15 +158,18 @@ def check(
     summary = front.assignment.summary()  # one walk over the nodes
     return CheckResult(
         nodes=nodes,
-        at_risk=evaluation.at_risk(front),
+        at_risk=[AtRisk.from_json(r) for r in evaluation.at_risk(front)],
         warnings=warnings,
         low_precision_share=summary.low_share,
         points=[
-            {"name": r.point.name, "inputs": dict(r.point.shapes)}
-            | {"data": {n: d.to_json() for n, d in r.data.items()}}
+            CheckedPoint(
+                r.point.name,
+                {n: tuple(d) for n, d in r.point.shapes.items()},
+                {n: d.to_json() for n, d in r.data.items()},
+            )
             for r in front.shapes
         ],
-        skipped_points=[p.skipped_json() for p in front.skipped],
+        skipped_points=[SkippedPoint(p.name, dict(p.shapes), p.skip or "") for p in front.skipped],
         summary=summary,
         casts=len(front.converted.casts),
         front=front,
@@ -187,7 +177,11 @@ def check(
 
 
 def convert(
-    policy: Policy | str | Path, *, cache: Cache | None = None, verbose: bool = False
+    policy: Policy | str | Path,
+    *,
+    cache: Cache | None = None,
+    verbose: bool = False,
+    quiet: bool = False,
 ) -> onnx.ModelProto:
     """The mixed-precision model (`trtbuild convert`), validated before it is returned.
 
@@ -196,9 +190,10 @@ def convert(
     TensorRT still builds the model).
 
     Args:
-        policy: a loaded `Policy`, or the path of a policy file.
+        policy: a `Policy` (loaded, or made in code), or the path of a policy file.
         cache: `open_cache()` to reuse earlier work; None computes everything.
         verbose: let the dependencies' own logs through.
+        quiet: no progress lines on stderr.
 
     Returns:
         The mixed model, ready for `onnx.save` or TensorRT's parser.
@@ -206,73 +201,96 @@ def convert(
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
-    return convert_front(policy, cache=cache, verbose=verbose).converted.model
+    return convert_front(policy, cache=cache, verbose=verbose, quiet=quiet).converted.model
 
 
 def convert_front(
-    policy: Policy | str | Path, *, cache: Cache | None = None, verbose: bool = False
+    policy: Policy | str | Path,
+    *,
+    cache: Cache | None = None,
+    verbose: bool = False,
+    quiet: bool = False,
 ) -> Front:
     """`convert`'s work with everything it knows: the assignment and the casts beside the
-    validated mixed model (`front.converted.model`), for a caller that shows them.
+    validated mixed model (`front.converted.model`), for a tool that shows them (the
+    CLI's `convert`); an internal value, not a stable one.
 
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
     from trtbuild.precision.validate import validate_mixed
 
-    front = _front(_policy(policy), "none", cache, verbose)
+    with _quiet(quiet):
+        front = _front(_policy(policy), "none", cache, verbose)
     loaded = validate_mixed(front.converted.model, cache)  # once per mixed model
     for w in front.warnings + loaded:
         log.warning(w)
     return front
 
 
+def check_backend(backend: str | None) -> None:
+    """Refuse a backend no build knows, before any work (`exit_code` 2)."""
+    from trtbuild.policy.specs import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        raise UsageError(
+            f"`backend` must be one of {', '.join(BACKENDS)}, not {backend!r}",
+            hint="or None for the policy's build.backend",
+        )
+
+
 def build(
     policy: Policy | str | Path,
     out: str | Path | None = None,
-    backend: str | None = None,
+    backend: Backend | None = None,
     *,
     cache: Cache | None = None,
     verbose: bool = False,
+    quiet: bool = False,
 ) -> BuildResult:
     """Prepare, assign, build and judge; write the artifacts into `out` (`trtbuild build`).
 
     A policy below tolerance is a result (`passed` False, `exit_code` 1), not an
-    exception: the report is the point of a build that fails.
+    exception: the report is the point of a build that fails. build.json records the
+    policy's `where` and `sha256` (its file's where it is what its file says).
 
     Args:
-        policy: a loaded `Policy`, or the path of a policy file.
-        out: the output folder (default `build/<policy stem>/`); published whole.
+        policy: a `Policy` (loaded, or made in code), or the path of a policy file.
+        out: the output folder (default `build/<policy name>/`); published whole.
         backend: `tensorrt`, `tensorrt-rtx`, `none` or `auto`; default the policy's.
         cache: `open_cache()` to reuse earlier work; None computes everything.
         verbose: let the dependencies' own logs through.
+        quiet: no progress lines on stderr.
 
     Returns:
-        The verdict, the share in low precision, each output's metrics, every point's
-        verdict, and the paths written.
+        The verdict, the share in low precision, each output's figures at every point,
+        and the paths written.
 
     Raises:
-        TrtbuildError: a bad policy, model or data (`exit_code` 2), or a backend that is
-            missing or fails to build (`exit_code` 3).
+        TrtbuildError: a bad policy, model, data or argument (`exit_code` 2), or a
+            backend that is missing or fails to build (`exit_code` 3).
     """
     from trtbuild import pipeline
     from trtbuild.artifacts import BUILD_FILES
 
+    check_backend(backend)
     policy = _policy(policy)
-    out_dir = Path(out) if out is not None else Path("build") / policy.stem
-    outcome = pipeline.build(policy, out_dir, backend, verbose, cache=cache)
+    out_dir = Path(out) if out is not None else Path("build") / policy.name
+    with _quiet(quiet):
+        outcome = pipeline.build(policy, out_dir, backend, verbose, cache=cache)
     report = outcome.report
     for w in report.warnings:
         log.warning(w)
-    main = report.main
+    points = [PointResult.from_json(s.to_json()) for s in report.shapes]
     return BuildResult(
         passed=report.passed,
         low_precision_share=report.precision.low_share,
-        outputs={n: OutputResult(m.passed, m.to_json()) for n, m in main.outputs.items()},
-        shapes=[s.to_json() for s in report.shapes],
+        outputs=dict(points[0].outputs) if points else {},
+        points=points,
         out_dir=outcome.out_dir,
         files={n: outcome.out_dir / n for n in BUILD_FILES if (outcome.out_dir / n).is_file()},
         exit_code=outcome.exit_code,
+        policy=policy,
         report=report,
     )
 
@@ -281,55 +299,76 @@ def tune(
     policy: Policy | str | Path,
     *,
     budget: int = 100,
-    objective: str = "nodes",
+    objective: Objective = "nodes",
     seed: int = 0,
     jobs: int | None = None,
     cache: Cache | None = None,
     output: str | Path | None = None,
-    progress: Callable[[Any, int], None] | None = None,
+    progress: Callable[[Trial, int], None] | None = None,
     verbose: bool = False,
+    quiet: bool = False,
 ) -> TuneResult:
     """The fewest FP32 pins beyond the policy's rules that meet every tolerance at every point.
 
-    What `trtbuild tune` searches; nothing is written.
+    What `trtbuild tune` searches, on the policy given (made in code or loaded); nothing
+    is written. Where the budget runs out first, `budget_exhausted` says so and the
+    `trtbuild` logger warns.
 
     Args:
-        policy: a loaded `Policy`, or the path of a policy file.
+        policy: a `Policy` (loaded, or made in code), or the path of a policy file.
         budget: evaluations at most.
         objective: what a pin costs, `nodes` or `flops`.
         seed: tie-breaking; the same seed gives the same policy.
         jobs: worker processes (default min(4, usable cores)); the result does not
             depend on it.
         cache: `open_cache()` to reuse earlier work; None computes everything.
-        output: where the tuned policy would be written, so its paths point from there
-            (default: beside the policy).
+        output: the file the tuned policy will be saved as: its paths are written from
+            there, and it is named after it (default: `<name>.tuned`, beside the policy).
         progress: called after each evaluation with the trial and the budget (the CLI
             draws its bar with it).
         verbose: let the dependencies' own logs through.
+        quiet: no progress lines on stderr.
 
     Returns:
-        The tuned `Policy`, whether it passes, the evaluations spent and its YAML.
+        The tuned `Policy` (a new value), whether it passes, its share, whether the
+        budget ran out, the evaluations spent, the pins with their reasons, its YAML.
 
     Raises:
-        TrtbuildError: a bad policy, model or data, or bad arguments (`exit_code` 2).
+        TrtbuildError: a bad policy, model, data or argument (`exit_code` 2).
     """
     from trtbuild import tuning
-    from trtbuild.policy import parse_policy
 
     jobs = jobs if jobs is not None else tuning.default_jobs()
     tuning.check_args(budget, objective, jobs)
     policy = _policy(policy)
     tuning.check_policy(policy)
-    front = _front(policy, "tensors", cache, verbose)
-    result = tuning.tune(
-        front, budget=budget, objective=objective, seed=seed, jobs=jobs, progress=progress
-    )
-    where = Path(output) if output is not None else policy.path
-    text = tuning.tuned_yaml(front, result, where, seed, objective)
+    with _quiet(quiet):
+        front = _front(policy, "tensors", cache, verbose)
+        found = tuning.tune(
+            front, budget=budget, objective=objective, seed=seed, jobs=jobs, progress=progress
+        )
+    return _tuned(front, found, output, seed, objective)
+
+
+def _tuned(
+    front: Front, found: SearchResult, output: str | Path | None, seed: int, objective: str
+) -> TuneResult:
+    """The search's result as the library's: the tuned policy a new value, named after
+    `output` (or `<name>.tuned`); the budget's warning to the `trtbuild` logger."""
+    from trtbuild import tuning
+
+    where = Path(output) if output is not None else None
+    name = where.stem if where is not None else f"{front.policy.name}.tuned"
+    text, tuned = tuning.tuned_policy(front, found, where, seed, objective, name)
+    if found.exhausted:
+        log.warning(tuning.budget_warning(found))
     return TuneResult(
-        policy=parse_policy(text, where.resolve()),
-        passed=result.passed,
-        evaluations=len(result.trials),
+        policy=tuned,
+        passed=found.passed,
+        low_precision_share=found.low_share,
+        budget_exhausted=found.exhausted,
+        evaluations=len(found.trials),
+        pins=[Pin(rule, group, reason) for rule, group, reason in tuning.pins(front, found)],
         yaml=text,
-        search=result,
+        search=found,
     )

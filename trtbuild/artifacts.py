@@ -36,6 +36,7 @@ from trtbuild.fsutil import (
     write_json,
     write_text,
 )
+from trtbuild.policy.model import Policy
 from trtbuild.record import BuildRecord
 
 REPORT_FILES = (
@@ -138,11 +139,11 @@ def build_record(
     policy = front.policy
     layers = engines["policy"].layers if "policy" in engines else []
     record = BuildRecord(
-        policy=str(policy.path),
+        policy=policy.where,
         model=str(policy.model),
         backend=backend,
         versions=versions(backend),
-        hashes={"model": sha256_file(policy.model), "policy": sha256_file(policy.path)},
+        hashes={"model": sha256_file(policy.model), "policy": policy.sha256},
         passes=front.prepared.records_json(),
         timings_seconds={k: round(v, 3) for k, v in {**front.timings, **timings}.items()},
         cache=dict(front.cache_hits),
@@ -234,14 +235,22 @@ def audit_layers(front: Front, layers: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def earlier_build(out_dir: Path, policy_path: Path) -> BuildRecord | None:
+def earlier_build(out_dir: Path, policy: Policy) -> BuildRecord | None:
     """build.json of an earlier build of the same policy in `out_dir`, if there is one; exit 2
-    for a record of that policy this trtbuild cannot read."""
+    for a record of that policy this trtbuild cannot read.
+
+    The same policy: the same file (`where`), or for a policy without one, the same name
+    and content (`<policy NAME>` and its sha256)."""
     path = out_dir / "build.json"
     try:
         built = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(built, dict) or built.get("policy") != str(policy_path):
+    if not isinstance(built, dict) or built.get("policy") != policy.where:
+        return None
+    hashes = built.get("hashes")
+    if policy.path is None and (
+        not isinstance(hashes, dict) or hashes.get("policy") != policy.sha256
+    ):
         return None
     return BuildRecord.from_json(built, path)

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 from trtbuild import __version__
@@ -280,12 +281,31 @@ class _Once(logging.Filter):
         return True
 
 
+# The library names its arguments (`budget`); the command line has flags for them.
+LIBRARY_FLAGS = {
+    "`budget`": "--budget",
+    "`jobs`": "--jobs",
+    "`objective`": "--objective",
+    "`backend`": "--backend",
+    "`output`": "-o",
+    "`out`": "--out",
+    "`policy`": "--policy",
+}
+
+
+def _flags(text: str) -> str:
+    """A library message in the command line's words: each argument named as its flag."""
+    for word, flag in LIBRARY_FLAGS.items():
+        text = text.replace(word, flag)
+    return text
+
+
 class _Printable(logging.Formatter):
     """`trtbuild: warning: ...` with control characters escaped (a warning may quote the
-    policy's keys and values), as `_warn` prints."""
+    policy's keys and values), as `_warn` prints, the library's argument names as flags."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"trtbuild: warning: {printable(record.getMessage())}"
+        return f"trtbuild: warning: {_flags(printable(record.getMessage()))}"
 
 
 def _warnings_handler() -> logging.Handler:
@@ -320,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except TrtbuildError as exc:
-        print(f"trtbuild: error: {exc}", file=sys.stderr)
+        print(f"trtbuild: error: {_flags(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
@@ -444,7 +464,7 @@ def _cmd_check(args) -> int:
     )
     if s.quantized.get("q_nodes") or s.quantized.get("dq_nodes"):
         print(quantized_line(s.quantized))
-    print(at_risk_lines(found.at_risk, policy.accuracy.emulation))
+    print(at_risk_lines([asdict(r) for r in found.at_risk], policy.accuracy.emulation))
     print(judged_line(found.front))
     return 0
 
@@ -455,10 +475,10 @@ def _check_json(found, rows: list) -> dict:
         "nodes": rows,
         "summary": found.summary.to_json(),
         "casts": found.casts,
-        "at_risk": found.at_risk,
+        "at_risk": [asdict(r) for r in found.at_risk],
         "warnings": found.warnings,
-        "points": found.points,
-        "skipped_points": found.skipped_points,
+        "points": [asdict(p) for p in found.points],
+        "skipped_points": [asdict(p) for p in found.skipped_points],
     }
 
 
@@ -540,20 +560,6 @@ def _cmd_tune(args) -> int:
         f"{result.low_share:.1%} {result.low.upper()}, {len(result.pinned)} group(s) "
         f"pinned beyond the policy's rules, {len(result.trials)} evaluation(s)"
     )
-    if result.exhausted:
-        _warn(
-            [
-                f"tune's budget of {result.budget} evaluations ran out before the search ended, "
-                f"so {'a smaller' if result.passed else 'a passing'} pin set may exist (a full "
-                f"search of these {len(result.groups)} groups needs at most "
-                f"{result.full_search}); raise --budget"
-                + (
-                    f"; the point that costs the most is {result.costliest_point}"
-                    if result.costliest_point
-                    else ""
-                )
-            ]
-        )
     print(f"wrote {args.output} and {log}")
     return 0 if result.passed else EXIT_ACCURACY
 

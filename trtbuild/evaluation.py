@@ -131,7 +131,7 @@ def evaluate_all(
     main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk
     fp32 = firsts[2] if len(firsts) > 2 else None
     return Report(
-        policy=str(policy.path),
+        policy=policy.where,
         model=str(policy.model),
         samples=len(front.feeds),
         emulation=policy.accuracy.emulation,

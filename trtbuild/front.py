@@ -127,7 +127,7 @@ def run_front(
     check_quantized(policy, analysis)  # TensorRT's Q/DQ rules, before any other work
     original = policy.accuracy.reference_model
     if original is not None:  # before anything runs: exit 2 naming the field
-        check_reference_model(prepared.model, original, str(policy.path))
+        check_reference_model(prepared.model, original, policy.where)
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -179,7 +179,7 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
     fields = "build.compute_capabilities" if v.field == "compute capability" else None
     raise UsageError(
         f"Q/DQ node {v.node}: {v.problem}{more}",
-        where=f"{policy.path}: {fields}" if fields else str(policy.model),
+        where=f"{policy.where}: {fields}" if fields else str(policy.model),
         hint=v.fix,
     )
 
@@ -198,7 +198,7 @@ def _shape_runs(
     if len(skipped) == len(points):
         raise UsageError(
             "accuracy.shapes: every point is skipped, so nothing would be judged",
-            where=str(policy.path),
+            where=policy.where,
             hint="judge at least one point: remove a skip",
         )
     decoded = Decoded()  # each image decoded once, every point fit from its original
@@ -251,7 +251,7 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError
     return UsageError(
         f"the FP32 model cannot run at {point.label}{where}: "
         f"{(said.group(1) if said else text).strip()[:300]}",
-        where=str(policy.path),
+        where=policy.where,
         hint="choose input shapes (inputs.*.shape, min/opt/max, accuracy.shapes) or data the "
         "model takes",
     )

@@ -122,13 +122,13 @@ def report_only(
     from trtbuild.engine.backends import gpu_available, resolve_backend
 
     front = run_front(policy, cache=cache, verbose=verbose)
-    built = earlier_build(out_dir, policy.path)
+    built = earlier_build(out_dir, policy)
     backend = built.backend if built else "none"
     plans: dict[str, bytes] = {}
     unrun = []
     if engine is not None and gpu_available():
         # the engine's own build.json says which TensorRT made it; else the policy's backend
-        own = earlier_build(engine.resolve().parent, policy.path)
+        own = earlier_build(engine.resolve().parent, policy)
         backend = own.backend if own else resolve_backend(policy.build.backend)
         plans["policy"] = engine.read_bytes()
     elif engine is not None:

@@ -8,22 +8,32 @@ import pytest
 import yaml
 
 from trtbuild.errors import UsageError
-from trtbuild.policy import Policy, load_policy
+from trtbuild.policy import Policy, load_policy, parse_policy
+from trtbuild.policy.specs import Match, Rule
 
 POLICIES = sorted((Path(__file__).resolve().parents[2] / "policies").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", POLICIES, ids=lambda p: p.stem)
-def test_every_example_policy_round_trips(path):
+def test_every_example_policy_round_trips(path, tmp_path):
+    """`to_dict` anywhere; `to_yaml` beside it (its text) and elsewhere (paths re-based), and
+    what `yaml.safe_load` makes of a file (YAML 1.1: `1e-2` a string) is read as the file."""
     policy = load_policy(path)
-    again = Policy.from_dict(yaml.safe_load(policy.to_yaml()), base_dir="/", name=path.stem)
-    assert again == Policy(**{**policy.__dict__, "path": again.path})
-    assert Policy.from_dict(policy.to_dict(), base_dir="/", name=path.stem) == again
+    assert Policy.from_dict(policy.to_dict(), base_dir="/", name=path.stem) == policy
+    assert policy.to_yaml() == path.read_text()  # the file itself, every comment kept
+    moved = tmp_path / "sub" / f"{path.stem}.yaml"
+    again = parse_policy(policy.to_yaml(moved), moved)
+    assert again == policy
+    raw = yaml.safe_load(path.read_text())
+    assert Policy.from_dict(raw, base_dir=path.parent, name=path.stem) == policy
+    changed = policy.with_rules(Rule("extra", Match(op=("Exp",)), "fp32"))  # written anew
+    text = changed.to_yaml(moved)
+    assert parse_policy(text, moved) == changed and text != policy.to_yaml(moved)
 
 
 def test_from_dict_resolves_paths_against_base_dir_and_names_the_field(tmp_path):
     policy = Policy.from_dict({"version": 1, "model": "m.onnx"}, base_dir=tmp_path, name="mine")
-    assert policy.model == (tmp_path / "m.onnx").resolve() and policy.stem == "mine"
+    assert policy.model == (tmp_path / "m.onnx").resolve() and policy.name == "mine"
     with pytest.raises(UsageError, match=r"precision\.default: str 'fp8' is not one of") as info:
         Policy.from_dict({"version": 1, "model": "m.onnx", "precision": {"default": "fp8"}})
     assert info.value.where == "<mapping>"
@@ -60,7 +70,7 @@ def test_values_beside_the_examples_round_trip_too(tmp_path):
         },
     }
     policy = Policy.from_dict(doc, base_dir=tmp_path)
-    again = Policy.from_dict(yaml.safe_load(policy.to_yaml()), base_dir="/")
-    assert again == Policy(**{**policy.__dict__, "path": again.path})
+    again = Policy.from_dict(yaml.safe_load(policy.to_yaml()), base_dir=tmp_path)
+    assert again == policy
     assert again.accuracy.default_tolerance.index_tolerance == 0
     assert again.inputs[0].data.high == 5.0 and again.precision.guards == ()

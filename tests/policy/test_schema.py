@@ -70,6 +70,4 @@ def test_the_loader_adds_no_default_of_its_own(tmp_path):
     loaded = load_policy(path)
     from trtbuild.policy.specs import InputSpec
 
-    assert loaded == Policy(
-        path.resolve(), (tmp_path / "m.onnx").resolve(), (InputSpec("x", (1,)),)
-    )
+    assert loaded == Policy("p", (tmp_path / "m.onnx").resolve(), (InputSpec("x", (1,)),))

@@ -75,7 +75,7 @@ def check_memory(
         f"accuracy.samples: {policy.accuracy.samples} samples of these inputs need about "
         f"{fmt_bytes(need)} ({fmt_bytes(per_sample)} of inputs per sample, held three "
         f"times{reading}); accuracy.memory_budget is {fmt_bytes(budget)}",
-        where=str(policy.path),
+        where=policy.where,
         hint=hint,
     )
 

@@ -42,7 +42,7 @@ def check(
         raise UsageError(
             f"{field}: array '{spec.name}' has shape {list(have)}; {where} needs {list(shape)} "
             "and derive is none",
-            where=str(policy.path),
+            where=policy.where,
             hint=f"give the point its own data (accuracy.shapes.{point_name}.data.file), skip it "
             f"(accuracy.shapes.{point_name}.skip: REASON), or set derive: tile or synthetic",
         )
@@ -84,7 +84,7 @@ def _sample_shape(
     raise UsageError(
         f"{field}: array '{spec.name}' has shape {list(file_shape)}; the input takes rank "
         f"{len(shape)} ({list(shape)} here) or [N, ...] with a leading sample axis",
-        where=str(policy.path),
+        where=policy.where,
         hint="save one array per input, shaped like the input or with a sample axis first",
     )
 
@@ -103,7 +103,7 @@ def _check_axes(
             raise UsageError(
                 f"{field}: array '{name}' has {a} on axis {axis} where the model's input has "
                 f"{b}; only dynamic axes can be derived",
-                where=str(policy.path),
+                where=policy.where,
                 hint=f"save the array with shape {list(shape)} (or [N, ...] of it)",
             )
 
@@ -151,6 +151,6 @@ def empty_file(
     """A file whose array has a sample axis of length 0: nothing to judge with, said so."""
     return UsageError(
         f"{field}: {path.name} holds no samples of '{name}' (array shape {list(shape)})",
-        where=str(policy.path),
+        where=policy.where,
         hint=f"save at least one sample in {path}, or remove it from the policy",
     )

@@ -63,7 +63,7 @@ def plan(
             keys = ", ".join(_members(policy, path, field))
             raise UsageError(
                 f"{field}: {path.name} has no array '{spec.name}'",
-                where=str(policy.path),
+                where=policy.where,
                 hint=f"keys found: {keys}",
             )
         _check_kind(policy, field, spec.name, member.dtype, np.dtype(dtypes[spec.name]))
@@ -81,7 +81,7 @@ def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
         arr = npz.read(f.path, f.member, cut)
     except npz.NpzError as exc:
         raise UsageError(
-            f"{f.field}: cannot read {f.path}: {exc}", where=str(policy.path)
+            f"{f.field}: cannot read {f.path}: {exc}", where=policy.where
         ) from None
     return _finite(policy, f.field, f.name, arr).astype(np.dtype(dtype), copy=False)
 
@@ -96,7 +96,7 @@ def _own(
     if unknown:
         raise UsageError(
             f"{field}: {point.file.name} holds array(s) {unknown} that name no model input",
-            where=str(policy.path),
+            where=policy.where,
             hint="the model's inputs are " + ", ".join(shapes),
         )
     out = {}
@@ -107,7 +107,7 @@ def _own(
             raise UsageError(
                 f"{field}: array '{name}' has shape {list(have)}; {point.label} needs "
                 f"{list(shape)} or [N, {', '.join(map(str, shape))}]",
-                where=str(policy.path),
+                where=policy.where,
                 hint="a point's own file holds that point's shapes",
             )
         if have != shape and have[0] == 0:
@@ -120,7 +120,7 @@ def _members(policy: Policy, path: Path, field: str) -> dict[str, npz.Member]:
     try:
         return npz.members(path)
     except npz.NpzError as exc:
-        raise UsageError(f"{field}: cannot read {path}: {exc}", where=str(policy.path)) from None
+        raise UsageError(f"{field}: cannot read {path}: {exc}", where=policy.where) from None
 
 
 _KINDS = {"f": "floating-point", "i": "integer", "u": "integer", "b": "boolean"}
@@ -134,7 +134,7 @@ def _check_kind(policy: Policy, field: str, name: str, have: np.dtype, want: np.
         raise UsageError(
             f"{field}: array '{name}' holds {have} values; the model's input "
             f"'{name}' takes {want} ({_KINDS.get(want.kind, want.kind)})",
-            where=str(policy.path),
+            where=policy.where,
             hint=f"save the array as {want} (e.g. arr.astype(np.{want}))",
         )
 
@@ -147,7 +147,7 @@ def _finite(policy: Policy, field: str, name: str, arr: np.ndarray) -> np.ndarra
             raise UsageError(
                 f"{field}: array '{name}' holds {len(bad)} NaN or infinite value(s), the "
                 f"first at index {list(index)} ({arr[index]})",
-                where=str(policy.path),
+                where=policy.where,
                 hint="reference inputs must be finite; clean or regenerate the file",
             )
     return arr

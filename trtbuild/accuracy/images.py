@@ -41,12 +41,12 @@ def image_paths(
         )
     except OSError as exc:
         raise UsageError(
-            f"{field}: cannot list {img.folder}: {exc.strerror or exc}", where=str(policy.path)
+            f"{field}: cannot list {img.folder}: {exc.strerror or exc}", where=policy.where
         ) from None
     if len(paths) < per_sample:
         raise UsageError(
             f"{field}: {img.folder} holds {len(paths)} image(s); one sample needs {per_sample}",
-            where=str(policy.path),
+            where=policy.where,
             hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
         )
     samples = min(len(paths) // per_sample, policy.accuracy.samples, count or len(paths))
@@ -203,7 +203,7 @@ def image_layout(
     policy: Policy, spec: InputSpec, shape: tuple[int, ...], field: str
 ) -> tuple[str, tuple[int, int, int]]:
     """The layout and (channels, height, width) of an image input, or the field to fix."""
-    img, where = spec.data.images, str(policy.path)
+    img, where = spec.data.images, policy.where
     if len(shape) != 4:
         raise UsageError(
             f"{field}.images: input '{spec.name}' has rank {len(shape)}; images need a rank-4 input",
@@ -272,10 +272,10 @@ def _unreadable(policy: Policy, field: str, path: Path, exc: Exception) -> Usage
     if isinstance(exc, Image.DecompressionBombError):
         return UsageError(
             f"{field}.images: {path.name} is refused by Pillow: {exc}",
-            where=str(policy.path),
+            where=policy.where,
             hint="downscale the image; Pillow decodes no image past twice its limit",
         )
-    return UsageError(f"{field}.images: cannot read {path.name}: {exc}", where=str(policy.path))
+    return UsageError(f"{field}.images: cannot read {path.name}: {exc}", where=policy.where)
 
 
 def _check_pixels(policy: Policy, field: str, path: Path, size: tuple[int, int]) -> None:
@@ -285,7 +285,7 @@ def _check_pixels(policy: Policy, field: str, path: Path, size: tuple[int, int])
         raise UsageError(
             f"{field}.images: {path.name} has {count:,} pixels ({size[0]}x{size[1]}), more than "
             f"accuracy.max_image_pixels {limit:,}",
-            where=str(policy.path),
+            where=policy.where,
             hint="downscale the image, or raise accuracy.max_image_pixels if you trust it",
         )
 

@@ -103,7 +103,7 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
         if name not in names:
             raise UsageError(
                 f"inputs.{name}: the model has no input '{name}'",
-                where=str(policy.path),
+                where=policy.where,
                 hint="its inputs are " + ", ".join(names),
             )
     shapes = {}
@@ -115,7 +115,7 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
                 raise UsageError(
                     f"inputs.{name}: the model's input '{name}' has dynamic shape "
                     f"{[d if d else '?' for d in dims]}",
-                    where=str(policy.path),
+                    where=policy.where,
                     hint=f"add 'inputs: {{{name}: {{shape: [...]}}}}' or a min/opt/max profile",
                 )
             shape = tuple(dims)
@@ -132,14 +132,14 @@ def check_fits(policy: Policy, name: str, shape, dims: Dims, field: str) -> None
     if len(shape) != len(dims):
         raise UsageError(
             f"{field}: rank {len(shape)} does not fit the model's rank-{len(dims)} input",
-            where=str(policy.path),
+            where=policy.where,
             hint=f"the model expects {[d if d else '?' for d in dims]}",
         )
     for given, fixed in zip(shape, dims):
         if isinstance(fixed, int) and fixed > 0 and given != fixed:
             raise UsageError(
                 f"{field}: {list(shape)} does not fit the model's {[d if d else '?' for d in dims]}",
-                where=str(policy.path),
+                where=policy.where,
                 hint="only dynamic dimensions may differ; if the model's shape is an export's "
                 f"placeholder, set passes.override_input_shapes: {{{name}: [...]}} (a name for a "
                 "dynamic dim)",
@@ -199,7 +199,7 @@ def _same_dims(policy: Policy, spec: PointSpec, point: ShapePoint) -> None:
             raise UsageError(
                 f"accuracy.shapes.{spec.name}.{input_name}: {list(dims)} differs from the "
                 f"profile's {spec.name} {list(point.shapes.get(input_name, ()))}",
-                where=str(policy.path),
+                where=policy.where,
                 hint=f"'{spec.name}' is the profile's own point: give only data or skip there, "
                 f"change inputs.{input_name}.{spec.name}, or name the extra point otherwise",
             )
@@ -213,7 +213,7 @@ def _named_point(
     if spec.name in ("min", "opt", "max"):
         raise UsageError(
             f"{field}: this policy has no min/opt/max profile, so '{spec.name}' names no point",
-            where=str(policy.path),
+            where=policy.where,
             hint="name the extra point otherwise, or give the inputs a min/opt/max profile",
         )
     inputs = {n: d for n, _, d in model_inputs(model)}
@@ -222,7 +222,7 @@ def _named_point(
         if input_name not in inputs:
             raise UsageError(
                 f"{field}: the model has no input '{input_name}'",
-                where=str(policy.path),
+                where=policy.where,
                 hint="its inputs are " + ", ".join(inputs),
             )
         check_fits(policy, input_name, shape, inputs[input_name], f"{field}.{input_name}")
@@ -248,6 +248,4 @@ def _within_profile(
             return
         profile = f"the static shape {list(spec.shape)} the engine is built for"
         hint = f"give inputs.{spec.name} a min/opt/max profile that holds this shape"
-    raise UsageError(
-        f"{field}: {list(shape)} is outside {profile}", where=str(policy.path), hint=hint
-    )
+    raise UsageError(f"{field}: {list(shape)} is outside {profile}", where=policy.where, hint=hint)

@@ -10,9 +10,26 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TextIO
 
 DELAY_SECONDS = 2.0
+
+# The library's `quiet=`: progress off for one call (and the threads it starts with this
+# context), not for the process: another caller's progress is its own.
+SILENT: ContextVar[bool] = ContextVar("trtbuild_progress_silent", default=False)
+
+
+@contextmanager
+def silenced(on: bool = True) -> Iterator[None]:
+    """Every status line made inside the block writes nothing (where `on`)."""
+    token = SILENT.set(on or SILENT.get())
+    try:
+        yield
+    finally:
+        SILENT.reset(token)
 
 
 class StatusLine:
@@ -22,8 +39,11 @@ class StatusLine:
         self.stream = stream if stream is not None else sys.stderr  # looked up now, not at import
         self.tty = self.stream.isatty()
         self.width = 0  # the longest text so far: a shorter one must cover it
+        self.silent = SILENT.get()
 
     def write(self, text: str) -> None:
+        if self.silent:
+            return
         self.width = max(self.width, len(text))
         self.stream.write(("\r" + text.ljust(self.width)) if self.tty else (text + "\n"))
         self.stream.flush()

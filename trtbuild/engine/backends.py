@@ -116,7 +116,7 @@ def backend_version(backend: str) -> str | None:
 
 
 @dataclass
-class BuildResult:
+class EngineBuild:
     backend: str
     version: str
     engine: bytes
@@ -165,7 +165,7 @@ def _deferred_interrupt() -> Iterator[threading.Event]:
 
 def build_engine(
     onnx_path: Path, backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
-) -> BuildResult:
+) -> EngineBuild:
     """Parse a strongly typed ONNX model and build a serialized engine."""
     with _deferred_interrupt() as interrupted:
         return _build_engine(onnx_path, backend, spec, inputs, interrupted)
@@ -177,7 +177,7 @@ def _build_engine(
     spec: BuildSpec,
     inputs: tuple[InputSpec, ...],
     interrupted: threading.Event,
-) -> BuildResult:
+) -> EngineBuild:
     """Parse, configure, build; then read the network's layers and the builder's log."""
     trt = importlib.import_module(MODULES[backend])
     messages: list[tuple[str, str]] = []
@@ -202,12 +202,12 @@ def _build_engine(
     seconds = time.perf_counter() - started
     if serialized is None:
         if interrupted.is_set():
-            return BuildResult(backend, trt.__version__, b"", seconds)  # raised on exit
+            return EngineBuild(backend, trt.__version__, b"", seconds)  # raised on exit
         raise BackendError(f"{backend} engine build failed", hint=_last_errors(messages))
     _save_timing_cache(config, cache, spec.timing_cache)
     warnings = [msg for sev, msg in messages if sev == "WARNING"]
     engine = bytes(serialized)
-    return BuildResult(
+    return EngineBuild(
         backend,
         trt.__version__,
         engine,

@@ -32,7 +32,8 @@ def check_model_file(path: str | os.PathLike[str], *, what: str = "model") -> No
         raise UsageError(
             f"{what} file not found",
             where=str(path),
-            hint="generate it (make models) or fix the 'model' path, which is relative to the policy",
+            hint="fix the 'model' path, which is relative to the policy's folder (to base_dir for "
+            "Policy.from_dict), or create the model there",
         )
     if not stat.S_ISREG(mode):
         kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")

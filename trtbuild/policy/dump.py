@@ -1,41 +1,117 @@
 """A `Policy` back to the document it came from: the mapping `from_dict` reads, and its YAML.
 
-Why: a policy built or changed in Python (an export script, `tune`'s result) must be
-written as a file the CLI, the nightly and a reviewer read. Every value is written
-explicitly (defaults too) and every path absolute, so the document means the same
-wherever it is saved: `Policy.from_dict(policy.to_dict())` equals the policy. Each
-section's plain keys come from the field table (`keys.written`), so a new field is
-written as soon as it is declared; only what the loader builds is written here.
+Why two forms: a machine needs a document that means the same wherever it goes
+(`to_dict`, and the canonical YAML a policy without a file is identified by: every
+value, every path absolute, `Policy.from_dict(policy.to_dict())` equals the policy); a
+person keeps and reviews the file (`to_yaml`): paths as the source wrote them (relative
+to where the file is saved), only the keys that are not defaults, and the comments above
+rules (tune's reasons). Each section's plain keys come from the field table
+(`keys.written`), so a new field is written as soon as it is declared; only what the
+loader builds is written here.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.policy.keys import written
-from trtbuild.policy.specs import SIMPLE_KEYS
+from trtbuild.policy.specs import METRIC_KEYS, SIMPLE_KEYS, Tolerance
 
 if TYPE_CHECKING:
-    from trtbuild.policy.specs import AccuracySpec, DataSpec, InputSpec, Rule, Tolerance
+    from trtbuild.policy.specs import AccuracySpec, DataSpec, InputSpec, Rule
 
 # `model.Policy` reads this module to write itself; naming Policy here, even for type
 # checking, would be an import cycle (tests/test_layout.py counts those too), so it is read
-# by its fields (path, model, inputs, ...).
+# by its fields (name, model, inputs, ..., source).
 PolicyLike = Any
 
 
+@dataclass(frozen=True)
+class _Writer:
+    """How values are written: each path as `path` says; defaults too, or only changes."""
+
+    path: Callable[[Path], str] = str
+    defaults: bool = True
+
+    def keys(self, obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        return written(obj, skip, path=self.path, defaults=self.defaults)
+
+    def doc(self, policy: PolicyLike) -> dict[str, Any]:
+        precision = policy.precision
+        doc = {
+            "version": 1,
+            "model": self.path(policy.model),
+            "inputs": {s.name: self.input(s) for s in policy.inputs},
+            "passes": self.keys(policy.passes),
+            "precision": self.keys(precision) | {"rules": [self.rule(r) for r in precision.rules]},
+            "build": self.keys(policy.build),
+            "accuracy": self.accuracy(policy.accuracy),
+        }
+        return doc if self.defaults else {k: v for k, v in doc.items() if v not in ({}, None)}
+
+    def input(self, spec: InputSpec) -> dict[str, Any]:
+        data = self.data(spec.data)
+        return self.keys(spec) | ({"data": data} if data or self.defaults else {})
+
+    def data(self, data: DataSpec) -> dict[str, Any]:
+        """One source's keys (the loader takes one of file, distribution and images)."""
+        if data.images is not None:
+            skip = ("distribution", "mean", "std", "derive")  # the images' own mean and std
+            return self.keys(data.images) | self.keys(data, skip)
+        if data.file is not None:
+            return self.keys(data, ("distribution",))
+        return self.keys(data, ("derive",))
+
+    def rule(self, rule: Rule) -> dict[str, Any]:
+        out = written(rule, path=self.path)  # a rule is written whole: its keys say what it is
+        return {"id": out.pop("id"), "match": written(rule.match), **out}
+
+    def tolerance(self, tol: Tolerance, default: Tolerance | None = None) -> dict[str, Any]:
+        """The keys that make this tolerance (the simple check's only where it applies); for
+        an output, where only changes are written, those that differ from the `default`'s
+        (the loader reads an output's keys over the default's)."""
+        full = written(tol, () if tol.simple else SIMPLE_KEYS)
+        if self.defaults:
+            return full
+        if default is None:
+            out = merged = self.keys(tol, () if tol.simple else SIMPLE_KEYS)
+        else:
+            base = written(default, () if default.simple else SIMPLE_KEYS)
+            out = {k: v for k, v in full.items() if base.get(k) != v}
+            merged = {**self.tolerance(default), **out}
+        given = set(merged)
+        simple = bool(given & set(SIMPLE_KEYS)) or not given & {*METRIC_KEYS, "compare"}
+        if tol.simple and not simple:  # the loader would leave the simple check out
+            out["atol"] = tol.atol
+        return out
+
+    def accuracy(self, a: AccuracySpec) -> dict[str, Any]:
+        shapes = {}
+        for point in a.shapes:
+            entry: dict[str, Any] = {name: list(dims) for name, dims in point.dims}
+            if point.file is not None:
+                entry["data"] = {"file": self.path(point.file)}
+            if point.skip is not None:
+                entry["skip"] = point.skip
+            shapes[point.name] = entry
+        default = a.default_tolerance
+        outputs = {name: self.tolerance(t, default) for name, t in a.output_tolerances}
+        tolerances = {"default": self.tolerance(default), "outputs": outputs}
+        if not self.defaults:
+            tolerances = {k: v for k, v in tolerances.items() if v}
+        return self.keys(a) | {
+            **({"shapes": shapes} if shapes else {}),
+            **({"tolerances": tolerances} if tolerances else {}),
+        }
+
+
 def policy_dict(policy: PolicyLike) -> dict[str, Any]:
-    """The policy as the mapping its file holds (version 1)."""
-    precision = policy.precision
-    return {
-        "version": 1,
-        "model": str(policy.model),
-        "inputs": {s.name: _input(s) for s in policy.inputs},
-        "passes": written(policy.passes),
-        "precision": written(precision) | {"rules": [_rule(r) for r in precision.rules]},
-        "build": written(policy.build),
-        "accuracy": _accuracy(policy.accuracy),
-    }
+    """The policy as the mapping its file holds (version 1): every value, absolute paths."""
+    return _Writer().doc(policy)
 
 
 def policy_yaml(policy: PolicyLike) -> str:
@@ -45,43 +121,100 @@ def policy_yaml(policy: PolicyLike) -> str:
     return yaml.safe_dump(policy_dict(policy), sort_keys=False, default_flow_style=None, width=100)
 
 
-def _input(spec: InputSpec) -> dict[str, Any]:
-    return written(spec) | {"data": _data(spec.data)}
+def canonical_yaml(policy: PolicyLike) -> str:
+    """The text a policy without a file is identified by: `policy_dict`, keys sorted."""
+    import yaml
+
+    return yaml.safe_dump(policy_dict(policy), sort_keys=True, default_flow_style=None)
 
 
-def _data(data: DataSpec) -> dict[str, Any]:
-    """One source's keys (the loader takes one of file, distribution and images)."""
-    if data.images is not None:
-        skip = ("distribution", "mean", "std", "derive")  # the images' own mean and std
-        return written(data.images) | written(data, skip)
-    if data.file is not None:
-        return written(data, ("distribution",))
-    return written(data, ("derive",))
+def rule_dict(rule: Rule) -> dict[str, Any]:
+    """One rule as a policy file holds it."""
+    return _Writer().rule(rule)
 
 
-def _rule(rule: Rule) -> dict[str, Any]:
-    out = written(rule)
-    return {"id": out.pop("id"), "match": written(rule.match), **out}
+def relative(path: Path, folder: Path) -> str:
+    """`path` from `folder` (absolute where there is no relative path: another drive)."""
+    try:
+        return os.path.relpath(path, folder)
+    except ValueError:
+        return str(path)
 
 
-def _tolerance(tol: Tolerance) -> dict[str, Any]:
-    """The keys that make this tolerance: the simple check's only where it applies."""
-    return written(tol, () if tol.simple else SIMPLE_KEYS)
+def flow(value: Any) -> str:
+    """One value as a YAML flow node on one line."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000)
+    return text.split("\n...")[0].strip()  # a bare scalar ends with a document marker
 
 
-def _accuracy(a: AccuracySpec) -> dict[str, Any]:
-    shapes = {}
-    for point in a.shapes:
-        entry: dict[str, Any] = {name: list(dims) for name, dims in point.dims}
-        if point.file is not None:
-            entry["data"] = {"file": str(point.file)}
-        if point.skip is not None:
-            entry["skip"] = point.skip
-        shapes[point.name] = entry
-    return written(a) | {
-        **({"shapes": shapes} if shapes else {}),
-        "tolerances": {
-            "default": _tolerance(a.default_tolerance),
-            "outputs": {name: _tolerance(t) for name, t in a.output_tolerances},
-        },
-    }
+def person_yaml(policy: PolicyLike, folder: Path | None) -> str:
+    """`Policy.to_yaml`: the source's text where the policy is what it says (its paths
+    re-based to `folder`, every comment kept); else `human_yaml` from the value."""
+    from trtbuild.policy.text import rebased_text
+
+    src = policy.current_source
+    if src is not None and src.text is not None:
+        text = rebased_text(policy, folder) if folder is not None else src.text
+        if text is not None:
+            return text
+    source = policy.source
+    return human_yaml(policy, folder or (source.base_dir if source is not None else None))
+
+
+def human_yaml(
+    policy: PolicyLike,
+    folder: Path | None,
+    header: tuple[str, ...] = (),
+    notes: dict[str, str] | None = None,
+) -> str:
+    """The policy as a person writes it, to be saved in `folder`.
+
+    Paths the source wrote absolute stay so, the others are relative to `folder` (all
+    absolute where `folder` is None); only keys that are not defaults; one rule a line,
+    each with the comment its source had above it (`notes`, by rule id, add to them).
+    `header` lines (comments) come first, after an editor's `$schema` line.
+    """
+    source = policy.source
+    absolute = source.absolute if source is not None else frozenset()
+
+    def path(p: Path) -> str:
+        return str(p) if folder is None or str(p) in absolute else relative(p, folder)
+
+    doc = _Writer(path=path, defaults=False).doc(policy)
+    precision = doc.pop("precision", None) or {"rules": []}
+    rules = precision.pop("rules")
+    said = dict(source.notes if source is not None else ()) | (notes or {})
+    top = {k: doc.pop(k) for k in list(doc) if k in ("version", "model", "inputs", "passes")}
+    lines = [*_schema_line(source, folder), *header, _block(top)]
+    lines.append("precision:")
+    lines += [f"  {key}: {flow(value)}" for key, value in precision.items()]
+    lines.append("  rules: []" if not rules else "  rules:")
+    for rule in rules:
+        if rule["id"] in said:
+            lines.append(f"    # {said[rule['id']]}")
+        lines.append(f"    - {flow(rule)}")
+    if doc:
+        lines.append(_block(doc))
+    return "\n".join(lines) + "\n"
+
+
+def _block(doc: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100).rstrip()
+
+
+def _schema_line(source: Any, folder: Path | None) -> list[str]:
+    """The editor's `$schema` comment from the source's header, re-based to `folder`."""
+    marker = "# yaml-language-server: $schema="
+    for line in (source.text or "").splitlines() if source is not None else ():
+        if not line.startswith("#"):
+            break
+        if line.startswith(marker):
+            value = line[len(marker) :].strip()
+            if folder is not None and not Path(value).is_absolute() and "://" not in value:
+                value = relative((source.base_dir / value).resolve(), folder)
+            return [marker + value]
+    return []

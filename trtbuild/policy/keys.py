@@ -150,21 +150,54 @@ def given(raw: Mapping[str, Any], cls: type, base: Path, skip: tuple = ()) -> di
     return out
 
 
-def written(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+def written(
+    obj: Any,
+    skip: tuple[str, ...] = (),
+    *,
+    path: Callable[[Path], str] = str,
+    defaults: bool = True,
+) -> dict[str, Any]:
     """The keys `obj`'s class declares, as a policy file holds them: what `given` reads back
-    as the same values. A None is left out; built fields are their writer's to add."""
+    as the same values. A None is left out; built fields are their writer's to add.
+
+    Args:
+        path: how a path is written (absolute by default; relative for a person's file).
+        defaults: write a value equal to the field's default too (False: what a person
+            writes, the keys that change something, sizes in whole units as `1GiB`).
+    """
     out = {}
     for f, k, name in keyed(type(obj)):
         value = getattr(obj, f.name)
         if k.built or f.name in skip or value is None:
             continue
-        value = k.write(value) if k.write is not None else _plain(value)
+        if not defaults and value == _default(f):
+            continue
+        if not defaults and k.schema.get("oneOf") == SIZE["oneOf"]:
+            value = _size_text(value)
+        elif k.write is not None:
+            value = k.write(value)
+        else:
+            value = _plain(value, path)
         if value is not None:
             out[name] = value
     return out
 
 
-def _plain(value: Any) -> Any:
+def _size_text(value: int) -> int | str:
+    """A size as a person writes it (`1GiB`, `512MiB`) where it is a whole number of units."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value % scale == 0:
+            return f"{value // scale}{unit}"
+    return value
+
+
+def _default(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else MISSING
+
+
+def _plain(value: Any, path: Callable[[Path], str] = str) -> Any:
     if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    return str(value) if isinstance(value, Path) else value
+        return [_plain(v, path) for v in value]
+    return path(value) if isinstance(value, Path) else value

@@ -7,15 +7,20 @@ on nodes.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from trtbuild.errors import UsageError
-from trtbuild.policy.keys import given, keyed
-from trtbuild.policy.schema import SchemaViolation, validate
+from trtbuild.policy.keys import given, keyed, written
+from trtbuild.policy.schema import SCHEMA, SchemaViolation, _validator, validate
+from trtbuild.policy.source import PolicySource
 from trtbuild.policy.specs import (
     METRIC_KEYS,
     SIMPLE_KEYS,
@@ -47,7 +52,7 @@ def resolve_policy_path(name: str | Path) -> Path:
     raise UsageError(
         "policy file not found",
         where=str(name),
-        hint=f"looked at {', '.join(map(str, candidates))}; pass an existing path with --policy",
+        hint=f"looked at {', '.join(map(str, candidates))}; name an existing policy file",
     )
 
 
@@ -138,8 +143,9 @@ class _Located:
         return UsageError(f"{format_path(path)}: {message}", where=where, hint=hint)
 
 
-def load_fields(name: str | Path) -> dict[str, Any]:
-    """A policy file's fields, validated (`model.load_policy` makes the `Policy`)."""
+def load_fields(name: str | Path) -> tuple[dict[str, Any], PolicySource]:
+    """A policy file's fields, validated, and its source (`model.load_policy` makes the
+    `Policy`)."""
     path = resolve_policy_path(name)
     shown = _display(path)
     try:
@@ -149,14 +155,19 @@ def load_fields(name: str | Path) -> dict[str, Any]:
                 where=shown,
                 hint="a policy names rules, not data; put reference data in an .npz file",
             )
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read policy: {exc}", where=shown) from None
-    return parse_fields(text, path, shown)
+    fields, source = parse_fields(text, path, shown)
+    return fields, replace(source, sha256=hashlib.sha256(data).hexdigest())
 
 
-def parse_fields(text: str, path: Path, shown: str | None = None) -> dict[str, Any]:
-    """A policy text's fields, validated: every message names the file, line and field."""
+def parse_fields(
+    text: str, path: Path, shown: str | None = None
+) -> tuple[dict[str, Any], PolicySource]:
+    """A policy text's fields, validated (every message names the file, line and field),
+    and its source: the text, its sha256, the paths it wrote absolute, its rules' notes."""
     shown = shown or str(path)
     try:
         node = yaml.compose(text, Loader=PolicyLoader)
@@ -171,24 +182,149 @@ def parse_fields(text: str, path: Path, shown: str | None = None) -> dict[str, A
         raise UsageError(
             f"malformed YAML: {problem}", where=where, hint="fix the YAML syntax"
         ) from None
-    return _fields(data, path, _Located(Path(shown), _checked_lines(node, shown)))
+    lines = _checked_lines(node, shown)
+    fields = _fields(data, path.parent, _Located(Path(shown), lines))
+    source = PolicySource(
+        base_dir=path.parent,
+        path=path,
+        text=text,
+        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        absolute=_absolute(data, path.parent),
+        notes=_notes(text, lines, fields["precision"]),
+    )
+    return fields, source
 
 
-def mapping_fields(data: Any, path: Path) -> dict[str, Any]:
-    """A mapping's fields, validated as a file's text is (messages name the mapping)."""
-    import copy
+def mapping_fields(data: Any, base_dir: Path) -> tuple[dict[str, Any], PolicySource]:
+    """A mapping's fields, validated as a file's text is (messages name the mapping), and
+    its source. The mapping is read as a file's values would be: `Path`s, tuples and numpy
+    scalars as the strings, lists and numbers they stand for, and the strings YAML 1.1
+    leaves unread (`1e-2`) as numbers where the schema wants one."""
+    plain = _numbers_where_wanted(_plain(data))
+    fields = _fields(plain, base_dir, _Located(Path("<mapping>"), {}))
+    return fields, PolicySource(base_dir=base_dir, absolute=_absolute(plain, base_dir))
 
-    return _fields(copy.deepcopy(data), path, _Located(Path("<mapping>"), {}))
+
+def merged_rules(
+    precision: Precision, rules: Iterable[Any], drop: tuple[str, ...]
+) -> tuple[Rule, ...]:
+    """`precision`'s rules, each of `rules` replacing the one of its id or added after them,
+    less the ids in `drop`; each given rule checked as a file's would be."""
+    given_rules = [
+        {**written(r), "match": written(r.match)} if isinstance(r, Rule) else _plain(r)
+        for r in rules
+    ]
+    doc = _numbers_where_wanted({"version": 1, "model": "-", "precision": {"rules": given_rules}})
+    loc = _Located(Path("<rules>"), {})
+    try:
+        validate(doc)
+    except SchemaViolation as exc:
+        raise loc.error(exc.path, exc.message, _fix_hint(exc)) from None
+    new = _precision(doc["precision"], loc).rules
+    by_id = {r.id: r for r in new}
+    unknown = [i for i in drop if i not in {r.id for r in precision.rules}]
+    if unknown:
+        raise UsageError(
+            f"no rule with id {unknown[0]!r} to drop",
+            where="<rules>",
+            hint=f"the policy's rules are {[r.id for r in precision.rules]}",
+        )
+    kept = [by_id.pop(r.id, r) for r in precision.rules if r.id not in drop]
+    return (*kept, *(r for r in new if r.id in by_id))
 
 
-def _fields(data: Any, path: Path, loc: _Located) -> dict[str, Any]:
+def _plain(value: Any) -> Any:
+    """What Python code passes, as the values a YAML file gives: str for a path, list for a
+    tuple (or a numpy array), int, float or bool for a numpy scalar; a new object."""
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if type(value).__module__ == "numpy":
+        return _plain(value.tolist())  # a scalar's Python value, an array's nested lists
+    return value  # the schema names what it is not
+
+
+_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?$")
+
+
+def _numbers_where_wanted(doc: Any) -> Any:
+    """`doc` with each string the schema refuses where a number goes, and that reads as one
+    (`1e-2`: YAML 1.1's `yaml.safe_load` leaves it a string), made that number."""
+    if not isinstance(doc, dict):
+        return doc
+    for _ in range(100):  # each round fixes every string the validator names
+        fixes = [e for err in _validator(SCHEMA).iter_errors(doc) for e in _wanted_numbers(err)]
+        if not fixes:
+            break
+        for path, number in fixes:
+            *parents, last = path
+            holder = doc
+            for part in parents:
+                holder = holder[part]
+            holder[last] = number
+    return doc
+
+
+def _wanted_numbers(error: Any) -> list[tuple[tuple, float | int]]:
+    """(path, number) for each string `error` (or its alternatives) refused for a number."""
+    found = []
+    for e in [error, *(error.context or ())]:
+        if e is not error:
+            found += _wanted_numbers(e)
+            continue
+        types = e.validator_value if e.validator == "type" else ()
+        types = [types] if isinstance(types, str) else list(types)
+        text = e.instance
+        if {"number", "integer"} & set(types) and isinstance(text, str) and _FLOAT.match(text):
+            number = float(text.replace("_", ""))
+            if "integer" in types and "number" not in types and number.is_integer():
+                number = int(number)
+            found.append((tuple(e.absolute_path), number))
+    return found
+
+
+def _absolute(doc: Any, base: Path) -> frozenset[str]:
+    """Every string of `doc` that is an absolute path, resolved as the loader resolves paths
+    (`to_yaml` writes these absolute again, the others relative)."""
+    found: set[str] = set()
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += item.values()
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, str) and os.path.isabs(item):
+            found.add(str((base / item).resolve()))
+    return frozenset(found)
+
+
+def _notes(text: str, lines: dict, precision: Precision) -> tuple[tuple[str, str], ...]:
+    """(rule id, comment) for each rule with a comment on the line above it: `tune`'s reason
+    for a pin, kept when the policy is written again."""
+    rows = text.splitlines()
+    found = []
+    for i, rule in enumerate(precision.rules):
+        line = lines.get(("precision", "rules", i))
+        above = rows[line - 2].strip() if line and line >= 2 else ""
+        if above.startswith("#"):
+            found.append((rule.id, above.lstrip("#").strip()))
+    return tuple(found)
+
+
+def _fields(data: Any, base: Path, loc: _Located) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise loc.error((), "a policy must be a mapping with at least 'version' and 'model'")
     try:
         data = validate(data)
     except SchemaViolation as exc:
         raise loc.error(exc.path, exc.message, _fix_hint(exc)) from None
-    return _build(data, path, loc)
+    return _build(data, base, loc)
 
 
 def _checked_lines(node: yaml.Node | None, shown: str) -> dict:
@@ -294,12 +430,10 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
     return data_spec
 
 
-def _build(data: dict, path: Path, loc: _Located) -> dict[str, Any]:
+def _build(data: dict, base: Path, loc: _Located) -> dict[str, Any]:
     """The validated document as the `Policy`'s fields, section by section, with the checks a
     schema cannot express (profiles in order, unique rule ids, regexes that compile)."""
-    base = path.parent
     return dict(
-        path=path,
         model=_model(data, base, loc),
         inputs=tuple(
             _input(name, spec or {}, base, loc) for name, spec in _section(data, "inputs")

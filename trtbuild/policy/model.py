@@ -3,35 +3,82 @@
 Frozen, as its parts are (`specs` says why). The parts live in `specs`; reading a file
 or a mapping in `load` (which knows no `Policy`, so the arrows point one way); writing
 one back in `dump`.
+
+Why a policy carries its identity (`name`, `source`) rather than a path: a policy made
+in code, changed with `dataclasses.replace` or returned by `tune` has no file, or not
+the file it came from. What a build records (`build.json`'s policy and hash), the
+default out folder, finding an earlier build and the `where` of an error all come from
+the value: a file's path and bytes where the value is what the file says, else the
+name and the sha256 of the policy's canonical YAML.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision
+from trtbuild.policy.source import PolicySource
+from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision, Rule
 
-__all__ = ["Policy", "load_policy", "parse_policy"]
+__all__ = ["Policy", "PolicySource", "load_policy", "parse_policy"]
 
 
 @dataclass(frozen=True)
 class Policy:
-    """A policy, validated; paths are absolute."""
+    """A policy, validated: its name, its model and sections (paths absolute), its source.
 
-    path: Path
+    Equality is the policy's meaning (name and sections); `source` says where it came
+    from and is not compared. `dataclasses.replace` and `with_rules` give new values; a
+    changed policy is no longer what its file says, so it is identified by its content.
+    """
+
+    name: str
     model: Path
     inputs: tuple[InputSpec, ...] = ()
     passes: Passes = field(default_factory=Passes)
     precision: Precision = field(default_factory=Precision)
     build: BuildSpec = field(default_factory=BuildSpec)
     accuracy: AccuracySpec = field(default_factory=AccuracySpec)
+    source: PolicySource | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """The sha256 of the policy's canonical YAML (every value, absolute paths, sorted)."""
+        from trtbuild.policy.dump import canonical_yaml
+
+        return hashlib.sha256(canonical_yaml(self).encode()).hexdigest()
 
     @property
-    def stem(self) -> str:
-        return self.path.stem
+    def current_source(self) -> PolicySource | None:
+        """`source` where it still describes this policy (not after a change in code)."""
+        src = self.source
+        return src if src is not None and src.fingerprint == self.fingerprint else None
+
+    @property
+    def path(self) -> Path | None:
+        """The file this policy is, or None (made in code, changed since it was read)."""
+        src = self.current_source
+        return src.path if src is not None else None
+
+    @property
+    def sha256(self) -> str:
+        """Its file's (or text's) sha256 where it is what that says, else its fingerprint."""
+        src = self.current_source
+        return src.sha256 if src is not None and src.sha256 else self.fingerprint
+
+    @property
+    def where(self) -> str:
+        """Its file's path, else `<policy NAME>`: what errors and build.json name it by."""
+        path = self.path
+        return str(path) if path is not None else f"<policy {self.name}>"
+
+    @property
+    def stem(self) -> str:  # the name, as the policy's file stem once was
+        return self.name
 
     @classmethod
     def from_dict(
@@ -39,17 +86,38 @@ class Policy:
     ) -> Policy:
         """A policy from the mapping a policy file holds, validated as a file is.
 
+        Takes what `yaml.safe_load` returns (`atol: 1e-2`, a string in YAML 1.1, is the
+        number it means where a number goes) and what Python code passes: paths (`Path`),
+        tuples, numpy scalars. The mapping is not changed.
+
         Args:
-            mapping: the document (`version`, `model`, ...), as `yaml.safe_load` gives it.
+            mapping: the document (`version`, `model`, ...).
             base_dir: what relative paths (the model, data files) are relative to.
-            name: the policy's name (its stem: `build/<name>/` by default).
+            name: the policy's name (`build/<name>/` by default).
 
         Raises:
             UsageError: the same messages as for a file, naming the field and the fix.
         """
         from trtbuild.policy.load import mapping_fields
 
-        return cls(**mapping_fields(mapping, (Path(base_dir) / f"{name}.yaml").resolve()))
+        fields, source = mapping_fields(mapping, Path(base_dir).resolve())
+        return _sourced(cls(name=name, **fields), source)
+
+    def with_rules(self, *rules: Rule | Mapping[str, Any], drop: Iterable[str] = ()) -> Policy:
+        """A new policy: each rule replaces the rule of its id, or is added after the rest.
+
+        Args:
+            rules: `Rule`s, or mappings as a policy file writes a rule
+                (`{"id": ..., "match": {...}, "precision": "fp32"}`).
+            drop: ids of rules to remove.
+
+        Raises:
+            UsageError: a rule that a policy file could not hold (the loader's message).
+        """
+        from trtbuild.policy.load import merged_rules
+
+        found = merged_rules(self.precision, rules, tuple(drop))
+        return replace(self, precision=replace(self.precision, rules=found))
 
     def to_dict(self) -> dict[str, Any]:
         """The mapping `from_dict` reads back as an equal policy (every value, absolute paths)."""
@@ -57,28 +125,70 @@ class Policy:
 
         return policy_dict(self)
 
-    def to_yaml(self) -> str:
-        """`to_dict` as YAML: a policy file that means the same wherever it is saved."""
-        from trtbuild.policy.dump import policy_yaml
+    def to_yaml(self, where: str | Path | None = None) -> str:
+        """The policy as a person writes it: paths as its source had them, only the keys
+        that are not defaults, the comments above rules (tune's reasons) kept; where it is
+        what its source text says and is saved beside it, that text, every comment kept.
 
-        return policy_yaml(self)
+        Args:
+            where: the file it will be saved as: relative paths are written from its
+                folder. Default: the source's folder (absolute paths without a source).
+        """
+        from trtbuild.policy.dump import person_yaml
+
+        return person_yaml(self, Path(where).resolve().parent if where is not None else None)
+
+    def save(self, path: str | Path) -> Policy:
+        """Write `to_yaml(path)` to `path`, whole or not at all; return the policy it is now."""
+        from trtbuild.fsutil import write_text
+
+        text = self.to_yaml(path)
+        write_text(path, text)
+        return parse_policy(text, Path(path).resolve(), name=self.name)
+
+
+def _sourced(policy: Policy, source: PolicySource) -> Policy:
+    """`policy` with `source`, the source's fingerprint its own."""
+    fingerprint = policy.fingerprint
+    found = replace(policy, source=replace(source, fingerprint=fingerprint))
+    found.__dict__["fingerprint"] = fingerprint  # the same content: not computed again
+    return found
 
 
 def load_policy(name: str | Path) -> Policy:
     """Load and validate a policy file; the model path is relative to the policy file.
 
-    `--policy nafnet.yaml` that is not a path is looked up in `./policies/`.
+    `nafnet.yaml` (or `nafnet`) that is not a path is looked up in `./policies/`. The
+    policy is named after the file (`nafnet`) and remembers its path, text and sha256.
 
     Raises:
         UsageError: one message naming the file, the line, the field and the fix.
     """
     from trtbuild.policy.load import load_fields
 
-    return Policy(**load_fields(name))
+    fields, source = load_fields(name)
+    return _sourced(Policy(name=source.path.stem if source.path else "policy", **fields), source)
 
 
-def parse_policy(text: str, path: Path, shown: str | None = None) -> Policy:
-    """A policy from a file's text, as if read from `path` (messages say `shown`)."""
+def parse_policy(
+    text: str,
+    path: Path,
+    shown: str | None = None,
+    *,
+    name: str | None = None,
+    file: bool = True,
+) -> Policy:
+    """A policy from a text, as if read from `path` (messages say `shown`).
+
+    Args:
+        text: the policy's YAML.
+        path: the file it is (or would be): its folder is the base of relative paths.
+        shown: how messages name it (default `path`).
+        name: the policy's name (default `path`'s stem).
+        file: `path` holds `text` (False: the text is not saved anywhere yet).
+    """
     from trtbuild.policy.load import parse_fields
 
-    return Policy(**parse_fields(text, path, shown))
+    fields, source = parse_fields(text, path, shown)
+    source = source if file else replace(source, path=None)
+    return _sourced(Policy(name=name or path.stem, **fields), source)

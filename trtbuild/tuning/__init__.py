@@ -32,23 +32,26 @@ from trtbuild.tuning.groups import Group, candidate_precision, groups, name_rege
 from trtbuild.tuning.output import (
     OBJECTIVES,
     Progress,
+    budget_warning,
     check_args,
     check_output,
     check_policy,
-    tuned_yaml,
+    pins,
+    tuned_policy,
     write_log,
 )
 from trtbuild.tuning.pool import TrialOutcome, default_jobs, error_map, evaluate
-from trtbuild.tuning.search import Search, Trial, TuneResult, tune
+from trtbuild.tuning.search import Search, SearchResult, Trial, tune
 
 __all__ = [
     "OBJECTIVES",
     "Group",
     "Progress",
     "Search",
+    "SearchResult",
     "Trial",
     "TrialOutcome",
-    "TuneResult",
+    "budget_warning",
     "candidate_precision",
     "check_args",
     "check_output",
@@ -59,7 +62,8 @@ __all__ = [
     "groups",
     "name_regex",
     "node_flops",
+    "pins",
     "tune",
-    "tuned_yaml",
+    "tuned_policy",
     "write_log",
 ]

@@ -200,7 +200,11 @@ def candidate_precision(
 ) -> Precision:
     """The policy's precision with one FP32 rule per pinned group, after its own rules."""
     rules = list(base.rules)
-    for k, g in enumerate(sorted(pinned)):
+    used, k = {r.id for r in rules}, 0  # a tuned policy tuned again keeps its own ids
+    for g in sorted(pinned):
+        k += 1
+        while f"tuned-{k}" in used:
+            k += 1
         match = Match(name=name_regex(groups_[g].names, all_names))
-        rules.append(Rule(f"tuned-{k + 1}", match, "fp32"))
+        rules.append(Rule(f"tuned-{k}", match, "fp32"))
     return replace(base, rules=tuple(rules))

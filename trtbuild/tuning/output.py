@@ -8,106 +8,112 @@ group, each comment saying the measured error that made the pin necessary.
 from __future__ import annotations
 
 import json
-import os
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
-from trtbuild.tuning.search import Trial, TuneResult
+from trtbuild.policy import Policy
+from trtbuild.tuning.search import SearchResult, Trial
 
 OBJECTIVES = ("nodes", "flops")
 
 
-def _rel(path: Path, start: Path) -> str:
-    try:
-        return os.path.relpath(path, start)
-    except ValueError:  # another drive
-        return str(path)
+def tuned_policy(
+    front: Front, result: SearchResult, out: Path | None, seed: int, objective: str, name: str
+) -> tuple[str, Policy]:
+    """The policy searched with the pins it needs, as text and as a new `Policy`.
 
-
-def _flow(value: Any) -> str:
-    import yaml
-
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000)
-    return text.split("\n...")[0].strip()  # a bare scalar ends with a document marker
-
-
-def _rebase(value: str, here: Path, there: Path) -> str:
-    """A path written relative to the source policy, relative to the tuned one; absolute stays."""
-    if Path(value).is_absolute() or "://" in value:
-        return value
-    return _rel((here / value).resolve(), there)
-
-
-def _schema_line(text: str, here: Path, there: Path) -> list[str]:
-    """The editor's `$schema` comment from the policy's header, re-based to `there`."""
-    marker = "# yaml-language-server: $schema="
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        if line.startswith(marker):
-            return [marker + _rebase(line[len(marker) :].strip(), here, there)]
-    return []
-
-
-def tuned_yaml(front: Front, result: TuneResult, out: Path, seed: int, objective: str) -> str:
-    """The original policy, then one commented rule per pinned group; paths re-based to `out`."""
-    import yaml
-
-    from trtbuild.policy.load import read_yaml
+    Rendered from the value searched (`front.policy`), not from a file read again: where
+    the value is what its source text says, that text (every comment kept) with the pins
+    after its rules; a policy made or changed in code is written from the value. Each pin
+    has a comment saying the measured error that made it necessary; paths are relative to
+    `out`'s folder (the source's where `out` is None). The `Policy` is the text read back
+    (saved nowhere yet): its identity is its own, not the untuned file's.
+    """
+    from trtbuild.policy import parse_policy
+    from trtbuild.policy.dump import flow, human_yaml, relative, rule_dict
 
     policy = front.policy
-    text = policy.path.read_text(encoding="utf-8")
-    raw = read_yaml(text)
-    here, there = policy.path.parent, out.resolve().parent
-    raw["model"] = _rebase(raw["model"], here, there)
-    for spec in (raw.get("inputs") or {}).values():
-        data = (spec or {}).get("data") or {}
-        for key in ("file", "images"):
-            if key in data:
-                data[key] = _rebase(data[key], here, there)
-    for point in ((raw.get("accuracy") or {}).get("shapes") or {}).values():
-        data = (point or {}).get("data")
-        if isinstance(data, dict) and "file" in data:  # a list is an input named `data`
-            data["file"] = _rebase(data["file"], here, there)
-    accuracy = raw.get("accuracy") or {}
-    if accuracy.get("reference_model"):  # the model before quantization
-        accuracy["reference_model"] = _rebase(accuracy["reference_model"], here, there)
-    build = raw.get("build") or {}
-    if build.get("timing_cache"):
-        build["timing_cache"] = _rebase(build["timing_cache"], here, there)
-    precision = raw.pop("precision", {}) or {}
-    rules = precision.pop("rules", []) or []
+    source = policy.source
+    folder = out.resolve().parent if out is not None else source.base_dir if source else None
+    came = relative(policy.path, folder) if policy.path and folder else policy.where
     verdict = "passes" if result.passed else "DOES NOT PASS"
     verdict += " (budget exhausted)" if result.exhausted else ""
-    lines = [
-        *_schema_line(text, here, there),
-        f"# Tuned by `trtbuild tune` from {_rel(policy.path, there)}: {verdict} with "
+    header = (
+        f"# Tuned by `trtbuild tune` from {came}: {verdict} with "
         f"{result.low_share:.1%} of compute nodes in {result.low.upper()},",
         f"# {len(result.pinned)} group(s) pinned after {len(result.trials)} evaluation(s) "
         f"(evaluator emulated-fp16, emulation {policy.accuracy.emulation}, "
         f"objective {objective}, seed {seed}).",
-    ]
-    lines.append(yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=100).rstrip())
-    lines.append("precision:")
-    for key, value in precision.items():
-        lines.append(f"  {key}: {_flow(value)}")
-    lines.append("  rules:")
-    if rules:
-        lines.append("    # the policy's own rules, unchanged")
-        lines += [f"    - {_flow(rule)}" for rule in rules]
-    for k, rule in zip(result.pinned, result.policy.rules[len(rules) :]):
-        lines.append(f"    # {result.groups[k].label}: {result.reasons[k]}")
-        entry = {"id": rule.id, "match": {"name": rule.match.name}, "precision": "fp32"}
-        lines.append(f"    - {_flow(entry)}")
-    if not rules and not result.pinned:
-        lines[-1] = "  rules: []   # every tolerance holds with no FP32 pin"
-    return "\n".join(lines) + "\n"
+    )
+    found = pins(front, result)
+    rules = {r.id: r for r in result.policy.rules}
+    lines = [x for rule, group, reason in found for x in (f"# {group}: {reason}", "")]
+    lines[1::2] = [f"- {flow(rule_dict(rules[rule]))}" for rule, _, _ in found]
+    text = _edited(policy, folder, header, lines)
+    if text is None:
+        notes = {rule: f"{group}: {reason}" for rule, group, reason in found}
+        tuned = replace(policy, precision=result.policy)
+        text = human_yaml(tuned, folder, header, notes)
+    where = out.resolve() if out is not None else (folder or Path.cwd()) / f"{name}.yaml"
+    return text, parse_policy(text, where, name=name, file=False)
 
 
-def write_log(path: Path, result: TuneResult) -> None:
+def _edited(
+    policy: Policy, folder: Path | None, header: tuple[str, ...], lines: list[str]
+) -> str | None:
+    """The policy's own text with `lines` after its rules and `header` after its `$schema`
+    line, its paths re-based to `folder`; None where it has no such text (or its layout
+    is not one `policy.text` edits)."""
+    from trtbuild.policy.text import rebased_text, with_rules
+
+    src = policy.current_source
+    if src is None or src.text is None:
+        return None
+    text = rebased_text(policy, folder) if folder is not None else src.text
+    text = with_rules(text, lines) if text is not None else None
+    if text is None:
+        return None
+    rows = text.splitlines(keepends=True)
+    at = 1 if rows and rows[0].startswith("# yaml-language-server:") else 0
+    return "".join([*rows[:at], *(f"{h}\n" for h in header), *rows[at:]])
+
+
+def pins(front: Front, result: SearchResult) -> list[tuple[str, str, str]]:
+    """(rule id, group, reason) for each pin the search added: each pinned group found by
+    the rule that matches its nodes, not by position."""
+    from trtbuild.tuning.groups import name_regex
+
+    names = [n.name for n in front.view.nodes]
+    by_regex = {name_regex(result.groups[k].names, names): k for k in result.pinned}
+    own = {r.id for r in front.policy.precision.rules}
+    found = []
+    for rule in result.policy.rules:
+        k = by_regex.get(rule.match.name or "")
+        if rule.id not in own and k is not None:
+            found.append((rule.id, result.groups[k].label, result.reasons[k]))
+    return found
+
+
+def budget_warning(result: SearchResult) -> str:
+    """What a search cut short by its budget may have missed, and the fix."""
+    return (
+        f"tune's budget of {result.budget} evaluations ran out before the search ended, "
+        f"so {'a smaller' if result.passed else 'a passing'} pin set may exist (a full "
+        f"search of these {len(result.groups)} groups needs at most "
+        f"{result.full_search}); raise `budget`"
+        + (
+            f"; the point that costs the most is {result.costliest_point}"
+            if result.costliest_point
+            else ""
+        )
+    )
+
+
+def write_log(path: Path, result: SearchResult) -> None:
     """One JSON line per evaluation, in the order they were recorded."""
     from trtbuild.fsutil import write_text
 
@@ -152,16 +158,16 @@ class Progress:
 def check_args(budget: int, objective: str, jobs: int = 1) -> None:
     """Refuse arguments no search can use (exit 2, before any work)."""
     if budget < 1:
-        raise UsageError("--budget must be at least 1")
+        raise UsageError(f"`budget` must be at least 1, not {budget}")
     if not 1 <= jobs <= 256:
-        raise UsageError("--jobs must be between 1 and 256")
+        raise UsageError(f"`jobs` must be between 1 and 256, not {jobs}")
     if objective not in OBJECTIVES:
-        raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}")
+        raise UsageError(f"`objective` must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
 
 
 def check_output(policy, output: Path, force: bool) -> None:
     """Refuse to overwrite the policy being tuned: its comments and rules would be lost."""
-    if output.resolve() == policy.path.resolve() and not force:
+    if policy.path is not None and output.resolve() == policy.path and not force:
         raise UsageError(
             "-o names the policy being tuned; writing there would replace it and lose its comments",
             where=str(output),
@@ -174,6 +180,6 @@ def check_policy(policy) -> None:
     if policy.precision.default == "fp32":
         raise UsageError(
             "precision.default: tune pins nodes to FP32, and this policy's default is already fp32",
-            where=str(policy.path),
+            where=policy.where,
             hint="set precision.default: fp16 (or bf16) and let tune find what must stay fp32",
         )

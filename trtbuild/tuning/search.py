@@ -50,7 +50,7 @@ class Trial:
 
 
 @dataclass
-class TuneResult:
+class SearchResult:
     """What `tune` found, and what it cost."""
 
     policy: Precision
@@ -335,11 +335,11 @@ def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | No
     return None
 
 
-def _result(search: Search) -> TuneResult:
+def _result(search: Search) -> SearchResult:
     """What the search found: the last trial of its final pin set, and why each pin stays."""
     final = next(t for t in reversed(search.trials) if t.pinned == tuple(sorted(search.pinned)))
     kept = "kept (not re-checked within the budget)"
-    return TuneResult(
+    return SearchResult(
         search.precision(search.pinned),
         search.groups,
         sorted(search.pinned),
@@ -362,7 +362,7 @@ def tune(
     seed: int = 0,
     jobs: int = 1,
     progress: Callable[[Trial, int], None] | None = None,
-) -> TuneResult:
+) -> SearchResult:
     """The smallest pin set (in `objective`) that passes, within `budget` evaluations."""
     search = Search(front, budget, objective, seed, jobs)
     search.progress = progress

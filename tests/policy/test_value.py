@@ -1,0 +1,151 @@
+"""A Policy is a value: its identity comes from it, it is made and changed in code without a
+file, and it is written back as a person would write it."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from trtbuild.errors import UsageError
+from trtbuild.policy import Policy, load_policy
+from trtbuild.policy.dump import canonical_yaml
+from trtbuild.policy.specs import Match, Rule
+
+DOC = {
+    "version": 1,
+    "model": "m.onnx",
+    "inputs": {"x": {"shape": [1, 4], "data": {"distribution": "normal"}}},
+    "accuracy": {"samples": 2, "tolerances": {"default": {"atol": 0.01}}},
+}
+
+
+def test_a_policy_from_a_mapping_is_identified_by_its_canonical_yaml(tmp_path):
+    policy = Policy.from_dict(DOC, base_dir=tmp_path, name="mine")
+    assert policy.path is None and policy.where == "<policy mine>"
+    assert policy.sha256 == hashlib.sha256(canonical_yaml(policy).encode()).hexdigest()
+    (tmp_path / "policy.yaml").write_text("version: 1\nmodel: other.onnx\n")  # not read
+    assert policy.sha256 == Policy.from_dict(DOC, base_dir=tmp_path, name="mine").sha256
+
+
+def test_a_loaded_policy_is_its_file_until_it_is_changed(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"version: 1\r\nmodel: m.onnx\r\n")  # the bytes are hashed, not the text
+    policy = load_policy(path)
+    assert policy.name == "p" and policy.path == path.resolve()
+    assert policy.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert policy.where == str(path.resolve())
+    changed = dataclasses.replace(policy, accuracy=dataclasses.replace(policy.accuracy, seed=3))
+    assert changed.path is None and changed.where == "<policy p>"
+    assert changed.sha256 not in (policy.sha256, Policy.from_dict(DOC, base_dir=tmp_path).sha256)
+    assert dataclasses.replace(changed, accuracy=policy.accuracy).path == path.resolve()
+
+
+def test_from_dict_reads_what_python_and_yaml_safe_load_give(tmp_path):
+    """Paths, tuples, numpy scalars, and YAML 1.1's strings for 1e-2 where a number goes."""
+    doc = {
+        "version": np.int64(1),
+        "model": tmp_path / "m.onnx",
+        "inputs": {"x": {"shape": (np.int32(1), 4), "data": {"low": "-1e0", "high": "1e0"}}},
+        "accuracy": {"samples": np.int64(2), "tolerances": {"default": {"atol": "1e-2"}}},
+        "precision": {"rules": [{"id": "1e3", "match": {"op": ("Pow",)}, "precision": "fp32"}]},
+    }
+    policy = Policy.from_dict(doc, base_dir=tmp_path)
+    assert policy.inputs[0].shape == (1, 4) and policy.inputs[0].data.low == -1.0
+    assert policy.accuracy.default_tolerance.atol == 0.01 and policy.accuracy.samples == 2
+    assert policy.precision.rules[0].id == "1e3"  # a string where a string goes
+    assert isinstance(doc["model"], Path)  # the mapping is left as it was
+    with pytest.raises(UsageError, match=r"accuracy\.samples: .*must be an integer"):
+        Policy.from_dict({**doc, "accuracy": {"samples": "1e-2"}}, base_dir=tmp_path)
+    with pytest.raises(UsageError, match=r"atol.* must be a number") as info:
+        Policy.from_dict({**doc, "accuracy": {"tolerances": {"default": {"atol": "x"}}}})
+    assert info.value.where == "<mapping>"
+
+
+def test_rules_are_added_replaced_and_dropped_without_dict_surgery(tmp_path):
+    policy = Policy.from_dict(DOC, base_dir=tmp_path)
+    pow_ = Rule("pow", Match(op=("Pow",)), "fp32")
+    one = policy.with_rules(
+        pow_, {"id": "norm", "match": {"pattern": "layernorm"}, "precision": "fp32"}
+    )
+    assert [r.id for r in one.precision.rules] == ["pow", "norm"]
+    two = one.with_rules({"id": "pow", "match": {"op": "Exp"}, "precision": "fp32"}, drop=["norm"])
+    assert [(r.id, r.match.op) for r in two.precision.rules] == [("pow", ("Exp",))]
+    assert policy.precision.rules == ()  # a new value each time
+    with pytest.raises(UsageError, match=r"invalid regular expression"):
+        policy.with_rules(Rule("bad", Match(name="(unclosed"), "fp32"))
+    with pytest.raises(UsageError, match=r"precision\.rules\[0\]\.precision"):
+        policy.with_rules({"id": "x", "match": {"op": "Pow"}, "precision": "fp8"})
+
+
+def test_to_yaml_writes_what_a_person_would(tmp_path):
+    """Paths as the source had them (relative stays relative, from where it is saved;
+    absolute stays absolute), only keys that are not defaults, and a rule's comment."""
+    (tmp_path / "d.npz").write_bytes(b"")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        f"version: 1\nmodel: m.onnx  # the export\n"
+        f"build: {{timing_cache: {tmp_path}/t.cache, backend: auto, workspace: 1GiB}}\n"
+        "inputs: {x: {shape: [1, 4], data: {file: d.npz}}}\n"
+        "precision:\n  rules:\n    # the reason it is pinned\n"
+        "    - {id: r, match: {op: Pow}, precision: fp32}\n"
+    )
+    policy = load_policy(path)
+    assert policy.to_yaml() == path.read_text()  # unchanged: the file itself
+    changed = policy.with_rules(Rule("s", Match(op=("Exp",)), "fp32"))
+    text = changed.to_yaml(tmp_path / "sub" / "q.yaml")
+    doc = yaml.safe_load(text)
+    assert doc["model"] == "../m.onnx" and doc["inputs"]["x"]["data"] == {"file": "../d.npz"}
+    assert doc["build"] == {"timing_cache": f"{tmp_path}/t.cache", "workspace": "1GiB"}
+    assert "accuracy" not in doc and "passes" not in doc
+    assert "    # the reason it is pinned\n    - {id: r," in text
+    saved = changed.save(tmp_path / "sub" / "q.yaml")
+    assert saved == changed and saved.path == (tmp_path / "sub" / "q.yaml").resolve()
+
+
+def test_to_yaml_for_another_folder_keeps_the_comments_and_rebases_the_paths(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "# yaml-language-server: $schema=schema.json\n"
+        "version: 1\nmodel: m.onnx  # the export\n"
+        "precision:\n  rules:\n    # why r\n    - {id: r, match: {name: m.onnx}, precision: fp32}\n"
+    )
+    policy = load_policy(path)
+    text = policy.to_yaml(tmp_path / "sub" / "q.yaml")
+    assert text == (
+        "# yaml-language-server: $schema=../schema.json\n"
+        "version: 1\nmodel: ../m.onnx  # the export\n"  # a regex that names it too stays
+        "precision:\n  rules:\n    # why r\n    - {id: r, match: {name: m.onnx}, precision: fp32}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "precision:\n  rules:\n    - {id: a, match: {op: Pow}, precision: fp32}\n",
+        "precision:\n  default: fp16\n  rules:\n    - id: a\n      match: {op: Pow}\n"
+        "      precision: fp32\nbuild: {backend: none}\n",
+        "precision:\n  rules: []  # none yet\n",
+        "precision:\n  rules: [{id: a, match: {op: Pow}, precision: fp32}]\nbuild: {}\n",
+        "precision:\n  default: fp16  # low\n",
+        "build: {backend: none}\n",
+    ],
+)
+def test_rules_are_added_to_the_text_where_it_keeps_them(tmp_path, layout):
+    from trtbuild.policy import parse_policy
+    from trtbuild.policy.text import with_rules
+
+    text = f"version: 1\nmodel: m.onnx\n{layout}"
+    added = with_rules(
+        text, ["# pinned for a reason", "- {id: z, match: {op: Exp}, precision: fp32}"]
+    )
+    before = parse_policy(text, tmp_path / "p.yaml")
+    after = parse_policy(added, tmp_path / "p.yaml")
+    assert [r.id for r in after.precision.rules] == [*(r.id for r in before.precision.rules), "z"]
+    assert after.source.notes[-1] == ("z", "pinned for a reason")
+    assert after == before.with_rules(Rule("z", Match(op=("Exp",)), "fp32"))
+    assert all(line[line.index("#") :] in added for line in text.splitlines() if "#" in line)

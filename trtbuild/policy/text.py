@@ -1,0 +1,173 @@
+"""A policy's own text, edited where it stands: its paths re-based, rules added to its list.
+
+Why edit the text rather than write the value again: a person's file carries comments
+(why a tolerance is median, why a rule exists) that no value holds. Where a policy is
+what its source text says, `tune`'s result and `to_yaml` for another folder are that
+text with the few lines that change changed, every comment kept. The YAML nodes' marks
+say where each value stands; a layout this cannot edit (a flow-style `precision`) gives
+None, and the caller writes the value instead (`dump.human_yaml`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import trtbuild.policy.specs as specs
+from trtbuild.policy.keys import keyed
+from trtbuild.policy.load import PolicyLoader
+
+# The keys whose value is a path relative to the policy: the model, a point's data file,
+# and every field the table marks `path` (data files, image folders, the timing cache).
+PATH_KEYS = frozenset(
+    {"model", "file"}
+    | {
+        name
+        for cls in vars(specs).values()
+        if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+        for _, k, name in keyed(cls)
+        if k.path
+    }
+)
+
+
+def policy_paths(value: Any) -> set[Path]:
+    """Every path a policy's value holds (the model, data files, image folders, ...)."""
+    found: set[Path] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Path):
+            found.add(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack += [getattr(item, f.name) for f in dataclasses.fields(item) if f.compare]
+        elif isinstance(item, (tuple, list)):
+            stack += item
+    return found
+
+
+def rebased_text(policy: Any, folder: Path) -> str | None:
+    """The policy's source text for a file in `folder`: its relative paths and its editor's
+    `$schema` comment re-based. None without a source text."""
+    src = policy.current_source
+    if src is None or src.text is None:
+        return None
+    if folder == src.base_dir:
+        return src.text
+    text = rebased(src.text, src.base_dir, folder, policy_paths(policy))
+    if text is None:
+        return None
+    marker = "# yaml-language-server: $schema="
+    rows = text.splitlines(keepends=True)
+    if rows and rows[0].startswith(marker):
+        value = rows[0][len(marker) :].strip()
+        if value and not os.path.isabs(value) and "://" not in value:
+            new = _relative((src.base_dir / value).resolve(), folder)
+            rows[0] = f"{marker}{new}\n"
+    return "".join(rows)
+
+
+def rebased(text: str, base: Path, folder: Path, paths: set[Path]) -> str | None:
+    """`text` with each relative path among `paths` written from `folder` instead of `base`.
+
+    Absolute paths stay as they are; a path is the string value of a path key
+    (`PATH_KEYS`) that names one of `paths` from `base`. None where the text cannot be
+    read as YAML.
+    """
+    try:
+        root = yaml.compose(text, Loader=PolicyLoader)
+    except yaml.YAMLError:
+        return None
+    edits = []
+    for key, node in _scalars(root):
+        value = node.value
+        if key not in PATH_KEYS:
+            continue
+        if not value or os.path.isabs(value) or "://" in value:
+            continue
+        target = (base / value).resolve()
+        if target in paths:
+            edits.append((node.start_mark.index, node.end_mark.index, _relative(target, folder)))
+    for start, end, new in sorted(edits, reverse=True):
+        text = text[:start] + _scalar(new) + text[end:]
+    return text
+
+
+def with_rules(text: str, lines: list[str]) -> str | None:
+    """`text` with `lines` (each a `- {id: ...}` rule, or a `# comment`) after the rules of
+    `precision.rules`, in the list's own indentation. None for a layout it cannot edit."""
+    try:
+        root = yaml.compose(text, Loader=PolicyLoader)
+    except yaml.YAMLError:
+        return None
+    if not lines:
+        return text
+    if not isinstance(root, yaml.MappingNode) or root.flow_style:
+        return None
+    precision = _value(root, "precision")
+    if precision is None:
+        block = "\n".join(["precision:", "  rules:", *(f"    {x}" for x in lines)])
+        return text.rstrip("\n") + "\n" + block + "\n"
+    if not isinstance(precision, yaml.MappingNode) or precision.flow_style:
+        return None
+    rules = _value(precision, "rules")
+    indent = precision.value[0][0].start_mark.column
+    if rules is None:
+        at = _line_end(text, precision.end_mark)
+        block = [f"{' ' * indent}rules:", *(f"{' ' * (indent + 2)}{x}" for x in lines)]
+        return text[:at] + "\n".join(block) + "\n" + text[at:]
+    if isinstance(rules, yaml.SequenceNode) and not rules.flow_style and rules.value:
+        column = rules.value[0].start_mark.column - 2
+        at = _line_end(text, rules.value[-1].end_mark)
+        return text[:at] + "".join(f"{' ' * column}{x}\n" for x in lines) + text[at:]
+    if isinstance(rules, yaml.SequenceNode):  # flow style: `rules: []` or `[{...}, {...}]`
+        own = [f"- {text[n.start_mark.index : n.end_mark.index]}" for n in rules.value]
+        body = "".join(f"\n{' ' * (indent + 2)}{x}" for x in [*own, *lines])
+        return text[: rules.start_mark.index].rstrip(" ") + body + text[rules.end_mark.index :]
+    return None
+
+
+def _scalars(node: yaml.Node) -> list[tuple[str | None, yaml.ScalarNode]]:
+    """The scalar values under `node`, each with the key it is the value of (None in a list)."""
+    found: list[tuple[str | None, yaml.ScalarNode]] = []
+    stack: list[tuple[str | None, yaml.Node]] = [(None, node)]
+    while stack:
+        key, item = stack.pop()
+        if isinstance(item, yaml.ScalarNode):
+            found.append((key, item))
+        elif isinstance(item, yaml.MappingNode):
+            stack += [(getattr(k, "value", None), v) for k, v in item.value]
+        elif isinstance(item, yaml.SequenceNode):
+            stack += [(None, v) for v in item.value]
+    return found
+
+
+def _value(mapping: yaml.MappingNode, key: str) -> yaml.Node | None:
+    return next((v for k, v in mapping.value if getattr(k, "value", None) == key), None)
+
+
+def _line_end(text: str, mark: Any) -> int:
+    """The index just past the line a node ends on (its end mark may be the next line's
+    start, where a block node ends)."""
+    index = mark.index
+    if mark.column == 0:
+        return index
+    end = text.find("\n", index)
+    return len(text) if end < 0 else end + 1
+
+
+def _relative(path: Path, folder: Path) -> str:
+    try:
+        return os.path.relpath(path, folder)
+    except ValueError:  # another drive
+        return str(path)
+
+
+def _scalar(value: str) -> str:
+    """A path as a YAML scalar: plain where YAML reads it back as the same string."""
+    flow = yaml.safe_dump(value, default_flow_style=True, width=10_000)
+    return flow.split("\n...")[0].strip()
