@@ -80,9 +80,7 @@ def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
     try:
         arr = npz.read(f.path, f.member, cut)
     except npz.NpzError as exc:
-        raise UsageError(
-            f"{f.field}: cannot read {f.path}: {exc}", where=policy.where
-        ) from None
+        raise UsageError(f"{f.field}: cannot read {f.path}: {exc}", where=policy.where) from None
     return _finite(policy, f.field, f.name, arr).astype(np.dtype(dtype), copy=False)
 
 

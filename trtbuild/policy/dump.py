@@ -67,7 +67,9 @@ class _Writer:
         return self.keys(data, ("derive",))
 
     def rule(self, rule: Rule) -> dict[str, Any]:
-        out = written(rule, path=self.path)  # a rule is written whole: its keys say what it is
+        # a rule's own keys are written whole (they say what it is); an option at its
+        # default (`dequantize: false`) only where every default is written
+        out = written(rule, path=self.path, defaults=self.defaults)
         return {"id": out.pop("id"), "match": written(rule.match), **out}
 
     def tolerance(self, tol: Tolerance, default: Tolerance | None = None) -> dict[str, Any]:
