@@ -205,9 +205,10 @@ def test_report_into_a_build_keeps_the_build_and_the_users_files(tmp_path):
 def test_an_owned_file_not_produced_again_is_dropped_and_the_folder_mode_kept(tmp_path):
     plain = _policy(tmp_path)
     out = tmp_path / "out"
-    out.mkdir(mode=0o750)
+    assert main(["build", "--policy", str(plain), "--out", str(out)]) == 0
+    (out / MARKER).unlink()  # as an older trtbuild left it: its build.json proves it
     out.chmod(0o750)
-    (out / "engine.plan").write_bytes(b"an engine of an earlier build")  # an old trtbuild's
+    (out / "engine.plan").write_bytes(b"an engine of an earlier build")
     assert main(["build", "--policy", str(plain), "--out", str(out)]) == 0
     assert not (out / "engine.plan").exists()  # backend none: a stale engine would lie
     assert out.stat().st_mode & 0o777 == 0o750
@@ -218,10 +219,56 @@ def test_an_owned_file_not_produced_again_is_dropped_and_the_folder_mode_kept(tm
     assert fresh.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
 
 
+def _record(folder: Path) -> None:
+    """A build.json as trtbuild writes it: the version it was written by, the policy hash."""
+    doc = {"policy": "p.yaml", "versions": {"trtbuild": "0.1"}, "hashes": {"policy": "a" * 64}}
+    (folder / "build.json").write_text(json.dumps(doc))
+
+
 def test_a_marker_less_earlier_output_is_accepted(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     for name in SETS:
         (out / name).write_text("{}")
+    _record(out)
     assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 0
     assert (out / MARKER).is_file()
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ("engine.plan",),
+        ("report.md",),
+        ("junit.xml",),
+        ("engine.plan", "report.md", "junit.xml", "build.json"),  # a build.json not trtbuild's
+    ],
+)
+def test_a_folder_of_artifact_names_without_trtbuilds_record_is_refused(tmp_path, capsys, files):
+    """Names prove nothing (#42): a user's own engine.plan, report.md or junit.xml, or a
+    build.json trtbuild did not write, is kept and the build refused."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    for name in files:
+        (out / name).write_text(f"the user's {name}")
+    assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: the output folder has no {MARKER} and no build.json trtbuild wrote" in err
+    assert "publishing into it would replace" in err and "Traceback" not in err, err
+    assert {p.name: p.read_text() for p in out.iterdir()} == {n: f"the user's {n}" for n in files}
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_record_that_is_a_fifo_or_a_symlink_proves_nothing(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("mine")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _record(elsewhere)
+    (out / "build.json").symlink_to(elsewhere / "build.json")
+    assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 2
+    (out / "build.json").unlink()
+    os.mkfifo(out / "build.json")  # must not hang the check
+    assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 2
+    assert (out / "report.md").read_text() == "mine"

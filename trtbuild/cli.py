@@ -613,7 +613,7 @@ def _claim_out(folder: Path, mark: str | None = None) -> None:
 
     folder = folder.resolve()
     if mark is None:
-        check_out_folder(folder, known=(*NIGHTLY_FILES, *BUILD_FILES, MARKER))
+        check_out_folder(folder, known=(*NIGHTLY_FILES, *BUILD_FILES, MARKER), nested=True)
     elif folder.is_dir():
         write_marker(folder, mark, [n for n in NIGHTLY_FILES if (folder / n).exists()])
 

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 from collections.abc import Collection, Iterator
@@ -41,6 +42,7 @@ MARKER = ".trtbuild-output"
 # tests only: "kill-at=N" SIGKILLs the process at step N of a publication, "portable"
 # swaps without renameat2; unset, it costs one environment lookup per publication
 TEST_HOOK = "TRTBUILD_TEST_PUBLICATION"
+_READ_ONLY = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-(?P<pid>\d{1,12})-[a-z0-9_]+$")
 
 
@@ -102,14 +104,19 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def check_out_folder(out_dir: Path, known: Collection[str], owns: Collection[str] = ()) -> None:
+def check_out_folder(
+    out_dir: Path, known: Collection[str], owns: Collection[str] = (), *, nested: bool = False
+) -> None:
     """Exit 2 unless `out_dir` is absent, empty, or an earlier trtbuild output; and for an
     artifact name in `owns` that is a folder there.
 
     Why: publication replaces what the folder holds; a folder of the user's (`--out ~`)
     must be refused before anything is written, naming what would be lost. A folder
-    whose entries all bear names trtbuild writes (`known`, or a subfolder of such names
-    or with its own marker) is an output of an earlier trtbuild, which wrote no marker.
+    without the marker is an earlier trtbuild's output only when its entries all bear
+    names trtbuild writes (`known`, or a subfolder that is trtbuild's) and its
+    `build.json` is one trtbuild wrote (`written_by_trtbuild`); with `nested` (the
+    nightly's --out, a folder of build folders) a subfolder that is trtbuild's proves it
+    too. Names alone prove nothing: a user's own `engine.plan` or `report.md` bears one.
     """
     if out_dir.parent == out_dir:
         raise UsageError("the root folder cannot be an output folder", where=str(out_dir))
@@ -123,15 +130,22 @@ def check_out_folder(out_dir: Path, known: Collection[str], owns: Collection[str
                 hint="move the folder away, or pass --out another folder",
             )
     entries = sorted(os.listdir(out_dir))
-    if MARKER in entries:
+    if MARKER in entries or not entries:
         return
-    foreign = [e for e in entries if e not in known and not _trtbuilds(out_dir / e, known)]
-    if foreign:
+    ours = {e for e in entries if e not in known and _trtbuilds(out_dir / e, known)}
+    foreign = [e for e in entries if e not in known and e not in ours]
+    proven = written_by_trtbuild(out_dir) or (nested and bool(ours))
+    if foreign or not proven:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if foreign[3:] else "")
         stake = [e for e in entries if e in owns]
         replaced = f"; publishing into it would replace {', '.join(stake)}" if stake else ""
+        what = (
+            f"holds files trtbuild did not write ({shown})"
+            if foreign
+            else f"has no {MARKER} and no build.json trtbuild wrote, so its files may be yours"
+        )
         raise UsageError(
-            f"the output folder holds files trtbuild did not write ({shown}){replaced}",
+            f"the output folder {what}{replaced}",
             where=str(out_dir),
             hint="pass --out a new or empty folder, or one trtbuild wrote (it holds "
             f"{MARKER}); or move those files away",
@@ -140,12 +154,53 @@ def check_out_folder(out_dir: Path, known: Collection[str], owns: Collection[str
 
 def _trtbuilds(folder: Path, known: Collection[str]) -> bool:
     """Whether a subfolder is trtbuild's: it holds a marker, or only names trtbuild writes
-    (a nightly's build folder of a trtbuild that wrote no markers)."""
+    and a build.json trtbuild wrote (a nightly's build folder of a trtbuild that wrote no
+    markers)."""
     try:
         entries = os.listdir(folder)
     except OSError:  # a file, or a folder it may not read
         return False
-    return MARKER in entries or (bool(entries) and all(e in known for e in entries))
+    if MARKER in entries:
+        return True
+    return bool(entries) and all(e in known for e in entries) and written_by_trtbuild(folder)
+
+
+RECORD = "build.json"  # what every build writes; its keys prove a marker-less folder trtbuild's
+RECORD_MAX_BYTES = 256 << 20  # a build.json of a 100k-layer engine is a few MB
+
+
+def written_by_trtbuild(folder: Path) -> bool:
+    """Whether `folder/build.json` is a record trtbuild wrote: a JSON object with the
+    trtbuild version it was written by and the sha256 of its policy.
+
+    Read without following a symlink or blocking on a FIFO, and bounded: the file is
+    in a folder that may be anyone's.
+    """
+    try:
+        fd = os.open(folder / RECORD, _READ_ONLY)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX_BYTES:
+            return False
+        with open(fd, "rb", closefd=False) as f:
+            doc = json.loads(f.read(RECORD_MAX_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return False
+    finally:
+        os.close(fd)
+    if not isinstance(doc, dict):
+        return False
+    versions, hashes = doc.get("versions"), doc.get("hashes")
+    return (
+        isinstance(doc.get("policy"), str)
+        and isinstance(versions, dict)
+        and isinstance(versions.get("trtbuild"), str)
+        and isinstance(hashes, dict)
+        and isinstance(hashes.get("policy"), str)
+        and re.fullmatch(r"[0-9a-f]{64}", hashes["policy"]) is not None
+    )
 
 
 def write_marker(folder: Path, command: str, files: Collection[str]) -> None:
