@@ -7,10 +7,13 @@ cannot be mounted, `os.replace` into it raises ENOSPC instead, in process.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +232,143 @@ def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):
         assert db.execute("SELECT status, exit_code FROM results").fetchall() == [("error", 2)]
     message = json.loads((out / "nightly.json").read_text())["results"][0]["message"]
     assert str(disk.folder / "p") in message and "internal error" not in message
+
+
+# -- ONNX Runtime's check of the mixed model, in a child process (#45) ------------------
+
+
+def _relu_model():
+    return model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie nobody reaped has ended too)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_stopped_child_ends_in_exit_2_within_its_timeout():
+    from trtbuild.precision.validate import CheckFailed, start_mixed_check
+
+    check = start_mixed_check(_relu_model(), None, timeout=2)
+    pid = check.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # as a debugger, a frozen cgroup or a swap storm does
+    started = time.monotonic()
+    with pytest.raises(CheckFailed) as caught:
+        check.result()
+    assert time.monotonic() - started < 30 and _gone(pid)
+    said = str(caught.value)
+    assert "gave no answer within 2 s" in said and "build.ort_check_timeout" in said
+    assert "0 to skip this check" in said and caught.value.exit_code == 2
+
+
+def test_a_child_killed_by_a_signal_is_exit_2_naming_memory_and_the_skip():
+    """SIGKILL is what the kernel's OOM killer sends: the machine's fault, not a bug."""
+    from trtbuild.precision.validate import CheckFailed, start_mixed_check
+
+    check = start_mixed_check(_relu_model(), None)
+    os.kill(check.proc.pid, signal.SIGKILL)
+    with pytest.raises(CheckFailed) as caught:
+        check.result()
+    said = str(caught.value)
+    assert "killed (SIGKILL)" in said and "out of memory" in said, said
+    assert "build.ort_check_timeout: 0" in said and caught.value.exit_code == 2
+
+
+def test_a_child_that_prints_garbage_and_exits_is_an_outcome_not_a_crash():
+    from trtbuild.precision import ort_child
+
+    for printed in ("garbage {", ort_child.RESULT + "{not json", ort_child.RESULT + "[1]"):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"print({printed!r}); raise SystemExit(3)"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        said = ort_child.outcome(proc, 60)
+        assert not said.ok and said.crash == "exit code 3" and not said.killed, said
+
+
+def test_the_child_is_isolated_from_pythonpath_and_sitecustomize(tmp_path, monkeypatch):
+    """A sitecustomize or an `onnxruntime.py` on PYTHONPATH would decide the check."""
+    from trtbuild.precision.validate import validate_mixed
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    ran = tmp_path / "ran"
+    (planted / "sitecustomize.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    (planted / "onnxruntime.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.setenv("PYTHONSTARTUP", str(planted / "sitecustomize.py"))
+    assert validate_mixed(_relu_model(), None) == []
+    assert not ran.exists()
+
+
+CHECK_THEN_DIE = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from tests.helpers import F, model, node
+from trtbuild.precision.validate import start_mixed_check
+
+m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+check = start_mixed_check(m, None)
+print(check.proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_parent_leaves_no_child_and_no_temporary_folder(tmp_path):
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_THEN_DIE, str(ROOT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child), "the check's child outlived trtbuild"
+    assert list(tmp_path.iterdir()) == []
+
+
+def _child_of(pid: int) -> int | None:
+    """The ONNX Runtime check's child of process `pid`, where one runs."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for kid in (task / "children").read_text().split():
+                if b"PR_SET_PDEATHSIG" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                    return int(kid)
+    return None
+
+
+def test_a_build_whose_check_is_stopped_is_exit_2_saying_what_to_set(tmp_path):
+    policy = _relu_policy(tmp_path)
+    policy.write_text(
+        policy.read_text().replace("{backend: none}", "{backend: none, ort_check_timeout: 3}")
+    )
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [TRTBUILD, "build", "--policy", str(policy), "--out", str(tmp_path / "out")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline, child = time.monotonic() + 120, None
+    while child is None and proc.poll() is None and time.monotonic() < deadline:
+        child = _child_of(proc.pid)
+    if child is None:
+        proc.communicate()
+        pytest.skip("the check's child ended before it could be stopped")
+    os.kill(child, signal.SIGSTOP)
+    _, err = proc.communicate(timeout=300)
+    _one_line(proc.returncode, err, "gave no answer within 3 s", "build.ort_check_timeout")
+    assert not (tmp_path / "out").exists() and _gone(child)

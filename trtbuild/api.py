@@ -221,7 +221,8 @@ def convert_front(
     from trtbuild.precision.validate import validate_mixed
 
     front = _front(_policy(policy), "none", cache, verbose)
-    loaded = validate_mixed(front.converted.model, cache)  # once per mixed model
+    timeout = front.policy.build.ort_check_timeout
+    loaded = validate_mixed(front.converted.model, cache, timeout)  # once per mixed model
     for w in front.warnings + loaded:
         log.warning(w)
     return front
