@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -65,8 +64,7 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
     out_dir = _output_folder(out_dir)
     check_out_folder(out_dir, known=(*BUILD_FILES, MARKER), owns=owns)
     mode = out_dir.stat().st_mode & 0o7777 if out_dir.is_dir() else None
-    staging = staging_folder(out_dir)
-    try:
+    with staging_folder(out_dir) as staging:  # removed at the end (after an exchange: the old set)
         try:
             yield staging
             command = "build" if "build.json" in owns else "report"
@@ -76,8 +74,6 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
             if moved is None:
                 raise
             raise moved from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # after an exchange: the old set
 
 
 def _output_folder(out_dir: Path) -> Path:

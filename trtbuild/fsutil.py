@@ -38,12 +38,20 @@ from typing import Any
 
 from trtbuild.errors import UsageError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; no leftover is ever taken for a dead one's
+    fcntl = None  # type: ignore[assignment]
+
 MARKER = ".trtbuild-output"
 # tests only: "kill-at=N" SIGKILLs the process at step N of a publication, "portable"
 # swaps without renameat2; unset, it costs one environment lookup per publication
 TEST_HOOK = "TRTBUILD_TEST_PUBLICATION"
-_READ_ONLY = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-(?P<pid>\d{1,12})-[a-z0-9_]+$")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_READ_ONLY = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+# `.NAME.staging-*`, `.NAME.old-*` (an older trtbuild put its PID first: `-PID-*`)
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-[A-Za-z0-9_-]+$")
+_DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 @contextlib.contextmanager
@@ -129,7 +137,8 @@ def check_out_folder(
                 where=str(out_dir / name),
                 hint="move the folder away, or pass --out another folder",
             )
-    entries = sorted(os.listdir(out_dir))
+    _writable(out_dir)
+    entries = sorted(e for e in os.listdir(out_dir) if not _LEFTOVER.match(e))
     if MARKER in entries or not entries:
         return
     ours = {e for e in entries if e not in known and _trtbuilds(out_dir / e, known)}
@@ -149,6 +158,19 @@ def check_out_folder(
             where=str(out_dir),
             hint="pass --out a new or empty folder, or one trtbuild wrote (it holds "
             f"{MARKER}); or move those files away",
+        )
+
+
+def _writable(out_dir: Path) -> None:
+    """Exit 2 where the out folder is write-protected (no owner write bit, or no access):
+    publication would replace it anyway (a rename needs only its parent), against the
+    protection its owner chose."""
+    mode = stat.S_IMODE(out_dir.stat().st_mode)
+    if not mode & stat.S_IWUSR or not os.access(out_dir, os.W_OK):
+        raise UsageError(
+            f"the output folder is write-protected (mode {mode:o})",
+            where=str(out_dir),
+            hint="make it writable (chmod u+w), or pass --out another folder",
         )
 
 
@@ -220,21 +242,9 @@ def read_marker(folder: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def staging_folder(out_dir: Path) -> Path:
-    """A new staging folder beside `out_dir`, named after this process so that the next
-    publication can tell it is orphaned once the process is gone."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(out_dir.parent)
-    prefix = f".{out_dir.name}.staging-{os.getpid()}-"
-    try:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir.parent))
-    except OSError as exc:  # the user knows the out folder, not the staging folder's name
-        raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
-
-
 def alive(pid: int) -> bool:
     """Whether a process `pid` runs here (signal 0 asks without sending anything): whose
-    leftovers (staging folders, cache temporaries) may be removed."""
+    cache temporaries may be removed (the cache also waits for their age)."""
     if pid == os.getpid():
         return True
     try:
@@ -248,9 +258,95 @@ def alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def staging_folder(out_dir: Path) -> Iterator[Path]:
+    """A new staging folder for `out_dir`, held by an exclusive lock (flock) while it lives
+    and removed when the block ends.
+
+    Beside `out_dir` (so one rename publishes it), or inside it where `out_dir` is a
+    mount point (`-v host/build:/work/build`), which no rename can replace and whose
+    parent may not even be writable. Why a lock and not the PID in the name: a build
+    in another PID namespace (a container sharing the folder) sees no such PID and
+    would take a running build's staging folder for a dead one's.
+    """
+    home = out_dir if is_mount(out_dir) else out_dir.parent
+    home.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(home)
+    try:
+        path, fd = _held_folder(home, f".{out_dir.name}.staging-")
+    except OSError as exc:  # the user knows the out folder, not the staging folder's name
+        raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)  # after an exchange: the old set
+        os.close(fd)
+
+
+def is_mount(path: Path) -> bool:
+    """Whether `path` is a mount point, bind mounts of a folder of the same file system
+    included (which `os.path.ismount` misses: they share their parent's device)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            points = {_unescape(line.split()[4]) for line in f if len(line.split()) > 4}
+    except OSError:  # not Linux
+        return False
+    return os.path.abspath(path) in points
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: a space, tab, newline and backslash are written as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def _held_folder(parent: Path, prefix: str) -> tuple[Path, int]:
+    """A new folder `parent/prefix*` and a descriptor of it holding its exclusive lock.
+
+    A cleaner may lock and remove the folder between its creation and our lock: then
+    the lock fails, or holds a folder no longer at the path, and another name is tried.
+    """
+    for _ in range(8):
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        fd = os.open(path, _DIRECTORY)
+        if _lock(fd) is not False and _same(fd, path):
+            return path, fd
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "no staging folder could be held", str(parent))
+
+
+def _lock(fd: int, wait: bool = False) -> bool | None:
+    """Take the exclusive flock of `fd`: True; False where another process holds it; None
+    where the file system (or the platform) has no such locks."""
+    if fcntl is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError:  # ENOLCK, EOPNOTSUPP, EINVAL: no locks here, so none tells anything
+        return None
+    return True
+
+
+def _same(fd: int, path: Path) -> bool:
+    """Whether the folder open as `fd` is still the one at `path`."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
+    except OSError:
+        return False
+
+
 def clean_leftovers(parent: Path) -> None:
-    """Remove the staging folders of processes that are gone, and put back an old output
-    folder that a kill left aside (only where its place is still empty).
+    """Settle the staging and aside folders that dead publications left in `parent`.
+
+    Dead means: ours (owned by this user), and no process holds its lock, whichever
+    PID namespace it runs in. A staging folder is removed; an aside folder (`.NAME.old-*`,
+    the portable swap's) is put back where its place is empty and it holds a
+    trtbuild set, and removed only where the set now in its place names it as the one
+    it replaced. A leftover of another user (planted in a shared folder) is never
+    touched, linked or put back.
 
     Why: a SIGKILL skips every `finally`; without this, each one leaves a staging
     folder the size of a build that nothing removes.
@@ -261,14 +357,49 @@ def clean_leftovers(parent: Path) -> None:
         return
     for name in names:
         found = _LEFTOVER.match(name)
-        if found is None or alive(int(found["pid"])):
+        if found is None:
             continue
-        path, home = parent / name, parent / found["name"]
-        if found["kind"] == "old" and not os.path.lexists(home):
+        path = parent / name
+        fd = _dead(path)
+        if fd is None:
+            continue
+        try:
+            if found["kind"] == "staging":
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                _settle_aside(path, parent / found["name"])
+        finally:
+            os.close(fd)
+
+
+def _dead(path: Path) -> int | None:
+    """A descriptor holding the lock of leftover folder `path` where it is ours and no
+    process holds it; None where it is alive, another user's, or cannot be told."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
+            return None
+        fd = os.open(path, _DIRECTORY)
+    except OSError:
+        return None
+    if _lock(fd) and _same(fd, path):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _settle_aside(path: Path, home: Path) -> None:
+    """An aside folder whose publication died: put back, removed, or left as it is."""
+    with contextlib.suppress(OSError):
+        os.rmdir(path)  # an empty reservation of the name
+        return
+    if not os.path.lexists(home):
+        if os.path.isfile(path / MARKER) or written_by_trtbuild(path):
             with contextlib.suppress(OSError):
                 os.rename(path, home)  # the portable swap was killed between its renames
-                continue
-        shutil.rmtree(path, ignore_errors=True)
+        return
+    if read_marker(home).get("replaced") == path.name:
+        shutil.rmtree(path, ignore_errors=True)  # the set `home` replaced: moved there by it
 
 
 class _Steps:
@@ -279,6 +410,7 @@ class _Steps:
         fields = dict(f.partition("=")[::2] for f in hook.split(",") if f)
         self.kill_at = int(fields.get("kill-at") or 0)
         self.portable = "portable" in fields
+        self.in_place = "in-place" in fields
         self.done = 0
 
     def __call__(self) -> None:
@@ -295,36 +427,117 @@ def publish_folder(
     user's notes in a trtbuild folder stay).
 
     `owns` names the artifacts the command answers for: one it did not produce this
-    time is not carried over (a stale engine beside a new report would lie).
+    time is not carried over (a stale engine beside a new report would lie). Where no
+    rename can replace `out_dir` (a mount point: EBUSY; a folder in an overlay's lower
+    layer: EXDEV) the set is published into it instead (`_publish_in_place`).
     """
     step = _Steps()
     step()
-    old = read_marker(out_dir)
+    kept = set(read_marker(out_dir).get("files", [])) - set(owns)
     produced = set(os.listdir(staging))
+    if staging.parent == out_dir or step.in_place:  # staged inside a mount point
+        _publish_in_place(staging, out_dir, produced, owns, command, kept, step)
+        return
     if out_dir.is_dir():
         for name in sorted(os.listdir(out_dir)):
             if name in owns or name == MARKER or name in produced:
                 continue
             _carry(out_dir / name, staging / name)
             step()
-    kept = set(old.get("files", [])) - set(owns)
     write_marker(staging, command, (produced | kept) & set(os.listdir(staging)))
     step()
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(staging, mode if mode is not None else 0o777 & ~umask)  # mkdtemp's is 0700
+    try:
+        _swap(staging, out_dir, step)
+    except OSError as exc:
+        if exc.errno not in (errno.EBUSY, errno.EXDEV) or not out_dir.is_dir():
+            raise
+        _publish_in_place(staging, out_dir, produced, owns, command, kept, step)
+    step()
+
+
+def _swap(staging: Path, out_dir: Path, step: _Steps) -> None:
+    """Put `staging` where `out_dir` is: one exchange, or (portable) the old set renamed
+    aside under its lock, the new one into its place, the old one removed."""
     if not out_dir.is_dir():
         os.rename(staging, out_dir)
-    elif not step.portable and _exchange(staging, out_dir):
+        return
+    if not step.portable and _exchange(staging, out_dir):
         step()  # the staging path now holds the old set; the caller removes it
-    else:
-        aside = tempfile.mkdtemp(prefix=f".{out_dir.name}.old-{os.getpid()}-", dir=out_dir.parent)
-        os.rename(out_dir, aside)  # onto the empty folder that reserved the name
+        return
+    fd = _held_set(out_dir)  # a cleaner leaves the old set alone while we move it
+    try:
+        aside = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        marker = read_marker(staging)  # the new set names the set it replaces, so a
+        write_json(staging / MARKER, {**marker, "replaced": aside.name})  # cleaner knows
+        step()
+        try:
+            os.rename(out_dir, aside)  # onto the empty folder that reserved the name
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(aside)
+            write_json(staging / MARKER, marker)
+            raise
         step()
         os.rename(staging, out_dir)
         step()
         shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def _held_set(out_dir: Path) -> int:
+    """A descriptor of the folder at `out_dir` holding its lock (waited for: another
+    publication may be swapping it right now)."""
+    for _ in range(8):
+        fd = os.open(out_dir, _DIRECTORY)
+        _lock(fd, wait=True)
+        if _same(fd, out_dir):
+            return fd
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "the output folder keeps being replaced", str(out_dir))
+
+
+def _publish_in_place(
+    source: Path,
+    out_dir: Path,
+    produced: set[str],
+    owns: Collection[str],
+    command: str,
+    kept: set[str],
+    step: _Steps,
+) -> None:
+    """Publish into `out_dir` entry by entry: its marker first says a publication is under
+    way (`"partial": true`), each new file is renamed (or copied, across devices) over
+    the old one, the owned files not produced are removed, and the marker is written
+    whole last.
+
+    Not one step: killed midway, the folder holds a mix under a partial marker, which
+    the next publication makes whole again.
+    """
+    partial = {"command": command, "files": [], **read_marker(out_dir), "partial": True}
+    write_json(out_dir / MARKER, partial)
     step()
+    for name in sorted(produced - {MARKER}):
+        _move(source / name, out_dir / name)
+        step()
+    for name in sorted(set(owns) - produced):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(out_dir / name)
+    write_marker(out_dir, command, (produced | kept) & set(os.listdir(out_dir)) - {MARKER})
+
+
+def _move(src: Path, dst: Path) -> None:
+    """`src` at `dst`, atomically: a rename, or a copy renamed into place across devices."""
+    try:
+        os.replace(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV or src.is_dir():
+            raise
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
 
 
 def _carry(src: Path, dst: Path) -> None:
