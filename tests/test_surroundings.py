@@ -372,3 +372,62 @@ def test_a_build_whose_check_is_stopped_is_exit_2_saying_what_to_set(tmp_path):
     _, err = proc.communicate(timeout=300)
     _one_line(proc.returncode, err, "gave no answer within 3 s", "build.ort_check_timeout")
     assert not (tmp_path / "out").exists() and _gone(child)
+
+
+# -- deep nesting, -o under a file, an unwritable HOME (#45) ------------------------------
+
+
+@pytest.mark.parametrize("depth", [33, 500, 20_000])
+def test_a_policy_nested_deep_is_exit_2_naming_the_line(tmp_path, capsys, depth):
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\nprecision:\n  extra: " + "[" * depth + "]" * depth + "\n"
+    )
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    _one_line(2, capsys.readouterr().err, f"{tmp_path / 'p.yaml'}:4", "nests deeper than 32")
+
+
+def test_a_mapping_nested_deep_is_exit_2():
+    from trtbuild.errors import UsageError
+    from trtbuild.policy.load import mapping_fields
+
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(UsageError, match="nests deeper than 32"):
+        mapping_fields({"version": 1, "model": "m.onnx", "x": deep}, Path("/"))
+
+
+@pytest.mark.parametrize("command", ["convert", "prepare"])
+def test_an_output_under_a_file_is_exit_2_before_any_work(command, tmp_path, capsys):
+    policy = _relu_policy(tmp_path)
+    (tmp_path / "FILE").write_text("the user's")
+    out = str(tmp_path / "FILE" / "x.onnx")
+    argv = {
+        "convert": ["convert", "--policy", str(policy), "-o", out],
+        "prepare": ["prepare", str(tmp_path / "m.onnx"), "-o", out],
+    }[command]
+    assert main(argv) == 2
+    _one_line(
+        2, capsys.readouterr().err, f"{tmp_path / 'FILE'}: a part of the output path is a file"
+    )
+    assert (tmp_path / "FILE").read_text() == "the user's"
+
+
+def test_an_unwritable_home_prints_no_line_of_onnx_runtime_or_matplotlib(tmp_path):
+    """ONNX Runtime logs from C++ at import where it cannot persist its telemetry id."""
+    policy = _relu_policy(tmp_path)
+    (tmp_path / "home").write_text("HOME is a file: nothing can be made under it")
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "TRTBUILD_CACHE_DIR": str(tmp_path / "c")}
+    env.pop("XDG_CACHE_HOME", None)
+    env.pop("MPLCONFIGDIR", None)
+    done = subprocess.run(
+        [TRTBUILD, "build", "--policy", str(policy), "--out", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr and "onnxruntime" not in done.stderr, done.stderr
+    assert "atplotlib" not in done.stderr, done.stderr
+    assert all(line.startswith("trtbuild:") for line in done.stderr.splitlines()), done.stderr

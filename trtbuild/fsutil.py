@@ -62,7 +62,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     on POSIX; on any exception (KeyboardInterrupt included) it is removed.
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_parents(final)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
@@ -79,6 +79,18 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             # a write's ENOSPC names no file, a rename names the temporary one: name `path`
             raise OSError(exc.errno, exc.strerror, str(final)) from exc
         raise
+
+
+def make_parents(path: Path) -> None:
+    """The folders above `path`, made where missing; ENOTDIR naming the file where one
+    of them is a file (`-o notes.txt/x.onnx`), not mkdir's FileExistsError."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        file = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if file is None:
+            raise
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(file)) from exc
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

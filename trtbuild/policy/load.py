@@ -159,6 +159,7 @@ def parse_fields(text: str, path: Path, shown: str | None = None) -> dict[str, A
     """A policy text's fields, validated: every message names the file, line and field."""
     shown = shown or str(path)
     try:
+        _check_nesting(text, shown)
         node = yaml.compose(text, Loader=PolicyLoader)
         data = read_yaml(text)
     except yaml.YAMLError as exc:
@@ -174,11 +175,50 @@ def parse_fields(text: str, path: Path, shown: str | None = None) -> dict[str, A
     return _fields(data, path, _Located(Path(shown), _checked_lines(node, shown)))
 
 
+def _check_nesting(text: str, shown: str) -> None:
+    """Exit 2 where the YAML nests deeper than `MAX_YAML_DEPTH`, found from the parser's
+    events before anything is composed.
+
+    Why here: PyYAML's composer (and every walk of the result) recurses once per level,
+    so 500 brackets are a RecursionError; the parser itself keeps a list, not a stack.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=PolicyLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise UsageError(
+                    f"the policy nests deeper than {MAX_YAML_DEPTH} levels",
+                    where=f"{shown}:{event.start_mark.line + 1}",
+                    hint="a policy is a few levels deep: close the brackets or indent less",
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def mapping_fields(data: Any, path: Path) -> dict[str, Any]:
     """A mapping's fields, validated as a file's text is (messages name the mapping)."""
     import copy
 
+    _check_depth(data)
     return _fields(copy.deepcopy(data), path, _Located(Path("<mapping>"), {}))
+
+
+def _check_depth(data: Any) -> None:
+    """Exit 2 where a mapping nests deeper than `MAX_YAML_DEPTH` (walked without recursion)."""
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if not isinstance(value, dict | list | tuple):
+            continue
+        if depth > MAX_YAML_DEPTH:
+            raise UsageError(
+                f"the policy nests deeper than {MAX_YAML_DEPTH} levels",
+                where="<mapping>",
+                hint="a policy is a few levels deep",
+            )
+        items = value.values() if isinstance(value, dict) else value
+        todo.extend((v, depth + 1) for v in items)
 
 
 def _fields(data: Any, path: Path, loc: _Located) -> dict[str, Any]:
