@@ -431,3 +431,80 @@ def test_an_unwritable_home_prints_no_line_of_onnx_runtime_or_matplotlib(tmp_pat
     assert "\x1b" not in done.stderr and "onnxruntime" not in done.stderr, done.stderr
     assert "atplotlib" not in done.stderr, done.stderr
     assert all(line.startswith("trtbuild:") for line in done.stderr.splitlines()), done.stderr
+
+
+# -- external data: read only what the model names, and only beside it (#45) -------------
+
+PEAK = """
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(done.stderr)
+print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def _external_model(folder: Path, location: str, data: Path, size: int = 3 << 30) -> Path:
+    """m.onnx: y = x + w, w's 2 KB at the end of a sparse `size`-byte file `data`."""
+    from onnx import TensorProto, helper
+
+    w = np.arange(512, dtype=np.float32)
+    with open(data, "wb") as f:
+        f.truncate(size)  # sparse: no disk taken
+        f.seek(size - w.nbytes)
+        f.write(w.tobytes())
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[512])
+    tensor.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(size - w.nbytes)), ("length", "2048")):
+        tensor.external_data.add(key=k, value=v)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"], name="add")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])],
+        [tensor],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    (folder / "m.onnx").write_bytes(m.SerializeToString())
+    (folder / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    return folder / "p.yaml"
+
+
+def _peak(argv: list[str], env: dict) -> tuple[int, int, str]:
+    """Exit code, peak resident KiB of the command and its children, and its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, *argv], env=env, capture_output=True, text=True, timeout=600
+    )
+    code, peak = done.stdout.split()
+    return int(code), int(peak), done.stderr
+
+
+def test_the_cache_key_of_external_data_reads_the_bytes_the_model_names(tmp_path):
+    """A 2 KB tensor in a 3 GiB file took 3.2 GB for the cache key; now kilobytes."""
+    policy = _external_model(tmp_path, "w.bin", tmp_path / "w.bin")
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):  # cold (the key, then the model), warm (the key only)
+        code, peak, err = _peak([TRTBUILD, "check", "--policy", str(policy)], env)
+        assert code == 0, err
+        assert peak < 1 << 20, f"{peak} KiB"  # < 1 GiB: the file is 3 GiB
+    from trtbuild.graph.model_io import model_digest
+
+    before = model_digest(tmp_path / "m.onnx")
+    with open(tmp_path / "w.bin", "r+b") as f:
+        f.seek((3 << 30) - 4)
+        f.write(b"\x01\x02\x03\x04")  # one weight changed: another key
+    assert model_digest(tmp_path / "m.onnx") != before
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "symlink"])
+def test_external_data_outside_the_models_folder_is_refused_before_any_read(tmp_path, where):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    outside = tmp_path / "big.bin"
+    location = {"parent": "../big.bin", "absolute": str(outside), "symlink": "link.bin"}[where]
+    policy = _external_model(folder, location, outside)
+    (folder / "link.bin").symlink_to(outside)
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    code, peak, err = _peak([TRTBUILD, "check", "--policy", str(policy)], env)
+    _one_line(code, err, str(folder / "m.onnx"), "outside the model's folder", location)
+    assert peak < 1 << 20, f"{peak} KiB"

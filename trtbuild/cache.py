@@ -3,7 +3,7 @@
 Why: a user who edits one rule and runs `check` again would otherwise pay for
 every graph pass and the reference run each time, though neither answer can
 change. The key of an entry is everything its value depends on: the model's
-bytes (external data included), the passes, the trtbuild code and the versions
+bytes (external data included: `graph.model_io.model_digest`), the passes, the trtbuild code and the versions
 of onnx, onnx-graphsurgeon, onnxruntime and Polygraphy; the reference also keys
 on the feeds, the mixed model on every node's precision. So a hit returns exactly what a miss would compute.
 
@@ -136,31 +136,6 @@ def _installed_version(names: tuple[str, ...]) -> str:
     return "absent"
 
 
-def model_digest(path: Path) -> str:
-    """sha256 of the model file and of every external-data file it names."""
-    import onnx
-
-    raw = path.read_bytes()
-    h = hashlib.sha256(raw)
-    if b"location" not in raw:  # every external-data entry names its file under this key
-        return h.hexdigest()
-    proto = onnx.load_model_from_string(raw)
-    locations = sorted(
-        {
-            entry.value
-            for t in proto.graph.initializer
-            if t.data_location == onnx.TensorProto.EXTERNAL
-            for entry in t.external_data
-            if entry.key == "location"
-        }
-    )
-    for location in locations:
-        extra = path.parent / location
-        h.update(location.encode() + b"\0")
-        h.update(extra.read_bytes() if extra.is_file() else b"<missing>")
-    return h.hexdigest()
-
-
 def key(*parts: str | bytes) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -223,7 +198,7 @@ class Cache:
             return None
         entry = Entry(self._fd, f"{folder}/{digest}", self.root)  # type: ignore[arg-type]
         try:
-            value = _load(kind, entry, _needed(self.codec), self._largest(kind))
+            value = _load(kind, entry, _needed(self.codec), _largest(self.max_bytes, kind))
         except FileNotFoundError:
             self.hits[kind] = "miss"
             return None
@@ -236,19 +211,17 @@ class Cache:
         return value
 
     def put(self, kind: str, digest: str, value: Any) -> bool:
-        """Store atomically, then evict least recently used entries beyond the cap.
-
-        An entry larger than its share of the cap (`BULKY`, else the whole cap) is
-        not written and evicts nothing; nor is a value its kind's codec cannot
-        express as data (never pickled instead). False says so.
-        """
+        """Store atomically, then evict least recently used entries beyond the cap. An
+        entry larger than its share of the cap (`BULKY`, else the whole cap) is not written
+        and evicts nothing; nor is a value its codec cannot express as data (never
+        pickled instead). False says so."""
         if not self.enabled:
             return False
         parts = _encode(kind, value, _needed(self.codec))
         if isinstance(parts, str):
             self._warn("uncacheable", parts)
             return False
-        if len(MAGIC) + 65 + sum(map(len, parts)) > self._largest(kind):
+        if len(MAGIC) + 65 + sum(map(len, parts)) > _largest(self.max_bytes, kind):
             return False
         folder = self._folder(kind, digest, create=True)
         if folder is None:
@@ -263,47 +236,29 @@ class Cache:
 
     def entries(self) -> list[Path]:
         """The entries (only the cache's own files; see `_scan`)."""
-        with _housekeeping(self) as fd:
-            return [e.path for e, _ in _scan(fd, self.root)[0]] if fd is not None else []
+        return _at_root(self, lambda fd: [e.path for e, _ in _scan(fd, self.root)[0]], [])
 
     def evict(self) -> int:
         """Remove least recently used entries beyond `max_bytes`, and dead writers' temporaries."""
-        with _housekeeping(self) as fd:
-            return _evict(fd, self.root, self.max_bytes) if fd is not None else 0
+        return _at_root(self, lambda fd: _evict(fd, self.root, self.max_bytes), 0)
 
     def info(self) -> dict[str, Any]:
         """Entries and bytes, in all and per kind: which kind fills the folder."""
-        with _housekeeping(self) as fd:
-            return _info(fd, self.root, self.max_bytes)
+        empty = _info(None, self.root, self.max_bytes)
+        return _at_root(self, lambda fd: _info(fd, self.root, self.max_bytes), empty)
 
     def clear(self) -> int:
         """Remove every entry and dead writers' temporaries; nothing else in the folder."""
-        with _housekeeping(self) as fd:
-            if fd is None:
-                return 0
-            entries, temps = _scan(fd, self.root)
-            _remove_stale(temps)
-            return sum(_remove(e) for e, _ in entries)
+        return _at_root(self, lambda fd: _clear(fd, self.root), 0)
 
     def check_root(self) -> None:
         """Turn the cache off, with one warning, when its folder cannot be used or trusted."""
         if self.enabled:
             self._trust((), "*", create=False)
 
-    def close(self) -> None:
-        """Let go of the root's descriptor (a later use opens and checks it again)."""
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd, self._trusted = None, set()
-
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # the root's descriptor goes with the cache
         with contextlib.suppress(Exception):
-            self.close()
-
-    def _largest(self, kind: str) -> int:
-        """Bytes an entry of `kind` may take (its share of the cap): none larger is written,
-        so none larger is read."""
-        return self.max_bytes // BULKY.get(kind, 1)
+            os.close(self._fd)  # type: ignore[arg-type]
 
     def _folder(self, kind: str, digest: str, *, create: bool) -> str | None:
         """The entry's folder (under the root) once it and those above are the user's alone."""
@@ -315,21 +270,12 @@ class Cache:
     def _trust(self, folders: tuple[str, ...], kind: str, *, create: bool) -> bool:
         """Open and check the root (once), then each folder under it, by descriptor."""
         try:
-            if self._fd is None:
-                fd, why = open_root(self.root, create=create)
-                if why is not None:
-                    self._off(kind, why)
-                    return False
-                self._fd = fd
-            for folder in (f for f in folders if f not in self._trusted):
-                why = _distrust(self._fd, folder, self.root / folder, create=create)
-                if why is not None:
-                    self._off(kind, why)
-                    return False
-                self._trusted.add(folder)
-        except FileNotFoundError:
+            why = _untrusted(self, folders, create=create)
+        except FileNotFoundError:  # missing and not to be made: a miss, not a problem
             return False
-        return True
+        if why is not None:
+            self._off(kind, why)
+        return why is None
 
     def _drop(self, kind: str, entry: Entry, why: str) -> None:
         with contextlib.suppress(OSError):
@@ -348,6 +294,44 @@ class Cache:
             self.events.append(message)
             if self.on_event is not None:
                 self.on_event(message)
+
+
+def _largest(max_bytes: int, kind: str) -> int:
+    """Bytes an entry of `kind` may take (its share of the cap): none larger is written,
+    so none larger is read."""
+    return max_bytes // BULKY.get(kind, 1)
+
+
+def _untrusted(cache: Cache, folders: tuple[str, ...], *, create: bool) -> str | None:
+    """Why the cache's root or a folder of `folders` under it is not the user's alone; None
+    when all are.
+
+    Raises:
+        FileNotFoundError: one is missing and not `create`.
+    """
+    if cache._fd is None:
+        cache._fd, why = open_root(cache.root, create=create)
+        if why is not None:
+            return why
+    for folder in (f for f in folders if f not in cache._trusted):
+        why = _distrust(cache._fd, folder, cache.root / folder, create=create)  # type: ignore[arg-type]
+        if why is not None:
+            return why
+        cache._trusted.add(folder)
+    return None
+
+
+def _at_root(cache: Cache, work: Callable[[int], Any], default: Any) -> Any:
+    """`work` on the root's descriptor (for listing and removing the cache's own files);
+    `default` where there is no folder."""
+    with _housekeeping(cache) as fd:
+        return work(fd) if fd is not None else default
+
+
+def _clear(fd: int, root: Path) -> int:
+    entries, temps = _scan(fd, root)
+    _remove_stale(temps)
+    return sum(_remove(e) for e, _ in entries)
 
 
 @dataclass(frozen=True)
