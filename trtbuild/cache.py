@@ -16,15 +16,21 @@ command. The cache prints nothing itself: each warning is an event, kept in
 
 What the cache trusts, and why:
 - Its folders, and only while they are the user's alone: the root (followed if
-  it is a symlink: the user chose it), `KIND/` and `KIND/XX/` (never followed)
-  must be owned by the effective user and writable by no group or other user.
-  Anyone else who can write there can choose what a later run reads, so such a
-  folder turns the cache off for the run, with one warning. Folders the cache
-  makes are mode 0o700. The folders above the root are not checked.
+  it is a symlink of the user's or root's: the user chose it), `KIND/` and
+  `KIND/XX/` (never followed) must be owned by the effective user and writable by
+  no group or other user, and every folder above the root must be the user's or
+  root's and writable by no one else unless sticky (OpenSSH's StrictModes): anyone
+  who can rename an ancestor can swap the root. Such a folder turns the cache off
+  for the run, with one warning. The root is opened once and checked on its
+  descriptor, which every later read, write and removal goes through (`Entry`): no
+  path is resolved again between the check and the use. Folders the cache makes
+  are mode 0o700.
 - Not the entries' bytes: an entry is data (`trtbuild.cache_codec`: JSON, ONNX
   protobuf, `.npy` read without pickle), decoded into exactly the value its kind
-  names, so a planted or restored entry can at worst be wrong data, never run
-  code. The sha256 an entry carries about itself detects damage, not intent.
+  names and of its shape (`cache_codec.conforms`), so a planted or restored entry
+  can at worst be wrong data, never run code nor crash a stage. The sha256 an entry
+  carries about itself detects damage, not intent. An entry larger than its kind's
+  share of the cap is never written, so it is never read either.
 - Not the names in its folders: an entry is read and written without following
   a symlink (a write goes to a temporary name created exclusively, then is
   renamed), and eviction and `clear` remove only files that carry the cache's

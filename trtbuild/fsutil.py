@@ -6,13 +6,16 @@ than a clear failure, and an interrupted build must leave the previous
 artifacts intact: not one new file beside two old ones.
 
 Publication (`publish_folder`): the new set is written into a staging folder
-`.NAME.staging-PID-*` beside the output folder, the files of the old folder that
-the command does not own are hard-linked into it (so they survive), and the two
-folders are swapped with one `renameat2(RENAME_EXCHANGE)` on Linux; elsewhere the
-old folder is renamed aside (`.NAME.old-PID-*`) and the staged one into its place,
-and a kill between those two renames is undone by the next publication, which
-puts the old folder back. Staging and aside folders of processes that are gone
-are removed by the next publication into the same parent folder.
+`.NAME.staging-*` beside the output folder, held by an exclusive flock while its
+build lives, the files of the old folder that the command does not own are
+hard-linked into it (so they survive), and the two folders are swapped with one
+`renameat2(RENAME_EXCHANGE)` on Linux; elsewhere the old folder is renamed aside
+(`.NAME.old-*`) and the staged one into its place, and a kill between those two
+renames is undone by the next publication, which puts the old folder back. Leftovers
+of this user's that no process holds are settled by the next publication into the
+same parent folder (`clean_leftovers`): by lock, never by PID, which another PID
+namespace cannot see. A mount point or a folder no rename can replace (EBUSY, EXDEV)
+is published into, entry by entry, the marker last (`_publish_in_place`).
 
 An output folder carries `.trtbuild-output` (JSON: the command, the version, the
 files trtbuild wrote); a folder that holds files trtbuild did not write and no
