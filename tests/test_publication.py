@@ -438,3 +438,39 @@ def test_a_record_that_is_a_fifo_or_a_symlink_proves_nothing(tmp_path, capsys):
     os.mkfifo(out / "build.json")  # must not hang the check
     assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 2
     assert (out / "report.md").read_text() == "mine"
+
+
+def test_an_out_folder_on_a_disk_made_read_only_is_exit_2_naming_the_disk(tmp_path, capsys):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    _mount("tmpfs", disk, tmp_path)
+    try:
+        out = disk / "out"
+        plain = _policy(tmp_path)
+        assert main(["build", "--policy", str(plain), "--out", str(out)]) == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        capsys.readouterr()
+        assert main(["build", "--policy", str(plain), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: read-only file system" in err and "write-protected" not in err, err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("mode", ["exchange", "portable"])
+def test_concurrent_publications_into_one_folder_each_publish_a_whole_set(tmp_path, mode):
+    """Four at once, from no folder at all: each ends 0, one whole set wins, nothing is left."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), TEST_HOOK: mode if mode == "portable" else ""}
+    for _ in range(2):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", DRIVER, str(out), f"g{i}"], env=env, stderr=subprocess.PIPE
+            )
+            for i in range(4)
+        ]
+        errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, errors
+        assert len(_generations(out)) == 1 and _leftovers(tmp_path) == []

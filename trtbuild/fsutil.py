@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -181,6 +182,8 @@ def _writable(out_dir: Path) -> None:
     publication would replace it anyway (a rename needs only its parent), against the
     protection its owner chose."""
     mode = stat.S_IMODE(out_dir.stat().st_mode)
+    if hasattr(os, "statvfs") and os.statvfs(out_dir).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out_dir))  # the disk's, not its
     if not mode & stat.S_IWUSR or not os.access(out_dir, os.W_OK):
         raise UsageError(
             f"the output folder is write-protected (mode {mode:o})",
@@ -324,7 +327,10 @@ def _held_folder(parent: Path, prefix: str) -> tuple[Path, int]:
     """
     for _ in range(8):
         path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-        fd = os.open(path, _DIRECTORY)
+        try:
+            fd = os.open(path, _DIRECTORY)
+        except FileNotFoundError:  # a cleaner took it for a dead one's
+            continue
         if _lock(fd) is not False and _same(fd, path):
             return path, fd
         os.close(fd)
@@ -474,29 +480,48 @@ def publish_folder(
 
 
 def _swap(staging: Path, out_dir: Path, step: _Steps) -> None:
-    """Put `staging` where `out_dir` is: one exchange, or (portable) the old set renamed
-    aside under its lock, the new one into its place, the old one removed."""
-    if not out_dir.is_dir():
-        os.rename(staging, out_dir)
-        return
-    if not step.portable and _exchange(staging, out_dir):
-        step()  # the staging path now holds the old set; the caller removes it
-        return
-    fd = _held_set(out_dir)  # a cleaner leaves the old set alone while we move it
+    """Put `staging` where `out_dir` is: a rename where there is none, one exchange, or
+    (portable) the old set renamed aside under its lock and the new one into its place.
+
+    Another publication into the same folder may get there first (two builds, or a
+    cleaner putting back a killed one's set): a rename that finds the place taken tries
+    again, against what is there now.
+    """
+    for _ in range(8):
+        try:
+            if not out_dir.is_dir():
+                os.rename(staging, out_dir)
+            elif not step.portable and _exchange(staging, out_dir):
+                step()  # the staging path now holds the old set; the caller removes it
+            else:
+                _swap_aside(staging, out_dir, step)
+            return
+        except (FileNotFoundError, FileExistsError) as exc:  # moved meanwhile
+            found = exc
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:  # renamed onto a set that arrived meanwhile
+                raise
+            found = exc
+    raise found
+
+
+def _swap_aside(staging: Path, out_dir: Path, step: _Steps) -> None:
+    """The portable swap: the old set, held by its lock (so a cleaner leaves it alone),
+    renamed to an unguessable `.NAME.old-*` that the new set's marker names as the one it
+    replaced; the new set renamed into its place; the old one removed."""
+    fd = _held_set(out_dir)
     try:
-        aside = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-        marker = read_marker(staging)  # the new set names the set it replaces, so a
-        write_json(staging / MARKER, {**marker, "replaced": aside.name})  # cleaner knows
+        aside = out_dir.with_name(f".{out_dir.name}.old-{secrets.token_hex(8)}")
+        marker = read_marker(staging)
+        write_json(staging / MARKER, {**marker, "replaced": aside.name})
         step()
         try:
-            os.rename(out_dir, aside)  # onto the empty folder that reserved the name
+            os.rename(out_dir, aside)
         except OSError:
-            with contextlib.suppress(OSError):
-                os.rmdir(aside)
             write_json(staging / MARKER, marker)
             raise
         step()
-        os.rename(staging, out_dir)
+        os.rename(staging, out_dir)  # ENOTEMPTY: another set arrived; the old one stays aside
         step()
         shutil.rmtree(aside, ignore_errors=True)
     finally:
@@ -505,14 +530,18 @@ def _swap(staging: Path, out_dir: Path, step: _Steps) -> None:
 
 def _held_set(out_dir: Path) -> int:
     """A descriptor of the folder at `out_dir` holding its lock (waited for: another
-    publication may be swapping it right now)."""
+    publication may be swapping it right now).
+
+    Raises:
+        FileNotFoundError: it was moved away meanwhile (the caller tries again).
+    """
     for _ in range(8):
         fd = os.open(out_dir, _DIRECTORY)
         _lock(fd, wait=True)
         if _same(fd, out_dir):
             return fd
         os.close(fd)
-    raise OSError(errno.EAGAIN, "the output folder keeps being replaced", str(out_dir))
+    raise FileNotFoundError(errno.ENOENT, "the output folder keeps being replaced", str(out_dir))
 
 
 def _publish_in_place(
