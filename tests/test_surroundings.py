@@ -336,7 +336,9 @@ def test_a_killed_parent_leaves_no_child_and_no_temporary_folder(tmp_path):
     while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _gone(child), "the check's child outlived trtbuild"
-    assert list(tmp_path.iterdir()) == []
+    # ONNX Runtime's own telemetry session file (`.ses`, written in TMPDIR by any process
+    # that imports it) is not a folder of trtbuild's
+    assert [p.name for p in tmp_path.iterdir() if p.name != ".ses"] == []
 
 
 def _child_of(pid: int) -> int | None:

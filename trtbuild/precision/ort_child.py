@@ -33,15 +33,13 @@ from trtbuild.graph.model_io import infer_shapes
 # It dies with its parent (Linux's PR_SET_PDEATHSIG), reads the model from stdin ("-") or
 # a file, and its one answer is the line after RESULT (whatever else a library prints).
 CHILD = """\
-import ctypes, json, os, signal, sys
-source, level, verbose, parent = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+import ctypes, json, signal, sys
+source, level, verbose = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 if sys.platform.startswith("linux"):
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
-    if str(os.getppid()) != parent:  # the parent died before the line above
-        sys.exit(0)
 model = sys.stdin.buffer.read() if source == "-" else source
 import onnxruntime as ort
 options = ort.SessionOptions()
@@ -64,10 +62,12 @@ PROBE_SECONDS = 120.0  # and at most this long
 # 4 MiB of model (a 1 GiB model: 5 min). The policy's build.ort_check_timeout overrides it.
 BASE_SECONDS = 60.0
 BYTES_PER_SECOND = 4 << 20
-# What the child's environment keeps: where programs and libraries are, the locale and the
-# temporary folder; nothing that changes what Python imports (PYTHONPATH and the like
-# are ignored under -I anyway).
-ENVIRONMENT = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "SYSTEMROOT")
+# What the child's environment keeps: where programs and libraries are, the locale, the
+# temporary folder and HOME (ONNX Runtime keeps its telemetry id under it, as it does in
+# trtbuild's own process); nothing that changes what Python imports (PYTHONPATH and the
+# like are ignored under -I anyway).
+ENVIRONMENT = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME")
+ENVIRONMENT += ("SYSTEMROOT",)  # Windows: its DLLs
 # Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
 # process), not a crash of ONNX Runtime's own code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE).
 KILLED = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -109,7 +109,7 @@ def spawn(source: Path | bytes, level: str, verbose: bool = False) -> subprocess
     env = {k: os.environ[k] for k in ENVIRONMENT if k in os.environ}
     argv = ["-" if isinstance(source, bytes) else str(source), level, str(int(verbose))]
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-c", CHILD, *argv, str(os.getpid())],
+        [sys.executable, "-I", "-c", CHILD, *argv],
         cwd=Path(sys.executable).anchor or "/",
         env=env,
         stdin=subprocess.PIPE if isinstance(source, bytes) else subprocess.DEVNULL,
