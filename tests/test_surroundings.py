@@ -278,6 +278,20 @@ def test_a_child_killed_by_a_signal_is_exit_2_naming_memory_and_the_skip():
     assert "build.ort_check_timeout: 0" in said and caught.value.exit_code == 2
 
 
+def test_a_timeout_of_0_skips_the_check_and_records_no_pass(tmp_path):
+    from trtbuild import cache_codec
+    from trtbuild.cache import Cache
+    from trtbuild.precision.validate import start_mixed_check
+
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    skipped = start_mixed_check(_relu_model(), cache, timeout=0)
+    assert skipped.proc is None and skipped.result() == []
+    assert cache.entries() == []  # no record: a later check with a timeout loads it
+    check = start_mixed_check(_relu_model(), cache)
+    assert check.proc is not None
+    check.cancel()
+
+
 def test_a_child_that_prints_garbage_and_exits_is_an_outcome_not_a_crash():
     from trtbuild.precision import ort_child
 
