@@ -474,3 +474,30 @@ def test_concurrent_publications_into_one_folder_each_publish_a_whole_set(tmp_pa
         errors = [p.communicate(timeout=120)[1].decode() for p in procs]
         assert [p.returncode for p in procs] == [0] * 4, errors
         assert len(_generations(out)) == 1 and _leftovers(tmp_path) == []
+
+
+def test_a_file_mounted_into_the_out_folder_stays_and_a_mounted_artifact_is_exit_2(tmp_path):
+    """`-v notes.txt:/work/build/out/notes.txt`: a rename of the folder would carry the
+    mount away with the old set; the set is published into the folder instead."""
+    out = tmp_path / "out"
+    assert _drive(out, "old") == 0
+    (tmp_path / "notes.txt").write_text("the user's")
+    mounted = []
+    try:
+        for name in ("notes.txt", "mixed.onnx"):
+            (out / name).touch()
+            done = subprocess.run(["mount", "--bind", str(tmp_path / "notes.txt"), str(out / name)])
+            if done.returncode != 0:
+                pytest.skip("a file cannot be bind-mounted here")
+            mounted.append(out / name)
+            code = _drive(out, "new" if name == "notes.txt" else "newer")
+            assert (out / "notes.txt").read_text() == "the user's" and _leftovers(tmp_path) == []
+            if name == "notes.txt":
+                assert code == 0 and _generations(out) == {"new"}
+            else:  # an artifact trtbuild must replace is mounted: refused, nothing changed
+                assert code != 0 and (out / "report.json").read_text() == "new"
+                assert json.loads((out / "build.json").read_text())["policy"] == "new"
+                assert "partial" not in json.loads((out / MARKER).read_text())
+    finally:
+        for path in reversed(mounted):
+            subprocess.run(["umount", str(path)], check=True)

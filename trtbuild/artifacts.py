@@ -32,6 +32,7 @@ from trtbuild.fsutil import (
     publish_folder,
     sha256_file,
     staging_folder,
+    unpublishable,
     write_json,
     write_text,
 )
@@ -71,6 +72,9 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
             publish_folder(staging, out_dir, owns, command, mode)
         except OSError as exc:  # name the out folder's file, not the staging folder's
             moved = _in_out_folder(exc, staging, out_dir)
+            refused = unpublishable(moved or exc, out_dir)
+            if refused is not None:
+                raise refused from exc
             if moved is None:
                 raise
             raise moved from exc

@@ -304,14 +304,23 @@ def staging_folder(out_dir: Path) -> Iterator[Path]:
 def is_mount(path: Path) -> bool:
     """Whether `path` is a mount point, bind mounts of a folder of the same file system
     included (which `os.path.ismount` misses: they share their parent's device)."""
-    if os.path.ismount(path):
-        return True
+    return os.path.ismount(path) or os.path.abspath(path) in _mount_points()
+
+
+def holds_mounts(folder: Path) -> bool:
+    """Whether a mount point lies inside `folder` (a file or folder mounted into it): a
+    rename of `folder` would carry the mount away with the old set."""
+    inside = os.path.abspath(folder) + os.sep
+    return any(point.startswith(inside) for point in _mount_points())
+
+
+def _mount_points() -> set[str]:
+    """The mount points this process sees (Linux's mountinfo; none elsewhere)."""
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            points = {_unescape(line.split()[4]) for line in f if len(line.split()) > 4}
+            return {_unescape(line.split()[4]) for line in f if len(line.split()) > 4}
     except OSError:  # not Linux
-        return False
-    return os.path.abspath(path) in points
+        return set()
 
 
 def _unescape(field: str) -> str:
@@ -450,13 +459,14 @@ def publish_folder(
     `owns` names the artifacts the command answers for: one it did not produce this
     time is not carried over (a stale engine beside a new report would lie). Where no
     rename can replace `out_dir` (a mount point: EBUSY; a folder in an overlay's lower
-    layer: EXDEV) the set is published into it instead (`_publish_in_place`).
+    layer: EXDEV), or one would carry a file mounted into it away with the old set, the
+    set is published into it instead (`_publish_in_place`).
     """
     step = _Steps()
     step()
     kept = set(read_marker(out_dir).get("files", [])) - set(owns)
     produced = set(os.listdir(staging))
-    if staging.parent == out_dir or step.in_place:  # staged inside a mount point
+    if staging.parent == out_dir or step.in_place or holds_mounts(out_dir):
         _publish_in_place(staging, out_dir, produced, owns, command, kept, step)
         return
     if out_dir.is_dir():
@@ -561,6 +571,10 @@ def _publish_in_place(
     Not one step: killed midway, the folder holds a mix under a partial marker, which
     the next publication makes whole again.
     """
+    points = _mount_points()
+    for name in sorted(produced | set(owns)):  # refused before anything changes
+        if os.path.abspath(out_dir / name) in points:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(out_dir / name))
     partial = {"command": command, "files": [], **read_marker(out_dir), "partial": True}
     write_json(out_dir / MARKER, partial)
     step()
@@ -582,6 +596,35 @@ def _move(src: Path, dst: Path) -> None:
             raise
         with atomic_path(dst) as tmp:
             shutil.copyfile(src, tmp)
+
+
+# What a publication can meet that no retry mends: the user's to change, exit 2 naming the fix.
+_UNPUBLISHABLE = {
+    errno.EBUSY: "it, or a file in it, is a mount point that no rename can replace",
+    errno.EXDEV: "it lies on another device than its staging folder",
+    errno.ENOTEMPTY: "another publication into it kept replacing it",
+    errno.EEXIST: "another publication into it kept replacing it",
+    errno.EAGAIN: "another publication into it kept replacing it",
+}
+
+
+def unpublishable(exc: OSError, out_dir: Path) -> UsageError | None:
+    """Exit 2 for an error of publication that the surroundings cause (a file mounted into
+    the output folder, a publication racing this one); None for any other.
+
+    Why: such a failure is not a bug in trtbuild, and the user can fix it: mount the
+    folder, not files in it; run one build per output folder at a time.
+    """
+    what = _UNPUBLISHABLE.get(exc.errno or 0)
+    if what is None:
+        return None
+    where = os.fsdecode(exc.filename) if exc.filename is not None else str(out_dir)
+    return UsageError(
+        f"cannot publish the output folder {out_dir}: {what}",
+        where=where,
+        hint="pass --out a folder that is not a mount point and holds no mounted file "
+        "(a mounted folder itself is fine), and run one build per output folder at a time",
+    )
 
 
 def _carry(src: Path, dst: Path) -> None:
