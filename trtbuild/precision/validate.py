@@ -136,9 +136,13 @@ def _ended(proc: subprocess.Popen, timeout: float, size: int) -> ort_child.Outco
             "or swapping machine does this too",
         ) from None
     if done.killed:
+        why = (
+            "the kernel's out-of-memory killer does this when the machine runs out of memory"
+            if done.crash == "SIGKILL"
+            else "a signal from outside trtbuild"
+        )
         raise CheckFailed(
-            what + f"created in a child process) was killed ({done.crash}): the kernel's "
-            "out-of-memory killer does this when the machine runs out of memory",
+            what + f"created in a child process) was killed ({done.crash}): {why}",
             hint="free memory or use a machine with more, or set "
             f"{TIMEOUT_KEY}: 0 in the policy to skip this check",
         )
