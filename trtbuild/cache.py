@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trtbuild.errors import UsageError
-from trtbuild.fsutil import alive
+from trtbuild.fsutil import FOLDER, NOFOLLOW, READ_NOFOLLOW, alive
 
 HEADER = b"trtbuild-cache/"  # every version's entries start so: housekeeping knows its own
 MAGIC = HEADER + b"2\n"  # 2: data codecs; a version 1 entry (a pickle) reads as corrupt
@@ -68,9 +68,7 @@ STALE_SECONDS = 3600  # a temporary this old is a dead writer's, whatever its pi
 # A temporary whose pid is gone is a dead writer's once it is this old: a writer in another
 # pid namespace (a container sharing the folder) looks gone but is writing right now.
 DEAD_GRACE_SECONDS = 60
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_READ = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 DEFAULT_MAX_BYTES = 2 << 30
 KINDS = ("prepared", "measures", "reference", "converted")
 # Tensors (the reference's outputs of every feed) grow with the input: an entry of
@@ -359,7 +357,6 @@ class Entry:
 
 
 _HINT = "set TRTBUILD_CACHE_DIR to a folder of your own"
-_DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def open_root(root: Path, *, create: bool) -> tuple[int | None, str | None]:
@@ -383,7 +380,7 @@ def open_root(root: Path, *, create: bool) -> tuple[int | None, str | None]:
         why = _unsafe_way(absolute)
         if why is not None:
             return None, why
-        fd = os.open(absolute, _DIRECTORY)  # follows a symlink the user made (checked above)
+        fd = os.open(absolute, FOLDER)  # follows a symlink the user made (checked above)
     except FileNotFoundError:
         raise
     except NotADirectoryError:
@@ -469,7 +466,7 @@ def _housekeeping(cache: Cache) -> Iterator[int | None]:
         yield cache._fd
         return
     try:
-        fd = os.open(cache.root, _DIRECTORY)
+        fd = os.open(cache.root, FOLDER)
     except OSError:
         yield None
         return
@@ -518,7 +515,7 @@ def _read_entry(entry: Entry, largest: int) -> bytes:
             than any entry of its kind (`largest` bytes), which is not read.
     """
     try:
-        fd = os.open(entry.name, _READ, dir_fd=entry.fd)  # O_NONBLOCK: a fifo does not hang
+        fd = os.open(entry.name, READ_NOFOLLOW, dir_fd=entry.fd)  # O_NONBLOCK: a fifo does not hang
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EMLINK):  # a symlink (Linux, BSD)
             raise _NotAnEntry(f"dropped {entry.shown}: a symbolic link, never followed") from None
@@ -628,7 +625,7 @@ def _scan(fd: int, root: Path) -> tuple[Stats, list[tuple[Entry, os.stat_result,
 
 def _files(fd: int, folder: str) -> list[str]:
     """The names of the regular files in `folder` under `fd` (a symlink is not a file)."""
-    sub = os.open(folder, _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+    sub = os.open(folder, FOLDER | NOFOLLOW, dir_fd=fd)
     try:
         with os.scandir(sub) as items:
             return [i.name for i in items if i.is_file(follow_symlinks=False)]
@@ -641,7 +638,7 @@ def _entry_folders(fd: int) -> list[str]:
     found = []
     for kind in KINDS:
         with contextlib.suppress(OSError):
-            sub = os.open(kind, _DIRECTORY | _NOFOLLOW, dir_fd=fd)
+            sub = os.open(kind, FOLDER | NOFOLLOW, dir_fd=fd)
             try:
                 with os.scandir(sub) as items:
                     found += [
@@ -657,7 +654,7 @@ def _entry_folders(fd: int) -> list[str]:
 def _own_entry(entry: Entry) -> os.stat_result | None:
     """Its stat if `entry` is a regular file that starts with the cache's header."""
     try:
-        fd = os.open(entry.name, _READ, dir_fd=entry.fd)
+        fd = os.open(entry.name, READ_NOFOLLOW, dir_fd=entry.fd)
     except OSError:
         return None
     try:

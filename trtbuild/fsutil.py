@@ -51,11 +51,14 @@ MARKER = ".trtbuild-output"
 # tests only: "kill-at=N" SIGKILLs the process at step N of a publication, "portable"
 # swaps without renameat2; unset, it costs one environment lookup per publication
 TEST_HOOK = "TRTBUILD_TEST_PUBLICATION"
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_READ_ONLY = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+# How a file others may have placed is opened: never through a symlink at its end, never
+# waiting on a FIFO (O_NONBLOCK), never inherited by a child; a folder, following a symlink.
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+READ_NOFOLLOW = os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 # `.NAME.staging-*`, `.NAME.old-*` (an older trtbuild put its PID first: `-PID-*`)
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-[A-Za-z0-9_-]+$")
-_DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY = FOLDER | NOFOLLOW
 
 
 @contextlib.contextmanager
@@ -217,7 +220,7 @@ def written_by_trtbuild(folder: Path) -> bool:
     in a folder that may be anyone's.
     """
     try:
-        fd = os.open(folder / RECORD, _READ_ONLY)
+        fd = os.open(folder / RECORD, READ_NOFOLLOW)
     except OSError:
         return False
     try:

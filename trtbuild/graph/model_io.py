@@ -14,11 +14,9 @@ from typing import Any
 import onnx
 
 from trtbuild.errors import UsageError
-from trtbuild.fsutil import atomic_path
+from trtbuild.fsutil import READ_NOFOLLOW, atomic_path
 
 _TWO_GIB = 2**31 - 1
-# read without following a symlink at the end, nor blocking on a FIFO
-_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 log = logging.getLogger(__name__)
 
 
@@ -142,7 +140,7 @@ def _hash_range(h: Any, target: str, offset: int, length: int | None) -> None:
     """Feed `length` bytes of `target` from `offset` (to its end: None) to `h`, a MiB at a
     time; a missing file or one that is no regular file is hashed as such."""
     try:
-        fd = os.open(target, _READ)
+        fd = os.open(target, READ_NOFOLLOW)
     except OSError:
         h.update(b"<missing>")
         return
