@@ -524,3 +524,18 @@ def test_external_data_outside_the_models_folder_is_refused_before_any_read(tmp_
     code, peak, err = _peak([TRTBUILD, "check", "--policy", str(policy)], env)
     _one_line(code, err, str(folder / "m.onnx"), "outside the model's folder", location)
     assert peak < 1 << 20, f"{peak} KiB"
+
+
+def test_a_fifo_as_an_earlier_builds_record_does_not_hang_report(tmp_path):
+    policy = _relu_policy(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0
+    (out / "build.json").unlink()
+    os.mkfifo(out / "build.json")  # a read that waited for a writer would hang here
+    done = subprocess.run(
+        [TRTBUILD, "report", "--policy", str(policy), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

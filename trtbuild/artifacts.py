@@ -30,6 +30,7 @@ from trtbuild.fsutil import (
     MARKER,
     check_out_folder,
     publish_folder,
+    read_small,
     sha256_file,
     staging_folder,
     unpublishable,
@@ -239,8 +240,8 @@ def earlier_build(out_dir: Path, policy_path: Path) -> BuildRecord | None:
     for a record of that policy this trtbuild cannot read."""
     path = out_dir / "build.json"
     try:
-        built = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        built = json.loads(read_small(path))  # a FIFO or a huge file there: no record
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(built, dict) or built.get("policy") != str(policy_path):
         return None

@@ -212,27 +212,31 @@ RECORD = "build.json"  # what every build writes; its keys prove a marker-less f
 RECORD_MAX_BYTES = 256 << 20  # a build.json of a 100k-layer engine is a few MB
 
 
+def read_small(path: Path, limit: int = RECORD_MAX_BYTES) -> bytes:
+    """The bytes of a small file in a folder that may be anyone's: not through a symlink
+    at its end, never waiting on a FIFO, at most `limit` bytes.
+
+    Raises:
+        OSError: it cannot be opened, is no regular file (EINVAL) or is larger (EFBIG).
+    """
+    fd = os.open(path, READ_NOFOLLOW)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB", str(path))
+        return f.read(limit)
+
+
 def written_by_trtbuild(folder: Path) -> bool:
     """Whether `folder/build.json` is a record trtbuild wrote: a JSON object with the
-    trtbuild version it was written by and the sha256 of its policy.
-
-    Read without following a symlink or blocking on a FIFO, and bounded: the file is
-    in a folder that may be anyone's.
-    """
+    trtbuild version it was written by and the sha256 of its policy (read by
+    `read_small`: the folder may be anyone's)."""
     try:
-        fd = os.open(folder / RECORD, READ_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX_BYTES:
-            return False
-        with open(fd, "rb", closefd=False) as f:
-            doc = json.loads(f.read(RECORD_MAX_BYTES))
+        doc = json.loads(read_small(folder / RECORD))
     except (OSError, ValueError, RecursionError):
         return False
-    finally:
-        os.close(fd)
     if not isinstance(doc, dict):
         return False
     versions, hashes = doc.get("versions"), doc.get("hashes")
