@@ -292,6 +292,14 @@ def test_a_timeout_of_0_skips_the_check_and_records_no_pass(tmp_path):
     check.cancel()
 
 
+def test_a_child_that_cannot_start_is_exit_2(tmp_path, monkeypatch):
+    from trtbuild.precision.validate import CheckFailed, start_mixed_check
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path))  # a folder: exec fails (EACCES)
+    with pytest.raises(CheckFailed, match="could not start a child process"):
+        start_mixed_check(_relu_model(), None)
+
+
 def test_a_child_that_prints_garbage_and_exits_is_an_outcome_not_a_crash():
     from trtbuild.precision import ort_child
 

@@ -78,7 +78,7 @@ def start_mixed_check(
         if record is not None:
             return MixedCheck(None, b"", list(record.warnings))
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
-    proc = ort_child.spawn(data, "default") if seconds > 0 else None
+    proc = _spawn(data, "default") if seconds > 0 else None
     check = MixedCheck(proc, data, cache=cache, digest=digest, timeout=seconds)
     try:
         onnx.checker.check_model(data, full_check=True)  # the bytes: not serialized again
@@ -122,6 +122,19 @@ class MixedCheck:
         self.data = b""
 
 
+def _spawn(data: bytes, level: str) -> subprocess.Popen:
+    """`ort_child.spawn`, or `CheckFailed` where the machine cannot start a process."""
+    try:
+        return ort_child.spawn(data, level)
+    except OSError as exc:  # EAGAIN (too many processes), ENOMEM
+        raise CheckFailed(
+            f"ONNX Runtime's check of the mixed model could not start a child process "
+            f"({exc.strerror or exc})",
+            hint=f"free memory or processes, or set {TIMEOUT_KEY}: 0 in the policy to skip "
+            "this check",
+        ) from None
+
+
 def _ended(proc: subprocess.Popen, timeout: float, size: int) -> ort_child.Outcome:
     """The child's outcome, or `CheckFailed` where it took too long or was killed."""
     what = f"ONNX Runtime's check of the mixed model ({size / (1 << 20):.1f} MiB, a session "
@@ -154,7 +167,7 @@ def _judge(first: ort_child.Outcome, data: bytes, timeout: float) -> list[str]:
     ONNX Runtime's fault (a warning) from the model's (`InvalidMixedModel`)."""
     if first.ok or first.no_kernel:
         return []  # no CPU kernel for a type (BF16 ReduceMean): the model is valid, the EP not
-    plain = _ended(ort_child.spawn(data, "off"), timeout, len(data))
+    plain = _ended(_spawn(data, "off"), timeout, len(data))
     if not (plain.ok or plain.no_kernel):
         said = plain.message if plain.crash is None else f"it crashed ({plain.crash})"
         raise InvalidMixedModel(
