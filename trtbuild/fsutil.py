@@ -261,8 +261,8 @@ def write_marker(folder: Path, command: str, files: Collection[str]) -> None:
 def read_marker(folder: Path) -> dict[str, Any]:
     """The folder's marker, or {} where there is none (or none this trtbuild can read)."""
     try:
-        doc = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(read_small(folder / MARKER))
+    except (OSError, ValueError, RecursionError):
         return {}
     return doc if isinstance(doc, dict) else {}
 
