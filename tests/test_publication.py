@@ -163,7 +163,7 @@ def test_a_planted_aside_folder_of_another_user_is_never_linked_into_an_output(t
 def test_the_portable_path_never_removes_an_aside_set_it_did_not_move_there(tmp_path):
     out = tmp_path / "out"
     assert _drive(out, "old") == 0
-    mine = tmp_path / ".out.old-mine"  # the user's own copy, named like an aside folder
+    mine = tmp_path / f".out.old-{2**22 + 7}-mine"  # named like an aside of a dead PID
     mine.mkdir()
     (mine / MARKER).write_text("{}")
     (mine / "notes.txt").write_text("kept")
