@@ -426,6 +426,25 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
     assert cache.clear() == 1 and not (folder / f".{digest}.{dead.pid}.0.tmp").exists()
 
 
+def test_a_temporary_whose_writer_holds_its_lock_is_kept_whatever_its_pid_and_age(tmp_path):
+    """A writer in another PID namespace: its pid is no process here, but it holds its lock."""
+    import fcntl
+
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    digest = _digest("held")
+    assert cache.put("prepared", digest, _prepared())
+    temp = cache.root / "prepared" / digest[:2] / f".{digest}.{2**22 + 7}.0.tmp"
+    temp.write_bytes(b"partial")
+    old = time.time() - 2 * 3600
+    os.utime(temp, (old, old))
+    with open(temp, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        cache.evict()
+        assert temp.exists()
+    cache.evict()
+    assert not temp.exists()
+
+
 def test_a_value_the_codec_cannot_express_is_not_cached(tmp_path):
     import numpy as np
 

@@ -482,14 +482,12 @@ def test_a_file_mounted_into_the_out_folder_stays_and_a_mounted_artifact_is_exit
     out = tmp_path / "out"
     assert _drive(out, "old") == 0
     (tmp_path / "notes.txt").write_text("the user's")
-    mounted = []
     try:
         for name in ("notes.txt", "mixed.onnx"):
             (out / name).touch()
             done = subprocess.run(["mount", "--bind", str(tmp_path / "notes.txt"), str(out / name)])
             if done.returncode != 0:
                 pytest.skip("a file cannot be bind-mounted here")
-            mounted.append(out / name)
             code = _drive(out, "new" if name == "notes.txt" else "newer")
             assert (out / "notes.txt").read_text() == "the user's" and _leftovers(tmp_path) == []
             if name == "notes.txt":
@@ -498,6 +496,7 @@ def test_a_file_mounted_into_the_out_folder_stays_and_a_mounted_artifact_is_exit
                 assert code != 0 and (out / "report.json").read_text() == "new"
                 assert json.loads((out / "build.json").read_text())["policy"] == "new"
                 assert "partial" not in json.loads((out / MARKER).read_text())
-    finally:
-        for path in reversed(mounted):
-            subprocess.run(["umount", str(path)], check=True)
+    finally:  # every mount under tmp_path, wherever a publication may have carried it
+        points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        for point in sorted((p for p in points if p.startswith(f"{tmp_path}/")), reverse=True):
+            subprocess.run(["umount", "-l", point])

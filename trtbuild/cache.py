@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trtbuild.errors import UsageError
-from trtbuild.fsutil import FOLDER, NOFOLLOW, READ_NOFOLLOW, alive
+from trtbuild.fsutil import FOLDER, NOFOLLOW, READ_NOFOLLOW, alive, lock
 
 HEADER = b"trtbuild-cache/"  # every version's entries start so: housekeeping knows its own
 MAGIC = HEADER + b"2\n"  # 2: data codecs; a version 1 entry (a pickle) reads as corrupt
@@ -64,9 +64,9 @@ ENTRY_NAME = re.compile(r"[0-9a-f]{64}")
 # `.DIGEST.PID.N.tmp` (and `.DIGEST.PID.tmp`, the name before version 2)
 TEMP_NAME = re.compile(r"\.([0-9a-f]{64})\.([0-9]{1,12})(?:\.[0-9]+)?\.tmp")
 TEMP_NAMES = 16  # temporary names a writer tries before it gives up
-STALE_SECONDS = 3600  # a temporary this old is a dead writer's, whatever its pid says
-# A temporary whose pid is gone is a dead writer's once it is this old: a writer in another
-# pid namespace (a container sharing the folder) looks gone but is writing right now.
+STALE_SECONDS = 3600  # where locks tell nothing: a temporary this old is a dead writer's
+# A temporary is a dead writer's once it is this old and no writer holds its lock (a writer
+# in another PID namespace, a container sharing the folder, holds it as well as any).
 DEAD_GRACE_SECONDS = 60
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 DEFAULT_MAX_BYTES = 2 << 30
@@ -545,6 +545,7 @@ def _write(entry: Entry, parts: list[bytes]) -> None:
     for part in parts:
         sha.update(part)
     fd, tmp = _create_temp(entry)
+    lock(fd)  # held while it is written: a cleaner in any PID namespace leaves it alone
     try:
         with open(fd, "wb") as f:
             f.write(MAGIC + sha.hexdigest().encode() + b"\n")
@@ -696,12 +697,30 @@ def _info(fd: int | None, root: Path, max_bytes: int) -> dict[str, Any]:
 
 
 def _remove_stale(temps: list[tuple[Entry, os.stat_result, int]]) -> None:
-    """Remove the temporaries of writers that are gone (a crash, a kill -9)."""
+    """Remove the temporaries of writers that are gone (a crash, a kill -9): a minute old
+    and no writer holds its lock; where locks tell nothing, its pid is gone too; over an
+    hour old and unlocked, whatever its pid says."""
     now = time.time()
     for entry, st, pid in temps:
         age = now - st.st_mtime
-        if age > STALE_SECONDS or (age > DEAD_GRACE_SECONDS and not alive(pid)):
+        if age <= DEAD_GRACE_SECONDS:
+            continue
+        held = _held(entry)
+        if held is False or (held is None and (age > STALE_SECONDS or not alive(pid))):
             _remove(entry)
+
+
+def _held(entry: Entry) -> bool | None:
+    """Whether a writer holds `entry`'s lock: True, False, or None where locks tell nothing."""
+    try:
+        fd = os.open(entry.name, READ_NOFOLLOW, dir_fd=entry.fd)
+    except OSError:
+        return None
+    try:
+        got = lock(fd)
+        return None if got is None else not got
+    finally:
+        os.close(fd)
 
 
 def _remove(entry: Entry) -> int:

@@ -347,13 +347,13 @@ def _held_folder(parent: Path, prefix: str) -> tuple[Path, int]:
             fd = os.open(path, _DIRECTORY)
         except FileNotFoundError:  # a cleaner took it for a dead one's
             continue
-        if _lock(fd) is not False and _same(fd, path):
+        if lock(fd) is not False and _same(fd, path):
             return path, fd
         os.close(fd)
     raise OSError(errno.EAGAIN, "no staging folder could be held", str(parent))
 
 
-def _lock(fd: int, wait: bool = False) -> bool | None:
+def lock(fd: int, wait: bool = False) -> bool | None:
     """Take the exclusive flock of `fd`: True; False where another process holds it; None
     where the file system (or the platform) has no such locks."""
     if fcntl is None:
@@ -419,7 +419,7 @@ def _dead(path: Path) -> int | None:
         fd = os.open(path, _DIRECTORY)
     except OSError:
         return None
-    if _lock(fd) and _same(fd, path):
+    if lock(fd) and _same(fd, path):
         return fd
     os.close(fd)
     return None
@@ -554,7 +554,7 @@ def _held_set(out_dir: Path) -> int:
     """
     for _ in range(8):
         fd = os.open(out_dir, _DIRECTORY)
-        _lock(fd, wait=True)
+        lock(fd, wait=True)
         if _same(fd, out_dir):
             return fd
         os.close(fd)
