@@ -76,10 +76,10 @@ def start_mixed_check(
     if cache is not None and cache.enabled and timeout != 0:
         record = cache.get("converted", digest)
         if record is not None:
-            return MixedCheck(None, b"", list(record.warnings))
+            return MixedCheck(None, None, list(record.warnings))
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
     proc = _spawn(data, "default") if seconds > 0 else None
-    check = MixedCheck(proc, data, cache=cache, digest=digest, timeout=seconds)
+    check = MixedCheck(proc, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
     try:
         onnx.checker.check_model(data, full_check=True)  # the bytes: not serialized again
     except Exception as exc:  # the checker's own ValidationError and inference errors
@@ -93,11 +93,14 @@ class MixedCheck:
     """ONNX Runtime's load of one mixed model, under way in a child process."""
 
     proc: subprocess.Popen | None
-    data: bytes  # the model's bytes, for a second child where the first one failed
+    # the model (the caller's, not a copy), serialized again only for a second child where
+    # the first one failed: no copy of its bytes is held while the build runs
+    model: onnx.ModelProto | None
     warnings: list[str] = field(default_factory=list)
     cache: Any = None
     digest: str = ""
     timeout: float = 0.0
+    size: int = 0  # bytes of the serialized model
 
     def result(self) -> list[str]:
         """Wait for the load: its warnings, or `InvalidMixedModel` where the model is
@@ -105,8 +108,9 @@ class MixedCheck:
         if self.proc is None:
             return self.warnings
         try:
-            first = _ended(self.proc, self.timeout, len(self.data))
-            self.warnings = _judge(first, self.data, self.timeout)
+            first = _ended(self.proc, self.timeout, self.size)
+            if not (first.ok or first.no_kernel):
+                self.warnings = _judge(first, self.model.SerializeToString(), self.timeout)  # type: ignore[union-attr]
         finally:
             self.cancel()
         if self.cache is not None and self.cache.enabled:
@@ -114,12 +118,11 @@ class MixedCheck:
         return self.warnings
 
     def cancel(self) -> None:
-        """Stop the child (if it still runs); the model's bytes are let go."""
+        """Stop the child (if it still runs); the model is let go."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.proc = None
-        self.data = b""
+        self.proc, self.model = None, None
 
 
 def _spawn(data: bytes, level: str) -> subprocess.Popen:
@@ -163,10 +166,9 @@ def _ended(proc: subprocess.Popen, timeout: float, size: int) -> ort_child.Outco
 
 
 def _judge(first: ort_child.Outcome, data: bytes, timeout: float) -> list[str]:
-    """No warning where the default load worked; else load with optimisations off to tell
-    ONNX Runtime's fault (a warning) from the model's (`InvalidMixedModel`)."""
-    if first.ok or first.no_kernel:
-        return []  # no CPU kernel for a type (BF16 ReduceMean): the model is valid, the EP not
+    """The default load failed: load with optimisations off to tell ONNX Runtime's fault (a
+    warning) from the model's (`InvalidMixedModel`). No CPU kernel for a type (BF16
+    ReduceMean) is no failure: the model is valid, the execution provider is not."""
     plain = _ended(_spawn(data, "off"), timeout, len(data))
     if not (plain.ok or plain.no_kernel):
         said = plain.message if plain.crash is None else f"it crashed ({plain.crash})"
