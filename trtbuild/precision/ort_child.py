@@ -29,6 +29,7 @@ from onnx import helper
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
 
+RESULT = "@trtbuild-result@"  # the child's answer follows this on its own line
 # The child: create one CPU session at the given optimisation level, say why it failed.
 # It dies with its parent (Linux's PR_SET_PDEATHSIG), reads the model from stdin ("-") or
 # a file, and its one answer is the line after RESULT (whatever else a library prints).
@@ -51,10 +52,9 @@ try:
     ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 except Exception as exc:
     said = json.dumps({"kind": type(exc).__name__, "message": str(exc)})
-    sys.stdout.write("\\n@trtbuild-result@" + said + "\\n")
+    sys.stdout.write("\\n" + RESULT + said + "\\n")
     sys.exit(3)
-"""
-RESULT = "@trtbuild-result@"  # the child's answer follows this on its own line
+""".replace("RESULT", repr(RESULT))
 FAILED = 3  # the child's exit code for a session that raised
 PROBES = 16  # child sessions at most to find the node a crash needs
 PROBE_SECONDS = 120.0  # and at most this long
@@ -70,7 +70,9 @@ ENVIRONMENT = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR"
 ENVIRONMENT += ("SYSTEMROOT",)  # Windows: its DLLs
 # Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
 # process), not a crash of ONNX Runtime's own code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE).
-KILLED = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+KILLED = tuple(
+    getattr(signal, n) for n in ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)
+)
 
 
 def default_timeout(size: int) -> float:
