@@ -426,6 +426,25 @@ def test_stale_temporaries_of_dead_processes_are_removed(tmp_path):
     assert cache.clear() == 1 and not (folder / f".{digest}.{dead.pid}.0.tmp").exists()
 
 
+def test_a_temporary_whose_writer_holds_its_lock_is_kept_whatever_its_pid_and_age(tmp_path):
+    """A writer in another PID namespace: its pid is no process here, but it holds its lock."""
+    import fcntl
+
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    digest = _digest("held")
+    assert cache.put("prepared", digest, _prepared())
+    temp = cache.root / "prepared" / digest[:2] / f".{digest}.{2**22 + 7}.0.tmp"
+    temp.write_bytes(b"partial")
+    old = time.time() - 2 * 3600
+    os.utime(temp, (old, old))
+    with open(temp, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        cache.evict()
+        assert temp.exists()
+    cache.evict()
+    assert not temp.exists()
+
+
 def test_a_value_the_codec_cannot_express_is_not_cached(tmp_path):
     import numpy as np
 
@@ -455,3 +474,123 @@ def test_check_twice_from_the_command_line_hits_and_says_the_same(tmp_path):
     assert cold.keys() == warm.keys()
     for path, (inode, mtime) in cold.items():  # read (touched), not rewritten
         assert warm[path][0] == inode and warm[path][1] > mtime, path
+
+
+# -- the surroundings of the cache (#45) ----------------------------------------------------
+
+
+def _entry(kind: str, payload: bytes) -> bytes:
+    """An entry file with a valid header and sha256 around `payload`."""
+    sha = hashlib.sha256(payload).hexdigest().encode()
+    return cache_mod.MAGIC + sha + b"\n" + payload
+
+
+def _plant(cache: Cache, kind: str, digest: str, data: bytes) -> Path:
+    folder = cache.root / kind / digest[:2]
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (folder / digest).write_bytes(data)
+    return folder / digest
+
+
+@pytest.mark.parametrize("sticky", [False, True])
+def test_an_ancestor_others_can_write_turns_the_cache_off_unless_sticky(tmp_path, sticky):
+    """OpenSSH's StrictModes: who can rename a folder above the root can swap the root."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777 if sticky else 0o777)
+    cache = Cache(codec=cache_codec, root=shared / "me" / "cache")
+    assert cache.put("prepared", _digest("strict"), _prepared()) is sticky
+    if sticky:
+        assert cache.events == [] and cache.entries()
+    else:
+        (said,) = cache.events
+        assert f"{shared}, above the cache, is writable by others (mode 777)" in said, said
+        assert "without the sticky bit" in said and cache.hits["prepared"] == "off"
+
+
+def test_the_root_is_used_through_the_descriptor_it_was_checked_on(tmp_path):
+    """Swapping the root after its check (the race of #45) changes nothing a run reads."""
+    digest = _digest("swap")
+    root = tmp_path / "cache"
+    assert Cache(codec=cache_codec, root=root).put("prepared", digest, _prepared(10))
+    cache = Cache(codec=cache_codec, root=root)
+    cache.check_root()  # opened and checked here
+    root.rename(tmp_path / "moved")
+    attacker = Cache(codec=cache_codec, root=root)  # a folder of theirs in its place
+    assert attacker.put("prepared", digest, _prepared(99))
+    got = cache.get("prepared", digest)
+    assert _same(got, _prepared(10)) and not _same(got, _prepared(99))
+
+
+def test_a_symlinked_root_of_another_user_turns_the_cache_off(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a symlink to another user")
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    link = tmp_path / "cache"
+    link.symlink_to(mine)
+    os.lchown(link, 65534, 65534)  # theirs: they could point it elsewhere at any time
+    cache = Cache(codec=cache_codec, root=link)
+    assert cache.put("prepared", _digest("link"), _prepared()) is False
+    assert "is a symbolic link of another user (uid 65534)" in cache.events[0]
+    os.lchown(link, os.geteuid(), os.getegid())  # the user's own link: followed
+    assert Cache(codec=cache_codec, root=link).put("prepared", _digest("link"), _prepared())
+
+
+def _reshaped(kind: str, value, change) -> bytes:
+    """The payload of `value` with its JSON line changed by `change` (a valid entry's
+    frame, the wrong content)."""
+    parts = cache_codec.encode(kind, value)
+    head = json.loads(parts[0])
+    change(head["value"])
+    return json.dumps(head, separators=(",", ":")).encode() + b"\n" + b"".join(parts[1:])
+
+
+@pytest.mark.parametrize(
+    "kind, change",
+    [
+        ("prepared", lambda v: v.update(model="not a model")),
+        ("prepared", lambda v: v.update(records=[{"name": 5, "changed": 0, "details": {}}])),
+        ("converted", lambda v: v.update(warnings=[1, 2])),
+        ("converted", lambda v: v.update(casts={"$tuple": []})),
+    ],
+)
+def test_an_entry_of_the_wrong_shape_is_dropped_and_recomputed_like_a_bad_hash(
+    tmp_path, kind, change
+):
+    from onnx import helper
+
+    from trtbuild.precision.convert import Converted
+
+    value = (
+        _prepared()
+        if kind == "prepared"
+        else Converted(helper.make_model(helper.make_graph([], "g", [], [])), [], ["w"])
+    )
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    digest = _digest(f"shape-{kind}")
+    assert cache.put(kind, digest, value)
+    path = _plant(cache, kind, digest, _entry(kind, _reshaped(kind, value, change)))
+    assert cache.get(kind, digest) is None and cache.hits[kind] == "miss"
+    assert not path.exists() and cache.events[0].startswith("dropped a corrupt cache entry")
+
+
+def test_entry_sizes_are_bounded_before_reading(tmp_path):
+    """A sparse entry of 8 GiB is dropped unread; a 70 MB string in the JSON line is not
+    parsed (it took 4.4 GB for a 300 MB one)."""
+    import resource
+
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    digest, other = _digest("sparse"), _digest("string")
+    assert cache.put("prepared", digest, _prepared())
+    path = cache.root / "prepared" / digest[:2] / digest
+    with open(path, "r+b") as f:
+        f.truncate(8 << 30)  # sparse: no disk taken
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert cache.get("prepared", digest) is None and not path.exists()
+    assert "larger than any entry of its kind" in cache.events[0]
+    head = b'{"kind":"prepared","blobs":[],"value":"' + b"x" * (70 << 20) + b'"}\n'
+    _plant(cache, "prepared", other, _entry("prepared", head))
+    assert Cache(codec=cache_codec, root=cache.root).get("prepared", other) is None
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak  # KiB on Linux
+    assert grown < 1 << 20, f"{grown} KiB more to drop two entries"

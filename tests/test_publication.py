@@ -27,13 +27,16 @@ SETS = ("build.json", "report.json", "mixed.onnx")
 
 # writes one generation of a build's files through staged_output; argv: OUT GENERATION
 DRIVER = """
+import json
 import sys
 from pathlib import Path
 from trtbuild.artifacts import BUILD_FILES, staged_output
 
+record = {"policy": sys.argv[2], "versions": {"trtbuild": "0"}, "hashes": {"policy": "a" * 64}}
 with staged_output(Path(sys.argv[1]), BUILD_FILES) as stage:
     for name in ("build.json", "report.json", "mixed.onnx"):
         (stage / name).write_text(sys.argv[2])
+    (stage / "build.json").write_text(json.dumps(record))  # as trtbuild's: its keys
 """
 
 
@@ -44,7 +47,8 @@ def _drive(out: Path, generation: str, hook: str = "") -> int:
 
 
 def _generations(out: Path) -> set[str]:
-    return {(out / name).read_text() for name in SETS}
+    found = {(out / name).read_text() for name in SETS if name != "build.json"}
+    return found | {json.loads((out / "build.json").read_text())["policy"]}
 
 
 def _leftovers(parent: Path) -> list[str]:
@@ -76,21 +80,183 @@ def test_a_kill_at_any_step_of_publication_leaves_a_whole_set(tmp_path, mode):
     assert _leftovers(tmp_path) == []
 
 
-def test_orphaned_staging_of_a_dead_process_is_removed_but_a_live_ones_kept(tmp_path):
-    out = tmp_path / "out"
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    orphan = tmp_path / f".out.staging-{dead.stdout.strip()}-abc_12"
+def test_a_staging_folder_is_alive_while_its_lock_is_held_whatever_its_name(tmp_path):
+    import fcntl
+
+    orphan = tmp_path / ".out.staging-abc_12"  # no process holds it: a dead build's
     orphan.mkdir()
     (orphan / "engine.plan").write_bytes(b"\0" * 1000)
-    live = tmp_path / f".other.staging-{os.getpid()}-xyz"
+    dead_pid = tmp_path / f".out.staging-{2**22 + 7}-x"  # an older trtbuild's name
+    dead_pid.mkdir()
+    live = tmp_path / ".other.staging-xyz"  # named like a dead one, but held
     live.mkdir()
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert _drive(out := tmp_path / "out", "new") == 0
+        assert not orphan.exists() and not dead_pid.exists() and live.is_dir()
+    finally:
+        os.close(fd)
+    assert _generations(out) == {"new"}
+
+
+# stages one generation, says where, and publishes it once told; argv: OUT GENERATION
+WAITING = DRIVER.replace(
+    "        (stage / name).write_text(sys.argv[2])\n",
+    "        (stage / name).write_text(sys.argv[2])\n"
+    "    print(stage, flush=True)\n"
+    "    sys.stdin.readline()\n",
+)
+
+
+def test_a_build_in_another_pid_namespace_leaves_a_running_builds_staging_alone(tmp_path):
+    """A container beside a running build (#45): it sees no such PID, yet the lock holds."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --pid is refused here: {probe.stderr.decode().strip()}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "out"
+    assert _drive(out, "old") == 0
+    running = subprocess.Popen(
+        [sys.executable, "-c", WAITING, str(out), "new"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stage = Path(running.stdout.readline().strip())
+        assert stage.is_dir()
+        cmd = ["unshare", "--pid", "--fork", sys.executable, "-c", DRIVER]
+        other = subprocess.run([*cmd, str(tmp_path / "other"), "x"], env=env, timeout=120)
+        assert other.returncode == 0 and stage.is_dir(), "the running build's staging is gone"
+        running.stdin.write("\n")
+        running.stdin.close()
+        assert running.wait(timeout=120) == 0
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert _generations(out) == {"new"} and _leftovers(tmp_path) == []
+
+
+def test_a_planted_aside_folder_of_another_user_is_never_linked_into_an_output(tmp_path):
+    """In a shared parent (sticky, like /tmp), another user plants `.out.old-*` holding a
+    marker and a file: it must neither become the user's out folder nor be carried."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    planted = shared / ".out.old-4242-abc"
+    planted.mkdir()
+    (planted / "notes.txt").write_text("the attacker's")
+    (planted / MARKER).write_text(json.dumps({"command": "build", "files": ["notes.txt"]}))
+    for path in (planted, planted / "notes.txt", planted / MARKER):
+        os.chown(path, 65534, 65534)
+    if os.geteuid() == 65534:
+        pytest.skip("the test runs as the user it plants as")
+    out = shared / "out"
     assert _drive(out, "new") == 0
-    assert not orphan.exists() and live.is_dir()
+    assert not (out / "notes.txt").exists()
+    assert "notes.txt" not in json.loads((out / MARKER).read_text())["files"]
+    assert (planted / "notes.txt").read_text() == "the attacker's"  # and left alone
+
+
+def test_the_portable_path_never_removes_an_aside_set_it_did_not_move_there(tmp_path):
+    out = tmp_path / "out"
+    assert _drive(out, "old") == 0
+    mine = tmp_path / f".out.old-{2**22 + 7}-mine"  # named like an aside of a dead PID
+    mine.mkdir()
+    (mine / MARKER).write_text("{}")
+    (mine / "notes.txt").write_text("kept")
+    assert _drive(out, "new", "portable") == 0
+    assert _drive(out, "old", "portable") == 0
+    assert (mine / "notes.txt").read_text() == "kept" and _generations(out) == {"old"}
+
+
+def test_a_write_protected_out_folder_is_refused_and_left_as_it_is(tmp_path, capsys):
+    plain = _policy(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(plain), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    out.chmod(0o555)
+    try:
+        capsys.readouterr()
+        assert main(["build", "--policy", str(plain), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: the output folder is write-protected (mode 555)" in err, err
+        assert "chmod u+w" in err and "Traceback" not in err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+        assert _leftovers(tmp_path) == []
+    finally:
+        out.chmod(0o755)
+
+
+def _mount(how: str, target: Path, tmp_path: Path) -> None:
+    """`target` made a mount point (a tmpfs, or a bind mount of a folder), or a skip."""
+    if how == "tmpfs":
+        cmd = ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(target)]
+    else:
+        (tmp_path / "source").mkdir()
+        cmd = ["mount", "--bind", str(tmp_path / "source"), str(target)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"{how} cannot be mounted here: {done.stderr.strip()}")
+
+
+@pytest.mark.parametrize("how", ["tmpfs", "bind"])
+def test_a_mount_point_as_out_is_published_into(tmp_path, how):
+    """Docker's `-v host/build:/work/build`: no rename can replace a mount point (EBUSY);
+    the set is published into it, the marker last, and the user's files stay."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _mount(how, out, tmp_path)
+    try:
+        assert _drive(out, "old") == 0
+        (out / "notes.txt").write_text("the user's")
+        assert _drive(out, "new") == 0
+        assert _generations(out) == {"new"} and (out / "notes.txt").read_text() == "the user's"
+        marker = json.loads((out / MARKER).read_text())
+        assert set(marker["files"]) == set(SETS)
+        assert _leftovers(tmp_path) == [] and _leftovers(out) == [MARKER]
+    finally:
+        subprocess.run(["umount", str(out)], check=True)
+
+
+def test_an_out_folder_in_an_overlays_lower_layer_is_published_into(tmp_path):
+    """A folder of an image's lower layer cannot be renamed (EXDEV): published into."""
+    layers = {n: tmp_path / n for n in ("lower", "upper", "work", "merged")}
+    for folder in layers.values():
+        folder.mkdir()
+    assert _drive(layers["lower"] / "out", "old") == 0
+    options = "lowerdir={lower},upperdir={upper},workdir={work}".format(**layers)
+    cmd = ["mount", "-t", "overlay", "overlay", "-o", options, str(layers["merged"])]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"an overlay cannot be mounted here: {done.stderr.strip()}")
+    out = layers["merged"] / "out"
+    try:
+        for generation in ("new", "newer"):
+            assert _drive(out, generation) == 0
+            assert _generations(out) == {generation}
+        assert _leftovers(layers["merged"]) == [] and _leftovers(out) == [MARKER]
+    finally:
+        subprocess.run(["umount", str(layers["merged"])], check=True)
+
+
+def test_a_kill_at_any_step_of_a_publication_in_place_leaves_what_the_next_one_fixes(tmp_path):
+    out = tmp_path / "out"
+    assert _drive(out, "old") == 0
+    (out / "notes.txt").write_text("the user's")
+    for step in range(1, 30):
+        code = _drive(out, "new", f"kill-at={step},in-place")
+        assert code in (0, -signal.SIGKILL)
+        if code == 0:
+            break
+        if len(_generations(out)) > 1:  # a mix says so
+            assert json.loads((out / MARKER).read_text())["partial"] is True, step
+        assert _drive(out, "old", "in-place") == 0, step
+        assert _generations(out) == {"old"} and (out / "notes.txt").read_text() == "the user's"
+        assert _leftovers(tmp_path) == [], step
+    assert step > 3 and _generations(out) == {"new"}
 
 
 def _policy(tmp_path: Path, rules: str = "") -> Path:
@@ -205,9 +371,10 @@ def test_report_into_a_build_keeps_the_build_and_the_users_files(tmp_path):
 def test_an_owned_file_not_produced_again_is_dropped_and_the_folder_mode_kept(tmp_path):
     plain = _policy(tmp_path)
     out = tmp_path / "out"
-    out.mkdir(mode=0o750)
+    assert main(["build", "--policy", str(plain), "--out", str(out)]) == 0
+    (out / MARKER).unlink()  # as an older trtbuild left it: its build.json proves it
     out.chmod(0o750)
-    (out / "engine.plan").write_bytes(b"an engine of an earlier build")  # an old trtbuild's
+    (out / "engine.plan").write_bytes(b"an engine of an earlier build")
     assert main(["build", "--policy", str(plain), "--out", str(out)]) == 0
     assert not (out / "engine.plan").exists()  # backend none: a stale engine would lie
     assert out.stat().st_mode & 0o777 == 0o750
@@ -218,10 +385,118 @@ def test_an_owned_file_not_produced_again_is_dropped_and_the_folder_mode_kept(tm
     assert fresh.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's 0700
 
 
+def _record(folder: Path) -> None:
+    """A build.json as trtbuild writes it: the version it was written by, the policy hash."""
+    doc = {"policy": "p.yaml", "versions": {"trtbuild": "0.1"}, "hashes": {"policy": "a" * 64}}
+    (folder / "build.json").write_text(json.dumps(doc))
+
+
 def test_a_marker_less_earlier_output_is_accepted(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     for name in SETS:
         (out / name).write_text("{}")
+    _record(out)
     assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 0
     assert (out / MARKER).is_file()
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ("engine.plan",),
+        ("report.md",),
+        ("junit.xml",),
+        ("engine.plan", "report.md", "junit.xml", "build.json"),  # a build.json not trtbuild's
+    ],
+)
+def test_a_folder_of_artifact_names_without_trtbuilds_record_is_refused(tmp_path, capsys, files):
+    """Names prove nothing (#42): a user's own engine.plan, report.md or junit.xml, or a
+    build.json trtbuild did not write, is kept and the build refused."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    for name in files:
+        (out / name).write_text(f"the user's {name}")
+    assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: the output folder has no {MARKER} and no build.json trtbuild wrote" in err
+    assert "publishing into it would replace" in err and "Traceback" not in err, err
+    assert {p.name: p.read_text() for p in out.iterdir()} == {n: f"the user's {n}" for n in files}
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_record_that_is_a_fifo_or_a_symlink_proves_nothing(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("mine")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _record(elsewhere)
+    (out / "build.json").symlink_to(elsewhere / "build.json")
+    assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 2
+    (out / "build.json").unlink()
+    os.mkfifo(out / "build.json")  # must not hang the check
+    assert main(["build", "--policy", str(_policy(tmp_path)), "--out", str(out)]) == 2
+    assert (out / "report.md").read_text() == "mine"
+
+
+def test_an_out_folder_on_a_disk_made_read_only_is_exit_2_naming_the_disk(tmp_path, capsys):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    _mount("tmpfs", disk, tmp_path)
+    try:
+        out = disk / "out"
+        plain = _policy(tmp_path)
+        assert main(["build", "--policy", str(plain), "--out", str(out)]) == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        capsys.readouterr()
+        assert main(["build", "--policy", str(plain), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: read-only file system" in err and "write-protected" not in err, err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("mode", ["exchange", "portable"])
+def test_concurrent_publications_into_one_folder_each_publish_a_whole_set(tmp_path, mode):
+    """Four at once, from no folder at all: each ends 0, one whole set wins, nothing is left."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), TEST_HOOK: mode if mode == "portable" else ""}
+    for _ in range(2):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", DRIVER, str(out), f"g{i}"], env=env, stderr=subprocess.PIPE
+            )
+            for i in range(4)
+        ]
+        errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, errors
+        assert len(_generations(out)) == 1 and _leftovers(tmp_path) == []
+
+
+def test_a_file_mounted_into_the_out_folder_stays_and_a_mounted_artifact_is_exit_2(tmp_path):
+    """`-v notes.txt:/work/build/out/notes.txt`: a rename of the folder would carry the
+    mount away with the old set; the set is published into the folder instead."""
+    out = tmp_path / "out"
+    assert _drive(out, "old") == 0
+    (tmp_path / "notes.txt").write_text("the user's")
+    try:
+        for name in ("notes.txt", "mixed.onnx"):
+            (out / name).touch()
+            done = subprocess.run(["mount", "--bind", str(tmp_path / "notes.txt"), str(out / name)])
+            if done.returncode != 0:
+                pytest.skip("a file cannot be bind-mounted here")
+            code = _drive(out, "new" if name == "notes.txt" else "newer")
+            assert (out / "notes.txt").read_text() == "the user's" and _leftovers(tmp_path) == []
+            if name == "notes.txt":
+                assert code == 0 and _generations(out) == {"new"}
+            else:  # an artifact trtbuild must replace is mounted: refused, nothing changed
+                assert code != 0 and (out / "report.json").read_text() == "new"
+                assert json.loads((out / "build.json").read_text())["policy"] == "new"
+                assert "partial" not in json.loads((out / MARKER).read_text())
+    finally:  # every mount under tmp_path, wherever a publication may have carried it
+        points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+        for point in sorted((p for p in points if p.startswith(f"{tmp_path}/")), reverse=True):
+            subprocess.run(["umount", "-l", point])

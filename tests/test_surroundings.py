@@ -7,10 +7,13 @@ cannot be mounted, `os.replace` into it raises ENOSPC instead, in process.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +232,318 @@ def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):
         assert db.execute("SELECT status, exit_code FROM results").fetchall() == [("error", 2)]
     message = json.loads((out / "nightly.json").read_text())["results"][0]["message"]
     assert str(disk.folder / "p") in message and "internal error" not in message
+
+
+# -- ONNX Runtime's check of the mixed model, in a child process (#45) ------------------
+
+
+def _relu_model():
+    return model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie nobody reaped has ended too)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_stopped_child_ends_in_exit_2_within_its_timeout():
+    from trtbuild.precision.validate import CheckFailed, start_mixed_check
+
+    check = start_mixed_check(_relu_model(), None, timeout=2)
+    pid = check.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # as a debugger, a frozen cgroup or a swap storm does
+    started = time.monotonic()
+    with pytest.raises(CheckFailed) as caught:
+        check.result()
+    assert time.monotonic() - started < 30 and _gone(pid)
+    said = str(caught.value)
+    assert "gave no answer within 2 s" in said and "build.ort_check_timeout" in said
+    assert "0 to skip this check" in said and caught.value.exit_code == 2
+
+
+def test_a_child_killed_by_a_signal_is_exit_2_naming_memory_and_the_skip():
+    """SIGKILL is what the kernel's OOM killer sends: the machine's fault, not a bug."""
+    from trtbuild.precision.validate import CheckFailed, start_mixed_check
+
+    check = start_mixed_check(_relu_model(), None)
+    os.kill(check.proc.pid, signal.SIGKILL)
+    with pytest.raises(CheckFailed) as caught:
+        check.result()
+    said = str(caught.value)
+    assert "killed (SIGKILL)" in said and "out of memory" in said, said
+    assert "build.ort_check_timeout: 0" in said and caught.value.exit_code == 2
+
+
+def test_a_timeout_of_0_skips_the_check_and_records_no_pass(tmp_path):
+    from trtbuild import cache_codec
+    from trtbuild.cache import Cache
+    from trtbuild.precision.validate import start_mixed_check
+
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    skipped = start_mixed_check(_relu_model(), cache, timeout=0)
+    assert skipped.proc is None and skipped.result() == []
+    assert cache.entries() == []  # no record: a later check with a timeout loads it
+    check = start_mixed_check(_relu_model(), cache)
+    assert check.proc is not None
+    check.cancel()
+
+
+def test_a_child_that_cannot_start_is_exit_2(tmp_path, monkeypatch):
+    from trtbuild.precision.validate import CheckFailed, start_mixed_check
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path))  # a folder: exec fails (EACCES)
+    with pytest.raises(CheckFailed, match="could not start a child process"):
+        start_mixed_check(_relu_model(), None)
+
+
+def test_a_child_that_prints_garbage_and_exits_is_an_outcome_not_a_crash():
+    from trtbuild.precision import ort_child
+
+    for printed in ("garbage {", ort_child.RESULT + "{not json", ort_child.RESULT + "[1]"):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"print({printed!r}); raise SystemExit(3)"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        said = ort_child.outcome(proc, 60)
+        assert not said.ok and said.crash == "exit code 3" and not said.killed, said
+
+
+def test_the_child_is_isolated_from_pythonpath_and_sitecustomize(tmp_path, monkeypatch):
+    """A sitecustomize or an `onnxruntime.py` on PYTHONPATH would decide the check."""
+    from trtbuild.precision.validate import validate_mixed
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    ran = tmp_path / "ran"
+    (planted / "sitecustomize.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    (planted / "onnxruntime.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    monkeypatch.setenv("PYTHONSTARTUP", str(planted / "sitecustomize.py"))
+    assert validate_mixed(_relu_model(), None) == []
+    assert not ran.exists()
+
+
+CHECK_THEN_DIE = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from tests.helpers import F, model, node
+from trtbuild.precision.validate import start_mixed_check
+
+m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+check = start_mixed_check(m, None)
+print(check.proc.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_parent_leaves_no_child_and_no_temporary_folder(tmp_path):
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_THEN_DIE, str(ROOT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child), "the check's child outlived trtbuild"
+    # ONNX Runtime's own telemetry session file (`.ses`, written in TMPDIR by any process
+    # that imports it) is not a folder of trtbuild's
+    assert [p.name for p in tmp_path.iterdir() if p.name != ".ses"] == []
+
+
+def _child_of(pid: int) -> int | None:
+    """The ONNX Runtime check's child of process `pid`, where one runs."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for kid in (task / "children").read_text().split():
+                if b"PR_SET_PDEATHSIG" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                    return int(kid)
+    return None
+
+
+def test_a_build_whose_check_is_stopped_is_exit_2_saying_what_to_set(tmp_path):
+    policy = _relu_policy(tmp_path)
+    policy.write_text(
+        policy.read_text().replace("{backend: none}", "{backend: none, ort_check_timeout: 3}")
+    )
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [TRTBUILD, "build", "--policy", str(policy), "--out", str(tmp_path / "out")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline, child = time.monotonic() + 120, None
+    while child is None and proc.poll() is None and time.monotonic() < deadline:
+        child = _child_of(proc.pid)
+    if child is None:
+        proc.communicate()
+        pytest.skip("the check's child ended before it could be stopped")
+    os.kill(child, signal.SIGSTOP)
+    _, err = proc.communicate(timeout=300)
+    _one_line(proc.returncode, err, "gave no answer within 3 s", "build.ort_check_timeout")
+    assert not (tmp_path / "out").exists() and _gone(child)
+
+
+# -- deep nesting, -o under a file, an unwritable HOME (#45) ------------------------------
+
+
+@pytest.mark.parametrize("depth", [33, 500, 20_000])
+def test_a_policy_nested_deep_is_exit_2_naming_the_line(tmp_path, capsys, depth):
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\nprecision:\n  extra: " + "[" * depth + "]" * depth + "\n"
+    )
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    _one_line(2, capsys.readouterr().err, f"{tmp_path / 'p.yaml'}:4", "nests deeper than 32")
+
+
+def test_a_mapping_nested_deep_is_exit_2():
+    from trtbuild.errors import UsageError
+    from trtbuild.policy.load import mapping_fields
+
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(UsageError, match="nests deeper than 32"):
+        mapping_fields({"version": 1, "model": "m.onnx", "x": deep}, Path("/"))
+
+
+@pytest.mark.parametrize("command", ["convert", "prepare"])
+def test_an_output_under_a_file_is_exit_2_before_any_work(command, tmp_path, capsys):
+    policy = _relu_policy(tmp_path)
+    (tmp_path / "FILE").write_text("the user's")
+    out = str(tmp_path / "FILE" / "x.onnx")
+    argv = {
+        "convert": ["convert", "--policy", str(policy), "-o", out],
+        "prepare": ["prepare", str(tmp_path / "m.onnx"), "-o", out],
+    }[command]
+    assert main(argv) == 2
+    _one_line(
+        2, capsys.readouterr().err, f"{tmp_path / 'FILE'}: a part of the output path is a file"
+    )
+    assert (tmp_path / "FILE").read_text() == "the user's"
+
+
+def test_an_unwritable_home_prints_no_line_of_onnx_runtime_or_matplotlib(tmp_path):
+    """ONNX Runtime logs from C++ at import where it cannot persist its telemetry id."""
+    policy = _relu_policy(tmp_path)
+    (tmp_path / "home").write_text("HOME is a file: nothing can be made under it")
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "TRTBUILD_CACHE_DIR": str(tmp_path / "c")}
+    env.pop("XDG_CACHE_HOME", None)
+    env.pop("MPLCONFIGDIR", None)
+    done = subprocess.run(
+        [TRTBUILD, "build", "--policy", str(policy), "--out", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stderr and "onnxruntime" not in done.stderr, done.stderr
+    assert "atplotlib" not in done.stderr, done.stderr
+    assert all(line.startswith("trtbuild:") for line in done.stderr.splitlines()), done.stderr
+
+
+# -- external data: read only what the model names, and only beside it (#45) -------------
+
+PEAK = """
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(done.stderr)
+print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
+def _external_model(folder: Path, location: str, data: Path, size: int = 3 << 30) -> Path:
+    """m.onnx: y = x + w, w's 2 KB at the end of a sparse `size`-byte file `data`."""
+    from onnx import TensorProto, helper
+
+    w = np.arange(512, dtype=np.float32)
+    with open(data, "wb") as f:
+        f.truncate(size)  # sparse: no disk taken
+        f.seek(size - w.nbytes)
+        f.write(w.tobytes())
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[512])
+    tensor.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(size - w.nbytes)), ("length", "2048")):
+        tensor.external_data.add(key=k, value=v)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"], name="add")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512])],
+        [tensor],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    (folder / "m.onnx").write_bytes(m.SerializeToString())
+    (folder / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    return folder / "p.yaml"
+
+
+def _peak(argv: list[str], env: dict) -> tuple[int, int, str]:
+    """Exit code, peak resident KiB of the command and its children, and its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, *argv], env=env, capture_output=True, text=True, timeout=600
+    )
+    code, peak = done.stdout.split()
+    return int(code), int(peak), done.stderr
+
+
+def test_the_cache_key_of_external_data_reads_the_bytes_the_model_names(tmp_path):
+    """A 2 KB tensor in a 3 GiB file took 3.2 GB for the cache key; now kilobytes."""
+    policy = _external_model(tmp_path, "w.bin", tmp_path / "w.bin")
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):  # cold (the key, then the model), warm (the key only)
+        code, peak, err = _peak([TRTBUILD, "check", "--policy", str(policy)], env)
+        assert code == 0, err
+        assert peak < 1 << 20, f"{peak} KiB"  # < 1 GiB: the file is 3 GiB
+    from trtbuild.graph.model_io import model_digest
+
+    before = model_digest(tmp_path / "m.onnx")
+    with open(tmp_path / "w.bin", "r+b") as f:
+        f.seek((3 << 30) - 4)
+        f.write(b"\x01\x02\x03\x04")  # one weight changed: another key
+    assert model_digest(tmp_path / "m.onnx") != before
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "symlink"])
+def test_external_data_outside_the_models_folder_is_refused_before_any_read(tmp_path, where):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    outside = tmp_path / "big.bin"
+    location = {"parent": "../big.bin", "absolute": str(outside), "symlink": "link.bin"}[where]
+    policy = _external_model(folder, location, outside)
+    (folder / "link.bin").symlink_to(outside)
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    code, peak, err = _peak([TRTBUILD, "check", "--policy", str(policy)], env)
+    _one_line(code, err, str(folder / "m.onnx"), "outside the model's folder", location)
+    assert peak < 1 << 20, f"{peak} KiB"
+
+
+def test_a_fifo_as_an_earlier_builds_record_does_not_hang_report(tmp_path):
+    policy = _relu_policy(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0
+    (out / "build.json").unlink()
+    os.mkfifo(out / "build.json")  # a read that waited for a writer would hang here
+    done = subprocess.run(
+        [TRTBUILD, "report", "--policy", str(policy), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

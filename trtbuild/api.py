@@ -222,7 +222,8 @@ def convert_front(
 
     with _quiet(quiet):
         front = _front(_policy(policy), "none", cache, verbose)
-    loaded = validate_mixed(front.converted.model, cache)  # once per mixed model
+    timeout = front.policy.build.ort_check_timeout
+    loaded = validate_mixed(front.converted.model, cache, timeout)  # once per mixed model
     for w in front.warnings + loaded:
         log.warning(w)
     return front

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import platform
-import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,8 +30,10 @@ from trtbuild.fsutil import (
     MARKER,
     check_out_folder,
     publish_folder,
+    read_small,
     sha256_file,
     staging_folder,
+    unpublishable,
     write_json,
     write_text,
 )
@@ -66,19 +67,19 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
     out_dir = _output_folder(out_dir)
     check_out_folder(out_dir, known=(*BUILD_FILES, MARKER), owns=owns)
     mode = out_dir.stat().st_mode & 0o7777 if out_dir.is_dir() else None
-    staging = staging_folder(out_dir)
-    try:
+    with staging_folder(out_dir) as staging:  # removed at the end (after an exchange: the old set)
         try:
             yield staging
             command = "build" if "build.json" in owns else "report"
             publish_folder(staging, out_dir, owns, command, mode)
         except OSError as exc:  # name the out folder's file, not the staging folder's
             moved = _in_out_folder(exc, staging, out_dir)
+            refused = unpublishable(moved or exc, out_dir)
+            if refused is not None:
+                raise refused from exc
             if moved is None:
                 raise
             raise moved from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # after an exchange: the old set
 
 
 def _output_folder(out_dir: Path) -> Path:
@@ -243,8 +244,8 @@ def earlier_build(out_dir: Path, policy: Policy) -> BuildRecord | None:
     and content (`<policy NAME>` and its sha256)."""
     path = out_dir / "build.json"
     try:
-        built = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        built = json.loads(read_small(path))  # a FIFO or a huge file there: no record
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(built, dict) or built.get("policy") != policy.where:
         return None

@@ -3,7 +3,7 @@
 Why: a user who edits one rule and runs `check` again would otherwise pay for
 every graph pass and the reference run each time, though neither answer can
 change. The key of an entry is everything its value depends on: the model's
-bytes (external data included), the passes, the trtbuild code and the versions
+bytes (external data included: `graph.model_io.model_digest`), the passes, the trtbuild code and the versions
 of onnx, onnx-graphsurgeon, onnxruntime and Polygraphy; the reference also keys
 on the feeds, the mixed model on every node's precision. So a hit returns exactly what a miss would compute.
 
@@ -16,15 +16,21 @@ command. The cache prints nothing itself: each warning is an event, kept in
 
 What the cache trusts, and why:
 - Its folders, and only while they are the user's alone: the root (followed if
-  it is a symlink: the user chose it), `KIND/` and `KIND/XX/` (never followed)
-  must be owned by the effective user and writable by no group or other user.
-  Anyone else who can write there can choose what a later run reads, so such a
-  folder turns the cache off for the run, with one warning. Folders the cache
-  makes are mode 0o700. The folders above the root are not checked.
+  it is a symlink of the user's or root's: the user chose it), `KIND/` and
+  `KIND/XX/` (never followed) must be owned by the effective user and writable by
+  no group or other user, and every folder above the root must be the user's or
+  root's and writable by no one else unless sticky (OpenSSH's StrictModes): anyone
+  who can rename an ancestor can swap the root. Such a folder turns the cache off
+  for the run, with one warning. The root is opened once and checked on its
+  descriptor, which every later read, write and removal goes through (`Entry`): no
+  path is resolved again between the check and the use. Folders the cache makes
+  are mode 0o700.
 - Not the entries' bytes: an entry is data (`trtbuild.cache_codec`: JSON, ONNX
   protobuf, `.npy` read without pickle), decoded into exactly the value its kind
-  names, so a planted or restored entry can at worst be wrong data, never run
-  code. The sha256 an entry carries about itself detects damage, not intent.
+  names and of its shape (`cache_codec.conforms`), so a planted or restored entry
+  can at worst be wrong data, never run code nor crash a stage. The sha256 an entry
+  carries about itself detects damage, not intent. An entry larger than its kind's
+  share of the cap is never written, so it is never read either.
 - Not the names in its folders: an entry is read and written without following
   a symlink (a write goes to a temporary name created exclusively, then is
   renamed), and eviction and `clear` remove only files that carry the cache's
@@ -44,13 +50,13 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from trtbuild.errors import UsageError
-from trtbuild.fsutil import alive
+from trtbuild.fsutil import FOLDER, NOFOLLOW, READ_NOFOLLOW, alive, lock
 
 HEADER = b"trtbuild-cache/"  # every version's entries start so: housekeeping knows its own
 MAGIC = HEADER + b"2\n"  # 2: data codecs; a version 1 entry (a pickle) reads as corrupt
@@ -58,13 +64,11 @@ ENTRY_NAME = re.compile(r"[0-9a-f]{64}")
 # `.DIGEST.PID.N.tmp` (and `.DIGEST.PID.tmp`, the name before version 2)
 TEMP_NAME = re.compile(r"\.([0-9a-f]{64})\.([0-9]{1,12})(?:\.[0-9]+)?\.tmp")
 TEMP_NAMES = 16  # temporary names a writer tries before it gives up
-STALE_SECONDS = 3600  # a temporary this old is a dead writer's, whatever its pid says
-# A temporary whose pid is gone is a dead writer's once it is this old: a writer in another
-# pid namespace (a container sharing the folder) looks gone but is writing right now.
+STALE_SECONDS = 3600  # where locks tell nothing: a temporary this old is a dead writer's
+# A temporary is a dead writer's once it is this old and no writer holds its lock (a writer
+# in another PID namespace, a container sharing the folder, holds it as well as any).
 DEAD_GRACE_SECONDS = 60
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_READ = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 DEFAULT_MAX_BYTES = 2 << 30
 KINDS = ("prepared", "measures", "reference", "converted")
 # Tensors (the reference's outputs of every feed) grow with the input: an entry of
@@ -136,31 +140,6 @@ def _installed_version(names: tuple[str, ...]) -> str:
     return "absent"
 
 
-def model_digest(path: Path) -> str:
-    """sha256 of the model file and of every external-data file it names."""
-    import onnx
-
-    raw = path.read_bytes()
-    h = hashlib.sha256(raw)
-    if b"location" not in raw:  # every external-data entry names its file under this key
-        return h.hexdigest()
-    proto = onnx.load_model_from_string(raw)
-    locations = sorted(
-        {
-            entry.value
-            for t in proto.graph.initializer
-            if t.data_location == onnx.TensorProto.EXTERNAL
-            for entry in t.external_data
-            if entry.key == "location"
-        }
-    )
-    for location in locations:
-        extra = path.parent / location
-        h.update(location.encode() + b"\0")
-        h.update(extra.read_bytes() if extra.is_file() else b"<missing>")
-    return h.hexdigest()
-
-
 def key(*parts: str | bytes) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -211,8 +190,9 @@ class Cache:
     hits: dict[str, str] = field(default_factory=dict)  # kind -> hit | miss | off
     events: list[str] = field(default_factory=list)  # the warnings, once per problem
     _warned: set[str] = field(default_factory=set)
-    _trusted: set[Path] = field(default_factory=set)  # folders found to be the user's alone
+    _trusted: set[str] = field(default_factory=set)  # folders (under the root) found sound
     codec: Codec | None = None  # needed to store or read values; `info` and `clear` need none
+    _fd: int | None = field(default=None, repr=False)  # the root, opened once it was checked
 
     def get(self, kind: str, digest: str) -> Any | None:
         """The cached value, or None (a miss, a disabled cache or a corrupt entry)."""
@@ -220,40 +200,38 @@ class Cache:
         if folder is None:
             self.hits[kind] = "miss" if self.enabled else "off"
             return None
-        path = folder / digest
+        entry = Entry(self._fd, f"{folder}/{digest}", self.root)  # type: ignore[arg-type]
         try:
-            value = _load(kind, path, _needed(self.codec))
+            value = _load(kind, entry, _needed(self.codec), _largest(self.max_bytes, kind))
         except FileNotFoundError:
             self.hits[kind] = "miss"
             return None
         except _NotAnEntry as exc:
-            return self._drop(kind, path, str(exc))
+            return self._drop(kind, entry, str(exc))
         except OSError as exc:
-            self._off(kind, f"cannot read {path}: {exc.strerror or exc}")
+            self._off(kind, f"cannot read {entry.shown}: {exc.strerror or exc}")
             return None
         self.hits[kind] = "hit"
         return value
 
     def put(self, kind: str, digest: str, value: Any) -> bool:
-        """Store atomically, then evict least recently used entries beyond the cap.
-
-        An entry larger than its share of the cap (`BULKY`, else the whole cap) is
-        not written and evicts nothing; nor is a value its kind's codec cannot
-        express as data (never pickled instead). False says so.
-        """
+        """Store atomically, then evict least recently used entries beyond the cap. An
+        entry larger than its share of the cap (`BULKY`, else the whole cap) is not written
+        and evicts nothing; nor is a value its codec cannot express as data (never
+        pickled instead). False says so."""
         if not self.enabled:
             return False
         parts = _encode(kind, value, _needed(self.codec))
         if isinstance(parts, str):
             self._warn("uncacheable", parts)
             return False
-        if len(MAGIC) + 65 + sum(map(len, parts)) > self.max_bytes // BULKY.get(kind, 1):
+        if len(MAGIC) + 65 + sum(map(len, parts)) > _largest(self.max_bytes, kind):
             return False
         folder = self._folder(kind, digest, create=True)
         if folder is None:
             return False
         try:
-            _write(folder, digest, parts)
+            _write(Entry(self._fd, f"{folder}/{digest}", self.root), parts)  # type: ignore[arg-type]
         except OSError as exc:
             self._off(kind, f"cannot write to {self.root}: {exc.strerror or exc}")
             return False
@@ -262,49 +240,50 @@ class Cache:
 
     def entries(self) -> list[Path]:
         """The entries (only the cache's own files; see `_scan`)."""
-        return [path for path, _ in _scan(self.root)[0]]
+        return _at_root(self, lambda fd: [e.path for e, _ in _scan(fd, self.root)[0]], [])
 
     def evict(self) -> int:
         """Remove least recently used entries beyond `max_bytes`, and dead writers' temporaries."""
-        return _evict(self.root, self.max_bytes)
+        return _at_root(self, lambda fd: _evict(fd, self.root, self.max_bytes), 0)
 
     def info(self) -> dict[str, Any]:
         """Entries and bytes, in all and per kind: which kind fills the folder."""
-        return _info(self.root, self.max_bytes)
+        empty = _info(None, self.root, self.max_bytes)
+        return _at_root(self, lambda fd: _info(fd, self.root, self.max_bytes), empty)
 
     def clear(self) -> int:
         """Remove every entry and dead writers' temporaries; nothing else in the folder."""
-        entries, temps = _scan(self.root)
-        _remove_stale(temps)
-        return sum(_remove(path) for path, _ in entries)
+        return _at_root(self, lambda fd: _clear(fd, self.root), 0)
 
     def check_root(self) -> None:
         """Turn the cache off, with one warning, when its folder cannot be used or trusted."""
         if self.enabled:
-            self._trust((self.root,), "*", create=False)
+            self._trust((), "*", create=False)
 
-    def _folder(self, kind: str, digest: str, *, create: bool) -> Path | None:
-        """The entry's folder once it and those above are the user's alone; else None."""
+    def __del__(self) -> None:  # the root's descriptor goes with the cache
+        with contextlib.suppress(Exception):
+            os.close(self._fd)  # type: ignore[arg-type]
+
+    def _folder(self, kind: str, digest: str, *, create: bool) -> str | None:
+        """The entry's folder (under the root) once it and those above are the user's alone."""
         if kind not in KINDS or not ENTRY_NAME.fullmatch(digest):
             raise ValueError(f"no cache entry {kind}/{digest}: a kind of {KINDS}, a sha256")
-        folders = (self.root, self.root / kind, self.root / kind / digest[:2])
+        folders = (kind, f"{kind}/{digest[:2]}")
         return folders[-1] if self._trust(folders, kind, create=create) else None
 
-    def _trust(self, folders: tuple[Path, ...], kind: str, *, create: bool) -> bool:
-        for folder in (f for f in folders if f not in self._trusted):
-            try:
-                why = _distrust(folder, follow=folder == self.root, create=create)
-            except FileNotFoundError:
-                return False
-            if why is not None:
-                self._off(kind, why)
-                return False
-            self._trusted.add(folder)
-        return True
+    def _trust(self, folders: tuple[str, ...], kind: str, *, create: bool) -> bool:
+        """Open and check the root (once), then each folder under it, by descriptor."""
+        try:
+            why = _untrusted(self, folders, create=create)
+        except FileNotFoundError:  # missing and not to be made: a miss, not a problem
+            return False
+        if why is not None:
+            self._off(kind, why)
+        return why is None
 
-    def _drop(self, kind: str, path: Path, why: str) -> None:
+    def _drop(self, kind: str, entry: Entry, why: str) -> None:
         with contextlib.suppress(OSError):
-            path.unlink()  # a symlink itself, never its target
+            os.unlink(entry.name, dir_fd=entry.fd)  # a symlink itself, never its target
         self._warn("corrupt", f"{why}; it is recomputed")
         self.hits[kind] = "miss"
 
@@ -321,42 +300,180 @@ class Cache:
                 self.on_event(message)
 
 
-def _distrust(folder: Path, *, follow: bool, create: bool) -> str | None:
-    """Why `folder` is not the user's alone to hold entries in; None when it is.
+def _largest(max_bytes: int, kind: str) -> int:
+    """Bytes an entry of `kind` may take (its share of the cap): none larger is written,
+    so none larger is read."""
+    return max_bytes // BULKY.get(kind, 1)
+
+
+def _untrusted(cache: Cache, folders: tuple[str, ...], *, create: bool) -> str | None:
+    """Why the cache's root or a folder of `folders` under it is not the user's alone; None
+    when all are.
+
+    Raises:
+        FileNotFoundError: one is missing and not `create`.
+    """
+    if cache._fd is None:
+        cache._fd, why = open_root(cache.root, create=create)
+        if why is not None:
+            return why
+    for folder in (f for f in folders if f not in cache._trusted):
+        why = _distrust(cache._fd, folder, cache.root / folder, create=create)  # type: ignore[arg-type]
+        if why is not None:
+            return why
+        cache._trusted.add(folder)
+    return None
+
+
+def _at_root(cache: Cache, work: Callable[[int], Any], default: Any) -> Any:
+    """`work` on the root's descriptor (for listing and removing the cache's own files);
+    `default` where there is no folder."""
+    with _housekeeping(cache) as fd:
+        return work(fd) if fd is not None else default
+
+
+def _clear(fd: int, root: Path) -> int:
+    entries, temps = _scan(fd, root)
+    _remove_stale(temps)
+    return sum(_remove(e) for e, _ in entries)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file under the cache's root: `name` relative to the root's descriptor `fd`, so no
+    path above it is resolved again between the root's check and the file's use."""
+
+    fd: int
+    name: str
+    root: Path
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def shown(self) -> str:
+        return str(self.path)
+
+
+_HINT = "set TRTBUILD_CACHE_DIR to a folder of your own"
+
+
+def open_root(root: Path, *, create: bool) -> tuple[int | None, str | None]:
+    """The cache root opened, once it is the user's alone: (its descriptor, None), or
+    (None, why not).
+
+    Checked the way OpenSSH's StrictModes checks a user's files: every folder above the
+    root (as resolved) must belong to the user or to root and be writable by no one
+    else unless sticky (/tmp), since anyone who can rename an ancestor can swap the
+    root; a symbolic link on the way must be the user's or root's; the root itself,
+    checked on the descriptor that every later use goes through, must be the user's
+    and writable by no one else.
 
     Raises:
         FileNotFoundError: it is missing and not `create` (a miss, not a problem).
     """
-    look = os.stat if follow else os.lstat  # the root may be a symlink the user made
+    absolute = Path(os.path.abspath(root))
     try:
-        st = look(folder)
+        if create and not os.path.lexists(absolute):
+            os.makedirs(absolute, mode=0o700, exist_ok=True)
+        why = _unsafe_way(absolute)
+        if why is not None:
+            return None, why
+        fd = os.open(absolute, FOLDER)  # follows a symlink the user made (checked above)
     except FileNotFoundError:
-        if not create:
-            raise
-        st = None
+        raise
+    except NotADirectoryError:
+        return None, f"{root} is a file, not a folder; set TRTBUILD_CACHE_DIR"
     except OSError as exc:
-        return f"cannot use {folder}: {exc.strerror or exc}"
-    if st is None:
-        try:
-            folder.mkdir(mode=0o700, parents=follow, exist_ok=True)  # parents: the root's only
-            st = look(folder)
-        except OSError as exc:
-            return f"cannot use {folder}: {exc.strerror or exc}"
-    hint = "set TRTBUILD_CACHE_DIR to a folder of your own"
+        return None, f"cannot use {root}: {exc.strerror or exc}"
+    why = _not_own(os.fstat(fd), root)
+    if why is not None:
+        os.close(fd)
+        return None, why
+    return fd, None
+
+
+def _unsafe_way(absolute: Path) -> str | None:
+    """Why the way to `absolute` could be changed by someone else; None where it cannot."""
+    if not hasattr(os, "geteuid"):  # Windows: access is by ACL, not by these modes
+        return None
+    me = os.geteuid()
+    for step in (absolute, *absolute.parents):
+        st = os.lstat(step)
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, me):
+            return f"{step} is a symbolic link of another user (uid {st.st_uid}); {_HINT}"
+    real = Path(os.path.realpath(absolute))
+    for folder in real.parents:
+        st = os.stat(folder)
+        if st.st_uid not in (0, me):
+            return f"{folder}, above the cache, belongs to another user (uid {st.st_uid}); {_HINT}"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return (
+                f"{folder}, above the cache, is writable by others (mode "
+                f"{stat.S_IMODE(st.st_mode):o}) without the sticky bit, so they could swap "
+                f"the cache folder; `chmod go-w` it or {_HINT}"
+            )
+    return None
+
+
+def _not_own(st: os.stat_result, folder: Path) -> str | None:
+    """Why a folder with status `st` is not the user's alone; None when it is."""
     if stat.S_ISLNK(st.st_mode):
         return f"{folder} is a symbolic link, which the cache never follows; remove it"
     if not stat.S_ISDIR(st.st_mode):
         return f"{folder} is a file, not a folder; set TRTBUILD_CACHE_DIR"
-    if not hasattr(os, "geteuid"):  # Windows: access is by ACL, not by these modes
+    if not hasattr(os, "geteuid"):
         return None
     if st.st_uid != os.geteuid():
-        return f"{folder} belongs to another user (uid {st.st_uid}); {hint}"
+        return f"{folder} belongs to another user (uid {st.st_uid}); {_HINT}"
     if st.st_mode & 0o022:
         return (
             f"{folder} is writable by others (mode {stat.S_IMODE(st.st_mode):o}), who could "
-            f"choose what a run reads; `chmod go-w` it or {hint}"
+            f"choose what a run reads; `chmod go-w` it or {_HINT}"
         )
     return None
+
+
+def _distrust(fd: int, name: str, shown: Path, *, create: bool) -> str | None:
+    """Why the folder `name` under the root's descriptor is not the user's alone; None
+    when it is. It is never followed if a symlink.
+
+    Raises:
+        FileNotFoundError: it is missing and not `create` (a miss, not a problem).
+    """
+    try:
+        try:
+            st = os.lstat(name, dir_fd=fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            with contextlib.suppress(FileExistsError):  # another trtbuild made it meanwhile
+                os.mkdir(name, 0o700, dir_fd=fd)
+            st = os.lstat(name, dir_fd=fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        return f"cannot use {shown}: {exc.strerror or exc}"
+    return _not_own(st, shown)
+
+
+@contextlib.contextmanager
+def _housekeeping(cache: Cache) -> Iterator[int | None]:
+    """The root's descriptor for listing and removing the cache's own files: the checked
+    one where the cache opened it, else one opened for this (None: no folder)."""
+    if cache._fd is not None:
+        yield cache._fd
+        return
+    try:
+        fd = os.open(cache.root, FOLDER)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 class _NotAnEntry(Exception):
@@ -377,42 +494,48 @@ def _encode(kind: str, value: Any, codec: Codec) -> list[bytes] | str:
         return f"not cached: the {kind} entry would hold {exc}"
 
 
-def _load(kind: str, path: Path, codec: Codec) -> Any:
-    """The value of the entry at `path`.
+def _load(kind: str, entry: Entry, codec: Codec, largest: int) -> Any:
+    """The value of `entry`.
 
     Raises:
         _NotAnEntry: no regular file, or a corrupt one (the message says which).
         OSError: it cannot be read (FileNotFoundError: a miss).
     """
-    value = _decode(kind, _read_entry(path), codec)
+    value = _decode(kind, _read_entry(entry, largest), codec)
     if value is None:
-        raise _NotAnEntry(f"dropped a corrupt cache entry {path}")
+        raise _NotAnEntry(f"dropped a corrupt cache entry {entry.shown}")
     return value
 
 
-def _read_entry(path: Path) -> bytes:
+def _read_entry(entry: Entry, largest: int) -> bytes:
     """The entry's bytes, read without following a symlink; touched, for LRU order.
 
     Raises:
-        _NotAnEntry: a symlink, a folder, a fifo or a device is there.
+        _NotAnEntry: a symlink, a folder, a fifo or a device is there, or a file larger
+            than any entry of its kind (`largest` bytes), which is not read.
     """
     try:
-        fd = os.open(path, _READ)  # O_NONBLOCK: a planted fifo does not hang the read
+        fd = os.open(entry.name, READ_NOFOLLOW, dir_fd=entry.fd)  # O_NONBLOCK: a fifo does not hang
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EMLINK):  # a symlink (Linux, BSD)
-            raise _NotAnEntry(f"dropped {path}: a symbolic link, never followed") from None
+            raise _NotAnEntry(f"dropped {entry.shown}: a symbolic link, never followed") from None
         raise
     with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _NotAnEntry(f"dropped {path}: not a regular file, so no entry")
-        blob = f.read()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _NotAnEntry(f"dropped {entry.shown}: not a regular file, so no entry")
+        if st.st_size > largest:
+            raise _NotAnEntry(f"dropped {entry.shown}: larger than any entry of its kind")
+        blob = f.read(largest + 1)
+        if len(blob) > largest:  # grew while read
+            raise _NotAnEntry(f"dropped {entry.shown}: larger than any entry of its kind")
         with contextlib.suppress(OSError):  # least recently *used*: a hit counts; the
             now = time.time_ns()  # clock's own ns, finer than the kernel's file timestamps
             os.utime(fd, ns=(now, now))
     return blob
 
 
-def _write(folder: Path, digest: str, parts: list[bytes]) -> None:
+def _write(entry: Entry, parts: list[bytes]) -> None:
     """Write the entry under a temporary name made exclusively, then rename it into place.
 
     Exclusive (O_EXCL, O_NOFOLLOW): a symlink or file already at a temporary name is
@@ -421,32 +544,37 @@ def _write(folder: Path, digest: str, parts: list[bytes]) -> None:
     sha = hashlib.sha256()
     for part in parts:
         sha.update(part)
-    fd, tmp = _create_temp(folder, digest)
+    fd, tmp = _create_temp(entry)
+    lock(fd)  # held while it is written: a cleaner in any PID namespace leaves it alone
     try:
         with open(fd, "wb") as f:
             f.write(MAGIC + sha.hexdigest().encode() + b"\n")
             for part in parts:
                 f.write(part)
-        os.replace(tmp, folder / digest)  # replaces a name, never writes through a link
+        # replaces a name, never writes through a link
+        os.replace(tmp, entry.name, src_dir_fd=entry.fd, dst_dir_fd=entry.fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=entry.fd)
         raise
 
 
-def _create_temp(folder: Path, digest: str) -> tuple[int, Path]:
+def _create_temp(entry: Entry) -> tuple[int, str]:
     """A new file at the first free `.DIGEST.PID.N.tmp`: the pid tells a dead writer's apart.
 
     Raises:
         FileExistsError: every one of the `TEMP_NAMES` names is taken (planted, or left).
     """
+    folder, _, digest = entry.name.rpartition("/")
     for n in range(TEMP_NAMES):
-        tmp = folder / f".{digest}.{os.getpid()}.{n}.tmp"
+        tmp = f"{folder}/.{digest}.{os.getpid()}.{n}.tmp"
         try:
-            return os.open(tmp, _CREATE, 0o600), tmp
+            return os.open(tmp, _CREATE, 0o600, dir_fd=entry.fd), tmp
         except FileExistsError:
             continue
-    raise FileExistsError(errno.EEXIST, "every temporary name of the entry is taken", str(folder))
+    raise FileExistsError(
+        errno.EEXIST, "every temporary name of the entry is taken", str(entry.root / folder)
+    )
 
 
 def _decode(kind: str, blob: bytes, codec: Codec) -> Any | None:
@@ -463,11 +591,12 @@ def _decode(kind: str, blob: bytes, codec: Codec) -> Any | None:
         return None
 
 
-Stats = list[tuple[Path, os.stat_result]]
+Stats = list[tuple[Entry, os.stat_result]]
 
 
-def _scan(root: Path) -> tuple[Stats, list[tuple[Path, os.stat_result, int]]]:
-    """The cache's own files: entries and writers' temporaries (with their pid).
+def _scan(fd: int, root: Path) -> tuple[Stats, list[tuple[Entry, os.stat_result, int]]]:
+    """The cache's own files under the root's descriptor: entries and writers' temporaries
+    (with their pid).
 
     An entry carries the cache's header under `KIND/XX/DIGEST` (64 hex, starting
     with XX); a temporary is `KIND/XX/.DIGEST.PID[.N].tmp`. Nothing else is listed,
@@ -476,44 +605,57 @@ def _scan(root: Path) -> tuple[Stats, list[tuple[Path, os.stat_result, int]]]:
     """
     entries: Stats = []
     temps = []
-    for folder in _entry_folders(root):
+    for folder in _entry_folders(fd):
         try:
-            with os.scandir(folder) as items:
-                listed = [(i.name, i.path) for i in items if i.is_file(follow_symlinks=False)]
+            listed = _files(fd, folder)
         except OSError:
             continue
-        for name, path in listed:
+        xx = folder[-2:]
+        for name in listed:
             temp = TEMP_NAME.fullmatch(name)
-            if ENTRY_NAME.fullmatch(name) and name[:2] == folder.name:
-                st = _own_entry(path)
+            entry = Entry(fd, f"{folder}/{name}", root)
+            if ENTRY_NAME.fullmatch(name) and name[:2] == xx:
+                st = _own_entry(entry)
                 if st is not None:
-                    entries.append((Path(path), st))
-            elif temp and temp[1][:2] == folder.name:
+                    entries.append((entry, st))
+            elif temp and temp[1][:2] == xx:
                 with contextlib.suppress(OSError):
-                    temps.append((Path(path), os.lstat(path), int(temp[2])))
+                    temps.append((entry, os.lstat(entry.name, dir_fd=fd), int(temp[2])))
     return entries, temps
 
 
-def _entry_folders(root: Path) -> list[Path]:
-    """`KIND/XX` folders under root, real folders only (a symlink is not descended)."""
+def _files(fd: int, folder: str) -> list[str]:
+    """The names of the regular files in `folder` under `fd` (a symlink is not a file)."""
+    sub = os.open(folder, FOLDER | NOFOLLOW, dir_fd=fd)
+    try:
+        with os.scandir(sub) as items:
+            return [i.name for i in items if i.is_file(follow_symlinks=False)]
+    finally:
+        os.close(sub)
+
+
+def _entry_folders(fd: int) -> list[str]:
+    """`KIND/XX` folders under the root, real folders only (a symlink is not descended)."""
     found = []
     for kind in KINDS:
         with contextlib.suppress(OSError):
-            if not stat.S_ISDIR(os.lstat(root / kind).st_mode):
-                continue
-            with os.scandir(root / kind) as items:
-                found += [
-                    Path(i.path)
-                    for i in items
-                    if re.fullmatch(r"[0-9a-f]{2}", i.name) and i.is_dir(follow_symlinks=False)
-                ]
+            sub = os.open(kind, FOLDER | NOFOLLOW, dir_fd=fd)
+            try:
+                with os.scandir(sub) as items:
+                    found += [
+                        f"{kind}/{i.name}"
+                        for i in items
+                        if re.fullmatch(r"[0-9a-f]{2}", i.name) and i.is_dir(follow_symlinks=False)
+                    ]
+            finally:
+                os.close(sub)
     return found
 
 
-def _own_entry(path: str) -> os.stat_result | None:
-    """Its stat if `path` is a regular file that starts with the cache's header."""
+def _own_entry(entry: Entry) -> os.stat_result | None:
+    """Its stat if `entry` is a regular file that starts with the cache's header."""
     try:
-        fd = os.open(path, _READ)
+        fd = os.open(entry.name, READ_NOFOLLOW, dir_fd=entry.fd)
     except OSError:
         return None
     try:
@@ -526,23 +668,24 @@ def _own_entry(path: str) -> os.stat_result | None:
         os.close(fd)
 
 
-def _evict(root: Path, max_bytes: int) -> int:
+def _evict(fd: int, root: Path, max_bytes: int) -> int:
     """`Cache.evict`: oldest use first; what is not the cache's own is never counted or removed."""
-    entries, temps = _scan(root)
+    entries, temps = _scan(fd, root)
     _remove_stale(temps)
     files = sorted(entries, key=lambda e: e[1].st_mtime)
     total, removed = sum(st.st_size for _, st in files), 0
-    for path, st in files:
+    for entry, st in files:
         if total <= max_bytes:
             break
         total -= st.st_size
-        removed += _remove(path)
+        removed += _remove(entry)
     return removed
 
 
-def _info(root: Path, max_bytes: int) -> dict[str, Any]:
+def _info(fd: int | None, root: Path, max_bytes: int) -> dict[str, Any]:
     """`Cache.info`: entries only, so a user's file in the folder neither counts nor shows."""
-    sizes = [(p.parent.parent.name, st.st_size) for p, st in _scan(root)[0]]
+    found = _scan(fd, root)[0] if fd is not None else []
+    sizes = [(e.name.partition("/")[0], st.st_size) for e, st in found]
     return {
         "root": str(root),
         "entries": len(sizes),
@@ -553,19 +696,37 @@ def _info(root: Path, max_bytes: int) -> dict[str, Any]:
     }
 
 
-def _remove_stale(temps: list[tuple[Path, os.stat_result, int]]) -> None:
-    """Remove the temporaries of writers that are gone (a crash, a kill -9)."""
+def _remove_stale(temps: list[tuple[Entry, os.stat_result, int]]) -> None:
+    """Remove the temporaries of writers that are gone (a crash, a kill -9): a minute old
+    and no writer holds its lock; where locks tell nothing, its pid is gone too; over an
+    hour old and unlocked, whatever its pid says."""
     now = time.time()
-    for path, st, pid in temps:
+    for entry, st, pid in temps:
         age = now - st.st_mtime
-        if age > STALE_SECONDS or (age > DEAD_GRACE_SECONDS and not alive(pid)):
-            _remove(path)
+        if age <= DEAD_GRACE_SECONDS:
+            continue
+        held = _held(entry)
+        if held is False or (held is None and (age > STALE_SECONDS or not alive(pid))):
+            _remove(entry)
 
 
-def _remove(path: Path) -> int:
-    """1 if `path` was removed now, 0 if it was gone already or cannot be."""
+def _held(entry: Entry) -> bool | None:
+    """Whether a writer holds `entry`'s lock: True, False, or None where locks tell nothing."""
     try:
-        path.unlink()
+        fd = os.open(entry.name, READ_NOFOLLOW, dir_fd=entry.fd)
+    except OSError:
+        return None
+    try:
+        got = lock(fd)
+        return None if got is None else not got
+    finally:
+        os.close(fd)
+
+
+def _remove(entry: Entry) -> int:
+    """1 if `entry` was removed now, 0 if it was gone already or cannot be."""
+    try:
+        os.unlink(entry.name, dir_fd=entry.fd)
     except OSError:
         return 0
     return 1

@@ -19,14 +19,25 @@ tagged `$tuple`, `$set`, `$frozenset`, `$dict` (key-value pairs), `$array` (a
 subclass not as its base, because a hit must return exactly what a miss computes.
 A value holding anything else raises `Uncacheable`: the cache refuses it and
 never falls back to pickle.
+
+A decoded value must also have its kind's shape: every field of a dataclass is
+checked against its annotation (`conforms`: a `list[str]` holds strings, a model
+field a `ModelProto`), and the reference's outputs are arrays by name. An entry of
+the right hash but the wrong content (planted, or another version's) is `Corrupt`:
+dropped and recomputed, never handed to a stage that would fail on it. The JSON
+line is bounded (`HEAD_MAX_BYTES`): a string of hundreds of megabytes in it is
+refused before it is parsed.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import types
+import typing
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 import numpy as np
@@ -39,6 +50,10 @@ Decoder = Callable[[Any, list[memoryview]], Any]
 
 
 __all__ = ["Corrupt", "Uncacheable", "decode", "encode"]
+
+# The JSON line of an entry holds structure and names only (arrays and models are blobs):
+# the measures of a 100k-node model take a few tens of MB.
+HEAD_MAX_BYTES = 64 << 20
 
 
 def encode(kind: str, value: Any) -> list[bytes]:
@@ -54,6 +69,8 @@ def encode(kind: str, value: Any) -> list[bytes]:
         tree = CODECS[kind][0](value, blobs)
         head = {"kind": kind, "blobs": [len(b) for b in blobs], "value": tree}
         line = json.dumps(head, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+        if len(line) >= HEAD_MAX_BYTES:
+            raise Uncacheable(f"more than {HEAD_MAX_BYTES >> 20} MiB of structure")
     except Uncacheable:
         raise
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
@@ -68,7 +85,7 @@ def decode(kind: str, data: bytes, start: int = 0) -> Any:
     Raises:
         Corrupt: the payload is not a value of `kind` (another version, a planted entry).
     """
-    end = data.find(b"\n", start)
+    end = data.find(b"\n", start, start + HEAD_MAX_BYTES)
     try:
         head = json.loads(data[start:end]) if end >= 0 else None
         if type(head) is not dict or head.get("kind") != kind or kind not in CODECS:
@@ -221,7 +238,52 @@ def decode_fields(
     if type(data) is not dict or list(data) != names:
         raise Corrupt(f"not the fields of {cls.__qualname__}")
     special = special or {}
-    return cls(**{n: special.get(n, untree)(data[n], blobs) for n in names})
+    value = cls(**{n: special.get(n, untree)(data[n], blobs) for n in names})
+    for f in fields(cls):
+        if not conforms(getattr(value, f.name), _hints(cls)[f.name]):
+            raise Corrupt(f"{cls.__qualname__}.{f.name} does not hold a {_hints(cls)[f.name]}")
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def conforms(value: Any, hint: Any) -> bool:
+    """Whether `value` has the shape of annotation `hint` (a dataclass's fields, its items).
+
+    Numbers are numbers (an int or numpy scalar where a float is annotated: what a
+    stage computes); containers are checked item by item; `Any` holds anything.
+    """
+    if hint is Any:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin is None:
+        return _conforms_plain(value, hint)
+    if not isinstance(value, origin):
+        return False
+    if origin is dict:
+        return all(conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items())
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        return len(value) == len(args) and all(map(conforms, value, args))
+    return all(conforms(v, args[0]) for v in value) if args else True
+
+
+def _conforms_plain(value: Any, hint: Any) -> bool:
+    if hint is float:
+        return isinstance(value, (int, float, np.integer, np.floating)) and type(value) is not bool
+    if hint is int:
+        return isinstance(value, (int, np.integer))
+    if is_dataclass(hint):
+        return type(value) is hint and all(
+            conforms(getattr(value, f.name), _hints(hint)[f.name]) for f in fields(hint)
+        )
+    return isinstance(value, hint)
 
 
 def _record_list(cls: type) -> tuple[Encoder, Decoder]:
@@ -321,6 +383,8 @@ def decode_run_results(data: Any, blobs: list[memoryview]) -> Any:
 
     results = RunResults()
     for runner, iterations in data:
+        if type(runner) is not str or type(iterations) is not list:
+            raise Corrupt("not a runner's name and its iterations")
         results.append(
             (
                 untree(runner, blobs),
@@ -334,6 +398,10 @@ def decode_run_results(data: Any, blobs: list[memoryview]) -> Any:
                 ],
             )
         )
+    for _, iterations in results:
+        for it in iterations:
+            if not all(type(k) is str and type(a) is np.ndarray for k, a in it.items()):
+                raise Corrupt("an output that is not an array by name")
     return results
 
 

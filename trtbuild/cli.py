@@ -337,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     handler = _warnings_handler()
     package_log = logging.getLogger("trtbuild")
     package_log.addHandler(handler)
+    quiet = logging.NullHandler()  # Matplotlib's own notes (an unwritable HOME) are not ours
+    logging.getLogger("matplotlib").addHandler(quiet)
     try:
+        if args.command in RUNS_ONNXRUNTIME:
+            _import_onnxruntime_quietly()
         return _COMMANDS[args.command](args)
     except TrtbuildError as exc:
         print(f"trtbuild: error: {_flags(str(exc))}", file=sys.stderr)
@@ -356,6 +360,40 @@ def main(argv: list[str] | None = None) -> int:
         return _failed(exc)
     finally:
         package_log.removeHandler(handler)  # main(argv) may run again in this process
+        logging.getLogger("matplotlib").removeHandler(quiet)
+
+
+# The commands that load ONNX Runtime (the others never import it: heavy imports are lazy).
+RUNS_ONNXRUNTIME = ("build", "check", "convert", "report", "prepare", "nightly", "tune")
+
+
+def _import_onnxruntime_quietly() -> None:
+    """Import ONNX Runtime with its native stderr caught, its lines kept as debug records.
+
+    Why: at import it logs from C++ straight to file descriptor 2, in colour, past any
+    Python setting (where HOME is not writable: "Failed to persist telemetry device
+    ID"); a terminal or CI log must show trtbuild's lines only. An import that fails
+    is left to the command, which says what is missing.
+    """
+    if "onnxruntime" in sys.modules:
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            pass
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        said = caught.read(1 << 16).decode(errors="replace")
+    for line in said.splitlines():
+        logging.getLogger("trtbuild").debug("onnxruntime: %s", printable(line))
 
 
 def _failed(exc: Exception) -> int:
@@ -487,6 +525,7 @@ def _cmd_convert(args) -> int:
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
 
+    _output_file(args.output)
     policy = load_policy(args.policy)
     front = api.convert_front(  # its warnings reach stderr through the `trtbuild` logger
         policy, cache=_cache(args), verbose=args.verbose
@@ -500,11 +539,30 @@ def _cmd_convert(args) -> int:
     return 0
 
 
+def _output_file(path: Path) -> None:
+    """Exit 2 before any work where `-o` cannot be a file: a folder is there, or a folder
+    above it is a file."""
+    for above in path.absolute().parents:
+        if above.exists() and not above.is_dir():
+            raise UsageError(
+                "a part of the output path is a file, not a folder",
+                where=str(above),
+                hint=f"pass -o a path in a folder, not under the file {above}",
+            )
+    if path.is_dir():
+        raise UsageError(
+            "is a folder where a file goes",
+            where=str(path),
+            hint="move the folder away or name another path",
+        )
+
+
 def _cmd_prepare(args) -> int:
     from trtbuild.front import prepared_graph
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy.specs import OPSET_RANGE, Passes
 
+    _output_file(args.output)
     low, high = OPSET_RANGE
     if args.opset is not None and not low <= args.opset <= high:
         raise UsageError(f"--opset must be between {low} and {high}, got {args.opset}")
@@ -625,7 +683,7 @@ def _claim_out(folder: Path, mark: str | None = None) -> None:
 
     folder = folder.resolve()
     if mark is None:
-        check_out_folder(folder, known=(*NIGHTLY_FILES, *BUILD_FILES, MARKER))
+        check_out_folder(folder, known=(*NIGHTLY_FILES, *BUILD_FILES, MARKER), nested=True)
     elif folder.is_dir():
         write_marker(folder, mark, [n for n in NIGHTLY_FILES if (folder / n).exists()])
 

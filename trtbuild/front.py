@@ -25,11 +25,11 @@ from trtbuild.accuracy.reference import (
     check_reference_model,
     run_reference,
 )
-from trtbuild.cache import Cache, code_fingerprint, feeds_digest, model_digest
+from trtbuild.cache import Cache, code_fingerprint, feeds_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.model_io import check_model_file, load_model
+from trtbuild.graph.model_io import check_model_file, load_model, model_digest
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Policy

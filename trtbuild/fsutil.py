@@ -6,13 +6,16 @@ than a clear failure, and an interrupted build must leave the previous
 artifacts intact: not one new file beside two old ones.
 
 Publication (`publish_folder`): the new set is written into a staging folder
-`.NAME.staging-PID-*` beside the output folder, the files of the old folder that
-the command does not own are hard-linked into it (so they survive), and the two
-folders are swapped with one `renameat2(RENAME_EXCHANGE)` on Linux; elsewhere the
-old folder is renamed aside (`.NAME.old-PID-*`) and the staged one into its place,
-and a kill between those two renames is undone by the next publication, which
-puts the old folder back. Staging and aside folders of processes that are gone
-are removed by the next publication into the same parent folder.
+`.NAME.staging-*` beside the output folder, held by an exclusive flock while its
+build lives, the files of the old folder that the command does not own are
+hard-linked into it (so they survive), and the two folders are swapped with one
+`renameat2(RENAME_EXCHANGE)` on Linux; elsewhere the old folder is renamed aside
+(`.NAME.old-*`) and the staged one into its place, and a kill between those two
+renames is undone by the next publication, which puts the old folder back. Leftovers
+of this user's that no process holds are settled by the next publication into the
+same parent folder (`clean_leftovers`): by lock, never by PID, which another PID
+namespace cannot see. A mount point or a folder no rename can replace (EBUSY, EXDEV)
+is published into, entry by entry, the marker last (`_publish_in_place`).
 
 An output folder carries `.trtbuild-output` (JSON: the command, the version, the
 files trtbuild wrote); a folder that holds files trtbuild did not write and no
@@ -27,8 +30,10 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 from collections.abc import Collection, Iterator
@@ -37,11 +42,23 @@ from typing import Any
 
 from trtbuild.errors import UsageError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; no leftover is ever taken for a dead one's
+    fcntl = None  # type: ignore[assignment]
+
 MARKER = ".trtbuild-output"
 # tests only: "kill-at=N" SIGKILLs the process at step N of a publication, "portable"
 # swaps without renameat2; unset, it costs one environment lookup per publication
 TEST_HOOK = "TRTBUILD_TEST_PUBLICATION"
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-(?P<pid>\d{1,12})-[a-z0-9_]+$")
+# How a file others may have placed is opened: never through a symlink at its end, never
+# waiting on a FIFO (O_NONBLOCK), never inherited by a child; a folder, following a symlink.
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+READ_NOFOLLOW = os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+# `.NAME.staging-*`, `.NAME.old-*` (an older trtbuild put its PID first: `-PID-*`)
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-[A-Za-z0-9_-]+$")
+_DIRECTORY = FOLDER | NOFOLLOW
 
 
 @contextlib.contextmanager
@@ -52,7 +69,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     on POSIX; on any exception (KeyboardInterrupt included) it is removed.
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_parents(final)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
@@ -69,6 +86,18 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             # a write's ENOSPC names no file, a rename names the temporary one: name `path`
             raise OSError(exc.errno, exc.strerror, str(final)) from exc
         raise
+
+
+def make_parents(path: Path) -> None:
+    """The folders above `path`, made where missing; ENOTDIR naming the file where one
+    of them is a file (`-o notes.txt/x.onnx`), not mkdir's FileExistsError."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        file = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if file is None:
+            raise
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(file)) from exc
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -102,14 +131,19 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def check_out_folder(out_dir: Path, known: Collection[str], owns: Collection[str] = ()) -> None:
+def check_out_folder(
+    out_dir: Path, known: Collection[str], owns: Collection[str] = (), *, nested: bool = False
+) -> None:
     """Exit 2 unless `out_dir` is absent, empty, or an earlier trtbuild output; and for an
     artifact name in `owns` that is a folder there.
 
     Why: publication replaces what the folder holds; a folder of the user's (`--out ~`)
     must be refused before anything is written, naming what would be lost. A folder
-    whose entries all bear names trtbuild writes (`known`, or a subfolder of such names
-    or with its own marker) is an output of an earlier trtbuild, which wrote no marker.
+    without the marker is an earlier trtbuild's output only when its entries all bear
+    names trtbuild writes (`known`, or a subfolder that is trtbuild's) and its
+    `build.json` is one trtbuild wrote (`written_by_trtbuild`); with `nested` (the
+    nightly's --out, a folder of build folders) a subfolder that is trtbuild's proves it
+    too. Names alone prove nothing: a user's own `engine.plan` or `report.md` bears one.
     """
     if out_dir.parent == out_dir:
         raise UsageError("the root folder cannot be an output folder", where=str(out_dir))
@@ -122,30 +156,98 @@ def check_out_folder(out_dir: Path, known: Collection[str], owns: Collection[str
                 where=str(out_dir / name),
                 hint="move the folder away, or pass --out another folder",
             )
-    entries = sorted(os.listdir(out_dir))
-    if MARKER in entries:
+    _writable(out_dir)
+    entries = sorted(e for e in os.listdir(out_dir) if not _LEFTOVER.match(e))
+    if MARKER in entries or not entries:
         return
-    foreign = [e for e in entries if e not in known and not _trtbuilds(out_dir / e, known)]
-    if foreign:
+    ours = {e for e in entries if e not in known and _trtbuilds(out_dir / e, known)}
+    foreign = [e for e in entries if e not in known and e not in ours]
+    proven = written_by_trtbuild(out_dir) or (nested and bool(ours))
+    if foreign or not proven:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if foreign[3:] else "")
         stake = [e for e in entries if e in owns]
         replaced = f"; publishing into it would replace {', '.join(stake)}" if stake else ""
+        what = (
+            f"holds files trtbuild did not write ({shown})"
+            if foreign
+            else f"has no {MARKER} and no build.json trtbuild wrote, so its files may be yours"
+        )
         raise UsageError(
-            f"the output folder holds files trtbuild did not write ({shown}){replaced}",
+            f"the output folder {what}{replaced}",
             where=str(out_dir),
             hint="pass --out a new or empty folder, or one trtbuild wrote (it holds "
             f"{MARKER}); or move those files away",
         )
 
 
+def _writable(out_dir: Path) -> None:
+    """Exit 2 where the out folder is write-protected (no owner write bit, or no access):
+    publication would replace it anyway (a rename needs only its parent), against the
+    protection its owner chose."""
+    mode = stat.S_IMODE(out_dir.stat().st_mode)
+    if hasattr(os, "statvfs") and os.statvfs(out_dir).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out_dir))  # the disk's, not its
+    if not mode & stat.S_IWUSR or not os.access(out_dir, os.W_OK):
+        raise UsageError(
+            f"the output folder is write-protected (mode {mode:o})",
+            where=str(out_dir),
+            hint="make it writable (chmod u+w), or pass --out another folder",
+        )
+
+
 def _trtbuilds(folder: Path, known: Collection[str]) -> bool:
     """Whether a subfolder is trtbuild's: it holds a marker, or only names trtbuild writes
-    (a nightly's build folder of a trtbuild that wrote no markers)."""
+    and a build.json trtbuild wrote (a nightly's build folder of a trtbuild that wrote no
+    markers)."""
     try:
         entries = os.listdir(folder)
     except OSError:  # a file, or a folder it may not read
         return False
-    return MARKER in entries or (bool(entries) and all(e in known for e in entries))
+    if MARKER in entries:
+        return True
+    return bool(entries) and all(e in known for e in entries) and written_by_trtbuild(folder)
+
+
+RECORD = "build.json"  # what every build writes; its keys prove a marker-less folder trtbuild's
+RECORD_MAX_BYTES = 256 << 20  # a build.json of a 100k-layer engine is a few MB
+
+
+def read_small(path: Path, limit: int = RECORD_MAX_BYTES) -> bytes:
+    """The bytes of a small file in a folder that may be anyone's: not through a symlink
+    at its end, never waiting on a FIFO, at most `limit` bytes.
+
+    Raises:
+        OSError: it cannot be opened, is no regular file (EINVAL) or is larger (EFBIG).
+    """
+    fd = os.open(path, READ_NOFOLLOW)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB", str(path))
+        return f.read(limit)
+
+
+def written_by_trtbuild(folder: Path) -> bool:
+    """Whether `folder/build.json` is a record trtbuild wrote: a JSON object with the
+    trtbuild version it was written by and the sha256 of its policy (read by
+    `read_small`: the folder may be anyone's)."""
+    try:
+        doc = json.loads(read_small(folder / RECORD))
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(doc, dict):
+        return False
+    versions, hashes = doc.get("versions"), doc.get("hashes")
+    return (
+        isinstance(doc.get("policy"), str)
+        and isinstance(versions, dict)
+        and isinstance(versions.get("trtbuild"), str)
+        and isinstance(hashes, dict)
+        and isinstance(hashes.get("policy"), str)
+        and re.fullmatch(r"[0-9a-f]{64}", hashes["policy"]) is not None
+    )
 
 
 def write_marker(folder: Path, command: str, files: Collection[str]) -> None:
@@ -159,27 +261,15 @@ def write_marker(folder: Path, command: str, files: Collection[str]) -> None:
 def read_marker(folder: Path) -> dict[str, Any]:
     """The folder's marker, or {} where there is none (or none this trtbuild can read)."""
     try:
-        doc = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(read_small(folder / MARKER))
+    except (OSError, ValueError, RecursionError):
         return {}
     return doc if isinstance(doc, dict) else {}
 
 
-def staging_folder(out_dir: Path) -> Path:
-    """A new staging folder beside `out_dir`, named after this process so that the next
-    publication can tell it is orphaned once the process is gone."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(out_dir.parent)
-    prefix = f".{out_dir.name}.staging-{os.getpid()}-"
-    try:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=out_dir.parent))
-    except OSError as exc:  # the user knows the out folder, not the staging folder's name
-        raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
-
-
 def alive(pid: int) -> bool:
     """Whether a process `pid` runs here (signal 0 asks without sending anything): whose
-    leftovers (staging folders, cache temporaries) may be removed."""
+    cache temporaries may be removed (the cache also waits for their age)."""
     if pid == os.getpid():
         return True
     try:
@@ -193,9 +283,107 @@ def alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def staging_folder(out_dir: Path) -> Iterator[Path]:
+    """A new staging folder for `out_dir`, held by an exclusive lock (flock) while it lives
+    and removed when the block ends.
+
+    Beside `out_dir` (so one rename publishes it), or inside it where `out_dir` is a
+    mount point (`-v host/build:/work/build`), which no rename can replace and whose
+    parent may not even be writable. Why a lock and not the PID in the name: a build
+    in another PID namespace (a container sharing the folder) sees no such PID and
+    would take a running build's staging folder for a dead one's.
+    """
+    home = out_dir if is_mount(out_dir) else out_dir.parent
+    home.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(home)
+    try:
+        path, fd = _held_folder(home, f".{out_dir.name}.staging-")
+    except OSError as exc:  # the user knows the out folder, not the staging folder's name
+        raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)  # after an exchange: the old set
+        os.close(fd)
+
+
+def is_mount(path: Path) -> bool:
+    """Whether `path` is a mount point, bind mounts of a folder of the same file system
+    included (which `os.path.ismount` misses: they share their parent's device)."""
+    return os.path.ismount(path) or os.path.abspath(path) in _mount_points()
+
+
+def holds_mounts(folder: Path) -> bool:
+    """Whether a mount point lies inside `folder` (a file or folder mounted into it): a
+    rename of `folder` would carry the mount away with the old set."""
+    inside = os.path.abspath(folder) + os.sep
+    return any(point.startswith(inside) for point in _mount_points())
+
+
+def _mount_points() -> set[str]:
+    """The mount points this process sees (Linux's mountinfo; none elsewhere)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return {_unescape(line.split()[4]) for line in f if len(line.split()) > 4}
+    except OSError:  # not Linux
+        return set()
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: a space, tab, newline and backslash are written as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def _held_folder(parent: Path, prefix: str) -> tuple[Path, int]:
+    """A new folder `parent/prefix*` and a descriptor of it holding its exclusive lock.
+
+    A cleaner may lock and remove the folder between its creation and our lock: then
+    the lock fails, or holds a folder no longer at the path, and another name is tried.
+    """
+    for _ in range(8):
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        try:
+            fd = os.open(path, _DIRECTORY)
+        except FileNotFoundError:  # a cleaner took it for a dead one's
+            continue
+        if lock(fd) is not False and _same(fd, path):
+            return path, fd
+        os.close(fd)
+    raise OSError(errno.EAGAIN, "no staging folder could be held", str(parent))
+
+
+def lock(fd: int, wait: bool = False) -> bool | None:
+    """Take the exclusive flock of `fd`: True; False where another process holds it; None
+    where the file system (or the platform) has no such locks."""
+    if fcntl is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError:  # ENOLCK, EOPNOTSUPP, EINVAL: no locks here, so none tells anything
+        return None
+    return True
+
+
+def _same(fd: int, path: Path) -> bool:
+    """Whether the folder open as `fd` is still the one at `path`."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
+    except OSError:
+        return False
+
+
 def clean_leftovers(parent: Path) -> None:
-    """Remove the staging folders of processes that are gone, and put back an old output
-    folder that a kill left aside (only where its place is still empty).
+    """Settle the staging and aside folders that dead publications left in `parent`.
+
+    Dead means: ours (owned by this user), and no process holds its lock, whichever
+    PID namespace it runs in. A staging folder is removed; an aside folder (`.NAME.old-*`,
+    the portable swap's) is put back where its place is empty and it holds a
+    trtbuild set, and removed only where the set now in its place names it as the one
+    it replaced. A leftover of another user (planted in a shared folder) is never
+    touched, linked or put back.
 
     Why: a SIGKILL skips every `finally`; without this, each one leaves a staging
     folder the size of a build that nothing removes.
@@ -206,14 +394,49 @@ def clean_leftovers(parent: Path) -> None:
         return
     for name in names:
         found = _LEFTOVER.match(name)
-        if found is None or alive(int(found["pid"])):
+        if found is None:
             continue
-        path, home = parent / name, parent / found["name"]
-        if found["kind"] == "old" and not os.path.lexists(home):
+        path = parent / name
+        fd = _dead(path)
+        if fd is None:
+            continue
+        try:
+            if found["kind"] == "staging":
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                _settle_aside(path, parent / found["name"])
+        finally:
+            os.close(fd)
+
+
+def _dead(path: Path) -> int | None:
+    """A descriptor holding the lock of leftover folder `path` where it is ours and no
+    process holds it; None where it is alive, another user's, or cannot be told."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
+            return None
+        fd = os.open(path, _DIRECTORY)
+    except OSError:
+        return None
+    if lock(fd) and _same(fd, path):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _settle_aside(path: Path, home: Path) -> None:
+    """An aside folder whose publication died: put back, removed, or left as it is."""
+    with contextlib.suppress(OSError):
+        os.rmdir(path)  # an empty reservation of the name
+        return
+    if not os.path.lexists(home):
+        if os.path.isfile(path / MARKER) or written_by_trtbuild(path):
             with contextlib.suppress(OSError):
                 os.rename(path, home)  # the portable swap was killed between its renames
-                continue
-        shutil.rmtree(path, ignore_errors=True)
+        return
+    if read_marker(home).get("replaced") == path.name:
+        shutil.rmtree(path, ignore_errors=True)  # the set `home` replaced: moved there by it
 
 
 class _Steps:
@@ -224,6 +447,7 @@ class _Steps:
         fields = dict(f.partition("=")[::2] for f in hook.split(",") if f)
         self.kill_at = int(fields.get("kill-at") or 0)
         self.portable = "portable" in fields
+        self.in_place = "in-place" in fields
         self.done = 0
 
     def __call__(self) -> None:
@@ -240,36 +464,174 @@ def publish_folder(
     user's notes in a trtbuild folder stay).
 
     `owns` names the artifacts the command answers for: one it did not produce this
-    time is not carried over (a stale engine beside a new report would lie).
+    time is not carried over (a stale engine beside a new report would lie). Where no
+    rename can replace `out_dir` (a mount point: EBUSY; a folder in an overlay's lower
+    layer: EXDEV), or one would carry a file mounted into it away with the old set, the
+    set is published into it instead (`_publish_in_place`).
     """
     step = _Steps()
     step()
-    old = read_marker(out_dir)
+    kept = set(read_marker(out_dir).get("files", [])) - set(owns)
     produced = set(os.listdir(staging))
+    if staging.parent == out_dir or step.in_place or holds_mounts(out_dir):
+        _publish_in_place(staging, out_dir, produced, owns, command, kept, step)
+        return
     if out_dir.is_dir():
         for name in sorted(os.listdir(out_dir)):
             if name in owns or name == MARKER or name in produced:
                 continue
             _carry(out_dir / name, staging / name)
             step()
-    kept = set(old.get("files", [])) - set(owns)
     write_marker(staging, command, (produced | kept) & set(os.listdir(staging)))
     step()
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(staging, mode if mode is not None else 0o777 & ~umask)  # mkdtemp's is 0700
-    if not out_dir.is_dir():
-        os.rename(staging, out_dir)
-    elif not step.portable and _exchange(staging, out_dir):
-        step()  # the staging path now holds the old set; the caller removes it
-    else:
-        aside = tempfile.mkdtemp(prefix=f".{out_dir.name}.old-{os.getpid()}-", dir=out_dir.parent)
-        os.rename(out_dir, aside)  # onto the empty folder that reserved the name
+    try:
+        _swap(staging, out_dir, step)
+    except OSError as exc:
+        if exc.errno not in (errno.EBUSY, errno.EXDEV) or not out_dir.is_dir():
+            raise
+        _publish_in_place(staging, out_dir, produced, owns, command, kept, step)
+    step()
+
+
+def _swap(staging: Path, out_dir: Path, step: _Steps) -> None:
+    """Put `staging` where `out_dir` is: a rename where there is none, one exchange, or
+    (portable) the old set renamed aside under its lock and the new one into its place.
+
+    Another publication into the same folder may get there first (two builds, or a
+    cleaner putting back a killed one's set): a rename that finds the place taken tries
+    again, against what is there now.
+    """
+    for _ in range(8):
+        try:
+            if not out_dir.is_dir():
+                os.rename(staging, out_dir)
+            elif not step.portable and _exchange(staging, out_dir):
+                step()  # the staging path now holds the old set; the caller removes it
+            else:
+                _swap_aside(staging, out_dir, step)
+            return
+        except (FileNotFoundError, FileExistsError) as exc:  # moved meanwhile
+            found = exc
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:  # renamed onto a set that arrived meanwhile
+                raise
+            found = exc
+    raise found
+
+
+def _swap_aside(staging: Path, out_dir: Path, step: _Steps) -> None:
+    """The portable swap: the old set, held by its lock (so a cleaner leaves it alone),
+    renamed to an unguessable `.NAME.old-*` that the new set's marker names as the one it
+    replaced; the new set renamed into its place; the old one removed."""
+    fd = _held_set(out_dir)
+    try:
+        aside = out_dir.with_name(f".{out_dir.name}.old-{secrets.token_hex(8)}")
+        marker = read_marker(staging)
+        write_json(staging / MARKER, {**marker, "replaced": aside.name})
         step()
-        os.rename(staging, out_dir)
+        try:
+            os.rename(out_dir, aside)
+        except OSError:
+            write_json(staging / MARKER, marker)
+            raise
+        step()
+        os.rename(staging, out_dir)  # ENOTEMPTY: another set arrived; the old one stays aside
         step()
         shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def _held_set(out_dir: Path) -> int:
+    """A descriptor of the folder at `out_dir` holding its lock (waited for: another
+    publication may be swapping it right now).
+
+    Raises:
+        FileNotFoundError: it was moved away meanwhile (the caller tries again).
+    """
+    for _ in range(8):
+        fd = os.open(out_dir, _DIRECTORY)
+        lock(fd, wait=True)
+        if _same(fd, out_dir):
+            return fd
+        os.close(fd)
+    raise FileNotFoundError(errno.ENOENT, "the output folder keeps being replaced", str(out_dir))
+
+
+def _publish_in_place(
+    source: Path,
+    out_dir: Path,
+    produced: set[str],
+    owns: Collection[str],
+    command: str,
+    kept: set[str],
+    step: _Steps,
+) -> None:
+    """Publish into `out_dir` entry by entry: its marker first says a publication is under
+    way (`"partial": true`), each new file is renamed (or copied, across devices) over
+    the old one, the owned files not produced are removed, and the marker is written
+    whole last.
+
+    Not one step: killed midway, the folder holds a mix under a partial marker, which
+    the next publication makes whole again.
+    """
+    points = _mount_points()
+    for name in sorted(produced | set(owns)):  # refused before anything changes
+        if os.path.abspath(out_dir / name) in points:
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(out_dir / name))
+    partial = {"command": command, "files": [], **read_marker(out_dir), "partial": True}
+    write_json(out_dir / MARKER, partial)
     step()
+    for name in sorted(produced - {MARKER}):
+        _move(source / name, out_dir / name)
+        step()
+    for name in sorted(set(owns) - produced):
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(out_dir / name)
+    write_marker(out_dir, command, (produced | kept) & set(os.listdir(out_dir)) - {MARKER})
+
+
+def _move(src: Path, dst: Path) -> None:
+    """`src` at `dst`, atomically: a rename, or a copy renamed into place across devices."""
+    try:
+        os.replace(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV or src.is_dir():
+            raise
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
+
+
+# What a publication can meet that no retry mends: the user's to change, exit 2 naming the fix.
+_UNPUBLISHABLE = {
+    errno.EBUSY: "it, or a file in it, is a mount point that no rename can replace",
+    errno.EXDEV: "it lies on another device than its staging folder",
+    errno.ENOTEMPTY: "another publication into it kept replacing it",
+    errno.EEXIST: "another publication into it kept replacing it",
+    errno.EAGAIN: "another publication into it kept replacing it",
+}
+
+
+def unpublishable(exc: OSError, out_dir: Path) -> UsageError | None:
+    """Exit 2 for an error of publication that the surroundings cause (a file mounted into
+    the output folder, a publication racing this one); None for any other.
+
+    Why: such a failure is not a bug in trtbuild, and the user can fix it: mount the
+    folder, not files in it; run one build per output folder at a time.
+    """
+    what = _UNPUBLISHABLE.get(exc.errno or 0)
+    if what is None:
+        return None
+    where = os.fsdecode(exc.filename) if exc.filename is not None else str(out_dir)
+    return UsageError(
+        f"cannot publish the output folder {out_dir}: {what}",
+        where=where,
+        hint="pass --out a folder that is not a mount point and holds no mounted file "
+        "(a mounted folder itself is fine), and run one build per output folder at a time",
+    )
 
 
 def _carry(src: Path, dst: Path) -> None:

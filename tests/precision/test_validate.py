@@ -160,4 +160,5 @@ def test_the_load_check_imports_onnxruntime_not_a_file_in_the_working_folder(tmp
     (tmp_path / "private").mkdir()
     path = tmp_path / "private" / "m.onnx"
     onnx.save(m, str(path))
-    assert ort_child.outcome(ort_child.spawn(path, "default")).ok
+    assert ort_child.outcome(ort_child.spawn(path, "default")).ok  # a file
+    assert ort_child.outcome(ort_child.spawn(path.read_bytes(), "default")).ok  # a pipe

@@ -3,15 +3,18 @@ shape inference."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 
 from trtbuild.errors import UsageError
-from trtbuild.fsutil import atomic_path
+from trtbuild.fsutil import READ_NOFOLLOW, atomic_path
 
 _TWO_GIB = 2**31 - 1
 log = logging.getLogger(__name__)
@@ -59,7 +62,11 @@ def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.Mod
     path = Path(path)
     check_model_file(path, what=what)
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
+        _check_external_data(model, path)  # before any byte of it is read
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except UsageError:
+        raise
     except Exception as exc:  # protobuf raises DecodeError, onnx raises ValueError/OSError
         raise UsageError(
             f"not a readable ONNX model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'truncated or corrupt'})",
@@ -80,6 +87,91 @@ def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.Mod
             hint="fix the exporter output; onnx.checker must accept the model",
         ) from None
     return model
+
+
+def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Exit 2 where a tensor's external data is not a file in the model's folder (an
+    absolute path, `..`, a symlink out): ONNX's own rule, said before anything is read."""
+    folder = os.path.realpath(path.parent)
+    for tensor in external_tensors(model):
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if inside(folder, location) is None:
+            raise UsageError(
+                f"tensor {tensor.name!r} keeps its data in {location!r}, outside the model's "
+                "folder; ONNX reads external data only from files beside the model",
+                where=str(path),
+                hint="move the data file into the model's folder and save the model again",
+            )
+
+
+def model_digest(path: Path) -> str:
+    """sha256 of the model file and of the bytes each external-data tensor names.
+
+    Only those bytes, streamed: a 2 KB tensor in a 3 GiB data file costs 2 KB, not the
+    file. A data file outside the model's folder is never opened (ValueError; loading
+    the model says why in its words).
+    """
+    raw = path.read_bytes()
+    h = hashlib.sha256(raw)
+    if b"location" not in raw:  # every external-data entry names its file under this key
+        return h.hexdigest()
+    folder = os.path.realpath(path.parent)
+    for tensor in external_tensors(onnx.load_model_from_string(raw)):
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        target = inside(folder, location)
+        if target is None:
+            raise ValueError(f"external data {location!r} is outside {folder}")
+        offset, length = int(info.get("offset") or 0), info.get("length")
+        h.update(f"{tensor.name}\0{location}\0{offset}\0{length}\0".encode())
+        _hash_range(h, target, offset, int(length) if length else None)
+    return h.hexdigest()
+
+
+def inside(folder: str, location: str) -> str | None:
+    """The path of external-data `location` where it is a file name under `folder` (no
+    absolute path, no `..`, no symlink out); None where it is not."""
+    if not location or os.path.isabs(location) or ".." in Path(location).parts:
+        return None
+    target = os.path.realpath(os.path.join(folder, location))
+    return target if os.path.commonpath([folder, target]) == folder else None
+
+
+def _hash_range(h: Any, target: str, offset: int, length: int | None) -> None:
+    """Feed `length` bytes of `target` from `offset` (to its end: None) to `h`, a MiB at a
+    time; a missing file or one that is no regular file is hashed as such."""
+    try:
+        fd = os.open(target, READ_NOFOLLOW)
+    except OSError:
+        h.update(b"<missing>")
+        return
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            h.update(b"<not a file>")
+            return
+        f.seek(offset)
+        left = length
+        while left is None or left > 0:
+            block = f.read(1 << 20 if left is None else min(left, 1 << 20))
+            if not block:
+                break
+            h.update(block)
+            left = None if left is None else left - len(block)
+
+
+def external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of the model that keeps its data in a file: initializers, sparse
+    ones, and tensor attributes, in every subgraph (walked without recursion)."""
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        tensors = [*graph.initializer, *(s.values for s in graph.sparse_initializer)]
+        for node in graph.node:
+            for attr in node.attribute:
+                tensors += [attr.t, *attr.tensors] if attr.HasField("t") else list(attr.tensors)
+                graphs += [attr.g] if attr.HasField("g") else []
+                graphs += list(attr.graphs)
+        yield from (t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL)
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:

@@ -170,6 +170,7 @@ def parse_fields(
     and its source: the text, its sha256, the paths it wrote absolute, its rules' notes."""
     shown = shown or str(path)
     try:
+        _check_nesting(text, shown)
         node = yaml.compose(text, Loader=PolicyLoader)
         data = read_yaml(text)
     except yaml.YAMLError as exc:
@@ -195,11 +196,33 @@ def parse_fields(
     return fields, source
 
 
+def _check_nesting(text: str, shown: str) -> None:
+    """Exit 2 where the YAML nests deeper than `MAX_YAML_DEPTH`, found from the parser's
+    events before anything is composed.
+
+    Why here: PyYAML's composer (and every walk of the result) recurses once per level,
+    so 500 brackets are a RecursionError; the parser itself keeps a list, not a stack.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=PolicyLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise UsageError(
+                    f"the policy nests deeper than {MAX_YAML_DEPTH} levels",
+                    where=f"{shown}:{event.start_mark.line + 1}",
+                    hint="a policy is a few levels deep: close the brackets or indent less",
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def mapping_fields(data: Any, base_dir: Path) -> tuple[dict[str, Any], PolicySource]:
     """A mapping's fields, validated as a file's text is (messages name the mapping), and
     its source. The mapping is read as a file's values would be: `Path`s, tuples and numpy
     scalars as the strings, lists and numbers they stand for, and the strings YAML 1.1
     leaves unread (`1e-2`) as numbers where the schema wants one."""
+    _check_depth(data)
     plain = _numbers_where_wanted(_plain(data))
     fields = _fields(plain, base_dir, _Located(Path("<mapping>"), {}))
     return fields, PolicySource(base_dir=base_dir, absolute=_absolute(plain, base_dir))
@@ -315,6 +338,23 @@ def _notes(text: str, lines: dict, precision: Precision) -> tuple[tuple[str, str
         if above.startswith("#"):
             found.append((rule.id, above.lstrip("#").strip()))
     return tuple(found)
+
+
+def _check_depth(data: Any) -> None:
+    """Exit 2 where a mapping nests deeper than `MAX_YAML_DEPTH` (walked without recursion)."""
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if not isinstance(value, dict | list | tuple):
+            continue
+        if depth > MAX_YAML_DEPTH:
+            raise UsageError(
+                f"the policy nests deeper than {MAX_YAML_DEPTH} levels",
+                where="<mapping>",
+                hint="a policy is a few levels deep",
+            )
+        items = value.values() if isinstance(value, dict) else value
+        todo.extend((v, depth + 1) for v in items)
 
 
 def _fields(data: Any, base: Path, loc: _Located) -> dict[str, Any]:

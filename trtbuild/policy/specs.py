@@ -335,6 +335,17 @@ class BuildSpec:
             BOOL, "also build all-FP16 and all-FP32 engines to show what the policy costs"
         ),
     )
+    ort_check_timeout: float | None = field(
+        default=None,  # None: scaled to the mixed model's size (precision.ort_child)
+        metadata=key(
+            {"type": ["number", "null"], "minimum": 0, "maximum": 7 * 86400},
+            "seconds ONNX Runtime's load of the mixed model (a session in a child process, "
+            "waited for before anything is written) may take; past it the command ends "
+            "with exit 2. Default: 60 s and 1 s more per 4 MiB of model; 0 skips this check "
+            "(onnx.checker's still runs)",
+            show_default=False,
+        ),
+    )
 
 
 SIMPLE_KEYS = ("atol", "rtol", "check_error_stat", "error_quantile")  # SimpleCompareFunc's

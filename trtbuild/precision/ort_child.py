@@ -2,20 +2,26 @@
 
 Why a child: ONNX Runtime's graph optimisers can crash (SIGSEGV) on a valid
 model; in a child that is an outcome to report, not the end of trtbuild. The
-child imports nothing but ONNX Runtime and reads the model from a file.
+child imports nothing but ONNX Runtime, starts isolated (`python -I`, a minimal
+environment), reads the model from a pipe (no temporary file to leave behind), dies
+with its parent, and is waited for a bounded time (`default_timeout`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import helper
@@ -23,25 +29,60 @@ from onnx import helper
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
 
+RESULT = "@trtbuild-result@"  # the child's answer follows this on its own line
 # The child: create one CPU session at the given optimisation level, say why it failed.
+# It dies with its parent (Linux's PR_SET_PDEATHSIG), reads the model from stdin ("-") or
+# a file, and its one answer is the line after RESULT (whatever else a library prints).
 CHILD = """\
-import json, sys
+import ctypes, json, signal, sys
+source, level, verbose = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if sys.platform.startswith("linux"):
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+model = sys.stdin.buffer.read() if source == "-" else source
 import onnxruntime as ort
-path, level, verbose = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 options = ort.SessionOptions()
 options.log_severity_level = 0 if verbose else 3
 options.intra_op_num_threads = 1
 if level == "off":
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 try:
-    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 except Exception as exc:
-    print(json.dumps({"kind": type(exc).__name__, "message": str(exc)}))
+    said = json.dumps({"kind": type(exc).__name__, "message": str(exc)})
+    sys.stdout.write("\\n" + RESULT + said + "\\n")
     sys.exit(3)
-"""
+""".replace("RESULT", repr(RESULT))
 FAILED = 3  # the child's exit code for a session that raised
 PROBES = 16  # child sessions at most to find the node a crash needs
 PROBE_SECONDS = 120.0  # and at most this long
+# How long a session may take to create, by default: a minute, and a second more per
+# 4 MiB of model (a 1 GiB model: 5 min). The policy's build.ort_check_timeout overrides it.
+BASE_SECONDS = 60.0
+BYTES_PER_SECOND = 4 << 20
+# What the child's environment keeps: where programs and libraries are, the locale, the
+# temporary folder and HOME (ONNX Runtime keeps its telemetry id under it, as it does in
+# trtbuild's own process); nothing that changes what Python imports (PYTHONPATH and the
+# like are ignored under -I anyway).
+ENVIRONMENT = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME")
+ENVIRONMENT += ("SYSTEMROOT",)  # Windows: its DLLs
+# Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
+# process), not a crash of ONNX Runtime's own code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE).
+KILLED = tuple(
+    getattr(signal, n) for n in ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)
+)
+
+
+def default_timeout(size: int) -> float:
+    """Seconds a session of a model of `size` bytes may take to create before the check
+    gives up (`BASE_SECONDS` and one more per `BYTES_PER_SECOND`)."""
+    return BASE_SECONDS + size / BYTES_PER_SECOND
+
+
+class TimedOut(Exception):
+    """The child did not answer within its time (stopped, swapping, or a very slow load)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +91,7 @@ class Outcome:
     kind: str = ""  # ONNX Runtime's exception type, where it raised
     message: str = ""
     crash: str | None = None  # the signal (SIGSEGV) or exit code of a child that died
+    killed: bool = False  # ended by a signal from outside (`KILLED`): the OOM killer's
 
     @property
     def no_kernel(self) -> bool:
@@ -57,33 +99,77 @@ class Outcome:
         return self.kind == "NotImplemented"
 
 
-def spawn(path: Path, level: str, verbose: bool = False) -> subprocess.Popen:
-    """A child creating a session for the model at `path`; `level` is "default" or "off".
+def spawn(source: Path | bytes, level: str, verbose: bool = False) -> subprocess.Popen:
+    """A child creating a session for the model (its bytes, or its file); `level` is
+    "default" or "off".
 
-    Why it runs in the model's folder (trtbuild's own temporary one): `python -c` puts
-    its working folder first on `sys.path`, and an `onnxruntime.py` in the user's folder
-    would otherwise be what the check imports.
+    Why so isolated: `python -I` (no PYTHONPATH, no user site, no script folder on
+    sys.path, so an `onnxruntime.py` in the working folder is not what the check
+    imports), a minimal environment (`ENVIRONMENT`), and the model on stdin: no
+    temporary file that a kill of trtbuild would leave behind.
     """
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(path), level, "1" if verbose else "0"],
-        cwd=path.parent,
-        stdin=subprocess.DEVNULL,
+    env = {k: os.environ[k] for k in ENVIRONMENT if k in os.environ}
+    argv = ["-" if isinstance(source, bytes) else str(source), level, str(int(verbose))]
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-c", CHILD, *argv],
+        cwd=Path(sys.executable).anchor or "/",
+        env=env,
+        stdin=subprocess.PIPE if isinstance(source, bytes) else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    if isinstance(source, bytes):  # a thread: the pipe holds 64 KiB, the model far more
+        pipe, proc.stdin = proc.stdin, None  # communicate() must not close it under the thread
+        threading.Thread(target=_feed, args=(pipe, source), daemon=True).start()
+    return proc
 
 
-def outcome(proc: subprocess.Popen) -> Outcome:
-    """Wait for a child and read what happened."""
-    out, err = proc.communicate()
-    if proc.returncode == 0:
-        return Outcome(True)
-    if proc.returncode == FAILED and out.strip():
-        said = json.loads(out.decode().strip().splitlines()[-1])
-        return Outcome(False, said["kind"], said["message"])
+def _feed(pipe: Any, data: bytes) -> None:
+    """Write the model into the child's stdin; a child that died meanwhile reads nothing."""
+    with contextlib.suppress(OSError, ValueError), pipe:  # BrokenPipe, or closed by a kill
+        pipe.write(data)
+
+
+def outcome(proc: subprocess.Popen, timeout: float | None = None) -> Outcome:
+    """Wait for a child (at most `timeout` seconds) and read what happened.
+
+    Raises:
+        TimedOut: it did not end in time; it is killed first.
+    """
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise TimedOut(f"no answer within {timeout:.0f} s") from None
     code = proc.returncode
+    if code == 0:
+        return Outcome(True)
+    said = _said(out.decode(errors="replace"))
+    if code == FAILED and said is not None:
+        return Outcome(False, said[0], said[1])
     why = signal.Signals(-code).name if code < 0 else f"exit code {code}"
-    return Outcome(False, message=err.decode(errors="replace")[-500:], crash=why)
+    killed = code < 0 and -code in KILLED
+    tail = (err or out).decode(errors="replace")[-500:]
+    return Outcome(False, message=tail, crash=why, killed=killed)
+
+
+def _said(out: str) -> tuple[str, str] | None:
+    """The child's (kind, message) from its RESULT line; None where there is none (a
+    child that printed something else and exited)."""
+    for line in reversed(out.splitlines()):
+        if not line.startswith(RESULT):
+            continue
+        try:
+            said = json.loads(line[len(RESULT) :])
+        except ValueError:
+            return None
+        if isinstance(said, dict) and all(
+            isinstance(said.get(k), str) for k in ("kind", "message")
+        ):
+            return said["kind"], said["message"]
+        return None
+    return None
 
 
 @cache
@@ -99,8 +185,9 @@ def version() -> str:
     return "(version unknown)"
 
 
-def warning(first: Outcome, path: Path) -> str:
-    """What the default-optimised load did, where, and what a user of ONNX Runtime can do.
+def warning(first: Outcome, data: bytes, timeout: float | None = None) -> str:
+    """What the default-optimised load of the model `data` did, where, and what a user of
+    ONNX Runtime can do.
 
     A crash names the graph transformer it happened in (ONNX Runtime's verbose log)
     and the node it needs (the shortest prefix of the graph that still crashes);
@@ -117,9 +204,9 @@ def warning(first: Outcome, path: Path) -> str:
             head + f"refuses the mixed model under its default graph optimisations: {said}"
             f"{tail}lower SessionOptions.graph_optimization_level"
         )
-    transformer = _last_transformer(path)
+    transformer = _last_transformer(data, timeout)
     where = f" in its {transformer}" if transformer else ""
-    node = _crashing_node(path)
+    node = _crashing_node(data, timeout)
     at = f", at node {node.name!r} ({node.op_type})" if node is not None else ""
     fix = (
         f'pass disabled_optimizers=["{transformer}"] to InferenceSession'
@@ -132,17 +219,22 @@ def warning(first: Outcome, path: Path) -> str:
     )
 
 
-def _last_transformer(path: Path) -> str | None:
+def _last_transformer(data: bytes, timeout: float | None) -> str | None:
     """The graph transformer ONNX Runtime's verbose log last started before the crash."""
-    proc = spawn(path, "default", verbose=True)
-    _, err = proc.communicate()
+    proc = spawn(data, "default", verbose=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
     found = re.findall(r"Applying graph transformer (\w+)", err.decode(errors="replace"))
     return found[-1] if found and proc.returncode != 0 else None
 
 
-def _crashing_node(path: Path) -> onnx.NodeProto | None:
+def _crashing_node(data: bytes, timeout: float | None) -> onnx.NodeProto | None:
     """The node whose addition makes a prefix of the graph crash (bisection, bounded)."""
-    model = onnx.load(str(path))
+    model = onnx.load_model_from_string(data)
     nodes = list(model.graph.node)
     typed = infer_shapes(model)  # never fails: an inference error must not hide the warning
     types = {v.name: v for v in (*typed.graph.value_info, *typed.graph.output)}
@@ -151,10 +243,11 @@ def _crashing_node(path: Path) -> onnx.NodeProto | None:
         if high - low <= 1 or time.monotonic() > deadline:
             break
         middle = (low + high) // 2
-        probe = path.with_name(f"prefix_{middle}.onnx")
-        onnx.save(_prefix(model, middle, types), str(probe))
-        crashed = outcome(spawn(probe, "default")).crash is not None
-        probe.unlink()
+        probe = _prefix(model, middle, types).SerializeToString()
+        try:
+            crashed = outcome(spawn(probe, "default"), timeout).crash is not None
+        except TimedOut:
+            break
         low, high = (low, middle) if crashed else (middle, high)
     return nodes[high - 1] if high - low <= 1 and nodes else None
 

@@ -17,7 +17,11 @@ How, and why so:
   if not, the model is invalid (`InvalidMixedModel`, exit 70).
 - The child starts as soon as the mixed model exists (`start_mixed_check`) and
   is joined before anything is published (`MixedCheck.result`), so the load runs
-  beside the rest of the command.
+  beside the rest of the command. It is waited for at most `timeout` seconds once
+  joined (`build.ort_check_timeout`; by default scaled to the model's size, 0 skips
+  the check): a stopped or swapping child ends in exit 2 saying what to set, and so
+  does a child the kernel's OOM killer ended (`CheckFailed`), not a verdict on the
+  model.
 - A model validated once is not validated again: its digest (with the versions of
   ONNX Runtime and onnx) is recorded as a small `converted` entry of the cache
   after the check passed, holding the check's warnings. Why a record of its own
@@ -28,42 +32,54 @@ How, and why so:
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import onnx
 
+from trtbuild.errors import UsageError
 from trtbuild.precision import ort_child
+
+TIMEOUT_KEY = "build.ort_check_timeout"  # the policy's key that sets `timeout` (0: skip)
 
 
 class InvalidMixedModel(RuntimeError):
     """The converted graph fails a check: a bug in trtbuild (exit 70, with its traceback)."""
 
 
-def validate_mixed(model: onnx.ModelProto, cache: Any = None) -> list[str]:
+class CheckFailed(UsageError):
+    """ONNX Runtime's check could not end (out of time, killed from outside): exit 2, the
+    machine's to fix or the check's to skip, no verdict on the model."""
+
+
+def validate_mixed(
+    model: onnx.ModelProto, cache: Any = None, timeout: float | None = None
+) -> list[str]:
     """Both checks, waited for: the warnings (ONNX Runtime's own failures), or an
     `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass."""
-    return start_mixed_check(model, cache).result()
+    return start_mixed_check(model, cache, timeout).result()
 
 
-def start_mixed_check(model: onnx.ModelProto, cache: Any = None) -> MixedCheck:
+def start_mixed_check(
+    model: onnx.ModelProto, cache: Any = None, timeout: float | None = None
+) -> MixedCheck:
     """Start ONNX Runtime's load in a child, run `onnx.checker` here meanwhile, and return
-    the load to join with `result()` before anything is published."""
+    the load to join with `result()` before anything is published.
+
+    `timeout`: seconds `result()` waits for each child (None: `ort_child.default_timeout`
+    of the model's size; 0: no ONNX Runtime check, only `onnx.checker`'s).
+    """
     data = model.SerializeToString()
     digest = _digest(data)
-    if cache is not None and cache.enabled:
+    if cache is not None and cache.enabled and timeout != 0:
         record = cache.get("converted", digest)
         if record is not None:
             return MixedCheck(None, None, list(record.warnings))
-    folder = Path(tempfile.mkdtemp(prefix="trtbuild-mixed-"))
-    path = folder / "mixed.onnx"
-    path.write_bytes(data)
-    check = MixedCheck(ort_child.spawn(path, "default"), path, cache=cache, digest=digest)
+    seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
+    proc = _spawn(data, "default") if seconds > 0 else None
+    check = MixedCheck(proc, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
     try:
         onnx.checker.check_model(data, full_check=True)  # the bytes: not serialized again
     except Exception as exc:  # the checker's own ValidationError and inference errors
@@ -77,17 +93,24 @@ class MixedCheck:
     """ONNX Runtime's load of one mixed model, under way in a child process."""
 
     proc: subprocess.Popen | None
-    path: Path | None  # the model's temporary file; its folder goes when the check ends
+    # the model (the caller's, not a copy), serialized again only for a second child where
+    # the first one failed: no copy of its bytes is held while the build runs
+    model: onnx.ModelProto | None
     warnings: list[str] = field(default_factory=list)
     cache: Any = None
     digest: str = ""
+    timeout: float = 0.0
+    size: int = 0  # bytes of the serialized model
 
     def result(self) -> list[str]:
-        """Wait for the load: its warnings, or `InvalidMixedModel` where the model is invalid."""
+        """Wait for the load: its warnings, or `InvalidMixedModel` where the model is
+        invalid, or `CheckFailed` where the check could not end."""
         if self.proc is None:
             return self.warnings
         try:
-            self.warnings = _judge(ort_child.outcome(self.proc), self.path)
+            first = _ended(self.proc, self.timeout, self.size)
+            if not (first.ok or first.no_kernel):
+                self.warnings = _judge(first, self.model.SerializeToString(), self.timeout)  # type: ignore[union-attr]
         finally:
             self.cancel()
         if self.cache is not None and self.cache.enabled:
@@ -95,28 +118,65 @@ class MixedCheck:
         return self.warnings
 
     def cancel(self) -> None:
-        """Stop the child (if it still runs) and remove the temporary model."""
+        """Stop the child (if it still runs); the model is let go."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.proc = None
-        if self.path is not None:
-            shutil.rmtree(self.path.parent, ignore_errors=True)
+        self.proc, self.model = None, None
 
 
-def _judge(first: ort_child.Outcome, path: Path) -> list[str]:
-    """No warning where the default load worked; else load with optimisations off to tell
-    ONNX Runtime's fault (a warning) from the model's (`InvalidMixedModel`)."""
-    if first.ok or first.no_kernel:
-        return []  # no CPU kernel for a type (BF16 ReduceMean): the model is valid, the EP not
-    plain = ort_child.outcome(ort_child.spawn(path, "off"))
+def _spawn(data: bytes, level: str) -> subprocess.Popen:
+    """`ort_child.spawn`, or `CheckFailed` where the machine cannot start a process."""
+    try:
+        return ort_child.spawn(data, level)
+    except OSError as exc:  # EAGAIN (too many processes), ENOMEM
+        raise CheckFailed(
+            f"ONNX Runtime's check of the mixed model could not start a child process "
+            f"({exc.strerror or exc})",
+            hint=f"free memory or processes, or set {TIMEOUT_KEY}: 0 in the policy to skip "
+            "this check",
+        ) from None
+
+
+def _ended(proc: subprocess.Popen, timeout: float, size: int) -> ort_child.Outcome:
+    """The child's outcome, or `CheckFailed` where it took too long or was killed."""
+    what = f"ONNX Runtime's check of the mixed model ({size / (1 << 20):.1f} MiB, a session "
+    try:
+        done = ort_child.outcome(proc, timeout)
+    except ort_child.TimedOut:
+        raise CheckFailed(
+            what + f"created in a child process) gave no answer within {timeout:.0f} s",
+            hint=f"set {TIMEOUT_KEY} in the policy to more seconds (the default grows with "
+            f"the model: {ort_child.BASE_SECONDS:.0f} s and 1 s per "
+            f"{ort_child.BYTES_PER_SECOND >> 20} MiB), or to 0 to skip this check; a stopped "
+            "or swapping machine does this too",
+        ) from None
+    if done.killed:
+        why = (
+            "the kernel's out-of-memory killer does this when the machine runs out of memory"
+            if done.crash == "SIGKILL"
+            else "a signal from outside trtbuild"
+        )
+        raise CheckFailed(
+            what + f"created in a child process) was killed ({done.crash}): {why}",
+            hint="free memory or use a machine with more, or set "
+            f"{TIMEOUT_KEY}: 0 in the policy to skip this check",
+        )
+    return done
+
+
+def _judge(first: ort_child.Outcome, data: bytes, timeout: float) -> list[str]:
+    """The default load failed: load with optimisations off to tell ONNX Runtime's fault (a
+    warning) from the model's (`InvalidMixedModel`). No CPU kernel for a type (BF16
+    ReduceMean) is no failure: the model is valid, the execution provider is not."""
+    plain = _ended(_spawn(data, "off"), timeout, len(data))
     if not (plain.ok or plain.no_kernel):
         said = plain.message if plain.crash is None else f"it crashed ({plain.crash})"
         raise InvalidMixedModel(
             f"the mixed model does not load in ONNX Runtime {ort_child.version()} "
             f"(graph optimisations off): {said}"
         )
-    return [ort_child.warning(first, path)]
+    return [ort_child.warning(first, data, timeout)]
 
 
 def _digest(data: bytes) -> str:
