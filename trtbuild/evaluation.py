@@ -3,6 +3,7 @@ warnings and the ops at risk. `build`, `report` and `check` read the same functi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from trtbuild import __version__
@@ -16,10 +17,120 @@ from trtbuild.numerics import LOW_MAX
 from trtbuild.precision.convert import Converted
 
 
+# "Nearly constant" (docs/outputs.md): an output whose standard deviation over the data at a
+# point is at most one step of the policy's low precision at the output's scale (its largest
+# |value| at any point, and at least 1.0, the scale of a probability, a [0, 1] image or a
+# logit), or at most FLAT_AGAINST_POINTS of its standard deviation at another judged point.
+FLAT_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}  # machine epsilon: one step at 1.0
+FLAT_AGAINST_POINTS = 0.01
+
+
 def report_warnings(front: Front) -> list[str]:
     """Every warning `check` prints and the report lists: the rules', the conversion's, the
-    FP16 boundaries' and what control flow leaves unmeasured."""
-    return front.warnings + boundary_warnings(front) + body_warnings(front)
+    FP16 boundaries' and stored tensors' overflows, what control flow leaves unmeasured, and
+    data that does not exercise the model."""
+    return (
+        front.warnings
+        + boundary_warnings(front)
+        + overflow_warnings(front)
+        + body_warnings(front)
+        + flat_warnings(flat_outputs(front), front)
+    )
+
+
+def flat_outputs(front: Front) -> list[dict[str, Any]]:
+    """report.json's `flat_outputs`: each (point, output) whose FP32 reference is constant or
+    nearly so on the policy's data there, with the figures that say so.
+
+    Why: an output that does not move with the data (a text detector's map on noise, ~1e-7
+    everywhere) passes any precision; the verdict at that point proves nothing.
+    """
+    runs = [r for r in front.shapes if r.measures is not None and r.measures.output_std]
+    if not runs:
+        return []
+    low = front.policy.precision.default if front.policy.precision.default != "fp32" else "fp16"
+    step = FLAT_STEP.get(low, FLAT_STEP["fp16"])
+    found = []
+    for out in runs[0].measures.outputs:
+        stds = {r.point.name: r.measures.output_std.get(out) for r in runs}
+        peak = max((r.measures.ranges.get(out, 0.0) for r in runs), default=0.0)
+        floating = front.view.is_float(out) or out not in front.view.dtype
+        for r in runs:
+            std = stds[r.point.name]
+            if std is None:
+                continue
+            others = [v for k, v in stds.items() if k != r.point.name and v is not None]
+            scale = step * max(1.0, peak) if floating else 0.0
+            widest = max(others, default=0.0)
+            if std <= scale or std == 0.0:
+                why = "dtype"
+            elif std <= FLAT_AGAINST_POINTS * widest:
+                why, scale = "points", FLAT_AGAINST_POINTS * widest
+            else:
+                continue
+            found.append(
+                {"point": r.point.name, "label": r.point.label, "output": out,
+                 "std": std, "peak": r.measures.ranges.get(out, 0.0), "limit": scale,
+                 "why": why, "samples": len(r.feeds)}
+            )  # fmt: skip
+    return found
+
+
+def flat_warnings(flat: list[dict[str, Any]], front: Front) -> list[str]:
+    """One warning per output that is nearly constant somewhere: the points, the figures and
+    the fix (real data under `inputs.<name>.data`)."""
+    by_output: dict[str, list[dict[str, Any]]] = {}
+    for f in flat:
+        by_output.setdefault(f["output"], []).append(f)
+    names = [n for r in front.shapes[:1] for n in r.point.shapes] or ["<input>"]
+    fix = " or ".join(f"`inputs.{n}.data`" for n in names)
+    low = front.policy.precision.default.upper().replace("FP32", "FP16")
+    out = []
+    for output, rows in by_output.items():
+        said = "; ".join(
+            f"at {f['label']}: std {f['std']:.3g} over {f['samples']} sample(s), at most "
+            + (
+                f"{f['limit']:.3g} (one {low} step at its scale)"
+                if f["why"] == "dtype"
+                else f"{f['limit']:.3g} (1% of its std at another point)"
+            )
+            for f in rows
+        )
+        out.append(
+            f"data does not exercise the model: output {output} is constant or nearly so on "
+            f"the FP32 reference ({said}), so a verdict there proves little; give real data "
+            f"under {fix} (images, or a .npz of real samples)"
+        )
+    return out
+
+
+def overflow_warnings(front: Front) -> list[str]:
+    """Tensors the policy stores in FP16 (or BF16) whose FP32 values pass that range on the
+    reference data: they turn inf, and `accuracy.masked_overflow` says what `build` and `tune`
+    make of it where the outputs hide it (`check` says so before anything is built)."""
+    if front.measures is None:
+        return []
+    view, ranges = front.view, front.measures.ranges
+    rule = front.policy.accuracy.masked_overflow
+    found = []
+    for i, d in enumerate(front.assignment.decisions):
+        if d.precision not in LOW_MAX or view.scope[i]:
+            continue
+        for t in view.float_outputs(i):
+            peak = ranges.get(t, 0.0)  # sentinels are not data
+            if peak > LOW_MAX[d.precision]:
+                found.append((view.nodes[i].name, view.nodes[i].op_type, t, peak, d.precision))
+    if not found:
+        return []
+    shown = ", ".join(f"{n} ({op}) reaches {p:.4g}" for n, op, _, p, _ in found[:3])
+    more = f", +{len(found) - 3} more" if len(found) > 3 else ""
+    did = "fails the policy" if rule == "fail" else "is only warned"
+    low = found[0][4].upper()
+    return [
+        f"{len(found)} tensor(s) stored in {low} pass its range on the reference data and turn "
+        f"inf: {shown}{more}; where the outputs hide it, the masked overflow {did} "
+        f"(accuracy.masked_overflow: {rule}); pin them (a `name` rule) or `trtbuild tune`"
+    ]
 
 
 def body_warnings(front: Front) -> list[str]:
@@ -107,7 +218,7 @@ def evaluate_all(
         firsts = firsts or verdicts
     main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk
     fp32 = firsts[2] if len(firsts) > 2 else None
-    return Report(
+    report = Report(
         policy=str(policy.path),
         model=str(policy.model),
         samples=len(front.feeds),
@@ -122,7 +233,24 @@ def evaluate_all(
         warnings=report_warnings(front),
         backend=backend,
         version=__version__,
+        masked_overflow_rule=policy.accuracy.masked_overflow,
+        flat_outputs=[{k: v for k, v in f.items() if k != "label"} for f in flat_outputs(front)],
     )
+    return replace(report, warnings=report.warnings + masked_warnings(report))
+
+
+def masked_warnings(report: Report) -> list[str]:
+    """Under `accuracy.masked_overflow: warn`, each masked overflow as a warning too (the
+    verdict passes; the warning says what it passed over)."""
+    from trtbuild.accuracy.judge import overflow_text
+
+    if report.masked_overflow_rule != "warn":
+        return []
+    return [
+        f"masked overflow at {s.label}: {overflow_text(o)}; every output holds, and "
+        "accuracy.masked_overflow: warn lets the policy pass (pin the node, or set fail)"
+        for s, o in report.masked_overflows
+    ]
 
 
 def _candidates(
