@@ -291,8 +291,8 @@ def overflow_paragraph(report: Report) -> Para:
 
 # What a report says where the judge did not walk (`accuracy.walk: on_failure`, a pass).
 NOT_WALKED = (
-    "not searched: it passes and no tensor of the graph turns non-finite on the first sample "
-    "(`accuracy.walk: always` walks a passing candidate too)"
+    "not searched: every output passes and no tensor turns non-finite on the first sample, "
+    "where the walk runs (`accuracy.walk: always` walks a passing candidate too)"
 )
 
 
