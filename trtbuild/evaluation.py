@@ -16,7 +16,6 @@ from trtbuild.graph.optypes import computes
 from trtbuild.numerics import LOW_MAX
 from trtbuild.precision.convert import Converted
 
-
 # "Nearly constant" (docs/outputs.md): an output whose standard deviation over the data at a
 # point is at most one step of the policy's low precision at the output's scale (its largest
 # |value| at any point, and at least 1.0, the scale of a probability, a [0, 1] image or a

@@ -17,7 +17,11 @@ from trtbuild.cli import main
 from trtbuild.front import run_front
 from trtbuild.policy import load_policy
 
-_CONSTS = {"k": np.array(1e3, np.float32), "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+_CONSTS = {
+    "k": np.array(1e3, np.float32),
+    "lo": np.array(0, np.float32),
+    "hi": np.array(6, np.float32),
+}
 
 
 def _masked_model(path: Path) -> Path:
@@ -78,7 +82,10 @@ def test_a_masked_overflow_fails_build_by_default_and_passes_with_warn(tmp_path,
     assert found["node"] == "/scale" and found["nonfinite"] > 0
     assert all(o["passed"] for o in report["outputs"].values())  # the outputs hide it
     junit = (tmp_path / "out" / "junit.xml").read_text()
-    assert "masked overflow" in junit and "masked overflow" in (tmp_path / "out" / "report.md").read_text()
+    assert (
+        "masked overflow" in junit
+        and "masked overflow" in (tmp_path / "out" / "report.md").read_text()
+    )
     if said == "fail":
         assert code == 1 and verdict.startswith("FAILED") and not report["passed"]
         assert 'failures="1"' in junit

@@ -48,8 +48,7 @@ def test_a_passing_policy_is_not_walked_and_the_report_says_so(tmp_path):
     assert report["first_divergence"] is None and report["error_curve"] == []
     md = (tmp_path / "o" / "report.md").read_text()
     assert (
-        "not searched: every output passes and no tensor turns non-finite on the first sample"
-        in md
+        "not searched: every output passes and no tensor turns non-finite on the first sample" in md
     )
 
 

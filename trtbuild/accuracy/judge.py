@@ -475,7 +475,9 @@ def _joined_metrics(ref_iters: list, iterations: list, name: str) -> dict[str, A
     return metrics(np.concatenate(refs), np.concatenate(outs))
 
 
-def boundary_casts(mixed: onnx.ModelProto, measures: ReferenceMeasures) -> dict[str, tuple[str, str]]:
+def boundary_casts(
+    mixed: onnx.ModelProto, measures: ReferenceMeasures
+) -> dict[str, tuple[str, str]]:
     """Each Cast of the main graph to FP16 or BF16 whose source is a tensor the reference
     measures (a node's output or a graph input) and whose output is not: the boundaries the
     conversion adds, `{output: (FP32 source, Cast node)}`. Its value is its source's rounded,
