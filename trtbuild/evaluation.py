@@ -16,10 +16,11 @@ from trtbuild.graph.optypes import computes
 from trtbuild.numerics import LOW_MAX
 from trtbuild.precision.convert import Converted
 
-# "Nearly constant" (docs/outputs.md): an output whose standard deviation over the data at a
-# point is at most one step of the policy's low precision at the output's scale (its largest
-# |value| at any point, and at least 1.0, the scale of a probability, a [0, 1] image or a
-# logit), or at most FLAT_AGAINST_POINTS of its standard deviation at another judged point.
+# "Nearly constant" (docs/outputs.md): at a point, an output whose standard deviation over
+# the data there is at most one step of the policy's low precision at the output's scale
+# there (its largest |value|, and at least 1.0: the scale of a probability, a [0, 1] image or
+# a logit), or whose relative spread (standard deviation over largest |value|) is at most
+# FLAT_AGAINST_POINTS of the relative spread it has at another judged point.
 FLAT_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}  # machine epsilon: one step at 1.0
 FLAT_AGAINST_POINTS = 0.01
 
@@ -45,32 +46,30 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
     everywhere) passes any precision; the verdict at that point proves nothing.
     """
     runs = [r for r in front.shapes if r.measures is not None and r.measures.output_std]
-    if not runs:
-        return []
-    low = front.policy.precision.default if front.policy.precision.default != "fp32" else "fp16"
-    step = FLAT_STEP.get(low, FLAT_STEP["fp16"])
+    default = front.policy.precision.default
+    step = FLAT_STEP.get(default, FLAT_STEP["fp16"])  # an FP32 default: its FP16 rules
     found = []
-    for out in runs[0].measures.outputs:
-        stds = {r.point.name: r.measures.output_std.get(out) for r in runs}
-        peak = max((r.measures.ranges.get(out, 0.0) for r in runs), default=0.0)
+    for out in runs[0].measures.outputs if runs else []:
+        figures = {
+            r.point.name: (r.measures.output_std[out], r.measures.ranges.get(out, 0.0))
+            for r in runs
+            if out in r.measures.output_std
+        }
+        spread = {k: std / peak if peak > 0 else 0.0 for k, (std, peak) in figures.items()}
         floating = front.view.is_float(out) or out not in front.view.dtype
-        for r in runs:
-            std = stds[r.point.name]
-            if std is None:
-                continue
-            others = [v for k, v in stds.items() if k != r.point.name and v is not None]
-            scale = step * max(1.0, peak) if floating else 0.0
-            widest = max(others, default=0.0)
-            if std <= scale or std == 0.0:
+        for r in (r for r in runs if r.point.name in figures):
+            std, peak = figures[r.point.name]
+            widest = max((v for k, v in spread.items() if k != r.point.name), default=0.0)
+            limit = step * max(1.0, peak) if floating else 0.0
+            if std <= limit:
                 why = "dtype"
-            elif std <= FLAT_AGAINST_POINTS * widest:
-                why, scale = "points", FLAT_AGAINST_POINTS * widest
+            elif spread[r.point.name] <= FLAT_AGAINST_POINTS * widest:
+                why, limit = "points", FLAT_AGAINST_POINTS * widest * peak
             else:
                 continue
             found.append(
-                {"point": r.point.name, "label": r.point.label, "output": out,
-                 "std": std, "peak": r.measures.ranges.get(out, 0.0), "limit": scale,
-                 "why": why, "samples": len(r.feeds)}
+                {"point": r.point.name, "label": r.point.label, "output": out, "std": std,
+                 "peak": peak, "limit": limit, "why": why, "samples": len(r.feeds)}
             )  # fmt: skip
     return found
 
@@ -91,7 +90,7 @@ def flat_warnings(flat: list[dict[str, Any]], front: Front) -> list[str]:
             + (
                 f"{f['limit']:.3g} (one {low} step at its scale)"
                 if f["why"] == "dtype"
-                else f"{f['limit']:.3g} (1% of its std at another point)"
+                else f"{f['limit']:.3g} (1% of its relative spread at another point)"
             )
             for f in rows
         )

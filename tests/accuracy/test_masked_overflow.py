@@ -112,8 +112,8 @@ def test_an_overflow_on_a_later_sample_only_is_found(tmp_path, capsys):
     code, text, report = _build(policy, tmp_path / "out", capsys)
     assert code == 1, text
     (found,) = report["masked_overflow"]["found"]
-    assert found["sample"] == 3 and found["node"] == "/scale"
-    assert "sample 3" in text
+    assert found["sample"] == 2 and found["node"] == "/scale"  # from 0, as failed_samples
+    assert "sample 2" in text
 
 
 def test_an_overflow_in_a_boundary_cast_is_found(tmp_path, capsys):

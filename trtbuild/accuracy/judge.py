@@ -119,8 +119,9 @@ class Verdict:
 
 
 def overflow_text(o: dict[str, Any]) -> str:
-    """`/mul (Mul), tensor t, sample 2: 3 non-finite value(s) where FP32 is finite (...)`."""
-    where = f", sample {o['sample']}" if o.get("sample", 1) != 1 else ""
+    """`/mul (Mul), tensor t, sample 2: 3 non-finite value(s) where FP32 is finite (...)`;
+    samples counted from 0, as `failed_samples` counts them."""
+    where = f", sample {o['sample']}" if o.get("sample", 0) else ""
     cast = f" (a boundary Cast of `{o['source']}`)" if o.get("source") else ""
     return (
         f"{o['node']} ({o['op']}){cast}, tensor {o['tensor']}{where}: {o['nonfinite']} "
@@ -317,7 +318,7 @@ class _Run:
         outputs = {o: values[o] for o in measures.outputs if o in values}
         if self.later is not None or self.walk.overflowed():
             return outputs  # the verdict names the first overflow; later ones change nothing
-        walk = _Walk(measures, self.walk.threshold, "overflow", self.casts, sample=k)
+        walk = _Walk(measures, self.walk.threshold, "overflow", self.casts, sample=k - 1)
         walk.take({t: v for t, v in values.items() if t in walk.depth}, None)
         suspects = self.lean.suspects(values)
         del values
@@ -506,7 +507,7 @@ class _Walk:
     non-finite where FP32 is finite, told from the reference's measures (a
     tensor that held a NaN, an inf or a sentinel there kept its values). A
     boundary Cast's output (`casts`) is judged by its source's reference, for an
-    overflow only. `sample` > 1: a later feed, whose reference values are not
+    overflow only. `sample` > 0 (from 0): a later feed, whose reference values are not
     kept (`_overflow` says what is judged there).
     """
 
@@ -516,7 +517,7 @@ class _Walk:
         threshold: float,
         detail: Detail,
         casts: dict[str, tuple[str, str]] | None = None,
-        sample: int = 1,
+        sample: int = 0,
     ):
         self.measures, self.threshold, self.detail = measures, threshold, detail
         self.sample = sample
@@ -561,17 +562,17 @@ class _Walk:
         a tensor FP32 holds a NaN, an inf or a sentinel in are kept and compared; on a later
         one they are not: such a tensor is not judged where FP32 is not finite on some feed,
         and a sentinel tensor only by its NaNs (a sentinel may become an inf)."""
-        r = self.measures.special.get(tensor) if self.sample == 1 else None
+        r = self.measures.special.get(tensor) if self.sample == 0 else None
         if r is not None:
             return point(self.measures, tensor, r, e)
-        if self.sample > 1 and tensor in self.measures.nonfinite:
+        if self.sample and tensor in self.measures.nonfinite:
             return None
         if self.measures.shapes.get(tensor) != e.shape:
             return None
         if e.size and np.isfinite(max(float(e.max()), -float(e.min()))):
             return None  # every value finite: no overflow (the usual case, one cheap pass)
         nan = int(np.count_nonzero(np.isnan(e)))
-        held = self.sample > 1 and tensor in self.measures.sentinel_tensors
+        held = self.sample > 0 and tensor in self.measures.sentinel_tensors
         bad = nan if held else int(np.count_nonzero(~np.isfinite(e)))
         if not bad:
             return None

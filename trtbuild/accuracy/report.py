@@ -384,7 +384,7 @@ def _data_cell(sv: ShapeVerdict) -> str:
 
 def _short_overflow(v: Verdict) -> str:
     o = v.masked_overflow
-    return f"`{o['node']}` (sample {o.get('sample', 1)})" if o else "none"
+    return f"`{o['node']}` (sample {o.get('sample', 0)})" if o else "none"
 
 
 def _short_divergence(v: Verdict) -> str:
