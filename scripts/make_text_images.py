@@ -31,13 +31,69 @@ PAGES, LINES = 2, 8
 SEED = 42
 
 # What the lines say: words and figures as a receipt, a form or a sign has them.
-WORDS = (
-    "invoice total amount date paid order number account customer service street road "
-    "station north south east west open closed monday friday price tax receipt cash card "
-    "change store market coffee tea bread milk water ticket platform gate exit entrance "
-    "floor room office hotel hospital pharmacy bank post museum library school park "
-    "delivery express priority standard return refund warranty model serial version"
-).split()
+WORDS = [
+    "invoice",
+    "total",
+    "amount",
+    "date",
+    "paid",
+    "order",
+    "number",
+    "account",
+    "customer",
+    "service",
+    "street",
+    "road",
+    "station",
+    "north",
+    "south",
+    "east",
+    "west",
+    "open",
+    "closed",
+    "monday",
+    "friday",
+    "price",
+    "tax",
+    "receipt",
+    "cash",
+    "card",
+    "change",
+    "store",
+    "market",
+    "coffee",
+    "tea",
+    "bread",
+    "milk",
+    "water",
+    "ticket",
+    "platform",
+    "gate",
+    "exit",
+    "entrance",
+    "floor",
+    "room",
+    "office",
+    "hotel",
+    "hospital",
+    "pharmacy",
+    "bank",
+    "post",
+    "museum",
+    "library",
+    "school",
+    "park",
+    "delivery",
+    "express",
+    "priority",
+    "standard",
+    "return",
+    "refund",
+    "warranty",
+    "model",
+    "serial",
+    "version",
+]
 
 
 def _font(size: int):
