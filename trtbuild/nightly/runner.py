@@ -49,8 +49,10 @@ class PolicyResult:
                 found.append(
                     f"masked overflow at {s['name']}: {o['node']} ({o['op']}), warned only"
                 )
+        from trtbuild.accuracy.report import point_rank
+
         flat: dict[str, list[str]] = {}
-        for s in self.shapes:
+        for s in sorted(self.shapes, key=lambda s: point_rank(s["name"])):
             for out in s.get("flat_outputs") or []:
                 flat.setdefault(out, []).append(s["name"])
         found += [
