@@ -129,3 +129,14 @@ def test_an_overflow_in_a_boundary_cast_is_found(tmp_path, capsys):
     (found,) = report["masked_overflow"]["found"]
     assert found["op"] == "Cast" and found["source"] == "big", found
     assert "boundary Cast of `big`" in text
+
+
+@pytest.mark.parametrize("rule", ["fail", "warn"])
+def test_check_says_beforehand_what_the_rule_will_make_of_it(tmp_path, capsys, rule):
+    """`check` reads the same rule: a tensor stored in FP16 that passes 65504 on the reference
+    data is named with what `build` and `tune` will do about it."""
+    policy = _policy(tmp_path, rule=rule, data="{distribution: uniform, low: 0.0, high: 100.0}")
+    assert main(["check", "--policy", str(policy)]) == 0
+    err = capsys.readouterr().err
+    did = "fails the policy" if rule == "fail" else "is only warned"
+    assert "/scale (Mul) reaches" in err and f"{did} (accuracy.masked_overflow: {rule})" in err
