@@ -106,9 +106,11 @@ def test_tune_agrees_with_build_on_the_same_candidate(tmp_path, capsys, rule):
         assert "(intermediate)" in outcome.failing
 
 
-def test_an_overflow_on_a_later_sample_only_is_found(tmp_path, capsys):
-    """The lean run sums every sample, not only the first."""
+@pytest.mark.parametrize("walk", ["on_failure", "always"])
+def test_an_overflow_on_a_later_sample_only_is_found(tmp_path, capsys, walk):
+    """The lean run sums every sample, not only the first, whatever walks the first."""
     policy = _policy(tmp_path, data=_later_sample_only(tmp_path))
+    policy.write_text(policy.read_text() + f"  walk: {walk}\n")
     code, text, report = _build(policy, tmp_path / "out", capsys)
     assert code == 1, text
     (found,) = report["masked_overflow"]["found"]

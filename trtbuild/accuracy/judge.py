@@ -320,9 +320,11 @@ class _Run:
             return outputs  # the verdict names the first overflow; later ones change nothing
         walk = _Walk(measures, self.walk.threshold, "overflow", self.casts, sample=k - 1)
         walk.take({t: v for t, v in values.items() if t in walk.depth}, None)
-        suspects = self.lean.suspects(values)
+        # an output or a special tensor that turned non-finite may carry an overflow from
+        # upstream: the cut run finds its origin, as on the first feed (`tune` pins it)
+        suspects = bool(self.lean.suspects(values)) or walk.overflowed()
         del values
-        if suspects and not walk.overflowed():
+        if suspects:
             runner = self.cut_runner()
             for seg, cut in zip(runner.plan.segments, runner.run(feed)):
                 walk.take({t: cut[t] for t in seg.marked}, None)
