@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, local_data
 from tests.helpers import needs_rtx
 from trtbuild.cli import main
 from trtbuild.policy import load_policy
@@ -17,7 +17,7 @@ def _without_rules(name: str, tmp_path, models_dir, real_model=None):
     text = (ROOT / "policies" / f"{name}.yaml").read_text()
     stem = re.search(r"\.\./models/(\w+)\.onnx", text).group(1)
     model = real_model(stem) if real_model else models_dir / f"{stem}.onnx"
-    text = text.replace(f"../models/{stem}.onnx", str(model))
+    text = local_data(text.replace(f"../models/{stem}.onnx", str(model)))  # its data too
     start, end = text.index("  rules:"), text.index("build:")
     path = tmp_path / f"{name}-empty.yaml"
     path.write_text(text[:start] + "  rules: []\n" + text[end:])
