@@ -142,3 +142,25 @@ def test_check_says_beforehand_what_the_rule_will_make_of_it(tmp_path, capsys, r
     err = capsys.readouterr().err
     did = "fails the policy" if rule == "fail" else "is only warned"
     assert "/scale (Mul) reaches" in err and f"{did} (accuracy.masked_overflow: {rule})" in err
+
+
+def test_an_overflow_in_the_cast_of_a_graph_input_is_found(tmp_path, capsys):
+    """y = 2 Clip(x, 0, 6), x up to 1e5: the input stays FP32 (`io: keep`) and the Cast to
+    FP16 before the Clip turns it inf, which the Clip hides (6 either way)."""
+    consts = {"lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    m = model(
+        [node("Clip", ["x", "lo", "hi"], "c", "/clip"), node("Add", ["c", "c"], "y", "/add")],
+        [("x", F, [1, 64])],
+        [("y", F, [1, 64])],
+        consts,
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        "  x: {shape: [1, 64], data: {distribution: uniform, low: 0.0, high: 100000.0}}\n"
+    )
+    code, text, report = _build(policy, tmp_path / "out", capsys)
+    assert code == 1, text
+    (found,) = report["masked_overflow"]["found"]
+    assert found["op"] == "Cast" and found["source"] == "x" and found["nonfinite"] > 0
