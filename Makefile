@@ -37,6 +37,7 @@ models: install
 	$(BIN)/python scripts/make_quantized.py --out models
 	$(BIN)/python scripts/fetch_models.py --out models
 	$(BIN)/python scripts/make_audio.py --out models
+	$(BIN)/python scripts/make_text_images.py --out models
 
 nightly: install models
 	$(BIN)/trtbuild nightly --policies policies --out build/nightly --history history/nightly.sqlite

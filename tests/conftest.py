@@ -176,9 +176,9 @@ def history_target(request, tmp_path) -> str:
 
 
 def local_data(text: str) -> str:
-    """A policy's `../models/*.npz` data and photo folders as absolute paths, made by
-    scripts/make_audio.py if missing (it runs the fetched Silero VAD, so the model is fetched
-    first) or fetched by package name."""
+    """A policy's `../models/*.npz` data, photo and text-image folders as absolute paths, made
+    by scripts/make_audio.py if missing (it runs the fetched Silero VAD, so the model is
+    fetched first), fetched by package name, or rendered by scripts/make_text_images.py."""
     import make_audio
 
     for name in sorted(set(re.findall(r"\.\./models/([\w.-]+\.npz)", text))):
@@ -191,6 +191,12 @@ def local_data(text: str) -> str:
         for name, source in fetch_models.MODELS.items():  # the photos that folder holds
             if source.dest.startswith(folder + "/"):
                 fetch_models.fetch(name, ROOT / "models", ROOT / ".cache" / "wheels")
+        text = text.replace(f"../models/{folder}/", f"{ROOT / 'models' / folder}/")
+    for folder in sorted(set(re.findall(r"\.\./models/(text/[\w.-]+)/", text))):
+        if not (ROOT / "models" / folder).is_dir():  # rendered by scripts/make_text_images.py
+            import make_text_images
+
+            assert make_text_images.main(["--out", str(ROOT / "models")]) == 0
         text = text.replace(f"../models/{folder}/", f"{ROOT / 'models' / folder}/")
     return text
 

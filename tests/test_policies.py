@@ -101,3 +101,14 @@ def test_silero_vad_if_on_its_sample_rate_does_not_build_with_tensorrt_rtx(
     err = capsys.readouterr().err
     assert code == 3, err
     assert "tensorrt-rtx engine build failed" in err and "graphScope.cpp" in err
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.stem)
+def test_example_data_exercises_the_model(policy, tmp_path, models_dir, real_model, capsys):
+    """No example policy is judged on data its model does not answer: an output constant or
+    nearly so at a point (`evaluation.flat_outputs`) is a pass that proves nothing (#42)."""
+    local = _localise(policy, tmp_path, models_dir, real_model)
+    assert main(["check", "--policy", str(local), "--json"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    flat = [w for w in warnings if w.startswith("data does not exercise the model")]
+    assert not flat, flat

@@ -714,6 +714,11 @@ def _night_lines(night, count: int) -> None:
         if r.status != "pass":
             first = r.message.splitlines()[0] if r.message else ""
             print(f"{r.status.upper()} {r.policy}: {first}")
+    for r in night.results:
+        for (
+            flag
+        ) in r.flags:  # passes, but says less than a pass should (a warned overflow, flat data)
+            print(f"FLAG {r.policy}: {flag}")
     for m in night.missing:
         print(f"MISSING {m}: it did not report")
     bad = night.attention() + night.missing

@@ -3,6 +3,7 @@ warnings and the ops at risk. `build`, `report` and `check` read the same functi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from trtbuild import __version__
@@ -16,15 +17,26 @@ from trtbuild.graph.optypes import computes
 from trtbuild.numerics import LOW_MAX
 from trtbuild.precision.convert import Converted
 
+# "Nearly constant" (docs/outputs.md): at a point, an output whose standard deviation over
+# the data there is at most one step of the policy's low precision at the output's scale
+# there (its largest |value|, and at least 1.0: the scale of a probability, a [0, 1] image or
+# a logit), or whose relative spread (standard deviation over largest |value|) is at most
+# FLAT_AGAINST_POINTS of the relative spread it has at another judged point.
+FLAT_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}  # machine epsilon: one step at 1.0
+FLAT_AGAINST_POINTS = 0.01
+
 
 def report_warnings(front: Front) -> list[str]:
     """Every warning `check` prints and the report lists: the rules', the conversion's, the
-    FP16 boundaries' and what control flow leaves unmeasured."""
+    FP16 boundaries' and stored tensors' overflows, what control flow leaves unmeasured, and
+    data that does not exercise the model."""
     return (
         front.warnings
         + boundary_warnings(front)
+        + overflow_warnings(front)
         + body_warnings(front)
         + unmeasured_quantization(front)
+        + flat_warnings(flat_outputs(front), front)
     )
 
 
@@ -41,6 +53,99 @@ def unmeasured_quantization(front: Front) -> list[str]:
         "against its own FP32 run: the quantization's own error is not measured, only the FP16 "
         "part; set accuracy.reference_model to the model before quantization to judge what "
         "ships against what was trained"
+    ]
+
+
+def flat_outputs(front: Front) -> list[dict[str, Any]]:
+    """report.json's `flat_outputs`: each (point, output) whose FP32 reference is constant or
+    nearly so on the policy's data there, with the figures that say so.
+
+    Why: an output that does not move with the data (a text detector's map on noise, ~1e-7
+    everywhere) passes any precision; the verdict at that point proves nothing.
+    """
+    runs = [r for r in front.shapes if r.measures is not None and r.measures.output_std]
+    default = front.policy.precision.default
+    step = FLAT_STEP.get(default, FLAT_STEP["fp16"])  # an FP32 default: its FP16 rules
+    found = []
+    for out in runs[0].measures.outputs if runs else []:
+        figures = {
+            r.point.name: (r.measures.output_std[out], r.measures.ranges.get(out, 0.0))
+            for r in runs
+            if out in r.measures.output_std
+        }
+        spread = {k: std / peak if peak > 0 else 0.0 for k, (std, peak) in figures.items()}
+        floating = front.view.is_float(out) or out not in front.view.dtype
+        for r in (r for r in runs if r.point.name in figures):
+            std, peak = figures[r.point.name]
+            widest = max((v for k, v in spread.items() if k != r.point.name), default=0.0)
+            limit = step * max(1.0, peak) if floating else 0.0
+            if std <= limit:
+                why = "dtype"
+            elif spread[r.point.name] <= FLAT_AGAINST_POINTS * widest:
+                why, limit = "points", FLAT_AGAINST_POINTS * widest * peak
+            else:
+                continue
+            found.append(
+                {"point": r.point.name, "label": r.point.label, "output": out, "std": std,
+                 "peak": peak, "limit": limit, "why": why, "samples": len(r.feeds)}
+            )  # fmt: skip
+    return found
+
+
+def flat_warnings(flat: list[dict[str, Any]], front: Front) -> list[str]:
+    """One warning per output that is nearly constant somewhere: the points, the figures and
+    the fix (real data under `inputs.<name>.data`)."""
+    by_output: dict[str, list[dict[str, Any]]] = {}
+    for f in flat:
+        by_output.setdefault(f["output"], []).append(f)
+    names = [n for r in front.shapes[:1] for n in r.point.shapes] or ["<input>"]
+    fix = " or ".join(f"`inputs.{n}.data`" for n in names)
+    low = front.policy.precision.default.upper().replace("FP32", "FP16")
+    out = []
+    for output, rows in by_output.items():
+        said = "; ".join(
+            f"at {f['label']}: std {f['std']:.3g} over {f['samples']} sample(s), at most "
+            + (
+                f"{f['limit']:.3g} (one {low} step at its scale)"
+                if f["why"] == "dtype"
+                else f"{f['limit']:.3g} (1% of its relative spread at another point)"
+            )
+            for f in rows
+        )
+        out.append(
+            f"data does not exercise the model: output {output} is constant or nearly so on "
+            f"the FP32 reference ({said}), so a verdict there proves little; give real data "
+            f"under {fix} (images, or a .npz of real samples)"
+        )
+    return out
+
+
+def overflow_warnings(front: Front) -> list[str]:
+    """Tensors the policy stores in FP16 (or BF16) whose FP32 values pass that range on the
+    reference data: they turn inf, and `accuracy.masked_overflow` says what `build` and `tune`
+    make of it where the outputs hide it (`check` says so before anything is built)."""
+    if front.measures is None:
+        return []
+    view, ranges = front.view, front.measures.ranges
+    rule = front.policy.accuracy.masked_overflow
+    found = []
+    for i, d in enumerate(front.assignment.decisions):
+        if d.precision not in LOW_MAX or view.scope[i]:
+            continue
+        for t in view.float_outputs(i):
+            peak = ranges.get(t, 0.0)  # sentinels are not data
+            if peak > LOW_MAX[d.precision]:
+                found.append((view.nodes[i].name, view.nodes[i].op_type, t, peak, d.precision))
+    if not found:
+        return []
+    shown = ", ".join(f"{n} ({op}) reaches {p:.4g}" for n, op, _, p, _ in found[:3])
+    more = f", +{len(found) - 3} more" if len(found) > 3 else ""
+    did = "fails the policy" if rule == "fail" else "is only warned"
+    low = found[0][4].upper()
+    return [
+        f"{len(found)} tensor(s) stored in {low} pass its range on the reference data and turn "
+        f"inf: {shown}{more}; where the outputs hide it, the masked overflow {did} "
+        f"(accuracy.masked_overflow: {rule}); pin them (a `name` rule) or `trtbuild tune`"
     ]
 
 
@@ -130,7 +235,7 @@ def evaluate_all(
         firsts = firsts or verdicts
     main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk
     fp32 = firsts[2] if len(firsts) > 2 else None
-    return Report(
+    report = Report(
         policy=policy.where,
         model=str(policy.model),
         samples=len(front.feeds),
@@ -145,7 +250,24 @@ def evaluate_all(
         warnings=report_warnings(front),
         backend=backend,
         version=__version__,
+        masked_overflow_rule=policy.accuracy.masked_overflow,
+        flat_outputs=[{k: v for k, v in f.items() if k != "label"} for f in flat_outputs(front)],
     )
+    return replace(report, warnings=report.warnings + masked_warnings(report))
+
+
+def masked_warnings(report: Report) -> list[str]:
+    """Under `accuracy.masked_overflow: warn`, each masked overflow as a warning too (the
+    verdict passes; the warning says what it passed over)."""
+    from trtbuild.accuracy.judge import overflow_text
+
+    if report.masked_overflow_rule != "warn":
+        return []
+    return [
+        f"masked overflow at {s.label}: {overflow_text(o)}; every output holds, and "
+        "accuracy.masked_overflow: warn lets the policy pass (pin the node, or set fail)"
+        for s, o in report.masked_overflows
+    ]
 
 
 def _candidates(

@@ -48,8 +48,7 @@ def test_a_passing_policy_is_not_walked_and_the_report_says_so(tmp_path):
     assert report["first_divergence"] is None and report["error_curve"] == []
     md = (tmp_path / "o" / "report.md").read_text()
     assert (
-        "not searched: it passes and no tensor of the graph turns non-finite on the first sample"
-        in md
+        "not searched: every output passes and no tensor turns non-finite on the first sample" in md
     )
 
 
@@ -68,11 +67,16 @@ def test_a_failing_policy_is_walked(tmp_path):
 
 @pytest.mark.parametrize("walk", [None, "always"])
 def test_an_overflow_the_output_masks_is_walked_to_its_node(tmp_path, walk):
-    """The policy pins the product from the reference's ranges; its all-FP16 baseline
-    overflows there, and passes all the same: the Clip hides the inf from the output."""
+    """The policy pins the product from the reference's ranges, but the Cast to FP16 the
+    conversion adds before the Clip turns it inf; its all-FP16 baseline overflows in the
+    product itself. The Clip hides both from the output, and both fail
+    (`accuracy.masked_overflow: fail`), each walked to where the inf appears."""
     report = _build(tmp_path, gain=1e5, walk=walk)
-    assert report["passed"] and report["walked"] is (walk == "always")
+    assert not report["passed"] and report["walked"] is True
+    assert all(o["passed"] for o in report["outputs"].values())
+    assert report["first_divergence"]["node"] == "trtbuild/cast_fp16/p"
+    assert report["overflow"]["source"] == "p"
     base = report["baselines"]["fp16"]
-    assert base["passed"] and base["walked"] is True
+    assert not base["passed"] and base["walked"] is True
     first = base["first_divergence"]
     assert first["node"] == "scale" and "64 non-finite value(s) (64 inf)" in first["reason"]

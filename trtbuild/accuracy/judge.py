@@ -8,7 +8,14 @@ the first divergence along the graph on the first feed, and the ops at risk.
 
 A verdict needs one lean run a feed: the outputs, and a finite-or-not sum of
 each tensor whose non-finite value could vanish before an output
-(`graph.propagation`), so an overflow an output masks is still seen. The walk along
+(`graph.propagation`), so an overflow an output masks is still seen, on every
+feed, in a tensor of the graph or in a boundary Cast the conversion adds (its
+value compared with its FP32 source's). Where a sum is not finite, a cut run of
+that feed finds the first tensor that overflowed; on a feed after the first the
+reference's own values are not kept, so a tensor FP32 itself holds inf or NaN
+on some feed is not judged there, and a sentinel tensor only by its NaNs.
+`accuracy.masked_overflow` says what such an overflow does when every output
+holds: `fail` (the default, `tune` alike) or `warn`. The walk along
 the graph (the first divergence and the error curve) runs the reference again
 beside the candidate on the first feed, each tensor compared as it is produced
 and then dropped (`accuracy.stream`); by default (`accuracy.walk: on_failure`)
@@ -56,8 +63,8 @@ from trtbuild.policy.specs import AccuracySpec
 # How much of the graph a judgement walks: the error curve and first divergence of every
 # candidate (the reference runs again beside them: `accuracy.walk: always`, tune's map);
 # of the candidates that fail or overflow only (`on_failure`); or only where a candidate
-# overflows (tune's trials). Every detail finds an overflow an output masks, on the first feed,
-# in a tensor of the graph (a boundary Cast the conversion adds is the boundary warning's).
+# overflows (tune's trials). Every detail finds an overflow an output masks, on every feed,
+# in a tensor of the graph or a boundary Cast the conversion adds.
 Detail = Literal["divergence", "failures", "overflow"]
 DETAIL_OF_WALK: dict[str, Detail] = {"always": "divergence", "on_failure": "failures"}
 
@@ -78,6 +85,14 @@ class Verdict:
     overflow_fails: bool = False  # judged with an overflow an output masks as a failure
     walked: bool = True  # the first divergence was searched (False: it passed, `on_failure`)
 
+    @property
+    def masked_overflow(self) -> dict[str, Any] | None:
+        """The first intermediate overflow where every output holds (None where an output
+        fails anyway, or nothing overflowed): what `accuracy.masked_overflow` rules on."""
+        if self.overflow is None or not all(m.passed for m in self.outputs.values()):
+            return None
+        return self.overflow
+
     def outputs_json(self) -> dict[str, Any]:
         return {k: v.to_json() for k, v in self.outputs.items()}
 
@@ -86,10 +101,7 @@ class Verdict:
         out = {name: _failure(name, m) for name, m in self.outputs.items() if not m.passed}
         o = self.overflow
         if self.overflow_fails and not out and o is not None:
-            out["(intermediate)"] = (
-                f"{o['node']} ({o['op']}): {o['nonfinite']} non-finite "
-                f"value(s) where FP32 is finite (FP32 peak |x| = {o['ref_max_abs']:.4g})"
-            )
+            out["(intermediate)"] = overflow_text(o)
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -100,9 +112,21 @@ class Verdict:
             "outputs": self.outputs_json(),
             "first_divergence": self.first_divergence,
             "walked": self.walked,
+            "overflow": self.overflow,
             "error_curve": self.error_curve,
             "at_risk": self.at_risk,
         }
+
+
+def overflow_text(o: dict[str, Any]) -> str:
+    """`/mul (Mul), tensor t, sample 2: 3 non-finite value(s) where FP32 is finite (...)`;
+    samples counted from 0, as `failed_samples` counts them."""
+    where = f", sample {o['sample']}" if o.get("sample", 0) else ""
+    cast = f" (a boundary Cast of `{o['source']}`)" if o.get("source") else ""
+    return (
+        f"{o['node']} ({o['op']}){cast}, tensor {o['tensor']}{where}: {o['nonfinite']} "
+        f"non-finite value(s) where FP32 is finite (FP32 peak |x| = {o['ref_max_abs']:.4g})"
+    )
 
 
 def _failure(name: str, m: OutputMetrics) -> str:
@@ -143,7 +167,7 @@ def judge(
     engine_runner: EngineRunner | None = None,
     emulated: onnx.ModelProto | None = None,
     detail: Detail | None = None,
-    overflow_fails: bool = False,
+    overflow_fails: bool | None = None,
     verbose: bool = False,
     progress: bool = True,
 ) -> Verdict:
@@ -170,7 +194,7 @@ def judge_all(
     spec: AccuracySpec,
     *,
     detail: Detail | None = None,
-    overflow_fails: bool = False,
+    overflow_fails: bool | None = None,
     verbose: bool = False,
     progress: bool = True,
 ) -> list[Verdict]:
@@ -180,11 +204,15 @@ def judge_all(
     verdict (`failures`): it runs the reference again and compares every tensor,
     three times the cost of the lean runs a verdict needs, and it explains a
     failure; a lean run's per-tensor sums still find an overflow an output masks.
-    With `overflow_fails`, a candidate whose intermediate turns non-finite where
-    FP32 is finite fails even when every output holds (`tune`). `progress` shows
-    samples on stderr once a run takes seconds; `tune` has a bar of its own.
+    With `overflow_fails` (default: the policy's `accuracy.masked_overflow` is
+    `fail`), a candidate whose intermediate turns non-finite where FP32 is finite
+    fails even when every output holds; every caller (`build`, `report`, `tune`)
+    takes the policy's rule, so they never disagree. `progress` shows samples on
+    stderr once a run takes seconds; `tune` has a bar of its own.
     """
     detail = detail or DETAIL_OF_WALK[spec.walk]
+    if overflow_fails is None:
+        overflow_fails = spec.masked_overflow == "fail"
     same = [_identity(c) for c in candidates]  # a policy with no pin is its FP16 baseline
     unique = [candidates[same.index(k)] for k in dict.fromkeys(same)]
     measures = reference.measures
@@ -200,16 +228,17 @@ def judge_all(
             run.overflow_pass(feeds[0], shrink=len(feeds) == 1, confirm=detail == "overflow")
     ticker.tick(1)
     for k, feed in enumerate(feeds[1:], start=2):
-        for run in runs:
+        for run in runs:  # an engine's outputs come from it; the overflow from the emulation
+            outputs = run.later_feed(feed, k, shrink=k == len(feeds))
             if run.candidate.engine_runner is None:
-                run.outputs.append(run.outputs_of(feed, shrink=k == len(feeds)))
+                run.outputs.append(outputs)
         ticker.tick(k)
     ticker.done()
     judged = [_judged(reference, run, feeds, spec, verbose) for run in runs]
     if detail == "failures":  # the walk explains a failure or an overflow, on the first feed
         walking = [r for r, j in zip(runs, judged) if not j.passed or r.suspects]
         for run in walking:
-            run.walk = _Walk(measures, spec.divergence_threshold, "divergence")
+            run.walk = _Walk(measures, spec.divergence_threshold, "divergence", run.casts)
         if walking:
             _lockstep(graph, plan, walking, feeds[0], outputs=False)
     verdicts = [_verdict(reference, run, j, overflow_fails) for run, j in zip(runs, judged)]
@@ -232,9 +261,11 @@ class _Run:
     reference_plan: Plan
     lean: LeanRunner  # the outputs (and tensors' finite sums) only, whole
     walk: _Walk
+    casts: dict[str, tuple[str, str]] = field(default_factory=dict)  # boundary Cast outputs
     outputs: list[dict[str, np.ndarray]] = field(default_factory=list)  # per feed
     cut: SegmentRunner | None = None  # every tensor handed out, cut where the reference is
     suspects: bool = False  # the first feed's lean run: a value may have turned non-finite
+    later: dict[str, Any] | None = None  # the first overflow on a feed after the first
 
     @classmethod
     def start(
@@ -252,18 +283,22 @@ class _Run:
             emulated = c.reused[("emulated", spec.emulation, bodies)] = probe(
                 made, set(bodies)
             ).model
+        casts = c.reused.get("casts")
+        if casts is None:
+            casts = c.reused["casts"] = boundary_casts(c.mixed, measures)
         mode = "divergence" if detail == "divergence" else "overflow"  # "failures" walks later
-        walk = _Walk(measures, spec.divergence_threshold, mode)
-        shown, checked = [*measures.outputs], set()
-        if mode == "overflow":  # values where the reference is special, sums elsewhere
-            tensors = {o for n in emulated.graph.node for o in n.output} & set(walk.depth)
-            shown += sorted(tensors & set(measures.special) - set(shown))
-            sinks = set(measures.outputs) - set(measures.special)  # compared where FP32 is finite
-            checked = unobserved(emulated, tensors - set(shown), sinks, measures.shapes)
+        walk = _Walk(measures, spec.divergence_threshold, mode, casts)
+        # every lean run (every feed, whatever the detail): values where the reference is
+        # special, and a finite sum of each tensor whose overflow could vanish elsewhere
+        tensors = {o for n in emulated.graph.node for o in n.output} & set(walk.depth)
+        shown = [*measures.outputs]
+        shown += sorted(tensors & set(measures.special) - set(shown))
+        sinks = set(measures.outputs) - set(measures.special)  # compared where FP32 is finite
+        checked = unobserved(emulated, tensors - set(shown), sinks, measures.shapes)
         key = ("lean", id(emulated), tuple(shown), tuple(sorted(checked)))
         lean = c.reused.get(key) or LeanRunner(emulated, shown, checked)
         c.reused[key] = lean
-        return cls(c, emulated, plan, lean, walk)
+        return cls(c, emulated, plan, lean, walk, casts)
 
     def cut_runner(self) -> SegmentRunner:
         """The runner that hands out every tensor, made on first use (a divergence, a suspect)."""
@@ -274,11 +309,27 @@ class _Run:
             self.cut = SegmentRunner(self.emulated, plan)
         return self.cut
 
-    def outputs_of(self, feed: Feed, *, shrink: bool = True) -> dict[str, np.ndarray]:
-        """The graph outputs of one more feed (its intermediates are never handed out);
-        `shrink=False` where another lean run follows (`run_session`)."""
+    def later_feed(self, feed: Feed, k: int, *, shrink: bool = True) -> dict[str, np.ndarray]:
+        """The graph outputs of feed `k` (1-based, after the first), and its overflow where
+        none is named yet: the lean run's sums, confirmed by a cut run of this feed where one
+        is not finite. `shrink=False` where another lean run follows (`run_session`)."""
         values = self.lean.run(feed, shrink=shrink)
-        return {o: values[o] for o in self.walk.measures.outputs if o in values}
+        measures = self.walk.measures
+        outputs = {o: values[o] for o in measures.outputs if o in values}
+        if self.later is not None or self.walk.overflowed():
+            return outputs  # the verdict names the first overflow; later ones change nothing
+        walk = _Walk(measures, self.walk.threshold, "overflow", self.casts, sample=k - 1)
+        walk.take({t: v for t, v in values.items() if t in walk.depth}, None)
+        # an output or a special tensor that turned non-finite may carry an overflow from
+        # upstream: the cut run finds its origin, as on the first feed (`tune` pins it)
+        suspects = bool(self.lean.suspects(values)) or walk.overflowed()
+        del values
+        if suspects:
+            runner = self.cut_runner()
+            for seg, cut in zip(runner.plan.segments, runner.run(feed)):
+                walk.take({t: cut[t] for t in seg.marked}, None)
+        self.later = walk.finish()[2]
+        return outputs
 
     def overflow_pass(self, feed: Feed, *, shrink: bool = True, confirm: bool = True) -> None:
         """The first feed, unless every candidate is walked: one lean run, and (`confirm`) the
@@ -365,6 +416,7 @@ def _verdict(
 ) -> Verdict:
     """The outputs' verdict, with the walk's divergence and overflow and the ops at risk."""
     first_div, curve, overflow = run.walk.finish()
+    overflow = overflow or run.later  # the first feed's, else the first later feed's
     return Verdict(
         evaluator=judged.label,
         emulation=judged.emulation,
@@ -426,21 +478,61 @@ def _joined_metrics(ref_iters: list, iterations: list, name: str) -> dict[str, A
     return metrics(np.concatenate(refs), np.concatenate(outs))
 
 
+def boundary_casts(
+    mixed: onnx.ModelProto, measures: ReferenceMeasures
+) -> dict[str, tuple[str, str]]:
+    """Each Cast of the main graph to FP16 or BF16 whose source is a tensor the reference
+    measures (a node's output or a graph input) and whose output is not: the boundaries the
+    conversion adds, `{output: (FP32 source, Cast node)}`. Its value is its source's rounded,
+    so the source's reference judges it: an inf there where FP32 is finite is an overflow."""
+    from onnx import TensorProto
+
+    known = {t for t, _, _ in measures.order}
+    sources = known | {i.name for i in mixed.graph.input}
+    low = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    found = {}
+    for node in mixed.graph.node:
+        if node.op_type != "Cast" or not node.input or not node.output:
+            continue
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        src, out = node.input[0], node.output[0]
+        if to in low and src in sources and out not in known:
+            found[out] = (src, node.name or out)
+    return found
+
+
 class _Walk:
     """One candidate's walk along the graph: a point per tensor, measured as tensors come.
 
     With the reference's tensor (`detail="divergence"`), a point is its error
     against FP32 (`point`); without it, only whether the candidate turned
     non-finite where FP32 is finite, told from the reference's measures (a
-    tensor that held a NaN, an inf or a sentinel there kept its values).
+    tensor that held a NaN, an inf or a sentinel there kept its values). A
+    boundary Cast's output (`casts`) is judged by its source's reference, for an
+    overflow only. `sample` > 0 (from 0): a later feed, whose reference values are not
+    kept (`_overflow` says what is judged there).
     """
 
-    def __init__(self, measures: ReferenceMeasures, threshold: float, detail: Detail):
+    def __init__(
+        self,
+        measures: ReferenceMeasures,
+        threshold: float,
+        detail: Detail,
+        casts: dict[str, tuple[str, str]] | None = None,
+        sample: int = 0,
+    ):
         self.measures, self.threshold, self.detail = measures, threshold, detail
+        self.sample = sample
         self.depth = {t: (d, node, op) for d, (t, node, op) in enumerate(measures.order)}
         self.peak_of = {peak_name(t): t for t in measures.bodies}  # a body tensor's peak
         self.depth.update({p: self.depth[t] for p, t in self.peak_of.items() if t in self.depth})
+        self.casts = {}
+        for out, (src, node) in (casts or {}).items():
+            if src in self.depth or src in measures.shapes:  # a graph input: before every node
+                self.casts[out] = src
+                self.depth[out] = (self.depth.get(src, (-1,))[0], node, "Cast")
         self.points: dict[int, dict[str, Any]] = {}
+        self.boundary: dict[tuple[int, str], dict[str, Any]] = {}  # (depth, Cast output)
 
     def take(self, values: dict[str, np.ndarray], ref: dict[str, np.ndarray] | None) -> None:
         for name, e in values.items():
@@ -448,6 +540,12 @@ class _Walk:
             if where is None:
                 continue
             depth, node, op = where
+            if name in self.casts:  # a boundary Cast: an overflow of its source's values
+                p = self._overflow(self.casts[name], np.asarray(e))
+                if p is not None and p["nonfinite"]:
+                    p.update(tensor=name, source=self.casts[name])
+                    self.boundary[(depth, name)] = {"depth": depth, "node": node, "op": op, **p}
+                continue
             tensor = self.peak_of.get(name, name)
             if tensor != name:  # inside a body only the peak is known: an overflow, or nothing
                 p = self._overflow(tensor, np.asarray(e))
@@ -462,29 +560,44 @@ class _Walk:
                 self.points[depth] = {"depth": depth, "node": node, "op": op, **p}
 
     def _overflow(self, tensor: str, e: np.ndarray) -> dict[str, Any] | None:
-        r = self.measures.special.get(tensor)
+        """Whether `e` turned non-finite where FP32 is finite. On the first feed the values of
+        a tensor FP32 holds a NaN, an inf or a sentinel in are kept and compared; on a later
+        one they are not: such a tensor is not judged where FP32 is not finite on some feed,
+        and a sentinel tensor only by its NaNs (a sentinel may become an inf)."""
+        r = self.measures.special.get(tensor) if self.sample == 0 else None
         if r is not None:
             return point(self.measures, tensor, r, e)
+        if self.sample and tensor in self.measures.nonfinite:
+            return None
         if self.measures.shapes.get(tensor) != e.shape:
             return None
         if e.size and np.isfinite(max(float(e.max()), -float(e.min()))):
             return None  # every value finite: no overflow (the usual case, one cheap pass)
-        bad = int(np.count_nonzero(~np.isfinite(e)))
+        nan = int(np.count_nonzero(np.isnan(e)))
+        held = self.sample > 0 and tensor in self.measures.sentinel_tensors
+        bad = nan if held else int(np.count_nonzero(~np.isfinite(e)))
         if not bad:
             return None
-        nan = int(np.count_nonzero(np.isnan(e)))
         scale = self.measures.first_peaks.get(tensor, 0.0)
         return _point_json(tensor, bad, nan, scale, float("inf"))
 
     def overflowed(self) -> bool:
         """Whether a tensor taken so far turned non-finite where FP32 is finite."""
-        return any(p["nonfinite"] for p in self.points.values())
+        return bool(self.boundary) or any(p["nonfinite"] for p in self.points.values())
+
+    def _ordered(self) -> list[dict[str, Any]]:
+        """Every point along the graph; a boundary Cast's overflow right after its source."""
+        keys = [((d, 0, ""), self.points[d]) for d in self.points]
+        keys += [((d, 1, name), p) for (d, name), p in self.boundary.items()]
+        return [p for _, p in sorted(keys, key=lambda kp: kp[0])]
 
     def finish(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]], dict[str, Any] | None]:
         """(first divergence, error curve, first overflow); only the overflow without `divergence`."""
-        ordered = [self.points[d] for d in sorted(self.points)]
+        ordered = self._ordered()
         overflow = next((p for p in ordered if p.get("nonfinite")), None)
         overflow = {k: v for k, v in overflow.items() if k != "_nan"} if overflow else None
+        if overflow is not None:
+            overflow["sample"] = self.sample
         if self.detail != "divergence":
             return None, [], overflow
         first = None
@@ -494,6 +607,10 @@ class _Walk:
             if first is None and (bad or rel > self.threshold):
                 first = {"node": p["node"], "op": p["op"], "tensor": p["tensor"]}
                 first["reason"] = _reason(bad, nan, p["ref_max_abs"], rel, self.threshold)
+                if "source" in p:
+                    first["reason"] += (
+                        f", in the boundary Cast the conversion adds after `{p['source']}`"
+                    )
                 if "inside" in p:  # a peak: whether a value turned non-finite, not how many
                     kind = "NaN" if nan else "inf"
                     first["reason"] = (

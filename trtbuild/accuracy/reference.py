@@ -60,6 +60,8 @@ class ReferenceMeasures:
     special: dict[str, np.ndarray] = field(default_factory=dict)  # first feed, NaN/inf/sentinel
     nonfinite: dict[str, str] = field(default_factory=dict)  # tensor -> "NaN" | "inf", any feed
     bodies: frozenset[str] = frozenset()  # tensors inside control-flow bodies: peaks only
+    # graph output -> standard deviation of its data values over every feed (is it constant?)
+    output_std: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,33 @@ class _Tally:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     special: dict[str, np.ndarray] = field(default_factory=dict)
     nonfinite: dict[str, str] = field(default_factory=dict)
+    moments: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # n, mean, M2
+
+    def spread(self, outputs: dict[str, np.ndarray]) -> None:
+        """Each graph output's count, mean and sum of squared deviations, feed after feed
+        (Chan's pairwise update, float64), over its data values (NaN, inf, sentinels aside)."""
+        for name, v in outputs.items():
+            v = np.asarray(v)
+            if not v.size or not (np.issubdtype(v.dtype, np.number) or v.dtype == bool):
+                continue
+            if np.issubdtype(v.dtype, np.floating) and not measure_peak(v)[1]:
+                with np.errstate(invalid="ignore"):
+                    v = v[np.isfinite(v) & (np.abs(v) < 1e30)]
+                if not v.size:
+                    continue
+            n, mean = v.size, float(np.mean(v, dtype=np.float64))
+            m2 = float(np.var(v, dtype=np.float64)) * n
+            n0, mean0, m20 = self.moments.get(name, (0, 0.0, 0.0))
+            total = n0 + n
+            delta = mean - mean0
+            self.moments[name] = (
+                total,
+                mean0 + delta * n / total,
+                m20 + m2 + delta * delta * n0 * n / total,
+            )
+
+    def output_std(self) -> dict[str, float]:
+        return {k: float(np.sqrt(max(m2, 0.0) / n)) for k, (n, _, m2) in self.moments.items()}
 
     def values(self, values: dict[str, np.ndarray], first: bool) -> None:
         """Peaks (and, on the first feed, sizes and special values) of new tensors."""
@@ -188,6 +217,7 @@ def run_reference(
                 )
                 outs.update({o: values[o] for o in outputs if o in values})
                 del values
+            tally.spread(outs)
             iterations.append(IterationResult(outs, runner_name=REFERENCE))
             ticker.tick(k + 1)
     ticker.done()
@@ -205,6 +235,7 @@ def run_reference(
         tally.special,
         tally.nonfinite,
         frozenset(probed.tensor_of.values()),
+        tally.output_std(),
     )
     return ReferenceTensors(measures, results)
 

@@ -88,6 +88,7 @@ def summary(report: Report) -> str:
     lines += data_lines(
         [(s.label, s.data) for s in ordered], [(s.label, s.skip) for s in report.skipped]
     )
+    lines += masked_lines(report)
     failing = report.failing_shapes
     first = (failing[0].main if failing else main).first_divergence
     if not report.passed and first:  # where a failing policy goes wrong, named
@@ -139,7 +140,7 @@ def verdict_line(report: Report) -> str:
         how += f", against {Path(report.split.reference_model).name} before quantization"
     return (
         f"{'PASSED' if report.passed else 'FAILED'}{where} ({how}{'; ' + data if data else ''}): "
-        f"{p.share_text()}, {len(p.pinned)} node(s) pinned to FP32"
+        f"{_masked_clause(report)}{p.share_text()}, {len(p.pinned)} node(s) pinned to FP32"
     )
 
 
@@ -166,6 +167,28 @@ def split_lines(split: Any, indent: str = "  ") -> list[str]:
     return lines
 
 
+def _masked_clause(report: Report) -> str:
+    """`masked overflow at /mul (Mul) fails it (accuracy.masked_overflow: fail); `, or `only
+    warned`: the rule that decided, on the verdict line, wherever one applied."""
+    found = report.masked_overflows
+    if not found:
+        return ""
+    nodes = ", ".join(dict.fromkeys(f"{o['node']} ({o['op']})" for _, o in found))
+    rule = report.masked_overflow_rule
+    did = "fails it" if rule == "fail" else "only warned"
+    return f"masked overflow at {nodes} {did} (accuracy.masked_overflow: {rule}); "
+
+
+def masked_lines(report: Report) -> list[str]:
+    """One line per point with a masked overflow: where, which sample, how many values."""
+    from trtbuild.accuracy.judge import overflow_text
+
+    return [
+        f"  masked overflow at {s.label}: {overflow_text(o)}; every output holds"
+        for s, o in report.masked_overflows
+    ]
+
+
 def _output_line(name: str, m: Any, indent: str = "  ") -> str:
     return (
         f"{indent}{name}: {'pass' if m.passed else 'FAIL'}  max_abs={fmt(m.max_abs)} "
@@ -183,6 +206,23 @@ def _baseline_line(report: Report) -> str:
     return f"all-FP16 baseline: {'FAILS' + where if fails or not base.passed else 'passes'}" + (
         f"; first divergence at {first['node']} ({first['reason']})" if first else ""
     )
+
+
+def _masked_cases(report: Report, per_point: bool) -> list[tuple[str, str, str | None]]:
+    """A case per point with a masked overflow: failing under `accuracy.masked_overflow:
+    fail`; under `warn` a passing case whose name says it was warned (JUnit has no warning)."""
+    from trtbuild.accuracy.judge import overflow_text
+
+    rule = report.masked_overflow_rule
+    cases = []
+    for s, o in report.masked_overflows:
+        name = "masked overflow" + (f" @ {s.label}" if per_point else "")
+        text = f"{overflow_text(o)}; every output holds (accuracy.masked_overflow: {rule})"
+        if rule == "fail":
+            cases.append((f"trtbuild.{report.main.evaluator}", name, text))
+        else:
+            cases.append((f"trtbuild.{report.main.evaluator}", f"{name} (warned: {text})", None))
+    return cases
 
 
 def junit_xml(suite: str, cases: list[tuple[str, str, str | None]], skipped=()) -> str:
@@ -230,6 +270,7 @@ def junit(report: Report) -> str:
                 )
             case = f"{name} @ {label}" if len(points) > 1 or report.skipped else name
             cases.append((f"trtbuild.{report.main.evaluator}", case, failure))
+    cases += _masked_cases(report, len(points) > 1 or bool(report.skipped))
     skipped = [
         (f"trtbuild.{report.main.evaluator}", f"{name} @ {s.label}", f"not judged: {s.skip}")
         for s in report.skipped

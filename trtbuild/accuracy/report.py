@@ -73,6 +73,7 @@ class ShapeVerdict:
             "first_divergence": self.main.first_divergence,
             "walked": self.main.walked,
             "reference_model": self.split.to_json() if self.split else None,
+            "overflow": self.main.overflow,
             "baselines": {
                 "fp16": {
                     "passed": self.fp16.passed,
@@ -132,6 +133,8 @@ class Report:
     backend: str = "none"
     version: str = ""
     build: BuildRecord | None = None  # build.json's facts (Engines section); not in JSON
+    masked_overflow_rule: str = "fail"  # the policy's `accuracy.masked_overflow`
+    flat_outputs: list[dict[str, Any]] = field(default_factory=list)  # `evaluation.flat_outputs`
 
     @property
     def passed(self) -> bool:
@@ -157,6 +160,21 @@ class Report:
     def split(self) -> ErrorSplit | None:
         """The primary point's error split (`accuracy.reference_model`), else None."""
         return self.shapes[0].split if self.shapes else None
+
+    @property
+    def masked_overflows(self) -> list[tuple[ShapeVerdict, dict[str, Any]]]:
+        """(point, its first masked overflow) wherever every output holds and an intermediate
+        turned non-finite where FP32 is finite: what `accuracy.masked_overflow` rules on."""
+        points = self.shapes or []
+        return [(s, s.main.masked_overflow) for s in points if s.main.masked_overflow]
+
+    def masked_overflow_json(self) -> dict[str, Any]:
+        """report.json's `masked_overflow`: the rule, where it applied, what was checked."""
+        return {
+            "rule": self.masked_overflow_rule,
+            "found": [{"point": s.name, **o} for s, o in self.masked_overflows],
+            "checked": OVERFLOW_CHECKED,
+        }
 
     @property
     def divergence_evaluator(self) -> str:
@@ -185,6 +203,8 @@ class Report:
             "baselines": baselines,
             "reference_model": self.split.to_json() if self.split else None,
             "divergence_threshold": self.divergence_threshold,
+            "masked_overflow": self.masked_overflow_json(),
+            "flat_outputs": self.flat_outputs,
             "warnings": self.warnings,
             "trtbuild_version": self.version,
             "backend": self.backend,
@@ -250,10 +270,39 @@ def outputs_table(outputs: dict[str, OutputMetrics]) -> Table:
     return Table(("output", "verdict", *METRICS, "tolerance"), rows)
 
 
+# What the masked-overflow rule looked at, in every report (report.json's `checked`).
+OVERFLOW_CHECKED = (
+    "every sample at every judged point, in the emulation: each tensor of the graph whose "
+    "non-finite value could vanish before an output, and each boundary Cast the conversion "
+    "adds; on samples after the first, a tensor FP32 itself holds inf or NaN on some sample "
+    "is not judged, and a sentinel tensor only by its NaNs"
+)
+
+
+def overflow_paragraph(report: Report) -> Para:
+    """Masked overflow: the rule and what it found, point by point."""
+    from trtbuild.accuracy.judge import overflow_text
+
+    rule = f"`accuracy.masked_overflow: {report.masked_overflow_rule}`"
+    found = report.masked_overflows
+    if not found:
+        return Para(
+            f"Masked overflow ({rule}): none; no intermediate turns non-finite where FP32 is "
+            f"finite while the outputs hold (checked: {OVERFLOW_CHECKED})."
+        )
+    verdict = "**FAILS** the policy" if report.masked_overflow_rule == "fail" else "warned only"
+    where = "; ".join(f"at {s.label}: `{overflow_text(o)}`" for s, o in found)
+    return Para(
+        f"Masked overflow ({rule}): {verdict}: every output holds, but {where}. Pin that node "
+        "(a `name` rule, or `trtbuild tune`); where the inf is meant (the outputs hide it by "
+        "design), `accuracy.masked_overflow: warn` lets the policy pass."
+    )
+
+
 # What a report says where the judge did not walk (`accuracy.walk: on_failure`, a pass).
 NOT_WALKED = (
-    "not searched: it passes and no tensor of the graph turns non-finite on the first sample "
-    "(`accuracy.walk: always` walks a passing candidate too)"
+    "not searched: every output passes and no tensor turns non-finite on the first sample, "
+    "where the walk runs (`accuracy.walk: always` walks a passing candidate too)"
 )
 
 
@@ -329,6 +378,7 @@ def sections(report: Report) -> list[Section]:
                     "First divergence (policy): "
                     + divergence_text(report.main.first_divergence, report.main.walked)
                 ),
+                overflow_paragraph(report),
             ],
         ),
         _baseline_section(report),
@@ -394,6 +444,7 @@ def _shapes_section(report: Report) -> Section:
             cells.append(f"{'pass' if m.passed else '**FAIL**'} {fmt(m.max_abs)}")
         rows.append((f"`{name}`", *cells))
     rows.append(("first divergence", *(_short_divergence(s.main) for s in shapes)))
+    rows.append(("masked overflow", *(_short_overflow(s.main) for s in shapes)))
     rows.append(("all-FP16", *("passes" if s.fp16.passed else "**FAILS**" for s in shapes)))
     rows.append(("data", *(_data_cell(s) for s in shapes)))
     text = (
@@ -411,6 +462,11 @@ def _data_cell(sv: ShapeVerdict) -> str:
     """Each input's data at a point (its name where there are several inputs)."""
     many = len(sv.data) > 1
     return "; ".join(f"{n}: {d.source}" if many else d.source for n, d in sv.data.items())
+
+
+def _short_overflow(v: Verdict) -> str:
+    o = v.masked_overflow
+    return f"`{o['node']}` (sample {o.get('sample', 0)})" if o else "none"
 
 
 def _short_divergence(v: Verdict) -> str:

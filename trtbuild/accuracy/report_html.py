@@ -55,7 +55,11 @@ def error_curve_plot(report: Report) -> str:
     fig, ax = plt.subplots(figsize=(10, 3.8))
     threshold = report.divergence_threshold
     curves = [
-        (label + ("" if v.walked else " (not searched: it passes)"), v.error_curve, color)
+        (
+            label + ("" if v.walked else " (not searched: its first sample passes)"),
+            v.error_curve,
+            color,
+        )
         for label, v, color in (
             ("policy", report.main, POLICY_COLOR),
             ("all-FP16 baseline", report.fp16, BASELINE_COLOR),

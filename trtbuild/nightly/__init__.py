@@ -200,7 +200,7 @@ def _write_json(
         "night": shard.night,
         "shard": f"{shard.index}/{shard.count}" if shard.count > 1 else None,
         "started": started,
-        "results": [asdict(r) for r in results],
+        "results": [{**asdict(r), "flags": r.flags} for r in results],
         "regressions": [asdict(g) for g in found],
         "missing_shards": night.missing if night is not None else [],
     }

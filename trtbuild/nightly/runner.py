@@ -38,6 +38,30 @@ class PolicyResult:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     shapes: list[dict[str, Any]] = field(default_factory=list)  # [{name, inputs, passed}]
 
+    @property
+    def flags(self) -> list[str]:
+        """What a verdict alone does not show, from `shapes` (so the history keeps it): a
+        masked overflow warned only (`accuracy.masked_overflow: warn`) and data that does not
+        exercise the model (an output constant or nearly so at a point)."""
+        found = []
+        for s in self.shapes:
+            o = s.get("masked_overflow")
+            if o and s.get("passed"):
+                found.append(
+                    f"masked overflow at {s['name']}: {o['node']} ({o['op']}), warned only"
+                )
+        from trtbuild.accuracy.report import point_rank
+
+        flat: dict[str, list[str]] = {}
+        for s in sorted(self.shapes, key=lambda s: point_rank(s["name"])):
+            for out in s.get("flat_outputs") or []:
+                flat.setdefault(out, []).append(s["name"])
+        found += [
+            f"data does not exercise the model: {out} nearly constant at {', '.join(points)}"
+            for out, points in flat.items()
+        ]
+        return found
+
 
 CPU_LANE = "cpu-emulation"  # the device of a lane whose outputs come from the emulation
 
@@ -117,12 +141,15 @@ def run_policy(
     result.versions = versions(result.backend or "none")
     result.trt_version = result.versions.get(result.backend or "none")
     result.outputs = report.main.outputs_json()  # plain data: it crosses processes
+    flat = report.flat_outputs
     result.shapes = [
         {
             "name": sv.name,
             "inputs": {n: list(d) for n, d in sv.inputs.items()},
             "passed": sv.main.passed,
             "data": {n: d.to_json() for n, d in sv.data.items()},
+            "masked_overflow": sv.main.masked_overflow,
+            "flat_outputs": [f["output"] for f in flat if f["point"] == sv.name],
         }
         for sv in report.shapes
     ] + [{**s.skipped_json(), "passed": None, "skipped": True} for s in report.skipped]
@@ -134,6 +161,9 @@ def run_policy(
 def _below(sv, n_shapes: int) -> str:
     failing = ", ".join(n for n, m in sv.main.outputs.items() if not m.passed)
     where = f" at {sv.label}" if n_shapes > 1 else ""
+    if not failing and sv.main.masked_overflow:  # every output holds: the rule failed it
+        o = sv.main.masked_overflow
+        return f"masked overflow{where}: {o['node']} ({o['op']}) (accuracy.masked_overflow: fail)"
     return f"outputs below tolerance{where}: {failing}"
 
 

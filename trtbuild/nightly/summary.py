@@ -87,6 +87,7 @@ COLUMNS = (
     "worst max_abs",
     "worst median_abs",
     "regression",
+    "flags",
     "message",
 )
 
@@ -120,6 +121,7 @@ def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bo
             _worst(r, "max_abs"),
             _worst(r, "median_abs"),
             "; ".join(f"{g.kind}: {g.detail} (last pass {g.since})" for g in regs) or "–",
+            "; ".join(r.flags) or "–",
             r.message.splitlines()[0] if r.message else "",
         ]
         rows.append((r.status == "pass" and not regs, cells))

@@ -37,6 +37,10 @@ OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`
 EMULATIONS = ("storage", "strict")
 # When the judge walks the graph for the first divergence and the error curve.
 WALKS = ("on_failure", "always")
+# What a value an output masks does to the verdict: a tensor of the graph (or a boundary Cast
+# the conversion adds) that turns non-finite where FP32 is finite, with every output in
+# tolerance. One rule for build, report, tune and the nightly.
+MASKED_OVERFLOWS = ("fail", "warn")
 IMAGE_FITS = ("resize", "crop")  # how images are brought to each point's H x W
 DERIVATIONS = ("tile", "synthetic", "none")  # a file's data at a point of another shape
 # PIL's own limit (Image.MAX_IMAGE_PIXELS); beyond twice it PIL refuses to decode at all
@@ -537,6 +541,16 @@ class AccuracySpec:
             "same inputs and outputs): the tolerances then apply against it, and the report "
             "splits each output's error into the quantization's own and the FP16 part",
             path=True,
+        ),
+    )
+    masked_overflow: str = field(
+        default="fail",
+        metadata=key(
+            enum(MASKED_OVERFLOWS),
+            "a tensor of the graph or a boundary Cast that turns inf or NaN where FP32 is "
+            "finite, while every output holds (a Clip or a Max after it hides the overflow): "
+            "fail (default; the verdict fails, as in tune) or warn (the verdict passes and "
+            "names it)",
         ),
     )
     fp32_check: bool = field(

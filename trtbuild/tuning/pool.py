@@ -52,8 +52,9 @@ def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -
     indices into `front.shapes`, for `merge`); the reference and the view are shared.
 
     Only the overflow is walked (the reference is not run again): the search
-    needs the outputs' verdict and the first tensor the candidate overflows,
-    and an overflow an output masks fails the candidate all the same. With
+    needs the outputs' verdict and the first tensor the candidate overflows.
+    An overflow an output masks is ruled on as `build` rules on it (the policy's
+    `accuracy.masked_overflow`: fails by default, passes with `warn`). With
     several shapes a failure names its shape, and the first overflow found
     (in the shapes' order) picks what to pin.
     """
@@ -73,7 +74,6 @@ def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -
             run.feeds,
             front.policy.accuracy,
             detail="overflow",
-            overflow_fails=True,
             progress=False,
         )
         label = f"at {run.point.name}: " if len(front.shapes) > 1 else ""

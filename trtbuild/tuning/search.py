@@ -12,6 +12,7 @@ asks for it: the log and the policy are the same whatever `jobs` is.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -363,7 +364,15 @@ def tune(
     jobs: int = 1,
     progress: Callable[[Trial, int], None] | None = None,
 ) -> SearchResult:
-    """The smallest pin set (in `objective`) that passes, within `budget` evaluations."""
+    """The smallest pin set (in `objective`) that passes, within `budget` evaluations.
+
+    Data that does not exercise the model is said first, as `check` and `build` say it
+    (the `trtbuild` logger): a pin set found on it proves little.
+    """
+    from trtbuild.evaluation import flat_outputs, flat_warnings
+
+    for warning in flat_warnings(flat_outputs(front), front):
+        logging.getLogger("trtbuild").warning(warning)
     search = Search(front, budget, objective, seed, jobs)
     search.progress = progress
     with pool(front, jobs) as search.pool:

@@ -1,0 +1,94 @@
+"""Data that does not exercise the model: a reference output constant or nearly so at a point
+gets a warning from `check`, `build` and `tune` naming the point, the output and the fix, and
+report.json lists it (`flat_outputs`) (issue #42)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tests.helpers import F, model, node
+from trtbuild.cli import main
+
+
+def _policy(tmp_path: Path, high: float) -> Path:
+    """y = Sigmoid(x * 0.01 - 20), x in [0, high] on [1, N] for N = 8, 16, 32: on [0, 1] it
+    answers ~2e-9 everywhere (a text detector on noise); on [0, 3000] it spans (0, 1)."""
+    m = model(
+        [node("Mul", ["x", "k"], "a", "/scale"), node("Sub", ["a", "b"], "z", "/shift"),
+         node("Sigmoid", ["z"], "y", "/sigmoid")],
+        [("x", F, [1, "n"])],
+        [("y", F, [1, "n"])],
+        {"k": np.array(0.01, np.float32), "b": np.array(20.0, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "flat.onnx")
+    path = tmp_path / f"flat_{int(high)}.yaml"
+    path.write_text(
+        "version: 1\nmodel: flat.onnx\ninputs:\n  x:\n"
+        "    min: [1, 8]\n    opt: [1, 16]\n    max: [1, 32]\n"
+        f"    data: {{distribution: uniform, low: 0.0, high: {high}}}\n"
+        "accuracy:\n  samples: 2\n  tolerances:\n    default: {atol: 1e-3, rtol: 1e-3}\n"
+    )
+    return path
+
+
+def _flat_warning(err: str) -> str:
+    lines = [w for w in err.splitlines() if "data does not exercise the model" in w]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_check_build_and_tune_warn_of_a_nearly_constant_output(tmp_path, capsys):
+    policy = _policy(tmp_path, high=1.0)
+    assert main(["check", "--policy", str(policy)]) == 0
+    said = _flat_warning(capsys.readouterr().err)
+    for part in ("output y", "at min [1, 8]", "at opt [1, 16]", "at max [1, 32]", "inputs.x.data"):
+        assert part in said, said
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 0
+    assert _flat_warning(capsys.readouterr().err) == said
+    report = json.loads((out / "report.json").read_text())
+    assert {(f["point"], f["output"]) for f in report["flat_outputs"]} == {
+        ("min", "y"),
+        ("opt", "y"),
+        ("max", "y"),
+    }
+    assert all(f["std"] < f["limit"] for f in report["flat_outputs"])
+    assert said.split("warning: ")[1] in report["warnings"]
+    tuned = tmp_path / "tuned.yaml"
+    assert main(["tune", "--policy", str(policy), "-o", str(tuned), "--budget", "2"]) == 0
+    assert _flat_warning(capsys.readouterr().err) == said
+
+
+def test_data_that_exercises_the_model_gets_no_warning(tmp_path, capsys):
+    policy = _policy(tmp_path, high=3000.0)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) in (
+        0,
+        1,
+    )
+    assert "data does not exercise" not in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["flat_outputs"] == []
+
+
+def test_a_point_whose_output_barely_moves_against_the_others_is_named(tmp_path, capsys):
+    """At max the data spans y in [0.5, 0.505] (std ~0.0014, above one FP16 step) where min
+    and opt span (0, 1) (std ~0.47): std over peak under 1% of another point's, so max alone
+    is named."""
+    policy = _policy(tmp_path, high=3000.0)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "max.npz", x=rng.uniform(2000.0, 2002.0, (2, 1, 32)).astype(np.float32))
+    policy.write_text(policy.read_text() + "  shapes:\n    max: {data: {file: max.npz}}\n")
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) in (
+        0,
+        1,
+    )
+    said = _flat_warning(capsys.readouterr().err)
+    assert "at max [1, 32]" in said and "at opt" not in said and "another point" in said
+    (found,) = json.loads((out / "report.json").read_text())["flat_outputs"]
+    assert found["point"] == "max" and found["why"] == "points"
+    assert 2.0**-10 < found["std"] <= found["limit"]

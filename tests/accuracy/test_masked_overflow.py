@@ -1,0 +1,166 @@
+"""One rule for an intermediate that turns inf where FP32 is finite while every output holds
+(`accuracy.masked_overflow`): `build`, `report` and `tune` judge it alike, on every sample,
+in a tensor of the graph or in a boundary Cast the conversion adds (issue #42)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import F, model, node
+from trtbuild import tuning
+from trtbuild.cli import main
+from trtbuild.front import run_front
+from trtbuild.policy import load_policy
+
+_CONSTS = {
+    "k": np.array(1e3, np.float32),
+    "lo": np.array(0, np.float32),
+    "hi": np.array(6, np.float32),
+}
+
+
+def _masked_model(path: Path) -> Path:
+    """y = Clip(x * 1e3, 0, 6) + x: where x > 65.5, x * 1e3 is inf in FP16 and Clip hides it."""
+    m = model(
+        [
+            node("Mul", ["x", "k"], "big", "/scale"),
+            node("Clip", ["big", "lo", "hi"], "c", "/clip"),
+            node("Add", ["c", "x"], "y", "/add"),
+        ],
+        [("x", F, [1, 64])],
+        [("y", F, [1, 64])],
+        _CONSTS,
+    )
+    onnx.save(m, path)
+    return path
+
+
+def _policy(tmp_path: Path, *, rule: str | None = None, data: str, extra: str = "") -> Path:
+    _masked_model(tmp_path / "masked.onnx")
+    text = (
+        "version: 1\nmodel: masked.onnx\n"
+        f"inputs:\n  x: {{shape: [1, 64], data: {data}}}\n{extra}"
+        "accuracy:\n  samples: 3\n  tolerances:\n    default: {atol: 0.1, rtol: 0.01}\n"
+    )
+    if rule is not None:
+        text += f"  masked_overflow: {rule}\n"
+    path = tmp_path / f"masked_{rule or 'default'}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _later_sample_only(tmp_path: Path) -> str:
+    """Three samples; only the third reaches x * 1e3 > 65504 (the first two stay below 60)."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.0, 60.0, (3, 1, 64)).astype(np.float32)
+    x[2, 0, 5] = 90.0
+    np.savez(tmp_path / "x.npz", x=x)
+    return "{file: x.npz}"
+
+
+def _build(policy: Path, out: Path, capsys) -> tuple[int, str, dict]:
+    code = main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"])
+    text = capsys.readouterr().out
+    return code, text, json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.parametrize("rule", [None, "fail", "warn"])
+def test_a_masked_overflow_fails_build_by_default_and_passes_with_warn(tmp_path, capsys, rule):
+    policy = _policy(tmp_path, rule=rule, data="{distribution: uniform, low: 0.0, high: 100.0}")
+    code, text, report = _build(policy, tmp_path / "out", capsys)
+    verdict = text.splitlines()[0]
+    said = rule or "fail"
+    assert f"(accuracy.masked_overflow: {said})" in verdict
+    assert "masked overflow at /scale (Mul)" in verdict
+    assert report["masked_overflow"]["rule"] == said
+    (found,) = report["masked_overflow"]["found"]
+    assert found["node"] == "/scale" and found["nonfinite"] > 0
+    assert all(o["passed"] for o in report["outputs"].values())  # the outputs hide it
+    junit = (tmp_path / "out" / "junit.xml").read_text()
+    assert (
+        "masked overflow" in junit
+        and "masked overflow" in (tmp_path / "out" / "report.md").read_text()
+    )
+    if said == "fail":
+        assert code == 1 and verdict.startswith("FAILED") and not report["passed"]
+        assert 'failures="1"' in junit
+    else:
+        assert code == 0 and verdict.startswith("PASSED") and report["passed"]
+        assert 'failures="0"' in junit and "only warned" in verdict
+
+
+@pytest.mark.parametrize("rule", [None, "fail", "warn"])
+def test_tune_agrees_with_build_on_the_same_candidate(tmp_path, capsys, rule):
+    """The policy as given (no pin) is tune's first candidate: tune's verdict on it is build's."""
+    policy = _policy(tmp_path, rule=rule, data="{distribution: uniform, low: 0.0, high: 100.0}")
+    code, _, report = _build(policy, tmp_path / "out", capsys)
+    front = run_front(load_policy(policy))
+    outcome = tuning.evaluate(front, front.policy.precision)
+    assert outcome.passed == report["passed"] == (code == 0) == (rule == "warn")
+    if rule != "warn":
+        assert "(intermediate)" in outcome.failing
+
+
+@pytest.mark.parametrize("walk", ["on_failure", "always"])
+def test_an_overflow_on_a_later_sample_only_is_found(tmp_path, capsys, walk):
+    """The lean run sums every sample, not only the first, whatever walks the first."""
+    policy = _policy(tmp_path, data=_later_sample_only(tmp_path))
+    policy.write_text(policy.read_text() + f"  walk: {walk}\n")
+    code, text, report = _build(policy, tmp_path / "out", capsys)
+    assert code == 1, text
+    (found,) = report["masked_overflow"]["found"]
+    assert found["sample"] == 2 and found["node"] == "/scale"  # from 0, as failed_samples
+    assert "sample 2" in text
+
+
+def test_an_overflow_in_a_boundary_cast_is_found(tmp_path, capsys):
+    """x * 1e3 is pinned to FP32, so the Mul itself holds 9e4; the Cast to FP16 the conversion
+    adds before the FP16 Clip turns it inf, and Clip hides it."""
+    pin = (
+        "precision:\n  default: fp16\n  rules:\n    - id: scale-fp32\n"
+        "      match: {name: /scale}\n      precision: fp32\n"
+    )
+    policy = _policy(tmp_path, data="{distribution: uniform, low: 0.0, high: 100.0}", extra=pin)
+    code, text, report = _build(policy, tmp_path / "out", capsys)
+    assert code == 1, text
+    (found,) = report["masked_overflow"]["found"]
+    assert found["op"] == "Cast" and found["source"] == "big", found
+    assert "boundary Cast of `big`" in text
+
+
+@pytest.mark.parametrize("rule", ["fail", "warn"])
+def test_check_says_beforehand_what_the_rule_will_make_of_it(tmp_path, capsys, rule):
+    """`check` reads the same rule: a tensor stored in FP16 that passes 65504 on the reference
+    data is named with what `build` and `tune` will do about it."""
+    policy = _policy(tmp_path, rule=rule, data="{distribution: uniform, low: 0.0, high: 100.0}")
+    assert main(["check", "--policy", str(policy)]) == 0
+    err = capsys.readouterr().err
+    did = "fails the policy" if rule == "fail" else "is only warned"
+    assert "/scale (Mul) reaches" in err and f"{did} (accuracy.masked_overflow: {rule})" in err
+
+
+def test_an_overflow_in_the_cast_of_a_graph_input_is_found(tmp_path, capsys):
+    """y = 2 Clip(x, 0, 6), x up to 1e5: the input stays FP32 (`io: keep`) and the Cast to
+    FP16 before the Clip turns it inf, which the Clip hides (6 either way)."""
+    consts = {"lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    m = model(
+        [node("Clip", ["x", "lo", "hi"], "c", "/clip"), node("Add", ["c", "c"], "y", "/add")],
+        [("x", F, [1, 64])],
+        [("y", F, [1, 64])],
+        consts,
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        "  x: {shape: [1, 64], data: {distribution: uniform, low: 0.0, high: 100000.0}}\n"
+    )
+    code, text, report = _build(policy, tmp_path / "out", capsys)
+    assert code == 1, text
+    (found,) = report["masked_overflow"]["found"]
+    assert found["op"] == "Cast" and found["source"] == "x" and found["nonfinite"] > 0
