@@ -64,13 +64,15 @@ def quantize(src: Path, dst: Path, inputs: dict, symmetric: bool = True) -> None
     """Write `src` quantized to INT8 Q/DQ at `dst` (atomically: a temporary name, then rename).
 
     `symmetric=False` is ONNX Runtime's default (asymmetric UINT8 activations,
-    non-zero zero points), which TensorRT refuses: the tests use it for the refusal.
-    Biases stay float (`QuantizeBias: False`): TensorRT takes no INT32 DQ.
+    non-zero zero points, INT32 biases), which TensorRT refuses: the tests use it for
+    the refusal. Otherwise biases stay float (`QuantizeBias: False`): TensorRT takes no
+    INT32 DQ.
     """
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    extra = {"ActivationSymmetric": True, "WeightSymmetric": True} if symmetric else {}
-    extra["QuantizeBias"] = False  # an INT32 bias DQ is refused by TensorRT (INT8/FP8/INT4 only)
+    # an INT32 bias DQ is refused by TensorRT (INT8/FP8/INT4 only)
+    extra = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
+    extra = extra if symmetric else {}
     tmp = dst.with_suffix(".onnx.tmp")
     quantize_static(
         str(src),

@@ -174,14 +174,23 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
     found = violations(qdq, policy.build.compute_capabilities)
     if not found:
         return
-    v = found[0]
-    more = f" (and {len(found) - 1} more Q/DQ node(s))" if len(found) > 1 else ""
-    fields = "build.compute_capabilities" if v.field == "compute capability" else None
+    kinds: dict[tuple[str, str], list] = {}  # every kind of problem said at once, in order
+    for v in sorted(found, key=lambda v: ORDER.index(v.field)):
+        kinds.setdefault((v.field, v.fix), []).append(v)
+    said = []
+    for group in kinds.values():
+        more = f" (and {len(group) - 1} more Q/DQ node(s))" if len(group) > 1 else ""
+        said.append(f"Q/DQ node {group[0].node}: {group[0].problem}{more}")
+    fields = "build.compute_capabilities" if found[0].field == "compute capability" else None
     raise UsageError(
-        f"Q/DQ node {v.node}: {v.problem}{more}",
-        where=f"{policy.where}: {fields}" if fields else str(policy.model),
-        hint=v.fix,
+        "; ".join(said),
+        where=f"{policy.where}: {fields}" if fields and len(kinds) == 1 else str(policy.model),
+        hint="; ".join(dict.fromkeys(fix for _, fix in kinds)),
     )
+
+
+# The order problems are said in: what the user fixes by re-quantizing first.
+ORDER = ("zero point", "format", "scale", "compute capability")
 
 
 def _shape_runs(
