@@ -299,3 +299,30 @@ def test_tune_pins_the_running_sum_inside_a_loop_body(tmp_path, models_dir, caps
     assert _tune(policy, tuned) == 0
     assert _pinned_names(tuned) == ["^running_sum/body/accumulate$"]
     assert "pinned node running_sum/body/accumulate" in capsys.readouterr().out
+
+
+def test_early_stop_never_accepts_a_candidate_that_fails_at_any_point(example_policy):
+    """A candidate is judged at the point likeliest to fail first (the last to fail, else the
+    largest) and stopped at its first failing point. Every verdict the search recorded is
+    the verdict of judging every point, and a passing one was judged at all of them."""
+    from trtbuild import front, tuning
+
+    strict = {"{atol: 1e-2, rtol: 1e-2}": "{atol: 2e-3, rtol: 0, check_error_stat: max}"}
+    policy = load_policy(example_policy("denoiser", rules="[]", replace=strict))
+    stages = front.run_front(policy, reference="tensors")
+    result = tuning.tune(stages, budget=30)
+    assert result.passed
+    points = {run.point.name for run in stages.shapes}
+    failed = [t for t in result.trials if not t.passed]
+    assert failed and any(len(t.points) < len(points) for t in failed)  # stopped early
+    names = [n.name for n in stages.view.nodes]
+    for t in result.trials:
+        every = tuning.evaluate(
+            stages,
+            tuning.candidate_precision(policy.precision, result.groups, list(t.pinned), names),
+        )
+        assert every.passed == t.passed, t.action
+        if t.passed:
+            assert set(t.points) == points
+        else:  # the walk stopped at the first point that fails, the only one it names
+            assert {k.split(":")[0] for k in t.failing} == {f"at {t.points[-1]}"}
