@@ -63,7 +63,7 @@ build: {{backend: none}}
 # The rule a user edits between runs: one layer's MLP pinned, a different layer each time.
 EDIT = """
     - id: edited
-      match: {{name: "^/layers\\.{layer}/fc2/"}}
+      match: {{name: '^/layers\\.{layer}/fc2/'}}
       precision: fp32"""
 
 OCC = """\
