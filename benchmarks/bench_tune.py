@@ -17,6 +17,10 @@ Peers:
   nvidia-modelopt installs (it needs torch and onnx 1.21, so it runs from its
   own virtualenv: `--modelopt-python PATH`).
 
+AutoCast takes no profile: a model with dynamic input dims is given to it fixed at the
+policy's largest point (it feeds a dynamic dim as 1), and its result is judged with the
+dims dynamic again, at every point.
+
 Times: `trtbuild tune` and AutoCast run as whole processes, cold (start, imports,
 preparing the graph, the FP32 reference, the search); onnxconverter-common has no
 command line and is timed in this process, from the prepared graph.
@@ -54,6 +58,7 @@ from trtbuild.accuracy.judge import judge  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
 from trtbuild.precision.assign import assign  # noqa: E402
 from trtbuild.precision.convert import convert  # noqa: E402
+from trtbuild.tuning.pool import point_size  # noqa: E402
 
 MODELS = ("nafnet", "gfpgan", "transformer", "bert", "ppocrv4_rec", "ppocrv4_det", "open_nsfw")
 # Benchmark policies of their own (benchmarks/policies/): the detector on a real photo of
@@ -127,6 +132,41 @@ def verdict(stages, mixed: onnx.ModelProto) -> tuple[bool, float]:
         passed = passed and result.passed
         worst = max(worst, *(m.max_abs_of_range for m in result.outputs.values()))
     return passed, worst
+
+
+def static_at_largest(model: onnx.ModelProto, stages) -> onnx.ModelProto:
+    """`model` with every input's dims fixed at the policy's largest point, for AutoCast.
+
+    Why: AutoCast runs the model on random inputs of its own, and feeds a dynamic
+    dimension as 1 (a 1x1 image does not pass modnet's concats); a profile it
+    cannot take, so it gets the point where sums and errors are largest."""
+    dims = [d for vi in model.graph.input for d in vi.type.tensor_type.shape.dim]
+    if all(d.HasField("dim_value") for d in dims):
+        return model  # static already: as it is
+    largest = max(stages.shapes, key=lambda r: point_size(r.point.shapes)).point.shapes
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for vi in fixed.graph.input:
+        if vi.name in largest:
+            for dim, value in zip(vi.type.tensor_type.shape.dim, largest[vi.name]):
+                dim.Clear()
+                dim.dim_value = value
+    del fixed.graph.value_info[:]
+    return fixed
+
+
+def shapes_of(mixed: onnx.ModelProto, prepared: onnx.ModelProto) -> onnx.ModelProto:
+    """AutoCast's graph with the prepared graph's input and output shapes back (dynamic where
+    they were), so that it is judged at every point of the policy."""
+    dims = [d for vi in prepared.graph.input for d in vi.type.tensor_type.shape.dim]
+    if all(d.HasField("dim_value") for d in dims):
+        return mixed  # a static model was given as it is
+    for vi in (*mixed.graph.input, *mixed.graph.output):
+        for own in (*prepared.graph.input, *prepared.graph.output):
+            if own.name == vi.name:
+                vi.type.tensor_type.shape.CopyFrom(own.type.tensor_type.shape)
+    del mixed.graph.value_info[:]
+    return mixed
 
 
 def ensure_model(name: str) -> None:
@@ -229,14 +269,14 @@ def run_model(
 
     if modelopt_python:
         src, dst = tmp / f"{name}.prepared.onnx", tmp / f"{name}.autocast.onnx"
-        onnx.save(prepared, src)
+        onnx.save(static_at_largest(prepared, stages), src)
         t = time.perf_counter()
         done = subprocess.run(
             [modelopt_python, "-c", AUTOCAST, str(src), str(dst)], capture_output=True, text=True
         )
         seconds = time.perf_counter() - t
         if done.returncode == 0:
-            ac = onnx.load(dst)
+            ac = shapes_of(onnx.load(dst), prepared)
             rows.append(
                 (
                     name,
