@@ -92,14 +92,60 @@ class TuneResult:
         return 1 + n * (2 * math.ceil(math.log2(max(n, 2))) + 1) + 2 * n
 
 
+class PointWalk:
+    """Each pin set's verdict per point, and the order a candidate is walked through them.
+
+    A pin set's verdict is composed from its points' verdicts (judged now or
+    ahead, in any process) in the order of `order` when the search asks, up to
+    the first failing point: what judging the points in that order and stopping
+    there gives, however they were judged.
+    """
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = sizes  # the elements each point feeds: its judging cost's order
+        self.parts: dict[tuple[int, ...], dict[int, TrialOutcome]] = {}  # pin set -> point -> part
+        self.last_failed: dict[int, int] = {}  # point -> the last trial that failed there
+
+    def order(self) -> list[int]:
+        """The points in the order a candidate is walked: the one that failed last first
+        (a candidate like the last failing one fails there too), then the largest
+        (where sums and errors grow, and what costs most to judge: a failure found
+        there spares the smaller points). Only recorded trials move it, so it is the
+        same whatever `jobs` is."""
+        n = len(self.sizes)
+        return sorted(range(n), key=lambda k: (-self.last_failed.get(k, 0), -self.sizes[k], k))
+
+    def missing(self, key: tuple[int, ...]) -> list[int]:
+        """The points still to judge for `key`'s verdict: those of `order` before the first
+        one already known to fail (none once a failure or every pass is known)."""
+        parts = self.parts.get(key, {})
+        todo = []
+        for k in self.order():
+            part = parts.get(k)
+            if part is None:
+                todo.append(k)
+            elif not part.passed:
+                break
+        return todo
+
+    def compose(self, key: tuple[int, ...]) -> TrialOutcome:
+        """`key`'s verdict from its parts, walked in `order` up to the first failing point."""
+        parts = self.parts[key]
+        walked = []
+        for k in self.order():
+            walked.append(parts[k])
+            if not parts[k].passed:
+                break
+        return merge(walked, sum(p.seconds for p in walked))
+
+
 class Search:
     """The search's state: its groups, what it pinned and why, and every verdict recorded.
 
-    `known` holds every recorded verdict (a pin set is judged once); `parts`
-    holds each pin set's verdict per point, judged now or ahead in parallel: a
-    pin set's verdict is composed from them in the order the points are walked
-    (`order`), so it is the same however they were judged, and becomes a trial
-    only when the one-job search asks for it.
+    `known` holds every recorded verdict (a pin set is judged once); `walk`
+    holds each pin set's verdict per point, judged now or ahead in parallel, and
+    composes a verdict from them when the one-job search asks for it: only then
+    does it become a trial.
     """
 
     def __init__(self, front: Front, budget: int, objective: str, seed: int, jobs: int):
@@ -116,23 +162,12 @@ class Search:
         self.progress: Callable[[Trial, int], None] | None = None
         self.pool: Any = None
         self.known: dict[tuple[int, ...], TrialOutcome] = {}  # pin set -> its recorded verdict
-        self.parts: dict[tuple[int, ...], dict[int, TrialOutcome]] = {}  # pin set -> point -> part
         self.point_seconds: dict[str, float] = {}  # point label -> judging seconds, all trials
-        self.sizes = [point_size(run.point.shapes) for run in front.shapes]
-        self.last_failed: dict[int, int] = {}  # point -> the last trial that failed there
+        self.walk = PointWalk([point_size(run.point.shapes) for run in front.shapes])
         self.exhausted = False  # set where the search wanted a verdict the budget lacked
 
     def precision(self, pinned: list[int]) -> Precision:
         return candidate_precision(self.front.policy.precision, self.groups, pinned, self.names)
-
-    def order(self) -> list[int]:
-        """The points in the order a candidate is walked: the one that failed last first
-        (a candidate like the last failing one fails there too), then the largest
-        (where sums and errors grow, and what costs most to judge: a failure found
-        there spares the smaller points). Only recorded trials move it, so it is the
-        same whatever `jobs` is."""
-        n = len(self.sizes)
-        return sorted(range(n), key=lambda k: (-self.last_failed.get(k, 0), -self.sizes[k], k))
 
     def record(self, pinned: list[int], action: str, outcome: TrialOutcome) -> TrialOutcome:
         o = outcome
@@ -150,36 +185,12 @@ class Search:
         for label, seconds in o.point_seconds.items():
             self.point_seconds[label] = self.point_seconds.get(label, 0.0) + seconds
         if not o.passed and o.points:
-            self.last_failed[o.points[-1]] = trial.step
+            self.walk.last_failed[o.points[-1]] = trial.step
         self.trials.append(trial)
         self.known[trial.pinned] = outcome
         if self.progress:
             self.progress(trial, self.budget)
         return outcome
-
-    def missing(self, key: tuple[int, ...]) -> list[int]:
-        """The points still to judge for `key`'s verdict: those of `order` before the first
-        one already known to fail (none once a failure or every pass is known)."""
-        parts = self.parts.get(key, {})
-        todo = []
-        for k in self.order():
-            part = parts.get(k)
-            if part is None:
-                todo.append(k)
-            elif not part.passed:
-                break
-        return todo
-
-    def compose(self, key: tuple[int, ...]) -> TrialOutcome:
-        """`key`'s verdict from its parts, walked in `order` up to the first failing point:
-        what judging the points in that order and stopping there gives."""
-        parts = self.parts[key]
-        walked = []
-        for k in self.order():
-            walked.append(parts[k])
-            if not parts[k].passed:
-                break
-        return merge(walked, sum(p.seconds for p in walked))
 
     def try_pins(self, pinned: list[int], action: str) -> TrialOutcome:
         """The verdict on `pinned`: remembered, or composed from its points (judged now or
@@ -187,17 +198,17 @@ class Search:
         key = tuple(sorted(pinned))
         if key in self.known:
             return self.known[key]
-        todo = self.missing(key)
+        todo = self.walk.missing(key)
         if todo:
             self.judge_now(key, todo)
-        return self.record(pinned, action, self.compose(key))
+        return self.record(pinned, action, self.walk.compose(key))
 
     def judge_now(self, key: tuple[int, ...], todo: list[int]) -> None:
         """Judge `key` at `todo` (points, in walking order), stopping at the first failure;
         with workers, the first point (the likeliest to fail) alone, and the others at
         once only if it passes."""
         precision = self.precision(list(key))
-        parts = self.parts.setdefault(key, {})
+        parts = self.walk.parts.setdefault(key, {})
         first = todo if self.pool is None else todo[:1]
         for part in judge_points(self.front, precision, first, stop=True):
             parts[part.points[0]] = part
@@ -214,13 +225,13 @@ class Search:
         if self.pool is None:
             return
         keys = [tuple(sorted(c)) for c in candidates]
-        todo = [k for k in dict.fromkeys(keys) if k not in self.known and self.missing(k)]
+        todo = [k for k in dict.fromkeys(keys) if k not in self.known and self.walk.missing(k)]
         todo = todo[: max(0, min(self.jobs, self.left()))]
         if len(todo) < 2:  # one set is judged where it is asked for
             return
-        jobs = [(self.precision(list(k)), tuple(self.missing(k)), True) for k in todo]
+        jobs = [(self.precision(list(k)), tuple(self.walk.missing(k)), True) for k in todo]
         for key, parts in zip(todo, self.pool.map(judge_points_in_worker, jobs)):
-            self.parts.setdefault(key, {}).update({p.points[0]: p for p in parts})
+            self.walk.parts.setdefault(key, {}).update({p.points[0]: p for p in parts})
 
     def left(self) -> int:
         return self.budget - len(self.trials)
@@ -229,7 +240,7 @@ class Search:
         """Whether the search may have the verdict on `pinned`: remembered or judged ahead
         (free), or within the budget; remembers a refusal."""
         key = tuple(sorted(pinned))
-        if key in self.known or not self.missing(key) or self.left() > 0:
+        if key in self.known or not self.walk.missing(key) or self.left() > 0:
             return True
         self.exhausted = True
         return False
@@ -241,7 +252,7 @@ class Search:
     def ranking_errors(self, failing: TrialOutcome) -> dict[str, float]:
         """The current candidate's per-tensor errors (one emulated run beside the reference)
         at the point where it failed (the last it was judged at), else the largest."""
-        point = failing.points[-1] if failing.points else self.order()[0]
+        point = failing.points[-1] if failing.points else self.walk.order()[0]
         return error_map(self.front, self.precision(self.pinned), point)
 
 
