@@ -168,20 +168,6 @@ def suspects(
     return sorted(found, key=lambda k: (-score[k], -max(groups_[k].nodes)))
 
 
-def ranks_nothing(
-    view: GraphView, groups_: list[Group], order: list[int], errors: dict[str, float], low: str
-) -> bool:
-    """Whether the error map sets no suspect above another: no node on the path makes the
-    error jump but, at most, one amplifier that every suspect feeds (a final sigmoid).
-
-    Why it matters: then the suspects' order is only their distance from the
-    outputs, and pinning them 1, 2, 4, ... at a time walks the whole run
-    before a candidate passes; pinning them all at once costs one evaluation.
-    """
-    jumps = {i for k in order for i in groups_[k].nodes if _jump(view, i, errors, UNIT[low]) > 1.0}
-    return len(order) > 2 and len(jumps) <= 1
-
-
 # -- a pin set as a policy -------------------------------------------------------------
 
 

@@ -27,7 +27,6 @@ from trtbuild.tuning.groups import (
     beyond_range,
     candidate_precision,
     groups,
-    ranks_nothing,
     scopes,
     suspects,
 )
@@ -310,10 +309,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     needs, and halving between the last failing and the first passing length
     finds the shortest (the verdict along the run is taken as monotonic:
     pinning more rarely hurts). Out of evaluations while halving, the shortest
-    passing run found so far is pinned. Where the error map ranks nothing
-    (`ranks_nothing`: no jump but one amplifier every suspect feeds), the order
-    is only the distance from the outputs: every suspect is pinned at once, one
-    evaluation, and shrinking finds the ones needed.
+    passing run found so far is pinned.
     """
     rest = [k for k in range(len(search.groups)) if k not in search.pinned]
     if not rest:  # every group pinned already: nothing to grow
@@ -327,9 +323,6 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     )
     run = lambda n: [*search.pinned, *order[:n]]  # noqa: E731 - the candidate of length n
     lengths = _doublings(len(order))
-    blind = ranks_nothing(search.front.view, search.groups, order, errors, search.low)
-    if blind:  # the order says nothing: every suspect at once, and shrinking finds the needed
-        lengths = lengths[-1:]
     lo, hi, why = 0, None, failing
     for k, n in enumerate(lengths):
         if not search.affords(run(n)):
@@ -343,7 +336,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     if hi is None:
         search.pinned = sorted({*search.pinned, *order})
         return None
-    while hi - lo > 1 and not blind:
+    while hi - lo > 1:
         mid = (lo + hi) // 2
         if not search.affords(run(mid)):
             break
