@@ -88,7 +88,7 @@ class TuneResult:
         """Evaluations a full search needs at most: the start; per group pinned while
         growing, doublings and halvings (twice log2 of the groups) and its pin; twice the
         groups while shrinking (chunks halving down to one)."""
-        n = len(self.groups)
+        n = sum(1 for g in self.groups if not g.regex)  # a merged scope is no new group
         return 1 + n * (2 * math.ceil(math.log2(max(n, 2))) + 1) + 2 * n
 
 
