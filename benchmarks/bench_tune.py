@@ -17,9 +17,17 @@ Peers:
   nvidia-modelopt installs (it needs torch and onnx 1.21, so it runs from its
   own virtualenv: `--modelopt-python PATH`).
 
+AutoCast takes no profile: a model with dynamic input dims is given to it fixed at the
+policy's largest point (it feeds a dynamic dim as 1), and its result is judged with the
+dims dynamic again, at every point.
+
 Times: `trtbuild tune` and AutoCast run as whole processes, cold (start, imports,
 preparing the graph, the FP32 reference, the search); onnxconverter-common has no
 command line and is timed in this process, from the prepared graph.
+
+Evaluations: `tune`'s trials (its log's lines), onnxconverter-common's calls of its
+validate_fn; AutoCast judges nothing. Where a policy has several points (modnet: 256²,
+512², 1024²), every tool's result is judged at every point.
 
 Usage: python benchmarks/bench_tune.py [--models nafnet,gfpgan,...] [--modelopt-python PY]
        [--emulation storage|strict] [--objective flops|nodes] [--jobs N]
@@ -50,12 +58,15 @@ from trtbuild.accuracy.judge import judge  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
 from trtbuild.precision.assign import assign  # noqa: E402
 from trtbuild.precision.convert import convert  # noqa: E402
+from trtbuild.tuning.pool import point_size  # noqa: E402
 
 MODELS = ("nafnet", "gfpgan", "transformer", "bert", "ppocrv4_rec", "ppocrv4_det", "open_nsfw")
 # Benchmark policies of their own (benchmarks/policies/): the detector on a real photo of
 # handwriting (`python scripts/fetch_models.py photo_text`), judged by its mean error; a
-# streaming GRU speech enhancer (`make models`) with its caches, judged by SNR.
-EXTRA = ("ppocrv4_det_photo", "gru_enhancer")
+# streaming GRU speech enhancer (`make models`) with its caches, judged by SNR; a
+# MODNet-style matting network (benchmarks/modnet.py) on real photos at 256², 512² and
+# 1024², judged by its matte's largest error.
+EXTRA = ("ppocrv4_det_photo", "gru_enhancer", "modnet")
 
 AUTOCAST = """
 import sys, onnx
@@ -111,12 +122,61 @@ def fp16_share(mixed: onnx.ModelProto) -> tuple[float, float]:
 
 
 def verdict(stages, mixed: onnx.ModelProto) -> tuple[bool, float]:
-    """trtbuild's judge on a peer's graph: passes, and the worst max error over output range."""
-    result = judge(
-        stages.reference, stages.prepared.model, mixed, stages.feeds, stages.policy.accuracy
-    )
-    worst = max(m.max_abs_of_range for m in result.outputs.values())
-    return result.passed, worst
+    """trtbuild's judge on a peer's graph at every point of the policy: passes, and the
+    worst max error over output range."""
+    passed, worst = True, 0.0
+    for run in stages.shapes:
+        result = judge(
+            run.reference, stages.prepared.model, mixed, run.feeds, stages.policy.accuracy
+        )
+        passed = passed and result.passed
+        worst = max(worst, *(m.max_abs_of_range for m in result.outputs.values()))
+    return passed, worst
+
+
+def static_at_largest(model: onnx.ModelProto, stages) -> onnx.ModelProto:
+    """`model` with every input's dims fixed at the policy's largest point, for AutoCast.
+
+    Why: AutoCast runs the model on random inputs of its own, and feeds a dynamic
+    dimension as 1 (a 1x1 image does not pass modnet's concats); a profile it
+    cannot take, so it gets the point where sums and errors are largest."""
+    dims = [d for vi in model.graph.input for d in vi.type.tensor_type.shape.dim]
+    if all(d.HasField("dim_value") for d in dims):
+        return model  # static already: as it is
+    largest = max(stages.shapes, key=lambda r: point_size(r.point.shapes)).point.shapes
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for vi in fixed.graph.input:
+        if vi.name in largest:
+            for dim, value in zip(vi.type.tensor_type.shape.dim, largest[vi.name]):
+                dim.Clear()
+                dim.dim_value = value
+    del fixed.graph.value_info[:]
+    return fixed
+
+
+def shapes_of(mixed: onnx.ModelProto, prepared: onnx.ModelProto) -> onnx.ModelProto:
+    """AutoCast's graph with the prepared graph's input and output shapes back (dynamic where
+    they were), so that it is judged at every point of the policy."""
+    dims = [d for vi in prepared.graph.input for d in vi.type.tensor_type.shape.dim]
+    if all(d.HasField("dim_value") for d in dims):
+        return mixed  # a static model was given as it is
+    for vi in (*mixed.graph.input, *mixed.graph.output):
+        for own in (*prepared.graph.input, *prepared.graph.output):
+            if own.name == vi.name:
+                vi.type.tensor_type.shape.CopyFrom(own.type.tensor_type.shape)
+    del mixed.graph.value_info[:]
+    return mixed
+
+
+def ensure_model(name: str) -> None:
+    """Generate a benchmark's own model where it is missing (`modnet`: benchmarks/modnet.py)."""
+    path = ROOT / "models" / "modnet_bench.onnx"
+    if name == "modnet" and not path.exists():
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import modnet
+
+        onnx.save(modnet.modnet(), path)
 
 
 def policy_check(spec, names):
@@ -143,6 +203,7 @@ def policy_check(spec, names):
 def run_model(
     name: str, tmp: Path, modelopt_python: str | None, objective: str, emulation: str, jobs: int
 ) -> list[tuple]:
+    ensure_model(name)
     source = empty_policy(name, tmp, emulation)
     policy = load_policy(source)
     stages = front.run_front(policy)  # no cache: computed here, as tune computes it
@@ -160,11 +221,15 @@ def run_model(
     if done.returncode not in (0, 1):  # 1: the budget ran out; the best attempt is judged
         sys.exit(f"trtbuild tune failed on {name}:\n{done.stderr[-2000:]}")
     mixed = convert(assign(stages.view, load_policy(tuned).precision)).model
-    rows.append((name, "trtbuild tune", *fp16_share(mixed), *verdict(stages, mixed), seconds))
+    trials = len(tuned.with_suffix(".log.jsonl").read_text().splitlines())
+    row = (name, "trtbuild tune", *fp16_share(mixed), *verdict(stages, mixed), seconds)
+    rows.append((*row, "", str(trials)))
 
     from onnxconverter_common.auto_mixed_precision import auto_convert_mixed_precision
 
     outputs = [o.name for o in prepared.graph.output]
+    calls = []  # its validate_fn's calls: one ONNX Runtime run of a candidate each
+    check = policy_check(policy.accuracy, outputs)
     t = time.perf_counter()
     try:
         # its per-weight "will be truncated" warnings would bury the table
@@ -173,7 +238,7 @@ def run_model(
             occ = auto_convert_mixed_precision(
                 prepared,
                 stages.feeds[0],
-                validate_fn=policy_check(policy.accuracy, outputs),
+                validate_fn=lambda r, o: calls.append(1) or check(r, o),
                 keep_io_types=True,
             )
         seconds = time.perf_counter() - t
@@ -184,6 +249,8 @@ def run_model(
                 *fp16_share(occ),
                 *verdict(stages, occ),
                 seconds,
+                "",
+                str(len(calls)),
             )
         )
     except Exception as exc:  # a peer failing on a model is a result too
@@ -202,14 +269,14 @@ def run_model(
 
     if modelopt_python:
         src, dst = tmp / f"{name}.prepared.onnx", tmp / f"{name}.autocast.onnx"
-        onnx.save(prepared, src)
+        onnx.save(static_at_largest(prepared, stages), src)
         t = time.perf_counter()
         done = subprocess.run(
             [modelopt_python, "-c", AUTOCAST, str(src), str(dst)], capture_output=True, text=True
         )
         seconds = time.perf_counter() - t
         if done.returncode == 0:
-            ac = onnx.load(dst)
+            ac = shapes_of(onnx.load(dst), prepared)
             rows.append(
                 (
                     name,
@@ -256,20 +323,30 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(
         f"| model | tool | FP16 FLOPs | FP16 nodes | passes (emulated-fp16, {args.emulation}) "
-        "| worst max error / output range | time s |"
+        "| worst max error / output range | evaluations | time s |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         name, tool, flops, share, passed, worst, seconds, *note = row
+        runs = note[1] if len(note) > 1 else "–"
         if share is None:
             why = note[0] if note else ""
-            print(f"| {name} | {tool} | – | – | fails to run: {why} | – | {seconds:.1f} |")
+            print(f"| {name} | {tool} | – | – | fails to run: {why} | – | {runs} | {seconds:.1f} |")
             continue
         verdict = "yes" if passed else "**no**"
         print(
             f"| {name} | {tool} | {flops:.1%} | {share:.1%} | {verdict} | {worst:.2e} "
-            f"| {seconds:.1f} |"
+            f"| {runs} | {seconds:.1f} |"
         )
+    print()
+    for name in args.models.split(","):
+        times = {row[1]: row[6] for row in rows if row[0] == name}
+        ours, theirs = times.get("trtbuild tune"), times.get("ModelOpt AutoCast (defaults)")
+        if ours is not None and theirs:
+            print(
+                f"{name}: trtbuild tune {ours:.1f} s, {ours / theirs:.2f}x ModelOpt AutoCast's "
+                "default run in the same run (target < 1x)"
+            )
     return 0
 
 

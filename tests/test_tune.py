@@ -122,16 +122,18 @@ def test_streaming_gru_enhancer_is_tuned_in_a_few_evaluations(tmp_path, models_d
     from the ranges, never re-judged) and the dB normalisation amplifies FP16's rounding
     (25 dB of SNR where 40 are asked). The error map ranks the normalisation's subtraction
     and the dB scaling first: a passing policy in four evaluations where halving every
-    group took twenty."""
+    group took twenty. The five single-node pins are the feature extraction's: one rule for
+    its scope, judged once more, is what a person would write."""
     text = (ROOT / "benchmarks" / "policies" / "gru_enhancer.yaml").read_text()
     policy = tmp_path / "gru.yaml"
     policy.write_text(text.replace("../../models/", f"{models_dir}/"))
     tuned = tmp_path / "tuned.yaml"
     assert _tune(policy, tuned) == 0
-    pins = [r"^/feat/Mul$", r"^/feat/Add$", r"^/feat/Log$", r"^/feat/Mul_1$", r"^/feat/Sub$"]
-    assert sorted(_pinned_names(tuned)) == sorted(pins)
+    assert _pinned_names(tuned) == [r"^/feat/"]
+    assert "5 pins inside it merged" in tuned.read_text()
     log = [json.loads(x) for x in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
     assert len(log) <= 5 and log[-1]["step"] == len(log)
+    assert log[-1]["action"] == "merge into scope /feat/" and log[-1]["passed"]
     assert not any(t["action"].startswith("unpin node /feat/Log") for t in log)
     assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
     report = json.loads((tmp_path / "b" / "report.json").read_text())
@@ -353,3 +355,60 @@ def test_a_tuned_quantized_policy_keeps_its_reference_model(tmp_path, quantized_
     assert main(["tune", "--policy", str(source), "-o", str(out)]) == 0
     tuned = load_policy(out)
     assert tuned.accuracy.reference_model == (tmp_path / "models" / "nafnet_tiny.onnx").resolve()
+
+
+def test_early_stop_never_accepts_a_candidate_that_fails_at_any_point(example_policy):
+    """A candidate is judged at the point likeliest to fail first (the last to fail, else the
+    largest) and stopped at its first failing point. Every verdict the search recorded is
+    the verdict of judging every point, and a passing one was judged at all of them."""
+    from trtbuild import front, tuning
+
+    strict = {"{atol: 1e-2, rtol: 1e-2}": "{atol: 2e-3, rtol: 0, check_error_stat: max}"}
+    policy = load_policy(example_policy("denoiser", rules="[]", replace=strict))
+    stages = front.run_front(policy, reference="tensors")
+    result = tuning.tune(stages, budget=30)
+    assert result.passed
+    points = {run.point.name for run in stages.shapes}
+    failed = [t for t in result.trials if not t.passed]
+    assert failed and any(len(t.points) < len(points) for t in failed)  # stopped early
+    names = [n.name for n in stages.view.nodes]
+    for t in result.trials:
+        every = tuning.evaluate(
+            stages,
+            tuning.candidate_precision(policy.precision, result.groups, list(t.pinned), names),
+        )
+        assert every.passed == t.passed, t.action
+        if t.passed:
+            assert set(t.points) == points
+        else:  # the walk stopped at the first point that fails, the only one it names
+            assert {k.split(":")[0] for k in t.failing} == {f"at {t.points[-1]}"}
+
+
+def test_single_node_pins_are_offered_as_their_scope_where_it_splits_no_unit():
+    """A scope holding two or more single-node pins is offered as one rule when what it adds
+    costs at most half of them; a scope that would split a unit is not offered."""
+    from trtbuild.policy.specs import Precision
+    from trtbuild.tuning.groups import Group, candidate_precision, scopes
+
+    def group(kind, *names):
+        return Group(kind, tuple(range(len(names))), names, float(len(names)), 0.0)
+
+    groups_ = [
+        group("node", "/enc0/Conv"),
+        group("node", "/enc0/Relu"),
+        group("node", "/enc0/Add"),  # not pinned: the scope adds it
+        group("normalization unit", "/enc1/norm/Sub", "/dec/norm/Div"),  # spans two scopes
+        group("node", "/enc1/Conv"),
+        group("node", "/dec/Conv"),
+    ]
+    offered = scopes(groups_, pinned=[0, 1, 3, 4, 5])
+    assert [s.prefix for s in offered] == ["/enc0/"]
+    (scope,) = offered
+    assert scope.members == (0, 1) and scope.covered == (0, 1, 2) and scope.extra == 1.0
+    merged = scope.group(groups_)
+    assert merged.regex == "^/enc0/" and merged.label == "scope ^/enc0/ (3 nodes)"
+    names = [n for g in groups_ for n in g.names]
+    rules = candidate_precision(Precision(default="fp16"), [*groups_, merged], [6], names).rules
+    assert [r.match.name for r in rules] == ["^/enc0/"]
+    # a scope adding more than half of what it replaces is not offered
+    assert scopes([*groups_, group("node", "/enc0/Mul")], pinned=[0, 1]) == []

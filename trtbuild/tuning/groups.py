@@ -43,9 +43,12 @@ class Group:
     names: tuple[str, ...]
     cost: float  # what pinning it costs, in the chosen objective
     peak: float  # largest |value| its tensors reach on the reference data
+    regex: str = ""  # its rule's name regex where not one of its names' own (a merged scope)
 
     @property
     def label(self) -> str:
+        if self.regex:  # a merged scope: its rule says what it selects
+            return f"{self.kind} {self.regex} ({len(self.names)} nodes)"
         return f"{self.kind} {self.names[0]}" + (
             f" (+{len(self.names) - 1} nodes)" if len(self.names) > 1 else ""
         )
@@ -177,6 +180,13 @@ def suspects(
 # -- a pin set as a policy -------------------------------------------------------------
 
 
+def group_regex(group: Group, all_names: list[str]) -> str:
+    """The name regex of the FP32 rule that pins `group`: a merged scope's own, else the
+    shortest that selects exactly its nodes. One function, so the rule written and the pin
+    found again in it (the tuned policy's comments) are the same string."""
+    return group.regex or name_regex(group.names, all_names)
+
+
 def name_regex(names: tuple[str, ...], all_names: list[str]) -> str:
     """The shortest readable regex that selects exactly `names` among `all_names`.
 
@@ -205,6 +215,60 @@ def candidate_precision(
         k += 1
         while f"tuned-{k}" in used:
             k += 1
-        match = Match(name=name_regex(groups_[g].names, all_names))
+        match = Match(name=group_regex(groups_[g], all_names))
         rules.append(Rule(f"tuned-{k}", match, "fp32"))
     return replace(base, rules=tuple(rules))
+
+
+# -- merging pins into the rules a person would write ---------------------------------
+
+# A scope is offered as one rule only where its nodes left unpinned cost at most this share
+# of the pins it replaces: a readable rule, not a large loss of low-precision nodes.
+MERGE_EXTRA = 0.5
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A name scope (`/decoder/block3/`) offered as one FP32 rule for the pins inside it."""
+
+    prefix: str
+    members: tuple[int, ...]  # the pinned single-node groups it replaces
+    covered: tuple[int, ...]  # every group inside it, pinned or not
+    extra: float  # the cost of its groups not pinned yet
+
+    def group(self, groups_: list[Group]) -> Group:
+        """The groups it covers as one group, whose rule is the scope's prefix."""
+        nodes = tuple(sorted(i for k in self.covered for i in groups_[k].nodes))
+        names = tuple(n for k in self.covered for n in groups_[k].names)
+        cost = sum(groups_[k].cost for k in self.covered)
+        peak = max(groups_[k].peak for k in self.covered)
+        return Group("scope", nodes, names, cost, peak, "^" + re.escape(self.prefix))
+
+
+def _prefixes(name: str) -> list[str]:
+    """`/a/b/Conv` -> [`/a/`, `/a/b/`]: every scope a node's name sits in, outermost first."""
+    cuts = [i for i, ch in enumerate(name) if ch == "/" and i > 0]
+    return [name[: i + 1] for i in cuts]
+
+
+def scopes(groups_: list[Group], pinned: list[int]) -> list[Scope]:
+    """The scopes worth one rule instead of their pinned single nodes, best first.
+
+    Why scopes: an exporter names nodes by the module that made them
+    (`/f_branch/conv_f.0/Conv`), and a person pins a module, not its nodes
+    one by one. A scope is offered where it holds two or more single-node pins,
+    splits no group, and what it would add costs at most `MERGE_EXTRA` of the
+    pins' own cost; the judge still decides. Best first: the most pins replaced,
+    then the least added, then the shallower scope.
+    """
+    singles = [k for k in pinned if len(groups_[k].nodes) == 1]
+    found: dict[str, Scope] = {}
+    for prefix in sorted({p for k in singles for p in _prefixes(groups_[k].names[0])}):
+        inside = [k for k, g in enumerate(groups_) if any(n.startswith(prefix) for n in g.names)]
+        if any(not all(n.startswith(prefix) for n in groups_[k].names) for k in inside):
+            continue  # it would split a unit
+        members = tuple(k for k in inside if k in singles)
+        extra = sum(groups_[k].cost for k in inside if k not in pinned)
+        if len(members) >= 2 and extra <= MERGE_EXTRA * sum(groups_[k].cost for k in members):
+            found[prefix] = Scope(prefix, members, tuple(inside), extra)
+    return sorted(found.values(), key=lambda s: (-len(s.members), s.extra, len(s.prefix)))

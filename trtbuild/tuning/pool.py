@@ -10,8 +10,9 @@ reference can be large.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,27 +46,42 @@ class TrialOutcome:
     seconds: float
     point_seconds: dict[str, float] = field(default_factory=dict)  # point label -> judging time
     failed_outputs: tuple[str, ...] = ()  # graph outputs that fail at some shape
+    points: tuple[int, ...] = ()  # the points judged (indices into front.shapes), in order
 
 
 def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -> TrialOutcome:
-    """Judge one pin set with the build's own judge, at every shape (or only at `points`,
-    indices into `front.shapes`, for `merge`); the reference and the view are shared.
+    """Judge one pin set with the build's own judge at every shape (or only at `points`,
+    indices into `front.shapes`), the reference and the view shared: `judge_points`
+    merged, every point judged whatever fails."""
+    started = time.perf_counter()
+    parts = judge_points(front, precision, points or tuple(range(len(front.shapes))))
+    return merge(parts, time.perf_counter() - started)
+
+
+def judge_points(
+    front: Front, precision: Precision, points: Sequence[int], *, stop: bool = False
+) -> list[TrialOutcome]:
+    """One outcome per point of `points` (indices into `front.shapes`), in that order; with
+    `stop`, none after the first that fails (`tune`'s early stop: a candidate that fails
+    at one point fails, whatever the others say).
 
     Only the overflow is walked (the reference is not run again): the search
     needs the outputs' verdict and the first tensor the candidate overflows.
     An overflow an output masks is ruled on as `build` rules on it (the policy's
     `accuracy.masked_overflow`: fails by default, passes with `warn`). With
     several shapes a failure names its shape, and the first overflow found
-    (in the shapes' order) picks what to pin.
+    (in the shapes' order) picks what to pin. The candidate is converted,
+    emulated and given its session once for all its points (the session takes
+    any shape); the first part's seconds include that.
     """
     t = time.perf_counter()
     assignment = assign(front.view, precision, front.measures.ranges, front.analysis)
     mixed = convert(assignment).model
-    # emulated, probed and given its session once, for every shape (the session takes any)
     candidate = Candidate(mixed, emulated=emulate(mixed, front.policy.accuracy.emulation))
-    failing: dict[str, str] = {}
-    overflow, worst, point_seconds, failed = None, {}, {}, set()
-    for run in [front.shapes[k] for k in points] if points else front.shapes:
+    share = assignment.summary().low_share
+    parts: list[TrialOutcome] = []
+    for k in points:
+        run = front.shapes[k]
         started = time.perf_counter()
         (verdict,) = judge_all(
             run.reference,
@@ -77,28 +93,31 @@ def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -
             progress=False,
         )
         label = f"at {run.point.name}: " if len(front.shapes) > 1 else ""
-        failing.update({f"{label}{k}": label + v for k, v in verdict.failures().items()})
-        failed.update(name for name, m in verdict.outputs.items() if not m.passed)
-        overflow = overflow or verdict.overflow
-        for name, m in verdict.outputs.items():
-            worst[name] = max(worst.get(name, 0.0), m.max_abs)
-        point_seconds[run.point.label] = time.perf_counter() - started
-    return TrialOutcome(
-        passed=not failing,
-        failing=failing,
-        overflow=overflow,
-        worst=worst,
-        low_share=assignment.summary().low_share,
-        seconds=round(time.perf_counter() - t, 3),
-        point_seconds=point_seconds,
-        failed_outputs=tuple(sorted(failed)),
-    )
+        failing = {f"{label}{out}": label + v for out, v in verdict.failures().items()}
+        now = time.perf_counter()
+        parts.append(
+            TrialOutcome(
+                passed=not failing,
+                failing=failing,
+                overflow=verdict.overflow,
+                worst={name: m.max_abs for name, m in verdict.outputs.items()},
+                low_share=share,
+                seconds=round(now - (t if not parts else started), 3),
+                point_seconds={run.point.label: now - started},
+                failed_outputs=tuple(sorted(n for n, m in verdict.outputs.items() if not m.passed)),
+                points=(k,),
+            )
+        )
+        if stop and failing:
+            break
+    return parts
 
 
 def merge(parts: list[TrialOutcome], seconds: float) -> TrialOutcome:
-    """One outcome from the outcomes of one pin set at each point, in the points' order:
-    what `evaluate` at every point returns (the first overflow in that order, the worst
-    error of all), so a set judged point by point in parallel gives the same trial."""
+    """One outcome from the outcomes of one pin set at each point, in the order the points
+    were walked: the first overflow in that order, the worst error of all, the points
+    walked. The same parts in the same order give the same outcome however (and in how
+    many processes) they were judged."""
     failing: dict[str, str] = {}
     worst: dict[str, float] = {}
     point_seconds: dict[str, float] = {}
@@ -116,20 +135,24 @@ def merge(parts: list[TrialOutcome], seconds: float) -> TrialOutcome:
         seconds=round(seconds, 3),
         point_seconds=point_seconds,
         failed_outputs=tuple(sorted({o for p in parts for o in p.failed_outputs})),
+        points=tuple(k for p in parts for k in p.points),
     )
 
 
-def error_map(front: Front, precision: Precision) -> dict[str, float]:
+def error_map(front: Front, precision: Precision, point: int = 0) -> dict[str, float]:
     """Each tensor's error against FP32 (max |error| over its range) in one candidate, on
-    the first feed of the primary shape: what the search's ranking reads.
+    the first feed of one point (an index into `front.shapes`): what the search's
+    ranking reads.
 
-    Why one feed: the map only orders the suspects; the verdicts that decide
-    still judge every feed at every shape. The reference runs again beside the
-    candidate here (the judge's `divergence` walk), once per search.
+    Why one feed at one point: the map only orders the suspects; the verdicts
+    that decide still judge every feed at every shape. The search asks for the
+    point where the candidate failed (the costliest, unless a cheaper one failed
+    first): the error that fails is largest there. The reference runs again
+    beside the candidate here (the judge's `divergence` walk), once per growth.
     """
     from polygraphy.comparator import RunResults
 
-    run = front.shapes[0]
+    run = front.shapes[point]
     first = RunResults()
     first.append((REFERENCE, [run.reference.run_results[REFERENCE][0]]))
     reference = ReferenceTensors(run.reference.measures, first)
@@ -155,15 +178,10 @@ def _init_worker(front: Front) -> None:
     _WORKER["front"] = front
 
 
-def evaluate_in_worker(precision: Precision) -> TrialOutcome:
-    """`evaluate` in a worker, on the front it inherited."""
-    return evaluate(_WORKER["front"], precision)
-
-
-def evaluate_point_in_worker(job: tuple[Precision, int]) -> TrialOutcome:
-    """`evaluate` at one point (an index into the inherited front's shapes) in a worker."""
-    precision, point = job
-    return evaluate(_WORKER["front"], precision, (point,))
+def judge_points_in_worker(job: tuple[Precision, tuple[int, ...], bool]) -> list[TrialOutcome]:
+    """`judge_points` in a worker, on the front it inherited: (precision, points, stop)."""
+    precision, points, stop = job
+    return judge_points(_WORKER["front"], precision, points, stop=stop)
 
 
 @contextlib.contextmanager
@@ -180,3 +198,8 @@ def pool(front: Front, jobs: int) -> Iterator[Any]:
         jobs, mp_context=context, initializer=_init_worker, initargs=(front,)
     ) as workers:
         yield workers
+
+
+def point_size(shapes: dict[str, tuple[int, ...]]) -> int:
+    """The elements a point feeds (every input's): the order of its judging cost."""
+    return sum(math.prod(dims) for dims in shapes.values())

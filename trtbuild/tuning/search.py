@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,14 +23,22 @@ from trtbuild.front import Front
 from trtbuild.graph.qdq import is_qdq
 from trtbuild.numerics import LOW_MAX
 from trtbuild.policy.specs import Precision
-from trtbuild.tuning.groups import Group, beyond_range, candidate_precision, groups, suspects
+from trtbuild.precision.assign import assign
+from trtbuild.tuning.groups import (
+    Group,
+    beyond_range,
+    candidate_precision,
+    groups,
+    scopes,
+    suspects,
+)
 from trtbuild.tuning.pool import (
     TrialOutcome,
     error_map,
-    evaluate,
-    evaluate_in_worker,
-    evaluate_point_in_worker,
+    judge_points,
+    judge_points_in_worker,
     merge,
+    point_size,
     pool,
 )
 
@@ -48,6 +55,7 @@ class Trial:
     failing: dict[str, str]  # output -> the measured error that fails it
     worst: dict[str, float]  # output -> max_abs
     seconds: float
+    points: tuple[str, ...] = ()  # the points judged, in order: a failure stops the walk
 
 
 @dataclass
@@ -82,16 +90,64 @@ class SearchResult:
         """Evaluations a full search needs at most: the start; per group pinned while
         growing, doublings and halvings (twice log2 of the groups) and its pin; twice the
         groups while shrinking (chunks halving down to one)."""
-        n = len(self.groups)
+        n = sum(1 for g in self.groups if not g.regex)  # a merged scope is no new group
         return 1 + n * (2 * math.ceil(math.log2(max(n, 2))) + 1) + 2 * n
+
+
+class PointWalk:
+    """Each pin set's verdict per point, and the order a candidate is walked through them.
+
+    A pin set's verdict is composed from its points' verdicts (judged now or
+    ahead, in any process) in the order of `order` when the search asks, up to
+    the first failing point: what judging the points in that order and stopping
+    there gives, however they were judged.
+    """
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = sizes  # the elements each point feeds: its judging cost's order
+        self.parts: dict[tuple[int, ...], dict[int, TrialOutcome]] = {}  # pin set -> point -> part
+        self.last_failed: dict[int, int] = {}  # point -> the last trial that failed there
+
+    def order(self) -> list[int]:
+        """The points in the order a candidate is walked: the one that failed last first
+        (a candidate like the last failing one fails there too), then the largest
+        (where sums and errors grow, and what costs most to judge: a failure found
+        there spares the smaller points). Only recorded trials move it, so it is the
+        same whatever `jobs` is."""
+        n = len(self.sizes)
+        return sorted(range(n), key=lambda k: (-self.last_failed.get(k, 0), -self.sizes[k], k))
+
+    def missing(self, key: tuple[int, ...]) -> list[int]:
+        """The points still to judge for `key`'s verdict: those of `order` before the first
+        one already known to fail (none once a failure or every pass is known)."""
+        parts = self.parts.get(key, {})
+        todo = []
+        for k in self.order():
+            part = parts.get(k)
+            if part is None:
+                todo.append(k)
+            elif not part.passed:
+                break
+        return todo
+
+    def compose(self, key: tuple[int, ...]) -> TrialOutcome:
+        """`key`'s verdict from its parts, walked in `order` up to the first failing point."""
+        parts = self.parts[key]
+        walked = []
+        for k in self.order():
+            walked.append(parts[k])
+            if not parts[k].passed:
+                break
+        return merge(walked, sum(p.seconds for p in walked))
 
 
 class Search:
     """The search's state: its groups, what it pinned and why, and every verdict recorded.
 
-    `known` holds every recorded verdict (a pin set is judged once); `ahead`
-    holds verdicts judged in parallel before the search asked for them, which
-    become trials only when it does.
+    `known` holds every recorded verdict (a pin set is judged once); `walk`
+    holds each pin set's verdict per point, judged now or ahead in parallel, and
+    composes a verdict from them when the one-job search asks for it: only then
+    does it become a trial.
     """
 
     def __init__(self, front: Front, budget: int, objective: str, seed: int, jobs: int):
@@ -109,8 +165,8 @@ class Search:
         self.progress: Callable[[Trial, int], None] | None = None
         self.pool: Any = None
         self.known: dict[tuple[int, ...], TrialOutcome] = {}  # pin set -> its recorded verdict
-        self.ahead: dict[tuple[int, ...], TrialOutcome] = {}  # judged early, not yet asked for
         self.point_seconds: dict[str, float] = {}  # point label -> judging seconds, all trials
+        self.walk = PointWalk([point_size(run.point.shapes) for run in front.shapes])
         self.exhausted = False  # set where the search wanted a verdict the budget lacked
 
     def precision(self, pinned: list[int]) -> Precision:
@@ -127,9 +183,12 @@ class Search:
             o.failing,
             o.worst,
             o.seconds,
+            tuple(self.front.shapes[k].point.name for k in o.points),
         )
         for label, seconds in o.point_seconds.items():
             self.point_seconds[label] = self.point_seconds.get(label, 0.0) + seconds
+        if not o.passed and o.points:
+            self.walk.last_failed[o.points[-1]] = trial.step
         self.trials.append(trial)
         self.known[trial.pinned] = outcome
         if self.progress:
@@ -137,38 +196,45 @@ class Search:
         return outcome
 
     def try_pins(self, pinned: list[int], action: str) -> TrialOutcome:
-        """The verdict on `pinned`: remembered, or judged (now or ahead) and recorded."""
+        """The verdict on `pinned`: remembered, or composed from its points (judged now or
+        ahead) and recorded."""
         key = tuple(sorted(pinned))
         if key in self.known:
             return self.known[key]
-        outcome = self.ahead.pop(key, None)
-        if outcome is None:
-            outcome = self.judge_now(pinned)
-        return self.record(pinned, action, outcome)
+        todo = self.walk.missing(key)
+        if todo:
+            self.judge_now(key, todo)
+        return self.record(pinned, action, self.walk.compose(key))
 
-    def judge_now(self, pinned: list[int]) -> TrialOutcome:
-        """One pin set's verdict; with workers and several points, a point each in parallel
-        (the same outcome: `merge` keeps the points' order)."""
-        points = len(self.front.shapes)
-        if self.pool is None or points < 2:
-            return evaluate(self.front, self.precision(pinned))
-        started = time.perf_counter()
-        jobs = [(self.precision(pinned), k) for k in range(points)]
-        parts = list(self.pool.map(evaluate_point_in_worker, jobs))
-        return merge(parts, time.perf_counter() - started)
+    def judge_now(self, key: tuple[int, ...], todo: list[int]) -> None:
+        """Judge `key` at `todo` (points, in walking order), stopping at the first failure;
+        with workers, the first point (the likeliest to fail) alone, and the others at
+        once only if it passes."""
+        precision = self.precision(list(key))
+        parts = self.walk.parts.setdefault(key, {})
+        first = todo if self.pool is None else todo[:1]
+        for part in judge_points(self.front, precision, first, stop=True):
+            parts[part.points[0]] = part
+        rest = todo[len(first) :]
+        if rest and all(parts[k].passed for k in first):
+            jobs = [(precision, (k,), True) for k in rest]
+            for (part,) in self.pool.map(judge_points_in_worker, jobs):
+                parts[part.points[0]] = part
 
     def judge_ahead(self, candidates: list[list[int]]) -> None:
         """Judge the pin sets the search may ask for next, in parallel (the first is the
-        one it asks for now); nothing is recorded until it asks."""
+        one it asks for now), each along today's `order` up to its first failure; nothing
+        is recorded until the search asks."""
         if self.pool is None:
             return
         keys = [tuple(sorted(c)) for c in candidates]
-        todo = [k for k in dict.fromkeys(keys) if k not in self.known and k not in self.ahead]
+        todo = [k for k in dict.fromkeys(keys) if k not in self.known and self.walk.missing(k)]
         todo = todo[: max(0, min(self.jobs, self.left()))]
         if len(todo) < 2:  # one set is judged where it is asked for
             return
-        precisions = [self.precision(list(k)) for k in todo]
-        self.ahead.update(zip(todo, self.pool.map(evaluate_in_worker, precisions)))
+        jobs = [(self.precision(list(k)), tuple(self.walk.missing(k)), True) for k in todo]
+        for key, parts in zip(todo, self.pool.map(judge_points_in_worker, jobs)):
+            self.walk.parts.setdefault(key, {}).update({p.points[0]: p for p in parts})
 
     def left(self) -> int:
         return self.budget - len(self.trials)
@@ -177,7 +243,7 @@ class Search:
         """Whether the search may have the verdict on `pinned`: remembered or judged ahead
         (free), or within the budget; remembers a refusal."""
         key = tuple(sorted(pinned))
-        if key in self.known or key in self.ahead or self.left() > 0:
+        if key in self.known or not self.walk.missing(key) or self.left() > 0:
             return True
         self.exhausted = True
         return False
@@ -186,9 +252,11 @@ class Search:
         more = f" and {len(picked) - 1} more" if len(picked) > 1 else ""
         return self.groups[picked[0]].label + more
 
-    def ranking_errors(self) -> dict[str, float]:
-        """The current candidate's per-tensor errors (one emulated run beside the reference)."""
-        return error_map(self.front, self.precision(self.pinned))
+    def ranking_errors(self, failing: TrialOutcome) -> dict[str, float]:
+        """The current candidate's per-tensor errors (one emulated run beside the reference)
+        at the point where it failed (the last it was judged at), else the largest."""
+        point = failing.points[-1] if failing.points else self.walk.order()[0]
+        return error_map(self.front, self.precision(self.pinned), point)
 
 
 # -- the steps, in the order `tune` takes them ------------------------------------
@@ -252,7 +320,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     if search.left() <= 0:  # a run of new pins is a new verdict: no ranking run for nothing
         search.exhausted = True
         return None
-    errors = search.ranking_errors()
+    errors = search.ranking_errors(failing)
     order = suspects(
         search.front.view, search.groups, rest, errors, failing.failed_outputs, search.low
     )
@@ -317,6 +385,47 @@ def _shrink(search: Search) -> None:
         chunk = max(1, chunk // 2)
 
 
+def _merge(search: Search) -> None:
+    r"""Merge single-node pins into one rule per scope (`^/f_branch/conv_f\.0/`) where the
+    judge agrees: a scope that selects exactly the pinned nodes is the same candidate
+    (no evaluation); one that adds nodes is judged at every point and kept if it
+    passes. What a person would write, at a bounded cost in low-precision nodes
+    (`groups.MERGE_EXTRA`); the budget left is all it spends."""
+    tried: set[str] = set()
+    current = _precisions(search, search.pinned)
+    while True:
+        offered = [s for s in scopes(search.groups, search.pinned) if s.prefix not in tried]
+        if not offered:
+            return
+        scope = offered[0]
+        tried.add(scope.prefix)
+        search.groups.append(scope.group(search.groups))
+        k = len(search.groups) - 1
+        merged = sorted({*(g for g in search.pinned if g not in scope.covered), k})
+        if _precisions(search, merged) == current:
+            search.known[tuple(merged)] = search.known[tuple(sorted(search.pinned))]
+            why = f"selects exactly the {len(scope.members)} nodes pinned inside it"
+        else:
+            if search.left() <= 0:
+                return
+            if not search.try_pins(merged, f"merge into scope {scope.prefix}").passed:
+                continue
+            why = (
+                f"{len(scope.members)} pins inside it merged; every tolerance holds with all of it"
+            )
+        firsts = [search.reasons.pop(g, "") for g in search.pinned if g in scope.covered]
+        search.reasons[k] = why + (f" (first: {firsts[0]})" if firsts and firsts[0] else "")
+        search.pinned = merged
+        current = _precisions(search, merged)
+
+
+def _precisions(search: Search, pinned: list[int]) -> list[str | None]:
+    """Each node's precision under `pinned`: two pin sets alike here are one candidate."""
+    f = search.front
+    assignment = assign(f.view, search.precision(pinned), f.measures.ranges, f.analysis)
+    return [d.precision for d in assignment.decisions]
+
+
 def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | None:
     """The unpinned group where the emulation first turns non-finite (or nearest upstream)."""
     if first is None:
@@ -337,8 +446,8 @@ def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | No
 
 
 def _result(search: Search) -> SearchResult:
-    """What the search found: the last trial of its final pin set, and why each pin stays."""
-    final = next(t for t in reversed(search.trials) if t.pinned == tuple(sorted(search.pinned)))
+    """What the search found: the verdict on its final pin set, and why each pin stays."""
+    final = search.known[tuple(sorted(search.pinned))]
     kept = "kept (not re-checked within the budget)"
     return SearchResult(
         search.precision(search.pinned),
@@ -379,4 +488,5 @@ def tune(
         outcome = _grow(search, _start(search))
         if outcome.passed:
             _shrink(search)
+            _merge(search)
     return _result(search)
