@@ -239,6 +239,8 @@ def test_the_stub_names_what_the_package_imports_lazily():
         for name in typed
     )
     assert set(trtbuild.__all__) == {*trtbuild._API, "__version__"}
+    # the public names hold no pipeline-internal value (the CLI's `api.convert_front` is one)
+    assert "convert_front" not in trtbuild.__all__ and "Front" not in trtbuild.__all__
 
 
 def test_no_module_names_a_policy_by_its_path():

@@ -3,7 +3,6 @@
 from trtbuild.api import build as build
 from trtbuild.api import check as check
 from trtbuild.api import convert as convert
-from trtbuild.api import convert_front as convert_front
 from trtbuild.api import open_cache as open_cache
 from trtbuild.api import tune as tune
 from trtbuild.errors import BackendError as BackendError

@@ -62,7 +62,6 @@ __all__ = [
     "build",
     "check",
     "convert",
-    "convert_front",
     "load_policy",
     "open_cache",
     "tune",
@@ -212,8 +211,9 @@ def convert_front(
     quiet: bool = False,
 ) -> Front:
     """`convert`'s work with everything it knows: the assignment and the casts beside the
-    validated mixed model (`front.converted.model`), for a tool that shows them (the
-    CLI's `convert`); an internal value, not a stable one.
+    validated mixed model (`front.converted.model`), for the CLI's `convert`, which shows
+    them. Internal (not in `trtbuild`'s names): `Front` is the pipeline's own value and
+    changes with it; a user's code calls `convert`, and `check` for each node's precision.
 
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
