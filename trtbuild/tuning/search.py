@@ -76,11 +76,13 @@ class SearchResult:
     # set (or, failing, a passing one) may have been missed. Not "every evaluation used": a
     # search that ends on its last evaluation was given enough.
     exhausted: bool = False
+    points: int = 1  # the points of the input space a candidate is judged at
 
     @property
     def costliest_point(self) -> str | None:
-        """`max [1, 3, 1024, 1024] (71% of the judging time)`, where there are several points."""
-        if len(self.point_seconds) < 2:
+        """`max [1, 3, 1024, 1024] (71% of the judging time)`, where there are several points
+        (with the early stop, a search cut short may have judged only the one it tried first)."""
+        if self.points < 2 or not self.point_seconds:
             return None
         label, seconds = max(self.point_seconds.items(), key=lambda kv: kv[1])
         return f"{label} ({seconds / max(sum(self.point_seconds.values()), 1e-9):.0%} of the judging time)"
@@ -461,6 +463,7 @@ def _result(search: Search) -> SearchResult:
         search.low,
         dict(search.point_seconds),
         search.exhausted,
+        len(search.front.shapes),
     )
 
 
