@@ -229,3 +229,32 @@ def test_a_saturated_weight_in_a_negative_channel_is_not_folded():
     (entry,) = record.details["not_folded"]
     assert "negative BatchNorm scale holds -128" in entry["why"]
     assert [n.name for n in after.graph.node] == [n.name for n in before.graph.node]
+
+
+def test_a_layernorm_reading_x_and_its_pair_stays_decomposed_and_exact():
+    """Some of the unit's nodes read the DQ, some the raw x: the float graph under the pair
+    sees one LayerNorm, but one fused input would change the other nodes' math."""
+    before = _quantized_layernorm()
+    for node in before.graph.node:
+        if node.name == "sub":
+            node.input[0] = "x"  # the deviation from the raw input, the mean from the DQ
+    after, record = fuse.fuse_layernorm(before)
+    assert record.details["fused"] == []
+    (kept,) = record.details["not_fused"]
+    assert "'x' and 'xd'" in kept["why"]
+    feed = {"x": RNG.normal(0, 3, (2, 3, 4)).astype(np.float32)}
+    (a,), (b,) = _run(before, feed), _run(after, feed)
+    np.testing.assert_array_equal(b, a)
+
+
+def test_a_batchnorm_whose_scale_is_zero_is_not_folded_into_a_zero_weight_scale():
+    """gamma 0 in a channel would give that channel's Q/DQ scale 0, which TensorRT refuses
+    (and `check` would blame a node the user's model does not have): the BatchNorm stays."""
+    before = _conv_bn(pair_after_conv=False)
+    for t in before.graph.initializer:
+        if t.name == "g":
+            t.CopyFrom(numpy_helper.from_array(np.array([1.0, 0.0, 0.9, 1.5], np.float32), "g"))
+    after, record = fuse.fold_batchnorm(before)
+    (entry,) = record.details["not_folded"]
+    assert entry["name"] == "bn" and "scales > 0" in entry["why"]
+    assert [n.name for n in after.graph.node] == [n.name for n in before.graph.node]

@@ -184,13 +184,19 @@ def _quantized_plan(
                     "(kept as a decomposed unit; quantize without Q/DQ inside normalizations, "
                     "as ModelOpt does, to have it fused)"
                 )
+    read = sorted(  # the input as the quantized graph's nodes read it (a DQ's output, or x)
+        {t for i in members for t in view.nodes[i].input if seen.alias.get(t, t) == node.input[0]}
+    )
+    if len(read) > 1:  # some read x and some its Q/DQ: one input would change the others' math
+        return (
+            f"its nodes read both {' and '.join(repr(t) for t in read)} (the same tensor with "
+            "and without its Q/DQ pair); one LayerNormalization reads one of them (kept as a "
+            "decomposed unit)"
+        )
     fused = onnx.NodeProto()
     fused.CopyFrom(node)
-    for i in sorted(members):  # the input as the quantized graph's node reads it (a DQ's output)
-        for t in view.nodes[i].input:
-            if seen.alias.get(t, t) == node.input[0]:
-                fused.input[0] = t
-                return fused, inits
+    if read:
+        fused.input[0] = read[0]
     return fused, inits
 
 
@@ -407,10 +413,17 @@ def _fold_quantized(view: GraphView, conv: onnx.NodeProto, bn: onnx.NodeProto, d
     if isinstance(weight, str):
         return weight
     s, fold_bias = _bn_affine(view, bn)
+    folded_scale = np.broadcast_to(weight.scale.astype(np.float64), s.shape) * np.abs(s)
+    folded_scale = folded_scale.astype(weight.scale.dtype)
+    if not np.all(np.isfinite(folded_scale) & (folded_scale > 0)):  # gamma 0, or underflow
+        return (
+            f"a channel's BatchNorm scale makes its folded weight scale {folded_scale.min():g} "
+            f"in {conv.input[1]!r}: TensorRT takes only scales > 0 (the BatchNorm is kept)"
+        )
     if np.any(_integers(weight)[s < 0] <= -128):  # negated, -128 would be 128: saturated
         return f"a channel with a negative BatchNorm scale holds -128 in {conv.input[1]!r}"
     stem = f"{conv.name}.weight_bnfolded"
-    nodes, inits = _folded_weight(weight, s, stem)
+    nodes, inits = _folded_weight(weight, s, folded_scale, stem)
     b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
     b2 = fold_bias(b).astype(np.float32)
     inits.append(numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"))
@@ -432,12 +445,11 @@ def _integers(weight: _QuantizedWeight) -> np.ndarray:
 
 
 def _folded_weight(
-    weight: _QuantizedWeight, s: np.ndarray, stem: str
+    weight: _QuantizedWeight, s: np.ndarray, new_scale: np.ndarray, stem: str
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """The weight times `s` per output channel as (Q and) DQ nodes writing `stem`."""
+    """The weight times `s` per output channel as (Q and) DQ nodes writing `stem`, each
+    channel's scale `new_scale` (its old scale times |s|, checked > 0 by the caller)."""
     per = (-1, *[1] * (weight.values.ndim - 1))
-    scale = weight.scale
-    new_scale = (np.broadcast_to(scale.astype(np.float64), s.shape) * np.abs(s)).astype(scale.dtype)
     if weight.stored:
         flip = np.where(s < 0, -1, 1).astype(np.int8).reshape(per)
         values = numpy_helper.from_array((weight.values * flip).astype(np.int8), f"{stem}_int8")
