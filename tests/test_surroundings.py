@@ -328,6 +328,34 @@ def test_the_child_is_isolated_from_pythonpath_and_sitecustomize(tmp_path, monke
     assert not ran.exists()
 
 
+ONLY_ON_PYTHONPATH = """
+import sys
+from tests.helpers import F, model, node
+from trtbuild.precision.validate import validate_mixed
+
+m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+print(validate_mixed(m, None))
+"""
+
+
+def test_the_child_imports_onnxruntime_from_where_the_parent_does(tmp_path):
+    """ONNX Runtime reached only through PYTHONPATH (or the user site, `pip install
+    --user`), not the interpreter's own site-packages: `-I` alone drops it, and the check
+    called every mixed model broken (exit 70). The child takes the parent's import path."""
+    import onnxruntime
+
+    from tests.conftest import ROOT
+
+    base = os.path.realpath(sys.executable)  # the interpreter under the virtualenv
+    found = str(Path(onnxruntime.__file__).resolve().parents[1])
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join([str(ROOT), found])}
+    done = subprocess.run(
+        [base, "-c", ONLY_ON_PYTHONPATH], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
 CHECK_THEN_DIE = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])

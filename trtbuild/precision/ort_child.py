@@ -34,15 +34,21 @@ RESULT = "@trtbuild-result@"  # the child's answer follows this on its own line
 # It dies with its parent (Linux's PR_SET_PDEATHSIG), reads the model from stdin ("-") or
 # a file, and its one answer is the line after RESULT (whatever else a library prints).
 CHILD = """\
-import ctypes, json, signal, sys
+import ctypes, json, os, signal, sys
 source, level, verbose = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+sys.path[:] = [p for p in sys.argv[4].split(os.pathsep) if p] or sys.path  # the parent's
 if sys.platform.startswith("linux"):
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
 model = sys.stdin.buffer.read() if source == "-" else source
-import onnxruntime as ort
+try:
+    import onnxruntime as ort
+except ImportError as exc:  # the environment's fault, not the model's
+    said = json.dumps({"kind": "ImportError", "message": str(exc)})
+    sys.stdout.write("\\n" + RESULT + said + "\\n")
+    sys.exit(3)
 options = ort.SessionOptions()
 options.log_severity_level = 0 if verbose else 3
 options.intra_op_num_threads = 1
@@ -110,6 +116,7 @@ def spawn(source: Path | bytes, level: str, verbose: bool = False) -> subprocess
     """
     env = {k: os.environ[k] for k in ENVIRONMENT if k in os.environ}
     argv = ["-" if isinstance(source, bytes) else str(source), level, str(int(verbose))]
+    argv.append(import_path())
     proc = subprocess.Popen(
         [sys.executable, "-I", "-c", CHILD, *argv],
         cwd=Path(sys.executable).anchor or "/",
@@ -122,6 +129,27 @@ def spawn(source: Path | bytes, level: str, verbose: bool = False) -> subprocess
         pipe, proc.stdin = proc.stdin, None  # communicate() must not close it under the thread
         threading.Thread(target=_feed, args=(pipe, source), daemon=True).start()
     return proc
+
+
+def import_path() -> str:
+    """Where the child imports from: the parent's own absolute import folders, less the
+    working folder (`python -m` puts it first; an `onnxruntime.py` planted there is what
+    `-I` keeps out). Why not `-I`'s own path alone: it drops the user site and
+    PYTHONPATH, and an ONNX Runtime installed there is the one the parent runs."""
+    try:
+        here = os.path.realpath(os.getcwd())
+    except OSError:  # the working folder was removed
+        here = ""
+    kept = [p for p in sys.path if os.path.isabs(p) and os.path.realpath(p) != here]
+    return os.pathsep.join(kept)
+
+
+def _signal_name(number: int) -> str:
+    """`SIGSEGV`, or `signal 35` for one Python has no name for (a real-time signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _feed(pipe: Any, data: bytes) -> None:
@@ -148,7 +176,7 @@ def outcome(proc: subprocess.Popen, timeout: float | None = None) -> Outcome:
     said = _said(out.decode(errors="replace"))
     if code == FAILED and said is not None:
         return Outcome(False, said[0], said[1])
-    why = signal.Signals(-code).name if code < 0 else f"exit code {code}"
+    why = _signal_name(-code) if code < 0 else f"exit code {code}"
     killed = code < 0 and -code in KILLED
     tail = (err or out).decode(errors="replace")[-500:]
     return Outcome(False, message=tail, crash=why, killed=killed)

@@ -151,6 +151,12 @@ def _ended(proc: subprocess.Popen, timeout: float, size: int) -> ort_child.Outco
             f"{ort_child.BYTES_PER_SECOND >> 20} MiB), or to 0 to skip this check; a stopped "
             "or swapping machine does this too",
         ) from None
+    if done.kind == "ImportError":  # the child's Python is not the parent's environment
+        raise CheckFailed(
+            what + f"created in a child process) could not import ONNX Runtime: {done.message}",
+            hint=f"install onnxruntime where {sys.executable} finds it, or set "
+            f"{TIMEOUT_KEY}: 0 in the policy to skip this check",
+        )
     if done.killed:
         why = (
             "the kernel's out-of-memory killer does this when the machine runs out of memory"
