@@ -66,7 +66,7 @@ def test_a_kill_at_any_step_of_publication_leaves_a_whole_set(tmp_path, mode):
         code = _drive(out, "new", hook)
         assert code in (0, -signal.SIGKILL)
         if mode == "portable":  # a kill between its two renames is undone by the next one
-            clean_leftovers(tmp_path)
+            clean_leftovers(tmp_path, "out")
         assert _generations(out) in ({"old"}, {"new"}), f"step {step}: a mixed set"
         assert (out / "notes.txt").read_text() == "the user's"
         assert json.loads((out / MARKER).read_text())["command"] == "build"
@@ -83,12 +83,12 @@ def test_a_kill_at_any_step_of_publication_leaves_a_whole_set(tmp_path, mode):
 def test_a_staging_folder_is_alive_while_its_lock_is_held_whatever_its_name(tmp_path):
     import fcntl
 
-    orphan = tmp_path / ".out.staging-abc_12"  # no process holds it: a dead build's
+    orphan = tmp_path / ".out.staging-abc_1234"  # no process holds it: a dead build's
     orphan.mkdir()
     (orphan / "engine.plan").write_bytes(b"\0" * 1000)
-    dead_pid = tmp_path / f".out.staging-{2**22 + 7}-x"  # an older trtbuild's name
+    dead_pid = tmp_path / f".out.staging-{2**22 + 7}-x_x_x_x_"  # an older trtbuild's name
     dead_pid.mkdir()
-    live = tmp_path / ".other.staging-xyz"  # named like a dead one, but held
+    live = tmp_path / ".out.staging-xyzxyzxy"  # named like a dead one, but held
     live.mkdir()
     fd = os.open(live, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -98,6 +98,21 @@ def test_a_staging_folder_is_alive_while_its_lock_is_held_whatever_its_name(tmp_
     finally:
         os.close(fd)
     assert _generations(out) == {"new"}
+
+
+def test_a_users_folders_named_like_leftovers_of_another_output_are_left_alone(tmp_path):
+    """Only this output's leftovers, named as trtbuild names them, are settled: a user's
+    `.website.staging-eu`, or a dead build's folder of another output, are not this run's."""
+    mine = tmp_path / ".website.staging-eu"
+    mine.mkdir()
+    (mine / "index.html").write_text("precious")
+    empty = tmp_path / ".thesis.old-v1"
+    empty.mkdir()
+    other = tmp_path / ".other.staging-abcdefgh"  # another output's: its own build settles it
+    other.mkdir()
+    assert _drive(tmp_path / "out", "new") == 0
+    assert (mine / "index.html").read_text() == "precious"
+    assert empty.is_dir() and other.is_dir()
 
 
 # stages one generation, says where, and publishes it once told; argv: OUT GENERATION
@@ -145,7 +160,7 @@ def test_a_planted_aside_folder_of_another_user_is_never_linked_into_an_output(t
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)
-    planted = shared / ".out.old-4242-abc"
+    planted = shared / ".out.old-4242-abcdefgh"
     planted.mkdir()
     (planted / "notes.txt").write_text("the attacker's")
     (planted / MARKER).write_text(json.dumps({"command": "build", "files": ["notes.txt"]}))
@@ -163,7 +178,7 @@ def test_a_planted_aside_folder_of_another_user_is_never_linked_into_an_output(t
 def test_the_portable_path_never_removes_an_aside_set_it_did_not_move_there(tmp_path):
     out = tmp_path / "out"
     assert _drive(out, "old") == 0
-    mine = tmp_path / f".out.old-{2**22 + 7}-mine"  # named like an aside of a dead PID
+    mine = tmp_path / f".out.old-{2**22 + 7}-mine_abc"  # named like an aside of a dead PID
     mine.mkdir()
     (mine / MARKER).write_text("{}")
     (mine / "notes.txt").write_text("kept")

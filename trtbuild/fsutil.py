@@ -57,7 +57,10 @@ NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 READ_NOFOLLOW = os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 # `.NAME.staging-*`, `.NAME.old-*` (an older trtbuild put its PID first: `-PID-*`)
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|old)-[A-Za-z0-9_-]+$")
+# mkdtemp's 8 characters, token_hex(8)'s 16 (a user's `.site.staging-eu` is no leftover)
+_LEFTOVER = re.compile(
+    r"^\.(?P<name>.+)\.(?P<kind>staging|old)-(?:[0-9]+-)?(?:[a-z0-9_]{8}|[0-9a-f]{16})$"
+)
 _DIRECTORY = FOLDER | NOFOLLOW
 
 
@@ -296,7 +299,7 @@ def staging_folder(out_dir: Path) -> Iterator[Path]:
     """
     home = out_dir if is_mount(out_dir) else out_dir.parent
     home.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(home)
+    clean_leftovers(home, out_dir.name)
     try:
         path, fd = _held_folder(home, f".{out_dir.name}.staging-")
     except OSError as exc:  # the user knows the out folder, not the staging folder's name
@@ -375,8 +378,9 @@ def _same(fd: int, path: Path) -> bool:
         return False
 
 
-def clean_leftovers(parent: Path) -> None:
-    """Settle the staging and aside folders that dead publications left in `parent`.
+def clean_leftovers(parent: Path, name: str) -> None:
+    """Settle the staging and aside folders that dead publications of `parent/name` left
+    in `parent` (only that output's: a folder of another name is not this run's to judge).
 
     Dead means: ours (owned by this user), and no process holds its lock, whichever
     PID namespace it runs in. A staging folder is removed; an aside folder (`.NAME.old-*`,
@@ -389,14 +393,14 @@ def clean_leftovers(parent: Path) -> None:
     folder the size of a build that nothing removes.
     """
     try:
-        names = os.listdir(parent)
+        entries = os.listdir(parent)
     except OSError:
         return
-    for name in names:
-        found = _LEFTOVER.match(name)
-        if found is None:
+    for entry in entries:
+        found = _LEFTOVER.match(entry)
+        if found is None or found["name"] != name:
             continue
-        path = parent / name
+        path = parent / entry
         fd = _dead(path)
         if fd is None:
             continue
