@@ -537,6 +537,30 @@ def test_a_symlinked_root_of_another_user_turns_the_cache_off(tmp_path):
     assert Cache(codec=cache_codec, root=link).put("prepared", _digest("link"), _prepared())
 
 
+def test_folders_the_cache_makes_are_its_own_under_a_group_writable_umask(tmp_path):
+    """umask 002 (many distributions' default for users): every folder made on the way to
+    the root is 0700, so the cache does not refuse what it made itself."""
+    old = os.umask(0o002)
+    try:
+        cache = Cache(codec=cache_codec, root=tmp_path / "made" / "by" / "trtbuild")
+        assert cache.put("prepared", _digest("umask"), _prepared()) is True
+    finally:
+        os.umask(old)
+    assert cache.events == []
+    for folder in ("made", "made/by", "made/by/trtbuild"):
+        assert (tmp_path / folder).stat().st_mode & 0o777 == 0o700, folder
+
+
+def test_a_root_that_is_a_symbolic_link_to_nothing_says_so(tmp_path):
+    """Not a silent miss on every run: the cache is off, and the warning says why."""
+    link = tmp_path / "cache"
+    link.symlink_to(tmp_path / "nowhere")
+    cache = Cache(codec=cache_codec, root=link)
+    assert cache.put("prepared", _digest("dangling"), _prepared()) is False
+    (said,) = cache.events
+    assert "symbolic link to nothing" in said and str(link) in said
+
+
 def _reshaped(kind: str, value, change) -> bytes:
     """The payload of `value` with its JSON line changed by `change` (a valid entry's
     frame, the wrong content)."""

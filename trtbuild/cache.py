@@ -375,13 +375,15 @@ def open_root(root: Path, *, create: bool) -> tuple[int | None, str | None]:
     """
     absolute = Path(os.path.abspath(root))
     try:
-        if create and not os.path.lexists(absolute):
-            os.makedirs(absolute, mode=0o700, exist_ok=True)
+        if create:
+            _make_private(absolute)
         why = _unsafe_way(absolute)
         if why is not None:
             return None, why
         fd = os.open(absolute, FOLDER)  # follows a symlink the user made (checked above)
     except FileNotFoundError:
+        if create:  # made above, so a symbolic link on the way points nowhere
+            return None, f"cannot use {root}: it is a symbolic link to nothing; {_HINT}"
         raise
     except NotADirectoryError:
         return None, f"{root} is a file, not a folder; set TRTBUILD_CACHE_DIR"
@@ -392,6 +394,20 @@ def open_root(root: Path, *, create: bool) -> tuple[int | None, str | None]:
         os.close(fd)
         return None, why
     return fd, None
+
+
+def _make_private(absolute: Path) -> None:
+    """Each missing folder down to `absolute`, made 0700. Why not `os.makedirs(mode=)`: it
+    gives the mode to the last folder only, the others umask's (775 under umask 002, the
+    default of many distributions), which `_unsafe_way` then rightly refuses."""
+    missing = []
+    step = absolute
+    while not os.path.lexists(step) and step != step.parent:
+        missing.append(step)
+        step = step.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another run made it meanwhile
+            os.mkdir(folder, 0o700)
 
 
 def _unsafe_way(absolute: Path) -> str | None:
