@@ -515,3 +515,14 @@ def test_a_file_mounted_into_the_out_folder_stays_and_a_mounted_artifact_is_exit
         points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
         for point in sorted((p for p in points if p.startswith(f"{tmp_path}/")), reverse=True):
             subprocess.run(["umount", "-l", point])
+
+
+@pytest.mark.parametrize("files", [None, "engine.plan", [1, 2]])
+def test_a_marker_whose_files_are_not_a_list_of_names_is_read_as_naming_none(tmp_path, files):
+    """A damaged (or another version's) marker is no exit 70: it names no files to keep."""
+    out = tmp_path / "out"
+    assert _drive(out, "old") == 0
+    marker = json.loads((out / MARKER).read_text())
+    (out / MARKER).write_text(json.dumps({**marker, "files": files}))
+    assert _drive(out, "new") == 0
+    assert _generations(out) == {"new"}

@@ -267,7 +267,12 @@ def read_marker(folder: Path) -> dict[str, Any]:
         doc = json.loads(read_small(folder / MARKER))
     except (OSError, ValueError, RecursionError):
         return {}
-    return doc if isinstance(doc, dict) else {}
+    if not isinstance(doc, dict):
+        return {}
+    files = doc.get("files", [])  # a damaged or foreign marker names no files, not a crash
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        doc = {**doc, "files": []}
+    return doc
 
 
 def alive(pid: int) -> bool:
