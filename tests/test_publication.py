@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,36 @@ WAITING = DRIVER.replace(
     "    print(stage, flush=True)\n"
     "    sys.stdin.readline()\n",
 )
+
+
+def test_one_publication_at_a_time_into_a_parent_folder(tmp_path):
+    """A publication waits for the one under way in the same parent: a `report` carrying
+    the old set while a `build` published its new one swapped the build's set away."""
+    import fcntl
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "out"
+    assert _drive(out, "old") == 0
+    waiting = subprocess.Popen(
+        [sys.executable, "-c", WAITING, str(out), "new"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    held = os.open(tmp_path, os.O_RDONLY)
+    try:
+        assert Path(waiting.stdout.readline().strip()).is_dir()  # staged, not published
+        fcntl.flock(held, fcntl.LOCK_EX)  # another publication into tmp_path under way
+        waiting.stdin.write("\n")
+        waiting.stdin.flush()
+        time.sleep(1.5)
+        assert waiting.poll() is None and _generations(out) == {"old"}  # it waits
+    finally:
+        os.close(held)  # that publication ends
+    waiting.stdin.close()
+    assert waiting.wait(timeout=120) == 0
+    assert _generations(out) == {"new"}
 
 
 def test_a_build_in_another_pid_namespace_leaves_a_running_builds_staging_alone(tmp_path):

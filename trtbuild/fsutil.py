@@ -478,6 +478,28 @@ def publish_folder(
     layer: EXDEV), or one would carry a file mounted into it away with the old set, the
     set is published into it instead (`_publish_in_place`).
     """
+    with _publishing(staging.parent):
+        _publish(staging, out_dir, owns, command, mode)
+
+
+@contextlib.contextmanager
+def _publishing(home: Path) -> Iterator[None]:
+    """One publication at a time into the folders of `home` (the output folder's parent, or
+    the mount point that holds its staging folder): an exclusive lock on `home` held from
+    reading the old set to the swap. Why: a `report` carrying the old set's engine while
+    a `build` publishes its new set would swap the new set away, and the build be lost."""
+    fd = os.open(home, _DIRECTORY)
+    try:
+        lock(fd, wait=True)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _publish(
+    staging: Path, out_dir: Path, owns: Collection[str], command: str, mode: int | None
+) -> None:
+    """`publish_folder`'s work, under its lock."""
     step = _Steps()
     step()
     kept = set(read_marker(out_dir).get("files", [])) - set(owns)
