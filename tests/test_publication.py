@@ -125,21 +125,26 @@ WAITING = DRIVER.replace(
 )
 
 
+def _waiting(out: Path, generation: str) -> subprocess.Popen:
+    """A publication of `generation` into `out` that prints its staging folder and waits
+    for a line on its stdin before it publishes."""
+    return subprocess.Popen(
+        [sys.executable, "-c", WAITING, str(out), generation],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 def test_one_publication_at_a_time_into_a_parent_folder(tmp_path):
     """A publication waits for the one under way in the same parent: a `report` carrying
     the old set while a `build` published its new one swapped the build's set away."""
     import fcntl
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "out"
     assert _drive(out, "old") == 0
-    waiting = subprocess.Popen(
-        [sys.executable, "-c", WAITING, str(out), "new"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    waiting = _waiting(out, "new")
     held = os.open(tmp_path, os.O_RDONLY)
     try:
         assert Path(waiting.stdout.readline().strip()).is_dir()  # staged, not published
@@ -163,13 +168,7 @@ def test_a_build_in_another_pid_namespace_leaves_a_running_builds_staging_alone(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "out"
     assert _drive(out, "old") == 0
-    running = subprocess.Popen(
-        [sys.executable, "-c", WAITING, str(out), "new"],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    running = _waiting(out, "new")
     try:
         stage = Path(running.stdout.readline().strip())
         assert stage.is_dir()
