@@ -17,6 +17,17 @@ from onnx import TensorProto, helper, numpy_helper
 TRTBUILD = str(Path(sys.executable).parent / "trtbuild")
 
 
+def plain_session(m: onnx.ModelProto | str | Path):
+    """An ONNX Runtime CPU session with every graph optimisation off: each op (Q/DQ
+    included) as its definition says, the independent run tests compare against."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    source = m.SerializeToString() if isinstance(m, onnx.ModelProto) else str(m)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
 def model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,

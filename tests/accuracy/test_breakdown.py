@@ -12,48 +12,33 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import NAFNET_POLICY
+from tests.helpers import plain_session
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.cli import main
 from trtbuild.errors import UsageError
 from trtbuild.front import run_front
 from trtbuild.policy.model import load_policy
 
-POLICY = """\
-version: 1
-model: {model}
-inputs:
-  input:
-    shape: [1, 3, 64, 64]
-    data: {{distribution: uniform, low: 0.0, high: 1.0}}
-precision:
-  default: fp16
-  rules:
+FINAL = """\
     - id: final-reduction
-      match: {{pattern: final_reductions, last: 1}}
+      match: {pattern: final_reductions, last: 1}
       precision: fp32
-accuracy:
-  samples: 2
-  tolerances:
-    default: {{atol: 0.1, rtol: 0.1, check_error_stat: median}}
-{extra}"""
+"""
 
 
 def _policy(tmp_path: Path, model: Path, extra: str = "") -> Path:
+    """The NAFNet policy of the tests on `model`, `extra` lines added under `accuracy:`."""
     path = tmp_path / "q.yaml"
-    path.write_text(POLICY.format(model=model, extra=extra))
+    path.write_text(NAFNET_POLICY.format(model=model, rules=FINAL, backend="none") + extra)
     return path
 
 
 def _run(model: onnx.ModelProto | str, feeds: list[dict]) -> list[list[np.ndarray]]:
-    """Plain ONNX Runtime, every graph optimization off: Q/DQ as their definitions say."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    session = plain_session(model)
     return [session.run(None, feed) for feed in feeds]
 
 

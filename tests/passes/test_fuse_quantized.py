@@ -7,10 +7,10 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import ROOT
+from tests.helpers import plain_session
 from trtbuild.passes import fuse
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy.specs import Passes
@@ -22,12 +22,7 @@ RNG = np.random.default_rng(0)
 
 
 def _run(m: onnx.ModelProto, feed: dict) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(
-        m.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, feed)
+    return plain_session(m).run(None, feed)
 
 
 def _layernorm_record(path) -> dict:

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import needs_rtx
+from tests.helpers import needs_rtx, plain_session
 from trtbuild.cli import main
 from trtbuild.front import run_front
 from trtbuild.graph.qdq import FUSED_OPS, QdqGraph
@@ -234,11 +234,8 @@ OVERFLOWS = {
 def test_mixed_model_runs_like_the_quantized_one(quantized_dir, tmp_path, stem):
     source = quantized_dir / f"{stem}.onnx"
     front = _front(_policy(tmp_path, source, stem, _pin(MODELS[stem][1]) + OVERFLOWS[stem]))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    want = ort.InferenceSession(str(source), options).run(None, _feeds(stem))
-    mixed = front.converted.model.SerializeToString()
-    got = ort.InferenceSession(mixed, options).run(None, _feeds(stem))
+    want = plain_session(source).run(None, _feeds(stem))
+    got = plain_session(front.converted.model).run(None, _feeds(stem))
     for w, g in zip(want, got):
         assert np.all(np.isfinite(g))
         err = np.median(np.abs(g.astype(np.float32) - w)) / (np.median(np.abs(w)) + 1e-6)
