@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy.images import Decoded
@@ -211,8 +211,9 @@ def _shape_runs(
             hint="judge at least one point: remove a skip",
         )
     decoded = Decoded()  # each image decoded once, every point fit from its original
+    originals: dict[Path, Any] = {}  # the reference model's session, made once for every point
     runs = [
-        _shape_run(policy, prepared, view, point, cache, digest, reference, decoded)
+        _shape_run(policy, prepared, view, point, cache, digest, reference, decoded, originals)
         for point in points
         if point.skip is None
     ]
@@ -228,6 +229,7 @@ def _shape_run(
     digest: str | None,
     reference: ReferenceLevel,
     decoded: Decoded,
+    originals: dict[Path, Any],
 ) -> ShapeRun:
     made = data_mod.point_feeds(policy, prepared.model, point, decoded)
     feeds = made.feeds
@@ -241,7 +243,7 @@ def _shape_run(
             raise
         raise _cannot_run(policy, point, exc) from None
     if ref is not None and policy.accuracy.reference_model is not None:
-        ref = against_reference_model(ref, policy.accuracy.reference_model, feeds)
+        ref = against_reference_model(ref, policy.accuracy.reference_model, feeds, originals)
     return ShapeRun(point, feeds, measures, ref, made.data)
 
 

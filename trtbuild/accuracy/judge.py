@@ -167,7 +167,6 @@ def judge(
     engine_runner: EngineRunner | None = None,
     emulated: onnx.ModelProto | None = None,
     detail: Detail | None = None,
-    overflow_fails: bool | None = None,
     verbose: bool = False,
     progress: bool = True,
 ) -> Verdict:
@@ -179,7 +178,6 @@ def judge(
         feeds,
         spec,
         detail=detail,
-        overflow_fails=overflow_fails,
         verbose=verbose,
         progress=progress,
     )
@@ -194,7 +192,6 @@ def judge_all(
     spec: AccuracySpec,
     *,
     detail: Detail | None = None,
-    overflow_fails: bool | None = None,
     verbose: bool = False,
     progress: bool = True,
 ) -> list[Verdict]:
@@ -204,15 +201,14 @@ def judge_all(
     verdict (`failures`): it runs the reference again and compares every tensor,
     three times the cost of the lean runs a verdict needs, and it explains a
     failure; a lean run's per-tensor sums still find an overflow an output masks.
-    With `overflow_fails` (default: the policy's `accuracy.masked_overflow` is
-    `fail`), a candidate whose intermediate turns non-finite where FP32 is finite
-    fails even when every output holds; every caller (`build`, `report`, `tune`)
-    takes the policy's rule, so they never disagree. `progress` shows samples on
+    Where the policy's `accuracy.masked_overflow` is `fail`, a candidate whose
+    intermediate turns non-finite where FP32 is finite fails even when every output
+    holds; the rule is read here and nowhere else, so `build`, `report` and `tune`
+    never disagree. `progress` shows samples on
     stderr once a run takes seconds; `tune` has a bar of its own.
     """
     detail = detail or DETAIL_OF_WALK[spec.walk]
-    if overflow_fails is None:
-        overflow_fails = spec.masked_overflow == "fail"
+    overflow_fails = spec.masked_overflow == "fail"
     same = [_identity(c) for c in candidates]  # a policy with no pin is its FP16 baseline
     unique = [candidates[same.index(k)] for k in dict.fromkeys(same)]
     measures = reference.measures

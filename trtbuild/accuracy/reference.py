@@ -374,10 +374,14 @@ def _io_text(dtype: int, dims: list | None) -> str:
 
 
 def against_reference_model(
-    reference: ReferenceTensors, path: Path, feeds: list[Feed]
+    reference: ReferenceTensors,
+    path: Path,
+    feeds: list[Feed],
+    sessions: dict[Path, Any] | None = None,
 ) -> ReferenceTensors:
     """`reference` with the reference model's outputs as what the judge compares against,
-    the graph's own FP32 outputs kept beside them (`graph_results`).
+    the graph's own FP32 outputs kept beside them (`graph_results`). `sessions` keeps the
+    reference model's session for the next point of the run (it takes any shape).
 
     The reference model runs whole (only its outputs are kept) in an ONNX Runtime session
     with optimizations off, as the reference itself runs; the measures (peaks, internals,
@@ -390,7 +394,10 @@ def against_reference_model(
 
     outputs = reference.measures.outputs
     try:
-        session = lean_session(str(path))  # a path: external data is found beside it
+        sessions = {} if sessions is None else sessions
+        if path not in sessions:  # a path: external data is found beside it
+            sessions[path] = lean_session(str(path))
+        session = sessions[path]
         names = [i.name for i in session.get_inputs()]
         iterations = []
         with quiet_polygraphy():
