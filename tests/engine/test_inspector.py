@@ -69,7 +69,6 @@ def test_without_a_gpu_the_int8_kernels_are_said_not_checked(tmp_path, quantized
     main(["build", "--policy", str(policy), "--out", str(out)])
     check = json.loads((out / "build.json").read_text())["engines"]["policy"]["int8_kernels"]
     assert check["checked"] is False and check["why"] == NEEDS_GPU
-    assert check["why"].startswith("not checked: needs a GPU")
     assert check["quantized_ops"] == 14 and "needs a GPU" in check["evaluator"]
     assert "INT8 kernels (policy" in (out / "report.md").read_text()
 

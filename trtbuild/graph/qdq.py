@@ -53,6 +53,8 @@ TENSORRT_FORMATS = frozenset({"int8", "fp8", "int4"})
 # Classes of quantized compute in the shares, beside fp16/bf16/fp32
 COMPUTE_CLASSES = ("int8", "fp8")
 FP8_MIN_CAPABILITY = (8, 9)  # FP8 kernels: Ada (SM89) and later
+# DequantizeLinear takes FP16/BF16 scales from this opset on (a quantized graph is upgraded)
+SCALE_OPSET = 19
 
 
 def is_qdq(op_type: str) -> bool:

@@ -9,6 +9,7 @@ import onnx
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, strip_value_info
+from trtbuild.graph.qdq import SCALE_OPSET
 from trtbuild.passes import basic as passes
 from trtbuild.passes import control, fuse
 from trtbuild.policy.specs import Passes
@@ -57,10 +58,10 @@ def prepare(
         if target == options.opset:
             raise
         raise UsageError(
-            f"{exc.message} (a quantized model needs opset {QDQ_SCALE_OPSET}: FP16 scales)",
+            f"{exc.message} (a quantized model needs opset {SCALE_OPSET}: FP16 scales)",
             where=source,
-            hint=f"export or quantize the model at opset {QDQ_SCALE_OPSET} (ModelOpt: --opset "
-            f"{QDQ_SCALE_OPSET}; torch.onnx.export(..., opset_version={QDQ_SCALE_OPSET}))",
+            hint=f"export or quantize the model at opset {SCALE_OPSET} (ModelOpt: --opset "
+            f"{SCALE_OPSET}; torch.onnx.export(..., opset_version={SCALE_OPSET}))",
         ) from None
     if rec.changed and target != options.opset:
         rec.details["because"] = "Q/DQ: FP16 scales on DequantizeLinear need opset 19"
@@ -85,9 +86,6 @@ def prepare(
     return Prepared(model, records)
 
 
-QDQ_SCALE_OPSET = 19  # DequantizeLinear takes FP16/BF16 scales from opset 19
-
-
 def _opset(model: onnx.ModelProto, asked: int | None) -> int | None:
     """The opset to upgrade to: at least 19 for a quantized (Q/DQ) graph.
 
@@ -101,7 +99,7 @@ def _opset(model: onnx.ModelProto, asked: int | None) -> int | None:
 
     if not any(n.op_type in QDQ_OPS for n in model.graph.node):
         return asked
-    return max(asked or 0, QDQ_SCALE_OPSET)
+    return max(asked or 0, SCALE_OPSET)
 
 
 def _fold_control_flow(

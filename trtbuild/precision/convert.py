@@ -20,6 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.graph.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE
+from trtbuild.graph.subgraphs import node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
 from trtbuild.precision.assign import Assignment
@@ -193,9 +194,8 @@ class _Scales:
     ) -> list[onnx.TensorProto]:
         """Without the exported scales that every Q/DQ now reads in its own type."""
         replaced = {n.scale for n in self.qdq.nodes.values()} - set(self.names.values())
-        read = {t for node in nodes for t in node.input} | set(self.a.view.outputs)
-        for node in self.a.view.nodes:  # bodies' nodes read outer values too
-            read.update(t for t in node.input if t not in replaced)
+        # a control-flow node's bodies read outer values too
+        read = {t for node in nodes for t in node_reads(node)} | set(self.a.view.outputs)
         return [t for t in initializers if t.name not in replaced or t.name in read]
 
     def dequantized(self, dq: int, dtype: int) -> str:

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtbuild.graph.optypes import DTYPE_NAME, PRECISION_DTYPE
-from trtbuild.graph.qdq import QdqGraph, holds
+from trtbuild.graph.qdq import SCALE_OPSET, QdqGraph, holds
 from trtbuild.graph.view import GraphView
 
 QDQ_RULE = "qdq"  # the `rule` of a Q/DQ node's decision: it follows the ops around it
 SCALE_RULE = "qdq-scale"  # an op kept FP32 because a scale it reads does not fit the low type
-MIN_OPSET = 19  # DequantizeLinear with FP16/BF16 scales
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ def plan(
     reasons: dict[int, str] = {}
     dq_precisions: dict[int, tuple[str, ...]] = {}
     dead: set[int] = set()
-    low_ok = view.opset >= MIN_OPSET
+    low_ok = view.opset >= SCALE_OPSET
     for i, n in qdq.nodes.items():
         if not n.is_dq:
             continue
