@@ -328,6 +328,7 @@ def test_a_quantized_model_is_tuned_on_its_float_ops_only(tmp_path, quantized_di
         if d.rule.startswith("tuned-"):
             assert front.view.nodes[i].name not in names
     assert all(front.assignment.decisions[i].rule == "qdq" for i in qdq.nodes)
+    assert "pinned by tune" not in tuned.read_text()  # every pin says its measured reason
     out = tmp_path / "b"
     code = main(["build", "--policy", str(tuned), "--backend", "tensorrt-rtx", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
@@ -400,15 +401,17 @@ def test_single_node_pins_are_offered_as_their_scope_where_it_splits_no_unit():
         group("normalization unit", "/enc1/norm/Sub", "/dec/norm/Div"),  # spans two scopes
         group("node", "/enc1/Conv"),
         group("node", "/dec/Conv"),
+        group("node", "/enc1/Relu"),  # /enc1/ holds two single pins: only the unit stops it
     ]
-    offered = scopes(groups_, pinned=[0, 1, 3, 4, 5])
+    offered = scopes(groups_, pinned=[0, 1, 3, 4, 5, 6])
     assert [s.prefix for s in offered] == ["/enc0/"]
     (scope,) = offered
     assert scope.members == (0, 1) and scope.covered == (0, 1, 2) and scope.extra == 1.0
     merged = scope.group(groups_)
     assert merged.regex == "^/enc0/" and merged.label == "scope ^/enc0/ (3 nodes)"
     names = [n for g in groups_ for n in g.names]
-    rules = candidate_precision(Precision(default="fp16"), [*groups_, merged], [6], names).rules
+    pinned = [len(groups_)]  # the merged scope, after the groups
+    rules = candidate_precision(Precision(default="fp16"), [*groups_, merged], pinned, names).rules
     assert [r.match.name for r in rules] == ["^/enc0/"]
     # a scope adding more than half of what it replaces is not offered
     assert scopes([*groups_, group("node", "/enc0/Mul")], pinned=[0, 1]) == []

@@ -209,15 +209,24 @@ def candidate_precision(
     base: Precision, groups_: list[Group], pinned: list[int], all_names: list[str]
 ) -> Precision:
     """The policy's precision with one FP32 rule per pinned group, after its own rules."""
-    rules = list(base.rules)
-    used, k = {r.id for r in rules}, 0  # a tuned policy tuned again keeps its own ids
+    added = tuple(rule for rule, _ in pin_rules(base, groups_, pinned, all_names))
+    return replace(base, rules=(*base.rules, *added))
+
+
+def pin_rules(
+    base: Precision, groups_: list[Group], pinned: list[int], all_names: list[str]
+) -> list[tuple[Rule, int]]:
+    """(rule, group) for each pinned group, in order: the rules `candidate_precision` adds,
+    each with the group it pins (the tuned policy's comment says that group's reason)."""
+    used, k = {r.id for r in base.rules}, 0  # a tuned policy tuned again keeps its own ids
+    found = []
     for g in sorted(pinned):
         k += 1
         while f"tuned-{k}" in used:
             k += 1
         match = Match(name=group_regex(groups_[g], all_names))
-        rules.append(Rule(f"tuned-{k}", match, "fp32"))
-    return replace(base, rules=tuple(rules))
+        found.append((Rule(f"tuned-{k}", match, "fp32"), g))
+    return found
 
 
 # -- merging pins into the rules a person would write ---------------------------------

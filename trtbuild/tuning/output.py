@@ -83,26 +83,17 @@ def _edited(
 
 
 def pins(front: Front, result: SearchResult) -> list[tuple[str, str, str]]:
-    """(rule id, group, reason) for each pin the search added: each pinned group found by
-    the rule that matches its nodes, not by position."""
-    from trtbuild.tuning.groups import group_regex
-
-    names = [n.name for n in front.view.nodes]
-    by_regex = {group_regex(result.groups[k], names): k for k in result.pinned}
+    """(rule id, group, reason) for each pin the search added, found by the rule id the
+    search gave it (not by its regex or its position)."""
     own = {r.id for r in front.policy.precision.rules}
     found = []
     for rule in result.policy.rules:  # every rule the search added is written, found or not
         if rule.id in own:
             continue
-        k = by_regex.get(rule.match.name or "")
+        k = result.rule_groups.get(rule.id)
         group = result.groups[k].label if k is not None else f"nodes {rule.match.name}"
-        found.append(
-            (
-                rule.id,
-                group,
-                result.reasons.get(k, "pinned by tune") if k is not None else "pinned by tune",
-            )
-        )
+        reason = result.reasons.get(k, "pinned by tune") if k is not None else "pinned by tune"
+        found.append((rule.id, group, reason))
     return found
 
 

@@ -29,6 +29,7 @@ from trtbuild.tuning.groups import (
     beyond_range,
     candidate_precision,
     groups,
+    pin_rules,
     scopes,
     suspects,
 )
@@ -77,6 +78,7 @@ class SearchResult:
     # search that ends on its last evaluation was given enough.
     exhausted: bool = False
     points: int = 1  # the points of the input space a candidate is judged at
+    rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
 
     @property
     def costliest_point(self) -> str | None:
@@ -451,6 +453,7 @@ def _result(search: Search) -> SearchResult:
     """What the search found: the verdict on its final pin set, and why each pin stays."""
     final = search.known[tuple(sorted(search.pinned))]
     kept = "kept (not re-checked within the budget)"
+    base = search.front.policy.precision
     return SearchResult(
         search.precision(search.pinned),
         search.groups,
@@ -464,6 +467,7 @@ def _result(search: Search) -> SearchResult:
         dict(search.point_seconds),
         search.exhausted,
         len(search.front.shapes),
+        {r.id: g for r, g in pin_rules(base, search.groups, search.pinned, search.names)},
     )
 
 
