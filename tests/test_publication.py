@@ -111,9 +111,12 @@ def test_a_users_folders_named_like_leftovers_of_another_output_are_left_alone(t
     empty.mkdir()
     other = tmp_path / ".other.staging-abcdefgh"  # another output's: its own build settles it
     other.mkdir()
+    near = [tmp_path / ".out.staging-eu", tmp_path / ".out.old-v1"]  # this output's name, not
+    for folder in near:  # trtbuild's suffix (mkdtemp's 8 characters, token_hex's 16)
+        folder.mkdir()
     assert _drive(tmp_path / "out", "new") == 0
     assert (mine / "index.html").read_text() == "precious"
-    assert empty.is_dir() and other.is_dir()
+    assert empty.is_dir() and other.is_dir() and all(f.is_dir() for f in near)
 
 
 # stages one generation, says where, and publishes it once told; argv: OUT GENERATION
@@ -547,7 +550,7 @@ def test_a_file_mounted_into_the_out_folder_stays_and_a_mounted_artifact_is_exit
             subprocess.run(["umount", "-l", point])
 
 
-@pytest.mark.parametrize("files", [None, "engine.plan", [1, 2]])
+@pytest.mark.parametrize("files", [None, 5, [["a"]]])  # each crashed the old reader
 def test_a_marker_whose_files_are_not_a_list_of_names_is_read_as_naming_none(tmp_path, files):
     """A damaged (or another version's) marker is no exit 70: it names no files to keep."""
     out = tmp_path / "out"

@@ -99,7 +99,7 @@ def _evaluator(r: PolicyResult) -> str:
 
 
 def _share(r: PolicyResult) -> str:
-    """`70.8%`, or `70.8% + 21.5% INT8/FP8` for a quantized model's policy."""
+    """`43.1%`, or `21.5% + 21.5% INT8/FP8` for a quantized model's policy."""
     if r.low_share is None:
         return "–"
     q = f" + {r.quantized_share:.1%} INT8/FP8" if r.quantized_share else ""
