@@ -393,10 +393,12 @@ def test_a_killed_parent_leaves_no_child_and_no_temporary_folder(tmp_path):
 
 def _child_of(pid: int) -> int | None:
     """The ONNX Runtime check's child of process `pid`, where one runs."""
+    from trtbuild.precision import ort_child
     for task in Path(f"/proc/{pid}/task").glob("*"):
         with contextlib.suppress(OSError):
             for kid in (task / "children").read_text().split():
-                if b"PR_SET_PDEATHSIG" in Path(f"/proc/{kid}/cmdline").read_bytes():
+                cmdline = Path(f"/proc/{kid}/cmdline").read_bytes()
+                if ort_child.CHILD.encode() in cmdline.split(b"\0"):  # its -c program
                     return int(kid)
     return None
 
