@@ -394,6 +394,7 @@ def test_a_killed_parent_leaves_no_child_and_no_temporary_folder(tmp_path):
 def _child_of(pid: int) -> int | None:
     """The ONNX Runtime check's child of process `pid`, where one runs."""
     from trtbuild.precision import ort_child
+
     for task in Path(f"/proc/{pid}/task").glob("*"):
         with contextlib.suppress(OSError):
             for kid in (task / "children").read_text().split():

@@ -17,24 +17,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trtbuild import _API  # the one list of public names
 from trtbuild.errors import UsageError
-from trtbuild.policy import Policy, PolicySource, load_policy
-from trtbuild.policy.specs import Match, Rule
+from trtbuild.policy import Policy, load_policy
+from trtbuild.policy import PolicySource as PolicySource  # re-exported: the library's names
+from trtbuild.policy.specs import Match as Match
+from trtbuild.policy.specs import Rule as Rule
 from trtbuild.results import (
     AtRisk,
     Backend,
     BuildResult,
     CheckedPoint,
     CheckResult,
-    Divergence,
     NodeDecision,
     Objective,
-    OutputResult,
     Pin,
     PointResult,
     SkippedPoint,
     TuneResult,
 )
+from trtbuild.results import Divergence as Divergence
+from trtbuild.results import OutputResult as OutputResult
 
 if TYPE_CHECKING:
     import onnx
@@ -43,29 +46,8 @@ if TYPE_CHECKING:
     from trtbuild.front import Front
     from trtbuild.tuning.search import SearchResult, Trial
 
-__all__ = [
-    "AtRisk",
-    "BuildResult",
-    "CheckResult",
-    "CheckedPoint",
-    "Divergence",
-    "Match",
-    "NodeDecision",
-    "OutputResult",
-    "Pin",
-    "PointResult",
-    "Policy",
-    "PolicySource",
-    "Rule",
-    "SkippedPoint",
-    "TuneResult",
-    "build",
-    "check",
-    "convert",
-    "load_policy",
-    "open_cache",
-    "tune",
-]
+# The library's own names: `trtbuild`'s, less the error classes (trtbuild.errors' own)
+__all__ = [n for n, module in _API.items() if module != "trtbuild.errors"]
 
 log = logging.getLogger("trtbuild")
 

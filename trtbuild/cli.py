@@ -427,7 +427,7 @@ def _cache(args):
 
 
 def _out_dir(args, policy) -> Path:
-    return args.out if args.out is not None else Path("build") / policy.stem
+    return args.out if args.out is not None else Path("build") / policy.name
 
 
 def _cmd_build(args) -> int:

@@ -22,8 +22,8 @@ def test_bare_name_is_looked_up_in_policies_dir(tmp_path, monkeypatch, write_pol
     (tmp_path / "policies").mkdir()
     write_policy(name="policies/mine.yaml")
     monkeypatch.chdir(tmp_path)
-    assert load_policy("mine.yaml").stem == "mine"
-    assert load_policy("mine").stem == "mine"  # as `trtbuild build --policy nafnet`
+    assert load_policy("mine.yaml").name == "mine"
+    assert load_policy("mine").name == "mine"  # as `trtbuild build --policy nafnet`
 
 
 def test_a_missing_policy_names_every_place_looked_at(tmp_path, monkeypatch):

@@ -116,13 +116,6 @@ def policy_dict(policy: PolicyLike) -> dict[str, Any]:
     return _Writer().doc(policy)
 
 
-def policy_yaml(policy: PolicyLike) -> str:
-    """`policy_dict` as YAML, in the policy's own key order."""
-    import yaml
-
-    return yaml.safe_dump(policy_dict(policy), sort_keys=False, default_flow_style=None, width=100)
-
-
 def canonical_yaml(policy: PolicyLike) -> str:
     """The text a policy without a file is identified by: `policy_dict`, keys sorted."""
     import yaml

@@ -76,10 +76,6 @@ class Policy:
         path = self.path
         return str(path) if path is not None else f"<policy {self.name}>"
 
-    @property
-    def stem(self) -> str:  # the name, as the policy's file stem once was
-        return self.name
-
     @classmethod
     def from_dict(
         cls, mapping: Mapping[str, Any], base_dir: str | Path = ".", name: str = "policy"
