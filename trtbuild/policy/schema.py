@@ -9,6 +9,7 @@ line number, not a schema path.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -69,6 +70,12 @@ def validate(value: Any, schema: Mapping[str, Any] = SCHEMA) -> Any:
 
 
 def _validator(schema: Mapping[str, Any]) -> Any:
+    """A validator of `schema` (the class is made once: `from_dict` validates in rounds)."""
+    return _validator_class()(schema)
+
+
+@functools.cache
+def _validator_class() -> Any:
     """Draft 2020-12, where a number is finite and a bool is neither number nor integer."""
     import jsonschema
 
@@ -79,7 +86,7 @@ def _validator(schema: Mapping[str, Any]) -> Any:
             "integer": lambda _, v: isinstance(v, int) and not isinstance(v, bool),
         }
     )
-    return jsonschema.validators.extend(base, type_checker=checker)(schema)
+    return jsonschema.validators.extend(base, type_checker=checker)
 
 
 def _is_number(v: Any) -> bool:
