@@ -43,6 +43,7 @@ class Assignment:
     qdq_inventory: dict[str, Any] = field(default_factory=dict)  # `graph.qdq` inventory
     dequantized: frozenset[int] = frozenset()  # ops a `dequantize: true` rule takes out of INT8
     dead_qdq: frozenset[int] = frozenset()  # Q/DQ left without a consumer by those: dropped
+    qdq: Any = None  # the analysis' `QdqGraph` the assignment read (conversion reads it too)
 
     def precision_of(self, index: int) -> str | None:
         return self.decisions[index].precision
@@ -175,7 +176,7 @@ def assign(
         else:
             decision = Decision(precision.default, "default", f"policy default {precision.default}")
         decisions.append(_respect_schema(view, i, decision))
-    assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory())
+    assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory(), qdq=qdq)
     return _with_qdq(assignment, qdq, precision) if qdq else assignment
 
 

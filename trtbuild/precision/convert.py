@@ -181,7 +181,8 @@ class _Scales:
         from trtbuild.graph.qdq import QdqGraph
 
         self.a = assignment
-        self.qdq = QdqGraph(assignment.view)
+        # the index the assignment read (built once per analysis, not once per tune trial)
+        self.qdq = assignment.qdq if assignment.qdq is not None else QdqGraph(assignment.view)
         self.tensors: list[onnx.TensorProto] = []
         self.names: dict[tuple[str, int, bytes], str] = {}
         self.q_clones: dict[tuple[str, int], str] = {}  # (Q output, type) -> its clone's
