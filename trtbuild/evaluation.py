@@ -26,17 +26,18 @@ FLAT_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}  # machine epsilon: one step at 
 FLAT_AGAINST_POINTS = 0.01
 
 
-def report_warnings(front: Front) -> list[str]:
+def report_warnings(front: Front, flat: list[dict[str, Any]] | None = None) -> list[str]:
     """Every warning `check` prints and the report lists: the rules', the conversion's, the
     FP16 boundaries' and stored tensors' overflows, what control flow leaves unmeasured, and
-    data that does not exercise the model."""
+    data that does not exercise the model (`flat`: `flat_outputs(front)`, where the caller
+    has it already)."""
     return (
         front.warnings
         + boundary_warnings(front)
         + overflow_warnings(front)
         + body_warnings(front)
         + unmeasured_quantization(front)
-        + flat_warnings(flat_outputs(front), front)
+        + flat_warnings(flat_outputs(front) if flat is None else flat, front)
     )
 
 
@@ -235,6 +236,7 @@ def evaluate_all(
         firsts = firsts or verdicts
     main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk
     fp32 = firsts[2] if len(firsts) > 2 else None
+    flat = flat_outputs(front)  # measured once: the warnings and report.json's list
     report = Report(
         policy=policy.where,
         model=str(policy.model),
@@ -247,11 +249,11 @@ def evaluate_all(
         fp32=fp32,
         shapes=per_shape,
         skipped=list(front.skipped),
-        warnings=report_warnings(front),
+        warnings=report_warnings(front, flat),
         backend=backend,
         version=__version__,
         masked_overflow_rule=policy.accuracy.masked_overflow,
-        flat_outputs=[{k: v for k, v in f.items() if k != "label"} for f in flat_outputs(front)],
+        flat_outputs=[{k: v for k, v in f.items() if k != "label"} for f in flat],
     )
     return replace(report, warnings=report.warnings + masked_warnings(report))
 
