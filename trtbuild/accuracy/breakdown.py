@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trtbuild.accuracy.reference import QUANTIZED_FP32, ReferenceTensors
+from trtbuild.accuracy.reference import QUANTIZED_FP32, REFERENCE, ReferenceTensors
 from trtbuild.accuracy.sessions import OutputMetrics
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def split_error(
     quantized = reference.quantized
     if quantized is None or reference.original is None:
         return None
-    runs = reference.graph_results[QUANTIZED_FP32]
+    runs = reference.graph_results[REFERENCE]  # the graph's own FP32 run, judged as a candidate
     graph = [IterationResult(dict(it.items()), runner_name=QUANTIZED_FP32) for it in runs]
     alone, _ = compare(reference, graph, QUANTIZED_FP32, spec, verbose)
     policy_runs = list(verdict.run_results[verdict.evaluator])

@@ -71,7 +71,8 @@ class ReferenceTensors:
     measures: ReferenceMeasures
     run_results: Any = field(repr=False, default=None)  # graph outputs of every feed
     # with `accuracy.reference_model`, `run_results` are that model's outputs; these are the
-    # graph's own FP32 outputs (the quantized graph's), and `original` names the model
+    # graph's own FP32 outputs (the quantized graph's, as the reference ran them), and
+    # `original` names the model
     graph_results: Any = field(repr=False, default=None)
     original: Path | None = None
 
@@ -80,8 +81,7 @@ class ReferenceTensors:
         """The graph's own FP32 run as a reference (the FP16 part is judged against it)."""
         if self.graph_results is None:
             return None
-        iterations = self.graph_results[QUANTIZED_FP32]
-        return ReferenceTensors(self.measures, _as_reference(iterations))
+        return ReferenceTensors(self.measures, self.graph_results)
 
 
 def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:
@@ -420,26 +420,4 @@ def against_reference_model(
         ) from None
     results = RunResults()
     results.append((REFERENCE, iterations))
-    quantized = RunResults()
-    quantized.append(
-        (
-            QUANTIZED_FP32,
-            [
-                IterationResult(dict(it.items()), runner_name=QUANTIZED_FP32)
-                for it in reference.run_results[REFERENCE]
-            ],
-        )
-    )
-    return ReferenceTensors(reference.measures, results, quantized, path)
-
-
-def _as_reference(iterations: list) -> Any:
-    """Polygraphy `RunResults` holding `iterations` as the reference's."""
-    from polygraphy.comparator import RunResults
-    from polygraphy.comparator.struct import IterationResult
-
-    results = RunResults()
-    results.append(
-        (REFERENCE, [IterationResult(dict(it.items()), runner_name=REFERENCE) for it in iterations])
-    )
-    return results
+    return ReferenceTensors(reference.measures, results, reference.run_results, path)
