@@ -49,7 +49,10 @@ def test_nafnet_from_no_rules_pins_only_norm_units_and_the_final_reduction(
         r"^/head/ReduceSum$",
     ]
     # each tuned rule says, in a comment, the measured error or range that made it necessary
-    for line in [x for x in text.splitlines() if x.strip().startswith("- {id: tuned-")]:
+    rules = [x for x in text.splitlines() if x.strip().startswith("- {id: tuned-")]
+    assert len(rules) == 5  # as a person writes them: no option at its default
+    assert "dequantize" not in text
+    for line in rules:
         comment = text.splitlines()[text.splitlines().index(line) - 1]
         assert comment.strip().startswith("#")
         assert "non-finite" in comment or "fail" in comment or "inf in FP16" in comment

@@ -124,8 +124,9 @@ def canonical_yaml(policy: PolicyLike) -> str:
 
 
 def rule_dict(rule: Rule) -> dict[str, Any]:
-    """One rule as a policy file holds it."""
-    return _Writer().rule(rule)
+    """One rule as a person's policy file holds it: its options at their defaults left out
+    (a tuned pin says `precision: fp32`, not `dequantize: false`)."""
+    return _Writer(defaults=False).rule(rule)
 
 
 def relative(path: Path, folder: Path) -> str:
