@@ -410,3 +410,64 @@ def test_a_bf16_policy_carries_bf16_scales_and_builds(quantized_dir, tmp_path, c
     code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
     assert code in (0, 1), capsys.readouterr().err
     assert (out / "engine.plan").stat().st_size > 0
+
+
+def transposed_weight() -> onnx.ModelProto:
+    """`x @ W.T` as PyTorch exports a quantized Linear: the weight's DQ, then a Transpose,
+    then the MatMul (TensorRT propagates the DQ through the Transpose into the MatMul)."""
+    w = np.random.default_rng(0).integers(-127, 128, (16, 8)).astype(np.int8)
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "ws"),
+        numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.int8), "xz"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="/in/Q"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="/in/DQ"),
+        helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], name="/fc/w_dq"),
+        helper.make_node("Transpose", ["wd"], ["wt"], perm=[1, 0], name="/fc/Transpose"),
+        helper.make_node("MatMul", ["xd", "wt"], ["y0"], name="/fc/MatMul"),
+        helper.make_node("Relu", ["y0"], ["y"], name="/act/Relu"),
+    ]
+    io = [("x", [1, 8]), ("y", [1, 16])]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in io]
+    graph = helper.make_graph(nodes, "linear", vi[:1], vi[1:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("rules", ["[]", _pin("/fc/MatMul")])
+def test_a_transposed_weight_keeps_its_path_into_the_matmul_free_of_casts(tmp_path, rules):
+    onnx.save(transposed_weight(), tmp_path / "linear.onnx")
+    inputs = _inputs({"x": ([1, 8], "uniform")})
+    text = POLICY.format(model="linear.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
+    (tmp_path / "linear.yaml").write_text(text)
+    front = _front(tmp_path / "linear.yaml")
+    mixed = GraphView(front.converted.model)
+    matmul = next(i for i, n in enumerate(mixed.nodes) if n.name == "/fc/MatMul")
+    transpose = mixed.producer[mixed.nodes[matmul].input[1]]
+    assert mixed.nodes[transpose].op_type == "Transpose"  # no Cast between it and the MatMul
+    dq = mixed.producer[mixed.nodes[transpose].input[0]]
+    assert mixed.nodes[dq].op_type == "DequantizeLinear"  # nor between the DQ and it
+    want = TensorProto.FLOAT if rules != "[]" else TensorProto.FLOAT16
+    assert mixed.dtype[mixed.nodes[dq].input[1]] == want  # the scale: the MatMul's precision
+    assert mixed.dtype[mixed.nodes[transpose].output[0]] == want
+    summary = front.assignment.summary()
+    assert summary.int8_nodes == 1  # the MatMul counts as INT8: TensorRT fuses its DQs
+
+
+@needs_rtx
+def test_a_pinned_matmul_behind_a_transposed_weight_builds(tmp_path, capsys):
+    onnx.save(transposed_weight(), tmp_path / "linear.onnx")
+    inputs = _inputs({"x": ([1, 8], "uniform")})
+    text = POLICY.format(
+        model="linear.onnx", inputs=inputs, rules=_pin("/fc/MatMul"), ccs='["8.9"]'
+    )
+    (tmp_path / "linear.yaml").write_text(text)
+    out = tmp_path / "out"
+    argv = ["build", "--policy", str(tmp_path / "linear.yaml"), "--backend", "tensorrt-rtx"]
+    assert main([*argv, "--out", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "engine.plan").stat().st_size > 0

@@ -37,6 +37,10 @@ QDQ_OPS = frozenset({QUANTIZE, DEQUANTIZE})
 # residual Add after a quantized Conv is fused too when one of its inputs is DQ-fed.
 FUSED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 RESIDUAL_OPS = frozenset({"Add"})
+# Ops that only move a DQ's values (PyTorch's `x @ W.T` exports DQ -> Transpose -> MatMul):
+# TensorRT propagates the DQ through them into the op behind, so they must compute in that
+# op's precision, or a Cast between them would stand between the DQ and its op.
+LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 FORMATS = {
     TensorProto.INT8: "int8",
     TensorProto.UINT8: "uint8",
@@ -127,6 +131,42 @@ class QdqGraph:
         return found
 
     @cached_property
+    def layout(self) -> dict[int, int]:
+        """Layout op -> the op behind it, for each chain of `LAYOUT_OPS` a DQ feeds that leads,
+        one reader after the other, to an op TensorRT fuses with DQs (DQ -> Transpose ->
+        MatMul). Such a chain is part of the DQ's path into its op: it computes as that op."""
+        found: dict[int, int] = {}
+        view = self.view
+        for n in self.nodes.values():
+            if not n.is_dq:
+                continue
+            for c in view.consumers.get(n.float_tensor, []):
+                chain, tensor = [], n.float_tensor
+                while view.nodes[c].op_type in LAYOUT_OPS and view.nodes[c].input[0] == tensor:
+                    tensor = view.nodes[c].output[0]
+                    readers = view.consumers.get(tensor, [])
+                    if len(readers) != 1 or tensor in view.outputs:
+                        chain = []
+                        break
+                    chain.append(c)
+                    c = readers[0]
+                if chain and view.nodes[c].op_type in FUSED_OPS | RESIDUAL_OPS:
+                    found.update(dict.fromkeys(chain, c))
+        return found
+
+    def fed_by(self, dq: int) -> list[int]:
+        """The ops DQ `dq` feeds: its readers, each layout chain replaced by the op behind it."""
+        readers = self.view.consumers.get(self.nodes[dq].float_tensor, [])
+        return list(dict.fromkeys(self.layout.get(c, c) for c in readers))
+
+    def dq_behind(self, tensor: str) -> int | None:
+        """The DQ that produces `tensor`, directly or through a layout chain (`layout`)."""
+        p = self.view.producer.get(tensor) if tensor else None
+        while p is not None and p in self.layout:
+            p = self.view.producer.get(self.view.nodes[p].input[0])
+        return p if p is not None and p in self.nodes and self.nodes[p].is_dq else None
+
+    @cached_property
     def groups(self) -> tuple[QdqGroup, ...]:
         """Every group: each Q with its DQs, then each DQ no Q feeds."""
         found, taken = [], set()
@@ -153,9 +193,13 @@ class QdqGraph:
 
     @cached_property
     def dq_fed(self) -> tuple[int, ...]:
-        """Every node that is not itself a Q/DQ and reads a DQ's output directly."""
+        """Every node that is not itself a Q/DQ and reads a DQ's output directly, or through
+        a layout chain (`layout`; the chain's own ops are not counted)."""
+        behind = set(self.layout.values())
         return tuple(
-            i for i in range(len(self.view.nodes)) if i not in self.nodes and self.dq_inputs(i)
+            i
+            for i in range(len(self.view.nodes))
+            if i not in self.nodes and i not in self.layout and (self.dq_inputs(i) or i in behind)
         )
 
     @cached_property
@@ -167,9 +211,9 @@ class QdqGraph:
             node = self.view.nodes[i]
             if node.op_type not in FUSED_OPS or len(node.input) < 2:
                 continue
-            first, second = (self.nodes.get(self.view.producer.get(t, -1)) for t in node.input[:2])
-            if first is not None and second is not None and first.is_dq and second.is_dq:
-                found[i] = first.format
+            first, second = (self.dq_behind(t) for t in node.input[:2])
+            if first is not None and second is not None:
+                found[i] = self.nodes[first].format
         return found
 
     def inventory(self) -> dict[str, Any]:

@@ -193,7 +193,8 @@ def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:
         decisions[i] = Decision("fp32", quantized.SCALE_RULE, why)
     plan = quantized.plan(view, qdq, [d.precision for d in decisions], dequantized)
     for i, p in plan.precision.items():
-        decisions[i] = Decision(p, quantized.QDQ_RULE, plan.reasons[i])
+        rule = quantized.QDQ_RULE if i in qdq.nodes else quantized.LAYOUT_RULE
+        decisions[i] = Decision(p, rule, plan.reasons[i])
     assignment.warnings.extend(warnings)
     assignment.quantized = {i: f for i, f in qdq.quantized_ops.items() if i not in dequantized}
     assignment.dq_precisions = plan.dq_precisions

@@ -22,13 +22,16 @@ from trtbuild.graph.qdq import SCALE_OPSET, QdqGraph, holds
 from trtbuild.graph.view import GraphView
 
 QDQ_RULE = "qdq"  # the `rule` of a Q/DQ node's decision: it follows the ops around it
+# a layout op between a DQ and the op TensorRT fuses it with (DQ -> Transpose -> MatMul)
+LAYOUT_RULE = "qdq-layout"
 SCALE_RULE = "qdq-scale"  # an op kept FP32 because a scale it reads does not fit the low type
 
 
 @dataclass(frozen=True)
 class QdqPlan:
-    """Per Q/DQ node: its precision and why; per DQ: every precision its consumers need
-    (the first is the DQ's own; `convert` clones the DQ for each other one)."""
+    """Per Q/DQ node (and layout op of a DQ's path, `QdqGraph.layout`): its precision and
+    why; per DQ: every precision its consumers need (the first is the DQ's own; `convert`
+    clones the DQ for each other one)."""
 
     precision: dict[int, str]
     reasons: dict[int, str]
@@ -54,7 +57,7 @@ def promote_for_scales(
     for group in qdq.groups:
         scale = qdq.group_scale(group)
         for dq in group.dqs:
-            for c in view.consumers.get(qdq.nodes[dq].float_tensor, []):
+            for c in qdq.fed_by(dq):
                 p = precision_of[c]
                 if p in (None, "fp32") or c in promoted or c in qdq.nodes or c in dequantized:
                     continue
@@ -90,7 +93,7 @@ def plan(
             continue
         scale = qdq.group_scale(qdq.group_of[i])
         wanted: list[str] = []
-        readers = view.consumers.get(n.float_tensor, [])
+        readers = qdq.fed_by(i)
         if (
             readers
             and all(c in dequantized for c in readers)
@@ -106,6 +109,17 @@ def plan(
         precision[i] = dq_precisions[i][0]
         reasons[i] = "a DQ computes in the precision of the ops it feeds" + (
             f" (cloned for {', '.join(dq_precisions[i][1:])})" if len(dq_precisions[i]) > 1 else ""
+        )
+    for c, op in qdq.layout.items():  # DQ -> Transpose -> MatMul: no Cast inside the path
+        dq = qdq.dq_behind(view.nodes[c].output[0])
+        scale = qdq.group_scale(qdq.group_of[dq]) if dq is not None else None
+        p = precision_of[op] if op not in dequantized else None
+        if dq is None or p is None:
+            continue
+        precision[c] = p if low_ok and holds(scale, PRECISION_DTYPE[p]) else "fp32"
+        reasons[c] = (
+            f"moves the values of {qdq.nodes[dq].name} into {view.nodes[op].name}, which "
+            "TensorRT fuses with it: computes as that op"
         )
     for i, n in qdq.nodes.items():
         if n.is_dq:
