@@ -471,3 +471,18 @@ def test_a_pinned_matmul_behind_a_transposed_weight_builds(tmp_path, capsys):
     argv = ["build", "--policy", str(tmp_path / "linear.yaml"), "--backend", "tensorrt-rtx"]
     assert main([*argv, "--out", str(out)]) == 0, capsys.readouterr().err
     assert (out / "engine.plan").stat().st_size > 0
+
+
+def test_dequantize_on_a_matmul_behind_a_transposed_weight(tmp_path):
+    onnx.save(transposed_weight(), tmp_path / "linear.onnx")
+    rules = '\n    - {id: out, match: {name: "^/fc/MatMul$"}, precision: fp32, dequantize: true}'
+    inputs = _inputs({"x": ([1, 8], "uniform")})
+    text = POLICY.format(model="linear.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
+    (tmp_path / "linear.yaml").write_text(text)
+    front = _front(tmp_path / "linear.yaml")  # the mixed model is validated: it was invalid
+    mixed = GraphView(front.converted.model)
+    matmul = next(n for n in mixed.nodes if n.name == "/fc/MatMul")
+    assert matmul.input[0] == "x"  # around the activation's Q/DQ
+    transpose = mixed.nodes[mixed.producer[matmul.input[1]]]
+    assert mixed.nodes[mixed.producer[transpose.input[0]]].op_type == "DequantizeLinear"
+    assert front.assignment.summary().int8_nodes == 0

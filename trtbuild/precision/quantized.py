@@ -93,15 +93,20 @@ def plan(
             continue
         scale = qdq.group_scale(qdq.group_of[i])
         wanted: list[str] = []
-        readers = qdq.fed_by(i)
+        readers = view.consumers.get(n.float_tensor, [])
         if (
             readers
             and all(c in dequantized for c in readers)
             and n.float_tensor not in view.outputs
         ):
             dead.add(i)
-        for c in readers:
-            p = precision_of[c] if c not in qdq.nodes and c not in dequantized else None
+        for c in readers:  # a layout chain reads the DQ for the op behind it, bypassed or not
+            c, chained = qdq.layout.get(c, c), c in qdq.layout
+            p = (
+                precision_of[c]
+                if chained or (c not in qdq.nodes and c not in dequantized)
+                else None
+            )
             if p is not None:
                 fits = low_ok and holds(scale, PRECISION_DTYPE[p])
                 wanted.append(p if fits else "fp32")
@@ -113,7 +118,7 @@ def plan(
     for c, op in qdq.layout.items():  # DQ -> Transpose -> MatMul: no Cast inside the path
         dq = qdq.dq_behind(view.nodes[c].output[0])
         scale = qdq.group_scale(qdq.group_of[dq]) if dq is not None else None
-        p = precision_of[op] if op not in dequantized else None
+        p = precision_of[op]
         if dq is None or p is None:
             continue
         precision[c] = p if low_ok and holds(scale, PRECISION_DTYPE[p]) else "fp32"
