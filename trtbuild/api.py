@@ -93,13 +93,25 @@ def open_cache(
     return found
 
 
-def _front(policy: Policy, reference: str, cache: Cache | None, verbose: bool) -> Front:
+def _front(
+    policy: Policy,
+    reference: str,
+    cache: Cache | None,
+    verbose: bool,
+    import_onnxruntime: Callable[[], None] | None = None,
+) -> Front:
     from trtbuild.front import run_front
 
     if cache is not None and cache.enabled and cache.codec is None:
         raise ValueError("cache= needs a codec: pass trtbuild.api.open_cache(...)")
 
-    return run_front(policy, reference=reference, cache=cache, verbose=verbose)  # type: ignore[arg-type]
+    return run_front(
+        policy,
+        reference=reference,  # type: ignore[arg-type]
+        cache=cache,
+        verbose=verbose,
+        import_onnxruntime=import_onnxruntime,
+    )
 
 
 def check(
@@ -191,11 +203,14 @@ def convert_front(
     cache: Cache | None = None,
     verbose: bool = False,
     quiet: bool = False,
+    import_onnxruntime: Callable[[], None] | None = None,
 ) -> Front:
     """`convert`'s work with everything it knows: the assignment and the casts beside the
     validated mixed model (`front.converted.model`), for the CLI's `convert`, which shows
     them. Internal (not in `trtbuild`'s names): `Front` is the pipeline's own value and
     changes with it; a user's code calls `convert`, and `check` for each node's precision.
+    `import_onnxruntime`: called before the first stage that may import ONNX Runtime in
+    this process (`run_front`); ONNX Runtime's check of the mixed model runs in a child.
 
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
@@ -203,7 +218,7 @@ def convert_front(
     from trtbuild.precision.validate import validate_mixed
 
     with _quiet(quiet):
-        front = _front(_policy(policy), "none", cache, verbose)
+        front = _front(_policy(policy), "none", cache, verbose, import_onnxruntime)
     timeout = front.policy.build.ort_check_timeout
     loaded = validate_mixed(front.converted.model, cache, timeout)  # once per mixed model
     for w in front.warnings + loaded:

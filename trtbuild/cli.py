@@ -363,8 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("matplotlib").removeHandler(quiet)
 
 
-# The commands that load ONNX Runtime (the others never import it: heavy imports are lazy).
-RUNS_ONNXRUNTIME = ("build", "check", "convert", "report", "prepare", "nightly", "tune")
+# The commands that load ONNX Runtime (the others never import it: heavy imports are lazy;
+# `convert` imports it only where a stage needs it, not from the cache).
+RUNS_ONNXRUNTIME = ("build", "check", "report", "prepare", "nightly", "tune")
 
 
 def _import_onnxruntime_quietly() -> None:
@@ -528,7 +529,10 @@ def _cmd_convert(args) -> int:
     _output_file(args.output)
     policy = load_policy(args.policy)
     front = api.convert_front(  # its warnings reach stderr through the `trtbuild` logger
-        policy, cache=_cache(args), verbose=args.verbose
+        policy,
+        cache=_cache(args),
+        verbose=args.verbose,
+        import_onnxruntime=_import_onnxruntime_quietly,  # only where a stage needs it
     )
     save_model(front.converted.model, args.output)
     s = front.assignment.summary()

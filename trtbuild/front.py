@@ -9,7 +9,7 @@ their inputs are unchanged (`trtbuild.cache` says what the keys cover).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -107,11 +107,14 @@ def run_front(
     reference: ReferenceLevel = "tensors",
     cache: Cache | None = None,
     verbose: bool = False,
+    import_onnxruntime: Callable[[], None] | None = None,
 ) -> Front:
     """Load, prepare, run the FP32 reference (as far as asked or needed), assign and convert.
 
     With a `cache`, the prepared graph and the reference come from it when their
-    inputs are unchanged (`trtbuild.cache` says what the keys cover).
+    inputs are unchanged (`trtbuild.cache` says what the keys cover). `import_onnxruntime`
+    is called before a stage that may import ONNX Runtime (the passes' folding, the
+    reference): a `convert` from the cache never pays for the import.
     """
     if reference not in REFERENCE_LEVELS:
         raise ValueError(f"reference must be one of {REFERENCE_LEVELS}, not {reference!r}")
@@ -121,21 +124,19 @@ def run_front(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     budget = policy.accuracy.budget().bytes  # bounds constant folding too
-    prepared, digest = prepared_graph(policy.model, policy.passes, cache, verbose, budget)
+    prepared, digest = prepared_graph(
+        policy.model, policy.passes, cache, verbose, budget, import_onnxruntime
+    )
     view = GraphView(prepared.model)
     analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
-    check_quantized(policy, analysis)  # TensorRT's Q/DQ rules, before any other work
-    original = policy.accuracy.reference_model
-    if original is not None:  # before anything runs: exit 2 naming the field
-        check_reference_model(prepared.model, original, policy.where)
+    _check_inputs(policy, prepared, analysis)
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    if reference != "none" and import_onnxruntime is not None:
+        import_onnxruntime()
     shapes, skipped = _shape_runs(policy, prepared, view, cache, digest, reference)
-    for run in shapes:
-        if run.measures is not None:
-            check_finite(view, run.measures, str(policy.model))
-    measures = join_measures([r.measures for r in shapes if r.measures is not None])
+    measures = _measures(policy, view, shapes)
     if reference != "none":
         timings["reference"] = time.perf_counter() - t
 
@@ -157,6 +158,24 @@ def run_front(
         _hits(cache, reference),
         skipped,
     )
+
+
+def _measures(policy: Policy, view: GraphView, shapes: list[ShapeRun]) -> ReferenceMeasures | None:
+    """Every point's measures as one (each checked finite: a non-finite FP32 reference is
+    the model's own problem, exit 2)."""
+    for run in shapes:
+        if run.measures is not None:
+            check_finite(view, run.measures, str(policy.model))
+    return join_measures([r.measures for r in shapes if r.measures is not None])
+
+
+def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> None:
+    """What TensorRT would refuse (its Q/DQ rules) and a reference model that does not fit:
+    exit 2 naming the field, before anything runs."""
+    check_quantized(policy, analysis)
+    original = policy.accuracy.reference_model
+    if original is not None:
+        check_reference_model(prepared.model, original, policy.where)
 
 
 def check_quantized(policy: Policy, analysis: Analysis) -> None:
@@ -302,10 +321,16 @@ def _hits(cache: Cache, reference: ReferenceLevel) -> dict[str, str]:
 
 
 def prepared_graph(
-    model: Path, passes: Passes, cache: Cache, verbose: bool = False, budget: int | None = None
+    model: Path,
+    passes: Passes,
+    cache: Cache,
+    verbose: bool = False,
+    budget: int | None = None,
+    import_onnxruntime: Callable[[], None] | None = None,
 ) -> tuple[Prepared, str | None]:
     """The prepared graph and its cache key, from the cache when model, passes, the folding
-    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match."""
+    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match;
+    `import_onnxruntime` is called before the passes run (folding may load ONNX Runtime)."""
     digest = None
     check_model_file(model)  # a FIFO or a device is exit 2 before the digest reads it
     if cache.enabled:
@@ -320,6 +345,8 @@ def prepared_graph(
             cached = cache.get("prepared", digest)
             if cached is not None:
                 return cached, digest
+    if import_onnxruntime is not None:
+        import_onnxruntime()
     prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose, budget=budget)
     if digest is not None:
         cache.put("prepared", digest, prepared)

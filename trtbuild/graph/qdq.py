@@ -123,36 +123,13 @@ class QdqGraph:
 
     def dq_inputs(self, index: int) -> list[int]:
         """The DQs that produce an input of node `index` directly (in input order)."""
-        found = []
-        for t in self.view.nodes[index].input:
-            p = self.view.producer.get(t) if t else None
-            if p is not None and p in self.nodes and self.nodes[p].is_dq:
-                found.append(p)
-        return found
+        made = (self.view.producer.get(t) if t else None for t in self.view.nodes[index].input)
+        return [p for p in made if p is not None and p in self.nodes and self.nodes[p].is_dq]
 
     @cached_property
     def layout(self) -> dict[int, int]:
-        """Layout op -> the op behind it, for each chain of `LAYOUT_OPS` a DQ feeds that leads,
-        one reader after the other, to an op TensorRT fuses with DQs (DQ -> Transpose ->
-        MatMul). Such a chain is part of the DQ's path into its op: it computes as that op."""
-        found: dict[int, int] = {}
-        view = self.view
-        for n in self.nodes.values():
-            if not n.is_dq:
-                continue
-            for c in view.consumers.get(n.float_tensor, []):
-                chain, tensor = [], n.float_tensor
-                while view.nodes[c].op_type in LAYOUT_OPS and view.nodes[c].input[0] == tensor:
-                    tensor = view.nodes[c].output[0]
-                    readers = view.consumers.get(tensor, [])
-                    if len(readers) != 1 or tensor in view.outputs:
-                        chain = []
-                        break
-                    chain.append(c)
-                    c = readers[0]
-                if chain and view.nodes[c].op_type in FUSED_OPS | RESIDUAL_OPS:
-                    found.update(dict.fromkeys(chain, c))
-        return found
+        """Layout op -> the op behind it (`layout_chains`)."""
+        return layout_chains(self.view, self.nodes)
 
     def fed_by(self, dq: int) -> list[int]:
         """The ops DQ `dq` feeds: its readers, each layout chain replaced by the op behind it."""
@@ -292,6 +269,29 @@ def _constant(view: GraphView, tensor: str) -> np.ndarray | None:
             if attr.name == "value":
                 return numpy_helper.to_array(attr.t)
     return None
+
+
+def layout_chains(view: GraphView, nodes: dict[int, QdqNode]) -> dict[int, int]:
+    """Layout op -> the op behind it, for each chain of `LAYOUT_OPS` a DQ feeds that leads,
+    one reader after the other, to an op TensorRT fuses with DQs (DQ -> Transpose ->
+    MatMul). Such a chain is part of the DQ's path into its op: it computes as that op."""
+    found: dict[int, int] = {}
+    for n in nodes.values():
+        if not n.is_dq:
+            continue
+        for c in view.consumers.get(n.float_tensor, []):
+            chain, tensor = [], n.float_tensor
+            while view.nodes[c].op_type in LAYOUT_OPS and view.nodes[c].input[0] == tensor:
+                tensor = view.nodes[c].output[0]
+                readers = view.consumers.get(tensor, [])
+                if len(readers) != 1 or tensor in view.outputs:
+                    chain = []
+                    break
+                chain.append(c)
+                c = readers[0]
+            if chain and view.nodes[c].op_type in FUSED_OPS | RESIDUAL_OPS:
+                found.update(dict.fromkeys(chain, c))
+    return found
 
 
 def _qdq_node(view: GraphView, i: int) -> QdqNode:

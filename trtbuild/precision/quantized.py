@@ -91,8 +91,6 @@ def plan(
     for i, n in qdq.nodes.items():
         if not n.is_dq:
             continue
-        scale = qdq.group_scale(qdq.group_of[i])
-        wanted: list[str] = []
         readers = view.consumers.get(n.float_tensor, [])
         if (
             readers
@@ -100,32 +98,13 @@ def plan(
             and n.float_tensor not in view.outputs
         ):
             dead.add(i)
-        for c in readers:  # a layout chain reads the DQ for the op behind it, bypassed or not
-            c, chained = qdq.layout.get(c, c), c in qdq.layout
-            p = (
-                precision_of[c]
-                if chained or (c not in qdq.nodes and c not in dequantized)
-                else None
-            )
-            if p is not None:
-                fits = low_ok and holds(scale, PRECISION_DTYPE[p])
-                wanted.append(p if fits else "fp32")
+        wanted = _dq_wants(qdq, i, readers, precision_of, dequantized, low_ok)
         dq_precisions[i] = tuple(dict.fromkeys(wanted)) or ("fp32",)
         precision[i] = dq_precisions[i][0]
         reasons[i] = "a DQ computes in the precision of the ops it feeds" + (
             f" (cloned for {', '.join(dq_precisions[i][1:])})" if len(dq_precisions[i]) > 1 else ""
         )
-    for c, op in qdq.layout.items():  # DQ -> Transpose -> MatMul: no Cast inside the path
-        dq = qdq.dq_behind(view.nodes[c].output[0])
-        scale = qdq.group_scale(qdq.group_of[dq]) if dq is not None else None
-        p = precision_of[op]
-        if dq is None or p is None:
-            continue
-        precision[c] = p if low_ok and holds(scale, PRECISION_DTYPE[p]) else "fp32"
-        reasons[c] = (
-            f"moves the values of {qdq.nodes[dq].name} into {view.nodes[op].name}, which "
-            "TensorRT fuses with it: computes as that op"
-        )
+    _layout_precisions(view, qdq, precision_of, low_ok, precision, reasons)
     for i, n in qdq.nodes.items():
         if n.is_dq:
             continue
@@ -147,6 +126,51 @@ def plan(
         ):
             dead.add(g.q)
     return QdqPlan(precision, reasons, dq_precisions, frozenset(dead))
+
+
+def _dq_wants(
+    qdq: QdqGraph,
+    dq: int,
+    readers: list[int],
+    precision_of: list[str | None],
+    dequantized: frozenset[int],
+    low_ok: bool,
+) -> list[str]:
+    """The precision each reader of a DQ needs it in: the reader's own (a layout chain's: the
+    op's behind it, bypassed or not), FP32 where the group's scale does not fit that type."""
+    scale = qdq.group_scale(qdq.group_of[dq])
+    wanted = []
+    for c in readers:
+        c, chained = qdq.layout.get(c, c), c in qdq.layout
+        usable = chained or (c not in qdq.nodes and c not in dequantized)
+        p = precision_of[c] if usable else None
+        if p is not None:
+            fits = low_ok and holds(scale, PRECISION_DTYPE[p])
+            wanted.append(p if fits else "fp32")
+    return wanted
+
+
+def _layout_precisions(
+    view: GraphView,
+    qdq: QdqGraph,
+    precision_of: list[str | None],
+    low_ok: bool,
+    precision: dict[int, str],
+    reasons: dict[int, str],
+) -> None:
+    """Each layout op of a DQ's path (DQ -> Transpose -> MatMul) computes as the op behind
+    it, so no Cast stands inside the path (into `precision` and `reasons`)."""
+    for c, op in qdq.layout.items():
+        dq = qdq.dq_behind(view.nodes[c].output[0])
+        p = precision_of[op]
+        if dq is None or p is None:
+            continue
+        scale = qdq.group_scale(qdq.group_of[dq])
+        precision[c] = p if low_ok and holds(scale, PRECISION_DTYPE[p]) else "fp32"
+        reasons[c] = (
+            f"moves the values of {qdq.nodes[dq].name} into {view.nodes[op].name}, which "
+            "TensorRT fuses with it: computes as that op"
+        )
 
 
 def group_value(qdq: QdqGraph, i: int, dtypes: set[int]) -> np.ndarray | None:
