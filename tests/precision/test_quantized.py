@@ -291,9 +291,13 @@ def fp8_conv() -> onnx.ModelProto:
         helper.make_node("DequantizeLinear", ["w_q", "ws", "wzp"], ["wd"], name="w_dq", axis=0),
         helper.make_node("Conv", ["xd", "wd", "b"], ["y"], name="conv", pads=[1, 1, 1, 1]),
     ]
-    io = [("x", [1, 8, 16, 16]), ("y", [1, 8, 16, 16])]
-    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in io]
-    graph = helper.make_graph(nodes, "fp8", vi[:1], vi[1:], inits)
+    return _checked(nodes, inits, [1, 8, 16, 16], [1, 8, 16, 16])
+
+
+def _checked(nodes: list, inits: list, x: list[int], y: list[int]) -> onnx.ModelProto:
+    """One float input `x` and output `y`, opset 19 (FP16 scales), checked in full."""
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("x", x), ("y", y))]
+    graph = helper.make_graph(nodes, "quantized", vi[:1], vi[1:], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
     onnx.checker.check_model(model, full_check=True)
@@ -430,13 +434,7 @@ def transposed_weight() -> onnx.ModelProto:
         helper.make_node("MatMul", ["xd", "wt"], ["y0"], name="/fc/MatMul"),
         helper.make_node("Relu", ["y0"], ["y"], name="/act/Relu"),
     ]
-    io = [("x", [1, 8]), ("y", [1, 16])]
-    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in io]
-    graph = helper.make_graph(nodes, "linear", vi[:1], vi[1:], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-    model.ir_version = 9
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return _checked(nodes, inits, [1, 8], [1, 16])
 
 
 @pytest.mark.parametrize("rules", ["[]", _pin("/fc/MatMul")])
