@@ -137,10 +137,23 @@ def check(
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
+    with _quiet(quiet):
+        return check_front(policy, cache=cache, verbose=verbose)
+
+
+def check_front(
+    policy: Policy | str | Path,
+    *,
+    cache: Cache | None = None,
+    verbose: bool = False,
+    import_onnxruntime: Callable[[], None] | None = None,
+) -> CheckResult:
+    """`check`, with `import_onnxruntime` called before a stage that may import ONNX
+    Runtime (`run_front`): the CLI's `check` from the cache never imports it. Internal (not
+    in `trtbuild`'s names), as `convert_front` is."""
     from trtbuild import evaluation
 
-    with _quiet(quiet):
-        front = _front(_policy(policy), "measures", cache, verbose)
+    front = _front(_policy(policy), "measures", cache, verbose, import_onnxruntime)
     nodes = [
         NodeDecision(n.name, n.op_type, d.precision or "-", d.rule, d.reason)
         for n, d in zip(front.assignment.view.nodes, front.assignment.decisions)

@@ -256,34 +256,54 @@ def conforms(value: Any, hint: Any) -> bool:
     Numbers are numbers (an int or numpy scalar where a float is annotated: what a
     stage computes); containers are checked item by item; `Any` holds anything.
     """
+    return _checker(hint)(value)
+
+
+Check = Callable[[Any], bool]
+
+
+@functools.cache
+def _checker(hint: Any) -> Check:
+    """The check of one annotation, made once: a `dict[str, float]` of 10k ranges is
+    checked per item on every read, so nothing per item asks `typing` again."""
     if hint is Any:
-        return True
+        return lambda v: True
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(conforms(value, a) for a in args)
+        parts = tuple(_checker(a) for a in args)
+        return lambda v: any(p(v) for p in parts)
     if hint is type(None):
-        return value is None
+        return lambda v: v is None
     if origin is None:
-        return _conforms_plain(value, hint)
-    if not isinstance(value, origin):
-        return False
+        return _plain(hint)
     if origin is dict:
-        return all(conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items())
+        key, item = _checker(args[0]), _checker(args[1])
+        return lambda v: isinstance(v, dict) and all(key(k) and item(x) for k, x in v.items())
     if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-        return len(value) == len(args) and all(map(conforms, value, args))
-    return all(conforms(v, args[0]) for v in value) if args else True
-
-
-def _conforms_plain(value: Any, hint: Any) -> bool:
-    if hint is float:
-        return isinstance(value, (int, float, np.integer, np.floating)) and type(value) is not bool
-    if hint is int:
-        return isinstance(value, (int, np.integer))
-    if is_dataclass(hint):
-        return type(value) is hint and all(
-            conforms(getattr(value, f.name), _hints(hint)[f.name]) for f in fields(hint)
+        each = tuple(_checker(a) for a in args)
+        return lambda v: (
+            isinstance(v, tuple) and len(v) == len(each) and all(c(x) for c, x in zip(each, v))
         )
-    return isinstance(value, hint)
+    item = _checker(args[0]) if args else None
+    return lambda v: isinstance(v, origin) and (item is None or all(map(item, v)))
+
+
+def _plain(hint: Any) -> Check:
+    if hint is float:
+        return _is_number
+    if hint is int:
+        return lambda v: type(v) is int or isinstance(v, (int, np.integer))
+    if is_dataclass(hint):
+        names = [(f.name, _hints(hint)[f.name]) for f in fields(hint)]  # type: ignore[arg-type]
+        return lambda v: type(v) is hint and all(conforms(getattr(v, n), h) for n, h in names)
+    return lambda v: isinstance(v, hint)
+
+
+def _is_number(value: Any) -> bool:
+    """A float where one is annotated: a float, an int or a numpy number, not a bool."""
+    return type(value) is float or (
+        isinstance(value, (int, float, np.integer, np.floating)) and type(value) is not bool
+    )
 
 
 def _record_list(cls: type) -> tuple[Encoder, Decoder]:

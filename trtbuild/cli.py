@@ -364,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The commands that load ONNX Runtime (the others never import it: heavy imports are lazy;
-# `convert` imports it only where a stage needs it, not from the cache).
-RUNS_ONNXRUNTIME = ("build", "check", "report", "prepare", "nightly", "tune")
+# `check` and `convert` import it only where a stage needs it, not from the cache).
+RUNS_ONNXRUNTIME = ("build", "report", "prepare", "nightly", "tune")
 
 
 def _import_onnxruntime_quietly() -> None:
@@ -477,8 +477,11 @@ def _cmd_check(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    found = api.check(  # its warnings reach stderr through the `trtbuild` logger
-        policy, cache=_cache(args), verbose=args.verbose
+    found = api.check_front(  # its warnings reach stderr through the `trtbuild` logger
+        policy,
+        cache=_cache(args),
+        verbose=args.verbose,
+        import_onnxruntime=_import_onnxruntime_quietly,  # only where a stage needs it
     )
     rows = [
         {"node": n.name, "op": n.op, "precision": n.precision, "rule": n.rule, "reason": n.reason}

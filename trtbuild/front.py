@@ -133,9 +133,9 @@ def run_front(
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    if reference != "none" and import_onnxruntime is not None:
-        import_onnxruntime()
-    shapes, skipped = _shape_runs(policy, prepared, view, cache, digest, reference)
+    shapes, skipped = _shape_runs(
+        policy, prepared, view, cache, digest, reference, import_onnxruntime
+    )
     measures = _measures(policy, view, shapes)
     if reference != "none":
         timings["reference"] = time.perf_counter() - t
@@ -219,8 +219,10 @@ def _shape_runs(
     cache: Cache,
     digest: str | None,
     reference: ReferenceLevel,
+    import_onnxruntime: Callable[[], None] | None = None,
 ) -> tuple[list[ShapeRun], tuple[ShapePoint, ...]]:
-    """Every point judged, one after another (peak memory is one point's), and those skipped."""
+    """Every point judged, one after another (peak memory is one point's), and those skipped;
+    `import_onnxruntime` is called before the first FP32 run the cache does not hold."""
     points = shape_points(policy, prepared.model)
     skipped = tuple(p for p in points if p.skip is not None)
     if len(skipped) == len(points):
@@ -231,39 +233,40 @@ def _shape_runs(
         )
     decoded = Decoded()  # each image decoded once, every point fit from its original
     originals: dict[Path, Any] = {}  # the reference model's session, made once for every point
-    runs = [
-        _shape_run(policy, prepared, view, point, cache, digest, reference, decoded, originals)
-        for point in points
-        if point.skip is None
-    ]
+    run = _PointRun(policy, prepared, view, cache, digest, reference, import_onnxruntime)
+    runs = [run(point, decoded, originals) for point in points if point.skip is None]
     return runs, skipped
 
 
-def _shape_run(
-    policy: Policy,
-    prepared: Prepared,
-    view: GraphView,
-    point: ShapePoint,
-    cache: Cache,
-    digest: str | None,
-    reference: ReferenceLevel,
-    decoded: Decoded,
-    originals: dict[Path, Any],
-) -> ShapeRun:
-    made = data_mod.point_feeds(policy, prepared.model, point, decoded)
-    feeds = made.feeds
-    if reference == "none":
-        return ShapeRun(point, feeds, None, None, made.data)
-    budget = policy.accuracy.budget()
-    try:
-        measures, ref = _reference(prepared, feeds, view, cache, digest, reference, budget)
-    except Exception as exc:
-        if not type(exc).__module__.startswith("onnxruntime"):
-            raise
-        raise _cannot_run(policy, point, exc) from None
-    if ref is not None and policy.accuracy.reference_model is not None:
-        ref = against_reference_model(ref, policy.accuracy.reference_model, feeds, originals)
-    return ShapeRun(point, feeds, measures, ref, made.data)
+@dataclass(frozen=True)
+class _PointRun:
+    """What every point's FP32 run reads alike: the policy, the graph, the cache."""
+
+    policy: Policy
+    prepared: Prepared
+    view: GraphView
+    cache: Cache
+    digest: str | None
+    reference: ReferenceLevel
+    import_onnxruntime: Callable[[], None] | None = None
+
+    def __call__(self, point: ShapePoint, decoded: Decoded, originals: dict[Path, Any]) -> ShapeRun:
+        policy, prepared = self.policy, self.prepared
+        made = data_mod.point_feeds(policy, prepared.model, point, decoded)
+        feeds = made.feeds
+        if self.reference == "none":
+            return ShapeRun(point, feeds, None, None, made.data)
+        try:
+            measures, ref = _reference(self, feeds, policy.accuracy.budget())
+        except Exception as exc:
+            if not type(exc).__module__.startswith("onnxruntime"):
+                raise
+            raise _cannot_run(policy, point, exc) from None
+        if ref is not None and policy.accuracy.reference_model is not None:
+            if self.import_onnxruntime is not None:
+                self.import_onnxruntime()
+            ref = against_reference_model(ref, policy.accuracy.reference_model, feeds, originals)
+        return ShapeRun(point, feeds, measures, ref, made.data)
 
 
 def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError:
@@ -370,20 +373,16 @@ def _converted(assignment: Assignment, cache: Cache, digest: str | None) -> Conv
 
 
 def _reference(
-    prepared: Prepared,
-    feeds: list,
-    view: GraphView,
-    cache: Cache,
-    digest: str | None,
-    level: ReferenceLevel,
-    budget: MemoryBudget,
+    run: _PointRun, feeds: list, budget: MemoryBudget
 ) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
-    """The FP32 reference to `level`, from the cache when the prepared graph and feeds match.
+    """The FP32 reference to `run.reference`'s level, from the cache when the prepared
+    graph and feeds match (ONNX Runtime imported, by `run.import_onnxruntime`, only where not).
 
     The measures have an entry of their own, always written; the outputs of
     every feed (`tensors`) another, written only by a command that reads them
     and only while small against the cap (`Cache.put`): `check` writes no tensors.
     """
+    cache, digest, level = run.cache, run.digest, run.reference
     key = cache_key("reference", digest, feeds_digest(feeds)) if digest else None
     if key is not None:
         measures = cache.get("measures", key)
@@ -392,7 +391,9 @@ def _reference(
         outputs = cache.get("reference", key) if measures is not None else None
         if outputs is not None:
             return measures, ReferenceTensors(measures, outputs)
-    ref = run_reference(prepared.model, feeds, view, budget=budget)
+    if run.import_onnxruntime is not None:
+        run.import_onnxruntime()
+    ref = run_reference(run.prepared.model, feeds, run.view, budget=budget)
     if key is not None:
         cache.put("measures", key, ref.measures)
         if level == "tensors":
