@@ -469,7 +469,8 @@ def test_an_output_under_a_file_is_exit_2_before_any_work(command, tmp_path, cap
 
 
 @pytest.mark.parametrize(
-    "command", [["build", "--out", "out"], ["convert", "--no-cache", "-o", "m.onnx"]]
+    "command",
+    [["build", "--out", "out"], ["convert", "--no-cache", "-o", "m.onnx"], ["check", "--no-cache"]],
 )
 def test_an_unwritable_home_prints_no_line_of_onnx_runtime_or_matplotlib(tmp_path, command):
     """ONNX Runtime logs from C++ at import where it cannot persist its telemetry id (a
