@@ -25,7 +25,7 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.analysis import mapped
 from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
-from trtbuild.graph.qdq import QDQ_OPS
+from trtbuild.graph.qdq import QDQ_OPS, quantize
 from trtbuild.graph.seethrough import SeenThrough, see_through
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.basic import PassRecord, copied
@@ -439,9 +439,7 @@ def _integers(weight: _QuantizedWeight) -> np.ndarray:
     """The weight's INT8 values (a float weight as its Q rounds and saturates it)."""
     if weight.stored:
         return weight.values
-    per = (-1, *[1] * (weight.values.ndim - 1)) if weight.scale.size > 1 else ()
-    scale = weight.scale.astype(np.float64).reshape(per) if per else float(weight.scale)
-    return np.clip(np.rint(weight.values.astype(np.float64) / scale), -128, 127)
+    return quantize(weight.values, weight.scale, "int8", axis=0)  # per output channel, or one
 
 
 def _folded_weight(

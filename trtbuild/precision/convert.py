@@ -204,15 +204,12 @@ class _Scales:
         node = self.qdq.nodes[dq]
         key = (node.quantized, dtype, b"dequantized")
         if key not in self.names:
-            q = numpy_helper.to_array(self.a.view.initializers[node.quantized]).astype(np.float32)
-            zero = node.zero_value if node.zero_value is not None else np.zeros(1)
-            scale, zero = node.scale_value.astype(np.float32), zero.astype(np.float32)
-            if node.axis is not None:  # per axis: the scale's one dimension is the weight's `axis`
-                shape = [1] * q.ndim
-                shape[node.axis % q.ndim] = -1
-                scale, zero = scale.reshape(shape), zero.reshape(shape)
+            from trtbuild.graph.qdq import dequantize
+
+            q = numpy_helper.to_array(self.a.view.initializers[node.quantized])
+            value = dequantize(q, node.scale_value, node.zero_value, node.axis)
             name = f"{node.quantized}__dequantized_{DTYPE_NAME[dtype]}"
-            self.tensors.append(_tensor((q - zero) * scale, dtype, name))
+            self.tensors.append(_tensor(value, dtype, name))
             self.names[key] = name
         return self.names[key]
 
