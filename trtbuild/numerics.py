@@ -13,6 +13,11 @@ import numpy as np
 FP16_MAX = 65504.0
 BF16_MAX = 3.3895313892515355e38
 LOW_MAX = {"fp16": FP16_MAX, "bf16": BF16_MAX}
+# The smallest normal value of each low type (BF16 has FP32's exponent): below it a value
+# keeps only a few bits, or none (a Q/DQ scale there stays FP32)
+FP16_TINY = 2.0**-14
+BF16_TINY = 2.0**-126
+LOW_TINY = {"fp16": FP16_TINY, "bf16": BF16_TINY}
 
 # Hugging Face exports write masks as `(1 - mask) * finfo(float32).min`: -3.4e38
 # is a sentinel meaning "never attend", not data. A value this large carries no

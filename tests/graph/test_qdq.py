@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto
 
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.qdq import QdqGraph, dequantize, fp8_capable, holds, quantize
+from trtbuild.graph.qdq import QdqGraph, dequantize, fp8_capable, holds, quantize, unheld
 from trtbuild.graph.view import GraphView
 
 
@@ -57,6 +57,12 @@ def test_holds_refuses_what_fp16_cannot_keep():
     assert not holds(np.array([7e4]), TensorProto.FLOAT16)
     assert holds(np.array([3e-10]), TensorProto.FLOAT)
     assert not holds(None, TensorProto.FLOAT)  # not a constant
+
+
+def test_unheld_names_the_scales_each_low_type_cannot_keep():
+    v = np.array([1.0, 1e-6, 7e4, np.nan, 2.0**-14, 1e-39])
+    assert unheld(v, TensorProto.FLOAT16).tolist() == [False, True, True, True, False, True]
+    assert unheld(v, TensorProto.BFLOAT16).tolist() == [False, False, False, True, False, True]
 
 
 def test_fp8_needs_ada():

@@ -29,6 +29,7 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from trtbuild.graph.view import GraphView
+from trtbuild.numerics import LOW_MAX, LOW_TINY
 
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
@@ -239,18 +240,16 @@ def holds(values: np.ndarray | None, dtype: int) -> bool:
     """
     if values is None:
         return False
-    if dtype == TensorProto.FLOAT:
-        return True
-    finfo = _finfo(dtype)
-    v = np.asarray(values, dtype=np.float64)
-    return bool(np.all(np.isfinite(v)) and np.all(v >= finfo[0]) and np.all(v <= finfo[1]))
+    return dtype == TensorProto.FLOAT or not np.any(unheld(values, dtype))
 
 
-def _finfo(dtype: int) -> tuple[float, float]:
-    """(smallest normal, largest finite) of a low float type."""
-    if dtype == TensorProto.BFLOAT16:
-        return float(np.finfo(np.float32).tiny), 3.3895313892515355e38
-    return float(np.finfo(np.float16).tiny), float(np.finfo(np.float16).max)
+def unheld(values: np.ndarray, dtype: int) -> np.ndarray:
+    """Which of the scales (flat) the low float `dtype` cannot hold (`holds`): not finite,
+    below its smallest normal or beyond its largest (`numerics`)."""
+    low = "bf16" if dtype == TensorProto.BFLOAT16 else "fp16"
+    v = np.asarray(values, dtype=np.float64).ravel()
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(v) | (v < LOW_TINY[low]) | (v > LOW_MAX[low])
 
 
 def along(values: np.ndarray, axis: int | None, rank: int) -> np.ndarray:

@@ -473,8 +473,9 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
             peak = float(np.max(np.abs(array))) if array.size else 0.0
             if d == TensorProto.FLOAT16 and peak > FP16_MAX:
                 warnings.append(
-                    f"weight {t.name} reaches {peak:.4g}, beyond FP16's 65504: it becomes inf in FP16 "
-                    "(precision.guards: true pins its consumers; or match: {initializer_abs_above: 65504})"
+                    f"weight {t.name} reaches {peak:.4g}, beyond FP16's {FP16_MAX:g}: it becomes "
+                    "inf in FP16 (precision.guards: true pins its consumers; or match: "
+                    f"{{initializer_abs_above: {FP16_MAX:g}}})"
                 )
             for node, k, want in uses:
                 if want == d:
