@@ -10,6 +10,7 @@ from trtbuild import __version__
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.breakdown import split_error
 from trtbuild.accuracy.judge import Candidate, judge_all
+from trtbuild.accuracy.masked import RULE_KEY, masked_at, rule_said
 from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
 from trtbuild.front import Front, baselines
@@ -146,7 +147,7 @@ def overflow_warnings(front: Front) -> list[str]:
     return [
         f"{len(found)} tensor(s) stored in {low} pass its range on the reference data and turn "
         f"inf: {shown}{more}; where the outputs hide it, the masked overflow {did} "
-        f"(accuracy.masked_overflow: {rule}); pin them (a `name` rule) or `trtbuild tune`"
+        f"{rule_said(rule)}; pin them (a `name` rule) or `trtbuild tune`"
     ]
 
 
@@ -261,13 +262,11 @@ def evaluate_all(
 def masked_warnings(report: Report) -> list[str]:
     """Under `accuracy.masked_overflow: warn`, each masked overflow as a warning too (the
     verdict passes; the warning says what it passed over)."""
-    from trtbuild.accuracy.judge import overflow_text
-
     if report.masked_overflow_rule != "warn":
         return []
     return [
-        f"masked overflow at {s.label}: {overflow_text(o)}; every output holds, and "
-        "accuracy.masked_overflow: warn lets the policy pass (pin the node, or set fail)"
+        f"{masked_at(s.label, o)}, and {RULE_KEY}: warn lets the policy pass (pin the node, "
+        "or set fail)"
         for s, o in report.masked_overflows
     ]
 
