@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtbuild.numerics import LOW_MAX, LOW_TINY, data_peak
+from trtbuild.numerics import LOW_EPS, LOW_INF_AT, LOW_MAX, LOW_TINY, data_peak
 
 MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
 
@@ -40,3 +40,8 @@ def test_the_low_ranges_are_the_types_own():
     for low, kind in (("fp16", np.float16), ("bf16", ml_dtypes.bfloat16)):
         info = ml_dtypes.finfo(kind)
         assert (LOW_TINY[low], LOW_MAX[low]) == (float(info.smallest_normal), float(info.max))
+        assert LOW_EPS[low] == float(info.eps)
+        inf_at = np.float32(LOW_INF_AT[low])  # an FP32 tensor's value, stored in the low type
+        with np.errstate(over="ignore"):
+            assert np.isinf(inf_at.astype(kind))
+            assert np.isfinite(np.nextafter(inf_at, np.float32(0)).astype(kind))

@@ -15,15 +15,15 @@ from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
 from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
-from trtbuild.numerics import LOW_MAX
+from trtbuild.numerics import LOW_EPS, LOW_MAX
 from trtbuild.precision.convert import Converted
 
 # "Nearly constant" (docs/outputs.md): at a point, an output whose standard deviation over
 # the data there is at most one step of the policy's low precision at the output's scale
 # there (its largest |value|, and at least 1.0: the scale of a probability, a [0, 1] image or
-# a logit), or whose relative spread (standard deviation over largest |value|) is at most
-# FLAT_AGAINST_POINTS of the relative spread it has at another judged point.
-FLAT_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}  # machine epsilon: one step at 1.0
+# a logit; one step at 1.0 is LOW_EPS), or whose relative spread (standard deviation over
+# largest |value|) is at most FLAT_AGAINST_POINTS of the relative spread it has at another
+# judged point.
 FLAT_AGAINST_POINTS = 0.01
 
 
@@ -67,7 +67,7 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
     """
     runs = [r for r in front.shapes if r.measures is not None and r.measures.output_std]
     default = front.policy.precision.default
-    step = FLAT_STEP.get(default, FLAT_STEP["fp16"])  # an FP32 default: its FP16 rules
+    step = LOW_EPS.get(default, LOW_EPS["fp16"])  # an FP32 default: its FP16 rules
     found = []
     for out in runs[0].measures.outputs if runs else []:
         figures = {
