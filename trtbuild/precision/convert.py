@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbuild.graph.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE
+from trtbuild.graph.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE, as_float_type
 from trtbuild.graph.subgraphs import node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
@@ -442,14 +442,7 @@ def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
 
 
 def _tensor(array: np.ndarray, dtype: int, name: str) -> onnx.TensorProto:
-    if dtype == TensorProto.FLOAT16:
-        with np.errstate(over="ignore"):  # overflow to inf is reported by convert(), not hidden
-            return numpy_helper.from_array(array.astype(np.float16), name)
-    if dtype == TensorProto.BFLOAT16:
-        import ml_dtypes
-
-        return numpy_helper.from_array(array.astype(ml_dtypes.bfloat16), name)
-    return numpy_helper.from_array(array.astype(np.float32), name)
+    return numpy_helper.from_array(as_float_type(array, dtype), name)
 
 
 def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto], list[str]]:

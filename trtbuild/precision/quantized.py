@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtbuild.graph.optypes import DTYPE_NAME, PRECISION_DTYPE
+from trtbuild.graph.optypes import DTYPE_NAME, PRECISION_DTYPE, as_float_type
 from trtbuild.graph.qdq import SCALE_OPSET, QdqGraph, holds, unheld
 from trtbuild.graph.view import GraphView
 
@@ -188,16 +188,8 @@ def group_value(qdq: QdqGraph, i: int, dtypes: set[int]) -> np.ndarray | None:
     whole = qdq.group_scale(qdq.group_of[i])
     for d in sorted(dtypes):
         if d != PRECISION_DTYPE["fp32"] and holds(whole, d):
-            return _round(value, d)
+            return as_float_type(value, d).astype(np.float32)
     return value
-
-
-def _round(value: np.ndarray, dtype: int) -> np.ndarray:
-    if dtype == PRECISION_DTYPE["bf16"]:
-        import ml_dtypes
-
-        return value.astype(ml_dtypes.bfloat16).astype(np.float32)
-    return value.astype(np.float16).astype(np.float32)
 
 
 def _extreme(scale: np.ndarray | None, dtype: int) -> str:
