@@ -253,7 +253,7 @@ def _emit_qdq(rw: _Rewriter, i: int) -> bool:
     if i in rw.a.dead_qdq:
         return True  # every op it fed reads around it (`dequantize: true`)
     node = rw.view.nodes[i]
-    if node.op_type == "QuantizeLinear":
+    if not scales.qdq.nodes[i].is_dq:
         _emit_q(rw, i, scales)
         return True
     main = None
