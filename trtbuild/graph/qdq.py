@@ -275,11 +275,9 @@ def dequantize(
     any scale type) are exact, then rounded once to FP32: FP32 arithmetic's own result.
     """
     stored = np.asarray(stored)
-    zero = zero if zero is not None else np.zeros(1, np.int64)
+    zero = along(zero if zero is not None else 0, axis, stored.ndim)
+    exact = (stored.astype(np.float64) - zero) * along(scale, axis, stored.ndim)
     with np.errstate(over="ignore"):  # a sentinel (finfo.min) quantized and back may be inf
-        exact = (stored.astype(np.float64) - along(zero, axis, stored.ndim)) * along(
-            scale, axis, stored.ndim
-        )
         return exact.astype(np.float32)
 
 
@@ -300,8 +298,8 @@ def quantize(
         kind, top = FLOAT8_TYPES[fmt]
         return np.clip(scaled, -top, top).astype(getattr(ml_dtypes, kind)).astype(np.float64)
     low, high = INTEGER_BOUNDS[fmt]
-    zero = zero if zero is not None else np.zeros(1, np.int64)
-    return np.clip(np.rint(scaled) + along(zero, axis, np.ndim(values)), low, high)
+    zero = along(zero if zero is not None else 0, axis, np.ndim(values))
+    return np.clip(np.rint(scaled) + zero, low, high)
 
 
 def fp8_capable(capability: str) -> bool:
