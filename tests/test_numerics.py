@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtbuild.numerics import data_peak
+from trtbuild.numerics import LOW_EPS, LOW_INF_AT, LOW_MAX, LOW_TINY, data_peak
 
 MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
 
@@ -32,3 +32,16 @@ def test_data_peak_is_the_largest_finite_magnitude(values, peak):
 def test_data_peak_is_exact_in_the_tensors_own_dtype():
     values = np.array([1.0, -65504.0], np.float16)
     assert data_peak(values) == data_peak(values.astype(np.float64)) == 65504.0
+
+
+def test_the_low_ranges_are_the_types_own():
+    import ml_dtypes
+
+    for low, kind in (("fp16", np.float16), ("bf16", ml_dtypes.bfloat16)):
+        info = ml_dtypes.finfo(kind)
+        assert (LOW_TINY[low], LOW_MAX[low]) == (float(info.smallest_normal), float(info.max))
+        assert LOW_EPS[low] == float(info.eps)
+        inf_at = np.float32(LOW_INF_AT[low])  # an FP32 tensor's value, stored in the low type
+        with np.errstate(over="ignore"):
+            assert np.isinf(inf_at.astype(kind))
+            assert np.isfinite(np.nextafter(inf_at, np.float32(0)).astype(kind))

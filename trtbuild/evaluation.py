@@ -10,19 +10,20 @@ from trtbuild import __version__
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.breakdown import split_error
 from trtbuild.accuracy.judge import Candidate, judge_all
+from trtbuild.accuracy.masked import RULE_KEY, masked_at, rule_said
 from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
 from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
-from trtbuild.numerics import LOW_MAX
+from trtbuild.numerics import LOW_EPS, LOW_MAX
 from trtbuild.precision.convert import Converted
 
 # "Nearly constant" (docs/outputs.md): at a point, an output whose standard deviation over
 # the data there is at most one step of the policy's low precision at the output's scale
 # there (its largest |value|, and at least 1.0: the scale of a probability, a [0, 1] image or
-# a logit), or whose relative spread (standard deviation over largest |value|) is at most
-# FLAT_AGAINST_POINTS of the relative spread it has at another judged point.
-FLAT_STEP = {"fp16": 2.0**-10, "bf16": 2.0**-7}  # machine epsilon: one step at 1.0
+# a logit; one step at 1.0 is LOW_EPS), or whose relative spread (standard deviation over
+# largest |value|) is at most FLAT_AGAINST_POINTS of the relative spread it has at another
+# judged point.
 FLAT_AGAINST_POINTS = 0.01
 
 
@@ -66,7 +67,7 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
     """
     runs = [r for r in front.shapes if r.measures is not None and r.measures.output_std]
     default = front.policy.precision.default
-    step = FLAT_STEP.get(default, FLAT_STEP["fp16"])  # an FP32 default: its FP16 rules
+    step = LOW_EPS.get(default, LOW_EPS["fp16"])  # an FP32 default: its FP16 rules
     found = []
     for out in runs[0].measures.outputs if runs else []:
         figures = {
@@ -146,7 +147,7 @@ def overflow_warnings(front: Front) -> list[str]:
     return [
         f"{len(found)} tensor(s) stored in {low} pass its range on the reference data and turn "
         f"inf: {shown}{more}; where the outputs hide it, the masked overflow {did} "
-        f"(accuracy.masked_overflow: {rule}); pin them (a `name` rule) or `trtbuild tune`"
+        f"{rule_said(rule)}; pin them (a `name` rule) or `trtbuild tune`"
     ]
 
 
@@ -261,13 +262,11 @@ def evaluate_all(
 def masked_warnings(report: Report) -> list[str]:
     """Under `accuracy.masked_overflow: warn`, each masked overflow as a warning too (the
     verdict passes; the warning says what it passed over)."""
-    from trtbuild.accuracy.judge import overflow_text
-
     if report.masked_overflow_rule != "warn":
         return []
     return [
-        f"masked overflow at {s.label}: {overflow_text(o)}; every output holds, and "
-        "accuracy.masked_overflow: warn lets the policy pass (pin the node, or set fail)"
+        f"{masked_at(s.label, o)}, and {RULE_KEY}: warn lets the policy pass (pin the node, "
+        "or set fail)"
         for s, o in report.masked_overflows
     ]
 

@@ -8,11 +8,26 @@ of a sentinel, two stages could disagree about the same tensor.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 FP16_MAX = 65504.0
 BF16_MAX = 3.3895313892515355e38
 LOW_MAX = {"fp16": FP16_MAX, "bf16": BF16_MAX}
+# The smallest normal value of each low type (BF16 has FP32's exponent): below it a value
+# keeps only a few bits, or none (a Q/DQ scale there stays FP32)
+FP16_TINY = 2.0**-14
+BF16_TINY = 2.0**-126
+LOW_TINY = {"fp16": FP16_TINY, "bf16": BF16_TINY}
+# One step at 1.0 in each low type (machine epsilon); storing a value rounds it by at most
+# half a step, relatively
+LOW_EPS = {"fp16": 2.0**-10, "bf16": 2.0**-7}
+# The smallest |x| each low type rounds to infinity: half a step past its largest value
+# (round to nearest even), 65520 for FP16
+LOW_INF_AT = {
+    low: top + LOW_EPS[low] * 2.0 ** (math.frexp(top)[1] - 1) / 2 for low, top in LOW_MAX.items()
+}
 
 # Hugging Face exports write masks as `(1 - mask) * finfo(float32).min`: -3.4e38
 # is a sentinel meaning "never attend", not data. A value this large carries no

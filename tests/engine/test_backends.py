@@ -49,3 +49,19 @@ def test_missing_backend_is_exit_3():
     with pytest.raises(BackendError) as info:
         resolve_backend("tensorrt")
     assert info.value.exit_code == 3
+
+
+def test_without_a_cuda_driver_there_is_no_gpu_and_no_name():
+    """This machine has no CUDA driver: every name of it fails to load, so neither the
+    device count nor the name is asked (on a GPU machine both come from the one driver)."""
+    import ctypes
+
+    from trtbuild.engine.backends import CUDA_DRIVERS, gpu_available, gpu_name
+
+    for lib in CUDA_DRIVERS:
+        try:
+            ctypes.CDLL(lib)
+        except OSError:
+            continue
+        pytest.skip(f"{lib} loads here: a CUDA driver is installed")
+    assert gpu_available() is False and gpu_name() is None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto
 
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.qdq import QdqGraph, fp8_capable, holds
+from trtbuild.graph.qdq import QdqGraph, dequantize, fp8_capable, holds, quantize, unheld
 from trtbuild.graph.view import GraphView
 
 
@@ -56,6 +57,12 @@ def test_holds_refuses_what_fp16_cannot_keep():
     assert not holds(np.array([7e4]), TensorProto.FLOAT16)
     assert holds(np.array([3e-10]), TensorProto.FLOAT)
     assert not holds(None, TensorProto.FLOAT)  # not a constant
+
+
+def test_unheld_names_the_scales_each_low_type_cannot_keep():
+    v = np.array([1.0, 1e-6, 7e4, np.nan, 2.0**-14, 1e-39])
+    assert unheld(v, TensorProto.FLOAT16).tolist() == [False, True, True, True, False, True]
+    assert unheld(v, TensorProto.BFLOAT16).tolist() == [False, False, False, True, False, True]
 
 
 def test_fp8_needs_ada():
@@ -108,3 +115,39 @@ def test_violations_name_the_node_and_the_fix():
     assert _violations(_conv_with(float("inf")))[0].field == "scale"
     computed = _violations(_conv_with(0.05, scale_input="computed_scale"))
     assert computed[0].problem.startswith("scale computed_scale is not a constant")
+
+
+def _reference(op: str, x: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int):
+    """ONNX's own QuantizeLinear / DequantizeLinear (onnx.reference) on one constant."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    inits = [numpy_helper.from_array(a, n) for a, n in ((scale, "s"), (zero, "z"))]
+    out_type = zero.dtype if op == "QuantizeLinear" else scale.dtype
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(out_type))
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "s", "z"], ["y"], axis=axis)],
+        "g",
+        [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)],
+        [helper.make_tensor_value_info("y", elem, x.shape)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    return ReferenceEvaluator(model).run(None, {"x": x})[0]
+
+
+def test_dequantize_and_quantize_compute_as_onnx_defines_them():
+    rng = np.random.default_rng(0)
+    stored = rng.integers(-128, 128, (3, 4, 2)).astype(np.int8)
+    scale = rng.uniform(1e-3, 1.0, 4).astype(np.float32)
+    zero = rng.integers(-5, 5, 4).astype(np.int8)
+    want = _reference("DequantizeLinear", stored, scale, zero, axis=1)
+    got = dequantize(stored, scale, zero, axis=1)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert dequantize(np.int8(3), np.float32([0.5])).shape == ()  # a scalar stays a scalar
+
+    x = rng.normal(0, 100, (3, 4, 2)).astype(np.float32)  # saturates at both ends
+    want = _reference("QuantizeLinear", x, scale, zero, axis=1)
+    assert np.array_equal(quantize(x, scale, "int8", zero, axis=1), want.astype(np.float64))
+    fp8 = _reference("QuantizeLinear", x, scale, np.zeros(4, ml_dtypes.float8_e4m3fn), axis=1)
+    assert np.array_equal(quantize(x, scale, "fp8", axis=1), fp8.astype(np.float64))

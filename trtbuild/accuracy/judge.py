@@ -44,6 +44,7 @@ from trtbuild.accuracy import risk
 from trtbuild.accuracy.checks import describe, run_checks
 from trtbuild.accuracy.data import Feed
 from trtbuild.accuracy.emulate import emulate
+from trtbuild.accuracy.masked import overflow_text
 from trtbuild.accuracy.probes import peak_name, probe
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
@@ -116,17 +117,6 @@ class Verdict:
             "error_curve": self.error_curve,
             "at_risk": self.at_risk,
         }
-
-
-def overflow_text(o: dict[str, Any]) -> str:
-    """`/mul (Mul), tensor t, sample 2: 3 non-finite value(s) where FP32 is finite (...)`;
-    samples counted from 0, as `failed_samples` counts them."""
-    where = f", sample {o['sample']}" if o.get("sample", 0) else ""
-    cast = f" (a boundary Cast of `{o['source']}`)" if o.get("source") else ""
-    return (
-        f"{o['node']} ({o['op']}){cast}, tensor {o['tensor']}{where}: {o['nonfinite']} "
-        f"non-finite value(s) where FP32 is finite (FP32 peak |x| = {o['ref_max_abs']:.4g})"
-    )
 
 
 def _failure(name: str, m: OutputMetrics) -> str:

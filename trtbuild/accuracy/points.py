@@ -81,11 +81,10 @@ def point_label(name: str, shapes: dict[str, tuple[int, ...]]) -> str:
 
 def model_inputs(model: onnx.ModelProto) -> list[tuple[str, int, Dims]]:
     """(name, elem_type, dims) of every graph input that is not a weight."""
-    inits = {t.name for t in model.graph.initializer}
+    from trtbuild.graph.model_io import fed_inputs
+
     out = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
+    for vi in fed_inputs(model):
         tt = vi.type.tensor_type
         dims = [
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
@@ -101,11 +100,9 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
     specs = {s.name: s for s in policy.inputs}
     for name in specs:
         if name not in names:
-            raise UsageError(
-                f"inputs.{name}: the model has no input '{name}'",
-                where=policy.where,
-                hint="its inputs are " + ", ".join(names),
-            )
+            from trtbuild.graph.model_io import no_input
+
+            raise no_input(f"inputs.{name}", name, names, policy.where)
     shapes = {}
     for name, _, dims in inputs:
         spec = specs.get(name)
@@ -220,11 +217,9 @@ def _named_point(
     specs = {s.name: s for s in policy.inputs}
     for input_name, shape in spec.dims:
         if input_name not in inputs:
-            raise UsageError(
-                f"{field}: the model has no input '{input_name}'",
-                where=policy.where,
-                hint="its inputs are " + ", ".join(inputs),
-            )
+            from trtbuild.graph.model_io import no_input
+
+            raise no_input(field, input_name, inputs, policy.where)
         check_fits(policy, input_name, shape, inputs[input_name], f"{field}.{input_name}")
         _within_profile(policy, specs.get(input_name), tuple(shape), f"{field}.{input_name}")
     return {**base, **{n: tuple(d) for n, d in spec.dims}}

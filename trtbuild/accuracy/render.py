@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trtbuild.accuracy.masked import masked_at, overflow_node, overflow_text, rule_said
 from trtbuild.accuracy.points import MADE_UP
 from trtbuild.accuracy.report import (
     Para,
@@ -173,20 +174,15 @@ def _masked_clause(report: Report) -> str:
     found = report.masked_overflows
     if not found:
         return ""
-    nodes = ", ".join(dict.fromkeys(f"{o['node']} ({o['op']})" for _, o in found))
+    nodes = ", ".join(dict.fromkeys(overflow_node(o) for _, o in found))
     rule = report.masked_overflow_rule
     did = "fails it" if rule == "fail" else "only warned"
-    return f"masked overflow at {nodes} {did} (accuracy.masked_overflow: {rule}); "
+    return f"masked overflow at {nodes} {did} {rule_said(rule)}; "
 
 
 def masked_lines(report: Report) -> list[str]:
     """One line per point with a masked overflow: where, which sample, how many values."""
-    from trtbuild.accuracy.judge import overflow_text
-
-    return [
-        f"  masked overflow at {s.label}: {overflow_text(o)}; every output holds"
-        for s, o in report.masked_overflows
-    ]
+    return [f"  {masked_at(s.label, o)}" for s, o in report.masked_overflows]
 
 
 def _output_line(name: str, m: Any, indent: str = "  ") -> str:
@@ -211,13 +207,11 @@ def _baseline_line(report: Report) -> str:
 def _masked_cases(report: Report, per_point: bool) -> list[tuple[str, str, str | None]]:
     """A case per point with a masked overflow: failing under `accuracy.masked_overflow:
     fail`; under `warn` a passing case whose name says it was warned (JUnit has no warning)."""
-    from trtbuild.accuracy.judge import overflow_text
-
     rule = report.masked_overflow_rule
     cases = []
     for s, o in report.masked_overflows:
         name = "masked overflow" + (f" @ {s.label}" if per_point else "")
-        text = f"{overflow_text(o)}; every output holds (accuracy.masked_overflow: {rule})"
+        text = f"{overflow_text(o)}; every output holds {rule_said(rule)}"
         if rule == "fail":
             cases.append((f"trtbuild.{report.main.evaluator}", name, text))
         else:

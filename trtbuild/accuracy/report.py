@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.accuracy.checks import describe, image_like, map_like
+from trtbuild.accuracy.masked import RULE_KEY, overflow_text
 from trtbuild.accuracy.points import DATA_KINDS, InputData, point_label
 from trtbuild.accuracy.sessions import EMULATED, REFERENCE, OutputMetrics
 from trtbuild.sizes import fmt_bytes
@@ -281,9 +282,7 @@ OVERFLOW_CHECKED = (
 
 def overflow_paragraph(report: Report) -> Para:
     """Masked overflow: the rule and what it found, point by point."""
-    from trtbuild.accuracy.judge import overflow_text
-
-    rule = f"`accuracy.masked_overflow: {report.masked_overflow_rule}`"
+    rule = f"`{RULE_KEY}: {report.masked_overflow_rule}`"
     found = report.masked_overflows
     if not found:
         return Para(
@@ -295,7 +294,7 @@ def overflow_paragraph(report: Report) -> Para:
     return Para(
         f"Masked overflow ({rule}): {verdict}: every output holds, but {where}. Pin that node "
         "(a `name` rule, or `trtbuild tune`); where the inf is meant (the outputs hide it by "
-        "design), `accuracy.masked_overflow: warn` lets the policy pass."
+        f"design), `{RULE_KEY}: warn` lets the policy pass."
     )
 
 

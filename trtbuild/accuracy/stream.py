@@ -31,6 +31,7 @@ from onnx import helper
 from trtbuild.accuracy.sessions import lean_session, plain_session, run_session
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
+from trtbuild.graph.model_io import fed_inputs
 from trtbuild.policy.specs import MemoryBudget
 from trtbuild.sizes import fmt_bytes
 
@@ -79,7 +80,7 @@ def plan_by_budget(
     limit = max(budget // SEGMENT_SHARE, 1)
     last_use = _last_use(nodes)
     freed_at: dict[int, list[str]] = defaultdict(list)
-    live = {t: sizes.get(t, 0) for t in _graph_inputs(model, initializers)}
+    live = {vi.name: sizes.get(vi.name, 0) for vi in fed_inputs(model)}
     for t in live:
         freed_at[last_use.get(t, -1) + 1].append(t)
     seg, held, assign = 0, sum(live.values()), []
@@ -200,10 +201,6 @@ def _last_use(nodes: list[onnx.NodeProto]) -> dict[str, int]:
         for t in _reads(node):
             last[t] = i
     return last
-
-
-def _graph_inputs(model: onnx.ModelProto, initializers: set[str]) -> list[str]:
-    return [i.name for i in model.graph.input if i.name not in initializers]
 
 
 class SegmentRunner:

@@ -33,13 +33,23 @@ _MEMORY_LINES = {
 }
 
 
-def gpu_available() -> bool:
-    """True when the CUDA driver reports at least one device (no CUDA toolkit needed)."""
-    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+# The CUDA driver's library, by the names it has (Linux, then Windows): no CUDA toolkit needed
+CUDA_DRIVERS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+
+
+def _drivers() -> Iterator[Any]:
+    """Each CUDA driver library that loads, in `CUDA_DRIVERS`' order."""
+    for lib in CUDA_DRIVERS:
         try:
             cuda = ctypes.CDLL(lib)
         except OSError:
             continue
+        yield cuda
+
+
+def gpu_available() -> bool:
+    """True when the CUDA driver reports at least one device (no CUDA toolkit needed)."""
+    for cuda in _drivers():
         count = ctypes.c_int(0)
         try:
             return (
@@ -54,11 +64,7 @@ def gpu_available() -> bool:
 
 def gpu_name() -> str | None:
     """The first CUDA device's name ("NVIDIA A10"), from the driver; None without one."""
-    for lib in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            cuda = ctypes.CDLL(lib)
-        except OSError:
-            continue
+    for cuda in _drivers():
         device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
         try:
             ok = cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), 0) == 0

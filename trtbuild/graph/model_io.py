@@ -7,7 +7,7 @@ import hashlib
 import logging
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,23 @@ from trtbuild.fsutil import READ_NOFOLLOW, atomic_path
 
 _TWO_GIB = 2**31 - 1
 log = logging.getLogger(__name__)
+
+
+def fed_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs a run feeds: each one that is not a weight (IR 3 lists weights as
+    graph inputs too, beside their initializers)."""
+    weights = {t.name for t in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in weights]
+
+
+def no_input(field: str, name: str, inputs: Iterable[str], where: str | None = None) -> UsageError:
+    """Exit 2 for a policy field that names an input the model does not have, with the
+    inputs it has."""
+    return UsageError(
+        f"{field}: the model has no input '{name}'",
+        where=where,
+        hint="its inputs are " + ", ".join(inputs),
+    )
 
 
 def check_model_file(path: str | os.PathLike[str], *, what: str = "model") -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -28,6 +29,21 @@ DTYPE_STR = {
     TensorProto.BFLOAT16: "tensor(bfloat16)",
 }
 DTYPE_NAME = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
+
+
+def as_float_type(array: np.ndarray, dtype: int) -> np.ndarray:
+    """`array` in the ONNX float type `dtype` (FLOAT16; BFLOAT16, through ml_dtypes; else
+    FLOAT), rounded to nearest even as a Cast rounds it. Past the type's range a value is
+    inf, silently: the callers that can meet one say so (`convert`'s weight warning)."""
+    with np.errstate(over="ignore"):
+        if dtype == TensorProto.FLOAT16:
+            return array.astype(np.float16)
+        if dtype == TensorProto.BFLOAT16:
+            import ml_dtypes
+
+            return array.astype(ml_dtypes.bfloat16)
+        return array.astype(np.float32)
+
 
 # Ops that only move or select data: no arithmetic, so they follow their input's
 # precision instead of the default (a pinned result reshaped on its way to a

@@ -29,6 +29,7 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from trtbuild.graph.view import GraphView
+from trtbuild.numerics import LOW_MAX, LOW_TINY
 
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
@@ -59,6 +60,11 @@ COMPUTE_CLASSES = ("int8", "fp8")
 FP8_MIN_CAPABILITY = (8, 9)  # FP8 kernels: Ada (SM89) and later
 # DequantizeLinear takes FP16/BF16 scales from this opset on (a quantized graph is upgraded)
 SCALE_OPSET = 19
+# The formats `quantize` computes on a constant: the integers' saturation bounds, and the FP8
+# types' (ml_dtypes, which onnx's numpy_helper reads them as) with their largest value
+INTEGER_BOUNDS = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
+                  "uint16": (0, 65535), "int32": (-(2**31), 2**31 - 1)}  # fmt: skip
+FLOAT8_TYPES = {"fp8": ("float8_e4m3fn", 448.0), "fp8e5m2": ("float8_e5m2", 57344.0)}
 
 
 def is_qdq(op_type: str) -> bool:
@@ -234,18 +240,66 @@ def holds(values: np.ndarray | None, dtype: int) -> bool:
     """
     if values is None:
         return False
-    if dtype == TensorProto.FLOAT:
-        return True
-    finfo = _finfo(dtype)
-    v = np.asarray(values, dtype=np.float64)
-    return bool(np.all(np.isfinite(v)) and np.all(v >= finfo[0]) and np.all(v <= finfo[1]))
+    return dtype == TensorProto.FLOAT or not np.any(unheld(values, dtype))
 
 
-def _finfo(dtype: int) -> tuple[float, float]:
-    """(smallest normal, largest finite) of a low float type."""
-    if dtype == TensorProto.BFLOAT16:
-        return float(np.finfo(np.float32).tiny), 3.3895313892515355e38
-    return float(np.finfo(np.float16).tiny), float(np.finfo(np.float16).max)
+def unheld(values: np.ndarray, dtype: int) -> np.ndarray:
+    """Which of the scales (flat) the low float `dtype` cannot hold (`holds`): not finite,
+    below its smallest normal or beyond its largest (`numerics`)."""
+    low = "bf16" if dtype == TensorProto.BFLOAT16 else "fp16"
+    v = np.asarray(values, dtype=np.float64).ravel()
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(v) | (v < LOW_TINY[low]) | (v > LOW_MAX[low])
+
+
+def along(values: np.ndarray, axis: int | None, rank: int) -> np.ndarray:
+    """A per-tensor or per-axis scale or zero point (float64), broadcastable against data of
+    `rank` dimensions: its one dimension on `axis` (None, one value or rank 0: a scalar)."""
+    values = np.asarray(values, np.float64)
+    if values.size == 1 or axis is None or rank == 0:
+        return values.reshape(())
+    shape = [1] * rank
+    shape[axis % rank] = values.size
+    return values.reshape(shape)
+
+
+def dequantize(
+    stored: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None, axis: int | None = None
+) -> np.ndarray:
+    """DequantizeLinear on a constant, as FP32: (stored - zero point) x scale, per tensor or
+    per `axis`.
+
+    Why one function: seeing through a weight's DQ (`seethrough`) and reading around it
+    (`dequantize: true` in `convert`) must give the op the same values. Computed in float64,
+    where the difference and the product of FP32-exact operands (INT8, INT16, INT4, FP8,
+    any scale type) are exact, then rounded once to FP32: FP32 arithmetic's own result.
+    """
+    stored = np.asarray(stored)
+    zero = along(zero if zero is not None else 0, axis, stored.ndim)
+    exact = (stored.astype(np.float64) - zero) * along(scale, axis, stored.ndim)
+    with np.errstate(over="ignore"):  # a sentinel (finfo.min) quantized and back may be inf
+        return exact.astype(np.float32)
+
+
+def quantize(
+    values: np.ndarray,
+    scale: np.ndarray,
+    fmt: str,
+    zero: np.ndarray | None = None,
+    axis: int | None = None,
+) -> np.ndarray:
+    """QuantizeLinear on a constant (`fmt` in `INTEGER_BOUNDS` or `FLOAT8_TYPES`), the stored
+    values as float64: round half to even, saturate (ONNX's definition); FP8 rounds to its
+    nearest value (ml_dtypes) after saturating to its largest."""
+    scaled = np.asarray(values).astype(np.float64) / along(scale, axis, np.ndim(values))
+    if fmt in FLOAT8_TYPES:
+        import ml_dtypes
+
+        kind, top = FLOAT8_TYPES[fmt]
+        return np.clip(scaled, -top, top).astype(getattr(ml_dtypes, kind)).astype(np.float64)
+    low, high = INTEGER_BOUNDS[fmt]
+    zero = along(zero if zero is not None else 0, axis, np.ndim(values))
+    return np.clip(np.rint(scaled) + zero, low, high)
 
 
 def fp8_capable(capability: str) -> bool:

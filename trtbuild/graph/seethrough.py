@@ -27,14 +27,15 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trtbuild.graph.qdq import QdqGraph, QdqNode
+from trtbuild.graph.qdq import (
+    FLOAT8_TYPES,
+    INTEGER_BOUNDS,
+    QdqGraph,
+    QdqNode,
+    dequantize,
+    quantize,
+)
 from trtbuild.graph.view import GraphView
-
-# the formats whose constants are dequantized here: the integers' saturation bounds, and
-# the FP8 types' (ml_dtypes, which onnx's numpy_helper reads them as) with their largest value
-_INTEGER_FORMATS = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
-                    "uint16": (0, 65535), "int32": (-(2**31), 2**31 - 1)}  # fmt: skip
-_FLOAT_FORMATS = {"fp8": ("float8_e4m3fn", 448.0), "fp8e5m2": ("float8_e5m2", 57344.0)}
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def _unread(view: GraphView, q: QdqNode, through: set[int]) -> bool:
 def _constant_through(view: GraphView, q: QdqNode | None, dq: QdqNode) -> np.ndarray | None:
     """The DQ's value where it is a constant's (a weight's, or a constant behind a Q), as
     DequantizeLinear computes it; None where it is an activation or not an integer format."""
-    known = dq.format in _INTEGER_FORMATS or dq.format in _FLOAT_FORMATS
+    known = dq.format in INTEGER_BOUNDS or dq.format in FLOAT8_TYPES
     if not known or dq.scale_value is None or _blocked(view, dq):
         return None
     if q is None:
@@ -105,42 +106,14 @@ def _constant_through(view: GraphView, q: QdqNode | None, dq: QdqNode) -> np.nda
     else:
         if q.float_tensor not in view.initializers or q.scale_value is None or _blocked(view, q):
             return None
-        stored = _quantize(view.initializer_array(q.float_tensor), q)
-    zero = dq.zero_value if dq.zero_value is not None else np.zeros(1, np.int64)
-    with np.errstate(over="ignore"):  # a sentinel (finfo.min) quantized and back may be inf
-        return (
-            (stored.astype(np.float64) - _along(zero, dq, stored.ndim))
-            * _along(dq.scale_value, dq, stored.ndim)
-        ).astype(np.float32)
+        x = view.initializer_array(q.float_tensor)
+        stored = quantize(x, q.scale_value, q.format, q.zero_value, q.axis)
+    return dequantize(stored, dq.scale_value, dq.zero_value, dq.axis)
 
 
 def _blocked(view: GraphView, node: QdqNode) -> bool:
     """Blocked quantization (opset 21 `block_size`) is left as it is."""
     return any(a.name == "block_size" and a.i for a in view.nodes[node.index].attribute)
-
-
-def _along(values: np.ndarray, node: QdqNode, rank: int) -> np.ndarray:
-    """A per-tensor or per-axis scale or zero point, broadcastable against the data."""
-    values = np.asarray(values, np.float64)
-    if values.size == 1 or node.axis is None or rank == 0:
-        return values.reshape(())
-    shape = [1] * rank
-    shape[node.axis % rank] = values.size
-    return values.reshape(shape)
-
-
-def _quantize(x: np.ndarray, q: QdqNode) -> np.ndarray:
-    """QuantizeLinear on a constant: round half to even, saturate (ONNX's definition); FP8
-    rounds to its nearest value (ml_dtypes) after saturating to its largest."""
-    scaled = x.astype(np.float64) / _along(q.scale_value, q, x.ndim)
-    if q.format in _FLOAT_FORMATS:
-        import ml_dtypes
-
-        kind, top = _FLOAT_FORMATS[q.format]
-        return np.clip(scaled, -top, top).astype(getattr(ml_dtypes, kind)).astype(np.float64)
-    low, high = _INTEGER_FORMATS[q.format]
-    zero = q.zero_value if q.zero_value is not None else np.zeros(1, np.int64)
-    return np.clip(np.rint(scaled) + _along(zero, q, x.ndim), low, high)
 
 
 def _float_model(

@@ -14,7 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import opset_of
+from trtbuild.graph.model_io import fed_inputs, opset_of
 from trtbuild.graph.optypes import FLOAT_TYPES, OpTypes, op_types
 
 
@@ -41,7 +41,7 @@ class GraphView:
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = defaultdict(list)
         self.top: list[int] = self._index(model.graph, "", None)
-        self.inputs = [i.name for i in model.graph.input if i.name not in self.initializers]
+        self.inputs = [i.name for i in fed_inputs(model)]
         self.outputs = [o.name for o in model.graph.output]
 
     def _index(self, graph: onnx.GraphProto, scope: str, parent: int | None) -> list[int]:

@@ -25,20 +25,45 @@ from trtbuild.errors import UsageError
 from trtbuild.nightly.runner import PolicyResult
 
 SCHEMA_VERSION = 3
-# Columns added since the first history format: an older database gains them on open.
+# The results' columns after its keys (run_id, policy), each a PolicyResult field of the
+# same name, with its kind: the table, the row written and the result read back are made
+# from this one list. `_JSON` ones are stored as JSON text (their value when null).
+RESULT_COLUMNS = (
+    ("status", "TEXT"),
+    ("exit_code", "INTEGER"),
+    *((c, "TEXT") for c in ("evaluator", "emulation", "backend", "device", "trt_version")),
+    ("model_sha256", "TEXT"),
+    ("policy_sha256", "TEXT"),
+    ("low_share", "REAL"),
+    ("quantized_share", "REAL"),  # INT8/FP8 compute of a quantized model
+    ("fp32_nodes", "INTEGER"),
+    *((c, "TEXT") for c in ("message", "versions", "shapes")),
+)
+_REQUIRED = frozenset({"status", "exit_code"})  # NOT NULL
+_JSON = {"versions": "{}", "shapes": "[]"}
+# The runs' columns added since the first history format, with their kind
+RUN_COLUMNS = (
+    ("night", "TEXT"),
+    ("shard", "INTEGER"),
+    ("shards", "INTEGER"),
+    ("device", "TEXT"),
+    ("attempt", "INTEGER"),
+)
+# Columns added since the first history format: an older database gains them on open, of
+# the kind its table declares.
 ADDED_COLUMNS = (
-    ("results", "emulation", "TEXT"),
-    ("outputs", "max_abs_of_range", "REAL"),
-    ("results", "shapes", "TEXT"),
-    ("outputs", "checks", "TEXT"),
-    ("runs", "night", "TEXT"),
-    ("runs", "shard", "INTEGER"),
-    ("runs", "shards", "INTEGER"),
-    ("runs", "device", "TEXT"),
-    ("results", "device", "TEXT"),
-    ("results", "trt_version", "TEXT"),
-    ("runs", "attempt", "INTEGER"),
-    ("results", "quantized_share", "REAL"),
+    ("results", "emulation"),
+    ("outputs", "max_abs_of_range"),
+    ("results", "shapes"),
+    ("outputs", "checks"),
+    ("runs", "night"),
+    ("runs", "shard"),
+    ("runs", "shards"),
+    ("runs", "device"),
+    ("results", "device"),
+    ("results", "trt_version"),
+    ("runs", "attempt"),
+    ("results", "quantized_share"),
 )
 # Columns renamed since (table, old, new): an older database's column is renamed on open.
 # fp16_share held the share in the policy's low precision, FP16 or BF16: low_share says so.
@@ -57,6 +82,7 @@ def _tables():
     """The schema, built per history (SQLAlchemy's MetaData is mutable: none at module level)."""
     from sqlalchemy import Column, Float, ForeignKey, Integer, MetaData, Table, Text
 
+    kinds = {"TEXT": Text, "INTEGER": Integer, "REAL": Float}
     md = MetaData()
     Table(
         "runs",
@@ -66,26 +92,16 @@ def _tables():
         Column("finished", Text, nullable=False),
         Column("host", Text, nullable=False),
         Column("versions", Text, nullable=False),
-        *(
-            Column(c, Integer if k == "INTEGER" else Text)
-            for t, c, k in ADDED_COLUMNS
-            if t == "runs"
-        ),
+        *(Column(c, kinds[k]) for c, k in RUN_COLUMNS),
         sqlite_autoincrement=True,
     )
-    results = [
+    Table(
+        "results",
+        md,
         Column("run_id", Integer, ForeignKey("runs.id"), primary_key=True),
         Column("policy", Text, primary_key=True),
-        Column("status", Text, nullable=False),
-        Column("exit_code", Integer, nullable=False),
-        *(Column(c, Text) for c in ("evaluator", "emulation", "backend", "device", "trt_version")),
-        *(Column(c, Text) for c in ("model_sha256", "policy_sha256")),
-        Column("low_share", Float),
-        Column("quantized_share", Float),  # INT8/FP8 compute of a quantized model
-        Column("fp32_nodes", Integer),
-        *(Column(c, Text) for c in ("message", "versions", "shapes")),
-    ]
-    Table("results", md, *results)
+        *(Column(c, kinds[k], nullable=c not in _REQUIRED) for c, k in RESULT_COLUMNS),
+    )
     Table(
         "outputs",
         md,
@@ -312,17 +328,10 @@ def _policy_result(row: Any, outputs: dict[str, dict[str, Any]]) -> PolicyResult
         m["passed"] = bool(o["passed"])
         m["checks"] = json.loads(o["checks"] or "{}")
         metrics[name] = m
-    plain = ("policy", "status", "exit_code", "evaluator", "emulation", "backend", "device")
-    plain += ("trt_version", "model_sha256", "policy_sha256", "low_share", "fp32_nodes")
-    plain += ("quantized_share",)
-    return PolicyResult(
-        path="",
-        message=row["message"] or "",
-        versions=json.loads(row["versions"] or "{}"),
-        outputs=metrics,
-        shapes=json.loads(row["shapes"] or "[]"),
-        **{k: row[k] for k in plain},
-    )
+    fields = {c: row[c] for c, _ in RESULT_COLUMNS}
+    fields.update({c: json.loads(row[c] or empty) for c, empty in _JSON.items()})
+    fields["message"] = row["message"] or ""
+    return PolicyResult(policy=row["policy"], path="", outputs=metrics, **fields)
 
 
 def number(v: Any) -> float | None:
@@ -332,20 +341,9 @@ def number(v: Any) -> float | None:
 
 
 def _result_row(run_id: int, r: PolicyResult) -> dict[str, Any]:
-    keys = ("policy", "status", "exit_code", "evaluator", "emulation", "backend", "device")
-    row = {k: getattr(r, k) for k in keys}
-    row.update(
-        run_id=run_id,
-        trt_version=r.trt_version,
-        model_sha256=r.model_sha256,
-        policy_sha256=r.policy_sha256,
-        low_share=r.low_share,
-        quantized_share=r.quantized_share,
-        fp32_nodes=r.fp32_nodes,
-        message=r.message,
-        versions=json.dumps(r.versions),
-        shapes=json.dumps(r.shapes),
-    )
+    row = {"run_id": run_id, "policy": r.policy}
+    row.update({c: getattr(r, c) for c, _ in RESULT_COLUMNS})
+    row.update({c: json.dumps(getattr(r, c)) for c in _JSON})
     return row
 
 
@@ -442,10 +440,9 @@ def _schema(conn: Any, tables: dict, where: str) -> None:
     for table, old, new in RENAMED_COLUMNS:
         if table in have and old in have[table] and new not in have[table]:
             conn.execute(text(f"ALTER TABLE {table} RENAME COLUMN {old} TO {new}"))
-    real = "DOUBLE PRECISION" if conn.dialect.name == "postgresql" else "REAL"
-    for table, column, kind in ADDED_COLUMNS:
+    for table, column in ADDED_COLUMNS:
         if table in have and column not in have[table]:
-            kind = real if kind == "REAL" else kind
+            kind = _sql_kind(tables[table].c[column].type, conn.dialect.name)
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {kind}"))
     meta = tables["trtbuild_meta"]
     found = conn.execute(select(meta.c.value).where(meta.c.key == "schema")).scalar()
@@ -460,3 +457,12 @@ def _schema(conn: Any, tables: dict, where: str) -> None:
         conn.execute(meta.insert().values(key="schema", value=str(SCHEMA_VERSION)))
     elif int(found) < SCHEMA_VERSION:
         conn.execute(meta.update().where(meta.c.key == "schema").values(value=str(SCHEMA_VERSION)))
+
+
+def _sql_kind(kind: Any, dialect: str) -> str:
+    """The SQL type of an added column, from its table's SQLAlchemy type."""
+    from sqlalchemy import Float, Integer
+
+    if isinstance(kind, Float):
+        return "DOUBLE PRECISION" if dialect == "postgresql" else "REAL"
+    return "INTEGER" if isinstance(kind, Integer) else "TEXT"

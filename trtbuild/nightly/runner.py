@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtbuild.accuracy.masked import overflow_node, rule_said
 from trtbuild.errors import EXIT_BUG, UsageError, exit_code_for
 
 
@@ -43,15 +44,13 @@ class PolicyResult:
         """What a verdict alone does not show, from `shapes` (so the history keeps it): a
         masked overflow warned only (`accuracy.masked_overflow: warn`) and data that does not
         exercise the model (an output constant or nearly so at a point)."""
+        from trtbuild.accuracy.report import point_rank
+
         found = []
         for s in self.shapes:
             o = s.get("masked_overflow")
             if o and s.get("passed"):
-                found.append(
-                    f"masked overflow at {s['name']}: {o['node']} ({o['op']}), warned only"
-                )
-        from trtbuild.accuracy.report import point_rank
-
+                found.append(f"masked overflow at {s['name']}: {overflow_node(o)}, warned only")
         flat: dict[str, list[str]] = {}
         for s in sorted(self.shapes, key=lambda s: point_rank(s["name"])):
             for out in s.get("flat_outputs") or []:
@@ -162,8 +161,9 @@ def _below(sv, n_shapes: int) -> str:
     failing = ", ".join(n for n, m in sv.main.outputs.items() if not m.passed)
     where = f" at {sv.label}" if n_shapes > 1 else ""
     if not failing and sv.main.masked_overflow:  # every output holds: the rule failed it
-        o = sv.main.masked_overflow
-        return f"masked overflow{where}: {o['node']} ({o['op']}) (accuracy.masked_overflow: fail)"
+        return (
+            f"masked overflow{where}: {overflow_node(sv.main.masked_overflow)} {rule_said('fail')}"
+        )
     return f"outputs below tolerance{where}: {failing}"
 
 

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import opset_of
+from trtbuild.graph.model_io import fed_inputs, no_input, opset_of
 
 
 @dataclass
@@ -285,14 +285,10 @@ def override_input_shapes(
 
 def inputs_named(model: onnx.ModelProto, names: list[str], field: str) -> None:
     """Exit 2, naming the policy's field, for a name that is not one of the model's inputs."""
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    inputs = [i.name for i in fed_inputs(model)]
     for name in names:
         if name not in inputs:
-            raise UsageError(
-                f"{field}.{name}: the model has no input '{name}'",
-                hint="its inputs are " + ", ".join(inputs),
-            )
+            raise no_input(f"{field}.{name}", name, inputs)
 
 
 def _set_dims(vi: onnx.ValueInfoProto, dims: tuple[int | str, ...]) -> None:

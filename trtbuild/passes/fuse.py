@@ -25,7 +25,7 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.analysis import mapped
 from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
-from trtbuild.graph.qdq import QDQ_OPS
+from trtbuild.graph.qdq import DEQUANTIZE, QDQ_OPS, QUANTIZE, quantize
 from trtbuild.graph.seethrough import SeenThrough, see_through
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.basic import PassRecord, copied
@@ -299,7 +299,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
 
 def _fold_plan(view: GraphView, conv_index: int | None, bn_index: int):
     bn = view.nodes[bn_index]
-    if conv_index is not None and view.nodes[conv_index].op_type == "DequantizeLinear":
+    if conv_index is not None and view.nodes[conv_index].op_type == DEQUANTIZE:
         return _behind_pair(view, conv_index)
     if conv_index is None or view.nodes[conv_index].op_type != "Conv":
         return "not fed by a Conv"
@@ -365,7 +365,7 @@ def _behind_pair(view: GraphView, dq: int) -> str:
 def _weight_dq(view: GraphView, conv: onnx.NodeProto) -> int | None:
     """The DequantizeLinear that gives a Conv its weight, where one does."""
     p = view.producer.get(conv.input[1]) if len(conv.input) > 1 else None
-    return p if p is not None and view.nodes[p].op_type == "DequantizeLinear" else None
+    return p if p is not None and view.nodes[p].op_type == DEQUANTIZE else None
 
 
 @dataclass(frozen=True)
@@ -391,7 +391,7 @@ def _quantized_weight(view: GraphView, dq: onnx.NodeProto) -> _QuantizedWeight |
     q = view.producer.get(ins[0])
     if ins[0] in view.initializers:
         values, stored = view.initializer_array(ins[0]), True
-    elif q is not None and view.nodes[q].op_type == "QuantizeLinear":
+    elif q is not None and view.nodes[q].op_type == QUANTIZE:
         src = view.nodes[q].input[0]
         if src not in view.initializers or list(view.nodes[q].input[1:]) != ins[1:]:
             return f"the weight's Q {view.nodes[q].name} does not quantize a constant as its DQ"
@@ -439,9 +439,7 @@ def _integers(weight: _QuantizedWeight) -> np.ndarray:
     """The weight's INT8 values (a float weight as its Q rounds and saturates it)."""
     if weight.stored:
         return weight.values
-    per = (-1, *[1] * (weight.values.ndim - 1)) if weight.scale.size > 1 else ()
-    scale = weight.scale.astype(np.float64).reshape(per) if per else float(weight.scale)
-    return np.clip(np.rint(weight.values.astype(np.float64) / scale), -128, 127)
+    return quantize(weight.values, weight.scale, "int8", axis=0)  # per output channel, or one
 
 
 def _folded_weight(
@@ -465,11 +463,11 @@ def _folded_weight(
     nodes, quantized = [], values.name
     if not weight.stored:
         quantized = f"{stem}_quantized"
-        q = helper.make_node("QuantizeLinear", [values.name, *params], [quantized], axis=0)
-        q.name = f"{stem}_QuantizeLinear"
+        q = helper.make_node(QUANTIZE, [values.name, *params], [quantized], axis=0)
+        q.name = f"{stem}_{QUANTIZE}"
         nodes.append(q)
-    dq = helper.make_node("DequantizeLinear", [quantized, *params], [stem], axis=0)
-    dq.name = f"{stem}_DequantizeLinear"
+    dq = helper.make_node(DEQUANTIZE, [quantized, *params], [stem], axis=0)
+    dq.name = f"{stem}_{DEQUANTIZE}"
     return [*nodes, dq], inits
 
 

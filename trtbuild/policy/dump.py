@@ -145,20 +145,6 @@ def flow(value: Any) -> str:
     return text.split("\n...")[0].strip()  # a bare scalar ends with a document marker
 
 
-def person_yaml(policy: PolicyLike, folder: Path | None) -> str:
-    """`Policy.to_yaml`: the source's text where the policy is what it says (its paths
-    re-based to `folder`, every comment kept); else `human_yaml` from the value."""
-    from trtbuild.policy.text import rebased_text
-
-    src = policy.current_source
-    if src is not None and src.text is not None:
-        text = rebased_text(policy, folder) if folder is not None else src.text
-        if text is not None:
-            return text
-    source = policy.source
-    return human_yaml(policy, folder or (source.base_dir if source is not None else None))
-
-
 def human_yaml(
     policy: PolicyLike,
     folder: Path | None,

@@ -130,7 +130,7 @@ class Policy:
             where: the file it will be saved as: relative paths are written from its
                 folder. Default: the source's folder (absolute paths without a source).
         """
-        from trtbuild.policy.dump import person_yaml
+        from trtbuild.policy.text import person_yaml
 
         return person_yaml(self, Path(where).resolve().parent if where is not None else None)
 

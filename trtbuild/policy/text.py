@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 import trtbuild.policy.specs as specs
+from trtbuild.policy.dump import PolicyLike, flow, human_yaml, relative
 from trtbuild.policy.keys import keyed
 from trtbuild.policy.load import PolicyLoader
 
@@ -50,6 +51,18 @@ def policy_paths(value: Any) -> set[Path]:
     return found
 
 
+def person_yaml(policy: PolicyLike, folder: Path | None) -> str:
+    """`Policy.to_yaml`: the source's text where the policy is what it says (its paths
+    re-based to `folder`, every comment kept); else `human_yaml` from the value."""
+    src = policy.current_source
+    if src is not None and src.text is not None:
+        text = rebased_text(policy, folder) if folder is not None else src.text
+        if text is not None:
+            return text
+    source = policy.source
+    return human_yaml(policy, folder or (source.base_dir if source is not None else None))
+
+
 def rebased_text(policy: Any, folder: Path) -> str | None:
     """The policy's source text for a file in `folder`: its relative paths and its editor's
     `$schema` comment re-based. None without a source text."""
@@ -66,7 +79,7 @@ def rebased_text(policy: Any, folder: Path) -> str | None:
     if rows and rows[0].startswith(marker):
         value = rows[0][len(marker) :].strip()
         if value and not os.path.isabs(value) and "://" not in value:
-            new = _relative((src.base_dir / value).resolve(), folder)
+            new = relative((src.base_dir / value).resolve(), folder)
             rows[0] = f"{marker}{new}\n"
     return "".join(rows)
 
@@ -91,9 +104,9 @@ def rebased(text: str, base: Path, folder: Path, paths: set[Path]) -> str | None
             continue
         target = (base / value).resolve()
         if target in paths:
-            edits.append((node.start_mark.index, node.end_mark.index, _relative(target, folder)))
+            edits.append((node.start_mark.index, node.end_mark.index, relative(target, folder)))
     for start, end, new in sorted(edits, reverse=True):
-        text = text[:start] + _scalar(new) + text[end:]
+        text = text[:start] + flow(new) + text[end:]
     return text
 
 
@@ -158,16 +171,3 @@ def _line_end(text: str, mark: Any) -> int:
         return index
     end = text.find("\n", index)
     return len(text) if end < 0 else end + 1
-
-
-def _relative(path: Path, folder: Path) -> str:
-    try:
-        return os.path.relpath(path, folder)
-    except ValueError:  # another drive
-        return str(path)
-
-
-def _scalar(value: str) -> str:
-    """A path as a YAML scalar: plain where YAML reads it back as the same string."""
-    flow = yaml.safe_dump(value, default_flow_style=True, width=10_000)
-    return flow.split("\n...")[0].strip()

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbuild.graph.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE
+from trtbuild.graph.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE, as_float_type
 from trtbuild.graph.subgraphs import node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
@@ -204,15 +204,12 @@ class _Scales:
         node = self.qdq.nodes[dq]
         key = (node.quantized, dtype, b"dequantized")
         if key not in self.names:
-            q = numpy_helper.to_array(self.a.view.initializers[node.quantized]).astype(np.float32)
-            zero = node.zero_value if node.zero_value is not None else np.zeros(1)
-            scale, zero = node.scale_value.astype(np.float32), zero.astype(np.float32)
-            if node.axis is not None:  # per axis: the scale's one dimension is the weight's `axis`
-                shape = [1] * q.ndim
-                shape[node.axis % q.ndim] = -1
-                scale, zero = scale.reshape(shape), zero.reshape(shape)
+            from trtbuild.graph.qdq import dequantize
+
+            q = numpy_helper.to_array(self.a.view.initializers[node.quantized])
+            value = dequantize(q, node.scale_value, node.zero_value, node.axis)
             name = f"{node.quantized}__dequantized_{DTYPE_NAME[dtype]}"
-            self.tensors.append(_tensor((q - zero) * scale, dtype, name))
+            self.tensors.append(_tensor(value, dtype, name))
             self.names[key] = name
         return self.names[key]
 
@@ -256,7 +253,7 @@ def _emit_qdq(rw: _Rewriter, i: int) -> bool:
     if i in rw.a.dead_qdq:
         return True  # every op it fed reads around it (`dequantize: true`)
     node = rw.view.nodes[i]
-    if node.op_type == "QuantizeLinear":
+    if not scales.qdq.nodes[i].is_dq:
         _emit_q(rw, i, scales)
         return True
     main = None
@@ -445,14 +442,7 @@ def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
 
 
 def _tensor(array: np.ndarray, dtype: int, name: str) -> onnx.TensorProto:
-    if dtype == TensorProto.FLOAT16:
-        with np.errstate(over="ignore"):  # overflow to inf is reported by convert(), not hidden
-            return numpy_helper.from_array(array.astype(np.float16), name)
-    if dtype == TensorProto.BFLOAT16:
-        import ml_dtypes
-
-        return numpy_helper.from_array(array.astype(ml_dtypes.bfloat16), name)
-    return numpy_helper.from_array(array.astype(np.float32), name)
+    return numpy_helper.from_array(as_float_type(array, dtype), name)
 
 
 def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto], list[str]]:
@@ -476,8 +466,9 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
             peak = float(np.max(np.abs(array))) if array.size else 0.0
             if d == TensorProto.FLOAT16 and peak > FP16_MAX:
                 warnings.append(
-                    f"weight {t.name} reaches {peak:.4g}, beyond FP16's 65504: it becomes inf in FP16 "
-                    "(precision.guards: true pins its consumers; or match: {initializer_abs_above: 65504})"
+                    f"weight {t.name} reaches {peak:.4g}, beyond FP16's {FP16_MAX:g}: it becomes "
+                    "inf in FP16 (precision.guards: true pins its consumers; or match: "
+                    f"{{initializer_abs_above: {FP16_MAX:g}}})"
                 )
             for node, k, want in uses:
                 if want == d:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtbuild.graph.optypes import DTYPE_NAME, PRECISION_DTYPE
-from trtbuild.graph.qdq import SCALE_OPSET, QdqGraph, holds
+from trtbuild.graph.optypes import DTYPE_NAME, PRECISION_DTYPE, as_float_type
+from trtbuild.graph.qdq import SCALE_OPSET, QdqGraph, holds, unheld
 from trtbuild.graph.view import GraphView
 
 QDQ_RULE = "qdq"  # the `rule` of a Q/DQ node's decision: it follows the ops around it
@@ -63,7 +63,8 @@ def promote_for_scales(
                     continue
                 if holds(scale, PRECISION_DTYPE[p]):
                     continue
-                why = f"the scale of {qdq.nodes[dq].name} ({_extreme(scale)}) does not fit {p.upper()}"
+                value = _extreme(scale, PRECISION_DTYPE[p])
+                why = f"the scale of {qdq.nodes[dq].name} ({value}) does not fit {p.upper()}"
                 promoted[c] = why
                 warnings.append(
                     f"{view.nodes[c].name} ({view.nodes[c].op_type}) stays FP32 with its "
@@ -187,21 +188,14 @@ def group_value(qdq: QdqGraph, i: int, dtypes: set[int]) -> np.ndarray | None:
     whole = qdq.group_scale(qdq.group_of[i])
     for d in sorted(dtypes):
         if d != PRECISION_DTYPE["fp32"] and holds(whole, d):
-            return _round(value, d)
+            return as_float_type(value, d).astype(np.float32)
     return value
 
 
-def _round(value: np.ndarray, dtype: int) -> np.ndarray:
-    if dtype == PRECISION_DTYPE["bf16"]:
-        import ml_dtypes
-
-        return value.astype(ml_dtypes.bfloat16).astype(np.float32)
-    return value.astype(np.float16).astype(np.float32)
-
-
-def _extreme(scale: np.ndarray | None) -> str:
+def _extreme(scale: np.ndarray | None, dtype: int) -> str:
+    """The first scale value `dtype` cannot hold (`unheld`), for a warning."""
     if scale is None:
         return "not a constant"
     v = np.asarray(scale, dtype=np.float64).ravel()
-    bad = v[~np.isfinite(v) | (v <= np.finfo(np.float16).tiny) | (v > np.finfo(np.float16).max)]
+    bad = v[unheld(v, dtype)]
     return f"{(bad if bad.size else v)[0]:.3g}"

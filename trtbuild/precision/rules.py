@@ -13,11 +13,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, TypeVar
 
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.view import GraphView
 from trtbuild.policy.specs import Match, Rule
+
+_M = TypeVar("_M", bound="OneKey")
 
 
 @dataclass(frozen=True)
@@ -42,14 +44,21 @@ class Matcher(Protocol):
         """Node index -> human-readable reason."""
 
 
-@dataclass(frozen=True)
-class NameMatcher:
-    regex: str
-    KEY: ClassVar[str] = "name"
+class OneKey:
+    """A matcher of one `match` key: `from_match` gives it the value of the field `KEY`
+    names, so each kind names its key once."""
+
+    KEY: ClassVar[str]
 
     @classmethod
-    def from_match(cls, match: Match) -> NameMatcher:
-        return cls(match.name)
+    def from_match(cls: type[_M], match: Match) -> _M:
+        return cls(getattr(match, cls.KEY))  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class NameMatcher(OneKey):
+    regex: str
+    KEY: ClassVar[str] = "name"
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         rx = re.compile(self.regex)
@@ -61,13 +70,9 @@ class NameMatcher:
 
 
 @dataclass(frozen=True)
-class OpMatcher:
+class OpMatcher(OneKey):
     ops: tuple[str, ...]
     KEY: ClassVar[str] = "op"
-
-    @classmethod
-    def from_match(cls, match: Match) -> OpMatcher:
-        return cls(match.op)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         ops = set(self.ops)
@@ -91,15 +96,11 @@ class PatternMatcher:
 
 
 @dataclass(frozen=True)
-class MaxAbsMatcher:
+class MaxAbsMatcher(OneKey):
     """Nodes any of whose float inputs or outputs exceed `threshold` on the reference data."""
 
     threshold: float
     KEY: ClassVar[str] = "max_abs_above"
-
-    @classmethod
-    def from_match(cls, match: Match) -> MaxAbsMatcher:
-        return cls(match.max_abs_above)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         from trtbuild.errors import UsageError
@@ -117,7 +118,7 @@ class MaxAbsMatcher:
 
 
 @dataclass(frozen=True)
-class InitializerAbsMatcher:
+class InitializerAbsMatcher(OneKey):
     """Nodes that consume a weight whose finite magnitude exceeds `threshold`.
 
     Finite: a weight that is already inf in FP32 stays inf whatever its
@@ -126,10 +127,6 @@ class InitializerAbsMatcher:
 
     threshold: float
     KEY: ClassVar[str] = "initializer_abs_above"
-
-    @classmethod
-    def from_match(cls, match: Match) -> InitializerAbsMatcher:
-        return cls(match.initializer_abs_above)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         view, out = ctx.view, {}
@@ -148,15 +145,11 @@ class InitializerAbsMatcher:
 
 
 @dataclass(frozen=True)
-class ReductionDepthMatcher:
+class ReductionDepthMatcher(OneKey):
     """MatMul/Gemm/Conv/Reduce nodes that accumulate more than `depth` products."""
 
     depth: int
     KEY: ClassVar[str] = "reduction_depth_above"
-
-    @classmethod
-    def from_match(cls, match: Match) -> ReductionDepthMatcher:
-        return cls(match.reduction_depth_above)
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         from trtbuild.graph.reductions import reduction_depth

@@ -19,17 +19,15 @@ from trtbuild.front import Front
 from trtbuild.graph.qdq import is_qdq
 from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import LOW_MAX
+from trtbuild.numerics import LOW_EPS, LOW_INF_AT, LOW_MAX
 from trtbuild.policy.specs import Match, Precision, Rule
 
-# The smallest |x| each low precision rounds to infinity: half-way between its
-# largest finite value and the next power of two (round to nearest even).
-INF_AT = {"fp16": 65520.0, "bf16": (2.0 - 2.0**-8) * 2.0**127}
-# A group whose reference values pass INF_AT by this factor turns non-finite in the low
+# A group whose reference values pass LOW_INF_AT by this factor turns non-finite in the low
 # precision whatever its neighbours do (their rounding moves a value far less than 1%).
 SURE = 1.01
-# Relative rounding of one store in each low precision: the error floor of a tensor.
-UNIT = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+# Relative rounding of one store in each low precision (half a step): the error floor of a
+# tensor.
+UNIT = {low: eps / 2 for low, eps in LOW_EPS.items()}
 # An error that grows by less than this across a node is rounding noise, not a jump.
 JUMP = 2.0
 
@@ -59,7 +57,7 @@ class Group:
         Why it matters: such a pin never needs re-checking (unpinning it fails
         by overflow at some shape, every time), which saves an evaluation each.
         """
-        return self.peak >= INF_AT[low] * SURE
+        return self.peak >= LOW_INF_AT[low] * SURE
 
 
 def node_flops(view: GraphView, i: int) -> float:
