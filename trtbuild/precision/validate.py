@@ -40,9 +40,13 @@ from typing import Any
 import onnx
 
 from trtbuild.errors import UsageError
-from trtbuild.precision import ort_child
+from trtbuild.graph import structure
+from trtbuild.policy.specs import ORT_CHECKS
+from trtbuild.precision import neighbourhoods, ort_child
 
 TIMEOUT_KEY = "build.ort_check_timeout"  # the policy's key that sets `timeout` (0: skip)
+SCOPE_KEY = "build.ort_check"  # the policy's key that sets `scope`
+SCOPES = ORT_CHECKS  # what ONNX Runtime loads; the first is the default
 
 
 class InvalidMixedModel(RuntimeError):
@@ -55,22 +59,32 @@ class CheckFailed(UsageError):
 
 
 def validate_mixed(
-    model: onnx.ModelProto, cache: Any = None, timeout: float | None = None
+    model: onnx.ModelProto,
+    cache: Any = None,
+    timeout: float | None = None,
+    scope: str = SCOPES[0],
 ) -> list[str]:
     """Both checks, waited for: the warnings (ONNX Runtime's own failures), or an
     `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass."""
-    return start_mixed_check(model, cache, timeout).result()
+    return start_mixed_check(model, cache, timeout, scope).result()
 
 
 def start_mixed_check(
-    model: onnx.ModelProto, cache: Any = None, timeout: float | None = None
+    model: onnx.ModelProto,
+    cache: Any = None,
+    timeout: float | None = None,
+    scope: str = SCOPES[0],
 ) -> MixedCheck:
     """Start ONNX Runtime's load in a child, run `onnx.checker` here meanwhile, and return
     the load to join with `result()` before anything is published.
 
     `timeout`: seconds `result()` waits for each child (None: `ort_child.default_timeout`
-    of the model's size; 0: no ONNX Runtime check, only `onnx.checker`'s).
+    of the model's size; 0: no ONNX Runtime check, only `onnx.checker`'s). `scope`:
+    "neighbourhoods" loads one of each neighbourhood not yet known (no child where all
+    are), "whole" the whole model.
     """
+    if scope not in SCOPES:
+        raise ValueError(f"scope {scope!r} is none of {SCOPES}")
     data = model.SerializeToString()
     digest = _digest(data)
     if cache is not None and cache.enabled and timeout != 0:
@@ -78,8 +92,14 @@ def start_mixed_check(
         if record is not None:
             return MixedCheck(None, None, list(record.warnings))
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
-    proc = _spawn(data, "default") if seconds > 0 else None
-    check = MixedCheck(proc, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
+    check = MixedCheck(None, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
+    if seconds > 0 and scope == "neighbourhoods":
+        check.plan, source = _planned(model, cache)
+    else:
+        source = data
+    if seconds > 0 and source:
+        check.proc = _spawn(source, "default")
+        check.source = source if check.plan is not None else b""
     try:
         onnx.checker.check_model(data, full_check=True)  # the bytes: not serialized again
     except Exception as exc:  # the checker's own ValidationError and inference errors
@@ -88,9 +108,20 @@ def start_mixed_check(
     return check
 
 
+def _planned(model: onnx.ModelProto, cache: Any) -> tuple[neighbourhoods.Plan | None, bytes]:
+    """The neighbourhoods to load and their model's bytes (b"": all known, no child); no
+    plan where one cannot be made (a value of unknown type): the whole model is loaded."""
+    try:
+        plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache))
+        return plan, plan.neighbourhood() if plan.pending else b""
+    except structure.Unbuildable:
+        return None, model.SerializeToString()
+
+
 @dataclass
 class MixedCheck:
-    """ONNX Runtime's load of one mixed model, under way in a child process."""
+    """ONNX Runtime's load of one mixed model (or of its new neighbourhoods), under way in
+    a child process."""
 
     proc: subprocess.Popen | None
     # the model (the caller's, not a copy), serialized again only for a second child where
@@ -101,21 +132,58 @@ class MixedCheck:
     digest: str = ""
     timeout: float = 0.0
     size: int = 0  # bytes of the serialized model
+    plan: neighbourhoods.Plan | None = None  # where neighbourhoods are loaded
+    source: bytes = b""  # the neighbourhoods' model the child loads
 
     def result(self) -> list[str]:
         """Wait for the load: its warnings, or `InvalidMixedModel` where the model is
         invalid, or `CheckFailed` where the check could not end."""
-        if self.proc is None:
-            return self.warnings
+        if self.model is None or (self.proc is None and self.plan is None):
+            return self.warnings  # a record's, or no ONNX Runtime check (timeout 0)
         try:
-            first = _ended(self.proc, self.timeout, self.size)
-            if not (first.ok or first.no_kernel):
-                self.warnings = _judge(first, self.model.SerializeToString(), self.timeout)  # type: ignore[union-attr]
+            if self.plan is None:
+                self.warnings = self._whole(self.proc)  # type: ignore[arg-type]
+            else:
+                self.warnings = self._neighbourhoods(self.plan)
         finally:
             self.cancel()
         if self.cache is not None and self.cache.enabled:
             self.cache.put("converted", self.digest, _record(self.warnings))
         return self.warnings
+
+    def _whole(self, proc: subprocess.Popen) -> list[str]:
+        """The whole model's load: [] where it loaded, else `_judge`'s verdict."""
+        first = _ended(proc, self.timeout, self.size)
+        if first.ok or first.no_kernel:
+            return []
+        return _judge(first, self.model.SerializeToString(), self.timeout)  # type: ignore[union-attr]
+
+    def _neighbourhoods(self, plan: neighbourhoods.Plan) -> list[str]:
+        """Load the pending neighbourhoods (the first child runs already), attribute each
+        failure, load the rest again (`neighbourhoods.ROUNDS` loads at most), remember
+        what was learned. A neighbourhood that does not load even with optimisations off
+        may be an artefact of its cut: the whole model's load gives the verdict then.
+        Only the first round's failure is loaded with optimisations off: a later round
+        loads a part of the same nodes, which loaded then."""
+        source = self.source
+        for left in range(neighbourhoods.ROUNDS - 1, -1, -1):
+            if self.proc is None:
+                break
+            first = _ended(self.proc, self.timeout, len(source))
+            self.proc = None
+            if first.ok or first.no_kernel:
+                plan.learn("", "")
+                break
+            if source is self.source and not _loads_plain(source, self.timeout):
+                neighbourhoods.remember(self.cache, plan.learned)
+                self.proc = _spawn(self.model.SerializeToString(), "default")  # type: ignore[union-attr]
+                return self._whole(self.proc)
+            plan.learn(ort_child.warning(first, source, self.timeout), first.message)
+            if plan.pending and left:
+                source = _rest(plan)
+                self.proc = _spawn(source, "default") if source else None
+        neighbourhoods.remember(self.cache, plan.learned)
+        return plan.warnings()
 
     def cancel(self) -> None:
         """Stop the child (if it still runs); the model is let go."""
@@ -123,6 +191,21 @@ class MixedCheck:
             self.proc.kill()
             self.proc.wait()
         self.proc, self.model = None, None
+
+
+def _loads_plain(source: bytes, timeout: float) -> bool:
+    """Whether ONNX Runtime loads `source` with its graph optimisations off."""
+    plain = _ended(_spawn(source, "off"), timeout, len(source))
+    return plain.ok or plain.no_kernel
+
+
+def _rest(plan: neighbourhoods.Plan) -> bytes:
+    """The model of the neighbourhoods still pending after a failure was attributed; b""
+    where it cannot be built (they stay unknown: the next check loads them)."""
+    try:
+        return plan.neighbourhood()
+    except structure.Unbuildable:
+        return b""
 
 
 def _spawn(data: bytes, level: str) -> subprocess.Popen:

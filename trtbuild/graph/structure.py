@@ -1,0 +1,304 @@
+"""Structural keys of nodes, and the neighbourhood of a few nodes as a model of its own.
+
+Why: whether ONNX Runtime loads a model is decided node by node and by each node's
+surroundings: a kernel exists for an (op, domain, opset, input and output types,
+attributes); a graph optimiser matches and rewrites a pattern of a few connected
+nodes (`LayerNormFusion` about ten, `NchwcTransformer`'s crash on an FP16
+`Transpose` → `Cast` → `MatMul` three). A 10k-node transformer has a few hundred
+distinct such neighbourhoods, repeated layer after layer, so a check that loads one
+of each (`neighbourhood_model`) and remembers the keys it loaded (`Structure.keys`)
+sees what loading the whole model sees, in a fraction of its time.
+
+A node's key identifies its `RADIUS`-hop neighbourhood: its own signature (op,
+domain, attributes, each input's and output's element type and rank, which inputs are
+constants and the values of small ones), refined `RADIUS` times by Weisfeiler-Lehman
+over the undirected data-flow graph, each edge labelled by its direction and its
+(output slot, input slot). Weights' bytes are not in it (two layers with different
+weights are alike to ONNX Runtime's loader), nor are names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper, numpy_helper
+
+from trtbuild.graph import subgraphs
+
+# Hops a key sees, and a checked neighbourhood holds, around its node. 3: every node of
+# the largest pattern known to fail is within 3 hops of one of its nodes (a decomposed
+# LayerNorm's `Sub` reaches its nine nodes within 3 hops: LayerNormFusion's refusal;
+# NchwcTransformer's crash needs `Transpose` → `Cast` → `MatMul`, 1 hop around the
+# `Cast`), so a ball around one node of the pattern holds all of it. A larger radius
+# tells more nodes apart (fewer are alike) and loads larger neighbourhoods.
+RADIUS = 3
+VERSION = 1  # of what a key holds: a memory of keys made otherwise is another memory
+SMALL_INTS = 64  # integer constants up to this many elements are keyed by value (shapes, axes)
+DIGEST_BYTES = 16  # blake2b-128: a key is 32 hex digits
+_INTS = {
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.INT16,
+    onnx.TensorProto.INT32,
+    onnx.TensorProto.INT64,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.UINT16,
+    onnx.TensorProto.UINT32,
+    onnx.TensorProto.UINT64,
+    onnx.TensorProto.BOOL,
+}
+
+
+class Unbuildable(ValueError):
+    """A neighbourhood that cannot be a model of its own (a value of unknown type)."""
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The keys of a graph's nodes (in `graph.node` order) and who is next to whom."""
+
+    keys: tuple[str, ...]
+    adjacent: tuple[tuple[int, ...], ...]  # node indices sharing a value, either way
+
+    def ball(self, centres: Iterable[int], radius: int = RADIUS) -> set[int]:
+        """The nodes at most `radius` hops from any of `centres`."""
+        seen = set(centres)
+        edge = list(seen)
+        for _ in range(radius):
+            edge = [u for v in edge for u in self.adjacent[v] if u not in seen]
+            seen.update(edge)
+        return seen
+
+
+def structure(model: onnx.ModelProto, typed: onnx.ModelProto) -> Structure:
+    """The keys of `model`'s top-level nodes; `typed` is `model` after shape inference
+    (`model_io.infer_shapes`), where each value's element type and rank are read."""
+    graph = model.graph
+    types = _TypeKeys(typed)
+    consts = _constants(graph)
+    outputs = {o.name for o in graph.output}
+    labels = [_signature(n, types, consts, outputs) for n in graph.node]
+    links = _links(graph)
+    for _ in range(RADIUS):
+        labels = _refined(labels, links)
+    adjacent = tuple(tuple(sorted({u for u, _ in near})) for near in links)
+    return Structure(tuple(label.hex() for label in labels), adjacent)
+
+
+def _refined(labels: list[bytes], links: list[list[tuple[int, bytes]]]) -> list[bytes]:
+    """One Weisfeiler-Lehman round: each label hashed with its neighbours' (edge-tagged,
+    as a sorted multiset); each distinct neighbourhood hashed once."""
+    seen: dict[tuple[bytes, ...], bytes] = {}
+    out = []
+    for v, label in enumerate(labels):
+        near = (label, *sorted(tag + labels[u] for u, tag in links[v]))
+        digest = seen.get(near)
+        if digest is None:
+            digest = seen[near] = _hash(*near)
+        out.append(digest)
+    return out
+
+
+def value_types(typed: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Each top-level value's type as declared or inferred (initializers aside)."""
+    g = typed.graph
+    return {v.name: v.type for v in (*g.value_info, *g.input, *g.output)}
+
+
+def _hash(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for part in parts:
+        h.update(part)
+    return h.digest()
+
+
+def _links(graph: onnx.GraphProto) -> list[list[tuple[int, bytes]]]:
+    """Per node, (neighbour, edge tag): `<i,j` where the neighbour's output slot i feeds
+    this node's input slot j, `>i,j` the other way (an outer-scope read: slot -1)."""
+    made = {o: (v, i) for v, n in enumerate(graph.node) for i, o in enumerate(n.output) if o}
+    links: list[list[tuple[int, bytes]]] = [[] for _ in graph.node]
+    tags: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+    for v, node in enumerate(graph.node):
+        reads = list(enumerate(node.input))
+        if subgraphs.has_body(node):
+            reads += [(-1, t) for t in subgraphs.node_reads(node)[len(reads) :]]
+        for j, t in reads:
+            if t in made:
+                u, i = made[t]
+                tag = tags.get((i, j)) or tags.setdefault(
+                    (i, j), (b"<%d,%d" % (i, j), b">%d,%d" % (i, j))
+                )
+                links[v].append((u, tag[0]))
+                links[u].append((v, tag[1]))
+    return links
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, bytes]:
+    """Values that are constants (initializers, `Constant` outputs) -> what keys them:
+    the values of small integer ones (shapes and axes drive ONNX Runtime's rewrites)
+    and of float scalars (a fusion matches GELU's 0.5 or LayerNorm's exponent 2)."""
+    found = {t.name: _tensor_key(t) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            found[node.output[0]] = b"C" + b"".join(_attribute(a) for a in node.attribute)
+    return found
+
+
+def _tensor_key(t: onnx.TensorProto) -> bytes:
+    """A constant's type, and its values where small (`_constants`), never its weights'
+    bytes: layers alike but for their weights are alike to the loader."""
+    size = 1
+    for d in t.dims:
+        size *= d
+    small = size <= SMALL_INTS if t.data_type in _INTS else size == 1
+    if not small or t.data_location == onnx.TensorProto.EXTERNAL:
+        return b"W%d" % t.data_type
+    try:
+        return b"T%d:%r=" % (t.data_type, list(t.dims)) + numpy_helper.to_array(t).tobytes()
+    except Exception:  # a tensor numpy cannot hold (a new type): its type keys it
+        return b"W%d" % t.data_type
+
+
+def _attribute(a: onnx.AttributeProto) -> bytes:
+    """An attribute by value; tensors by `_tensor_key`, bodies by their structure."""
+    kind = onnx.AttributeProto
+    if a.type == kind.GRAPH:
+        return f"{a.name}:g".encode() + _body(a.g)
+    if a.type == kind.GRAPHS:
+        return f"{a.name}:G".encode() + b"".join(_body(g) for g in a.graphs)
+    if a.type == kind.TENSOR:
+        return f"{a.name}:t".encode() + _tensor_key(a.t)
+    if a.type == kind.TENSORS:
+        return f"{a.name}:T".encode() + b"".join(_tensor_key(t) for t in a.tensors)
+    if a.type in (kind.SPARSE_TENSOR, kind.SPARSE_TENSORS):
+        return f"{a.name}:s{a.type}".encode()
+    if not a.doc_string:
+        return a.SerializeToString(deterministic=True)
+    plain = onnx.AttributeProto()
+    plain.CopyFrom(a)
+    plain.ClearField("doc_string")  # words for people, not for the loader
+    return plain.SerializeToString(deterministic=True)
+
+
+def _body(graph: onnx.GraphProto) -> bytes:
+    """A body's structure: its inputs' and outputs' types, its nodes' ops, attributes and
+    wiring (by position, not name), its constants by `_tensor_key`; no weights' bytes."""
+    where: dict[str, str] = {}
+    parts = [b"B"]
+    for k, v in enumerate(graph.input):
+        where[v.name] = f"i{k}"
+        parts.append(_type_key(v.type))
+    for k, t in enumerate(graph.initializer):
+        where[t.name] = f"w{k}"
+        parts.append(_tensor_key(t))
+    for v, node in enumerate(graph.node):
+        wiring = ",".join(where.get(t, "o") if t else "-" for t in node.input)
+        parts.append(f"|{node.domain}:{node.op_type}({wiring})".encode())
+        parts.extend(_attribute(a) for a in sorted(node.attribute, key=lambda a: a.name))
+        for i, o in enumerate(node.output):
+            where[o] = f"n{v}.{i}"
+    parts.extend(where.get(o.name, "o").encode() + _type_key(o.type) for o in graph.output)
+    return _hash(*parts)
+
+
+class _TypeKeys(dict):
+    """Value name -> `_type_key` of its type, each computed once (`structure` asks of
+    every input and output of every node); an initializer's from its own type and dims."""
+
+    def __init__(self, typed: onnx.ModelProto) -> None:
+        super().__init__()
+        self.types = value_types(typed)
+        self.update(
+            (t.name, b"%d/%d" % (t.data_type, len(t.dims))) for t in typed.graph.initializer
+        )
+
+    def __missing__(self, name: str) -> bytes:
+        found = self[name] = _type_key(self.types.get(name))
+        return found
+
+
+def _type_key(t: onnx.TypeProto | None) -> bytes:
+    """Element type and rank of a tensor type (`?` where unknown); other types by kind."""
+    if t is None:
+        return b"?"
+    kind = t.WhichOneof("value")
+    if kind != "tensor_type":
+        return f"[{kind}]".encode() if kind else b"?"
+    tt = t.tensor_type
+    rank = len(tt.shape.dim) if tt.HasField("shape") else "?"
+    return f"{tt.elem_type}/{rank}".encode()
+
+
+def _signature(
+    node: onnx.NodeProto,
+    types: _TypeKeys,
+    consts: dict[str, bytes],
+    outputs: set[str],
+) -> bytes:
+    """What ONNX Runtime's loader sees of the node alone: op, domain, attributes, each
+    input slot (empty optional ones kept) and output slot by type, constants by value."""
+    parts = [f"{node.domain}:{node.op_type}".encode()]
+    parts.extend(_attribute(a) for a in sorted(node.attribute, key=lambda a: a.name))
+    for t in node.input:
+        parts.append(b"|in" + (types[t] + consts.get(t, b"") if t else b"-"))
+    if subgraphs.has_body(node):
+        for t in subgraphs.node_reads(node)[len([t for t in node.input if t]) :]:
+            parts.append(b"|outer" + types[t] + consts.get(t, b""))
+    for t in node.output:
+        shown = b"!" if t in outputs else b""  # a graph output blocks a fusion through it
+        parts.append(b"|out" + (types[t] + shown if t else b"-"))
+    return _hash(*parts)
+
+
+def neighbourhood_model(
+    model: onnx.ModelProto, typed: onnx.ModelProto, chosen: Iterable[int]
+) -> onnx.ModelProto:
+    """The `chosen` top-level nodes (in the graph's order) as a model of their own.
+
+    Values they read but do not make are graph inputs of their inferred type and shape,
+    except constants: initializers are copied and `Constant` producers taken in, so
+    what ONNX Runtime folds or matches on a constant stays a constant. The outputs are
+    the values made inside that nothing inside reads, and the graph's own outputs, so no
+    fusion inside is blocked that the graph allows. Control flow comes whole, with the
+    outer values its bodies read.
+
+    Raises:
+        Unbuildable: a value crossing the border has no known element type.
+    """
+    graph = model.graph
+    nodes = [graph.node[v] for v in sorted(set(chosen))]
+    made = {o for n in nodes for o in n.output if o}
+    consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output}
+    taken = {t: consts[t] for n in nodes for t in subgraphs.node_reads(n) if t in consts}
+    taken = {t: n for t, n in taken.items() if t not in made}
+    order = {id(n): k for k, n in enumerate(graph.node)}
+    nodes = sorted([*nodes, *taken.values()], key=lambda n: order[id(n)])
+    made.update(taken)
+    reads = [t for n in nodes for t in subgraphs.node_reads(n)]
+    weights = {t.name: t for t in graph.initializer}
+    types = value_types(typed)
+    outer = list(dict.fromkeys(t for t in reads if t not in made and t not in weights))
+    read, shown = set(reads), {o.name for o in graph.output}
+    ends = [o for n in nodes for o in n.output if o and (o not in read or o in shown)]
+    sub = helper.make_graph(
+        nodes,
+        f"{graph.name}-neighbourhood",
+        [_value(t, types) for t in outer],
+        [_value(t, types) for t in ends],
+        [weights[t] for t in dict.fromkeys(reads) if t in weights],
+    )
+    out = helper.make_model(sub, opset_imports=list(model.opset_import))
+    out.ir_version = model.ir_version
+    out.functions.extend(model.functions)
+    return out
+
+
+def _value(name: str, types: dict[str, onnx.TypeProto]) -> onnx.ValueInfoProto:
+    t = types.get(name)
+    if t is None or t.WhichOneof("value") is None:
+        raise Unbuildable(f"no type is known for {name!r}")
+    if t.WhichOneof("value") == "tensor_type" and not t.tensor_type.elem_type:
+        raise Unbuildable(f"no element type is known for {name!r}")
+    return helper.make_value_info(name, t)
