@@ -72,19 +72,73 @@ class Structure:
         return seen
 
 
-def structure(model: onnx.ModelProto, typed: onnx.ModelProto) -> Structure:
+def structure(
+    model: onnx.ModelProto,
+    typed: onnx.ModelProto,
+    declared: dict[str, onnx.TypeProto] | None = None,
+) -> Structure:
     """The keys of `model`'s top-level nodes; `typed` is `model` after shape inference
-    (`model_io.infer_shapes`), where each value's element type and rank are read."""
+    (`model_io.infer_shapes`), where each value's element type and rank are read
+    (`declared`: its `value_types`, where the caller has them)."""
     graph = model.graph
-    types = _TypeKeys(typed)
+    types = _TypeKeys(typed, declared)
     consts = _constants(graph)
     outputs = {o.name for o in graph.output}
-    labels = [_signature(n, types, consts, outputs) for n in graph.node]
-    links = _links(graph)
+    nodes = list(graph.node)
+    made_by = [list(n.output) for n in nodes]  # protobuf's fields, read once
+    made = {o: (v, i) for v, outs in enumerate(made_by) for i, o in enumerate(outs) if o}
+    links: list[list[tuple[int, bytes]]] = [[] for _ in nodes]
+    tags: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+    signatures: dict[tuple, bytes] = {}  # each distinct signature hashed once
+    labels = []
+    for v, node in enumerate(nodes):
+        ins, outs, attrs = list(node.input), made_by[v], list(node.attribute)
+        reads = _reads(node, ins) if attrs else list(enumerate(ins))
+        _link(v, reads, made, links, tags)
+        sign = (
+            node.domain,
+            node.op_type,
+            tuple(_attribute(a) for a in sorted(attrs, key=lambda a: a.name)) if attrs else (),
+            tuple((types[t], consts.get(t)) if t else None for t in ins),
+            tuple((types[t], consts.get(t)) for j, t in reads if j < 0),
+            tuple((types[t], t in outputs) if t else None for t in outs),
+        )
+        label = signatures.get(sign)
+        if label is None:
+            label = signatures[sign] = _hash(repr(sign).encode())
+        labels.append(label)
     for _ in range(RADIUS):
         labels = _refined(labels, links)
     adjacent = tuple(tuple(sorted({u for u, _ in near})) for near in links)
     return Structure(tuple(label.hex() for label in labels), adjacent)
+
+
+def _reads(node: onnx.NodeProto, ins: list[str]) -> list[tuple[int, str]]:
+    """(input slot, value) of what the node reads; an outer-scope read of a body: slot -1."""
+    reads = list(enumerate(ins))
+    if subgraphs.has_body(node):
+        reads += [(-1, t) for t in subgraphs.node_reads(node)[len([t for t in ins if t]) :]]
+    return reads
+
+
+def _link(
+    v: int,
+    reads: list[tuple[int, str]],
+    made: dict[str, tuple[int, int]],
+    links: list[list[tuple[int, bytes]]],
+    tags: dict[tuple[int, int], tuple[bytes, bytes]],
+) -> None:
+    """Link node v to the nodes whose values it reads, as (neighbour, tag): v gets `<i,j`
+    where the neighbour's output slot i feeds its input slot j, the neighbour `>i,j` (an
+    outer-scope read: slot -1). `tags` holds each pair's tags, made once."""
+    for j, t in reads:
+        if t in made:
+            u, i = made[t]
+            tag = tags.get((i, j)) or tags.setdefault(
+                (i, j), (b"<%d,%d" % (i, j), b">%d,%d" % (i, j))
+            )
+            links[v].append((u, tag[0]))
+            links[u].append((v, tag[1]))
 
 
 def _refined(labels: list[bytes], links: list[list[tuple[int, bytes]]]) -> list[bytes]:
@@ -112,27 +166,6 @@ def _hash(*parts: bytes) -> bytes:
     for part in parts:
         h.update(part)
     return h.digest()
-
-
-def _links(graph: onnx.GraphProto) -> list[list[tuple[int, bytes]]]:
-    """Per node, (neighbour, edge tag): `<i,j` where the neighbour's output slot i feeds
-    this node's input slot j, `>i,j` the other way (an outer-scope read: slot -1)."""
-    made = {o: (v, i) for v, n in enumerate(graph.node) for i, o in enumerate(n.output) if o}
-    links: list[list[tuple[int, bytes]]] = [[] for _ in graph.node]
-    tags: dict[tuple[int, int], tuple[bytes, bytes]] = {}
-    for v, node in enumerate(graph.node):
-        reads = list(enumerate(node.input))
-        if subgraphs.has_body(node):
-            reads += [(-1, t) for t in subgraphs.node_reads(node)[len(reads) :]]
-        for j, t in reads:
-            if t in made:
-                u, i = made[t]
-                tag = tags.get((i, j)) or tags.setdefault(
-                    (i, j), (b"<%d,%d" % (i, j), b">%d,%d" % (i, j))
-                )
-                links[v].append((u, tag[0]))
-                links[u].append((v, tag[1]))
-    return links
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, bytes]:
@@ -207,9 +240,9 @@ class _TypeKeys(dict):
     """Value name -> `_type_key` of its type, each computed once (`structure` asks of
     every input and output of every node); an initializer's from its own type and dims."""
 
-    def __init__(self, typed: onnx.ModelProto) -> None:
+    def __init__(self, typed: onnx.ModelProto, declared: dict[str, onnx.TypeProto] | None) -> None:
         super().__init__()
-        self.types = value_types(typed)
+        self.types = value_types(typed) if declared is None else declared
         self.update(
             (t.name, b"%d/%d" % (t.data_type, len(t.dims))) for t in typed.graph.initializer
         )
@@ -229,27 +262,6 @@ def _type_key(t: onnx.TypeProto | None) -> bytes:
     tt = t.tensor_type
     rank = len(tt.shape.dim) if tt.HasField("shape") else "?"
     return f"{tt.elem_type}/{rank}".encode()
-
-
-def _signature(
-    node: onnx.NodeProto,
-    types: _TypeKeys,
-    consts: dict[str, bytes],
-    outputs: set[str],
-) -> bytes:
-    """What ONNX Runtime's loader sees of the node alone: op, domain, attributes, each
-    input slot (empty optional ones kept) and output slot by type, constants by value."""
-    parts = [f"{node.domain}:{node.op_type}".encode()]
-    parts.extend(_attribute(a) for a in sorted(node.attribute, key=lambda a: a.name))
-    for t in node.input:
-        parts.append(b"|in" + (types[t] + consts.get(t, b"") if t else b"-"))
-    if subgraphs.has_body(node):
-        for t in subgraphs.node_reads(node)[len([t for t in node.input if t]) :]:
-            parts.append(b"|outer" + types[t] + consts.get(t, b""))
-    for t in node.output:
-        shown = b"!" if t in outputs else b""  # a graph output blocks a fusion through it
-        parts.append(b"|out" + (types[t] + shown if t else b"-"))
-    return _hash(*parts)
 
 
 def neighbourhood_model(

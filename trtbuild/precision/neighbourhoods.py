@@ -99,8 +99,12 @@ _NODE = re.compile(r"(?i)(\bnode\s*[(':]\s*)[^)'\s]*")
 
 def plan(model: onnx.ModelProto, memory: dict[str, str]) -> Plan:
     """The keys of `model` and, of those `memory` does not hold, one node each."""
-    typed = infer_shapes(model)
-    shape = structure.structure(model, typed)
+    declared = structure.value_types(model)
+    if all(o in declared for n in model.graph.node for o in n.output if o):
+        typed = model  # `convert` declares every value's type; onnx.checker checks them
+    else:
+        typed, declared = infer_shapes(model), None
+    shape = structure.structure(model, typed, declared)
     known = {k: memory[k] for k in shape.keys if k in memory}
     pending: dict[str, int] = {}
     for v, key in enumerate(shape.keys):
