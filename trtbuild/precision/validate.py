@@ -27,6 +27,17 @@ How, and why so:
   after the check passed, holding the check's warnings. Why a record of its own
   and not the cached mixed model: `check` caches mixed models it never validates,
   and the record is written only by a check that passed, so a hit proves it.
+- A model not validated before is, by default (`build.ort_check: neighbourhoods`),
+  loaded in ONNX Runtime one neighbourhood per structural key not yet checked
+  (`precision.neighbourhoods`, `graph.structure`): whether ONNX Runtime loads a model
+  is decided per node and its few neighbours, and a rule edit that pins one more
+  layer like another makes no new neighbourhood, so no child starts at all; what was
+  remembered for the model's keys is said again. The default load fails → the
+  neighbourhoods with optimisations off, as above, for the verdict; where they fail
+  there too (an artefact of the cut is possible) or cannot be cut, the whole model
+  is loaded as before and its load decides: a cut never makes an exit 70.
+  `whole` loads the whole model every time. `onnx.checker`'s full check always runs
+  on the whole model: type consistency across the graph is its part.
 """
 
 from __future__ import annotations
@@ -114,7 +125,7 @@ def _planned(model: onnx.ModelProto, cache: Any) -> tuple[neighbourhoods.Plan | 
     try:
         plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache))
         return plan, plan.neighbourhood() if plan.pending else b""
-    except structure.Unbuildable:
+    except Exception:  # Unbuildable, or a graph the keys do not expect: never a verdict
         return None, model.SerializeToString()
 
 
