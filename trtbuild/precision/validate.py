@@ -174,40 +174,53 @@ class MixedCheck:
         failure, load the rest again (`neighbourhoods.ROUNDS` loads at most), remember
         what was learned. A neighbourhood that does not load even with optimisations off
         may be an artefact of its cut: the whole model's load gives the verdict then.
-        Only the first round's failure is loaded with optimisations off: a later round
-        loads a part of the same nodes, which loaded then."""
-        source = self.source
-        for left in range(neighbourhoods.ROUNDS - 1, -1, -1):
-            if self.proc is None:
-                break
-            first = _ended(self.proc, self.timeout, len(source))
-            self.proc = None
-            if first.ok or first.no_kernel:
-                plan.learn("", "")
-                break
-            if source is self.source and not _loads_plain(source, self.timeout):
-                neighbourhoods.remember(self.cache, plan.learned)
-                self.proc = _spawn(self.model.SerializeToString(), "default")  # type: ignore[union-attr]
-                return self._whole(self.proc)
-            plan.learn(ort_child.warning(first, source, self.timeout), first.message)
-            if plan.pending and left:
-                source = _rest(plan)
-                self.proc = _spawn(source, "default") if source else None
+        Only the first round's failure is loaded with optimisations off (beside the next
+        round's load): a later round loads a part of the same nodes, which loaded then."""
+        source, plain = self.source, None
+        try:
+            for left in range(neighbourhoods.ROUNDS - 1, -1, -1):
+                if self.proc is None:
+                    break
+                first = _ended(self.proc, self.timeout, len(source))
+                self.proc = None
+                if first.ok or first.no_kernel:
+                    plan.learn("", "")
+                    break
+                if source is self.source:
+                    plain = _spawn(source, "off")
+                plan.learn(ort_child.warning(first, source, self.timeout), first.message)
+                if plan.pending and left:
+                    source = _rest(plan)
+                    self.proc = _spawn(source, "default") if source else None
+                if plain is not None and not _loads(_ended(plain, self.timeout, len(self.source))):
+                    self.cancel_child()  # the cut may be at fault: the whole model decides
+                    self.proc = _spawn(self.model.SerializeToString(), "default")  # type: ignore[union-attr]
+                    return self._whole(self.proc)
+                plain = None
+        finally:
+            if plain is not None and plain.poll() is None:
+                plain.kill()
+                plain.wait()
         neighbourhoods.remember(self.cache, plan.learned)
         return plan.warnings()
 
-    def cancel(self) -> None:
-        """Stop the child (if it still runs); the model is let go."""
+    def cancel_child(self) -> None:
+        """Stop the child, if it still runs."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.proc, self.model = None, None
+        self.proc = None
+
+    def cancel(self) -> None:
+        """Stop the child (if it still runs); the model is let go."""
+        self.cancel_child()
+        self.model = None
 
 
-def _loads_plain(source: bytes, timeout: float) -> bool:
-    """Whether ONNX Runtime loads `source` with its graph optimisations off."""
-    plain = _ended(_spawn(source, "off"), timeout, len(source))
-    return plain.ok or plain.no_kernel
+def _loads(done: ort_child.Outcome) -> bool:
+    """Whether a load with optimisations off loaded (no CPU kernel for a type is no
+    fault of the model: the execution provider's)."""
+    return done.ok or done.no_kernel
 
 
 def _rest(plan: neighbourhoods.Plan) -> bytes:
