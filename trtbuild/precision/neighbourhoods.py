@@ -101,7 +101,7 @@ def plan(model: onnx.ModelProto, memory: dict[str, str]) -> Plan:
     """The keys of `model` and, of those `memory` does not hold, one node each."""
     declared = structure.value_types(model)
     if all(o in declared for n in model.graph.node for o in n.output if o):
-        typed = model  # `convert` declares every value's type; onnx.checker checks them
+        typed = model  # every value typed already (onnx.checker checks the types meanwhile)
     else:
         typed, declared = infer_shapes(model), None
     shape = structure.structure(model, typed, declared)
