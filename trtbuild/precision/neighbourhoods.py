@@ -39,6 +39,10 @@ from trtbuild.precision import ort_child
 KIND = "neighbourhoods"  # the cache's kind of the memory entry
 MEMORY_KEYS = 50_000  # keys kept (about 2 MB); the least recently learned leave first
 ROUNDS = 3  # default loads per check, each without the keys a failure was given to
+# How ONNX Runtime's messages quote a node: `node (NAME)`, a fused `(NAME/LayerNormFusion/)`,
+# the crash warning's `node 'NAME'` (a name inside another, `a/Mul` in `a/Mul_1`, is not it)
+_QUOTED = r"""[(\s'":]{}[)\s'"/:,.]"""
+_NODE = re.compile(r"(?i)(\bnode\s*[(':]\s*)[^)'\s]*")  # the node a warning names
 
 
 @dataclass
@@ -84,17 +88,17 @@ class Plan:
         failure that differs only in the node it names (the same LayerNormFusion refusal
         at each pinned LayerNorm) is said once, as the whole model's load says it once."""
         said = {**self.known, **self.learned}
-        found = (said[k] for k in self.shape.keys if said.get(k))
-        return list({_kind(w): w for w in reversed(list(dict.fromkeys(found)))}.values())[::-1]
+        first: dict[str, str] = {}
+        for key in self.shape.keys:
+            if said.get(key):
+                first.setdefault(_kind(said[key]), said[key])
+        return list(first.values())
 
 
 def _kind(warning: str) -> str:
     """A warning without the node it names: ONNX Runtime's `node (NAME)`, the crash
     warning's `node 'NAME'`."""
     return _NODE.sub(r"\1", warning)
-
-
-_NODE = re.compile(r"(?i)(\bnode\s*[(':]\s*)[^)'\s]*")
 
 
 def plan(model: onnx.ModelProto, memory: dict[str, str]) -> Plan:
@@ -125,9 +129,6 @@ def _named(
         for v in sorted(shape.ball(checked))
         if nodes[v].name and re.search(_QUOTED.format(re.escape(nodes[v].name)), said)
     ]
-
-
-_QUOTED = r"""[(\s'":]{}[)\s'"/:,.]"""
 
 
 def memory_digest() -> str:
