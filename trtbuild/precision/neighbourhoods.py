@@ -17,9 +17,11 @@ Attribution, where the default load fails and the load with optimisations off pa
 ONNX Runtime stops at the first failure, so the load says nothing of the other
 neighbourhoods. The warning goes to the keys of the nodes its message names and of
 their neighbourhoods (a refusal names its node, a crash's warning the node its
-bisection found), or to every key checked where it names none; the other keys are
-loaded again without those (`ROUNDS` at most), so a key is remembered clean only where
-a default load of its neighbourhood loaded.
+bisection found), and to the keys whose neighbourhood holds a node alike to a named one
+(the same key: it would fail there too), or to every key checked where it names none;
+the other keys are loaded again without those (`ROUNDS` loads at most; what is left
+stays unknown, for the next check), so a key is remembered clean only where a default
+load of its neighbourhood loaded.
 """
 
 from __future__ import annotations
