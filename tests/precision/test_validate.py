@@ -293,3 +293,26 @@ def test_layernorm_fusion_refusal_is_a_warning_remembered_for_the_next_edit(tmp_
     assert check.result() == [said]  # the refusal still said, once
     whole = validate_mixed(_transformer_mixed(tmp_path, 5), None, scope="whole")
     assert [w.split(" in node ")[0] for w in whole] == [said.split(" in node ")[0]]
+
+
+def test_a_neighbourhood_that_does_not_load_is_no_verdict_the_whole_model_decides(
+    tmp_path, monkeypatch
+):
+    """A cut that ONNX Runtime refuses even with optimisations off may be the cut's fault,
+    not the model's: the whole model is loaded then, and it decides (no exit 70)."""
+    from trtbuild.graph import structure
+    from trtbuild.precision import neighbourhoods
+
+    cut = structure.neighbourhood_model
+
+    def badly_cut(model, typed, chosen):  # as a wrong cut would: an op ORT cannot load
+        sub = cut(model, typed, chosen)
+        sub.graph.node[0].op_type = "NoSuchOp"
+        return sub
+
+    monkeypatch.setattr(structure, "neighbourhood_model", badly_cut)
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    check = start_mixed_check(_pinned(4), cache)
+    assert b"NoSuchOp" in check.source  # the neighbourhoods were loaded first
+    assert check.result() == []  # the whole model loads
+    assert neighbourhoods.read_memory(cache) == {}  # the cut's failure taught nothing
