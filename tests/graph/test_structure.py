@@ -13,7 +13,6 @@ import pytest
 
 from tests.helpers import F, H, model, node, plain_session
 from trtbuild.graph import structure
-from trtbuild.graph.model_io import infer_shapes
 
 DIM, BLOCKS = 4, 10
 
@@ -44,7 +43,7 @@ def _chain(fp16_block: int | None = None, op: dict[int, str] | None = None) -> o
 
 
 def _keys(m: onnx.ModelProto) -> dict[str, str]:
-    s = structure.structure(m, infer_shapes(m))
+    s = structure.structure(m, structure.value_types(m))
     return {n.name: k for n, k in zip(m.graph.node, s.keys, strict=True)}
 
 
@@ -93,11 +92,11 @@ def test_small_integer_constants_are_keyed_by_value_weights_are_not():
 
 def test_a_neighbourhood_is_a_model_onnx_runtime_loads():
     m = _chain(fp16_block=5)
-    typed = infer_shapes(m)
-    s = structure.structure(m, typed)
+    types = structure.value_types(m)
+    s = structure.structure(m, types)
     at = [n.name for n in m.graph.node].index("b5/matmul")
     ball = s.ball([at])
-    sub = structure.neighbourhood_model(m, typed, ball)
+    sub = structure.neighbourhood_model(m, types, ball)
     assert [n.name for n in sub.graph.node] == [m.graph.node[v].name for v in sorted(ball)]
     onnx.checker.check_model(sub, full_check=True)
     (border,) = sub.graph.input  # what the first node of the ball reads, typed as inferred
@@ -109,6 +108,19 @@ def test_a_neighbourhood_is_a_model_onnx_runtime_loads():
 def test_a_value_of_unknown_type_on_the_border_cannot_be_cut():
     m = _chain()
     del m.graph.value_info[:]  # as a model shape inference could not type
-    s = structure.structure(m, m)
+    s = structure.structure(m, {})
     with pytest.raises(structure.Unbuildable, match="no type is known"):
-        structure.neighbourhood_model(m, m, s.ball([12]))
+        structure.neighbourhood_model(m, {}, s.ball([12]))
+
+
+def test_values_a_model_does_not_declare_are_typed_by_inference():
+    """A value whose maker's inputs are declared is inferred from its maker alone; one
+    whose maker reads an undeclared value too, from the whole model."""
+    declared = structure.value_types(_chain(fp16_block=5))
+    for drop in ({"m5"}, {"c5", "m5"}):
+        m = _chain(fp16_block=5)
+        kept = [v for v in m.graph.value_info if v.name not in drop]
+        del m.graph.value_info[:]
+        m.graph.value_info.extend(kept)
+        found = structure.value_types(m)
+        assert {t: found[t] for t in drop} == {t: declared[t] for t in drop}

@@ -305,8 +305,8 @@ def test_a_neighbourhood_that_does_not_load_is_no_verdict_the_whole_model_decide
 
     cut = structure.neighbourhood_model
 
-    def badly_cut(model, typed, chosen):  # as a wrong cut would: an op ORT cannot load
-        sub = cut(model, typed, chosen)
+    def badly_cut(model, types, chosen):  # as a wrong cut would: an op ORT cannot load
+        sub = cut(model, types, chosen)
         sub.graph.node[0].op_type = "NoSuchOp"
         return sub
 

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtbuild.graph import subgraphs
+from trtbuild.graph.model_io import infer_shapes
 
 # Hops a key sees, and a checked neighbourhood holds, around its node. 3: every node of
 # the largest pattern known to fail is within 3 hops of one of its nodes (a decomposed
@@ -72,16 +73,11 @@ class Structure:
         return seen
 
 
-def structure(
-    model: onnx.ModelProto,
-    typed: onnx.ModelProto,
-    declared: dict[str, onnx.TypeProto] | None = None,
-) -> Structure:
-    """The keys of `model`'s top-level nodes; `typed` is `model` after shape inference
-    (`model_io.infer_shapes`), where each value's element type and rank are read
-    (`declared`: its `value_types`, where the caller has them)."""
+def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Structure:
+    """The keys of `model`'s top-level nodes; `types` (`value_types`) gives each value's
+    element type and rank."""
     graph = model.graph
-    types = _TypeKeys(typed, declared)
+    types = _TypeKeys(graph, types)
     consts = _constants(graph)
     outputs = {o.name for o in graph.output}
     nodes = list(graph.node)
@@ -155,10 +151,58 @@ def _refined(labels: list[bytes], links: list[list[tuple[int, bytes]]]) -> list[
     return out
 
 
-def value_types(typed: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Each top-level value's type as declared or inferred (initializers aside)."""
-    g = typed.graph
-    return {v.name: v.type for v in (*g.value_info, *g.input, *g.output)}
+def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Each top-level value's type (initializers aside): as the model declares it, and
+    where it declares none (a value `convert` made), as shape inference finds it.
+
+    Why not `model_io.infer_shapes` on the whole model each time: a mixed model declares
+    all but a few values, and inferring those few from their producers' declared inputs
+    takes a millisecond, not a tenth of a second. Only where that falls short (a
+    producer's input undeclared too) is the whole model inferred.
+    """
+    g = model.graph
+    found = {v.name: v.type for v in (*g.value_info, *g.input, *g.output)}
+    known = found.keys() | {t.name for t in g.initializer}
+    makers = [n for n in g.node if any(o and o not in known for o in n.output)]
+    if not makers:
+        return found
+    local = _inferred(model, makers, found, known)
+    if local is None:
+        typed = infer_shapes(model)
+        return {
+            v.name: v.type
+            for v in (*typed.graph.value_info, *typed.graph.input, *typed.graph.output)
+        }
+    return {**found, **local}
+
+
+def _inferred(
+    model: onnx.ModelProto,
+    makers: list[onnx.NodeProto],
+    found: dict[str, onnx.TypeProto],
+    known: set[str],
+) -> dict[str, onnx.TypeProto] | None:
+    """The types of the values `makers` make but `model` does not declare, inferred from
+    the makers alone; None where an input of theirs has no declared type either."""
+    reads = list(dict.fromkeys(t for n in makers for t in subgraphs.node_reads(n)))
+    if any(t not in known for t in reads):
+        return None
+    g = model.graph
+    weights = {t.name: t for t in g.initializer}
+    wanted = [o for n in makers for o in n.output if o and o not in known]
+    mini = helper.make_graph(
+        makers,
+        "untyped",
+        [helper.make_value_info(t, found[t]) for t in reads if t not in weights],
+        [helper.make_value_info(t, onnx.TypeProto()) for t in wanted],
+        [weights[t] for t in reads if t in weights],
+    )
+    sub = helper.make_model(mini, opset_imports=list(model.opset_import))
+    sub.ir_version = model.ir_version
+    sub.functions.extend(model.functions)
+    typed = infer_shapes(sub)
+    got = {v.name: v.type for v in typed.graph.output if v.type.WhichOneof("value")}
+    return got if all(t in got for t in wanted) else None
 
 
 def _hash(*parts: bytes) -> bytes:
@@ -240,12 +284,10 @@ class _TypeKeys(dict):
     """Value name -> `_type_key` of its type, each computed once (`structure` asks of
     every input and output of every node); an initializer's from its own type and dims."""
 
-    def __init__(self, typed: onnx.ModelProto, declared: dict[str, onnx.TypeProto] | None) -> None:
+    def __init__(self, graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
         super().__init__()
-        self.types = value_types(typed) if declared is None else declared
-        self.update(
-            (t.name, b"%d/%d" % (t.data_type, len(t.dims))) for t in typed.graph.initializer
-        )
+        self.types = types
+        self.update((t.name, b"%d/%d" % (t.data_type, len(t.dims))) for t in graph.initializer)
 
     def __missing__(self, name: str) -> bytes:
         found = self[name] = _type_key(self.types.get(name))
@@ -265,7 +307,7 @@ def _type_key(t: onnx.TypeProto | None) -> bytes:
 
 
 def neighbourhood_model(
-    model: onnx.ModelProto, typed: onnx.ModelProto, chosen: Iterable[int]
+    model: onnx.ModelProto, types: dict[str, onnx.TypeProto], chosen: Iterable[int]
 ) -> onnx.ModelProto:
     """The `chosen` top-level nodes (in the graph's order) as a model of their own.
 
@@ -290,7 +332,6 @@ def neighbourhood_model(
     made.update(taken)
     reads = [t for n in nodes for t in subgraphs.node_reads(n)]
     weights = {t.name: t for t in graph.initializer}
-    types = value_types(typed)
     outer = list(dict.fromkeys(t for t in reads if t not in made and t not in weights))
     read, shown = set(reads), {o.name for o in graph.output}
     ends = [o for n in nodes for o in n.output if o and (o not in read or o in shown)]

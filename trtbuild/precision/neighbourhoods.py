@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 import onnx
 
 from trtbuild.graph import structure
-from trtbuild.graph.model_io import infer_shapes
 from trtbuild.precision import ort_child
 
 KIND = "neighbourhoods"  # the cache's kind of the memory entry
@@ -52,7 +51,7 @@ class Plan:
     """The keys of one mixed model's nodes and which of them are not yet known."""
 
     model: onnx.ModelProto
-    typed: onnx.ModelProto  # after shape inference: the neighbourhoods' border types
+    types: dict[str, onnx.TypeProto]  # each value's (`structure.value_types`)
     shape: structure.Structure
     known: dict[str, str]  # key -> warning ("" clean), what the memory knew of this model
     pending: dict[str, int] = field(default_factory=dict)  # unknown key -> its node
@@ -65,7 +64,7 @@ class Plan:
             structure.Unbuildable: a value on its border has no known type.
         """
         nodes = self.shape.ball(self.pending.values())
-        return structure.neighbourhood_model(self.model, self.typed, nodes).SerializeToString()
+        return structure.neighbourhood_model(self.model, self.types, nodes).SerializeToString()
 
     def learn(self, warning: str, said: str) -> None:
         """A default load of `neighbourhood()` said `said` (its message, "" where it
@@ -105,18 +104,14 @@ def _kind(warning: str) -> str:
 
 def plan(model: onnx.ModelProto, memory: dict[str, str]) -> Plan:
     """The keys of `model` and, of those `memory` does not hold, one node each."""
-    declared = structure.value_types(model)
-    if all(o in declared for n in model.graph.node for o in n.output if o):
-        typed = model  # every value typed already (onnx.checker checks the types meanwhile)
-    else:
-        typed, declared = infer_shapes(model), None
-    shape = structure.structure(model, typed, declared)
+    types = structure.value_types(model)
+    shape = structure.structure(model, types)
     known = {k: memory[k] for k in shape.keys if k in memory}
     pending: dict[str, int] = {}
     for v, key in enumerate(shape.keys):
         if key not in known:
             pending.setdefault(key, v)
-    return Plan(model, typed, shape, known, pending)
+    return Plan(model, types, shape, known, pending)
 
 
 def _named(
