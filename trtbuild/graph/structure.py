@@ -39,17 +39,19 @@ RADIUS = 3
 VERSION = 1  # of what a key holds: a memory of keys made otherwise is another memory
 SMALL_INTS = 64  # integer constants up to this many elements are keyed by value (shapes, axes)
 DIGEST_BYTES = 16  # blake2b-128: a key is 32 hex digits
-_INTS = {
-    onnx.TensorProto.INT8,
-    onnx.TensorProto.INT16,
-    onnx.TensorProto.INT32,
-    onnx.TensorProto.INT64,
-    onnx.TensorProto.UINT8,
-    onnx.TensorProto.UINT16,
-    onnx.TensorProto.UINT32,
-    onnx.TensorProto.UINT64,
-    onnx.TensorProto.BOOL,
-}
+_INTS = frozenset(
+    {
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.UINT32,
+        onnx.TensorProto.UINT64,
+        onnx.TensorProto.BOOL,
+    }
+)
 
 
 class Unbuildable(ValueError):
