@@ -5,12 +5,15 @@ Why: `bench_convert.py` times whole processes; this says which part of a
 `convert` after a rule edit (prepared graph cached, mixed model new) costs what.
 It runs the steps `convert` runs, one after the other and timed apart: the
 imports, the front half (the prepared graph from the cache, assigning, converting),
-serializing the mixed model, `onnx.checker`'s full check, ONNX Runtime's default
-load in a child process and, where that load fails, the second child with
-optimisations off, and the save. (`convert` itself runs the first child beside
-`onnx.checker`; the second starts only after the first has failed.)
+serializing the mixed model, reading the memory of neighbourhoods ONNX Runtime
+checked before, the structural keys, the model of the neighbourhoods not yet
+checked, `onnx.checker`'s full check, ONNX Runtime's loads of that model in child
+processes (the default load, and where it fails the load with optimisations off,
+then the loads of what the failure was not given to), writing the memory, and the
+save. (`convert` itself runs the first child beside `onnx.checker`.) With `--cold`
+nothing is remembered (as `--no-cache`) and the memory is not written.
 
-Usage: python benchmarks/convert_phases.py POLICY  (the cache of TRTBUILD_CACHE_DIR)
+Usage: python benchmarks/convert_phases.py POLICY [--cold]  (the cache of TRTBUILD_CACHE_DIR)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ STARTED = time.perf_counter()
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    cold = "--cold" in args
     phases: list[tuple[str, float]] = []
     t = STARTED
 
@@ -39,32 +43,62 @@ def main(argv: list[str] | None = None) -> int:
     from trtbuild import api
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
-    from trtbuild.precision import ort_child
+    from trtbuild.precision import neighbourhoods
 
     lap("imports (trtbuild, onnx)")
     policy = load_policy(args[0])
-    front = api._front(policy, "none", api.open_cache(), False)
+    cache = api.open_cache()
+    front = api._front(policy, "none", cache, False)
     lap("front half (prepared graph cached, assign, convert)")
-    data = front.converted.model.SerializeToString()
-    folder = Path(tempfile.mkdtemp(prefix="trtbuild-phases-"))
-    path = folder / "mixed.onnx"
-    path.write_bytes(data)
+    model = front.converted.model
+    data = model.SerializeToString()
     lap("serialize the mixed model")
+    memory = {} if cold else neighbourhoods.read_memory(cache)
+    lap(f"read the memory of neighbourhoods ({len(memory)} keys)")
+    plan = neighbourhoods.plan(model, memory)
+    lap(f"structural keys ({len(set(plan.shape.keys))} distinct of {len(plan.shape.keys)})")
+    source = plan.neighbourhood() if plan.pending else b""
+    size = len(onnx.load_model_from_string(source).graph.node) if source else 0
+    lap(f"model of the {len(plan.pending)} new neighbourhoods ({size} nodes)")
     onnx.checker.check_model(data, full_check=True)
-    lap("onnx.checker (full check)")
-    first = ort_child.outcome(ort_child.spawn(path, "default"))
-    lap("ONNX Runtime child, default optimisations")
-    if not (first.ok or first.no_kernel):
-        ort_child.outcome(ort_child.spawn(path, "off"))
-        lap(f"ONNX Runtime child, optimisations off (the default load failed: {first.kind})")
-    save_model(front.converted.model, str(folder / "out.onnx"))
+    lap("onnx.checker (full check, the whole model)")
+    _loads(plan, source, lap)
+    if not cold:
+        neighbourhoods.remember(cache, plan.learned)
+        lap("write the memory")
+    folder = Path(tempfile.mkdtemp(prefix="trtbuild-phases-"))
+    save_model(model, str(folder / "out.onnx"))
     lap("save")
     total = sum(s for _, s in phases)
-    print("\n| phase of one convert after an edit | s | share |\n|---|---|---|")
+    what = "cold (nothing remembered)" if cold else "after an edit"
+    print(f"\n| phase of one convert {what} | s | share |\n|---|---|---|")
     for name, seconds in phases:
         print(f"| {name} | {seconds:.2f} | {seconds / total:.0%} |")
     print(f"| **total** | **{total:.2f}** | |")
     return 0
+
+
+def _loads(plan, source: bytes, lap) -> None:
+    """ONNX Runtime's loads of the new neighbourhoods, as `validate` runs them."""
+    from trtbuild.precision import neighbourhoods, ort_child
+
+    if not source:
+        lap("ONNX Runtime: no child (every neighbourhood known)")
+        return
+    for round_ in range(neighbourhoods.ROUNDS):
+        first = ort_child.outcome(ort_child.spawn(source, "default"))
+        lap(f"ONNX Runtime child {round_ + 1}, default optimisations")
+        if first.ok or first.no_kernel:
+            plan.learn("", "")
+            return
+        if round_ == 0:
+            ort_child.outcome(ort_child.spawn(source, "off"))
+            lap(f"ONNX Runtime child, optimisations off (the default load failed: {first.kind})")
+        plan.learn(ort_child.warning(first, source), first.message)
+        lap("the warning, attributed to keys")
+        if not plan.pending:
+            return
+        source = plan.neighbourhood()
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ def test_cache_info_and_clear_and_check_writes_no_tensors(
         "measures": 1,
         "reference": 0,  # check reads the measures only, and writes no tensors
         "converted": 1,
+        "neighbourhoods": 0,  # check never loads the mixed model in ONNX Runtime
     }
     sizes = info["bytes_by_kind"]
     assert info["bytes"] == sum(sizes.values()) > 0
@@ -253,7 +254,9 @@ def test_every_kind_reads_back_exactly_what_was_stored_and_as_data(tmp_path):
     policy = load_policy(ROOT / "policies" / "nafnet.yaml")
     miss = _Recording(tmp_path / "cache")
     cold = front.run_front(policy, reference="tensors", cache=miss)
-    assert {kind for kind, _ in miss.stored} == set(KINDS)
+    # every kind but ONNX Runtime's memory of neighbourhoods, which the check of the
+    # mixed model writes (tests/precision/test_validate.py), not the front half
+    assert {kind for kind, _ in miss.stored} == set(KINDS) - {"neighbourhoods"}
     warm = Cache(codec=cache_codec, root=tmp_path / "cache")
     hot = front.run_front(policy, reference="tensors", cache=warm)
     assert set(warm.hits.values()) == {"hit"}, warm.hits
@@ -577,6 +580,7 @@ def _reshaped(kind: str, value, change) -> bytes:
         ("prepared", lambda v: v.update(records=[{"name": 5, "changed": 0, "details": {}}])),
         ("converted", lambda v: v.update(warnings=[1, 2])),
         ("converted", lambda v: v.update(casts={"$tuple": []})),
+        ("neighbourhoods", lambda v: v.update(ab=5)),
     ],
 )
 def test_an_entry_of_the_wrong_shape_is_dropped_and_recomputed_like_a_bad_hash(
@@ -589,6 +593,8 @@ def test_an_entry_of_the_wrong_shape_is_dropped_and_recomputed_like_a_bad_hash(
     value = (
         _prepared()
         if kind == "prepared"
+        else {"cd": ""}
+        if kind == "neighbourhoods"
         else Converted(helper.make_model(helper.make_graph([], "g", [], [])), [], ["w"])
     )
     cache = Cache(codec=cache_codec, root=tmp_path / "cache")

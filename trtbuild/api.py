@@ -232,8 +232,9 @@ def convert_front(
 
     with _quiet(quiet):
         front = _front(_policy(policy), "none", cache, verbose, import_onnxruntime)
-    timeout = front.policy.build.ort_check_timeout
-    loaded = validate_mixed(front.converted.model, cache, timeout)  # once per mixed model
+    spec = front.policy.build
+    # once per mixed model, and one load of each neighbourhood not checked before
+    loaded = validate_mixed(front.converted.model, cache, spec.ort_check_timeout, spec.ort_check)
     for w in front.warnings + loaded:
         log.warning(w)
     return front

@@ -70,7 +70,9 @@ STALE_SECONDS = 3600  # where locks tell nothing: a temporary this old is a dead
 DEAD_GRACE_SECONDS = 60
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 DEFAULT_MAX_BYTES = 2 << 30
-KINDS = ("prepared", "measures", "reference", "converted")
+# "neighbourhoods": what ONNX Runtime's check said of each neighbourhood it loaded (one
+# small entry per ONNX Runtime version; `precision.neighbourhoods`)
+KINDS = ("prepared", "measures", "reference", "converted", "neighbourhoods")
 # Tensors (the reference's outputs of every feed) grow with the input: an entry of
 # them is kept only while it takes at most this share of the cap, so one large
 # input never evicts every small entry (the measures are always kept).

@@ -321,7 +321,7 @@ def _record_list(cls: type) -> tuple[Encoder, Decoder]:
     return enc, dec
 
 
-# -- the four kinds ----------------------------------------------------------------------
+# -- the kinds ----------------------------------------------------------------------
 
 
 def encode_prepared(value: Any, blobs: Blobs) -> dict:
@@ -425,9 +425,25 @@ def decode_run_results(data: Any, blobs: list[memoryview]) -> Any:
     return results
 
 
+def encode_memory(value: Any, blobs: Blobs) -> dict:
+    """ONNX Runtime's memory of neighbourhoods: a key -> warning ("" clean) as JSON."""
+    if not conforms(exact(value, dict), dict[str, str]):
+        raise Uncacheable("a memory of neighbourhoods that is not strings by string")
+    return tree(value, blobs)
+
+
+def decode_memory(data: Any, blobs: list[memoryview]) -> Any:
+    """The memory from `encode_memory`'s data: strings by string, or `Corrupt`."""
+    value = untree(data, blobs)
+    if type(value) is not dict or not conforms(value, dict[str, str]):
+        raise Corrupt("not a memory of neighbourhoods (warnings by key)")
+    return value
+
+
 CODECS: dict[str, tuple[Encoder, Decoder]] = {
     "prepared": (encode_prepared, decode_prepared),
     "measures": (encode_measures, decode_measures),
     "reference": (encode_run_results, decode_run_results),
     "converted": (encode_converted, decode_converted),
+    "neighbourhoods": (encode_memory, decode_memory),
 }

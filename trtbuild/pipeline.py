@@ -58,7 +58,10 @@ def build(
     front = run_front(policy, cache=cache, verbose=verbose)  # the user's errors (2) first,
     backend = resolve_backend(backend or policy.build.backend)  # then the machine's (3)
     # ORT's load runs beside the build
-    check = start_mixed_check(front.converted.model, cache, policy.build.ort_check_timeout)
+    build_spec = policy.build
+    check = start_mixed_check(
+        front.converted.model, cache, build_spec.ort_check_timeout, build_spec.ort_check
+    )
     with _joined(check), staged_output(out_dir, BUILD_FILES) as stage:
         save_model(front.prepared.model, stage / "prepared.onnx")
         save_model(front.converted.model, stage / "mixed.onnx")

@@ -162,3 +162,157 @@ def test_the_load_check_imports_onnxruntime_not_a_file_in_the_working_folder(tmp
     onnx.save(m, str(path))
     assert ort_child.outcome(ort_child.spawn(path, "default")).ok  # a file
     assert ort_child.outcome(ort_child.spawn(path.read_bytes(), "default")).ok  # a pipe
+
+
+# -- one load per neighbourhood, remembered (#46) ---------------------------------------
+
+BLOCKS = 10
+
+
+def _pinned(block: int) -> onnx.ModelProto:
+    """An FP16 chain of BLOCKS × (MatMul → Add → Relu), each with its own weights, and
+    block `block` pinned FP32 between Casts: what `convert` writes for a rule pinning it."""
+    rng = np.random.default_rng(block)
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16, name="x/cast")]
+    inits, x = [], "x16"
+    for k in range(BLOCKS):
+        kind = np.float32 if k == block else np.float16
+        if k == block:
+            nodes.append(helper.make_node("Cast", [x], [f"in{k}"], to=TensorProto.FLOAT))
+            x = f"in{k}"
+        inits.append(numpy_helper.from_array(rng.standard_normal((4, 4)).astype(kind), f"w{k}"))
+        inits.append(numpy_helper.from_array(rng.standard_normal(4).astype(kind), f"b{k}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{k}"], [f"m{k}"]))
+        nodes.append(helper.make_node("Add", [f"m{k}", f"b{k}"], [f"a{k}"]))
+        nodes.append(helper.make_node("Relu", [f"a{k}"], [f"r{k}"]))
+        x = f"r{k}"
+        if k == block:
+            nodes.append(helper.make_node("Cast", [x], [f"out{k}"], to=TensorProto.FLOAT16))
+            x = f"out{k}"
+    nodes.append(helper.make_node("Cast", [x], ["y"], to=TensorProto.FLOAT, name="y/cast"))
+    for k, n in enumerate(nodes):
+        n.name = n.name or f"{n.op_type.lower()}_{k}"
+    graph = helper.make_graph(
+        nodes,
+        "pinned",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_a_model_pinning_another_identical_layer_starts_no_child(tmp_path):
+    """The rule-edit loop: the neighbourhoods of block 5 pinned were all seen with block 4
+    pinned, so ONNX Runtime loads nothing; `whole` loads the whole model, as before."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert validate_mixed(_pinned(4), cache) == []
+    check = start_mixed_check(_pinned(5), cache)
+    assert check.proc is None  # no child: every neighbourhood is known
+    assert check.result() == []
+    whole = start_mixed_check(_pinned(6), cache, scope="whole")
+    assert whole.proc is not None and whole.result() == []
+
+
+def test_only_the_neighbourhoods_not_seen_are_loaded_even_without_a_cache():
+    """`--no-cache`: nothing remembered, but one neighbourhood of each kind is loaded, not
+    the ten blocks (the cold convert gains too)."""
+    mixed = _pinned(4)
+    check = start_mixed_check(mixed, None)
+    loaded = onnx.load_model_from_string(check.source)
+    assert check.proc is not None and 0 < len(loaded.graph.node) < len(mixed.graph.node)
+    assert check.result() == []
+
+
+MEMORY_IN_A_CHILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tests.precision.test_validate import _pinned
+from trtbuild import cache_codec
+from trtbuild.cache import Cache
+from trtbuild.precision.validate import validate_mixed
+print(validate_mixed(_pinned(4), Cache(codec=cache_codec, root=Path(sys.argv[2]))))
+"""
+
+
+def test_the_memory_of_neighbourhoods_outlives_the_process(tmp_path):
+    from tests.conftest import ROOT
+    from trtbuild.precision import neighbourhoods
+
+    root = tmp_path / "cache"
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_IN_A_CHILD, str(ROOT), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
+    cache = Cache(codec=cache_codec, root=root)
+    assert set(neighbourhoods.read_memory(cache).values()) == {""}  # all loaded clean
+    assert start_mixed_check(_pinned(5), cache).proc is None
+
+
+TRANSFORMER_POLICY = """\
+version: 1
+model: t.onnx
+passes: {{opset: 17, fuse_layernorm: false}}
+precision:
+  default: fp16
+  rules:
+    - {{id: layernorm, match: {{pattern: layernorm}}, precision: fp32}}
+    - {{id: edited, match: {{name: '^/layers\\.{layer}/fc2/'}}, precision: fp32}}
+build: {{backend: none}}
+"""
+
+
+def _transformer_mixed(tmp_path, layer: int) -> onnx.ModelProto:
+    """The generated transformer's mixed model, its LayerNorms pinned FP32 (which ONNX
+    Runtime's LayerNormFusion refuses) and one layer's MLP: the rule a user edits."""
+    import make_models  # tests/conftest.py puts scripts/ on the path
+
+    from trtbuild.front import run_front
+    from trtbuild.policy import load_policy
+
+    if not (tmp_path / "t.onnx").exists():
+        onnx.save(make_models.transformer_tiny(layers=8, dim=8, outlier=0.0), tmp_path / "t.onnx")
+    path = tmp_path / f"p{layer}.yaml"
+    path.write_text(TRANSFORMER_POLICY.format(layer=layer))
+    return run_front(load_policy(path), reference="none").converted.model
+
+
+def test_layernorm_fusion_refusal_is_a_warning_remembered_for_the_next_edit(tmp_path):
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    (said,) = validate_mixed(_transformer_mixed(tmp_path, 3), cache)
+    assert f"ONNX Runtime {ort.__version__} refuses the mixed model" in said
+    assert "LayerNormFusion" in said and "graph optimisations off" in said
+    check = start_mixed_check(_transformer_mixed(tmp_path, 4), cache)
+    assert check.proc is None  # the edit made no neighbourhood ONNX Runtime has not seen
+    assert check.result() == [said]  # the refusal still said, once
+    whole = validate_mixed(_transformer_mixed(tmp_path, 5), None, scope="whole")
+    assert [w.split(" in node ")[0] for w in whole] == [said.split(" in node ")[0]]
+
+
+def test_a_neighbourhood_that_does_not_load_is_no_verdict_the_whole_model_decides(
+    tmp_path, monkeypatch
+):
+    """A cut that ONNX Runtime refuses even with optimisations off may be the cut's fault,
+    not the model's: the whole model is loaded then, and it decides (no exit 70)."""
+    from trtbuild.graph import structure
+    from trtbuild.precision import neighbourhoods
+
+    cut = structure.neighbourhood_model
+
+    def badly_cut(model, types, chosen):  # as a wrong cut would: an op ORT cannot load
+        sub = cut(model, types, chosen)
+        sub.graph.node[0].op_type = "NoSuchOp"
+        return sub
+
+    monkeypatch.setattr(structure, "neighbourhood_model", badly_cut)
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    check = start_mixed_check(_pinned(4), cache)
+    assert b"NoSuchOp" in check.source  # the neighbourhoods were loaded first
+    assert check.result() == []  # the whole model loads
+    assert neighbourhoods.read_memory(cache) == {}  # the cut's failure taught nothing

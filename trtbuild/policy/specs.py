@@ -31,6 +31,9 @@ from trtbuild.sizes import parse_size
 
 PRECISIONS = ("fp16", "bf16", "fp32")
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "none")
+# What ONNX Runtime's check of the mixed model loads (`precision.validate`): one of each
+# neighbourhood not yet checked (the default), or the whole model each time
+ORT_CHECKS = ("neighbourhoods", "whole")
 ERROR_STATS = ("elemwise", "max", "mean", "median", "quantile")
 MAX_SAMPLES = 10_000
 OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`
@@ -348,6 +351,16 @@ class BuildSpec:
             "with exit 2. Default: 60 s and 1 s more per 4 MiB of model; 0 skips this check "
             "(onnx.checker's still runs)",
             show_default=False,
+        ),
+    )
+    ort_check: str = field(
+        default=ORT_CHECKS[0],
+        metadata=key(
+            enum(ORT_CHECKS),
+            "what ONNX Runtime's check of the mixed model loads: neighbourhoods (the "
+            "default: one of each node's 3-hop neighbourhood not checked before, remembered "
+            "in the cache, so a rule edit that makes none new starts no session) or whole "
+            "(the whole model, every time)",
         ),
     )
 

@@ -27,6 +27,17 @@ How, and why so:
   after the check passed, holding the check's warnings. Why a record of its own
   and not the cached mixed model: `check` caches mixed models it never validates,
   and the record is written only by a check that passed, so a hit proves it.
+- A model not validated before is, by default (`build.ort_check: neighbourhoods`),
+  loaded in ONNX Runtime one neighbourhood per structural key not yet checked
+  (`precision.neighbourhoods`, `graph.structure`): whether ONNX Runtime loads a model
+  is decided per node and its few neighbours, and a rule edit that pins one more
+  layer like another makes no new neighbourhood, so no child starts at all; what was
+  remembered for the model's keys is said again. The default load fails → the
+  neighbourhoods with optimisations off, as above, for the verdict; where they fail
+  there too (an artefact of the cut is possible) or cannot be cut, the whole model
+  is loaded as before and its load decides: a cut never makes an exit 70.
+  `whole` loads the whole model every time. `onnx.checker`'s full check always runs
+  on the whole model: type consistency across the graph is its part.
 """
 
 from __future__ import annotations
@@ -40,9 +51,13 @@ from typing import Any
 import onnx
 
 from trtbuild.errors import UsageError
-from trtbuild.precision import ort_child
+from trtbuild.graph import structure
+from trtbuild.policy.specs import ORT_CHECKS
+from trtbuild.precision import neighbourhoods, ort_child
 
 TIMEOUT_KEY = "build.ort_check_timeout"  # the policy's key that sets `timeout` (0: skip)
+SCOPE_KEY = "build.ort_check"  # the policy's key that sets `scope`
+SCOPES = ORT_CHECKS  # what ONNX Runtime loads; the first is the default
 
 
 class InvalidMixedModel(RuntimeError):
@@ -55,22 +70,32 @@ class CheckFailed(UsageError):
 
 
 def validate_mixed(
-    model: onnx.ModelProto, cache: Any = None, timeout: float | None = None
+    model: onnx.ModelProto,
+    cache: Any = None,
+    timeout: float | None = None,
+    scope: str = SCOPES[0],
 ) -> list[str]:
     """Both checks, waited for: the warnings (ONNX Runtime's own failures), or an
     `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass."""
-    return start_mixed_check(model, cache, timeout).result()
+    return start_mixed_check(model, cache, timeout, scope).result()
 
 
 def start_mixed_check(
-    model: onnx.ModelProto, cache: Any = None, timeout: float | None = None
+    model: onnx.ModelProto,
+    cache: Any = None,
+    timeout: float | None = None,
+    scope: str = SCOPES[0],
 ) -> MixedCheck:
     """Start ONNX Runtime's load in a child, run `onnx.checker` here meanwhile, and return
     the load to join with `result()` before anything is published.
 
     `timeout`: seconds `result()` waits for each child (None: `ort_child.default_timeout`
-    of the model's size; 0: no ONNX Runtime check, only `onnx.checker`'s).
+    of the model's size; 0: no ONNX Runtime check, only `onnx.checker`'s). `scope`:
+    "neighbourhoods" loads one of each neighbourhood not yet known (no child where all
+    are), "whole" the whole model.
     """
+    if scope not in SCOPES:
+        raise ValueError(f"scope {scope!r} is none of {SCOPES}")
     data = model.SerializeToString()
     digest = _digest(data)
     if cache is not None and cache.enabled and timeout != 0:
@@ -78,8 +103,14 @@ def start_mixed_check(
         if record is not None:
             return MixedCheck(None, None, list(record.warnings))
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
-    proc = _spawn(data, "default") if seconds > 0 else None
-    check = MixedCheck(proc, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
+    check = MixedCheck(None, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
+    if seconds > 0 and scope == "neighbourhoods":
+        check.plan, source = _planned(model, cache)
+    else:
+        source = data
+    if seconds > 0 and source:
+        check.proc = _spawn(source, "default")
+        check.source = source if check.plan is not None else b""
     try:
         onnx.checker.check_model(data, full_check=True)  # the bytes: not serialized again
     except Exception as exc:  # the checker's own ValidationError and inference errors
@@ -88,9 +119,20 @@ def start_mixed_check(
     return check
 
 
+def _planned(model: onnx.ModelProto, cache: Any) -> tuple[neighbourhoods.Plan | None, bytes]:
+    """The neighbourhoods to load and their model's bytes (b"": all known, no child); no
+    plan where one cannot be made (a value of unknown type): the whole model is loaded."""
+    try:
+        plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache))
+        return plan, plan.neighbourhood() if plan.pending else b""
+    except Exception:  # Unbuildable, or a graph the keys do not expect: never a verdict
+        return None, model.SerializeToString()
+
+
 @dataclass
 class MixedCheck:
-    """ONNX Runtime's load of one mixed model, under way in a child process."""
+    """ONNX Runtime's load of one mixed model (or of its new neighbourhoods), under way in
+    a child process."""
 
     proc: subprocess.Popen | None
     # the model (the caller's, not a copy), serialized again only for a second child where
@@ -101,28 +143,93 @@ class MixedCheck:
     digest: str = ""
     timeout: float = 0.0
     size: int = 0  # bytes of the serialized model
+    plan: neighbourhoods.Plan | None = None  # where neighbourhoods are loaded
+    source: bytes = b""  # the neighbourhoods' model the child loads
 
     def result(self) -> list[str]:
         """Wait for the load: its warnings, or `InvalidMixedModel` where the model is
         invalid, or `CheckFailed` where the check could not end."""
-        if self.proc is None:
-            return self.warnings
+        if self.model is None or (self.proc is None and self.plan is None):
+            return self.warnings  # a record's, or no ONNX Runtime check (timeout 0)
         try:
-            first = _ended(self.proc, self.timeout, self.size)
-            if not (first.ok or first.no_kernel):
-                self.warnings = _judge(first, self.model.SerializeToString(), self.timeout)  # type: ignore[union-attr]
+            if self.plan is None:
+                self.warnings = self._whole(self.proc)  # type: ignore[arg-type]
+            else:
+                self.warnings = self._neighbourhoods(self.plan)
         finally:
             self.cancel()
         if self.cache is not None and self.cache.enabled:
             self.cache.put("converted", self.digest, _record(self.warnings))
         return self.warnings
 
-    def cancel(self) -> None:
-        """Stop the child (if it still runs); the model is let go."""
+    def _whole(self, proc: subprocess.Popen) -> list[str]:
+        """The whole model's load: [] where it loaded, else `_judge`'s verdict."""
+        first = _ended(proc, self.timeout, self.size)
+        if first.ok or first.no_kernel:
+            return []
+        return _judge(first, self.model.SerializeToString(), self.timeout)  # type: ignore[union-attr]
+
+    def _neighbourhoods(self, plan: neighbourhoods.Plan) -> list[str]:
+        """Load the pending neighbourhoods (the first child runs already), attribute each
+        failure, load the rest again (`neighbourhoods.ROUNDS` loads at most), remember
+        what was learned. A neighbourhood that does not load even with optimisations off
+        may be an artefact of its cut: the whole model's load gives the verdict then.
+        Only the first round's failure is loaded with optimisations off (beside the next
+        round's load): a later round loads a part of the same nodes, which loaded then."""
+        source, plain = self.source, None
+        try:
+            for left in range(neighbourhoods.ROUNDS - 1, -1, -1):
+                if self.proc is None:
+                    break
+                first = _ended(self.proc, self.timeout, len(source))
+                self.proc = None
+                if first.ok or first.no_kernel:
+                    plan.learn("", "")
+                    break
+                if source is self.source:
+                    plain = _spawn(source, "off")
+                plan.learn(ort_child.warning(first, source, self.timeout), first.message)
+                if plan.pending and left:
+                    source = _rest(plan)
+                    self.proc = _spawn(source, "default") if source else None
+                if plain is not None and not _loads(_ended(plain, self.timeout, len(self.source))):
+                    self.cancel_child()  # the cut may be at fault: the whole model decides
+                    self.proc = _spawn(self.model.SerializeToString(), "default")  # type: ignore[union-attr]
+                    return self._whole(self.proc)
+                plain = None
+        finally:
+            if plain is not None and plain.poll() is None:
+                plain.kill()
+                plain.wait()
+        neighbourhoods.remember(self.cache, plan.learned)
+        return plan.warnings()
+
+    def cancel_child(self) -> None:
+        """Stop the child, if it still runs."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.proc, self.model = None, None
+        self.proc = None
+
+    def cancel(self) -> None:
+        """Stop the child (if it still runs); the model is let go."""
+        self.cancel_child()
+        self.model = None
+
+
+def _loads(done: ort_child.Outcome) -> bool:
+    """Whether a load with optimisations off loaded (no CPU kernel for a type is no
+    fault of the model: the execution provider's)."""
+    return done.ok or done.no_kernel
+
+
+def _rest(plan: neighbourhoods.Plan) -> bytes:
+    """The model of the neighbourhoods still pending after a failure was attributed; b""
+    where it cannot be built (they stay unknown: the next check loads them)."""
+    try:
+        return plan.neighbourhood()
+    except structure.Unbuildable:
+        return b""
 
 
 def _spawn(data: bytes, level: str) -> subprocess.Popen:

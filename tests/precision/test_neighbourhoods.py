@@ -1,0 +1,67 @@
+"""The memory of neighbourhoods ONNX Runtime loaded, and how a failure is given to keys (#46).
+
+The loads themselves run in tests/precision/test_validate.py (real ONNX Runtime children);
+here: what is remembered, under which key, and what is said again.
+"""
+
+from __future__ import annotations
+
+from trtbuild import cache_codec
+from trtbuild.cache import Cache
+from trtbuild.precision import neighbourhoods, ort_child
+from trtbuild.precision.neighbourhoods import Plan, plan
+
+from .test_validate import _pinned
+
+REFUSED = (
+    "ONNX Runtime 1.32.0 refuses the mixed model under its default graph optimisations: "
+    "Type Error: Type parameter (T) of Optype (LayerNormalization) bound to different types "
+    "(tensor(float16) and tensor(float) in node ({}/LayerNormFusion/)."
+)
+
+
+def test_a_new_onnx_runtime_reads_another_memory(monkeypatch):
+    before = neighbourhoods.memory_digest()
+    monkeypatch.setattr(ort_child, "version", lambda: "0.0.0")  # an upgrade
+    assert neighbourhoods.memory_digest() != before
+
+
+def test_the_memory_keeps_the_most_recently_learned_keys(tmp_path, monkeypatch):
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    monkeypatch.setattr(neighbourhoods, "MEMORY_KEYS", 3)
+    neighbourhoods.remember(cache, {"a": "", "b": "w", "c": ""})
+    neighbourhoods.remember(cache, {"d": "", "a": ""})  # a learned again: recent
+    assert neighbourhoods.read_memory(cache) == {"c": "", "d": "", "a": ""}
+    assert neighbourhoods.read_memory(Cache(enabled=False)) == {}
+
+
+def test_a_refusal_goes_to_the_neighbourhoods_of_the_node_it_names():
+    """ONNX Runtime stops at its first failure: the keys whose neighbourhoods hold the named
+    node get the warning, the others stay pending (loaded again), none is called clean."""
+    mixed = _pinned(4)
+    p = plan(mixed, {})
+    at = next(v for v, n in enumerate(mixed.graph.node) if n.op_type == "MatMul")
+    said = REFUSED.format(mixed.graph.node[at].name)
+    pending = dict(p.pending)
+    p.learn(said, said)
+    assert p.shape.keys[at] in p.learned and set(p.learned.values()) == {said}
+    assert p.pending and set(p.pending) | set(p.learned) == set(pending)
+    far = [v for v in range(len(p.shape.keys)) if v not in p.shape.ball([at], 6)]
+    assert all(p.shape.keys[v] not in p.learned for v in far[-3:])  # the graph's far end
+
+
+def test_a_failure_named_nowhere_goes_to_every_key_loaded():
+    p = plan(_pinned(4), {})
+    keys = set(p.pending)
+    p.learn("ONNX Runtime crashes (SIGSEGV)", "")
+    assert set(p.learned) == keys and not p.pending
+
+
+def test_the_same_failure_at_alike_nodes_is_said_once():
+    mixed = _pinned(4)
+    p = plan(mixed, {})
+    keys = list(p.pending)
+    memory = {keys[0]: REFUSED.format("/a/Mul"), keys[1]: REFUSED.format("/b/Mul")}
+    memory[keys[2]] = "ONNX Runtime 1.32.0 crashes (SIGSEGV) at node 'x' (MatMul)"
+    again: Plan = plan(mixed, memory)
+    assert again.warnings() == [memory[keys[0]], memory[keys[2]]]

@@ -1,0 +1,359 @@
+"""Structural keys of nodes, and the neighbourhood of a few nodes as a model of its own.
+
+Why: whether ONNX Runtime loads a model is decided node by node and by each node's
+surroundings: a kernel exists for an (op, domain, opset, input and output types,
+attributes); a graph optimiser matches and rewrites a pattern of a few connected
+nodes (`LayerNormFusion` about ten, `NchwcTransformer`'s crash on an FP16
+`Transpose` → `Cast` → `MatMul` three). A 10k-node transformer has a few hundred
+distinct such neighbourhoods, repeated layer after layer, so a check that loads one
+of each (`neighbourhood_model`) and remembers the keys it loaded (`Structure.keys`)
+sees what loading the whole model sees, in a fraction of its time.
+
+A node's key identifies its `RADIUS`-hop neighbourhood: its own signature (op,
+domain, attributes, each input's and output's element type and rank, which inputs are
+constants and the values of small ones), refined `RADIUS` times by Weisfeiler-Lehman
+over the undirected data-flow graph, each edge labelled by its direction and its
+(output slot, input slot). Weights' bytes are not in it (two layers with different
+weights are alike to ONNX Runtime's loader), nor are names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper, numpy_helper
+
+from trtbuild.graph import subgraphs
+from trtbuild.graph.model_io import infer_shapes
+
+# Hops a key sees, and a checked neighbourhood holds, around its node. 3: every node of
+# the largest pattern known to fail is within 3 hops of one of its nodes (a decomposed
+# LayerNorm's `Sub` reaches its nine nodes within 3 hops: LayerNormFusion's refusal;
+# NchwcTransformer's crash needs `Transpose` → `Cast` → `MatMul`, 1 hop around the
+# `Cast`), so a ball around one node of the pattern holds all of it. A larger radius
+# tells more nodes apart (fewer are alike) and loads larger neighbourhoods.
+RADIUS = 3
+VERSION = 1  # of what a key holds: a memory of keys made otherwise is another memory
+SMALL_INTS = 64  # integer constants up to this many elements are keyed by value (shapes, axes)
+DIGEST_BYTES = 16  # blake2b-128: a key is 32 hex digits
+_INTS = frozenset(
+    {
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.UINT32,
+        onnx.TensorProto.UINT64,
+        onnx.TensorProto.BOOL,
+    }
+)
+
+
+class Unbuildable(ValueError):
+    """A neighbourhood that cannot be a model of its own (a value of unknown type)."""
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The keys of a graph's nodes (in `graph.node` order) and who is next to whom."""
+
+    keys: tuple[str, ...]
+    adjacent: tuple[tuple[int, ...], ...]  # node indices sharing a value, either way
+
+    def ball(self, centres: Iterable[int], radius: int = RADIUS) -> set[int]:
+        """The nodes at most `radius` hops from any of `centres`."""
+        seen = set(centres)
+        edge = list(seen)
+        for _ in range(radius):
+            edge = [u for v in edge for u in self.adjacent[v] if u not in seen]
+            seen.update(edge)
+        return seen
+
+
+def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Structure:
+    """The keys of `model`'s top-level nodes; `types` (`value_types`) gives each value's
+    element type and rank."""
+    graph = model.graph
+    types = _TypeKeys(graph, types)
+    consts = _constants(graph)
+    outputs = {o.name for o in graph.output}
+    nodes = list(graph.node)
+    made_by = [list(n.output) for n in nodes]  # protobuf's fields, read once
+    made = {o: (v, i) for v, outs in enumerate(made_by) for i, o in enumerate(outs) if o}
+    links: list[list[tuple[int, bytes]]] = [[] for _ in nodes]
+    tags: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+    signatures: dict[tuple, bytes] = {}  # each distinct signature hashed once
+    labels = []
+    for v, node in enumerate(nodes):
+        ins, outs, attrs = list(node.input), made_by[v], list(node.attribute)
+        reads = _reads(node, ins) if attrs else list(enumerate(ins))
+        _link(v, reads, made, links, tags)
+        sign = (
+            node.domain,
+            node.op_type,
+            tuple(_attribute(a) for a in sorted(attrs, key=lambda a: a.name)) if attrs else (),
+            tuple((types[t], consts.get(t)) if t else None for t in ins),
+            tuple((types[t], consts.get(t)) for j, t in reads if j < 0),
+            tuple((types[t], t in outputs) if t else None for t in outs),
+        )
+        label = signatures.get(sign)
+        if label is None:
+            label = signatures[sign] = _hash(repr(sign).encode())
+        labels.append(label)
+    for _ in range(RADIUS):
+        labels = _refined(labels, links)
+    adjacent = tuple(tuple(sorted({u for u, _ in near})) for near in links)
+    return Structure(tuple(label.hex() for label in labels), adjacent)
+
+
+def _reads(node: onnx.NodeProto, ins: list[str]) -> list[tuple[int, str]]:
+    """(input slot, value) of what the node reads; an outer-scope read of a body: slot -1."""
+    reads = list(enumerate(ins))
+    if subgraphs.has_body(node):
+        reads += [(-1, t) for t in subgraphs.node_reads(node)[len([t for t in ins if t]) :]]
+    return reads
+
+
+def _link(
+    v: int,
+    reads: list[tuple[int, str]],
+    made: dict[str, tuple[int, int]],
+    links: list[list[tuple[int, bytes]]],
+    tags: dict[tuple[int, int], tuple[bytes, bytes]],
+) -> None:
+    """Link node v to the nodes whose values it reads, as (neighbour, tag): v gets `<i,j`
+    where the neighbour's output slot i feeds its input slot j, the neighbour `>i,j` (an
+    outer-scope read: slot -1). `tags` holds each pair's tags, made once."""
+    for j, t in reads:
+        if t in made:
+            u, i = made[t]
+            tag = tags.get((i, j)) or tags.setdefault(
+                (i, j), (b"<%d,%d" % (i, j), b">%d,%d" % (i, j))
+            )
+            links[v].append((u, tag[0]))
+            links[u].append((v, tag[1]))
+
+
+def _refined(labels: list[bytes], links: list[list[tuple[int, bytes]]]) -> list[bytes]:
+    """One Weisfeiler-Lehman round: each label hashed with its neighbours' (edge-tagged,
+    as a sorted multiset); each distinct neighbourhood hashed once."""
+    seen: dict[tuple[bytes, ...], bytes] = {}
+    out = []
+    for v, label in enumerate(labels):
+        near = (label, *sorted(tag + labels[u] for u, tag in links[v]))
+        digest = seen.get(near)
+        if digest is None:
+            digest = seen[near] = _hash(*near)
+        out.append(digest)
+    return out
+
+
+def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Each top-level value's type (initializers aside): as the model declares it, and
+    where it declares none (a value `convert` made), as shape inference finds it.
+
+    Why not `model_io.infer_shapes` on the whole model each time: a mixed model declares
+    all but a few values, and inferring those few from their producers' declared inputs
+    takes a millisecond, not a tenth of a second. Only where that falls short (a
+    producer's input undeclared too) is the whole model inferred.
+    """
+    g = model.graph
+    found = {v.name: v.type for v in (*g.value_info, *g.input, *g.output)}
+    known = found.keys() | {t.name for t in g.initializer}
+    makers = [n for n in g.node if any(o and o not in known for o in n.output)]
+    if not makers:
+        return found
+    local = _inferred(model, makers, found, known)
+    if local is None:
+        typed = infer_shapes(model)
+        return {
+            v.name: v.type
+            for v in (*typed.graph.value_info, *typed.graph.input, *typed.graph.output)
+        }
+    return {**found, **local}
+
+
+def _inferred(
+    model: onnx.ModelProto,
+    makers: list[onnx.NodeProto],
+    found: dict[str, onnx.TypeProto],
+    known: set[str],
+) -> dict[str, onnx.TypeProto] | None:
+    """The types of the values `makers` make but `model` does not declare, inferred from
+    the makers alone; None where an input of theirs has no declared type either."""
+    reads = list(dict.fromkeys(t for n in makers for t in subgraphs.node_reads(n)))
+    if any(t not in known for t in reads):
+        return None
+    g = model.graph
+    weights = {t.name: t for t in g.initializer}
+    wanted = [o for n in makers for o in n.output if o and o not in known]
+    mini = helper.make_graph(
+        makers,
+        "untyped",
+        [helper.make_value_info(t, found[t]) for t in reads if t not in weights],
+        [helper.make_value_info(t, onnx.TypeProto()) for t in wanted],
+        [weights[t] for t in reads if t in weights],
+    )
+    sub = helper.make_model(mini, opset_imports=list(model.opset_import))
+    sub.ir_version = model.ir_version
+    sub.functions.extend(model.functions)
+    typed = infer_shapes(sub)
+    got = {v.name: v.type for v in typed.graph.output if v.type.WhichOneof("value")}
+    return got if all(t in got for t in wanted) else None
+
+
+def _hash(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for part in parts:
+        h.update(part)
+    return h.digest()
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, bytes]:
+    """Values that are constants (initializers, `Constant` outputs) -> what keys them:
+    the values of small integer ones (shapes and axes drive ONNX Runtime's rewrites)
+    and of float scalars (a fusion matches GELU's 0.5 or LayerNorm's exponent 2)."""
+    found = {t.name: _tensor_key(t) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            found[node.output[0]] = b"C" + b"".join(_attribute(a) for a in node.attribute)
+    return found
+
+
+def _tensor_key(t: onnx.TensorProto) -> bytes:
+    """A constant's type, and its values where small (`_constants`), never its weights'
+    bytes: layers alike but for their weights are alike to the loader."""
+    size = 1
+    for d in t.dims:
+        size *= d
+    small = size <= SMALL_INTS if t.data_type in _INTS else size == 1
+    if not small or t.data_location == onnx.TensorProto.EXTERNAL:
+        return b"W%d" % t.data_type
+    try:
+        return b"T%d:%r=" % (t.data_type, list(t.dims)) + numpy_helper.to_array(t).tobytes()
+    except Exception:  # a tensor numpy cannot hold (a new type): its type keys it
+        return b"W%d" % t.data_type
+
+
+def _attribute(a: onnx.AttributeProto) -> bytes:
+    """An attribute by value; tensors by `_tensor_key`, bodies by their structure."""
+    kind = onnx.AttributeProto
+    if a.type == kind.GRAPH:
+        return f"{a.name}:g".encode() + _body(a.g)
+    if a.type == kind.GRAPHS:
+        return f"{a.name}:G".encode() + b"".join(_body(g) for g in a.graphs)
+    if a.type == kind.TENSOR:
+        return f"{a.name}:t".encode() + _tensor_key(a.t)
+    if a.type == kind.TENSORS:
+        return f"{a.name}:T".encode() + b"".join(_tensor_key(t) for t in a.tensors)
+    if a.type in (kind.SPARSE_TENSOR, kind.SPARSE_TENSORS):
+        return f"{a.name}:s{a.type}".encode()
+    if not a.doc_string:
+        return a.SerializeToString(deterministic=True)
+    plain = onnx.AttributeProto()
+    plain.CopyFrom(a)
+    plain.ClearField("doc_string")  # words for people, not for the loader
+    return plain.SerializeToString(deterministic=True)
+
+
+def _body(graph: onnx.GraphProto) -> bytes:
+    """A body's structure: its inputs' and outputs' types, its nodes' ops, attributes and
+    wiring (by position, not name), its constants by `_tensor_key`; no weights' bytes."""
+    where: dict[str, str] = {}
+    parts = [b"B"]
+    for k, v in enumerate(graph.input):
+        where[v.name] = f"i{k}"
+        parts.append(_type_key(v.type))
+    for k, t in enumerate(graph.initializer):
+        where[t.name] = f"w{k}"
+        parts.append(_tensor_key(t))
+    for v, node in enumerate(graph.node):
+        wiring = ",".join(where.get(t, "o") if t else "-" for t in node.input)
+        parts.append(f"|{node.domain}:{node.op_type}({wiring})".encode())
+        parts.extend(_attribute(a) for a in sorted(node.attribute, key=lambda a: a.name))
+        for i, o in enumerate(node.output):
+            where[o] = f"n{v}.{i}"
+    parts.extend(where.get(o.name, "o").encode() + _type_key(o.type) for o in graph.output)
+    return _hash(*parts)
+
+
+class _TypeKeys(dict):
+    """Value name -> `_type_key` of its type, each computed once (`structure` asks of
+    every input and output of every node); an initializer's from its own type and dims."""
+
+    def __init__(self, graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+        super().__init__()
+        self.types = types
+        self.update((t.name, b"%d/%d" % (t.data_type, len(t.dims))) for t in graph.initializer)
+
+    def __missing__(self, name: str) -> bytes:
+        found = self[name] = _type_key(self.types.get(name))
+        return found
+
+
+def _type_key(t: onnx.TypeProto | None) -> bytes:
+    """Element type and rank of a tensor type (`?` where unknown); other types by kind."""
+    if t is None:
+        return b"?"
+    kind = t.WhichOneof("value")
+    if kind != "tensor_type":
+        return f"[{kind}]".encode() if kind else b"?"
+    tt = t.tensor_type
+    rank = len(tt.shape.dim) if tt.HasField("shape") else "?"
+    return f"{tt.elem_type}/{rank}".encode()
+
+
+def neighbourhood_model(
+    model: onnx.ModelProto, types: dict[str, onnx.TypeProto], chosen: Iterable[int]
+) -> onnx.ModelProto:
+    """The `chosen` top-level nodes (in the graph's order) as a model of their own.
+
+    Values they read but do not make are graph inputs of their inferred type and shape,
+    except constants: initializers are copied and `Constant` producers taken in, so
+    what ONNX Runtime folds or matches on a constant stays a constant. The outputs are
+    the values made inside that nothing inside reads, and the graph's own outputs, so no
+    fusion inside is blocked that the graph allows. Control flow comes whole, with the
+    outer values its bodies read.
+
+    Raises:
+        Unbuildable: a value crossing the border has no known element type.
+    """
+    graph = model.graph
+    nodes = [graph.node[v] for v in sorted(set(chosen))]
+    made = {o for n in nodes for o in n.output if o}
+    consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output}
+    taken = {t: consts[t] for n in nodes for t in subgraphs.node_reads(n) if t in consts}
+    taken = {t: n for t, n in taken.items() if t not in made}
+    order = {id(n): k for k, n in enumerate(graph.node)}
+    nodes = sorted([*nodes, *taken.values()], key=lambda n: order[id(n)])
+    made.update(taken)
+    reads = [t for n in nodes for t in subgraphs.node_reads(n)]
+    weights = {t.name: t for t in graph.initializer}
+    outer = list(dict.fromkeys(t for t in reads if t not in made and t not in weights))
+    read, shown = set(reads), {o.name for o in graph.output}
+    ends = [o for n in nodes for o in n.output if o and (o not in read or o in shown)]
+    sub = helper.make_graph(
+        nodes,
+        f"{graph.name}-neighbourhood",
+        [_value(t, types) for t in outer],
+        [_value(t, types) for t in ends],
+        [weights[t] for t in dict.fromkeys(reads) if t in weights],
+    )
+    out = helper.make_model(sub, opset_imports=list(model.opset_import))
+    out.ir_version = model.ir_version
+    out.functions.extend(model.functions)
+    return out
+
+
+def _value(name: str, types: dict[str, onnx.TypeProto]) -> onnx.ValueInfoProto:
+    t = types.get(name)
+    if t is None or t.WhichOneof("value") is None:
+        raise Unbuildable(f"no type is known for {name!r}")
+    if t.WhichOneof("value") == "tensor_type" and not t.tensor_type.elem_type:
+        raise Unbuildable(f"no element type is known for {name!r}")
+    return helper.make_value_info(name, t)

@@ -1,0 +1,162 @@
+"""What ONNX Runtime's check of a mixed model loads: one of each neighbourhood not yet seen.
+
+Why: a user edits one rule and converts again, and the whole 10k-node model used to be
+loaded by ONNX Runtime twice (the default load, refused by its LayerNormFusion on
+pinned LayerNorms, then the load with optimisations off): 3.4 s of a 4.3 s convert.
+Whether ONNX Runtime loads a model is decided per node and its surroundings (a kernel
+per op and types, an optimiser per pattern of a few connected nodes), so a node whose
+`RADIUS`-hop neighbourhood has the structure of one that loaded before
+(`graph.structure`: the same key) tells nothing new. The check loads the union of the
+neighbourhoods of one node per key not yet known (`Plan.model`) and remembers, per
+key, what the load said: "" where it loaded, else the warning (`Memory`).
+
+Type consistency across the whole graph is `onnx.checker`'s full check, which still
+runs on the whole model; the neighbourhoods are ONNX Runtime's part only.
+
+Attribution, where the default load fails and the load with optimisations off passes:
+ONNX Runtime stops at the first failure, so the load says nothing of the other
+neighbourhoods. The warning goes to the keys of the nodes its message names and of
+their neighbourhoods (a refusal names its node, a crash's warning the node its
+bisection found), and to the keys whose neighbourhood holds a node alike to a named one
+(the same key: it would fail there too), or to every key checked where it names none;
+the other keys are loaded again without those (`ROUNDS` loads at most; what is left
+stays unknown, for the next check), so a key is remembered clean only where a default
+load of its neighbourhood loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import onnx
+
+from trtbuild.graph import structure
+from trtbuild.precision import ort_child
+
+KIND = "neighbourhoods"  # the cache's kind of the memory entry
+MEMORY_KEYS = 50_000  # keys kept (about 2 MB); the least recently learned leave first
+ROUNDS = 3  # default loads per check, each without the keys a failure was given to
+# How ONNX Runtime's messages quote a node: `node (NAME)`, a fused `(NAME/LayerNormFusion/)`,
+# the crash warning's `node 'NAME'` (a name inside another, `a/Mul` in `a/Mul_1`, is not it)
+_QUOTED = r"""[(\s'":]{}[)\s'"/:,.]"""
+_NODE = re.compile(r"(?i)(\bnode\s*[(':]\s*)[^)'\s]*")  # the node a warning names
+
+
+@dataclass
+class Plan:
+    """The keys of one mixed model's nodes and which of them are not yet known."""
+
+    model: onnx.ModelProto
+    types: dict[str, onnx.TypeProto]  # each value's (`structure.value_types`)
+    shape: structure.Structure
+    known: dict[str, str]  # key -> warning ("" clean), what the memory knew of this model
+    pending: dict[str, int] = field(default_factory=dict)  # unknown key -> its node
+    learned: dict[str, str] = field(default_factory=dict)  # key -> warning, this check's
+
+    def neighbourhood(self) -> bytes:
+        """The model of the pending keys' neighbourhoods, serialized.
+
+        Raises:
+            structure.Unbuildable: a value on its border has no known type.
+        """
+        nodes = self.shape.ball(self.pending.values())
+        return structure.neighbourhood_model(self.model, self.types, nodes).SerializeToString()
+
+    def learn(self, warning: str, said: str) -> None:
+        """A default load of `neighbourhood()` said `said` (its message, "" where it
+        loaded); `warning` is what it means for the user ("" where it loaded)."""
+        if not warning:
+            self.learned.update(dict.fromkeys(self.pending, ""))
+            self.pending = {}
+            return
+        named = _named(self.model, self.shape, self.pending.values(), said + "\n" + warning)
+        keys = self.shape.keys
+        near = {keys[v] for v in self.shape.ball(named)}  # neighbourhoods holding a named node
+        alike = {keys[v] for v in named}  # and those holding a node alike to one
+        for key, v in self.pending.items():
+            if any(keys[u] in alike for u in self.shape.ball([v])):
+                near.add(key)
+        for key in (near & set(self.pending)) or list(self.pending):  # none named: all
+            self.learned[key] = warning
+            del self.pending[key]
+
+    def warnings(self) -> list[str]:
+        """The warnings of the model's keys in the order of the graph, one per kind: a
+        failure that differs only in the node it names (the same LayerNormFusion refusal
+        at each pinned LayerNorm) is said once, as the whole model's load says it once."""
+        said = {**self.known, **self.learned}
+        first: dict[str, str] = {}
+        for key in self.shape.keys:
+            if said.get(key):
+                first.setdefault(_kind(said[key]), said[key])
+        return list(first.values())
+
+
+def _kind(warning: str) -> str:
+    """A warning without the node it names: ONNX Runtime's `node (NAME)`, the crash
+    warning's `node 'NAME'`."""
+    return _NODE.sub(r"\1", warning)
+
+
+def plan(model: onnx.ModelProto, memory: dict[str, str]) -> Plan:
+    """The keys of `model` and, of those `memory` does not hold, one node each."""
+    types = structure.value_types(model)
+    shape = structure.structure(model, types)
+    known = {k: memory[k] for k in shape.keys if k in memory}
+    pending: dict[str, int] = {}
+    for v, key in enumerate(shape.keys):
+        if key not in known:
+            pending.setdefault(key, v)
+    return Plan(model, types, shape, known, pending)
+
+
+def _named(
+    model: onnx.ModelProto, shape: structure.Structure, checked: Iterable[int], said: str
+) -> list[int]:
+    """The nodes of the checked neighbourhoods that ONNX Runtime's message names: as it
+    quotes them, `node (NAME)` or a fused `(NAME/LayerNormFusion/)`, or the crash
+    warning's `'NAME'`, so `a/Mul` is not found in `a/Mul_1`."""
+    nodes = model.graph.node
+    return [
+        v
+        for v in sorted(shape.ball(checked))
+        if nodes[v].name and re.search(_QUOTED.format(re.escape(nodes[v].name)), said)
+    ]
+
+
+def memory_digest() -> str:
+    """The memory's cache key: what judged its keys (ONNX Runtime's, onnx's and Python's
+    versions) and how keys are made (`structure.RADIUS` and its code's version), so a
+    new ONNX Runtime checks every neighbourhood again."""
+    h = hashlib.sha256(b"trtbuild-neighbourhoods\0")
+    h.update(f"onnxruntime={ort_child.version()};onnx={onnx.__version__};".encode())
+    h.update(f"radius={structure.RADIUS};keys={structure.VERSION};".encode())
+    h.update(sys.version.encode())
+    return h.hexdigest()
+
+
+def read_memory(cache: object) -> dict[str, str]:
+    """The keys already checked and what their load said; empty without a cache."""
+    if cache is None or not getattr(cache, "enabled", False):
+        return {}
+    found = cache.get(KIND, memory_digest())  # type: ignore[attr-defined]
+    return dict(found) if found is not None else {}
+
+
+def remember(cache: object, learned: dict[str, str]) -> None:
+    """Add `learned` to the memory (read again just before: another process may have
+    written meanwhile; the last write wins, the cache's write is atomic). The least
+    recently learned keys leave beyond `MEMORY_KEYS`."""
+    if not learned or cache is None or not getattr(cache, "enabled", False):
+        return
+    memory = read_memory(cache)
+    for key in learned:
+        memory.pop(key, None)  # learned again: the most recent
+    memory.update(learned)
+    for key in list(memory)[: max(0, len(memory) - MEMORY_KEYS)]:
+        del memory[key]
+    cache.put(KIND, memory_digest(), memory)  # type: ignore[attr-defined]
