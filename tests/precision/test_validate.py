@@ -316,3 +316,38 @@ def test_a_neighbourhood_that_does_not_load_is_no_verdict_the_whole_model_decide
     assert b"NoSuchOp" in check.source  # the neighbourhoods were loaded first
     assert check.result() == []  # the whole model loads
     assert neighbourhoods.read_memory(cache) == {}  # the cut's failure taught nothing
+
+
+def test_a_weight_whose_bytes_do_not_fit_its_type_is_invalid_whatever_is_loaded(tmp_path):
+    """A converter bug: block 7's weight declared FLOAT16 but holding FP32's bytes. The
+    neighbourhoods loaded (block 4's) hold block 7's alike weights, not its bytes; ONNX
+    Runtime's whole load would refuse it, so the parent checks every tensor's length."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert validate_mixed(_pinned(4), cache) == []
+    broken = _pinned(4)
+    (w7,) = [t for t in broken.graph.initializer if t.name == "w7"]
+    w7.raw_data = np.ones((4, 4), np.float32).tobytes()
+    onnx.checker.check_model(broken, full_check=True)  # the checker does not see it
+    for scope in ("neighbourhoods", "whole"):
+        with pytest.raises(InvalidMixedModel, match=r"'w7' \(FLOAT16, dims \[4, 4\]\) holds 64"):
+            validate_mixed(broken, cache, scope=scope)
+    short = helper.make_tensor("k", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    del short.float_data[1:]  # 3 declared, 1 stored
+    body = helper.make_graph(
+        [helper.make_node("Constant", [], ["k"], value=short)],
+        "then",
+        [],
+        [helper.make_tensor_value_info("k", TensorProto.FLOAT, [3])],
+    )
+    If = helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=body, name="if")
+    graph = helper.make_graph(
+        [If],
+        "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+    inner = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(
+        InvalidMixedModel, match=r"'k' in if's then_branch .* 1 values in float_data"
+    ):
+        validate_mixed(inner, None)

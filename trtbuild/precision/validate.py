@@ -5,7 +5,10 @@ load (a weight stored in FP16 behind an input still declared FP32), is a
 trtbuild bug however it arose; it must never be written as if it were done.
 
 How, and why so:
-- `onnx.checker`'s full check runs in this process: it cannot crash it.
+- `onnx.checker`'s full check runs in this process: it cannot crash it. So does a
+  check of every tensor's stored length against its declared type and dims
+  (`_misstored`: the checker does not look, and a neighbourhood's load reads only its
+  own weights, where the whole model's load refuses any such tensor).
 - ONNX Runtime loads the model as a user would, with its default graph
   optimisations, in a child process (`ort_child`): its optimisers crash on some
   valid mixed graphs (a SIGSEGV in `NchwcTransformer` on an FP16 `Transpose` →
@@ -42,7 +45,9 @@ How, and why so:
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -102,6 +107,9 @@ def start_mixed_check(
         record = cache.get("converted", digest)
         if record is not None:
             return MixedCheck(None, None, list(record.warnings))
+    misstored = _misstored(model)
+    if misstored:
+        raise InvalidMixedModel(f"the mixed model's {misstored}: trtbuild wrote it wrong")
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
     check = MixedCheck(None, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
     if seconds > 0 and scope == "neighbourhoods":
@@ -117,6 +125,78 @@ def start_mixed_check(
         check.cancel()
         raise InvalidMixedModel(f"the mixed model fails onnx.checker (full check): {exc}") from exc
     return check
+
+
+def _misstored(model: onnx.ModelProto) -> str:
+    """The first tensor (initializers and tensor attributes, bodies' and functions' too)
+    whose stored data does not fit its declared type and dims, said; "" where none.
+
+    Why here: onnx.checker does not look, and the neighbourhoods' load reads only their
+    own weights, where ONNX Runtime's load of the whole model refuses any such tensor
+    ("buffer size mismatch"). Lengths only, no copy to numpy: a few ms for 10k tensors.
+    """
+    kind = onnx.AttributeProto
+    todo = [("", model.graph.initializer, model.graph.node)]
+    todo += [(f" in function {f.name}", (), f.node) for f in model.functions]
+    while todo:
+        where, tensors, nodes = todo.pop()
+        found = [*tensors]
+        for n in nodes:
+            for a in n.attribute:
+                if a.type == kind.GRAPH or a.type == kind.GRAPHS:
+                    inner = f" in {n.name or n.op_type}'s {a.name}"
+                    todo += [(inner, g.initializer, g.node) for g in (a.graphs or [a.g])]
+                elif a.type == kind.TENSOR or a.type == kind.TENSORS:
+                    found += a.tensors or [a.t]
+        for t in found:
+            why = _stored_wrong(t)
+            if why:
+                return f"tensor {t.name!r}{where} ({_type_name(t.data_type)}, dims {list(t.dims)}) {why}"
+    return ""
+
+
+def _stored_wrong(t: onnx.TensorProto) -> str:
+    """How `t`'s stored data does not fit its type and dims ("" where it fits, or where
+    its type has no fixed size: strings, an unknown type)."""
+    layout = _layout(t.data_type)
+    if layout is None:
+        return ""
+    per_byte, size, field_name, per_value = layout
+    n = math.prod(t.dims)
+    need = -(-n // per_byte) if per_byte else n * size  # 4-bit, 2-bit types: packed
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        said = [e.value for e in t.external_data if e.key == "length"]
+        if said and said[0].isdigit() and int(said[0]) != need:
+            return f"says {said[0]} bytes of external data where it needs {need}"
+        return ""
+    if t.HasField("raw_data"):
+        got = len(t.raw_data)
+        return f"holds {got} bytes where it needs {need}" if got != need else ""
+    got, want = len(getattr(t, field_name)), -(-n // per_byte) if per_byte else n * per_value
+    return f"holds {got} values in {field_name} where it needs {want}" if got != want else ""
+
+
+@functools.cache
+def _layout(data_type: int) -> tuple[int, int, str, int] | None:
+    """(values per byte where packed else 0, bytes per value, typed field, its entries per
+    value) of an element type; None for strings and types this onnx does not know."""
+    packed = {"INT4": 2, "UINT4": 2, "FLOAT4E2M1": 2, "INT2": 4, "UINT2": 4}
+    try:
+        name = onnx.TensorProto.DataType.Name(data_type)
+        if name in ("STRING", "UNDEFINED"):
+            return None
+        size = onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
+        field_name = onnx.helper.tensor_dtype_to_field(data_type)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return packed.get(name, 0), size, field_name, 2 if name.startswith("COMPLEX") else 1
+
+
+def _type_name(data_type: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(data_type)
+    except ValueError:
+        return str(data_type)
 
 
 def _planned(model: onnx.ModelProto, cache: Any) -> tuple[neighbourhoods.Plan | None, bytes]:
