@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     model = front.converted.model
     data = model.SerializeToString()
     lap("serialize the mixed model")
-    memory = {} if cold else neighbourhoods.read_memory(cache)
+    memory = {} if cold else neighbourhoods.read_memory(cache, model)
     lap(f"read the memory of neighbourhoods ({len(memory)} keys)")
     plan = neighbourhoods.plan(model, memory)
     lap(f"structural keys ({len(set(plan.shape.keys))} distinct of {len(plan.shape.keys)})")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     lap("onnx.checker (full check, the whole model)")
     _loads(plan, source, lap)
     if not cold:
-        neighbourhoods.remember(cache, plan.learned)
+        neighbourhoods.remember(cache, plan.learned, model)
         lap("write the memory")
     folder = Path(tempfile.mkdtemp(prefix="trtbuild-phases-"))
     save_model(model, str(folder / "out.onnx"))

@@ -21,18 +21,19 @@ REFUSED = (
 
 
 def test_a_new_onnx_runtime_reads_another_memory(monkeypatch):
-    before = neighbourhoods.memory_digest()
+    before = neighbourhoods.memory_digest(_pinned(4))
     monkeypatch.setattr(ort_child, "version", lambda: "0.0.0")  # an upgrade
-    assert neighbourhoods.memory_digest() != before
+    assert neighbourhoods.memory_digest(_pinned(4)) != before
 
 
 def test_the_memory_keeps_the_most_recently_learned_keys(tmp_path, monkeypatch):
     cache = Cache(codec=cache_codec, root=tmp_path / "cache")
     monkeypatch.setattr(neighbourhoods, "MEMORY_KEYS", 3)
-    neighbourhoods.remember(cache, {"a": "", "b": "w", "c": ""})
-    neighbourhoods.remember(cache, {"d": "", "a": ""})  # a learned again: recent
-    assert neighbourhoods.read_memory(cache) == {"c": "", "d": "", "a": ""}
-    assert neighbourhoods.read_memory(Cache(enabled=False)) == {}
+    m = _pinned(4)
+    neighbourhoods.remember(cache, {"a": "", "b": "w", "c": ""}, m)
+    neighbourhoods.remember(cache, {"d": "", "a": ""}, m)  # a learned again: recent
+    assert neighbourhoods.read_memory(cache, m) == {"c": "", "d": "", "a": ""}
+    assert neighbourhoods.read_memory(Cache(enabled=False), m) == {}
 
 
 def test_a_refusal_goes_to_the_neighbourhoods_of_the_node_it_names():

@@ -251,7 +251,7 @@ def test_the_memory_of_neighbourhoods_outlives_the_process(tmp_path):
     )
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]
     cache = Cache(codec=cache_codec, root=root)
-    assert set(neighbourhoods.read_memory(cache).values()) == {""}  # all loaded clean
+    assert set(neighbourhoods.read_memory(cache, _pinned(4)).values()) == {""}  # all loaded clean
     assert start_mixed_check(_pinned(5), cache).proc is None
 
 
@@ -315,7 +315,7 @@ def test_a_neighbourhood_that_does_not_load_is_no_verdict_the_whole_model_decide
     check = start_mixed_check(_pinned(4), cache)
     assert b"NoSuchOp" in check.source  # the neighbourhoods were loaded first
     assert check.result() == []  # the whole model loads
-    assert neighbourhoods.read_memory(cache) == {}  # the cut's failure taught nothing
+    assert neighbourhoods.read_memory(cache, _pinned(4)) == {}  # the cut's failure taught nothing
 
 
 def test_a_weight_whose_bytes_do_not_fit_its_type_is_invalid_whatever_is_loaded(tmp_path):
@@ -351,3 +351,54 @@ def test_a_weight_whose_bytes_do_not_fit_its_type_is_invalid_whatever_is_loaded(
         InvalidMixedModel, match=r"'k' in if's then_branch .* 1 values in float_data"
     ):
         validate_mixed(inner, None)
+
+
+def _layernorm(opset: int = 17, eps_input: bool = False, upstream_fp16: bool = True):
+    """A decomposed LayerNorm pinned FP32 behind an FP16 Relu (Cast → Relu → Cast → the
+    nine nodes): ONNX Runtime's LayerNormFusion (opset 17) binds FP16 and FP32 and refuses
+    it. `upstream_fp16=False`: the Relu FP32 too, nothing for the fusion to absorb (it
+    loads). `eps_input`: the epsilon a graph input too (overridable, not a constant)."""
+    F = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16, name="c0"),
+        helper.make_node("Relu", ["xh"], ["r"], name="relu"),
+        helper.make_node("Cast", ["r"], ["r32"], to=F, name="c1"),
+        helper.make_node("ReduceMean", ["r32"], ["m"], axes=[-1], name="rm1"),
+        helper.make_node("Sub", ["r32", "m"], ["d"], name="sub"),
+        helper.make_node("Pow", ["d", "two"], ["d2"], name="pow"),
+        helper.make_node("ReduceMean", ["d2"], ["v"], axes=[-1], name="rm2"),
+        helper.make_node("Add", ["v", "eps"], ["ve"], name="addeps"),
+        helper.make_node("Sqrt", ["ve"], ["s"], name="sqrt"),
+        helper.make_node("Div", ["d", "s"], ["n"], name="div"),
+        helper.make_node("Mul", ["n", "g"], ["ng"], name="mul"),
+        helper.make_node("Add", ["ng", "b"], ["y"], name="addb"),
+    ]
+    if not upstream_fp16:
+        nodes = nodes[3:]
+        nodes.insert(0, helper.make_node("Relu", ["x"], ["r32"], name="relu"))
+    inits = [
+        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+        numpy_helper.from_array(np.ones(8, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, [2, 8])]
+    if eps_input:
+        inputs.append(helper.make_tensor_value_info("eps", F, []))
+    graph = helper.make_graph(
+        nodes, "ln", inputs, [helper.make_tensor_value_info("y", F, [2, 8])], inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_keys_learned_at_one_opset_say_nothing_of_another(tmp_path):
+    """LayerNormFusion runs from opset 17: the same keys loaded clean at opset 13 must not
+    hide its refusal at 17 (the memory is the opsets' and IR version's)."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert validate_mixed(_layernorm(13), cache) == []
+    check = start_mixed_check(_layernorm(17), cache)
+    assert check.proc is not None  # another opset: nothing known
+    (said,) = check.result()
+    assert "LayerNormFusion" in said or "LayerNormalization" in said

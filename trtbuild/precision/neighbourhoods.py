@@ -128,35 +128,40 @@ def _named(
     ]
 
 
-def memory_digest() -> str:
+def memory_digest(model: onnx.ModelProto) -> str:
     """The memory's cache key: what judged its keys (ONNX Runtime's, onnx's and Python's
-    versions) and how keys are made (`structure.RADIUS` and its code's version), so a
-    new ONNX Runtime checks every neighbourhood again."""
+    versions), how keys are made (`structure.RADIUS` and its code's version), and what
+    the keys do not hold but ONNX Runtime reads: `model`'s opsets (a kernel or a fusion
+    is registered per opset: a refusal at opset 17 is none at 13) and IR version. So a
+    new ONNX Runtime checks every neighbourhood again, and so does another opset."""
     h = hashlib.sha256(b"trtbuild-neighbourhoods\0")
     h.update(f"onnxruntime={ort_child.version()};onnx={onnx.__version__};".encode())
     h.update(f"radius={structure.RADIUS};keys={structure.VERSION};".encode())
+    opsets = sorted((o.domain or "ai.onnx", o.version) for o in model.opset_import)
+    h.update(f"ir={model.ir_version};opsets={opsets};".encode())
     h.update(sys.version.encode())
     return h.hexdigest()
 
 
-def read_memory(cache: object) -> dict[str, str]:
-    """The keys already checked and what their load said; empty without a cache."""
+def read_memory(cache: object, model: onnx.ModelProto) -> dict[str, str]:
+    """The keys already checked in models of `model`'s opsets and what their load said;
+    empty without a cache."""
     if cache is None or not getattr(cache, "enabled", False):
         return {}
-    found = cache.get(KIND, memory_digest())  # type: ignore[attr-defined]
+    found = cache.get(KIND, memory_digest(model))  # type: ignore[attr-defined]
     return dict(found) if found is not None else {}
 
 
-def remember(cache: object, learned: dict[str, str]) -> None:
-    """Add `learned` to the memory (read again just before: another process may have
-    written meanwhile; the last write wins, the cache's write is atomic). The least
-    recently learned keys leave beyond `MEMORY_KEYS`."""
+def remember(cache: object, learned: dict[str, str], model: onnx.ModelProto) -> None:
+    """Add `learned` (of `model`'s keys) to the memory (read again just before: another
+    process may have written meanwhile; the last write wins, the cache's write is atomic).
+    The least recently learned keys leave beyond `MEMORY_KEYS`."""
     if not learned or cache is None or not getattr(cache, "enabled", False):
         return
-    memory = read_memory(cache)
+    memory = read_memory(cache, model)
     for key in learned:
         memory.pop(key, None)  # learned again: the most recent
     memory.update(learned)
     for key in list(memory)[: max(0, len(memory) - MEMORY_KEYS)]:
         del memory[key]
-    cache.put(KIND, memory_digest(), memory)  # type: ignore[attr-defined]
+    cache.put(KIND, memory_digest(model), memory)  # type: ignore[attr-defined]

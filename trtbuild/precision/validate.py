@@ -35,7 +35,8 @@ How, and why so:
   (`precision.neighbourhoods`, `graph.structure`): whether ONNX Runtime loads a model
   is decided per node and its few neighbours, and a rule edit that pins one more
   layer like another makes no new neighbourhood, so no child starts at all; what was
-  remembered for the model's keys is said again. The default load fails → the
+  remembered for the model's keys is said again. The memory is per set of opsets and
+  IR version (ONNX Runtime's kernels and fusions are registered per opset). The default load fails → the
   neighbourhoods with optimisations off, as above, for the verdict; where they fail
   there too (an artefact of the cut is possible) or cannot be cut, the whole model
   is loaded as before and its load decides: a cut never makes an exit 70.
@@ -203,7 +204,7 @@ def _planned(model: onnx.ModelProto, cache: Any) -> tuple[neighbourhoods.Plan | 
     """The neighbourhoods to load and their model's bytes (b"": all known, no child); no
     plan where one cannot be made (a value of unknown type): the whole model is loaded."""
     try:
-        plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache))
+        plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache, model))
         return plan, plan.neighbourhood() if plan.pending else b""
     except Exception:  # Unbuildable, or a graph the keys do not expect: never a verdict
         return None, model.SerializeToString()
@@ -281,7 +282,7 @@ class MixedCheck:
             if plain is not None and plain.poll() is None:
                 plain.kill()
                 plain.wait()
-        neighbourhoods.remember(self.cache, plan.learned)
+        neighbourhoods.remember(self.cache, plan.learned, plan.model)
         return plan.warnings()
 
     def cancel_child(self) -> None:
