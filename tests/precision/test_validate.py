@@ -402,3 +402,57 @@ def test_keys_learned_at_one_opset_say_nothing_of_another(tmp_path):
     assert check.proc is not None  # another opset: nothing known
     (said,) = check.result()
     assert "LayerNormFusion" in said or "LayerNormalization" in said
+
+
+def _with_function(crashing: bool) -> onnx.ModelProto:
+    """Relu → a call of a model-local function; `crashing`: its body is the FP16
+    `Cast` → `Transpose` → `Cast` → `MatMul` that crashes NchwcTransformer, else the
+    harmless `Transpose` first. The calls (the keys' view) are alike."""
+    F, H = TensorProto.FLOAT, TensorProto.FLOAT16
+    weight = numpy_helper.from_array(np.ones([8, 4], np.float32))
+    first = [
+        helper.make_node("Cast", ["i"], ["h"], to=H),
+        helper.make_node("Transpose", ["h"], ["t"], perm=[1, 0, 2]),
+    ]
+    if not crashing:
+        first = [
+            helper.make_node("Transpose", ["i"], ["h"], perm=[1, 0, 2]),
+            helper.make_node("Cast", ["h"], ["t"], to=H),
+        ]
+    body = [
+        helper.make_node("Constant", [], ["P"], value=weight),
+        *first,
+        helper.make_node("Cast", ["t"], ["tf"], to=F),
+        helper.make_node("MatMul", ["tf", "P"], ["o"]),
+    ]
+    f = helper.make_function("local", "F", ["i"], ["o"], body, [helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("F", ["r"], ["y"], domain="local", name="f"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", F, [2, 3, 8])],
+        [helper.make_tensor_value_info("y", F, [3, 2, 4])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[f])
+    model.ir_version = 8
+    return model
+
+
+def test_a_model_with_local_functions_is_loaded_whole(tmp_path):
+    """The keys see a call by its name, not the body ONNX Runtime inlines: a body that
+    crashes its optimiser behind a call alike to a clean one is loaded, whole."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert validate_mixed(_with_function(crashing=False), cache) == []
+    crashing = _with_function(crashing=True)
+    onnx.save(crashing, tmp_path / "crashing.onnx")
+    check = start_mixed_check(crashing, cache)
+    assert check.proc is not None and check.plan is None  # the whole model
+    warnings = check.result()
+    if not _crashes_in_default_session(tmp_path / "crashing.onnx"):
+        pytest.skip(f"ONNX Runtime {ort.__version__} on this CPU does not crash on it")
+    (said,) = warnings
+    assert "crashes (SIGSEGV)" in said

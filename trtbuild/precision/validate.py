@@ -39,7 +39,8 @@ How, and why so:
   IR version (ONNX Runtime's kernels and fusions are registered per opset). The default load fails → the
   neighbourhoods with optimisations off, as above, for the verdict; where they fail
   there too (an artefact of the cut is possible) or cannot be cut, the whole model
-  is loaded as before and its load decides: a cut never makes an exit 70.
+  is loaded as before and its load decides: a cut never makes an exit 70. A model
+  with local functions is loaded whole: the keys do not see inside them.
   `whole` loads the whole model every time. `onnx.checker`'s full check always runs
   on the whole model: type consistency across the graph is its part.
 """
@@ -202,7 +203,11 @@ def _type_name(data_type: int) -> str:
 
 def _planned(model: onnx.ModelProto, cache: Any) -> tuple[neighbourhoods.Plan | None, bytes]:
     """The neighbourhoods to load and their model's bytes (b"": all known, no child); no
-    plan where one cannot be made (a value of unknown type): the whole model is loaded."""
+    plan where one cannot be made (a value of unknown type), or where the model has local
+    functions (the keys see a call, not the function's body, which ONNX Runtime inlines
+    and optimises): the whole model is loaded."""
+    if model.functions:
+        return None, model.SerializeToString()
     try:
         plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache, model))
         return plan, plan.neighbourhood() if plan.pending else b""
