@@ -124,3 +124,27 @@ def test_values_a_model_does_not_declare_are_typed_by_inference():
         m.graph.value_info.extend(kept)
         found = structure.value_types(m)
         assert {t: found[t] for t in drop} == {t: declared[t] for t in drop}
+
+
+def test_a_body_reading_outer_values_the_other_way_round_gives_another_key():
+    """x → Relu → a, x → Sigmoid → b; an If whose branch computes a - b or b - a: the
+    body's outer reads are numbered by first use and linked to their makers in that
+    order, so which value is subtracted from which is in the If's key (not a list of
+    names sorted, alike both ways)."""
+    from onnx import helper
+
+    def subtracting(first: str, second: str) -> onnx.ModelProto:
+        out = helper.make_tensor_value_info("d", F, [2])
+        branch = helper.make_graph([node("Sub", [first, second], "d", "sub")], "b", [], [out])
+        return model(
+            [
+                node("Relu", ["x"], "a", "relu"),
+                node("Sigmoid", ["x"], "b", "sigmoid"),
+                node("If", ["c"], "y", "if", then_branch=branch, else_branch=branch),
+            ],
+            [("x", F, [2]), ("c", onnx.TensorProto.BOOL, [])],
+            [("y", F, [2])],
+        )
+
+    assert _keys(subtracting("a", "b"))["if"] != _keys(subtracting("b", "a"))["if"]
+    assert _keys(subtracting("a", "b"))["if"] == _keys(subtracting("a", "b"))["if"]

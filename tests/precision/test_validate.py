@@ -456,3 +456,66 @@ def test_a_model_with_local_functions_is_loaded_whole(tmp_path):
         pytest.skip(f"ONNX Runtime {ort.__version__} on this CPU does not crash on it")
     (said,) = warnings
     assert "crashes (SIGSEGV)" in said
+
+
+def _if_reading(transposed: str, other: str) -> onnx.ModelProto:
+    """x → Cast FP16 → `a`, x → Relu → `b`; an If whose then-branch transposes the outer
+    value `transposed` then casts it FP32 into a MatMul (the NchwcTransformer crash where
+    it is `a`, FP16), and casts `other` into another MatMul. Swapping them swaps only
+    which outer value each read takes."""
+    F = TensorProto.FLOAT
+    shape = ["d0", "d1", 4]
+
+    def weight():
+        return numpy_helper.from_array(np.ones([8, 4], np.float32), "P")
+
+    then = [
+        helper.make_node("Transpose", [transposed], ["tt"], perm=[1, 0, 2]),
+        helper.make_node("Cast", ["tt"], ["tc"], to=F),
+        helper.make_node("MatMul", ["tc", "P"], ["t1"]),
+        helper.make_node("Cast", [other], ["oc"], to=F),
+        helper.make_node("MatMul", ["oc", "P"], ["t2"]),
+        helper.make_node("Add", ["t1", "t2"], ["to"]),
+    ]
+    out = helper.make_tensor_value_info("to", F, shape)
+    otherwise = [
+        helper.make_node("Cast", ["b"], ["ec"], to=F),
+        helper.make_node("MatMul", ["ec", "P"], ["to"]),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["a"], to=TensorProto.FLOAT16, name="c16"),
+        helper.make_node("Relu", ["x"], ["b"], name="relu"),
+        helper.make_node(
+            "If",
+            ["cond"],
+            ["y"],
+            name="if",
+            then_branch=helper.make_graph(then, "then", [], [out], [weight()]),
+            else_branch=helper.make_graph(otherwise, "else", [], [out], [weight()]),
+        ),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", F, [3, 3, 8]),
+        helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+    ]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", F, shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_body_reading_other_outer_values_is_another_neighbourhood(tmp_path):
+    """A body's reads from around it are keyed by first use and type, not by a sorted list
+    of names: transposing the FP16 outer value instead of the FP32 one (a crash) is not
+    alike to the clean If loaded before."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert validate_mixed(_if_reading("b", "a"), cache) == []
+    crashing = _if_reading("a", "b")
+    onnx.save(crashing, tmp_path / "crashing.onnx")
+    check = start_mixed_check(crashing, cache)
+    assert check.proc is not None  # not known: loaded
+    warnings = check.result()
+    if not _crashes_in_default_session(tmp_path / "crashing.onnx"):
+        pytest.skip(f"ONNX Runtime {ort.__version__} on this CPU does not crash on it")
+    (said,) = warnings
+    assert "crashes (SIGSEGV)" in said and "'if' (If)" in said

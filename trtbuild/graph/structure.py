@@ -11,7 +11,8 @@ sees what loading the whole model sees, in a fraction of its time.
 
 A node's key identifies its `RADIUS`-hop neighbourhood: its own signature (op,
 domain, attributes, each input's and output's element type and rank, which inputs are
-constants and the values of small ones), refined `RADIUS` times by Weisfeiler-Lehman
+constants and the values of small ones; bodies by their structure, with the values they
+read from around them numbered by first use and linked so), refined `RADIUS` times by Weisfeiler-Lehman
 over the undirected data-flow graph, each edge labelled by its direction and its
 (output slot, input slot). Weights' bytes are not in it (two layers with different
 weights are alike to ONNX Runtime's loader), nor are names.
@@ -20,7 +21,7 @@ weights are alike to ONNX Runtime's loader), nor are names.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import onnx
@@ -36,7 +37,7 @@ from trtbuild.graph.model_io import infer_shapes
 # `Cast`), so a ball around one node of the pattern holds all of it. A larger radius
 # tells more nodes apart (fewer are alike) and loads larger neighbourhoods.
 RADIUS = 3
-VERSION = 1  # of what a key holds: a memory of keys made otherwise is another memory
+VERSION = 2  # of what a key holds: a memory of keys made otherwise is another memory
 SMALL_INTS = 64  # integer constants up to this many elements are keyed by value (shapes, axes)
 DIGEST_BYTES = 16  # blake2b-128: a key is 32 hex digits
 _INTS = frozenset(
@@ -89,16 +90,22 @@ def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Struc
     tags: dict[tuple[int, int], tuple[bytes, bytes]] = {}
     signatures: dict[tuple, bytes] = {}  # each distinct signature hashed once
     labels = []
+
+    def say(t: str) -> bytes:  # what a body's key holds of a value it reads from here
+        return types[t] + b"=" + (consts.get(t) or b"")
+
     for v, node in enumerate(nodes):
         ins, outs, attrs = list(node.input), made_by[v], list(node.attribute)
-        reads = _reads(node, ins) if attrs else list(enumerate(ins))
+        outer = _Outer(say)
+        keyed = tuple(_attribute(a, outer) for a in sorted(attrs, key=lambda a: a.name))
+        # a body's outer reads by first use: slot -1 the first, -2 the next (not by name)
+        reads = [*enumerate(ins), *((-1 - k, t) for k, t in enumerate(outer.order))]
         _link(v, reads, made, links, tags)
         sign = (
             node.domain,
             node.op_type,
-            tuple(_attribute(a) for a in sorted(attrs, key=lambda a: a.name)) if attrs else (),
+            keyed,
             tuple((types[t], consts.get(t)) if t else None for t in ins),
-            tuple((types[t], consts.get(t)) for j, t in reads if j < 0),
             tuple((types[t], t in outputs) if t else None for t in outs),
         )
         label = signatures.get(sign)
@@ -111,12 +118,20 @@ def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Struc
     return Structure(tuple(label.hex() for label in labels), adjacent)
 
 
-def _reads(node: onnx.NodeProto, ins: list[str]) -> list[tuple[int, str]]:
-    """(input slot, value) of what the node reads; an outer-scope read of a body: slot -1."""
-    reads = list(enumerate(ins))
-    if subgraphs.has_body(node):
-        reads += [(-1, t) for t in subgraphs.node_reads(node)[len([t for t in ins if t]) :]]
-    return reads
+class _Outer:
+    """The values a node's bodies read from around them, numbered by first use (`order`):
+    each read keyed as `o<k>:` and what `say` (the scope around) says of the value, so
+    swapping which outer value a body reads where changes its key."""
+
+    def __init__(self, say: Callable[[str], bytes]) -> None:
+        self.say = say
+        self.order: dict[str, bytes] = {}  # name -> its label, in order of first use
+
+    def __call__(self, name: str) -> bytes:
+        label = self.order.get(name)
+        if label is None:
+            label = self.order[name] = b"o%d:" % len(self.order) + self.say(name)
+        return label
 
 
 def _link(
@@ -128,7 +143,7 @@ def _link(
 ) -> None:
     """Link node v to the nodes whose values it reads, as (neighbour, tag): v gets `<i,j`
     where the neighbour's output slot i feeds its input slot j, the neighbour `>i,j` (an
-    outer-scope read: slot -1). `tags` holds each pair's tags, made once."""
+    outer-scope read: slot -1, -2, … by first use). `tags` holds each pair's tags, made once."""
     for j, t in reads:
         if t in made:
             u, i = made[t]
@@ -240,13 +255,15 @@ def _tensor_key(t: onnx.TensorProto) -> bytes:
         return b"W%d" % t.data_type
 
 
-def _attribute(a: onnx.AttributeProto) -> bytes:
-    """An attribute by value; tensors by `_tensor_key`, bodies by their structure."""
+def _attribute(a: onnx.AttributeProto, outer: _Outer | None = None) -> bytes:
+    """An attribute by value; tensors by `_tensor_key`, bodies by their structure
+    (`outer`: what the scope around says of the values they read from it)."""
     kind = onnx.AttributeProto
-    if a.type == kind.GRAPH:
-        return f"{a.name}:g".encode() + _body(a.g)
-    if a.type == kind.GRAPHS:
-        return f"{a.name}:G".encode() + b"".join(_body(g) for g in a.graphs)
+    if a.type in (kind.GRAPH, kind.GRAPHS):
+        outer = outer or _Outer(lambda t: b"?")
+        if a.type == kind.GRAPH:
+            return f"{a.name}:g".encode() + _body(a.g, outer)
+        return f"{a.name}:G".encode() + b"".join(_body(g, outer) for g in a.graphs)
     if a.type == kind.TENSOR:
         return f"{a.name}:t".encode() + _tensor_key(a.t)
     if a.type == kind.TENSORS:
@@ -261,24 +278,31 @@ def _attribute(a: onnx.AttributeProto) -> bytes:
     return plain.SerializeToString(deterministic=True)
 
 
-def _body(graph: onnx.GraphProto) -> bytes:
+def _body(graph: onnx.GraphProto, outer: _Outer) -> bytes:
     """A body's structure: its inputs' and outputs' types, its nodes' ops, attributes and
-    wiring (by position, not name), its constants by `_tensor_key`; no weights' bytes."""
-    where: dict[str, str] = {}
+    wiring (by position, not name), its constants by `_tensor_key`, the values it reads
+    from around it by first use with their type and constant key (`outer`); no weights'
+    bytes. A body inside reads this one's values by position, or its outer reads."""
+    where: dict[str, bytes] = {}
     parts = [b"B"]
     for k, v in enumerate(graph.input):
-        where[v.name] = f"i{k}"
+        where[v.name] = b"i%d" % k
         parts.append(_type_key(v.type))
     for k, t in enumerate(graph.initializer):
-        where[t.name] = f"w{k}"
+        where[t.name] = b"w%d" % k
         parts.append(_tensor_key(t))
+
+    def ref(t: str) -> bytes:
+        return where[t] if t in where else outer(t)
+
     for v, node in enumerate(graph.node):
-        wiring = ",".join(where.get(t, "o") if t else "-" for t in node.input)
-        parts.append(f"|{node.domain}:{node.op_type}({wiring})".encode())
-        parts.extend(_attribute(a) for a in sorted(node.attribute, key=lambda a: a.name))
+        wiring = b",".join(ref(t) if t else b"-" for t in node.input)
+        parts.append(b"|%s:%s(%s)" % (node.domain.encode(), node.op_type.encode(), wiring))
+        inner = _Outer(ref)
+        parts.extend(_attribute(a, inner) for a in sorted(node.attribute, key=lambda a: a.name))
         for i, o in enumerate(node.output):
-            where[o] = f"n{v}.{i}"
-    parts.extend(where.get(o.name, "o").encode() + _type_key(o.type) for o in graph.output)
+            where[o] = b"n%d.%d" % (v, i)
+    parts.extend(ref(o.name) + _type_key(o.type) for o in graph.output)
     return _hash(*parts)
 
 
