@@ -519,3 +519,19 @@ def test_a_body_reading_other_outer_values_is_another_neighbourhood(tmp_path):
         pytest.skip(f"ONNX Runtime {ort.__version__} on this CPU does not crash on it")
     (said,) = warnings
     assert "crashes (SIGSEGV)" in said and "'if' (If)" in said
+
+
+def test_a_refusal_is_remembered_for_the_named_node_not_for_models_sharing_its_surroundings(
+    tmp_path,
+):
+    """LayerNormFusion refuses the LayerNorm pinned behind an FP16 Relu (named in its
+    message); the same LayerNorm behind an FP32 Relu loads, whole. Keys near the named
+    node that the second model shares must not carry the first one's refusal into it."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    (said,) = validate_mixed(_layernorm(17), cache)
+    assert "LayerNorm" in said
+    fixed = _layernorm(17, upstream_fp16=False)
+    assert validate_mixed(fixed, None, scope="whole") == []
+    assert validate_mixed(fixed, cache) == []  # no warning naming the other model's node
+    check = start_mixed_check(_layernorm(17), cache)  # the first again, another edit
+    assert check.proc is None and check.result() == [said]  # still known, still said

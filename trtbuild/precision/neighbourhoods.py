@@ -15,13 +15,16 @@ runs on the whole model; the neighbourhoods are ONNX Runtime's part only.
 
 Attribution, where the default load fails and the load with optimisations off passes:
 ONNX Runtime stops at the first failure, so the load says nothing of the other
-neighbourhoods. The warning goes to the keys of the nodes its message names and of
-their neighbourhoods (a refusal names its node, a crash's warning the node its
-bisection found), and to the keys whose neighbourhood holds a node alike to a named one
-(the same key: it would fail there too), or to every key checked where it names none;
-the other keys are loaded again without those (`ROUNDS` loads at most; what is left
-stays unknown, for the next check), so a key is remembered clean only where a default
-load of its neighbourhood loaded.
+neighbourhoods. The warning is remembered for the keys of the nodes its message names
+only (a refusal names its node, a crash's warning the node its bisection found). A key
+whose neighbourhood holds a node alike to a named one (the same key) is remembered as
+stopped by those keys (`_NEAR`): it stands only in a model that holds one of them (the
+load of its neighbourhood stops there too, and that warning is said), and is loaded
+again in any other. The other keys are loaded again without those (`ROUNDS` loads at
+most; what is left stays unknown, for the next check), so a key is remembered clean
+only where a default load of its neighbourhood loaded. Where the message names no node
+(or a node remembered clean), nothing is learned: the whole model is loaded and its
+load is the verdict.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ ROUNDS = 3  # default loads per check, each without the keys a failure was given
 # the crash warning's `node 'NAME'` (a name inside another, `a/Mul` in `a/Mul_1`, is not it)
 _QUOTED = r"""[(\s'":]{}[)\s'"/:,.]"""
 _NODE = re.compile(r"(?i)(\bnode\s*[(':]\s*)[^)'\s]*")  # the node a warning names
+_NEAR = "\0near "  # a memory's value: the load stopped at a node of these keys (no warning)
 
 
 @dataclass
@@ -66,23 +70,33 @@ class Plan:
         nodes = self.shape.ball(self.pending.values())
         return structure.neighbourhood_model(self.model, self.types, nodes).SerializeToString()
 
-    def learn(self, warning: str, said: str) -> None:
+    def learn(self, warning: str, said: str) -> bool:
         """A default load of `neighbourhood()` said `said` (its message, "" where it
-        loaded); `warning` is what it means for the user ("" where it loaded)."""
+        loaded); `warning` is what it means for the user ("" where it loaded). False
+        where the failure cannot be given to keys (no node named, or one remembered
+        clean): nothing is learned, the whole model's load must decide."""
         if not warning:
             self.learned.update(dict.fromkeys(self.pending, ""))
             self.pending = {}
-            return
+            return True
         named = _named(self.model, self.shape, self.pending.values(), said + "\n" + warning)
         keys = self.shape.keys
-        near = {keys[v] for v in self.shape.ball(named)}  # neighbourhoods holding a named node
-        alike = {keys[v] for v in named}  # and those holding a node alike to one
-        for key, v in self.pending.items():
-            if any(keys[u] in alike for u in self.shape.ball([v])):
-                near.add(key)
-        for key in (near & set(self.pending)) or list(self.pending):  # none named: all
+        alike = {keys[v] for v in named}
+        said_before = {**self.known, **self.learned}
+        if not alike or any(
+            k not in self.pending and not _warns(said_before.get(k)) for k in alike
+        ):
+            return False
+        for key in alike & self.pending.keys():
             self.learned[key] = warning
             del self.pending[key]
+        # the neighbourhoods holding a node alike to a named one: one search from all of them
+        stopped = self.shape.ball(v for v, k in enumerate(keys) if k in alike)
+        near = _NEAR + " ".join(sorted(alike))
+        for key in [k for k, v in self.pending.items() if v in stopped]:
+            self.learned[key] = near
+            del self.pending[key]
+        return True
 
     def warnings(self) -> list[str]:
         """The warnings of the model's keys in the order of the graph, one per kind: a
@@ -91,9 +105,20 @@ class Plan:
         said = {**self.known, **self.learned}
         first: dict[str, str] = {}
         for key in self.shape.keys:
-            if said.get(key):
+            if _warns(said.get(key)):
                 first.setdefault(_kind(said[key]), said[key])
         return list(first.values())
+
+
+def _warns(said: str | None) -> bool:
+    """Whether a memory's value is a warning (not clean, not `_NEAR`, not unknown)."""
+    return bool(said) and not said.startswith(_NEAR)  # type: ignore[union-attr]
+
+
+def _stands(said: str, keys: set[str]) -> bool:
+    """Whether a memory's value holds for a model of `keys`: a `_NEAR` value only where
+    the model holds a key it was stopped by (its load stops there too)."""
+    return not said.startswith(_NEAR) or any(k in keys for k in said[len(_NEAR) :].split())
 
 
 def _kind(warning: str) -> str:
@@ -106,7 +131,8 @@ def plan(model: onnx.ModelProto, memory: dict[str, str]) -> Plan:
     """The keys of `model` and, of those `memory` does not hold, one node each."""
     types = structure.value_types(model)
     shape = structure.structure(model, types)
-    known = {k: memory[k] for k in shape.keys if k in memory}
+    present = set(shape.keys)
+    known = {k: memory[k] for k in present if k in memory and _stands(memory[k], present)}
     pending: dict[str, int] = {}
     for v, key in enumerate(shape.keys):
         if key not in known:

@@ -38,7 +38,8 @@ How, and why so:
   remembered for the model's keys is said again. The memory is per set of opsets and
   IR version (ONNX Runtime's kernels and fusions are registered per opset). The default load fails → the
   neighbourhoods with optimisations off, as above, for the verdict; where they fail
-  there too (an artefact of the cut is possible) or cannot be cut, the whole model
+  there too (an artefact of the cut is possible), or fail naming no node a key can be
+  charged with (`neighbourhoods.Plan.learn`), or cannot be cut, the whole model
   is loaded as before and its load decides: a cut never makes an exit 70. A model
   with local functions is loaded whole: the keys do not see inside them.
   `whole` loads the whole model every time. `onnx.checker`'s full check always runs
@@ -274,12 +275,14 @@ class MixedCheck:
                     break
                 if source is self.source:
                     plain = _spawn(source, "off")
-                plan.learn(ort_child.warning(first, source, self.timeout), first.message)
-                if plan.pending and left:
+                given = plan.learn(ort_child.warning(first, source, self.timeout), first.message)
+                if given and plan.pending and left:
                     source = _rest(plan)
                     self.proc = _spawn(source, "default") if source else None
-                if plain is not None and not _loads(_ended(plain, self.timeout, len(self.source))):
-                    self.cancel_child()  # the cut may be at fault: the whole model decides
+                if not given or (
+                    plain is not None and not _loads(_ended(plain, self.timeout, len(self.source)))
+                ):  # a failure no key can be charged with, or the cut at fault: the whole decides
+                    self.cancel_child()
                     self.proc = _spawn(self.model.SerializeToString(), "default")  # type: ignore[union-attr]
                     return self._whole(self.proc)
                 plain = None
