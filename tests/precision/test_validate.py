@@ -535,3 +535,18 @@ def test_a_refusal_is_remembered_for_the_named_node_not_for_models_sharing_its_s
     assert validate_mixed(fixed, cache) == []  # no warning naming the other model's node
     check = start_mixed_check(_layernorm(17), cache)  # the first again, another edit
     assert check.proc is None and check.result() == [said]  # still known, still said
+
+
+def test_an_initializer_fed_as_an_input_too_is_no_constant(tmp_path):
+    """The LayerNorm's epsilon a graph input too (overridable): ONNX Runtime does not fuse
+    on it and loads the whole model; its neighbourhoods must keep it an input, and its
+    keys tell it from the constant epsilon LayerNormFusion refuses."""
+    overridable = _layernorm(17, eps_input=True)
+    assert validate_mixed(overridable, None, scope="whole") == []
+    assert validate_mixed(overridable, None) == []
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert len(validate_mixed(_layernorm(17), cache)) == 1  # the constant one: refused
+    check = start_mixed_check(overridable, cache)
+    assert check.proc is not None  # not alike
+    assert check.result() == []
+    assert "eps" in [i.name for i in onnx.load_model_from_string(check.source).graph.input]

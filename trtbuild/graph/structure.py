@@ -232,8 +232,11 @@ def _hash(*parts: bytes) -> bytes:
 def _constants(graph: onnx.GraphProto) -> dict[str, bytes]:
     """Values that are constants (initializers, `Constant` outputs) -> what keys them:
     the values of small integer ones (shapes and axes drive ONNX Runtime's rewrites)
-    and of float scalars (a fusion matches GELU's 0.5 or LayerNorm's exponent 2)."""
-    found = {t.name: _tensor_key(t) for t in graph.initializer}
+    and of float scalars (a fusion matches GELU's 0.5 or LayerNorm's exponent 2). An
+    initializer that is a graph input too is no constant: a user may feed another value,
+    so ONNX Runtime neither folds it nor fuses on it."""
+    inputs = {i.name for i in graph.input}
+    found = {t.name: _tensor_key(t) for t in graph.initializer if t.name not in inputs}
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
             found[node.output[0]] = b"C" + b"".join(_attribute(a) for a in node.attribute)
@@ -339,7 +342,8 @@ def neighbourhood_model(
 
     Values they read but do not make are graph inputs of their inferred type and shape,
     except constants: initializers are copied and `Constant` producers taken in, so
-    what ONNX Runtime folds or matches on a constant stays a constant. The outputs are
+    what ONNX Runtime folds or matches on a constant stays a constant; an initializer
+    the graph has as an input too stays an input as well (not folded, as in the model). The outputs are
     the values made inside that nothing inside reads, and the graph's own outputs, so no
     fusion inside is blocked that the graph allows. Control flow comes whole, with the
     outer values its bodies read.
@@ -358,7 +362,8 @@ def neighbourhood_model(
     made.update(taken)
     reads = [t for n in nodes for t in subgraphs.node_reads(n)]
     weights = {t.name: t for t in graph.initializer}
-    outer = list(dict.fromkeys(t for t in reads if t not in made and t not in weights))
+    fed = {i.name for i in graph.input} & weights.keys()  # overridable: no constants
+    outer = [t for t in dict.fromkeys(reads) if t not in made and (t not in weights or t in fed)]
     read, shown = set(reads), {o.name for o in graph.output}
     ends = [o for n in nodes for o in n.output if o and (o not in read or o in shown)]
     sub = helper.make_graph(
