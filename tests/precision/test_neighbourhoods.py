@@ -74,3 +74,18 @@ def test_the_same_failure_at_alike_nodes_is_said_once():
     memory[keys[2]] = "ONNX Runtime 1.32.0 crashes (SIGSEGV) at node 'x' (MatMul)"
     again: Plan = plan(mixed, memory)
     assert again.warnings() == [memory[keys[0]], memory[keys[2]]]
+
+
+def test_a_message_names_a_node_as_onnx_runtime_quotes_it():
+    """One pass over the message finds the names it quotes (not one search per node): a
+    fused `(NAME/LayerNormFusion/)`, a crash's `'NAME'`, never a name inside another."""
+    mixed = _pinned(4)
+    p = plan(mixed, {})
+    names = [n.name for n in mixed.graph.node]
+
+    def named(said: str) -> list[str]:
+        return [names[v] for v in neighbourhoods._named(mixed, p.shape, range(len(names)), said)]
+
+    assert named(REFUSED.format("x/cast")) == ["x/cast"]
+    assert named("crashes (SIGSEGV), at node 'relu_3' (Relu); the model") == ["relu_3"]
+    assert named("in node (relu_3x).") == [] and named("in node (x/cas).") == []

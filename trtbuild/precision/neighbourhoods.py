@@ -45,7 +45,8 @@ MEMORY_KEYS = 50_000  # keys kept (about 2 MB); the least recently learned leave
 ROUNDS = 3  # default loads per check, each without the keys a failure was given to
 # How ONNX Runtime's messages quote a node: `node (NAME)`, a fused `(NAME/LayerNormFusion/)`,
 # the crash warning's `node 'NAME'` (a name inside another, `a/Mul` in `a/Mul_1`, is not it)
-_QUOTED = r"""[(\s'":]{}[)\s'"/:,.]"""
+_QUOTED = re.compile(r"""(?=[(\s'":]([^)\s'"]+))""")  # from each opening: a quoted name
+_NAME_ENDS = "/:,."  # where a quoted name may end inside a longer word
 _NODE = re.compile(r"(?i)(\bnode\s*[(':]\s*)[^)'\s]*")  # the node a warning names
 _NEAR = "\0near "  # a memory's value: the load stopped at a node of these keys (no warning)
 
@@ -147,11 +148,20 @@ def _named(
     quotes them, `node (NAME)` or a fused `(NAME/LayerNormFusion/)`, or the crash
     warning's `'NAME'`, so `a/Mul` is not found in `a/Mul_1`."""
     nodes = model.graph.node
-    return [
-        v
-        for v in sorted(shape.ball(checked))
-        if nodes[v].name and re.search(_QUOTED.format(re.escape(nodes[v].name)), said)
-    ]
+    quoted = _quoted(said)
+    return [v for v in sorted(shape.ball(checked)) if nodes[v].name in quoted]
+
+
+def _quoted(said: str) -> set[str]:
+    """Every name the message may quote: after one of `(`, a space, a quote or `:`, up to
+    a `)`, a space or a quote, or to a `/`, `:`, `,` or `.` inside (a fused node's
+    `NAME/LayerNormFusion/`). One pass over the message, not one search per node."""
+    found = set()
+    for token in _QUOTED.findall(said):
+        found.add(token)
+        found.update(token[:k] for k, ch in enumerate(token) if ch in _NAME_ENDS)
+    found.discard("")
+    return found
 
 
 def memory_digest(model: onnx.ModelProto) -> str:
