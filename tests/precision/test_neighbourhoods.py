@@ -89,3 +89,13 @@ def test_a_message_names_a_node_as_onnx_runtime_quotes_it():
     assert named(REFUSED.format("x/cast")) == ["x/cast"]
     assert named("crashes (SIGSEGV), at node 'relu_3' (Relu); the model") == ["relu_3"]
     assert named("in node (relu_3x).") == [] and named("in node (x/cas).") == []
+
+
+def test_a_key_stopped_in_two_models_stands_beside_either_stopper(tmp_path):
+    """A key near a refused node of one model and near another refused node in a second:
+    the memory keeps both, so neither model loads it again."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    m = _pinned(4)
+    neighbourhoods.remember(cache, {"k": "\0near n1", "n1": "w"}, m)
+    neighbourhoods.remember(cache, {"k": "\0near n2", "n2": "w"}, m)
+    assert neighbourhoods.read_memory(cache, m)["k"] == "\0near n1 n2"

@@ -191,13 +191,16 @@ def read_memory(cache: object, model: onnx.ModelProto) -> dict[str, str]:
 def remember(cache: object, learned: dict[str, str], model: onnx.ModelProto) -> None:
     """Add `learned` (of `model`'s keys) to the memory (read again just before: another
     process may have written meanwhile; the last write wins, the cache's write is atomic).
-    The least recently learned keys leave beyond `MEMORY_KEYS`."""
+    The least recently learned keys leave beyond `MEMORY_KEYS`. A key stopped by some
+    keys in one model and by others in another (`_NEAR`) stands beside any of them."""
     if not learned or cache is None or not getattr(cache, "enabled", False):
         return
     memory = read_memory(cache, model)
-    for key in learned:
-        memory.pop(key, None)  # learned again: the most recent
-    memory.update(learned)
+    for key, said in learned.items():
+        before = memory.pop(key, None)  # learned again: the most recent
+        if before and before.startswith(_NEAR) and said.startswith(_NEAR):
+            said = _NEAR + " ".join(sorted({*before.split()[1:], *said.split()[1:]}))
+        memory[key] = said
     for key in list(memory)[: max(0, len(memory) - MEMORY_KEYS)]:
         del memory[key]
     cache.put(KIND, memory_digest(model), memory)  # type: ignore[attr-defined]
