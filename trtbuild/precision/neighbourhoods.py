@@ -89,10 +89,11 @@ class Plan:
         failure that differs only in the node it names (the same LayerNormFusion refusal
         at each pinned LayerNorm) is said once, as the whole model's load says it once."""
         said = {**self.known, **self.learned}
+        kinds = {w: _kind(w) for w in set(said.values()) if w}  # a few distinct warnings
         first: dict[str, str] = {}
         for key in self.shape.keys:
             if said.get(key):
-                first.setdefault(_kind(said[key]), said[key])
+                first.setdefault(kinds[said[key]], said[key])
         return list(first.values())
 
 
