@@ -19,7 +19,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbuild.graph.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE, as_float_type
+from trtbuild.graph.optypes import (
+    DTYPE_NAME,
+    FLOAT_TYPES,
+    PRECISION_DTYPE,
+    OpTypes,
+    as_float_type,
+)
 from trtbuild.graph.subgraphs import node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
@@ -30,6 +36,7 @@ _FIXED = {
     "tensor(float16)": TensorProto.FLOAT16,
     "tensor(bfloat16)": TensorProto.BFLOAT16,
 }
+_BODY_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 @dataclass
@@ -111,17 +118,19 @@ class _Rewriter:
         return self.cast_cache[key]
 
     def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
+        quantized = self.root.scales is not None
         for i in self.members:
             node = self.view.nodes[i]
-            if _emit_qdq(self, i):  # a Q/DQ: written by the rules of `precision.quantized`
+            if quantized and _emit_qdq(self, i):  # a Q/DQ: the rules of `precision.quantized`
                 continue
             new = onnx.NodeProto()
             new.CopyFrom(node)
             want_in, out = _plan(self, i)
             self._inputs(_bypass(self, i, node, want_in), new, want_in)  # dequantize: true
-            for attr in new.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    attr.g.CopyFrom(_rewrite_body(self, i, attr.name))
+            if i in self.view.body_of:  # every node with a GRAPH attribute, and only those
+                for attr in new.attribute:
+                    if attr.type == onnx.AttributeProto.GRAPH:
+                        attr.g.CopyFrom(_rewrite_body(self, i, attr.name))
             _fix_attributes(new, out)
             post = self._outputs(node, new, out)
             self.nodes.append(new)
@@ -129,16 +138,17 @@ class _Rewriter:
         return self.nodes, self.casts
 
     def _inputs(self, node: onnx.NodeProto, new: onnx.NodeProto, want_in: list) -> None:
+        initializers, exported = self.view.initializers, self.view.dtype
         for k, t in enumerate(node.input):
             if not t:
                 continue
-            if t in self.view.initializers:
+            if t in initializers:
                 if want_in[k] is not None:
                     self.root.init_uses[t].append((new, k, want_in[k]))
                 continue
-            owner = self.owner(t)
+            owner = self if t in self.actual else self.owner(t)
             src = owner.actual.get(t, t)
-            cur = owner.dtype.get(src, self.view.dtype.get(t))
+            cur = owner.dtype.get(src, exported.get(t))
             if want_in[k] is not None and cur is not None and cur != want_in[k]:
                 new.input[k] = owner.cast(src, want_in[k], t)
             else:
@@ -325,12 +335,17 @@ def _fresh(rw: _Rewriter, name: str) -> str:
     return name
 
 
-def _main_var(rw: _Rewriter, i: int) -> str | None:
-    node, types = rw.view.nodes[i], rw.view.types(i)
-    for k, t in enumerate(node.output):
-        if t and rw.view.is_float(t) and types.is_var(types.output_var(k)):
+def _main_var(types: OpTypes, exported_out: list[int | None]) -> str | None:
+    """The type variable of the node's first float output, where it is one (`T`)."""
+    for k, d in enumerate(exported_out):
+        if d is not None and types.is_var(types.output_var(k)):
             return types.output_var(k)
     return None
+
+
+def _exported(dtype: dict[str, int], names) -> list[int | None]:
+    """Each value's exported type where it is a float (None: an integer, or no value)."""
+    return [d if t and (d := dtype.get(t)) in FLOAT_TYPES else None for t in names]
 
 
 def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
@@ -338,18 +353,16 @@ def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
     view, node = rw.view, rw.view.nodes[i]
     types = view.types(i)
     prec = rw.a.precision_of(i)
-    as_exported_in = [view.dtype.get(t) if t and view.is_float(t) else None for t in node.input]
-    as_exported_out = [view.dtype.get(t) if t and view.is_float(t) else None for t in node.output]
-    if not types.known or any(
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
-    ):
+    as_exported_in = _exported(view.dtype, node.input)
+    as_exported_out = _exported(view.dtype, node.output)
+    if not types.known or any(a.type in _BODY_TYPES for a in node.attribute):
         return as_exported_in, as_exported_out
     target = PRECISION_DTYPE[prec] if prec is not None else None
-    main = _main_var(rw, i) if target is not None else None
+    main = _main_var(types, as_exported_out) if target is not None else None
 
     groups: dict[str, list[int]] = defaultdict(list)
-    for k, t in enumerate(node.input):
-        if t and view.is_float(t):
+    for k, d in enumerate(as_exported_in):
+        if d is not None:
             groups[types.input_var(k) or ""].append(k)
     want_in: list[int | None] = [None] * len(node.input)
     resolved: dict[str, int] = {}
@@ -369,16 +382,16 @@ def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
         for k in idxs:
             want_in[k] = d if d is not None else rw.current(node.input[k])
     out: list[int | None] = [None] * len(node.output)
-    for k, t in enumerate(node.output):
-        if not t or not view.is_float(t):
+    for k, exported in enumerate(as_exported_out):
+        if exported is None:
             continue
         var = types.output_var(k)
         if node.op_type == "Cast" or var == main:
-            out[k] = target if target is not None else as_exported_out[k]
+            out[k] = target if target is not None else exported
         elif var in _FIXED:
             out[k] = _FIXED[var]
         else:
-            out[k] = resolved.get(var, as_exported_out[k])
+            out[k] = resolved.get(var, exported)
     return want_in, out
 
 
@@ -432,6 +445,9 @@ def _seal(rw: _Rewriter, vi: onnx.ValueInfoProto, control: onnx.NodeProto, k: in
 
 
 def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
+    """A Cast's `to` and a ConstantOfShape's value in the type the node now computes in."""
+    if new.op_type not in ("Cast", "ConstantOfShape") or not out or not out[0]:
+        return  # nothing else carries a float type in an attribute
     for attr in new.attribute:
         if new.op_type == "Cast" and attr.name == "to" and attr.i in FLOAT_TYPES and out and out[0]:
             attr.i = out[0]
@@ -450,7 +466,10 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
     warnings: list[str] = []
     initializers: list[onnx.TensorProto] = []
     for t in view.graph.initializer:
-        uses = rw.init_uses.get(t.name, [])
+        uses = rw.init_uses.get(t.name)
+        if not uses:  # read by no converted input: kept as it is
+            initializers.append(t)
+            continue
         wanted = {d for _, _, d in uses}
         exported = t.data_type
         other_uses = len(view.consumers.get(t.name, [])) > len(uses) or t.name in rw.graph_outputs
@@ -459,12 +478,12 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
             initializers.append(t)
         array = None
         for d in sorted(wanted - {exported}):
-            if array is None:
-                array = numpy_helper.to_array(t).astype(np.float32)
+            if array is None:  # read only: no copy where it is FP32 already
+                array = numpy_helper.to_array(t).astype(np.float32, copy=False)
             name = t.name if in_place else f"{t.name}__{DTYPE_NAME[d]}"
             initializers.append(_tensor(array, d, name))
-            peak = float(np.max(np.abs(array))) if array.size else 0.0
-            if d == TensorProto.FLOAT16 and peak > FP16_MAX:
+            peak = float(np.abs(array).max()) if d == TensorProto.FLOAT16 and array.size else 0.0
+            if peak > FP16_MAX:
                 warnings.append(
                     f"weight {t.name} reaches {peak:.4g}, beyond FP16's {FP16_MAX:g}: it becomes "
                     "inf in FP16 (precision.guards: true pins its consumers; or match: "
