@@ -93,13 +93,14 @@ def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Struc
         ins, outs, attrs = list(node.input), made_by[v], list(node.attribute)
         reads = _reads(node, ins) if attrs else list(enumerate(ins))
         _link(v, reads, made, links, tags)
+        # lists made into tuples, not generators: a tenth of the time on ~10k nodes
         sign = (
             node.domain,
             node.op_type,
-            tuple(_attribute(a) for a in sorted(attrs, key=lambda a: a.name)) if attrs else (),
-            tuple((types[t], consts.get(t)) if t else None for t in ins),
-            tuple((types[t], consts.get(t)) for j, t in reads if j < 0),
-            tuple((types[t], t in outputs) if t else None for t in outs),
+            tuple([_attribute(a) for a in sorted(attrs, key=_name)]) if attrs else (),
+            tuple([(types[t], consts.get(t)) if t else None for t in ins]),
+            tuple([(types[t], consts.get(t)) for j, t in reads if j < 0]) if attrs else (),
+            tuple([(types[t], t in outputs) if t else None for t in outs]),
         )
         label = signatures.get(sign)
         if label is None:
@@ -109,6 +110,10 @@ def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Struc
         labels = _refined(labels, links)
     adjacent = tuple(tuple(sorted({u for u, _ in near})) for near in links)
     return Structure(tuple(label.hex() for label in labels), adjacent)
+
+
+def _name(a: onnx.AttributeProto) -> str:
+    return a.name
 
 
 def _reads(node: onnx.NodeProto, ins: list[str]) -> list[tuple[int, str]]:
@@ -145,7 +150,7 @@ def _refined(labels: list[bytes], links: list[list[tuple[int, bytes]]]) -> list[
     seen: dict[tuple[bytes, ...], bytes] = {}
     out = []
     for v, label in enumerate(labels):
-        near = (label, *sorted(tag + labels[u] for u, tag in links[v]))
+        near = (label, *sorted([tag + labels[u] for u, tag in links[v]]))
         digest = seen.get(near)
         if digest is None:
             digest = seen[near] = _hash(*near)
