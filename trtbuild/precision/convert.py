@@ -86,6 +86,7 @@ class _Rewriter:
         self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
         self.graph_outputs = set(self.view.outputs) if parent is None else set()
         self.scales: _Scales | None = None  # the root's, where the model is quantized
+        self.plans: dict[tuple, _Planned] = {}  # the root's: `_plan`'s, by what a plan reads
 
     def owner(self, tensor: str) -> _Rewriter:
         """The rewriter of the graph that defines `tensor` (this one, or one around it)."""
@@ -348,15 +349,42 @@ def _exported(dtype: dict[str, int], names) -> list[int | None]:
     return [d if t and (d := dtype.get(t)) in FLOAT_TYPES else None for t in names]
 
 
-def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
-    """Desired dtype of each input and resulting dtype of each output (None: untouched)."""
+_Planned = tuple[list[int | None], list[int | None]]  # read only: nodes alike share one
+
+
+def _plan(rw: _Rewriter, i: int) -> _Planned:
+    """Desired dtype of each input and resulting dtype of each output (None: untouched).
+
+    Why remembered (for this conversion only): a plan is a function of the op, its
+    precision and the exported types of its inputs and outputs, except where it reads
+    a value's current type (`_planned`'s `alike` False); a transformer's layers repeat
+    a few dozen such plans over ~10k nodes.
+    """
+    node = rw.view.nodes[i]
+    as_exported_in = _exported(rw.view.dtype, node.input)
+    as_exported_out = _exported(rw.view.dtype, node.output)
+    prec = rw.a.precision_of(i)
+    key = (node.op_type, node.domain, prec, tuple(as_exported_in), tuple(as_exported_out))
+    found = rw.root.plans.get(key)
+    if found is None:
+        found, alike = _planned(rw, i, prec, as_exported_in, as_exported_out)
+        if alike:
+            rw.root.plans[key] = found
+    return found
+
+
+def _planned(
+    rw: _Rewriter,
+    i: int,
+    prec: str | None,
+    as_exported_in: list[int | None],
+    as_exported_out: list[int | None],
+) -> tuple[_Planned, bool]:
+    """`_plan`'s plan, and whether every node alike (`_plan`'s key) has the same one."""
     view, node = rw.view, rw.view.nodes[i]
     types = view.types(i)
-    prec = rw.a.precision_of(i)
-    as_exported_in = _exported(view.dtype, node.input)
-    as_exported_out = _exported(view.dtype, node.output)
     if not types.known or any(a.type in _BODY_TYPES for a in node.attribute):
-        return as_exported_in, as_exported_out
+        return (as_exported_in, as_exported_out), False
     target = PRECISION_DTYPE[prec] if prec is not None else None
     main = _main_var(types, as_exported_out) if target is not None else None
 
@@ -366,6 +394,7 @@ def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
             groups[types.input_var(k) or ""].append(k)
     want_in: list[int | None] = [None] * len(node.input)
     resolved: dict[str, int] = {}
+    alike = True  # nothing read but the key's
     for var, idxs in groups.items():
         if var in _FIXED:
             d = _FIXED[var]
@@ -377,10 +406,12 @@ def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
             current = {rw.current(node.input[k]) for k in idxs}
             only = next(iter(current)) if len(current) == 1 else None
             d = only if only is not None and types.allows(var, only) else TensorProto.FLOAT
+            alike = False
         if d is not None:
             resolved[var] = d
         for k in idxs:
             want_in[k] = d if d is not None else rw.current(node.input[k])
+        alike = alike and d is not None
     out: list[int | None] = [None] * len(node.output)
     for k, exported in enumerate(as_exported_out):
         if exported is None:
@@ -392,7 +423,7 @@ def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
             out[k] = _FIXED[var]
         else:
             out[k] = resolved.get(var, exported)
-    return want_in, out
+    return (want_in, out), alike
 
 
 # -- emission --------------------------------------------------------------
