@@ -160,6 +160,16 @@ def assign(
             )
 
     _into_bodies(view, picks, hits)
+    decisions = _decisions(view, picks, precision)
+    assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory(), qdq=qdq)
+    return _with_qdq(assignment, qdq, precision) if qdq else assignment
+
+
+def _decisions(
+    view: GraphView, picks: list[tuple[str, str, str] | None], precision: Precision
+) -> list[Decision]:
+    """Every node's decision: a rule's pick, else following its input (data movement), else
+    the default; then within what its op's schema allows."""
     decisions: list[Decision] = []
     default = Decision(precision.default, "default", f"policy default {precision.default}")
     for i, node in enumerate(view.nodes):
@@ -177,8 +187,7 @@ def assign(
         else:
             decision = default  # a frozen Decision: every node of the default shares one
         decisions.append(_respect_schema(view, i, decision))
-    assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory(), qdq=qdq)
-    return _with_qdq(assignment, qdq, precision) if qdq else assignment
+    return decisions
 
 
 def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:

@@ -97,7 +97,6 @@ class _Rewriter:
             rw = rw.parent
         return self
 
-    # -- types -----------------------------------------------------------------
     def current(self, tensor: str) -> int | None:
         if tensor in self.view.initializers:
             return self.view.dtype.get(tensor)
@@ -119,19 +118,17 @@ class _Rewriter:
         return self.cast_cache[key]
 
     def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
-        quantized = self.root.scales is not None
         for i in self.members:
             node = self.view.nodes[i]
-            if quantized and _emit_qdq(self, i):  # a Q/DQ: the rules of `precision.quantized`
+            if self.root.scales is not None and _emit_qdq(self, i):  # a Q/DQ: `quantized`'s
                 continue
             new = onnx.NodeProto()
             new.CopyFrom(node)
             want_in, out = _plan(self, i)
             self._inputs(_bypass(self, i, node, want_in), new, want_in)  # dequantize: true
-            if i in self.view.body_of:  # every node with a GRAPH attribute, and only those
-                for attr in new.attribute:
-                    if attr.type == onnx.AttributeProto.GRAPH:
-                        attr.g.CopyFrom(_rewrite_body(self, i, attr.name))
+            for attr in new.attribute if i in self.view.body_of else ():  # those with a body
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    attr.g.CopyFrom(_rewrite_body(self, i, attr.name))
             _fix_attributes(new, out)
             post = self._outputs(node, new, out)
             self.nodes.append(new)
@@ -139,17 +136,16 @@ class _Rewriter:
         return self.nodes, self.casts
 
     def _inputs(self, node: onnx.NodeProto, new: onnx.NodeProto, want_in: list) -> None:
-        initializers, exported = self.view.initializers, self.view.dtype
         for k, t in enumerate(node.input):
             if not t:
                 continue
-            if t in initializers:
+            if t in self.view.initializers:
                 if want_in[k] is not None:
                     self.root.init_uses[t].append((new, k, want_in[k]))
                 continue
             owner = self if t in self.actual else self.owner(t)
             src = owner.actual.get(t, t)
-            cur = owner.dtype.get(src, exported.get(t))
+            cur = owner.dtype.get(src, self.view.dtype.get(t))
             if want_in[k] is not None and cur is not None and cur != want_in[k]:
                 new.input[k] = owner.cast(src, want_in[k], t)
             else:
