@@ -95,7 +95,7 @@ def _weight_peaks(view: GraphView) -> dict[str, float]:
     for name in view.initializers:
         if view.is_float(name):
             arr = view.initializer_array(name)
-            peak = float(np.max(np.abs(arr))) if arr.size else 0.0
+            peak = float(np.abs(arr).max()) if arr.size else 0.0
             if not np.isfinite(peak):
                 finite = arr[np.isfinite(arr)]
                 peak = float(np.max(np.abs(finite))) if finite.size else 0.0

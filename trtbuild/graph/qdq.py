@@ -178,6 +178,8 @@ class QdqGraph:
     def dq_fed(self) -> tuple[int, ...]:
         """Every node that is not itself a Q/DQ and reads a DQ's output directly, or through
         a layout chain (`layout`; the chain's own ops are not counted)."""
+        if not self.nodes:  # no DQ: nothing is fed by one (most models; no walk of every node)
+            return ()
         behind = set(self.layout.values())
         return tuple(
             i

@@ -55,7 +55,8 @@ class GraphView:
             self.dtype[t.name] = t.data_type
         mine = []
         for node in graph.node:
-            held = subgraphs.bodies(node)  # indexed first: their nodes come before this one
+            # indexed first: their nodes come before this one (no attribute: no body)
+            held = subgraphs.bodies(node) if node.attribute else ()
             inner = [(a, b, self._index(b, f"{node.name}/{a}", None)) for a, b in held]
             i = self._add(node, scope, parent)
             for _, body, members in inner:
@@ -73,12 +74,13 @@ class GraphView:
         self.nodes.append(node)
         self.scope.append(scope)
         self.parent.append(parent)
+        producer, consumers = self.producer, self.consumers  # read once: ~10k nodes
         for out in node.output:
             if out:
-                self.producer[out] = i
+                producer[out] = i
         for inp in node.input:
             if inp:
-                self.consumers[inp].append(i)
+                consumers[inp].append(i)
         return i
 
     def is_float(self, tensor: str) -> bool:

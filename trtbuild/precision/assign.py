@@ -160,13 +160,24 @@ def assign(
             )
 
     _into_bodies(view, picks, hits)
+    decisions = _decisions(view, picks, precision)
+    assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory(), qdq=qdq)
+    return _with_qdq(assignment, qdq, precision) if qdq else assignment
+
+
+def _decisions(
+    view: GraphView, picks: list[tuple[str, str, str] | None], precision: Precision
+) -> list[Decision]:
+    """Every node's decision: a rule's pick, else following its input (data movement), else
+    the default; then within what its op's schema allows."""
     decisions: list[Decision] = []
+    default = Decision(precision.default, "default", f"policy default {precision.default}")
     for i, node in enumerate(view.nodes):
         if node.op_type in CONTROL_FLOW and i in view.body_of:
-            decisions.append(Decision(None, "control-flow", _CONTROL_REASON))
+            decisions.append(_CONTROL)
             continue
         if not view.float_outputs(i):
-            decisions.append(Decision(None, "no-float", "produces no floating-point tensor"))
+            decisions.append(_NO_FLOAT)
             continue
         if picks[i] is not None:
             prec, rid, reason = picks[i]
@@ -174,10 +185,9 @@ def assign(
         elif node.op_type in DATA_MOVEMENT:
             decision = _follow_input(view, decisions, i, precision.default)
         else:
-            decision = Decision(precision.default, "default", f"policy default {precision.default}")
+            decision = default  # a frozen Decision: every node of the default shares one
         decisions.append(_respect_schema(view, i, decision))
-    assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory(), qdq=qdq)
-    return _with_qdq(assignment, qdq, precision) if qdq else assignment
+    return decisions
 
 
 def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:
@@ -218,6 +228,8 @@ def _dequantized(assignment: Assignment, qdq, precision: Precision) -> frozenset
 
 
 _CONTROL_REASON = "computes in its bodies; its outputs keep their exported types"
+_CONTROL = Decision(None, "control-flow", _CONTROL_REASON)
+_NO_FLOAT = Decision(None, "no-float", "produces no floating-point tensor")
 
 
 def _into_bodies(

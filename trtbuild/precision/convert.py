@@ -19,7 +19,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbuild.graph.optypes import DTYPE_NAME, FLOAT_TYPES, PRECISION_DTYPE, as_float_type
+from trtbuild.graph.optypes import (
+    DTYPE_NAME,
+    FLOAT_TYPES,
+    PRECISION_DTYPE,
+    OpTypes,
+    as_float_type,
+)
 from trtbuild.graph.subgraphs import node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
@@ -30,6 +36,7 @@ _FIXED = {
     "tensor(float16)": TensorProto.FLOAT16,
     "tensor(bfloat16)": TensorProto.BFLOAT16,
 }
+_BODY_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 @dataclass
@@ -79,6 +86,7 @@ class _Rewriter:
         self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
         self.graph_outputs = set(self.view.outputs) if parent is None else set()
         self.scales: _Scales | None = None  # the root's, where the model is quantized
+        self.plans: dict[tuple, _Planned] = {}  # the root's: `_plan`'s, by what a plan reads
 
     def owner(self, tensor: str) -> _Rewriter:
         """The rewriter of the graph that defines `tensor` (this one, or one around it)."""
@@ -89,7 +97,6 @@ class _Rewriter:
             rw = rw.parent
         return self
 
-    # -- types -----------------------------------------------------------------
     def current(self, tensor: str) -> int | None:
         if tensor in self.view.initializers:
             return self.view.dtype.get(tensor)
@@ -113,13 +120,13 @@ class _Rewriter:
     def run(self) -> tuple[list[onnx.NodeProto], list[CastRecord]]:
         for i in self.members:
             node = self.view.nodes[i]
-            if _emit_qdq(self, i):  # a Q/DQ: written by the rules of `precision.quantized`
+            if self.root.scales is not None and _emit_qdq(self, i):  # a Q/DQ: `quantized`'s
                 continue
             new = onnx.NodeProto()
             new.CopyFrom(node)
             want_in, out = _plan(self, i)
             self._inputs(_bypass(self, i, node, want_in), new, want_in)  # dequantize: true
-            for attr in new.attribute:
+            for attr in new.attribute if i in self.view.body_of else ():  # those with a body
                 if attr.type == onnx.AttributeProto.GRAPH:
                     attr.g.CopyFrom(_rewrite_body(self, i, attr.name))
             _fix_attributes(new, out)
@@ -136,7 +143,7 @@ class _Rewriter:
                 if want_in[k] is not None:
                     self.root.init_uses[t].append((new, k, want_in[k]))
                 continue
-            owner = self.owner(t)
+            owner = self if t in self.actual else self.owner(t)
             src = owner.actual.get(t, t)
             cur = owner.dtype.get(src, self.view.dtype.get(t))
             if want_in[k] is not None and cur is not None and cur != want_in[k]:
@@ -325,34 +332,65 @@ def _fresh(rw: _Rewriter, name: str) -> str:
     return name
 
 
-def _main_var(rw: _Rewriter, i: int) -> str | None:
-    node, types = rw.view.nodes[i], rw.view.types(i)
-    for k, t in enumerate(node.output):
-        if t and rw.view.is_float(t) and types.is_var(types.output_var(k)):
+def _main_var(types: OpTypes, exported_out: list[int | None]) -> str | None:
+    """The type variable of the node's first float output, where it is one (`T`)."""
+    for k, d in enumerate(exported_out):
+        if d is not None and types.is_var(types.output_var(k)):
             return types.output_var(k)
     return None
 
 
-def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
-    """Desired dtype of each input and resulting dtype of each output (None: untouched)."""
+def _exported(dtype: dict[str, int], names) -> list[int | None]:
+    """Each value's exported type where it is a float (None: an integer, or no value)."""
+    return [d if t and (d := dtype.get(t)) in FLOAT_TYPES else None for t in names]
+
+
+_Planned = tuple[list[int | None], list[int | None]]  # read only: nodes alike share one
+
+
+def _plan(rw: _Rewriter, i: int) -> _Planned:
+    """Desired dtype of each input and resulting dtype of each output (None: untouched).
+
+    Why remembered (for this conversion only): a plan is a function of the op, its
+    precision and the exported types of its inputs and outputs, except where it reads
+    a value's current type (`_planned`'s `alike` False); a transformer's layers repeat
+    a few dozen such plans over ~10k nodes.
+    """
+    node = rw.view.nodes[i]
+    as_exported_in = _exported(rw.view.dtype, node.input)
+    as_exported_out = _exported(rw.view.dtype, node.output)
+    prec = rw.a.precision_of(i)
+    key = (node.op_type, node.domain, prec, tuple(as_exported_in), tuple(as_exported_out))
+    found = rw.root.plans.get(key)
+    if found is None:
+        found, alike = _planned(rw, i, prec, as_exported_in, as_exported_out)
+        if alike:
+            rw.root.plans[key] = found
+    return found
+
+
+def _planned(
+    rw: _Rewriter,
+    i: int,
+    prec: str | None,
+    as_exported_in: list[int | None],
+    as_exported_out: list[int | None],
+) -> tuple[_Planned, bool]:
+    """`_plan`'s plan, and whether every node alike (`_plan`'s key) has the same one."""
     view, node = rw.view, rw.view.nodes[i]
     types = view.types(i)
-    prec = rw.a.precision_of(i)
-    as_exported_in = [view.dtype.get(t) if t and view.is_float(t) else None for t in node.input]
-    as_exported_out = [view.dtype.get(t) if t and view.is_float(t) else None for t in node.output]
-    if not types.known or any(
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
-    ):
-        return as_exported_in, as_exported_out
+    if not types.known or any(a.type in _BODY_TYPES for a in node.attribute):
+        return (as_exported_in, as_exported_out), False
     target = PRECISION_DTYPE[prec] if prec is not None else None
-    main = _main_var(rw, i) if target is not None else None
+    main = _main_var(types, as_exported_out) if target is not None else None
 
     groups: dict[str, list[int]] = defaultdict(list)
-    for k, t in enumerate(node.input):
-        if t and view.is_float(t):
+    for k, d in enumerate(as_exported_in):
+        if d is not None:
             groups[types.input_var(k) or ""].append(k)
     want_in: list[int | None] = [None] * len(node.input)
     resolved: dict[str, int] = {}
+    alike = True  # nothing read but the key's
     for var, idxs in groups.items():
         if var in _FIXED:
             d = _FIXED[var]
@@ -364,22 +402,24 @@ def _plan(rw: _Rewriter, i: int) -> tuple[list[int | None], list[int | None]]:
             current = {rw.current(node.input[k]) for k in idxs}
             only = next(iter(current)) if len(current) == 1 else None
             d = only if only is not None and types.allows(var, only) else TensorProto.FLOAT
+            alike = False
         if d is not None:
             resolved[var] = d
         for k in idxs:
             want_in[k] = d if d is not None else rw.current(node.input[k])
+        alike = alike and d is not None
     out: list[int | None] = [None] * len(node.output)
-    for k, t in enumerate(node.output):
-        if not t or not view.is_float(t):
+    for k, exported in enumerate(as_exported_out):
+        if exported is None:
             continue
         var = types.output_var(k)
         if node.op_type == "Cast" or var == main:
-            out[k] = target if target is not None else as_exported_out[k]
+            out[k] = target if target is not None else exported
         elif var in _FIXED:
             out[k] = _FIXED[var]
         else:
-            out[k] = resolved.get(var, as_exported_out[k])
-    return want_in, out
+            out[k] = resolved.get(var, exported)
+    return (want_in, out), alike
 
 
 # -- emission --------------------------------------------------------------
@@ -432,6 +472,9 @@ def _seal(rw: _Rewriter, vi: onnx.ValueInfoProto, control: onnx.NodeProto, k: in
 
 
 def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
+    """A Cast's `to` and a ConstantOfShape's value in the type the node now computes in."""
+    if new.op_type not in ("Cast", "ConstantOfShape") or not out or not out[0]:
+        return  # nothing else carries a float type in an attribute
     for attr in new.attribute:
         if new.op_type == "Cast" and attr.name == "to" and attr.i in FLOAT_TYPES and out and out[0]:
             attr.i = out[0]
@@ -450,7 +493,10 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
     warnings: list[str] = []
     initializers: list[onnx.TensorProto] = []
     for t in view.graph.initializer:
-        uses = rw.init_uses.get(t.name, [])
+        uses = rw.init_uses.get(t.name)
+        if not uses:  # read by no converted input: kept as it is
+            initializers.append(t)
+            continue
         wanted = {d for _, _, d in uses}
         exported = t.data_type
         other_uses = len(view.consumers.get(t.name, [])) > len(uses) or t.name in rw.graph_outputs
@@ -459,12 +505,12 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
             initializers.append(t)
         array = None
         for d in sorted(wanted - {exported}):
-            if array is None:
-                array = numpy_helper.to_array(t).astype(np.float32)
+            if array is None:  # read only: no copy where it is FP32 already
+                array = numpy_helper.to_array(t).astype(np.float32, copy=False)
             name = t.name if in_place else f"{t.name}__{DTYPE_NAME[d]}"
             initializers.append(_tensor(array, d, name))
-            peak = float(np.max(np.abs(array))) if array.size else 0.0
-            if d == TensorProto.FLOAT16 and peak > FP16_MAX:
+            peak = float(np.abs(array).max()) if d == TensorProto.FLOAT16 and array.size else 0.0
+            if peak > FP16_MAX:
                 warnings.append(
                     f"weight {t.name} reaches {peak:.4g}, beyond FP16's {FP16_MAX:g}: it becomes "
                     "inf in FP16 (precision.guards: true pins its consumers; or match: "

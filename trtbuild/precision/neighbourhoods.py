@@ -104,10 +104,11 @@ class Plan:
         failure that differs only in the node it names (the same LayerNormFusion refusal
         at each pinned LayerNorm) is said once, as the whole model's load says it once."""
         said = {**self.known, **self.learned}
+        kinds = {w: _kind(w) for w in set(said.values()) if _warns(w)}  # a few distinct ones
         first: dict[str, str] = {}
         for key in self.shape.keys:
             if _warns(said.get(key)):
-                first.setdefault(_kind(said[key]), said[key])
+                first.setdefault(kinds[said[key]], said[key])
         return list(first.values())
 
 
