@@ -6,6 +6,8 @@ here: what is remembered, under which key, and what is said again.
 
 from __future__ import annotations
 
+import pytest
+
 from trtbuild import cache_codec
 from trtbuild.cache import Cache
 from trtbuild.precision import neighbourhoods, ort_child
@@ -20,10 +22,25 @@ REFUSED = (
 )
 
 
-def test_a_new_onnx_runtime_reads_another_memory(monkeypatch):
+VERSION = ort_child.version()
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        ("installed", lambda: ("onnxruntime", "0.0.0")),  # an upgrade
+        ("installed", lambda: ("onnxruntime-gpu", VERSION)),  # another build of it
+        ("cpu_features", lambda: "another CPU"),  # a cache shared with another machine
+    ],
+)
+def test_another_onnx_runtime_or_cpu_reads_another_memory(monkeypatch, other):
     before = neighbourhoods.memory_digest(_pinned(4))
-    monkeypatch.setattr(ort_child, "version", lambda: "0.0.0")  # an upgrade
+    monkeypatch.setattr(ort_child, *other)
     assert neighbourhoods.memory_digest(_pinned(4)) != before
+
+
+def test_the_cpu_features_are_read():
+    assert ort_child.cpu_features().strip()
 
 
 def test_the_memory_keeps_the_most_recently_learned_keys(tmp_path, monkeypatch):

@@ -203,14 +203,38 @@ def _said(out: str) -> tuple[str, str] | None:
 @cache
 def version() -> str:
     """The installed ONNX Runtime's version, read without importing it."""
+    return installed()[1]
+
+
+@cache
+def installed() -> tuple[str, str]:
+    """(distribution, version) of the installed ONNX Runtime (`onnxruntime-gpu` builds other
+    kernels than `onnxruntime` at the same version), read without importing it."""
     from importlib import metadata
 
     for name in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml"):
         try:
-            return metadata.version(name)
+            return name, metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return "(version unknown)"
+    return "onnxruntime", "(version unknown)"
+
+
+@cache
+def cpu_features() -> str:
+    """The CPU's feature flags: ONNX Runtime picks kernels and graph rewrites by them (its
+    NCHWc blocking by AVX-512: a load that passes on one CPU may crash on another).
+    Linux's /proc/cpuinfo; elsewhere the platform's machine and processor names."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as lines:
+            for line in lines:
+                if line.startswith(("flags", "Features")) and ":" in line:
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
 
 
 def warning(first: Outcome, data: bytes, timeout: float | None = None) -> str:
