@@ -64,8 +64,6 @@ from trtbuild.policy.specs import ORT_CHECKS
 from trtbuild.precision import neighbourhoods, ort_child
 
 TIMEOUT_KEY = "build.ort_check_timeout"  # the policy's key that sets `timeout` (0: skip)
-SCOPE_KEY = "build.ort_check"  # the policy's key that sets `scope`
-SCOPES = ORT_CHECKS  # what ONNX Runtime loads; the first is the default
 
 
 class InvalidMixedModel(RuntimeError):
@@ -81,7 +79,7 @@ def validate_mixed(
     model: onnx.ModelProto,
     cache: Any = None,
     timeout: float | None = None,
-    scope: str = SCOPES[0],
+    scope: str = ORT_CHECKS[0],
 ) -> list[str]:
     """Both checks, waited for: the warnings (ONNX Runtime's own failures), or an
     `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass."""
@@ -92,7 +90,7 @@ def start_mixed_check(
     model: onnx.ModelProto,
     cache: Any = None,
     timeout: float | None = None,
-    scope: str = SCOPES[0],
+    scope: str = ORT_CHECKS[0],
 ) -> MixedCheck:
     """Start ONNX Runtime's load in a child, run `onnx.checker` here meanwhile, and return
     the load to join with `result()` before anything is published.
@@ -102,8 +100,8 @@ def start_mixed_check(
     "neighbourhoods" loads one of each neighbourhood not yet known (no child where all
     are), "whole" the whole model.
     """
-    if scope not in SCOPES:
-        raise ValueError(f"scope {scope!r} is none of {SCOPES}")
+    if scope not in ORT_CHECKS:
+        raise ValueError(f"scope {scope!r} is none of {ORT_CHECKS}")
     data = model.SerializeToString()
     digest = _digest(data)
     if cache is not None and cache.enabled and timeout != 0:
