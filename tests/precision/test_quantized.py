@@ -416,9 +416,10 @@ def test_a_bf16_policy_carries_bf16_scales_and_builds(quantized_dir, tmp_path, c
     assert (out / "engine.plan").stat().st_size > 0
 
 
-def transposed_weight() -> onnx.ModelProto:
+def transposed_weight(flatten: bool = False) -> onnx.ModelProto:
     """`x @ W.T` as PyTorch exports a quantized Linear: the weight's DQ, then a Transpose,
-    then the MatMul (TensorRT propagates the DQ through the Transpose into the MatMul)."""
+    then the MatMul (TensorRT propagates the DQ through the Transpose into the MatMul);
+    `flatten`: the activation's DQ reaches the MatMul through a Flatten too."""
     w = np.random.default_rng(0).integers(-127, 128, (16, 8)).astype(np.int8)
     inits = [
         numpy_helper.from_array(w, "w"),
@@ -431,9 +432,11 @@ def transposed_weight() -> onnx.ModelProto:
         helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="/in/DQ"),
         helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], name="/fc/w_dq"),
         helper.make_node("Transpose", ["wd"], ["wt"], perm=[1, 0], name="/fc/Transpose"),
-        helper.make_node("MatMul", ["xd", "wt"], ["y0"], name="/fc/MatMul"),
+        helper.make_node("MatMul", ["xf" if flatten else "xd", "wt"], ["y0"], name="/fc/MatMul"),
         helper.make_node("Relu", ["y0"], ["y"], name="/act/Relu"),
     ]
+    if flatten:
+        nodes.insert(2, helper.make_node("Flatten", ["xd"], ["xf"], name="/in/Flatten"))
     return _checked(nodes, inits, [1, 8], [1, 16])
 
 
@@ -471,8 +474,9 @@ def test_a_pinned_matmul_behind_a_transposed_weight_builds(tmp_path, capsys):
     assert (out / "engine.plan").stat().st_size > 0
 
 
-def test_dequantize_on_a_matmul_behind_a_transposed_weight(tmp_path):
-    onnx.save(transposed_weight(), tmp_path / "linear.onnx")
+@pytest.mark.parametrize("flatten", [False, True])
+def test_dequantize_on_a_matmul_behind_a_transposed_weight(tmp_path, flatten):
+    onnx.save(transposed_weight(flatten), tmp_path / "linear.onnx")
     rules = '\n    - {id: out, match: {name: "^/fc/MatMul$"}, precision: fp32, dequantize: true}'
     inputs = _inputs({"x": ([1, 8], "uniform")})
     text = POLICY.format(model="linear.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
@@ -480,7 +484,11 @@ def test_dequantize_on_a_matmul_behind_a_transposed_weight(tmp_path):
     front = _front(tmp_path / "linear.yaml")  # the mixed model is validated: it was invalid
     mixed = GraphView(front.converted.model)
     matmul = next(n for n in mixed.nodes if n.name == "/fc/MatMul")
-    assert matmul.input[0] == "x"  # around the activation's Q/DQ
+    first = mixed.nodes[mixed.producer[matmul.input[0]]] if flatten else matmul
+    assert first.input[0] == "x"  # around the activation's Q/DQ, through its Flatten too
     transpose = mixed.nodes[mixed.producer[matmul.input[1]]]
-    assert mixed.nodes[mixed.producer[transpose.input[0]]].op_type == "DequantizeLinear"
-    assert front.assignment.summary().int8_nodes == 0
+    assert transpose.input[0] in mixed.initializers  # the weight dequantized once
+    assert not any(n.op_type == "DequantizeLinear" for n in mixed.nodes)
+    summary = front.assignment.summary()
+    assert summary.int8_nodes == 0 and summary.quantized["quantized_ops"] == {}
+    assert not any("dequantize: true" in w for w in front.warnings)

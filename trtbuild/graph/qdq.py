@@ -21,6 +21,8 @@ Vocabulary:
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -128,9 +130,10 @@ class QdqGraph:
         return index in self.nodes
 
     def dq_inputs(self, index: int) -> list[int]:
-        """The DQs that produce an input of node `index` directly (in input order)."""
-        made = (self.view.producer.get(t) if t else None for t in self.view.nodes[index].input)
-        return [p for p in made if p is not None and p in self.nodes and self.nodes[p].is_dq]
+        """The DQs that produce an input of node `index` (in input order), directly or
+        through a layout chain (`layout`: DQ -> Transpose -> MatMul)."""
+        found = (self.dq_behind(t) for t in self.view.nodes[index].input)
+        return [p for p in found if p is not None]
 
     @cached_property
     def layout(self) -> dict[int, int]:
@@ -180,11 +183,10 @@ class QdqGraph:
         a layout chain (`layout`; the chain's own ops are not counted)."""
         if not self.nodes:  # no DQ: nothing is fed by one (most models; no walk of every node)
             return ()
-        behind = set(self.layout.values())
         return tuple(
             i
             for i in range(len(self.view.nodes))
-            if i not in self.nodes and i not in self.layout and (self.dq_inputs(i) or i in behind)
+            if i not in self.nodes and i not in self.layout and self.dq_inputs(i)
         )
 
     @cached_property
@@ -201,19 +203,13 @@ class QdqGraph:
                 found[i] = self.nodes[first].format
         return found
 
-    def inventory(self) -> dict[str, Any]:
+    def inventory(self, quantized: Mapping[int, str] | None = None) -> dict[str, Any]:
         """What `check` prints and report.json records: groups per format, quantized ops
-        per format, DQ-fed nodes per op type."""
-        pairs: dict[str, int] = {}
-        for g in self.groups:
-            pairs[g.format] = pairs.get(g.format, 0) + 1
-        ops: dict[str, int] = {}
-        for fmt in self.quantized_ops.values():
-            ops[fmt] = ops.get(fmt, 0) + 1
-        fed: dict[str, int] = {}
-        for i in self.dq_fed:
-            op = self.view.nodes[i].op_type
-            fed[op] = fed.get(op, 0) + 1
+        per format (`quantized`: those an assignment keeps, `dequantize: true` rules'
+        ops taken out; default every one), DQ-fed nodes per op type."""
+        pairs = Counter(g.format for g in self.groups)
+        ops = Counter((self.quantized_ops if quantized is None else quantized).values())
+        fed = Counter(self.view.nodes[i].op_type for i in self.dq_fed)
         return {
             "q_nodes": sum(1 for n in self.nodes.values() if not n.is_dq),
             "dq_nodes": sum(1 for n in self.nodes.values() if n.is_dq),

@@ -40,7 +40,6 @@ class Assignment:
     warnings: list[str] = field(default_factory=list)
     quantized: dict[int, str] = field(default_factory=dict)  # quantized op -> int8 | fp8
     dq_precisions: dict[int, tuple[str, ...]] = field(default_factory=dict)  # DQ -> per consumer
-    qdq_inventory: dict[str, Any] = field(default_factory=dict)  # `graph.qdq` inventory
     dequantized: frozenset[int] = frozenset()  # ops a `dequantize: true` rule takes out of INT8
     dead_qdq: frozenset[int] = frozenset()  # Q/DQ left without a consumer by those: dropped
     qdq: Any = None  # the analysis' `QdqGraph` the assignment read (conversion reads it too)
@@ -80,7 +79,7 @@ class Assignment:
             int8_nodes=counts["int8"],
             fp8_nodes=counts["fp8"],
             quantized_share=share(counts["int8"] + counts["fp8"]),
-            quantized=copy.deepcopy(self.qdq_inventory),
+            quantized=self.qdq.inventory(self.quantized) if self.qdq is not None else {},
         )
 
 
@@ -161,7 +160,7 @@ def assign(
 
     _into_bodies(view, picks, hits)
     decisions = _decisions(view, picks, precision)
-    assignment = Assignment(view, decisions, hits, warnings, qdq_inventory=qdq.inventory(), qdq=qdq)
+    assignment = Assignment(view, decisions, hits, warnings, qdq=qdq)
     return _with_qdq(assignment, qdq, precision) if qdq else assignment
 
 

@@ -308,9 +308,11 @@ def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
 def _bypass(rw: _Rewriter, i: int, node: onnx.NodeProto, want_in: list) -> onnx.NodeProto:
     """A `dequantize: true` op's inputs read around its DQs: the tensor in front of the
     activation's Q, and each quantized weight dequantized once into a float initializer of
-    the type the op needs (computed as DequantizeLinear does: (q - zero point) x scale)."""
+    the type the op needs (computed as DequantizeLinear does: (q - zero point) x scale).
+    Where the op reads a DQ through a layout chain (DQ -> Transpose -> MatMul), the chain's
+    first op reads around it."""
     scales = rw.root.scales
-    if scales is None or i not in rw.a.dequantized:
+    if scales is None or scales.qdq.layout.get(i, i) not in rw.a.dequantized:
         return node
     bypassed = onnx.NodeProto()
     bypassed.CopyFrom(node)

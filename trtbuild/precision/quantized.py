@@ -95,7 +95,7 @@ def plan(
         readers = view.consumers.get(n.float_tensor, [])
         if (
             readers
-            and all(c in dequantized for c in readers)
+            and all(qdq.layout.get(c, c) in dequantized for c in readers)
             and n.float_tensor not in view.outputs
         ):
             dead.add(i)
@@ -138,13 +138,13 @@ def _dq_wants(
     low_ok: bool,
 ) -> list[str]:
     """The precision each reader of a DQ needs it in: the reader's own (a layout chain's: the
-    op's behind it, bypassed or not), FP32 where the group's scale does not fit that type."""
+    op's behind it), FP32 where the group's scale does not fit that type; none for a reader
+    that reads around the DQ (`dequantize: true` on it, or on the op behind its chain)."""
     scale = qdq.group_scale(qdq.group_of[dq])
     wanted = []
     for c in readers:
-        c, chained = qdq.layout.get(c, c), c in qdq.layout
-        usable = chained or (c not in qdq.nodes and c not in dequantized)
-        p = precision_of[c] if usable else None
+        op = qdq.layout.get(c, c)
+        p = precision_of[op] if c not in qdq.nodes and op not in dequantized else None
         if p is not None:
             fits = low_ok and holds(scale, PRECISION_DTYPE[p])
             wanted.append(p if fits else "fp32")
