@@ -34,9 +34,13 @@ VERSION = ort_child.version()
     ],
 )
 def test_another_onnx_runtime_or_cpu_reads_another_memory(monkeypatch, other):
-    before = neighbourhoods.memory_digest(_pinned(4))
+    from trtbuild.precision import validate
+
+    model = _pinned(4)
+    before = neighbourhoods.memory_digest(model), validate._digest(model.SerializeToString())
     monkeypatch.setattr(ort_child, *other)
-    assert neighbourhoods.memory_digest(_pinned(4)) != before
+    after = neighbourhoods.memory_digest(model), validate._digest(model.SerializeToString())
+    assert after[0] != before[0] and after[1] != before[1]  # the memory and the record
 
 
 def test_the_cpu_features_are_read():

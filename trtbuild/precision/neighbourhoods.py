@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -166,19 +165,15 @@ def _quoted(said: str) -> set[str]:
 
 
 def memory_digest(model: onnx.ModelProto) -> str:
-    """The memory's cache key: what judged its keys (ONNX Runtime's distribution and
-    version, onnx's and Python's versions, the CPU's features), how keys are made (`structure.RADIUS` and its code's version), and what
-    the keys do not hold but ONNX Runtime reads: `model`'s opsets (a kernel or a fusion
+    """The memory's cache key: what judged its keys (`ort_child.judge`), how keys are made
+    (`structure.RADIUS` and its code's version), and what the keys do not hold but ONNX Runtime reads: `model`'s opsets (a kernel or a fusion
     is registered per opset: a refusal at opset 17 is none at 13) and IR version. So a
     new ONNX Runtime checks every neighbourhood again, and so does another opset."""
     h = hashlib.sha256(b"trtbuild-neighbourhoods\0")
-    dist, version = ort_child.installed()
-    h.update(f"{dist}={version};onnx={onnx.__version__};".encode())
-    h.update(f"cpu={ort_child.cpu_features()};".encode())  # a cache shared across machines
+    h.update(ort_child.judge().encode() + b";")
     h.update(f"radius={structure.RADIUS};keys={structure.VERSION};".encode())
     opsets = sorted((o.domain or "ai.onnx", o.version) for o in model.opset_import)
     h.update(f"ir={model.ir_version};opsets={opsets};".encode())
-    h.update(sys.version.encode())
     return h.hexdigest()
 
 

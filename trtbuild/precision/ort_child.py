@@ -220,6 +220,15 @@ def installed() -> tuple[str, str]:
     return "onnxruntime", "(version unknown)"
 
 
+def judge() -> str:
+    """What a load's verdict holds for: ONNX Runtime's distribution and version, onnx's and
+    Python's versions, and the CPU's features. Every remembered verdict (the validated
+    model's record, the neighbourhoods' memory) is keyed by it, so a cache shared by
+    machines or kept across upgrades never answers for another judge."""
+    dist, ort = installed()
+    return f"{dist}={ort};onnx={onnx.__version__};python={sys.version};cpu={cpu_features()}"
+
+
 @cache
 def cpu_features() -> str:
     """The CPU's feature flags: ONNX Runtime picks kernels and graph rewrites by them (its

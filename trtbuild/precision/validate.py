@@ -382,8 +382,7 @@ def _judge(first: ort_child.Outcome, data: bytes, timeout: float) -> list[str]:
 def _digest(data: bytes) -> str:
     """The record's key: the model's bytes and what judged them."""
     h = hashlib.sha256(b"trtbuild-validated\0")
-    h.update(f"onnxruntime={ort_child.version()};onnx={onnx.__version__};".encode())
-    h.update(sys.version.encode() + b"\0" + data)
+    h.update(ort_child.judge().encode() + b"\0" + data)
     return h.hexdigest()
 
 
