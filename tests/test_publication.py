@@ -176,7 +176,7 @@ def test_a_build_in_another_pid_namespace_leaves_a_running_builds_staging_alone(
         stage = Path(running.stdout.readline().strip())
         assert stage.is_dir()
         cmd = ["unshare", "--pid", "--fork", sys.executable, "-c", DRIVER]
-        other = subprocess.run([*cmd, str(tmp_path / "other"), "x"], env=env, timeout=120)
+        other = subprocess.run([*cmd, str(out), "x"], env=env, timeout=120)  # the same out
         assert other.returncode == 0 and stage.is_dir(), "the running build's staging is gone"
         running.stdin.write("\n")
         running.stdin.close()
