@@ -117,7 +117,9 @@ def test_violations_name_the_node_and_the_fix():
     assert computed[0].problem.startswith("scale computed_scale is not a constant")
 
 
-def _reference(op: str, x: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int):
+def _reference(
+    op: str, x: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis: int, block: int = 0
+):
     """ONNX's own QuantizeLinear / DequantizeLinear (onnx.reference) on one constant."""
     from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
@@ -126,7 +128,11 @@ def _reference(op: str, x: np.ndarray, scale: np.ndarray, zero: np.ndarray, axis
     out_type = zero.dtype if op == "QuantizeLinear" else scale.dtype
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(out_type))
     graph = helper.make_graph(
-        [helper.make_node(op, ["x", "s", "z"], ["y"], axis=axis)],
+        [
+            helper.make_node(
+                op, ["x", "s", "z"], ["y"], axis=axis, **({"block_size": block} if block else {})
+            )
+        ],
         "g",
         [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)],
         [helper.make_tensor_value_info("y", elem, x.shape)],
@@ -151,3 +157,14 @@ def test_dequantize_and_quantize_compute_as_onnx_defines_them():
     assert np.array_equal(quantize(x, scale, "int8", zero, axis=1), want.astype(np.float64))
     fp8 = _reference("QuantizeLinear", x, scale, np.zeros(4, ml_dtypes.float8_e4m3fn), axis=1)
     assert np.array_equal(quantize(x, scale, "fp8", axis=1), fp8.astype(np.float64))
+
+
+def test_a_blocked_dequantize_computes_as_onnx_defines_it():
+    """Opset 21's blocked quantization: one scale per block of 4 along axis 0 (a last, short
+    block of 2), as `dequantize: true` reads around such a weight's DQ."""
+    rng = np.random.default_rng(1)
+    stored = rng.integers(-8, 8, (10, 6)).astype(np.int8)
+    scale = rng.uniform(0.01, 0.1, (3, 6)).astype(np.float32)
+    zero = rng.integers(-2, 2, (3, 6)).astype(np.int8)
+    want = _reference("DequantizeLinear", stored, scale, zero, axis=0, block=4)
+    assert np.array_equal(dequantize(stored, scale, zero, axis=0, block=4), want)

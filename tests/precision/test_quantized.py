@@ -492,3 +492,32 @@ def test_dequantize_on_a_matmul_behind_a_transposed_weight(tmp_path, flatten):
     summary = front.assignment.summary()
     assert summary.int8_nodes == 0 and summary.quantized["quantized_ops"] == {}
     assert not any("dequantize: true" in w for w in front.warnings)
+
+
+def test_dequantize_reads_around_a_block_quantized_weight(tmp_path):
+    """Opset 21's blocked DQ (a scale per block of 4 rows): the op reads the weight as the
+    DQ computes it (it was an internal error: the scales did not broadcast)."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-8, 8, (8, 16)).astype(np.int8)
+    ws = rng.uniform(0.01, 0.1, (2, 16)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(ws, "ws")]
+    dq = helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0, block_size=4)
+    nodes = [dq, helper.make_node("MatMul", ["x", "wd"], ["y"], name="/fc/MatMul")]
+    graph = helper.make_graph(
+        nodes,
+        "blocked",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        inits,
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "b.onnx"
+    )
+    rules = '\n    - {id: out, match: {name: "^/fc/MatMul$"}, precision: fp32, dequantize: true}'
+    inputs = _inputs({"x": ([1, 8], "uniform")})
+    text = POLICY.format(model="b.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
+    (tmp_path / "b.yaml").write_text(text)
+    mixed = GraphView(_front(tmp_path / "b.yaml").converted.model)
+    matmul = next(n for n in mixed.nodes if n.name == "/fc/MatMul")
+    got = numpy_helper.to_array(mixed.initializers[matmul.input[1]])
+    assert np.array_equal(got, (w.astype(np.float32) * np.repeat(ws, 4, axis=0)))

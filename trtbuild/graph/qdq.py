@@ -89,6 +89,7 @@ class QdqNode:
     scale_value: np.ndarray | None  # None: not a constant
     zero_value: np.ndarray | None  # None: absent, or not a constant
     axis: int | None  # per-axis quantization's axis; None: per tensor
+    block_size: int = 0  # blocked quantization (opset 21): one scale per block on `axis`
 
     @property
     def is_dq(self) -> bool:
@@ -262,10 +263,14 @@ def along(values: np.ndarray, axis: int | None, rank: int) -> np.ndarray:
 
 
 def dequantize(
-    stored: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None, axis: int | None = None
+    stored: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray | None = None,
+    axis: int | None = None,
+    block: int = 0,
 ) -> np.ndarray:
-    """DequantizeLinear on a constant, as FP32: (stored - zero point) x scale, per tensor or
-    per `axis`.
+    """DequantizeLinear on a constant, as FP32: (stored - zero point) x scale, per tensor,
+    per `axis`, or per `block` of that axis (opset 21's blocked quantization).
 
     Why one function: seeing through a weight's DQ (`seethrough`) and reading around it
     (`dequantize: true` in `convert`) must give the op the same values. Computed in float64,
@@ -273,8 +278,15 @@ def dequantize(
     any scale type) are exact, then rounded once to FP32: FP32 arithmetic's own result.
     """
     stored = np.asarray(stored)
-    zero = along(zero if zero is not None else 0, axis, stored.ndim)
-    exact = (stored.astype(np.float64) - zero) * along(scale, axis, stored.ndim)
+    if block and axis is not None:  # each block's scale repeated over its elements
+        n, axis = stored.shape[axis], axis % stored.ndim
+        scale = np.repeat(np.asarray(scale, np.float64), block, axis).take(range(n), axis)
+        if zero is not None:
+            zero = np.repeat(np.asarray(zero, np.float64), block, axis).take(range(n), axis)
+        exact = (stored.astype(np.float64) - (0 if zero is None else zero)) * scale
+    else:
+        zero = along(zero if zero is not None else 0, axis, stored.ndim)
+        exact = (stored.astype(np.float64) - zero) * along(scale, axis, stored.ndim)
     with np.errstate(over="ignore"):  # a sentinel (finfo.min) quantized and back may be inf
         return exact.astype(np.float32)
 
@@ -371,6 +383,7 @@ def _qdq_node(view: GraphView, i: int) -> QdqNode:
         scale_value=scale_value,
         zero_value=_constant(view, zero) if zero else None,
         axis=(axis if axis is not None else 1) if per_axis else None,
+        block_size=next((a.i for a in node.attribute if a.name == "block_size"), 0),
     )
 
 

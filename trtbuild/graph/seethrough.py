@@ -97,23 +97,18 @@ def _constant_through(view: GraphView, q: QdqNode | None, dq: QdqNode) -> np.nda
     """The DQ's value where it is a constant's (a weight's, or a constant behind a Q), as
     DequantizeLinear computes it; None where it is an activation or not an integer format."""
     known = dq.format in INTEGER_BOUNDS or dq.format in FLOAT8_TYPES
-    if not known or dq.scale_value is None or _blocked(view, dq):
+    if not known or dq.scale_value is None or dq.block_size:  # blocked: left as it is
         return None
     if q is None:
         if dq.quantized not in view.initializers:
             return None
         stored = view.initializer_array(dq.quantized)
     else:
-        if q.float_tensor not in view.initializers or q.scale_value is None or _blocked(view, q):
+        if q.float_tensor not in view.initializers or q.scale_value is None or q.block_size:
             return None
         x = view.initializer_array(q.float_tensor)
         stored = quantize(x, q.scale_value, q.format, q.zero_value, q.axis)
     return dequantize(stored, dq.scale_value, dq.zero_value, dq.axis)
-
-
-def _blocked(view: GraphView, node: QdqNode) -> bool:
-    """Blocked quantization (opset 21 `block_size`) is left as it is."""
-    return any(a.name == "block_size" and a.i for a in view.nodes[node.index].attribute)
 
 
 def _float_model(

@@ -214,7 +214,7 @@ class _Scales:
             from trtbuild.graph.qdq import dequantize
 
             q = numpy_helper.to_array(self.a.view.initializers[node.quantized])
-            value = dequantize(q, node.scale_value, node.zero_value, node.axis)
+            value = dequantize(q, node.scale_value, node.zero_value, node.axis, node.block_size)
             name = f"{node.quantized}__dequantized_{DTYPE_NAME[dtype]}"
             self.tensors.append(_tensor(value, dtype, name))
             self.names[key] = name
