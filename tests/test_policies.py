@@ -104,10 +104,11 @@ def test_silero_vad_if_on_its_sample_rate_does_not_build_with_tensorrt_rtx(
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.stem)
-def test_example_data_exercises_the_model(policy, tmp_path, models_dir, real_model, capsys):
+def test_example_data_exercises_the_model(policy, tmp_path, quantized_dir, real_model, capsys):
     """No example policy is judged on data its model does not answer: an output constant or
-    nearly so at a point (`evaluation.flat_outputs`) is a pass that proves nothing (#42)."""
-    local = _localise(policy, tmp_path, models_dir, real_model)
+    nearly so at a point (`evaluation.flat_outputs`) is a pass that proves nothing (#42).
+    `quantized_dir`: the session's models with the INT8 ones `make models` writes."""
+    local = _localise(policy, tmp_path, quantized_dir, real_model)
     assert main(["check", "--policy", str(local), "--json"]) == 0
     warnings = json.loads(capsys.readouterr().out)["warnings"]
     flat = [w for w in warnings if w.startswith("data does not exercise the model")]
