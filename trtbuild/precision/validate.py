@@ -114,7 +114,7 @@ def start_mixed_check(
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
     check = MixedCheck(None, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
     if seconds > 0 and scope == "neighbourhoods":
-        check.plan, source = _planned(model, cache)
+        check.plan, source = _planned(model, data, cache)
     else:
         source = data
     if seconds > 0 and source:
@@ -200,18 +200,20 @@ def _type_name(data_type: int) -> str:
         return str(data_type)
 
 
-def _planned(model: onnx.ModelProto, cache: Any) -> tuple[neighbourhoods.Plan | None, bytes]:
+def _planned(
+    model: onnx.ModelProto, data: bytes, cache: Any
+) -> tuple[neighbourhoods.Plan | None, bytes]:
     """The neighbourhoods to load and their model's bytes (b"": all known, no child); no
-    plan where one cannot be made (a value of unknown type), or where the model has local
+    plan (the whole model's bytes, `data`) where one cannot be made (a value of unknown type), or where the model has local
     functions (the keys see a call, not the function's body, which ONNX Runtime inlines
     and optimises): the whole model is loaded."""
     if model.functions:
-        return None, model.SerializeToString()
+        return None, data
     try:
         plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache, model))
         return plan, plan.neighbourhood() if plan.pending else b""
     except Exception:  # Unbuildable, or a graph the keys do not expect: never a verdict
-        return None, model.SerializeToString()
+        return None, data
 
 
 @dataclass
