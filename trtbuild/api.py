@@ -93,13 +93,7 @@ def open_cache(
     return found
 
 
-def _front(
-    policy: Policy,
-    reference: str,
-    cache: Cache | None,
-    verbose: bool,
-    import_onnxruntime: Callable[[], None] | None = None,
-) -> Front:
+def _front(policy: Policy, reference: str, cache: Cache | None, verbose: bool) -> Front:
     from trtbuild.front import run_front
 
     if cache is not None and cache.enabled and cache.codec is None:
@@ -110,7 +104,6 @@ def _front(
         reference=reference,  # type: ignore[arg-type]
         cache=cache,
         verbose=verbose,
-        import_onnxruntime=import_onnxruntime,
     )
 
 
@@ -137,23 +130,10 @@ def check(
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
-    with _quiet(quiet):
-        return check_front(policy, cache=cache, verbose=verbose)
-
-
-def check_front(
-    policy: Policy | str | Path,
-    *,
-    cache: Cache | None = None,
-    verbose: bool = False,
-    import_onnxruntime: Callable[[], None] | None = None,
-) -> CheckResult:
-    """`check`, with `import_onnxruntime` called before a stage that may import ONNX
-    Runtime (`run_front`): the CLI's `check` from the cache never imports it. Internal (not
-    in `trtbuild`'s names), as `convert_front` is."""
     from trtbuild import evaluation
 
-    front = _front(_policy(policy), "measures", cache, verbose, import_onnxruntime)
+    with _quiet(quiet):
+        front = _front(_policy(policy), "measures", cache, verbose)
     nodes = [
         NodeDecision(n.name, n.op_type, d.precision or "-", d.rule, d.reason)
         for n, d in zip(front.assignment.view.nodes, front.assignment.decisions)
@@ -216,14 +196,11 @@ def convert_front(
     cache: Cache | None = None,
     verbose: bool = False,
     quiet: bool = False,
-    import_onnxruntime: Callable[[], None] | None = None,
 ) -> Front:
     """`convert`'s work with everything it knows: the assignment and the casts beside the
     validated mixed model (`front.converted.model`), for the CLI's `convert`, which shows
     them. Internal (not in `trtbuild`'s names): `Front` is the pipeline's own value and
     changes with it; a user's code calls `convert`, and `check` for each node's precision.
-    `import_onnxruntime`: called before the first stage that may import ONNX Runtime in
-    this process (`run_front`); ONNX Runtime's check of the mixed model runs in a child.
 
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
@@ -231,7 +208,7 @@ def convert_front(
     from trtbuild.precision.validate import validate_mixed
 
     with _quiet(quiet):
-        front = _front(_policy(policy), "none", cache, verbose, import_onnxruntime)
+        front = _front(_policy(policy), "none", cache, verbose)
     spec = front.policy.build
     # once per mixed model, and one load of each neighbourhood not checked before
     loaded = validate_mixed(front.converted.model, cache, spec.ort_check_timeout, spec.ort_check)

@@ -106,14 +106,13 @@ def _in_out_folder(exc: OSError, staging: Path, out_dir: Path) -> OSError | None
 
 
 def versions(backend: str) -> dict[str, Any]:
-    import onnxruntime
-
     from trtbuild.engine.backends import backend_version
+    from trtbuild.precision.ort_child import version as onnxruntime_version
 
     out = {
         "trtbuild": __version__,
         "onnx": onnx.__version__,
-        "onnxruntime": onnxruntime.__version__,
+        "onnxruntime": onnxruntime_version(),  # read without importing it
         "python": platform.python_version(),
     }
     try:

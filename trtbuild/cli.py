@@ -340,8 +340,6 @@ def main(argv: list[str] | None = None) -> int:
     quiet = logging.NullHandler()  # Matplotlib's own notes (an unwritable HOME) are not ours
     logging.getLogger("matplotlib").addHandler(quiet)
     try:
-        if args.command in RUNS_ONNXRUNTIME:
-            _import_onnxruntime_quietly()
         return _COMMANDS[args.command](args)
     except TrtbuildError as exc:
         print(f"trtbuild: error: {_flags(str(exc))}", file=sys.stderr)
@@ -361,40 +359,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         package_log.removeHandler(handler)  # main(argv) may run again in this process
         logging.getLogger("matplotlib").removeHandler(quiet)
-
-
-# The commands that load ONNX Runtime (the others never import it: heavy imports are lazy;
-# `check` and `convert` import it only where a stage needs it, not from the cache).
-RUNS_ONNXRUNTIME = ("build", "report", "prepare", "nightly", "tune")
-
-
-def _import_onnxruntime_quietly() -> None:
-    """Import ONNX Runtime with its native stderr caught, its lines kept as debug records.
-
-    Why: at import it logs from C++ straight to file descriptor 2, in colour, past any
-    Python setting (where HOME is not writable: "Failed to persist telemetry device
-    ID"); a terminal or CI log must show trtbuild's lines only. An import that fails
-    is left to the command, which says what is missing.
-    """
-    if "onnxruntime" in sys.modules:
-        return
-    import tempfile
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            pass
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        caught.seek(0)
-        said = caught.read(1 << 16).decode(errors="replace")
-    for line in said.splitlines():
-        logging.getLogger("trtbuild").debug("onnxruntime: %s", printable(line))
 
 
 def _failed(exc: Exception) -> int:
@@ -477,11 +441,8 @@ def _cmd_check(args) -> int:
     from trtbuild.policy import load_policy
 
     policy = load_policy(args.policy)
-    found = api.check_front(  # its warnings reach stderr through the `trtbuild` logger
-        policy,
-        cache=_cache(args),
-        verbose=args.verbose,
-        import_onnxruntime=_import_onnxruntime_quietly,  # only where a stage needs it
+    found = api.check(  # its warnings reach stderr through the `trtbuild` logger
+        policy, cache=_cache(args), verbose=args.verbose
     )
     rows = [
         {"node": n.name, "op": n.op, "precision": n.precision, "rule": n.rule, "reason": n.reason}
@@ -532,10 +493,7 @@ def _cmd_convert(args) -> int:
     _output_file(args.output)
     policy = load_policy(args.policy)
     front = api.convert_front(  # its warnings reach stderr through the `trtbuild` logger
-        policy,
-        cache=_cache(args),
-        verbose=args.verbose,
-        import_onnxruntime=_import_onnxruntime_quietly,  # only where a stage needs it
+        policy, cache=_cache(args), verbose=args.verbose
     )
     save_model(front.converted.model, args.output)
     s = front.assignment.summary()

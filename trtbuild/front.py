@@ -9,7 +9,7 @@ their inputs are unchanged (`trtbuild.cache` says what the keys cover).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -107,14 +107,11 @@ def run_front(
     reference: ReferenceLevel = "tensors",
     cache: Cache | None = None,
     verbose: bool = False,
-    import_onnxruntime: Callable[[], None] | None = None,
 ) -> Front:
     """Load, prepare, run the FP32 reference (as far as asked or needed), assign and convert.
 
     With a `cache`, the prepared graph and the reference come from it when their
-    inputs are unchanged (`trtbuild.cache` says what the keys cover). `import_onnxruntime`
-    is called before a stage that may import ONNX Runtime (the passes' folding, the
-    reference): a `convert` from the cache never pays for the import.
+    inputs are unchanged (`trtbuild.cache` says what the keys cover).
     """
     if reference not in REFERENCE_LEVELS:
         raise ValueError(f"reference must be one of {REFERENCE_LEVELS}, not {reference!r}")
@@ -124,18 +121,14 @@ def run_front(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     budget = policy.accuracy.budget().bytes  # bounds constant folding too
-    prepared, digest = prepared_graph(
-        policy.model, policy.passes, cache, verbose, budget, import_onnxruntime
-    )
+    prepared, digest = prepared_graph(policy.model, policy.passes, cache, verbose, budget)
     view = GraphView(prepared.model)
     analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
     _check_inputs(policy, prepared, analysis)
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    shapes, skipped = _shape_runs(
-        policy, prepared, view, cache, digest, reference, import_onnxruntime
-    )
+    shapes, skipped = _shape_runs(policy, prepared, view, cache, digest, reference)
     measures = _measures(policy, view, shapes)
     if reference != "none":
         timings["reference"] = time.perf_counter() - t
@@ -219,10 +212,8 @@ def _shape_runs(
     cache: Cache,
     digest: str | None,
     reference: ReferenceLevel,
-    import_onnxruntime: Callable[[], None] | None = None,
 ) -> tuple[list[ShapeRun], tuple[ShapePoint, ...]]:
-    """Every point judged, one after another (peak memory is one point's), and those skipped;
-    `import_onnxruntime` is called before the first FP32 run the cache does not hold."""
+    """Every point judged, one after another (peak memory is one point's), and those skipped."""
     points = shape_points(policy, prepared.model)
     skipped = tuple(p for p in points if p.skip is not None)
     if len(skipped) == len(points):
@@ -233,7 +224,7 @@ def _shape_runs(
         )
     decoded = Decoded()  # each image decoded once, every point fit from its original
     originals: dict[Path, Any] = {}  # the reference model's session, made once for every point
-    run = _PointRun(policy, prepared, view, cache, digest, reference, import_onnxruntime)
+    run = _PointRun(policy, prepared, view, cache, digest, reference)
     runs = [run(point, decoded, originals) for point in points if point.skip is None]
     return runs, skipped
 
@@ -248,7 +239,6 @@ class _PointRun:
     cache: Cache
     digest: str | None
     reference: ReferenceLevel
-    import_onnxruntime: Callable[[], None] | None = None
 
     def __call__(self, point: ShapePoint, decoded: Decoded, originals: dict[Path, Any]) -> ShapeRun:
         policy, prepared = self.policy, self.prepared
@@ -263,8 +253,6 @@ class _PointRun:
                 raise
             raise _cannot_run(policy, point, exc) from None
         if ref is not None and policy.accuracy.reference_model is not None:
-            if self.import_onnxruntime is not None:
-                self.import_onnxruntime()
             ref = against_reference_model(ref, policy.accuracy.reference_model, feeds, originals)
         return ShapeRun(point, feeds, measures, ref, made.data)
 
@@ -329,11 +317,9 @@ def prepared_graph(
     cache: Cache,
     verbose: bool = False,
     budget: int | None = None,
-    import_onnxruntime: Callable[[], None] | None = None,
 ) -> tuple[Prepared, str | None]:
     """The prepared graph and its cache key, from the cache when model, passes, the folding
-    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match;
-    `import_onnxruntime` is called before the passes run (folding may load ONNX Runtime)."""
+    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match."""
     digest = None
     check_model_file(model)  # a FIFO or a device is exit 2 before the digest reads it
     if cache.enabled:
@@ -348,8 +334,6 @@ def prepared_graph(
             cached = cache.get("prepared", digest)
             if cached is not None:
                 return cached, digest
-    if import_onnxruntime is not None:
-        import_onnxruntime()
     prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose, budget=budget)
     if digest is not None:
         cache.put("prepared", digest, prepared)
@@ -376,7 +360,7 @@ def _reference(
     run: _PointRun, feeds: list, budget: MemoryBudget
 ) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
     """The FP32 reference to `run.reference`'s level, from the cache when the prepared
-    graph and feeds match (ONNX Runtime imported, by `run.import_onnxruntime`, only where not).
+    graph and feeds match.
 
     The measures have an entry of their own, always written; the outputs of
     every feed (`tensors`) another, written only by a command that reads them
@@ -391,8 +375,6 @@ def _reference(
         outputs = cache.get("reference", key) if measures is not None else None
         if outputs is not None:
             return measures, ReferenceTensors(measures, outputs)
-    if run.import_onnxruntime is not None:
-        run.import_onnxruntime()
     ref = run_reference(run.prepared.model, feeds, run.view, budget=budget)
     if key is not None:
         cache.put("measures", key, ref.measures)

@@ -60,7 +60,9 @@ def _shared_arena() -> None:
     sessions that opt in (`session.use_env_allocators`) use it; no other session
     in the process changes.
     """
-    import onnxruntime as ort
+    from trtbuild.ortload import onnxruntime
+
+    ort = onnxruntime()
 
     info = ort.OrtMemoryInfo(
         "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
@@ -70,7 +72,9 @@ def _shared_arena() -> None:
 
 @functools.lru_cache(maxsize=2)
 def _run_options(shrink: bool = True):
-    import onnxruntime as ort
+    from trtbuild.ortload import onnxruntime
+
+    ort = onnxruntime()
 
     options = ort.RunOptions()
     if shrink:
@@ -118,7 +122,9 @@ def _session(model_bytes: bytes, in_order: bool = False):
     Why no spinning: the judge alternates ONNX Runtime runs with numpy work on
     the same cores, and spinning workers take the cores numpy needs.
     """
-    import onnxruntime as ort
+    from trtbuild.ortload import onnxruntime
+
+    ort = onnxruntime()
 
     _shared_arena()
     options = ort.SessionOptions()

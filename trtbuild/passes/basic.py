@@ -334,8 +334,11 @@ def quiet_dependencies(verbose: bool) -> Iterator[None]:
     if verbose:
         yield
         return
-    import onnxruntime as ort
     from onnx_graphsurgeon.logger import G_LOGGER
+
+    from trtbuild.ortload import onnxruntime
+
+    ort = onnxruntime()
 
     old = G_LOGGER.severity
     G_LOGGER.severity = G_LOGGER.ERROR

@@ -1,0 +1,49 @@
+"""ONNX Runtime, imported where a stage first needs it, with its native stderr caught.
+
+Why a module of its own, below every stage: at import ONNX Runtime logs from C++ straight
+to file descriptor 2, in colour, past any Python setting (where HOME is not writable:
+"Failed to persist telemetry device ID"); a terminal or CI log must show trtbuild's lines
+only. Every place that imports it (the passes' folding, the judge's sessions, the
+versions of an artifact) asks here, so a command that needs no session (`convert` or
+`check` from the cache) never pays for the import, and a library user's first session is
+as quiet as the CLI's. The lines it said are kept as debug records of the `trtbuild`
+logger. An import that fails raises ImportError, as a plain import does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from types import ModuleType
+
+from trtbuild.errors import printable
+
+
+def onnxruntime() -> ModuleType:
+    """The `onnxruntime` module, imported once with file descriptor 2 caught."""
+    if "onnxruntime" not in sys.modules:
+        _import_quietly()
+    import onnxruntime
+
+    return onnxruntime
+
+
+def _import_quietly() -> None:
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            pass  # raised again by the caller's own import, with fd 2 given back
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        said = caught.read(1 << 16).decode(errors="replace")
+    for line in said.splitlines():
+        logging.getLogger("trtbuild").debug("onnxruntime: %s", printable(line))
