@@ -36,6 +36,7 @@ from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.sessions import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
 from trtbuild.errors import UsageError
+from trtbuild.graph.model_io import fed_inputs
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import measure_peak
 from trtbuild.policy.specs import MemoryBudget
@@ -341,12 +342,9 @@ def check_reference_model(model: onnx.ModelProto, path: Path, where: str) -> Non
 
 def _io(model: onnx.ModelProto, kind: str) -> dict[str, tuple[int, list[int | str | None]]]:
     """name -> (element type, dims: a number, a symbol or None) of the graph's inputs/outputs."""
-    inits = {t.name for t in model.graph.initializer}
-    values = model.graph.input if kind == "input" else model.graph.output
+    values = fed_inputs(model) if kind == "input" else model.graph.output
     out = {}
     for vi in values:
-        if vi.name in inits:
-            continue  # an initializer listed as an input (IR < 4) is not fed
         t = vi.type.tensor_type
         dims = (
             [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
