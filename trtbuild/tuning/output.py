@@ -102,7 +102,7 @@ def budget_warning(result: SearchResult) -> str:
     return (
         f"tune's budget of {result.budget} evaluations ran out before the search ended, "
         f"so {'a smaller' if result.passed else 'a passing'} pin set may exist (a full "
-        f"search of these {len(result.groups)} groups needs at most "
+        f"search of these {result.searched} groups needs at most "
         f"{result.full_search}); raise `budget`"
         + (
             f"; the point that costs the most is {result.costliest_point}"

@@ -90,11 +90,16 @@ class SearchResult:
         return f"{label} ({seconds / max(sum(self.point_seconds.values()), 1e-9):.0%} of the judging time)"
 
     @property
+    def searched(self) -> int:
+        """The groups the search moved: a scope `_merge` offered is no group of its own."""
+        return sum(1 for g in self.groups if not g.regex)
+
+    @property
     def full_search(self) -> int:
         """Evaluations a full search needs at most: the start; per group pinned while
         growing, doublings and halvings (twice log2 of the groups) and its pin; twice the
         groups while shrinking (chunks halving down to one)."""
-        n = sum(1 for g in self.groups if not g.regex)  # a merged scope is no new group
+        n = self.searched
         return 1 + n * (2 * math.ceil(math.log2(max(n, 2))) + 1) + 2 * n
 
 
