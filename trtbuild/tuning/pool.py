@@ -52,7 +52,9 @@ class TrialOutcome:
 def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -> TrialOutcome:
     """Judge one pin set with the build's own judge at every shape (or only at `points`,
     indices into `front.shapes`), the reference and the view shared: `judge_points`
-    merged, every point judged whatever fails."""
+    merged, every point judged whatever fails. The search never calls it (it stops a
+    candidate at its first failing point); it is the oracle that early stop is checked
+    against, in the tests and for a caller who wants every point's verdict."""
     started = time.perf_counter()
     parts = judge_points(front, precision, points or tuple(range(len(front.shapes))))
     return merge(parts, time.perf_counter() - started)
