@@ -294,12 +294,14 @@ def fp8_conv() -> onnx.ModelProto:
     return _checked(nodes, inits, [1, 8, 16, 16], [1, 8, 16, 16])
 
 
-def _checked(nodes: list, inits: list, x: list[int], y: list[int]) -> onnx.ModelProto:
-    """One float input `x` and output `y`, opset 19 (FP16 scales), checked in full."""
+def _checked(
+    nodes: list, inits: list, x: list[int], y: list[int], opset: int = 19
+) -> onnx.ModelProto:
+    """One float input `x` and output `y`, opset 19 (FP16 scales) or later, checked in full."""
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("x", x), ("y", y))]
     graph = helper.make_graph(nodes, "quantized", vi[:1], vi[1:], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-    model.ir_version = 9
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9 if opset < 21 else 10
     onnx.checker.check_model(model, full_check=True)
     return model
 
@@ -503,16 +505,7 @@ def test_dequantize_reads_around_a_block_quantized_weight(tmp_path):
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(ws, "ws")]
     dq = helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0, block_size=4)
     nodes = [dq, helper.make_node("MatMul", ["x", "wd"], ["y"], name="/fc/MatMul")]
-    graph = helper.make_graph(
-        nodes,
-        "blocked",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
-        inits,
-    )
-    onnx.save(
-        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "b.onnx"
-    )
+    onnx.save(_checked(nodes, inits, [1, 8], [1, 16], opset=21), tmp_path / "b.onnx")
     rules = '\n    - {id: out, match: {name: "^/fc/MatMul$"}, precision: fp32, dequantize: true}'
     inputs = _inputs({"x": ([1, 8], "uniform")})
     text = POLICY.format(model="b.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
