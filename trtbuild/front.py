@@ -43,7 +43,7 @@ class ShapeRun:
     """One point of the input space: its feeds, where their data comes from, its reference."""
 
     point: ShapePoint
-    feeds: list[data_mod.Feed]
+    feeds: list[data_mod.Feed]  # none where the front ran no reference (`reference="none"`)
     measures: ReferenceMeasures | None
     reference: ReferenceTensors | None
     data: Mapping[str, data_mod.InputData] = field(default_factory=dict)  # per input
@@ -242,7 +242,8 @@ class _PointRun:
 
     def __call__(self, point: ShapePoint, decoded: Decoded, originals: dict[Path, Any]) -> ShapeRun:
         policy, prepared = self.policy, self.prepared
-        made = data_mod.point_feeds(policy, prepared.model, point, decoded)
+        sample = self.reference != "none"  # nothing runs: no random feeds drawn
+        made = data_mod.point_feeds(policy, prepared.model, point, decoded, sample)
         feeds = made.feeds
         if self.reference == "none":
             return ShapeRun(point, feeds, None, None, made.data)

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import F, model, node
-from trtbuild.accuracy.data import make_feeds
+from trtbuild.accuracy.data import make_feeds, point_feeds
 from trtbuild.cli import main
 from trtbuild.errors import UsageError
 from trtbuild.policy import load_policy
@@ -85,6 +85,20 @@ def test_images_fill_a_batch_from_consecutive_files(tmp_path):
     feeds = make_feeds(_policy(tmp_path, m, "{images: images}", "[2, 3, 6, 5]"), m)
     assert len(feeds) == 2 and feeds[0]["x"].shape == (2, 3, 6, 5)  # the fifth image is left over
     assert feeds[0]["x"].min() >= 0.0 and feeds[0]["x"].max() <= 1.0
+
+
+def test_unsampled_feeds_say_where_data_comes_from_and_check_it(tmp_path):
+    """`convert` and `check` run nothing: no sample is drawn, but the sources are the
+    sampled run's, and the user's images are still checked (their errors are the same)."""
+    _folder(tmp_path)
+    m = _identity([1, 3, 6, 5])
+    policy = _policy(tmp_path, m, "{images: images}", "[1, 3, 6, 5]")
+    drawn, said = point_feeds(policy, m), point_feeds(policy, m, sample=False)
+    assert len(drawn.feeds) == 3 and said.feeds == []
+    assert said.data == drawn.data and said.data["x"].kind == "images"
+    bad = _policy(tmp_path, m, "{images: images, channels: GRAY}", "[1, 3, 6, 5]")
+    with pytest.raises(UsageError, match="channels: GRAY gives 1"):
+        point_feeds(bad, m, sample=False)
 
 
 @pytest.mark.parametrize(

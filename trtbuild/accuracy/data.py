@@ -100,9 +100,14 @@ def point_feeds(
     model: onnx.ModelProto,
     point: ShapePoint | None = None,
     decoded: Decoded | None = None,
+    sample: bool = True,
 ) -> PointFeeds:
     """`accuracy.samples` feeds at `point` (default: the primary one), deterministic for
     `accuracy.seed`, with where each input's data comes from.
+
+    `sample=False`: no feeds (`[]`), only where each input's data comes from, for a
+    caller that runs nothing (`convert`, `check`): the user's files and images are
+    still read and fit (their errors are the same), the random ones not drawn.
 
     `decoded` holds the images decoded for earlier points of the same run (one
     decode per image, every point fit from the original); without it they are
@@ -127,6 +132,27 @@ def point_feeds(
     specs = {s.name: s for s in policy.inputs}
     data = {n: specs.get(n, InputSpec(n)).data for n in shapes if n not in given}
     normal = {n for n, d in data.items() if d.distribution == "normal" and _is_float(dtypes[n])}
+    sources.update({n: _random_source(d, dtypes[n], n in normal) for n, d in data.items()})
+    for n in constant if n_samples > 1 else ():
+        sources[n] = InputData(sources[n].kind, f"{sources[n].source}, the same in every sample")
+    sources = {n: sources[n] for n in shapes}
+    if not sample:
+        return PointFeeds([], sources)
+    feeds = _drawn(policy, shapes, dtypes, given, constant, data, normal, n_samples)
+    return PointFeeds(feeds, sources)
+
+
+def _drawn(
+    policy: Policy,
+    shapes: dict[str, tuple[int, ...]],
+    dtypes: dict,
+    given: dict[str, np.ndarray],
+    constant: set[str],
+    data: dict[str, DataSpec],
+    normal: set[str],
+    n_samples: int,
+) -> list[Feed]:
+    """The samples: the given arrays (a constant one repeated), the random inputs drawn."""
     uniform = _uniform(
         {n: (shapes[n], dtypes[n], data[n]) for n in data if n not in normal},
         policy.accuracy.seed,
@@ -146,10 +172,7 @@ def point_feeds(
             else:
                 feed[name] = np.asarray(uniform[i][name], dtype=dtypes[name])
         feeds.append(feed)
-    sources.update({n: _random_source(d, dtypes[n], n in normal) for n, d in data.items()})
-    for n in constant if n_samples > 1 else ():
-        sources[n] = InputData(sources[n].kind, f"{sources[n].source}, the same in every sample")
-    return PointFeeds(feeds, {n: sources[n] for n in shapes})
+    return feeds
 
 
 @dataclass(frozen=True)
