@@ -534,13 +534,15 @@ def _value_info(
     view: GraphView, rw: _Rewriter, graph: onnx.GraphProto | None = None
 ) -> list[onnx.ValueInfoProto]:
     """The inferred types, retyped where a value changed precision, and the casts' outputs."""
+    copied = onnx.GraphProto()  # one copy made by protobuf, retyped in place: ~10k values
+    copied.value_info.extend((graph if graph is not None else view.graph).value_info)
+    dtype, outputs = rw.dtype, rw.graph_outputs
     value_info = []
-    for vi in (graph if graph is not None else view.graph).value_info:
-        if vi.name in rw.dtype and vi.name not in rw.graph_outputs:
-            new_vi = onnx.ValueInfoProto()
-            new_vi.CopyFrom(vi)
-            new_vi.type.tensor_type.elem_type = rw.dtype[vi.name]
-            value_info.append(new_vi)
+    for vi in copied.value_info:
+        d = dtype.get(vi.name)
+        if d is not None and vi.name not in outputs:
+            vi.type.tensor_type.elem_type = d
+            value_info.append(vi)
     for new_name, src in rw.origin.items():
         if src in view.shape:
             new_vi = helper.make_value_info(new_name, onnx.TypeProto())
