@@ -322,7 +322,11 @@ def test_a_quantized_model_is_tuned_on_its_float_ops_only(tmp_path, quantized_di
     policy.write_text(text[:start] + "  rules: []\n" + text[end:])
     tuned = tmp_path / "out" / "tuned.yaml"
     assert _tune(policy, tuned) == 0
+    said = capsys.readouterr().out  # the INT8 share, as `convert` says it, in both places
     front = run_front(load_policy(tuned), reference="none")
+    share = front.assignment.summary().share_text()
+    assert "INT8" in share and f"passes (emulated-fp16, storage emulation): {share}, " in said
+    assert f"passes with {share} (of compute nodes)" in tuned.read_text()
     qdq = QdqGraph(front.view)
     names = {front.view.nodes[i].name for i in qdq.nodes}
     hits = front.assignment.rule_hits

@@ -44,6 +44,7 @@ class TrialOutcome:
     worst: dict[str, float]  # output -> max_abs
     low_share: float
     seconds: float
+    share: str = ""  # `PrecisionSummary.share_text`: `80.0% FP16, 15.0% INT8`
     point_seconds: dict[str, float] = field(default_factory=dict)  # point label -> judging time
     failed_outputs: tuple[str, ...] = ()  # graph outputs that fail at some shape
     points: tuple[int, ...] = ()  # the points judged (indices into front.shapes), in order
@@ -80,7 +81,7 @@ def judge_points(
     assignment = assign(front.view, precision, front.measures.ranges, front.analysis)
     mixed = convert(assignment).model
     candidate = Candidate(mixed, emulated=emulate(mixed, front.policy.accuracy.emulation))
-    share = assignment.summary().low_share
+    summary = assignment.summary()
     parts: list[TrialOutcome] = []
     for k in points:
         run = front.shapes[k]
@@ -103,8 +104,9 @@ def judge_points(
                 failing=failing,
                 overflow=verdict.overflow,
                 worst={name: m.max_abs for name, m in verdict.outputs.items()},
-                low_share=share,
+                low_share=summary.low_share,
                 seconds=round(now - (t if not parts else started), 3),
+                share=summary.share_text(),
                 point_seconds={run.point.label: now - started},
                 failed_outputs=tuple(sorted(n for n, m in verdict.outputs.items() if not m.passed)),
                 points=(k,),
@@ -135,6 +137,7 @@ def merge(parts: list[TrialOutcome], seconds: float) -> TrialOutcome:
         worst=worst,
         low_share=parts[0].low_share,
         seconds=round(seconds, 3),
+        share=parts[0].share,
         point_seconds=point_seconds,
         failed_outputs=tuple(sorted({o for p in parts for o in p.failed_outputs})),
         points=tuple(k for p in parts for k in p.points),
