@@ -54,6 +54,14 @@ def test_io_dtypes_kept_and_fp16_output_cast_back():
     (y,) = ort.InferenceSession(converted.model.SerializeToString()).run(None, {"x": x})
     assert y.dtype == np.float32 and y.item() == 48.0
 
+    # every value the mixed model makes is declared, the FP16 result behind the cast too:
+    # nothing is left for a reader (the neighbourhood check, TensorRT) to infer
+    m = converted.model
+    declared = {v.name: v.type.tensor_type for v in (*m.graph.value_info, *m.graph.output)}
+    made = [o for n in m.graph.node for o in n.output]
+    assert all(o in declared for o in made), [o for o in made if o not in declared]
+    assert declared["y__fp16"].elem_type == H and len(declared["y__fp16"].shape.dim) == 2
+
 
 def test_consecutive_pinned_nodes_share_one_region_and_casts_are_shared():
     m = model(

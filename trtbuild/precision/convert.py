@@ -163,6 +163,7 @@ class _Rewriter:
                 internal = f"{o}__{DTYPE_NAME[d]}"
                 new.output[k] = internal
                 self.actual[o], self.dtype[internal] = internal, d
+                self.origin[internal] = o  # declared: shaped as the output, typed `d`
                 name = f"trtbuild/cast_{DTYPE_NAME[exported]}/{o.lstrip('/')}"
                 post.append(helper.make_node("Cast", [internal], [o], name=name, to=exported))
                 self.casts.append(CastRecord(name, o, DTYPE_NAME[exported]))
