@@ -21,6 +21,9 @@ weights are alike to ONNX Runtime's loader), nor are names.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import math
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -55,6 +58,28 @@ _INTS = frozenset(
 )
 
 
+# bytes per element of the types whose `raw_data` numpy reads as it is (`_tensor_key`)
+_RAW_BYTES = (
+    {
+        onnx.TensorProto.FLOAT: 4,
+        onnx.TensorProto.DOUBLE: 8,
+        onnx.TensorProto.FLOAT16: 2,
+        onnx.TensorProto.BFLOAT16: 2,
+        onnx.TensorProto.INT8: 1,
+        onnx.TensorProto.INT16: 2,
+        onnx.TensorProto.INT32: 4,
+        onnx.TensorProto.INT64: 8,
+        onnx.TensorProto.UINT8: 1,
+        onnx.TensorProto.UINT16: 2,
+        onnx.TensorProto.UINT32: 4,
+        onnx.TensorProto.UINT64: 8,
+        onnx.TensorProto.BOOL: 1,
+    }
+    if sys.byteorder == "little"
+    else {}  # numpy swaps each value's bytes
+)
+
+
 class Unbuildable(ValueError):
     """A neighbourhood that cannot be a model of its own (a value of unknown type)."""
 
@@ -78,45 +103,106 @@ class Structure:
 
 def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Structure:
     """The keys of `model`'s top-level nodes; `types` (`value_types`) gives each value's
-    element type and rank."""
-    graph = model.graph
-    types = _TypeKeys(graph, types)
-    consts = _constants(graph)
-    outputs = {o.name for o in graph.output}
-    nodes = list(graph.node)
-    made_by = [list(n.output) for n in nodes]  # protobuf's fields, read once
-    made = {o: (v, i) for v, outs in enumerate(made_by) for i, o in enumerate(outs) if o}
-    links: list[list[tuple[int, bytes]]] = [[] for _ in nodes]
-    tags: dict[tuple[int, int], tuple[bytes, bytes]] = {}
-    signatures: dict[tuple, bytes] = {}  # each distinct signature hashed once
-    labels = []
+    element type and rank.
 
-    def say(t: str) -> bytes:  # what a body's key holds of a value it reads from here
-        return types[t] + b"=" + (consts.get(t) or b"")
-
-    for v, node in enumerate(nodes):
-        ins, outs, attrs = list(node.input), made_by[v], list(node.attribute)
-        outer = _Outer(say)
-        keyed = tuple(_attribute(a, outer) for a in sorted(attrs, key=lambda a: a.name))
-        # a body's outer reads by first use: slot -1 the first, -2 the next (not by name)
-        reads = [*enumerate(ins), *((-1 - k, t) for k, t in enumerate(outer.order))]
-        _link(v, reads, made, links, tags)
-        # lists made into tuples, not generators: a tenth of the time on ~10k nodes
-        sign = (
-            node.domain,
-            node.op_type,
-            keyed,
-            tuple([(types[t], consts.get(t)) if t else None for t in ins]),
-            tuple([(types[t], t in outputs) if t else None for t in outs]),
-        )
-        label = signatures.get(sign)
-        if label is None:
-            label = signatures[sign] = _hash(repr(sign).encode())
-        labels.append(label)
+    How, fast (keys are made at each convert of a new mixed model): each distinct
+    signature gets a number, and the `RADIUS` Weisfeiler-Lehman rounds run on numbers (a
+    node's and its edge-tagged neighbours' as a sorted tuple of ints, numbered again).
+    Numbers are this graph's own (in the order of `graph.node`), so only each round's
+    few distinct classes are hashed, from their first node (`_digests`), exactly as a
+    round over digests would hash them: two nodes share a number exactly where they would
+    share a digest (a blake2b-128 collision aside), so a key is the digest the rounds over
+    digests made, of bytes in no order a hash seed or a dict decides.
+    """
+    wiring = _Wiring(model.graph, types)
+    tags, links = wiring.links()
+    rounds = [(wiring.labels, wiring.firsts)]
     for _ in range(RADIUS):
-        labels = _refined(labels, links)
-    adjacent = tuple(tuple(sorted({u for u, _ in near})) for near in links)
-    return Structure(tuple(label.hex() for label in labels), adjacent)
+        rounds.append(_refined(rounds[-1][0], links, len(tags)))
+    digests = _digests([repr(s).encode() for s in wiring.signatures], rounds, links, tags)
+    adjacent = tuple([tuple(sorted({u for u, _ in near})) for near in links])
+    return Structure(tuple([digests[c] for c in rounds[-1][0]]), adjacent)
+
+
+class _Wiring:
+    """Each top-level node's signature (op, domain, attributes, each input's and output's
+    element type and rank, constants, graph outputs), numbered in order of first use, and
+    the values it reads; each protobuf field read once."""
+
+    def __init__(self, graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+        typed, consts = _initializers(graph)
+        types = _TypeKeys(typed, types)
+        outputs = {o.name for o in graph.output}
+
+        def say(t: str) -> bytes:  # what a body's key holds of a value it reads from here
+            return types[t] + b"=" + (consts.get(t) or b"")
+
+        numbers: dict[tuple, int] = {}
+        self.signatures: list[tuple] = []  # each distinct one, by its number
+        self.firsts: list[int] = []  # the first node of each
+        self.labels: list[int] = []  # each node's number
+        self.reads: list[list[str]] = []  # each node's inputs by slot
+        self.outer: dict[int, list[str]] = {}  # a body's outer reads, by first use
+        self.made: dict[str, tuple[int, int]] = {}  # value -> (its node, output slot)
+        for v, node in enumerate(graph.node):
+            ins, outs = node.input[:], node.output[:]
+            keyed = self._attributes(v, node.attribute, say) if node.attribute else ()
+            # lists made into tuples, not generators: a tenth of the time on ~10k nodes
+            sign = (
+                node.domain,
+                node.op_type,
+                keyed,
+                tuple([(types[t], consts.get(t)) if t else None for t in ins]),
+                tuple([(types[t], t in outputs) if t else None for t in outs]),
+            )
+            label = numbers.get(sign)
+            if label is None:
+                label = numbers[sign] = len(self.signatures)
+                self.signatures.append(sign)
+                self.firsts.append(v)
+            self.labels.append(label)
+            self.reads.append(ins)
+            for i, o in enumerate(outs):
+                if o:
+                    self.made[o] = (v, i)
+
+    def _attributes(
+        self, v: int, attributes: Iterable[onnx.AttributeProto], say: Callable[[str], bytes]
+    ) -> tuple[bytes, ...]:
+        """Node v's attributes by name; its bodies' outer reads go to `outer`."""
+        outer = _Outer(say)
+        keyed = tuple([_attribute(a, outer) for a in sorted(attributes, key=_name)])
+        if outer.order:
+            self.outer[v] = list(outer.order)
+        return keyed
+
+    def links(self) -> tuple[list[bytes], list[list[tuple[int, int]]]]:
+        """Each node's (neighbour, tag) pairs, and the tags' bytes by number: v gets `<i,j`
+        where the neighbour's output slot i feeds its input slot j, the neighbour `>i,j`
+        (an outer-scope read: slot -1, -2, … by first use)."""
+        numbers: dict[tuple[int, int], int] = {}
+        links: list[list[tuple[int, int]]] = [[] for _ in self.reads]
+        made, outer = self.made, self.outer
+        for v, ins in enumerate(self.reads):
+            reads = enumerate(ins)
+            if v in outer:
+                reads = [*reads, *((-1 - k, t) for k, t in enumerate(outer[v]))]  # type: ignore[assignment]
+            for j, t in reads:
+                if t in made:
+                    u, i = made[t]
+                    tag = numbers.get((i, j))
+                    if tag is None:
+                        tag = numbers[i, j] = 2 * len(numbers)
+                    links[v].append((u, tag))
+                    links[u].append((v, tag + 1))
+        tags = [b""] * (2 * len(numbers))
+        for (i, j), tag in numbers.items():
+            tags[tag], tags[tag + 1] = b"<%d,%d" % (i, j), b">%d,%d" % (i, j)
+        return tags, links
+
+
+def _name(a: onnx.AttributeProto) -> str:
+    return a.name
 
 
 class _Outer:
@@ -135,38 +221,41 @@ class _Outer:
         return label
 
 
-def _link(
-    v: int,
-    reads: list[tuple[int, str]],
-    made: dict[str, tuple[int, int]],
-    links: list[list[tuple[int, bytes]]],
-    tags: dict[tuple[int, int], tuple[bytes, bytes]],
-) -> None:
-    """Link node v to the nodes whose values it reads, as (neighbour, tag): v gets `<i,j`
-    where the neighbour's output slot i feeds its input slot j, the neighbour `>i,j` (an
-    outer-scope read: slot -1, -2, … by first use). `tags` holds each pair's tags, made once."""
-    for j, t in reads:
-        if t in made:
-            u, i = made[t]
-            tag = tags.get((i, j)) or tags.setdefault(
-                (i, j), (b"<%d,%d" % (i, j), b">%d,%d" % (i, j))
-            )
-            links[v].append((u, tag[0]))
-            links[u].append((v, tag[1]))
+def _refined(
+    labels: list[int], links: list[list[tuple[int, int]]], tags: int
+) -> tuple[list[int], list[int]]:
+    """One Weisfeiler-Lehman round on numbers: each node's number with its neighbours'
+    (each `label * tags + tag`: one int per pair, as a sorted multiset) numbered again in
+    order of first use; and the first node of each new number."""
+    numbers: dict[tuple[int, ...], int] = {}
+    out: list[int] = []
+    firsts: list[int] = []
+    for v, near in enumerate(links):
+        key = (labels[v], *sorted([labels[u] * tags + t for u, t in near]))
+        label = numbers.get(key)
+        if label is None:
+            label = numbers[key] = len(firsts)
+            firsts.append(v)
+        out.append(label)
+    return out, firsts
 
 
-def _refined(labels: list[bytes], links: list[list[tuple[int, bytes]]]) -> list[bytes]:
-    """One Weisfeiler-Lehman round: each label hashed with its neighbours' (edge-tagged,
-    as a sorted multiset); each distinct neighbourhood hashed once."""
-    seen: dict[tuple[bytes, ...], bytes] = {}
-    out = []
-    for v, label in enumerate(labels):
-        near = (label, *sorted([tag + labels[u] for u, tag in links[v]]))
-        digest = seen.get(near)
-        if digest is None:
-            digest = seen[near] = _hash(*near)
-        out.append(digest)
-    return out
+def _digests(
+    signatures: list[bytes],
+    rounds: list[tuple[list[int], list[int]]],
+    links: list[list[tuple[int, int]]],
+    tags: list[bytes],
+) -> list[str]:
+    """Each final number's key: its signature's digest, then per round the digest of its
+    first node's digest before and its neighbours' (each its tag's bytes and digest, as
+    a sorted multiset), so a key depends on bytes alone, not on the numbers' order."""
+    digests = [_hash(s) for s in signatures]
+    for (before, _), (_, firsts) in itertools.pairwise(rounds):
+        digests = [
+            _hash(digests[before[v]], *sorted([tags[t] + digests[before[u]] for u, t in links[v]]))
+            for v in firsts
+        ]
+    return [d.hex() for d in digests]
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -230,33 +319,45 @@ def _hash(*parts: bytes) -> bytes:
     return h.digest()
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, bytes]:
-    """Values that are constants (initializers, `Constant` outputs) -> what keys them:
-    the values of small integer ones (shapes and axes drive ONNX Runtime's rewrites)
-    and of float scalars (a fusion matches GELU's 0.5 or LayerNorm's exponent 2). An
-    initializer that is a graph input too is no constant: a user may feed another value,
-    so ONNX Runtime neither folds it nor fuses on it."""
+def _initializers(graph: onnx.GraphProto) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """Each initializer's type key (its own type and rank), and the values that are
+    constants (initializers, `Constant` outputs) -> what keys them: the values of small
+    integer ones (shapes and axes drive ONNX Runtime's rewrites) and of float scalars (a
+    fusion matches GELU's 0.5 or LayerNorm's exponent 2). An initializer that is a graph
+    input too is no constant: a user may feed another value, so ONNX Runtime neither
+    folds it nor fuses on it. One pass over the initializers."""
     inputs = {i.name for i in graph.input}
-    found = {t.name: _tensor_key(t) for t in graph.initializer if t.name not in inputs}
+    typed, found = {}, {}
+    for t in graph.initializer:
+        name, dims = t.name, t.dims[:]
+        typed[name] = b"%d/%d" % (t.data_type, len(dims))
+        if name not in inputs:
+            found[name] = _tensor_key(t, dims)
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
             found[node.output[0]] = b"C" + b"".join(_attribute(a) for a in node.attribute)
-    return found
+    return typed, found
 
 
-def _tensor_key(t: onnx.TensorProto) -> bytes:
-    """A constant's type, and its values where small (`_constants`), never its weights'
-    bytes: layers alike but for their weights are alike to the loader."""
-    size = 1
-    for d in t.dims:
-        size *= d
-    small = size <= SMALL_INTS if t.data_type in _INTS else size == 1
+def _tensor_key(t: onnx.TensorProto, dims: list[int] | None = None) -> bytes:
+    """A constant's type, and its values where small (`_initializers`), never its
+    weights' bytes: layers alike but for their weights are alike to the loader. A small
+    tensor's `raw_data` is its values' bytes as numpy's `tobytes` gives them (little
+    endian, a type of whole bytes, the size its dims say): read as they are, without
+    `numpy_helper.to_array` (a tenth of the keys' time on a 10k-node model)."""
+    dims = t.dims[:] if dims is None else dims
+    kind = t.data_type
+    size = math.prod(dims)
+    small = size <= SMALL_INTS if kind in _INTS else size == 1
     if not small or t.data_location == onnx.TensorProto.EXTERNAL:
-        return b"W%d" % t.data_type
+        return b"W%d" % kind
+    raw = t.raw_data
+    if raw and len(raw) == size * _RAW_BYTES.get(kind, -1) and not t.HasField("segment"):
+        return b"T%d:%r=" % (kind, dims) + raw
     try:
-        return b"T%d:%r=" % (t.data_type, list(t.dims)) + numpy_helper.to_array(t).tobytes()
+        return b"T%d:%r=" % (kind, dims) + numpy_helper.to_array(t).tobytes()
     except Exception:  # a tensor numpy cannot hold (a new type): its type keys it
-        return b"W%d" % t.data_type
+        return b"W%d" % kind
 
 
 def _attribute(a: onnx.AttributeProto, outer: _Outer | None = None) -> bytes:
@@ -311,17 +412,24 @@ def _body(graph: onnx.GraphProto, outer: _Outer) -> bytes:
 
 
 class _TypeKeys(dict):
-    """Value name -> `_type_key` of its type, each computed once (`structure` asks of
-    every input and output of every node); an initializer's from its own type and dims."""
+    """Value name -> `_type_key` of its type (`structure` asks of every input and output
+    of every node), each distinct type computed once (a model has a few dozen: alike by
+    their bytes); an initializer's from its own type and dims (`typed`), whatever
+    `types` says."""
 
-    def __init__(self, graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+    def __init__(self, typed: dict[str, bytes], types: dict[str, onnx.TypeProto]) -> None:
         super().__init__()
-        self.types = types
-        self.update((t.name, b"%d/%d" % (t.data_type, len(t.dims))) for t in graph.initializer)
+        memo: dict[bytes, bytes] = {}
+        for name, t in types.items():
+            data = t.SerializeToString()
+            key = memo.get(data)
+            if key is None:
+                key = memo[data] = _type_key(t)
+            self[name] = key
+        self.update(typed)
 
     def __missing__(self, name: str) -> bytes:
-        found = self[name] = _type_key(self.types.get(name))
-        return found
+        return b"?"  # no type known
 
 
 def _type_key(t: onnx.TypeProto | None) -> bytes:
