@@ -177,9 +177,13 @@ class _Wiring:
                 self.firsts.append(v)
             labels.append(label)
             reads.append(ins)
-            for i, o in enumerate(outs):
-                if o:
-                    made[o] = (v, i)
+            if len(outs) == 1:  # most nodes: no enumerate
+                if outs[0]:
+                    made[outs[0]] = (v, 0)
+            else:
+                for i, o in enumerate(outs):
+                    if o:
+                        made[o] = (v, i)
 
     def _attributes(
         self, v: int, attributes: Iterable[onnx.AttributeProto], say: Callable[[str], bytes]
@@ -293,14 +297,17 @@ def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     found = {v.name: v.type for v in g.value_info}
     found.update({v.name: v.type for v in g.input})
     found.update({v.name: v.type for v in g.output})
-    known = found.keys() | {t.name for t in g.initializer}
     made = [n.output[:] for n in g.node]  # a slice: half the time of iterating the field
-    missing = set(itertools.chain.from_iterable(made)) - known
+    missing = set(itertools.chain.from_iterable(made)).difference(found)
     missing.discard("")  # an optional output left out
+    if missing:  # an initializer is no value to type (its own type is read)
+        missing.difference_update(t.name for t in g.initializer)
     if not missing:
         return found
-    makers = [n for n, outs in zip(g.node, made, strict=True) if not missing.isdisjoint(outs)]
-    local = _inferred(model, makers, found, known)
+    makers = [
+        g.node[v] for v in dict.fromkeys(v for v, o in enumerate(made) for t in o if t in missing)
+    ]
+    local = _inferred(model, makers, found, missing)
     if local is None:
         typed = infer_shapes(model)
         return {
@@ -314,16 +321,18 @@ def _inferred(
     model: onnx.ModelProto,
     makers: list[onnx.NodeProto],
     found: dict[str, onnx.TypeProto],
-    known: set[str],
+    missing: set[str],
 ) -> dict[str, onnx.TypeProto] | None:
-    """The types of the values `makers` make but `model` does not declare, inferred from
-    the makers alone; None where an input of theirs has no declared type either."""
+    """The types of the `missing` values (`makers` make them, `model` does not declare
+    them), inferred from the makers alone; None where an input of theirs has no declared
+    type either."""
     reads = list(dict.fromkeys(t for n in makers for t in subgraphs.node_reads(n)))
-    if any(t not in known for t in reads):
-        return None
     g = model.graph
-    weights = {t.name: t for t in g.initializer}
-    wanted = [o for n in makers for o in n.output if o and o not in known]
+    read = set(reads)
+    weights = {t.name: t for t in g.initializer if t.name in read}
+    if any(t not in found and t not in weights for t in reads):
+        return None
+    wanted = [o for n in makers for o in n.output if o in missing]
     mini = helper.make_graph(
         makers,
         "untyped",
@@ -356,24 +365,25 @@ def _initializers(graph: onnx.GraphProto) -> tuple[dict[str, bytes], dict[str, b
     inputs = {i.name for i in graph.input}
     typed, found = {}, {}
     for t in graph.initializer:
-        name, dims = t.name, t.dims[:]
-        typed[name] = b"%d/%d" % (t.data_type, len(dims))
+        name, kind, dims = t.name, t.data_type, t.dims[:]
+        typed[name] = b"%d/%d" % (kind, len(dims))
         if name not in inputs:
-            found[name] = _tensor_key(t, dims)
+            found[name] = _tensor_key(t, kind, dims)
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
             found[node.output[0]] = b"C" + b"".join(_attribute(a) for a in node.attribute)
     return typed, found
 
 
-def _tensor_key(t: onnx.TensorProto, dims: list[int] | None = None) -> bytes:
+def _tensor_key(t: onnx.TensorProto, kind: int = 0, dims: list[int] | None = None) -> bytes:
     """A constant's type, and its values where small (`_initializers`), never its
     weights' bytes: layers alike but for their weights are alike to the loader. A small
     tensor's `raw_data` is its values' bytes as numpy's `tobytes` gives them (little
     endian, a type of whole bytes, the size its dims say): read as they are, without
-    `numpy_helper.to_array` (a tenth of the keys' time on a 10k-node model)."""
-    dims = t.dims[:] if dims is None else dims
-    kind = t.data_type
+    `numpy_helper.to_array` (a tenth of the keys' time on a 10k-node model). `kind` and
+    `dims`: the tensor's `data_type` and `dims` where the caller read them already."""
+    if dims is None:
+        kind, dims = t.data_type, t.dims[:]
     size = math.prod(dims)
     small = size <= SMALL_INTS if kind in _INTS else size == 1
     if not small or t.data_location == onnx.TensorProto.EXTERNAL:
@@ -488,19 +498,21 @@ def neighbourhood_model(
         Unbuildable: a value crossing the border has no known element type.
     """
     graph = model.graph
-    nodes = [graph.node[v] for v in sorted(set(chosen))]
-    made = {o for n in nodes for o in n.output if o}
-    consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output}
-    taken = {t: consts[t] for n in nodes for t in subgraphs.node_reads(n) if t in consts}
-    taken = {t: n for t, n in taken.items() if t not in made}
-    order = {id(n): k for k, n in enumerate(graph.node)}
-    nodes = sorted([*nodes, *taken.values()], key=lambda n: order[id(n)])
-    made.update(taken)
+    picked = {v: graph.node[v] for v in set(chosen)}
+    made = {o for n in picked.values() for o in n.output if o}
+    wanted = {t for n in picked.values() for t in subgraphs.node_reads(n)} - made
+    consts = {
+        n.output[0]: k for k, n in enumerate(graph.node) if n.op_type == "Constant" and n.output
+    }
+    for t in wanted & consts.keys():
+        picked[consts[t]] = graph.node[consts[t]]
+        made.add(t)
+    nodes = [picked[v] for v in sorted(picked)]
     reads = [t for n in nodes for t in subgraphs.node_reads(n)]
-    weights = {t.name: t for t in graph.initializer}
+    read, shown = set(reads), {o.name for o in graph.output}
+    weights = {t.name: t for t in graph.initializer if t.name in read}  # not a dict of all
     fed = {i.name for i in graph.input} & weights.keys()  # overridable: no constants
     outer = [t for t in dict.fromkeys(reads) if t not in made and (t not in weights or t in fed)]
-    read, shown = set(reads), {o.name for o in graph.output}
     ends = [o for n in nodes for o in n.output if o and (o not in read or o in shown)]
     sub = helper.make_graph(
         nodes,
