@@ -59,7 +59,7 @@ _INTS = frozenset(
 
 
 # bytes per element of the types whose `raw_data` numpy reads as it is (`_tensor_key`)
-_RAW_BYTES = (
+_RAW_BYTES: dict[int, int] = (
     {
         onnx.TensorProto.FLOAT: 4,
         onnx.TensorProto.DOUBLE: 8,
@@ -186,14 +186,12 @@ class _Wiring:
                         made[o] = (v, i)
 
     def _attributes(
-        self, v: int, attributes: Iterable[onnx.AttributeProto], say: Callable[[str], bytes]
+        self, v: int, attributes: Sequence[onnx.AttributeProto], say: Callable[[str], bytes]
     ) -> tuple[bytes, ...]:
         """Node v's attributes by name; its bodies' outer reads go to `outer`."""
         outer = _Outer(say)
-        attributes = attributes[:]
-        if len(attributes) > 1:
-            attributes.sort(key=_name)
-        keyed = tuple([_attribute(a, outer) for a in attributes])
+        ordered = list(attributes) if len(attributes) == 1 else sorted(attributes, key=_name)
+        keyed = tuple([_attribute(a, outer) for a in ordered])
         if outer.order:
             self.outer[v] = list(outer.order)
         return keyed
@@ -206,9 +204,9 @@ class _Wiring:
         links: list[list[tuple[int, int]]] = [[] for _ in self.reads]
         made, outer = self.made, self.outer
         for v, ins in enumerate(self.reads):
-            reads = enumerate(ins)
-            if v in outer:
-                reads = [*reads, *((-1 - k, t) for k, t in enumerate(outer[v]))]  # type: ignore[assignment]
+            reads: Iterable[tuple[int, str]] = enumerate(ins)
+            if v in outer:  # a body's outer reads by first use: slot -1, -2, … (not by name)
+                reads = [*reads, *((-1 - k, t) for k, t in enumerate(outer[v]))]
             for j, t in reads:
                 if t in made:
                     u, i = made[t]
