@@ -204,13 +204,15 @@ def _digest_rounds(m: onnx.ModelProto) -> list[str]:
     neighbours' tag and digest, sorted, hashed again `RADIUS` times): what the rounds on
     numbers must give, digit for digit (a memory of keys made so stays valid)."""
     wiring = structure._Wiring(m.graph, structure.value_types(m))
-    tags, links = wiring.links()
+    links = wiring.links()
     signed = [structure._hash(repr(s).encode()) for s in wiring.signatures]
     labels = [signed[c] for c in wiring.labels]
     for _ in range(structure.RADIUS):
         labels = [
-            structure._hash(labels[v], *sorted(tags[t] + labels[u] for u, t in near))
-            for v, near in enumerate(links)
+            structure._hash(
+                labels[v], *sorted(links.tags[t] + labels[u] for u, t in links.pairs(v))
+            )
+            for v in range(len(labels))
         ]
     return [label.hex() for label in labels]
 
