@@ -266,3 +266,25 @@ def test_a_small_tensor_is_keyed_by_its_values_however_it_is_stored():
         assert structure._tensor_key(raw) == structure._tensor_key(fields) != b"W%d" % kind
     big = numpy_helper.from_array(np.zeros(2, np.float32), "w")
     assert structure._tensor_key(big) == b"W%d" % onnx.TensorProto.FLOAT  # weights: type only
+
+
+@pytest.mark.parametrize("make", [lambda: _chain(fp16_block=5), if_model, lambda: _twins()])
+def test_a_ball_holds_the_nodes_within_radius_hops_of_its_centres(make):
+    """`ball` walks the keys' flat links: the same nodes as a search over who reads what
+    whom makes (a body's outer reads included)."""
+    from trtbuild.graph import subgraphs
+
+    m = make()
+    nodes = list(m.graph.node)
+    maker = {o: u for u, n in enumerate(nodes) for o in n.output if o}
+    near: list[set[int]] = [set() for _ in nodes]
+    for v, n in enumerate(nodes):
+        for u in {maker[t] for t in subgraphs.node_reads(n) if t in maker}:
+            near[v].add(u)
+            near[u].add(v)
+    s = structure.structure(m, structure.value_types(m))
+    for v in range(len(nodes)):
+        found = {v}
+        for radius in range(structure.RADIUS + 1):
+            assert s.ball([v], radius) == found
+            found = found | {u for w in found for u in near[w]}
