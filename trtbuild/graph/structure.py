@@ -174,10 +174,11 @@ class _Wiring:
         self.signatures: list[tuple] = []  # each distinct one, by its number
         self.firsts: list[int] = []  # the first node of each
         self.labels: list[int] = []  # each node's number
-        self.reads: list[list[str]] = []  # each node's inputs by slot
+        self.reads: list[str] = []  # each node's inputs by slot, one after the other
+        self.ends: list[int] = [0]  # where each node's inputs end in `reads`
         self.outer: dict[int, list[str]] = {}  # a body's outer reads, by first use
         self.made: dict[str, tuple[int, int]] = {}  # value -> (its node, output slot)
-        labels, reads, made, const = self.labels, self.reads, self.made, consts.get
+        labels, reads, ends, made, const = self.labels, self.reads, self.ends, self.made, consts.get
         for v, node in enumerate(graph.node):
             ins, outs = node.input[:], node.output[:]  # a slice: half a list()'s time
             attributes = node.attribute
@@ -196,7 +197,8 @@ class _Wiring:
                 self.signatures.append(sign)
                 self.firsts.append(v)
             labels.append(label)
-            reads.append(ins)
+            reads += ins  # one list, not one per node: fewer objects for the collector
+            ends.append(len(reads))
             if len(outs) == 1:  # most nodes: no enumerate
                 if outs[0]:
                     made[outs[0]] = (v, 0)
@@ -221,9 +223,10 @@ class _Wiring:
         where the neighbour's output slot i feeds its input slot j, the neighbour `>i,j`
         (an outer-scope read: slot -1, -2, … by first use)."""
         numbers: dict[tuple[int, int], int] = {}
-        links: list[list[int]] = [[] for _ in self.reads]  # per node: neighbour, tag, …
+        links: list[list[int]] = [[] for _ in self.labels]  # per node: neighbour, tag, …
         made, outer = self.made, self.outer
-        for v, ins in enumerate(self.reads):
+        for v, (a, b) in enumerate(itertools.pairwise(self.ends)):
+            ins = self.reads[a:b]
             reads: Iterable[tuple[int, str]] = enumerate(ins)
             if v in outer:  # a body's outer reads by first use: slot -1, -2, … (not by name)
                 reads = [*reads, *((-1 - k, t) for k, t in enumerate(outer[v]))]
