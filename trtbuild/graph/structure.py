@@ -20,6 +20,7 @@ weights are alike to ONNX Runtime's loader), nor are names.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import math
@@ -320,16 +321,19 @@ def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     found = {v.name: v.type for v in g.value_info}
     found.update({v.name: v.type for v in g.input})
     found.update({v.name: v.type for v in g.output})
-    made = [n.output[:] for n in g.node]  # a slice: half the time of iterating the field
-    missing = set(itertools.chain.from_iterable(made)).difference(found)
+    made: list[str] = []  # every node's outputs in one list (not one per node: the collector)
+    ends = []  # where each node's outputs end in `made`
+    for n in g.node:
+        made += n.output[:]  # a slice: half the time of iterating the field
+        ends.append(len(made))
+    missing = set(made).difference(found)
     missing.discard("")  # an optional output left out
     if missing:  # an initializer is no value to type (its own type is read)
         missing.difference_update(t.name for t in g.initializer)
     if not missing:
         return found
-    makers = [
-        g.node[v] for v in dict.fromkeys(v for v, o in enumerate(made) for t in o if t in missing)
-    ]
+    at = [k for k, t in enumerate(made) if t in missing]
+    makers = [g.node[v] for v in dict.fromkeys(bisect.bisect_right(ends, k) for k in at)]
     local = _inferred(model, makers, found, missing)
     if local is None:
         typed = infer_shapes(model)
