@@ -142,12 +142,13 @@ def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Struc
 
     How, fast (keys are made at each convert of a new mixed model): each distinct
     signature gets a number, and the `RADIUS` Weisfeiler-Lehman rounds run on numbers (a
-    node's and its edge-tagged neighbours' as a sorted tuple of ints, numbered again).
-    Numbers are this graph's own (in the order of `graph.node`), so only each round's
-    few distinct classes are hashed, from their first node (`_digests`), exactly as a
-    round over digests would hash them: two nodes share a number exactly where they would
-    share a digest (a blake2b-128 collision aside), so a key is the digest the rounds over
-    digests made, of bytes in no order a hash seed or a dict decides.
+    node's and its edge-tagged neighbours' as a sorted tuple of ints, numbered again;
+    exact, no hash). Numbers are this graph's own (in the order of `graph.node`), so only
+    each round's few distinct classes are hashed, from their first node (`_digests`), as
+    a round over digests hashes them. Two nodes that share a number have the same
+    signature and alike neighbours round after round, so they share that digest too: a
+    key is, byte for byte, the digest the rounds over digests made (VERSION 2's), of bytes
+    in no order a hash seed or a dict decides; nodes the digests told apart still differ.
     """
     wiring = _Wiring(model.graph, types)
     links = wiring.links()
