@@ -20,8 +20,12 @@ weights are alike to ONNX Runtime's loader), nor are names.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-from collections.abc import Callable, Iterable
+import itertools
+import math
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -55,6 +59,40 @@ _INTS = frozenset(
 )
 
 
+# bytes per element of the types whose `raw_data` numpy reads as it is (`_tensor_key`)
+_RAW_BYTES: dict[int, int] = (
+    {
+        onnx.TensorProto.FLOAT: 4,
+        onnx.TensorProto.DOUBLE: 8,
+        onnx.TensorProto.FLOAT16: 2,
+        onnx.TensorProto.BFLOAT16: 2,
+        onnx.TensorProto.INT8: 1,
+        onnx.TensorProto.INT16: 2,
+        onnx.TensorProto.INT32: 4,
+        onnx.TensorProto.INT64: 8,
+        onnx.TensorProto.UINT8: 1,
+        onnx.TensorProto.UINT16: 2,
+        onnx.TensorProto.UINT32: 4,
+        onnx.TensorProto.UINT64: 8,
+        onnx.TensorProto.BOOL: 1,
+    }
+    if sys.byteorder == "little"
+    else {}  # numpy swaps each value's bytes
+)
+
+
+_SPECIAL = frozenset(  # attributes `_attribute` keys otherwise than by their bytes
+    {
+        onnx.AttributeProto.GRAPH,
+        onnx.AttributeProto.GRAPHS,
+        onnx.AttributeProto.TENSOR,
+        onnx.AttributeProto.TENSORS,
+        onnx.AttributeProto.SPARSE_TENSOR,
+        onnx.AttributeProto.SPARSE_TENSORS,
+    }
+)
+
+
 class Unbuildable(ValueError):
     """A neighbourhood that cannot be a model of its own (a value of unknown type)."""
 
@@ -64,59 +102,154 @@ class Structure:
     """The keys of a graph's nodes (in `graph.node` order) and who is next to whom."""
 
     keys: tuple[str, ...]
-    adjacent: tuple[tuple[int, ...], ...]  # node indices sharing a value, either way
+    # who is next to whom, flat (`_Links`): node v's neighbours, the nodes sharing a value
+    # with it either way, are near[starts[v]:starts[v + 1]] (one twice where two are shared)
+    near: list[int]
+    starts: list[int]
 
     def ball(self, centres: Iterable[int], radius: int = RADIUS) -> set[int]:
         """The nodes at most `radius` hops from any of `centres`."""
+        near, starts = self.near, self.starts
         seen = set(centres)
-        edge = list(seen)
+        edge = seen
         for _ in range(radius):
-            edge = [u for v in edge for u in self.adjacent[v] if u not in seen]
-            seen.update(edge)
+            edge = {u for v in edge for u in near[starts[v] : starts[v + 1]]} - seen
+            seen |= edge
         return seen
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Who is next to whom and by which edge, flat: node v's pairs (neighbour, tag) are
+    (near[k], tagged[k]) for k in range(starts[v], starts[v + 1]); `tags` each tag's
+    bytes by its number. Flat lists, not a list of pairs per node: the rounds read them
+    faster, and the garbage collector walks 3 lists, not 10k lists and 40k tuples (a
+    full collection during the keys cost an edit's convert 25 ms)."""
+
+    near: list[int]
+    tagged: list[int]
+    starts: list[int]
+    tags: list[bytes]
+
+    def pairs(self, v: int) -> Iterable[tuple[int, int]]:
+        a, b = self.starts[v], self.starts[v + 1]
+        return zip(self.near[a:b], self.tagged[a:b], strict=True)
 
 
 def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Structure:
     """The keys of `model`'s top-level nodes; `types` (`value_types`) gives each value's
-    element type and rank."""
-    graph = model.graph
-    types = _TypeKeys(graph, types)
-    consts = _constants(graph)
-    outputs = {o.name for o in graph.output}
-    nodes = list(graph.node)
-    made_by = [list(n.output) for n in nodes]  # protobuf's fields, read once
-    made = {o: (v, i) for v, outs in enumerate(made_by) for i, o in enumerate(outs) if o}
-    links: list[list[tuple[int, bytes]]] = [[] for _ in nodes]
-    tags: dict[tuple[int, int], tuple[bytes, bytes]] = {}
-    signatures: dict[tuple, bytes] = {}  # each distinct signature hashed once
-    labels = []
+    element type and rank.
 
-    def say(t: str) -> bytes:  # what a body's key holds of a value it reads from here
-        return types[t] + b"=" + (consts.get(t) or b"")
-
-    for v, node in enumerate(nodes):
-        ins, outs, attrs = list(node.input), made_by[v], list(node.attribute)
-        outer = _Outer(say)
-        keyed = tuple(_attribute(a, outer) for a in sorted(attrs, key=lambda a: a.name))
-        # a body's outer reads by first use: slot -1 the first, -2 the next (not by name)
-        reads = [*enumerate(ins), *((-1 - k, t) for k, t in enumerate(outer.order))]
-        _link(v, reads, made, links, tags)
-        # lists made into tuples, not generators: a tenth of the time on ~10k nodes
-        sign = (
-            node.domain,
-            node.op_type,
-            keyed,
-            tuple([(types[t], consts.get(t)) if t else None for t in ins]),
-            tuple([(types[t], t in outputs) if t else None for t in outs]),
-        )
-        label = signatures.get(sign)
-        if label is None:
-            label = signatures[sign] = _hash(repr(sign).encode())
-        labels.append(label)
+    How, fast (keys are made at each convert of a new mixed model): each distinct
+    signature gets a number, and the `RADIUS` Weisfeiler-Lehman rounds run on numbers (a
+    node's and its edge-tagged neighbours' as a sorted tuple of ints, numbered again;
+    exact, no hash). Numbers are this graph's own (in the order of `graph.node`), so only
+    each round's few distinct classes are hashed, from their first node (`_digests`), as
+    a round over digests hashes them. Two nodes that share a number have the same
+    signature and alike neighbours round after round, so they share that digest too: a
+    key is, byte for byte, the digest the rounds over digests made (VERSION 2's), of bytes
+    in no order a hash seed or a dict decides; nodes the digests told apart still differ.
+    """
+    wiring = _Wiring(model.graph, types)
+    links = wiring.links()
+    rounds = [(wiring.labels, wiring.firsts)]
     for _ in range(RADIUS):
-        labels = _refined(labels, links)
-    adjacent = tuple(tuple(sorted({u for u, _ in near})) for near in links)
-    return Structure(tuple(label.hex() for label in labels), adjacent)
+        rounds.append(_refined(rounds[-1][0], links))
+    digests = _digests([repr(s).encode() for s in wiring.signatures], rounds, links)
+    return Structure(tuple([digests[c] for c in rounds[-1][0]]), links.near, links.starts)
+
+
+class _Wiring:
+    """Each top-level node's signature (op, domain, attributes, each input's and output's
+    element type and rank, constants, graph outputs), numbered in order of first use, and
+    the values it reads; each protobuf field read once."""
+
+    def __init__(self, graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+        typed, consts = _initializers(graph)
+        types = _TypeKeys(typed, types)
+        outputs = {o.name for o in graph.output}
+
+        def say(t: str) -> bytes:  # what a body's key holds of a value it reads from here
+            return types[t] + b"=" + (consts.get(t) or b"")
+
+        numbers: dict[tuple, int] = {}
+        self.signatures: list[tuple] = []  # each distinct one, by its number
+        self.firsts: list[int] = []  # the first node of each
+        self.labels: list[int] = []  # each node's number
+        self.reads: list[str] = []  # each node's inputs by slot, one after the other
+        self.ends: list[int] = [0]  # where each node's inputs end in `reads`
+        self.outer: dict[int, list[str]] = {}  # a body's outer reads, by first use
+        self.made: dict[str, tuple[int, int]] = {}  # value -> (its node, output slot)
+        labels, reads, ends, made, const = self.labels, self.reads, self.ends, self.made, consts.get
+        for v, node in enumerate(graph.node):
+            ins, outs = node.input[:], node.output[:]  # a slice: half a list()'s time
+            attributes = node.attribute
+            keyed = self._attributes(v, attributes, say) if attributes else ()
+            # lists made into tuples, not generators: a tenth of the time on ~10k nodes
+            sign = (
+                node.domain,
+                node.op_type,
+                keyed,
+                tuple([(types[t], const(t)) if t else None for t in ins]),
+                tuple([(types[t], t in outputs) if t else None for t in outs]),
+            )
+            label = numbers.get(sign)
+            if label is None:
+                label = numbers[sign] = len(self.signatures)
+                self.signatures.append(sign)
+                self.firsts.append(v)
+            labels.append(label)
+            reads += ins  # one list, not one per node: fewer objects for the collector
+            ends.append(len(reads))
+            if len(outs) == 1:  # most nodes: no enumerate
+                if outs[0]:
+                    made[outs[0]] = (v, 0)
+            else:
+                for i, o in enumerate(outs):
+                    if o:
+                        made[o] = (v, i)
+
+    def _attributes(
+        self, v: int, attributes: Sequence[onnx.AttributeProto], say: Callable[[str], bytes]
+    ) -> tuple[bytes, ...]:
+        """Node v's attributes by name; its bodies' outer reads go to `outer`."""
+        outer = _Outer(say)
+        ordered = list(attributes) if len(attributes) == 1 else sorted(attributes, key=_name)
+        keyed = tuple([_attribute(a, outer) for a in ordered])
+        if outer.order:
+            self.outer[v] = list(outer.order)
+        return keyed
+
+    def links(self) -> _Links:
+        """Each node's (neighbour, tag) pairs, and the tags' bytes by number: v gets `<i,j`
+        where the neighbour's output slot i feeds its input slot j, the neighbour `>i,j`
+        (an outer-scope read: slot -1, -2, … by first use)."""
+        numbers: dict[tuple[int, int], int] = {}
+        links: list[list[int]] = [[] for _ in self.labels]  # per node: neighbour, tag, …
+        made, outer = self.made, self.outer
+        for v, (a, b) in enumerate(itertools.pairwise(self.ends)):
+            ins = self.reads[a:b]
+            reads: Iterable[tuple[int, str]] = enumerate(ins)
+            if v in outer:  # a body's outer reads by first use: slot -1, -2, … (not by name)
+                reads = [*reads, *((-1 - k, t) for k, t in enumerate(outer[v]))]
+            for j, t in reads:
+                if t in made:
+                    u, i = made[t]
+                    tag = numbers.get((i, j))
+                    if tag is None:
+                        tag = numbers[i, j] = 2 * len(numbers)
+                    links[v] += (u, tag)
+                    links[u] += (v, tag + 1)
+        tags = [b""] * (2 * len(numbers))
+        for (i, j), tag in numbers.items():
+            tags[tag], tags[tag + 1] = b"<%d,%d" % (i, j), b">%d,%d" % (i, j)
+        flat = list(itertools.chain.from_iterable(links))
+        starts = list(itertools.accumulate([len(near) // 2 for near in links], initial=0))
+        return _Links(flat[0::2], flat[1::2], starts, tags)
+
+
+def _name(a: onnx.AttributeProto) -> str:
+    return a.name
 
 
 class _Outer:
@@ -135,38 +268,45 @@ class _Outer:
         return label
 
 
-def _link(
-    v: int,
-    reads: list[tuple[int, str]],
-    made: dict[str, tuple[int, int]],
-    links: list[list[tuple[int, bytes]]],
-    tags: dict[tuple[int, int], tuple[bytes, bytes]],
-) -> None:
-    """Link node v to the nodes whose values it reads, as (neighbour, tag): v gets `<i,j`
-    where the neighbour's output slot i feeds its input slot j, the neighbour `>i,j` (an
-    outer-scope read: slot -1, -2, … by first use). `tags` holds each pair's tags, made once."""
-    for j, t in reads:
-        if t in made:
-            u, i = made[t]
-            tag = tags.get((i, j)) or tags.setdefault(
-                (i, j), (b"<%d,%d" % (i, j), b">%d,%d" % (i, j))
+def _refined(labels: list[int], links: _Links) -> tuple[list[int], list[int]]:
+    """One Weisfeiler-Lehman round on numbers: each node's neighbours (each `label * tags
+    + tag`: one int per pair, sorted: a multiset) then its own number, as a tuple,
+    numbered again in order of first use; and the first node of each new number."""
+    numbers: dict[tuple[int, ...], int] = {}
+    out: list[int] = []
+    firsts: list[int] = []
+    scaled = [label * len(links.tags) for label in labels]
+    pairs = [scaled[u] + t for u, t in zip(links.near, links.tagged, strict=True)]
+    for v, a, b in zip(range(len(labels)), links.starts, links.starts[1:]):
+        around = pairs[a:b]
+        around.sort()  # in place, the own number last: 2/3 of sorted((own, *near))'s time
+        around.append(labels[v])
+        key = tuple(around)
+        label = numbers.get(key)
+        if label is None:
+            label = numbers[key] = len(firsts)
+            firsts.append(v)
+        out.append(label)
+    return out, firsts
+
+
+def _digests(
+    signatures: list[bytes], rounds: list[tuple[list[int], list[int]]], links: _Links
+) -> list[str]:
+    """Each final number's key: its signature's digest, then per round the digest of its
+    first node's digest before and its neighbours' (each its tag's bytes and digest, as
+    a sorted multiset), so a key depends on bytes alone, not on the numbers' order."""
+    tags = links.tags
+    digests = [_hash(s) for s in signatures]
+    for (before, _), (_, firsts) in itertools.pairwise(rounds):
+        digests = [
+            _hash(
+                digests[before[v]],
+                *sorted([tags[t] + digests[before[u]] for u, t in links.pairs(v)]),
             )
-            links[v].append((u, tag[0]))
-            links[u].append((v, tag[1]))
-
-
-def _refined(labels: list[bytes], links: list[list[tuple[int, bytes]]]) -> list[bytes]:
-    """One Weisfeiler-Lehman round: each label hashed with its neighbours' (edge-tagged,
-    as a sorted multiset); each distinct neighbourhood hashed once."""
-    seen: dict[tuple[bytes, ...], bytes] = {}
-    out = []
-    for v, label in enumerate(labels):
-        near = (label, *sorted([tag + labels[u] for u, tag in links[v]]))
-        digest = seen.get(near)
-        if digest is None:
-            digest = seen[near] = _hash(*near)
-        out.append(digest)
-    return out
+            for v in firsts
+        ]
+    return [d.hex() for d in digests]
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -179,12 +319,23 @@ def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     producer's input undeclared too) is the whole model inferred.
     """
     g = model.graph
-    found = {v.name: v.type for v in (*g.value_info, *g.input, *g.output)}
-    known = found.keys() | {t.name for t in g.initializer}
-    makers = [n for n in g.node if any(o and o not in known for o in n.output)]
-    if not makers:
+    found = {v.name: v.type for v in g.value_info}
+    found.update({v.name: v.type for v in g.input})
+    found.update({v.name: v.type for v in g.output})
+    made: list[str] = []  # every node's outputs in one list (not one per node: the collector)
+    ends = []  # where each node's outputs end in `made`
+    for n in g.node:
+        made += n.output[:]  # a slice: half the time of iterating the field
+        ends.append(len(made))
+    missing = set(made).difference(found)
+    missing.discard("")  # an optional output left out
+    if missing:  # an initializer is no value to type (its own type is read)
+        missing.difference_update(t.name for t in g.initializer)
+    if not missing:
         return found
-    local = _inferred(model, makers, found, known)
+    at = [k for k, t in enumerate(made) if t in missing]
+    makers = [g.node[v] for v in dict.fromkeys(bisect.bisect_right(ends, k) for k in at)]
+    local = _inferred(model, makers, found, missing)
     if local is None:
         typed = infer_shapes(model)
         return {
@@ -198,16 +349,18 @@ def _inferred(
     model: onnx.ModelProto,
     makers: list[onnx.NodeProto],
     found: dict[str, onnx.TypeProto],
-    known: set[str],
+    missing: set[str],
 ) -> dict[str, onnx.TypeProto] | None:
-    """The types of the values `makers` make but `model` does not declare, inferred from
-    the makers alone; None where an input of theirs has no declared type either."""
+    """The types of the `missing` values (`makers` make them, `model` does not declare
+    them), inferred from the makers alone; None where an input of theirs has no declared
+    type either."""
     reads = list(dict.fromkeys(t for n in makers for t in subgraphs.node_reads(n)))
-    if any(t not in known for t in reads):
-        return None
     g = model.graph
-    weights = {t.name: t for t in g.initializer}
-    wanted = [o for n in makers for o in n.output if o and o not in known]
+    read = set(reads)
+    weights = {t.name: t for t in g.initializer if t.name in read}
+    if any(t not in found and t not in weights for t in reads):
+        return None
+    wanted = [o for n in makers for o in n.output if o in missing]
     mini = helper.make_graph(
         makers,
         "untyped",
@@ -230,39 +383,59 @@ def _hash(*parts: bytes) -> bytes:
     return h.digest()
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, bytes]:
-    """Values that are constants (initializers, `Constant` outputs) -> what keys them:
-    the values of small integer ones (shapes and axes drive ONNX Runtime's rewrites)
-    and of float scalars (a fusion matches GELU's 0.5 or LayerNorm's exponent 2). An
-    initializer that is a graph input too is no constant: a user may feed another value,
-    so ONNX Runtime neither folds it nor fuses on it."""
+def _initializers(graph: onnx.GraphProto) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """Each initializer's type key (its own type and rank), and the values that are
+    constants (initializers, `Constant` outputs) -> what keys them: the values of small
+    integer ones (shapes and axes drive ONNX Runtime's rewrites) and of float scalars (a
+    fusion matches GELU's 0.5 or LayerNorm's exponent 2). An initializer that is a graph
+    input too is no constant: a user may feed another value, so ONNX Runtime neither
+    folds it nor fuses on it. One pass over the initializers."""
     inputs = {i.name for i in graph.input}
-    found = {t.name: _tensor_key(t) for t in graph.initializer if t.name not in inputs}
+    typed, found = {}, {}
+    for t in graph.initializer:
+        name, kind, dims = t.name, t.data_type, t.dims[:]
+        typed[name] = b"%d/%d" % (kind, len(dims))
+        if name not in inputs:
+            found[name] = _tensor_key(t, kind, dims)
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
             found[node.output[0]] = b"C" + b"".join(_attribute(a) for a in node.attribute)
-    return found
+    return typed, found
 
 
-def _tensor_key(t: onnx.TensorProto) -> bytes:
-    """A constant's type, and its values where small (`_constants`), never its weights'
-    bytes: layers alike but for their weights are alike to the loader."""
-    size = 1
-    for d in t.dims:
-        size *= d
-    small = size <= SMALL_INTS if t.data_type in _INTS else size == 1
+def _tensor_key(t: onnx.TensorProto, kind: int = 0, dims: list[int] | None = None) -> bytes:
+    """A constant's type, and its values where small (`_initializers`), never its
+    weights' bytes: layers alike but for their weights are alike to the loader. A small
+    tensor's `raw_data` is its values' bytes as numpy's `tobytes` gives them (little
+    endian, a type of whole bytes, the size its dims say): read as they are, without
+    `numpy_helper.to_array` (a tenth of the keys' time on a 10k-node model). `kind` and
+    `dims`: the tensor's `data_type` and `dims` where the caller read them already."""
+    if dims is None:
+        kind, dims = t.data_type, t.dims[:]
+    size = math.prod(dims)
+    small = size <= SMALL_INTS if kind in _INTS else size == 1
     if not small or t.data_location == onnx.TensorProto.EXTERNAL:
-        return b"W%d" % t.data_type
+        return b"W%d" % kind
+    raw = t.raw_data
+    if raw and len(raw) == size * _RAW_BYTES.get(kind, -1) and not t.HasField("segment"):
+        return b"T%d:%r=" % (kind, dims) + raw
     try:
-        return b"T%d:%r=" % (t.data_type, list(t.dims)) + numpy_helper.to_array(t).tobytes()
+        return b"T%d:%r=" % (kind, dims) + numpy_helper.to_array(t).tobytes()
     except Exception:  # a tensor numpy cannot hold (a new type): its type keys it
-        return b"W%d" % t.data_type
+        return b"W%d" % kind
 
 
 def _attribute(a: onnx.AttributeProto, outer: _Outer | None = None) -> bytes:
     """An attribute by value; tensors by `_tensor_key`, bodies by their structure
     (`outer`: what the scope around says of the values they read from it)."""
     kind = onnx.AttributeProto
+    if a.type not in _SPECIAL:  # a number, a string, a type: most attributes
+        if not a.doc_string:
+            return a.SerializeToString(deterministic=True)
+        plain = onnx.AttributeProto()
+        plain.CopyFrom(a)
+        plain.ClearField("doc_string")  # words for people, not for the loader
+        return plain.SerializeToString(deterministic=True)
     if a.type in (kind.GRAPH, kind.GRAPHS):
         outer = outer or _Outer(lambda t: b"?")
         if a.type == kind.GRAPH:
@@ -272,14 +445,7 @@ def _attribute(a: onnx.AttributeProto, outer: _Outer | None = None) -> bytes:
         return f"{a.name}:t".encode() + _tensor_key(a.t)
     if a.type == kind.TENSORS:
         return f"{a.name}:T".encode() + b"".join(_tensor_key(t) for t in a.tensors)
-    if a.type in (kind.SPARSE_TENSOR, kind.SPARSE_TENSORS):
-        return f"{a.name}:s{a.type}".encode()
-    if not a.doc_string:
-        return a.SerializeToString(deterministic=True)
-    plain = onnx.AttributeProto()
-    plain.CopyFrom(a)
-    plain.ClearField("doc_string")  # words for people, not for the loader
-    return plain.SerializeToString(deterministic=True)
+    return f"{a.name}:s{a.type}".encode()  # a sparse tensor (or tensors)
 
 
 def _body(graph: onnx.GraphProto, outer: _Outer) -> bytes:
@@ -311,17 +477,24 @@ def _body(graph: onnx.GraphProto, outer: _Outer) -> bytes:
 
 
 class _TypeKeys(dict):
-    """Value name -> `_type_key` of its type, each computed once (`structure` asks of
-    every input and output of every node); an initializer's from its own type and dims."""
+    """Value name -> `_type_key` of its type (`structure` asks of every input and output
+    of every node), each distinct type computed once (a model has a few dozen: alike by
+    their bytes); an initializer's from its own type and dims (`typed`), whatever
+    `types` says."""
 
-    def __init__(self, graph: onnx.GraphProto, types: dict[str, onnx.TypeProto]) -> None:
+    def __init__(self, typed: dict[str, bytes], types: dict[str, onnx.TypeProto]) -> None:
         super().__init__()
-        self.types = types
-        self.update((t.name, b"%d/%d" % (t.data_type, len(t.dims))) for t in graph.initializer)
+        memo: dict[bytes, bytes] = {}
+        for name, t in types.items():
+            data = t.SerializeToString()
+            key = memo.get(data)
+            if key is None:
+                key = memo[data] = _type_key(t)
+            self[name] = key
+        self.update(typed)
 
     def __missing__(self, name: str) -> bytes:
-        found = self[name] = _type_key(self.types.get(name))
-        return found
+        return b"?"  # no type known
 
 
 def _type_key(t: onnx.TypeProto | None) -> bytes:
@@ -353,19 +526,21 @@ def neighbourhood_model(
         Unbuildable: a value crossing the border has no known element type.
     """
     graph = model.graph
-    nodes = [graph.node[v] for v in sorted(set(chosen))]
-    made = {o for n in nodes for o in n.output if o}
-    consts = {n.output[0]: n for n in graph.node if n.op_type == "Constant" and n.output}
-    taken = {t: consts[t] for n in nodes for t in subgraphs.node_reads(n) if t in consts}
-    taken = {t: n for t, n in taken.items() if t not in made}
-    order = {id(n): k for k, n in enumerate(graph.node)}
-    nodes = sorted([*nodes, *taken.values()], key=lambda n: order[id(n)])
-    made.update(taken)
+    picked = {v: graph.node[v] for v in set(chosen)}
+    made = {o for n in picked.values() for o in n.output if o}
+    wanted = {t for n in picked.values() for t in subgraphs.node_reads(n)} - made
+    consts = {
+        n.output[0]: k for k, n in enumerate(graph.node) if n.op_type == "Constant" and n.output
+    }
+    for t in wanted & consts.keys():
+        picked[consts[t]] = graph.node[consts[t]]
+        made.add(t)
+    nodes = [picked[v] for v in sorted(picked)]
     reads = [t for n in nodes for t in subgraphs.node_reads(n)]
-    weights = {t.name: t for t in graph.initializer}
+    read, shown = set(reads), {o.name for o in graph.output}
+    weights = {t.name: t for t in graph.initializer if t.name in read}  # not a dict of all
     fed = {i.name for i in graph.input} & weights.keys()  # overridable: no constants
     outer = [t for t in dict.fromkeys(reads) if t not in made and (t not in weights or t in fed)]
-    read, shown = set(reads), {o.name for o in graph.output}
     ends = [o for n in nodes for o in n.output if o and (o not in read or o in shown)]
     sub = helper.make_graph(
         nodes,
