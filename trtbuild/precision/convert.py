@@ -75,9 +75,7 @@ class _Rewriter:
         self.parent = parent
         self.root: _Rewriter = parent.root if parent is not None else self
         self.nodes: list[onnx.NodeProto] = []
-        inputs = (
-            self.view.inputs if parent is None else [i.name for i in self.graph.input if i.name]
-        )
+        inputs = [i.name for i in self.graph.input if i.name] if parent else self.view.inputs
         self.actual: dict[str, str] = {n: n for n in inputs}  # source name -> new name
         self.dtype: dict[str, int] = {n: self.view.dtype[n] for n in inputs if n in self.view.dtype}
         self.cast_cache: dict[tuple[str, int], str] = {}
