@@ -633,3 +633,18 @@ def test_the_timeout_counts_a_load_not_the_time_its_spare_waited():
     time.sleep(6)  # as a build's engine does, before the check is joined
     (said,) = check.result()
     assert "LayerNorm" in said
+
+
+def test_a_child_that_cannot_import_onnxruntime_is_check_failed(tmp_path, monkeypatch):
+    """A broken ONNX Runtime where trtbuild imports from (here one that raises ImportError
+    as a missing library does): exit 2 saying what to install, whichever spare answers."""
+    from trtbuild.precision.validate import CheckFailed
+
+    broken = tmp_path / "site" / "onnxruntime"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('libonnxruntime.so: not found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for scope in ("neighbourhoods", "whole"):
+        with pytest.raises(CheckFailed, match="could not import ONNX Runtime") as caught:
+            validate_mixed(_pinned(4), None, scope=scope)
+        assert "libonnxruntime.so" in str(caught.value) and caught.value.exit_code == 2

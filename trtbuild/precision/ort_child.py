@@ -170,6 +170,8 @@ class Spares:
 
     Why an object passed down and closed: every child it started, idle or handed a job,
     is killed and waited for by `close` (a `with` block), whichever way the check ends.
+    Use it from one thread: Linux's PR_SET_PDEATHSIG kills a child when the thread that
+    started it ends, not only the process.
     """
 
     def __init__(self, keep: int = 1) -> None:

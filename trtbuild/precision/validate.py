@@ -23,9 +23,10 @@ How, and why so:
   beside the rest of the command. Each load is a child of the check's own spares
   (`ort_child.Spares`): started ahead (the first before the plan's keys are computed,
   each next one as one is taken), its `import onnxruntime` is done when its job comes,
-  and `MixedCheck.cancel` kills and waits for every one, however the check ends. It is waited for at most `timeout` seconds once
-  joined (`build.ort_check_timeout`; by default scaled to the model's size, 0 skips
-  the check): a stopped or swapping child ends in exit 2 saying what to set, and so
+  and `MixedCheck.cancel` kills and waits for every one, however the check ends. A
+  load is waited for at most `timeout` seconds once joined, its session's creation
+  and not a spare's idle wait (`build.ort_check_timeout`; by default scaled to the
+  model's size, 0 skips the check): a stopped or swapping child ends in exit 2 saying what to set, and so
   does a child the kernel's OOM killer ended (`CheckFailed`), not a verdict on the
   model.
 - A model validated once is not validated again: its digest (with the versions of
