@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     data = model.SerializeToString()
     lap("serialize the mixed model")
     with ort_child.Spares(keep=validate.SPARES) as spares:
-        spares.fill(1)  # as `start_mixed_check`: its import runs beside the keys
         memory = {} if cold else neighbourhoods.read_memory(cache, model)
+        if not memory:  # as `start_mixed_check`: a spare's import runs beside the keys
+            spares.fill(1)
         lap(f"read the memory of neighbourhoods ({len(memory)} keys)")
         plan = neighbourhoods.plan(model, memory)
         lap(f"structural keys ({len(set(plan.shape.keys))} distinct of {len(plan.shape.keys)})")

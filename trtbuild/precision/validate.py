@@ -21,8 +21,8 @@ How, and why so:
 - The child starts as soon as the mixed model exists (`start_mixed_check`) and
   is joined before anything is published (`MixedCheck.result`), so the load runs
   beside the rest of the command. Each load is a child of the check's own spares
-  (`ort_child.Spares`): started ahead (the first before the plan's keys are computed,
-  each next one as one is taken), its `import onnxruntime` is done when its job comes,
+  (`ort_child.Spares`): started ahead (the first before the plan's keys are computed
+  where nothing is remembered, each next one as one is taken), its `import onnxruntime` is done when its job comes,
   and `MixedCheck.cancel` kills and waits for every one, however the check ends. A
   load is waited for at most `timeout` seconds once joined, its session's creation
   and not a spare's idle wait (`build.ort_check_timeout`; by default scaled to the
@@ -139,17 +139,15 @@ def _checked(data: bytes) -> None:
 
 
 def _start(check: MixedCheck, data: bytes, scope: str) -> None:
-    """Start the check's first load in a child, where there is one to load: a spare is
-    started first, so its interpreter and `import onnxruntime` run beside the plan's keys
-    (about 0.2 s on a 10k-node model) and the load costs only its session; where the plan
-    finds every neighbourhood known, the spare is killed at once (no child waits)."""
+    """Start the check's first load in a child, where there is one to load (a spare
+    started beside the plan's keys, `_planned`, where one is); where the plan finds every
+    neighbourhood known, no child runs (a spare is killed at once)."""
     if check.timeout <= 0:
         return
     check.spares = ort_child.Spares(keep=SPARES)
-    check.spares.fill(1)
     source = data
     if scope == "neighbourhoods":
-        check.plan, source = _planned(check.model, data, check.cache)  # type: ignore[arg-type]
+        check.plan, source = _planned(check.model, data, check.cache, check.spares)  # type: ignore[arg-type]
     if not source:
         check.spares.close()
         return
@@ -230,16 +228,24 @@ def _type_name(data_type: int) -> str:
 
 
 def _planned(
-    model: onnx.ModelProto, data: bytes, cache: Any
+    model: onnx.ModelProto, data: bytes, cache: Any, spares: ort_child.Spares
 ) -> tuple[neighbourhoods.Plan | None, bytes]:
     """The neighbourhoods to load and their model's bytes (b"": all known, no child); no
-    plan (the whole model's bytes, `data`) where one cannot be made (a value of unknown type), or where the model has local
-    functions (the keys see a call, not the function's body, which ONNX Runtime inlines
-    and optimises): the whole model is loaded."""
+    plan (the whole model's bytes, `data`) where one cannot be made (a value of unknown
+    type), or where the model has local functions (the keys see a call, not the
+    function's body, which ONNX Runtime inlines and optimises): the whole model is loaded.
+
+    Where nothing is remembered (a cold check: every key is new, a load follows), a spare
+    is started before the keys are computed (about 0.2 s on a 10k-node model), so its
+    `import onnxruntime` runs beside them. Not where a memory is read: a rule edit whose
+    neighbourhoods are all known must not pay a child it kills."""
     if model.functions:
         return None, data
     try:
-        plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache, model))
+        memory = neighbourhoods.read_memory(cache, model)
+        if not memory:
+            spares.fill(1)
+        plan = neighbourhoods.plan(model, memory)
         return plan, plan.neighbourhood() if plan.pending else b""
     except Exception:  # Unbuildable, or a graph the keys do not expect: never a verdict
         return None, data
