@@ -9,8 +9,10 @@ serializing the mixed model, reading the memory of neighbourhoods ONNX Runtime
 checked before, the structural keys, the model of the neighbourhoods not yet
 checked, `onnx.checker`'s full check, ONNX Runtime's loads of that model in child
 processes (the default load, and where it fails the load with optimisations off,
-then the loads of what the failure was not given to), writing the memory, and the
-save. (`convert` itself runs the first child beside `onnx.checker`.) With `--cold`
+then the loads of what the failure was not given to; each child started ahead, as
+`convert`'s are, so a load costs its session), writing the memory, and the save.
+(`convert` itself runs the first child beside `onnx.checker`, and the "off" load
+beside the second round.) With `--cold`
 nothing is remembered (as `--no-cache`) and the memory is not written.
 
 Usage: python benchmarks/convert_phases.py POLICY [--cold]  (the cache of TRTBUILD_CACHE_DIR)
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from trtbuild import api
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
-    from trtbuild.precision import neighbourhoods
+    from trtbuild.precision import neighbourhoods, ort_child, validate
 
     lap("imports (trtbuild, onnx)")
     policy = load_policy(args[0])
@@ -53,16 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     model = front.converted.model
     data = model.SerializeToString()
     lap("serialize the mixed model")
-    memory = {} if cold else neighbourhoods.read_memory(cache, model)
-    lap(f"read the memory of neighbourhoods ({len(memory)} keys)")
-    plan = neighbourhoods.plan(model, memory)
-    lap(f"structural keys ({len(set(plan.shape.keys))} distinct of {len(plan.shape.keys)})")
-    source = plan.neighbourhood() if plan.pending else b""
-    size = len(onnx.load_model_from_string(source).graph.node) if source else 0
-    lap(f"model of the {len(plan.pending)} new neighbourhoods ({size} nodes)")
-    onnx.checker.check_model(data, full_check=True)
-    lap("onnx.checker (full check, the whole model)")
-    _loads(plan, source, lap)
+    with ort_child.Spares(keep=validate.SPARES) as spares:
+        memory = {} if cold else neighbourhoods.read_memory(cache, model)
+        if not memory:  # as `start_mixed_check`: a spare's import runs beside the keys
+            spares.fill(1)
+        lap(f"read the memory of neighbourhoods ({len(memory)} keys)")
+        plan = neighbourhoods.plan(model, memory)
+        lap(f"structural keys ({len(set(plan.shape.keys))} distinct of {len(plan.shape.keys)})")
+        source = plan.neighbourhood() if plan.pending else b""
+        size = len(onnx.load_model_from_string(source).graph.node) if source else 0
+        lap(f"model of the {len(plan.pending)} new neighbourhoods ({size} nodes)")
+        if not source:
+            spares.close()  # as `start_mixed_check`: no child waits where none loads
+        onnx.checker.check_model(data, full_check=True)
+        lap("onnx.checker (full check, the whole model)")
+        _loads(plan, source, lap, spares)
     if not cold:
         neighbourhoods.remember(cache, plan.learned, model)
         lap("write the memory")
@@ -78,23 +85,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _loads(plan, source: bytes, lap) -> None:
-    """ONNX Runtime's loads of the new neighbourhoods, as `validate` runs them."""
+def _loads(plan, source: bytes, lap, spares) -> None:
+    """ONNX Runtime's loads of the new neighbourhoods, as `validate` runs them: each in a
+    child of `spares` (started ahead, its import done), one after the other here."""
     from trtbuild.precision import neighbourhoods, ort_child
 
     if not source:
         lap("ONNX Runtime: no child (every neighbourhood known)")
         return
     for round_ in range(neighbourhoods.ROUNDS):
-        first = ort_child.outcome(ort_child.spawn(source, "default"))
+        first = ort_child.outcome(spares.take(source, "default"))
         lap(f"ONNX Runtime child {round_ + 1}, default optimisations")
         if first.ok or first.no_kernel:
             plan.learn("", "")
             return
         if round_ == 0:
-            ort_child.outcome(ort_child.spawn(source, "off"))
+            ort_child.outcome(spares.take(source, "off"))
             lap(f"ONNX Runtime child, optimisations off (the default load failed: {first.kind})")
-        plan.learn(ort_child.warning(first, source), first.message)
+        plan.learn(ort_child.warning(first, source, spares=spares), first.message)
         lap("the warning, attributed to keys")
         if not plan.pending:
             return

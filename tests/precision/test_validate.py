@@ -8,9 +8,15 @@ the node, the model stays valid ONNX, and a model validated once is not loaded a
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -550,3 +556,95 @@ def test_an_initializer_fed_as_an_input_too_is_no_constant(tmp_path):
     assert check.proc is not None  # not alike
     assert check.result() == []
     assert "eps" in [i.name for i in onnx.load_model_from_string(check.source).graph.input]
+
+
+# -- children started ahead, all reaped (#46, the cold convert) --------------------------
+
+
+def _children() -> set[int]:
+    """This process's child processes, running or zombie (not yet waited for)."""
+    found: set[int] = set()
+    for task in Path("/proc/self/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found |= {int(k) for k in (task / "children").read_text().split()}
+    return found
+
+
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/task").exists(), reason="reads /proc/self/task/*/children"
+)
+
+
+@needs_proc
+def test_every_child_of_a_check_is_reaped_when_its_result_is_in():
+    """The LayerNorm refused: round 1, the "off" load and round 2 each a spare's child,
+    the next spares started as they were taken; none outlives `result()`."""
+    before = _children()
+    check = start_mixed_check(_layernorm(17), None)
+    assert check.proc is not None and check.spares.children
+    (said,) = check.result()
+    assert "LayerNorm" in said
+    assert _children() - before == set()
+
+
+@needs_proc
+def test_every_child_is_reaped_on_cancel_and_on_an_invalid_model():
+    before = _children()
+    check = start_mixed_check(_pinned(4), None)
+    assert _children() - before  # loading, and a spare
+    check.cancel()
+    assert _children() - before == set()
+    model = _gru(fp16=False)  # an FP16 weight where the graph declares FP32
+    weight = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float16)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(weight, "W"))
+    with pytest.raises(InvalidMixedModel):
+        validate_mixed(model, None)
+    assert _children() - before == set()
+
+
+@needs_proc
+def test_every_child_is_reaped_on_a_keyboard_interrupt():
+    """Ctrl-C while `result()` waits for a load (stopped: it would never answer)."""
+    before = _children()
+    check = start_mixed_check(_pinned(4), None, timeout=600)
+    os.kill(check.proc.pid, signal.SIGSTOP)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        check.result()
+    assert _children() - before == set()
+
+
+@needs_proc
+def test_an_edit_whose_neighbourhoods_are_all_known_leaves_no_child(tmp_path):
+    """The spare started before the plan is killed as soon as the plan loads nothing."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert validate_mixed(_pinned(4), cache) == []
+    before = _children()
+    check = start_mixed_check(_pinned(5), cache)
+    assert check.proc is None and check.spares.closed
+    assert _children() - before == set()  # killed and waited for at once
+    assert check.result() == []
+
+
+def test_the_timeout_counts_a_load_not_the_time_its_spare_waited():
+    """Spares idle longer than the timeout before their loads (the "off" load and round
+    2 after a refusal) still have the whole timeout for their sessions."""
+    check = start_mixed_check(_layernorm(17), None, timeout=5)
+    time.sleep(6)  # as a build's engine does, before the check is joined
+    (said,) = check.result()
+    assert "LayerNorm" in said
+
+
+def test_a_child_that_cannot_import_onnxruntime_is_check_failed(tmp_path, monkeypatch):
+    """A broken ONNX Runtime where trtbuild imports from (here one that raises ImportError
+    as a missing library does): exit 2 saying what to install, whichever spare answers."""
+    from trtbuild.precision.validate import CheckFailed
+
+    broken = tmp_path / "site" / "onnxruntime"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('libonnxruntime.so: not found')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for scope in ("neighbourhoods", "whole"):
+        with pytest.raises(CheckFailed, match="could not import ONNX Runtime") as caught:
+            validate_mixed(_pinned(4), None, scope=scope)
+        assert "libonnxruntime.so" in str(caught.value) and caught.value.exit_code == 2

@@ -5,6 +5,11 @@ model; in a child that is an outcome to report, not the end of trtbuild. The
 child imports nothing but ONNX Runtime, starts isolated (`python -I`, a minimal
 environment), reads the model from a pipe (no temporary file to leave behind), dies
 with its parent, and is waited for a bounded time (`default_timeout`).
+
+Why children started ahead (`Spares`): a child's interpreter and `import onnxruntime`
+take about 0.15 s, a neighbourhood's session a few ms. A child imports ONNX Runtime
+first, then waits for its one job (`give`); started while the parent computes the
+plan or waits for the previous load, it is ready when the next load is needed.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,36 +36,47 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
 
 RESULT = "@trtbuild-result@"  # the child's answer follows this on its own line
-# The child: create one CPU session at the given optimisation level, say why it failed.
-# It dies with its parent (Linux's PR_SET_PDEATHSIG), reads the model from stdin ("-") or
-# a file, and its one answer is the line after RESULT (whatever else a library prints).
+# The child: import ONNX Runtime, then wait for its one job on stdin (a JSON line: the
+# model's source, "-" for the bytes that follow or a file's path, the optimisation level,
+# verbose or not) and create one CPU session, saying why it failed. Why the import
+# first: a child started ahead (`Spares`) has paid it when its job comes, so a load costs
+# only the session's creation. It dies with its parent (Linux's PR_SET_PDEATHSIG), and
+# its one answer is the line after RESULT (whatever else a library prints).
 CHILD = """\
 import ctypes, json, os, signal, sys
-source, level, verbose = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-sys.path[:] = [p for p in sys.argv[4].split(os.pathsep) if p] or sys.path  # the parent's
+sys.path[:] = [p for p in sys.argv[1].split(os.pathsep) if p] or sys.path  # the parent's
 if sys.platform.startswith("linux"):
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
-model = sys.stdin.buffer.read() if source == "-" else source
+def end(code):  # not the interpreter's finalization with ONNX Runtime loaded (20-80 ms)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+def answer(kind, message):
+    sys.stdout.write("\\n" + RESULT + json.dumps({"kind": kind, "message": message}) + "\\n")
+    end(3)
 try:
     import onnxruntime as ort
 except ImportError as exc:  # the environment's fault, not the model's
-    said = json.dumps({"kind": "ImportError", "message": str(exc)})
-    sys.stdout.write("\\n" + RESULT + said + "\\n")
-    sys.exit(3)
+    answer("ImportError", str(exc))
+line = sys.stdin.buffer.readline()
+if not line:  # closed without a job: a spare nobody needed
+    end(4)
+job = json.loads(line)
+model = sys.stdin.buffer.read() if job["source"] == "-" else job["source"]
 options = ort.SessionOptions()
-options.log_severity_level = 0 if verbose else 3
+options.log_severity_level = 0 if job["verbose"] else 3
 options.intra_op_num_threads = 1
-if level == "off":
+if job["level"] == "off":
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
 try:
-    ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 except Exception as exc:
-    said = json.dumps({"kind": type(exc).__name__, "message": str(exc)})
-    sys.stdout.write("\\n" + RESULT + said + "\\n")
-    sys.exit(3)
+    answer(type(exc).__name__, str(exc))
+del session  # its teardown too is the load's
+end(0)
 """.replace("RESULT", repr(RESULT))
 FAILED = 3  # the child's exit code for a session that raised
 PROBES = 16  # child sessions at most to find the node a crash needs
@@ -105,9 +122,8 @@ class Outcome:
         return self.kind == "NotImplemented"
 
 
-def spawn(source: Path | bytes, level: str, verbose: bool = False) -> subprocess.Popen:
-    """A child creating a session for the model (its bytes, or its file); `level` is
-    "default" or "off".
+def start() -> subprocess.Popen:
+    """A child that imports ONNX Runtime and waits for its one job (`give`).
 
     Why so isolated: `python -I` (no PYTHONPATH, no user site, no script folder on
     sys.path, so an `onnxruntime.py` in the working folder is not what the check
@@ -115,20 +131,114 @@ def spawn(source: Path | bytes, level: str, verbose: bool = False) -> subprocess
     temporary file that a kill of trtbuild would leave behind.
     """
     env = {k: os.environ[k] for k in ENVIRONMENT if k in os.environ}
-    argv = ["-" if isinstance(source, bytes) else str(source), level, str(int(verbose))]
-    argv.append(import_path())
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-c", CHILD, *argv],
+    return subprocess.Popen(
+        [sys.executable, "-I", "-c", CHILD, import_path()],
         cwd=Path(sys.executable).anchor or "/",
         env=env,
-        stdin=subprocess.PIPE if isinstance(source, bytes) else subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    if isinstance(source, bytes):  # a thread: the pipe holds 64 KiB, the model far more
-        pipe, proc.stdin = proc.stdin, None  # communicate() must not close it under the thread
-        threading.Thread(target=_feed, args=(pipe, source), daemon=True).start()
+
+
+def give(
+    proc: subprocess.Popen, source: Path | bytes, level: str, verbose: bool = False
+) -> subprocess.Popen:
+    """Hand a started child (`start`) its one job: a session for the model (its bytes, or
+    its file), `level` "default" or "off"; `verbose` logs ONNX Runtime's graph
+    transformers on stderr. Returns `proc`, to wait for with `outcome`."""
+    name = "-" if isinstance(source, bytes) else str(source)
+    job = json.dumps({"source": name, "level": level, "verbose": verbose}).encode() + b"\n"
+    pipe, proc.stdin = proc.stdin, None  # communicate() must not close it under the thread
+    parts = (job, source) if isinstance(source, bytes) else (job,)
+    # a thread: the pipe holds 64 KiB, the model far more
+    threading.Thread(target=_feed, args=(pipe, parts), daemon=True).start()
     return proc
+
+
+def spawn(source: Path | bytes, level: str, verbose: bool = False) -> subprocess.Popen:
+    """A child started now for one session (`start`, then `give`): it pays its
+    interpreter and `import onnxruntime` before the load. `Spares` has them paid ahead."""
+    return give(start(), source, level, verbose)
+
+
+class Spares:
+    """Children started ahead (`start`), each handed the next job (`take`): a load costs
+    only its session's creation, the child's interpreter and `import onnxruntime` (about
+    0.15 s) having run beside the parent's work. Still one child per session: a crash
+    ends only its own load.
+
+    Why an object passed down and closed: every child it started, idle or handed a job,
+    is killed and waited for by `close` (a `with` block), whichever way the check ends.
+    Use it from one thread: Linux's PR_SET_PDEATHSIG kills a child when the thread that
+    started it ends, not only the process.
+    """
+
+    def __init__(self, keep: int = 1) -> None:
+        self.keep = keep  # idle children at most, started again as they are taken
+        self.idle: list[subprocess.Popen] = []
+        self.children: list[subprocess.Popen] = []  # every one started, to reap
+        self.closed = False
+
+    def fill(self, count: int | None = None) -> None:
+        """Start idle children up to `count` (`keep` by default). A start that fails
+        (no process left) is no error here: `take` starts its own and says so."""
+        while not self.closed and len(self.idle) < (self.keep if count is None else count):
+            try:
+                proc = start()
+            except OSError:
+                return
+            self.children.append(proc)
+            self.idle.append(proc)
+
+    def take(self, source: Path | bytes, level: str, verbose: bool = False) -> subprocess.Popen:
+        """A child given the job (`give`): an idle one where there is one, else one
+        started now (OSError where none can start); the next spare is started at once."""
+        if self.closed:
+            raise RuntimeError("the spares were closed: their check has ended")
+        if self.idle:
+            proc = self.idle.pop(0)
+        else:
+            proc = start()
+            self.children.append(proc)
+        give(proc, source, level, verbose)
+        self.fill()
+        return proc
+
+    def close(self) -> None:
+        """Kill every child still running (idle or loading) and wait for each: no
+        orphan, no zombie. Taking is over; closing again does nothing."""
+        self.closed = True
+        children, self.idle, self.children = self.children, [], []
+        for proc in children:
+            if proc.poll() is None:
+                proc.kill()  # all first: they end together
+        for proc in children:
+            stop(proc)
+
+    def __enter__(self) -> Spares:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """Kill a child (where it still runs) and wait for it (`reap`); None: nothing."""
+    if proc is not None:
+        if proc.poll() is None:
+            proc.kill()
+        reap(proc)
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Wait for an ended (or killed) child and close its pipes."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        proc.stdin = None
+    with contextlib.suppress(OSError, ValueError):
+        proc.communicate()
 
 
 def import_path() -> str:
@@ -152,10 +262,11 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _feed(pipe: Any, data: bytes) -> None:
-    """Write the model into the child's stdin; a child that died meanwhile reads nothing."""
+def _feed(pipe: Any, parts: tuple[bytes, ...]) -> None:
+    """Write the job into the child's stdin; a child that died meanwhile reads nothing."""
     with contextlib.suppress(OSError, ValueError), pipe:  # BrokenPipe, or closed by a kill
-        pipe.write(data)
+        for data in parts:
+            pipe.write(data)
 
 
 def outcome(proc: subprocess.Popen, timeout: float | None = None) -> Outcome:
@@ -246,13 +357,16 @@ def cpu_features() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
-def warning(first: Outcome, data: bytes, timeout: float | None = None) -> str:
+def warning(
+    first: Outcome, data: bytes, timeout: float | None = None, spares: Spares | None = None
+) -> str:
     """What the default-optimised load of the model `data` did, where, and what a user of
     ONNX Runtime can do.
 
     A crash names the graph transformer it happened in (ONNX Runtime's verbose log)
-    and the node it needs (the shortest prefix of the graph that still crashes);
-    an error is ONNX Runtime's own first line, which names its node.
+    and the node it needs (the shortest prefix of the graph that still crashes), loads in
+    children of `spares` where given (else started for each); an error is ONNX Runtime's
+    own first line, which names its node.
     """
     head = f"ONNX Runtime {version()} "
     tail = (
@@ -265,9 +379,10 @@ def warning(first: Outcome, data: bytes, timeout: float | None = None) -> str:
             head + f"refuses the mixed model under its default graph optimisations: {said}"
             f"{tail}lower SessionOptions.graph_optimization_level"
         )
-    transformer = _last_transformer(data, timeout)
+    load = spawn if spares is None else spares.take
+    transformer = _last_transformer(load(data, "default", True), timeout)
     where = f" in its {transformer}" if transformer else ""
-    node = _crashing_node(data, timeout)
+    node = _crashing_node(data, timeout, load)
     at = f", at node {node.name!r} ({node.op_type})" if node is not None else ""
     fix = (
         f'pass disabled_optimizers=["{transformer}"] to InferenceSession'
@@ -280,9 +395,9 @@ def warning(first: Outcome, data: bytes, timeout: float | None = None) -> str:
     )
 
 
-def _last_transformer(data: bytes, timeout: float | None) -> str | None:
-    """The graph transformer ONNX Runtime's verbose log last started before the crash."""
-    proc = spawn(data, "default", verbose=True)
+def _last_transformer(proc: subprocess.Popen, timeout: float | None) -> str | None:
+    """The graph transformer ONNX Runtime's verbose log (of the child `proc`, loading the
+    crashing model) last started before the crash."""
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -293,8 +408,11 @@ def _last_transformer(data: bytes, timeout: float | None) -> str | None:
     return found[-1] if found and proc.returncode != 0 else None
 
 
-def _crashing_node(data: bytes, timeout: float | None) -> onnx.NodeProto | None:
-    """The node whose addition makes a prefix of the graph crash (bisection, bounded)."""
+def _crashing_node(
+    data: bytes, timeout: float | None, load: Callable[..., subprocess.Popen]
+) -> onnx.NodeProto | None:
+    """The node whose addition makes a prefix of the graph crash (bisection, bounded; each
+    probe a child of `load`, `spawn` or `Spares.take`)."""
     model = onnx.load_model_from_string(data)
     nodes = list(model.graph.node)
     typed = infer_shapes(model)  # never fails: an inference error must not hide the warning
@@ -306,7 +424,7 @@ def _crashing_node(data: bytes, timeout: float | None) -> onnx.NodeProto | None:
         middle = (low + high) // 2
         probe = _prefix(model, middle, types).SerializeToString()
         try:
-            crashed = outcome(spawn(probe, "default"), timeout).crash is not None
+            crashed = outcome(load(probe, "default"), timeout).crash is not None
         except TimedOut:
             break
         low, high = (low, middle) if crashed else (middle, high)

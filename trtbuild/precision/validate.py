@@ -20,9 +20,13 @@ How, and why so:
   if not, the model is invalid (`InvalidMixedModel`, exit 70).
 - The child starts as soon as the mixed model exists (`start_mixed_check`) and
   is joined before anything is published (`MixedCheck.result`), so the load runs
-  beside the rest of the command. It is waited for at most `timeout` seconds once
-  joined (`build.ort_check_timeout`; by default scaled to the model's size, 0 skips
-  the check): a stopped or swapping child ends in exit 2 saying what to set, and so
+  beside the rest of the command. Each load is a child of the check's own spares
+  (`ort_child.Spares`): started ahead (the first before the plan's keys are computed
+  where nothing is remembered, each next one as one is taken), its `import onnxruntime` is done when its job comes,
+  and `MixedCheck.cancel` kills and waits for every one, however the check ends. A
+  load is waited for at most `timeout` seconds once joined, its session's creation
+  and not a spare's idle wait (`build.ort_check_timeout`; by default scaled to the
+  model's size, 0 skips the check): a stopped or swapping child ends in exit 2 saying what to set, and so
   does a child the kernel's OOM killer ended (`CheckFailed`), not a verdict on the
   model.
 - A model validated once is not validated again: its digest (with the versions of
@@ -64,6 +68,9 @@ from trtbuild.policy.specs import ORT_CHECKS
 from trtbuild.precision import neighbourhoods, ort_child
 
 TIMEOUT_KEY = "build.ort_check_timeout"  # the policy's key that sets `timeout` (0: skip)
+# Idle children a check keeps started ahead (`ort_child.Spares`): the "off" load beside
+# round 2, the next round and `_judge`'s load each find one whose import is done.
+SPARES = 1
 
 
 class InvalidMixedModel(RuntimeError):
@@ -113,19 +120,39 @@ def start_mixed_check(
         raise InvalidMixedModel(f"the mixed model's {misstored}: trtbuild wrote it wrong")
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
     check = MixedCheck(None, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
-    if seconds > 0 and scope == "neighbourhoods":
-        check.plan, source = _planned(model, data, cache)
-    else:
-        source = data
-    if seconds > 0 and source:
-        check.proc = _spawn(source, "default")
-        check.source = source if check.plan is not None else b""
     try:
-        onnx.checker.check_model(data, full_check=True)  # the bytes: not serialized again
-    except Exception as exc:  # the checker's own ValidationError and inference errors
+        _start(check, data, scope)
+        _checked(data)
+    except BaseException:  # and KeyboardInterrupt: no child outlives the check
         check.cancel()
-        raise InvalidMixedModel(f"the mixed model fails onnx.checker (full check): {exc}") from exc
+        raise
     return check
+
+
+def _checked(data: bytes) -> None:
+    """`onnx.checker`'s full check of the model's bytes (not serialized again), or
+    `InvalidMixedModel`."""
+    try:
+        onnx.checker.check_model(data, full_check=True)
+    except Exception as exc:  # the checker's own ValidationError and inference errors
+        raise InvalidMixedModel(f"the mixed model fails onnx.checker (full check): {exc}") from exc
+
+
+def _start(check: MixedCheck, data: bytes, scope: str) -> None:
+    """Start the check's first load in a child, where there is one to load (a spare
+    started beside the plan's keys, `_planned`, where one is); where the plan finds every
+    neighbourhood known, no child runs (a spare is killed at once)."""
+    if check.timeout <= 0:
+        return
+    check.spares = ort_child.Spares(keep=SPARES)
+    source = data
+    if scope == "neighbourhoods":
+        check.plan, source = _planned(check.model, data, check.cache, check.spares)  # type: ignore[arg-type]
+    if not source:
+        check.spares.close()
+        return
+    check.proc = check.take(source, "default")
+    check.source = source if check.plan is not None else b""
 
 
 def _misstored(model: onnx.ModelProto) -> str:
@@ -201,16 +228,24 @@ def _type_name(data_type: int) -> str:
 
 
 def _planned(
-    model: onnx.ModelProto, data: bytes, cache: Any
+    model: onnx.ModelProto, data: bytes, cache: Any, spares: ort_child.Spares
 ) -> tuple[neighbourhoods.Plan | None, bytes]:
     """The neighbourhoods to load and their model's bytes (b"": all known, no child); no
-    plan (the whole model's bytes, `data`) where one cannot be made (a value of unknown type), or where the model has local
-    functions (the keys see a call, not the function's body, which ONNX Runtime inlines
-    and optimises): the whole model is loaded."""
+    plan (the whole model's bytes, `data`) where one cannot be made (a value of unknown
+    type), or where the model has local functions (the keys see a call, not the
+    function's body, which ONNX Runtime inlines and optimises): the whole model is loaded.
+
+    Where nothing is remembered (a cold check: every key is new, a load follows), a spare
+    is started before the keys are computed (about 0.2 s on a 10k-node model), so its
+    `import onnxruntime` runs beside them. Not where a memory is read: a rule edit whose
+    neighbourhoods are all known must not pay a child it kills."""
     if model.functions:
         return None, data
     try:
-        plan = neighbourhoods.plan(model, neighbourhoods.read_memory(cache, model))
+        memory = neighbourhoods.read_memory(cache, model)
+        if not memory:
+            spares.fill(1)
+        plan = neighbourhoods.plan(model, memory)
         return plan, plan.neighbourhood() if plan.pending else b""
     except Exception:  # Unbuildable, or a graph the keys do not expect: never a verdict
         return None, data
@@ -232,6 +267,7 @@ class MixedCheck:
     size: int = 0  # bytes of the serialized model
     plan: neighbourhoods.Plan | None = None  # where neighbourhoods are loaded
     source: bytes = b""  # the neighbourhoods' model the child loads
+    spares: ort_child.Spares | None = None  # the check's children, reaped by `cancel`
 
     def result(self) -> list[str]:
         """Wait for the load: its warnings, or `InvalidMixedModel` where the model is
@@ -254,7 +290,8 @@ class MixedCheck:
         first = _ended(proc, self.timeout, self.size)
         if first.ok or first.no_kernel:
             return []
-        return _judge(first, self.model.SerializeToString(), self.timeout)  # type: ignore[union-attr]
+        data = self.model.SerializeToString()  # type: ignore[union-attr]
+        return _judge(first, data, self)
 
     def _neighbourhoods(self, plan: neighbourhoods.Plan) -> list[str]:
         """Load the pending neighbourhoods (the first child runs already), attribute each
@@ -262,47 +299,52 @@ class MixedCheck:
         what was learned. A neighbourhood that does not load even with optimisations off
         may be an artefact of its cut: the whole model's load gives the verdict then.
         Only the first round's failure is loaded with optimisations off (beside the next
-        round's load): a later round loads a part of the same nodes, which loaded then."""
+        round's load): a later round loads a part of the same nodes, which loaded then.
+        Every child is a spare's (`take`): `cancel` reaps them all, however this ends."""
         source, plain = self.source, None
-        try:
-            for left in range(neighbourhoods.ROUNDS - 1, -1, -1):
-                if self.proc is None:
-                    break
-                first = _ended(self.proc, self.timeout, len(source))
-                self.proc = None
-                if first.ok or first.no_kernel:
-                    plan.learn("", "")
-                    break
-                if source is self.source:
-                    plain = _spawn(source, "off")
-                given = plan.learn(ort_child.warning(first, source, self.timeout), first.message)
-                if given and plan.pending and left:
-                    source = _rest(plan)
-                    self.proc = _spawn(source, "default") if source else None
-                if not given or (
-                    plain is not None and not _loads(_ended(plain, self.timeout, len(self.source)))
-                ):  # a failure no key can be charged with, or the cut at fault: the whole decides
-                    self.cancel_child()
-                    self.proc = _spawn(self.model.SerializeToString(), "default")  # type: ignore[union-attr]
-                    return self._whole(self.proc)
-                plain = None
-        finally:
-            if plain is not None and plain.poll() is None:
-                plain.kill()
-                plain.wait()
+        for left in range(neighbourhoods.ROUNDS - 1, -1, -1):
+            if self.proc is None:
+                break
+            first = _ended(self.proc, self.timeout, len(source))
+            self.proc = None
+            if first.ok or first.no_kernel:
+                plan.learn("", "")
+                break
+            if source is self.source:
+                plain = self.take(source, "off")
+            said = ort_child.warning(first, source, self.timeout, self.spares)
+            given = plan.learn(said, first.message)
+            if given and plan.pending and left:
+                source = _rest(plan)
+                self.proc = self.take(source, "default") if source else None
+            if not given or (
+                plain is not None and not _loads(_ended(plain, self.timeout, len(self.source)))
+            ):  # a failure no key can be charged with, or the cut at fault: the whole decides
+                for proc in (plain, self.proc):
+                    ort_child.stop(proc)
+                self.proc = self.take(self.model.SerializeToString(), "default")  # type: ignore[union-attr]
+                return self._whole(self.proc)
+            plain = None
         neighbourhoods.remember(self.cache, plan.learned, plan.model)
         return plan.warnings()
 
-    def cancel_child(self) -> None:
-        """Stop the child, if it still runs."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+    def take(self, source: bytes, level: str) -> subprocess.Popen:
+        """A child of the check's spares loading `source` at `level` (`ort_child.Spares`),
+        or `CheckFailed` where the machine cannot start a process."""
+        if self.spares is None:
+            self.spares = ort_child.Spares(keep=SPARES)
+        try:
+            return self.spares.take(source, level)
+        except OSError as exc:  # EAGAIN (too many processes), ENOMEM
+            raise _cannot_start(exc) from None
 
     def cancel(self) -> None:
-        """Stop the child (if it still runs); the model is let go."""
-        self.cancel_child()
+        """Stop every child of the check, loading or spare, and wait for each; the model
+        is let go."""
+        ort_child.stop(self.proc)
+        self.proc = None
+        if self.spares is not None:
+            self.spares.close()
         self.model = None
 
 
@@ -321,17 +363,13 @@ def _rest(plan: neighbourhoods.Plan) -> bytes:
         return b""
 
 
-def _spawn(data: bytes, level: str) -> subprocess.Popen:
-    """`ort_child.spawn`, or `CheckFailed` where the machine cannot start a process."""
-    try:
-        return ort_child.spawn(data, level)
-    except OSError as exc:  # EAGAIN (too many processes), ENOMEM
-        raise CheckFailed(
-            f"ONNX Runtime's check of the mixed model could not start a child process "
-            f"({exc.strerror or exc})",
-            hint=f"free memory or processes, or set {TIMEOUT_KEY}: 0 in the policy to skip "
-            "this check",
-        ) from None
+def _cannot_start(exc: OSError) -> CheckFailed:
+    """What to say where the machine cannot start the check's child process."""
+    return CheckFailed(
+        f"ONNX Runtime's check of the mixed model could not start a child process "
+        f"({exc.strerror or exc})",
+        hint=f"free memory or processes, or set {TIMEOUT_KEY}: 0 in the policy to skip this check",
+    )
 
 
 def _ended(proc: subprocess.Popen, timeout: float, size: int) -> ort_child.Outcome:
@@ -367,18 +405,20 @@ def _ended(proc: subprocess.Popen, timeout: float, size: int) -> ort_child.Outco
     return done
 
 
-def _judge(first: ort_child.Outcome, data: bytes, timeout: float) -> list[str]:
-    """The default load failed: load with optimisations off to tell ONNX Runtime's fault (a
-    warning) from the model's (`InvalidMixedModel`). No CPU kernel for a type (BF16
-    ReduceMean) is no failure: the model is valid, the execution provider is not."""
-    plain = _ended(_spawn(data, "off"), timeout, len(data))
+def _judge(first: ort_child.Outcome, data: bytes, check: MixedCheck) -> list[str]:
+    """The default load failed: load with optimisations off (a child of `check`'s spares)
+    to tell ONNX Runtime's fault (a warning) from the model's (`InvalidMixedModel`). No CPU
+    kernel for a type (BF16 ReduceMean) is no failure: the model is valid, the execution
+    provider is not."""
+    timeout = check.timeout
+    plain = _ended(check.take(data, "off"), timeout, len(data))
     if not (plain.ok or plain.no_kernel):
         said = plain.message if plain.crash is None else f"it crashed ({plain.crash})"
         raise InvalidMixedModel(
             f"the mixed model does not load in ONNX Runtime {ort_child.version()} "
             f"(graph optimisations off): {said}"
         )
-    return [ort_child.warning(first, data, timeout)]
+    return [ort_child.warning(first, data, timeout, check.spares)]
 
 
 def _digest(data: bytes) -> str:
