@@ -93,7 +93,9 @@ def open_cache(
     return found
 
 
-def _front(policy: Policy, reference: str, cache: Cache | None, verbose: bool) -> Front:
+def _front(
+    policy: Policy, reference: str, cache: Cache | None, verbose: bool, draw: bool = True
+) -> Front:
     from trtbuild.front import run_front
 
     if cache is not None and cache.enabled and cache.codec is None:
@@ -104,6 +106,7 @@ def _front(policy: Policy, reference: str, cache: Cache | None, verbose: bool) -
         reference=reference,  # type: ignore[arg-type]
         cache=cache,
         verbose=verbose,
+        draw=draw,
     )
 
 
@@ -208,7 +211,7 @@ def convert_front(
     from trtbuild.precision.validate import validate_mixed
 
     with _quiet(quiet):
-        front = _front(_policy(policy), "none", cache, verbose)
+        front = _front(_policy(policy), "none", cache, verbose, draw=False)  # runs nothing
     spec = front.policy.build
     # once per mixed model, and one load of each neighbourhood not checked before
     loaded = validate_mixed(front.converted.model, cache, spec.ort_check_timeout, spec.ort_check)

@@ -43,7 +43,7 @@ class ShapeRun:
     """One point of the input space: its feeds, where their data comes from, its reference."""
 
     point: ShapePoint
-    feeds: list[data_mod.Feed]  # none where the front ran no reference (`reference="none"`)
+    feeds: list[data_mod.Feed]  # none where `run_front` drew none (`draw=False`)
     measures: ReferenceMeasures | None
     reference: ReferenceTensors | None
     data: Mapping[str, data_mod.InputData] = field(default_factory=dict)  # per input
@@ -107,16 +107,22 @@ def run_front(
     reference: ReferenceLevel = "tensors",
     cache: Cache | None = None,
     verbose: bool = False,
+    draw: bool = True,
 ) -> Front:
     """Load, prepare, run the FP32 reference (as far as asked or needed), assign and convert.
 
     With a `cache`, the prepared graph and the reference come from it when their
-    inputs are unchanged (`trtbuild.cache` says what the keys cover).
+    inputs are unchanged (`trtbuild.cache` says what the keys cover). `draw=False`
+    (with `reference="none"`): no feeds are drawn (each point's `feeds` is empty, where
+    its data comes from is still said and the user's files still checked), for a
+    caller that runs nothing (`convert`).
     """
     if reference not in REFERENCE_LEVELS:
         raise ValueError(f"reference must be one of {REFERENCE_LEVELS}, not {reference!r}")
+    if not draw and reference != "none":
+        raise ValueError('draw=False draws no feeds: the reference needs them (reference="none")')
     if reference == "none" and needs_reference(policy):
-        reference = "measures"
+        reference, draw = "measures", True
     cache = cache if cache is not None else Cache(enabled=False)
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -128,7 +134,7 @@ def run_front(
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    shapes, skipped = _shape_runs(policy, prepared, view, cache, digest, reference)
+    shapes, skipped = _shape_runs(policy, prepared, view, cache, digest, reference, draw)
     measures = _measures(policy, view, shapes)
     if reference != "none":
         timings["reference"] = time.perf_counter() - t
@@ -212,6 +218,7 @@ def _shape_runs(
     cache: Cache,
     digest: str | None,
     reference: ReferenceLevel,
+    draw: bool,
 ) -> tuple[list[ShapeRun], tuple[ShapePoint, ...]]:
     """Every point judged, one after another (peak memory is one point's), and those skipped."""
     points = shape_points(policy, prepared.model)
@@ -224,7 +231,7 @@ def _shape_runs(
         )
     decoded = Decoded()  # each image decoded once, every point fit from its original
     originals: dict[Path, Any] = {}  # the reference model's session, made once for every point
-    run = _PointRun(policy, prepared, view, cache, digest, reference)
+    run = _PointRun(policy, prepared, view, cache, digest, reference, draw)
     runs = [run(point, decoded, originals) for point in points if point.skip is None]
     return runs, skipped
 
@@ -239,11 +246,11 @@ class _PointRun:
     cache: Cache
     digest: str | None
     reference: ReferenceLevel
+    draw: bool  # the feeds drawn (`run_front`'s `draw`)
 
     def __call__(self, point: ShapePoint, decoded: Decoded, originals: dict[Path, Any]) -> ShapeRun:
         policy, prepared = self.policy, self.prepared
-        sample = self.reference != "none"  # nothing runs: no random feeds drawn
-        made = data_mod.point_feeds(policy, prepared.model, point, decoded, sample)
+        made = data_mod.point_feeds(policy, prepared.model, point, decoded, self.draw)
         feeds = made.feeds
         if self.reference == "none":
             return ShapeRun(point, feeds, None, None, made.data)
