@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     lap("imports (trtbuild, onnx)")
     policy = load_policy(args[0])
     cache = api.open_cache()
-    front = api._front(policy, "none", cache, False)
+    front = api._front(policy, "none", cache, False, draw=False)  # as convert_front
     lap("front half (prepared graph cached, assign, convert)")
     model = front.converted.model
     data = model.SerializeToString()
