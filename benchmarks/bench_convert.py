@@ -29,8 +29,11 @@ the structural keys and the memory of neighbourhoods ONNX Runtime checked, the m
 the new neighbourhoods, `onnx.checker`, ONNX Runtime's loads of it in children, and the
 save; once after an edit (a layer not edited before) and once cold (nothing remembered).
 
+`--rounds` (default 5) then times, round after round, the lighter peer, an edit, a warm and a
+cold `convert` one after the other, so the machine's drift hits both tools alike.
+
 Usage: python benchmarks/bench_convert.py [--nodes 10000] [--dims 32,8] [--repeat 3]
-       [--check-repeat 10] [--edits 5] [--phases]
+       [--check-repeat 10] [--edits 5] [--phases] [--rounds 5]
 Needs: pip install -e ".[bench]" (onnxconverter-common).
 """
 
@@ -190,6 +193,8 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
         )
     print(f"check warm {med['check']:.2f} s, slowest {max(check_warm):.2f} s (target < 1 s)")
     print(f"trtbuild said: {trt_out}")
+    if args.rounds:
+        interleaved(args.rounds, layers, policy, src, occ_cmd([], keep_io=False), convert, env)
     if args.phases:  # a layer not edited before (interior: alike to those that were)
         edit = EDIT.format(layer=layers // 2 + args.edits)  # in the middle, not edited before
         policy.write_text(POLICY.format(model=src, edit=edit))
@@ -203,6 +208,31 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
     print(subprocess.run([*trt, "cache", "info"], capture_output=True, text=True, env=env).stdout)
 
 
+def interleaved(
+    rounds: int, layers: int, policy: Path, src: Path, peer: list[str], convert: list[str], env
+) -> None:
+    """Each round the lighter peer, an edit (a middle layer not edited before), a warm and a
+    cold `convert`, one after the other: the machine's drift (a shared CI machine slows
+    and speeds up over minutes) hits both tools alike, where the rows above time each
+    command's runs in a block of their own."""
+    times: dict[str, list[float]] = {"peer": [], "edit": [], "warm": [], "cold": []}
+    for k in range(rounds):
+        times["peer"] += _time(peer, 1, env)[0]
+        edit = EDIT.format(layer=(layers // 2 + layers // 4 + k) % layers)
+        policy.write_text(POLICY.format(model=src, edit=edit))
+        times["edit"] += _time(convert, 1, env)[0]
+        policy.write_text(POLICY.format(model=src, edit=""))
+        times["warm"] += _time(convert, 1, env)[0]
+        times["cold"] += _time([*convert, "--no-cache"], 1, env)[0]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        f"interleaved, {rounds} rounds (medians): onnxconverter-common FP16 IO {med['peer']:.2f} s, "
+        f"trtbuild edit {med['edit']:.2f} s ({med['edit'] / med['peer']:.2f}x, target <= 1.5x), "
+        f"warm {med['warm']:.2f} s ({med['warm'] / med['peer']:.2f}x, target <= 1.0x), "
+        f"cold {med['cold']:.2f} s ({med['cold'] / med['peer']:.2f}x, target <= 2.0x)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000, help="approximate graph size")
@@ -213,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-repeat", type=int, default=10)
     parser.add_argument("--edits", type=int, default=5, help="rule edits timed, one run each")
     parser.add_argument("--phases", action="store_true", help="where an edit's convert goes")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="interleaved rounds against the lighter peer (0: none)",
+    )
     args = parser.parse_args(argv)
     # Time what an installed trtbuild runs: pip compiles a regular install's bytecode, and an
     # environment with PYTHONDONTWRITEBYTECODE would otherwise compile every module every run.
