@@ -93,12 +93,12 @@ def test_unsampled_feeds_say_where_data_comes_from_and_check_it(tmp_path):
     _folder(tmp_path)
     m = _identity([1, 3, 6, 5])
     policy = _policy(tmp_path, m, "{images: images}", "[1, 3, 6, 5]")
-    drawn, said = point_feeds(policy, m), point_feeds(policy, m, sample=False)
+    drawn, said = point_feeds(policy, m), point_feeds(policy, m, draw=False)
     assert len(drawn.feeds) == 3 and said.feeds == []
     assert said.data == drawn.data and said.data["x"].kind == "images"
     bad = _policy(tmp_path, m, "{images: images, channels: GRAY}", "[1, 3, 6, 5]")
     with pytest.raises(UsageError, match="channels: GRAY gives 1"):
-        point_feeds(bad, m, sample=False)
+        point_feeds(bad, m, draw=False)
 
 
 @pytest.mark.parametrize(

@@ -100,12 +100,12 @@ def point_feeds(
     model: onnx.ModelProto,
     point: ShapePoint | None = None,
     decoded: Decoded | None = None,
-    sample: bool = True,
+    draw: bool = True,
 ) -> PointFeeds:
     """`accuracy.samples` feeds at `point` (default: the primary one), deterministic for
     `accuracy.seed`, with where each input's data comes from.
 
-    `sample=False`: no feeds (`[]`), only where each input's data comes from, for a
+    `draw=False`: no feeds (`[]`), only where each input's data comes from, for a
     caller that runs nothing (`convert`, `check`): the user's files and images are
     still read and fit (their errors are the same), the random ones not drawn.
 
@@ -136,7 +136,7 @@ def point_feeds(
     for n in constant if n_samples > 1 else ():
         sources[n] = InputData(sources[n].kind, f"{sources[n].source}, the same in every sample")
     sources = {n: sources[n] for n in shapes}
-    if not sample:
+    if not draw:
         return PointFeeds([], sources)
     feeds = _drawn(policy, shapes, dtypes, given, constant, data, normal, n_samples)
     return PointFeeds(feeds, sources)
