@@ -580,7 +580,7 @@ def _cmd_tune(args) -> int:
     verdict = "passes" if result.passed else "DOES NOT PASS"
     print(
         f"{verdict} (emulated-fp16, {policy.accuracy.emulation} emulation): "
-        f"{result.share_text()}, {len(result.pinned)} group(s) "
+        f"{result.share}, {len(result.pinned)} group(s) "
         f"pinned beyond the policy's rules, {len(result.trials)} evaluation(s)"
     )
     print(f"wrote {args.output} and {log}")

@@ -44,7 +44,7 @@ def tuned_policy(
     verdict += " (budget exhausted)" if result.exhausted else ""
     header = (
         f"# Tuned by `trtbuild tune` from {came}: {verdict} with "
-        f"{result.share_text()} (of compute nodes),",
+        f"{result.share} (of compute nodes),",
         f"# {len(result.pinned)} group(s) pinned after {len(result.trials)} evaluation(s) "
         f"(evaluator emulated-fp16, emulation {policy.accuracy.emulation}, "
         f"objective {objective}, seed {seed}).",

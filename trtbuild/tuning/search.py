@@ -79,12 +79,7 @@ class SearchResult:
     exhausted: bool = False
     points: int = 1  # the points of the input space a candidate is judged at
     rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
-    share: str = ""  # the final candidate's `PrecisionSummary.share_text` (INT8/FP8 too)
-
-    def share_text(self) -> str:
-        """`92.7% FP16`, or `80.0% FP16, 15.0% INT8` on a quantized model: as `convert` and
-        `build` say it."""
-        return self.share or f"{self.low_share:.1%} {self.low.upper()}"
+    share: str = ""  # the final candidate's `PrecisionSummary.share_text`: `80.0% FP16, 15.0% INT8`
 
     @property
     def costliest_point(self) -> str | None:
