@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from trtbuild.graph.view import GraphView
 
@@ -94,7 +94,6 @@ def _weight_peaks(view: GraphView) -> dict[str, float]:
     thousands of weights and this runs on every `check` and `convert`, where one numpy call
     per weight costs more than its arithmetic. A batch holding a non-finite value is
     measured weight by weight (`numerics.finite_peak`)."""
-    import numpy as np
 
     from trtbuild.numerics import finite_peak
 
@@ -108,7 +107,7 @@ def _weight_peaks(view: GraphView) -> dict[str, float]:
         else:
             peaks[name] = finite_peak(view.initializer_array(name))
     for data_type, weights in batches.items():
-        dtype = np.dtype(_RAW[data_type]).newbyteorder("<")  # raw_data is little-endian
+        dtype = helper.tensor_dtype_to_np_dtype(data_type).newbyteorder("<")  # as raw_data is
         for batch in _batched(weights):
             peaks.update(_batch_peaks(batch, dtype, view))
     return peaks
@@ -116,12 +115,14 @@ def _weight_peaks(view: GraphView) -> dict[str, float]:
 
 # Float types stored as plain little-endian numbers in `raw_data`, and how many bytes of
 # small weights are measured at once (a bound on the copy a batch makes).
-_RAW = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
+_RAW = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16})
 _BATCH_BYTES = 4 << 20
 
 
 def _batched(weights: list[tuple[str, bytes]]) -> list[list[tuple[str, bytes]]]:
-    batches, batch, size = [], [], 0
+    batches: list[list[tuple[str, bytes]]] = []
+    batch: list[tuple[str, bytes]] = []
+    size = 0
     for name, raw in weights:
         if batch and size + len(raw) > _BATCH_BYTES:
             batches.append(batch)

@@ -33,6 +33,7 @@ from onnx import helper, numpy_helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
+from trtbuild.graph.optypes import FLOAT_TYPES
 
 # Hops a key sees, and a checked neighbourhood holds, around its node. 3: every node of
 # the largest pattern known to fail is within 3 hops of one of its nodes (a decomposed
@@ -59,25 +60,16 @@ _INTS = frozenset(
 )
 
 
-# bytes per element of the types whose `raw_data` numpy reads as it is (`_tensor_key`)
+# bytes per element of the types whose `raw_data` numpy reads as it is (`_tensor_key`):
+# whole-byte types (not the packed 4-bit ones), on a little-endian machine (else numpy
+# swaps each value's bytes)
 _RAW_BYTES: dict[int, int] = (
     {
-        onnx.TensorProto.FLOAT: 4,
-        onnx.TensorProto.DOUBLE: 8,
-        onnx.TensorProto.FLOAT16: 2,
-        onnx.TensorProto.BFLOAT16: 2,
-        onnx.TensorProto.INT8: 1,
-        onnx.TensorProto.INT16: 2,
-        onnx.TensorProto.INT32: 4,
-        onnx.TensorProto.INT64: 8,
-        onnx.TensorProto.UINT8: 1,
-        onnx.TensorProto.UINT16: 2,
-        onnx.TensorProto.UINT32: 4,
-        onnx.TensorProto.UINT64: 8,
-        onnx.TensorProto.BOOL: 1,
+        k: helper.tensor_dtype_to_np_dtype(k).itemsize
+        for k in (*_INTS, *FLOAT_TYPES, onnx.TensorProto.DOUBLE)
     }
     if sys.byteorder == "little"
-    else {}  # numpy swaps each value's bytes
+    else {}
 )
 
 
