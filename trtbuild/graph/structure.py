@@ -144,11 +144,13 @@ def structure(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> Struc
     """
     wiring = _Wiring(model.graph, types)
     links = wiring.links()
-    rounds = [(wiring.labels, wiring.firsts)]
+    labels, firsts = [wiring.labels], []  # each round's numbers, and each number's first node
     for _ in range(RADIUS):
-        rounds.append(_refined(rounds[-1][0], links))
-    digests = _digests([repr(s).encode() for s in wiring.signatures], rounds, links)
-    return Structure(tuple([digests[c] for c in rounds[-1][0]]), links.near, links.starts)
+        numbered, first = _refined(labels[-1], links)
+        labels.append(numbered)
+        firsts.append(first)
+    digests = _digests([repr(s).encode() for s in wiring.signatures], labels, firsts, links)
+    return Structure(tuple([digests[c] for c in labels[-1]]), links.near, links.starts)
 
 
 class _Wiring:
@@ -166,7 +168,6 @@ class _Wiring:
 
         numbers: dict[tuple, int] = {}
         self.signatures: list[tuple] = []  # each distinct one, by its number
-        self.firsts: list[int] = []  # the first node of each
         self.labels: list[int] = []  # each node's number
         self.reads: list[str] = []  # each node's inputs by slot, one after the other
         self.ends: list[int] = [0]  # where each node's inputs end in `reads`
@@ -189,7 +190,6 @@ class _Wiring:
             if label is None:
                 label = numbers[sign] = len(self.signatures)
                 self.signatures.append(sign)
-                self.firsts.append(v)
             labels.append(label)
             reads += ins  # one list, not one per node: fewer objects for the collector
             ends.append(len(reads))
@@ -283,20 +283,20 @@ def _refined(labels: list[int], links: _Links) -> tuple[list[int], list[int]]:
 
 
 def _digests(
-    signatures: list[bytes], rounds: list[tuple[list[int], list[int]]], links: _Links
+    signatures: list[bytes], labels: list[list[int]], firsts: list[list[int]], links: _Links
 ) -> list[str]:
     """Each final number's key: its signature's digest, then per round the digest of its
     first node's digest before and its neighbours' (each its tag's bytes and digest, as
     a sorted multiset), so a key depends on bytes alone, not on the numbers' order."""
     tags = links.tags
     digests = [_hash(s) for s in signatures]
-    for (before, _), (_, firsts) in itertools.pairwise(rounds):
+    for before, first in zip(labels, firsts):  # a round's numbers before it, its new ones
         digests = [
             _hash(
                 digests[before[v]],
                 *sorted([tags[t] + digests[before[u]] for u, t in links.pairs(v)]),
             )
-            for v in firsts
+            for v in first
         ]
     return [d.hex() for d in digests]
 
