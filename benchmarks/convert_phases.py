@@ -102,7 +102,7 @@ def _loads(plan, source: bytes, lap, spares) -> None:
         if round_ == 0:
             ort_child.outcome(spares.take(source, "off"))
             lap(f"ONNX Runtime child, optimisations off (the default load failed: {first.kind})")
-        plan.learn(ort_child.warning(first, source, spares=spares), first.message)
+        plan.learn(ort_child.warning(first, source, None, spares), first.message)
         lap("the warning, attributed to keys")
         if not plan.pending:
             return

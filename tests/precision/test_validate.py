@@ -166,8 +166,9 @@ def test_the_load_check_imports_onnxruntime_not_a_file_in_the_working_folder(tmp
     (tmp_path / "private").mkdir()
     path = tmp_path / "private" / "m.onnx"
     onnx.save(m, str(path))
-    assert ort_child.outcome(ort_child.spawn(path, "default")).ok  # a file
-    assert ort_child.outcome(ort_child.spawn(path.read_bytes(), "default")).ok  # a pipe
+    assert ort_child.outcome(ort_child.give(ort_child.start(), path, "default")).ok  # a file
+    pipe = path.read_bytes()
+    assert ort_child.outcome(ort_child.give(ort_child.start(), pipe, "default")).ok  # a pipe
 
 
 # -- one load per neighbourhood, remembered (#46) ---------------------------------------

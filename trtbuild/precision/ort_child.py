@@ -156,12 +156,6 @@ def give(
     return proc
 
 
-def spawn(source: Path | bytes, level: str, verbose: bool = False) -> subprocess.Popen:
-    """A child started now for one session (`start`, then `give`): it pays its
-    interpreter and `import onnxruntime` before the load. `Spares` has them paid ahead."""
-    return give(start(), source, level, verbose)
-
-
 class Spares:
     """Children started ahead (`start`), each handed the next job (`take`): a load costs
     only its session's creation, the child's interpreter and `import onnxruntime` (about
@@ -357,16 +351,13 @@ def cpu_features() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
-def warning(
-    first: Outcome, data: bytes, timeout: float | None = None, spares: Spares | None = None
-) -> str:
+def warning(first: Outcome, data: bytes, timeout: float | None, spares: Spares) -> str:
     """What the default-optimised load of the model `data` did, where, and what a user of
     ONNX Runtime can do.
 
     A crash names the graph transformer it happened in (ONNX Runtime's verbose log)
     and the node it needs (the shortest prefix of the graph that still crashes), loads in
-    children of `spares` where given (else started for each); an error is ONNX Runtime's
-    own first line, which names its node.
+    children of `spares`; an error is ONNX Runtime's own first line, which names its node.
     """
     head = f"ONNX Runtime {version()} "
     tail = (
@@ -379,10 +370,9 @@ def warning(
             head + f"refuses the mixed model under its default graph optimisations: {said}"
             f"{tail}lower SessionOptions.graph_optimization_level"
         )
-    load = spawn if spares is None else spares.take
-    transformer = _last_transformer(load(data, "default", True), timeout)
+    transformer = _last_transformer(spares.take(data, "default", True), timeout)
     where = f" in its {transformer}" if transformer else ""
-    node = _crashing_node(data, timeout, load)
+    node = _crashing_node(data, timeout, spares.take)
     at = f", at node {node.name!r} ({node.op_type})" if node is not None else ""
     fix = (
         f'pass disabled_optimizers=["{transformer}"] to InferenceSession'
@@ -412,7 +402,7 @@ def _crashing_node(
     data: bytes, timeout: float | None, load: Callable[..., subprocess.Popen]
 ) -> onnx.NodeProto | None:
     """The node whose addition makes a prefix of the graph crash (bisection, bounded; each
-    probe a child of `load`, `spawn` or `Spares.take`)."""
+    probe a child of `load`: `Spares.take`)."""
     model = onnx.load_model_from_string(data)
     nodes = list(model.graph.node)
     typed = infer_shapes(model)  # never fails: an inference error must not hide the warning

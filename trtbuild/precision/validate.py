@@ -331,8 +331,8 @@ class MixedCheck:
     def take(self, source: bytes, level: str) -> subprocess.Popen:
         """A child of the check's spares loading `source` at `level` (`ort_child.Spares`),
         or `CheckFailed` where the machine cannot start a process."""
-        if self.spares is None:
-            self.spares = ort_child.Spares(keep=SPARES)
+        if self.spares is None:  # made from a record: it loads nothing
+            raise RuntimeError("this check has no children: it loads nothing")
         try:
             return self.spares.take(source, level)
         except OSError as exc:  # EAGAIN (too many processes), ENOMEM
