@@ -119,7 +119,12 @@ def _warns(said: str | None) -> bool:
 def _stands(said: str, keys: set[str]) -> bool:
     """Whether a memory's value holds for a model of `keys`: a `_NEAR` value only where
     the model holds a key it was stopped by (its load stops there too)."""
-    return not said.startswith(_NEAR) or any(k in keys for k in said[len(_NEAR) :].split())
+    return not said.startswith(_NEAR) or not _stoppers(said).isdisjoint(keys)
+
+
+def _stoppers(said: str) -> set[str]:
+    """The keys a `_NEAR` value was stopped by (none for any other value)."""
+    return set(said[len(_NEAR) :].split()) if said.startswith(_NEAR) else set()
 
 
 def _kind(warning: str) -> str:
@@ -197,7 +202,7 @@ def remember(cache: object, learned: dict[str, str], model: onnx.ModelProto) -> 
     for key, said in learned.items():
         before = memory.pop(key, None)  # learned again: the most recent
         if before and before.startswith(_NEAR) and said.startswith(_NEAR):
-            said = _NEAR + " ".join(sorted({*before.split()[1:], *said.split()[1:]}))
+            said = _NEAR + " ".join(sorted(_stoppers(before) | _stoppers(said)))
         memory[key] = said
     for key in list(memory)[: max(0, len(memory) - MEMORY_KEYS)]:
         del memory[key]
