@@ -496,6 +496,19 @@ def test_dequantize_on_a_matmul_behind_a_transposed_weight(tmp_path, flatten):
     assert not any("dequantize: true" in w for w in front.warnings)
 
 
+def test_dequantize_on_a_layout_op_alone_is_a_warning(tmp_path):
+    """The Transpose between a weight's DQ and its MatMul follows the MatMul: a rule that
+    dequantizes it alone decides no op a DQ feeds (it was silently taken, and did nothing)."""
+    onnx.save(transposed_weight(False), tmp_path / "linear.onnx")
+    rules = "\n    - {id: out, match: {op: Transpose}, precision: fp32, dequantize: true}"
+    inputs = _inputs({"x": ([1, 8], "uniform")})
+    text = POLICY.format(model="linear.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
+    (tmp_path / "linear.yaml").write_text(text)
+    front = _front(tmp_path / "linear.yaml")
+    assert any("'out' has dequantize: true but decides no op" in w for w in front.warnings)
+    assert not front.assignment.dequantized and front.assignment.summary().int8_nodes == 1
+
+
 def test_dequantize_reads_around_a_block_quantized_weight(tmp_path):
     """Opset 21's blocked DQ (a scale per block of 4 rows): the op reads the weight as the
     DQ computes it (it was an internal error: the scales did not broadcast)."""

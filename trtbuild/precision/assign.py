@@ -215,9 +215,8 @@ def _dequantized(assignment: Assignment, qdq, precision: Precision) -> frozenset
     """The DQ-fed ops that a rule with `dequantize: true` decided; a warning for such a rule
     that decided none."""
     ids = [r.id for r in precision.all_rules() if r.dequantize]
-    found = frozenset(
-        i for i, d in enumerate(assignment.decisions) if d.rule in ids and qdq.dq_inputs(i)
-    )
+    # the ops a DQ feeds (`dq_fed`): not the layout ops between them, which follow their op
+    found = frozenset(i for i in qdq.dq_fed if assignment.decisions[i].rule in ids)
     for rid in ids:
         if not any(assignment.decisions[i].rule == rid for i in found):
             assignment.warnings.append(
