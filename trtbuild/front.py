@@ -33,7 +33,7 @@ from trtbuild.graph.model_io import check_model_file, load_model, model_digest
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Policy
-from trtbuild.policy.specs import MemoryBudget, Passes, Precision
+from trtbuild.policy.specs import Passes, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import Converted, convert
 
@@ -255,7 +255,7 @@ class _PointRun:
         if self.reference == "none":
             return ShapeRun(point, feeds, None, None, made.data)
         try:
-            measures, ref = _reference(self, feeds, policy.accuracy.budget())
+            measures, ref = _reference(self, feeds)
         except Exception as exc:
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
@@ -364,9 +364,7 @@ def _converted(assignment: Assignment, cache: Cache, digest: str | None) -> Conv
     return converted
 
 
-def _reference(
-    run: _PointRun, feeds: list, budget: MemoryBudget
-) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
+def _reference(run: _PointRun, feeds: list) -> tuple[ReferenceMeasures, ReferenceTensors | None]:
     """The FP32 reference to `run.reference`'s level, from the cache when the prepared
     graph and feeds match.
 
@@ -383,7 +381,7 @@ def _reference(
         outputs = cache.get("reference", key) if measures is not None else None
         if outputs is not None:
             return measures, ReferenceTensors(measures, outputs)
-    ref = run_reference(run.prepared.model, feeds, run.view, budget=budget)
+    ref = run_reference(run.prepared.model, feeds, run.view, budget=run.policy.accuracy.budget())
     if key is not None:
         cache.put("measures", key, ref.measures)
         if level == "tensors":

@@ -106,7 +106,7 @@ def point_feeds(
     `accuracy.seed`, with where each input's data comes from.
 
     `draw=False`: no feeds (`[]`), only where each input's data comes from, for a
-    caller that runs nothing (`convert`, `check`): the user's files and images are
+    caller that runs nothing (`convert`): the user's files and images are
     still read and fit (their errors are the same), the random ones not drawn.
 
     `decoded` holds the images decoded for earlier points of the same run (one

@@ -477,9 +477,9 @@ def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
     if new.op_type not in ("Cast", "ConstantOfShape") or not out or not out[0]:
         return  # nothing else carries a float type in an attribute
     for attr in new.attribute:
-        if new.op_type == "Cast" and attr.name == "to" and attr.i in FLOAT_TYPES and out and out[0]:
+        if new.op_type == "Cast" and attr.name == "to" and attr.i in FLOAT_TYPES:
             attr.i = out[0]
-        retype = out and out[0] and attr.t.data_type in FLOAT_TYPES and attr.t.data_type != out[0]
+        retype = attr.t.data_type in FLOAT_TYPES and attr.t.data_type != out[0]
         if new.op_type == "ConstantOfShape" and attr.name == "value" and retype:
             value = numpy_helper.to_array(attr.t).astype(np.float32)
             attr.t.CopyFrom(_tensor(value, out[0], attr.t.name))
