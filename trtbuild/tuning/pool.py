@@ -44,7 +44,7 @@ class TrialOutcome:
     worst: dict[str, float]  # output -> max_abs
     low_share: float
     seconds: float
-    share: str = ""  # `PrecisionSummary.share_text`: `80.0% FP16, 15.0% INT8`
+    share: str  # `PrecisionSummary.share_text`: `80.0% FP16, 15.0% INT8`
     point_seconds: dict[str, float] = field(default_factory=dict)  # point label -> judging time
     failed_outputs: tuple[str, ...] = ()  # graph outputs that fail at some shape
     points: tuple[int, ...] = ()  # the points judged (indices into front.shapes), in order

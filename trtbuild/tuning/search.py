@@ -67,6 +67,7 @@ class SearchResult:
     groups: list[Group]
     pinned: list[int]
     reasons: dict[int, str]  # group -> why it is needed
+    share: str  # the final candidate's `PrecisionSummary.share_text`: `80.0% FP16, 15.0% INT8`
     trials: list[Trial] = field(default_factory=list)
     passed: bool = False
     low_share: float = 0.0  # the share in the policy's low precision (`low`)
@@ -79,7 +80,6 @@ class SearchResult:
     exhausted: bool = False
     points: int = 1  # the points of the input space a candidate is judged at
     rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
-    share: str = ""  # the final candidate's `PrecisionSummary.share_text`: `80.0% FP16, 15.0% INT8`
 
     @property
     def costliest_point(self) -> str | None:
@@ -465,6 +465,7 @@ def _result(search: Search) -> SearchResult:
         search.groups,
         sorted(search.pinned),
         {k: search.reasons.get(k, kept) for k in search.pinned},
+        final.share,
         search.trials,
         final.passed,
         final.low_share,
@@ -474,7 +475,6 @@ def _result(search: Search) -> SearchResult:
         search.exhausted,
         len(search.front.shapes),
         {r.id: g for r, g in pin_rules(base, search.groups, search.pinned, search.names)},
-        final.share,
     )
 
 
