@@ -367,8 +367,10 @@ def test_a_tuned_quantized_policy_keeps_its_reference_model(tmp_path, quantized_
 
 def test_early_stop_never_accepts_a_candidate_that_fails_at_any_point(example_policy):
     """A candidate is judged at the point likeliest to fail first (the last to fail, else the
-    largest) and stopped at its first failing point. Every verdict the search recorded is
-    the verdict of judging every point, and a passing one was judged at all of them."""
+    largest) and stopped at its first failing point; a pass before the verification walks
+    only the points some trial failed at. Every failure the search recorded is the verdict
+    of judging every point, every pass holds at the points it names, and the answer was
+    judged at all of them and passes there."""
     from trtbuild import front, tuning
 
     strict = {"{atol: 1e-2, rtol: 1e-2}": "{atol: 2e-3, rtol: 0, check_error_stat: max}"}
@@ -379,17 +381,46 @@ def test_early_stop_never_accepts_a_candidate_that_fails_at_any_point(example_po
     points = {run.point.name for run in stages.shapes}
     failed = [t for t in result.trials if not t.passed]
     assert failed and any(len(t.points) < len(points) for t in failed)  # stopped early
+    assert any(t.passed and len(t.points) < len(points) for t in result.trials)  # provisional
     names = [n.name for n in stages.view.nodes]
+
+    def every_precision(t):
+        return tuning.candidate_precision(policy.precision, result.groups, list(t.pinned), names)
+
     for t in result.trials:
-        every = tuning.evaluate(
-            stages,
-            tuning.candidate_precision(policy.precision, result.groups, list(t.pinned), names),
-        )
-        assert every.passed == t.passed, t.action
-        if t.passed:
-            assert set(t.points) == points
+        every = tuning.evaluate(stages, every_precision(t))
+        if t.passed:  # at the points it was walked through
+            named = [k for k, run in enumerate(stages.shapes) if run.point.name in t.points]
+            assert tuning.evaluate(stages, every_precision(t), tuple(named)).passed, t.action
         else:  # the walk stopped at the first point that fails, the only one it names
+            assert not every.passed, t.action
             assert {k.split(":")[0] for k in t.failing} == {f"at {t.points[-1]}"}
+    answer = next(t for t in reversed(result.trials) if t.pinned == tuple(result.pinned))
+    assert answer.passed and set(answer.points) == points
+    assert tuning.evaluate(stages, result.policy).passed
+
+
+def test_an_answer_failing_where_no_trial_failed_is_searched_again_walking_it(example_policy):
+    """A pass before the verification walks only the points some trial failed at. When the
+    answer then fails at another point, the search starts again walking that point too,
+    and its answer passes everywhere. Here the search is told a trial failed at the
+    smallest point, where all-FP16 passes (it fails at the larger two)."""
+    from trtbuild import front, tuning
+    from trtbuild.tuning.search import Search, _verified
+
+    strict = {"{atol: 1e-2, rtol: 1e-2}": "{atol: 2e-3, rtol: 0, check_error_stat: max}"}
+    policy = load_policy(example_policy("denoiser", rules="[]", replace=strict))
+    stages = front.run_front(policy, reference="tensors")
+    search = Search(stages, budget=30, objective="nodes", seed=0, jobs=1)
+    smallest = min(range(len(stages.shapes)), key=lambda k: search.walk.sizes[k])
+    search.walk.last_failed[smallest] = 0  # as if a trial had failed there
+    outcome = _verified(search)
+    first, verify = search.trials[:2]
+    assert first.passed and first.points == (stages.shapes[smallest].point.name,)
+    assert verify.action == "verify: every point" and not verify.passed
+    assert len(search.trials) > 2  # searched again from the range analysis's pins
+    assert outcome.passed and set(search.trials[-1].points) == {r.point.name for r in stages.shapes}
+    assert tuning.evaluate(stages, search.precision(search.pinned)).passed
 
 
 def test_single_node_pins_are_offered_as_their_scope_where_it_splits_no_unit():

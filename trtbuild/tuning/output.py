@@ -129,6 +129,9 @@ def write_log(path: Path, result: SearchResult) -> None:
                     "failing": t.failing,
                     "max_abs": t.worst,
                     "seconds": t.seconds,
+                    # where it was judged, in order: a failure stops the walk, and a pass
+                    # before the verification walks only the points some trial failed at
+                    "points": list(t.points),
                 }
             )
         )

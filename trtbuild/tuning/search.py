@@ -117,6 +117,9 @@ class PointWalk:
         self.sizes = sizes  # the elements each point feeds: its judging cost's order
         self.parts: dict[tuple[int, ...], dict[int, TrialOutcome]] = {}  # pin set -> point -> part
         self.last_failed: dict[int, int] = {}  # point -> the last trial that failed there
+        # False while the search's verdicts are provisional: walked only through the points
+        # some recorded trial failed at (every point until one fails); True to verify
+        self.full = True
 
     def order(self) -> list[int]:
         """The points in the order a candidate is walked: the one that failed last first
@@ -127,12 +130,32 @@ class PointWalk:
         n = len(self.sizes)
         return sorted(range(n), key=lambda k: (-self.last_failed.get(k, 0), -self.sizes[k], k))
 
+    def walking(self) -> list[int]:
+        """The points a verdict is composed from now, in `order`: every point, or while the
+        search is provisional (`full` False) those some recorded trial failed at (every
+        point until one fails). Why: a point where no candidate ever failed rarely fails
+        the next one, and the search's result is verified at every point before it stands."""
+        order = self.order()
+        if self.full or not self.last_failed:
+            return order
+        return [k for k in order if k in self.last_failed]
+
+    def provisional(self) -> bool:
+        """Whether a pass composed now may leave out a point."""
+        return len(self.walking()) < len(self.sizes)
+
+    def answers(self, outcome: TrialOutcome) -> bool:
+        """Whether a recorded verdict answers what is asked now: a failure anywhere always
+        (a candidate that fails at one point fails); a pass only where it was judged at
+        every point `walking` names now."""
+        return not outcome.passed or set(self.walking()) <= set(outcome.points)
+
     def missing(self, key: tuple[int, ...]) -> list[int]:
         """The points still to judge for `key`'s verdict: those of `order` before the first
         one already known to fail (none once a failure or every pass is known)."""
         parts = self.parts.get(key, {})
         todo = []
-        for k in self.order():
+        for k in self.walking():
             part = parts.get(k)
             if part is None:
                 todo.append(k)
@@ -144,7 +167,7 @@ class PointWalk:
         """`key`'s verdict from its parts, walked in `order` up to the first failing point."""
         parts = self.parts[key]
         walked = []
-        for k in self.order():
+        for k in self.walking():
             walked.append(parts[k])
             if not parts[k].passed:
                 break
@@ -209,7 +232,7 @@ class Search:
         """The verdict on `pinned`: remembered, or composed from its points (judged now or
         ahead) and recorded."""
         key = tuple(sorted(pinned))
-        if key in self.known:
+        if self.remembered(key):
             return self.known[key]
         todo = self.walk.missing(key)
         if todo:
@@ -238,7 +261,7 @@ class Search:
         if self.pool is None:
             return
         keys = [tuple(sorted(c)) for c in candidates]
-        todo = [k for k in dict.fromkeys(keys) if k not in self.known and self.walk.missing(k)]
+        todo = [k for k in dict.fromkeys(keys) if not self.remembered(k) and self.walk.missing(k)]
         todo = todo[: max(0, min(self.jobs, self.left()))]
         if len(todo) < 2:  # one set is judged where it is asked for
             return
@@ -246,14 +269,19 @@ class Search:
         for key, parts in zip(todo, self.pool.map(judge_points_in_worker, jobs)):
             self.walk.parts.setdefault(key, {}).update({p.points[0]: p for p in parts})
 
+    def remembered(self, key: tuple[int, ...]) -> bool:
+        """Whether a recorded verdict on `key` answers what is asked now (`PointWalk.answers`)."""
+        return key in self.known and self.walk.answers(self.known[key])
+
     def left(self) -> int:
-        return self.budget - len(self.trials)
+        """Evaluations left; while verdicts are provisional, one is kept for the verification."""
+        return self.budget - len(self.trials) - (1 if self.walk.provisional() else 0)
 
     def affords(self, pinned: list[int]) -> bool:
         """Whether the search may have the verdict on `pinned`: remembered or judged ahead
         (free), or within the budget; remembers a refusal."""
         key = tuple(sorted(pinned))
-        if key in self.known or not self.walk.missing(key) or self.left() > 0:
+        if self.remembered(key) or not self.walk.missing(key) or self.left() > 0:
             return True
         self.exhausted = True
         return False
@@ -262,11 +290,12 @@ class Search:
         more = f" and {len(picked) - 1} more" if len(picked) > 1 else ""
         return self.groups[picked[0]].label + more
 
-    def ranking_errors(self, failing: TrialOutcome) -> dict[str, float]:
-        """The current candidate's per-tensor errors (one emulated run beside the reference)
-        at the point where it failed (the last it was judged at), else the largest."""
-        point = failing.points[-1] if failing.points else self.walk.order()[0]
-        return error_map(self.front, self.precision(self.pinned), point)
+
+def _ranking_errors(search: Search, failing: TrialOutcome) -> dict[str, float]:
+    """The current candidate's per-tensor errors (one emulated run beside the reference)
+    at the point where it failed (the last it was judged at), else the largest."""
+    point = failing.points[-1] if failing.points else search.walk.order()[0]
+    return error_map(search.front, search.precision(search.pinned), point)
 
 
 # -- the steps, in the order `tune` takes them ------------------------------------
@@ -330,7 +359,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     if search.left() <= 0:  # a run of new pins is a new verdict: no ranking run for nothing
         search.exhausted = True
         return None
-    errors = search.ranking_errors(failing)
+    errors = _ranking_errors(search, failing)
     order = suspects(
         search.front.view, search.groups, rest, errors, failing.failed_outputs, search.low
     )
@@ -393,6 +422,27 @@ def _shrink(search: Search) -> None:
         if chunk == 1:
             break
         chunk = max(1, chunk // 2)
+
+
+def _verified(search: Search) -> TrialOutcome:
+    """Grow and shrink on provisional verdicts (`PointWalk.walking`), then judge the result
+    at every point. A point that fails there had failed no trial before: the search starts
+    again from the range analysis, walking it too (the verdicts it has stay valid, so it
+    judges only what that point may change). Each round walks a point more, so it ends."""
+    while True:
+        search.walk.full, search.reasons = False, {}
+        outcome = _grow(search, _start(search))
+        if outcome.passed:
+            _shrink(search)
+        search.walk.full = True
+        if not outcome.passed or not search.affords(search.pinned):
+            return outcome
+        final = search.try_pins(search.pinned, "verify: every point")
+        if final.passed:
+            return final
+        if search.left() <= 0:
+            search.exhausted = True  # it would search again, walking the point that failed
+            return final
 
 
 def _merge(search: Search) -> None:
@@ -458,6 +508,7 @@ def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | No
 def _result(search: Search) -> SearchResult:
     """What the search found: the verdict on its final pin set, and why each pin stays."""
     final = search.known[tuple(sorted(search.pinned))]
+    passed = final.passed and search.walk.answers(final)  # never a pass left unverified
     kept = "kept (not re-checked within the budget)"
     base = search.front.policy.precision
     return SearchResult(
@@ -467,7 +518,7 @@ def _result(search: Search) -> SearchResult:
         {k: search.reasons.get(k, kept) for k in search.pinned},
         final.share,
         search.trials,
-        final.passed,
+        passed,
         final.low_share,
         search.budget,
         search.low,
@@ -499,8 +550,6 @@ def tune(
     search = Search(front, budget, objective, seed, jobs)
     search.progress = progress
     with pool(front, jobs) as search.pool:
-        outcome = _grow(search, _start(search))
-        if outcome.passed:
-            _shrink(search)
+        if _verified(search).passed:
             _merge(search)
     return _result(search)
