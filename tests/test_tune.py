@@ -367,10 +367,10 @@ def test_a_tuned_quantized_policy_keeps_its_reference_model(tmp_path, quantized_
 
 def test_early_stop_never_accepts_a_candidate_that_fails_at_any_point(example_policy):
     """A candidate is judged at the point likeliest to fail first (the last to fail, else the
-    largest) and stopped at its first failing point; a pass before the verification walks
-    only the points some trial failed at. Every failure the search recorded is the verdict
-    of judging every point, every pass holds at the points it names, and the answer was
-    judged at all of them and passes there."""
+    largest) and stopped at its first failing point; a pass before the verification may
+    leave out points. Every failure the search recorded is the verdict of judging every
+    point, every pass holds at the points it names, and the answer was judged at all of
+    them and passes there."""
     from trtbuild import front, tuning
 
     strict = {"{atol: 1e-2, rtol: 1e-2}": "{atol: 2e-3, rtol: 0, check_error_stat: max}"}
@@ -381,7 +381,6 @@ def test_early_stop_never_accepts_a_candidate_that_fails_at_any_point(example_po
     points = {run.point.name for run in stages.shapes}
     failed = [t for t in result.trials if not t.passed]
     assert failed and any(len(t.points) < len(points) for t in failed)  # stopped early
-    assert any(t.passed and len(t.points) < len(points) for t in result.trials)  # provisional
     names = [n.name for n in stages.view.nodes]
 
     def every_precision(t):
@@ -401,12 +400,12 @@ def test_early_stop_never_accepts_a_candidate_that_fails_at_any_point(example_po
 
 
 def test_an_answer_failing_where_no_trial_failed_is_searched_again_walking_it(example_policy):
-    """A pass before the verification walks only the points some trial failed at. When the
-    answer then fails at another point, the search starts again walking that point too,
-    and its answer passes everywhere. Here the search is told a trial failed at the
-    smallest point, where all-FP16 passes (it fails at the larger two)."""
+    """A pass before the verification leaves out the points larger than every point some
+    trial failed at. When the answer then fails at one of them, the search starts again
+    walking it too, and its answer passes everywhere. Here the search is told a trial
+    failed at the smallest point, where all-FP16 passes (it fails at the larger two)."""
     from trtbuild import front, tuning
-    from trtbuild.tuning.search import Search, _verified
+    from trtbuild.tuning.search import Search, _grown
 
     strict = {"{atol: 1e-2, rtol: 1e-2}": "{atol: 2e-3, rtol: 0, check_error_stat: max}"}
     policy = load_policy(example_policy("denoiser", rules="[]", replace=strict))
@@ -414,13 +413,31 @@ def test_an_answer_failing_where_no_trial_failed_is_searched_again_walking_it(ex
     search = Search(stages, budget=30, objective="nodes", seed=0, jobs=1)
     smallest = min(range(len(stages.shapes)), key=lambda k: search.walk.sizes[k])
     search.walk.last_failed[smallest] = 0  # as if a trial had failed there
-    outcome = _verified(search)
+    outcome = _grown(search)
     first, verify = search.trials[:2]
     assert first.passed and first.points == (stages.shapes[smallest].point.name,)
     assert verify.action == "verify: every point" and not verify.passed
     assert len(search.trials) > 2  # searched again from the range analysis's pins
-    assert outcome.passed and set(search.trials[-1].points) == {r.point.name for r in stages.shapes}
+    answer = next(t for t in reversed(search.trials) if t.pinned == tuple(sorted(search.pinned)))
+    assert outcome.passed and set(answer.points) == {run.point.name for run in stages.shapes}
     assert tuning.evaluate(stages, search.precision(search.pinned)).passed
+
+
+def test_a_provisional_pass_leaves_out_only_points_larger_than_every_failing_one():
+    """Until a trial fails every point is walked; then the points no larger than the
+    largest that failed (a smaller one costs little), the last to fail first; and every
+    point again once the search verifies."""
+    from trtbuild.tuning.search import PointWalk
+
+    walk = PointWalk([64, 16, 256, 16])
+    walk.full = False
+    assert walk.walking() == [2, 0, 1, 3] and not walk.provisional()
+    walk.last_failed = {1: 4}
+    assert walk.walking() == [1, 3] and walk.provisional()
+    walk.last_failed = {1: 4, 0: 7}
+    assert walk.walking() == [0, 1, 3]
+    walk.full = True
+    assert walk.walking() == [0, 1, 2, 3] and not walk.provisional()
 
 
 def test_single_node_pins_are_offered_as_their_scope_where_it_splits_no_unit():

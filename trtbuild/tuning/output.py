@@ -130,7 +130,8 @@ def write_log(path: Path, result: SearchResult) -> None:
                     "max_abs": t.worst,
                     "seconds": t.seconds,
                     # where it was judged, in order: a failure stops the walk, and a pass
-                    # before the verification walks only the points some trial failed at
+                    # while growing leaves out the points larger than every point some
+                    # trial failed at (`PointWalk.walking`) until it is verified
                     "points": list(t.points),
                 }
             )
