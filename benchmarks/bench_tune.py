@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs",
         type=int,
         default=tuning.default_jobs(),
-        help="trtbuild tune --jobs (default: min(4, usable cores), as tune's own default)",
+        help="trtbuild tune --jobs (default: tune's own, one per two usable cores, 1 to 4)",
     )
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="trtbuild-bench-tune-"))

@@ -311,8 +311,8 @@ def tune(
         budget: evaluations at most.
         objective: what a pin costs, `nodes` or `flops`.
         seed: tie-breaking; the same seed gives the same policy.
-        jobs: worker processes (default min(4, usable cores)); the result does not
-            depend on it.
+        jobs: worker processes (default: one per two usable cores, from 1 up to 4);
+            the result does not depend on it.
         cache: `open_cache()` to reuse earlier work; None computes everything.
         output: the file the tuned policy will be saved as: its paths are written from
             there, and it is named after it (default: `<name>.tuned`, beside the policy).

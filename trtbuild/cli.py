@@ -169,7 +169,7 @@ def _tune_args(sub) -> None:
         default=None,
         metavar="N",
         help="candidates judged in parallel processes (same result as one job; default: "
-        "min(4, the cores this process may use))",
+        "one per two cores this process may use, from 1 up to 4)",
     )
     t.add_argument(
         "--force", action="store_true", help="allow -o to replace the policy being tuned"
