@@ -452,13 +452,59 @@ def test_an_answer_failing_where_no_trial_failed_is_searched_again_walking_it(ex
     assert tuning.evaluate(stages, search.precision(search.pinned)).passed
 
 
+def test_a_sample_judged_alone_gets_the_verdict_it_gets_among_the_others(example_policy):
+    """NAFNet with its overflows pinned, judged on the largest error with a tolerance
+    between its samples' errors: each sample judged alone (`judge_units`, as `tune` walks
+    them) passes or fails as it does judged with all of them, and a failure names its
+    own sample; the samples but one, at once, name theirs."""
+    from trtbuild import front, tuning
+    from trtbuild.tuning.groups import beyond_range
+    from trtbuild.tuning.pool import judge_units
+    from trtbuild.tuning.search import Search
+
+    def judged(atol: str):
+        largest = {
+            "default: {atol: 1e-2, rtol: 1e-2, check_error_stat: median}": (
+                f"default: {{atol: {atol}, rtol: 0, check_error_stat: max}}\n"
+                "    outputs: {total: {atol: 1e9, rtol: 0}}"  # judged on its image alone
+            )
+        }
+        policy = load_policy(example_policy("nafnet", rules="[]", replace=largest))
+        stages = front.run_front(policy, reference="tensors")
+        search = Search(stages, budget=10, objective="nodes", seed=0, jobs=1)
+        return stages, search.precision(beyond_range(search.groups, search.low))
+
+    stages, pins = judged("1")
+    count = len(stages.shapes[0].feeds)
+    errors = [judge_units(stages, pins, [(0, (j,))])[0].worst["restored"] for j in range(count)]
+    assert count >= 3 and len(set(errors)) == count
+    between = sorted(errors)[count // 2 - 1 : count // 2 + 1]
+    stages, pins = judged(f"{sum(between) / 2:.6g}")
+
+    def named(outcome) -> set[int]:  # the samples its failures name, every output's
+        found = re.findall(r"sample\(s\) ([\d, ]+) fail", " ".join(outcome.failing.values()))
+        return {int(j) for said in found for j in said.split(", ")}
+
+    failing = named(tuning.evaluate(stages, pins))  # all samples at once, as `build` judges
+    assert 0 < len(failing) < count
+    for j in range(count):
+        (alone,) = judge_units(stages, pins, [(0, (j,))], stop=True)
+        assert alone.passed == (j not in failing) and named(alone) == failing & {j}
+        assert alone.failed_on == (None if alone.passed else j)
+    (others,) = judge_units(stages, pins, [(0, tuple(range(1, count)))])
+    assert named(others) == failing - {0} and others.passed == (failing <= {0})
+    for j in range(count):  # all FP16: each sample overflows, walked as its own feed
+        (alone,) = judge_units(stages, stages.policy.precision, [(0, (j,))])
+        assert alone.overflow["sample"] == j and alone.failed_on == j
+
+
 def test_a_provisional_pass_leaves_out_only_points_larger_than_every_failing_one():
     """Until a trial fails every point is walked; then the points no larger than the
     largest that failed (a smaller one costs little), the last to fail first; and every
     point again once the search verifies."""
     from trtbuild.tuning.search import PointWalk
 
-    walk = PointWalk([64, 16, 256, 16])
+    walk = PointWalk([64, 16, 256, 16], samples=[2, 3, 1, 1])
     walk.full = False
     assert walk.walking() == [2, 0, 1, 3] and not walk.provisional()
     walk.last_failed = {1: 4}
@@ -467,6 +513,9 @@ def test_a_provisional_pass_leaves_out_only_points_larger_than_every_failing_one
     assert walk.walking() == [0, 1, 3]
     walk.full = True
     assert walk.walking() == [0, 1, 2, 3] and not walk.provisional()
+    # at each point the sample a trial last failed on there alone, then the others
+    walk.lead = {1: 2}
+    assert walk.units() == [(0, (0,)), (0, (1,)), (1, (2,)), (1, (0, 1)), (2, (0,)), (3, (0,))]
 
 
 def test_single_node_pins_are_offered_as_their_scope_where_it_splits_no_unit():

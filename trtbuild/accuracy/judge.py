@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -128,7 +128,7 @@ def _failure(name: str, m: OutputMetrics) -> str:
     said = "; ".join(describe(c, m.checks.get(c, {}), tol) for c in bad) if tol else ""
     return (
         f"{name}: {where} fail {said or f'the {m.check_error_stat} check'}; "
-        f"over all samples max |error| {m.max_abs:.4g}, median {m.median_abs:.4g}"
+        f"over the samples judged max |error| {m.max_abs:.4g}, median {m.median_abs:.4g}"
     )
 
 
@@ -184,6 +184,7 @@ def judge_all(
     detail: Detail | None = None,
     verbose: bool = False,
     progress: bool = True,
+    samples: Sequence[int] | None = None,
 ) -> list[Verdict]:
     """Judge `candidates` (or their engines) against `reference`, the FP32 run of `graph`.
 
@@ -196,6 +197,11 @@ def judge_all(
     holds; the rule is read here and nowhere else, so `build`, `report` and `tune`
     never disagree. `progress` shows samples on
     stderr once a run takes seconds; `tune` has a bar of its own.
+
+    `samples`: which of a point's samples `feeds` (and `reference`'s runs) are, where
+    not all of them (`tune` judges the one likeliest to fail alone first): a sample
+    after the first is walked as a later feed is, against what FP32 keeps of every
+    feed (only the first feed's special values are kept), and a failure names it.
     """
     detail = detail or DETAIL_OF_WALK[spec.walk]
     overflow_fails = spec.masked_overflow == "fail"
@@ -207,20 +213,9 @@ def judge_all(
     runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
     labels = ", ".join(dict.fromkeys(c.label for c in candidates))
     ticker = SampleProgress(f"judging {labels}", len(feeds) if progress else 0)
-    if detail == "divergence":
-        _lockstep(graph, plan, runs, feeds[0])
-    else:
-        for run in runs:  # a suspect is confirmed here only where no walk will find it
-            run.overflow_pass(feeds[0], shrink=len(feeds) == 1, confirm=detail == "overflow")
-    ticker.tick(1)
-    for k, feed in enumerate(feeds[1:], start=2):
-        for run in runs:  # an engine's outputs come from it; the overflow from the emulation
-            outputs = run.later_feed(feed, k, shrink=k == len(feeds))
-            if run.candidate.engine_runner is None:
-                run.outputs.append(outputs)
-        ticker.tick(k)
-    ticker.done()
-    judged = [_judged(reference, run, feeds, spec, verbose) for run in runs]
+    index = list(samples) if samples is not None else list(range(len(feeds)))
+    _run_feeds(graph, plan, runs, feeds, index, detail, ticker)
+    judged = [_judged(reference, run, feeds, spec, verbose, index) for run in runs]
     if detail == "failures":  # the walk explains a failure or an overflow, on the first feed
         walking = [r for r, j in zip(runs, judged) if not j.passed or r.suspects]
         for run in walking:
@@ -230,6 +225,35 @@ def judge_all(
     verdicts = [_verdict(reference, run, j, overflow_fails) for run, j in zip(runs, judged)]
     firsts = list(dict.fromkeys(same))
     return [verdicts[firsts.index(k)] for k in same]
+
+
+def _run_feeds(
+    graph: onnx.ModelProto,
+    plan: Plan,
+    runs: list[_Run],
+    feeds: list[Feed],
+    index: list[int],
+    detail: Detail,
+    ticker: SampleProgress,
+) -> None:
+    """Every candidate on every feed: the first walked as `detail` says (a later sample
+    first, as a later feed), the others for their outputs and their first overflow."""
+    if detail == "divergence":
+        _lockstep(graph, plan, runs, feeds[0])
+    elif index[0]:  # a later sample first: walked as a later feed
+        for run in runs:
+            run.outputs.append(run.later_feed(feeds[0], index[0] + 1, shrink=len(feeds) == 1))
+    else:
+        for run in runs:  # a suspect is confirmed here only where no walk will find it
+            run.overflow_pass(feeds[0], shrink=len(feeds) == 1, confirm=detail == "overflow")
+    ticker.tick(1)
+    for k, feed in enumerate(feeds[1:], start=2):
+        for run in runs:  # an engine's outputs come from it; the overflow from the emulation
+            outputs = run.later_feed(feed, index[k - 1] + 1, shrink=k == len(feeds))
+            if run.candidate.engine_runner is None:
+                run.outputs.append(outputs)
+        ticker.tick(k)
+    ticker.done()
 
 
 def _identity(c: Candidate) -> tuple[str, int, bytes]:
@@ -383,7 +407,12 @@ class _Judged:
 
 
 def _judged(
-    reference: ReferenceTensors, run: _Run, feeds: list[Feed], spec: AccuracySpec, verbose: bool
+    reference: ReferenceTensors,
+    run: _Run,
+    feeds: list[Feed],
+    spec: AccuracySpec,
+    verbose: bool,
+    index: list[int],
 ) -> _Judged:
     """Polygraphy's verdict on the outputs (the engine's, where the candidate has one)."""
     from polygraphy.comparator.struct import IterationResult
@@ -393,7 +422,7 @@ def _judged(
     iterations = [IterationResult(outs, runner_name=label) for outs in run.outputs]
     if c.engine_runner is not None:
         iterations, label, emulation = c.engine_runner.run(feeds, verbose), "tensorrt", None
-    outputs, results = compare(reference, iterations, label, spec, verbose)
+    outputs, results = compare(reference, iterations, label, spec, verbose, index)
     return _Judged(label, emulation, outputs, results)
 
 
@@ -419,9 +448,16 @@ def _verdict(
 
 
 def compare(
-    reference: ReferenceTensors, iterations: list, label: str, spec: AccuracySpec, verbose: bool
+    reference: ReferenceTensors,
+    iterations: list,
+    label: str,
+    spec: AccuracySpec,
+    verbose: bool,
+    index: Sequence[int] | None = None,
 ) -> tuple[dict[str, OutputMetrics], Any]:
-    """Polygraphy's verdicts per output and sample with the policy's checks, plus metrics."""
+    """Polygraphy's verdicts per output and sample with the policy's checks, plus metrics;
+    a failing sample named by `index` (which of the point's samples each iteration is),
+    else by its place."""
     from polygraphy.comparator import RunResults
 
     ref_iters = reference.run_results[REFERENCE]
@@ -439,6 +475,8 @@ def compare(
         m = figure.result()
         shown = found[name].pop("shown", {})
         judged = found[name]
+        for c in judged.values() if index is not None else ():  # among the point's samples
+            c["failed_samples"] = [index[k] for k in c["failed_samples"]]
         failed = sorted({k for c in judged.values() for k in c["failed_samples"]})
         cosine = judged["cosine"]["value"] if "cosine" in judged else shown.get("cosine")
         psnr = judged["psnr"]["value"] if "psnr" in judged else shown.get("psnr")

@@ -22,6 +22,7 @@ the reference again beside a candidate where it compares them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,28 @@ class ReferenceTensors:
         if self.graph_results is None:
             return None
         return ReferenceTensors(self.measures, self.graph_results)
+
+    def samples(self, index: Sequence[int]) -> ReferenceTensors:
+        """The runs of the samples `index` alone, in that order: what `judge_all(samples=
+        index)` compares their feeds with (the measures stay those of every feed)."""
+        return ReferenceTensors(
+            self.measures,
+            _some(self.run_results, index),
+            _some(self.graph_results, index),
+            self.original,
+        )
+
+
+def _some(results: Any, index: Sequence[int]) -> Any:
+    """Polygraphy `RunResults` holding each runner's iterations `index` only (None stays)."""
+    if results is None:
+        return None
+    from polygraphy.comparator import RunResults
+
+    some = RunResults()
+    for runner, iterations in results.items():
+        some.append((runner, [iterations[j] for j in index]))
+    return some
 
 
 def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:

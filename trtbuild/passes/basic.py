@@ -310,16 +310,15 @@ def drop_initializer_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Pa
     accepts; a weight is not an input anyone feeds.
     """
     record = PassRecord("drop_initializer_inputs")
-    initializers = {t.name for t in model.graph.initializer}
-    listed = [i.name for i in model.graph.input if i.name in initializers]
+    listed = len(model.graph.input) - len(fed_inputs(model))
     if not listed:
         return model, record
     model = copied(model)
-    kept = [i for i in model.graph.input if i.name not in initializers]
+    kept = fed_inputs(model)
     del model.graph.input[:]
     model.graph.input.extend(kept)
     model.ir_version = max(model.ir_version, 4)  # IR 3 requires weights to be inputs
-    record.changed = len(listed)
+    record.changed = listed
     return model, record
 
 

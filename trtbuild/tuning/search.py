@@ -35,9 +35,10 @@ from trtbuild.tuning.groups import (
 )
 from trtbuild.tuning.pool import (
     TrialOutcome,
+    Unit,
     error_map,
-    judge_points,
-    judge_points_in_worker,
+    judge_units,
+    judge_units_in_worker,
     merge,
     point_size,
     pool,
@@ -105,18 +106,21 @@ class SearchResult:
 
 
 class PointWalk:
-    """Each pin set's verdict per point, and the order a candidate is walked through them.
+    """Each pin set's verdict per unit (a point, some of its samples), and the order a
+    candidate is walked through them.
 
-    A pin set's verdict is composed from its points' verdicts (judged now or
-    ahead, in any process) in the order of `order` when the search asks, up to
-    the first failing point: what judging the points in that order and stopping
-    there gives, however they were judged.
+    A pin set's verdict is composed from its units' verdicts, a unit being a point
+    and some of its samples (judged now or ahead, in any process), in the order of
+    `units` when the search asks, up to the first failing one: what judging them
+    in that order and stopping there gives, however they were judged.
     """
 
-    def __init__(self, sizes: list[int]):
+    def __init__(self, sizes: list[int], samples: list[int] | None = None):
         self.sizes = sizes  # the elements each point feeds: its judging cost's order
-        self.parts: dict[tuple[int, ...], dict[int, TrialOutcome]] = {}  # pin set -> point -> part
+        self.samples = samples or [1] * len(sizes)  # each point's samples
+        self.parts: dict[tuple[int, ...], dict[Unit, TrialOutcome]] = {}  # by pin set, unit
         self.last_failed: dict[int, int] = {}  # point -> the last trial that failed there
+        self.lead: dict[int, int] = {}  # point -> the sample a trial last failed on there
         # False while the search's verdicts are provisional: walked only through the points
         # some recorded trial failed at (every point until one fails); True to verify
         self.full = True
@@ -146,6 +150,17 @@ class PointWalk:
         largest = max(self.sizes[k] for k in self.last_failed)
         return [k for k in order if self.sizes[k] <= largest]
 
+    def units(self) -> list[Unit]:
+        """The units a verdict walks now: at each point of `walking`, the sample a trial last
+        failed on there alone (a candidate like the last failing one fails on it too, and
+        a failure there spares the others' runs), then the others at once."""
+        found: list[Unit] = []
+        for k in self.walking():
+            lead = self.lead.get(k, 0)
+            rest = tuple(j for j in range(self.samples[k]) if j != lead)
+            found += [(k, (lead,)), *([(k, rest)] if rest else [])]
+        return found
+
     def provisional(self) -> bool:
         """Whether a pass composed now may leave out a point."""
         return len(self.walking()) < len(self.sizes)
@@ -156,26 +171,26 @@ class PointWalk:
         every point `walking` names now."""
         return not outcome.passed or set(self.walking()) <= set(outcome.points)
 
-    def missing(self, key: tuple[int, ...]) -> list[int]:
-        """The points still to judge for `key`'s verdict: those of `order` before the first
+    def missing(self, key: tuple[int, ...]) -> list[Unit]:
+        """The units still to judge for `key`'s verdict: those of `units` before the first
         one already known to fail (none once a failure or every pass is known)."""
         parts = self.parts.get(key, {})
         todo = []
-        for k in self.walking():
-            part = parts.get(k)
+        for unit in self.units():
+            part = parts.get(unit)
             if part is None:
-                todo.append(k)
+                todo.append(unit)
             elif not part.passed:
                 break
         return todo
 
     def compose(self, key: tuple[int, ...]) -> TrialOutcome:
-        """`key`'s verdict from its parts, walked in `order` up to the first failing point."""
+        """`key`'s verdict from its parts, walked in `units` up to the first failing one."""
         parts = self.parts[key]
         walked = []
-        for k in self.walking():
-            walked.append(parts[k])
-            if not parts[k].passed:
+        for unit in self.units():
+            walked.append(parts[unit])
+            if not parts[unit].passed:
                 break
         return merge(walked, sum(p.seconds for p in walked))
 
@@ -205,7 +220,10 @@ class Search:
         self.pool: Any = None
         self.known: dict[tuple[int, ...], TrialOutcome] = {}  # pin set -> its recorded verdict
         self.point_seconds: dict[str, float] = {}  # point label -> judging seconds, all trials
-        self.walk = PointWalk([point_size(run.point.shapes) for run in front.shapes])
+        self.walk = PointWalk(
+            [point_size(run.point.shapes) for run in front.shapes],
+            [len(run.feeds) for run in front.shapes],
+        )
         self.exhausted = False  # set where the search wanted a verdict the budget lacked
 
     def precision(self, pinned: list[int]) -> Precision:
@@ -226,8 +244,9 @@ class Search:
         )
         for label, seconds in o.point_seconds.items():
             self.point_seconds[label] = self.point_seconds.get(label, 0.0) + seconds
-        if not o.passed and o.points:
-            self.walk.last_failed[o.points[-1]] = trial.step
+        if not o.passed and o.units:  # where it failed: walked first next time
+            k = o.units[-1][0]
+            self.walk.last_failed[k], self.walk.lead[k] = trial.step, o.failed_on or 0
         self.trials.append(trial)
         self.known[trial.pinned] = outcome
         if self.progress:
@@ -245,20 +264,20 @@ class Search:
             self.judge_now(key, todo)
         return self.record(pinned, action, self.walk.compose(key))
 
-    def judge_now(self, key: tuple[int, ...], todo: list[int]) -> None:
-        """Judge `key` at `todo` (points, in walking order), stopping at the first failure;
-        with workers, the first point (the likeliest to fail) alone, and the others at
+    def judge_now(self, key: tuple[int, ...], todo: list[Unit]) -> None:
+        """Judge `key` on `todo` (units, in walking order), stopping at the first failure;
+        with workers, the first unit (the likeliest to fail) alone, and the others at
         once only if it passes."""
         precision = self.precision(list(key))
         parts = self.walk.parts.setdefault(key, {})
         first = todo if self.pool is None else todo[:1]
-        for part in judge_points(self.front, precision, first, stop=True):
-            parts[part.points[0]] = part
+        for part in judge_units(self.front, precision, first, stop=True):
+            parts[part.units[0]] = part
         rest = todo[len(first) :]
-        if rest and all(parts[k].passed for k in first):
-            jobs = [(precision, (k,), True) for k in rest]
-            for (part,) in self.pool.map(judge_points_in_worker, jobs):
-                parts[part.points[0]] = part
+        if rest and all(parts[u].passed for u in first):
+            jobs = [(precision, (u,), True) for u in rest]
+            for (part,) in self.pool.map(judge_units_in_worker, jobs):
+                parts[part.units[0]] = part
 
     def judge_ahead(self, candidates: list[list[int]]) -> None:
         """Judge the pin sets the search may ask for next, in parallel (the first is the
@@ -272,8 +291,8 @@ class Search:
         if len(todo) < 2:  # one set is judged where it is asked for
             return
         jobs = [(self.precision(list(k)), tuple(self.walk.missing(k)), True) for k in todo]
-        for key, parts in zip(todo, self.pool.map(judge_points_in_worker, jobs)):
-            self.walk.parts.setdefault(key, {}).update({p.points[0]: p for p in parts})
+        for key, parts in zip(todo, self.pool.map(judge_units_in_worker, jobs)):
+            self.walk.parts.setdefault(key, {}).update({p.units[0]: p for p in parts})
 
     def remembered(self, key: tuple[int, ...]) -> bool:
         """Whether a recorded verdict on `key` answers what is asked now (`PointWalk.answers`)."""
