@@ -524,6 +524,46 @@ def test_concurrent_publications_into_one_folder_each_publish_a_whole_set(tmp_pa
         assert len(_generations(out)) == 1 and _leftovers(tmp_path) == []
 
 
+# swaps two trtbuild folders by name, as the portable swap does (the old set renamed
+# aside, the new one into its place), every millisecond; argv: PARENT SECONDS
+SWAPPER = """
+import os, sys, time
+from pathlib import Path
+root = Path(sys.argv[1])
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    os.rename(root / "out", root / "aside")
+    os.rename(root / "new", root / "out")
+    os.rename(root / "aside", root / "new")
+    time.sleep(0.001)
+"""
+
+
+def test_an_out_folder_another_publication_replaces_meanwhile_is_checked_as_it_is_now(tmp_path):
+    """Another process swaps the out folder with another trtbuild folder all the time,
+    leaving no folder between its renames: the checks before staging read it again and
+    pass, never "no such file" (a traceback) or "write-protected" (exit 2, wrongly)."""
+    from trtbuild.artifacts import BUILD_FILES, _output_folder
+    from trtbuild.fsutil import check_out_folder, folder_mode
+
+    for name in ("out", "new"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / MARKER).write_text(json.dumps({"command": "build", "files": []}))
+        (tmp_path / name / "report.md").write_text(name)
+    out = tmp_path / "out"
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(tmp_path), "1.5"])
+    checks = 0
+    try:
+        while swapper.poll() is None:
+            check_out_folder(out, known=(*BUILD_FILES, MARKER))
+            assert _output_folder(out) == out and folder_mode(out) in (None, 0o755)
+            checks += 1
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert swapper.returncode == 0 and checks > 100
+
+
 def test_a_file_mounted_into_the_out_folder_stays_and_a_mounted_artifact_is_exit_2(tmp_path):
     """`-v notes.txt:/work/build/out/notes.txt`: a rename of the folder would carry the
     mount away with the old set; the set is published into the folder instead."""

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import platform
+import stat
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from trtbuild.front import Front
 from trtbuild.fsutil import (
     MARKER,
     check_out_folder,
+    folder_mode,
     publish_folder,
     read_small,
     sha256_file,
@@ -66,7 +68,7 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
     """
     out_dir = _output_folder(out_dir)
     check_out_folder(out_dir, known=(*BUILD_FILES, MARKER), owns=owns)
-    mode = out_dir.stat().st_mode & 0o7777 if out_dir.is_dir() else None
+    mode = folder_mode(out_dir)
     with staging_folder(out_dir) as staging:  # removed at the end (after an exchange: the old set)
         try:
             yield staging
@@ -86,7 +88,11 @@ def _output_folder(out_dir: Path) -> Path:
     """`out_dir` resolved, or exit 2 where it or a folder above it is a file."""
     out_dir = out_dir.resolve()
     for folder in (out_dir, *out_dir.parents):
-        if folder.exists() and not folder.is_dir():
+        try:  # one stat: a folder another publication replaces right now is no file
+            is_file = not stat.S_ISDIR(os.stat(folder).st_mode)
+        except FileNotFoundError:
+            continue
+        if is_file:
             raise UsageError(
                 "the output folder is a file",
                 where=str(folder),

@@ -51,6 +51,9 @@ MARKER = ".trtbuild-output"
 # tests only: "kill-at=N" SIGKILLs the process at step N of a publication, "portable"
 # swaps without renameat2; unset, it costs one environment lookup per publication
 TEST_HOOK = "TRTBUILD_TEST_PUBLICATION"
+# Reads of the out folder a check makes while other publications replace it (each one is
+# quick, and they take turns under `_publishing`'s lock): a few are plenty.
+_CHECK_ATTEMPTS = 20
 # How a file others may have placed is opened: never through a symlink at its end, never
 # waiting on a FIFO (O_NONBLOCK), never inherited by a child; a folder, following a symlink.
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -138,7 +141,50 @@ def check_out_folder(
     out_dir: Path, known: Collection[str], owns: Collection[str] = (), *, nested: bool = False
 ) -> None:
     """Exit 2 unless `out_dir` is absent, empty, or an earlier trtbuild output; and for an
-    artifact name in `owns` that is a folder there.
+    artifact name in `owns` that is a folder there (`_check_out_folder`).
+
+    The check holds only where the folder it read stayed in place: another publication
+    may replace it meanwhile (the portable swap leaves no folder between its two
+    renames), and a read of a folder gone half-way says nothing about it, or the wrong
+    thing ("write-protected", where `access` found no folder). It is read again then.
+    """
+    for _ in range(_CHECK_ATTEMPTS):
+        before = folder_identity(out_dir)
+        try:
+            _check_out_folder(out_dir, known, owns, nested=nested)
+        except (OSError, UsageError):
+            if folder_identity(out_dir) == before:
+                raise
+            continue
+        if folder_identity(out_dir) == before:
+            return
+    _check_out_folder(out_dir, known, owns, nested=nested)  # replaced at every read: once more
+
+
+def folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder at `path`, None where there is none: a folder another
+    publication renamed into its place is another one."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
+def folder_mode(path: Path) -> int | None:
+    """The permission bits of the folder at `path`, None where there is none (or it is
+    being replaced right now)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.S_IMODE(st.st_mode) if stat.S_ISDIR(st.st_mode) else None
+
+
+def _check_out_folder(
+    out_dir: Path, known: Collection[str], owns: Collection[str], *, nested: bool
+) -> None:
+    """`check_out_folder`'s check of the folder as it is now.
 
     Why: publication replaces what the folder holds; a folder of the user's (`--out ~`)
     must be refused before anything is written, naming what would be lost. A folder
