@@ -121,34 +121,6 @@ def test_jobs_default_to_one_per_two_usable_cores_up_to_four(monkeypatch, cores,
     assert tuning.default_jobs() == jobs
 
 
-def _cores(_: int) -> tuple[int, frozenset[int]]:
-    """In a worker: its pid and the cores it may run on (slow enough that every worker
-    takes a share of the calls)."""
-    import time
-
-    time.sleep(0.05)
-    return os.getpid(), frozenset(os.sched_getaffinity(0))
-
-
-@pytest.mark.skipif(
-    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
-    reason="a share of the cores needs two of them, on Linux",
-)
-def test_each_worker_runs_on_its_own_share_of_the_cores():
-    """Two workers on the cores this process may use: each on every other core, none on
-    the other's, so ONNX Runtime's threads in one never wait on the other's."""
-    from trtbuild.tuning.pool import pool
-
-    mine = sorted(os.sched_getaffinity(0))
-    with pool(front=None, jobs=2) as workers:
-        seen = dict(workers.map(_cores, range(8)))
-    assert len(seen) == 2 and sorted(seen.values(), key=min) == [
-        frozenset(mine[0::2]),
-        frozenset(mine[1::2]),
-    ]
-    assert os.sched_getaffinity(0) == set(mine)  # the parent keeps every core
-
-
 def test_streaming_gru_enhancer_is_tuned_in_a_few_evaluations(tmp_path, models_dir):
     """The benchmark's recurrent model: the power spectrum is inf in FP16 (three pins known
     from the ranges, never re-judged) and the dB normalisation amplifies FP16's rounding

@@ -238,6 +238,8 @@ def _run_feeds(
 ) -> None:
     """Every candidate on every feed: the first walked as `detail` says (a later sample
     first, as a later feed), the others for their outputs and their first overflow."""
+    if index[0] and detail != "overflow":  # their walks hold sample 0's special values
+        raise ValueError(f"a walk of detail {detail!r} starts at sample 0, not {index[0]}")
     if detail == "divergence":
         _lockstep(graph, plan, runs, feeds[0])
     elif index[0]:  # a later sample first: walked as a later feed

@@ -23,7 +23,8 @@ The search, top to bottom (`groups`, `pool`, `search`, `output`):
    tolerance still holds at every shape, and each remaining pin keeps the error
    that made it necessary. A group whose reference values would be inf in the
    low precision is never unpinned.
-A pin set is judged once: the search remembers every verdict it recorded.
+A pin set is judged once on each point and sample: the search remembers every
+verdict (the growing's answer is judged again only at the points it left out).
 Ties are broken by a seeded shuffle, so a seed gives the same policy every run,
 whatever `jobs` is.
 """

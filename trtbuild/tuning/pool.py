@@ -28,10 +28,12 @@ from trtbuild.precision.convert import convert
 
 # Workers beyond four rarely pay: the search seldom knows more than a few candidates ahead.
 MAX_DEFAULT_JOBS = 4
-# A worker's share of the cores by default: ONNX Runtime runs one candidate on two cores
-# in 0.65x the time it takes on one (modnet at 1024²), so on 2 cores `--jobs 2` judged
-# candidates the search may not ask for at 1.5x the time each, and was slower than
-# `--jobs 1` on modnet (87 vs 77 s) and PP-OCRv4 det (19.5 vs 18 s).
+# The cores a worker is given by default. ONNX Runtime runs one candidate on all the
+# cores a process may use (two run it in 0.65x the time one does, modnet at 1024²), so
+# workers on the same cores wait on each other at every op: on 2 cores `--jobs 2` was
+# slower than `--jobs 1` on modnet (96 vs 77 s) and PP-OCRv4 det (19.5 vs 18 s). Not
+# confined to fewer cores: every judging process then runs ONNX Runtime alike, and a
+# verdict is the same whichever process judged it.
 CORES_PER_JOB = 2
 
 
@@ -76,8 +78,8 @@ def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -
 
 def judge_points(front: Front, precision: Precision, points: Sequence[int]) -> list[TrialOutcome]:
     """One outcome per point of `points` (indices into `front.shapes`), in that order, each
-    on all its samples at once: `evaluate`'s (the search judges one sample at a time,
-    `judge_units`, and stops at the first that fails).
+    on all its samples at once: `evaluate`'s (the search judges a point's likeliest
+    failing sample alone first, `judge_units`, and stops at the first unit that fails).
 
     Only the overflow is walked (the reference is not run again): the search
     needs the outputs' verdict and the first tensor the candidate overflows.
@@ -242,27 +244,8 @@ def error_map(front: Front, precision: Precision, point: int = 0) -> dict[str, f
 _WORKER: dict[str, Front] = {}
 
 
-def _init_worker(front: Front, started: Any, jobs: int) -> None:
-    """The worker's front, and its share of the cores: the `k`-th worker started runs on
-    every `jobs`-th core the parent may use, from the `k`-th.
-
-    Why a share: ONNX Runtime runs as many threads as the cores a process may use, so
-    `jobs` workers judging at once would each run that many on the same cores, and they
-    wait on each other at every op (on modnet at 1024² on 2 cores, `--jobs 2` took
-    longer than `--jobs 1`). A worker confined to its share runs as `taskset` would
-    make it (`sessions.intra_op_threads`).
-    """
-    import os
-
+def _init_worker(front: Front) -> None:
     _WORKER["front"] = front
-    if not hasattr(os, "sched_setaffinity"):  # not Linux: ONNX Runtime's own choice
-        return
-    with started.get_lock():
-        k, started.value = started.value, started.value + 1
-    cores = sorted(os.sched_getaffinity(0))
-    n = min(jobs, len(cores))
-    if n > 1:
-        os.sched_setaffinity(0, cores[k % n :: n])
 
 
 def judge_units_in_worker(job: tuple[Precision, tuple[Unit, ...], bool]) -> list[TrialOutcome]:
@@ -281,9 +264,8 @@ def pool(front: Front, jobs: int) -> Iterator[Any]:
         yield None
         return
     context = multiprocessing.get_context("fork")  # fork: initargs are inherited, not pickled
-    started = context.Value("i", 0)  # the workers started: each takes the next share of cores
     with concurrent.futures.ProcessPoolExecutor(
-        jobs, mp_context=context, initializer=_init_worker, initargs=(front, started, jobs)
+        jobs, mp_context=context, initializer=_init_worker, initargs=(front,)
     ) as workers:
         yield workers
 

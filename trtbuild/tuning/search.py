@@ -16,7 +16,7 @@ import logging
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trtbuild.front import Front
@@ -100,9 +100,11 @@ class SearchResult:
     def full_search(self) -> int:
         """Evaluations a full search needs at most: the start; per group pinned while
         growing, doublings and halvings (twice log2 of the groups) and its pin; twice the
-        groups while shrinking (chunks halving down to one)."""
+        groups while shrinking (chunks halving down to one); with several points, a
+        growing again per point left out and its verification."""
         n = self.searched
-        return 1 + n * (2 * math.ceil(math.log2(max(n, 2))) + 1) + 2 * n
+        grow = 1 + n * (2 * math.ceil(math.log2(max(n, 2))) + 1)
+        return grow * self.points + (self.points - 1) + 2 * n
 
 
 class PointWalk:
@@ -121,6 +123,7 @@ class PointWalk:
         self.parts: dict[tuple[int, ...], dict[Unit, TrialOutcome]] = {}  # by pin set, unit
         self.last_failed: dict[int, int] = {}  # point -> the last trial that failed there
         self.lead: dict[int, int] = {}  # point -> the sample a trial last failed on there
+        self.counted: dict[tuple[int, ...], set[Unit]] = {}  # pin set -> units in a verdict
         # False while the search's verdicts are provisional: walked only through the points
         # some recorded trial failed at (every point until one fails); True to verify
         self.full = True
@@ -185,20 +188,26 @@ class PointWalk:
         return todo
 
     def compose(self, key: tuple[int, ...]) -> TrialOutcome:
-        """`key`'s verdict from its parts, walked in `units` up to the first failing one."""
-        parts = self.parts[key]
+        """`key`'s verdict from its parts, walked in `units` up to the first failing one; its
+        seconds those of the parts no verdict on `key` counted before (a verification
+        walks the growing's passes again)."""
+        parts, counted = self.parts[key], self.counted.setdefault(key, set())
         walked = []
         for unit in self.units():
-            walked.append(parts[unit])
+            walked.append(unit)
             if not parts[unit].passed:
                 break
-        return merge(walked, sum(p.seconds for p in walked))
+        fresh = [parts[u] for u in walked if u not in counted]
+        counted.update(walked)
+        outcome = merge([parts[u] for u in walked], sum(p.seconds for p in fresh))
+        spent = merge(fresh, 0.0).point_seconds if fresh else {}
+        return replace(outcome, point_seconds=spent)
 
 
 class Search:
     """The search's state: its groups, what it pinned and why, and every verdict recorded.
 
-    `known` holds every recorded verdict (a pin set is judged once); `walk`
+    `known` holds every recorded verdict (a pin set is judged once per unit); `walk`
     holds each pin set's verdict per point, judged now or ahead in parallel, and
     composes a verdict from them when the one-job search asks for it: only then
     does it become a trial.
