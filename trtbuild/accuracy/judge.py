@@ -30,9 +30,10 @@ the emulation, and say so.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -205,11 +206,16 @@ def judge_all(
     """
     detail = detail or DETAIL_OF_WALK[spec.walk]
     overflow_fails = spec.masked_overflow == "fail"
-    same = [_identity(c) for c in candidates]  # a policy with no pin is its FP16 baseline
+    # a policy with no pin is its FP16 baseline: one judgement (one candidate: no hashing)
+    same = [_identity(c) for c in candidates] if len(candidates) > 1 else [0]
     unique = [candidates[same.index(k)] for k in dict.fromkeys(same)]
     measures = reference.measures
     graph = probe(graph, set(measures.bodies)).model  # bodies hand out their tensors' peaks
-    plan = reference_plan(graph, measures.order, measures.sizes, spec.budget())
+    # the reference's segments, planned where a run is cut (a walk, a suspect): most
+    # lean runs find nothing to confirm, and `tune` judges thousands of them
+    plan = functools.cache(
+        lambda: reference_plan(graph, measures.order, measures.sizes, spec.budget())
+    )
     runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
     labels = ", ".join(dict.fromkeys(c.label for c in candidates))
     ticker = SampleProgress(f"judging {labels}", len(feeds) if progress else 0)
@@ -221,7 +227,7 @@ def judge_all(
         for run in walking:
             run.walk = _Walk(measures, spec.divergence_threshold, "divergence", run.casts)
         if walking:
-            _lockstep(graph, plan, walking, feeds[0], outputs=False)
+            _lockstep(graph, plan(), walking, feeds[0], outputs=False)
     verdicts = [_verdict(reference, run, j, overflow_fails) for run, j in zip(runs, judged)]
     firsts = list(dict.fromkeys(same))
     return [verdicts[firsts.index(k)] for k in same]
@@ -229,7 +235,7 @@ def judge_all(
 
 def _run_feeds(
     graph: onnx.ModelProto,
-    plan: Plan,
+    plan: Callable[[], Plan],
     runs: list[_Run],
     feeds: list[Feed],
     index: list[int],
@@ -241,7 +247,7 @@ def _run_feeds(
     if index[0] and detail != "overflow":  # their walks hold sample 0's special values
         raise ValueError(f"a walk of detail {detail!r} starts at sample 0, not {index[0]}")
     if detail == "divergence":
-        _lockstep(graph, plan, runs, feeds[0])
+        _lockstep(graph, plan(), runs, feeds[0])
     elif index[0]:  # a later sample first: walked as a later feed
         for run in runs:
             run.outputs.append(run.later_feed(feeds[0], index[0] + 1, shrink=len(feeds) == 1))
@@ -270,7 +276,7 @@ class _Run:
 
     candidate: Candidate
     emulated: onnx.ModelProto
-    reference_plan: Plan
+    reference_plan: Callable[[], Plan]  # planned on first use
     lean: LeanRunner  # the outputs (and tensors' finite sums) only, whole
     walk: _Walk
     casts: dict[str, tuple[str, str]] = field(default_factory=dict)  # boundary Cast outputs
@@ -283,7 +289,7 @@ class _Run:
     def start(
         cls,
         c: Candidate,
-        plan: Plan,
+        plan: Callable[[], Plan],
         measures: ReferenceMeasures,
         spec: AccuracySpec,
         detail: Detail,
@@ -306,7 +312,11 @@ class _Run:
         shown = [*measures.outputs]
         shown += sorted(tensors & set(measures.special) - set(shown))
         sinks = set(measures.outputs) - set(measures.special)  # compared where FP32 is finite
-        checked = unobserved(emulated, tensors - set(shown), sinks, measures.shapes)
+        where = ("unobserved", id(emulated), id(measures), tuple(shown))  # a point's samples
+        checked = c.reused.get(where)
+        if checked is None:
+            checked = unobserved(emulated, tensors - set(shown), sinks, measures.shapes)
+            c.reused[where] = checked
         key = ("lean", id(emulated), tuple(shown), tuple(sorted(checked)))
         lean = c.reused.get(key) or LeanRunner(emulated, shown, checked)
         c.reused[key] = lean
@@ -317,7 +327,7 @@ class _Run:
         if self.cut is None:
             present = {o for n in self.emulated.graph.node for o in n.output}  # peers fuse nodes
             marked = (present & set(self.walk.depth)) | set(self.walk.measures.outputs)
-            plan = plan_aligned(self.emulated, marked, self.reference_plan)
+            plan = plan_aligned(self.emulated, marked, self.reference_plan())
             self.cut = SegmentRunner(self.emulated, plan)
         return self.cut
 
