@@ -414,13 +414,13 @@ def test_an_answer_failing_where_no_trial_failed_is_searched_again_walking_it(ex
     search = Search(stages, budget=30, objective="nodes", seed=0, jobs=1)
     smallest = min(range(len(stages.shapes)), key=lambda k: search.walk.sizes[k])
     search.walk.last_failed[smallest] = 0  # as if a trial had failed there
-    outcome = _grown(search)
+    assert _grown(search)
     first, verify = search.trials[:2]
     assert first.passed and first.points == (stages.shapes[smallest].point.name,)
     assert verify.action == "verify: every point" and not verify.passed
     assert len(search.trials) > 2  # searched again from the range analysis's pins
     answer = next(t for t in reversed(search.trials) if t.pinned == tuple(sorted(search.pinned)))
-    assert outcome.passed and set(answer.points) == {run.point.name for run in stages.shapes}
+    assert answer.passed and set(answer.points) == {run.point.name for run in stages.shapes}
     assert tuning.evaluate(stages, search.precision(search.pinned)).passed
 
 

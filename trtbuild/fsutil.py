@@ -149,36 +149,37 @@ def check_out_folder(
     thing ("write-protected", where `access` found no folder). It is read again then.
     """
     for _ in range(_CHECK_ATTEMPTS):
-        before = folder_identity(out_dir)
+        before = _identity(_folder_stat(out_dir))
         try:
             _check_out_folder(out_dir, known, owns, nested=nested)
         except (OSError, UsageError):
-            if folder_identity(out_dir) == before:
+            if _identity(_folder_stat(out_dir)) == before:
                 raise
             continue
-        if folder_identity(out_dir) == before:
+        if _identity(_folder_stat(out_dir)) == before:
             return
     _check_out_folder(out_dir, known, owns, nested=nested)  # replaced at every read: once more
-
-
-def folder_identity(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of the folder at `path`, None where there is none: a folder another
-    publication renamed into its place is another one."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
 def folder_mode(path: Path) -> int | None:
     """The permission bits of the folder at `path`, None where there is none (or it is
     being replaced right now)."""
+    st = _folder_stat(path)
+    return None if st is None else stat.S_IMODE(st.st_mode)
+
+
+def _folder_stat(path: Path) -> os.stat_result | None:
+    """The folder at `path`, in one `stat`; None where there is none (or not a folder)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
-    return stat.S_IMODE(st.st_mode) if stat.S_ISDIR(st.st_mode) else None
+    return st if stat.S_ISDIR(st.st_mode) else None
+
+
+def _identity(st: os.stat_result | None) -> tuple[int, int] | None:
+    """(device, inode): a folder another publication renamed into the place is another."""
+    return None if st is None else (st.st_dev, st.st_ino)
 
 
 def _check_out_folder(

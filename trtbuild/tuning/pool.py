@@ -67,46 +67,14 @@ class TrialOutcome:
 
 def evaluate(front: Front, precision: Precision, points: tuple[int, ...] = ()) -> TrialOutcome:
     """Judge one pin set with the build's own judge at every shape (or only at `points`,
-    indices into `front.shapes`), the reference and the view shared: `judge_points`
-    merged, every point judged whatever fails. The search never calls it (it stops a
-    candidate at its first failing point); it is the oracle that early stop is checked
+    indices into `front.shapes`), each on all its samples at once, the reference and the
+    view shared: every point judged whatever fails. The search never calls it (it stops
+    a candidate at its first failing unit); it is the oracle that early stop is checked
     against, in the tests and for a caller who wants every point's verdict."""
     started = time.perf_counter()
-    parts = judge_points(front, precision, points or tuple(range(len(front.shapes))))
-    return merge(parts, time.perf_counter() - started)
-
-
-def judge_points(front: Front, precision: Precision, points: Sequence[int]) -> list[TrialOutcome]:
-    """One outcome per point of `points` (indices into `front.shapes`), in that order, each
-    on all its samples at once: `evaluate`'s (the search judges a point's likeliest
-    failing sample alone first, `judge_units`, and stops at the first unit that fails).
-
-    Only the overflow is walked (the reference is not run again): the search
-    needs the outputs' verdict and the first tensor the candidate overflows.
-    An overflow an output masks is ruled on as `build` rules on it (the policy's
-    `accuracy.masked_overflow`: fails by default, passes with `warn`). With
-    several shapes a failure names its shape, and the first overflow found
-    (in the shapes' order) picks what to pin. The candidate is converted,
-    emulated and given its session once for all its points (the session takes
-    any shape); the first part's seconds include that.
-    """
-    t = time.perf_counter()
-    candidate, summary = _candidate(front, precision)
-    parts: list[TrialOutcome] = []
-    for k in points:
-        run = front.shapes[k]
-        started = time.perf_counter()
-        (verdict,) = judge_all(
-            run.reference,
-            front.prepared.model,
-            [candidate],
-            run.feeds,
-            front.policy.accuracy,
-            detail="overflow",
-            progress=False,
-        )
-        parts.append(_outcome(front, k, verdict, summary, t if not parts else started, started))
-    return parts
+    every = points or tuple(range(len(front.shapes)))
+    units = [(k, tuple(range(len(front.shapes[k].feeds)))) for k in every]
+    return merge(judge_units(front, precision, units), time.perf_counter() - started)
 
 
 def judge_units(
@@ -120,6 +88,13 @@ def judge_units(
     two samples); the search judges the sample likeliest to fail alone, then the
     others at once. A unit's verdict is the same whoever judged it and in whichever
     order, so the search composes units as it composes points.
+
+    Only the overflow is walked (the reference is not run again): the search needs
+    the outputs' verdict and the first tensor the candidate overflows. An overflow an
+    output masks is ruled on as `build` rules on it (`accuracy.masked_overflow`). With
+    several shapes a failure names its shape. The candidate is converted, emulated
+    and given its session once for all its units (the session takes any shape); the
+    first part's seconds include that.
     """
     t = time.perf_counter()
     candidate, summary = _candidate(front, precision)
@@ -180,10 +155,10 @@ def _outcome(
 
 
 def merge(parts: list[TrialOutcome], seconds: float) -> TrialOutcome:
-    """One outcome from the outcomes of one pin set at each point (or each sample of each
-    point), in the order they were walked: the first overflow in that order, the worst
-    error of all, the points and units walked. The same parts in the same order give the same outcome however (and in how
-    many processes) they were judged."""
+    """One outcome from the outcomes of one pin set on each unit, in the order they were
+    walked: the first overflow in that order, the worst error of all, the points and
+    units walked. The same parts in the same order give the same outcome however (and
+    in how many processes) they were judged."""
     failing: dict[str, str] = {}
     worst: dict[str, float] = {}
     point_seconds: dict[str, float] = {}

@@ -117,15 +117,14 @@ class PointWalk:
     in that order and stopping there gives, however they were judged.
     """
 
-    def __init__(self, sizes: list[int], samples: list[int] | None = None):
+    def __init__(self, sizes: list[int], samples: list[int]):
         self.sizes = sizes  # the elements each point feeds: its judging cost's order
-        self.samples = samples or [1] * len(sizes)  # each point's samples
+        self.samples = samples  # each point's samples
         self.parts: dict[tuple[int, ...], dict[Unit, TrialOutcome]] = {}  # by pin set, unit
         self.last_failed: dict[int, int] = {}  # point -> the last trial that failed there
         self.lead: dict[int, int] = {}  # point -> the sample a trial last failed on there
         self.counted: dict[tuple[int, ...], set[Unit]] = {}  # pin set -> units in a verdict
-        # False while the search's verdicts are provisional: walked only through the points
-        # some recorded trial failed at (every point until one fails); True to verify
+        # False while the search's passes are provisional (`walking`); True to verify
         self.full = True
 
     def order(self) -> list[int]:
@@ -208,7 +207,7 @@ class Search:
     """The search's state: its groups, what it pinned and why, and every verdict recorded.
 
     `known` holds every recorded verdict (a pin set is judged once per unit); `walk`
-    holds each pin set's verdict per point, judged now or ahead in parallel, and
+    holds each pin set's verdict per unit, judged now or ahead in parallel, and
     composes a verdict from them when the one-job search asks for it: only then
     does it become a trial.
     """
@@ -263,7 +262,7 @@ class Search:
         return outcome
 
     def try_pins(self, pinned: list[int], action: str) -> TrialOutcome:
-        """The verdict on `pinned`: remembered, or composed from its points (judged now or
+        """The verdict on `pinned`: remembered, or composed from its units (judged now or
         ahead) and recorded."""
         key = tuple(sorted(pinned))
         if self.remembered(key):
@@ -458,11 +457,12 @@ def _shrink(search: Search) -> None:
         chunk = max(1, chunk // 2)
 
 
-def _grown(search: Search) -> TrialOutcome:
-    """Grow on provisional verdicts (`PointWalk.walking`), then judge the pin set found at
-    every point. A point that fails there had failed no trial before: the growing starts
-    again from the range analysis, walking it too (the verdicts it has stay valid, so it
-    judges only what that point may change). Each round walks a point more, so it ends.
+def _grown(search: Search) -> bool:
+    """Whether growing on provisional verdicts (`PointWalk.walking`) found a pin set that
+    passes at every point, judged there once it is found. A point that fails there had
+    failed no trial before: the growing starts again from the range analysis, walking
+    it too (the verdicts it has stay valid, so it judges only what that point may
+    change). Each round walks at least one point more, so it ends.
 
     Why only the growing: its passes are few and costly; the shrink's passes remove
     pins one chunk after another, and a point left out there (measured on PP-OCRv4 det
@@ -474,13 +474,12 @@ def _grown(search: Search) -> TrialOutcome:
         outcome = _grow(search, _start(search))
         search.walk.full = True
         if not outcome.passed or not search.affords(search.pinned):
-            return outcome
-        final = search.try_pins(search.pinned, "verify: every point")
-        if final.passed:
-            return final
+            return False
+        if search.try_pins(search.pinned, "verify: every point").passed:
+            return True
         if search.left() <= 0:
             search.exhausted = True  # it would search again, walking the point that failed
-            return final
+            return False
 
 
 def _merge(search: Search) -> None:
@@ -588,8 +587,7 @@ def tune(
     search = Search(front, budget, objective, seed, jobs)
     search.progress = progress
     with pool(front, jobs) as search.pool:
-        grown = _grown(search)
-        if grown.passed and search.walk.answers(grown):  # verified at every point
+        if _grown(search):
             _shrink(search)
             _merge(search)
     return _result(search)
