@@ -102,7 +102,7 @@ def _loads(plan, source: bytes, lap, spares) -> None:
         if round_ == 0:
             ort_child.outcome(spares.take(source, "off"))
             lap(f"ONNX Runtime child, optimisations off (the default load failed: {first.kind})")
-        given = plan.learn(ort_child.warning(first, source, None, spares), first.message)
+        given = plan.learn(ort_child.warning(first, source, None, spares.take), first.message)
         lap("the warning, attributed to keys")
         if not given:  # no key charged: `validate` loads the whole model then (not timed here)
             lap("no key charged: the whole model's load decides (not timed)")

@@ -116,7 +116,7 @@ def test_an_fp16_gru_crashing_onnx_runtime_in_a_warm_child_is_a_crash_naming_its
         spares.fill()
         first = ort_child.outcome(spares.take(data, "default"), 60)
         assert first.crash == "SIGSEGV" and not first.killed, first
-        said = ort_child.warning(first, data, 60, spares)  # its probes are spares too
+        said = ort_child.warning(first, data, 60, spares.take)  # its probes are spares too
     assert "NchwcTransformer" in said and "at node 'head' (MatMul)" in said, said
 
 

@@ -94,7 +94,6 @@ def _weight_peaks(view: GraphView) -> dict[str, float]:
     thousands of weights and this runs on every `check` and `convert`, where one numpy call
     per weight costs more than its arithmetic. A batch holding a non-finite value is
     measured weight by weight (`numerics.finite_peak`)."""
-
     from trtbuild.numerics import finite_peak
 
     peaks: dict[str, float] = {}

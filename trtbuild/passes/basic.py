@@ -310,11 +310,11 @@ def drop_initializer_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Pa
     accepts; a weight is not an input anyone feeds.
     """
     record = PassRecord("drop_initializer_inputs")
-    listed = len(model.graph.input) - len(fed_inputs(model))
+    kept = fed_inputs(model)
+    listed = len(model.graph.input) - len(kept)
     if not listed:
         return model, record
-    model = copied(model)
-    kept = fed_inputs(model)
+    model = copied(model)  # `extend` copies the kept inputs into the copy
     del model.graph.input[:]
     model.graph.input.extend(kept)
     model.ir_version = max(model.ir_version, 4)  # IR 3 requires weights to be inputs

@@ -351,13 +351,17 @@ def cpu_features() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
-def warning(first: Outcome, data: bytes, timeout: float | None, spares: Spares) -> str:
+def warning(
+    first: Outcome, data: bytes, timeout: float | None, load: Callable[..., subprocess.Popen]
+) -> str:
     """What the default-optimised load of the model `data` did, where, and what a user of
     ONNX Runtime can do.
 
     A crash names the graph transformer it happened in (ONNX Runtime's verbose log)
     and the node it needs (the shortest prefix of the graph that still crashes), loads in
-    children of `spares`; an error is ONNX Runtime's own first line, which names its node.
+    children `load(source, level, verbose)` gives (`Spares.take`, or the caller's own
+    that says a child that cannot start in its words); an error is ONNX Runtime's own
+    first line, which names its node.
     """
     head = f"ONNX Runtime {version()} "
     tail = (
@@ -370,9 +374,9 @@ def warning(first: Outcome, data: bytes, timeout: float | None, spares: Spares) 
             head + f"refuses the mixed model under its default graph optimisations: {said}"
             f"{tail}lower SessionOptions.graph_optimization_level"
         )
-    transformer = _last_transformer(spares.take(data, "default", True), timeout)
+    transformer = _last_transformer(load(data, "default", True), timeout)
     where = f" in its {transformer}" if transformer else ""
-    node = _crashing_node(data, timeout, spares.take)
+    node = _crashing_node(data, timeout, load)
     at = f", at node {node.name!r} ({node.op_type})" if node is not None else ""
     fix = (
         f'pass disabled_optimizers=["{transformer}"] to InferenceSession'

@@ -141,7 +141,7 @@ def _checked(data: bytes) -> None:
 def _start(check: MixedCheck, data: bytes, scope: str) -> None:
     """Start the check's first load in a child, where there is one to load (a spare
     started beside the plan's keys, `_planned`, where one is); where the plan finds every
-    neighbourhood known, no child runs (a spare is killed at once)."""
+    neighbourhood known, no child runs (and none was started: a memory was read)."""
     if check.timeout <= 0:
         return
     check.spares = ort_child.Spares(keep=SPARES)
@@ -285,12 +285,14 @@ class MixedCheck:
             self.cache.put("converted", self.digest, _record(self.warnings))
         return self.warnings
 
-    def _whole(self, proc: subprocess.Popen) -> list[str]:
-        """The whole model's load: [] where it loaded, else `_judge`'s verdict."""
+    def _whole(self, proc: subprocess.Popen, data: bytes | None = None) -> list[str]:
+        """The whole model's load (of `data`, its bytes where the caller has them): []
+        where it loaded, else `_judge`'s verdict."""
         first = _ended(proc, self.timeout, self.size)
         if first.ok or first.no_kernel:
             return []
-        data = self.model.SerializeToString()  # type: ignore[union-attr]
+        if data is None:
+            data = self.model.SerializeToString()  # type: ignore[union-attr]
         return _judge(first, data, self)
 
     def _neighbourhoods(self, plan: neighbourhoods.Plan) -> list[str]:
@@ -312,7 +314,7 @@ class MixedCheck:
                 break
             if source is self.source:
                 plain = self.take(source, "off")
-            said = ort_child.warning(first, source, self.timeout, self.spares)
+            said = ort_child.warning(first, source, self.timeout, self.take)
             given = plan.learn(said, first.message)
             if given and plan.pending and left:
                 source = _rest(plan)
@@ -322,19 +324,20 @@ class MixedCheck:
             ):  # a failure no key can be charged with, or the cut at fault: the whole decides
                 for proc in (plain, self.proc):
                     ort_child.stop(proc)
-                self.proc = self.take(self.model.SerializeToString(), "default")  # type: ignore[union-attr]
-                return self._whole(self.proc)
+                data = self.model.SerializeToString()  # type: ignore[union-attr]
+                self.proc = self.take(data, "default")
+                return self._whole(self.proc, data)
             plain = None
         neighbourhoods.remember(self.cache, plan.learned, plan.model)
         return plan.warnings()
 
-    def take(self, source: bytes, level: str) -> subprocess.Popen:
+    def take(self, source: bytes, level: str, verbose: bool = False) -> subprocess.Popen:
         """A child of the check's spares loading `source` at `level` (`ort_child.Spares`),
         or `CheckFailed` where the machine cannot start a process."""
         if self.spares is None:  # made from a record: it loads nothing
             raise RuntimeError("this check has no children: it loads nothing")
         try:
-            return self.spares.take(source, level)
+            return self.spares.take(source, level, verbose)
         except OSError as exc:  # EAGAIN (too many processes), ENOMEM
             raise _cannot_start(exc) from None
 
@@ -418,7 +421,7 @@ def _judge(first: ort_child.Outcome, data: bytes, check: MixedCheck) -> list[str
             f"the mixed model does not load in ONNX Runtime {ort_child.version()} "
             f"(graph optimisations off): {said}"
         )
-    return [ort_child.warning(first, data, timeout, check.spares)]
+    return [ort_child.warning(first, data, timeout, check.take)]
 
 
 def _digest(data: bytes) -> str:
