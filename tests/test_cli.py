@@ -138,3 +138,45 @@ def test_an_interrupt_a_library_rewrapped_is_still_exit_130(monkeypatch, write_p
     assert main(["build", "--policy", str(write_policy())]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "Traceback" not in err
+
+
+RUN_WITH_A_HANDLER = """
+import atexit, sys
+from trtbuild.cli import run
+atexit.register(lambda: print("exit handler ran", file=sys.stderr))
+sys.argv = ["trtbuild", *sys.argv[1:]]
+run()
+"""
+
+
+def test_the_command_flushes_its_output_and_runs_the_exit_handlers(tmp_path, capsys):
+    """`run` ends the process without the interpreter's teardown: what `main` printed
+    still reaches a pipe whole, the exit code is `main`'s, and the exit handlers ran."""
+    import subprocess
+    import sys
+
+    assert main(["schema"]) == 0
+    schema = capsys.readouterr().out
+    piped = subprocess.run([sys.executable, "-m", "trtbuild", "schema"], capture_output=True)
+    assert piped.returncode == 0 and piped.stdout.decode() == schema
+    missing = subprocess.run(
+        [sys.executable, "-c", RUN_WITH_A_HANDLER, "check", "--policy", str(tmp_path / "no")],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2
+    assert "policy file not found" in missing.stderr
+    assert missing.stderr.rstrip().endswith("exit handler ran")
+
+
+def test_a_reader_that_left_before_the_last_flush_is_exit_141():
+    """The reader of stdout closed the pipe before `run`'s flush (`--version`'s line waits
+    in the buffer until then): 141, as `main` says it, not Python's 120."""
+    import subprocess
+    import sys
+
+    code = "import sys; from trtbuild.cli import run; sys.argv = ['trtbuild', '--version']; run()"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a buffer
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
+    proc.stdout.close()  # before anything is read
+    assert proc.wait(timeout=60) == 141

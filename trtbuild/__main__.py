@@ -1,5 +1,3 @@
-import sys
+from trtbuild.cli import run
 
-from trtbuild.cli import main
-
-sys.exit(main())
+run()

@@ -121,3 +121,37 @@ def test_decisions_say_why(nafnet_path):
     assert by_name["/out/total"].rule == "follows-input"
     assert by_name["/out/total"].precision == "fp32"
     assert by_name["/intro/Conv"].rule == "default"
+
+
+def test_weights_converted_in_batches_are_each_rounded_and_warned_of_in_order(monkeypatch):
+    """Small FP32 weights are converted to FP16 together (`_Halves`), a chunk at a time;
+    each must come out as its own conversion would: its bytes, its dims, its name, and
+    a warning for each one beyond FP16, in the graph's order, whichever path it took."""
+    from trtbuild.precision import convert as module
+
+    monkeypatch.setattr(module._Halves, "CHUNK", 64)  # a chunk is 16 values: many flushes
+    rng = np.random.default_rng(0)
+    weights = {
+        "w0": rng.standard_normal((3, 5)).astype(np.float32),
+        "w1": np.array([7e4, 1.0], np.float32),  # beyond FP16, batched
+        "w2": np.zeros((0, 4), np.float32),  # empty: the general path
+        "w3": rng.standard_normal(20_000).astype(np.float32) * 1e5,  # large: the general path
+        "w4": rng.standard_normal((2, 2, 3)).astype(np.float32),
+        "w5": np.array([-9e4], np.float32),  # beyond FP16 again, the last batch
+    }
+    shapes = {k: list(v.shape) for k, v in weights.items()}
+    m = model(
+        [node("Mul", [f"x{k}", k], f"y{k}", f"mul{k}") for k in weights],
+        [(f"x{k}", F, s) for k, s in shapes.items()],
+        [(f"y{k}", F, s) for k, s in shapes.items()],
+        weights,
+    )
+    converted = convert(assign(m, Precision(guards=())))
+    inits = {t.name: t for t in converted.model.graph.initializer}
+    for k, w in weights.items():
+        assert inits[k].data_type == H and list(inits[k].dims) == list(w.shape)
+        with np.errstate(over="ignore"):
+            expected = w.astype(np.float16)
+        assert np.array_equal(onnx.numpy_helper.to_array(inits[k]), expected)
+    beyond = [w.split()[1] for w in converted.warnings if "beyond FP16" in w]
+    assert beyond == ["w1", "w3", "w5"]

@@ -223,6 +223,34 @@ def test_a_model_pinning_another_identical_layer_starts_no_child(tmp_path):
     assert whole.proc is not None and whole.result() == []
 
 
+def test_where_every_neighbourhood_is_known_the_graph_is_still_checked(tmp_path):
+    """A remembered key stands for its node's inference (the full check passed with it),
+    not for the graph around it: nodes out of order are still InvalidMixedModel, said
+    by the check that ran, and nothing is recorded."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert validate_mixed(_pinned(4), cache) == []
+    shuffled = _pinned(5)
+    nodes = list(shuffled.graph.node)
+    nodes[2], nodes[3] = nodes[3], nodes[2]  # an Add before the MatMul it reads
+    del shuffled.graph.node[:]
+    shuffled.graph.node.extend(nodes)
+    with pytest.raises(InvalidMixedModel, match="every neighbourhood remembered"):
+        validate_mixed(shuffled, cache)
+    assert validate_mixed(_pinned(5), cache) == []
+
+
+def test_a_new_neighbourhood_gets_the_full_check(tmp_path):
+    """A value declared in a type its node does not make: only the full check's
+    inference sees it, and its key is new (the declared type is in it)."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    assert validate_mixed(_pinned(4), cache) == []
+    wrong = _pinned(5)
+    (relu,) = [v for v in wrong.graph.value_info if v.name == "r7"]
+    relu.type.tensor_type.elem_type = TensorProto.DOUBLE
+    with pytest.raises(InvalidMixedModel, match="full check"):
+        validate_mixed(wrong, cache)
+
+
 def test_only_the_neighbourhoods_not_seen_are_loaded_even_without_a_cache():
     """`--no-cache`: nothing remembered, but one neighbourhood of each kind is loaded, not
     the ten blocks (the cold convert gains too)."""

@@ -10,8 +10,9 @@ per op and types, an optimiser per pattern of a few connected nodes), so a node 
 neighbourhoods of one node per key not yet known (`Plan.model`) and remembers, per
 key, what the load said: "" where it loaded, else the warning (`Memory`).
 
-Type consistency across the whole graph is `onnx.checker`'s full check, which still
-runs on the whole model; the neighbourhoods are ONNX Runtime's part only.
+Type consistency across the whole graph is `onnx.checker`'s full check, on the whole
+model wherever a key is new (`validate._full`: a key is remembered only after a model
+holding it passed that check).
 
 Attribution, where the default load fails and the load with optimisations off passes:
 ONNX Runtime stops at the first failure, so the load says nothing of the other
