@@ -373,11 +373,13 @@ def run() -> NoReturn:
     to end. What an exit must do still runs: the exit handlers (logging's flush, a
     temporary folder's cleanup, multiprocessing's children), then the streams are
     flushed (a reader of stdout that left: exit 141, as `main` says it). Where a thread
-    still works, Python's own exit waits for it as usual.
+    still works, or a profiler or a debugger watches (`python -m cProfile -m trtbuild`
+    writes its figures after the command returns), Python's own exit runs as usual.
     """
     code = main()
     handlers = getattr(atexit, "_run_exitfuncs", None)  # what the interpreter's exit calls
-    if handlers is None or any(t.is_alive() and not t.daemon for t in _other_threads()):
+    watched = sys.getprofile() is not None or sys.gettrace() is not None
+    if handlers is None or watched or any(t.is_alive() and not t.daemon for t in _threads()):
         sys.exit(code)
     handlers()
     try:
@@ -391,7 +393,7 @@ def run() -> NoReturn:
     os._exit(code)
 
 
-def _other_threads() -> list:
+def _threads() -> list:
     import threading
 
     return [t for t in threading.enumerate() if t is not threading.main_thread()]

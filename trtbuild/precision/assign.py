@@ -171,6 +171,7 @@ def _decisions(
     the default; then within what its op's schema allows."""
     decisions: list[Decision] = []
     default = Decision(precision.default, "default", f"policy default {precision.default}")
+    schema: dict[tuple, Decision | None] = {}  # `_respect_schema`'s verdicts, by what they read
     for i, node in enumerate(view.nodes):
         if node.op_type in CONTROL_FLOW and i in view.body_of:
             decisions.append(_CONTROL)
@@ -185,7 +186,7 @@ def _decisions(
             decision = _follow_input(view, decisions, i, precision.default)
         else:
             decision = default  # a frozen Decision: every node of the default shares one
-        decisions.append(_respect_schema(view, i, decision))
+        decisions.append(_respect_schema(view, i, decision, schema))
     return decisions
 
 
@@ -258,20 +259,29 @@ def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: s
     return Decision(default, "default", f"policy default {default}")
 
 
-def _respect_schema(view: GraphView, i: int, decision: Decision) -> Decision:
+def _respect_schema(
+    view: GraphView, i: int, decision: Decision, memo: dict[tuple, Decision | None]
+) -> Decision:
+    """`decision`, or FP32 where the op's schema has no type for its precision. `memo`
+    holds the verdicts by all they read (op, domain, precision, the first float output's
+    slot): a 10k-node graph has a few dozen such, and their messages name no node."""
     if decision.precision in (None, "fp32"):
         return decision
-    types = view.types(i)
+    node = view.nodes[i]
+    first = next((k for k, t in enumerate(node.output) if view.is_float(t)), None)
+    key = (node.op_type, node.domain, decision.precision, first)
+    if key not in memo:
+        memo[key] = _schema_refuses(view, i, decision.precision, first)
+    return memo[key] or decision
+
+
+def _schema_refuses(view: GraphView, i: int, precision: str, first: int | None) -> Decision | None:
+    """FP32 and why, where node i's op has no schema or none that types its first float
+    output (slot `first`) in `precision`; None where it has."""
+    types, op = view.types(i), view.nodes[i].op_type
     if not types.known:
-        return Decision("fp32", "schema", f"no ONNX schema for {view.nodes[i].op_type}; kept FP32")
-    out_var = next(
-        (types.output_var(k) for k, t in enumerate(view.nodes[i].output) if view.is_float(t)),
-        None,
-    )
-    if types.is_var(out_var) and not types.allows(out_var, PRECISION_DTYPE[decision.precision]):
-        return Decision(
-            "fp32",
-            "schema",
-            f"{view.nodes[i].op_type} has no {decision.precision} type at opset {view.opset}",
-        )
-    return decision
+        return Decision("fp32", "schema", f"no ONNX schema for {op}; kept FP32")
+    out_var = types.output_var(first) if first is not None else None
+    if types.is_var(out_var) and not types.allows(out_var, PRECISION_DTYPE[precision]):
+        return Decision("fp32", "schema", f"{op} has no {precision} type at opset {view.opset}")
+    return None
