@@ -214,7 +214,9 @@ def convert_front(
         front = _front(_policy(policy), "none", cache, verbose, draw=False)  # runs nothing
     spec = front.policy.build
     # once per mixed model, and one load of each neighbourhood not checked before
-    loaded = validate_mixed(front.converted.model, cache, spec.ort_check_timeout, spec.ort_check)
+    loaded = validate_mixed(
+        front.converted.model, cache, spec.ort_check_timeout, spec.ort_check, front.digest
+    )
     for w in front.warnings + loaded:
         log.warning(w)
     return front

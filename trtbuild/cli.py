@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import traceback
 from dataclasses import asdict
 from pathlib import Path
@@ -378,24 +379,33 @@ def run() -> NoReturn:
     """
     code = main()
     handlers = getattr(atexit, "_run_exitfuncs", None)  # what the interpreter's exit calls
-    watched = sys.getprofile() is not None or sys.gettrace() is not None
-    if handlers is None or watched or any(t.is_alive() and not t.daemon for t in _threads()):
+    if handlers is None or _watched() or any(t.is_alive() and not t.daemon for t in _threads()):
         sys.exit(code)
     handlers()
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None where the shell closed it (`>&-`)
+            sys.stdout.flush()
     except BrokenPipeError:
         code = code or 141
     except (OSError, ValueError):
         code = code or 120  # what Python's own exit returns where a flush fails
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         sys.stderr.flush()
     os._exit(code)
 
 
-def _threads() -> list:
-    import threading
+def _watched() -> bool:
+    """Whether a profiler, a debugger or a coverage tool follows this process: they write
+    what they saw at the interpreter's exit (since Python 3.12 through `sys.monitoring`,
+    which `getprofile` and `gettrace` do not show)."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(i) for i in range(6))
 
+
+def _threads() -> list[threading.Thread]:
+    """The threads besides this one: Python's exit waits for those still working."""
     return [t for t in threading.enumerate() if t is not threading.main_thread()]
 
 

@@ -73,6 +73,9 @@ class Front:
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds per stage
     cache_hits: Mapping[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
     skipped: tuple[ShapePoint, ...] = ()  # points the policy says not to judge, and why
+    digest: str = (
+        ""  # the prepared graph's cache key ("" without a cache): the mixed model's origin
+    )
 
     @property
     def feeds(self) -> list[data_mod.Feed]:
@@ -156,6 +159,7 @@ def run_front(
         timings,
         _hits(cache, reference),
         skipped,
+        digest or "",
     )
 
 

@@ -60,7 +60,11 @@ def build(
     # ORT's load runs beside the build
     build_spec = policy.build
     check = start_mixed_check(
-        front.converted.model, cache, build_spec.ort_check_timeout, build_spec.ort_check
+        front.converted.model,
+        cache,
+        build_spec.ort_check_timeout,
+        build_spec.ort_check,
+        front.digest,
     )
     with _joined(check), staged_output(out_dir, BUILD_FILES) as stage:
         save_model(front.prepared.model, stage / "prepared.onnx")

@@ -228,27 +228,41 @@ def test_where_every_neighbourhood_is_known_the_graph_is_still_checked(tmp_path)
     not for the graph around it: nodes out of order are still InvalidMixedModel, said
     by the check that ran, and nothing is recorded."""
     cache = Cache(codec=cache_codec, root=tmp_path / "cache")
-    assert validate_mixed(_pinned(4), cache) == []
+    assert validate_mixed(_pinned(4), cache, origin="pinned") == []
     shuffled = _pinned(5)
     nodes = list(shuffled.graph.node)
     nodes[2], nodes[3] = nodes[3], nodes[2]  # an Add before the MatMul it reads
     del shuffled.graph.node[:]
     shuffled.graph.node.extend(nodes)
     with pytest.raises(InvalidMixedModel, match="every neighbourhood remembered"):
-        validate_mixed(shuffled, cache)
-    assert validate_mixed(_pinned(5), cache) == []
+        validate_mixed(shuffled, cache, origin="pinned")
+    assert validate_mixed(_pinned(5), cache, origin="pinned") == []
 
 
-def test_a_new_neighbourhood_gets_the_full_check(tmp_path):
-    """A value declared in a type its node does not make: only the full check's
-    inference sees it, and its key is new (the declared type is in it)."""
+def _resized(model: onnx.ModelProto, weight: str, dims: tuple[int, ...]) -> onnx.ModelProto:
+    """`model` with `weight` of other dims: keys hold ranks, so its keys stay the same."""
+    (w,) = [t for t in model.graph.initializer if t.name == weight]
+    kind = numpy_helper.to_array(w).dtype
+    w.CopyFrom(numpy_helper.from_array(np.ones(dims, kind), weight))
+    return model
+
+
+def test_a_new_neighbourhood_or_another_origin_gets_the_full_check(tmp_path):
+    """What only the full check's inference sees: a value declared in a type its node
+    does not make (its key is new: the declared type is in it), and dims that do not fit
+    (keys hold ranks: every key is known, but the model comes from another origin, whose
+    dims no full check has seen)."""
     cache = Cache(codec=cache_codec, root=tmp_path / "cache")
-    assert validate_mixed(_pinned(4), cache) == []
+    assert validate_mixed(_pinned(4), cache, origin="pinned") == []
     wrong = _pinned(5)
     (relu,) = [v for v in wrong.graph.value_info if v.name == "r7"]
     relu.type.tensor_type.elem_type = TensorProto.DOUBLE
     with pytest.raises(InvalidMixedModel, match="full check"):
-        validate_mixed(wrong, cache)
+        validate_mixed(wrong, cache, origin="pinned")
+    misfit = _resized(_pinned(5), "w2", (4, 5))  # MatMul [1,5] where the Add takes [4]
+    for origin in ("another", ""):
+        with pytest.raises(InvalidMixedModel, match="full check"):
+            validate_mixed(misfit, cache, origin=origin)
 
 
 def test_only_the_neighbourhoods_not_seen_are_loaded_even_without_a_cache():

@@ -12,6 +12,7 @@ converter breaks:
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -527,6 +528,7 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
 
 
 def _beyond_fp16(name: str, peak: float) -> str:
+    """The warning for a weight that FP16 turns into inf: said, not clamped."""
     return (
         f"weight {name} reaches {peak:.4g}, beyond FP16's {FP16_MAX:g}: it becomes "
         "inf in FP16 (precision.guards: true pins its consumers; or match: "
@@ -540,7 +542,8 @@ class _Halves:
     Why: converting one weight (to numpy, `as_float_type`, back to a TensorProto) costs
     about 10 µs of Python around well under one of work, and a transformer with small
     weights has thousands (2,800 on the benchmark's 10k nodes: 31 ms alone, 10 ms
-    together). Large weights take the general path: a batch never holds more than `CHUNK`.
+    together). Large weights take the general path, and a batch is converted as soon as
+    it holds `CHUNK` bytes or more (at most `CHUNK + SMALL`).
     """
 
     SMALL = 1 << 16  # bytes of a weight batched
@@ -557,7 +560,7 @@ class _Halves:
             t.data_type == TensorProto.FLOAT
             and t.data_location != TensorProto.EXTERNAL
             and 0 < len(t.raw_data) <= _Halves.SMALL
-            and len(t.raw_data) == 4 * int(np.prod(t.dims))
+            and len(t.raw_data) == 4 * math.prod(t.dims)
             and sys.byteorder == "little"
         )
 
@@ -572,6 +575,8 @@ class _Halves:
         return out
 
     def flush(self, peaks: dict[str, float]) -> None:
+        """Convert the pending weights at once: each one's bytes into its FP16 tensor, its
+        largest magnitude into `peaks` (one numpy call for all, not one per weight)."""
         if not self.pending:
             return
         arrays = [np.frombuffer(t.raw_data, dtype=np.float32) for t, _ in self.pending]

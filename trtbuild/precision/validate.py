@@ -49,12 +49,15 @@ How, and why so:
   `whole` loads the whole model every time.
 - `onnx.checker` checks the whole model; its full check (strict type and shape
   inference, node by node) runs unless every neighbourhood of the model is remembered
-  (`_full`). Why that suffices: a key is remembered only after a whole model holding it
-  passed the full check (and ONNX Runtime's load), by a judge of the same onnx version;
-  a node's inference reads what its key holds (op, domain, attributes, its values' element
-  types and ranks, small constants; the opsets key the memory), and the dims, which a
-  conversion never changes. A rule edit like an earlier one then pays the graph's own
-  checks (names, order, each node against its schema), 15 ms on 10k nodes and not 50 to 80.
+  and a mixed model of the same origin (the prepared graph it was converted from)
+  passed the full check before (`_full`). Why that suffices: a key is remembered only
+  after a whole model holding it passed the full check (and ONNX Runtime's load), by a
+  judge of the same onnx version; a node's inference reads what its key holds (op,
+  domain, attributes, its values' element types and ranks, small constants; the opsets
+  key the memory) and the dims, which are not in the key (keys are shared by models)
+  but are the origin's: a conversion never changes a dim, so the origin's record says
+  they fit. A rule edit like an earlier one then pays the graph's own checks (names,
+  order, each node against its schema), 15 ms on 10k nodes and not 50 to 80.
 """
 
 from __future__ import annotations
@@ -94,10 +97,12 @@ def validate_mixed(
     cache: Any = None,
     timeout: float | None = None,
     scope: str = ORT_CHECKS[0],
+    origin: str = "",
 ) -> list[str]:
     """Both checks, waited for: the warnings (ONNX Runtime's own failures), or an
-    `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass."""
-    return start_mixed_check(model, cache, timeout, scope).result()
+    `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass; `origin`
+    as `start_mixed_check`'s."""
+    return start_mixed_check(model, cache, timeout, scope, origin).result()
 
 
 def start_mixed_check(
@@ -105,6 +110,7 @@ def start_mixed_check(
     cache: Any = None,
     timeout: float | None = None,
     scope: str = ORT_CHECKS[0],
+    origin: str = "",
 ) -> MixedCheck:
     """Start ONNX Runtime's load in a child, run `onnx.checker` here meanwhile, and return
     the load to join with `result()` before anything is published.
@@ -112,7 +118,8 @@ def start_mixed_check(
     `timeout`: seconds `result()` waits for each child (None: `ort_child.default_timeout`
     of the model's size; 0: no ONNX Runtime check, only `onnx.checker`'s). `scope`:
     "neighbourhoods" loads one of each neighbourhood not yet known (no child where all
-    are), "whole" the whole model.
+    are), "whole" the whole model. `origin`: what the model was converted from (the
+    prepared graph's cache key; "" unknown), for `_full`.
     """
     if scope not in ORT_CHECKS:
         raise ValueError(f"scope {scope!r} is none of {ORT_CHECKS}")
@@ -127,9 +134,11 @@ def start_mixed_check(
         raise InvalidMixedModel(f"the mixed model's {misstored}: trtbuild wrote it wrong")
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
     check = MixedCheck(None, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
+    check.origin = origin
     try:
         _start(check, data, scope)
-        _checked(data, _full(check))
+        check.full = _full(check)
+        _checked(data, check.full)
     except BaseException:  # and KeyboardInterrupt: no child outlives the check
         check.cancel()
         raise
@@ -138,8 +147,11 @@ def start_mixed_check(
 
 def _full(check: MixedCheck) -> bool:
     """Whether `onnx.checker` runs its full check: unless every key of the model is
-    remembered (the module's docstring says why that suffices)."""
-    return check.plan is None or bool(check.plan.pending)
+    remembered and a model of its origin passed the full check (the module's docstring
+    says why that suffices)."""
+    if check.plan is None or check.plan.pending or not check.origin or check.cache is None:
+        return True
+    return check.cache.get("converted", _origin_digest(check.origin)) is None
 
 
 def _checked(data: bytes, full: bool = True) -> None:
@@ -282,6 +294,8 @@ class MixedCheck:
     plan: neighbourhoods.Plan | None = None  # where neighbourhoods are loaded
     source: bytes = b""  # the neighbourhoods' model the child loads
     spares: ort_child.Spares | None = None  # the check's children, reaped by `cancel`
+    origin: str = ""  # what the model was converted from ("" unknown): `_full`
+    full: bool = True  # whether `onnx.checker` ran its full check
 
     def result(self) -> list[str]:
         """Wait for the load: its warnings, or `InvalidMixedModel` where the model is
@@ -297,6 +311,8 @@ class MixedCheck:
             self.cancel()
         if self.cache is not None and self.cache.enabled:
             self.cache.put("converted", self.digest, _record(self.warnings))
+            if self.full and self.origin:  # its dims fit: `_full` may leave out the next
+                self.cache.put("converted", _origin_digest(self.origin), _record([]))
         return self.warnings
 
     def _whole(self, proc: subprocess.Popen, data: bytes | None = None) -> list[str]:
@@ -442,6 +458,14 @@ def _digest(data: bytes) -> str:
     """The record's key: the model's bytes and what judged them."""
     h = hashlib.sha256(b"trtbuild-validated\0")
     h.update(ort_child.judge().encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+def _origin_digest(origin: str) -> str:
+    """The key of the record that a mixed model converted from `origin` passed the full
+    check under this judge."""
+    h = hashlib.sha256(b"trtbuild-origin-checked\0")
+    h.update(ort_child.judge().encode() + b"\0" + origin.encode())
     return h.hexdigest()
 
 
