@@ -7,7 +7,8 @@ It runs the steps `convert` runs, one after the other and timed apart: the
 imports, the front half (the prepared graph from the cache, assigning, converting),
 serializing the mixed model, reading the memory of neighbourhoods ONNX Runtime
 checked before, the structural keys, the model of the neighbourhoods not yet
-checked, `onnx.checker`'s full check, ONNX Runtime's loads of that model in child
+checked, `onnx.checker` (its full check unless every key and the prepared graph are
+known, as `convert` runs it), ONNX Runtime's loads of that model in child
 processes (the default load, and where it fails the load with optimisations off,
 then the loads of what the failure was not given to; each child started ahead, as
 `convert`'s are, so a load costs its session), writing the memory, and the save.
@@ -67,8 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         lap(f"model of the {len(plan.pending)} new neighbourhoods ({size} nodes)")
         if not source:
             spares.close()  # as `start_mixed_check`: no child waits where none loads
-        onnx.checker.check_model(data, full_check=True)
-        lap("onnx.checker (full check, the whole model)")
+        # as `validate._full`: the full check unless every key and the origin are known
+        origin = cache.get("converted", validate._origin_digest(front.digest))
+        full = cold or bool(plan.pending) or not front.digest or origin is None
+        onnx.checker.check_model(data, full_check=full)
+        said = "full check" if full else "every key remembered: the graph's check"
+        lap(f"onnx.checker ({said}, the whole model)")
         _loads(plan, source, lap, spares)
     if not cold:
         neighbourhoods.remember(cache, plan.learned, model)
