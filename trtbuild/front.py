@@ -12,19 +12,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy.images import Decoded
 from trtbuild.accuracy.points import ShapePoint, shape_points
-from trtbuild.accuracy.reference import (
-    ReferenceMeasures,
-    ReferenceTensors,
-    against_reference_model,
-    check_finite,
-    check_reference_model,
-    run_reference,
-)
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
@@ -36,6 +28,9 @@ from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import Passes, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import Converted, convert
+
+if TYPE_CHECKING:  # the reference's module is imported where one runs: `convert` runs none
+    from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors
 
 
 @dataclass(frozen=True)
@@ -168,6 +163,8 @@ def _measures(policy: Policy, view: GraphView, shapes: list[ShapeRun]) -> Refere
     the model's own problem, exit 2)."""
     for run in shapes:
         if run.measures is not None:
+            from trtbuild.accuracy.reference import check_finite
+
             check_finite(view, run.measures, str(policy.model))
     return join_measures([r.measures for r in shapes if r.measures is not None])
 
@@ -178,6 +175,8 @@ def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> Non
     check_quantized(policy, analysis)
     original = policy.accuracy.reference_model
     if original is not None:
+        from trtbuild.accuracy.reference import check_reference_model
+
         check_reference_model(prepared.model, original, policy.where)
 
 
@@ -265,6 +264,8 @@ class _PointRun:
                 raise
             raise _cannot_run(policy, point, exc) from None
         if ref is not None and policy.accuracy.reference_model is not None:
+            from trtbuild.accuracy.reference import against_reference_model
+
             ref = against_reference_model(ref, policy.accuracy.reference_model, feeds, originals)
         return ShapeRun(point, feeds, measures, ref, made.data)
 
@@ -376,6 +377,8 @@ def _reference(run: _PointRun, feeds: list) -> tuple[ReferenceMeasures, Referenc
     every feed (`tensors`) another, written only by a command that reads them
     and only while small against the cap (`Cache.put`): `check` writes no tensors.
     """
+    from trtbuild.accuracy.reference import ReferenceTensors, run_reference
+
     cache, digest, level = run.cache, run.digest, run.reference
     key = cache_key("reference", digest, feeds_digest(feeds)) if digest else None
     if key is not None:

@@ -46,10 +46,14 @@ class GraphView:
 
     def _index(self, graph: onnx.GraphProto, scope: str, parent: int | None) -> list[int]:
         """Index one graph's nodes (bodies first, recursively); returns their indices."""
-        for vi in (*graph.input, *graph.value_info, *graph.output):
-            if vi.type.HasField("tensor_type"):
-                self.dtype.setdefault(vi.name, vi.type.tensor_type.elem_type)
-                self.shape.setdefault(vi.name, vi.type)
+        dtype, shape = self.dtype, self.shape
+        for vi in (*graph.input, *graph.value_info, *graph.output):  # ~10k: each field read once
+            t, name = vi.type, vi.name
+            if t.HasField("tensor_type"):  # the first declaration holds
+                if name not in dtype:
+                    dtype[name] = t.tensor_type.elem_type
+                if name not in shape:
+                    shape[name] = t
         for t in graph.initializer:
             self.initializers[t.name] = t
             self.dtype[t.name] = t.data_type
