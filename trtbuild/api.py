@@ -29,15 +29,19 @@ if TYPE_CHECKING:
 
     from trtbuild.cache import Cache
     from trtbuild.front import Front
-    from trtbuild.results import (
-        Backend,
-        BuildResult,
-        CheckResult,
-        Objective,
-        TuneResult,
-    )
+    from trtbuild.results import AtRisk as AtRisk  # re-exported: read by `__getattr__`
+    from trtbuild.results import Backend as Backend
+    from trtbuild.results import BuildResult as BuildResult
+    from trtbuild.results import CheckedPoint as CheckedPoint
+    from trtbuild.results import CheckResult as CheckResult
     from trtbuild.results import Divergence as Divergence
+    from trtbuild.results import NodeDecision as NodeDecision
+    from trtbuild.results import Objective as Objective
     from trtbuild.results import OutputResult as OutputResult
+    from trtbuild.results import Pin as Pin
+    from trtbuild.results import PointResult as PointResult
+    from trtbuild.results import SkippedPoint as SkippedPoint
+    from trtbuild.results import TuneResult as TuneResult
     from trtbuild.tuning.search import SearchResult, Trial
 
 # The library's own names: `trtbuild`'s, less the error classes (trtbuild.errors' own)
@@ -46,14 +50,25 @@ __all__ = [n for n, module in _API.items() if module != "trtbuild.errors"]
 log = logging.getLogger("trtbuild")
 
 
+# read from `trtbuild.results` when first named: the result types and the argument types
+_RESULTS = frozenset(
+    {*(n for n, m in _API.items() if m == "trtbuild.results"), "Backend", "Objective"}
+)
+
+
 def __getattr__(name: str) -> Any:
     """The result types (`trtbuild.results`), imported when first named (PEP 562): a
     `convert` returns none of them, and their module is 6 to 10 ms of its start."""
-    if _API.get(name) != "trtbuild.results":
+    if name not in _RESULTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from trtbuild import results
 
     return getattr(results, name)
+
+
+def __dir__() -> list[str]:
+    """The module's names and the result types, before and after they are imported."""
+    return sorted({*globals(), *_RESULTS})
 
 
 def _policy(policy: Policy | str | Path) -> Policy:
