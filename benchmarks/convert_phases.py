@@ -68,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         lap(f"model of the {len(plan.pending)} new neighbourhoods ({size} nodes)")
         if not source:
             spares.close()  # as `start_mixed_check`: no child waits where none loads
-        # as `validate._full`: the full check unless every key and the origin are known
-        origin = cache.get("converted", validate._origin_digest(front.digest))
-        full = cold or bool(plan.pending) or not front.digest or origin is None
+        full = validate.needs_full_check(plan, None if cold else cache, front.digest)
         onnx.checker.check_model(data, full_check=full)
         said = "full check" if full else "every key remembered: the graph's check"
         lap(f"onnx.checker ({said}, the whole model)")

@@ -43,6 +43,8 @@ class Assignment:
     dequantized: frozenset[int] = frozenset()  # ops a `dequantize: true` rule takes out of INT8
     dead_qdq: frozenset[int] = frozenset()  # Q/DQ left without a consumer by those: dropped
     qdq: Any = None  # the analysis' `QdqGraph` the assignment read (conversion reads it too)
+    # the findings the assignment read: conversion reads the weights' peaks from them too
+    analysis: Analysis | None = None
 
     def precision_of(self, index: int) -> str | None:
         return self.decisions[index].precision
@@ -160,7 +162,7 @@ def assign(
 
     _into_bodies(view, picks, hits)
     decisions = _decisions(view, picks, precision)
-    assignment = Assignment(view, decisions, hits, warnings, qdq=qdq)
+    assignment = Assignment(view, decisions, hits, warnings, qdq=qdq, analysis=analysis)
     return _with_qdq(assignment, qdq, precision) if qdq else assignment
 
 

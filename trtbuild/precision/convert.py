@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.optypes import (
     DTYPE_NAME,
     FLOAT_TYPES,
@@ -491,11 +492,15 @@ def _tensor(array: np.ndarray, dtype: int, name: str) -> onnx.TensorProto:
     return numpy_helper.from_array(as_float_type(array, dtype), name)
 
 
-def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto], list[str]]:
-    """Every weight in each type its consumers need (in place where one type serves all)."""
+def _initializers(
+    view: GraphView, rw: _Rewriter, peaks: dict[str, float]
+) -> tuple[list[onnx.TensorProto], list[str]]:
+    """Every weight in each type its consumers need (in place where one type serves all),
+    and a warning for each one FP16 turns into inf (`peaks`: the analysis' finite peaks,
+    measured once per graph, not once per conversion)."""
     initializers: list[onnx.TensorProto] = []
     halves = _Halves()
-    peaks: dict[str, float] = {}  # each weight converted to FP16: its largest magnitude
+    halved: list[str] = []  # the weights converted to FP16, in the graph's order
     for t in view.graph.initializer:
         uses = rw.init_uses.get(t.name)
         if not uses:  # read by no converted input: kept as it is
@@ -510,21 +515,20 @@ def _initializers(view: GraphView, rw: _Rewriter) -> tuple[list[onnx.TensorProto
         array = None
         for d in sorted(wanted - {exported}):
             name = t.name if in_place else f"{t.name}__{DTYPE_NAME[d]}"
+            if d == TensorProto.FLOAT16:
+                halved.append(t.name)
             if d == TensorProto.FLOAT16 and _Halves.takes(t):
-                initializers.append(halves.add(t, name, peaks))
+                initializers.append(halves.add(t, name))
             else:
                 if array is None:  # read only: no copy where it is FP32 already
                     array = numpy_helper.to_array(t).astype(np.float32, copy=False)
                 initializers.append(_tensor(array, d, name))
-                if d == TensorProto.FLOAT16:
-                    peaks[t.name] = float(np.abs(array).max()) if array.size else 0.0
             for node, k, want in uses:
                 if want == d:
                     node.input[k] = name
-    halves.flush(peaks)
-    return initializers, [
-        _beyond_fp16(name, peak) for name, peak in peaks.items() if peak > FP16_MAX
-    ]
+    halves.flush()
+    beyond = [n for n in halved if peaks.get(n, 0.0) > FP16_MAX]
+    return initializers, [_beyond_fp16(n, peaks[n]) for n in beyond]
 
 
 def _beyond_fp16(name: str, peak: float) -> str:
@@ -564,29 +568,28 @@ class _Halves:
             and sys.byteorder == "little"
         )
 
-    def add(self, t: onnx.TensorProto, name: str, peaks: dict[str, float]) -> onnx.TensorProto:
-        """`t` in FP16 as `name`: its bytes are filled by `flush`, its peak into `peaks`."""
+    def add(self, t: onnx.TensorProto, name: str) -> onnx.TensorProto:
+        """`t` in FP16 as `name`: its bytes are filled by `flush`."""
         out = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT16, dims=t.dims)
         self.pending.append((t, out))
-        peaks[t.name] = 0.0  # its place in the order of the warnings
         self.size += len(t.raw_data)
         if self.size >= self.CHUNK:
-            self.flush(peaks)
+            self.flush()
         return out
 
-    def flush(self, peaks: dict[str, float]) -> None:
-        """Convert the pending weights at once: each one's bytes into its FP16 tensor, its
-        largest magnitude into `peaks` (one numpy call for all, not one per weight)."""
+    def flush(self) -> None:
+        """Convert the pending weights at once, each one's bytes into its FP16 tensor."""
         if not self.pending:
             return
-        arrays = [np.frombuffer(t.raw_data, dtype=np.float32) for t, _ in self.pending]
-        flat = np.concatenate(arrays)
+        flat = np.concatenate(
+            [np.frombuffer(t.raw_data, dtype=np.float32) for t, _ in self.pending]
+        )
         half = as_float_type(flat, TensorProto.FLOAT16).tobytes()
-        starts = np.cumsum([0] + [a.size for a in arrays[:-1]])
-        largest = np.maximum.reduceat(np.abs(flat), starts)
-        for (t, out), start, a, peak in zip(self.pending, starts, arrays, largest, strict=True):
-            out.raw_data = half[2 * start : 2 * (start + a.size)]
-            peaks[t.name] = float(peak)
+        start = 0
+        for t, out in self.pending:
+            end = start + len(t.raw_data) // 2  # FP16: half the bytes
+            out.raw_data = half[start:end]
+            start = end
         self.pending, self.size = [], 0
 
 
@@ -624,7 +627,8 @@ def convert(assignment: Assignment) -> Converted:
     rw = _Rewriter(assignment)
     rw.scales = _Scales(assignment) if assignment.dq_precisions else None
     nodes, casts = rw.run()
-    initializers, warnings = _initializers(view, rw)
+    analysis = assignment.analysis if assignment.analysis is not None else Analysis(view)
+    initializers, warnings = _initializers(view, rw, analysis.weight_peaks())
     if rw.scales is not None:
         initializers = rw.scales.unused_dropped(initializers, nodes) + rw.scales.tensors
     value_info = _value_info(view, rw)

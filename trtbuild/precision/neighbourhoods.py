@@ -11,7 +11,7 @@ neighbourhoods of one node per key not yet known (`Plan.model`) and remembers, p
 key, what the load said: "" where it loaded, else the warning (`Memory`).
 
 Type consistency across the whole graph is `onnx.checker`'s full check, on the whole
-model wherever a key is new (`validate._full`: a key is remembered only after a model
+model wherever a key is new (`validate.needs_full_check`: a key is remembered only after a model
 holding it passed that check).
 
 Attribution, where the default load fails and the load with optimisations off passes:

@@ -50,7 +50,7 @@ How, and why so:
 - `onnx.checker` checks the whole model; its full check (strict type and shape
   inference, node by node) runs unless every neighbourhood of the model is remembered
   and a mixed model of the same origin (the prepared graph it was converted from)
-  passed the full check before (`_full`). Why that suffices: a key is remembered only
+  passed the full check before (`needs_full_check`). Why that suffices: a key is remembered only
   after a whole model holding it passed the full check (and ONNX Runtime's load), by a
   judge of the same onnx version; a node's inference reads what its key holds (op,
   domain, attributes, its values' element types and ranks, small constants; the opsets
@@ -119,7 +119,7 @@ def start_mixed_check(
     of the model's size; 0: no ONNX Runtime check, only `onnx.checker`'s). `scope`:
     "neighbourhoods" loads one of each neighbourhood not yet known (no child where all
     are), "whole" the whole model. `origin`: what the model was converted from (the
-    prepared graph's cache key; "" unknown), for `_full`.
+    prepared graph's cache key; "" unknown), for `needs_full_check`.
     """
     if scope not in ORT_CHECKS:
         raise ValueError(f"scope {scope!r} is none of {ORT_CHECKS}")
@@ -137,7 +137,7 @@ def start_mixed_check(
     check.origin = origin
     try:
         _start(check, data, scope)
-        check.full = _full(check)
+        check.full = needs_full_check(check.plan, check.cache, check.origin)
         _checked(data, check.full)
     except BaseException:  # and KeyboardInterrupt: no child outlives the check
         check.cancel()
@@ -145,18 +145,18 @@ def start_mixed_check(
     return check
 
 
-def _full(check: MixedCheck) -> bool:
-    """Whether `onnx.checker` runs its full check: unless every key of the model is
-    remembered and a model of its origin passed the full check (the module's docstring
-    says why that suffices)."""
-    if check.plan is None or check.plan.pending or not check.origin or check.cache is None:
+def needs_full_check(plan: neighbourhoods.Plan | None, cache: Any, origin: str) -> bool:
+    """Whether `onnx.checker` runs its full check on a mixed model of `plan`'s keys, made
+    from `origin`: unless every key is remembered and a model of that origin passed the
+    full check (the module's docstring says why that suffices)."""
+    if plan is None or plan.pending or not origin or cache is None:
         return True
-    return check.cache.get("converted", _origin_digest(check.origin)) is None
+    return cache.get("converted", _origin_digest(origin)) is None
 
 
 def _checked(data: bytes, full: bool = True) -> None:
     """`onnx.checker`'s check of the model's bytes (not serialized again), full or not
-    (`_full`), or `InvalidMixedModel`."""
+    (`needs_full_check`), or `InvalidMixedModel`."""
     try:
         onnx.checker.check_model(data, full_check=full)
     except Exception as exc:  # the checker's own ValidationError and inference errors
@@ -296,7 +296,7 @@ class MixedCheck:
     plan: neighbourhoods.Plan | None = None  # where neighbourhoods are loaded
     source: bytes = b""  # the neighbourhoods' model the child loads
     spares: ort_child.Spares | None = None  # the check's children, reaped by `cancel`
-    origin: str = ""  # what the model was converted from ("" unknown): `_full`
+    origin: str = ""  # what the model was converted from ("" unknown): `needs_full_check`
     full: bool = True  # whether `onnx.checker` ran its full check
 
     def result(self) -> list[str]:
@@ -313,7 +313,7 @@ class MixedCheck:
             self.cancel()
         if self.cache is not None and self.cache.enabled:
             self.cache.put("converted", self.digest, _record(self.warnings))
-            if self.full and self.origin:  # its dims fit: `_full` may leave out the next
+            if self.full and self.origin:  # its dims fit: `needs_full_check` may leave out the next
                 self.cache.put("converted", _origin_digest(self.origin), _record([]))
         return self.warnings
 

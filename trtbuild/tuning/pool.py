@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.accuracy.judge import Candidate, judge, judge_all
+from trtbuild.accuracy.judge import Candidate, Verdict, judge, judge_all
 from trtbuild.accuracy.reference import ReferenceTensors
 from trtbuild.accuracy.sessions import REFERENCE, usable_cores
 from trtbuild.front import Front
 from trtbuild.policy.specs import Precision
-from trtbuild.precision.assign import assign
+from trtbuild.precision.assign import PrecisionSummary, assign
 from trtbuild.precision.convert import convert
 
 # Workers beyond four rarely pay: the search seldom knows more than a few candidates ahead.
@@ -122,7 +122,7 @@ def judge_units(
     return parts
 
 
-def _candidate(front: Front, precision: Precision) -> tuple[Candidate, Any]:
+def _candidate(front: Front, precision: Precision) -> tuple[Candidate, PrecisionSummary]:
     """The pin set converted and emulated once for all its points (the session takes any
     shape), and its precision summary."""
     assignment = assign(front.view, precision, front.measures.ranges, front.analysis)
@@ -132,7 +132,12 @@ def _candidate(front: Front, precision: Precision) -> tuple[Candidate, Any]:
 
 
 def _outcome(
-    front: Front, k: int, verdict: Any, summary: Any, since: float, started: float
+    front: Front,
+    k: int,
+    verdict: Verdict,
+    summary: PrecisionSummary,
+    since: float,
+    started: float,
 ) -> TrialOutcome:
     """What the search keeps of a verdict at point `k`: its seconds counted from `since`
     (the first part's include the conversion), the point's judging time from `started`."""
