@@ -59,6 +59,31 @@ def test_convert_front_holds_the_assignment_beside_the_same_model(example_policy
     assert onnx.TensorProto.FLOAT16 in types
 
 
+def test_convert_starts_its_checks_children_ahead_only_where_it_prepares_the_graph(
+    example_policy, tmp_path, monkeypatch
+):
+    """A cold `convert` starts the children its check will load in (`validate.AHEAD`, at a
+    lower priority) before the graph passes, so their imports run beside them; a
+    convert whose prepared graph and mixed model are cached starts none."""
+    from trtbuild import front as front_mod
+    from trtbuild.precision import ort_child, validate
+
+    seen: list[object] = []
+    start, prepare = ort_child.start, front_mod.prepare
+    monkeypatch.setattr(ort_child, "start", lambda nice=0: seen.append(nice) or start(nice))
+    monkeypatch.setattr(
+        front_mod, "prepare", lambda *a, **k: seen.append("prepare") or prepare(*a, **k)
+    )
+    cache = trtbuild.open_cache(tmp_path / "cache")
+    policy = example_policy("nafnet")
+    trtbuild.convert(policy, cache=cache)
+    ahead = [ort_child.SPARE_NICE] * validate.AHEAD
+    assert seen[: validate.AHEAD + 1] == [*ahead, "prepare"], seen
+    seen.clear()
+    trtbuild.convert(policy, cache=cache)
+    assert seen == []
+
+
 def test_tune_returns_a_policy_that_passes(example_policy, tmp_path, capsys):
     seen = []
     result = trtbuild.tune(

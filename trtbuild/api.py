@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,7 +114,12 @@ def open_cache(
 
 
 def _front(
-    policy: Policy, reference: str, cache: Cache | None, verbose: bool, draw: bool = True
+    policy: Policy,
+    reference: str,
+    cache: Cache | None,
+    verbose: bool,
+    draw: bool = True,
+    on_prepare: Callable[[], object] | None = None,
 ) -> Front:
     from trtbuild.front import run_front
 
@@ -126,6 +132,7 @@ def _front(
         cache=cache,
         verbose=verbose,
         draw=draw,
+        on_prepare=on_prepare,
     )
 
 
@@ -228,15 +235,25 @@ def convert_front(
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
-    from trtbuild.precision.validate import validate_mixed
+    from trtbuild.precision import validate
 
-    with _quiet(quiet):
-        front = _front(_policy(policy), "none", cache, verbose, draw=False)  # runs nothing
-    spec = front.policy.build
-    # once per mixed model, and one load of each neighbourhood not checked before
-    loaded = validate_mixed(
-        front.converted.model, cache, spec.ort_check_timeout, spec.ort_check, front.digest
-    )
+    policy = _policy(policy)
+    spec = policy.build
+    with validate.open_spares() as spares:
+        # a graph prepared anew makes a mixed model no check has loaded: its children are
+        # started before the passes, their imports run beside them (`validate.AHEAD`)
+        fill = partial(spares.fill, validate.AHEAD) if spec.ort_check_timeout != 0 else None
+        with _quiet(quiet):
+            front = _front(policy, "none", cache, verbose, draw=False, on_prepare=fill)
+        # once per mixed model, and one load of each neighbourhood not checked before
+        loaded = validate.validate_mixed(
+            front.converted.model,
+            cache,
+            spec.ort_check_timeout,
+            spec.ort_check,
+            front.digest,
+            spares,
+        )
     for w in front.warnings + loaded:
         log.warning(w)
     return front

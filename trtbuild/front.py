@@ -9,7 +9,7 @@ their inputs are unchanged (`trtbuild.cache` says what the keys cover).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -106,6 +106,7 @@ def run_front(
     cache: Cache | None = None,
     verbose: bool = False,
     draw: bool = True,
+    on_prepare: Callable[[], object] | None = None,
 ) -> Front:
     """Load, prepare, run the FP32 reference (as far as asked or needed), assign and convert.
 
@@ -113,7 +114,10 @@ def run_front(
     inputs are unchanged (`trtbuild.cache` says what the keys cover). `draw=False`
     (with `reference="none"`): no feeds are drawn (each point's `feeds` is empty, where
     its data comes from is still said and the user's files still checked), for a
-    caller that runs nothing (`convert`).
+    caller that runs nothing (`convert`). `on_prepare` is called where the prepared graph
+    is made anew, before its passes run (`convert` starts its check's children then: a
+    cold run's check loads what no run has loaded, and their imports run beside the
+    passes).
     """
     if reference not in REFERENCE_LEVELS:
         raise ValueError(f"reference must be one of {REFERENCE_LEVELS}, not {reference!r}")
@@ -125,7 +129,9 @@ def run_front(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     budget = policy.accuracy.budget().bytes  # bounds constant folding too
-    prepared, digest = prepared_graph(policy.model, policy.passes, cache, verbose, budget)
+    prepared, digest = prepared_graph(
+        policy.model, policy.passes, cache, verbose, budget, on_prepare
+    )
     view = GraphView(prepared.model)
     analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
     _check_inputs(policy, prepared, analysis)
@@ -330,9 +336,11 @@ def prepared_graph(
     cache: Cache,
     verbose: bool = False,
     budget: int | None = None,
+    on_prepare: Callable[[], object] | None = None,
 ) -> tuple[Prepared, str | None]:
     """The prepared graph and its cache key, from the cache when model, passes, the folding
-    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match."""
+    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match;
+    `on_prepare` is called before it is made anew."""
     digest = None
     check_model_file(model)  # a FIFO or a device is exit 2 before the digest reads it
     if cache.enabled:
@@ -347,6 +355,8 @@ def prepared_graph(
             cached = cache.get("prepared", digest)
             if cached is not None:
                 return cached, digest
+    if on_prepare is not None:
+        on_prepare()
     prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose, budget=budget)
     if digest is not None:
         cache.put("prepared", digest, prepared)

@@ -131,3 +131,23 @@ def test_a_child_that_cannot_import_onnxruntime_answers_import_error(tmp_path, m
         spares.fill()
         said = ort_child.outcome(spares.take(_relu(), "default"), 60)
     assert said.kind == "ImportError" and "libonnxruntime.so" in said.message, said
+
+
+def _nice(pid: int) -> int:
+    """Process `pid`'s nice value (field 19 of /proc/PID/stat, after the command's ")")."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_spare_waits_at_a_lower_priority_and_a_child_started_for_its_job_does_not():
+    """A spare's import is work ahead of need (`SPARE_NICE`): it must not take the CPU from
+    the parent whose work it waits for; a child started when no spare is idle is needed now."""
+    with ort_child.Spares(keep=0) as spares:
+        spares.fill(1)
+        ahead = _warm(spares)
+        mine = os.nice(0)
+        assert _nice(ahead) == min(mine + ort_child.SPARE_NICE, 19)
+        taken = spares.take(_relu(), "default")
+        assert taken.pid == ahead and ort_child.outcome(taken, 60).ok  # it still loads
+        now = spares.take(_relu(), "default")  # none idle: started for its job
+        assert _nice(now.pid) == mine and ort_child.outcome(now, 60).ok

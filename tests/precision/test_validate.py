@@ -691,3 +691,25 @@ def test_a_child_that_cannot_import_onnxruntime_is_check_failed(tmp_path, monkey
         with pytest.raises(CheckFailed, match="could not import ONNX Runtime") as caught:
             validate_mixed(_pinned(4), None, scope=scope)
         assert "libonnxruntime.so" in str(caught.value) and caught.value.exit_code == 2
+
+
+@needs_proc
+def test_children_started_ahead_are_the_checks_own_and_reaped_however_it_ends(tmp_path):
+    """A caller's spares (`open_spares`, filled as its graph is prepared): the first load
+    is one of them, and every one is reaped at the result, on a record and without a check."""
+    from trtbuild.precision.validate import AHEAD, open_spares
+
+    before = _children()
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    spares = open_spares()
+    spares.fill(AHEAD)
+    ahead = {p.pid for p in spares.idle}
+    check = start_mixed_check(_layernorm(17), cache, spares=spares)
+    assert check.proc.pid in ahead and check.spares is spares
+    (said,) = check.result()
+    assert spares.closed and _children() - before == set()
+    for timeout, warned in ((None, [said]), (0, [])):  # the record of that pass; no load
+        spares = open_spares()
+        spares.fill(AHEAD)
+        assert validate_mixed(_layernorm(17), cache, timeout, spares=spares) == warned
+        assert spares.closed and _children() - before == set()

@@ -45,6 +45,8 @@ RESULT = "@trtbuild-result@"  # the child's answer follows this on its own line
 CHILD = """\
 import ctypes, json, os, signal, sys
 sys.path[:] = [p for p in sys.argv[1].split(os.pathsep) if p] or sys.path  # the parent's
+if int(sys.argv[2]) and hasattr(os, "nice"):  # a spare: its import runs on idle CPU
+    os.nice(int(sys.argv[2]))
 if sys.platform.startswith("linux"):
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -79,6 +81,7 @@ del session  # its teardown too is the load's
 end(0)
 """.replace("RESULT", repr(RESULT))
 FAILED = 3  # the child's exit code for a session that raised
+SPARE_NICE = 10  # how much lower a spare's priority is (`Spares`; none on Windows: no os.nice)
 PROBES = 16  # child sessions at most to find the node a crash needs
 PROBE_SECONDS = 120.0  # and at most this long
 # How long a session may take to create, by default: a minute, and a second more per
@@ -122,8 +125,9 @@ class Outcome:
         return self.kind == "NotImplemented"
 
 
-def start() -> subprocess.Popen:
-    """A child that imports ONNX Runtime and waits for its one job (`give`).
+def start(nice: int = 0) -> subprocess.Popen:
+    """A child that imports ONNX Runtime and waits for its one job (`give`); `nice` lowers
+    its priority (`SPARE_NICE`: a child started ahead of its job).
 
     Why so isolated: `python -I` (no PYTHONPATH, no user site, no script folder on
     sys.path, so an `onnxruntime.py` in the working folder is not what the check
@@ -132,7 +136,7 @@ def start() -> subprocess.Popen:
     """
     env = {k: os.environ[k] for k in ENVIRONMENT if k in os.environ}
     return subprocess.Popen(
-        [sys.executable, "-I", "-c", CHILD, import_path()],
+        [sys.executable, "-I", "-c", CHILD, import_path(), str(nice)],
         cwd=Path(sys.executable).anchor or "/",
         env=env,
         stdin=subprocess.PIPE,
@@ -162,6 +166,13 @@ class Spares:
     0.15 s) having run beside the parent's work. Still one child per session: a crash
     ends only its own load.
 
+    Why at a lower priority (`SPARE_NICE`): a spare's import is work ahead of need, and
+    on two cores several importing at once took CPU from the parent whose work they
+    wait for (a cold `convert`'s graph passes ran 0.1 s slower at the default
+    priority, and the whole no faster). A load runs while the parent waits for it,
+    where the lower priority costs nothing on an idle core; on a machine whose every
+    core is busy it is slower, within its timeout (`default_timeout`).
+
     Why an object passed down and closed: every child it started, idle or handed a job,
     is killed and waited for by `close` (a `with` block), whichever way the check ends.
     Use it from one thread: Linux's PR_SET_PDEATHSIG kills a child when the thread that
@@ -179,7 +190,7 @@ class Spares:
         (no process left) is no error here: `take` starts its own and says so."""
         while not self.closed and len(self.idle) < (self.keep if count is None else count):
             try:
-                proc = start()
+                proc = start(SPARE_NICE)
             except OSError:
                 return
             self.children.append(proc)

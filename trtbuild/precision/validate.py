@@ -21,8 +21,9 @@ How, and why so:
 - The child starts as soon as the mixed model exists (`start_mixed_check`) and
   is joined before anything is published (`MixedCheck.result`), so the load runs
   beside the rest of the command. Each load is a child of the check's own spares
-  (`ort_child.Spares`): started ahead (the first before the plan's keys are computed
-  where nothing is remembered, each next one as one is taken), its `import onnxruntime` is done when its job comes,
+  (`ort_child.Spares`): started ahead (by `convert` as it prepares a graph anew,
+  `AHEAD` of them at a lower priority; else the first before the plan's keys are computed
+  where nothing is remembered; each next one as one is taken), its `import onnxruntime` is done when its job comes,
   and `MixedCheck.cancel` kills and waits for every one, however the check ends. A
   load is waited for at most `timeout` seconds once joined, its session's creation
   and not a spare's idle wait (`build.ort_check_timeout`; by default scaled to the
@@ -81,6 +82,19 @@ TIMEOUT_KEY = "build.ort_check_timeout"  # the policy's key that sets `timeout` 
 # Idle children a check keeps started ahead (`ort_child.Spares`): the "off" load beside
 # round 2, the next round and `_judge`'s load each find one whose import is done.
 SPARES = 1
+# Children a caller may start before a cold check (`spares`, `fill`), as its prepared graph
+# is made: the most loads such a check waits for in turn (each round's and the load with
+# optimisations off beside the second), their imports run beside the graph passes. A
+# check with nothing to load kills them: 0.03 s of a cold `convert`'s 1.4 s, where a
+# check that loads in rounds waits 0.15 s less.
+AHEAD = neighbourhoods.ROUNDS + 1
+
+
+def open_spares() -> ort_child.Spares:
+    """The children a check's loads are given, for a caller that starts some ahead
+    (`AHEAD`) and passes them as `spares=` (they are closed when the check ends, and by
+    the caller's `with` block where it fails before)."""
+    return ort_child.Spares(keep=SPARES)
 
 
 class InvalidMixedModel(RuntimeError):
@@ -98,11 +112,12 @@ def validate_mixed(
     timeout: float | None = None,
     scope: str = ORT_CHECKS[0],
     origin: str = "",
+    spares: ort_child.Spares | None = None,
 ) -> list[str]:
     """Both checks, waited for: the warnings (ONNX Runtime's own failures), or an
     `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass; `origin`
     as `start_mixed_check`'s."""
-    return start_mixed_check(model, cache, timeout, scope, origin).result()
+    return start_mixed_check(model, cache, timeout, scope, origin, spares).result()
 
 
 def start_mixed_check(
@@ -111,6 +126,7 @@ def start_mixed_check(
     timeout: float | None = None,
     scope: str = ORT_CHECKS[0],
     origin: str = "",
+    spares: ort_child.Spares | None = None,
 ) -> MixedCheck:
     """Start ONNX Runtime's load in a child, run `onnx.checker` here meanwhile, and return
     the load to join with `result()` before anything is published.
@@ -128,6 +144,8 @@ def start_mixed_check(
     if cache is not None and cache.enabled and timeout != 0:
         record = cache.get("converted", digest)
         if record is not None:
+            if spares is not None:
+                spares.close()  # nothing to load
             return MixedCheck(None, None, list(record.warnings))
     misstored = _misstored(model)
     if misstored:
@@ -136,7 +154,7 @@ def start_mixed_check(
     check = MixedCheck(None, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
     check.origin = origin
     try:
-        _start(check, data, scope)
+        _start(check, data, scope, spares)
         check.full = needs_full_check(check.plan, check.cache, check.origin)
         _checked(data, check.full)
     except BaseException:  # and KeyboardInterrupt: no child outlives the check
@@ -164,13 +182,17 @@ def _checked(data: bytes, full: bool = True) -> None:
         raise InvalidMixedModel(f"the mixed model fails onnx.checker ({said}): {exc}") from exc
 
 
-def _start(check: MixedCheck, data: bytes, scope: str) -> None:
+def _start(
+    check: MixedCheck, data: bytes, scope: str, spares: ort_child.Spares | None = None
+) -> None:
     """Start the check's first load in a child, where there is one to load (a spare
     started beside the plan's keys, `_planned`, where one is); where the plan finds every
     neighbourhood known, no child runs (and none was started: a memory was read)."""
     if check.timeout <= 0:
+        if spares is not None:
+            spares.close()
         return
-    check.spares = ort_child.Spares(keep=SPARES)
+    check.spares = spares if spares is not None else open_spares()
     source = data
     if scope == "neighbourhoods":
         check.plan, source = _planned(check.model, data, check.cache, check.spares)  # type: ignore[arg-type]
