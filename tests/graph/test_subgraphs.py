@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx
 import pytest
+from onnx import helper
 
 from tests.helpers import if_model, scan_model
 from trtbuild.graph import subgraphs
@@ -77,3 +78,20 @@ def test_typing_problem_names_the_border_that_cannot_keep_one_type(mutate, says)
         node = scan_model().graph.node[0]
         node.attribute[0].g.output[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
     assert says in subgraphs.typing_problem(node)
+
+
+def test_bodies_are_found_on_every_op_that_may_hold_one_and_only_read_there():
+    """The schema says which default-domain ops hold graphs (SequenceMap as well as If,
+    Loop, Scan); another domain's op may hold one, whatever its name."""
+    body = helper.make_graph([], "b", [], [])
+    holders = [
+        helper.make_node("SequenceMap", ["s"], ["o"], body=body),
+        helper.make_node("If", ["c"], ["o"], then_branch=body, else_branch=body),
+        helper.make_node("Add", ["x"], ["o"], domain="my.ops", decoder=body),  # not ai.onnx's
+    ]
+    for node in holders:
+        assert subgraphs.has_body(node) and subgraphs.bodies(node)[0][1] == body
+    plain = helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])
+    assert not subgraphs.has_body(plain) and subgraphs.bodies(plain) == []
+    unknown = helper.make_node("NoSuchOp", ["x"], ["y"], g=body)  # no schema: its attributes
+    assert subgraphs.bodies(unknown) == [("g", body)]

@@ -13,6 +13,7 @@ writes them), so rules, reports and pins name it like any other node.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import onnx
@@ -23,11 +24,35 @@ _GRAPH = onnx.AttributeProto.GRAPH
 
 def bodies(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
     """(attribute name, graph) of every body a node holds, in attribute order."""
+    if not _may_hold_bodies(node.domain, node.op_type):
+        return []
     return [(a.name, a.g) for a in node.attribute if a.type == _GRAPH]
 
 
 def has_body(node: onnx.NodeProto) -> bool:
+    if not _may_hold_bodies(node.domain, node.op_type):
+        return False
     return any(a.type == _GRAPH for a in node.attribute)
+
+
+@functools.cache
+def _may_hold_bodies(domain: str, op_type: str) -> bool:
+    """Whether a node of this op may hold a graph: any op of another domain (a custom
+    op's attributes are its own), and the default domain's ops whose schema has a graph
+    attribute (If, Loop, Scan, SequenceMap).
+
+    Why: every pass asks each node, and most of a graph's 10k nodes are MatMuls and Adds
+    whose attributes need not be read; onnx.checker refuses an attribute a schema does
+    not declare, so the schema's answer is the node's.
+    """
+    if domain not in ("", "ai.onnx"):
+        return True
+    try:
+        schema = onnx.defs.get_schema(op_type)  # the newest: control flow kept its bodies
+    except onnx.defs.SchemaError:
+        return True
+    graphs = (onnx.defs.OpSchema.AttrType.GRAPH, onnx.defs.OpSchema.AttrType.GRAPHS)
+    return any(a.type in graphs for a in schema.attributes.values())
 
 
 def defined_in(graph: onnx.GraphProto) -> set[str]:

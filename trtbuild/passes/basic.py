@@ -146,8 +146,10 @@ def _name_converter_nodes(
     becomes Flatten, Softmax, Reshape) and leaves the new nodes unnamed; a name
     like `p2o.Softmax.3/Reshape` keeps every node traceable to the original.
     """
-    made_by = {out: n.name for n in source.graph.node for out in n.output if n.name}
     nodes = list(converted.graph.node)
+    if all(n.name for n in nodes):  # most conversions rewrite no node
+        return []
+    made_by = {out: n.name for n in source.graph.node for out in n.output if n.name}
     consumers: dict[str, list[int]] = {}
     for i, n in enumerate(nodes):
         for t in n.input:
