@@ -191,10 +191,11 @@ def foldable(model: onnx.ModelProto) -> bool:
     graph = model.graph
     const = {t.name for t in graph.initializer} | {""}
     used = {o.name for o in graph.output}
-    for n in graph.node:
-        used.update(subgraphs.node_reads(n))
-    for n in graph.node:
-        if n.op_type in _SHAPE_OPS or all(i in const for i in subgraphs.node_reads(n)):
+    reads = [subgraphs.node_reads(n) for n in graph.node]  # a body's reads are walked once
+    for r in reads:
+        used.update(r)
+    for n, r in zip(graph.node, reads):
+        if n.op_type in _SHAPE_OPS or all(i in const for i in r):
             return True
         if not any(o in used for o in n.output):
             return True
