@@ -93,5 +93,7 @@ def test_bodies_are_found_on_every_op_that_may_hold_one_and_only_read_there():
         assert subgraphs.has_body(node) and subgraphs.bodies(node)[0][1] == body
     plain = helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])
     assert not subgraphs.has_body(plain) and subgraphs.bodies(plain) == []
+    refused = helper.make_node("Relu", ["x"], ["y"], g=body)  # onnx.checker refuses it
+    assert not subgraphs.has_body(refused) and subgraphs.bodies(refused) == []
     unknown = helper.make_node("NoSuchOp", ["x"], ["y"], g=body)  # no schema: its attributes
     assert subgraphs.bodies(unknown) == [("g", body)]

@@ -713,3 +713,8 @@ def test_children_started_ahead_are_the_checks_own_and_reaped_however_it_ends(tm
         spares.fill(AHEAD)
         assert validate_mixed(_layernorm(17), cache, timeout, spares=spares) == warned
         assert spares.closed and _children() - before == set()
+    spares = open_spares()
+    spares.fill(AHEAD)
+    with pytest.raises(ValueError, match="scope"):  # a check that cannot start
+        start_mixed_check(_layernorm(17), cache, scope="all", spares=spares)
+    assert spares.closed and _children() - before == set()

@@ -23,7 +23,9 @@ _GRAPH = onnx.AttributeProto.GRAPH
 
 
 def bodies(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
-    """(attribute name, graph) of every body a node holds, in attribute order."""
+    """(attribute name, graph) of every body a node holds, in attribute order; none where
+    the op's schema declares no graph (onnx.checker, which every model passes on its
+    load, refuses one there)."""
     if not _may_hold_bodies(node.domain, node.op_type):
         return []
     return [(a.name, a.g) for a in node.attribute if a.type == _GRAPH]

@@ -166,12 +166,15 @@ class Spares:
     0.15 s) having run beside the parent's work. Still one child per session: a crash
     ends only its own load.
 
-    Why at a lower priority (`SPARE_NICE`): a spare's import is work ahead of need, and
-    on two cores several importing at once took CPU from the parent whose work they
-    wait for (a cold `convert`'s graph passes ran 0.1 s slower at the default
-    priority, and the whole no faster). A load runs while the parent waits for it,
-    where the lower priority costs nothing on an idle core; on a machine whose every
-    core is busy it is slower, within its timeout (`default_timeout`).
+    Why some at a lower priority (`fill`'s `nice`, `SPARE_NICE`): children started long
+    before their jobs (a cold `convert` starts its check's as it prepares the graph) are
+    work ahead of need, and on two cores several importing at once took CPU from the
+    parent whose work they wait for (the graph passes ran 0.1 s slower at the default
+    priority, and the whole no faster). Their loads run while the parent waits, where
+    the lower priority costs nothing on an idle core; on a machine whose every core is
+    busy they are slower (about six times against one busy process), within their
+    timeout (`default_timeout`). The spares started as others are taken keep the
+    default priority: they run while the parent waits.
 
     Why an object passed down and closed: every child it started, idle or handed a job,
     is killed and waited for by `close` (a `with` block), whichever way the check ends.
@@ -185,12 +188,13 @@ class Spares:
         self.children: list[subprocess.Popen] = []  # every one started, to reap
         self.closed = False
 
-    def fill(self, count: int | None = None) -> None:
-        """Start idle children up to `count` (`keep` by default). A start that fails
-        (no process left) is no error here: `take` starts its own and says so."""
+    def fill(self, count: int | None = None, nice: int = 0) -> None:
+        """Start idle children up to `count` (`keep` by default), at a lower priority by
+        `nice` (`SPARE_NICE`: children started long before their jobs). A start that
+        fails (no process left) is no error here: `take` starts its own and says so."""
         while not self.closed and len(self.idle) < (self.keep if count is None else count):
             try:
-                proc = start(SPARE_NICE)
+                proc = start(nice)
             except OSError:
                 return
             self.children.append(proc)

@@ -135,8 +135,26 @@ def start_mixed_check(
     of the model's size; 0: no ONNX Runtime check, only `onnx.checker`'s). `scope`:
     "neighbourhoods" loads one of each neighbourhood not yet known (no child where all
     are), "whole" the whole model. `origin`: what the model was converted from (the
-    prepared graph's cache key; "" unknown), for `needs_full_check`.
+    prepared graph's cache key; "" unknown), for `needs_full_check`. `spares`: children
+    started ahead (`open_spares`), the check's from now on: closed when it ends, and
+    where it cannot start.
     """
+    try:
+        return _start_check(model, cache, timeout, scope, origin, spares)
+    except BaseException:  # and KeyboardInterrupt: no child outlives the check
+        if spares is not None:
+            spares.close()
+        raise
+
+
+def _start_check(
+    model: onnx.ModelProto,
+    cache: Any,
+    timeout: float | None,
+    scope: str,
+    origin: str,
+    spares: ort_child.Spares | None,
+) -> MixedCheck:
     if scope not in ORT_CHECKS:
         raise ValueError(f"scope {scope!r} is none of {ORT_CHECKS}")
     data = model.SerializeToString()
