@@ -114,10 +114,7 @@ def run_front(
     inputs are unchanged (`trtbuild.cache` says what the keys cover). `draw=False`
     (with `reference="none"`): no feeds are drawn (each point's `feeds` is empty, where
     its data comes from is still said and the user's files still checked), for a
-    caller that runs nothing (`convert`). `on_prepare` is called where the prepared graph
-    is made anew, before its passes run (`convert` starts its check's children then: a
-    cold run's check loads what no run has loaded, and their imports run beside the
-    passes).
+    caller that runs nothing (`convert`). `on_prepare`: as `prepared_graph`'s.
     """
     if reference not in REFERENCE_LEVELS:
         raise ValueError(f"reference must be one of {REFERENCE_LEVELS}, not {reference!r}")
@@ -339,8 +336,12 @@ def prepared_graph(
     on_prepare: Callable[[], object] | None = None,
 ) -> tuple[Prepared, str | None]:
     """The prepared graph and its cache key, from the cache when model, passes, the folding
-    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match;
-    `on_prepare` is called before it is made anew."""
+    budget (`prepare`'s `budget`, in the key: it decides what is folded) and code match.
+
+    `on_prepare` is called where the graph is made anew, before the model is loaded:
+    `convert` starts its check's children then, their imports beside the passes (an
+    unreadable model kills them unused).
+    """
     digest = None
     check_model_file(model)  # a FIFO or a device is exit 2 before the digest reads it
     if cache.enabled:
