@@ -81,7 +81,7 @@ del session  # its teardown too is the load's
 end(0)
 """.replace("RESULT", repr(RESULT))
 FAILED = 3  # the child's exit code for a session that raised
-SPARE_NICE = 10  # how much lower a spare's priority is (`Spares`; none on Windows: no os.nice)
+SPARE_NICE = 10  # how much lower a child started long ahead runs (`Spares.fill`; not on Windows)
 PROBES = 16  # child sessions at most to find the node a crash needs
 PROBE_SECONDS = 120.0  # and at most this long
 # How long a session may take to create, by default: a minute, and a second more per
