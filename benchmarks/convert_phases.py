@@ -49,14 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     from trtbuild import api
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
-    from trtbuild.precision import neighbourhoods, ort_child, validate
+    from trtbuild.precision import neighbourhoods, validate
 
     lap("imports (trtbuild, onnx)")
     policy = load_policy(args[0])
     cache = api.open_cache()
     with validate.open_spares() as spares:
-        if cold:  # as a cold `convert` does where it prepares the graph (here from the cache)
-            spares.fill(validate.AHEAD, ort_child.SPARE_NICE)
+        if cold and policy.build.ort_check_timeout != 0:  # as a cold `convert` does
+            validate.start_ahead(spares, policy.build.ort_check)  # (its graph is prepared)
         front = api._front(policy, "none", cache, False, draw=False)  # as convert_front
         lap("front half (prepared graph cached, assign, convert)")
         model = front.converted.model

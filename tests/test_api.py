@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -62,9 +63,10 @@ def test_convert_front_holds_the_assignment_beside_the_same_model(example_policy
 def test_convert_starts_its_checks_children_ahead_only_where_it_prepares_the_graph(
     example_policy, tmp_path, monkeypatch
 ):
-    """A cold `convert` starts the children its check will load in (`validate.AHEAD`, at a
-    lower priority) before the graph passes, so their imports run beside them; a
-    convert whose prepared graph and mixed model are cached starts none."""
+    """A cold `convert` starts the children its check will load in (`validate.AHEAD`, the
+    first at the default priority, the others lower) before the graph passes, so their
+    imports run beside them; one checking the whole model starts one; a convert whose
+    prepared graph and mixed model are cached starts none."""
     from trtbuild import front as front_mod
     from trtbuild.precision import ort_child, validate
 
@@ -77,11 +79,15 @@ def test_convert_starts_its_checks_children_ahead_only_where_it_prepares_the_gra
     cache = trtbuild.open_cache(tmp_path / "cache")
     policy = example_policy("nafnet")
     trtbuild.convert(policy, cache=cache)
-    ahead = [ort_child.SPARE_NICE] * validate.AHEAD
+    ahead = [0] + [ort_child.SPARE_NICE] * (validate.AHEAD - 1)
     assert seen[: validate.AHEAD + 1] == [*ahead, "prepare"], seen
     seen.clear()
     trtbuild.convert(policy, cache=cache)
     assert seen == []
+    loaded = trtbuild.load_policy(policy)
+    whole = dataclasses.replace(loaded, build=dataclasses.replace(loaded.build, ort_check="whole"))
+    trtbuild.convert(whole, cache=None)
+    assert seen[:2] == [0, "prepare"], seen
 
 
 def test_tune_returns_a_policy_that_passes(example_policy, tmp_path, capsys):

@@ -235,16 +235,16 @@ def convert_front(
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
-    from trtbuild.precision import ort_child, validate
+    from trtbuild.precision import validate
 
     policy = _policy(policy)
     spec = policy.build
     with validate.open_spares() as spares:
         # a graph prepared anew makes a mixed model no check has loaded: its children are
-        # started before the passes, their imports run beside them (`validate.AHEAD`)
+        # started before the passes, their imports run beside them
         fill = None
         if spec.ort_check_timeout != 0:
-            fill = partial(spares.fill, validate.AHEAD, ort_child.SPARE_NICE)
+            fill = partial(validate.start_ahead, spares, spec.ort_check)
         with _quiet(quiet):
             front = _front(policy, "none", cache, verbose, draw=False, on_prepare=fill)
         # once per mixed model, and one load of each neighbourhood not checked before

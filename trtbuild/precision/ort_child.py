@@ -45,7 +45,7 @@ RESULT = "@trtbuild-result@"  # the child's answer follows this on its own line
 CHILD = """\
 import ctypes, json, os, signal, sys
 sys.path[:] = [p for p in sys.argv[1].split(os.pathsep) if p] or sys.path  # the parent's
-if int(sys.argv[2]) and hasattr(os, "nice"):  # a spare: its import runs on idle CPU
+if int(sys.argv[2]) and hasattr(os, "nice"):  # started long ahead: import on idle CPU
     os.nice(int(sys.argv[2]))
 if sys.platform.startswith("linux"):
     try:
@@ -169,12 +169,12 @@ class Spares:
     Why some at a lower priority (`fill`'s `nice`, `SPARE_NICE`): children started long
     before their jobs (a cold `convert` starts its check's as it prepares the graph) are
     work ahead of need, and on two cores several importing at once took CPU from the
-    parent whose work they wait for (the graph passes ran 0.1 s slower at the default
-    priority, and the whole no faster). Their loads run while the parent waits, where
-    the lower priority costs nothing on an idle core; on a machine whose every core is
-    busy they are slower (about six times against one busy process), within their
-    timeout (`default_timeout`). The spares started as others are taken keep the
-    default priority: they run while the parent waits.
+    parent whose work they wait for (the graph passes ran 0.1 to 0.2 s slower at the
+    default priority, and the whole no faster). Their loads run while the parent waits,
+    where the lower priority costs nothing on an idle core; on a machine whose every
+    core is busy they are slower (about six times against one busy process), within
+    their timeout (`default_timeout`). The first child a check loads in, and the spares
+    started as others are taken, keep the default priority (`validate.start_ahead`).
 
     Why an object passed down and closed: every child it started, idle or handed a job,
     is killed and waited for by `close` (a `with` block), whichever way the check ends.

@@ -83,19 +83,36 @@ TIMEOUT_KEY = "build.ort_check_timeout"  # the policy's key that sets `timeout` 
 # Idle children a check keeps started ahead (`ort_child.Spares`): the "off" load beside
 # round 2, the next round and `_judge`'s load each find one whose import is done.
 SPARES = 1
-# Children a caller may start before a cold check (`open_spares`, then `fill`), as its
-# prepared graph is made: the most loads such a check waits for in turn (each round's and
-# the load with optimisations off beside the second), their imports beside the graph
-# passes. A cold `convert` of a 10k-node transformer whose loads go in rounds took 0.16 s
-# less; one whose first load passes, and kills the others, the same time within the noise.
+# Children a caller starts before a cold check of neighbourhoods (`start_ahead`), as its
+# prepared graph is made: the loads such a check waits for in turn where its first load
+# fails, as it does on every transformer whose LayerNorms are pinned (three rounds, and
+# the load with optimisations off beside the second). More loads than that (the whole
+# model's, a crash's probes) find spares started as these are taken.
 AHEAD = neighbourhoods.ROUNDS + 1
 
 
 def open_spares() -> ort_child.Spares:
     """The children a check's loads are given, for a caller that starts some ahead
-    (`AHEAD`) and passes them as `spares=` (they are closed when the check ends, and by
-    the caller's `with` block where it fails before)."""
+    (`start_ahead`) and passes them as `spares=` (they are closed when the check ends, and
+    by the caller's `with` block where it fails before)."""
     return ort_child.Spares(keep=SPARES)
+
+
+def start_ahead(spares: ort_child.Spares, scope: str = ORT_CHECKS[0]) -> None:
+    """Start the children a cold check of `scope` will load in, before the caller's graph
+    passes, so their imports run beside them: `AHEAD` for neighbourhoods, one for the
+    whole model (its one load; a failure's next loads find spares started as it is taken).
+
+    Why the first at the default priority and the others lower (`ort_child.SPARE_NICE`):
+    the first load takes the first child, and a small model's passes end before a
+    lower-priority import, sharing a core with three others, would (all four lower made
+    a cold `convert` of the NAFNet example 0.1 s slower, 0.26 s with one core busy); the
+    others use the CPU the passes leave (at the default priority, four importing at once
+    slowed the passes as much as they saved).
+    """
+    spares.fill(1)
+    if scope == "neighbourhoods":
+        spares.fill(AHEAD, ort_child.SPARE_NICE)
 
 
 class InvalidMixedModel(RuntimeError):
@@ -206,7 +223,8 @@ def _start(
 ) -> None:
     """Start the check's first load in a child, where there is one to load (a spare
     started beside the plan's keys, `_planned`, where one is); where the plan finds every
-    neighbourhood known, no child runs (and none was started: a memory was read)."""
+    neighbourhood known, no child runs (and none was started: a memory was read; a
+    caller's started ahead are killed)."""
     if check.timeout <= 0:
         if spares is not None:
             spares.close()
