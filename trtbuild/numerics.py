@@ -42,8 +42,21 @@ def sentinels(values: np.ndarray) -> np.ndarray:
 
 
 def finite_peak(values: np.ndarray) -> float:
-    """Largest finite |value|, sentinels included (an internal sum is never a sentinel)."""
-    a = np.abs(np.asarray(values))
+    """Largest finite |value|, sentinels included (an internal sum is never a sentinel).
+
+    Why two reductions first: where every value is finite (almost always), the peak is
+    max(max, -min), with no copy of the array; only a non-finite one needs the mask
+    (16M float64 values: 0.01 s instead of 0.05 s; the reference's risk measures take
+    several peaks of each normalization's tensors).
+    """
+    a = np.asarray(values)
+    if not a.size:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        peak = max(float(a.max()), -float(a.min()))  # NaN where any value is
+    if math.isfinite(peak):
+        return abs(peak)  # abs: -0.0
+    a = np.abs(a)
     a = a[np.isfinite(a)]
     return float(a.max()) if a.size else 0.0
 
