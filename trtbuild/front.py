@@ -266,11 +266,40 @@ class _PointRun:
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
             raise _cannot_run(policy, point, exc) from None
-        if ref is not None and policy.accuracy.reference_model is not None:
-            from trtbuild.accuracy.reference import against_reference_model
-
-            ref = against_reference_model(ref, policy.accuracy.reference_model, feeds, originals)
+        original = policy.accuracy.reference_model
+        if ref is not None and original is not None:
+            ref = _against_original(self, original, ref, feeds, originals)
         return ShapeRun(point, feeds, measures, ref, made.data)
+
+
+def _against_original(
+    run: _PointRun, path: Path, ref: ReferenceTensors, feeds: list, sessions: dict[Path, Any]
+) -> ReferenceTensors:
+    """`ref` against `path`, `accuracy.reference_model` (`against_reference_model`), its
+    outputs from the cache when the prepared graph (whose key holds the code and the
+    versions that run it), the reference model's bytes, the feeds and the outputs match.
+
+    Why cached: the model before quantization runs whole at every point, every build; a
+    nightly job rebuilding an unchanged policy would run it again for nothing.
+    """
+    from trtbuild.accuracy.reference import ReferenceTensors, against_reference_model
+
+    key = None
+    if run.digest:
+        try:
+            original = model_digest(path)
+        except Exception:  # unreadable: `against_reference_model` says why, in its words
+            original = None
+        if original is not None:
+            outputs = ",".join(ref.measures.outputs)
+            key = cache_key("reference-model", run.digest, original, feeds_digest(feeds), outputs)
+            cached = run.cache.get("reference", key)
+            if cached is not None:
+                return ReferenceTensors(ref.measures, cached, ref.run_results, path)
+    made = against_reference_model(ref, path, feeds, sessions)
+    if key is not None:
+        run.cache.put("reference", key, made.run_results)
+    return made
 
 
 def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError:

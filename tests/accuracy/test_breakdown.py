@@ -184,3 +184,36 @@ def test_the_emulation_keeps_int8_exact_and_rounds_a_dequantized_fp16_value_once
     (y,) = _run(emulated, [{}])[0]
     expected = (q.astype(np.float32) * scale.astype(np.float32)[:, None]).astype(np.float16)
     assert y.dtype == np.float16 and (y == expected).all()
+
+
+def test_the_reference_models_outputs_are_cached_with_what_they_depend_on(
+    tmp_path, quantized_dir, monkeypatch
+):
+    """A second build of the same policy reads the original's outputs from the cache (it
+    does not run it) and reports the same split; new bytes of the original run it again."""
+    from trtbuild.accuracy import reference
+
+    runs: list[Path] = []
+    real = reference.against_reference_model
+    monkeypatch.setattr(
+        reference,
+        "against_reference_model",
+        lambda ref, path, *a: runs.append(path) or real(ref, path, *a),
+    )
+    monkeypatch.setenv("TRTBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    original = tmp_path / "original.onnx"
+    original.write_bytes((quantized_dir / "nafnet_tiny.onnx").read_bytes())
+    quantized = quantized_dir / "nafnet_tiny_int8.onnx"
+    policy = _policy(tmp_path, quantized, f"  reference_model: {original}\n")
+
+    def split(out: str) -> dict:
+        main(["build", "--policy", str(policy), "--out", str(tmp_path / out), "--backend", "none"])
+        return json.loads((tmp_path / out / "report.json").read_text())["reference_model"]
+
+    first = split("a")
+    assert runs == [original]
+    assert split("b") == first and runs == [original]  # from the cache: not run again
+    model = onnx.load(str(original))
+    model.doc_string = "the same graph, other bytes"
+    onnx.save(model, str(original))
+    assert split("c") == first and runs == [original, original]  # its bytes are in the key
