@@ -68,9 +68,8 @@ class Front:
     timings: Mapping[str, float] = field(default_factory=dict)  # seconds per stage
     cache_hits: Mapping[str, str] = field(default_factory=dict)  # prepared/reference: hit|miss|off
     skipped: tuple[ShapePoint, ...] = ()  # points the policy says not to judge, and why
-    digest: str = (
-        ""  # the prepared graph's cache key ("" without a cache): the mixed model's origin
-    )
+    # the prepared graph's cache key ("" without a cache): the mixed model's origin
+    digest: str = ""
 
     @property
     def feeds(self) -> list[data_mod.Feed]:

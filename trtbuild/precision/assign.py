@@ -36,15 +36,20 @@ class Decision:
 class Assignment:
     view: GraphView
     decisions: list[Decision]
+    # the findings the assignment read (its Q/DQ index, the weights' peaks): conversion
+    # reads them too, once per graph and not once per tune trial
+    analysis: Analysis
     rule_hits: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     quantized: dict[int, str] = field(default_factory=dict)  # quantized op -> int8 | fp8
     dq_precisions: dict[int, tuple[str, ...]] = field(default_factory=dict)  # DQ -> per consumer
     dequantized: frozenset[int] = frozenset()  # ops a `dequantize: true` rule takes out of INT8
     dead_qdq: frozenset[int] = frozenset()  # Q/DQ left without a consumer by those: dropped
-    qdq: Any = None  # the analysis' `QdqGraph` the assignment read (conversion reads it too)
-    # the findings the assignment read: conversion reads the weights' peaks from them too
-    analysis: Analysis | None = None
+
+    @property
+    def qdq(self) -> Any:
+        """The Q/DQ index the assignment read (`graph.qdq.QdqGraph`, kept by the analysis)."""
+        return self.analysis.qdq()
 
     def precision_of(self, index: int) -> str | None:
         return self.decisions[index].precision
@@ -81,7 +86,7 @@ class Assignment:
             int8_nodes=counts["int8"],
             fp8_nodes=counts["fp8"],
             quantized_share=share(counts["int8"] + counts["fp8"]),
-            quantized=self.qdq.inventory(self.quantized) if self.qdq is not None else {},
+            quantized=self.qdq.inventory(self.quantized),
         )
 
 
@@ -162,7 +167,7 @@ def assign(
 
     _into_bodies(view, picks, hits)
     decisions = _decisions(view, picks, precision)
-    assignment = Assignment(view, decisions, hits, warnings, qdq=qdq, analysis=analysis)
+    assignment = Assignment(view, decisions, analysis, hits, warnings)
     return _with_qdq(assignment, qdq, precision) if qdq else assignment
 
 

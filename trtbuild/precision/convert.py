@@ -13,7 +13,6 @@ converter breaks:
 from __future__ import annotations
 
 import math
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -21,7 +20,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.optypes import (
     DTYPE_NAME,
     FLOAT_TYPES,
@@ -187,11 +185,8 @@ class _Scales:
     """
 
     def __init__(self, assignment: Assignment):
-        from trtbuild.graph.qdq import QdqGraph
-
         self.a = assignment
-        # the index the assignment read (built once per analysis, not once per tune trial)
-        self.qdq = assignment.qdq if assignment.qdq is not None else QdqGraph(assignment.view)
+        self.qdq = assignment.qdq  # the index the assignment read (one per analysis)
         self.tensors: list[onnx.TensorProto] = []
         self.names: dict[tuple[str, int, bytes], str] = {}
         self.q_clones: dict[tuple[str, int], str] = {}  # (Q output, type) -> its clone's
@@ -515,9 +510,10 @@ def _initializers(
         array = None
         for d in sorted(wanted - {exported}):
             name = t.name if in_place else f"{t.name}__{DTYPE_NAME[d]}"
-            if d == TensorProto.FLOAT16:
+            half = d == TensorProto.FLOAT16
+            if half:
                 halved.append(t.name)
-            if d == TensorProto.FLOAT16 and _Halves.takes(t):
+            if half and _Halves.takes(t):
                 initializers.append(halves.add(t, name))
             else:
                 if array is None:  # read only: no copy where it is FP32 already
@@ -559,13 +555,13 @@ class _Halves:
 
     @staticmethod
     def takes(t: onnx.TensorProto) -> bool:
-        """Stored as raw little-endian FP32 in the model, small, and not empty."""
+        """Stored as raw FP32 in the model (ONNX's raw data is little-endian), small, and
+        not empty."""
         return (
             t.data_type == TensorProto.FLOAT
             and t.data_location != TensorProto.EXTERNAL
             and 0 < len(t.raw_data) <= _Halves.SMALL
             and len(t.raw_data) == 4 * math.prod(t.dims)
-            and sys.byteorder == "little"
         )
 
     def add(self, t: onnx.TensorProto, name: str) -> onnx.TensorProto:
@@ -581,10 +577,8 @@ class _Halves:
         """Convert the pending weights at once, each one's bytes into its FP16 tensor."""
         if not self.pending:
             return
-        flat = np.concatenate(
-            [np.frombuffer(t.raw_data, dtype=np.float32) for t, _ in self.pending]
-        )
-        half = as_float_type(flat, TensorProto.FLOAT16).tobytes()
+        flat = np.concatenate([np.frombuffer(t.raw_data, dtype="<f4") for t, _ in self.pending])
+        half = as_float_type(flat, TensorProto.FLOAT16).astype("<f2", copy=False).tobytes()
         start = 0
         for t, out in self.pending:
             end = start + len(t.raw_data) // 2  # FP16: half the bytes
@@ -627,8 +621,7 @@ def convert(assignment: Assignment) -> Converted:
     rw = _Rewriter(assignment)
     rw.scales = _Scales(assignment) if assignment.dq_precisions else None
     nodes, casts = rw.run()
-    analysis = assignment.analysis if assignment.analysis is not None else Analysis(view)
-    initializers, warnings = _initializers(view, rw, analysis.weight_peaks())
+    initializers, warnings = _initializers(view, rw, assignment.analysis.weight_peaks())
     if rw.scales is not None:
         initializers = rw.scales.unused_dropped(initializers, nodes) + rw.scales.tensors
     value_info = _value_info(view, rw)

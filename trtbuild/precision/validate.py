@@ -187,8 +187,9 @@ def _start_check(
     if misstored:
         raise InvalidMixedModel(f"the mixed model's {misstored}: trtbuild wrote it wrong")
     seconds = ort_child.default_timeout(len(data)) if timeout is None else float(timeout)
-    check = MixedCheck(None, model, cache=cache, digest=digest, timeout=seconds, size=len(data))
-    check.origin = origin
+    check = MixedCheck(
+        None, model, cache=cache, digest=digest, timeout=seconds, size=len(data), origin=origin
+    )
     try:
         _start(check, data, scope, spares)
         check.full = needs_full_check(check.plan, check.cache, check.origin)
