@@ -145,20 +145,25 @@ def _jump(view: GraphView, i: int, errors: dict[str, float], floor: float) -> fl
     return ratio if ratio >= JUMP else 1.0
 
 
-def suspects(
+def suspects(score: dict[int, float], groups_: list[Group]) -> list[int]:
+    """The groups `suspicion` scored, most suspect first; ties go to the group nearest the
+    outputs, as a plain bisection would order them."""
+    return sorted(score, key=lambda k: (-score[k], -max(groups_[k].nodes)))
+
+
+def suspicion(
     view: GraphView,
     groups_: list[Group],
     rest: list[int],
     errors: dict[str, float],
     failed: Iterable[str],
     low: str,
-) -> list[int]:
-    """The groups of `rest` on a failing output's path, most suspect first.
+) -> dict[int, float]:
+    """Each group of `rest` on a failing output's path, and how suspect it is.
 
     A node's suspicion is the jump of the error across it times the largest
     product of jumps on its way to a failing output: the amplifier itself and
-    what feeds it (its inputs' rounding is what it amplifies) come first. Ties
-    go to the group nearest the outputs, as a plain bisection would order them.
+    what feeds it (its inputs' rounding is what it amplifies) come first.
     Groups off every failing output's path cannot change the verdict and are left out.
     """
     path = on_path(view, failed)
@@ -171,8 +176,7 @@ def suspects(
         k: max((jump[i] * gain[i] for i in groups_[k].nodes if i in path), default=0.0)
         for k in rest
     }
-    found = [k for k in rest if score[k] > 0.0]
-    return sorted(found, key=lambda k: (-score[k], -max(groups_[k].nodes)))
+    return {k: v for k, v in score.items() if v > 0.0}
 
 
 # -- a pin set as a policy -------------------------------------------------------------

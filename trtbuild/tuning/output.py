@@ -117,10 +117,14 @@ def write_log(path: Path, result: SearchResult) -> None:
     from trtbuild.fsutil import write_text
 
     rows = []
+    ranked = {after + 1: note for after, note in result.rankings}
     for t in result.trials:
         rows.append(
             json.dumps(
                 {
+                    # the growing's ranking, on the first trial after it (where the error
+                    # map ranked no suspect above another: `tuning.alone`)
+                    **({"ranking": ranked[t.step]} if t.step in ranked else {}),
                     "step": t.step,
                     "action": t.action,
                     "pinned_groups": [result.groups[k].label for k in t.pinned],

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +25,7 @@ from trtbuild.graph.qdq import is_qdq
 from trtbuild.numerics import LOW_MAX
 from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import assign
+from trtbuild.tuning.alone import errors_alone, rank_alone
 from trtbuild.tuning.groups import (
     Group,
     beyond_range,
@@ -32,6 +34,7 @@ from trtbuild.tuning.groups import (
     pin_rules,
     scopes,
     suspects,
+    suspicion,
 )
 from trtbuild.tuning.pool import (
     TrialOutcome,
@@ -81,6 +84,9 @@ class SearchResult:
     exhausted: bool = False
     points: int = 1  # the points of the input space a candidate is judged at
     rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
+    # how the growing ranked its suspects where the error map ranked none: (the trials
+    # recorded before that ranking, what it did)
+    rankings: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def costliest_point(self) -> str | None:
@@ -206,10 +212,9 @@ class PointWalk:
 class Search:
     """The search's state: its groups, what it pinned and why, and every verdict recorded.
 
-    `known` holds every recorded verdict (a pin set is judged once per unit); `walk`
-    holds each pin set's verdict per unit, judged now or ahead in parallel, and
-    composes a verdict from them when the one-job search asks for it: only then
-    does it become a trial.
+    `known` holds every recorded verdict (a pin set is judged once per unit); `walk` holds
+    each pin set's verdict per unit, judged now or ahead in parallel, and composes a verdict
+    from them when the one-job search asks for it: only then does it become a trial.
     """
 
     def __init__(self, front: Front, budget: int, objective: str, seed: int, jobs: int):
@@ -233,6 +238,8 @@ class Search:
             [len(run.feeds) for run in front.shapes],
         )
         self.exhausted = False  # set where the search wanted a verdict the budget lacked
+        self.alone: dict[int, dict[str, float]] = {}  # group -> output -> its error alone
+        self.rankings: list[tuple[int, str]] = []  # (trials recorded before it, what ranked)
 
     def precision(self, pinned: list[int]) -> Precision:
         return candidate_precision(self.front.policy.precision, self.groups, pinned, self.names)
@@ -311,17 +318,41 @@ class Search:
         return self.budget - len(self.trials) - (1 if self.walk.provisional() else 0)
 
     def affords(self, pinned: list[int]) -> bool:
-        """Whether the search may have the verdict on `pinned`: remembered or judged ahead
-        (free), or within the budget; remembers a refusal."""
+        """Whether the search may have the verdict on `pinned`: remembered, or within the
+        budget (one judged ahead is a trial too, as with one job); remembers a refusal."""
         key = tuple(sorted(pinned))
-        if self.remembered(key) or not self.walk.missing(key) or self.left() > 0:
+        if self.remembered(key) or self.left() > 0:
             return True
         self.exhausted = True
         return False
 
     def label(self, picked: list[int]) -> str:
-        more = f" and {len(picked) - 1} more" if len(picked) > 1 else ""
-        return self.groups[picked[0]].label + more
+        return self.groups[picked[0]].label + (f" and {len(picked) - 1} more" if picked[1:] else "")
+
+
+def _suspects(search: Search, failing: TrialOutcome, rest: list[int]) -> list[int]:
+    """The groups of `rest` on a failing output's path, most suspect first: by the error
+    map (`suspicion`), or where it scores every suspect alike, by what each adds alone."""
+    errors = _ranking_errors(search, failing)
+    view, outputs = search.front.view, failing.failed_outputs
+    score = suspicion(view, search.groups, rest, errors, outputs, search.low)
+    order = suspects(score, search.groups)
+    if len(order) < 2 or len(set(score.values())) > 1:
+        return order
+    started = time.perf_counter()
+    todo = [k for k in order if k not in search.alone]
+    point = min(range(len(search.walk.sizes)), key=lambda k: (search.walk.sizes[k], k))
+    if todo:
+        search.alone.update(errors_alone(search.front, search.groups, todo, search.low, point))
+    name = search.front.shapes[point].point.name
+    search.rankings.append(
+        (
+            len(search.trials),
+            f"the error map scores its {len(order)} suspects alike: ranked by each one's "
+            f"error alone at {name} ({len(todo)} runs, {time.perf_counter() - started:.1f} s)",
+        )
+    )
+    return rank_alone(order, search.alone, outputs)
 
 
 def _ranking_errors(search: Search, failing: TrialOutcome) -> dict[str, float]:
@@ -392,10 +423,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     if search.left() <= 0:  # a run of new pins is a new verdict: no ranking run for nothing
         search.exhausted = True
         return None
-    errors = _ranking_errors(search, failing)
-    order = suspects(
-        search.front.view, search.groups, rest, errors, failing.failed_outputs, search.low
-    )
+    order = _suspects(search, failing, rest)
     run = lambda n: [*search.pinned, *order[:n]]  # noqa: E731 - the candidate of length n
     lengths = _doublings(len(order))
     lo, hi, why = 0, None, failing
@@ -563,6 +591,7 @@ def _result(search: Search) -> SearchResult:
         search.exhausted,
         len(search.front.shapes),
         {r.id: g for r, g in pin_rules(base, search.groups, search.pinned, search.names)},
+        list(search.rankings),
     )
 
 

@@ -1,0 +1,111 @@
+"""Each suspect's error alone: the gated graph, the error statistic, the ranking, the search."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.helpers import plain_session
+from tests.test_tune import _strict, _tune, _without_rules
+from trtbuild import front as front_mod
+from trtbuild.accuracy.sessions import REFERENCE
+from trtbuild.policy import load_policy
+from trtbuild.policy.specs import Tolerance
+from trtbuild.tuning import groups
+from trtbuild.tuning.alone import GATE, errors_alone, gated_model, output_error, rank_alone
+
+
+@pytest.fixture(scope="module")
+def nafnet(tmp_path_factory, models_dir):
+    """The NAFNet example's front half with no rules: every node a tunable group."""
+    tmp = tmp_path_factory.mktemp("alone")
+    front = front_mod.run_front(load_policy(_without_rules("nafnet", tmp, models_dir)))
+    return front, groups(front, "nodes")
+
+
+def _run(model: onnx.ModelProto, front, gates_on: set[int], extra: list[str] = ()) -> dict:
+    session = plain_session(model)
+    feed = dict(front.shapes[0].feeds[0])
+    for i in session.get_inputs():
+        if i.name.startswith(GATE.format("")):
+            feed[i.name] = np.array(int(i.name.rsplit("_", 1)[1]) in gates_on)
+    names = [*front.view.outputs, *extra]
+    return dict(zip(names, session.run(names, feed)))
+
+
+def test_gates_off_compute_the_fp32_graph_and_one_gate_stores_only_its_group(nafnet):
+    front, found = nafnet
+    conv = next(k for k, g in enumerate(found) if g.names == ("/intro/Conv",))
+    model = gated_model(front, found, range(len(found)), "fp16")
+    out = front.view.nodes[found[conv].nodes[0]].output[0]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
+    reference = front.shapes[0].reference.run_results[REFERENCE][0]
+    off = _run(model, front, set(), [out])
+    for name in front.view.outputs:
+        np.testing.assert_array_equal(off[name], reference[name])
+    assert not np.array_equal(off[out], off[out].astype(np.float16).astype(np.float32))
+    on = _run(model, front, {conv}, [out])
+    np.testing.assert_array_equal(on[out], on[out].astype(np.float16).astype(np.float32))
+    assert any(not np.array_equal(on[n], reference[n]) for n in front.view.outputs)
+
+
+@pytest.mark.parametrize(
+    ("tol", "expected"),
+    [
+        (Tolerance(check_error_stat="max"), 3.0),
+        (Tolerance(check_error_stat="mean"), 1.0),
+        (Tolerance(check_error_stat="median"), 0.0),
+        (Tolerance(check_error_stat="quantile", error_quantile=1.0), 3.0),
+        (Tolerance(atol=1.0, rtol=0.0, check_error_stat="elemwise"), 3.0),
+        (Tolerance(atol=0.0, rtol=1.0, check_error_stat="elemwise"), 3.0 / 4.0),
+        (Tolerance(simple=False, psnr_threshold=30.0), 3.0),  # the mean square error
+    ],
+)
+def test_the_error_is_the_statistic_the_outputs_tolerance_judges(tol, expected):
+    ref = np.array([1.0, 2.0, 4.0], np.float32)
+    out = ref + np.array([0.0, 0.0, 3.0], np.float32)
+    assert output_error(out, ref, tol) == pytest.approx(expected)
+    assert output_error(np.array([np.inf, 2, 4], np.float32), ref, tol) == np.inf
+
+
+def test_each_failing_output_counts_alike_and_ties_keep_the_maps_order():
+    errors = {
+        0: {"a": 1.0, "b": 0.0},
+        1: {"a": 0.0, "b": 1e-3},  # as bad on b as 0 is on a: b's scale is not a's
+        2: {"a": 0.5, "b": 0.0},
+        3: {"a": 0.0, "b": 0.0},
+        4: {"a": 0.0, "b": 0.0},
+    }
+    assert rank_alone([4, 3, 1, 0, 2], errors, ["a", "b"]) == [1, 0, 2, 4, 3]
+    assert rank_alone([0, 2], errors, ["a"]) == [0, 2]
+    errors[2]["a"] = np.inf  # an inf alone outranks every finite error
+    assert rank_alone([0, 2], errors, ["a"]) == [2, 0]
+
+
+def test_where_the_error_map_ranks_no_suspect_the_search_grows_the_worst_alone_first(
+    tmp_path, models_dir, capsys
+):
+    """NAFNet with every tolerance exact: past the range analysis, every suspect's error
+    reaches the output through the same jump, so the map scores them alike; the growing's
+    first pin is the group whose rounding alone errs most, and the log and the summary say
+    how it was ranked."""
+    policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
+    assert _tune(policy, tmp_path / "t.yaml", "--budget", "12") in (0, 1)
+    log = [json.loads(x) for x in (tmp_path / "t.log.jsonl").read_text().splitlines()]
+    grow = next(t for t in log if t["action"].startswith("grow"))
+    assert "scores its 24 suspects alike: ranked by each one's error alone" in grow["ranking"]
+    assert [t for t in log if "ranking" in t] == [grow]
+    assert "ranked by each one's error alone at shape (24 runs" in capsys.readouterr().out
+    strict = front_mod.run_front(load_policy(policy))
+    found = groups(strict, "nodes")
+    (first,) = set(grow["pinned_groups"]) - set(log[0]["pinned_groups"])
+    rest = [k for k, g in enumerate(found) if g.label not in log[0]["pinned_groups"]]
+    alone = errors_alone(strict, found, rest, "fp16", 0)
+    outputs = sorted(log[0]["max_abs"])  # both fail at the start
+    ranked = rank_alone(rest, alone, outputs)
+    assert first == found[ranked[0]].label
+    # not the map's tie-break (the group nearest the outputs): the ranking decided
+    assert ranked[0] != max(rest, key=lambda k: max(found[k].nodes))
