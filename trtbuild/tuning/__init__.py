@@ -15,7 +15,8 @@ The search, top to bottom (`groups`, `pool`, `search`, `output`):
 3. grow: while the candidate fails, an overflow (the first tensor the emulation
    turns non-finite) pins its own group, or the nearest one upstream; otherwise
    one emulated run beside the reference ranks the groups on the failing
-   outputs' paths by where the error jumps (and what such a jump amplifies),
+   outputs' paths by where the error jumps (and what such a jump amplifies);
+   where it scores them all alike, each one's error alone ranks them (`alone`);
    the search pins 1, 2, 4, ... of the most suspect until a candidate passes,
    and halves back to the shortest passing run;
 4. shrink (delta debugging): unpin chunks of the pinned groups, costliest first,
