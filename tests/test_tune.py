@@ -268,6 +268,7 @@ def test_a_pin_no_overflow_names_is_found_first_by_the_error_map(tmp_path, real_
     # one emulated run's error map ranks the convolution whose error jumps first among 277
     # groups: no halving of all of them (that took 12 evaluations), and no set judged twice
     assert [t["action"] for t in log] == ["start: policy rules only", "grow: pin node p2o.Conv.1"]
+    assert not [t for t in log if "ranking" in t]  # the map ranks: no run of each group alone
 
 
 def test_ppocrv4_det_lists_its_squeeze_excitation_pools_at_risk(example_policy, capsys):

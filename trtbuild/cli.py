@@ -623,8 +623,8 @@ def _cmd_tune(args) -> int:
     result = tuned.search
     log = args.log or args.output.with_name(args.output.stem + ".log.jsonl")
     tuning.write_log(log, result)
-    for _, note in result.rankings:
-        print(f"  {note}")
+    for ranking in result.rankings:
+        print(f"  {ranking.note}, in {ranking.seconds:.1f} s")
     for k in result.pinned:
         print(f"  pinned {result.groups[k].label}: {result.reasons[k]}")
     verdict = "passes" if result.passed else "DOES NOT PASS"

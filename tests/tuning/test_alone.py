@@ -8,14 +8,49 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import plain_session
+from tests.helpers import F, model, node, plain_session
 from tests.test_tune import _strict, _tune, _without_rules
 from trtbuild import front as front_mod
 from trtbuild.accuracy.sessions import REFERENCE
+from trtbuild.graph.view import GraphView
 from trtbuild.policy import load_policy
 from trtbuild.policy.specs import Tolerance
 from trtbuild.tuning import groups
-from trtbuild.tuning.alone import GATE, errors_alone, gated_model, output_error, rank_alone
+from trtbuild.tuning.alone import (
+    GATE,
+    errors_alone,
+    gated_model,
+    output_error,
+    rank_alone,
+    stores,
+)
+
+STRICT = """version: 1
+model: m.onnx
+inputs:
+  x: {shape: [1, 4], data: {distribution: uniform, low: 0.5, high: 2.0}}
+precision: {default: %s, rules: []}
+build: {backend: none}
+accuracy:
+  samples: 1
+  tolerances:
+    default: {atol: 0.0, rtol: 0.0, check_error_stat: max}
+"""
+
+
+def _small(tmp_path, m: onnx.ModelProto, low: str = "fp16"):
+    """`m` with a strict policy in `tmp_path`: its front half, and its groups."""
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(STRICT % low)
+    front = front_mod.run_front(load_policy(tmp_path / "p.yaml"))
+    return front, groups(front, "nodes")
+
+
+def _round(a: np.ndarray, low: str) -> np.ndarray:
+    import ml_dtypes
+
+    kind = np.float16 if low == "fp16" else ml_dtypes.bfloat16
+    return a.astype(np.float32).astype(kind).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +118,8 @@ def test_each_failing_output_counts_alike_and_ties_keep_the_maps_order():
     assert rank_alone([0, 2], errors, ["a"]) == [0, 2]
     errors[2]["a"] = np.inf  # an inf alone outranks every finite error
     assert rank_alone([0, 2], errors, ["a"]) == [2, 0]
+    # a group not measured (inside a body) is not ranked below those measured
+    assert rank_alone([0, 7, 2], errors, ["a"]) == [7, 2, 0]
 
 
 def test_where_the_error_map_ranks_no_suspect_the_search_grows_the_worst_alone_first(
@@ -109,3 +146,75 @@ def test_where_the_error_map_ranks_no_suspect_the_search_grows_the_worst_alone_f
     assert first == found[ranked[0]].label
     # not the map's tie-break (the group nearest the outputs): the ranking decided
     assert ranked[0] != max(rest, key=lambda k: max(found[k].nodes))
+
+
+@pytest.mark.parametrize("low", ["fp16", "bf16"])
+def test_a_gate_stores_its_nodes_inputs_weights_and_outputs_as_a_candidate_would(tmp_path, low):
+    """y = (x * w) + b, the Mul alone in the low precision: its graph input and its weight
+    are stored there on the way in, its product on the way out; the Add stays FP32."""
+    w = np.array([[3.0001, 1.0007, 0.3333, 7.77]], np.float32)
+    b = np.array([[1e-3, 2e-3, 3e-3, 4e-3]], np.float32)
+    m = model(
+        [node("Mul", ["x", "w"], "a", "mul"), node("Add", ["a", "b"], "y", "add")],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"w": w, "b": b},
+    )
+    front, found = _small(tmp_path, m, low)
+    mul = next(k for k, g in enumerate(found) if g.names == ("mul",))
+    gated = gated_model(front, found, range(len(found)), low)
+    x = np.array([[1.0001, 1.2345, 0.777, 1.9999]], np.float32)
+    y = _run_feed(gated, {"x": x}, {mul})
+    rx, rw = _round(x, low), _round(w, low)
+    expected = _round(rx * rw, low) + b
+    np.testing.assert_array_equal(y, expected)
+    if low == "fp16":  # each store matters with these values: leaving one out shows
+        for without in (_round(x * rw, low), _round(rx * w, low), rx * rw):
+            assert not np.array_equal(without + b, expected)
+    np.testing.assert_array_equal(_run_feed(gated, {"x": x}, set()), x * w + b)
+
+
+def _run_feed(gated: onnx.ModelProto, feed: dict, on: set[int]) -> np.ndarray:
+    session = plain_session(gated)
+    for i in session.get_inputs():
+        if i.name.startswith(GATE.format("")):
+            feed[i.name] = np.array(int(i.name.rsplit("_", 1)[1]) in on)
+    return session.run(["y"], feed)[0]
+
+
+def test_a_value_read_twice_is_stored_once_and_a_resizes_scales_never(tmp_path):
+    c = np.array([[0.1, 0.2, 0.3, 0.4]], np.float32)
+    m = model(
+        [node("Sum", ["x", "c", "c"], "s", "sum"), node("Relu", ["s"], "y", "relu")],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"c": c},
+    )
+    front, found = _small(tmp_path, m)
+    k = next(k for k, g in enumerate(found) if g.names == ("sum",))
+    x = np.array([[1.0001, 1.2345, 0.777, 1.9999]], np.float32)
+    y = _run_feed(gated_model(front, found, [k], "fp16"), {"x": x}, {k})
+    np.testing.assert_array_equal(y, _round(_round(x, "fp16") + 2 * _round(c, "fp16"), "fp16"))
+    resize = model(
+        [node("Resize", ["x", "", "scales"], "y", "resize", mode="linear")],
+        [("x", F, [1, 1, 3, 3])],
+        [("y", F, [1, 1, 4, 4])],
+        {"scales": np.array([1, 1, 4 / 3, 4 / 3], np.float32)},
+    )
+    assert stores(GraphView(resize), 0, onnx.TensorProto.FLOAT16) == ([0], [0])
+
+
+def test_below_opset_9_the_suspects_keep_the_maps_order(tmp_path, capsys):
+    """No `Where` to gate with: `tune` ranks as before and says why, never fails for it."""
+    w = np.array([[3.0001, 1.0007, 0.3333, 7.77]], np.float32)
+    m = model(
+        [node("Mul", ["x", "w"], "a", "mul"), node("Sigmoid", ["a"], "y", "sigmoid")],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"w": w},
+        opset=8,
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(STRICT % "fp16")
+    assert _tune(tmp_path / "p.yaml", tmp_path / "t.yaml") == 0
+    assert "could not rank them alone (opset 8 has no Where)" in capsys.readouterr().out

@@ -5,17 +5,17 @@ final sigmoid amplifies every feature's rounding alike), no tensor's error jumps
 but the last, and the error map scores every suspect the same: the growing then
 pins nearly every group before a candidate passes, and the shrink unpins them
 again one chunk after another (modnet: 66 of 69 groups grown, 68 evaluations).
-Rounding one group alone, every other in FP32, measures what that group adds to
-the failing outputs' error; the groups that add most are what a passing
-candidate needs first (modnet: 24 evaluations, and more of it in FP16).
+Storing one group alone in the low precision, every other in FP32, measures what
+that group adds to the failing outputs' error; the groups that add most are what
+a passing candidate needs first (modnet: 27 evaluations, and more of it in FP16).
 
 Why one session: a candidate per group (converted, emulated, a session each) cost
-28 s on modnet's 69 groups. Here each group's storage rounding sits behind a
-boolean input of its own, so one session runs every group in turn at the
-cheapest point (69 runs in about 2 s). It only orders the suspects, and every
-verdict still comes from the judge: where this rounding differs from the
-emulation (a body's nodes stay FP32, `strict`'s stored sums are not rounded),
-only the order can change, never what passes.
+28 s on modnet's 69 groups. Here each group's stores sit behind a boolean input
+of its own, so one session runs every suspect in turn at the cheapest point
+(modnet's 67 in about 2 s). It only orders the suspects, and every verdict still
+comes from the judge: where these stores differ from the emulation's (a body's
+nodes and an op of unknown schema are not stored; `strict`'s stored sums are
+not either), only the order can change, never what passes.
 """
 
 from __future__ import annotations
@@ -28,51 +28,96 @@ from onnx import TensorProto, helper
 
 from trtbuild.front import Front
 from trtbuild.graph.optypes import PRECISION_DTYPE
+from trtbuild.graph.view import GraphView
 from trtbuild.policy.specs import Tolerance
 from trtbuild.tuning.groups import Group
 
 # The boolean input that rounds group k's tensors (a name no exporter writes).
 GATE = "__trtbuild_alone_{}"
+# `Where`, which the gates select with, is in ONNX from opset 9.
+MIN_OPSET = 9
+
+
+class _Gated:
+    """The gated graph, node by node: a member's node reads its inputs and writes its
+    outputs stored in the low precision when its gate is on, as the candidate with that
+    node alone in it would (`stores`)."""
+
+    def __init__(self, front: Front, to: int, gate_of: dict[int, str]):
+        self.view, self.to, self.gate_of = front.view, to, gate_of
+        self.nodes: list[onnx.NodeProto] = []
+
+    def stored(self, src: str, dst: str, gate: str) -> None:
+        half, back = f"{dst}__store", f"{dst}__load"
+        self.nodes.append(helper.make_node("Cast", [src], [half], name=half, to=self.to))
+        self.nodes.append(helper.make_node("Cast", [half], [back], name=back, to=TensorProto.FLOAT))
+        self.nodes.append(helper.make_node("Where", [gate, back, src], [dst], name=f"{dst}__gate"))
+
+    def add(self, i: int) -> None:
+        gate, view = self.gate_of.get(i), self.view
+        if gate is None:
+            self.nodes.append(view.nodes[i])
+            return
+        node = onnx.NodeProto()
+        node.CopyFrom(view.nodes[i])
+        ins, outs = stores(view, i, self.to)
+        copies: dict[str, str] = {}  # a value read twice is rounded once
+        for k in ins:
+            name = node.input[k]
+            if self.gate_of.get(view.producer.get(name, -1)) == gate:
+                continue  # stored already, by its producer in the same group
+            if name not in copies:
+                copies[name] = f"{name}__alone{i}"
+                self.stored(name, copies[name], gate)
+            node.input[k] = copies[name]
+        for k in outs:
+            node.output[k] = f"{node.output[k]}__alone_raw"
+        self.nodes.append(node)
+        for k in outs:
+            self.stored(node.output[k], view.nodes[i].output[k], gate)
+
+
+def stores(view: GraphView, i: int, to: int) -> tuple[list[int], list[int]]:
+    """The input and output slots of node `i` that a candidate with it in the low precision
+    `to` stores there: its FP32 values whose type variable allows `to` (not a Resize's
+    scales, which stay FP32: rounded, they could change a shape), a Cast's output only;
+    none of an op whose schema is unknown, which the conversion leaves as it is."""
+    node, types = view.nodes[i], view.types(i)
+    if not types.known:
+        return [], []
+    fp32 = lambda t: bool(t) and view.dtype.get(t) == TensorProto.FLOAT  # noqa: E731
+    cast = node.op_type == "Cast"
+    ins = [
+        k
+        for k, t in enumerate(node.input)
+        if not cast and fp32(t) and types.is_var(types.input_var(k))
+        and types.allows(types.input_var(k), to)
+    ]  # fmt: skip
+    outs = [
+        k
+        for k, t in enumerate(node.output)
+        if fp32(t) and (cast or types.allows(types.output_var(k), to))
+    ]
+    return ins, outs
 
 
 def gated_model(
     front: Front, groups_: list[Group], members: Sequence[int], low: str
-) -> onnx.ModelProto:
-    """The prepared FP32 graph with each member group's FP32 outputs and weights stored in
-    `low` when its gate input (`GATE`) is true, kept as they are when false."""
-    view, to = front.view, PRECISION_DTYPE[low]
+) -> onnx.ModelProto | None:
+    """The prepared FP32 graph with each member group's values stored in `low` when its gate
+    input (`GATE`) is true, kept as they are when false; None below `MIN_OPSET`. A body's
+    nodes are not gated (their group is not measured)."""
+    view = front.view
+    if view.opset < MIN_OPSET:
+        return None
     gate_of = {i: GATE.format(k) for k in members for i in groups_[k].nodes if not view.scope[i]}
-    nodes: list[onnx.NodeProto] = []
-
-    def stored(src: str, dst: str, gate: str) -> None:
-        half, back = f"{dst}__store", f"{dst}__load"
-        nodes.append(helper.make_node("Cast", [src], [half], name=half, to=to))
-        nodes.append(helper.make_node("Cast", [half], [back], name=back, to=TensorProto.FLOAT))
-        nodes.append(helper.make_node("Where", [gate, back, src], [dst], name=f"{dst}__gate"))
-
+    gated = _Gated(front, PRECISION_DTYPE[low], gate_of)
     for i in view.top:
-        gate = gate_of.get(i)
-        if gate is None:
-            nodes.append(view.nodes[i])
-            continue
-        node = onnx.NodeProto()
-        node.CopyFrom(view.nodes[i])
-        for j, name in enumerate(node.input):
-            if name in view.initializers and view.dtype.get(name) == TensorProto.FLOAT:
-                node.input[j] = f"{name}__alone{i}"
-                stored(name, node.input[j], gate)
-        rounded = []
-        for j, name in enumerate(node.output):
-            if name and view.dtype.get(name) == TensorProto.FLOAT:
-                node.output[j] = f"{name}__alone_raw"
-                rounded.append(name)
-        nodes.append(node)
-        for name in rounded:
-            stored(f"{name}__alone_raw", name, gate)
+        gated.add(i)
     model = onnx.ModelProto()
     model.CopyFrom(front.prepared.model)
     del model.graph.node[:]
-    model.graph.node.extend(nodes)
+    model.graph.node.extend(gated.nodes)
     for gate in sorted(set(gate_of.values())):
         model.graph.input.append(helper.make_tensor_value_info(gate, TensorProto.BOOL, []))
     return model
@@ -80,27 +125,31 @@ def gated_model(
 
 def errors_alone(
     front: Front, groups_: list[Group], members: Sequence[int], low: str, point: int
-) -> dict[int, dict[str, float]]:
-    """Each member group's error on every float output, that group alone in `low`: one run
-    per group at `point` (an index into `front.shapes`), on its first feed, against the
-    FP32 reference. The error is the output's tolerance's own statistic (`output_error`)."""
-    from trtbuild.accuracy.sessions import REFERENCE, plain_session, run_session
+) -> dict[int, dict[str, float]] | None:
+    """Each member group's error on every FP32 output, that group alone in `low`: one run per
+    group at `point` (an index into `front.shapes`), on its first feed, against the graph's
+    own FP32 outputs (those of the quantized graph where the policy names a
+    `reference_model`: what the gates-off run computes). The error is the statistic of the
+    output's tolerance (`output_error`). A group with no node outside a body is left out
+    (nothing of it is gated); None where the graph cannot be gated (`gated_model`)."""
+    from trtbuild.accuracy.sessions import REFERENCE, lean_session, run_session
 
+    model = gated_model(front, groups_, members, low)
+    if model is None:
+        return None
     run = front.shapes[point]
-    reference = run.reference.run_results[REFERENCE][0]
+    own = run.reference.graph_results
+    reference = (run.reference.run_results if own is None else own)[REFERENCE][0]
     outputs = [n for n in front.view.outputs if front.view.dtype.get(n) == TensorProto.FLOAT]
-    session = plain_session(gated_model(front, groups_, members, low).SerializeToString())
+    session = lean_session(model.SerializeToString())
     gates = {i.name for i in session.get_inputs() if i.name.startswith(GATE.format(""))}
     off = {g: np.array(False) for g in gates}
     tolerance = front.policy.accuracy.tolerance
+    measured = [k for k in members if GATE.format(k) in gates]
     found: dict[int, dict[str, float]] = {}
-    for k in members:
-        gate = GATE.format(k)
-        if gate not in gates:  # every node of it in a body: nothing of it rounded here
-            found[k] = dict.fromkeys(outputs, 0.0)
-            continue
-        feed = {**run.feeds[0], **off, gate: np.array(True)}
-        values = run_session(session, outputs, feed, shrink=False)
+    for n, k in enumerate(measured):
+        feed = {**run.feeds[0], **off, GATE.format(k): np.array(True)}
+        values = run_session(session, outputs, feed, shrink=n == len(measured) - 1)
         found[k] = {
             name: output_error(value, np.asarray(reference[name]), tolerance(name))
             for name, value in zip(outputs, values)
@@ -109,10 +158,12 @@ def errors_alone(
 
 
 def output_error(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> float:
-    """The statistic `tol` judges an output by, of its error against `ref` (larger is worse):
-    the error's max, mean, median or quantile; elementwise, the largest error over what
-    atol and rtol allow there; for a PSNR, SNR or cosine threshold alone, the mean square
-    error (each is monotonic in it for a given reference). Non-finite: inf."""
+    """The error statistic `tol` judges an output by, against `ref` (larger is worse): a
+    proxy that orders candidates as the check would, not the check itself. The absolute
+    error's max, mean, median or quantile (Polygraphy fails such a check only where the
+    relative one fails too); elementwise, the largest error over what atol or rtol
+    allows there; for a PSNR, SNR or cosine threshold alone, the mean square error (PSNR
+    and SNR fall as it grows; cosine similarity mostly does). Non-finite: inf."""
     err = np.abs(out.astype(np.float64) - ref.astype(np.float64))
     if err.size == 0:
         return 0.0
@@ -122,9 +173,11 @@ def output_error(out: np.ndarray, ref: np.ndarray, tol: Tolerance) -> float:
         return float(np.mean(err**2))
     stat = tol.check_error_stat
     if stat == "elemwise":
-        return float(np.max(err / (tol.atol + tol.rtol * np.abs(ref) + 1e-30)))
+        allowed = np.maximum(tol.atol, tol.rtol * np.abs(ref.astype(np.float64)))
+        return float(np.max(err / np.maximum(allowed, 1e-30)))
     if stat == "quantile":
-        return float(np.quantile(err, tol.error_quantile or 0.5))
+        q = tol.error_quantile
+        return float(np.quantile(err, 0.5 if q is None else q))
     return float({"max": np.max, "mean": np.mean, "median": np.median}[stat](err))
 
 
@@ -133,9 +186,16 @@ def rank_alone(
 ) -> list[int]:
     """`order` by what each group adds alone to the failing `outputs`, most first: each
     output's error scaled by its largest among the groups (so each output counts alike),
-    summed; ties keep `order`'s order."""
-    peak = {o: max((errors[k].get(o, 0.0) for k in order), default=0.0) for o in outputs}
-    score = {k: sum(_share(errors[k].get(o, 0.0), peak[o]) for o in outputs) for k in order}
+    summed. A group not measured (`errors_alone` left it out) is not ranked below those
+    that were: it comes first. Ties keep `order`'s order."""
+    measured = [errors[k] for k in order if k in errors]
+    peak = {o: max((e.get(o, 0.0) for e in measured), default=0.0) for o in outputs}
+    score = {
+        k: sum(_share(errors[k].get(o, 0.0), peak[o]) for o in outputs)
+        if k in errors
+        else float("inf")
+        for k in order
+    }
     position = {k: n for n, k in enumerate(order)}
     return sorted(order, key=lambda k: (-score[k], position[k]))
 

@@ -117,7 +117,7 @@ def write_log(path: Path, result: SearchResult) -> None:
     from trtbuild.fsutil import write_text
 
     rows = []
-    ranked = {after + 1: note for after, note in result.rankings}
+    ranked = {r.after + 1: r.note for r in result.rankings}
     for t in result.trials:
         rows.append(
             json.dumps(

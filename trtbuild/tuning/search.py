@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from trtbuild.front import Front
 from trtbuild.graph.qdq import is_qdq
@@ -63,6 +63,14 @@ class Trial:
     points: tuple[str, ...] = ()  # the points judged, in order: a failure stops the walk
 
 
+class Ranking(NamedTuple):
+    """How the growing ranked its suspects, where the error map ranked none (`alone`)."""
+
+    after: int  # the trials recorded before it: the log says it on the next one
+    note: str  # the same whatever the machine: the log is the same whatever `jobs` is
+    seconds: float
+
+
 @dataclass
 class SearchResult:
     """What `tune` found, and what it cost."""
@@ -84,9 +92,8 @@ class SearchResult:
     exhausted: bool = False
     points: int = 1  # the points of the input space a candidate is judged at
     rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
-    # how the growing ranked its suspects where the error map ranked none: (the trials
-    # recorded before that ranking, what it did)
-    rankings: list[tuple[int, str]] = field(default_factory=list)
+    # how the growing ranked its suspects where the error map ranked none
+    rankings: list[Ranking] = field(default_factory=list)
 
     @property
     def costliest_point(self) -> str | None:
@@ -239,7 +246,7 @@ class Search:
         )
         self.exhausted = False  # set where the search wanted a verdict the budget lacked
         self.alone: dict[int, dict[str, float]] = {}  # group -> output -> its error alone
-        self.rankings: list[tuple[int, str]] = []  # (trials recorded before it, what ranked)
+        self.rankings: list[Ranking] = []
 
     def precision(self, pinned: list[int]) -> Precision:
         return candidate_precision(self.front.policy.precision, self.groups, pinned, self.names)
@@ -337,21 +344,35 @@ def _suspects(search: Search, failing: TrialOutcome, rest: list[int]) -> list[in
     view, outputs = search.front.view, failing.failed_outputs
     score = suspicion(view, search.groups, rest, errors, outputs, search.low)
     order = suspects(score, search.groups)
-    if len(order) < 2 or len(set(score.values())) > 1:
+    first = next(iter(score.values()), 0.0)
+    if len(order) < 2 or any(not math.isclose(v, first, rel_tol=1e-9) for v in score.values()):
         return order
+    return _ranked_alone(search, order, outputs)
+
+
+def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) -> list[int]:
+    """`order` ranked by each group's error alone (`alone`), at the cheapest point; where
+    the graph cannot be gated or run so, `order` as it is: a ranking never stops `tune`."""
     started = time.perf_counter()
     todo = [k for k in order if k not in search.alone]
     point = min(range(len(search.walk.sizes)), key=lambda k: (search.walk.sizes[k], k))
-    if todo:
-        search.alone.update(errors_alone(search.front, search.groups, todo, search.low, point))
-    name = search.front.shapes[point].point.name
-    search.rankings.append(
-        (
-            len(search.trials),
-            f"the error map scores its {len(order)} suspects alike: ranked by each one's "
-            f"error alone at {name} ({len(todo)} runs, {time.perf_counter() - started:.1f} s)",
-        )
+    alike = f"the error map scores its {len(order)} suspects alike"
+    try:
+        found = errors_alone(search.front, search.groups, todo, search.low, point) if todo else {}
+        why = f"opset {search.front.view.opset} has no Where" if found is None else ""
+    except Exception as exc:  # ONNX Runtime's own errors, any of them: the map's order stands
+        found, why = None, f"{type(exc).__name__}: {(str(exc) or '?').splitlines()[0][:160]}"
+    if found is None:
+        note = f"{alike}, and could not rank them alone ({why}): nearest the outputs first"
+        search.rankings.append(Ranking(len(search.trials), note, time.perf_counter() - started))
+        return order
+    search.alone.update(found)
+    blind = sum(1 for k in order if k not in search.alone)
+    where = search.front.shapes[point].point.name
+    note = f"{alike}: ranked by each one's error alone at {where} ({len(found)} runs)" + (
+        f"; {blind} inside control-flow bodies, not measured, first" if blind else ""
     )
+    search.rankings.append(Ranking(len(search.trials), note, time.perf_counter() - started))
     return rank_alone(order, search.alone, outputs)
 
 
