@@ -16,8 +16,10 @@ from trtbuild.graph.view import GraphView
 from trtbuild.policy import load_policy
 from trtbuild.policy.specs import Tolerance
 from trtbuild.tuning import groups
+from trtbuild.tuning import search as search_mod
 from trtbuild.tuning.alone import (
     GATE,
+    MOST_ALONE,
     errors_alone,
     gated_model,
     output_error,
@@ -122,36 +124,42 @@ def test_each_failing_output_counts_alike_and_ties_keep_the_maps_order():
     assert rank_alone([0, 7, 2], errors, ["a"]) == [7, 2, 0]
 
 
+@pytest.mark.parametrize("ranked", [24, 11])
 def test_where_the_error_map_ranks_no_suspect_the_search_grows_the_worst_alone_first(
-    tmp_path, models_dir, capsys
+    ranked, tmp_path, models_dir, capsys, monkeypatch
 ):
     """NAFNet with every tolerance exact: past the range analysis, every suspect's error
     reaches the output through the same jump, so the map scores them alike; the growing's
     first pin is the group whose rounding alone errs most, and the log and the summary say
-    how it was ranked."""
+    how it was ranked. With more suspects than `MOST_ALONE`, only that many are run, the
+    nearest the outputs."""
+    monkeypatch.setattr(search_mod, "MOST_ALONE", min(ranked, MOST_ALONE))
     policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
     assert _tune(policy, tmp_path / "t.yaml", "--budget", "12") in (0, 1)
     log = [json.loads(x) for x in (tmp_path / "t.log.jsonl").read_text().splitlines()]
     grow = next(t for t in log if t["action"].startswith("grow"))
-    assert "scores its 24 suspects alike: ranked by each one's error alone" in grow["ranking"]
     assert [t for t in log if "ranking" in t] == [grow]
-    assert "ranked by each one's error alone at shape (24 runs" in capsys.readouterr().out
+    assert "the error map scores its 24 suspects alike: ranked " in grow["ranking"]
+    assert f"by each one's error alone at shape ({ranked} runs)" in grow["ranking"]
+    assert ("the other" in grow["ranking"]) == (ranked < 24)
+    assert grow["ranking"] in capsys.readouterr().out
     strict = front_mod.run_front(load_policy(policy))
     found = groups(strict, "nodes")
     (first,) = set(grow["pinned_groups"]) - set(log[0]["pinned_groups"])
     rest = [k for k, g in enumerate(found) if g.label not in log[0]["pinned_groups"]]
-    alone = errors_alone(strict, found, rest, "fp16", 0)
+    in_order = sorted(rest, key=lambda k: -max(found[k].nodes))  # the map's: all alike
+    head = in_order[:ranked]
     outputs = sorted(log[0]["max_abs"])  # both fail at the start
-    ranked = rank_alone(rest, alone, outputs)
-    assert first == found[ranked[0]].label
-    # not the map's tie-break (the group nearest the outputs): the ranking decided
-    assert ranked[0] != max(rest, key=lambda k: max(found[k].nodes))
+    best = rank_alone(head, errors_alone(strict, found, head, "fp16", 0), outputs)[0]
+    assert first == found[best].label
+    assert best != in_order[0]  # not the map's tie-break: the ranking decided
 
 
 @pytest.mark.parametrize("low", ["fp16", "bf16"])
-def test_a_gate_stores_its_nodes_inputs_weights_and_outputs_as_a_candidate_would(tmp_path, low):
+def test_a_gate_stores_what_pinning_its_group_keeps_in_fp32(tmp_path, low):
     """y = (x * w) + b, the Mul alone in the low precision: its graph input and its weight
-    are stored there on the way in, its product on the way out; the Add stays FP32."""
+    are stored there on the way in, its product on the way out; the Add stays FP32. The
+    Add alone stores its weight and its sum, not the product it reads."""
     w = np.array([[3.0001, 1.0007, 0.3333, 7.77]], np.float32)
     b = np.array([[1e-3, 2e-3, 3e-3, 4e-3]], np.float32)
     m = model(
@@ -172,6 +180,10 @@ def test_a_gate_stores_its_nodes_inputs_weights_and_outputs_as_a_candidate_would
         for without in (_round(x * rw, low), _round(rx * w, low), rx * rw):
             assert not np.array_equal(without + b, expected)
     np.testing.assert_array_equal(_run_feed(gated, {"x": x}, set()), x * w + b)
+    # the Add alone: the product it reads is the Mul's, stored by the Mul pinned or not
+    add = next(k for k, g in enumerate(found) if g.names == ("add",))
+    y = _run_feed(gated, {"x": x}, {add})
+    np.testing.assert_array_equal(y, _round(x * w + _round(b, low), low))
 
 
 def _run_feed(gated: onnx.ModelProto, feed: dict, on: set[int]) -> np.ndarray:

@@ -7,7 +7,7 @@ pins nearly every group before a candidate passes, and the shrink unpins them
 again one chunk after another (modnet: 66 of 69 groups grown, 68 evaluations).
 Storing one group alone in the low precision, every other in FP32, measures what
 that group adds to the failing outputs' error; the groups that add most are what
-a passing candidate needs first (modnet: 27 evaluations, and more of it in FP16).
+a passing candidate needs first (modnet: 24 evaluations, and more of it in FP16).
 
 Why one session: a candidate per group (converted, emulated, a session each) cost
 28 s on modnet's 69 groups. Here each group's stores sit behind a boolean input
@@ -36,12 +36,24 @@ from trtbuild.tuning.groups import Group
 GATE = "__trtbuild_alone_{}"
 # `Where`, which the gates select with, is in ONNX from opset 9.
 MIN_OPSET = 9
+# The most suspects a ranking runs alone, one run each at the cheapest point: a run costs
+# less than one evaluation (which converts, emulates and judges at every point), and a
+# model whose error map ranks nothing may have thousands of suspects.
+MOST_ALONE = 256
 
 
 class _Gated:
-    """The gated graph, node by node: a member's node reads its inputs and writes its
-    outputs stored in the low precision when its gate is on, as the candidate with that
-    node alone in it would (`stores`)."""
+    """The gated graph, node by node: with its gate on, a member's node stores in the low
+    precision what pinning it to FP32 keeps from being stored there (`stores`): its
+    outputs, its weights and the graph inputs it reads.
+
+    Why not the values other nodes make: the search starts from the candidate with every
+    group in the low precision and pins a few, so a value a node reads from another is
+    stored in the low precision by its producer whether or not that node is pinned. What
+    a group adds is what pinning it takes away (on modnet, storing every input of a
+    group too ranked its convolutions first: 27 evaluations and 83% of the FLOPs in FP16
+    under `--objective flops`, against 24 and 93%).
+    """
 
     def __init__(self, front: Front, to: int, gate_of: dict[int, str]):
         self.view, self.to, self.gate_of = front.view, to, gate_of
@@ -64,8 +76,8 @@ class _Gated:
         copies: dict[str, str] = {}  # a value read twice is rounded once
         for k in ins:
             name = node.input[k]
-            if self.gate_of.get(view.producer.get(name, -1)) == gate:
-                continue  # stored already, by its producer in the same group
+            if name in view.producer:
+                continue  # made by a node: stored by it, pinned or not (the class says why)
             if name not in copies:
                 copies[name] = f"{name}__alone{i}"
                 self.stored(name, copies[name], gate)

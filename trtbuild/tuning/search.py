@@ -25,7 +25,7 @@ from trtbuild.graph.qdq import is_qdq
 from trtbuild.numerics import LOW_MAX
 from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import assign
-from trtbuild.tuning.alone import errors_alone, rank_alone
+from trtbuild.tuning.alone import MOST_ALONE, errors_alone, rank_alone
 from trtbuild.tuning.groups import (
     Group,
     beyond_range,
@@ -352,9 +352,15 @@ def _suspects(search: Search, failing: TrialOutcome, rest: list[int]) -> list[in
 
 def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) -> list[int]:
     """`order` ranked by each group's error alone (`alone`), at the cheapest point; where
-    the graph cannot be gated or run so, `order` as it is: a ranking never stops `tune`."""
+    the graph cannot be gated or run so, `order` as it is: a ranking never stops `tune`.
+
+    At most `MOST_ALONE` suspects are run, the first of `order` (nearest the outputs);
+    the others follow as they are. A fixed number, not the budget left: a budget only
+    cuts a search short, it never changes the path it takes.
+    """
     started = time.perf_counter()
-    todo = [k for k in order if k not in search.alone]
+    ranked = order[:MOST_ALONE]
+    todo = [k for k in ranked if k not in search.alone]
     point = min(range(len(search.walk.sizes)), key=lambda k: (search.walk.sizes[k], k))
     alike = f"the error map scores its {len(order)} suspects alike"
     try:
@@ -367,13 +373,17 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
         search.rankings.append(Ranking(len(search.trials), note, time.perf_counter() - started))
         return order
     search.alone.update(found)
-    blind = sum(1 for k in order if k not in search.alone)
+    blind = sum(1 for k in ranked if k not in search.alone)
     where = search.front.shapes[point].point.name
-    note = f"{alike}: ranked by each one's error alone at {where} ({len(found)} runs)" + (
-        f"; {blind} inside control-flow bodies, not measured, first" if blind else ""
+    rest = len(order) - len(ranked)
+    note = (
+        f"{alike}: ranked {f'the {len(ranked)} nearest the outputs ' if rest else ''}"
+        f"by each one's error alone at {where} ({len(found)} runs)"
+        + (f"; {blind} inside control-flow bodies, not measured, first" if blind else "")
+        + (f"; the other {rest} after them (at most {MOST_ALONE} runs)" if rest else "")
     )
     search.rankings.append(Ranking(len(search.trials), note, time.perf_counter() - started))
-    return rank_alone(order, search.alone, outputs)
+    return rank_alone(ranked, search.alone, outputs) + order[len(ranked) :]
 
 
 def _ranking_errors(search: Search, failing: TrialOutcome) -> dict[str, float]:
