@@ -572,6 +572,22 @@ def test_external_data_outside_the_models_folder_is_refused_before_any_read(tmp_
     assert peak < 1 << 20, f"{peak} KiB"
 
 
+def test_a_tensor_marked_external_without_a_file_is_exit_2_naming_it(tmp_path, capsys):
+    """No `location` anywhere in the file: loading skips the external-data walks, and the
+    checker still names the tensor whose data would be elsewhere."""
+    import onnx
+
+    m = model(
+        [node("Add", ["x", "w"], "y", "add")], [("x", F, [2])], [("y", F, [2])], {"w": [1.0, 2.0]}
+    )
+    m.graph.initializer[0].data_location = onnx.TensorProto.EXTERNAL
+    m.graph.initializer[0].ClearField("raw_data")
+    onnx.save(m, tmp_path / "m.onnx")
+    assert b"location" not in (tmp_path / "m.onnx").read_bytes()
+    code = main(["prepare", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "p.onnx")])
+    _one_line(code, capsys.readouterr().err, "m.onnx", "tensor name: w)", "stored externally")
+
+
 def test_a_fifo_as_an_earlier_builds_record_does_not_hang_report(tmp_path):
     policy = _relu_policy(tmp_path)
     out = tmp_path / "out"
