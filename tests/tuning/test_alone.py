@@ -143,25 +143,46 @@ def test_where_the_error_map_ranks_no_suspect_the_search_grows_the_worst_alone_f
     assert f"by each one's error alone at shape ({ranked} runs)" in grow["ranking"]
     assert ("the other" in grow["ranking"]) == (ranked < 24)
     assert grow["ranking"] in capsys.readouterr().out
+    if ranked < 24:
+        assert f"ranked the {ranked} nearest the outputs by" in grow["ranking"]
+        assert f"the other {24 - ranked} after them (at most {ranked} runs)" in grow["ranking"]
     strict = front_mod.run_front(load_policy(policy))
-    found = groups(strict, "nodes")
+    search = search_mod.Search(strict, 12, "nodes", 0, 1)
+    found = search.groups
+    search.pinned = [k for k, g in enumerate(found) if g.label in log[0]["pinned_groups"]]
+    low_made = frozenset(  # what the start's candidate stores in FP16: its makers' values
+        t
+        for i, p in enumerate(search_mod._precisions(search, search.pinned))
+        if p == "fp16"
+        for t in strict.view.nodes[i].output
+    )
     (first,) = set(grow["pinned_groups"]) - set(log[0]["pinned_groups"])
-    rest = [k for k, g in enumerate(found) if g.label not in log[0]["pinned_groups"]]
+    rest = [k for k in range(len(found)) if k not in search.pinned]
     in_order = sorted(rest, key=lambda k: -max(found[k].nodes))  # the map's: all alike
     head = in_order[:ranked]
     outputs = sorted(log[0]["max_abs"])  # both fail at the start
-    best = rank_alone(head, errors_alone(strict, found, head, "fp16", 0), outputs)[0]
-    assert first == found[best].label
-    assert best != in_order[0]  # not the map's tie-break: the ranking decided
+    alone = errors_alone(strict, found, head, "fp16", 0, low_made)
+    best = rank_alone(head, alone, outputs)
+    assert first == found[best[0]].label
+    assert best[0] != in_order[0]  # not the map's tie-break: the ranking decided
+    longer = 0
+    for trial in log:  # past the ranked ones, the others follow in the map's order
+        grown = [k for k in rest if found[k].label in trial["pinned_groups"]]
+        if trial["action"].startswith("grow") and len(grown) > ranked:
+            assert set(grown) == {*best, *in_order[ranked : len(grown)]}
+            longer += 1
+    assert longer or ranked == 24
 
 
 @pytest.mark.parametrize("low", ["fp16", "bf16"])
 def test_a_gate_stores_what_pinning_its_group_keeps_in_fp32(tmp_path, low):
-    """y = (x * w) + b, the Mul alone in the low precision: its graph input and its weight
-    are stored there on the way in, its product on the way out; the Add stays FP32. The
-    Add alone stores its weight and its sum, not the product it reads."""
+    """y = (x * w) + b, every node low in the candidate: the Mul alone stores its graph
+    input and its weight on the way in, its product on the way out, and the Add stays
+    FP32; the Add alone stores its weight and its sum, not the product, which the Mul
+    stores pinned or not. With the Mul made FP32 (pinned), the Add reads its product
+    through its own store."""
     w = np.array([[3.0001, 1.0007, 0.3333, 7.77]], np.float32)
-    b = np.array([[1e-3, 2e-3, 3e-3, 4e-3]], np.float32)
+    b = np.array([[-0.00731917, -0.00193774, -0.00593089, -0.00475373]], np.float32)
     m = model(
         [node("Mul", ["x", "w"], "a", "mul"), node("Add", ["a", "b"], "y", "add")],
         [("x", F, [1, 4])],
@@ -170,20 +191,23 @@ def test_a_gate_stores_what_pinning_its_group_keeps_in_fp32(tmp_path, low):
     )
     front, found = _small(tmp_path, m, low)
     mul = next(k for k, g in enumerate(found) if g.names == ("mul",))
-    gated = gated_model(front, found, range(len(found)), low)
+    add = next(k for k, g in enumerate(found) if g.names == ("add",))
+    gated = gated_model(front, found, range(len(found)), low, frozenset({"a", "y"}))
     x = np.array([[1.0001, 1.2345, 0.777, 1.9999]], np.float32)
     y = _run_feed(gated, {"x": x}, {mul})
-    rx, rw = _round(x, low), _round(w, low)
+    rx, rw, rb = _round(x, low), _round(w, low), _round(b, low)
     expected = _round(rx * rw, low) + b
     np.testing.assert_array_equal(y, expected)
     if low == "fp16":  # each store matters with these values: leaving one out shows
         for without in (_round(x * rw, low), _round(rx * w, low), rx * rw):
             assert not np.array_equal(without + b, expected)
     np.testing.assert_array_equal(_run_feed(gated, {"x": x}, set()), x * w + b)
-    # the Add alone: the product it reads is the Mul's, stored by the Mul pinned or not
-    add = next(k for k, g in enumerate(found) if g.names == ("add",))
-    y = _run_feed(gated, {"x": x}, {add})
-    np.testing.assert_array_equal(y, _round(x * w + _round(b, low), low))
+    alone = _round(x * w + rb, low)
+    np.testing.assert_array_equal(_run_feed(gated, {"x": x}, {add}), alone)
+    pinned = gated_model(front, found, [add], low, frozenset({"y"}))  # the Mul made FP32
+    through = _round(_round(x * w, low) + rb, low)
+    np.testing.assert_array_equal(_run_feed(pinned, {"x": x}, {add}), through)
+    assert low == "bf16" or not np.array_equal(alone, through)
 
 
 def _run_feed(gated: onnx.ModelProto, feed: dict, on: set[int]) -> np.ndarray:

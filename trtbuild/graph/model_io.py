@@ -79,15 +79,12 @@ def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.Mod
     path = Path(path)
     check_model_file(path, what=what)
     try:
-        raw = path.read_bytes()
-        model = onnx.load_model_from_string(raw)
-        # every external-data entry names its file under this key: without it, no tensor's
-        # data is elsewhere (one marked so anyway is the checker's, below), and the two
-        # walks over every tensor are spared (~0.06 s on a 10k-node model)
-        if b"location" in raw:
+        model = onnx.load(str(path), load_external_data=False)  # any format onnx reads
+        # one walk over every tensor: where none keeps its data in a file (most models),
+        # onnx's loader, a second walk, has nothing to load (~0.02 s on 10k nodes)
+        if next(external_tensors(model), None) is not None:
             _check_external_data(model, path)  # before any byte of it is read
             onnx.load_external_data_for_model(model, str(path.parent))
-        del raw
     except UsageError:
         raise
     except Exception as exc:  # protobuf raises DecodeError, onnx raises ValueError/OSError

@@ -15,7 +15,8 @@ of its own, so one session runs every suspect in turn at the cheapest point
 (modnet's 67 in about 2 s). It only orders the suspects, and every verdict still
 comes from the judge: where these stores differ from the emulation's (a body's
 nodes and an op of unknown schema are not stored; `strict`'s stored sums are
-not either), only the order can change, never what passes.
+not either; each rounding is charged to one group, `_Gated`), only the order can
+change, never what passes.
 """
 
 from __future__ import annotations
@@ -44,19 +45,21 @@ MOST_ALONE = 256
 
 class _Gated:
     """The gated graph, node by node: with its gate on, a member's node stores in the low
-    precision what pinning it to FP32 keeps from being stored there (`stores`): its
-    outputs, its weights and the graph inputs it reads.
+    precision what pinning it to FP32 takes out of the current candidate (`stores`): its
+    outputs, its weights, the graph inputs it reads, and the values it reads from a node
+    that runs in FP32 there (the Cast before a low reader is the reader's).
 
-    Why not the values other nodes make: the search starts from the candidate with every
-    group in the low precision and pins a few, so a value a node reads from another is
-    stored in the low precision by its producer whether or not that node is pinned. What
-    a group adds is what pinning it takes away (on modnet, storing every input of a
-    group too ranked its convolutions first: 27 evaluations and 83% of the FLOPs in FP16
-    under `--objective flops`, against 24 and 93%).
+    Why not a value a node in the low precision makes: the search starts from every group
+    in the low precision and pins a few, so the maker stores that value there whether or
+    not its reader is pinned. Each rounding is charged once: an activation to the group
+    that makes it where that group is low, else to each low group that reads it; a
+    weight or a graph input to each group that reads it. (On modnet, charging every read
+    to the reader too took 27 evaluations instead of 24 and kept 83% of the FLOPs in
+    FP16 instead of 93%, one run each, the answer pinning one more convolution.)
     """
 
-    def __init__(self, front: Front, to: int, gate_of: dict[int, str]):
-        self.view, self.to, self.gate_of = front.view, to, gate_of
+    def __init__(self, front: Front, to: int, gate_of: dict[int, str], low_made: frozenset[str]):
+        self.view, self.to, self.gate_of, self.low_made = front.view, to, gate_of, low_made
         self.nodes: list[onnx.NodeProto] = []
 
     def stored(self, src: str, dst: str, gate: str) -> None:
@@ -76,8 +79,8 @@ class _Gated:
         copies: dict[str, str] = {}  # a value read twice is rounded once
         for k in ins:
             name = node.input[k]
-            if name in view.producer:
-                continue  # made by a node: stored by it, pinned or not (the class says why)
+            if name in self.low_made:
+                continue  # stored by its maker, pinned or not (the class says why)
             if name not in copies:
                 copies[name] = f"{name}__alone{i}"
                 self.stored(name, copies[name], gate)
@@ -114,16 +117,22 @@ def stores(view: GraphView, i: int, to: int) -> tuple[list[int], list[int]]:
 
 
 def gated_model(
-    front: Front, groups_: list[Group], members: Sequence[int], low: str
+    front: Front,
+    groups_: list[Group],
+    members: Sequence[int],
+    low: str,
+    low_made: frozenset[str] = frozenset(),
 ) -> onnx.ModelProto | None:
     """The prepared FP32 graph with each member group's values stored in `low` when its gate
     input (`GATE`) is true, kept as they are when false; None below `MIN_OPSET`. A body's
-    nodes are not gated (their group is not measured)."""
+    nodes are not gated (their group is not measured). `low_made`: the values the current
+    candidate's makers store in `low` already (`_Gated`); none by default, every read
+    stored by its reader."""
     view = front.view
     if view.opset < MIN_OPSET:
         return None
     gate_of = {i: GATE.format(k) for k in members for i in groups_[k].nodes if not view.scope[i]}
-    gated = _Gated(front, PRECISION_DTYPE[low], gate_of)
+    gated = _Gated(front, PRECISION_DTYPE[low], gate_of, low_made)
     for i in view.top:
         gated.add(i)
     model = onnx.ModelProto()
@@ -136,17 +145,23 @@ def gated_model(
 
 
 def errors_alone(
-    front: Front, groups_: list[Group], members: Sequence[int], low: str, point: int
+    front: Front,
+    groups_: list[Group],
+    members: Sequence[int],
+    low: str,
+    point: int,
+    low_made: frozenset[str] = frozenset(),
 ) -> dict[int, dict[str, float]] | None:
     """Each member group's error on every FP32 output, that group alone in `low`: one run per
     group at `point` (an index into `front.shapes`), on its first feed, against the graph's
     own FP32 outputs (those of the quantized graph where the policy names a
     `reference_model`: what the gates-off run computes). The error is the statistic of the
     output's tolerance (`output_error`). A group with no node outside a body is left out
-    (nothing of it is gated); None where the graph cannot be gated (`gated_model`)."""
+    (nothing of it is gated); None where the graph cannot be gated (`gated_model`, which
+    `low_made` is given to)."""
     from trtbuild.accuracy.sessions import REFERENCE, lean_session, run_session
 
-    model = gated_model(front, groups_, members, low)
+    model = gated_model(front, groups_, members, low, low_made)
     if model is None:
         return None
     run = front.shapes[point]

@@ -246,6 +246,7 @@ class Search:
         )
         self.exhausted = False  # set where the search wanted a verdict the budget lacked
         self.alone: dict[int, dict[str, float]] = {}  # group -> output -> its error alone
+        self.alone_for: frozenset[str] = frozenset()  # the values made low when measured
         self.rankings: list[Ranking] = []
 
     def precision(self, pinned: list[int]) -> Precision:
@@ -359,12 +360,24 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
     cuts a search short, it never changes the path it takes.
     """
     started = time.perf_counter()
+    order = sorted(order, key=lambda k: -max(search.groups[k].nodes))  # alike: nearest first
     ranked = order[:MOST_ALONE]
+    precisions = _precisions(search, search.pinned)  # what the pins leave low decides
+    view = search.front.view
+    low_made = frozenset(
+        t for i, p in enumerate(precisions) if p == search.low for t in view.nodes[i].output
+    )
+    if search.alone_for != low_made:  # measured under other pins: measured again
+        search.alone, search.alone_for = {}, low_made
     todo = [k for k in ranked if k not in search.alone]
     point = min(range(len(search.walk.sizes)), key=lambda k: (search.walk.sizes[k], k))
     alike = f"the error map scores its {len(order)} suspects alike"
     try:
-        found = errors_alone(search.front, search.groups, todo, search.low, point) if todo else {}
+        found = (
+            errors_alone(search.front, search.groups, todo, search.low, point, low_made)
+            if todo
+            else {}
+        )
         why = f"opset {search.front.view.opset} has no Where" if found is None else ""
     except Exception as exc:  # ONNX Runtime's own errors, any of them: the map's order stands
         found, why = None, f"{type(exc).__name__}: {(str(exc) or '?').splitlines()[0][:160]}"
