@@ -254,3 +254,34 @@ def test_below_opset_9_the_suspects_keep_the_maps_order(tmp_path, capsys):
     (tmp_path / "p.yaml").write_text(STRICT % "fp16")
     assert _tune(tmp_path / "p.yaml", tmp_path / "t.yaml") == 0
     assert "could not rank them alone (opset 8 has no Where)" in capsys.readouterr().out
+
+
+def test_a_dequantized_value_is_charged_to_its_reader_as_the_candidate_stores_it(tmp_path):
+    """Q -> DQ -> MatMul, the MatMul alone in FP16: the DQ follows its reader (FP16 with it,
+    FP32 with it pinned), so its output is the MatMul's to store, and the gate gives what
+    the emulated candidate computes, bit for bit."""
+    from trtbuild.accuracy.emulate import emulate
+    from trtbuild.precision.convert import convert
+
+    w = np.random.default_rng(0).uniform(-1, 1, (4, 4)).astype(np.float32)
+    scales = {"s": np.array(0.0123457, np.float32), "zp": np.array(0, np.int8)}
+    m = model(
+        [
+            node("QuantizeLinear", ["x", "s", "zp"], "q", "q"),
+            node("DequantizeLinear", ["q", "s", "zp"], "dq", "dq"),
+            node("MatMul", ["dq", "w"], "y", "mm"),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"w": w, **scales},
+    )
+    front, _ = _small(tmp_path, m)
+    search = search_mod.Search(front, 10, "nodes", 0, 1)
+    low_made = search_mod._low_made(search)
+    assert "y" in low_made and "dq" not in low_made
+    (mm,) = range(len(search.groups))
+    gated = gated_model(front, search.groups, [mm], "fp16", low_made)
+    x = np.array([[1.0001, -0.4321, 0.777, 1.2999]], np.float32)
+    candidate = emulate(convert(front.assignment).model)  # every group in FP16: the MatMul
+    expected = plain_session(candidate).run(["y"], {"x": x})[0]
+    np.testing.assert_array_equal(_run_feed(gated, {"x": x}, {mm}), expected)

@@ -362,11 +362,7 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
     started = time.perf_counter()
     order = sorted(order, key=lambda k: -max(search.groups[k].nodes))  # alike: nearest first
     ranked = order[:MOST_ALONE]
-    precisions = _precisions(search, search.pinned)  # what the pins leave low decides
-    view = search.front.view
-    low_made = frozenset(
-        t for i, p in enumerate(precisions) if p == search.low for t in view.nodes[i].output
-    )
+    low_made = _low_made(search)
     if search.alone_for != low_made:  # measured under other pins: measured again
         search.alone, search.alone_for = {}, low_made
     todo = [k for k in ranked if k not in search.alone]
@@ -397,6 +393,19 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
     )
     search.rankings.append(Ranking(len(search.trials), note, time.perf_counter() - started))
     return rank_alone(ranked, search.alone, outputs) + order[len(ranked) :]
+
+
+def _low_made(search: Search) -> frozenset[str]:
+    """The values the current candidate's makers store in the low precision, whether or not
+    their readers are pinned (`alone._Gated`). Not a Dequantize's: it follows its reader,
+    and pinning the reader makes it FP32."""
+    view = search.front.view
+    return frozenset(
+        t
+        for i, p in enumerate(_precisions(search, search.pinned))
+        if p == search.low and not is_qdq(view.nodes[i].op_type)
+        for t in view.nodes[i].output
+    )
 
 
 def _ranking_errors(search: Search, failing: TrialOutcome) -> dict[str, float]:
