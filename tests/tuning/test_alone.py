@@ -240,8 +240,8 @@ def test_a_value_read_twice_is_stored_once_and_a_resizes_scales_never(tmp_path):
     assert stores(GraphView(resize), 0, onnx.TensorProto.FLOAT16) == ([0], [0])
 
 
-def test_below_opset_9_the_suspects_keep_the_maps_order(tmp_path, capsys):
-    """No `Where` to gate with: `tune` ranks as before and says why, never fails for it."""
+def test_an_opset_8_graph_is_ranked_alone_too(tmp_path, capsys):
+    """The gates are `If`s, which every opset has (a `Where` would need opset 9)."""
     w = np.array([[3.0001, 1.0007, 0.3333, 7.77]], np.float32)
     m = model(
         [node("Mul", ["x", "w"], "a", "mul"), node("Sigmoid", ["a"], "y", "sigmoid")],
@@ -253,7 +253,7 @@ def test_below_opset_9_the_suspects_keep_the_maps_order(tmp_path, capsys):
     onnx.save(m, tmp_path / "m.onnx")
     (tmp_path / "p.yaml").write_text(STRICT % "fp16")
     assert _tune(tmp_path / "p.yaml", tmp_path / "t.yaml") == 0
-    assert "could not rank them alone (opset 8 has no Where)" in capsys.readouterr().out
+    assert "alike: ranked by each one's error alone at shape (2 runs)" in capsys.readouterr().out
 
 
 def test_a_dequantized_value_is_charged_to_its_reader_as_the_candidate_stores_it(tmp_path):
@@ -285,3 +285,25 @@ def test_a_dequantized_value_is_charged_to_its_reader_as_the_candidate_stores_it
     candidate = emulate(convert(front.assignment).model)  # every group in FP16: the MatMul
     expected = plain_session(candidate).run(["y"], {"x": x})[0]
     np.testing.assert_array_equal(_run_feed(gated, {"x": x}, {mm}), expected)
+
+
+def test_a_ranking_that_cannot_run_leaves_the_maps_order_and_says_why(
+    tmp_path, models_dir, capsys, monkeypatch
+):
+    """A heuristic never stops `tune`: where the gated graph fails to run (here made to),
+    the suspects keep the map's order, nearest the outputs first."""
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no session for this graph\nsecond line")
+
+    monkeypatch.setattr(search_mod, "errors_alone", fails)
+    policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
+    assert _tune(policy, tmp_path / "t.yaml", "--budget", "4") in (0, 1)
+    out = capsys.readouterr().out
+    assert "could not rank them alone (RuntimeError: no session for this graph)" in out
+    log = [json.loads(x) for x in (tmp_path / "t.log.jsonl").read_text().splitlines()]
+    grow = next(t for t in log if t["action"].startswith("grow"))
+    found = groups(front_mod.run_front(load_policy(policy)), "nodes")
+    rest = [k for k, g in enumerate(found) if g.label not in log[0]["pinned_groups"]]
+    nearest = max(rest, key=lambda k: max(found[k].nodes))
+    assert grow["action"] == f"grow: pin {found[nearest].label}"

@@ -367,14 +367,13 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
         search.alone, search.alone_for = {}, low_made
     todo = [k for k in ranked if k not in search.alone]
     point = min(range(len(search.walk.sizes)), key=lambda k: (search.walk.sizes[k], k))
-    alike = f"the error map scores its {len(order)} suspects alike"
+    alike, why = f"the error map scores its {len(order)} suspects alike", ""
     try:
         found = (
             errors_alone(search.front, search.groups, todo, search.low, point, low_made)
             if todo
             else {}
         )
-        why = f"opset {search.front.view.opset} has no Where" if found is None else ""
     except Exception as exc:  # ONNX Runtime's own errors, any of them: the map's order stands
         found, why = None, f"{type(exc).__name__}: {(str(exc) or '?').splitlines()[0][:160]}"
     if found is None:
