@@ -353,7 +353,7 @@ def _suspects(search: Search, failing: TrialOutcome, rest: list[int]) -> list[in
 
 def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) -> list[int]:
     """`order` ranked by each group's error alone (`alone`), at the cheapest point; where
-    the graph cannot be gated or run so, `order` as it is: a ranking never stops `tune`.
+    the gated graph cannot run, `order` as it is: a ranking never stops `tune`.
 
     At most `MOST_ALONE` suspects are run, the first of `order` (nearest the outputs);
     the others follow as they are. A fixed number, not the budget left: a budget only
