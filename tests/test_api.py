@@ -53,7 +53,8 @@ def test_convert_front_holds_the_assignment_beside_the_same_model(example_policy
     from trtbuild.api import convert_front
 
     policy = example_policy("nafnet")
-    front = convert_front(policy)
+    front, data = convert_front(policy)
+    assert data == front.converted.model.SerializeToString()  # what `convert` writes
     summary = front.assignment.summary()
     assert summary.fp32_nodes > 0 and 0.4 < summary.low_share < 0.5 and front.converted.casts
     types = {vi.type.tensor_type.elem_type for vi in front.converted.model.graph.value_info}

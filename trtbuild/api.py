@@ -217,7 +217,8 @@ def convert(
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
-    return convert_front(policy, cache=cache, verbose=verbose, quiet=quiet).converted.model
+    front, _ = convert_front(policy, cache=cache, verbose=verbose, quiet=quiet)
+    return front.converted.model
 
 
 def convert_front(
@@ -226,11 +227,13 @@ def convert_front(
     cache: Cache | None = None,
     verbose: bool = False,
     quiet: bool = False,
-) -> Front:
+) -> tuple[Front, bytes]:
     """`convert`'s work with everything it knows: the assignment and the casts beside the
     validated mixed model (`front.converted.model`), for the CLI's `convert`, which shows
-    them. Internal (not in `trtbuild`'s names): `Front` is the pipeline's own value and
-    changes with it; a user's code calls `convert`, and `check` for each node's precision.
+    them, and that model serialized (what the check loaded, and what the CLI writes: a
+    10k-node model is serialized once, not twice). Internal (not in `trtbuild`'s
+    names): `Front` is the pipeline's own value and changes with it; a user's code calls
+    `convert`, and `check` for each node's precision.
 
     Raises:
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
@@ -248,6 +251,7 @@ def convert_front(
         with _quiet(quiet):
             front = _front(policy, "none", cache, verbose, draw=False, on_prepare=fill)
         # once per mixed model, and one load of each neighbourhood not checked before
+        data = front.converted.model.SerializeToString()
         loaded = validate.validate_mixed(
             front.converted.model,
             cache,
@@ -255,10 +259,11 @@ def convert_front(
             spec.ort_check,
             front.digest,
             spares,
+            data,
         )
     for w in front.warnings + loaded:
         log.warning(w)
-    return front
+    return front, data
 
 
 def check_backend(backend: str | None) -> None:

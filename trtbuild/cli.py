@@ -540,10 +540,10 @@ def _cmd_convert(args) -> int:
 
     _output_file(args.output)
     policy = load_policy(args.policy)
-    front = api.convert_front(  # its warnings reach stderr through the `trtbuild` logger
+    front, data = api.convert_front(  # its warnings reach stderr through the `trtbuild` logger
         policy, cache=_cache(args), verbose=args.verbose
     )
-    save_model(front.converted.model, args.output)
+    save_model(front.converted.model, args.output, data)
     s = front.assignment.summary()
     print(
         f"wrote {args.output}: {s.share_text()}, {s.fp32_nodes} FP32 nodes, "

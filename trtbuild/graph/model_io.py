@@ -194,11 +194,16 @@ def external_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
         yield from (t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL)
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
-    """Write atomically; models past protobuf's 2 GiB limit get one external data file."""
+def save_model(
+    model: onnx.ModelProto, path: str | os.PathLike[str], data: bytes | None = None
+) -> None:
+    """Write atomically; models past protobuf's 2 GiB limit get one external data file.
+    `data`: `model` serialized, where the caller has it (it serialized: below 2 GiB)."""
     path = Path(path)
     with atomic_path(path) as tmp:
-        if model.ByteSize() < _TWO_GIB:
+        if data is not None:
+            tmp.write_bytes(data)
+        elif model.ByteSize() < _TWO_GIB:
             tmp.write_bytes(model.SerializeToString())
         else:
             data_name = f"{path.name}.data"

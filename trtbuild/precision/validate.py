@@ -131,11 +131,12 @@ def validate_mixed(
     scope: str = ORT_CHECKS[0],
     origin: str = "",
     spares: ort_child.Spares | None = None,
+    data: bytes | None = None,
 ) -> list[str]:
     """Both checks, waited for: the warnings (ONNX Runtime's own failures), or an
     `InvalidMixedModel`. `cache` (a `trtbuild.cache.Cache`) remembers a pass; `origin`
-    as `start_mixed_check`'s."""
-    return start_mixed_check(model, cache, timeout, scope, origin, spares).result()
+    and `data` as `start_mixed_check`'s."""
+    return start_mixed_check(model, cache, timeout, scope, origin, spares, data).result()
 
 
 def start_mixed_check(
@@ -145,6 +146,7 @@ def start_mixed_check(
     scope: str = ORT_CHECKS[0],
     origin: str = "",
     spares: ort_child.Spares | None = None,
+    data: bytes | None = None,
 ) -> MixedCheck:
     """Start ONNX Runtime's load in a child, run `onnx.checker` here meanwhile, and return
     the load to join with `result()` before anything is published.
@@ -155,10 +157,11 @@ def start_mixed_check(
     are), "whole" the whole model. `origin`: what the model was converted from (the
     prepared graph's cache key; "" unknown), for `needs_full_check`. `spares`: children
     started ahead (`open_spares`), the check's from now on: closed when it ends, and
-    where it cannot start.
+    where it cannot start. `data`: `model` serialized, where the caller has it (`convert`
+    writes those bytes: a 10k-node model is serialized once, not twice).
     """
     try:
-        return _start_check(model, cache, timeout, scope, origin, spares)
+        return _start_check(model, cache, timeout, scope, origin, spares, data)
     except BaseException:  # and KeyboardInterrupt: no child outlives the check
         if spares is not None:
             spares.close()
@@ -172,10 +175,11 @@ def _start_check(
     scope: str,
     origin: str,
     spares: ort_child.Spares | None,
+    data: bytes | None = None,
 ) -> MixedCheck:
     if scope not in ORT_CHECKS:
         raise ValueError(f"scope {scope!r} is none of {ORT_CHECKS}")
-    data = model.SerializeToString()
+    data = model.SerializeToString() if data is None else data
     digest = _digest(data)
     if cache is not None and cache.enabled and timeout != 0:
         record = cache.get("converted", digest)
