@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from trtbuild.cli import main
@@ -68,3 +69,23 @@ def test_a_misspelt_emulation_is_refused_with_a_suggestion(example_policy, capsy
     bad = example_policy("gfpgan", accuracy={"emulation": "storge"})
     assert main(["check", "--policy", str(bad)]) == 2
     assert "did you mean 'storage'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_normalizations_statistics_are_measured_without_touching_its_input(dtype):
+    """The deviations are squared in place in a copy: the same values as the plain
+    formula, and the reference's tensor (which later checks read) unchanged."""
+    from trtbuild.accuracy.risk import _moments
+
+    x = np.random.default_rng(0).normal(3.0, 200.0, size=(1, 4, 8, 8)).astype(dtype)
+    before = x.copy()
+    found = _moments(x, x, (2, 3))
+    wide = x.astype(np.float64)
+    mean = wide.mean(axis=(2, 3), keepdims=True)
+    sq = (wide - mean) ** 2
+    assert found == {
+        "sum behind the mean": float(np.abs(mean).max()) * 64,
+        "squared deviations": float(sq.max()),
+        "sum of squared deviations (behind the variance)": float(sq.sum(axis=(2, 3)).max()),
+    }
+    np.testing.assert_array_equal(x, before)

