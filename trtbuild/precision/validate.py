@@ -161,11 +161,14 @@ def start_mixed_check(
     writes those bytes: a 10k-node model is serialized once, not twice).
     """
     try:
-        return _start_check(model, cache, timeout, scope, origin, spares, data)
+        check = _start_check(model, cache, timeout, scope, origin, spares, data)
     except BaseException:  # and KeyboardInterrupt: no child outlives the check
         if spares is not None:
             spares.close()
         raise
+    if spares is not None and check.spares is not spares:
+        spares.close()  # nothing to load in them (a record, or no ONNX Runtime check)
+    return check
 
 
 def _start_check(
@@ -184,8 +187,6 @@ def _start_check(
     if cache is not None and cache.enabled and timeout != 0:
         record = cache.get("converted", digest)
         if record is not None:
-            if spares is not None:
-                spares.close()  # nothing to load
             return MixedCheck(None, None, list(record.warnings))
     misstored = _misstored(model)
     if misstored:
@@ -228,11 +229,8 @@ def _start(
 ) -> None:
     """Start the check's first load in a child, where there is one to load (a spare
     started beside the plan's keys, `_planned`, where one is); where the plan finds every
-    neighbourhood known, no child runs (and none was started: a memory was read; a
-    caller's started ahead are killed)."""
+    neighbourhood known, no child runs (and none was started: a memory was read)."""
     if check.timeout <= 0:
-        if spares is not None:
-            spares.close()
         return
     check.spares = spares if spares is not None else open_spares()
     source = data
