@@ -144,10 +144,12 @@ def test_only_children_started_long_ahead_wait_at_a_lower_priority():
     prepares the graph) must not take the CPU from the parent whose work it waits for;
     a spare refilled as one is taken is needed soon."""
     mine = os.nice(0)
+    if mine + ort_child.SPARE_NICE > 19:  # no lower priority left to tell apart
+        pytest.skip(f"the tests already run at nice {mine}")
     with ort_child.Spares(keep=1) as spares:
         spares.fill(2, ort_child.SPARE_NICE)
         ahead = _warm(spares)  # imported: its priority is set by then
-        assert _nice(ahead) == min(mine + ort_child.SPARE_NICE, 19)
+        assert _nice(ahead) == mine + ort_child.SPARE_NICE
         taken = spares.take(_relu(), "default")
         assert taken.pid == ahead and ort_child.outcome(taken, 60).ok  # it still loads
         spares.take(_relu(), "default")  # the second: a spare refilled at once

@@ -704,6 +704,7 @@ def test_children_started_ahead_are_the_checks_own_and_reaped_however_it_ends(tm
     spares = open_spares()
     spares.fill(AHEAD)
     ahead = {p.pid for p in spares.idle}
+    assert ahead <= _children()  # seen: so their absence after the check means reaped
     check = start_mixed_check(_layernorm(17), cache, spares=spares)
     assert check.proc.pid in ahead and check.spares is spares
     (said,) = check.result()

@@ -63,14 +63,20 @@ def nafnet(tmp_path_factory, models_dir):
     return front, groups(front, "nodes")
 
 
-def _run(model: onnx.ModelProto, front, gates_on: set[int], extra: list[str] = ()) -> dict:
+def _gated_run(model: onnx.ModelProto, feed: dict, on: set[int], names: list[str]) -> list:
+    """`names` from a run of the gated `model` on `feed`, the gates of the groups `on` on."""
     session = plain_session(model)
-    feed = dict(front.shapes[0].feeds[0])
-    for i in session.get_inputs():
-        if i.name.startswith(GATE.format("")):
-            feed[i.name] = np.array(int(i.name.rsplit("_", 1)[1]) in gates_on)
+    gates = {
+        i.name: np.array(int(i.name.rsplit("_", 1)[1]) in on)
+        for i in session.get_inputs()
+        if i.name.startswith(GATE.format(""))
+    }
+    return session.run(names, {**feed, **gates})
+
+
+def _run(model: onnx.ModelProto, front, gates_on: set[int], extra: list[str] = ()) -> dict:
     names = [*front.view.outputs, *extra]
-    return dict(zip(names, session.run(names, feed)))
+    return dict(zip(names, _gated_run(model, front.shapes[0].feeds[0], gates_on, names)))
 
 
 def test_gates_off_compute_the_fp32_graph_and_one_gate_stores_only_its_group(nafnet):
@@ -92,20 +98,22 @@ def test_gates_off_compute_the_fp32_graph_and_one_gate_stores_only_its_group(naf
 @pytest.mark.parametrize(
     ("tol", "expected"),
     [
-        (Tolerance(check_error_stat="max"), 3.0),
-        (Tolerance(check_error_stat="mean"), 1.0),
-        (Tolerance(check_error_stat="median"), 0.0),
-        (Tolerance(check_error_stat="quantile", error_quantile=1.0), 3.0),
-        (Tolerance(atol=1.0, rtol=0.0, check_error_stat="elemwise"), 3.0),
-        (Tolerance(atol=0.0, rtol=1.0, check_error_stat="elemwise"), 3.0 / 4.0),
-        (Tolerance(simple=False, psnr_threshold=30.0), 3.0),  # the mean square error
+        (Tolerance(check_error_stat="max"), 4.0),
+        (Tolerance(check_error_stat="mean"), 1.75),
+        (Tolerance(check_error_stat="median"), 1.5),
+        (Tolerance(check_error_stat="quantile", error_quantile=0.75), 2.5),
+        (Tolerance(check_error_stat="quantile"), 1.5),  # no quantile given: the median
+        (Tolerance(atol=2.0, rtol=0.0, check_error_stat="elemwise"), 2.0),
+        (Tolerance(atol=0.0, rtol=1.0, check_error_stat="elemwise"), 1.0),  # 1 over |1|
+        (Tolerance(atol=1.0, rtol=0.5, check_error_stat="elemwise"), 2.0),  # 4 over max(1, 2)
+        (Tolerance(simple=False, psnr_threshold=30.0), 5.25),  # the mean square error
     ],
 )
 def test_the_error_is_the_statistic_the_outputs_tolerance_judges(tol, expected):
-    ref = np.array([1.0, 2.0, 4.0], np.float32)
-    out = ref + np.array([0.0, 0.0, 3.0], np.float32)
+    ref = np.array([1.0, 2.0, 4.0, 3.0], np.float32)
+    out = ref + np.array([1.0, 0.0, 4.0, -2.0], np.float32)
     assert output_error(out, ref, tol) == pytest.approx(expected)
-    assert output_error(np.array([np.inf, 2, 4], np.float32), ref, tol) == np.inf
+    assert output_error(np.array([np.inf, 2, 4, 3], np.float32), ref, tol) == np.inf
 
 
 def test_each_failing_output_counts_alike_and_ties_keep_the_maps_order():
@@ -150,12 +158,7 @@ def test_where_the_error_map_ranks_no_suspect_the_search_grows_the_worst_alone_f
     search = search_mod.Search(strict, 12, "nodes", 0, 1)
     found = search.groups
     search.pinned = [k for k, g in enumerate(found) if g.label in log[0]["pinned_groups"]]
-    low_made = frozenset(  # what the start's candidate stores in FP16: its makers' values
-        t
-        for i, p in enumerate(search_mod._precisions(search, search.pinned))
-        if p == "fp16"
-        for t in strict.view.nodes[i].output
-    )
+    low_made = search_mod._low_made(search)  # what the start's candidate stores in FP16
     (first,) = set(grow["pinned_groups"]) - set(log[0]["pinned_groups"])
     rest = [k for k in range(len(found)) if k not in search.pinned]
     in_order = sorted(rest, key=lambda k: -max(found[k].nodes))  # the map's: all alike
@@ -211,11 +214,7 @@ def test_a_gate_stores_what_pinning_its_group_keeps_in_fp32(tmp_path, low):
 
 
 def _run_feed(gated: onnx.ModelProto, feed: dict, on: set[int]) -> np.ndarray:
-    session = plain_session(gated)
-    for i in session.get_inputs():
-        if i.name.startswith(GATE.format("")):
-            feed[i.name] = np.array(int(i.name.rsplit("_", 1)[1]) in on)
-    return session.run(["y"], feed)[0]
+    return _gated_run(gated, feed, on, ["y"])[0]
 
 
 def test_a_value_read_twice_is_stored_once_and_a_resizes_scales_never(tmp_path):
@@ -229,8 +228,15 @@ def test_a_value_read_twice_is_stored_once_and_a_resizes_scales_never(tmp_path):
     front, found = _small(tmp_path, m)
     k = next(k for k, g in enumerate(found) if g.names == ("sum",))
     x = np.array([[1.0001, 1.2345, 0.777, 1.9999]], np.float32)
-    y = _run_feed(gated_model(front, found, [k], "fp16"), {"x": x}, {k})
+    gated = gated_model(front, found, [k], "fp16")
+    y = _run_feed(gated, {"x": x}, {k})
     np.testing.assert_array_equal(y, _round(_round(x, "fp16") + 2 * _round(c, "fp16"), "fp16"))
+    stores_of_c = [
+        n
+        for n in gated.graph.node
+        if n.op_type == "If" and n.input and n.output[0].startswith("c__")
+    ]
+    assert len(stores_of_c) == 1  # rounding twice would give the same values: counted
     resize = model(
         [node("Resize", ["x", "", "scales"], "y", "resize", mode="linear")],
         [("x", F, [1, 1, 3, 3])],
