@@ -84,14 +84,20 @@ def test_gates_off_compute_the_fp32_graph_and_one_gate_stores_only_its_group(naf
     conv = next(k for k, g in enumerate(found) if g.names == ("/intro/Conv",))
     model = gated_model(front, found, range(len(found)), "fp16")
     out = front.view.nodes[found[conv].nodes[0]].output[0]
-    model.graph.output.append(onnx.helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT, None))
+    last = next(g for g in reversed(found) if g.kind == "node" and "Conv" in g.names[0])
+    later = front.view.nodes[last.nodes[0]].output[0]  # another group's: computed in FP32
+    for name in (out, later):
+        model.graph.output.append(
+            onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+        )
     reference = front.shapes[0].reference.run_results[REFERENCE][0]
     off = _run(model, front, set(), [out])
     for name in front.view.outputs:
         np.testing.assert_array_equal(off[name], reference[name])
     assert not np.array_equal(off[out], off[out].astype(np.float16).astype(np.float32))
-    on = _run(model, front, {conv}, [out])
+    on = _run(model, front, {conv}, [out, later])
     np.testing.assert_array_equal(on[out], on[out].astype(np.float16).astype(np.float32))
+    assert not np.array_equal(on[later], on[later].astype(np.float16).astype(np.float32))
     assert any(not np.array_equal(on[n], reference[n]) for n in front.view.outputs)
 
 
