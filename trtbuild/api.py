@@ -358,7 +358,7 @@ def tune(
         budget: evaluations at most.
         objective: what a pin costs, `nodes` or `flops`.
         seed: tie-breaking; the same seed gives the same policy.
-        jobs: worker processes (default: one per two usable cores, from 1 up to 4);
+        jobs: worker processes (default: `cores.DEFAULT_JOBS`);
             the result does not depend on it.
         cache: `open_cache()` to reuse earlier work; None computes everything.
         output: the file the tuned policy will be saved as: its paths are written from

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NoReturn
 
-from trtbuild import __version__
+from trtbuild import __version__, cores
 from trtbuild.errors import (
     EXIT_BUG,
     EXIT_USAGE,
@@ -172,8 +172,8 @@ def _tune_args(sub) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="candidates judged in parallel processes (same result as one job; default: "
-        "one per two cores this process may use, from 1 up to 4)",
+        help=f"candidates judged in parallel processes (same result as one job; default: "
+        f"{cores.DEFAULT_JOBS})",
     )
     t.add_argument(
         "--force", action="store_true", help="allow -o to replace the policy being tuned"

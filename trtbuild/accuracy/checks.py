@@ -91,7 +91,8 @@ class _Pair:
         from polygraphy.comparator import Comparator, RunResults
         from polygraphy.comparator.struct import IterationResult
 
-        from trtbuild.accuracy.sessions import REFERENCE, usable_cores
+        from trtbuild.accuracy.sessions import REFERENCE
+        from trtbuild.cores import usable_cores
 
         sides = []
         for runner, iters in (

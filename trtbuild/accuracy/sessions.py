@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from trtbuild.cores import usable_cores
 from trtbuild.errors import BackendError
 from trtbuild.numerics import data_peak
 
@@ -105,14 +106,6 @@ def intra_op_threads() -> int:
     """
     allowed = usable_cores()
     return allowed if allowed < (os.cpu_count() or allowed) else 0
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), else the machine's; at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
 
 
 def _session(model_bytes: bytes, in_order: bool = False):

@@ -30,6 +30,7 @@ Ties are broken by a seeded shuffle, so a seed gives the same policy every run,
 whatever `jobs` is.
 """
 
+from trtbuild.cores import default_jobs
 from trtbuild.tuning.groups import Group, candidate_precision, groups, name_regex, node_flops
 from trtbuild.tuning.output import (
     OBJECTIVES,
@@ -42,7 +43,7 @@ from trtbuild.tuning.output import (
     tuned_policy,
     write_log,
 )
-from trtbuild.tuning.pool import TrialOutcome, default_jobs, error_map, evaluate
+from trtbuild.tuning.pool import TrialOutcome, error_map, evaluate
 from trtbuild.tuning.search import Search, SearchResult, Trial, tune
 
 __all__ = [

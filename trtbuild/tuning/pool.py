@@ -20,27 +20,11 @@ from typing import Any
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.judge import Candidate, Verdict, judge, judge_all
 from trtbuild.accuracy.reference import ReferenceTensors
-from trtbuild.accuracy.sessions import REFERENCE, usable_cores
+from trtbuild.accuracy.sessions import REFERENCE
 from trtbuild.front import Front
 from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import PrecisionSummary, assign
 from trtbuild.precision.convert import convert
-
-# Workers beyond four rarely pay: the search seldom knows more than a few candidates ahead.
-MAX_DEFAULT_JOBS = 4
-# The cores a worker is given by default. ONNX Runtime runs one candidate on all the
-# cores a process may use (two run it in 0.65x the time one does, modnet at 1024²), so
-# workers on the same cores wait on each other at every op: on 2 cores `--jobs 2` was
-# slower than `--jobs 1` on modnet (96 vs 77 s) and PP-OCRv4 det (19.5 vs 18 s). Not
-# confined to fewer cores: every judging process then runs ONNX Runtime alike, and a
-# verdict is the same whichever process judged it.
-CORES_PER_JOB = 2
-
-
-def default_jobs() -> int:
-    """`--jobs` by default: one per two cores this process may use, from 1 up to 4."""
-    return max(1, min(MAX_DEFAULT_JOBS, usable_cores() // CORES_PER_JOB))
-
 
 # A point (an index into `front.shapes`) and some of its samples (indices into its feeds).
 Unit = tuple[int, tuple[int, ...]]
