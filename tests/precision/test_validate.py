@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild import cache_codec
 from trtbuild.cache import Cache
+from trtbuild.precision import neighbourhoods
 from trtbuild.precision.validate import InvalidMixedModel, start_mixed_check, validate_mixed
 
 HIDDEN, WIDTH = 8, 4
@@ -342,6 +343,27 @@ def test_layernorm_fusion_refusal_is_a_warning_remembered_for_the_next_edit(tmp_
     assert check.result() == [said]  # the refusal still said, once
     whole = validate_mixed(_transformer_mixed(tmp_path, 5), None, scope="whole")
     assert [w.split(" in node ")[0] for w in whole] == [said.split(" in node ")[0]]
+
+
+def test_every_child_the_check_starts_is_given_a_load(tmp_path, monkeypatch):
+    """The transformer's LayerNorms refused in each of the three rounds: the spares
+    started as children are taken serve the "off" load and the next rounds, and the last
+    round's child starts none (it would import ONNX Runtime only to be killed)."""
+    from trtbuild.precision import ort_child
+
+    started, given = [], []
+    start, give = ort_child.start, ort_child.give
+    monkeypatch.setattr(
+        ort_child, "start", lambda nice=0: started.append(start(nice)) or started[-1]
+    )
+    monkeypatch.setattr(
+        ort_child, "give", lambda proc, *a, **k: given.append(proc.pid) or give(proc, *a, **k)
+    )
+    (said,) = validate_mixed(_transformer_mixed(tmp_path, 3), None)
+    assert "LayerNormFusion" in said
+    defaults = len(given) - 1  # every round's load, and the first round's "off" load
+    assert defaults == neighbourhoods.ROUNDS
+    assert sorted(p.pid for p in started) == sorted(given)
 
 
 def test_a_neighbourhood_that_does_not_load_is_no_verdict_the_whole_model_decides(

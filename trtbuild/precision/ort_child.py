@@ -200,9 +200,13 @@ class Spares:
             self.children.append(proc)
             self.idle.append(proc)
 
-    def take(self, source: Path | bytes, level: str, verbose: bool = False) -> subprocess.Popen:
+    def take(
+        self, source: Path | bytes, level: str, verbose: bool = False, refill: bool = True
+    ) -> subprocess.Popen:
         """A child given the job (`give`): an idle one where there is one, else one
-        started now (OSError where none can start); the next spare is started at once."""
+        started now (OSError where none can start); the next spare is started at once,
+        unless `refill` is False (the caller's last planned load: a spare would import
+        ONNX Runtime beside the parent's last steps only to be killed)."""
         if self.closed:
             raise RuntimeError("the spares were closed: their check has ended")
         if self.idle:
@@ -211,7 +215,8 @@ class Spares:
             proc = start()
             self.children.append(proc)
         give(proc, source, level, verbose)
-        self.fill()
+        if refill:
+            self.fill()
         return proc
 
     def close(self) -> None:

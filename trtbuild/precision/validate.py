@@ -411,8 +411,8 @@ class MixedCheck:
             said = ort_child.warning(first, source, self.timeout, self.take)
             given = plan.learn(said, first.message)
             if given and plan.pending and left:
-                source = _rest(plan)
-                self.proc = self.take(source, "default") if source else None
+                source = _rest(plan)  # a spare only where a round after the next may take it
+                self.proc = self.take(source, "default", refill=left > 1) if source else None
             if not given or (
                 plain is not None and not _loads(_ended(plain, self.timeout, len(self.source)))
             ):  # a failure no key can be charged with, or the cut at fault: the whole decides
@@ -425,13 +425,15 @@ class MixedCheck:
         neighbourhoods.remember(self.cache, plan.learned, plan.model)
         return plan.warnings()
 
-    def take(self, source: bytes, level: str, verbose: bool = False) -> subprocess.Popen:
-        """A child of the check's spares loading `source` at `level` (`ort_child.Spares`),
-        or `CheckFailed` where the machine cannot start a process."""
+    def take(
+        self, source: bytes, level: str, verbose: bool = False, refill: bool = True
+    ) -> subprocess.Popen:
+        """A child of the check's spares loading `source` at `level` (`ort_child.Spares`,
+        `refill` as its), or `CheckFailed` where the machine cannot start a process."""
         if self.spares is None:  # made from a record: it loads nothing
             raise RuntimeError("this check has no children: it loads nothing")
         try:
-            return self.spares.take(source, level, verbose)
+            return self.spares.take(source, level, verbose, refill)
         except OSError as exc:  # EAGAIN (too many processes), ENOMEM
             raise _cannot_start(exc) from None
 
