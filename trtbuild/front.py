@@ -21,7 +21,7 @@ from trtbuild.cache import Cache, code_fingerprint, feeds_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.model_io import check_model_file, load_model, model_digest
+from trtbuild.graph.model_io import check_model_file, key_digest, load_model
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Policy
@@ -284,17 +284,13 @@ def _against_original(
     from trtbuild.accuracy.reference import ReferenceTensors, against_reference_model
 
     key = None
-    if run.digest:
-        try:
-            original = model_digest(path)
-        except Exception:  # unreadable: `against_reference_model` says why, in its words
-            original = None
-        if original is not None:
-            outputs = ",".join(ref.measures.outputs)
-            key = cache_key("reference-model", run.digest, original, feeds_digest(feeds), outputs)
-            cached = run.cache.get("reference", key)
-            if cached is not None:
-                return ReferenceTensors(ref.measures, cached, ref.run_results, path)
+    original = key_digest(path) if run.digest else None
+    if original is not None:  # (unreadable: `against_reference_model` says why)
+        outputs = ",".join(ref.measures.outputs)
+        key = cache_key("reference-model", run.digest, original, feeds_digest(feeds), outputs)
+        cached = run.cache.get("reference", key)
+        if cached is not None:
+            return ReferenceTensors(ref.measures, cached, ref.run_results, path)
     made = against_reference_model(ref, path, feeds, sessions)
     if key is not None:
         run.cache.put("reference", key, made.run_results)
@@ -372,18 +368,14 @@ def prepared_graph(
     """
     digest = None
     check_model_file(model)  # a FIFO or a device is exit 2 before the digest reads it
-    if cache.enabled:
-        try:
-            source_digest = model_digest(model)
-        except Exception:  # unreadable or not ONNX: load_model says so, in its words
-            source_digest = None
-        if source_digest is not None:
-            digest = cache_key(
-                "prepared", code_fingerprint(), source_digest, repr(passes), repr(budget)
-            )
-            cached = cache.get("prepared", digest)
-            if cached is not None:
-                return cached, digest
+    source_digest = key_digest(model) if cache.enabled else None
+    if source_digest is not None:  # (unreadable or not ONNX: load_model says so)
+        digest = cache_key(
+            "prepared", code_fingerprint(), source_digest, repr(passes), repr(budget)
+        )
+        cached = cache.get("prepared", digest)
+        if cached is not None:
+            return cached, digest
     if on_prepare is not None:
         on_prepare()
     prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose, budget=budget)

@@ -148,6 +148,16 @@ def model_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def key_digest(path: Path) -> str | None:
+    """`model_digest` for a cache key, or None where the file cannot be read or is not
+    ONNX (any error: a key is an optimisation, and the load that follows says why, in
+    its words, with the exit code of the fault)."""
+    try:
+        return model_digest(path)
+    except Exception:
+        return None
+
+
 def inside(folder: str, location: str) -> str | None:
     """The path of external-data `location` where it is a file name under `folder` (no
     absolute path, no `..`, no symlink out); None where it is not."""
