@@ -52,10 +52,9 @@ def finite_peak(values: np.ndarray) -> float:
     a = np.asarray(values)
     if not a.size:
         return 0.0
-    with np.errstate(invalid="ignore"):
-        peak = max(float(a.max()), -float(a.min()))  # NaN where any value is
+    peak = _extreme(a)
     if math.isfinite(peak):
-        return abs(peak)  # abs: -0.0
+        return peak
     a = np.abs(a)
     a = a[np.isfinite(a)]
     return float(a.max()) if a.size else 0.0
@@ -70,13 +69,20 @@ def measure_peak(values: np.ndarray) -> tuple[float, bool]:
     a = np.asarray(values)
     if not a.size:
         return 0.0, True
-    peak = abs(max(float(a.max()), -float(a.min())))  # NaN if any value is NaN; abs: -0.0
+    peak = _extreme(a)
     if peak < SENTINEL_ABS:  # False for NaN and inf
         return peak, True
     a = np.abs(a.astype(np.float64))
     with np.errstate(invalid="ignore"):
         a = a[np.isfinite(a) & (a < SENTINEL_ABS)]
     return (float(a.max()) if a.size else 0.0), False
+
+
+def _extreme(a: np.ndarray) -> float:
+    """max |value| of a non-empty array from two reductions and no copy: NaN where any
+    value is NaN, inf where one is infinite (the callers' cue for their masked copy)."""
+    with np.errstate(invalid="ignore"):
+        return abs(max(float(a.max()), -float(a.min())))  # abs: -0.0
 
 
 def data_peak(values: np.ndarray) -> float:

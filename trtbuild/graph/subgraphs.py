@@ -32,9 +32,10 @@ def bodies(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
 
 
 def has_body(node: onnx.NodeProto) -> bool:
-    if not _may_hold_bodies(node.domain, node.op_type):
-        return False
-    return any(a.type == _GRAPH for a in node.attribute)
+    """Whether `bodies(node)` holds any (without building the list)."""
+    return _may_hold_bodies(node.domain, node.op_type) and any(
+        a.type == _GRAPH for a in node.attribute
+    )
 
 
 @functools.cache
