@@ -36,6 +36,9 @@ def test_the_demo_output_is_what_the_demo_prints(example_policy, tmp_path, capsy
     assert main(["build", "--policy", str(example_policy("nafnet")), "--out", str(out)]) == 0
     said = capsys.readouterr().out.replace(f"wrote {out}/", "wrote build/nafnet/")
     assert said == shown
+    baseline = json.loads((out / "report.json").read_text())["baselines"]["fp16"]  # as said after
+    assert "`baselines.fp16.outputs.total.max_abs`" in README
+    assert baseline["outputs"]["total"]["max_abs"] == "inf"
 
 
 def test_the_first_policy_is_a_valid_policy(tmp_path):
