@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from numpy.typing import ArrayLike
 from onnx import TensorProto, helper, numpy_helper
 
 # the console script of the environment the tests run in (a venv or not)
@@ -67,6 +69,27 @@ def dtypes(m: onnx.ModelProto) -> dict[str, int]:
     }
     out.update({t.name: t.data_type for t in m.graph.initializer})
     return out
+
+
+def as_stored(a: ArrayLike, low: str = "fp16") -> np.ndarray:
+    """`a` rounded to `low` (fp16 | bf16) and read back as FP32: what storing a tensor in the
+    low precision does, the value a test expects after each store."""
+    import ml_dtypes
+
+    kind = np.float16 if low == "fp16" else ml_dtypes.bfloat16
+    return np.asarray(a, np.float32).astype(kind).astype(np.float32)
+
+
+def read_log(path: Path) -> list[dict]:
+    """The rows of a tune log (`*.log.jsonl`), one trial each, in the order they ran."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: `[0]` the state, `[16]` the nice
+    value. Split at the last ")", since a command name may hold spaces and parentheses.
+    Raises OSError where the process is gone (its reaped entry is removed)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 # -- control flow ------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import TRTBUILD, F, model, node
+from tests.helpers import TRTBUILD, F, model, node, proc_stat
 from trtbuild.cli import main
 from trtbuild.errors import EXIT_BUG, exit_code_for
 
@@ -244,7 +244,7 @@ def _relu_model():
 def _gone(pid: int) -> bool:
     """Whether process `pid` has ended (a zombie nobody reaped has ended too)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = proc_stat(pid)[0]
     except (OSError, IndexError):
         return True
     return state in ("Z", "X")

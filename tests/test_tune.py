@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.conftest import ROOT, local_data
-from tests.helpers import needs_rtx
+from tests.helpers import needs_rtx, read_log
 from trtbuild.cli import main
 from trtbuild.policy import load_policy
 
@@ -63,17 +63,14 @@ def test_nafnet_from_no_rules_pins_only_norm_units_and_the_final_reduction(
     assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
     report = json.loads((tmp_path / "b" / "report.json").read_text())
     assert report["passed"] and report["precision"]["fp16_share"] > 0.42
-    log = (tmp_path / "out" / "tuned.log.jsonl").read_text().splitlines()
-    assert json.loads(log[0])["action"].startswith("start") and json.loads(log[-1])["step"] == len(
-        log
-    )
+    log = read_log(tmp_path / "out" / "tuned.log.jsonl")
+    assert log[0]["action"].startswith("start") and log[-1]["step"] == len(log)
     err = capsys.readouterr().err
     assert "tune [" in err  # the progress bar
 
 
 def _trials(log) -> list[dict]:
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in read_log(log)]
 
 
 def _strict(policy):
@@ -137,7 +134,7 @@ def test_streaming_gru_enhancer_is_tuned_in_a_few_evaluations(tmp_path, models_d
     assert _tune(policy, tuned) == 0
     assert _pinned_names(tuned) == [r"^/feat/"]
     assert "5 pins inside it merged" in tuned.read_text()
-    log = [json.loads(x) for x in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "tuned.log.jsonl")
     assert len(log) <= 5 and log[-1]["step"] == len(log)
     assert log[-1]["action"] == "merge into scope /feat/" and log[-1]["passed"]
     assert not any(t["action"].startswith("unpin node /feat/Log") for t in log)
@@ -177,7 +174,7 @@ def test_budget_exhausted_is_exit_1_and_says_so(tmp_path, models_dir):
     tuned = tmp_path / "tuned.yaml"
     assert _tune(policy, tuned, "--budget", "1") == 1  # the start fails, nothing left to try
     assert "DOES NOT PASS" in tuned.read_text()
-    assert len((tmp_path / "tuned.log.jsonl").read_text().splitlines()) == 1
+    assert len(read_log(tmp_path / "tuned.log.jsonl")) == 1
 
 
 def test_a_budget_that_ends_mid_search_keeps_the_shortest_passing_run_found(
@@ -188,12 +185,12 @@ def test_a_budget_that_ends_mid_search_keeps_the_shortest_passing_run_found(
     policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
     full = tmp_path / "full.yaml"
     assert _tune(policy, full) == 0  # every tolerance exact: most groups end up pinned
-    rows = [json.loads(line) for line in (tmp_path / "full.log.jsonl").read_text().splitlines()]
+    rows = read_log(tmp_path / "full.log.jsonl")
     grown = next(r["step"] for r in rows if r["action"].startswith("grow") and r["passed"])
     assert rows[grown]["action"].startswith("bisect")  # halving back after the doubling passed
     tuned = tmp_path / "tuned.yaml"
     assert _tune(policy, tuned, "--budget", str(grown + 1)) == 0
-    cut = [json.loads(line) for line in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
+    cut = read_log(tmp_path / "tuned.log.jsonl")
     assert [r["action"] for r in cut] == [r["action"] for r in rows[: grown + 1]]
     assert "passes" in tuned.read_text().splitlines()[1]
     assert "ran out before the search ended, so a smaller pin set" in capsys.readouterr().err
@@ -232,7 +229,7 @@ def test_bert_from_no_rules_pins_no_attention_block_for_the_mask_sentinel(exampl
     """-3.4e38 becoming -inf in FP16 is not an overflow: tune must not pin attention for it."""
     tuned = tmp_path / "tuned.yaml"
     assert _tune(example_policy("bert", rules="[]"), tuned) == 0
-    log = [json.loads(x) for x in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "tuned.log.jsonl")
     assert not any("attention block" in g for t in log for g in t["pinned_groups"])
     assert "guards: true" in tuned.read_text()  # the tuned policy keeps the guards
     assert "emulation storage" in tuned.read_text().splitlines()[2]
@@ -266,7 +263,7 @@ def test_a_pin_no_overflow_names_is_found_first_by_the_error_map(tmp_path, real_
     tuned = tmp_path / "tuned.yaml"
     assert _tune(policy, tuned, "--objective", "flops") == 0
     assert _pinned_names(tuned) == [r"^p2o\.Conv\.1$"]
-    log = [json.loads(x) for x in (tmp_path / "tuned.log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "tuned.log.jsonl")
     # one emulated run's error map ranks the convolution whose error jumps first among 277
     # groups: no halving of all of them (that took 12 evaluations), and no set judged twice
     assert [t["action"] for t in log] == ["start: policy rules only", "grow: pin node p2o.Conv.1"]

@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.helpers import F, model, node
+from tests.helpers import F, as_stored, model, node
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy.specs import Passes, Precision
@@ -101,11 +101,6 @@ def test_storage_keeps_the_sum_behind_a_mean_in_fp32(op, attrs, opset):
     assert np.allclose(_run(emulate(_all_fp16(m), "storage"), x)[0], 100.0)
 
 
-def _h(a: np.ndarray) -> np.ndarray:
-    """Round to FP16 and back: what storing a tensor in FP16 does."""
-    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
-
-
 def _ln(x, axes, g, b, eps=1e-5):
     mean = x.mean(axis=axes, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
@@ -162,14 +157,14 @@ STORAGE_CASES = {
         X2,
         {"g": G16, "b": B16},
         [6, 16],
-        lambda x, w: _ln(x, -1, _h(G16), _h(B16)),
+        lambda x, w: _ln(x, -1, as_stored(G16), as_stored(B16)),
     ),
     "InstanceNormalization": (
         node("InstanceNormalization", ["x", "g", "b"], "y", "op", epsilon=1e-5),
         X4,
         {"g": G4, "b": B4},
         [1, 4, 8, 8],
-        lambda x, w: _ln(x, (2, 3), _h(G4)[:, None, None], _h(B4)[:, None, None]),
+        lambda x, w: _ln(x, (2, 3), as_stored(G4)[:, None, None], as_stored(B4)[:, None, None]),
     ),
     "Softmax": (
         node("Softmax", ["x"], "y", "op", axis=-1),
@@ -181,14 +176,26 @@ STORAGE_CASES = {
             / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
         ),
     ),
-    "MatMul": (node("MatMul", ["x", "w"], "y", "op"), X2, {"w": W}, [6, 8], lambda x, w: x @ _h(W)),
-    "Gemm": (node("Gemm", ["x", "w"], "y", "op"), X2, {"w": W}, [6, 8], lambda x, w: x @ _h(W)),
+    "MatMul": (
+        node("MatMul", ["x", "w"], "y", "op"),
+        X2,
+        {"w": W},
+        [6, 8],
+        lambda x, w: x @ as_stored(W),
+    ),
+    "Gemm": (
+        node("Gemm", ["x", "w"], "y", "op"),
+        X2,
+        {"w": W},
+        [6, 8],
+        lambda x, w: x @ as_stored(W),
+    ),
     "Conv": (
         node("Conv", ["x", "k"], "y", "op", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         X4,
         {"k": K},
         [1, 4, 8, 8],
-        lambda x, w: _conv(x, _h(K)),
+        lambda x, w: _conv(x, as_stored(K)),
     ),
 }
 
@@ -199,12 +206,12 @@ def test_storage_rounds_each_op_output_once(op):
     n, x, inits, out_shape, numpy_op = STORAGE_CASES[op]
     m = model([n], [("x", F, list(x.shape))], [("y", F, out_shape)], inits)
     (emu,) = _run(emulate(_all_fp16(m), "storage"), {"x": x})
-    expected = _h(numpy_op(_h(x).astype(np.float64), None))
+    expected = as_stored(numpy_op(as_stored(x).astype(np.float64), None))
     # ONNX Runtime's FP32 sums may differ from numpy's float64 in the last FP32 bits, which
     # can move the FP16 rounding by one step at most: allow one FP16 ulp, nothing more.
     ulp = np.spacing(np.abs(expected).astype(np.float16)).astype(np.float32)
     assert emu.shape == expected.shape
-    assert np.array_equal(emu, _h(emu)), "every output value is stored in FP16"
+    assert np.array_equal(emu, as_stored(emu)), "every output value is stored in FP16"
     assert np.all(np.abs(emu - expected) <= ulp + 1e-7), np.abs(emu - expected).max()
     assert np.mean(emu == expected) >= 0.95  # rounded once: almost every value is bit-identical
 
@@ -237,11 +244,10 @@ def test_ops_that_only_move_stored_values_are_not_rounded_again():
     assert not {made.get(t) for t in rounded} & {"flat", "relu", "unflat", "near"}
     x = np.random.default_rng(0).normal(0, 100, (1, 1, 4, 4)).astype(np.float32)
     near, lin = _run(em, {"x": x})
-    w = np.float32(np.float16(1.0 / 3.0))  # the stored weight
-    a = (x.astype(np.float16).astype(np.float32) * w).astype(np.float16)  # FP32 math, stored
-    d = np.maximum(a, 0).astype(np.float32)
+    w = as_stored(1.0 / 3.0)  # the stored weight
+    d = np.maximum(as_stored(as_stored(x) * w), 0)  # FP32 math, stored
     assert np.array_equal(near, d.repeat(2, axis=2).repeat(2, axis=3))
-    assert np.array_equal(lin, lin.astype(np.float16).astype(np.float32))  # rounded once
+    assert np.array_equal(lin, as_stored(lin))  # rounded once
 
 
 @pytest.mark.parametrize(
@@ -270,4 +276,4 @@ def test_a_value_an_attribute_or_a_default_bound_brings_is_rounded(opset, clip, 
     stored = {made.get(n.input[0]) for n in em.graph.node if n.name.endswith("/store")}
     assert ("clip" in stored) == rounded
     (y,) = _run(em, {"x": np.array([[0.0, 1.0, 2.0, 1e5]], np.float32)})
-    assert np.array_equal(y, y.astype(np.float16).astype(np.float32))
+    assert np.array_equal(y, as_stored(y))

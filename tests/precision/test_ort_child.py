@@ -12,6 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests.helpers import proc_stat
 from trtbuild.precision import ort_child
 
 
@@ -134,8 +135,8 @@ def test_a_child_that_cannot_import_onnxruntime_answers_import_error(tmp_path, m
 
 
 def _nice(pid: int) -> int:
-    """Process `pid`'s nice value (field 19 of /proc/PID/stat, after the command's ")")."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    """Process `pid`'s nice value (it must still run: a process gone raises)."""
+    return int(proc_stat(pid)[16])
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import F, model, node, plain_session
+from tests.helpers import F, as_stored, model, node, plain_session, read_log
 from tests.test_tune import _strict, _tune, _without_rules
 from trtbuild import front as front_mod
 from trtbuild.accuracy.sessions import REFERENCE
@@ -46,13 +44,6 @@ def _small(tmp_path, m: onnx.ModelProto, low: str = "fp16"):
     (tmp_path / "p.yaml").write_text(STRICT % low)
     front = front_mod.run_front(load_policy(tmp_path / "p.yaml"))
     return front, groups(front, "nodes")
-
-
-def _round(a: np.ndarray, low: str) -> np.ndarray:
-    import ml_dtypes
-
-    kind = np.float16 if low == "fp16" else ml_dtypes.bfloat16
-    return a.astype(np.float32).astype(kind).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +85,10 @@ def test_gates_off_compute_the_fp32_graph_and_one_gate_stores_only_its_group(naf
     off = _run(model, front, set(), [out])
     for name in front.view.outputs:
         np.testing.assert_array_equal(off[name], reference[name])
-    assert not np.array_equal(off[out], off[out].astype(np.float16).astype(np.float32))
+    assert not np.array_equal(off[out], as_stored(off[out]))
     on = _run(model, front, {conv}, [out, later])
-    np.testing.assert_array_equal(on[out], on[out].astype(np.float16).astype(np.float32))
-    assert not np.array_equal(on[later], on[later].astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(on[out], as_stored(on[out]))
+    assert not np.array_equal(on[later], as_stored(on[later]))
     assert any(not np.array_equal(on[n], reference[n]) for n in front.view.outputs)
 
 
@@ -150,7 +141,7 @@ def test_where_the_error_map_ranks_no_suspect_the_search_grows_the_worst_alone_f
     monkeypatch.setattr(search_mod, "MOST_ALONE", min(ranked, MOST_ALONE))
     policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
     assert _tune(policy, tmp_path / "t.yaml", "--budget", "12") in (0, 1)
-    log = [json.loads(x) for x in (tmp_path / "t.log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "t.log.jsonl")
     grow = next(t for t in log if t["action"].startswith("grow"))
     assert [t for t in log if "ranking" in t] == [grow]
     assert "the error map scores its 24 suspects alike: ranked " in grow["ranking"]
@@ -189,9 +180,10 @@ def test_a_gate_stores_what_pinning_its_group_keeps_in_fp32(tmp_path, low):
     input and its weight on the way in, its product on the way out, and the Add stays
     FP32; the Add alone stores its weight and its sum, not the product, which the Mul
     stores pinned or not. With the Mul made FP32 (pinned), the Add reads its product
-    through its own store."""
-    w = np.array([[3.0001, 1.0007, 0.3333, 7.77]], np.float32)
-    b = np.array([[-0.00731917, -0.00193774, -0.00593089, -0.00475373]], np.float32)
+    through its own store. b nearly cancels x * w: the sum is small, so every rounding
+    before it shows, in BF16's coarse steps as in FP16's, and a store left out fails."""
+    w = np.array([[0.4494, 0.5456, 1.1599, 1.3306]], np.float32)
+    b = np.array([[-0.6887, -0.8248, -0.9537, -0.7404]], np.float32)
     m = model(
         [node("Mul", ["x", "w"], "a", "mul"), node("Add", ["a", "b"], "y", "add")],
         [("x", F, [1, 4])],
@@ -202,21 +194,22 @@ def test_a_gate_stores_what_pinning_its_group_keeps_in_fp32(tmp_path, low):
     mul = next(k for k, g in enumerate(found) if g.names == ("mul",))
     add = next(k for k, g in enumerate(found) if g.names == ("add",))
     gated = gated_model(front, found, range(len(found)), low, frozenset({"a", "y"}))
-    x = np.array([[1.0001, 1.2345, 0.777, 1.9999]], np.float32)
-    y = _run_feed(gated, {"x": x}, {mul})
-    rx, rw, rb = _round(x, low), _round(w, low), _round(b, low)
-    expected = _round(rx * rw, low) + b
-    np.testing.assert_array_equal(y, expected)
-    if low == "fp16":  # each store matters with these values: leaving one out shows
-        for without in (_round(x * rw, low), _round(rx * w, low), rx * rw):
-            assert not np.array_equal(without + b, expected)
+    x = np.array([[1.5006, 1.8491, 0.869, 0.7088]], np.float32)
+    rx, rw, rb = as_stored(x, low), as_stored(w, low), as_stored(b, low)
+    expected = as_stored(rx * rw, low) + b
+    np.testing.assert_array_equal(_run_feed(gated, {"x": x}, {mul}), expected)
+    # without the input's, the weight's or the product's store, or with the sum's too
+    for wrong in (as_stored(x * rw, low), as_stored(rx * w, low), rx * rw):
+        assert not np.array_equal(wrong + b, expected)
+    assert not np.array_equal(as_stored(expected, low), expected)
     np.testing.assert_array_equal(_run_feed(gated, {"x": x}, set()), x * w + b)
-    alone = _round(x * w + rb, low)
+    alone = as_stored(x * w + rb, low)
     np.testing.assert_array_equal(_run_feed(gated, {"x": x}, {add}), alone)
+    assert not np.array_equal(as_stored(x * w + b, low), alone)  # the weight's store shows
     pinned = gated_model(front, found, [add], low, frozenset({"y"}))  # the Mul made FP32
-    through = _round(_round(x * w, low) + rb, low)
+    through = as_stored(as_stored(x * w, low) + rb, low)
     np.testing.assert_array_equal(_run_feed(pinned, {"x": x}, {add}), through)
-    assert low == "bf16" or not np.array_equal(alone, through)
+    assert not np.array_equal(alone, through)
 
 
 def _run_feed(gated: onnx.ModelProto, feed: dict, on: set[int]) -> np.ndarray:
@@ -236,7 +229,7 @@ def test_a_value_read_twice_is_stored_once_and_a_resizes_scales_never(tmp_path):
     x = np.array([[1.0001, 1.2345, 0.777, 1.9999]], np.float32)
     gated = gated_model(front, found, [k], "fp16")
     y = _run_feed(gated, {"x": x}, {k})
-    np.testing.assert_array_equal(y, _round(_round(x, "fp16") + 2 * _round(c, "fp16"), "fp16"))
+    np.testing.assert_array_equal(y, as_stored(as_stored(x) + 2 * as_stored(c)))
     stores_of_c = [
         n
         for n in gated.graph.node
@@ -299,6 +292,33 @@ def test_a_dequantized_value_is_charged_to_its_reader_as_the_candidate_stores_it
     np.testing.assert_array_equal(_run_feed(gated, {"x": x}, {mm}), expected)
 
 
+def test_pins_that_change_what_is_made_low_measure_the_errors_alone_again(tmp_path):
+    """y = (x * w) * v + x * u, w tiny: the product `a` is an FP16 subnormal (coarse), and
+    v scales its rounding up. With the tiny Mul low, `a` is stored by its maker whatever
+    its reader's gate, and the scale alone adds least; with it pinned, the scale stores
+    `a` itself and adds most. Errors kept from the first ranking (under other pins) would
+    rank the scale last again: `Search.alone` is measured again where that set changed."""
+    m = model(
+        [
+            node("Mul", ["x", "w"], "a", "tiny"),
+            node("Mul", ["a", "v"], "c", "scale"),
+            node("Mul", ["x", "u"], "e", "side"),
+            node("Add", ["c", "e"], "y", "add"),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {k: np.array(v, np.float32) for k, v in {"w": 1e-6, "v": 1e4, "u": 0.05}.items()},
+    )
+    front, _ = _small(tmp_path, m)
+    search = search_mod.Search(front, 10, "nodes", 0, 1)
+    k = {g.names[0]: n for n, g in enumerate(search.groups)}
+    rest = [k["scale"], k["side"], k["add"]]
+    assert search_mod._ranked_alone(search, [k["tiny"], *rest], ("y",))[-1] == k["scale"]
+    search.pinned = [k["tiny"]]
+    assert search_mod._ranked_alone(search, rest, ("y",))[0] == k["scale"]
+    assert search.rankings[-1].note.endswith("(3 runs)")  # none of the first's kept
+
+
 def test_a_ranking_that_cannot_run_leaves_the_maps_order_and_says_why(
     tmp_path, models_dir, capsys, monkeypatch
 ):
@@ -313,7 +333,7 @@ def test_a_ranking_that_cannot_run_leaves_the_maps_order_and_says_why(
     assert _tune(policy, tmp_path / "t.yaml", "--budget", "4") in (0, 1)
     out = capsys.readouterr().out
     assert "could not rank them alone (RuntimeError: no session for this graph)" in out
-    log = [json.loads(x) for x in (tmp_path / "t.log.jsonl").read_text().splitlines()]
+    log = read_log(tmp_path / "t.log.jsonl")
     grow = next(t for t in log if t["action"].startswith("grow"))
     found = groups(front_mod.run_front(load_policy(policy)), "nodes")
     rest = [k for k, g in enumerate(found) if g.label not in log[0]["pinned_groups"]]
