@@ -17,6 +17,11 @@ from onnx import TensorProto
 
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 
+# The quantization ops (the graph's Q/DQ pairs, `graph.qdq`): written here, below the
+# view, since what counts as compute (`computes`) leaves them out too.
+QUANTIZE = "QuantizeLinear"
+DEQUANTIZE = "DequantizeLinear"
+QDQ_OPS = frozenset({QUANTIZE, DEQUANTIZE})
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 PRECISION_DTYPE = {
     "fp16": TensorProto.FLOAT16,
@@ -83,7 +88,8 @@ def computes(op_type: str) -> bool:
     """
     return (
         op_type not in DATA_MOVEMENT
-        and op_type not in ("Cast", "QuantizeLinear", "DequantizeLinear")
+        and op_type != "Cast"
+        and op_type not in QDQ_OPS
         and op_type not in CONTROL_FLOW
     )
 

@@ -30,12 +30,10 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
+from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX, LOW_TINY
 
-QUANTIZE = "QuantizeLinear"
-DEQUANTIZE = "DequantizeLinear"
-QDQ_OPS = frozenset({QUANTIZE, DEQUANTIZE})
 # The ops TensorRT fuses with the DQs in front of them into one quantized kernel; the
 # residual Add after a quantized Conv is fused too when one of its inputs is DQ-fed.
 FUSED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})

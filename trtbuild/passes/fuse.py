@@ -25,7 +25,8 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.analysis import mapped
 from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
-from trtbuild.graph.qdq import DEQUANTIZE, QDQ_OPS, QUANTIZE, quantize
+from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS, QUANTIZE
+from trtbuild.graph.qdq import quantize
 from trtbuild.graph.seethrough import SeenThrough, see_through
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.basic import PassRecord, copied

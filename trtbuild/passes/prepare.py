@@ -95,7 +95,7 @@ def _opset(model: onnx.ModelProto, asked: int | None) -> int | None:
     a DQ into the op only when it is directly in front of it. The opset record
     says the upgrade (`to` 19).
     """
-    from trtbuild.graph.qdq import QDQ_OPS
+    from trtbuild.graph.optypes import QDQ_OPS
 
     if not any(n.op_type in QDQ_OPS for n in model.graph.node):
         return asked
