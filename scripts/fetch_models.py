@@ -80,6 +80,16 @@ MODELS = {
         "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
         "Silero VAD (an If node holding the 8 kHz and 16 kHz subgraphs)",
     ),
+    "yolov8n": Source(
+        "nudenet==3.4.2",
+        "nudenet-3.4.2-py3-none-any.whl",
+        "5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331",
+        "nudenet/320n.onnx",
+        "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+        "YOLOv8n detector (Ultralytics export, opset 17, dynamic size; anchors made from its "
+        "feature maps' shapes: Shape, Gather, Cast, Range)",
+        default=False,
+    ),
     "photo_text": Source(
         *_SKIMAGE,
         "skimage/data/text.png",

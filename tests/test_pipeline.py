@@ -133,3 +133,23 @@ def test_a_loop_fails_unpinned_naming_the_node_in_its_body_and_passes_pinned(
     assert rows["running_sum/body/accumulate"]["rule"] == "running-sum"
     assert rows["running_sum/body/project"]["precision"] == "fp16"
     assert rows["running_sum"]["rule"] == "control-flow"
+
+
+@needs_rtx
+def test_yolov8_builds_with_tensorrt_rtx_over_a_dynamic_profile(real_model, tmp_path):
+    """YOLOv8n as exported (anchors made from its feature maps' shapes, Range in FP32): the
+    policy's engine and its all-FP16/FP32 variants build. Before, each Cast of a width was
+    made FP16 and cast back for its Range, which TensorRT-RTX refused (exit 3)."""
+    policy = tmp_path / "yolo.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: {real_model('yolov8n')}\n"
+        "inputs:\n  images: {min: [1, 3, 320, 320], opt: [1, 3, 320, 320], max: [1, 3, 640, 640]}\n"
+        "accuracy:\n  samples: 1\n"
+        "  tolerances:\n    default: {atol: 0.5, rtol: 0.01, check_error_stat: median}\n"
+        "build: {backend: tensorrt-rtx}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0
+    built = json.loads((out / "build.json").read_text())
+    assert (out / "engine.plan").stat().st_size > 1_000_000
+    assert set(built["engines"]) >= {"policy", "fp16", "fp32"}

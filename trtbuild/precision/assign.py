@@ -21,6 +21,7 @@ from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView
+from trtbuild.numerics import LOW_EPS
 from trtbuild.policy.specs import Precision
 from trtbuild.precision import rules as rules_mod
 
@@ -28,7 +29,7 @@ from trtbuild.precision import rules as rules_mod
 @dataclass(frozen=True)
 class Decision:
     precision: str | None  # fp16 | bf16 | fp32 | None (computes nothing in float)
-    rule: str  # rule id, or "default", "follows-input", "schema", "no-float"
+    rule: str  # rule id, or "default", "follows-input", "schema", "no-float", EXACT_CAST
     reason: str
 
 
@@ -167,15 +168,22 @@ def assign(
 
     _into_bodies(view, picks, hits)
     decisions = _decisions(view, picks, precision)
+    exact = _exact_casts(view, decisions, precision.default)
+    if exact:  # decided again: the data movement after such a Cast follows it to FP32
+        decisions = _decisions(view, picks, precision, exact)
     assignment = Assignment(view, decisions, analysis, hits, warnings)
     return _with_qdq(assignment, qdq, precision) if qdq else assignment
 
 
 def _decisions(
-    view: GraphView, picks: list[tuple[str, str, str] | None], precision: Precision
+    view: GraphView,
+    picks: list[tuple[str, str, str] | None],
+    precision: Precision,
+    fixed: Mapping[int, Decision] | None = None,
 ) -> list[Decision]:
-    """Every node's decision: a rule's pick, else following its input (data movement), else
-    the default; then within what its op's schema allows."""
+    """Every node's decision: `fixed`'s, a rule's pick, else following its input (data
+    movement), else the default; then within what its op's schema allows."""
+    fixed = fixed or {}
     decisions: list[Decision] = []
     default = Decision(precision.default, "default", f"policy default {precision.default}")
     schema: dict[tuple, Decision | None] = {}  # `_respect_schema`'s verdicts, by what they read
@@ -186,7 +194,9 @@ def _decisions(
         if not view.float_outputs(i):
             decisions.append(_NO_FLOAT)
             continue
-        if picks[i] is not None:
+        if i in fixed:
+            decision = fixed[i]
+        elif picks[i] is not None:
             prec, rid, reason = picks[i]
             decision = Decision(prec, rid, reason)
         elif node.op_type in DATA_MOVEMENT:
@@ -195,6 +205,54 @@ def _decisions(
             decision = default  # a frozen Decision: every node of the default shares one
         decisions.append(_respect_schema(view, i, decision, schema))
     return decisions
+
+
+EXACT_CAST = "exact-cast"  # the decision's rule: a Cast of integers kept FP32 for its readers
+
+
+def _exact_casts(view: GraphView, decisions: list[Decision], low: str) -> dict[int, Decision]:
+    """FP32 for each Cast left to the default that makes floats of a non-float value (a
+    shape's dimension, an index) which a node running FP32 reads (directly or through
+    the data movement after it).
+
+    Why: FP16 holds integers exactly only up to 2048 (BF16 to 256), so making such a value
+    low and casting it back for its FP32 reader rounds it for nothing; and TensorRT-RTX
+    refuses the round trip in a shape computation (YOLOv8's anchors: Shape, Gather, Cast,
+    then Range, which has no FP16 type: "Input 0's element type (float) differs from input
+    1's element type (half)"). A low-precision reader still gets the same value, cast down
+    from the exact one.
+    """
+    found: dict[int, Decision] = {}
+    if low not in LOW_EPS:  # an FP32 default: nothing is made low
+        return found
+    for i, node in enumerate(view.nodes):
+        if node.op_type != "Cast" or decisions[i].rule != "default" or view.float_inputs(i):
+            continue
+        reader = _fp32_reader(view, decisions, i)
+        if reader is not None:
+            whole = int(2 / LOW_EPS[low])  # the largest integer below which all are exact
+            why = (
+                f"makes floats of integers that {reader} reads in FP32: exact there "
+                f"({low.upper()} holds integers exactly only up to {whole})"
+            )
+            found[i] = Decision("fp32", EXACT_CAST, why)
+    return found
+
+
+def _fp32_reader(view: GraphView, decisions: list[Decision], i: int) -> str | None:
+    """The name of a node that reads node i's outputs in FP32, where the data movement
+    following them leads: None where none does."""
+    todo, seen = [i], {i}
+    while todo:
+        for r in view.successors(todo.pop()):
+            if r in seen:
+                continue
+            seen.add(r)
+            if decisions[r].precision == "fp32":
+                return view.nodes[r].name
+            if decisions[r].rule == "follows-input":
+                todo.append(r)
+    return None
 
 
 def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:

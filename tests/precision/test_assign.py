@@ -1,0 +1,81 @@
+"""The assignment's own decisions beside the rules': here, the Casts that make integers float."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+from tests.helpers import F, model, node, plain_session
+from trtbuild.policy.specs import Precision
+from trtbuild.precision.assign import EXACT_CAST, assign
+from trtbuild.precision.convert import convert
+
+
+def _anchors(through: bool = False) -> onnx.ModelProto:
+    """A detector's anchors: the feature map's width (Shape, Gather), made float (Cast), a
+    Range over it (no FP16 type: FP32), plus 0.5, added to the map. `through`: the width
+    reaches the Range through a Reshape (data movement, which follows its input). Beside
+    it the width made float again for an FP16 Mul, which no FP32 node reads."""
+    width = ["wf"]
+    nodes = [
+        node("Conv", ["x", "k"], "f", "conv"),
+        node("Shape", ["f"], "s", "shape"),
+        node("Gather", ["s", "three"], "wd", "gather", axis=0),
+        node("Cast", ["wd"], "wf", "cast", to=TensorProto.FLOAT),
+    ]
+    if through:
+        nodes.append(node("Reshape", ["wf", "scalar"], "wr", "reshape"))
+        width = ["wr"]
+    nodes += [
+        node("Range", ["zero", *width, "one"], "r", "range"),
+        node("Add", ["r", "half"], "a", "anchor"),
+        node("Add", ["f", "a"], "g", "add"),
+        node("Cast", ["wd"], "wf2", "cast_side", to=TensorProto.FLOAT),
+        node("Mul", ["g", "wf2"], "y", "scale"),
+    ]
+    scalars = {"zero": 0.0, "one": 1.0, "half": 0.5}
+    inits = {k: np.array(v, np.float32) for k, v in scalars.items()}
+    inits |= {"three": np.array(3, np.int64), "scalar": np.zeros(0, np.int64)}
+    inits["k"] = np.full((4, 3, 1, 1), 0.25, np.float32)
+    return model(nodes, [("x", F, [1, 3, 1, "W"])], [("y", F, [1, 4, 1, "W"])], inits)
+
+
+def _decided(m: onnx.ModelProto, default: str = "fp16") -> dict:
+    found = assign(m, Precision(default=default))
+    return {found.view.nodes[i].name: d for i, d in enumerate(found.decisions)}
+
+
+@pytest.mark.parametrize("through", [False, True])
+def test_a_cast_of_integers_an_fp32_node_reads_is_fp32(through):
+    decided = _decided(_anchors(through))
+    assert decided["range"].precision == "fp32" and decided["range"].rule == "schema"
+    cast = decided["cast"]
+    assert (cast.precision, cast.rule) == ("fp32", EXACT_CAST)
+    assert "that range reads in FP32" in cast.reason and "up to 2048" in cast.reason
+    if through:  # the data movement between follows the Cast again, to FP32
+        assert (decided["reshape"].precision, decided["reshape"].rule) == ("fp32", "follows-input")
+    assert (decided["cast_side"].precision, decided["cast_side"].rule) == ("fp16", "default")
+    assert decided["anchor"].precision == "fp16"
+
+
+def test_bf16_says_its_own_limit_and_an_fp32_default_has_nothing_to_keep():
+    assert (
+        "BF16 holds integers exactly only up to 256" in _decided(_anchors(), "bf16")["cast"].reason
+    )
+    assert all(d.rule != EXACT_CAST for d in _decided(_anchors(), "fp32").values())
+
+
+def test_a_width_past_2048_reaches_the_range_whole():
+    """In FP16, 2049 rounds to 2048: the Range made one anchor too few, and the Add that
+    broadcasts it over the 2049-wide map could not run. Kept FP32, the mixed model runs
+    and gives the FP32 model's anchors (the map's values aside, which are FP16)."""
+    m = _anchors()
+    mixed = convert(assign(m, Precision())).model
+    onnx.checker.check_model(mixed, full_check=True)
+    x = np.random.default_rng(0).uniform(0, 1, (1, 3, 1, 2049)).astype(np.float32)
+    (want,) = plain_session(m).run(None, {"x": x})
+    (got,) = plain_session(mixed).run(None, {"x": x})
+    assert got.shape == want.shape == (1, 4, 1, 2049)
+    np.testing.assert_allclose(got, want, rtol=2e-3)
