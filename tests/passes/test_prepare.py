@@ -65,3 +65,27 @@ def test_the_opset_upgrade_reaches_into_bodies_and_what_it_adds_there_is_named()
     assert means and all(len(n.input) == 2 for n in means)  # axes became an input
     x = {"x": np.random.default_rng(0).normal(size=(1, 8)).astype(np.float32)}
     np.testing.assert_allclose(_run(prepared, x)[0], _run(source, x)[0], rtol=1e-5)
+
+
+def test_folding_keeps_an_output_declared_again_without_its_shape():
+    """An exporter that lists the output in value_info too, as a bare FLOAT (a dynamically
+    quantized OCR model's `[1, seqlen]`): onnx-graphsurgeon took that declaration and
+    exported the output without a shape, which no inference could give back (a Reshape to
+    a shape of unknown length) and onnx.checker refuses; the prepared model keeps the
+    output's own declaration and stays valid."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import I64, F, model, node
+
+    m = model(
+        [node("Shape", ["x"], "unused", "dead"), node("Reshape", ["x", "to"], "y", "reshape")],
+        [("x", F, [1, "n"]), ("to", I64, ["k"])],
+        [("y", F, [1, "n"])],
+    )
+    m.graph.value_info.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, None))
+    onnx.checker.check_model(m, full_check=True)
+    prepared = prepare(m, Passes())
+    assert next(r for r in prepared.records if r.name == "fold_constants").changed == 1
+    onnx.checker.check_model(prepared.model, full_check=True)
+    (y,) = prepared.model.graph.output
+    assert [d.dim_value or d.dim_param for d in y.type.tensor_type.shape.dim] == [1, "n"]

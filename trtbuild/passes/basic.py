@@ -239,12 +239,31 @@ def fold_constants(
     folded.opset_import.extend(model.opset_import)
     folded.producer_name = model.producer_name
     folded.producer_version = model.producer_version
+    _keep_interface(model, folded)
     _keep_body_weights(model, folded)
     removed = before - len(folded.graph.node)
     record = PassRecord("fold_constants", changed=removed, details={"nodes_removed": removed})
     if unfolded:
         record.details["unfolded"] = unfolded
     return folded, record
+
+
+def _keep_interface(source: onnx.ModelProto, folded: onnx.ModelProto) -> None:
+    """Give the graph's inputs and outputs back their declarations as the model wrote them.
+
+    Why: folding changes no input's or output's type or shape, but onnx-graphsurgeon
+    may export an output without its shape (a dynamic `[1, seqlen]` of a dynamically
+    quantized OCR model came out as a bare FLOAT), and onnx.checker refuses a graph
+    output without one: the model was valid before the pass and must be after it.
+    """
+    for mine, theirs in (
+        (folded.graph.input, source.graph.input),
+        (folded.graph.output, source.graph.output),
+    ):
+        declared = {v.name: v for v in theirs}
+        for v in mine:
+            if v.name in declared:
+                v.CopyFrom(declared[v.name])
 
 
 def _keep_body_weights(source: onnx.ModelProto, folded: onnx.ModelProto) -> None:
