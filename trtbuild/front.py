@@ -191,6 +191,7 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
     """
     from trtbuild.graph.qdq import violations
 
+    _integer_quantized(policy, analysis)
     qdq = analysis.qdq()
     if not qdq:
         return
@@ -209,6 +210,25 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
         "; ".join(said),
         where=f"{policy.where}: {fields}" if fields and len(kinds) == 1 else str(policy.model),
         hint="; ".join(dict.fromkeys(fix for _, fix in kinds)),
+    )
+
+
+def _integer_quantized(policy: Policy, analysis: Analysis) -> None:
+    """Exit 2 for a model quantized by ONNX Runtime's dynamic or QOperator quantization
+    (ConvInteger, QLinearConv, ...): TensorRT's parser runs none of those ops, and said
+    so only at the build (exit 3), after the reference and the judge had run."""
+    from trtbuild.graph.qdq import INTEGER_FIX, integer_ops
+
+    found = integer_ops(analysis.view)
+    if not found:
+        return
+    nodes = analysis.view.nodes
+    kinds = ", ".join(sorted({nodes[i].op_type for i in found}))
+    raise UsageError(
+        f"{len(found)} node(s) of ONNX Runtime's dynamic or QOperator quantization ({kinds}; "
+        f"the first: {nodes[found[0]].name}), which TensorRT does not run",
+        where=str(policy.model),
+        hint=INTEGER_FIX,
     )
 
 

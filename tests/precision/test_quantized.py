@@ -271,6 +271,34 @@ def test_asymmetric_model_is_exit_2_naming_the_zero_point(quantized_dir, tmp_pat
     assert not (tmp_path / "m.onnx").exists()
 
 
+@pytest.mark.parametrize("format_", ["dynamic", "qoperator"])
+def test_onnx_runtimes_integer_quantization_is_exit_2_before_any_work(
+    models_dir, tmp_path, capsys, format_
+):
+    """ONNX Runtime's dynamic quantization (MatMulInteger fed by DynamicQuantizeLinear) and
+    its QOperator format (QLinearConv): TensorRT's parser runs neither, which it said only
+    at the build (exit 3, "UNSUPPORTED_NODE"). Now `check` says it, with the Q/DQ fix."""
+    from onnxruntime import quantization as q
+
+    stem = "transformer_tiny" if format_ == "dynamic" else "nafnet_tiny"
+    quantized = tmp_path / f"{stem}_{format_}.onnx"
+    if format_ == "dynamic":
+        q.quantize_dynamic(models_dir / f"{stem}.onnx", quantized)
+        kinds = "DynamicQuantizeLinear, MatMulInteger"
+    else:
+        import make_quantized  # tests/conftest.py puts scripts/ on the path
+
+        reader = make_quantized.SeededReader(make_quantized.QUANTIZED[stem], samples=2)
+        source = models_dir / f"{stem}.onnx"
+        q.quantize_static(source, quantized, reader, quant_format=q.QuantFormat.QOperator)
+        kinds = "QLinearConv"
+    policy = _policy(tmp_path, quantized, f"{stem}_int8")
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "ONNX Runtime's dynamic or QOperator quantization" in err and kinds in err
+    assert "QuantFormat.QDQ" in err and "Traceback" not in err and err.count("\n") == 1
+
+
 def fp8_conv() -> onnx.ModelProto:
     """An FP8 (E4M3) Q/DQ Conv as ModelOpt's FP8 mode writes it (opset 19)."""
     rng = np.random.default_rng(0)

@@ -67,6 +67,28 @@ INTEGER_BOUNDS = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 3276
 FLOAT8_TYPES = {"fp8": ("float8_e4m3fn", 448.0), "fp8e5m2": ("float8_e5m2", 57344.0)}
 
 
+# ONNX Runtime's other quantized formats: dynamic quantization (integer ops fed by a
+# DynamicQuantizeLinear) and the QOperator format (QLinear* ops, standard or com.microsoft).
+# TensorRT's ONNX parser runs none of them ("UNSUPPORTED_NODE"); it takes Q/DQ pairs.
+INTEGER_OPS = frozenset(
+    {"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul"}
+    | {"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat"}
+    | {"QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax", "QLinearWhere"}
+    | {"QLinearReduceMean", "QGemm", "QAttention", "DynamicQuantizeMatMul"}
+    | {"MatMulIntegerToFloat", "DynamicQuantizeLSTM"}
+)
+INTEGER_FIX = (
+    "quantize the FP32 model with Q/DQ nodes, which TensorRT runs: ModelOpt (python -m "
+    "modelopt.onnx.quantization), or ONNX Runtime's quantize_static(..., "
+    "quant_format=QuantFormat.QDQ); or give the FP32 model"
+)
+
+
+def integer_ops(view: GraphView) -> list[int]:
+    """The nodes of ONNX Runtime's dynamic or QOperator quantization (`INTEGER_OPS`)."""
+    return [i for i, n in enumerate(view.nodes) if n.op_type in INTEGER_OPS]
+
+
 def is_qdq(op_type: str) -> bool:
     """Is this op a QuantizeLinear or DequantizeLinear (never compute, never pinned)?"""
     return op_type in QDQ_OPS
