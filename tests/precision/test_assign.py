@@ -79,3 +79,48 @@ def test_a_width_past_2048_reaches_the_range_whole():
     (got,) = plain_session(mixed).run(None, {"x": x})
     assert got.shape == want.shape == (1, 4, 1, 2049)
     np.testing.assert_allclose(got, want, rtol=2e-3)
+
+
+def test_a_cast_read_as_a_graph_output_or_by_a_control_node_is_fp32_too():
+    """Both keep their exported FP32 type: the width made FP16 first came back 2048. Here
+    a graph output, and an If whose branches make the width float for a Range after it."""
+    from onnx import helper
+
+    def branch(tag: str) -> onnx.GraphProto:
+        cast = node("Cast", ["wd"], f"w_{tag}", f"cast_{tag}", to=TensorProto.FLOAT)
+        return helper.make_graph(
+            [cast], tag, [], [helper.make_tensor_value_info(f"w_{tag}", TensorProto.FLOAT, [])]
+        )
+
+    m = model(
+        [
+            node("Shape", ["x"], "s", "shape"),
+            node("Gather", ["s", "one_i"], "wd", "gather", axis=0),
+            node("Cast", ["wd"], "width", "cast", to=TensorProto.FLOAT),
+            node("Greater", ["wd", "zero_i"], "c", "positive"),
+            helper.make_node(
+                "If",
+                ["c"],
+                ["wf"],
+                name="if",
+                then_branch=branch("then"),
+                else_branch=branch("else"),
+            ),
+            node("Range", ["zero", "wf", "one"], "r", "range"),
+        ],
+        [("x", F, [1, "W"])],
+        [("width", F, []), ("r", F, ["W"])],
+        {
+            "one_i": np.array(1, np.int64),
+            "zero_i": np.array(0, np.int64),
+            "zero": np.array(0, np.float32),
+            "one": np.array(1, np.float32),
+        },
+    )
+    decided = _decided(m)
+    assert decided["cast"].rule == EXACT_CAST and "graph output width" in decided["cast"].reason
+    for tag in ("then", "else"):
+        assert decided[f"cast_{tag}"].rule == EXACT_CAST
+    mixed = convert(assign(m, Precision())).model
+    width, r = plain_session(mixed).run(None, {"x": np.zeros((1, 2049), np.float32)})
+    assert width == 2049 and r.shape == (2049,)

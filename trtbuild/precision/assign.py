@@ -5,7 +5,8 @@ Order of the classification (first that applies wins):
 2. the policy's rules, first match wins, then the enabled guards (`guard:*`);
 3. data-movement ops follow the precision of their input;
 4. the policy's default.
-An op whose ONNX schema has no FP16/BF16 type stays FP32 whatever asked for it.
+An op whose ONNX schema has no FP16/BF16 type stays FP32 whatever asked for it; a Cast of
+integers to float that is read in FP32 runs FP32 (`EXACT_CAST`), and what follows it again.
 """
 
 from __future__ import annotations
@@ -212,47 +213,63 @@ EXACT_CAST = "exact-cast"  # the decision's rule: a Cast of integers kept FP32 f
 
 def _exact_casts(view: GraphView, decisions: list[Decision], low: str) -> dict[int, Decision]:
     """FP32 for each Cast left to the default that makes floats of a non-float value (a
-    shape's dimension, an index) which a node running FP32 reads (directly or through
-    the data movement after it).
+    shape's dimension, an index) which is read in FP32: by a node running FP32, a control
+    node (its bodies keep their exported types) or as a graph output (its dtype is kept),
+    directly or through the data movement that follows it.
 
     Why: FP16 holds integers exactly only up to 2048 (BF16 to 256), so making such a value
     low and casting it back for its FP32 reader rounds it for nothing; and TensorRT-RTX
     refuses the round trip in a shape computation (YOLOv8's anchors: Shape, Gather, Cast,
     then Range, which has no FP16 type: "Input 0's element type (float) differs from input
     1's element type (half)"). A low-precision reader still gets the same value, cast down
-    from the exact one.
+    from the exact one (data movement that follows the Cast, a Concat with a feature map
+    too, is FP32 with it: the same values, one cast more).
     """
     found: dict[int, Decision] = {}
     if low not in LOW_EPS:  # an FP32 default: nothing is made low
         return found
-    for i, node in enumerate(view.nodes):
-        if node.op_type != "Cast" or decisions[i].rule != "default" or view.float_inputs(i):
-            continue
-        reader = _fp32_reader(view, decisions, i)
-        if reader is not None:
-            whole = int(2 / LOW_EPS[low])  # the largest integer below which all are exact
+    casts = [
+        i
+        for i, node in enumerate(view.nodes)
+        if node.op_type == "Cast" and decisions[i].rule == "default" and not view.float_inputs(i)
+    ]
+    if not casts:
+        return found
+    reader = _fp32_readers(view, decisions)
+    whole = int(2 / LOW_EPS[low])  # below it every integer is exact in `low`
+    for i in casts:
+        if reader[i] is not None:
             why = (
-                f"makes floats of integers that {reader} reads in FP32: exact there "
+                f"makes floats of integers that {reader[i]} reads in FP32: exact there "
                 f"({low.upper()} holds integers exactly only up to {whole})"
             )
             found[i] = Decision("fp32", EXACT_CAST, why)
     return found
 
 
-def _fp32_reader(view: GraphView, decisions: list[Decision], i: int) -> str | None:
-    """The name of a node that reads node i's outputs in FP32, where the data movement
-    following them leads: None where none does."""
-    todo, seen = [i], {i}
-    while todo:
-        for r in view.successors(todo.pop()):
-            if r in seen:
-                continue
-            seen.add(r)
-            if decisions[r].precision == "fp32":
-                return view.nodes[r].name
-            if decisions[r].rule == "follows-input":
-                todo.append(r)
-    return None
+def _fp32_readers(view: GraphView, decisions: list[Decision]) -> list[str | None]:
+    """For each node, what reads its outputs in FP32 (a node's name, or a graph output),
+    directly or through the data movement following it; None where nothing does.
+
+    One pass from the last node back (a node's readers come after it, a body's after its
+    outer values and before its control node): linear, however many Casts share a chain.
+    """
+    outputs = set(view.outputs)
+    found: list[str | None] = [None] * len(view.nodes)
+    for i in range(len(view.nodes) - 1, -1, -1):
+        out = next((t for t in view.nodes[i].output if t in outputs), None)
+        if out is not None:
+            found[i] = f"graph output {out}"
+            continue
+        for r in view.successors(i):
+            d = decisions[r]
+            if d.precision == "fp32" or d.rule == "control-flow":
+                found[i] = view.nodes[r].name
+            elif d.rule == "follows-input":
+                found[i] = found[r]
+            if found[i] is not None:
+                break
+    return found
 
 
 def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:
