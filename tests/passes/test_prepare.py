@@ -89,3 +89,21 @@ def test_folding_keeps_an_output_declared_again_without_its_shape():
     onnx.checker.check_model(prepared.model, full_check=True)
     (y,) = prepared.model.graph.output
     assert [d.dim_value or d.dim_param for d in y.type.tensor_type.shape.dim] == [1, "n"]
+
+
+def test_an_output_folded_to_a_constant_keeps_the_shape_the_fold_gives():
+    """With the input's shape overridden (which clears the outputs' declared shapes), an
+    output that folds to a constant has its shape from the fold alone: it stays."""
+    from tests.helpers import F, model, node
+
+    m = model(
+        [node("Shape", ["x"], "s", "shape"), node("Cast", ["s"], "y", "cast", to=1)],
+        [("x", F, [1, "n"])],
+        [("y", F, [2])],
+    )
+    m.graph.output.append(onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None))
+    m.graph.node.append(onnx.helper.make_node("Relu", ["x"], ["z"], name="relu"))
+    prepared = prepare(m, Passes(override_input_shapes=(("x", (1, 64)),)))
+    onnx.checker.check_model(prepared.model, full_check=True)
+    y = next(o for o in prepared.model.graph.output if o.name == "y")
+    assert [d.dim_value for d in y.type.tensor_type.shape.dim] == [2]

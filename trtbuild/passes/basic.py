@@ -249,20 +249,22 @@ def fold_constants(
 
 
 def _keep_interface(source: onnx.ModelProto, folded: onnx.ModelProto) -> None:
-    """Give the graph's inputs and outputs back their declarations as the model wrote them.
+    """Give a graph input or output that the fold exported without a shape its declaration
+    in the model folded, where that one has a shape.
 
-    Why: folding changes no input's or output's type or shape, but onnx-graphsurgeon
-    may export an output without its shape (a dynamic `[1, seqlen]` of a dynamically
-    quantized OCR model came out as a bare FLOAT), and onnx.checker refuses a graph
-    output without one: the model was valid before the pass and must be after it.
+    Why: onnx-graphsurgeon may export an output without its shape (a dynamic `[1, seqlen]`
+    that value_info declared again as a bare FLOAT, in a dynamically quantized OCR
+    model), and onnx.checker refuses a graph output without one. Only then: an output
+    folded to a constant gets its shape from the fold, where `override_input_shapes`
+    had cleared the declared one.
     """
     for mine, theirs in (
         (folded.graph.input, source.graph.input),
         (folded.graph.output, source.graph.output),
     ):
-        declared = {v.name: v for v in theirs}
+        declared = {v.name: v for v in theirs if v.type.tensor_type.HasField("shape")}
         for v in mine:
-            if v.name in declared:
+            if v.name in declared and not v.type.tensor_type.HasField("shape"):
                 v.CopyFrom(declared[v.name])
 
 
