@@ -52,7 +52,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtbuild import front, tuning  # noqa: E402
+from trtbuild import cores, front, tuning  # noqa: E402
 from trtbuild.accuracy import sessions as ev  # noqa: E402
 from trtbuild.accuracy.judge import judge  # noqa: E402
 from trtbuild.policy import load_policy  # noqa: E402
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs",
         type=int,
         default=tuning.default_jobs(),
-        help="trtbuild tune --jobs (default: tune's own, one per two usable cores, 1 to 4)",
+        help=f"trtbuild tune --jobs (default: tune's own, {cores.DEFAULT_JOBS})",
     )
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="trtbuild-bench-tune-"))

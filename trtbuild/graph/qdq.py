@@ -75,7 +75,10 @@ INTEGER_OPS = frozenset(
     | {"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat"}
     | {"QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearSoftmax", "QLinearWhere"}
     | {"QLinearReduceMean", "QGemm", "QAttention", "DynamicQuantizeMatMul"}
-    | {"MatMulIntegerToFloat", "DynamicQuantizeLSTM"}
+    | {"MatMulIntegerToFloat", "DynamicQuantizeLSTM", "QEmbedLayerNormalization"}
+    | {"MulInteger", "ReduceSumInteger", "MatMulInteger16", "QOrderedMatMul"}
+    | {"QOrderedLayerNormalization", "QOrderedGelu", "QOrderedAttention"}
+    | {"QOrderedLongformerAttention"}
 )
 INTEGER_FIX = (
     "quantize the FP32 model with Q/DQ nodes, which TensorRT runs: ModelOpt (python -m "

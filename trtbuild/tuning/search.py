@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from trtbuild.front import Front
 from trtbuild.graph.qdq import is_qdq
+from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX
 from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import assign
@@ -397,14 +398,21 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
 def _low_made(search: Search) -> frozenset[str]:
     """The values the current candidate's makers store in the low precision, whether or not
     their readers are pinned (`alone._Gated`). Not a Dequantize's: it follows its reader,
-    and pinning the reader makes it FP32."""
+    and pinning the reader makes it FP32; nor a Cast's of integers, which pinning its
+    reader makes FP32 too (`assign.EXACT_CAST`)."""
     view = search.front.view
     return frozenset(
         t
         for i, p in enumerate(_precisions(search, search.pinned))
-        if p == search.low and not is_qdq(view.nodes[i].op_type)
+        if p == search.low and not _follows_reader(view, i)
         for t in view.nodes[i].output
     )
+
+
+def _follows_reader(view: GraphView, i: int) -> bool:
+    """Whether node i is made FP32 by pinning what reads it: a Q/DQ, a Cast of integers."""
+    op = view.nodes[i].op_type
+    return is_qdq(op) or (op == "Cast" and not view.float_inputs(i))
 
 
 def _ranking_errors(search: Search, failing: TrialOutcome) -> dict[str, float]:
