@@ -111,6 +111,7 @@ RNG = np.random.default_rng(7)
 X4 = RNG.normal(0, 3, (1, 4, 8, 8)).astype(np.float32)
 X2 = RNG.normal(0, 3, (6, 16)).astype(np.float32)
 W = RNG.normal(0, 0.5, (16, 8)).astype(np.float32)
+WS = as_stored(W)  # the weight as FP16 stores it: what MatMul and Gemm multiply by
 K = RNG.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32)
 G4 = (1 + 0.1 * RNG.standard_normal(4)).astype(np.float32)
 B4 = (0.1 * RNG.standard_normal(4)).astype(np.float32)
@@ -176,20 +177,8 @@ STORAGE_CASES = {
             / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
         ),
     ),
-    "MatMul": (
-        node("MatMul", ["x", "w"], "y", "op"),
-        X2,
-        {"w": W},
-        [6, 8],
-        lambda x, w: x @ as_stored(W),
-    ),
-    "Gemm": (
-        node("Gemm", ["x", "w"], "y", "op"),
-        X2,
-        {"w": W},
-        [6, 8],
-        lambda x, w: x @ as_stored(W),
-    ),
+    "MatMul": (node("MatMul", ["x", "w"], "y", "op"), X2, {"w": W}, [6, 8], lambda x, w: x @ WS),
+    "Gemm": (node("Gemm", ["x", "w"], "y", "op"), X2, {"w": W}, [6, 8], lambda x, w: x @ WS),
     "Conv": (
         node("Conv", ["x", "k"], "y", "op", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         X4,
