@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
+
 from tests.conftest import NAFNET_POLICY, PINS
 from trtbuild.cli import main
 
@@ -150,3 +153,32 @@ def test_samples_compared_at_once_leave_polygraphys_logger_and_warnings_as_they_
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
     assert (G_LOGGER.module_severity, G_LOGGER.logging_indent) == (severity, indent)
     assert warnings.filters == filters
+
+
+def _cases() -> list[np.ndarray]:
+    """Ties everywhere, both zeros, infinities, a NaN; half, float, double and integers."""
+    rng = np.random.default_rng(0)
+    found = []
+    for dt in (np.float16, np.float32, np.float64):
+        found.append(rng.integers(0, 4, (3, 5, 7)).astype(dt))
+        a = rng.normal(size=(4, 9)).astype(dt)
+        a[0, 2], a[1, :], a[1, 3], a[2, 4] = np.inf, 0.0, -0.0, np.nan
+        found += [a, np.array([-0.0, 0.0, -0.0], dt), np.full((2, 3), -np.inf, dt)]
+    return [*found, rng.integers(-5, 5, (4, 6)).astype(np.int64)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_top_indices_are_polygraphys_top_k_exactly(k):
+    """Where k is 1 one argmax stands for Polygraphy's stable sort of the whole axis: the
+    same indices, dtype and shape on ties, both zeros and infinities; a NaN's row is
+    Polygraphy's own (argmax would pick the NaN)."""
+    from polygraphy.comparator import TopKPostprocessFunc
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.checks import top_indices
+
+    for a in _cases():
+        want = TopKPostprocessFunc(k=k)(IterationResult({"o": a.copy()}, runner_name="r"))["o"]
+        got = top_indices(a, k)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
