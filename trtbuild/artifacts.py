@@ -41,6 +41,7 @@ from trtbuild.fsutil import (
 )
 from trtbuild.policy.model import Policy
 from trtbuild.record import BuildRecord
+from trtbuild.words import first_few
 
 REPORT_FILES = (
     "report.json",
@@ -178,7 +179,7 @@ def engine_warnings(record: BuildRecord) -> list[str]:
     audit = record.layer_audit or {}
     missing = audit.get("not_in_network") or []
     if missing:
-        shown = ", ".join(missing[:3]) + (f", +{len(missing) - 3} more" if len(missing) > 3 else "")
+        shown = first_few(missing)
         found.append(
             f"the layer audit found no layer named after {len(missing)} FP32 node(s) ({shown}); "
             "their precision in the engine is unchecked"

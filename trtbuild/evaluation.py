@@ -17,6 +17,7 @@ from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
 from trtbuild.numerics import LOW_EPS, LOW_MAX
 from trtbuild.precision.convert import Converted
+from trtbuild.words import first_few
 
 # "Nearly constant" (docs/outputs.md): at a point, an output whose standard deviation over
 # the data there is at most one step of the policy's low precision at the output's scale
@@ -140,13 +141,12 @@ def overflow_warnings(front: Front) -> list[str]:
                 found.append((view.nodes[i].name, view.nodes[i].op_type, t, peak, d.precision))
     if not found:
         return []
-    shown = ", ".join(f"{n} ({op}) reaches {p:.4g}" for n, op, _, p, _ in found[:3])
-    more = f", +{len(found) - 3} more" if len(found) > 3 else ""
+    shown = first_few([f"{n} ({op}) reaches {p:.4g}" for n, op, _, p, _ in found])
     did = "fails the policy" if rule == "fail" else "is only warned"
     low = found[0][4].upper()
     return [
         f"{len(found)} tensor(s) stored in {low} pass its range on the reference data and turn "
-        f"inf: {shown}{more}; where the outputs hide it, the masked overflow {did} "
+        f"inf: {shown}; where the outputs hide it, the masked overflow {did} "
         f"{rule_said(rule)}; pin them (a `name` rule) or `trtbuild tune`"
     ]
 
@@ -162,7 +162,7 @@ def body_warnings(front: Front) -> list[str]:
     if not inside:
         return []  # data movement only (shape checks): nothing computes there
     controls = list(dict.fromkeys(view.nodes[view.parent[i]].name for i in inside))
-    shown = ", ".join(controls[:3]) + (f", +{len(controls) - 3} more" if len(controls) > 3 else "")
+    shown = first_few(controls)
     text = (
         f"{len(inside)} compute node(s) run inside the control flow of {shown}: each of their tensors "
         "is measured by its peak only (an overflow there is found and named; the divergence is "
@@ -172,7 +172,7 @@ def body_warnings(front: Front) -> list[str]:
     if blind:
         text += (
             f"; the internal sums of {len(blind)} low-precision op(s) there are not measured "
-            f"({', '.join(blind[:3])}): pin them to be safe on any kernel"
+            f"({first_few(blind)}): pin them to be safe on any kernel"
         )
     return [text]
 
