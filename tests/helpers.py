@@ -95,6 +95,23 @@ def proc_stat(pid: int) -> list[str]:
 # -- control flow ------------------------------------------------------------------
 
 
+def if_on_sign(
+    then: onnx.GraphProto, other: onnx.GraphProto, y_shape: list, inits: dict | None = None
+) -> onnx.ModelProto:
+    """y = If(sum(x) > 0) then `then` else `other`, x of shape [1, 4]: the branches read x
+    (and `inits`, the outer weights) from outside."""
+    return model(
+        [
+            node("ReduceSum", ["x"], "s", "sum", keepdims=0),
+            node("Greater", ["s", "zero"], "c", "positive"),
+            node("If", ["c"], "y", "branch", then_branch=then, else_branch=other),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, y_shape)],
+        {"zero": np.array(0.0, np.float32), **(inits or {})},
+    )
+
+
 def if_model(scale: float = 1.0) -> onnx.ModelProto:
     """y = If(sum(x) > 0) then Relu(x) * w * scale else Neg(x) * w: each branch reads the outer
     weight `w`; both name their products `p` (the naming pass must set them apart)."""
@@ -113,23 +130,8 @@ def if_model(scale: float = 1.0) -> onnx.ModelProto:
             [numpy_helper.from_array(np.array(k, np.float32), f"k_{tag}")],
         )
 
-    return model(
-        [
-            node("ReduceSum", ["x"], "s", "sum", keepdims=0),
-            node("Greater", ["s", "zero"], "c", "positive"),
-            node(
-                "If",
-                ["c"],
-                "y",
-                "branch",
-                then_branch=branch("Relu", "then", scale),
-                else_branch=branch("Neg", "else", 1.0),
-            ),
-        ],
-        [("x", F, [1, 4])],
-        [("y", F, [1, 4])],
-        {"zero": np.array(0.0, np.float32), "w": np.full((1, 4), 2.0, np.float32)},
-    )
+    weight = {"w": np.full((1, 4), 2.0, np.float32)}
+    return if_on_sign(branch("Relu", "then", scale), branch("Neg", "else", 1.0), [1, 4], weight)
 
 
 def scan_model(steps: int = 8, width: int = 4, gain: float = 1.0) -> onnx.ModelProto:

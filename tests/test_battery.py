@@ -24,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import NAFNET_POLICY, PINS, ROOT
-from tests.helpers import F, model, needs_rtx, node
+from tests.helpers import F, if_on_sign, model, needs_rtx, node
 from trtbuild.cli import main
 
 
@@ -132,16 +132,7 @@ def _if_model(then_type: int = F) -> onnx.ModelProto:
         [],
         [helper.make_tensor_value_info("e", F, [1, 4])],
     )
-    return model(
-        [
-            node("ReduceSum", ["x"], "s", "sum", keepdims=0),
-            node("Greater", ["s", "zero"], "c", "positive"),
-            node("If", ["c"], "y", "branch", then_branch=then, else_branch=other),
-        ],
-        [("x", F, [1, 4])],
-        [("y", F, [1, 4])],
-        {"zero": np.array(0.0, np.float32)},
-    )
+    return if_on_sign(then, other, [1, 4])
 
 
 def _loop_model(out_type: int = F) -> onnx.ModelProto:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 from onnx import helper
 
-from tests.helpers import F, model, node
+from tests.helpers import F, if_on_sign, node
 
 
 def test_a_body_warning_counts_every_unmeasured_op_it_does_not_name(tmp_path):
@@ -30,17 +29,7 @@ def test_a_body_warning_counts_every_unmeasured_op_it_does_not_name(tmp_path):
         [],
         [helper.make_tensor_value_info("o", F, [1, 1])],
     )
-    m = model(
-        [
-            node("ReduceSum", ["x"], "s", "sum", keepdims=0),
-            node("Greater", ["s", "zero"], "c", "positive"),
-            node("If", ["c"], "y", "branch", then_branch=then, else_branch=other),
-        ],
-        [("x", F, [1, 4])],
-        [("y", F, [1, 1])],
-        {"zero": np.array(0.0, np.float32)},
-    )
-    onnx.save(m, tmp_path / "m.onnx")
+    onnx.save(if_on_sign(then, other, [1, 1]), tmp_path / "m.onnx")
     (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 4]}\n")
     (said,) = body_warnings(run_front(load_policy(tmp_path / "p.yaml"), reference="none"))
     assert "the internal sums of 4 low-precision op(s) there are not measured" in said
