@@ -522,3 +522,29 @@ def test_single_node_pins_are_offered_as_their_scope_where_it_splits_no_unit():
     assert [r.match.name for r in rules] == ["^/enc0/"]
     # a scope adding more than half of what it replaces is not offered
     assert scopes([*groups_, group("node", "/enc0/Mul")], pinned=[0, 1]) == []
+
+
+def test_an_answer_with_almost_nothing_low_says_the_tolerance_is_the_cause(tmp_path, capsys):
+    """Every element exact on a product FP16 rounds: the answer keeps it FP32, and `tune`
+    says the tolerance is the likely cause, not a budget (which it did not run out of)."""
+    import numpy as np
+    import onnx
+
+    from tests.helpers import F, model, node
+
+    m = model(
+        [node("Mul", ["x", "w"], "a", "mul"), node("Add", ["a", "w"], "y", "add")],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"w": np.array([[1.0001, 3.0007, 0.3333, 7.77]], np.float32)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 4]}\nprecision: {default: fp16}\n"
+        "accuracy:\n  tolerances:\n    default: {atol: 0.0, rtol: 0.0, check_error_stat: max}\n"
+    )
+    assert _tune(policy, tmp_path / "t.yaml") == 0
+    err = capsys.readouterr().err
+    assert "tune kept only 0.0% of the model in FP16: the tolerances are likely tighter" in err
+    assert "more --budget rarely keeps more in FP16" in err and "ran out before" not in err

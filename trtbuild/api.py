@@ -393,7 +393,8 @@ def _tuned(
     front: Front, found: SearchResult, output: str | Path | None, seed: int, objective: str
 ) -> TuneResult:
     """The search's result as the library's: the tuned policy a new value, named after
-    `output` (or `<name>.tuned`); the budget's warning to the `trtbuild` logger."""
+    `output` (or `<name>.tuned`); the budget's warning and, where it keeps almost nothing
+    low, the tolerances' to the `trtbuild` logger."""
     from trtbuild import tuning
     from trtbuild.results import Pin, TuneResult
 
@@ -402,6 +403,9 @@ def _tuned(
     text, tuned = tuning.tuned_policy(front, found, where, seed, objective, name)
     if found.exhausted:
         log.warning(tuning.budget_warning(found))
+    tight = tuning.tight_warning(found)
+    if tight is not None:
+        log.warning(tight)
     return TuneResult(
         policy=tuned,
         passed=found.passed,

@@ -40,6 +40,7 @@ from trtbuild.tuning.output import (
     check_output,
     check_policy,
     pins,
+    tight_warning,
     tuned_policy,
     write_log,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "name_regex",
     "node_flops",
     "pins",
+    "tight_warning",
     "tune",
     "tuned_policy",
     "write_log",

@@ -112,6 +112,31 @@ def budget_warning(result: SearchResult) -> str:
     )
 
 
+# Below this share in the low precision a passing answer says more of its tolerances than
+# of the model: `tight_warning`
+FEW_LOW = 0.1
+
+
+def tight_warning(result: SearchResult) -> str | None:
+    """Where the answer keeps almost nothing in the low precision: what that says of the
+    tolerances (None where it keeps more, or does not pass).
+
+    Why: a tolerance that FP16 storage cannot meet anywhere (Polygraphy's default, every
+    element within 1e-3, on a layout detector whose outputs reach a few units) ends with
+    0.6% in FP16 after the whole budget, and a search cut short says "raise `budget`",
+    which buys single-group unpins that fail one after another.
+    """
+    if not result.passed or result.low_share >= FEW_LOW:
+        return None
+    low = result.low.upper()
+    return (
+        f"tune kept only {result.low_share:.1%} of the model in {low}: the tolerances are "
+        f"likely tighter than {low} storage allows; loosen them where the task allows (boxes "
+        f"within a pixel, an image by PSNR, a classifier by top-k): more `budget` rarely "
+        f"keeps more in {low} then"
+    )
+
+
 def write_log(path: Path, result: SearchResult) -> None:
     """One JSON line per evaluation, in the order they were recorded."""
     from trtbuild.fsutil import write_text
