@@ -30,10 +30,13 @@ the new neighbourhoods, `onnx.checker`, ONNX Runtime's loads of it in children, 
 save; once after an edit (a layer not edited before) and once cold (nothing remembered).
 
 `--rounds` (default 5) then times, round after round, the lighter peer, an edit, a warm and a
-cold `convert` one after the other, so the machine's drift hits both tools alike.
+cold `convert` one after the other, so the machine's drift hits both tools alike;
+`--cold-parts` adds, each round, a cold `convert` of the model saved at the policy's opset
+beforehand and one with the ONNX Runtime check off (what the version conversion and the
+check cost of a cold run).
 
 Usage: python benchmarks/bench_convert.py [--nodes 10000] [--dims 32,8] [--repeat 3]
-       [--check-repeat 10] [--edits 5] [--phases] [--rounds 5]
+       [--check-repeat 10] [--edits 5] [--phases] [--rounds 5] [--cold-parts]
 Needs: pip install -e ".[bench]" (onnxconverter-common).
 """
 
@@ -51,19 +54,22 @@ import time
 from pathlib import Path
 
 import onnx
+from onnx import version_converter
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import make_models  # noqa: E402
 
+# the opset the benchmark's policy asks (the generated model is at 13: `prepare` upgrades it)
+OPSET = 17
 # #46's targets, trtbuild's time over the peer's: cold, after a rule edit, warm
 TARGET = {"cold": 2.0, "edit": 1.5, "warm": 1.0}
 
 POLICY = """\
 version: 1
 model: {model}
-passes: {{opset: 17, fuse_layernorm: false}}
+passes: {{opset: {opset}, fuse_layernorm: false}}
 precision:
   default: fp16
   rules:
@@ -118,7 +124,7 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
     n_nodes = len(model.graph.node)
     block = [n.name for n in model.graph.node if "/norm" in n.name]
     policy = tmp / "policy.yaml"
-    policy.write_text(POLICY.format(model=src, edit=""))
+    policy.write_text(POLICY.format(opset=OPSET, model=src, edit=""))
     print(
         f"\nmodel: transformer, dim {dim}, {layers} layers, {n_nodes} nodes, "
         f"{src.stat().st_size / 1e6:.1f} MB; {len(block)} LayerNorm nodes kept FP32"
@@ -142,7 +148,9 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
         """One convert per layer edited: each a new mixed model, the prepared graph cached."""
         runs = []
         for layer in edited:
-            policy.write_text(POLICY.format(model=src, edit=EDIT.format(layer=layer % layers)))
+            policy.write_text(
+                POLICY.format(opset=OPSET, model=src, edit=EDIT.format(layer=layer % layers))
+            )
             runs += _time(convert, 1, env)[0]
         return runs
 
@@ -150,7 +158,7 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
     # (the embedding next to them); later ones, in the middle, are alike to those.
     first_edits = edit_runs(range(args.edits))
     later_edits = edit_runs(range(layers // 2, layers // 2 + args.edits))
-    policy.write_text(POLICY.format(model=src, edit=""))
+    policy.write_text(POLICY.format(opset=OPSET, model=src, edit=""))
     occ, _ = _time(occ_cmd(block), args.repeat, env)
     occ_all, _ = _time(occ_cmd([]), args.repeat, env)
     occ_fp16_io, _ = _time(occ_cmd([], keep_io=False), args.repeat, env)
@@ -197,10 +205,13 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
     print(f"check warm {med['check']:.2f} s, slowest {max(check_warm):.2f} s (target < 1 s)")
     print(f"trtbuild said: {trt_out}")
     if args.rounds:
-        interleaved(args.rounds, layers, policy, src, occ_cmd([], keep_io=False), convert, env)
+        parts = _cold_parts(model, tmp) if args.cold_parts else {}
+        interleaved(
+            args.rounds, layers, policy, src, occ_cmd([], keep_io=False), convert, env, parts
+        )
     if args.phases:  # a layer not edited before (interior: alike to those that were)
         edit = EDIT.format(layer=layers // 2 + args.edits)  # in the middle, not edited before
-        policy.write_text(POLICY.format(model=src, edit=edit))
+        policy.write_text(POLICY.format(opset=OPSET, model=src, edit=edit))
         phases = [sys.executable, str(Path(__file__).with_name("convert_phases.py")), str(policy)]
         for extra in ([], ["--cold"]):
             done = subprocess.run(
@@ -211,27 +222,64 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
     print(subprocess.run([*trt, "cache", "info"], capture_output=True, text=True, env=env).stdout)
 
 
+def _cold_parts(model: onnx.ModelProto, tmp: Path) -> dict[str, Path]:
+    """Policies for what a cold `convert` costs beyond the peer's work: the same model saved
+    at the policy's opset beforehand (no version conversion), and the ONNX Runtime check
+    off (`build.ort_check_timeout: 0`)."""
+    at_opset = tmp / "transformer_opset17.onnx"
+    converted = version_converter.convert_version(model, OPSET)
+    del converted.graph.value_info[:]  # as an exporter writes it: prepare infers the shapes
+    onnx.save(converted, at_opset)
+    found = {
+        f"cold, the model already at opset {OPSET}": POLICY.format(
+            opset=OPSET, model=at_opset, edit=""
+        ),
+        "cold, the ONNX Runtime check off": POLICY.format(
+            opset=OPSET, model=tmp / "transformer.onnx", edit=""
+        ).replace("{backend: none}", "{backend: none, ort_check_timeout: 0}"),
+    }
+    paths = {}
+    for k, (label, text) in enumerate(found.items()):
+        paths[label] = tmp / f"cold_part{k}.yaml"
+        paths[label].write_text(text)
+    return paths
+
+
 def interleaved(
-    rounds: int, layers: int, policy: Path, src: Path, peer: list[str], convert: list[str], env
+    rounds: int,
+    layers: int,
+    policy: Path,
+    src: Path,
+    peer: list[str],
+    convert: list[str],
+    env,
+    parts: dict[str, Path],
 ) -> None:
     """Each round the lighter peer, an edit (a middle layer not edited before), a warm and a
-    cold `convert`, one after the other: the machine's drift (a shared CI machine slows
-    and speeds up over minutes) hits both tools alike, where the rows above time each
-    command's runs in a block of their own."""
+    cold `convert` (and each of `parts`' policies cold), one after the other: the machine's
+    drift (a shared CI machine slows and speeds up over minutes) hits both tools alike,
+    where the rows above time each command's runs in a block of their own."""
     times: dict[str, list[float]] = {"peer": [], "edit": [], "warm": [], "cold": []}
+    times.update({label: [] for label in parts})
+    at = convert.index("--policy") + 1
     for k in range(rounds):
         times["peer"] += _time(peer, 1, env)[0]
         edit = EDIT.format(layer=(layers // 2 + layers // 4 + k) % layers)
-        policy.write_text(POLICY.format(model=src, edit=edit))
+        policy.write_text(POLICY.format(opset=OPSET, model=src, edit=edit))
         times["edit"] += _time(convert, 1, env)[0]
-        policy.write_text(POLICY.format(model=src, edit=""))
+        policy.write_text(POLICY.format(opset=OPSET, model=src, edit=""))
         times["warm"] += _time(convert, 1, env)[0]
         times["cold"] += _time([*convert, "--no-cache"], 1, env)[0]
+        for label, path in parts.items():
+            times[label] += _time(
+                [*convert[:at], str(path), *convert[at + 1 :], "--no-cache"], 1, env
+            )[0]
     med = {k: statistics.median(v) for k, v in times.items()}
     said = [
         f"{k} {med[k]:.2f} s ({med[k] / med['peer']:.2f}x, target <= {TARGET[k]}x)"
         for k in ("edit", "warm", "cold")
     ]
+    said += [f"{k} {med[k]:.2f} s ({med[k] / med['peer']:.2f}x)" for k in parts]
     print(
         f"interleaved, {rounds} rounds (medians): onnxconverter-common FP16 IO "
         f"{med['peer']:.2f} s, trtbuild {', '.join(said)}"
@@ -253,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=5,
         help="interleaved rounds against the lighter peer (0: none)",
+    )
+    parser.add_argument(
+        "--cold-parts",
+        action="store_true",
+        help="in the rounds, also a cold convert of the model saved at the policy's opset "
+        "and one with the ONNX Runtime check off: what each costs",
     )
     args = parser.parse_args(argv)
     # Time what an installed trtbuild runs: pip compiles a regular install's bytecode, and an
