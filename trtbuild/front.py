@@ -256,7 +256,9 @@ def _shape_runs(
         )
     decoded = Decoded()  # each image decoded once, every point fit from its original
     originals: dict[Path, Any] = {}  # the reference model's session, made once for every point
-    run = _PointRun(policy, prepared, view, cache, digest, reference, draw)
+    original = policy.accuracy.reference_model  # its bytes hashed once, not once a point
+    known = key_digest(original) if digest and original and reference != "none" else None
+    run = _PointRun(policy, prepared, view, cache, digest, reference, draw, known)
     runs = [run(point, decoded, originals) for point in points if point.skip is None]
     return runs, skipped
 
@@ -272,6 +274,7 @@ class _PointRun:
     digest: str | None
     reference: ReferenceLevel
     draw: bool  # the feeds drawn (`run_front`'s `draw`)
+    original: str | None = None  # `accuracy.reference_model`'s digest, where a key is made
 
     def __call__(self, point: ShapePoint, decoded: Decoded, originals: dict[Path, Any]) -> ShapeRun:
         policy, prepared = self.policy, self.prepared
@@ -304,10 +307,9 @@ def _against_original(
     from trtbuild.accuracy.reference import ReferenceTensors, against_reference_model
 
     key = None
-    original = key_digest(path) if run.digest else None
-    if original is not None:  # (unreadable: `against_reference_model` says why)
+    if run.original is not None:  # (unreadable: `against_reference_model` says why)
         outputs = ",".join(ref.measures.outputs)
-        key = cache_key("reference-model", run.digest, original, feeds_digest(feeds), outputs)
+        key = cache_key("reference-model", run.digest, run.original, feeds_digest(feeds), outputs)
         cached = run.cache.get("reference", key)
         if cached is not None:
             return ReferenceTensors(ref.measures, cached, ref.run_results, path)
