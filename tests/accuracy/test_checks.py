@@ -156,7 +156,8 @@ def test_samples_compared_at_once_leave_polygraphys_logger_and_warnings_as_they_
 
 
 def _cases() -> list[np.ndarray]:
-    """Ties everywhere, both zeros, infinities, a NaN; half, float, double and integers."""
+    """Ties everywhere, both zeros, infinities, a NaN; half, float, double and integers
+    (unsigned, and the smallest signed: where -x wraps, Polygraphy's answer stands)."""
     rng = np.random.default_rng(0)
     found = []
     for dt in (np.float16, np.float32, np.float64):
@@ -164,7 +165,8 @@ def _cases() -> list[np.ndarray]:
         a = rng.normal(size=(4, 9)).astype(dt)
         a[0, 2], a[1, :], a[1, 3], a[2, 4] = np.inf, 0.0, -0.0, np.nan
         found += [a, np.array([-0.0, 0.0, -0.0], dt), np.full((2, 3), -np.inf, dt)]
-    return [*found, rng.integers(-5, 5, (4, 6)).astype(np.int64)]
+    ints = [rng.integers(-5, 5, (4, 6)).astype(np.int64), np.array([[0, 3, 1]], np.uint8)]
+    return [*found, *ints, np.array([[-128, 5, -128]], np.int8)]
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

@@ -198,8 +198,10 @@ def _indices(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
 def top_indices(output: np.ndarray, k: int) -> np.ndarray:
     """The indices of `output`'s `k` largest values along its last axis, as Polygraphy's
     `TopKPostprocessFunc` gives them (a stable argsort of -x, its first k), and where k is
-    1 from one argmax, which is that first entry exactly (the first index of the largest
-    value) unless a NaN is there (argsort puts NaN last, argmax first: Polygraphy's then).
+    1 on floats from one argmax, which is that first entry exactly (the first index of the
+    largest value) unless a NaN is there (argsort puts NaN last, argmax first). Not on
+    integers: -x wraps an unsigned one (and the smallest signed), and Polygraphy's answer
+    is the judge's.
 
     Why: the stable sort orders the whole axis to keep its first entry. On PP-OCRv6's
     recognizer (6,625 classes at each of 8 x 80 positions) that took 0.35 s a tensor, a
@@ -208,7 +210,7 @@ def top_indices(output: np.ndarray, k: int) -> np.ndarray:
     from polygraphy import util
 
     a = np.asarray(output)
-    if k == 1 and a.ndim and a.shape[-1] and not (a.dtype.kind == "f" and np.isnan(a).any()):
+    if k == 1 and a.ndim and a.shape[-1] and a.dtype.kind == "f" and not np.isnan(a).any():
         return np.expand_dims(np.argmax(a, axis=-1), -1)
     return util.array.topk(a, k, -1)[1]
 
