@@ -246,8 +246,8 @@ class Search:
             [len(run.feeds) for run in front.shapes],
         )
         self.exhausted = False  # set where the search wanted a verdict the budget lacked
-        self.alone: dict[int, dict[str, float]] = {}  # group -> output -> its error alone
-        self.alone_for: frozenset[str] = frozenset()  # the values made low when measured
+        # the values made low when measured -> group -> output -> its error alone
+        self.alone: dict[frozenset[str], dict[int, dict[str, float]]] = {}
         self.rankings: list[Ranking] = []
 
     def precision(self, pinned: list[int]) -> Precision:
@@ -361,12 +361,11 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
     cuts a search short, it never changes the path it takes.
     """
     started = time.perf_counter()
-    order = sorted(order, key=lambda k: -max(search.groups[k].nodes))  # alike: nearest first
+    order = suspects(dict.fromkeys(order, 0.0), search.groups)  # alike: nearest first
     ranked = order[:MOST_ALONE]
     low_made = _low_made(search)
-    if search.alone_for != low_made:  # measured under other pins: measured again
-        search.alone, search.alone_for = {}, low_made
-    todo = [k for k in ranked if k not in search.alone]
+    measured = search.alone.setdefault(low_made, {})  # under other pins: measured again
+    todo = [k for k in ranked if k not in measured]
     point = min(range(len(search.walk.sizes)), key=lambda k: (search.walk.sizes[k], k))
     alike, why = f"the error map scores its {len(order)} suspects alike", ""
     try:
@@ -381,8 +380,8 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
         note = f"{alike}, and could not rank them alone ({why}): nearest the outputs first"
         search.rankings.append(Ranking(len(search.trials), note, time.perf_counter() - started))
         return order
-    search.alone.update(found)
-    blind = sum(1 for k in ranked if k not in search.alone)
+    measured.update(found)
+    blind = sum(1 for k in ranked if k not in measured)
     where = search.front.shapes[point].point.name
     rest = len(order) - len(ranked)
     note = (
@@ -392,7 +391,7 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
         + (f"; the other {rest} after them (at most {MOST_ALONE} runs)" if rest else "")
     )
     search.rankings.append(Ranking(len(search.trials), note, time.perf_counter() - started))
-    return rank_alone(ranked, search.alone, outputs) + order[len(ranked) :]
+    return rank_alone(ranked, measured, outputs) + order[len(ranked) :]
 
 
 def _low_made(search: Search) -> frozenset[str]:
