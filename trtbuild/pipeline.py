@@ -59,16 +59,19 @@ def build(
     backend = resolve_backend(backend or policy.build.backend)  # then the machine's (3)
     # ORT's load runs beside the build
     build_spec = policy.build
+    data = front.converted.model.SerializeToString()  # once: the check's and mixed.onnx's
     check = start_mixed_check(
         front.converted.model,
         cache,
         build_spec.ort_check_timeout,
         build_spec.ort_check,
         front.digest,
+        data=data,
     )
     with _joined(check), staged_output(out_dir, BUILD_FILES) as stage:
         save_model(front.prepared.model, stage / "prepared.onnx")
-        save_model(front.converted.model, stage / "mixed.onnx")
+        save_model(front.converted.model, stage / "mixed.onnx", data)
+        del data  # not held while the engines build
         base_models = baselines(front, engines=True)
         engines = build_engines(front, stage, backend, base_models)
         plans = {k: e.engine for k, e in engines.items()} if gpu_available() else {}
