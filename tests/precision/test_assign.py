@@ -124,3 +124,31 @@ def test_a_cast_read_as_a_graph_output_or_by_a_control_node_is_fp32_too():
     mixed = convert(assign(m, Precision())).model
     width, r = plain_session(mixed).run(None, {"x": np.zeros((1, 2049), np.float32)})
     assert width == 2049 and r.shape == (2049,)
+
+
+@pytest.mark.parametrize("cast_first", [True, False])
+def test_a_concat_passes_the_fp32_read_on_only_where_it_follows_the_cast(cast_first):
+    """Concat(width, relu) follows the width: FP32 with it, the width whole. Concat(relu,
+    width) follows the FP16 Relu and stores the width in FP16 whatever the Cast runs in:
+    no `exact-cast` claimed there (it said "exact there", and 2049 came out 2048)."""
+    values = ["wf", "r"] if cast_first else ["r", "wf"]
+    m = model(
+        [
+            node("Shape", ["x"], "s", "shape"),
+            node("Gather", ["s", "one_i"], "wd", "gather", axis=0),
+            node("Cast", ["wd"], "w1", "cast", to=TensorProto.FLOAT),
+            node("Reshape", ["w1", "single"], "wf", "as_vector"),
+            node("ReduceMax", ["x"], "mx", "peak", axes=[1], keepdims=0),
+            node("Relu", ["mx"], "r", "relu"),
+            node("Concat", values, "c", "concat", axis=0),
+        ],
+        [("x", F, [1, "W"])],
+        [("c", F, [2])],
+        {"one_i": np.array(1, np.int64), "single": np.array([1], np.int64)},
+    )
+    decided = _decided(m)
+    assert (decided["cast"].rule == EXACT_CAST) == cast_first
+    (c,) = plain_session(convert(assign(m, Precision())).model).run(
+        None, {"x": np.zeros((1, 2049), np.float32)}
+    )
+    assert (c[0 if cast_first else 1] == 2049) == cast_first

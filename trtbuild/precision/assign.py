@@ -222,8 +222,9 @@ def _exact_casts(view: GraphView, decisions: list[Decision], low: str) -> dict[i
     refuses the round trip in a shape computation (YOLOv8's anchors: Shape, Gather, Cast,
     then Range, which has no FP16 type: "Input 0's element type (float) differs from input
     1's element type (half)"). A low-precision reader still gets the same value, cast down
-    from the exact one (data movement that follows the Cast, a Concat with a feature map
-    too, is FP32 with it: the same values, one cast more).
+    from the exact one (data movement that follows the Cast, a Concat whose first input
+    it is too, is FP32 with it: the same values, one cast more; one that follows another
+    input is read through as that one runs).
     """
     found: dict[int, Decision] = {}
     if low not in LOW_EPS:  # an FP32 default: nothing is made low
@@ -265,8 +266,8 @@ def _fp32_readers(view: GraphView, decisions: list[Decision]) -> list[str | None
             d = decisions[r]
             if d.precision == "fp32" or d.rule == "control-flow":
                 found[i] = view.nodes[r].name
-            elif d.rule == "follows-input":
-                found[i] = found[r]
+            elif d.rule == "follows-input" and _followed(view, decisions, r) == i:
+                found[i] = found[r]  # (a Concat following another input stays as it is)
             if found[i] is not None:
                 break
     return found
@@ -333,12 +334,21 @@ def _into_bodies(
 
 
 def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: str) -> Decision:
+    p = _followed(view, decisions, i)
+    if p is None:
+        return Decision(default, "default", f"policy default {default}")
+    src = view.nodes[p].name
+    return Decision(decisions[p].precision, "follows-input", f"moves data; follows {src}")
+
+
+def _followed(view: GraphView, decisions: list[Decision], i: int) -> int | None:
+    """The node data-movement node i follows: its first float input's maker with a
+    precision (None: none has one)."""
     for t in view.float_inputs(i):
         p = view.producer.get(t)
         if p is not None and decisions[p].precision is not None:
-            src = view.nodes[p].name
-            return Decision(decisions[p].precision, "follows-input", f"moves data; follows {src}")
-    return Decision(default, "default", f"policy default {default}")
+            return p
+    return None
 
 
 def _respect_schema(
