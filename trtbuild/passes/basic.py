@@ -227,7 +227,7 @@ def fold_constants(
     unfolded = oversized(model, budget if budget is not None else default_memory_budget())
     excluded = {u["name"] for u in unfolded}
     before = len(model.graph.node)
-    graph = gs.import_onnx(model)
+    graph = gs.import_onnx(_io_declared_once(model))
     with quiet_dependencies(verbose):
         graph.fold_constants(
             error_ok=True, flatten_subgraphs=False, should_exclude_node=lambda n: n.name in excluded
@@ -239,7 +239,6 @@ def fold_constants(
     folded.opset_import.extend(model.opset_import)
     folded.producer_name = model.producer_name
     folded.producer_version = model.producer_version
-    _keep_interface(model, folded)
     _keep_body_weights(model, folded)
     removed = before - len(folded.graph.node)
     record = PassRecord("fold_constants", changed=removed, details={"nodes_removed": removed})
@@ -248,24 +247,24 @@ def fold_constants(
     return folded, record
 
 
-def _keep_interface(source: onnx.ModelProto, folded: onnx.ModelProto) -> None:
-    """Give a graph input or output that the fold exported without a shape its declaration
-    in the model folded, where that one has a shape.
+def _io_declared_once(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` without the value_info entries that declare a graph input or output again
+    (a copy, where there are any).
 
-    Why: onnx-graphsurgeon may export an output without its shape (a dynamic `[1, seqlen]`
-    that value_info declared again as a bare FLOAT, in a dynamically quantized OCR
-    model), and onnx.checker refuses a graph output without one. Only then: an output
-    folded to a constant gets its shape from the fold, where `override_input_shapes`
-    had cleared the declared one.
+    Why: onnx-graphsurgeon takes such a second declaration over the graph's own, so a
+    bare FLOAT there (a dynamically quantized OCR model's `[1, seqlen]` output) came out
+    of the fold without its shape, which onnx.checker refuses on a graph output.
     """
-    for mine, theirs in (
-        (folded.graph.input, source.graph.input),
-        (folded.graph.output, source.graph.output),
-    ):
-        declared = {v.name: v for v in theirs if v.type.tensor_type.HasField("shape")}
-        for v in mine:
-            if v.name in declared and not v.type.tensor_type.HasField("shape"):
-                v.CopyFrom(declared[v.name])
+    graph = model.graph
+    io = {v.name for v in (*graph.input, *graph.output)}
+    if not any(v.name in io for v in graph.value_info):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    kept = [v for v in copy.graph.value_info if v.name not in io]
+    del copy.graph.value_info[:]
+    copy.graph.value_info.extend(kept)
+    return copy
 
 
 def _keep_body_weights(source: onnx.ModelProto, folded: onnx.ModelProto) -> None:
