@@ -22,6 +22,7 @@ from trtbuild.accuracy.report import (
     sections,
     tolerance_text,
 )
+from trtbuild.words import first_few
 
 
 def markdown(report: Report) -> str:
@@ -54,14 +55,14 @@ def at_risk_lines(at_risk: list[dict[str, Any]], emulation: str | None) -> str:
     """One summary line for a terminal: how many FP16 ops are at risk, and the worst few."""
     if not at_risk:
         return "at risk: none (no FP16 op's internal sums or squares leave the FP16 range)"
-    nodes = list(dict.fromkeys(r["node"] for r in at_risk))
-    worst = sorted(at_risk, key=lambda r: -r["peak"])[:3]
-    shown = ", ".join(f"{r['node']} ({r['quantity']} {r['peak']:.3g})" for r in worst)
+    worst: dict[str, dict[str, Any]] = {}  # each node once, by its worst quantity
+    for r in sorted(at_risk, key=lambda r: -r["peak"]):
+        worst.setdefault(r["node"], r)
+    shown = first_few([f"{n} ({r['quantity']} {r['peak']:.3g})" for n, r in worst.items()])
     assumed = f"the {emulation} emulation assumes FP32 inside kernels" if emulation else ""
-    more = f", +{len(nodes) - 3} more" if len(nodes) > 3 else ""
     return (
-        f"at risk (not failed; {assumed or 'measured on the FP32 reference'}): {len(nodes)} FP16 "
-        f"op(s) whose internal quantities leave FP16 if a kernel keeps them in FP16: {shown}{more}"
+        f"at risk (not failed; {assumed or 'measured on the FP32 reference'}): {len(worst)} FP16 "
+        f"op(s) whose internal quantities leave FP16 if a kernel keeps them in FP16: {shown}"
     )
 
 

@@ -1,0 +1,20 @@
+"""What the terminal says of a report."""
+
+from __future__ import annotations
+
+from trtbuild.accuracy.render import at_risk_lines
+
+
+def test_ops_at_risk_are_named_once_each_by_their_worst_quantity_and_the_rest_counted():
+    """Two quantities of one op among the worst three named it twice and counted the rest
+    by ops: four ops read as "a, a, b, +1 more"."""
+    rows = [
+        {"node": "a", "quantity": "sum", "peak": 9e5},
+        {"node": "a", "quantity": "sum of squares", "peak": 8e5},
+        {"node": "b", "quantity": "sum", "peak": 7e5},
+        {"node": "c", "quantity": "sum", "peak": 6e5},
+        {"node": "d", "quantity": "sum", "peak": 5e5},
+    ]
+    said = at_risk_lines(rows, "storage")
+    assert "4 FP16 op(s)" in said
+    assert said.endswith(": a (sum 9e+05), b (sum 7e+05), c (sum 6e+05), +1 more")
