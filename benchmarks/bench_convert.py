@@ -226,17 +226,18 @@ def _cold_parts(model: onnx.ModelProto, tmp: Path) -> dict[str, Path]:
     """Policies for what a cold `convert` costs beyond the peer's work: the same model saved
     at the policy's opset beforehand (no version conversion), and the ONNX Runtime check
     off (`build.ort_check_timeout: 0`)."""
-    at_opset = tmp / "transformer_opset17.onnx"
+    at_opset = tmp / f"transformer_opset{OPSET}.onnx"
     converted = version_converter.convert_version(model, OPSET)
     del converted.graph.value_info[:]  # as an exporter writes it: prepare infers the shapes
     onnx.save(converted, at_opset)
+    plain = POLICY.format(opset=OPSET, model=tmp / "transformer.onnx", edit="")
+    off = plain.replace("{backend: none}", "{backend: none, ort_check_timeout: 0}")
+    assert off != plain, "POLICY's build line changed: update _cold_parts"
     found = {
         f"cold, the model already at opset {OPSET}": POLICY.format(
             opset=OPSET, model=at_opset, edit=""
         ),
-        "cold, the ONNX Runtime check off": POLICY.format(
-            opset=OPSET, model=tmp / "transformer.onnx", edit=""
-        ).replace("{backend: none}", "{backend: none, ort_check_timeout: 0}"),
+        "cold, the ONNX Runtime check off": off,
     }
     paths = {}
     for k, (label, text) in enumerate(found.items()):

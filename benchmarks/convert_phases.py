@@ -95,14 +95,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _loads(plan, source: bytes, lap, spares) -> None:
     """ONNX Runtime's loads of the new neighbourhoods, as `validate` runs them: each in a
-    child of `spares` (started ahead, its import done), one after the other here."""
+    child of `spares` (started ahead, its import done; none started after the last
+    round's), one after the other here (`validate` runs the "off" load beside the next
+    round's, so each is timed apart)."""
     from trtbuild.precision import neighbourhoods, ort_child
 
     if not source:
         lap("ONNX Runtime: no child (every neighbourhood known)")
         return
     for round_ in range(neighbourhoods.ROUNDS):
-        first = ort_child.outcome(spares.take(source, "default"))
+        last = round_ == neighbourhoods.ROUNDS - 1  # no spare for a round after it (`validate`)
+        first = ort_child.outcome(spares.take(source, "default", refill=not last))
         lap(f"ONNX Runtime child {round_ + 1}, default optimisations")
         if first.ok or first.no_kernel:
             plan.learn("", "")
