@@ -339,3 +339,24 @@ def test_a_ranking_that_cannot_run_leaves_the_maps_order_and_says_why(
     rest = [k for k, g in enumerate(found) if g.label not in log[0]["pinned_groups"]]
     nearest = max(rest, key=lambda k: max(found[k].nodes))
     assert grow["action"] == f"grow: pin {found[nearest].label}"
+
+
+def test_a_cast_of_integers_is_charged_to_its_reader_as_a_dequantize_is(tmp_path):
+    """Pinning the reader of a Cast of integers makes the Cast FP32 too (`exact-cast`), so
+    the ranking charges its value to the reader, not to a maker that stores it anyway."""
+    from onnx import TensorProto
+
+    m = model(
+        [
+            node("Shape", ["x"], "s", "shape"),
+            node("Gather", ["s", "one"], "w", "width", axis=0),
+            node("Cast", ["w"], "sf", "cast", to=TensorProto.FLOAT),
+            node("Mul", ["x", "sf"], "y", "scale"),
+        ],
+        [("x", F, [1, "W"])],  # a width not folded away: the policy's shape picks it
+        [("y", F, [1, "W"])],
+        {"one": np.array(1, np.int64)},
+    )
+    front, _ = _small(tmp_path, m)
+    low_made = search_mod._low_made(search_mod.Search(front, 10, "nodes", 0, 1))
+    assert "sf" not in low_made and "y" in low_made
