@@ -42,6 +42,9 @@ class Group:
     cost: float  # what pinning it costs, in the chosen objective
     peak: float  # largest |value| its tensors reach on the reference data
     regex: str = ""  # its rule's name regex where not one of its names' own (a merged scope)
+    # where only a value it reads from outside reaches `peak`: that value (its reason says
+    # "reads", not "reaches": a Tanh fed 8e4 makes nothing past 1, but would store it in FP16)
+    read: str = ""
 
     @property
     def label(self) -> str:
@@ -95,15 +98,14 @@ def groups(front: Front, objective: str) -> list[Group]:
             return
         taken.update(members)
         cost = sum(node_flops(view, i) if objective == "flops" else 1.0 for i in members)
-        peak = max(
-            (
-                ranges.get(t, 0.0)
-                for i in members
-                for t in (*view.float_inputs(i), *view.float_outputs(i))
-            ),
-            default=0.0,
-        )
-        out.append(Group(kind, members, tuple(view.nodes[i].name for i in members), cost, peak))
+        made = {t for i in members for t in view.float_outputs(i)}
+        read = {t for i in members for t in view.float_inputs(i)} - made
+        peak = max((ranges.get(t, 0.0) for t in made | read), default=0.0)
+        outside = sorted(t for t in read if ranges.get(t, 0.0) == peak)
+        makes = any(ranges.get(t, 0.0) == peak for t in made)
+        names = tuple(view.nodes[i].name for i in members)
+        read_at = outside[0] if outside and not makes else ""
+        out.append(Group(kind, members, names, cost, peak, read=read_at))
 
     analysis = front.analysis
     for unit in analysis.norm_units():

@@ -124,9 +124,11 @@ def tight_warning(result: SearchResult) -> str | None:
     Why: a tolerance that FP16 storage cannot meet anywhere (Polygraphy's default, every
     element within 1e-3, on a layout detector whose outputs reach a few units) ends with
     0.6% in FP16 after the whole budget, and a search cut short says "raise `budget`",
-    which buys single-group unpins that fail one after another.
+    which buys single-group unpins that fail one after another. Not where the first
+    candidate already kept as little (`start_share`): range analysis pinned that much,
+    because the model's values leave the low precision's range, whatever the tolerances.
     """
-    if not result.passed or result.low_share >= FEW_LOW:
+    if not result.passed or result.low_share >= FEW_LOW or result.start_share < FEW_LOW:
         return None
     low = result.low.upper()
     return (

@@ -95,6 +95,9 @@ class SearchResult:
     rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
     # how the growing ranked its suspects where the error map ranked none
     rankings: list[Ranking] = field(default_factory=list)
+    # the low share of the first candidate (the policy's rules and range analysis's pins):
+    # what the values alone leave in the low precision, whatever the tolerances
+    start_share: float = 1.0
 
     @property
     def costliest_point(self) -> str | None:
@@ -429,10 +432,12 @@ def _start(search: Search) -> TrialOutcome:
     low = search.low
     search.pinned = beyond_range(search.groups, low)
     for k in search.pinned:
+        group = search.groups[k]
+        source = f" from {group.read}" if group.read else ""  # it reads the peak, not makes it
+        verb = "reads" if group.read else "reaches"
         search.reasons[k] = (
-            f"reaches |x| = {search.groups[k].peak:.4g} on the reference data "
-            f"({low.upper()} max {LOW_MAX[low]:.6g})"
-            + (f": inf in {low.upper()}" if search.groups[k].overflows(low) else "")
+            f"{verb} |x| = {group.peak:.4g}{source} on the reference data ({low.upper()} max {LOW_MAX[low]:.6g})"
+            + (f": inf in {low.upper()}" if group.overflows(low) else "")
         )
     action = "start: range analysis" if search.pinned else "start: policy rules only"
     return search.try_pins(search.pinned, action)
@@ -651,6 +656,7 @@ def _result(search: Search) -> SearchResult:
         len(search.front.shapes),
         {r.id: g for r, g in pin_rules(base, search.groups, search.pinned, search.names)},
         list(search.rankings),
+        search.trials[0].low_share if search.trials else 1.0,
     )
 
 

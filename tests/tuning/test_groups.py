@@ -1,0 +1,61 @@
+"""What `tune` moves together, and the reason a range pin gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from tests.helpers import F, model, node
+from trtbuild.cli import main
+from trtbuild.policy import load_policy
+
+
+def _gain_then_tanh(tmp_path):
+    """x in [0, 100) times 1000 (past FP16's 65504), a Relu (the same values), then a Tanh
+    (its values within 1)."""
+    m = model(
+        [
+            node("Mul", ["x", "k"], "big", "gain"),
+            node("Relu", ["big"], "kept", "rect"),
+            node("Tanh", ["kept"], "y", "squash"),
+        ],
+        [("x", F, [1, 64])],
+        [("y", F, [1, 64])],
+        {"k": np.float32(1000.0)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\n"
+        "inputs:\n  x: {data: {distribution: uniform, low: 0.0, high: 100.0}}\n"
+        "precision: {default: fp16, rules: []}\nbuild: {backend: none}\n"
+        "accuracy: {samples: 1, tolerances: {default: {atol: 1e-2, rtol: 0}}}\n"
+    )
+    return policy
+
+
+def test_a_group_that_only_reads_a_value_past_the_range_says_so(tmp_path, capsys):
+    """The Tanh makes nothing past 1 but reads the Relu's 1e5, which FP16 would store as
+    inf: its group's peak is that value, `read` names it, and the tuned policy's reason says
+    "reads ... from kept", where the gain's and the Relu's say "reaches" (each makes the
+    value; the Relu reads it too). Range
+    analysis pins both, so the answer keeps nothing in FP16, and `tune` does not blame the
+    tolerances for it (the values leave FP16's range)."""
+    from trtbuild.front import run_front
+    from trtbuild.tuning.groups import groups
+
+    policy = _gain_then_tanh(tmp_path)
+    found = {g.names[0]: g for g in groups(run_front(load_policy(policy)), "nodes")}
+    assert found["gain"].peak == found["rect"].peak == found["squash"].peak > 65504
+    assert [found[n].read for n in ("gain", "rect", "squash")] == ["", "", "kept"]
+
+    tuned = tmp_path / "t.yaml"
+    assert main(["tune", "--policy", str(policy), "-o", str(tuned)]) == 0
+    text = tuned.read_text()
+    peak = f"|x| = {found['gain'].peak:.4g}"
+    assert f"# node gain: reaches {peak} on the reference data (FP16 max 65504)" in text
+    assert f"# node rect: reaches {peak} on the reference data (FP16 max 65504)" in text
+    assert f"# node squash: reads {peak} from kept on the reference data (FP16 max" in text
+    said = capsys.readouterr()
+    assert "passes (emulated-fp16, storage emulation): 0.0% FP16" in said.out
+    assert "tighter than" not in said.err
