@@ -12,6 +12,7 @@ from trtbuild.graph.model_io import infer_shapes, strip_value_info
 from trtbuild.graph.qdq import SCALE_OPSET
 from trtbuild.passes import basic as passes
 from trtbuild.passes import control, fuse
+from trtbuild.passes.inline import inline_functions
 from trtbuild.policy.specs import Passes
 
 
@@ -49,8 +50,7 @@ def prepare(
         records.append(rec)
     model, rec = passes.drop_initializer_inputs(model)
     records.append(rec)
-    model, rec = passes.name_unnamed_nodes(model)
-    records.append(rec)
+    model = _named_and_inlined(model, records)
     target = _opset(model, options.opset)
     try:
         model, rec = passes.upgrade_opset(model, target)
@@ -84,6 +84,18 @@ def prepare(
     model = infer_shapes(strip_value_info(model))
     _check_bodies(model, source)
     return Prepared(model, records)
+
+
+def _named_and_inlined(model: onnx.ModelProto, records: list) -> onnx.ModelProto:
+    """Every node named, then local functions inlined: a call is named first, so the
+    nodes it inlines are named under it."""
+    model, rec = passes.name_unnamed_nodes(model)
+    records.append(rec)
+    model, rec = inline_functions(model)
+    if rec.changed:
+        records.append(rec)
+        model, _ = passes.name_unnamed_nodes(model)  # a name an inlined node took already
+    return model
 
 
 def _opset(model: onnx.ModelProto, asked: int | None) -> int | None:
