@@ -392,13 +392,13 @@ CASES = [
     ),
     (
         "model-if-branches-typed-apart",
-        lambda c: c.build(c.model_policy(_if_model(TensorProto.FLOAT16))),
+        lambda c: c.build(c.model_policy(_if_model(TensorProto.DOUBLE))),
         2,
         "node 'branch' (If) cannot be typed consistently: its then_branch output 0",
     ),
     (
         "model-loop-carried-typed-apart",
-        lambda c: c.build(c.model_policy(_loop_model(TensorProto.FLOAT16))),
+        lambda c: c.build(c.model_policy(_loop_model(TensorProto.DOUBLE))),
         2,
         "node 'repeat' (Loop) cannot be typed consistently: its body takes carried value 0",
     ),

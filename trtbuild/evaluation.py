@@ -39,8 +39,23 @@ def report_warnings(front: Front, flat: list[dict[str, Any]] | None = None) -> l
         + overflow_warnings(front)
         + body_warnings(front)
         + unmeasured_quantization(front)
+        + upcast_warnings(front)
         + flat_warnings(flat_outputs(front) if flat is None else flat, front)
     )
+
+
+def upcast_warnings(front: Front) -> list[str]:
+    """A model that computed in FP16/BF16 as exported, made FP32 by `prepare` (its `upcast`
+    record): what is judged and built is no longer the export's own FP16 choice."""
+    done = [r for r in front.prepared.records if r.name == "upcast" and r.changed]
+    if not done:
+        return []
+    low = done[0].details.get("from", "fp16")
+    return [
+        f"the model computes in {low} as exported: prepare made it compute in FP32 "
+        f"({done[0].changed} weights, casts and types; the values are exact), so the policy, "
+        f"not the export, decides what runs in {low}; its {low} inputs and outputs stay {low}"
+    ]
 
 
 def unmeasured_quantization(front: Front) -> list[str]:

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tests.helpers import F, plain_session
+from tests.helpers import F, node, plain_session
 from trtbuild.cli import main
 from trtbuild.graph import subgraphs
 from trtbuild.passes.inline import inline_functions
@@ -60,20 +60,14 @@ def _model() -> onnx.ModelProto:
     w = onnx.numpy_helper.from_array(
         np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3, "w"
     )
+    then, other = branch("then", "Scale"), branch("else", "Relu")
     nodes = [
         call("Conv", ["x", "w"], ["y0"], name="conv", pads=[1, 1, 1, 1]),
         call("Scale", ["y0"], ["y1"], domain=LOCAL, name="scale"),
         call("Twice", ["y1"], ["t"], domain=LOCAL, name="block"),
         call("ReduceSum", ["t"], ["sum"], name="sum", keepdims=0),
         call("Greater", ["sum", "zero"], ["positive"], name="sign"),
-        call(
-            "If",
-            ["positive"],
-            ["y"],
-            name="gate",
-            then_branch=branch("then", "Scale"),
-            else_branch=branch("else", "Relu"),
-        ),
+        node("If", ["positive"], "y", "gate", then_branch=then, else_branch=other),
     ]
     zero = onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero")
     graph = helper.make_graph(

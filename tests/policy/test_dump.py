@@ -74,3 +74,16 @@ def test_values_beside_the_examples_round_trip_too(tmp_path):
     assert again == policy
     assert again.accuracy.default_tolerance.index_tolerance == 0
     assert again.inputs[0].data.high == 5.0 and again.precision.guards == ()
+
+
+def test_a_policy_of_scalars_only_is_written_as_yaml(tmp_path):
+    """Only `version` and `model` at the top beside a flow-style `precision` (the layout
+    `tune` cannot edit, so it writes the value): each top-level key on a line of its own
+    (PyYAML wrote `{version: 1, model: m.onnx}` and then `precision:`, no YAML)."""
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nmodel: m.onnx\nprecision: {default: fp16, rules: []}\n")
+    policy = load_policy(path)
+    changed = policy.with_rules(Rule("extra", Match(op=("Exp",)), "fp32"))
+    text = changed.to_yaml(path)
+    assert text.splitlines()[:2] == ["version: 1", "model: m.onnx"]
+    assert parse_policy(text, path) == changed

@@ -38,6 +38,7 @@ from trtbuild.accuracy.sessions import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
 from trtbuild.errors import UsageError
 from trtbuild.graph.model_io import fed_inputs
+from trtbuild.graph.optypes import LOW_DTYPES
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import measure_peak
 from trtbuild.policy.specs import MemoryBudget
@@ -289,13 +290,29 @@ def check_finite(view: GraphView, measures: ReferenceMeasures, where: str) -> No
         said = f" (node {node.name}, {node.op_type})" if node is not None else ""
         weight = _bad_weight(view, node) if node is not None else None
         cause = f"; its weight {weight} holds {kind}" if weight else ""
+        hint = (
+            "fix the model (a broken checkpoint's weights?) or the inputs: FP16 is judged "
+            "against a finite FP32 reference"
+        )
+        narrow = _narrowing(node) if node is not None else ""
+        if narrow:
+            cause = f"; the model casts it to {narrow} there, past that type's range"
+            hint = "keep that value in FP32: export the output (or cast) as FP32"
         raise UsageError(
             f"the FP32 reference of output '{output}' holds {kind} on the reference data; it "
             f"first appears in tensor '{first}'{said}{cause}",
             where=where,
-            hint="fix the model (a broken checkpoint's weights?) or the inputs: FP16 is judged "
-            "against a finite FP32 reference",
+            hint=hint,
         )
+
+
+def _narrowing(node: onnx.NodeProto) -> str:
+    """The 16-bit float type (`FP16`) a Cast node casts to, else "": where the model itself
+    stores a value in FP16 (an FP16 output of a model exported in half precision)."""
+    if node.op_type != "Cast":
+        return ""
+    to = next((a.i for a in node.attribute if a.name == "to"), None)
+    return LOW_DTYPES[to].upper() if to in LOW_DTYPES else ""
 
 
 def _ancestors(view: GraphView, tensor: str) -> set[str]:

@@ -34,6 +34,7 @@ DTYPE_STR = {
     TensorProto.BFLOAT16: "tensor(bfloat16)",
 }
 DTYPE_NAME = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
+LOW_DTYPES = {t: name for t, name in DTYPE_NAME.items() if t != TensorProto.FLOAT}  # 16-bit
 
 
 def as_float_type(array: np.ndarray, dtype: int) -> np.ndarray:

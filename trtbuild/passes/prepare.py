@@ -13,6 +13,7 @@ from trtbuild.graph.qdq import SCALE_OPSET
 from trtbuild.passes import basic as passes
 from trtbuild.passes import control, fuse
 from trtbuild.passes.inline import inline_functions
+from trtbuild.passes.upcast import upcast_low_precision
 from trtbuild.policy.specs import Passes
 
 
@@ -69,8 +70,7 @@ def prepare(
     model, rec = passes.name_unnamed_nodes(model)  # what the converter added inside bodies
     if rec.changed:
         records.append(rec)
-    model, rec = passes.lift_constants(model)
-    records.append(rec)
+    model = _weights_in_fp32(model, records)
     if options.fold_constants:
         model, rec = passes.fold_constants(model, verbose, budget)
         records.append(rec)
@@ -84,6 +84,17 @@ def prepare(
     model = infer_shapes(strip_value_info(model))
     _check_bodies(model, source)
     return Prepared(model, records)
+
+
+def _weights_in_fp32(model: onnx.ModelProto, records: list) -> onnx.ModelProto:
+    """Constants lifted into weights, then a model that computes in FP16/BF16 made to
+    compute in FP32: before folding, so what is folded is computed in FP32."""
+    model, rec = passes.lift_constants(model)
+    records.append(rec)
+    model, rec = upcast_low_precision(model)
+    if rec.changed:
+        records.append(rec)
+    return model
 
 
 def _named_and_inlined(model: onnx.ModelProto, records: list) -> onnx.ModelProto:

@@ -183,9 +183,22 @@ def human_yaml(
 
 
 def _block(doc: dict[str, Any]) -> str:
+    """Top-level keys in block style, each value as PyYAML lays it out (a mapping of
+    scalars in flow style: `build: {backend: none}`). Key by key: a mapping whose values
+    are all scalars is itself flow to PyYAML, and `{version: 1, model: m.onnx}` followed by
+    `precision:` is no YAML."""
     import yaml
 
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100).rstrip()
+    lines = []
+    for key, value in doc.items():
+        if isinstance(value, (dict, list)) and value:
+            dumped = yaml.safe_dump(
+                {key: value}, sort_keys=False, default_flow_style=None, width=100
+            )
+            lines.append(dumped.rstrip())
+        else:
+            lines.append(f"{key}: {flow(value)}")
+    return "\n".join(lines)
 
 
 def _schema_line(source: Any, folder: Path | None) -> list[str]:

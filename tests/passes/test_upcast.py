@@ -1,0 +1,217 @@
+"""A model that computes in FP16 is made to compute in FP32, its interface kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.helpers import node, plain_session
+from trtbuild.cli import main
+from trtbuild.graph import subgraphs
+from trtbuild.passes.prepare import prepare
+from trtbuild.passes.upcast import upcast_low_precision
+from trtbuild.policy.specs import Passes
+
+H, F = TensorProto.FLOAT16, TensorProto.FLOAT
+GAIN = 300.0  # x in [0, 1) times 300, squared: past FP16's 65504 inside, not outside
+
+
+def _rms(dtype: int) -> onnx.ModelProto:
+    """sqrt(mean((x * 300)^2)) + an offset, every float in `dtype` (IO included): a weight,
+    a `Constant`, a `ConstantOfShape` (the offset's zeros), a Cast of an integer, and an If
+    on the mean's sign whose branches declare their output in `dtype`."""
+    np_type = np.float16 if dtype == H else np.float32
+    gain = numpy_helper.from_array(np.array(GAIN, np_type), "gain")
+    half = helper.make_tensor("half", dtype, [], [0.5])
+    zero = helper.make_tensor("z", dtype, [1], [0.0])
+
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info("b", dtype, [1])
+        return helper.make_graph([helper.make_node(op, ["root"], ["b"])], name, [], [out])
+
+    then, other = branch("then", "Identity"), branch("else", "Neg")
+    nodes = [
+        helper.make_node("Mul", ["x", "gain"], ["g"], name="gain"),
+        helper.make_node("Pow", ["g", "two"], ["sq"], name="square"),
+        helper.make_node("ReduceMean", ["sq"], ["mean"], name="mean", keepdims=0),
+        helper.make_node("Sqrt", ["mean"], ["root0"], name="root"),
+        helper.make_node("Constant", [], ["c"], name="c", value=half),
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "i0"], ["n"], name="n"),
+        helper.make_node("Cast", ["n"], ["nf"], name="cast_n", to=dtype),
+        helper.make_node("Mul", ["nf", "c"], ["off"], name="offset"),
+        helper.make_node("ConstantOfShape", ["one"], ["zeros"], name="zeros", value=zero),
+        helper.make_node("Add", ["off", "zeros"], ["off1"], name="offset1"),
+        helper.make_node("Add", ["root0", "off1"], ["root"], name="shifted"),
+        helper.make_node("Greater", ["mean", "zero"], ["pos"], name="sign"),
+        node("If", ["pos"], "y", "gate", then_branch=then, else_branch=other),
+    ]
+    inits = [
+        gain,
+        numpy_helper.from_array(np.array(0, np.int64), "i0"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array(0, np_type), "zero"),
+        numpy_helper.from_array(np.array(2, np_type), "two"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rms",
+        [helper.make_tensor_value_info("x", dtype, [1, 256])],
+        [helper.make_tensor_value_info("y", dtype, [1])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _low_anywhere(model: onnx.ModelProto) -> list[str]:
+    """Every FP16 weight, attribute, cast or declared value inside the graph (not its IO,
+    nor the Cast that hands an FP16 output out)."""
+    outputs = {o.name for o in model.graph.output}
+    found = [t.name for t in model.graph.initializer if t.data_type == H]
+    for scope, graph in subgraphs.walk(model.graph):
+        declared = [
+            *graph.value_info,
+            *(graph.input if scope else ()),
+            *(graph.output if scope else ()),
+        ]
+        found += [v.name for v in declared if v.type.tensor_type.elem_type == H]
+        for n in (n for n in graph.node if not set(n.output) & outputs):
+            for a in n.attribute:
+                low = a.t.data_type == H if a.type == onnx.AttributeProto.TENSOR else a.i == H
+                if low and a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.INT):
+                    found.append(f"{n.name}.{a.name}")
+    return found
+
+
+def test_an_fp16_model_computes_what_its_fp32_twin_computes_and_keeps_its_bindings():
+    """The FP16 model stores x*300 squared, inf in FP16; made FP32 inside,
+    it gives exactly what the same network in FP32 gives, cast to FP16 at its output; its
+    input and output stay FP16, and nothing inside is FP16 any more."""
+    low = _rms(H)
+    before = low.SerializeToString()
+    wide, record = upcast_low_precision(low)
+    assert low.SerializeToString() == before  # the input model is not changed
+    assert record.changed and record.details == {"from": "fp16"}
+    assert _low_anywhere(wide) == []
+    io = [v.type.tensor_type.elem_type for v in (*wide.graph.input, *wide.graph.output)]
+    assert io == [H, H]
+    x = np.random.default_rng(0).uniform(0.5, 1, (1, 256)).astype(np.float16)
+    assert (GAIN * float(x.max())) ** 2 > 65504  # the square, stored in FP16: inf
+    (got,) = plain_session(wide).run(None, {"x": x})
+    (twin,) = plain_session(_rms(F)).run(None, {"x": x.astype(np.float32)})
+    assert got.dtype == np.float16 and np.isfinite(got).all()
+    np.testing.assert_array_equal(got, twin.astype(np.float16))
+
+
+def test_an_fp32_model_is_left_as_it_is():
+    model = _rms(F)
+    assert upcast_low_precision(model) == (model, upcast_low_precision(model)[1])
+    assert upcast_low_precision(model)[1].changed == 0
+
+
+def test_prepare_upcasts_and_a_policy_pins_the_square(tmp_path, capsys):
+    """End to end: `check` on the FP16 model (its own run held inf: exit 2, "the FP32
+    reference holds inf") names the square's range; with it pinned `build` passes."""
+    prepared = prepare(_rms(H), Passes())
+    assert [r.to_json()["from"] for r in prepared.records if r.name == "upcast"] == ["fp16"]
+    onnx.save(_rms(H), tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+
+    def write(rules: str) -> None:
+        policy.write_text(
+            "version: 1\nmodel: m.onnx\n"
+            "inputs:\n  x: {data: {distribution: uniform, low: 0.5, high: 1.0}}\n"
+            f"precision:\n  default: fp16\n  rules: {rules}\nbuild: {{backend: none}}\n"
+        )
+
+    write("[]")
+    assert main(["check", "--policy", str(policy)]) == 0
+    err = capsys.readouterr().err
+    assert "square (Pow) reaches" in err
+    assert "the model computes in fp16 as exported: prepare made it compute in FP32" in err
+    write("[{id: sq, match: {name: ^(square|mean)$}, precision: fp32}]")
+    assert main(["build", "--policy", str(policy), "-o", str(tmp_path / "out")]) == 0
+
+
+def _conv(quantized: bool) -> onnx.ModelProto:
+    """A Conv; `quantized`: as ModelOpt writes it by default (`--high_precision_dtype fp16`):
+    the input cast to FP16, Q/DQ pairs with FP16 scales (the weight INT8 per channel), the
+    output cast back to FP32; opset 19."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    scale = np.abs(w).reshape(4, -1).max(axis=1) / 127
+    q = np.round(w / scale[:, None, None, None]).astype(np.int8)
+    inits = [numpy_helper.from_array((q * scale[:, None, None, None]).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    if quantized:
+        inits = [
+            numpy_helper.from_array(q, "wq"),
+            numpy_helper.from_array(scale.astype(np.float16), "ws"),
+            numpy_helper.from_array(np.array(1 / 64, np.float16), "xs"),
+            numpy_helper.from_array(np.array(0, np.int8), "xz"),
+        ]
+        nodes = [
+            helper.make_node("Cast", ["x"], ["x16"], name="x_to_fp16", to=H),
+            helper.make_node("QuantizeLinear", ["x16", "xs", "xz"], ["xq"], name="xq"),
+            helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="xd"),
+            helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], name="wd", axis=0),
+            helper.make_node("Conv", ["xd", "wd"], ["y16"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Cast", ["y16"], ["y"], name="y_to_fp32", to=F),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", F, [1, 4, 8, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_model_quantized_with_fp16_scales_is_judged_like_one_with_fp32_scales(tmp_path):
+    """ModelOpt's default output: its scales become FP32 (exact), and the policy judges it
+    against the FP32 model it was quantized from; `build` passes at INT8's tolerance."""
+    prepared = prepare(_conv(True), Passes())
+    scales = {t.name: t.data_type for t in prepared.model.graph.initializer}
+    assert scales["xs"] == scales["ws"] == F and scales["wq"] == TensorProto.INT8
+    onnx.save(_conv(True), tmp_path / "q.onnx")
+    onnx.save(_conv(False), tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: q.onnx\nprecision: {default: fp16, rules: []}\n"
+        "build: {backend: none}\naccuracy:\n  reference_model: m.onnx\n"
+        "  tolerances: {default: {atol: 0.1, rtol: 0, check_error_stat: max}}\n"
+    )
+    assert main(["build", "--policy", str(policy), "-o", str(tmp_path / "out")]) == 0
+
+
+def test_an_fp16_output_past_the_range_says_the_model_narrows_it(tmp_path, capsys):
+    """An FP16 output whose FP32 value is 1e5: the reference's inf is where the model casts
+    it to FP16 (its binding), and the message says so rather than blame the weights."""
+    gain = numpy_helper.from_array(np.array(1000.0, np.float16), "k")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"], name="gain")],
+        "g",
+        [helper.make_tensor_value_info("x", H, [1, 8])],
+        [helper.make_tensor_value_info("y", H, [1, 8])],
+        [gain],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\n"
+        "inputs:\n  x: {data: {distribution: uniform, low: 100.0, high: 200.0}}\n"
+    )
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "the model casts it to FP16 there, past that type's range" in err
+    assert "export the output (or cast) as FP32" in err and "checkpoint" not in err
