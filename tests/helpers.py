@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -212,3 +213,38 @@ needs_rtx = pytest.mark.skipif(
     not _rtx_importable() and not os.environ.get("CI"),
     reason="tensorrt-rtx is not installed (pip install -e '.[rtx]')",
 )
+
+
+# -- tune ------------------------------------------------------------------------------
+
+
+def without_rules(name: str, tmp_path: Path, models_dir: Path, real_model=None) -> Path:
+    """The example policy `name` with `rules: []` (its model and data where the tests keep
+    them): what `tune` starts from."""
+    from tests.conftest import ROOT, local_data
+
+    text = (ROOT / "policies" / f"{name}.yaml").read_text()
+    stem = re.search(r"\.\./models/(\w+)\.onnx", text).group(1)
+    model = real_model(stem) if real_model else models_dir / f"{stem}.onnx"
+    text = local_data(text.replace(f"../models/{stem}.onnx", str(model)))  # its data too
+    start, end = text.index("  rules:"), text.index("build:")
+    path = tmp_path / f"{name}-empty.yaml"
+    path.write_text(text[:start] + "  rules: []\n" + text[end:])
+    return path
+
+
+def strict_tolerances(policy: Path) -> Path:
+    """Every tolerance exact: most groups are needed, so the search grows, halves and shrinks."""
+    strict = "{atol: 0.0, rtol: 0.0, check_error_stat: max}"
+    text = policy.read_text()
+    loose = "{atol: 1e-2, rtol: 1e-2, check_error_stat: median}"
+    assert loose in text, "the example's tolerance changed: update strict_tolerances"
+    policy.write_text(text.replace(loose, strict))
+    return policy
+
+
+def run_tune(policy: Path, out: Path, *extra: str) -> int:
+    """`trtbuild tune --policy POLICY -o OUT [EXTRA...]`'s exit code."""
+    from trtbuild.cli import main
+
+    return main(["tune", "--policy", str(policy), "-o", str(out), *extra])

@@ -8,25 +8,10 @@ import re
 
 import pytest
 
-from tests.conftest import ROOT, local_data
-from tests.helpers import needs_rtx, read_log
+from tests.conftest import ROOT
+from tests.helpers import needs_rtx, read_log, run_tune, strict_tolerances, without_rules
 from trtbuild.cli import main
 from trtbuild.policy import load_policy
-
-
-def _without_rules(name: str, tmp_path, models_dir, real_model=None):
-    text = (ROOT / "policies" / f"{name}.yaml").read_text()
-    stem = re.search(r"\.\./models/(\w+)\.onnx", text).group(1)
-    model = real_model(stem) if real_model else models_dir / f"{stem}.onnx"
-    text = local_data(text.replace(f"../models/{stem}.onnx", str(model)))  # its data too
-    start, end = text.index("  rules:"), text.index("build:")
-    path = tmp_path / f"{name}-empty.yaml"
-    path.write_text(text[:start] + "  rules: []\n" + text[end:])
-    return path
-
-
-def _tune(policy, out, *extra) -> int:
-    return main(["tune", "--policy", str(policy), "-o", str(out), *extra])
 
 
 def _pinned_names(tuned) -> list[str]:
@@ -37,9 +22,9 @@ def _pinned_names(tuned) -> list[str]:
 def test_nafnet_from_no_rules_pins_only_norm_units_and_the_final_reduction(
     tmp_path, models_dir, capsys
 ):
-    policy = _without_rules("nafnet", tmp_path, models_dir)
+    policy = without_rules("nafnet", tmp_path, models_dir)
     tuned = tmp_path / "out" / "tuned.yaml"
-    assert _tune(policy, tuned) == 0
+    assert run_tune(policy, tuned) == 0
     text = tuned.read_text()
     names = _pinned_names(tuned)
     assert sorted(names) == [
@@ -73,24 +58,14 @@ def _trials(log) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "seconds"} for r in read_log(log)]
 
 
-def _strict(policy):
-    """Every tolerance exact: most groups are needed, so the search grows, halves and shrinks."""
-    strict = "{atol: 0.0, rtol: 0.0, check_error_stat: max}"
-    text = policy.read_text()
-    loose = "{atol: 1e-2, rtol: 1e-2, check_error_stat: median}"
-    assert loose in text, "the example's tolerance changed: update _strict"
-    policy.write_text(text.replace(loose, strict))
-    return policy
-
-
 @pytest.mark.parametrize("jobs", ["2", "3"])
 def test_same_seed_same_policy_whatever_the_jobs(jobs, tmp_path, models_dir):
     """Parallel workers judge ahead (the next doublings, both halves, the next removals), but
     a verdict becomes a trial only when the one-job search asks for it."""
-    policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
+    policy = strict_tolerances(without_rules("nafnet", tmp_path, models_dir))
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    assert _tune(policy, a, "--seed", "7", "--budget", "30", "--jobs", "1") == 0
-    assert _tune(policy, b, "--seed", "7", "--budget", "30", "--jobs", jobs) == 0
+    assert run_tune(policy, a, "--seed", "7", "--budget", "30", "--jobs", "1") == 0
+    assert run_tune(policy, b, "--seed", "7", "--budget", "30", "--jobs", jobs) == 0
     assert a.read_text() == b.read_text()
     trials = _trials(tmp_path / "a.log.jsonl")
     assert trials == _trials(tmp_path / "b.log.jsonl")
@@ -103,8 +78,8 @@ def test_points_judged_in_parallel_give_the_same_trials(example_policy, tmp_path
     merged verdict is what one job records (the failure at max names its point)."""
     policy = example_policy("denoiser", rules="[]")
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    assert _tune(policy, a, "--jobs", "1") == 0
-    assert _tune(policy, b, "--jobs", "2") == 0
+    assert run_tune(policy, a, "--jobs", "1") == 0
+    assert run_tune(policy, b, "--jobs", "2") == 0
     assert a.read_text() == b.read_text()
     assert _trials(tmp_path / "a.log.jsonl") == _trials(tmp_path / "b.log.jsonl")
     assert "reaches |x|" in a.read_text()  # the energy past 65504 at 1000 frames
@@ -131,7 +106,7 @@ def test_streaming_gru_enhancer_is_tuned_in_a_few_evaluations(tmp_path, models_d
     policy = tmp_path / "gru.yaml"
     policy.write_text(text.replace("../../models/", f"{models_dir}/"))
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(policy, tuned) == 0
+    assert run_tune(policy, tuned) == 0
     assert _pinned_names(tuned) == [r"^/feat/"]
     assert "5 pins inside it merged" in tuned.read_text()
     log = read_log(tmp_path / "tuned.log.jsonl")
@@ -145,14 +120,14 @@ def test_streaming_gru_enhancer_is_tuned_in_a_few_evaluations(tmp_path, models_d
 
 def test_gfpgan_pins_exactly_the_last_reduction(tmp_path, models_dir):
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(_without_rules("gfpgan", tmp_path, models_dir), tuned) == 0
+    assert run_tune(without_rules("gfpgan", tmp_path, models_dir), tuned) == 0
     assert _pinned_names(tuned) == [r"^/energy/ReduceSumSquare$"]
 
 
 def test_policy_rules_are_kept_first_and_unchanged(tmp_path, write_policy):
     rules = "    - id: mine\n      match: {name: '^/intro/Conv$'}\n      precision: fp32\n"
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(write_policy(rules=rules), tuned, "--objective", "flops") == 0
+    assert run_tune(write_policy(rules=rules), tuned, "--objective", "flops") == 0
     loaded = load_policy(tuned).precision.rules
     assert loaded[0].id == "mine" and loaded[0].match.name == "^/intro/Conv$"
     assert all(r.id.startswith("tuned-") for r in loaded[1:])
@@ -164,15 +139,15 @@ def test_a_range_rule_is_matched_on_the_reference_in_every_trial(tmp_path, write
     every trial as in `build`."""
     rules = "    - id: big\n      match: {max_abs_above: 65504}\n      precision: fp32\n"
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(write_policy(rules=rules), tuned) == 0
+    assert run_tune(write_policy(rules=rules), tuned) == 0
     loaded = load_policy(tuned).precision.rules
     assert loaded[0].id == "big" and loaded[0].match.max_abs_above == 65504
 
 
 def test_budget_exhausted_is_exit_1_and_says_so(tmp_path, models_dir):
-    policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
+    policy = strict_tolerances(without_rules("nafnet", tmp_path, models_dir))
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(policy, tuned, "--budget", "1") == 1  # the start fails, nothing left to try
+    assert run_tune(policy, tuned, "--budget", "1") == 1  # the start fails, nothing left to try
     assert "DOES NOT PASS" in tuned.read_text()
     assert len(read_log(tmp_path / "tuned.log.jsonl")) == 1
 
@@ -182,27 +157,27 @@ def test_a_budget_that_ends_mid_search_keeps_the_shortest_passing_run_found(
 ):
     """Out of evaluations while halving back, the search pins what it knows passes: a policy
     that passes, not minimal, and says the budget ran out."""
-    policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
+    policy = strict_tolerances(without_rules("nafnet", tmp_path, models_dir))
     full = tmp_path / "full.yaml"
-    assert _tune(policy, full) == 0  # every tolerance exact: most groups end up pinned
+    assert run_tune(policy, full) == 0  # every tolerance exact: most groups end up pinned
     rows = read_log(tmp_path / "full.log.jsonl")
     grown = next(r["step"] for r in rows if r["action"].startswith("grow") and r["passed"])
     assert rows[grown]["action"].startswith("bisect")  # halving back after the doubling passed
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(policy, tuned, "--budget", str(grown + 1)) == 0
+    assert run_tune(policy, tuned, "--budget", str(grown + 1)) == 0
     cut = read_log(tmp_path / "tuned.log.jsonl")
     assert [r["action"] for r in cut] == [r["action"] for r in rows[: grown + 1]]
     assert "passes" in tuned.read_text().splitlines()[1]
     assert "ran out before the search ended, so a smaller pin set" in capsys.readouterr().err
     enough = tmp_path / "enough.yaml"  # the full search's own count: it ends on its last one
-    assert _tune(policy, enough, "--budget", str(len(rows))) == 0
+    assert run_tune(policy, enough, "--budget", str(len(rows))) == 0
     assert "ran out" not in capsys.readouterr().err and "exhausted" not in enough.read_text()
     assert _pinned_names(enough) == _pinned_names(full)
 
 
 @pytest.mark.parametrize("args", [["--budget", "0"], ["--objective", "speed"]])
 def test_bad_arguments_are_exit_2(tmp_path, write_policy, args):
-    assert _tune(write_policy(), tmp_path / "t.yaml", *args) == 2
+    assert run_tune(write_policy(), tmp_path / "t.yaml", *args) == 2
     assert not (tmp_path / "t.yaml").exists()
 
 
@@ -210,15 +185,15 @@ def test_a_policy_already_fp32_is_exit_2(tmp_path, write_policy, capsys):
     text = write_policy().read_text().replace("default: fp16", "default: fp32")
     policy = tmp_path / "fp32.yaml"
     policy.write_text(text)
-    assert _tune(policy, tmp_path / "t.yaml") == 2
+    assert run_tune(policy, tmp_path / "t.yaml") == 2
     assert "precision.default" in capsys.readouterr().err
 
 
 @needs_rtx
 def test_ppocrv4_tuned_policy_passes_with_95_percent_fp16(tmp_path, models_dir, real_model):
     tuned = tmp_path / "tuned.yaml"
-    policy = _without_rules("ppocrv4_rec", tmp_path, models_dir, real_model)
-    assert _tune(policy, tuned) == 0
+    policy = without_rules("ppocrv4_rec", tmp_path, models_dir, real_model)
+    assert run_tune(policy, tuned) == 0
     assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
     report = json.loads((tmp_path / "b" / "report.json").read_text())
     assert report["passed"] and report["precision"]["fp16_share"] >= 0.95
@@ -228,7 +203,7 @@ def test_ppocrv4_tuned_policy_passes_with_95_percent_fp16(tmp_path, models_dir, 
 def test_bert_from_no_rules_pins_no_attention_block_for_the_mask_sentinel(example_policy, tmp_path):
     """-3.4e38 becoming -inf in FP16 is not an overflow: tune must not pin attention for it."""
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(example_policy("bert", rules="[]"), tuned) == 0
+    assert run_tune(example_policy("bert", rules="[]"), tuned) == 0
     log = read_log(tmp_path / "tuned.log.jsonl")
     assert not any("attention block" in g for t in log for g in t["pinned_groups"])
     assert "guards: true" in tuned.read_text()  # the tuned policy keeps the guards
@@ -246,7 +221,7 @@ def test_ppocrv4_det_pins_no_squeeze_excitation_block_for_sums_only_a_kernel_wou
     what it needs: tune adds nothing."""
     policy = example_policy("ppocrv4_det")
     tuned = tmp_path / "det.yaml"
-    assert _tune(policy, tuned, "--budget", "20") == 0
+    assert run_tune(policy, tuned, "--budget", "20") == 0
     assert _pinned_names(tuned) == _pinned_names(policy) and len(_pinned_names(policy)) == 24
     assert not any("GlobalAveragePool" in name for name in _pinned_names(tuned))
 
@@ -261,7 +236,7 @@ def test_a_pin_no_overflow_names_is_found_first_by_the_error_map(tmp_path, real_
     policy = tmp_path / "photo.yaml"
     policy.write_text(text.replace("../../models/photos/text", str(photos)))
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(policy, tuned, "--objective", "flops") == 0
+    assert run_tune(policy, tuned, "--objective", "flops") == 0
     assert _pinned_names(tuned) == [r"^p2o\.Conv\.1$"]
     log = read_log(tmp_path / "tuned.log.jsonl")
     # one emulated run's error map ranks the convolution whose error jumps first among 277
@@ -288,7 +263,7 @@ def test_a_trial_opens_one_session_a_run_kind_and_never_reruns_the_reference(
 
     from trtbuild import front, tuning
 
-    stages = front.run_front(load_policy(_without_rules("nafnet", tmp_path, models_dir)))
+    stages = front.run_front(load_policy(without_rules("nafnet", tmp_path, models_dir)))
     opened = []
 
     class Counting(onnxruntime.InferenceSession):  # a real session, counted
@@ -306,9 +281,9 @@ def test_a_trial_opens_one_session_a_run_kind_and_never_reruns_the_reference(
 
 
 def test_tune_pins_the_running_sum_inside_a_loop_body(tmp_path, models_dir, capsys):
-    policy = _without_rules("loop_sum", tmp_path, models_dir)
+    policy = without_rules("loop_sum", tmp_path, models_dir)
     tuned = tmp_path / "tuned.yaml"
-    assert _tune(policy, tuned) == 0
+    assert run_tune(policy, tuned) == 0
     assert _pinned_names(tuned) == ["^running_sum/body/accumulate$"]
     assert "pinned node running_sum/body/accumulate" in capsys.readouterr().out
 
@@ -324,7 +299,7 @@ def test_a_quantized_model_is_tuned_on_its_float_ops_only(tmp_path, quantized_di
     policy = tmp_path / "nafnet-int8-empty.yaml"
     policy.write_text(text[:start] + "  rules: []\n" + text[end:])
     tuned = tmp_path / "out" / "tuned.yaml"
-    assert _tune(policy, tuned) == 0
+    assert run_tune(policy, tuned) == 0
     said = capsys.readouterr().out  # the INT8 share, as `convert` says it, in both places
     front = run_front(load_policy(tuned), reference="none")
     share = front.assignment.summary().share_text()
@@ -544,7 +519,7 @@ def test_an_answer_with_almost_nothing_low_says_the_tolerance_is_the_cause(tmp_p
         "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 4]}\nprecision: {default: fp16}\n"
         "accuracy:\n  tolerances:\n    default: {atol: 0.0, rtol: 0.0, check_error_stat: max}\n"
     )
-    assert _tune(policy, tmp_path / "t.yaml") == 0
+    assert run_tune(policy, tmp_path / "t.yaml") == 0
     err = capsys.readouterr().err
     assert "tune kept only 0.0% of the model in FP16: the tolerances are likely tighter" in err
     assert "more --budget rarely keeps more in FP16" in err and "ran out before" not in err

@@ -6,8 +6,17 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import F, as_stored, model, node, plain_session, read_log
-from tests.test_tune import _strict, _tune, _without_rules
+from tests.helpers import (
+    F,
+    as_stored,
+    model,
+    node,
+    plain_session,
+    read_log,
+    run_tune,
+    strict_tolerances,
+    without_rules,
+)
 from trtbuild import front as front_mod
 from trtbuild.accuracy.sessions import REFERENCE
 from trtbuild.graph.view import GraphView
@@ -50,7 +59,7 @@ def _small(tmp_path, m: onnx.ModelProto, low: str = "fp16"):
 def nafnet(tmp_path_factory, models_dir):
     """The NAFNet example's front half with no rules: every node a tunable group."""
     tmp = tmp_path_factory.mktemp("alone")
-    front = front_mod.run_front(load_policy(_without_rules("nafnet", tmp, models_dir)))
+    front = front_mod.run_front(load_policy(without_rules("nafnet", tmp, models_dir)))
     return front, groups(front, "nodes")
 
 
@@ -139,8 +148,8 @@ def test_where_the_error_map_ranks_no_suspect_the_search_grows_the_worst_alone_f
     how it was ranked. With more suspects than `MOST_ALONE`, only that many are run, the
     nearest the outputs."""
     monkeypatch.setattr(search_mod, "MOST_ALONE", min(ranked, MOST_ALONE))
-    policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
-    assert _tune(policy, tmp_path / "t.yaml", "--budget", "12") in (0, 1)
+    policy = strict_tolerances(without_rules("nafnet", tmp_path, models_dir))
+    assert run_tune(policy, tmp_path / "t.yaml", "--budget", "12") in (0, 1)
     log = read_log(tmp_path / "t.log.jsonl")
     grow = next(t for t in log if t["action"].startswith("grow"))
     assert [t for t in log if "ranking" in t] == [grow]
@@ -257,7 +266,7 @@ def test_an_opset_8_graph_is_ranked_alone_too(tmp_path, capsys):
     )
     onnx.save(m, tmp_path / "m.onnx")
     (tmp_path / "p.yaml").write_text(STRICT % "fp16")
-    assert _tune(tmp_path / "p.yaml", tmp_path / "t.yaml") == 0
+    assert run_tune(tmp_path / "p.yaml", tmp_path / "t.yaml") == 0
     assert "alike: ranked by each one's error alone at shape (2 runs)" in capsys.readouterr().out
 
 
@@ -329,8 +338,8 @@ def test_a_ranking_that_cannot_run_leaves_the_maps_order_and_says_why(
         raise RuntimeError("no session for this graph\nsecond line")
 
     monkeypatch.setattr(search_mod, "errors_alone", fails)
-    policy = _strict(_without_rules("nafnet", tmp_path, models_dir))
-    assert _tune(policy, tmp_path / "t.yaml", "--budget", "4") in (0, 1)
+    policy = strict_tolerances(without_rules("nafnet", tmp_path, models_dir))
+    assert run_tune(policy, tmp_path / "t.yaml", "--budget", "4") in (0, 1)
     out = capsys.readouterr().out
     assert "could not rank them alone (RuntimeError: no session for this graph)" in out
     log = read_log(tmp_path / "t.log.jsonl")
