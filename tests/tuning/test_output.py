@@ -1,0 +1,32 @@
+"""What `tune` says of its answer: the low-share warning and when it is not said."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtbuild.policy.specs import Precision
+from trtbuild.tuning.output import FEW_LOW, tight_warning
+from trtbuild.tuning.search import SearchResult
+
+
+def _result(passed: bool, low: float, start: float) -> SearchResult:
+    return SearchResult(
+        Precision(), [], [], {}, "", passed=passed, low_share=low, start_share=start
+    )
+
+
+def test_an_answer_that_keeps_little_blames_the_tolerances():
+    said = tight_warning(_result(True, FEW_LOW / 2, 1.0))
+    assert said is not None and said.startswith("tune kept only 5.0% of the model in FP16")
+
+
+@pytest.mark.parametrize(
+    ("passed", "low", "start"),
+    [
+        (False, 0.0, 1.0),  # no answer: the budget or the model, not this
+        (True, FEW_LOW, 1.0),  # keeps enough
+        (True, 0.0, FEW_LOW / 2),  # range analysis alone left that little: the values
+    ],
+)
+def test_not_said_where_the_tolerances_are_not_the_cause(passed, low, start):
+    assert tight_warning(_result(passed, low, start)) is None
