@@ -254,6 +254,27 @@ def test_a_value_read_twice_is_stored_once_and_a_resizes_scales_never(tmp_path):
     assert stores(GraphView(resize), 0, onnx.TensorProto.FLOAT16) == ([0], [0])
 
 
+def test_a_cast_stores_its_output_only_and_an_unknown_op_nothing():
+    """A Cast converts what it reads (it stores its output, not its input); an op whose
+    schema is unknown is left as it is by the conversion, so a gate stores nothing of it."""
+    cast = model(
+        [node("Cast", ["x"], "y", "cast", to=onnx.TensorProto.FLOAT)],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+    )
+    assert stores(GraphView(cast), 0, onnx.TensorProto.FLOAT16) == ([], [0])
+    custom = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Mine", ["x"], ["y"], name="mine", domain="custom")],
+            "g",
+            [onnx.helper.make_tensor_value_info("x", F, [1, 4])],
+            [onnx.helper.make_tensor_value_info("y", F, [1, 4])],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("custom", 1)],
+    )
+    assert stores(GraphView(custom), 0, onnx.TensorProto.FLOAT16) == ([], [])
+
+
 def test_an_opset_8_graph_is_ranked_alone_too(tmp_path, capsys):
     """The gates are `If`s, which every opset has (a `Where` would need opset 9)."""
     w = np.array([[3.0001, 1.0007, 0.3333, 7.77]], np.float32)
