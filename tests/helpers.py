@@ -113,6 +113,32 @@ def if_on_sign(
     )
 
 
+def sequence_loop(item: str, dtype: int, count: str) -> list[onnx.NodeProto]:
+    """Nodes making `s0` (an empty sequence of `dtype`), `s` (a Loop inserting the outer
+    value `item` into it `count` times) and `y` (their concatenation on axis 0)."""
+    body = helper.make_graph(
+        [
+            node("SequenceInsert", ["s_in", item], "s_out", "insert"),
+            node("Identity", ["c"], "c2", "go"),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+            helper.make_tensor_sequence_value_info("s_in", dtype, None),
+        ],
+        [
+            helper.make_tensor_value_info("c2", TensorProto.BOOL, []),
+            helper.make_tensor_sequence_value_info("s_out", dtype, None),
+        ],
+    )
+    return [
+        node("SequenceEmpty", [], "s0", "empty", dtype=dtype),
+        node("Loop", [count, "", "s0"], "s", "fill", body=body),
+        node("ConcatFromSequence", ["s"], "y", "cat", axis=0),
+    ]
+
+
 def if_model(scale: float = 1.0) -> onnx.ModelProto:
     """y = If(sum(x) > 0) then Relu(x) * w * scale else Neg(x) * w: each branch reads the outer
     weight `w`; both name their products `p` (the naming pass must set them apart)."""

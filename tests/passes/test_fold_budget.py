@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from tests.helpers import TRTBUILD, F, model, node
+from tests.helpers import TRTBUILD, F, model, node, sequence_loop
 from trtbuild.front import run_front
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy import load_policy
@@ -106,3 +106,22 @@ def test_the_policy_memory_budget_bounds_folding(tmp_path):
         front = run_front(load_policy(path), reference="none")
         record = next(r for r in front.prepared.records if r.name == "fold_constants")
         assert [u["name"] for u in record.details.get("unfolded", [])] == left
+
+
+def test_a_sequence_is_not_folded():
+    """A constant sequence (a Loop filling an empty one): onnx-graphsurgeon's fold holds
+    what it computes as arrays, and its list made `prepare` end in exit 70 (`'list' object
+    has no attribute 'nbytes'`); it is left unfolded, the record says why."""
+    m = model(
+        [*sequence_loop("one", F, "n"), node("Add", ["x", "y"], "z", "add")],
+        [("x", F, [3])],
+        [("z", F, [3])],
+        {"n": np.array(3, np.int64), "one": ONE},
+    )
+    prepared = prepare(m, Passes())
+    (fold,) = [r for r in prepared.records if r.name == "fold_constants"]
+    assert fold.details["unfolded"][0]["name"] == "empty"
+    assert "is not a tensor" in fold.details["unfolded"][0]["why"]
+    session = ort.InferenceSession(prepared.model.SerializeToString())
+    (y,) = session.run(None, {"x": np.zeros(3, np.float32)})
+    np.testing.assert_array_equal(y, np.ones(3, np.float32))

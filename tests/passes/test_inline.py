@@ -141,3 +141,50 @@ def test_a_rule_pins_what_a_call_computed(tmp_path, capsys):
         "block/second/Tanh",
         "block/skip",
     ]
+
+
+def test_a_users_node_keeps_its_name_and_a_function_keeps_its_opsets():
+    """A node already named `act/Relu` keeps the name (the call's Relu takes `act/Relu_1`);
+    two unnamed nodes of one op in a body get `Mul` and `Mul_1`; a body's `com.microsoft`
+    op, a domain only the function imported, is imported by the model (the inliner left
+    it out: onnx.checker refused the model)."""
+    act = helper.make_function(
+        LOCAL,
+        "Act",
+        ["a"],
+        ["b"],
+        [
+            helper.make_node("Relu", ["a"], ["r"]),
+            helper.make_node("Mul", ["r", "r"], ["m"]),
+            helper.make_node("Mul", ["m", "r"], ["m3"]),
+            helper.make_node("Gelu", ["m3"], ["b"], domain="com.microsoft"),
+        ],
+        [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r0"], name="act/Relu"),
+            helper.make_node("Act", ["r0"], ["y"], domain=LOCAL, name="act"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", F, [1, 4])],
+        [helper.make_tensor_value_info("y", F, [1, 4])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(LOCAL, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[act])
+    model.ir_version = 8
+    inlined, _ = inline_functions(model)
+    onnx.checker.check_model(inlined, full_check=True)
+    names = [(n.name, n.op_type) for n in inlined.graph.node]
+    assert names == [
+        ("act/Relu", "Relu"),  # the user's
+        ("act/Relu_1", "Relu"),
+        ("act/Mul", "Mul"),
+        ("act/Mul_1", "Mul"),
+        ("act/Gelu", "Gelu"),
+    ]
+    assert {(o.domain, o.version) for o in inlined.opset_import} == {("", 17), ("com.microsoft", 1)}
+    x = {"x": np.array([[-1.0, 0.5, 1.0, 2.0]], np.float32)}
+    np.testing.assert_array_equal(
+        plain_session(inlined).run(None, x)[0], plain_session(model).run(None, x)[0]
+    )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import node, plain_session
+from tests.helpers import node, plain_session, sequence_loop
 from trtbuild.cli import main
 from trtbuild.graph import subgraphs
 from trtbuild.passes.prepare import prepare
@@ -107,10 +108,131 @@ def test_an_fp16_model_computes_what_its_fp32_twin_computes_and_keeps_its_bindin
     np.testing.assert_array_equal(got, twin.astype(np.float16))
 
 
+def _small(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _value(name: str, dtype: int = H, dims=(1, 2)) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, dtype, list(dims))
+
+
 def test_an_fp32_model_is_left_as_it_is():
+    """The same object, no record: an FP32 model, and one that only takes an FP16 input and
+    casts it at once (it computes in FP32)."""
     model = _rms(F)
-    assert upcast_low_precision(model) == (model, upcast_low_precision(model)[1])
-    assert upcast_low_precision(model)[1].changed == 0
+    assert upcast_low_precision(model)[0] is model
+    takes_fp16 = _small(
+        [node("Cast", ["x"], "xf", "c", to=F), node("Relu", ["xf"], "y", "r")],
+        [_value("x")],
+        [_value("y", F)],
+    )
+    same, record = upcast_low_precision(takes_fp16)
+    assert same is takes_fp16 and record.changed == 0
+
+
+INTERFACES = {
+    # an output that is a weight, one that is the input itself, one another node reads
+    "weight out": ([node("Add", ["x", "w"], "y", "add")], ["y", "w"], True),
+    "input out": ([node("Relu", ["x"], "y", "r")], ["y", "x"], False),
+    "read out": ([node("Relu", ["x"], "a", "r"), node("Neg", ["a"], "b", "n")], ["a", "b"], False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INTERFACES))
+def test_the_bindings_are_kept_whatever_the_graph_does_with_them(case):
+    """Every output keeps its FP16 binding and its values (exact here: the ops are), an
+    FP16 network without weights says it computed in fp16 (its warning names the type)."""
+    nodes, outputs, weight = INTERFACES[case]
+    inits = [numpy_helper.from_array(np.array([[1, 2]], np.float16), "w")] if weight else []
+    model = _small(nodes, [_value("x")], [_value(o) for o in outputs], inits)
+    wide, record = upcast_low_precision(model)
+    onnx.checker.check_model(wide, full_check=True)
+    assert [o.name for o in wide.graph.output] == outputs and record.details == {"from": "fp16"}
+    assert {o.type.tensor_type.elem_type for o in wide.graph.output} == {H}
+    x = {"x": np.array([[1.5, -2.0]], np.float16)}
+    for got, want in zip(plain_session(wide).run(None, x), plain_session(model).run(None, x)):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def _loop(dtype: int) -> onnx.ModelProto:
+    """acc += x * k three times, x an input read only inside the body, whose `value_info`
+    declares the product (as shape inference writes it): every float in `dtype`."""
+    np_type = np.float16 if dtype == H else np.float32
+    body = helper.make_graph(
+        [
+            node("Mul", ["x", "k"], "xk", "mul"),
+            node("Add", ["acc_in", "xk"], "acc_out", "add"),
+            node("Identity", ["cond_in"], "cond_out", "go"),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            _value("acc_in", dtype, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            _value("acc_out", dtype, [2]),
+        ],
+        value_info=[_value("xk", dtype, [2])],
+    )
+    inits = {"M": np.array(3, np.int64), "a0": np.array([1, 2], np_type), "k": np.array(2, np_type)}
+    return _small(
+        [node("Loop", ["M", "", "a0"], "acc", "loop", body=body)],
+        [_value("x", dtype, [2])],
+        [_value("acc", dtype, [2])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+
+
+def test_a_body_that_declares_fp16_values_computes_in_fp32_too():
+    """A body's `value_info` is the model's inside: left FP16, ONNX Runtime refused the
+    upcast Loop ("Type (tensor(float16)) of output arg (xk) ... does not match")."""
+    wide, _ = upcast_low_precision(_loop(H))
+    onnx.checker.check_model(wide, full_check=True)
+    x = np.array([1.5, 2.5], np.float16)
+    (got,) = plain_session(wide).run(None, {"x": x})
+    (twin,) = plain_session(_loop(F)).run(None, {"x": x.astype(np.float32)})
+    np.testing.assert_array_equal(got, twin.astype(np.float16))
+
+
+def test_type_attributes_and_sequences_are_made_fp32():
+    """A window's `output_datatype`, a LayerNorm's `stash_type`, a sequence's elements: the
+    model runs, every one FP32 (BitCast's `to` reinterprets bits and is left)."""
+    window = _small(
+        [
+            node("HannWindow", ["n"], "win", "w", output_datatype=H),
+            node("Mul", ["x", "win"], "y", "m"),
+        ],
+        [_value("x", H, [4])],
+        [_value("y", H, [4])],
+        [numpy_helper.from_array(np.array(4, np.int64), "n")],
+    )
+    wide, _ = upcast_low_precision(window)
+    plain_session(wide).run(None, {"x": np.ones(4, np.float16)})
+    norm = _small(
+        [node("LayerNormalization", ["x", "g"], "y", "ln", stash_type=H)],
+        [_value("x", H, [1, 4])],
+        [_value("y", H, [1, 4])],
+        [numpy_helper.from_array(np.ones(4, np.float16), "g")],
+    )
+    (ln,) = [
+        n for n in upcast_low_precision(norm)[0].graph.node if n.op_type == "LayerNormalization"
+    ]
+    assert [a.i for a in ln.attribute if a.name == "stash_type"] == [F]
+    sequence = _small(
+        sequence_loop("x", H, "M"),
+        [_value("x", H, [4])],
+        [_value("y", H, [3, 4])],
+        [numpy_helper.from_array(np.array(3, np.int64), "M")],
+    )
+    x = np.arange(4, dtype=np.float16)
+    (got,) = plain_session(prepare(sequence, Passes()).model).run(None, {"x": x})
+    np.testing.assert_array_equal(got, np.tile(x, 3))
 
 
 def test_prepare_upcasts_and_a_policy_pins_the_square(tmp_path, capsys):

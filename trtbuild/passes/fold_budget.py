@@ -30,6 +30,12 @@ GROWING_OPS = frozenset(
 )
 
 _SHAPE_OPS = {"Shape", "Size"}
+# Ops whose output is a sequence or an optional, never a tensor: onnx-graphsurgeon's fold
+# holds every value it computes as an array (a sequence is a list: `.nbytes` fails).
+NOT_TENSOR_OPS = frozenset(
+    {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceMap"}
+    | {"SplitToSequence", "Optional"}
+)
 
 
 def oversized(model: onnx.ModelProto, budget: int) -> list[dict[str, str]]:
@@ -69,7 +75,12 @@ def _too_large(node: onnx.NodeProto, shapes: dict, budget: int) -> str | None:
     for out in node.output:
         if not out:
             continue
-        size = _nbytes(shapes.get(out))
+        kind = shapes.get(out)
+        if node.op_type in NOT_TENSOR_OPS or (
+            kind is not None and not kind.HasField("tensor_type")
+        ):
+            return f"left unfolded: {out!r} ({node.op_type}) is not a tensor (a sequence?)"
+        size = _nbytes(kind)
         if size is None and node.op_type in GROWING_OPS:
             return (
                 f"left unfolded: the size of {out!r} ({node.op_type}) is not known before "

@@ -33,13 +33,14 @@ def inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecor
     functions = {_function_id(f): f for f in model.functions}
     own: list[onnx.FunctionProto] = []
     named: set[str] = set()
-    record.changed = _own_copies(list(model.graph.node), functions, own, named)
+    taken = {n.name for n in subgraphs.all_nodes(model)}  # a user's node keeps its name
+    record.changed = _own_copies(list(model.graph.node), functions, own, (named, taken))
     del model.functions[:]
     model.functions.extend(own)
     inlined = onnx.inliner.inline_local_functions(model, convert_version=True)
     del inlined.functions[:]  # a function no node calls is gone with the calls
     _unsuffixed(inlined, named)
-    _drop_unused_opsets(inlined, {d for d, _, _ in functions})
+    _opsets_used(inlined, {d for d, _, _ in functions}, list(functions.values()))
     record.details = {"functions": [{"name": f.name} for f in functions.values()]}
     return inlined, record
 
@@ -56,28 +57,29 @@ def _own_copies(
     nodes: list[onnx.NodeProto],
     functions: dict[FunctionId, onnx.FunctionProto],
     own: list[onnx.FunctionProto],
-    named: set[str],
+    names: tuple[set[str], set[str]],
 ) -> int:
     """Point each call among `nodes` (and in their bodies, and in the functions they call)
     at a copy of its function of its own, appended to `own`, whose nodes are named under
-    the call (each name added to `named`). The calls found."""
+    the call. `names`: the names given (each added) and every name taken in the model (a
+    name given is none of them). The calls found."""
+    named, taken = names
     calls = 0
     for node in nodes:
         for _, body in subgraphs.bodies(node):
-            calls += _own_copies(list(body.node), functions, own, named)
+            calls += _own_copies(list(body.node), functions, own, names)
         found = functions.get(_call_of(node))
         if found is None:
             continue
         copy = onnx.FunctionProto()
         copy.CopyFrom(found)
         copy.name = f"{found.name}__call{len(own)}"  # one per call: its nodes' own names
-        taken: set[str] = set()
         for inner in copy.node:
             inner.name = _free(f"{node.name}/{inner.name or inner.op_type}", taken)
-        named.update(taken)
+            named.add(inner.name)
         own.append(copy)
         node.op_type = copy.name
-        calls += 1 + _own_copies(list(copy.node), functions, own, named)
+        calls += 1 + _own_copies(list(copy.node), functions, own, names)
     return calls
 
 
@@ -100,9 +102,20 @@ def _unsuffixed(model: onnx.ModelProto, named: set[str]) -> None:
             node.name = base
 
 
-def _drop_unused_opsets(model: onnx.ModelProto, domains: set[str]) -> None:
-    """Leave out the opset imports of the functions' domains that no node uses now."""
-    used = {n.domain for n in subgraphs.all_nodes(model)}
+def _opsets_used(
+    model: onnx.ModelProto, domains: set[str], functions: list[onnx.FunctionProto]
+) -> None:
+    """The model's opset imports for the domains its nodes use now: the functions' own
+    (`domains`) left out where no node uses them, and a domain only a function imported
+    (its body's `com.microsoft` ops) imported as the function did (the inliner leaves it
+    out)."""
+    used = {n.domain or "" for n in subgraphs.all_nodes(model)}
     kept = [o for o in model.opset_import if o.domain not in domains or o.domain in used]
+    have = {o.domain for o in kept} | ({"ai.onnx"} if "" in {o.domain for o in kept} else set())
+    for f in functions:
+        for o in f.opset_import:
+            if o.domain in used and o.domain not in have and o.domain not in domains:
+                kept.append(onnx.helper.make_opsetid(o.domain, o.version))
+                have.add(o.domain)
     del model.opset_import[:]
     model.opset_import.extend(kept)

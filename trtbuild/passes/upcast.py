@@ -26,7 +26,11 @@ from trtbuild.graph.optypes import LOW_DTYPES as LOW_TYPES
 from trtbuild.passes.basic import PassRecord, copied
 
 FLOAT = onnx.TensorProto.FLOAT
-_TYPE_ATTRIBUTES = frozenset({"to", "dtype"})  # an element type, in the default domain's ops
+# Attributes of the default domain's ops that name an element type (a custom op's are its
+# own, so only these; a tensor attribute's type is its data's, in any domain). BitCast's
+# `to` reinterprets bits: never a float to widen.
+_TYPE_ATTRIBUTES = frozenset({"to", "dtype", "output_datatype", "stash_type", "softmax_precision"})
+_REINTERPRETS = frozenset({"BitCast"})
 
 
 def upcast_low_precision(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
@@ -42,32 +46,55 @@ def upcast_low_precision(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassR
         record.changed += _upcast_nodes(graph, found)
         if scope:  # a body's declared inputs and outputs are the model's inside
             record.changed += _upcast_declared([*graph.input, *graph.output], found)
-    del model.graph.value_info[:]  # inferred again, FP32 now
-    record.changed += _keep_interface(model)
+        del graph.value_info[:]  # inferred again (a body's too), FP32 now
+    record.changed += _keep_interface(model, found)
     record.details = {"from": "/".join(sorted(found))}
     return model, record
 
 
 def _computes_low(model: onnx.ModelProto) -> bool:
-    """Whether any weight, constant, cast or declared value of the model is FP16/BF16."""
+    """Whether any weight, constant, cast or value declared inside the model is FP16/BF16,
+    or a node other than a Cast reads or makes one of its FP16/BF16 inputs or outputs (an
+    FP32 model that only takes FP16 and casts it at once computes in FP32)."""
     if any(t.data_type in LOW_TYPES for t in model.graph.initializer):
         return True
     for scope, graph in subgraphs.walk(model.graph):
-        declared = [*graph.value_info, *graph.input, *graph.output]
-        if any(v.type.tensor_type.elem_type in LOW_TYPES for v in declared):
+        declared = [
+            *graph.value_info,
+            *(graph.input if scope else ()),
+            *(graph.output if scope else ()),
+        ]
+        if any(_tensor_of(v.type).elem_type in LOW_TYPES for v in declared):
             return True
         if scope and any(t.data_type in LOW_TYPES for t in graph.initializer):
             return True
         for node in graph.node:
             if any(_low_attribute(node, a) for a in node.attribute):
                 return True
-    return False
+    return bool(_low_interface(model))
+
+
+def _low_interface(model: onnx.ModelProto) -> set[int]:
+    """The FP16/BF16 types of the graph inputs a node other than a Cast reads and of the
+    graph outputs such a node makes: where the interface's type is computed in."""
+    graph = model.graph
+    low = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
+    low = {name: t for name, t in low.items() if t in LOW_TYPES}
+    if not low:
+        return set()
+    used: set[int] = set()
+    for node in subgraphs.all_nodes(model):
+        if node.op_type != "Cast":
+            used.update(low[t] for t in [*node.input, *node.output] if t in low)
+    return used
 
 
 def _low_attribute(node: onnx.NodeProto, a: onnx.AttributeProto) -> bool:
     if a.type == onnx.AttributeProto.TENSOR:
         return a.t.data_type in LOW_TYPES
-    default_domain = node.domain in ("", "ai.onnx")
+    if a.type == onnx.AttributeProto.SPARSE_TENSOR:
+        return a.sparse_tensor.values.data_type in LOW_TYPES
+    default_domain = node.domain in ("", "ai.onnx") and node.op_type not in _REINTERPRETS
     return default_domain and a.name in _TYPE_ATTRIBUTES and a.i in LOW_TYPES
 
 
@@ -94,6 +121,8 @@ def _upcast_nodes(graph: onnx.GraphProto, found: set[str]) -> int:
                 continue
             if a.type == onnx.AttributeProto.TENSOR:
                 changed += _upcast_tensors([a.t], found)
+            elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
+                changed += _upcast_tensors([a.sparse_tensor.values], found)
             else:
                 found.add(LOW_TYPES[a.i])
                 a.i = FLOAT
@@ -101,10 +130,23 @@ def _upcast_nodes(graph: onnx.GraphProto, found: set[str]) -> int:
     return changed
 
 
+def _tensor_of(kind: onnx.TypeProto) -> onnx.TypeProto.Tensor:
+    """The tensor type a value's type holds: its own, a sequence's or an optional's elements'."""
+    while not kind.HasField("tensor_type"):
+        if kind.HasField("sequence_type"):
+            kind = kind.sequence_type.elem_type
+        elif kind.HasField("optional_type"):
+            kind = kind.optional_type.elem_type
+        else:
+            break
+    return kind.tensor_type
+
+
 def _upcast_declared(values, found: set[str]) -> int:
+    """Each declared value of FP16/BF16 elements (a sequence's too) with FP32 elements."""
     changed = 0
     for v in values:
-        tensor = v.type.tensor_type
+        tensor = _tensor_of(v.type)
         if tensor.elem_type in LOW_TYPES:
             found.add(LOW_TYPES[tensor.elem_type])
             tensor.elem_type = FLOAT
@@ -112,10 +154,12 @@ def _upcast_declared(values, found: set[str]) -> int:
     return changed
 
 
-def _keep_interface(model: onnx.ModelProto) -> int:
+def _keep_interface(model: onnx.ModelProto, found: set[str]) -> int:
     """A Cast to FP32 behind each FP16/BF16 graph input, and one back in front of each such
-    output: the graph inside computes in FP32, its bindings stay the model's."""
+    output: the graph inside computes in FP32, its bindings stay the model's. The types it
+    finds computed in go to `found`."""
     graph = model.graph
+    found.update(LOW_TYPES[t] for t in _low_interface(model))
     casts: list[onnx.NodeProto] = []
     for value in graph.input:
         low = value.type.tensor_type.elem_type
