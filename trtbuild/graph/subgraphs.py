@@ -26,20 +26,20 @@ def bodies(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
     """(attribute name, graph) of every body a node holds, in attribute order; none where
     the op's schema declares no graph (onnx.checker, which every model passes on its
     load, refuses one there)."""
-    if not _may_hold_bodies(node.domain, node.op_type):
+    if not may_hold_bodies(node.domain, node.op_type):
         return []
     return [(a.name, a.g) for a in node.attribute if a.type == _GRAPH]
 
 
 def has_body(node: onnx.NodeProto) -> bool:
     """Whether `bodies(node)` holds any (without building the list)."""
-    return _may_hold_bodies(node.domain, node.op_type) and any(
+    return may_hold_bodies(node.domain, node.op_type) and any(
         a.type == _GRAPH for a in node.attribute
     )
 
 
 @functools.cache
-def _may_hold_bodies(domain: str, op_type: str) -> bool:
+def may_hold_bodies(domain: str, op_type: str) -> bool:
     """Whether a node of this op may hold a graph: any op of another domain (a custom
     op's attributes are its own), and the default domain's ops whose schema has a graph
     attribute (If, Loop, Scan, SequenceMap).

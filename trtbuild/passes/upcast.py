@@ -17,6 +17,8 @@ bindings are the model's.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -53,25 +55,50 @@ def upcast_low_precision(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassR
 
 
 def _computes_low(model: onnx.ModelProto) -> bool:
-    """Whether any weight, constant, cast or value declared inside the model is FP16/BF16,
-    or a node other than a Cast reads or makes one of its FP16/BF16 inputs or outputs (an
-    FP32 model that only takes FP16 and casts it at once computes in FP32)."""
-    if any(t.data_type in LOW_TYPES for t in model.graph.initializer):
+    """Whether any weight, constant, cast, type attribute or body declaration of the model
+    is FP16/BF16, or a node other than a Cast reads or makes one of its FP16/BF16 inputs or
+    outputs (an FP32 model that only takes FP16 and casts it at once computes in FP32).
+
+    Not `value_info`: a value is FP16 only where one of those makes it so, and reading
+    10k declarations took most of this check's time on a 10k-node transformer (every
+    `convert` asks it). Only nodes whose op may hold such an attribute are read.
+    """
+    return _graph_low(model.graph, inside=False) or bool(_low_interface(model))
+
+
+def _graph_low(graph: onnx.GraphProto, inside: bool) -> bool:
+    """`_computes_low` of one graph and the bodies in it (`inside`: a body, whose declared
+    inputs and outputs count)."""
+    if any(t.data_type in LOW_TYPES for t in graph.initializer):
         return True
-    for scope, graph in subgraphs.walk(model.graph):
-        declared = [
-            *graph.value_info,
-            *(graph.input if scope else ()),
-            *(graph.output if scope else ()),
-        ]
-        if any(_tensor_of(v.type).elem_type in LOW_TYPES for v in declared):
+    declared = (*graph.input, *graph.output) if inside else ()
+    if any(_tensor_of(v.type).elem_type in LOW_TYPES for v in declared):
+        return True
+    for node in graph.node:
+        holds_type, holds_bodies = _may_hold(node.domain, node.op_type)
+        if holds_type and any(_low_attribute(node, a) for a in node.attribute):
             return True
-        if scope and any(t.data_type in LOW_TYPES for t in graph.initializer):
+        if holds_bodies and any(_graph_low(body, True) for _, body in subgraphs.bodies(node)):
             return True
-        for node in graph.node:
-            if any(_low_attribute(node, a) for a in node.attribute):
-                return True
-    return bool(_low_interface(model))
+    return False
+
+
+@functools.cache
+def _may_hold(domain: str, op_type: str) -> tuple[bool, bool]:
+    """Whether a node of this op may hold a float type in an attribute (a tensor, or an
+    element type: `_TYPE_ATTRIBUTES`), and bodies (`subgraphs.may_hold_bodies`), in one
+    lookup: every node of the model asks. Any op of another domain may (its attributes
+    are its own); the default domain's by their schema, which onnx.checker holds them to."""
+    bodies = subgraphs.may_hold_bodies(domain, op_type)
+    if domain not in ("", "ai.onnx"):
+        return True, bodies
+    try:
+        schema = onnx.defs.get_schema(op_type)
+    except onnx.defs.SchemaError:
+        return True, bodies
+    kinds = (onnx.defs.OpSchema.AttrType.TENSOR, onnx.defs.OpSchema.AttrType.SPARSE_TENSOR)
+    attributes = schema.attributes.items()
+    return any(a.type in kinds or name in _TYPE_ATTRIBUTES for name, a in attributes), bodies
 
 
 def _low_interface(model: onnx.ModelProto) -> set[int]:
