@@ -19,3 +19,41 @@ def test_convert_draws_no_feeds_but_says_where_data_comes_from(tmp_path):
     assert bare.converted.model == drawn.converted.model
     with pytest.raises(ValueError, match="draw=False"):
         run_front(policy, reference="tensors", draw=False)
+
+
+def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):
+    """A com.microsoft op (what onnxruntime.transformers.optimizer fuses a BERT's
+    LayerNorms and GELUs into, inside an If's branch here): ONNX Runtime runs it, so
+    `check` passed and the policy's patterns no longer saw the LayerNorms; TensorRT's parser
+    refused it only at the build. Now exit 2 names the ops and the fix, before the
+    reference runs."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tests.helpers import if_on_sign
+    from trtbuild.cli import main
+
+    gelu = helper.make_graph(
+        [helper.make_node("Gelu", ["x"], ["g"], name="fused_gelu", domain="com.microsoft")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 4])],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["n"], name="neg")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("n", TensorProto.FLOAT, [1, 4])],
+    )
+    plain = if_on_sign(other, other, [1, 4])  # the If on x's sign, then the fused branch
+    (branch,) = [a for a in plain.graph.node[-1].attribute if a.name == "then_branch"]
+    branch.g.CopyFrom(gelu)
+    plain.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.checker.check_model(plain, full_check=True)
+    onnx.save(plain, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "1 node(s) of ONNX Runtime's own ops (com.microsoft: Gelu; the first:" in err
+    assert "before onnxruntime.transformers.optimizer" in err and "measured at" not in err

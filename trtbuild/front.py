@@ -192,6 +192,7 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
     from trtbuild.graph.qdq import violations
 
     _integer_quantized(policy, analysis)
+    _runtime_only(policy, analysis)
     qdq = analysis.qdq()
     if not qdq:
         return
@@ -229,6 +230,31 @@ def _integer_quantized(policy: Policy, analysis: Analysis) -> None:
         f"the first: {nodes[found[0]].name}), which TensorRT does not run",
         where=str(policy.model),
         hint=INTEGER_FIX,
+    )
+
+
+def _runtime_only(policy: Policy, analysis: Analysis) -> None:
+    """Exit 2 for ONNX Runtime's own ops (`ORT_DOMAINS`: `SkipLayerNormalization`,
+    `BiasGelu`, `FusedConv`, ... of its transformer optimizer or offline optimizations).
+
+    Why before any work: ONNX Runtime runs them, so `check` passed, and the policy's
+    patterns no longer saw the LayerNorms fused into them; TensorRT's parser refused them
+    only at the build (exit 3, "Plugin not found")."""
+    from trtbuild.graph.optypes import ORT_DOMAINS
+
+    nodes = analysis.view.nodes
+    found = [i for i, n in enumerate(nodes) if n.domain in ORT_DOMAINS]
+    if not found:
+        return
+    kinds = ", ".join(sorted({nodes[i].op_type for i in found}))
+    domains = "/".join(sorted({nodes[i].domain for i in found}))
+    raise UsageError(
+        f"{len(found)} node(s) of ONNX Runtime's own ops ({domains}: {kinds}; "
+        f"the first: {nodes[found[0]].name}), which TensorRT does not run",
+        where=str(policy.model),
+        hint="give the model as exported, before onnxruntime.transformers.optimizer or ONNX "
+        "Runtime's offline graph optimizations (SessionOptions.optimized_model_filepath) "
+        "fused its ops",
     )
 
 

@@ -22,6 +22,13 @@ from trtbuild.graph.subgraphs import CONTROL_FLOW
 QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
 QDQ_OPS = frozenset({QUANTIZE, DEQUANTIZE})
+# ONNX Runtime's own operator domains (its contrib ops, the fusions of its transformer
+# optimizer and offline graph optimizations): ONNX Runtime runs them, TensorRT's parser
+# does not (it looks for a plugin of the op's name and finds none).
+ORT_DOMAINS = frozenset(
+    {"com.microsoft", "com.microsoft.nchwc", "com.microsoft.experimental"}
+    | {"com.ms.internal.nhwc", "com.microsoft.dml"}
+)
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 PRECISION_DTYPE = {
     "fp16": TensorProto.FLOAT16,
