@@ -57,3 +57,34 @@ def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "1 node(s) of ONNX Runtime's own ops (com.microsoft: Gelu; the first:" in err
     assert "before onnxruntime.transformers.optimizer" in err and "measured at" not in err
+
+
+def test_an_op_onnx_runtime_does_not_have_says_so(tmp_path, capsys):
+    """A TensorRT plugin node (`trt.plugins`): the FP32 reference cannot run in ONNX Runtime
+    whatever the shape, and the message says why and what to give instead (it said to
+    choose input shapes)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from trtbuild.cli import main
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("CustomGeluPlugin", ["r"], ["y"], name="plug", domain="trt.plugins"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("trt.plugins", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'm.onnx'}: ONNX Runtime has no op trt.plugins:CustomGeluPlugin" in err
+    assert "before its nodes were replaced by plugin or custom ops" in err
+    assert "choose input shapes" not in err

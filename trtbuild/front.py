@@ -354,6 +354,16 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError
     import re
 
     text = str(exc)
+    unknown = re.search(r"(\S+)\(-?\d+\) is not a registered function/op", text)
+    if unknown:  # no shape or data of the user's makes it run
+        return UsageError(
+            f"ONNX Runtime has no op {unknown.group(1)} (a TensorRT plugin, or another "
+            "runtime's custom op?): trtbuild runs the FP32 reference and the FP16 emulation "
+            "in ONNX Runtime, so this model cannot be judged",
+            where=str(policy.model),
+            hint="give the model as exported, before its nodes were replaced by plugin or "
+            "custom ops",
+        )
     node = re.search(r"Name:'([^']*)'", text)
     said = re.search(r"Status Message: (.*)", text)
     where = f" in node {node.group(1)}" if node else ""
