@@ -27,6 +27,7 @@ def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):
     `check` passed and the policy's patterns no longer saw the LayerNorms; TensorRT's parser
     refused it only at the build. Now exit 2 names the ops and the fix, before the
     reference runs."""
+    import numpy as np
     import onnx
     from onnx import TensorProto, helper
 
@@ -34,10 +35,15 @@ def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):
     from trtbuild.cli import main
 
     gelu = helper.make_graph(
-        [helper.make_node("Gelu", ["x"], ["g"], name="fused_gelu", domain="com.microsoft")],
+        [
+            helper.make_node(
+                "BiasGelu", ["x", "b"], ["g"], name="fused_gelu", domain="com.microsoft"
+            ),
+            helper.make_node("Gelu", ["g"], ["g2"], name="gelu", domain="com.microsoft"),
+        ],
         "then",
         [],
-        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("g2", TensorProto.FLOAT, [1, 4])],
     )
     other = helper.make_graph(
         [helper.make_node("Neg", ["x"], ["n"], name="neg")],
@@ -45,7 +51,8 @@ def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):
         [],
         [helper.make_tensor_value_info("n", TensorProto.FLOAT, [1, 4])],
     )
-    plain = if_on_sign(other, other, [1, 4])  # the If on x's sign, then the fused branch
+    bias = {"b": np.zeros(4, np.float32)}  # BiasGelu's, read from outside the branch
+    plain = if_on_sign(other, other, [1, 4], bias)  # the If on x's sign, then the fused branch
     (branch,) = [a for a in plain.graph.node[-1].attribute if a.name == "then_branch"]
     branch.g.CopyFrom(gelu)
     plain.opset_import.append(helper.make_opsetid("com.microsoft", 1))
@@ -55,7 +62,8 @@ def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):
     policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
     assert main(["check", "--policy", str(policy)]) == 2
     err = capsys.readouterr().err
-    assert "1 node(s) of ONNX Runtime's own ops (com.microsoft: Gelu; the first:" in err
+    # its Gelu, an ONNX op's name, TensorRT's parser imports as ONNX's: not counted
+    assert "1 node(s) of ONNX Runtime's own ops (com.microsoft: BiasGelu; the first:" in err
     assert "before onnxruntime.transformers.optimizer" in err and "measured at" not in err
 
 

@@ -240,10 +240,10 @@ def _runtime_only(policy: Policy, analysis: Analysis) -> None:
     Why before any work: ONNX Runtime runs them, so `check` passed, and the policy's
     patterns no longer saw the LayerNorms fused into them; TensorRT's parser refused them
     only at the build (exit 3, "Plugin not found")."""
-    from trtbuild.graph.optypes import ORT_DOMAINS
+    from trtbuild.graph.optypes import runtime_only
 
     nodes = analysis.view.nodes
-    found = [i for i, n in enumerate(nodes) if n.domain in ORT_DOMAINS]
+    found = [i for i, n in enumerate(nodes) if runtime_only(n)]
     if not found:
         return
     kinds = ", ".join(sorted({nodes[i].op_type for i in found}))

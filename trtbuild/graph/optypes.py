@@ -23,8 +23,9 @@ QUANTIZE = "QuantizeLinear"
 DEQUANTIZE = "DequantizeLinear"
 QDQ_OPS = frozenset({QUANTIZE, DEQUANTIZE})
 # ONNX Runtime's own operator domains (its contrib ops, the fusions of its transformer
-# optimizer and offline graph optimizations): ONNX Runtime runs them, TensorRT's parser
-# does not (it looks for a plugin of the op's name and finds none).
+# optimizer and offline graph optimizations): ONNX Runtime runs them; TensorRT's parser
+# runs those that share an ONNX op's name (it imports by name) and looks for a plugin of
+# the others' names, finding none.
 ORT_DOMAINS = frozenset(
     {"com.microsoft", "com.microsoft.nchwc", "com.microsoft.experimental"}
     | {"com.ms.internal.nhwc", "com.microsoft.dml"}
@@ -82,6 +83,14 @@ DATA_MOVEMENT = frozenset(
         "Pad",
     }
 )
+
+
+def runtime_only(node: onnx.NodeProto) -> bool:
+    """Whether ONNX Runtime runs this node and TensorRT's parser does not: an op of one of
+    ONNX Runtime's own domains (`ORT_DOMAINS`) whose name is no ONNX op's. The parser
+    imports an op by its name whatever its domain (a com.microsoft `Gelu` is ONNX's Gelu to
+    it), and finds no importer nor plugin for `BiasGelu` or `SkipLayerNormalization`."""
+    return node.domain in ORT_DOMAINS and not onnx.defs.has(node.op_type)
 
 
 def computes(op_type: str) -> bool:
