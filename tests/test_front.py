@@ -63,7 +63,7 @@ def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):
     assert main(["check", "--policy", str(policy)]) == 2
     err = capsys.readouterr().err
     # its Gelu, an ONNX op's name, TensorRT's parser imports as ONNX's: not counted
-    assert "1 node(s) of ONNX Runtime's own ops (com.microsoft: BiasGelu; the first:" in err
+    assert "1 node(s) of ONNX Runtime's own ops (com.microsoft::BiasGelu; the first:" in err
     assert "before onnxruntime.transformers.optimizer" in err and "measured at" not in err
 
 

@@ -174,6 +174,7 @@ def _measures(policy: Policy, view: GraphView, shapes: list[ShapeRun]) -> Refere
 def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> None:
     """What TensorRT would refuse (its Q/DQ rules) and a reference model that does not fit:
     exit 2 naming the field, before anything runs."""
+    _not_run_by_tensorrt(policy, analysis)
     check_quantized(policy, analysis)
     original = policy.accuracy.reference_model
     if original is not None:
@@ -191,8 +192,6 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
     """
     from trtbuild.graph.qdq import violations
 
-    _integer_quantized(policy, analysis)
-    _runtime_only(policy, analysis)
     qdq = analysis.qdq()
     if not qdq:
         return
@@ -214,48 +213,32 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
     )
 
 
-def _integer_quantized(policy: Policy, analysis: Analysis) -> None:
-    """Exit 2 for a model quantized by ONNX Runtime's dynamic or QOperator quantization
-    (ConvInteger, QLinearConv, ...): TensorRT's parser runs none of those ops, and said
-    so only at the build (exit 3), after the reference and the judge had run."""
-    from trtbuild.graph.qdq import INTEGER_FIX, integer_ops
+def _not_run_by_tensorrt(policy: Policy, analysis: Analysis) -> None:
+    """Exit 2 for ops ONNX Runtime runs and TensorRT's parser does not: ONNX Runtime's
+    dynamic or QOperator quantization (ConvInteger, QLinearConv, ...) and its own fused ops
+    (`SkipLayerNormalization`, `BiasGelu`, ... of its transformer optimizer).
 
-    found = integer_ops(analysis.view)
-    if not found:
-        return
-    nodes = analysis.view.nodes
-    kinds = ", ".join(sorted({nodes[i].op_type for i in found}))
-    raise UsageError(
-        f"{len(found)} node(s) of ONNX Runtime's dynamic or QOperator quantization ({kinds}; "
-        f"the first: {nodes[found[0]].name}), which TensorRT does not run",
-        where=str(policy.model),
-        hint=INTEGER_FIX,
+    Why before any work: ONNX Runtime runs them, so `check` passed (and a LayerNorm rule
+    matched nothing the optimizer had fused); TensorRT's parser refused them only at the
+    build (exit 3), after the reference and the judge had run.
+    """
+    from trtbuild.graph.optypes import RUNTIME_ONLY_FIX, runtime_only
+    from trtbuild.graph.qdq import INTEGER_FIX, integer
+
+    kinds = (
+        ("ONNX Runtime's dynamic or QOperator quantization", INTEGER_FIX, integer),
+        ("ONNX Runtime's own ops", RUNTIME_ONLY_FIX, runtime_only),
     )
-
-
-def _runtime_only(policy: Policy, analysis: Analysis) -> None:
-    """Exit 2 for ONNX Runtime's own ops (`ORT_DOMAINS`: `SkipLayerNormalization`,
-    `BiasGelu`, `FusedConv`, ... of its transformer optimizer or offline optimizations).
-
-    Why before any work: ONNX Runtime runs them, so `check` passed, and the policy's
-    patterns no longer saw the LayerNorms fused into them; TensorRT's parser refused them
-    only at the build (exit 3, "Plugin not found")."""
-    from trtbuild.graph.optypes import runtime_only
-
-    nodes = analysis.view.nodes
-    found = [i for i, n in enumerate(nodes) if runtime_only(n)]
-    if not found:
-        return
-    kinds = ", ".join(sorted({nodes[i].op_type for i in found}))
-    domains = "/".join(sorted({nodes[i].domain for i in found}))
-    raise UsageError(
-        f"{len(found)} node(s) of ONNX Runtime's own ops ({domains}: {kinds}; "
-        f"the first: {nodes[found[0]].name}), which TensorRT does not run",
-        where=str(policy.model),
-        hint="give the model as exported, before onnxruntime.transformers.optimizer or ONNX "
-        "Runtime's offline graph optimizations (SessionOptions.optimized_model_filepath) "
-        "fused its ops",
-    )
+    for what, fix, refused in kinds:
+        found = [n for n in analysis.view.nodes if refused(n)]
+        if found:
+            named = sorted({f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in found})
+            raise UsageError(
+                f"{len(found)} node(s) of {what} ({', '.join(named)}; the first: "
+                f"{found[0].name}), which TensorRT does not run",
+                where=str(policy.model),
+                hint=fix,
+            )
 
 
 # The order problems are said in: what the user fixes by re-quantizing first.

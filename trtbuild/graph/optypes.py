@@ -93,6 +93,12 @@ def runtime_only(node: onnx.NodeProto) -> bool:
     return node.domain in ORT_DOMAINS and not onnx.defs.has(node.op_type)
 
 
+RUNTIME_ONLY_FIX = (
+    "give the model as exported, before onnxruntime.transformers.optimizer or ONNX Runtime's "
+    "offline graph optimizations (SessionOptions.optimized_model_filepath) fused its ops"
+)
+
+
 def computes(op_type: str) -> bool:
     """Does a node of this op count as compute in FP16 shares?
 

@@ -28,7 +28,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto, numpy_helper
+from onnx import NodeProto, TensorProto, numpy_helper
 
 from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS
 from trtbuild.graph.view import GraphView
@@ -87,9 +87,9 @@ INTEGER_FIX = (
 )
 
 
-def integer_ops(view: GraphView) -> list[int]:
-    """The nodes of ONNX Runtime's dynamic or QOperator quantization (`INTEGER_OPS`)."""
-    return [i for i, n in enumerate(view.nodes) if n.op_type in INTEGER_OPS]
+def integer(node: NodeProto) -> bool:
+    """Whether a node is of ONNX Runtime's dynamic or QOperator quantization (`INTEGER_OPS`)."""
+    return node.op_type in INTEGER_OPS
 
 
 def is_qdq(op_type: str) -> bool:
