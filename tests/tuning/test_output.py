@@ -6,13 +6,12 @@ import pytest
 
 from trtbuild.policy.specs import Precision
 from trtbuild.tuning.output import FEW_LOW, tight_warning
-from trtbuild.tuning.search import SearchResult
+from trtbuild.tuning.search import SearchResult, Trial
 
 
 def _result(passed: bool, low: float, start: float) -> SearchResult:
-    return SearchResult(
-        Precision(), [], [], {}, "", passed=passed, low_share=low, start_share=start
-    )
+    first = Trial(1, "start: range analysis", (), passed, start, {}, {}, 0.0)
+    return SearchResult(Precision(), [], [], {}, "", [first], passed=passed, low_share=low)
 
 
 def test_an_answer_that_keeps_little_blames_the_tolerances():

@@ -229,11 +229,7 @@ def _exact_casts(view: GraphView, decisions: list[Decision], low: str) -> dict[i
     found: dict[int, Decision] = {}
     if low not in LOW_EPS:  # an FP32 default: nothing is made low
         return found
-    casts = [
-        i
-        for i, node in enumerate(view.nodes)
-        if node.op_type == "Cast" and decisions[i].rule == "default" and not view.float_inputs(i)
-    ]
+    casts = [i for i, d in enumerate(decisions) if d.rule == "default" and integer_cast(view, i)]
     if not casts:
         return found
     reader = _fp32_readers(view, decisions)
@@ -246,6 +242,11 @@ def _exact_casts(view: GraphView, decisions: list[Decision], low: str) -> dict[i
             )
             found[i] = Decision("fp32", EXACT_CAST, why)
     return found
+
+
+def integer_cast(view: GraphView, i: int) -> bool:
+    """Whether node i is a Cast that makes floats of a non-float value (`EXACT_CAST`)."""
+    return view.nodes[i].op_type == "Cast" and not view.float_inputs(i)
 
 
 def _fp32_readers(view: GraphView, decisions: list[Decision]) -> list[str | None]:

@@ -25,7 +25,7 @@ from trtbuild.graph.qdq import is_qdq
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX
 from trtbuild.policy.specs import Precision
-from trtbuild.precision.assign import assign
+from trtbuild.precision.assign import assign, integer_cast
 from trtbuild.tuning.alone import MOST_ALONE, errors_alone, rank_alone
 from trtbuild.tuning.groups import (
     Group,
@@ -95,9 +95,12 @@ class SearchResult:
     rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
     # how the growing ranked its suspects where the error map ranked none
     rankings: list[Ranking] = field(default_factory=list)
-    # the low share of the first candidate (the policy's rules and range analysis's pins):
-    # what the values alone leave in the low precision, whatever the tolerances
-    start_share: float = 1.0
+
+    @property
+    def start_share(self) -> float:
+        """The low share of the first candidate (the policy's rules and range analysis's
+        pins): what the values alone leave in the low precision, whatever the tolerances."""
+        return self.trials[0].low_share if self.trials else 1.0
 
     @property
     def costliest_point(self) -> str | None:
@@ -413,8 +416,7 @@ def _low_made(search: Search) -> frozenset[str]:
 
 def _follows_reader(view: GraphView, i: int) -> bool:
     """Whether node i is made FP32 by pinning what reads it: a Q/DQ, a Cast of integers."""
-    op = view.nodes[i].op_type
-    return is_qdq(op) or (op == "Cast" and not view.float_inputs(i))
+    return is_qdq(view.nodes[i].op_type) or integer_cast(view, i)
 
 
 def _ranking_errors(search: Search, failing: TrialOutcome) -> dict[str, float]:
@@ -432,11 +434,14 @@ def _start(search: Search) -> TrialOutcome:
     low = search.low
     search.pinned = beyond_range(search.groups, low)
     for k in search.pinned:
-        group = search.groups[k]
-        source = f" from {group.read}" if group.read else ""  # it reads the peak, not makes it
-        verb = "reads" if group.read else "reaches"
+        group = search.groups[k]  # it reads the peak from outside, or makes it
+        said = (
+            f"reads |x| = {group.peak:.4g} from {group.read}"
+            if group.read
+            else f"reaches |x| = {group.peak:.4g}"
+        )
         search.reasons[k] = (
-            f"{verb} |x| = {group.peak:.4g}{source} on the reference data ({low.upper()} max {LOW_MAX[low]:.6g})"
+            f"{said} on the reference data ({low.upper()} max {LOW_MAX[low]:.6g})"
             + (f": inf in {low.upper()}" if group.overflows(low) else "")
         )
     action = "start: range analysis" if search.pinned else "start: policy rules only"
@@ -656,7 +661,6 @@ def _result(search: Search) -> SearchResult:
         len(search.front.shapes),
         {r.id: g for r, g in pin_rules(base, search.groups, search.pinned, search.names)},
         list(search.rankings),
-        search.trials[0].low_share if search.trials else 1.0,
     )
 
 
