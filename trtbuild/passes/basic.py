@@ -420,7 +420,7 @@ def _unique_values(graph: onnx.GraphProto, scope: str, taken: set[str]) -> int:
     if scope:
         clash = {t for t in subgraphs.defined_in(graph) if t in taken}
         if clash:
-            _rename(graph, {t: f"{scope}/{t}" for t in clash})
+            rename_values(graph, {t: f"{scope}/{t}" for t in clash})
             changed += len(clash)
     taken |= subgraphs.defined_in(graph)
     for node in graph.node:
@@ -429,8 +429,9 @@ def _unique_values(graph: onnx.GraphProto, scope: str, taken: set[str]) -> int:
     return changed
 
 
-def _rename(graph: onnx.GraphProto, names: dict[str, str]) -> None:
-    """Rename values in a body and every body inside it (no body may redefine them)."""
+def rename_values(graph: onnx.GraphProto, names: dict[str, str]) -> None:
+    """Rename values in a graph and every body inside it, declarations, weights and reads
+    (no body may redefine them: names are unique once `name_unnamed_nodes` ran)."""
     for vi in (*graph.input, *graph.output, *graph.value_info):
         vi.name = names.get(vi.name, vi.name)
     for t in graph.initializer:
@@ -441,4 +442,4 @@ def _rename(graph: onnx.GraphProto, names: dict[str, str]) -> None:
         for k, t in enumerate(node.output):
             node.output[k] = names.get(t, t)
         for _, body in subgraphs.bodies(node):
-            _rename(body, names)
+            rename_values(body, names)

@@ -25,7 +25,7 @@ from onnx import numpy_helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.optypes import LOW_DTYPES as LOW_TYPES
-from trtbuild.passes.basic import PassRecord, copied
+from trtbuild.passes.basic import PassRecord, copied, rename_values
 
 FLOAT = onnx.TensorProto.FLOAT
 # Attributes of the default domain's ops that name an element type (a custom op's are its
@@ -184,52 +184,33 @@ def _upcast_declared(values, found: set[str]) -> int:
 def _keep_interface(model: onnx.ModelProto, found: set[str]) -> int:
     """A Cast to FP32 behind each FP16/BF16 graph input, and one back in front of each such
     output: the graph inside computes in FP32, its bindings stay the model's. The types it
-    finds computed in go to `found`."""
+    finds computed in go to `found`.
+
+    How: every value of the interface is renamed inside (`rename_values`: reads, makers,
+    weights, bodies), its declaration keeps the name the engine binds, and the Cast joins
+    the two; an input handed straight out stays the input."""
     graph = model.graph
     found.update(LOW_TYPES[t] for t in _low_interface(model))
-    casts: list[onnx.NodeProto] = []
-    for value in graph.input:
-        low = value.type.tensor_type.elem_type
-        if low in LOW_TYPES:
-            wide = f"{value.name}/upcast"
-            _rename_reads(graph, value.name, wide)
-            casts.append(_cast(value.name, wide, FLOAT))
-    ends: list[onnx.NodeProto] = []
-    inputs = {i.name for i in graph.input}
-    for value in graph.output:
-        low = value.type.tensor_type.elem_type
-        if low in LOW_TYPES and value.name not in inputs:  # an input handed out stays it
-            wide = f"{value.name}/fp32"
-            _rename_made(graph, value.name, wide)
-            ends.append(_cast(wide, value.name, low))
+    inputs = [v for v in graph.input if v.type.tensor_type.elem_type in LOW_TYPES]
+    taken = {v.name for v in graph.input}
+    outputs = [
+        v for v in graph.output if v.type.tensor_type.elem_type in LOW_TYPES and v.name not in taken
+    ]
+    names = {v.name: f"{v.name}/upcast" for v in inputs}
+    names.update({v.name: f"{v.name}/fp32" for v in outputs})
+    if not names:
+        return 0
+    rename_values(graph, names)
+    back = {new: old for old, new in names.items()}
+    for v in (*graph.input, *graph.output):  # the bindings keep their names
+        v.name = back.get(v.name, v.name)
+    casts = [_cast(v.name, names[v.name], FLOAT) for v in inputs]
+    ends = [_cast(names[v.name], v.name, v.type.tensor_type.elem_type) for v in outputs]
     nodes = [*casts, *graph.node, *ends]
     del graph.node[:]
     graph.node.extend(nodes)
-    return len(casts) + len(ends)
+    return len(names)
 
 
 def _cast(source: str, target: str, to: int) -> onnx.NodeProto:
     return onnx.helper.make_node("Cast", [source], [target], name=f"{target}/cast", to=to)
-
-
-def _rename_reads(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """Every read of `old` (bodies' outer reads included, where no body defines it) as `new`."""
-    for scope, g in subgraphs.walk(graph):
-        if scope and old in subgraphs.defined_in(g):
-            continue
-        for node in g.node:
-            node.input[:] = [new if t == old else t for t in node.input]
-        for out in g.output if scope else []:
-            if out.name == old:  # a body handing the outer value straight out
-                out.name = new
-
-
-def _rename_made(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """The value `old` the main graph makes, a node's output or a weight (and every read of
-    it), as `new`."""
-    for node in graph.node:
-        node.output[:] = [new if t == old else t for t in node.output]
-    for t in graph.initializer:
-        if t.name == old:
-            t.name = new
-    _rename_reads(graph, old, new)
