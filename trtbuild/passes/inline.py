@@ -32,9 +32,10 @@ def inline_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecor
     model = copied(model)  # passes never change their input
     functions = {_function_id(f): f for f in model.functions}
     own: list[onnx.FunctionProto] = []
-    named: set[str] = set()
-    taken = {n.name for n in subgraphs.all_nodes(model)}  # a user's node keeps its name
-    record.changed = _own_copies(list(model.graph.node), functions, own, (named, taken))
+    before = {n.name for n in subgraphs.all_nodes(model)}  # a user's node keeps its name
+    taken = set(before)
+    record.changed = _own_copies(list(model.graph.node), functions, own, taken)
+    named = taken - before  # the names the copies' nodes were given
     del model.functions[:]
     model.functions.extend(own)
     inlined = onnx.inliner.inline_local_functions(model, convert_version=True)
@@ -57,17 +58,15 @@ def _own_copies(
     nodes: list[onnx.NodeProto],
     functions: dict[FunctionId, onnx.FunctionProto],
     own: list[onnx.FunctionProto],
-    names: tuple[set[str], set[str]],
+    taken: set[str],
 ) -> int:
     """Point each call among `nodes` (and in their bodies, and in the functions they call)
     at a copy of its function of its own, appended to `own`, whose nodes are named under
-    the call. `names`: the names given (each added) and every name taken in the model (a
-    name given is none of them). The calls found."""
-    named, taken = names
+    the call, each a name not in `taken` (then added to it). The calls found."""
     calls = 0
     for node in nodes:
         for _, body in subgraphs.bodies(node):
-            calls += _own_copies(list(body.node), functions, own, names)
+            calls += _own_copies(list(body.node), functions, own, taken)
         found = functions.get(_call_of(node))
         if found is None:
             continue
@@ -76,10 +75,9 @@ def _own_copies(
         copy.name = f"{found.name}__call{len(own)}"  # one per call: its nodes' own names
         for inner in copy.node:
             inner.name = _free(f"{node.name}/{inner.name or inner.op_type}", taken)
-            named.add(inner.name)
         own.append(copy)
         node.op_type = copy.name
-        calls += 1 + _own_copies(list(copy.node), functions, own, names)
+        calls += 1 + _own_copies(list(copy.node), functions, own, taken)
     return calls
 
 
