@@ -31,7 +31,10 @@ def plain_session(m: onnx.ModelProto | str | Path):
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
+def model(
+    nodes, inputs, outputs, inits=(), opset: int = 17, domains: dict | None = None
+) -> onnx.ModelProto:
+    """A checked, shape-inferred model; `domains`: other opsets it imports ({domain: version})."""
     graph = helper.make_graph(
         nodes,
         "g",
@@ -39,7 +42,9 @@ def model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
         [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()],
     )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)]
+    opsets += [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]
+    m = helper.make_model(graph, opset_imports=opsets)
     m.ir_version = 8
     onnx.checker.check_model(m)
     return onnx.shape_inference.infer_shapes(m)
@@ -97,10 +102,14 @@ def proc_stat(pid: int) -> list[str]:
 
 
 def if_on_sign(
-    then: onnx.GraphProto, other: onnx.GraphProto, y_shape: list, inits: dict | None = None
+    then: onnx.GraphProto,
+    other: onnx.GraphProto,
+    y_shape: list,
+    inits: dict | None = None,
+    domains: dict | None = None,
 ) -> onnx.ModelProto:
     """y = If(sum(x) > 0) then `then` else `other`, x of shape [1, 4]: the branches read x
-    (and `inits`, the outer weights) from outside."""
+    (and `inits`, the outer weights) from outside; `domains` as `model`'s."""
     return model(
         [
             node("ReduceSum", ["x"], "s", "sum", keepdims=0),
@@ -110,6 +119,7 @@ def if_on_sign(
         [("x", F, [1, 4])],
         [("y", F, y_shape)],
         {"zero": np.array(0.0, np.float32), **(inits or {})},
+        domains=domains,
     )
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import pytest
+from onnx import helper
 
-from tests.helpers import identity_policy
+from tests.helpers import F, identity_policy, if_on_sign, model, node
+from trtbuild.cli import main
 from trtbuild.front import run_front
 from trtbuild.policy import load_policy
 
@@ -21,46 +25,38 @@ def test_convert_draws_no_feeds_but_says_where_data_comes_from(tmp_path):
         run_front(policy, reference="tensors", draw=False)
 
 
+def _check(tmp_path, m) -> int:
+    """`trtbuild check` on `m`, under a policy of no rules."""
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    return main(["check", "--policy", str(policy)])
+
+
 def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):
     """A com.microsoft op (what onnxruntime.transformers.optimizer fuses a BERT's
     LayerNorms and GELUs into, inside an If's branch here): ONNX Runtime runs it, so
     `check` passed and the policy's patterns no longer saw the LayerNorms; TensorRT's parser
     refused it only at the build. Now exit 2 names the ops and the fix, before the
     reference runs."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper
-
-    from tests.helpers import if_on_sign
-    from trtbuild.cli import main
-
-    gelu = helper.make_graph(
+    ms = "com.microsoft"
+    fused = helper.make_graph(
         [
-            helper.make_node(
-                "BiasGelu", ["x", "b"], ["g"], name="fused_gelu", domain="com.microsoft"
-            ),
-            helper.make_node("Gelu", ["g"], ["g2"], name="gelu", domain="com.microsoft"),
+            node("BiasGelu", ["x", "b"], "g", "fused_gelu", domain=ms),
+            node("Gelu", ["g"], "g2", "gelu", domain=ms),
         ],
         "then",
         [],
-        [helper.make_tensor_value_info("g2", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("g2", F, [1, 4])],
     )
     other = helper.make_graph(
-        [helper.make_node("Neg", ["x"], ["n"], name="neg")],
+        [node("Neg", ["x"], "n", "neg")],
         "else",
         [],
-        [helper.make_tensor_value_info("n", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("n", F, [1, 4])],
     )
     bias = {"b": np.zeros(4, np.float32)}  # BiasGelu's, read from outside the branch
-    plain = if_on_sign(other, other, [1, 4], bias)  # the If on x's sign, then the fused branch
-    (branch,) = [a for a in plain.graph.node[-1].attribute if a.name == "then_branch"]
-    branch.g.CopyFrom(gelu)
-    plain.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    onnx.checker.check_model(plain, full_check=True)
-    onnx.save(plain, tmp_path / "m.onnx")
-    policy = tmp_path / "p.yaml"
-    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
-    assert main(["check", "--policy", str(policy)]) == 2
+    assert _check(tmp_path, if_on_sign(fused, other, [1, 4], bias, {ms: 1})) == 2
     err = capsys.readouterr().err
     # its Gelu, an ONNX op's name, TensorRT's parser imports as ONNX's: not counted
     assert "1 node(s) of ONNX Runtime's own ops (com.microsoft::BiasGelu; the first:" in err
@@ -71,27 +67,16 @@ def test_an_op_onnx_runtime_does_not_have_says_so(tmp_path, capsys):
     """A TensorRT plugin node (`trt.plugins`): the FP32 reference cannot run in ONNX Runtime
     whatever the shape, and the message says why and what to give instead (it said to
     choose input shapes)."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    from trtbuild.cli import main
-
-    graph = helper.make_graph(
+    m = model(
         [
-            helper.make_node("Relu", ["x"], ["r"], name="relu"),
-            helper.make_node("CustomGeluPlugin", ["r"], ["y"], name="plug", domain="trt.plugins"),
+            node("Relu", ["x"], "r", "relu"),
+            node("CustomGeluPlugin", ["r"], "y", "plug", domain="trt.plugins"),
         ],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [("x", F, [1, 8])],
+        [("y", F, [1, 8])],
+        domains={"trt.plugins": 1},
     )
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("trt.plugins", 1)]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "m.onnx")
-    policy = tmp_path / "p.yaml"
-    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
-    assert main(["check", "--policy", str(policy)]) == 2
+    assert _check(tmp_path, m) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'm.onnx'}: ONNX Runtime has no op trt.plugins:CustomGeluPlugin" in err
     assert "before its nodes were replaced by plugin or custom ops" in err

@@ -93,7 +93,9 @@ def test_folding_keeps_an_output_declared_again_without_its_shape():
 
 def test_an_output_folded_to_a_constant_keeps_the_shape_the_fold_gives():
     """With the input's shape overridden (which clears the outputs' declared shapes), an
-    output that folds to a constant has its shape from the fold alone: it stays."""
+    output that folds to a constant has its shape from the fold alone: it stays. A guard
+    against putting back the graph's own output declarations after the fold (a version of
+    the value_info fix did, and broke this); `_io_declared_once` passes it."""
     from tests.helpers import F, model, node
 
     m = model(

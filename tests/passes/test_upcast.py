@@ -7,14 +7,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import node, plain_session, sequence_loop
+from tests.helpers import F, H, model, node, plain_session, sequence_loop
 from trtbuild.cli import main
 from trtbuild.graph import subgraphs
 from trtbuild.passes.prepare import prepare
 from trtbuild.passes.upcast import upcast_low_precision
 from trtbuild.policy.specs import Passes
 
-H, F = TensorProto.FLOAT16, TensorProto.FLOAT
+I16 = TensorProto.INT16
 GAIN = 300.0  # x in [0, 1) times 300, squared: past FP16's 65504 inside, not outside
 
 
@@ -68,22 +68,22 @@ def _rms(dtype: int) -> onnx.ModelProto:
     return model
 
 
-def _low_anywhere(model: onnx.ModelProto) -> list[str]:
-    """Every FP16 weight, attribute, cast or declared value inside the graph (not its IO,
-    nor the Cast that hands an FP16 output out)."""
+def _low_anywhere(model: onnx.ModelProto, low: int = H) -> list[str]:
+    """Every `low` weight, attribute, cast or declared value inside the graph (not its IO,
+    nor the Cast that hands a `low` output out)."""
     outputs = {o.name for o in model.graph.output}
-    found = [t.name for t in model.graph.initializer if t.data_type == H]
+    found = [t.name for t in model.graph.initializer if t.data_type == low]
     for scope, graph in subgraphs.walk(model.graph):
         declared = [
             *graph.value_info,
             *(graph.input if scope else ()),
             *(graph.output if scope else ()),
         ]
-        found += [v.name for v in declared if v.type.tensor_type.elem_type == H]
+        found += [v.name for v in declared if v.type.tensor_type.elem_type == low]
         for n in (n for n in graph.node if not set(n.output) & outputs):
             for a in n.attribute:
-                low = a.t.data_type == H if a.type == onnx.AttributeProto.TENSOR else a.i == H
-                if low and a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.INT):
+                is_low = (a.t.data_type if a.type == onnx.AttributeProto.TENSOR else a.i) == low
+                if is_low and a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.INT):
                     found.append(f"{n.name}.{a.name}")
     return found
 
@@ -108,27 +108,15 @@ def test_an_fp16_model_computes_what_its_fp32_twin_computes_and_keeps_its_bindin
     np.testing.assert_array_equal(got, twin.astype(np.float16))
 
 
-def _small(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    return model
-
-
-def _value(name: str, dtype: int = H, dims=(1, 2)) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, dtype, list(dims))
-
-
 def test_an_fp32_model_is_left_as_it_is():
     """The same object, no record: an FP32 model, and one that only takes an FP16 input and
     casts it at once (it computes in FP32)."""
-    model = _rms(F)
-    assert upcast_low_precision(model)[0] is model
-    takes_fp16 = _small(
+    fp32 = _rms(F)
+    assert upcast_low_precision(fp32)[0] is fp32
+    takes_fp16 = model(
         [node("Cast", ["x"], "xf", "c", to=F), node("Relu", ["xf"], "y", "r")],
-        [_value("x")],
-        [_value("y", F)],
+        [("x", H, [1, 2])],
+        [("y", F, [1, 2])],
     )
     same, record = upcast_low_precision(takes_fp16)
     assert same is takes_fp16 and record.changed == 0
@@ -147,14 +135,14 @@ def test_the_bindings_are_kept_whatever_the_graph_does_with_them(case):
     """Every output keeps its FP16 binding and its values (exact here: the ops are), an
     FP16 network without weights says it computed in fp16 (its warning names the type)."""
     nodes, outputs, weight = INTERFACES[case]
-    inits = [numpy_helper.from_array(np.array([[1, 2]], np.float16), "w")] if weight else []
-    model = _small(nodes, [_value("x")], [_value(o) for o in outputs], inits)
-    wide, record = upcast_low_precision(model)
+    inits = {"w": np.array([[1, 2]], np.float16)} if weight else {}
+    given = model(nodes, [("x", H, [1, 2])], [(o, H, [1, 2]) for o in outputs], inits)
+    wide, record = upcast_low_precision(given)
     onnx.checker.check_model(wide, full_check=True)
     assert [o.name for o in wide.graph.output] == outputs and record.details == {"from": "fp16"}
     assert {o.type.tensor_type.elem_type for o in wide.graph.output} == {H}
     x = {"x": np.array([[1.5, -2.0]], np.float16)}
-    for got, want in zip(plain_session(wide).run(None, x), plain_session(model).run(None, x)):
+    for got, want in zip(plain_session(wide).run(None, x), plain_session(given).run(None, x)):
         assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
@@ -172,20 +160,20 @@ def _loop(dtype: int) -> onnx.ModelProto:
         [
             helper.make_tensor_value_info("i", TensorProto.INT64, []),
             helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            _value("acc_in", dtype, [2]),
+            helper.make_tensor_value_info("acc_in", dtype, [2]),
         ],
         [
             helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            _value("acc_out", dtype, [2]),
+            helper.make_tensor_value_info("acc_out", dtype, [2]),
         ],
-        value_info=[_value("xk", dtype, [2])],
+        value_info=[helper.make_tensor_value_info("xk", dtype, [2])],
     )
     inits = {"M": np.array(3, np.int64), "a0": np.array([1, 2], np_type), "k": np.array(2, np_type)}
-    return _small(
+    return model(
         [node("Loop", ["M", "", "a0"], "acc", "loop", body=body)],
-        [_value("x", dtype, [2])],
-        [_value("acc", dtype, [2])],
-        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+        [("x", dtype, [2])],
+        [("acc", dtype, [2])],
+        inits,
     )
 
 
@@ -203,41 +191,64 @@ def test_a_body_that_declares_fp16_values_computes_in_fp32_too():
 def test_type_attributes_and_sequences_are_made_fp32():
     """A window's `output_datatype`, a LayerNorm's `stash_type`, a sequence's elements: the
     model runs, every one FP32 (BitCast's `to` reinterprets bits and is left)."""
-    window = _small(
+    window = model(
         [
             node("HannWindow", ["n"], "win", "w", output_datatype=H),
             node("Mul", ["x", "win"], "y", "m"),
         ],
-        [_value("x", H, [4])],
-        [_value("y", H, [4])],
-        [numpy_helper.from_array(np.array(4, np.int64), "n")],
+        [("x", H, [4])],
+        [("y", H, [4])],
+        {"n": np.array(4, np.int64)},
     )
     wide, _ = upcast_low_precision(window)
     plain_session(wide).run(None, {"x": np.ones(4, np.float16)})
-    norm = _small(
+    norm = model(
         [node("LayerNormalization", ["x", "g"], "y", "ln", stash_type=H)],
-        [_value("x", H, [1, 4])],
-        [_value("y", H, [1, 4])],
-        [numpy_helper.from_array(np.ones(4, np.float16), "g")],
+        [("x", H, [1, 4])],
+        [("y", H, [1, 4])],
+        {"g": np.ones(4, np.float16)},
     )
     (ln,) = [
         n for n in upcast_low_precision(norm)[0].graph.node if n.op_type == "LayerNormalization"
     ]
     assert [a.i for a in ln.attribute if a.name == "stash_type"] == [F]
-    sequence = _small(
+    sequence = model(
         sequence_loop("x", H, "M"),
-        [_value("x", H, [4])],
-        [_value("y", H, [3, 4])],
-        [numpy_helper.from_array(np.array(3, np.int64), "M")],
+        [("x", H, [4])],
+        [("y", H, [3, 4])],
+        {"M": np.array(3, np.int64)},
     )
     x = np.arange(4, dtype=np.float16)
     (got,) = plain_session(prepare(sequence, Passes()).model).run(None, {"x": x})
     np.testing.assert_array_equal(got, np.tile(x, 3))
 
 
+def test_bf16_is_made_fp32_and_a_bitcast_keeps_its_type():
+    """A BF16 weight, a Cast to BF16 and a BF16 input: FP32 inside, the record says bf16. A
+    BitCast's `to` names the type whose bits it reads, not a precision: it stays FP16."""
+    bf16 = TensorProto.BFLOAT16
+    graph = helper.make_graph(
+        [
+            node("Mul", ["x", "k"], "y0", "scale"),
+            node("Cast", ["y0"], "y", "narrow", to=bf16),
+            node("BitCast", ["raw"], "half", "bits", to=H),
+        ],
+        "g",
+        [helper.make_tensor_value_info(n, t, [4]) for n, t in (("x", bf16), ("raw", I16))],
+        [helper.make_tensor_value_info(n, t, [4]) for n, t in (("y", bf16), ("half", H))],
+        [helper.make_tensor("k", bf16, [], [3.0])],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26)])
+    wide, record = upcast_low_precision(m)
+    assert record.details == {"from": "bf16/fp16"} and _low_anywhere(wide, bf16) == []
+    (bits,) = [n for n in wide.graph.node if n.op_type == "BitCast"]
+    assert [a.i for a in bits.attribute if a.name == "to"] == [H]
+
+
 def test_prepare_upcasts_and_a_policy_pins_the_square(tmp_path, capsys):
-    """End to end: `check` on the FP16 model (its own run held inf: exit 2, "the FP32
-    reference holds inf") names the square's range; with it pinned `build` passes."""
+    """End to end: `check` on the FP16 model passes and names the square's range (before
+    the upcast it was exit 2, "the FP32 reference holds inf"); with it pinned `build`
+    passes."""
     prepared = prepare(_rms(H), Passes())
     assert [r.to_json()["from"] for r in prepared.records if r.name == "upcast"] == ["fp16"]
     onnx.save(_rms(H), tmp_path / "m.onnx")
