@@ -205,7 +205,7 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
     print(f"check warm {med['check']:.2f} s, slowest {max(check_warm):.2f} s (target < 1 s)")
     print(f"trtbuild said: {trt_out}")
     if args.rounds:
-        parts = _cold_parts(model, tmp) if args.cold_parts else {}
+        parts = _cold_parts(model, src, tmp) if args.cold_parts else {}
         interleaved(
             args.rounds, layers, policy, src, occ_cmd([], keep_io=False), convert, env, parts
         )
@@ -222,28 +222,24 @@ def bench_model(args, layers: int, dim: int, tmp: Path) -> None:
     print(subprocess.run([*trt, "cache", "info"], capture_output=True, text=True, env=env).stdout)
 
 
-def _cold_parts(model: onnx.ModelProto, tmp: Path) -> dict[str, Path]:
-    """Policies for what a cold `convert` costs beyond the peer's work: the same model saved
-    at the policy's opset beforehand (no version conversion), and the ONNX Runtime check
-    off (`build.ort_check_timeout: 0`)."""
+def _cold_parts(model: onnx.ModelProto, src: Path, tmp: Path) -> dict[str, Path]:
+    """Policies for what a cold `convert` of `src` (`model` saved) costs beyond the peer's
+    work: the same model saved at the policy's opset beforehand (no version conversion),
+    and the ONNX Runtime check off (`build.ort_check_timeout: 0`)."""
     at_opset = tmp / f"transformer_opset{OPSET}.onnx"
     converted = version_converter.convert_version(model, OPSET)
     del converted.graph.value_info[:]  # as an exporter writes it: prepare infers the shapes
     onnx.save(converted, at_opset)
-    plain = POLICY.format(opset=OPSET, model=tmp / "transformer.onnx", edit="")
+    plain = POLICY.format(opset=OPSET, model=src, edit="")
     off = plain.replace("{backend: none}", "{backend: none, ort_check_timeout: 0}")
     assert off != plain, "POLICY's build line changed: update _cold_parts"
-    found = {
-        f"cold, the model already at opset {OPSET}": POLICY.format(
-            opset=OPSET, model=at_opset, edit=""
-        ),
-        "cold, the ONNX Runtime check off": off,
-    }
-    paths = {}
-    for k, (label, text) in enumerate(found.items()):
-        paths[label] = tmp / f"cold_part{k}.yaml"
-        paths[label].write_text(text)
-    return paths
+    opset_label, off_label = (
+        f"cold, the model already at opset {OPSET}",
+        "cold, the ONNX Runtime check off",
+    )
+    (tmp / "cold_opset.yaml").write_text(POLICY.format(opset=OPSET, model=at_opset, edit=""))
+    (tmp / "cold_off.yaml").write_text(off)
+    return {opset_label: tmp / "cold_opset.yaml", off_label: tmp / "cold_off.yaml"}
 
 
 def interleaved(
