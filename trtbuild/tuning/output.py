@@ -121,7 +121,7 @@ def tight_warning(result: SearchResult) -> str | None:
     """Where the answer keeps almost nothing in the low precision: what that says of the
     tolerances (None where it keeps more, or does not pass).
 
-    Why: a tolerance that FP16 storage cannot meet anywhere (Polygraphy's default, every
+    Why: a tolerance that FP16 storage cannot meet anywhere (trtbuild's default, every
     element within 1e-3, on a layout detector whose outputs reach a few units) ends with
     0.6% in FP16 after the whole budget, and a search cut short says "raise `budget`",
     which buys single-group unpins that fail one after another. Not where the first
