@@ -345,7 +345,7 @@ def test_a_tuned_quantized_policy_keeps_its_reference_model(tmp_path, quantized_
 
 def test_early_stop_never_accepts_a_candidate_that_fails_at_any_point(example_policy):
     """A candidate is judged at the point likeliest to fail first (the last to fail, else the
-    largest) and stopped at its first failing point; a pass before the verification may
+    largest; before any failure the cheapest) and stopped at its first failing point; a pass before the verification may
     leave out points. Every failure the search recorded is the verdict of judging every
     point, every pass holds at the points it names, and the answer was judged at all of
     them and passes there."""
@@ -448,14 +448,14 @@ def test_a_sample_judged_alone_gets_the_verdict_it_gets_among_the_others(example
 
 
 def test_a_provisional_pass_leaves_out_only_points_larger_than_every_failing_one():
-    """Until a trial fails every point is walked; then the points no larger than the
-    largest that failed (a smaller one costs little), the last to fail first; and every
-    point again once the search verifies."""
+    """Until a trial fails every point is walked, the cheapest first; then the points no
+    larger than the largest that failed (a smaller one costs little), the last to fail
+    first, then the largest; and every point again once the search verifies."""
     from trtbuild.tuning.search import PointWalk
 
     walk = PointWalk([64, 16, 256, 16], samples=[2, 3, 1, 1])
     walk.full = False
-    assert walk.walking() == [2, 0, 1, 3] and not walk.provisional()
+    assert walk.walking() == [1, 3, 0, 2] and not walk.provisional()
     walk.last_failed = {1: 4}
     assert walk.walking() == [1, 3] and walk.provisional()
     walk.last_failed = {1: 4, 0: 7}

@@ -151,10 +151,16 @@ class PointWalk:
         """The points in the order a candidate is walked: the one that failed last first
         (a candidate like the last failing one fails there too), then the largest
         (where sums and errors grow, and what costs most to judge: a failure found
-        there spares the smaller points). Only recorded trials move it, so it is the
-        same whatever `jobs` is."""
+        there spares the smaller points). Before any trial failed, the cheapest first:
+        where a candidate fails is not known yet, and a failure at the cheapest point
+        costs least while a pass walks every point anyway (PP-OCRv4 det's first trial
+        fails at 320x320 only: 0.2 s instead of 1.3 s walking 960 and 640 first). Only
+        recorded trials move it, so it is the same whatever `jobs` is."""
         n = len(self.sizes)
-        return sorted(range(n), key=lambda k: (-self.last_failed.get(k, 0), -self.sizes[k], k))
+        ahead = -1 if self.last_failed else 1  # the largest first once a trial failed
+        return sorted(
+            range(n), key=lambda k: (-self.last_failed.get(k, 0), ahead * self.sizes[k], k)
+        )
 
     def walking(self) -> list[int]:
         """The points a verdict is composed from now, in `order`: every point, or while the
