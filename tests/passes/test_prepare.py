@@ -109,3 +109,101 @@ def test_an_output_folded_to_a_constant_keeps_the_shape_the_fold_gives():
     onnx.checker.check_model(prepared.model, full_check=True)
     y = next(o for o in prepared.model.graph.output if o.name == "y")
     assert [d.dim_value for d in y.type.tensor_type.shape.dim] == [2]
+
+
+def _sparse(values, indices, dims):
+    """A sparse tensor named "w": `indices` positions in the flattened tensor ([NNZ]) or
+    coordinates ([NNZ, rank])."""
+    from onnx import helper, numpy_helper
+
+    return helper.make_sparse_tensor(
+        numpy_helper.from_array(np.asarray(values, np.float32), "w"),
+        numpy_helper.from_array(np.asarray(indices, np.int64), "w_indices"),
+        dims,
+    )
+
+
+def test_sparse_weights_become_dense_and_compute_what_they_did():
+    """A sparse `Constant` (flattened positions), a sparse initializer ([NNZ, rank]
+    coordinates) and a sparse `Constant` inside an If's branch: `prepare` makes them dense
+    initializers that compute what ONNX Runtime computes from the sparse model (the fold
+    dropped them: a Constant without its value, a MatMul reading nothing)."""
+    from onnx import TensorProto as T
+
+    from tests.helpers import if_on_sign, node
+
+    flat = onnx.helper.make_model(  # not `helpers.model`: its checker runs before the sparse
+        onnx.helper.make_graph(
+            [
+                node(
+                    "Constant", [], "k", "k", sparse_value=_sparse([1.5, -2, 3], [1, 5, 6], [2, 4])
+                ),
+                node("MatMul", ["x", "k"], "a", "first"),
+                node("MatMul", ["a", "w"], "y", "second"),
+            ],
+            "g",
+            [onnx.helper.make_tensor_value_info("x", T.FLOAT, [1, 2])],
+            [onnx.helper.make_tensor_value_info("y", T.FLOAT, [1, 3])],
+            sparse_initializer=[_sparse([0.5, -1, 2], [[0, 0], [2, 1], [3, 2]], [4, 3])],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 17)],
+    )
+    then = onnx.helper.make_graph(
+        [
+            node("Constant", [], "b", "bias", sparse_value=_sparse([4.0, -8.0], [0, 3], [4])),
+            node("Add", ["x", "b"], "t", "shift"),
+        ],
+        "then",
+        [],
+        [onnx.helper.make_tensor_value_info("t", T.FLOAT, [1, 4])],
+    )
+    other = onnx.helper.make_graph(
+        [node("Neg", ["x"], "e", "negate")],
+        "else",
+        [],
+        [onnx.helper.make_tensor_value_info("e", T.FLOAT, [1, 4])],
+    )
+    branch = if_on_sign(then, other, [1, 4])
+    x = np.array([[0.25, -1.5]], np.float32)
+    cases = ((flat, {"x": x}, {"k", "w"}), (branch, {"x": np.float32([[1, 2, 3, 4]])}, {"b"}))
+    for source, feed, dense in cases:
+        prepared = prepare(source, Passes(opset=17)).model
+        assert not prepared.graph.sparse_initializer
+        assert dense <= {t.name for t in prepared.graph.initializer}
+        assert not any(n.op_type == "Constant" for _, g in _graphs(prepared) for n in g.node)
+        expected = _run(source, feed)
+        assert np.abs(expected[0]).max() > 0  # the sparse values reach the output
+        for before, after in zip(expected, _run(prepared, feed)):
+            np.testing.assert_array_equal(after, before)
+
+
+def _graphs(m: onnx.ModelProto):
+    from trtbuild.graph import subgraphs
+
+    return subgraphs.walk(m.graph)
+
+
+def test_a_sparse_weight_too_large_dense_is_refused_naming_it_and_the_model():
+    """Dense, a sparse weight takes what its dims say (TensorRT's parser makes it dense too):
+    past the budget, one UsageError names the model, the weight and the fix."""
+    from onnx import TensorProto as T
+
+    from tests.helpers import model, node
+    from trtbuild.errors import UsageError
+
+    source = model(
+        [
+            node("Constant", [], "k", "k", sparse_value=_sparse([1.0], [3], [64, 64])),
+            node("Gather", ["k", "i"], "y", "pick", axis=0),
+        ],
+        [("i", T.INT64, [1])],
+        [("y", T.FLOAT, [1, 64])],
+    )
+    try:
+        prepare(source, Passes(opset=17), source="pruned.onnx", budget=8192)
+    except UsageError as exc:
+        assert exc.where == "pruned.onnx" and "'k' is 16 KiB dense" in exc.message
+        assert "dense" in exc.message and "memory_budget" in exc.hint
+    else:
+        raise AssertionError("a 16 KiB dense weight passed an 8 KiB budget")
+    assert prepare(source, Passes(opset=17), budget=16384).model.graph.initializer

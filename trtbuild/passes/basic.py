@@ -19,6 +19,9 @@ from onnx import numpy_helper
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import fed_inputs, no_input, opset_of
+from trtbuild.sizes import fmt_bytes
+
+STRING = onnx.TensorProto.STRING  # a string weight stays as it is: nothing of it is computed
 
 
 @dataclass
@@ -56,21 +59,34 @@ def copied(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+def lift_constants(
+    model: onnx.ModelProto, budget: int | None = None
+) -> tuple[onnx.ModelProto, PassRecord]:
     """Turn `Constant` nodes into initializers, as TensorRT sees weights.
 
     Why: precision rules and range analysis reason about weights, and exporters
     (Paddle, older PyTorch) write them as `Constant` nodes. A constant inside a
     control-flow body becomes an initializer of the main graph, which the body
     reads from outside (names are unique by then): the conversion types weights
-    there, once, whichever body reads them.
+    there, once, whichever body reads them. A sparse weight (`sparse_value`, a
+    graph's `sparse_initializer`) becomes dense, as TensorRT's parser makes it:
+    onnx-graphsurgeon drops it, and shape inference does not type it. `budget`
+    bounds, in bytes, what one dense tensor may take (None: the machine's default).
     """
     record = PassRecord("lift_constants")
+    graphs = [g for _, g in subgraphs.walk(model.graph)]
     inner = [g for scope, g in subgraphs.walk(model.graph) if scope and g.initializer]
-    if not inner and not any(n.op_type == "Constant" for n in subgraphs.all_nodes(model)):
+    sparse = any(g.sparse_initializer for g in graphs)
+    if (
+        not inner
+        and not sparse
+        and not any(n.op_type == "Constant" for n in subgraphs.all_nodes(model))
+    ):
         return model, record
     model = copied(model)  # passes never change their input
+    limit = budget if budget is not None else _default_budget()
     for scope, graph in subgraphs.walk(model.graph):
+        record.changed += _densified(model.graph, graph, limit)
         if scope and graph.initializer:  # a body's own weights move out with its constants
             model.graph.initializer.extend(graph.initializer)
             record.changed += len(graph.initializer)
@@ -78,7 +94,7 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
         keep = []
         for node in graph.node:
             value = (
-                _constant_value(node)
+                _constant_value(node, limit)
                 if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
                 else None
             )
@@ -93,10 +109,58 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     return model, record
 
 
-def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+def _default_budget() -> int:
+    from trtbuild.policy.specs import default_memory_budget
+
+    return default_memory_budget()
+
+
+def _densified(main: onnx.GraphProto, graph: onnx.GraphProto, limit: int) -> int:
+    """`graph`'s sparse initializers made dense initializers of `main`: how many."""
+    numeric = [t for t in graph.sparse_initializer if t.values.data_type != STRING]
+    for sparse in numeric:
+        name = sparse.values.name
+        main.initializer.append(numpy_helper.from_array(dense_array(sparse, name, limit), name))
+    kept = [t for t in graph.sparse_initializer if t not in numeric]  # strings stay sparse
+    del graph.sparse_initializer[:]
+    graph.sparse_initializer.extend(kept)
+    return len(numeric)
+
+
+def dense_array(sparse: onnx.SparseTensorProto, name: str, limit: int) -> np.ndarray:
+    """The dense value of `sparse`, as ONNX defines it: zeros but at `indices`, which are
+    either [NNZ] positions in the flattened tensor or [NNZ, rank] coordinates.
+
+    Raises:
+        UsageError: dense, it would take more than `limit` bytes.
+    """
+    values = numpy_helper.to_array(sparse.values).reshape(-1)
+    dims = tuple(int(d) for d in sparse.dims)
+    size = int(np.prod(dims, dtype=np.int64)) * values.dtype.itemsize
+    if size > limit:
+        raise UsageError(
+            f"the sparse weight {name!r} is {fmt_bytes(size)} dense ({list(dims)}, "
+            f"{values.dtype}), more than the {fmt_bytes(limit)} one tensor may take: "
+            "TensorRT's parser makes it dense too",
+            where="the model",
+            hint="give the model with that weight stored dense, or raise "
+            "accuracy.memory_budget if the machine has the memory",
+        )
+    dense = np.zeros(dims, dtype=values.dtype)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64) if values.size else None
+    if indices is not None and indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    elif indices is not None:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+def _constant_value(node: onnx.NodeProto, limit: int) -> np.ndarray | None:
     for attr in node.attribute:
         if attr.name == "value":
             return numpy_helper.to_array(attr.t)
+        if attr.name == "sparse_value" and attr.sparse_tensor.values.data_type != STRING:
+            return dense_array(attr.sparse_tensor, node.output[0], limit)
         if attr.name == "value_float":
             return np.array(attr.f, dtype=np.float32)
         if attr.name == "value_floats":
@@ -105,7 +169,7 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
             return np.array(attr.i, dtype=np.int64)
         if attr.name == "value_ints":
             return np.array(list(attr.ints), dtype=np.int64)
-    return None  # sparse or string constants stay nodes
+    return None  # string constants stay nodes
 
 
 def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.ModelProto, PassRecord]:

@@ -70,7 +70,7 @@ def prepare(
     model, rec = passes.name_unnamed_nodes(model)  # what the converter added inside bodies
     if rec.changed:
         records.append(rec)
-    model = _weights_in_fp32(model, records)
+    model = _weights_in_fp32(model, records, source, budget)
     if options.fold_constants:
         model, rec = passes.fold_constants(model, verbose, budget)
         records.append(rec)
@@ -86,10 +86,15 @@ def prepare(
     return Prepared(model, records)
 
 
-def _weights_in_fp32(model: onnx.ModelProto, records: list) -> onnx.ModelProto:
+def _weights_in_fp32(
+    model: onnx.ModelProto, records: list, source: str, budget: int | None
+) -> onnx.ModelProto:
     """Constants lifted into weights, then a model that computes in FP16/BF16 made to
     compute in FP32: before folding, so what is folded is computed in FP32."""
-    model, rec = passes.lift_constants(model)
+    try:
+        model, rec = passes.lift_constants(model, budget)
+    except UsageError as exc:  # a sparse weight too large dense: the model is where it is
+        raise UsageError(exc.message, where=source, hint=exc.hint) from None
     records.append(rec)
     model, rec = upcast_low_precision(model)
     if rec.changed:
