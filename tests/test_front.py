@@ -81,3 +81,48 @@ def test_an_op_onnx_runtime_does_not_have_says_so(tmp_path, capsys):
     assert f"{tmp_path / 'm.onnx'}: ONNX Runtime has no op trt.plugins:CustomGeluPlugin" in err
     assert "before its nodes were replaced by plugin or custom ops" in err
     assert "choose input shapes" not in err
+
+
+def test_an_input_no_engine_binds_is_exit_2_naming_it(tmp_path, capsys):
+    """A string input (a text normalizer's words) and a sequence input: drawing data for
+    them ended in a traceback (Polygraphy's data loader has no such buffers, exit 70); a
+    TensorRT engine binds tensors of numbers only, so exit 2 names the input and the fix."""
+    words = model(
+        [node("StringNormalizer", ["x"], "y", "lower", case_change_action="LOWER")],
+        [("x", onnx.TensorProto.STRING, [1, 3])],
+        [("y", onnx.TensorProto.STRING, [1, 3])],
+        opset=17,
+    )
+    listed = helper.make_model(
+        helper.make_graph(
+            [node("SequenceAt", ["s", "i"], "y", "at")],
+            "g",
+            [
+                helper.make_tensor_sequence_value_info("s", F, [2]),
+                helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+            ],
+            [helper.make_tensor_value_info("y", F, [2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    for m, said in ((words, "input 'x' is a string tensor"), (listed, "input 's' is a sequence")):
+        assert _check(tmp_path, m) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'm.onnx'}: the model's {said}: a TensorRT engine binds" in err
+        assert "Traceback" not in err and "tokenize, decode or split them" in err
+
+
+def test_an_op_older_than_onnx_runtime_runs_says_to_upgrade_the_opset(tmp_path, capsys):
+    """A model of opset 6 (the ONNX backend tests' PyTorch conversions): ONNX Runtime has no
+    kernel for its Add(6) whatever the shape, and the message said to choose input shapes.
+    It says the fix, and with `passes: {opset: 17}` the same model is checked."""
+    m = model(
+        [node("Add", ["x", "x"], "y", "twice")], [("x", F, [1, 4])], [("y", F, [1, 4])], opset=6
+    )
+    assert _check(tmp_path, m) == 2
+    err = capsys.readouterr().err
+    assert "ONNX Runtime has no kernel for Add as opset 6 defines it (it runs opset 7" in err
+    assert "`passes: {opset: 17}`" in err and "choose input shapes" not in err
+    policy = tmp_path / "p.yaml"
+    policy.write_text(policy.read_text() + "passes: {opset: 17}\n")
+    assert main(["check", "--policy", str(policy)]) == 0

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+import onnx
+
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy.images import Decoded
 from trtbuild.accuracy.points import ShapePoint, shape_points
@@ -174,6 +176,7 @@ def _measures(policy: Policy, view: GraphView, shapes: list[ShapeRun]) -> Refere
 def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> None:
     """What TensorRT would refuse (its Q/DQ rules) and a reference model that does not fit:
     exit 2 naming the field, before anything runs."""
+    _bound_by_tensorrt(policy, prepared.model)
     _not_run_by_tensorrt(policy, analysis)
     check_quantized(policy, analysis)
     original = policy.accuracy.reference_model
@@ -211,6 +214,29 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
         where=f"{policy.where}: {fields}" if fields and len(kinds) == 1 else str(policy.model),
         hint="; ".join(dict.fromkeys(fix for _, fix in kinds)),
     )
+
+
+def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
+    """Exit 2 for a graph input no engine binds: strings, sequences, maps, optionals.
+
+    Why: a TensorRT engine binds tensors of numbers only; such an input (a text
+    normalizer's words, scikit-learn's maps) ended in a traceback where the data for it
+    was drawn.
+    """
+    from trtbuild.graph.model_io import fed_inputs
+
+    for vi in fed_inputs(model):
+        kind = vi.type.WhichOneof("value")
+        if kind == "tensor_type" and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING:
+            continue
+        what = "a string tensor" if kind == "tensor_type" else f"a {kind.replace('_type', '')}"
+        raise UsageError(
+            f"the model's input '{vi.name}' is {what}: a TensorRT engine binds tensors of "
+            "numbers only",
+            where=str(policy.model),
+            hint="give the model from where its inputs are numbers (tokenize, decode or "
+            "split them before it), as the engine will be fed",
+        )
 
 
 def _not_run_by_tensorrt(policy: Policy, analysis: Analysis) -> None:
@@ -346,6 +372,18 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError
             where=str(policy.model),
             hint="give the model as exported, before its nodes were replaced by plugin or "
             "custom ops",
+        )
+    from trtbuild.policy.specs import OPSET_RANGE
+
+    oldest = OPSET_RANGE[0]  # ONNX Runtime's kernels start there
+    old = re.search(r"Could not find an implementation for (\S+)\((\d+)\)", text)
+    if old and int(old.group(2)) < oldest:  # no data makes it run: the opset does
+        return UsageError(
+            f"ONNX Runtime has no kernel for {old.group(1)} as opset {old.group(2)} defines it "
+            f"(it runs opset {oldest} and later): the model is older",
+            where=policy.where,
+            hint="upgrade it in the graph passes: `passes: {opset: 17}` in the policy (onnx's "
+            "version converter; the engine is built from the upgraded graph)",
         )
     node = re.search(r"Name:'([^']*)'", text)
     said = re.search(r"Status Message: (.*)", text)

@@ -36,7 +36,7 @@ BACKENDS = ("auto", "tensorrt", "tensorrt-rtx", "none")
 ORT_CHECKS = ("neighbourhoods", "whole")
 ERROR_STATS = ("elemwise", "max", "mean", "median", "quantile")
 MAX_SAMPLES = 10_000
-OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`
+OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`: ONNX Runtime runs opset 7 on
 EMULATIONS = ("storage", "strict")
 # When the judge walks the graph for the first divergence and the error curve.
 WALKS = ("on_failure", "always")
