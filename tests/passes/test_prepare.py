@@ -207,3 +207,32 @@ def test_a_sparse_weight_too_large_dense_is_refused_naming_it_and_the_model():
     else:
         raise AssertionError("a 16 KiB dense weight passed an 8 KiB budget")
     assert prepare(source, Passes(opset=17), budget=16384).model.graph.initializer
+
+
+def test_an_ir_3_model_becomes_ir_4_so_the_weights_the_passes_add_need_not_be_inputs():
+    """IR 3 requires every weight to be a graph input; `lift_constants` adds weights that
+    are not. An IR 3 export with no weight listed as an input (PyTorch's PixelShuffle of the
+    ONNX backend tests: its shapes are Constants) kept IR 3, and its mixed model failed
+    onnx.checker ("in initializer but not in graph input", exit 70 from `build`)."""
+    from onnx import TensorProto as T
+
+    from tests.helpers import model, node
+
+    source = model(
+        [
+            node(
+                "Constant", [], "shape", "shape", value=onnx.numpy_helper.from_array(np.int64([4]))
+            ),
+            node("Reshape", ["x", "shape"], "y", "flatten"),
+        ],
+        [("x", T.FLOAT, [2, 2])],
+        [("y", T.FLOAT, [4])],
+        opset=9,
+    )
+    source.ir_version = 3
+    onnx.checker.check_model(source, full_check=True)
+    prepared = prepare(source, Passes())
+    assert prepared.model.ir_version == 4 and prepared.model.graph.initializer
+    onnx.checker.check_model(prepared.model, full_check=True)
+    dropped = next(r for r in prepared.records if r.name == "drop_initializer_inputs")
+    assert dropped.details == {"ir_version": "3 -> 4"} and dropped.changed == 0

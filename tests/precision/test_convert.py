@@ -155,3 +155,38 @@ def test_weights_converted_in_batches_are_each_rounded_and_warned_of_in_order(mo
         assert np.array_equal(onnx.numpy_helper.to_array(inits[k]), expected)
     beyond = [w.split()[1] for w in converted.warnings if "beyond FP16" in w]
     assert beyond == ["w0", "w1", "w5"]  # w0 said first, though converted after w1
+
+
+def test_what_goes_in_or_out_of_a_sequence_stays_fp32():
+    """A tensor computed in FP16 put in a sequence, and one taken out and computed on: a
+    sequence's element type is declared once, so the sequence ops stay FP32 and the FP16
+    value is cast to FP32 on its way in (the mixed model failed onnx.checker: "Inferred
+    elem type differs", exit 70 from `build`). They count as no compute in the share."""
+    m = model(
+        [
+            node("Relu", ["x"], "r", "relu"),
+            node("SequenceConstruct", ["r", "x"], "seq", "pack"),
+            node("SequenceAt", ["seq", "zero"], "first", "take"),
+            node("ConcatFromSequence", ["seq"], "both", "join", axis=0),
+            node("Mul", ["first", "two"], "y", "double"),
+            node("Neg", ["both"], "z", "negate"),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4]), ("z", F, [2, 4])],
+        {"zero": np.array(0, np.int64), "two": np.array(2.0, np.float32)},
+    )
+    assignment = assign(m, Precision())
+    nodes = assignment.view.nodes
+    said = {n.name: (d.precision, d.rule) for n, d in zip(nodes, assignment.decisions)}
+    assert said["relu"] == said["double"] == said["negate"] == ("fp16", "default")
+    assert said["pack"] == said["take"] == said["join"] == ("fp32", "sequence")
+    converted = convert(assignment)
+    onnx.checker.check_model(converted.model, full_check=True)
+    types = dtypes(converted.model)
+    assert types["r"] == H and types["first"] == types["both"] == F
+    assert assignment.summary().low_share == 1.0  # relu, double, negate: every compute node
+    x = np.array([[-1.0, 0.5, 2.0, -3.0]], np.float32)
+    session = ort.InferenceSession(converted.model.SerializeToString())
+    y, z = session.run(None, {"x": x})
+    np.testing.assert_array_equal(y, 2 * np.maximum(x, 0))
+    np.testing.assert_array_equal(z, -np.concatenate([np.maximum(x, 0), x]))

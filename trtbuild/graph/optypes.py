@@ -85,6 +85,23 @@ DATA_MOVEMENT = frozenset(
 )
 
 
+# Ops whose output is a sequence or an optional, never a tensor.
+NOT_TENSOR_OPS = frozenset(
+    {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceMap"}
+    | {"SplitToSequence", "Optional"}
+)
+# Ops that read a sequence or an optional, and those that make one: a sequence's element
+# type is declared once (SequenceEmpty's `dtype`, its first element's), so every tensor
+# put in or taken out of it keeps that type.
+SEQUENCE_OPS = NOT_TENSOR_OPS | {
+    "SequenceAt",
+    "SequenceLength",
+    "ConcatFromSequence",
+    "OptionalGetElement",
+    "OptionalHasElement",
+}
+
+
 def runtime_only(node: onnx.NodeProto) -> bool:
     """Whether ONNX Runtime runs this node and TensorRT's parser does not: an op of one of
     ONNX Runtime's own domains (`ORT_DOMAINS`) whose name is no ONNX op's. The parser
@@ -107,13 +124,15 @@ def computes(op_type: str) -> bool:
     input and a Cast only converts, so neither computes in a precision; control flow
     computes in its bodies, whose nodes count one by one. A QuantizeLinear or
     DequantizeLinear only converts too: TensorRT fuses it into the op it feeds,
-    which counts as quantized (INT8/FP8) compute.
+    which counts as quantized (INT8/FP8) compute. A sequence op only puts tensors in a
+    sequence or takes them out (SequenceMap computes in its body).
     """
     return (
         op_type not in DATA_MOVEMENT
         and op_type != "Cast"
         and op_type not in QDQ_OPS
         and op_type not in CONTROL_FLOW
+        and op_type not in SEQUENCE_OPS
     )
 
 

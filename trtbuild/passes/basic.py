@@ -390,23 +390,32 @@ def _set_dims(vi: onnx.ValueInfoProto, dims: tuple[int | str, ...]) -> None:
 
 
 def drop_initializer_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
-    """Weights listed as graph inputs too (exports before IR version 4) become weights only.
+    """Weights listed as graph inputs too (exports before IR version 4) become weights only,
+    and a model of IR version 3 becomes version 4.
 
     Why: the mixed model stores a weight in FP16 while its graph input would
     still be declared FP32, which neither `onnx.checker` nor ONNX Runtime
-    accepts; a weight is not an input anyone feeds.
+    accepts; a weight is not an input anyone feeds. IR 3 requires every weight to be
+    an input, and the passes add weights (a lifted `Constant`, a fold): the mixed model
+    of an IR 3 export with no weight listed failed `onnx.checker` (exit 70).
     """
     record = PassRecord("drop_initializer_inputs")
     kept = fed_inputs(model)
     listed = len(model.graph.input) - len(kept)
-    if not listed:
+    if not listed and model.ir_version >= IR_UNLISTED_WEIGHTS:
         return model, record
     model = copied(model)  # `extend` copies the kept inputs into the copy
     del model.graph.input[:]
     model.graph.input.extend(kept)
-    model.ir_version = max(model.ir_version, 4)  # IR 3 requires weights to be inputs
+    if model.ir_version < IR_UNLISTED_WEIGHTS:
+        record.details["ir_version"] = f"{model.ir_version} -> {IR_UNLISTED_WEIGHTS}"
+        model.ir_version = IR_UNLISTED_WEIGHTS
     record.changed = listed
     return model, record
+
+
+# The first IR version whose weights need not be graph inputs.
+IR_UNLISTED_WEIGHTS = 4
 
 
 @contextlib.contextmanager

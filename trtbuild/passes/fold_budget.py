@@ -20,6 +20,7 @@ from onnx import helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, strip_value_info
+from trtbuild.graph.optypes import NOT_TENSOR_OPS  # onnx-graphsurgeon's fold holds arrays only
 from trtbuild.sizes import fmt_bytes
 
 # Ops whose output can be far larger than their inputs: when shape inference cannot
@@ -30,12 +31,6 @@ GROWING_OPS = frozenset(
 )
 
 _SHAPE_OPS = {"Shape", "Size"}
-# Ops whose output is a sequence or an optional, never a tensor: onnx-graphsurgeon's fold
-# holds every value it computes as an array (a sequence is a list: `.nbytes` fails).
-NOT_TENSOR_OPS = frozenset(
-    {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceMap"}
-    | {"SplitToSequence", "Optional"}
-)
 
 
 def oversized(model: onnx.ModelProto, budget: int) -> list[dict[str, str]]:

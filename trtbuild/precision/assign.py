@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
+from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, SEQUENCE_OPS, computes
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_EPS
@@ -192,6 +192,9 @@ def _decisions(
         if node.op_type in CONTROL_FLOW and i in view.body_of:
             decisions.append(_CONTROL)
             continue
+        if node.op_type in SEQUENCE_OPS and node.domain in ("", "ai.onnx"):
+            decisions.append(_SEQUENCE)  # before no-float: what it puts in is cast to FP32
+            continue
         if not view.float_outputs(i):
             decisions.append(_NO_FLOAT)
             continue
@@ -313,6 +316,9 @@ def _dequantized(assignment: Assignment, qdq, precision: Precision) -> frozenset
 _CONTROL_REASON = "computes in its bodies; its outputs keep their exported types"
 _CONTROL = Decision(None, "control-flow", _CONTROL_REASON)
 _NO_FLOAT = Decision(None, "no-float", "produces no floating-point tensor")
+_SEQUENCE = Decision(
+    "fp32", "sequence", "a sequence's elements keep one type: what goes in or comes out is FP32"
+)
 
 
 def _into_bodies(
