@@ -523,3 +523,36 @@ def test_an_answer_with_almost_nothing_low_says_the_tolerance_is_the_cause(tmp_p
     err = capsys.readouterr().err
     assert "tune kept only 0.0% of the model in FP16: the tolerances are likely tighter" in err
     assert "more --budget rarely keeps more in FP16" in err and "ran out before" not in err
+
+
+def test_an_overflow_in_a_cast_the_conversion_added_pins_a_reader_of_its_value(tmp_path):
+    """The emulation's first non-finite value may be a Cast the conversion added (a value
+    narrowed for a low reader): no node of the graph has its name, and the search ended
+    in a KeyError (exit 70). The readers of its source come first, then upstream."""
+    import numpy as np
+    import onnx
+
+    from tests.helpers import F, model, node
+    from trtbuild import front
+    from trtbuild.tuning.search import Search, _overflowing_group
+
+    m = model(
+        [
+            node("Mul", ["x", "gain"], "big", "scale"),
+            node("Sigmoid", ["big"], "y", "reader"),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"gain": np.float32(2.0)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    stages = front.run_front(load_policy(tmp_path / "p.yaml"), reference="tensors")
+    search = Search(stages, budget=5, objective="nodes", seed=0, jobs=1)
+    group = {name: k for k, g in enumerate(search.groups) for name in g.names}
+    cast = {"node": "trtbuild/cast_fp16/big", "op": "Cast", "source": "big", "sample": 0}
+    assert _overflowing_group(search, cast) == group["reader"]
+    search.pinned = [group["reader"]]  # its reader pinned: the maker, upstream
+    assert _overflowing_group(search, cast) == group["scale"]
+    search.pinned = sorted(group.values())
+    assert _overflowing_group(search, cast) is None

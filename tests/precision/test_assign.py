@@ -152,3 +152,38 @@ def test_a_concat_passes_the_fp32_read_on_only_where_it_follows_the_cast(cast_fi
         None, {"x": np.zeros((1, 2049), np.float32)}
     )
     assert (c[0 if cast_first else 1] == 2049) == cast_first
+
+
+@pytest.mark.parametrize("pinned_first", [True, False])
+def test_a_concat_of_a_pinned_value_follows_it_to_fp32_whichever_input_it_is(pinned_first):
+    """A Relu pinned for its range (9.6e4, past FP16's) concatenated with an FP16 branch:
+    the Concat followed its first input, and where that was the FP16 branch the pinned
+    value was cast down and turned inf (Inception v1 of the ONNX model zoo; `tune` then
+    stopped on the Cast it could not place). An FP32 input is followed wherever it is."""
+    from trtbuild.policy.specs import Match, Rule
+
+    values = ["big", "small"] if pinned_first else ["small", "big"]
+    m = model(
+        [
+            node("Mul", ["x", "gain"], "scaled", "scale"),
+            node("Relu", ["scaled"], "big", "wide"),
+            node("Sigmoid", ["x"], "small", "narrow"),
+            node("Concat", values, "c", "join", axis=1),
+        ],
+        [("x", F, [1, 4])],
+        [("c", F, [1, 8])],
+        {"gain": np.float32(3e4)},
+    )
+    pins = Precision(rules=(Rule("range", Match(name="^(scale|wide)$"), "fp32"),))
+    assignment = assign(m, pins)
+    decided = {assignment.view.nodes[i].name: d for i, d in enumerate(assignment.decisions)}
+    join = decided["join"]
+    assert (join.precision, join.rule) == (
+        "fp32",
+        "follows-input",
+    ) and "follows wide" in join.reason
+    assert decided["narrow"].precision == "fp16"
+    x = np.array([[1.0, 2.0, 3.2, -1.0]], np.float32)
+    (c,) = plain_session(convert(assignment).model).run(None, {"x": x})
+    big = np.maximum(x * np.float32(3e4), 0)[0]
+    np.testing.assert_array_equal(c[0, :4] if pinned_first else c[0, 4:], big)  # 9.6e4 whole

@@ -350,12 +350,15 @@ def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: s
 
 def _followed(view: GraphView, decisions: list[Decision], i: int) -> int | None:
     """The node data-movement node i follows: its first float input's maker with a
-    precision (None: none has one)."""
-    for t in view.float_inputs(i):
-        p = view.producer.get(t)
-        if p is not None and decisions[p].precision is not None:
-            return p
-    return None
+    precision, unless another's is FP32 (None: none has one).
+
+    Why FP32 first: a `Concat` of a pinned value and a low one that followed the low one
+    cast the pinned value down, and a value pinned for its range turned inf there (the
+    ONNX model zoo's Inception v1: a Relu's 9.6e4 concatenated with FP16 branches).
+    """
+    makers = [view.producer.get(t) for t in view.float_inputs(i)]
+    made = [p for p in makers if p is not None and decisions[p].precision is not None]
+    return next((p for p in made if decisions[p].precision == "fp32"), made[0] if made else None)
 
 
 def _respect_schema(

@@ -627,12 +627,24 @@ def _precisions(search: Search, pinned: list[int]) -> list[str | None]:
 
 
 def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | None:
-    """The unpinned group where the emulation first turns non-finite (or nearest upstream)."""
+    """The unpinned group where the emulation first turns non-finite (or nearest upstream).
+
+    Where that is a Cast the conversion added (a value narrowed for a low reader), the
+    unpinned groups reading its source first: the value fits where it is made, not
+    where it is read.
+    """
     if first is None:
         return None
     view = search.front.view
     index = {n.name: i for i, n in enumerate(view.nodes)}
-    queue, seen = [index[first["node"]]], set()
+    queue: list[int] = []
+    if first["node"] in index:
+        queue.append(index[first["node"]])
+    elif first.get("source"):  # a boundary Cast: not a node of the view
+        source = first["source"]
+        queue += sorted(view.consumers.get(source, ()))
+        queue += [view.producer[source]] if source in view.producer else []
+    seen: set[int] = set()
     while queue:
         i = queue.pop(0)
         if i in seen:
