@@ -126,3 +126,25 @@ def test_an_op_older_than_onnx_runtime_runs_says_to_upgrade_the_opset(tmp_path, 
     policy = tmp_path / "p.yaml"
     policy.write_text(policy.read_text() + "passes: {opset: 17}\n")
     assert main(["check", "--policy", str(policy)]) == 0
+
+
+def test_onnx_ml_ops_are_exit_2_before_any_work(tmp_path, capsys):
+    """A network followed by scikit-learn's kind of ops (`ai.onnx.ml`, as skl2onnx writes):
+    ONNX Runtime runs them, so `check` passed, and TensorRT's parser refused them at the
+    build ("Plugin not found", exit 3 after the reference and the judge)."""
+    ml = "ai.onnx.ml"
+    m = model(
+        [
+            node("Relu", ["x"], "r", "relu"),
+            node("LinearRegressor", ["r"], "y", "lin", domain=ml, coefficients=[0.5, -1, 2, 1]),
+            node("Normalizer", ["r"], "z", "norm", domain=ml, norm="L2"),
+        ],
+        [("x", F, [2, 4])],
+        [("y", F, [2, 1]), ("z", F, [2, 4])],
+        domains={ml: 3},
+    )
+    assert _check(tmp_path, m) == 2
+    err = capsys.readouterr().err
+    said = "2 node(s) of ONNX-ML's classic ML ops (ai.onnx.ml::LinearRegressor, "
+    assert said + "ai.onnx.ml::Normalizer; the first: lin), which TensorRT does not run" in err
+    assert "run the ai.onnx.ml part in ONNX Runtime" in err

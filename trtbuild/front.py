@@ -241,19 +241,21 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
 
 def _not_run_by_tensorrt(policy: Policy, analysis: Analysis) -> None:
     """Exit 2 for ops ONNX Runtime runs and TensorRT's parser does not: ONNX Runtime's
-    dynamic or QOperator quantization (ConvInteger, QLinearConv, ...) and its own fused ops
-    (`SkipLayerNormalization`, `BiasGelu`, ... of its transformer optimizer).
+    dynamic or QOperator quantization (ConvInteger, QLinearConv, ...), its own fused ops
+    (`SkipLayerNormalization`, `BiasGelu`, ... of its transformer optimizer) and ONNX-ML's
+    (`LinearRegressor`, `TreeEnsembleClassifier`, `ZipMap`, ... of skl2onnx).
 
     Why before any work: ONNX Runtime runs them, so `check` passed (and a LayerNorm rule
     matched nothing the optimizer had fused); TensorRT's parser refused them only at the
     build (exit 3), after the reference and the judge had run.
     """
-    from trtbuild.graph.optypes import RUNTIME_ONLY_FIX, runtime_only
+    from trtbuild.graph.optypes import CLASSIC_ML_FIX, RUNTIME_ONLY_FIX, classic_ml, runtime_only
     from trtbuild.graph.qdq import INTEGER_FIX, integer
 
     kinds = (
         ("ONNX Runtime's dynamic or QOperator quantization", INTEGER_FIX, integer),
         ("ONNX Runtime's own ops", RUNTIME_ONLY_FIX, runtime_only),
+        ("ONNX-ML's classic ML ops", CLASSIC_ML_FIX, classic_ml),
     )
     for what, fix, refused in kinds:
         found = [n for n in analysis.view.nodes if refused(n)]

@@ -110,6 +110,18 @@ def runtime_only(node: onnx.NodeProto) -> bool:
     return node.domain in ORT_DOMAINS and not onnx.defs.has(node.op_type)
 
 
+def classic_ml(node: onnx.NodeProto) -> bool:
+    """Whether this is an ONNX-ML op (`ai.onnx.ml`: scikit-learn's and the other classic
+    ML converters' trees, scalers, encoders): ONNX Runtime runs them, TensorRT's parser
+    has none and looks for a plugin of their names, finding none."""
+    return node.domain == ML_DOMAIN and not onnx.defs.has(node.op_type)
+
+
+ML_DOMAIN = "ai.onnx.ml"
+CLASSIC_ML_FIX = (
+    "build an engine of the neural network alone (the part before or after these ops) and "
+    "run the ai.onnx.ml part in ONNX Runtime"
+)
 RUNTIME_ONLY_FIX = (
     "give the model as exported, before onnxruntime.transformers.optimizer or ONNX Runtime's "
     "offline graph optimizations (SessionOptions.optimized_model_filepath) fused its ops"
