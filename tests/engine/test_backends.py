@@ -65,3 +65,21 @@ def test_without_a_cuda_driver_there_is_no_gpu_and_no_name():
             continue
         pytest.skip(f"{lib} loads here: a CUDA driver is installed")
     assert gpu_available() is False and gpu_name() is None
+
+
+@rtx
+def test_an_opset_6_graph_the_parser_refuses_says_to_upgrade_it(tmp_path):
+    """A Max of opset 6 (PyTorch's early exports, the ONNX backend tests'): ONNX Runtime runs
+    it, TensorRT's parser refuses "Pre-opset 7 broadcasting" (exit 3); the hint said to
+    check the op is supported, where the fix is the policy's opset."""
+    from tests.helpers import F, model, node
+
+    old = model([node("Max", ["a", "b"], "y", "max")], [("a", F, [3, 4]), ("b", F, [3, 4])],
+                [("y", F, [3, 4])], opset=6)  # fmt: skip
+    save_model(old, tmp_path / "m.onnx")
+    with pytest.raises(BackendError) as info:
+        build_engine(tmp_path / "m.onnx", "tensorrt-rtx", BuildSpec(workspace=1 << 28))
+    assert "Pre-opset 7" in info.value.message and "`passes: {opset: 17}`" in info.value.hint
+    upgraded = prepare(old, Passes(opset=17)).model
+    save_model(upgraded, tmp_path / "m17.onnx")
+    assert build_engine(tmp_path / "m17.onnx", "tensorrt-rtx", BuildSpec(workspace=1 << 28)).engine

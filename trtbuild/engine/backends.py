@@ -339,9 +339,13 @@ def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path, backend: str) -
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        said = "; ".join(errors[:3])
+        old = "Pre-opset" in said  # an opset 6 export's broadcasting, say
         raise BackendError(
-            f"{backend} cannot parse {onnx_path.name}: " + "; ".join(errors[:3]),
-            hint="check the op is supported by this TensorRT version",
+            f"{backend} cannot parse {onnx_path.name}: {said}",
+            hint="upgrade the model in the graph passes: `passes: {opset: 17}` in the policy"
+            if old
+            else "check the op is supported by this TensorRT version",
         )
     return network, parser
 
