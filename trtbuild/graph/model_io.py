@@ -98,7 +98,7 @@ def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.Mod
             "the model has no nodes", where=str(path), hint="is this a truncated or empty file?"
         )
     try:
-        onnx.checker.check_model(model, full_check=False)
+        _check(model)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise UsageError(
@@ -107,6 +107,31 @@ def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.Mod
             hint="fix the exporter output; onnx.checker must accept the model",
         ) from None
     return model
+
+
+# The first IR version whose weights need not be graph inputs.
+IR_UNLISTED_WEIGHTS = 4
+
+
+def _check(model: onnx.ModelProto) -> None:
+    """onnx.checker's verdict, an IR 3 model's weights that are not graph inputs forgiven:
+    IR 3 requires them to be, ONNX Runtime and TensorRT read them either way (ONNX
+    Runtime's own `mul_1.onnx` does it), and `prepare` makes such a model IR 4 first
+    (`drop_initializer_inputs`). Checked as IR 4 then, and given back as it was read."""
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except onnx.checker.ValidationError as exc:
+        if (
+            model.ir_version >= IR_UNLISTED_WEIGHTS
+            or "in initializer but not in graph input" not in str(exc)
+        ):
+            raise
+        read = model.ir_version
+        model.ir_version = IR_UNLISTED_WEIGHTS
+        try:
+            onnx.checker.check_model(model, full_check=False)
+        finally:
+            model.ir_version = read
 
 
 def _check_external_data(model: onnx.ModelProto, path: Path) -> None:

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import fed_inputs, no_input, opset_of
+from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input, opset_of
 from trtbuild.sizes import fmt_bytes
 
 STRING = onnx.TensorProto.STRING  # a string weight stays as it is: nothing of it is computed
@@ -412,10 +412,6 @@ def drop_initializer_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Pa
         model.ir_version = IR_UNLISTED_WEIGHTS
     record.changed = listed
     return model, record
-
-
-# The first IR version whose weights need not be graph inputs.
-IR_UNLISTED_WEIGHTS = 4
 
 
 @contextlib.contextmanager
