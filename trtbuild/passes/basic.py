@@ -121,7 +121,7 @@ def _densified(main: onnx.GraphProto, graph: onnx.GraphProto, limit: int) -> int
     for sparse in numeric:
         name = sparse.values.name
         main.initializer.append(numpy_helper.from_array(dense_array(sparse, name, limit), name))
-    kept = [t for t in graph.sparse_initializer if t not in numeric]  # strings stay sparse
+    kept = [t for t in graph.sparse_initializer if t.values.data_type == STRING]  # as they are
     del graph.sparse_initializer[:]
     graph.sparse_initializer.extend(kept)
     return len(numeric)
