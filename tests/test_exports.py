@@ -70,7 +70,8 @@ def test_tune_says_when_its_budget_cut_the_search_short_and_which_point_costs_mo
     example_policy, tmp_path, capsys
 ):
     """A search that ends on its last evaluation says nothing of the budget; one the budget
-    stops with more to try says so and names the point that took the most judging time."""
+    stops with more to try says so (the point that took the most judging time, where it
+    judged several: `test_the_costliest_point_is_named_only_among_several_judged`)."""
     finished = example_policy("matting", rules="[]")  # the range analysis's start passes
     argv = ["tune", "-o", str(tmp_path / "t.yaml"), "--budget", "1", "--jobs", "1"]
     assert main([*argv, "--policy", str(finished)]) == 0
@@ -81,9 +82,26 @@ def test_tune_says_when_its_budget_cut_the_search_short_and_which_point_costs_mo
     err = capsys.readouterr().err
     assert "tune's budget of 1 evaluations ran out before the search ended" in err
     assert "raise --budget" in err
-    # the first trial walks the cheapest point first, fails there, and judges no other
-    assert "the point that costs the most is min [1, 3, 256, 256] (100% of the judging" in err
+    # the first trial walks the cheapest point first, fails there and judges no other: no
+    # point is named as the costliest (the others' cost is not known)
+    assert "the point that costs the most" not in err
     assert "DOES NOT PASS (budget exhausted)" in (tmp_path / "t.yaml").read_text()
+
+
+def test_the_costliest_point_is_named_only_among_several_judged():
+    """Two points judged: the one that took most of the judging time, with its share; one
+    judged (a search cut short at its first, cheapest point): none, since it says nothing
+    of what the others cost; one point in the policy: none."""
+    from trtbuild.policy.specs import Precision
+    from trtbuild.tuning.search import SearchResult
+
+    def result(seconds: dict, points: int = 3) -> SearchResult:
+        return SearchResult(Precision(), [], [], {}, "", point_seconds=seconds, points=points)
+
+    both = result({"min [1, 3, 256, 256]": 1.0, "max [1, 3, 1024, 1024]": 3.0})
+    assert both.costliest_point == "max [1, 3, 1024, 1024] (75% of the judging time)"
+    assert result({"min [1, 3, 256, 256]": 1.0}).costliest_point is None
+    assert result({"x [1, 4]": 1.0, "y [2, 4]": 2.0}, points=1).costliest_point is None
 
 
 # The lines trtbuild writes on a build: its verdict, the outputs and shapes under it, the

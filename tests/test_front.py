@@ -84,9 +84,10 @@ def test_an_op_onnx_runtime_does_not_have_says_so(tmp_path, capsys):
 
 
 def test_an_input_no_engine_binds_is_exit_2_naming_it(tmp_path, capsys):
-    """A string input (a text normalizer's words) and a sequence input: drawing data for
-    them ended in a traceback (Polygraphy's data loader has no such buffers, exit 70); a
-    TensorRT engine binds tensors of numbers only, so exit 2 names the input and the fix."""
+    """A string input (a text normalizer's words), a sequence and an optional input: drawing
+    data for them ended in a traceback (Polygraphy's data loader has no such buffers, exit
+    70); a string output (a classifier's labels) where it was compared. A TensorRT engine
+    binds tensors of numbers only, so exit 2 names the input or output and the fix."""
     words = model(
         [node("StringNormalizer", ["x"], "y", "lower", case_change_action="LOWER")],
         [("x", onnx.TensorProto.STRING, [1, 3])],
@@ -105,11 +106,36 @@ def test_an_input_no_engine_binds_is_exit_2_naming_it(tmp_path, capsys):
         ),
         opset_imports=[helper.make_opsetid("", 17)],
     )
-    for m, said in ((words, "input 'x' is a string tensor"), (listed, "input 's' is a sequence")):
+    maybe = helper.make_model(
+        helper.make_graph(
+            [node("OptionalHasElement", ["o"], "y", "has")],
+            "g",
+            [helper.make_value_info("o", helper.make_optional_type_proto(
+                helper.make_tensor_type_proto(F, [2])))],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.BOOL, [])],
+        ),
+        opset_imports=[helper.make_opsetid("", 18)],
+    )  # fmt: skip
+    named = model(  # a classifier's label strings as its output
+        [
+            node("ArgMax", ["x"], "i", "best", axis=1, keepdims=0),
+            node("Gather", ["labels", "i"], "y", "label", axis=0),
+        ],
+        [("x", F, [1, 3])],
+        [("y", onnx.TensorProto.STRING, [1])],
+        {"labels": np.array(["cat", "dog", "owl"], dtype=object)},
+    )
+    cases = (
+        (words, "input 'x' is a string tensor", "tokenize, decode or split them"),
+        (listed, "input 's' is a sequence", "tokenize, decode or split them"),
+        (maybe, "input 'o' is an optional", "tokenize, decode or split them"),
+        (named, "output 'y' is a string tensor", "map indices to labels after it"),
+    )
+    for m, said, fix in cases:
         assert _check(tmp_path, m) == 2
         err = capsys.readouterr().err
         assert f"{tmp_path / 'm.onnx'}: the model's {said}: a TensorRT engine binds" in err
-        assert "Traceback" not in err and "tokenize, decode or split them" in err
+        assert "Traceback" not in err and fix in err
 
 
 def test_an_op_older_than_onnx_runtime_runs_says_to_upgrade_the_opset(tmp_path, capsys):
@@ -126,6 +152,16 @@ def test_an_op_older_than_onnx_runtime_runs_says_to_upgrade_the_opset(tmp_path, 
     policy = tmp_path / "p.yaml"
     policy.write_text(policy.read_text() + "passes: {opset: 17}\n")
     assert main(["check", "--policy", str(policy)]) == 0
+    capsys.readouterr()
+    double = onnx.TensorProto.DOUBLE  # no kernel for GlobalAveragePool(1) of doubles: not the
+    recent = model(  # opset's fault at opset 17, whatever the version ONNX Runtime names
+        [node("GlobalAveragePool", ["x"], "y", "pool")],
+        [("x", double, [1, 2, 4, 4])],
+        [("y", double, [1, 2, 1, 1])],
+    )
+    assert _check(tmp_path, recent) == 2
+    err = capsys.readouterr().err
+    assert "GlobalAveragePool(1)" in err and "passes: {opset" not in err
 
 
 def test_onnx_ml_ops_are_exit_2_before_any_work(tmp_path, capsys):

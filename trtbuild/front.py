@@ -23,7 +23,7 @@ from trtbuild.cache import Cache, code_fingerprint, feeds_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.model_io import check_model_file, key_digest, load_model
+from trtbuild.graph.model_io import check_model_file, key_digest, load_model, opset_of
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Policy
@@ -217,26 +217,41 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
 
 
 def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
-    """Exit 2 for a graph input no engine binds: strings, sequences, maps, optionals.
+    """Exit 2 for a graph input or output no engine binds: strings, sequences, maps,
+    optionals.
 
     Why: a TensorRT engine binds tensors of numbers only; such an input (a text
     normalizer's words, scikit-learn's maps) ended in a traceback where the data for it
-    was drawn.
+    was drawn, such an output (a classifier's label strings) where it was compared.
     """
     from trtbuild.graph.model_io import fed_inputs
 
-    for vi in fed_inputs(model):
+    ends = [("input", vi) for vi in fed_inputs(model)]
+    ends += [("output", vi) for vi in model.graph.output]
+    for end, vi in ends:
         kind = vi.type.WhichOneof("value")
         if kind == "tensor_type" and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING:
             continue
-        what = "a string tensor" if kind == "tensor_type" else f"a {kind.replace('_type', '')}"
+        what = "a string tensor" if kind == "tensor_type" else UNBOUND.get(kind, f"a {kind}")
         raise UsageError(
-            f"the model's input '{vi.name}' is {what}: a TensorRT engine binds tensors of "
+            f"the model's {end} '{vi.name}' is {what}: a TensorRT engine binds tensors of "
             "numbers only",
             where=str(policy.model),
             hint="give the model from where its inputs are numbers (tokenize, decode or "
-            "split them before it), as the engine will be fed",
+            "split them before it), as the engine will be fed"
+            if end == "input"
+            else "give the model up to where its outputs are numbers (map indices to labels "
+            "after it), as the engine will answer",
         )
+
+
+# What each kind of ONNX type that is no tensor is called in a message.
+UNBOUND = {
+    "sequence_type": "a sequence",
+    "map_type": "a map",
+    "optional_type": "an optional",
+    "sparse_tensor_type": "a sparse tensor",
+}
 
 
 def _not_run_by_tensorrt(policy: Policy, analysis: Analysis) -> None:
@@ -324,7 +339,7 @@ class _PointRun:
         except Exception as exc:
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
-            raise _cannot_run(policy, point, exc) from None
+            raise _cannot_run(policy, point, exc, opset_of(prepared.model)) from None
         original = policy.accuracy.reference_model
         if ref is not None and original is not None:
             ref = _against_original(self, original, ref, feeds, originals)
@@ -356,11 +371,14 @@ def _against_original(
     return made
 
 
-def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError:
+def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, opset: int) -> UsageError:
     """ONNX Runtime refused to run the FP32 model on the policy's data: the user's input.
 
     Why exit 2 and not a bug: a shape the model cannot take (720 rows where it
-    halves five times) fails inside a node, as Polygraphy's `run` would.
+    halves five times) fails inside a node, as Polygraphy's `run` would. Two refusals
+    no shape or data mends are said as what they are: an op ONNX Runtime does not have
+    (a plugin's), and a model of an opset older than ONNX Runtime runs (`opset`, the
+    prepared graph's: PyTorch's opset-6 conversions).
     """
     import re
 
@@ -375,17 +393,17 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception) -> UsageError
             hint="give the model as exported, before its nodes were replaced by plugin or "
             "custom ops",
         )
-    from trtbuild.policy.specs import OPSET_RANGE
+    from trtbuild.policy.specs import OPSET_FIX, OPSET_RANGE
 
     oldest = OPSET_RANGE[0]  # ONNX Runtime's kernels start there
     old = re.search(r"Could not find an implementation for (\S+)\((\d+)\)", text)
-    if old and int(old.group(2)) < oldest:  # no data makes it run: the opset does
+    if old and opset < oldest:  # no data makes it run: the opset does
         return UsageError(
             f"ONNX Runtime has no kernel for {old.group(1)} as opset {old.group(2)} defines it "
-            f"(it runs opset {oldest} and later): the model is older",
+            f"(it runs opset {oldest} and later): the model is of opset {opset}",
             where=policy.where,
-            hint="upgrade it in the graph passes: `passes: {opset: 17}` in the policy (onnx's "
-            "version converter; the engine is built from the upgraded graph)",
+            hint=f"{OPSET_FIX} (onnx's version converter; the engine is built from the "
+            "upgraded graph)",
         )
     node = re.search(r"Name:'([^']*)'", text)
     said = re.search(r"Status Message: (.*)", text)

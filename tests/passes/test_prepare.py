@@ -124,30 +124,43 @@ def _sparse(values, indices, dims):
 
 
 def test_sparse_weights_become_dense_and_compute_what_they_did():
-    """A sparse `Constant` (flattened positions), a sparse initializer ([NNZ, rank]
-    coordinates) and a sparse `Constant` inside an If's branch: `prepare` makes them dense
-    initializers that compute what ONNX Runtime computes from the sparse model (the fold
-    dropped them: a Constant without its value, a MatMul reading nothing)."""
+    """A sparse `Constant` (flattened positions) and a sparse initializer ([NNZ, rank]
+    coordinates) at opset 13 upgraded to 17, a sparse initializer alone and listed as a
+    graph input too, and a sparse `Constant` inside an If's branch: `prepare` makes them
+    dense initializers that compute what ONNX Runtime computes from the sparse model (the
+    fold dropped them; the version converter refused them; a listed one stayed an FP32
+    input of an FP16 weight, exit 70 from `build`)."""
     from onnx import TensorProto as T
 
     from tests.helpers import if_on_sign, node
 
-    flat = onnx.helper.make_model(  # not `helpers.model`: its checker runs before the sparse
-        onnx.helper.make_graph(
-            [
-                node(
-                    "Constant", [], "k", "k", sparse_value=_sparse([1.5, -2, 3], [1, 5, 6], [2, 4])
-                ),
-                node("MatMul", ["x", "k"], "a", "first"),
-                node("MatMul", ["a", "w"], "y", "second"),
-            ],
-            "g",
-            [onnx.helper.make_tensor_value_info("x", T.FLOAT, [1, 2])],
-            [onnx.helper.make_tensor_value_info("y", T.FLOAT, [1, 3])],
-            sparse_initializer=[_sparse([0.5, -1, 2], [[0, 0], [2, 1], [3, 2]], [4, 3])],
-        ),
-        opset_imports=[onnx.helper.make_opsetid("", 17)],
+    def sparse_model(nodes, listed=(), opset=17):  # not `helpers.model`: its checker
+        declared = [("x", [1, 2]), *listed]  # runs before the sparse weight is there
+        return onnx.helper.make_model(
+            onnx.helper.make_graph(
+                nodes,
+                "g",
+                [onnx.helper.make_tensor_value_info(n, T.FLOAT, d) for n, d in declared],
+                [onnx.helper.make_tensor_value_info("y", T.FLOAT, [1, 3])],
+                sparse_initializer=[_sparse([0.5, -1, 2], [[0, 0], [2, 1], [3, 2]], [4, 3])],
+            ),
+            opset_imports=[onnx.helper.make_opsetid("", opset)],
+        )
+
+    k = _sparse([1.5, -2, 3], [1, 5, 6], [2, 4])
+    flat = sparse_model(
+        [
+            node("Constant", [], "k", "k", sparse_value=k),
+            node("MatMul", ["x", "k"], "a", "first"),
+            node("MatMul", ["a", "w"], "y", "second"),
+        ],
+        opset=13,
     )
+    listed = sparse_model(
+        [node("Tile", ["x", "twice"], "a", "tile"), node("MatMul", ["a", "w"], "y", "second")],
+        listed=[("w", [4, 3])],
+    )
+    listed.graph.initializer.append(onnx.numpy_helper.from_array(np.int64([1, 2]), "twice"))
     then = onnx.helper.make_graph(
         [
             node("Constant", [], "b", "bias", sparse_value=_sparse([4.0, -8.0], [0, 3], [4])),
@@ -165,16 +178,51 @@ def test_sparse_weights_become_dense_and_compute_what_they_did():
     )
     branch = if_on_sign(then, other, [1, 4])
     x = np.array([[0.25, -1.5]], np.float32)
-    cases = ((flat, {"x": x}, {"k", "w"}), (branch, {"x": np.float32([[1, 2, 3, 4]])}, {"b"}))
+    cases = (
+        (flat, {"x": x}, {"k", "w"}),
+        (listed, {"x": x}, {"w"}),
+        (branch, {"x": np.float32([[1, 2, 3, 4]])}, {"b"}),
+    )
     for source, feed, dense in cases:
         prepared = prepare(source, Passes(opset=17)).model
-        assert not prepared.graph.sparse_initializer
+        assert opset_of(prepared) == 17 and not prepared.graph.sparse_initializer
         assert dense <= {t.name for t in prepared.graph.initializer}
+        assert [i.name for i in prepared.graph.input] == ["x"]
         assert not any(n.op_type == "Constant" for _, g in _graphs(prepared) for n in g.node)
         expected = _run(source, feed)
         assert np.abs(expected[0]).max() > 0  # the sparse values reach the output
         for before, after in zip(expected, _run(prepared, feed)):
             np.testing.assert_array_equal(after, before)
+
+
+def test_a_sparse_string_weight_becomes_dense_with_empty_strings():
+    """A string tensor's zero is the empty string: a sparse string `Constant` (labels)
+    becomes a dense string weight (the fold dropped it too)."""
+    from onnx import TensorProto as T
+
+    from tests.helpers import node
+
+    labels = onnx.helper.make_sparse_tensor(
+        onnx.helper.make_tensor("v", T.STRING, [2], [b"cat", b"dog"]),
+        onnx.numpy_helper.from_array(np.int64([0, 2]), "i"),
+        [3],
+    )
+    source = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [
+                node("Constant", [], "labels", "labels", sparse_value=labels),
+                node("Gather", ["labels", "i"], "y", "pick", axis=0),
+            ],
+            "g",
+            [onnx.helper.make_tensor_value_info("i", T.INT64, [3])],
+            [onnx.helper.make_tensor_value_info("y", T.STRING, [3])],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 17)],
+    )
+    prepared = prepare(source, Passes()).model
+    (weight,) = [t for t in prepared.graph.initializer if t.name == "labels"]
+    assert onnx.numpy_helper.to_array(weight).tolist() == ["cat", "", "dog"]
+    assert _run(prepared, {"i": np.int64([2, 1, 0])})[0].tolist() == ["dog", "", "cat"]
 
 
 def _graphs(m: onnx.ModelProto):

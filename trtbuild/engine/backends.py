@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import BackendError, UsageError
-from trtbuild.policy.specs import BuildSpec, InputSpec
+from trtbuild.policy.specs import OPSET_FIX, BuildSpec, InputSpec
 
 MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 _MEMORY_LINES = {
@@ -343,9 +343,7 @@ def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path, backend: str) -
         old = "Pre-opset" in said  # an opset 6 export's broadcasting, say
         raise BackendError(
             f"{backend} cannot parse {onnx_path.name}: {said}",
-            hint="upgrade the model in the graph passes: `passes: {opset: 17}` in the policy"
-            if old
-            else "check the op is supported by this TensorRT version",
+            hint=OPSET_FIX if old else "check the op is supported by this TensorRT version",
         )
     return network, parser
 

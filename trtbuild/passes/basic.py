@@ -14,14 +14,12 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input, opset_of
 from trtbuild.sizes import fmt_bytes
-
-STRING = onnx.TensorProto.STRING  # a string weight stays as it is: nothing of it is computed
 
 
 @dataclass
@@ -59,34 +57,21 @@ def copied(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def lift_constants(
-    model: onnx.ModelProto, budget: int | None = None
-) -> tuple[onnx.ModelProto, PassRecord]:
+def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
     """Turn `Constant` nodes into initializers, as TensorRT sees weights.
 
     Why: precision rules and range analysis reason about weights, and exporters
     (Paddle, older PyTorch) write them as `Constant` nodes. A constant inside a
     control-flow body becomes an initializer of the main graph, which the body
     reads from outside (names are unique by then): the conversion types weights
-    there, once, whichever body reads them. A sparse weight (`sparse_value`, a
-    graph's `sparse_initializer`) becomes dense, as TensorRT's parser makes it:
-    onnx-graphsurgeon drops it, and shape inference does not type it. `budget`
-    bounds, in bytes, what one dense tensor may take (None: the machine's default).
+    there, once, whichever body reads them.
     """
     record = PassRecord("lift_constants")
-    graphs = [g for _, g in subgraphs.walk(model.graph)]
     inner = [g for scope, g in subgraphs.walk(model.graph) if scope and g.initializer]
-    sparse = any(g.sparse_initializer for g in graphs)
-    if (
-        not inner
-        and not sparse
-        and not any(n.op_type == "Constant" for n in subgraphs.all_nodes(model))
-    ):
+    if not inner and not any(n.op_type == "Constant" for n in subgraphs.all_nodes(model)):
         return model, record
     model = copied(model)  # passes never change their input
-    limit = budget if budget is not None else _default_budget()
     for scope, graph in subgraphs.walk(model.graph):
-        record.changed += _densified(model.graph, graph, limit)
         if scope and graph.initializer:  # a body's own weights move out with its constants
             model.graph.initializer.extend(graph.initializer)
             record.changed += len(graph.initializer)
@@ -94,7 +79,7 @@ def lift_constants(
         keep = []
         for node in graph.node:
             value = (
-                _constant_value(node, limit)
+                _constant_value(node)
                 if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
                 else None
             )
@@ -109,27 +94,61 @@ def lift_constants(
     return model, record
 
 
+def dense_weights(
+    model: onnx.ModelProto, budget: int | None = None
+) -> tuple[onnx.ModelProto, PassRecord]:
+    """Sparse weights (a graph's `sparse_initializer`, a `Constant`'s `sparse_value`, in
+    bodies too) made dense, as TensorRT's parser makes them; first of all the passes.
+
+    Why: onnx's version converter refuses them ("Sparse tensors not supported"), shape
+    inference does not type them, onnx-graphsurgeon's fold drops them, and a sparse
+    weight listed as a graph input too would stay an FP32 input of an FP16 weight.
+    `budget` bounds, in bytes, what one dense tensor may take (None: the machine's
+    default budget).
+
+    Raises:
+        UsageError: a weight that would take more than `budget` dense.
+    """
+    record = PassRecord("dense_weights")
+    constant = lambda n: n.op_type == "Constant" and n.domain in ("", "ai.onnx")  # noqa: E731
+    found = any(g.sparse_initializer for _, g in subgraphs.walk(model.graph)) or any(
+        constant(n) and any(a.name == "sparse_value" for a in n.attribute)
+        for n in subgraphs.all_nodes(model)
+    )
+    if not found:
+        return model, record
+    model = copied(model)  # passes never change their input
+    limit = budget if budget is not None else _default_budget()
+    for _, graph in subgraphs.walk(model.graph):
+        for sparse in graph.sparse_initializer:
+            name = sparse.values.name
+            graph.initializer.append(
+                numpy_helper.from_array(dense_array(sparse, name, limit), name)
+            )
+        record.changed += len(graph.sparse_initializer)
+        del graph.sparse_initializer[:]
+        for node in filter(constant, graph.node):
+            for attr in node.attribute:
+                if attr.name == "sparse_value":
+                    value = dense_array(attr.sparse_tensor, node.output[0], limit)
+                    attr.CopyFrom(helper.make_attribute("value", numpy_helper.from_array(value)))
+                    record.changed += 1
+    return model, record
+
+
 def _default_budget() -> int:
+    """The machine's default memory budget, read where a pass is given none (lazily: the
+    policy's module is not needed by a pass that has a budget)."""
     from trtbuild.policy.specs import default_memory_budget
 
     return default_memory_budget()
 
 
-def _densified(main: onnx.GraphProto, graph: onnx.GraphProto, limit: int) -> int:
-    """`graph`'s sparse initializers made dense initializers of `main`: how many."""
-    numeric = [t for t in graph.sparse_initializer if t.values.data_type != STRING]
-    for sparse in numeric:
-        name = sparse.values.name
-        main.initializer.append(numpy_helper.from_array(dense_array(sparse, name, limit), name))
-    kept = [t for t in graph.sparse_initializer if t.values.data_type == STRING]  # as they are
-    del graph.sparse_initializer[:]
-    graph.sparse_initializer.extend(kept)
-    return len(numeric)
-
-
 def dense_array(sparse: onnx.SparseTensorProto, name: str, limit: int) -> np.ndarray:
-    """The dense value of `sparse`, as ONNX defines it: zeros but at `indices`, which are
-    either [NNZ] positions in the flattened tensor or [NNZ, rank] coordinates.
+    """The dense value of `sparse`, as ONNX defines it: zeros (empty strings) but at
+    `indices`, which are [NNZ] positions in the flattened tensor or [NNZ, rank]
+    coordinates; refused where it would take more than `limit` bytes, since the dims of
+    a sparse tensor of a few bytes may describe any size.
 
     Raises:
         UsageError: dense, it would take more than `limit` bytes.
@@ -146,7 +165,8 @@ def dense_array(sparse: onnx.SparseTensorProto, name: str, limit: int) -> np.nda
             hint="give the model with that weight stored dense, or raise "
             "accuracy.memory_budget if the machine has the memory",
         )
-    dense = np.zeros(dims, dtype=values.dtype)
+    empty = "" if values.dtype == object else 0  # a string tensor's zero is ""
+    dense = np.full(dims, empty, dtype=values.dtype)
     indices = numpy_helper.to_array(sparse.indices).astype(np.int64) if values.size else None
     if indices is not None and indices.ndim == 1:
         dense.reshape(-1)[indices] = values
@@ -155,12 +175,10 @@ def dense_array(sparse: onnx.SparseTensorProto, name: str, limit: int) -> np.nda
     return dense
 
 
-def _constant_value(node: onnx.NodeProto, limit: int) -> np.ndarray | None:
+def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     for attr in node.attribute:
         if attr.name == "value":
             return numpy_helper.to_array(attr.t)
-        if attr.name == "sparse_value" and attr.sparse_tensor.values.data_type != STRING:
-            return dense_array(attr.sparse_tensor, node.output[0], limit)
         if attr.name == "value_float":
             return np.array(attr.f, dtype=np.float32)
         if attr.name == "value_floats":
@@ -169,7 +187,7 @@ def _constant_value(node: onnx.NodeProto, limit: int) -> np.ndarray | None:
             return np.array(attr.i, dtype=np.int64)
         if attr.name == "value_ints":
             return np.array(list(attr.ints), dtype=np.int64)
-    return None  # string constants stay nodes
+    return None  # value_string(s) constants stay nodes (`dense_weights` made sparse ones dense)
 
 
 def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.ModelProto, PassRecord]:

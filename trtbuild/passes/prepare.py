@@ -38,9 +38,16 @@ def prepare(
 
     `budget` bounds, in bytes, each constant folding may compute (the policy's
     `accuracy.memory_budget`; None: the machine's default budget): a larger one
-    stays a node of the graph and its record says so.
+    stays a node of the graph and its record says so. A sparse weight larger than it
+    dense is refused (`dense_weights`).
     """
     records = []
+    try:
+        model, rec = passes.dense_weights(model, budget)
+    except UsageError as exc:  # a sparse weight too large dense: the model is where it is
+        raise UsageError(exc.message, where=source, hint=exc.hint) from None
+    if rec.changed:
+        records.append(rec)
     try:
         model, rec = passes.override_input_shapes(model, options.override_input_shapes)
     except UsageError as exc:  # it names the policy's field; the model is where inputs are
@@ -70,7 +77,7 @@ def prepare(
     model, rec = passes.name_unnamed_nodes(model)  # what the converter added inside bodies
     if rec.changed:
         records.append(rec)
-    model = _weights_in_fp32(model, records, source, budget)
+    model = _weights_in_fp32(model, records)
     if options.fold_constants:
         model, rec = passes.fold_constants(model, verbose, budget)
         records.append(rec)
@@ -86,15 +93,10 @@ def prepare(
     return Prepared(model, records)
 
 
-def _weights_in_fp32(
-    model: onnx.ModelProto, records: list, source: str, budget: int | None
-) -> onnx.ModelProto:
+def _weights_in_fp32(model: onnx.ModelProto, records: list) -> onnx.ModelProto:
     """Constants lifted into weights, then a model that computes in FP16/BF16 made to
     compute in FP32: before folding, so what is folded is computed in FP32."""
-    try:
-        model, rec = passes.lift_constants(model, budget)
-    except UsageError as exc:  # a sparse weight too large dense: the model is where it is
-        raise UsageError(exc.message, where=source, hint=exc.hint) from None
+    model, rec = passes.lift_constants(model)
     records.append(rec)
     model, rec = upcast_low_precision(model)
     if rec.changed:

@@ -37,6 +37,8 @@ ORT_CHECKS = ("neighbourhoods", "whole")
 ERROR_STATS = ("elemwise", "max", "mean", "median", "quantile")
 MAX_SAMPLES = 10_000
 OPSET_RANGE = (7, 99)  # passes.opset and `prepare --opset`: ONNX Runtime runs opset 7 on
+# The fix for a model older than ONNX Runtime or TensorRT's parser reads (opset 6 exports).
+OPSET_FIX = "upgrade the model in the graph passes: `passes: {opset: 17}` in the policy"
 EMULATIONS = ("storage", "strict")
 # When the judge walks the graph for the first divergence and the error curve.
 WALKS = ("on_failure", "always")

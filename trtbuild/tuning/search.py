@@ -104,9 +104,10 @@ class SearchResult:
 
     @property
     def costliest_point(self) -> str | None:
-        """`max [1, 3, 1024, 1024] (71% of the judging time)`, where there are several points
-        (with the early stop, a search cut short may have judged only the one it tried first)."""
-        if self.points < 2 or not self.point_seconds:
+        """`max [1, 3, 1024, 1024] (71% of the judging time)`, where several points were
+        judged (with the early stop, a search cut short may have judged only the one it
+        tried first: the cheapest, which says nothing of what the others cost)."""
+        if self.points < 2 or len(self.point_seconds) < 2:
             return None
         label, seconds = max(self.point_seconds.items(), key=lambda kv: kv[1])
         return f"{label} ({seconds / max(sum(self.point_seconds.values()), 1e-9):.0%} of the judging time)"
