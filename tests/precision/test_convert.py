@@ -190,3 +190,44 @@ def test_what_goes_in_or_out_of_a_sequence_stays_fp32():
     y, z = session.run(None, {"x": x})
     np.testing.assert_array_equal(y, 2 * np.maximum(x, 0))
     np.testing.assert_array_equal(z, -np.concatenate([np.maximum(x, 0), x]))
+
+
+def test_a_sequence_maps_body_stays_fp32_and_its_reference_runs(tmp_path):
+    """A SequenceMap's body computes on the sequence's elements: its nodes stay FP32 with
+    it (an FP16 Relu there made the mixed model invalid), and the FP32 reference, which
+    measures the peaks inside If, Loop and Scan bodies, leaves its body alone (it took it
+    for a Scan: StopIteration, exit 70 from `check`)."""
+    from trtbuild.cli import main
+
+    body = onnx.helper.make_graph(
+        [node("Relu", ["e"], "o", "inner_relu")],
+        "b",
+        [onnx.helper.make_tensor_value_info("e", F, [4])],
+        [onnx.helper.make_tensor_value_info("o", F, [4])],
+    )
+    m = model(
+        [
+            node("Relu", ["x"], "r", "relu"),
+            node("SplitToSequence", ["r"], "s", "split", axis=0, keepdims=0),
+            node("SequenceMap", ["s"], "s2", "map", body=body),
+            node("ConcatFromSequence", ["s2"], "c", "join", axis=0),
+            node("Mul", ["c", "two"], "y", "double"),
+        ],
+        [("x", F, [2, 4])],
+        [("y", F, [8])],
+        {"two": np.float32(2)},
+        opset=18,
+    )
+    assignment = assign(m, Precision())
+    nodes = assignment.view.nodes
+    said = {n.name: (d.precision, d.rule) for n, d in zip(nodes, assignment.decisions)}
+    assert said["inner_relu"] == said["map"] == ("fp32", "sequence")
+    assert said["relu"] == said["double"] == ("fp16", "default")
+    converted = convert(assignment)
+    onnx.checker.check_model(converted.model, full_check=True)
+    x = np.array([[-1, 2, -3, 4], [5, -6, 7, -8]], np.float32)
+    (y,) = ort.InferenceSession(converted.model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(y, 2 * np.maximum(x, 0).reshape(-1))
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 0

@@ -75,7 +75,11 @@ def probe(model: onnx.ModelProto, tensors: set[str]) -> Probes:
 
 
 def _probe_node(node: onnx.NodeProto, tensors: set[str], top: bool) -> dict[str, str]:
-    """Add peak outputs to a control node; returns body tensor -> the node's new output."""
+    """Add peak outputs to a control node; returns body tensor -> the node's new output.
+    A SequenceMap's body is not measured: it carries no value to hand a peak out with
+    (and its nodes stay FP32, `assign`)."""
+    if node.op_type not in subgraphs.CONTROL_FLOW:
+        return {}
     per_body = [(attr, body, _body_peaks(body, tensors)) for attr, body in subgraphs.bodies(node)]
     wanted = [t for _, _, peaks in per_body for t in peaks]
     if not wanted:
