@@ -110,12 +110,7 @@ def dense_weights(
         UsageError: a weight that would take more than `budget` dense.
     """
     record = PassRecord("dense_weights")
-    constant = lambda n: n.op_type == "Constant" and n.domain in ("", "ai.onnx")  # noqa: E731
-    found = any(g.sparse_initializer for _, g in subgraphs.walk(model.graph)) or any(
-        constant(n) and any(a.name == "sparse_value" for a in n.attribute)
-        for n in subgraphs.all_nodes(model)
-    )
-    if not found:
+    if not any(_sparse_in(graph) for _, graph in subgraphs.walk(model.graph)):
         return model, record
     model = copied(model)  # passes never change their input
     limit = budget if budget is not None else _default_budget()
@@ -127,13 +122,23 @@ def dense_weights(
             )
         record.changed += len(graph.sparse_initializer)
         del graph.sparse_initializer[:]
-        for node in filter(constant, graph.node):
+        for node in graph.node:
+            if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+                continue
             for attr in node.attribute:
                 if attr.name == "sparse_value":
                     value = dense_array(attr.sparse_tensor, node.output[0], limit)
                     attr.CopyFrom(helper.make_attribute("value", numpy_helper.from_array(value)))
                     record.changed += 1
     return model, record
+
+
+def _sparse_in(graph: onnx.GraphProto) -> bool:
+    """Whether `graph` itself (not its bodies) holds a sparse weight."""
+    return bool(graph.sparse_initializer) or any(
+        node.op_type == "Constant" and any(a.name == "sparse_value" for a in node.attribute)
+        for node in graph.node
+    )
 
 
 def _default_budget() -> int:
