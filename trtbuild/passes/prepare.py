@@ -41,23 +41,8 @@ def prepare(
     stays a node of the graph and its record says so. A sparse weight larger than it
     dense is refused (`dense_weights`).
     """
-    records = []
-    try:
-        model, rec = passes.dense_weights(model, budget)
-    except UsageError as exc:  # a sparse weight too large dense: the model is where it is
-        raise UsageError(exc.message, where=source, hint=exc.hint) from None
-    if rec.changed:
-        records.append(rec)
-    try:
-        model, rec = passes.override_input_shapes(model, options.override_input_shapes)
-    except UsageError as exc:  # it names the policy's field; the model is where inputs are
-        raise UsageError(exc.message, where=exc.where or source, hint=exc.hint) from None
-    records.append(rec)
-    model, rec = control.freeze_inputs(model, options.freeze_inputs)
-    if rec.changed:
-        records.append(rec)
-    model, rec = passes.drop_initializer_inputs(model)
-    records.append(rec)
+    records: list[passes.PassRecord] = []
+    model = _inputs_and_weights(model, options, records, source, budget)
     model = _named_and_inlined(model, records)
     target = _opset(model, options.opset)
     try:
@@ -91,6 +76,31 @@ def prepare(
     model = infer_shapes(strip_value_info(model))
     _check_bodies(model, source)
     return Prepared(model, records)
+
+
+def _inputs_and_weights(
+    model: onnx.ModelProto, options: Passes, records: list, source: str, budget: int | None
+) -> onnx.ModelProto:
+    """Sparse weights made dense, then the inputs as the policy says (shapes, frozen
+    values), then the weights an IR 3 export lists as inputs made weights only: what the
+    later steps read as the graph's inputs and weights."""
+    try:
+        model, rec = passes.dense_weights(model, budget)
+    except UsageError as exc:  # a sparse weight too large dense: the model is where it is
+        raise UsageError(exc.message, where=source, hint=exc.hint) from None
+    if rec.changed:
+        records.append(rec)
+    try:
+        model, rec = passes.override_input_shapes(model, options.override_input_shapes)
+    except UsageError as exc:  # it names the policy's field; the model is where inputs are
+        raise UsageError(exc.message, where=exc.where or source, hint=exc.hint) from None
+    records.append(rec)
+    model, rec = control.freeze_inputs(model, options.freeze_inputs)
+    if rec.changed:
+        records.append(rec)
+    model, rec = passes.drop_initializer_inputs(model)
+    records.append(rec)
+    return model
 
 
 def _weights_in_fp32(model: onnx.ModelProto, records: list) -> onnx.ModelProto:
