@@ -167,12 +167,16 @@ def overflow_warnings(front: Front) -> list[str]:
 
 
 def body_warnings(front: Front) -> list[str]:
-    """What is not measured inside control-flow bodies (ONNX Runtime hands out no body tensor)."""
+    """What is not measured inside control-flow bodies (ONNX Runtime hands out no body tensor).
+    Not a SequenceMap's body: its nodes run FP32 with the sequence (`GraphView.in_sequences`)."""
     view = front.view
     inside = [
         i
         for i, n in enumerate(view.nodes)
-        if view.scope[i] and view.float_outputs(i) and computes(n.op_type)
+        if view.scope[i]
+        and view.float_outputs(i)
+        and computes(n.op_type)
+        and not view.in_sequences(i)
     ]
     if not inside:
         return []  # data movement only (shape checks): nothing computes there

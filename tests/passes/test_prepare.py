@@ -284,3 +284,43 @@ def test_an_ir_3_model_becomes_ir_4_so_the_weights_the_passes_add_need_not_be_in
     onnx.checker.check_model(prepared.model, full_check=True)
     dropped = next(r for r in prepared.records if r.name == "drop_initializer_inputs")
     assert dropped.details == {"ir_version": "3 -> 4"} and dropped.changed == 0
+
+
+def test_a_sparse_weight_in_a_local_function_is_dense_before_the_opset_upgrade():
+    """A sparse `Constant` inside a local function (an onnxscript or torch module export):
+    the version converter refused it ("Sparse tensors not supported"), and where no
+    upgrade ran the fold dropped it after inlining. Made dense first, like the graph's, and
+    the model given to `prepare` is left as it was."""
+    from onnx import TensorProto as T
+
+    from tests.helpers import node
+
+    project = onnx.helper.make_function(
+        "local",
+        "Project",
+        ["a"],
+        ["b"],
+        [
+            node("Constant", [], "w", "w", sparse_value=_sparse([0.5, -1, 2], [0, 7, 11], [4, 3])),
+            node("MatMul", ["a", "w"], "b", "matmul"),
+        ],
+        [onnx.helper.make_opsetid("", 13)],
+    )
+    source = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [node("Project", ["x"], "p", "proj", domain="local"), node("Relu", ["p"], "y", "relu")],
+            "g",
+            [onnx.helper.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+            [onnx.helper.make_tensor_value_info("y", T.FLOAT, [1, 3])],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 13), onnx.helper.make_opsetid("local", 1)],
+        functions=[project],
+    )
+    before = source.SerializeToString()
+    prepared = prepare(source, Passes(opset=17)).model
+    assert source.SerializeToString() == before
+    assert opset_of(prepared) == 17 and not prepared.functions
+    feed = {"x": np.float32([[1, 1, 1, 1]])}
+    expected = _run(source, feed)
+    assert np.abs(expected[0]).max() > 0
+    np.testing.assert_array_equal(_run(prepared, feed)[0], expected[0])

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import fed_inputs, opset_of
-from trtbuild.graph.optypes import FLOAT_TYPES, OpTypes, op_types
+from trtbuild.graph.optypes import FLOAT_TYPES, SEQUENCE_OPS, OpTypes, op_types
 
 
 class GraphView:
@@ -103,6 +103,18 @@ class GraphView:
 
     def float_outputs(self, index: int) -> list[str]:
         return [t for t in self.nodes[index].output if t and self.is_float(t)]
+
+    def in_sequences(self, index: int) -> bool:
+        """Whether node `index` is a sequence op or inside a SequenceMap's body (whose inputs
+        and outputs are a sequence's elements): it runs FP32 (`assign`), and the FP32
+        reference measures nothing in such a body (`probes`)."""
+        k: int | None = index
+        while k is not None:
+            node = self.nodes[k]
+            if node.op_type in SEQUENCE_OPS and node.domain in ("", "ai.onnx"):
+                return True
+            k = self.parent[k]
+        return False
 
     def predecessors(self, index: int) -> list[int]:
         return [self.producer[t] for t in self.nodes[index].input if t in self.producer]

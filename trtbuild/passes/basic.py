@@ -98,7 +98,7 @@ def dense_weights(
     model: onnx.ModelProto, budget: int | None = None
 ) -> tuple[onnx.ModelProto, PassRecord]:
     """Sparse weights (a graph's `sparse_initializer`, a `Constant`'s `sparse_value`, in
-    bodies too) made dense, as TensorRT's parser makes them; first of all the passes.
+    bodies and local functions too) made dense, as TensorRT's parser makes them; first of all the passes.
 
     Why: onnx's version converter refuses them ("Sparse tensors not supported"), shape
     inference does not type them, onnx-graphsurgeon's fold drops them, and a sparse
@@ -110,19 +110,20 @@ def dense_weights(
         UsageError: a weight that would take more than `budget` dense.
     """
     record = PassRecord("dense_weights")
-    if not any(_sparse_in(graph) for _, graph in subgraphs.walk(model.graph)):
+    if not any(_sparse_in(graph, nodes) for graph, nodes in _holders(model)):
         return model, record
     model = copied(model)  # passes never change their input
     limit = budget if budget is not None else _default_budget()
-    for _, graph in subgraphs.walk(model.graph):
-        for sparse in graph.sparse_initializer:
+    for graph, nodes in _holders(model):
+        for sparse in graph.sparse_initializer if graph is not None else ():
             name = sparse.values.name
             graph.initializer.append(
                 numpy_helper.from_array(dense_array(sparse, name, limit), name)
             )
-        record.changed += len(graph.sparse_initializer)
-        del graph.sparse_initializer[:]
-        for node in graph.node:
+            record.changed += 1
+        if graph is not None:
+            del graph.sparse_initializer[:]
+        for node in nodes:
             if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
                 continue
             for attr in node.attribute:
@@ -133,11 +134,25 @@ def dense_weights(
     return model, record
 
 
-def _sparse_in(graph: onnx.GraphProto) -> bool:
-    """Whether `graph` itself (not its bodies) holds a sparse weight."""
-    return bool(graph.sparse_initializer) or any(
+def _holders(model: onnx.ModelProto) -> Iterator[tuple[onnx.GraphProto | None, Any]]:
+    """(graph, its nodes) for the main graph and every body, then (None, a local function's
+    nodes) and its nodes' bodies: everywhere a weight may be written."""
+    for _, graph in subgraphs.walk(model.graph):
+        yield graph, graph.node
+    for function in model.functions:
+        yield None, function.node
+        for node in function.node:
+            for _, body in subgraphs.bodies(node):
+                for _, graph in subgraphs.walk(body):
+                    yield graph, graph.node
+
+
+def _sparse_in(graph: onnx.GraphProto | None, nodes: Any) -> bool:
+    """Whether `graph` (None: a function) or its own `nodes` (not their bodies) hold a
+    sparse weight."""
+    return (graph is not None and bool(graph.sparse_initializer)) or any(
         node.op_type == "Constant" and any(a.name == "sparse_value" for a in node.attribute)
-        for node in graph.node
+        for node in nodes
     )
 
 

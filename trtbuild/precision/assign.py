@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, SEQUENCE_OPS, computes
+from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_EPS
@@ -192,7 +192,7 @@ def _decisions(
         if node.op_type in CONTROL_FLOW and i in view.body_of:
             decisions.append(_CONTROL)
             continue
-        if _in_sequences(view, i):
+        if view.in_sequences(i):
             decisions.append(_SEQUENCE)  # before no-float: what it puts in is cast to FP32
             continue
         if not view.float_outputs(i):
@@ -338,18 +338,6 @@ def _into_bodies(
             if picks[k] is None and view.float_outputs(k):
                 picks[k] = (prec, rid, f"inside {view.nodes[i].name}: {reason}")
                 hits[rid] = hits.get(rid, 0) + 1
-
-
-def _in_sequences(view: GraphView, i: int) -> bool:
-    """Whether node i is a sequence op or inside a SequenceMap's body (whose inputs and
-    outputs are the sequences' elements)."""
-    k: int | None = i
-    while k is not None:
-        node = view.nodes[k]
-        if node.op_type in SEQUENCE_OPS and node.domain in ("", "ai.onnx"):
-            return True
-        k = view.parent[k]
-    return False
 
 
 def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: str) -> Decision:
