@@ -15,6 +15,7 @@ from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
 from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
+from trtbuild.graph.view import in_sequences
 from trtbuild.numerics import LOW_EPS, LOW_MAX
 from trtbuild.precision.convert import Converted
 from trtbuild.words import first_few
@@ -168,7 +169,7 @@ def overflow_warnings(front: Front) -> list[str]:
 
 def body_warnings(front: Front) -> list[str]:
     """What is not measured inside control-flow bodies (ONNX Runtime hands out no body tensor).
-    Not a SequenceMap's body: its nodes run FP32 with the sequence (`GraphView.in_sequences`)."""
+    Not a SequenceMap's body: its nodes run FP32 with the sequence (`graph.view.in_sequences`)."""
     view = front.view
     inside = [
         i
@@ -176,7 +177,7 @@ def body_warnings(front: Front) -> list[str]:
         if view.scope[i]
         and view.float_outputs(i)
         and computes(n.op_type)
-        and not view.in_sequences(i)
+        and not in_sequences(view, i)
     ]
     if not inside:
         return []  # data movement only (shape checks): nothing computes there

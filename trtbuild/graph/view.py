@@ -104,18 +104,6 @@ class GraphView:
     def float_outputs(self, index: int) -> list[str]:
         return [t for t in self.nodes[index].output if t and self.is_float(t)]
 
-    def in_sequences(self, index: int) -> bool:
-        """Whether node `index` is a sequence op or inside a SequenceMap's body (whose inputs
-        and outputs are a sequence's elements): it runs FP32 (`assign`), and the FP32
-        reference measures nothing in such a body (`probes`)."""
-        k: int | None = index
-        while k is not None:
-            node = self.nodes[k]
-            if node.op_type in SEQUENCE_OPS and node.domain in ("", "ai.onnx"):
-                return True
-            k = self.parent[k]
-        return False
-
     def predecessors(self, index: int) -> list[int]:
         return [self.producer[t] for t in self.nodes[index].input if t in self.producer]
 
@@ -145,3 +133,16 @@ class GraphView:
                 found.extend(self.inside(k))
                 found.append(k)
         return sorted(found)
+
+
+def in_sequences(view: GraphView, index: int) -> bool:
+    """Whether node `index` is a sequence op or inside a SequenceMap's body (whose inputs
+    and outputs are a sequence's elements): it runs FP32 (`assign`), and the FP32
+    reference measures nothing in such a body (`probes`)."""
+    k: int | None = index
+    while k is not None:
+        node = view.nodes[k]
+        if node.op_type in SEQUENCE_OPS and node.domain in ("", "ai.onnx"):
+            return True
+        k = view.parent[k]
+    return False

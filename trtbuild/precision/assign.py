@@ -21,7 +21,7 @@ import onnx
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
 from trtbuild.graph.subgraphs import CONTROL_FLOW
-from trtbuild.graph.view import GraphView
+from trtbuild.graph.view import GraphView, in_sequences
 from trtbuild.numerics import LOW_EPS
 from trtbuild.policy.specs import Precision
 from trtbuild.precision import rules as rules_mod
@@ -192,7 +192,7 @@ def _decisions(
         if node.op_type in CONTROL_FLOW and i in view.body_of:
             decisions.append(_CONTROL)
             continue
-        if view.in_sequences(i):
+        if in_sequences(view, i):
             decisions.append(_SEQUENCE)  # before no-float: what it puts in is cast to FP32
             continue
         if not view.float_outputs(i):
