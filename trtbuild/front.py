@@ -375,36 +375,15 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, opset: int) -
     """ONNX Runtime refused to run the FP32 model on the policy's data: the user's input.
 
     Why exit 2 and not a bug: a shape the model cannot take (720 rows where it
-    halves five times) fails inside a node, as Polygraphy's `run` would. Two refusals
-    no shape or data mends are said as what they are: an op ONNX Runtime does not have
-    (a plugin's), and a model of an opset older than ONNX Runtime runs (`opset`, the
-    prepared graph's: PyTorch's opset-6 conversions).
+    halves five times) fails inside a node, as Polygraphy's `run` would. The refusals
+    no shape or data mends are said as what they are (`_not_by_data`).
     """
     import re
 
     text = str(exc)
-    unknown = re.search(r"(\S+)\(-?\d+\) is not a registered function/op", text)
-    if unknown:  # no shape or data of the user's makes it run
-        return UsageError(
-            f"ONNX Runtime has no op {unknown.group(1)} (a TensorRT plugin, or another "
-            "runtime's custom op?): trtbuild runs the FP32 reference and the FP16 emulation "
-            "in ONNX Runtime, so this model cannot be judged",
-            where=str(policy.model),
-            hint="give the model as exported, before its nodes were replaced by plugin or "
-            "custom ops",
-        )
-    from trtbuild.policy.specs import OPSET_FIX, OPSET_RANGE
-
-    oldest = OPSET_RANGE[0]  # ONNX Runtime's kernels start there
-    old = re.search(r"Could not find an implementation for (\S+)\((\d+)\)", text)
-    if old and opset < oldest:  # no data makes it run: the opset does
-        return UsageError(
-            f"ONNX Runtime has no kernel for {old.group(1)} as opset {old.group(2)} defines it "
-            f"(it runs opset {oldest} and later): the model is of opset {opset}",
-            where=policy.where,
-            hint=f"{OPSET_FIX} (onnx's version converter; the engine is built from the "
-            "upgraded graph)",
-        )
+    found = _not_by_data(policy, text, opset)
+    if found is not None:
+        return found
     node = re.search(r"Name:'([^']*)'", text)
     said = re.search(r"Status Message: (.*)", text)
     where = f" in node {node.group(1)}" if node else ""
@@ -414,6 +393,49 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, opset: int) -
         where=policy.where,
         hint="choose input shapes (inputs.*.shape, min/opt/max, accuracy.shapes) or data the "
         "model takes",
+    )
+
+
+def _not_by_data(policy: Policy, text: str, opset: int) -> UsageError | None:
+    """ONNX Runtime's refusal `text`, where no shape or data mends it: an op it does not
+    have (a plugin's); a model of an opset older than it runs (`opset`, the prepared
+    graph's: PyTorch's opset-6 conversions); an op it has no kernel for of the types the
+    node reads (a GlobalAveragePool of doubles). None for any other refusal."""
+    import re
+
+    from trtbuild.policy.specs import OPSET_FIX, OPSET_RANGE
+
+    unknown = re.search(r"(\S+)\(-?\d+\) is not a registered function/op", text)
+    if unknown:
+        return UsageError(
+            f"ONNX Runtime has no op {unknown.group(1)} (a TensorRT plugin, or another "
+            "runtime's custom op?): trtbuild runs the FP32 reference and the FP16 emulation "
+            "in ONNX Runtime, so this model cannot be judged",
+            where=str(policy.model),
+            hint="give the model as exported, before its nodes were replaced by plugin or "
+            "custom ops",
+        )
+    kernel = re.search(r"Could not find an implementation for (\S+)\((\d+)\)", text)
+    if kernel is None:
+        return None
+    op, version = kernel.groups()
+    oldest = OPSET_RANGE[0]  # ONNX Runtime's kernels start there
+    if opset < oldest:
+        return UsageError(
+            f"ONNX Runtime has no kernel for {op} as opset {version} defines it "
+            f"(it runs opset {oldest} and later): the model is of opset {opset}",
+            where=policy.where,
+            hint=f"{OPSET_FIX} (onnx's version converter; the engine is built from the "
+            "upgraded graph)",
+        )
+    node = re.search(r"node with name '([^']*)'", text)
+    return UsageError(
+        f"ONNX Runtime has no kernel for {op}({version}) of the types node "
+        f"{node.group(1) if node else '?'!r} reads: trtbuild runs the FP32 reference and the "
+        "FP16 emulation in ONNX Runtime, so this model cannot be judged",
+        where=str(policy.model),
+        hint="compute that node in float32 in the model (ONNX Runtime's CPU kernels cover "
+        "float32 for nearly every float op; double, float16 and integers for fewer)",
     )
 
 
