@@ -125,8 +125,18 @@ def test_an_input_no_engine_binds_is_exit_2_naming_it(tmp_path, capsys):
         [("y", onnx.TensorProto.STRING, [1])],
         {"labels": np.array(["cat", "dog", "owl"], dtype=object)},
     )
+    packed = helper.make_model(
+        helper.make_graph(
+            [node("SequenceConstruct", ["x", "x"], "s", "pack")],
+            "g",
+            [helper.make_tensor_value_info("x", F, [2])],
+            [helper.make_tensor_sequence_value_info("s", F, [2])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     cases = (
         (words, "input 'x' is a string tensor", "tokenize, decode or split them"),
+        (packed, "output 's' is a sequence", "tensors of numbers (stack them)"),
         (listed, "input 's' is a sequence", "tokenize, decode or split them"),
         (maybe, "input 'o' is an optional", "tokenize, decode or split them"),
         (named, "output 'y' is a string tensor", "map indices to labels after it"),

@@ -240,8 +240,9 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
             hint="give the model from where its inputs are numbers (tokenize, decode or "
             "split them before it), as the engine will be fed"
             if end == "input"
-            else "give the model up to where its outputs are numbers (map indices to labels "
-            "after it), as the engine will answer",
+            else "give the model up to where its outputs are tensors of numbers ("
+            + ("map indices to labels after it" if kind == "tensor_type" else "stack them")
+            + "), as the engine will answer",
         )
 
 
