@@ -50,6 +50,16 @@ def model(
     return onnx.shape_inference.infer_shapes(m)
 
 
+def sparse_tensor(values, indices, dims, dtype=np.float32) -> onnx.SparseTensorProto:
+    """A sparse tensor named "w" of `dtype`: `indices` positions in the flattened tensor
+    ([NNZ]) or coordinates ([NNZ, rank])."""
+    return helper.make_sparse_tensor(
+        numpy_helper.from_array(np.asarray(values, dtype), "w"),
+        numpy_helper.from_array(np.asarray(indices, np.int64), "w_indices"),
+        dims,
+    )
+
+
 def node(op, ins, outs, name, **attrs):
     return helper.make_node(op, ins, outs if isinstance(outs, list) else [outs], name=name, **attrs)
 

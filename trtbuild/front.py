@@ -23,7 +23,7 @@ from trtbuild.cache import Cache, code_fingerprint, feeds_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.model_io import check_model_file, key_digest, load_model, opset_of
+from trtbuild.graph.model_io import check_model_file, fed_inputs, key_digest, load_model, opset_of
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Policy
@@ -224,8 +224,6 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
     normalizer's words, scikit-learn's maps) ended in a traceback where the data for it
     was drawn, such an output (a classifier's label strings) where it was compared.
     """
-    from trtbuild.graph.model_io import fed_inputs
-
     ends = [("input", vi) for vi in fed_inputs(model)]
     ends += [("output", vi) for vi in model.graph.output]
     for end, vi in ends:

@@ -4,6 +4,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from tests.helpers import sparse_tensor
 from trtbuild.graph.model_io import opset_of
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy.specs import Passes
@@ -111,18 +112,6 @@ def test_an_output_folded_to_a_constant_keeps_the_shape_the_fold_gives():
     assert [d.dim_value for d in y.type.tensor_type.shape.dim] == [2]
 
 
-def _sparse(values, indices, dims):
-    """A sparse tensor named "w": `indices` positions in the flattened tensor ([NNZ]) or
-    coordinates ([NNZ, rank])."""
-    from onnx import helper, numpy_helper
-
-    return helper.make_sparse_tensor(
-        numpy_helper.from_array(np.asarray(values, np.float32), "w"),
-        numpy_helper.from_array(np.asarray(indices, np.int64), "w_indices"),
-        dims,
-    )
-
-
 def test_sparse_weights_become_dense_and_compute_what_they_did():
     """A sparse `Constant` (flattened positions) and a sparse initializer ([NNZ, rank]
     coordinates) at opset 13 upgraded to 17, a sparse initializer alone and listed as a
@@ -142,12 +131,12 @@ def test_sparse_weights_become_dense_and_compute_what_they_did():
                 "g",
                 [onnx.helper.make_tensor_value_info(n, T.FLOAT, d) for n, d in declared],
                 [onnx.helper.make_tensor_value_info("y", T.FLOAT, [1, 3])],
-                sparse_initializer=[_sparse([0.5, -1, 2], [[0, 0], [2, 1], [3, 2]], [4, 3])],
+                sparse_initializer=[sparse_tensor([0.5, -1, 2], [[0, 0], [2, 1], [3, 2]], [4, 3])],
             ),
             opset_imports=[onnx.helper.make_opsetid("", opset)],
         )
 
-    k = _sparse([1.5, -2, 3], [1, 5, 6], [2, 4])
+    k = sparse_tensor([1.5, -2, 3], [1, 5, 6], [2, 4])
     flat = sparse_model(
         [
             node("Constant", [], "k", "k", sparse_value=k),
@@ -163,7 +152,7 @@ def test_sparse_weights_become_dense_and_compute_what_they_did():
     listed.graph.initializer.append(onnx.numpy_helper.from_array(np.int64([1, 2]), "twice"))
     then = onnx.helper.make_graph(
         [
-            node("Constant", [], "b", "bias", sparse_value=_sparse([4.0, -8.0], [0, 3], [4])),
+            node("Constant", [], "b", "bias", sparse_value=sparse_tensor([4.0, -8.0], [0, 3], [4])),
             node("Add", ["x", "b"], "t", "shift"),
         ],
         "then",
@@ -244,7 +233,7 @@ def test_a_sparse_weight_too_large_dense_is_refused_naming_it_and_the_model():
 
     source = model(
         [
-            node("Constant", [], "k", "k", sparse_value=_sparse([1.0], [3], [64, 64])),
+            node("Constant", [], "k", "k", sparse_value=sparse_tensor([1.0], [3], [64, 64])),
             node("Gather", ["k", "i"], "y", "pick", axis=0),
         ],
         [("i", T.INT64, [1])],
@@ -304,7 +293,13 @@ def test_a_sparse_weight_in_a_local_function_is_dense_before_the_opset_upgrade()
         ["a"],
         ["b"],
         [
-            node("Constant", [], "w", "w", sparse_value=_sparse([0.5, -1, 2], [0, 7, 11], [4, 3])),
+            node(
+                "Constant",
+                [],
+                "w",
+                "w",
+                sparse_value=sparse_tensor([0.5, -1, 2], [0, 7, 11], [4, 3]),
+            ),
             node("MatMul", ["a", "w"], "b", "matmul"),
         ],
         [onnx.helper.make_opsetid("", 13)],

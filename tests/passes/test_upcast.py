@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import F, H, model, node, plain_session, sequence_loop
+from tests.helpers import F, H, model, node, plain_session, sequence_loop, sparse_tensor
 from trtbuild.cli import main
 from trtbuild.graph import subgraphs
 from trtbuild.passes.prepare import prepare
@@ -221,6 +221,20 @@ def test_type_attributes_and_sequences_are_made_fp32():
     x = np.arange(4, dtype=np.float16)
     (got,) = plain_session(prepare(sequence, Passes()).model).run(None, {"x": x})
     np.testing.assert_array_equal(got, np.tile(x, 3))
+
+
+def test_a_sparse_fp16_constant_is_made_dense_then_fp32():
+    """`prepare` makes sparse weights dense first (`dense_weights`), so upcast sees an FP16
+    sparse Constant as a dense one and makes it FP32, its values exact."""
+    sparse = sparse_tensor([1.5, -2.0], [1, 3], [4], np.float16)
+    m = model(
+        [node("Constant", [], "k", "k", sparse_value=sparse), node("Add", ["x", "k"], "y", "add")],
+        [("x", H, [4])],
+        [("y", H, [4])],
+    )
+    prepared = prepare(m, Passes()).model
+    (k,) = [t for t in prepared.graph.initializer if t.name == "k"]
+    assert k.data_type == F and numpy_helper.to_array(k).tolist() == [0, 1.5, 0, -2]
 
 
 def test_bf16_is_made_fp32_and_a_bitcast_keeps_its_type():

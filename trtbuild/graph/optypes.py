@@ -102,22 +102,27 @@ SEQUENCE_OPS = NOT_TENSOR_OPS | {
 }
 
 
+def _unparsed(node: onnx.NodeProto, domains: frozenset[str]) -> bool:
+    """Whether node is of one of `domains` and its name is no ONNX op's. TensorRT's parser
+    imports an op by its name whatever its domain (a com.microsoft `Gelu` is ONNX's Gelu to
+    it), and looks for a plugin of any other name, finding none."""
+    return node.domain in domains and not onnx.defs.has(node.op_type)
+
+
 def runtime_only(node: onnx.NodeProto) -> bool:
     """Whether ONNX Runtime runs this node and TensorRT's parser does not: an op of one of
-    ONNX Runtime's own domains (`ORT_DOMAINS`) whose name is no ONNX op's. The parser
-    imports an op by its name whatever its domain (a com.microsoft `Gelu` is ONNX's Gelu to
-    it), and finds no importer nor plugin for `BiasGelu` or `SkipLayerNormalization`."""
-    return node.domain in ORT_DOMAINS and not onnx.defs.has(node.op_type)
+    ONNX Runtime's own domains (`ORT_DOMAINS`): `BiasGelu`, `SkipLayerNormalization`."""
+    return _unparsed(node, ORT_DOMAINS)
 
 
 def classic_ml(node: onnx.NodeProto) -> bool:
     """Whether this is an ONNX-ML op (`ai.onnx.ml`: scikit-learn's and the other classic
-    ML converters' trees, scalers, encoders): ONNX Runtime runs them, TensorRT's parser
-    has none and looks for a plugin of their names, finding none."""
-    return node.domain == ML_DOMAIN and not onnx.defs.has(node.op_type)
+    ML converters' trees, scalers, encoders), which ONNX Runtime runs and TensorRT's parser
+    does not."""
+    return _unparsed(node, ML_DOMAINS)
 
 
-ML_DOMAIN = "ai.onnx.ml"
+ML_DOMAINS = frozenset({"ai.onnx.ml"})
 CLASSIC_ML_FIX = (
     "build an engine of the neural network alone (the part before or after these ops) and "
     "run the ai.onnx.ml part in ONNX Runtime"

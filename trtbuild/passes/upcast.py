@@ -24,7 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from trtbuild.graph import subgraphs
-from trtbuild.graph.optypes import LOW_DTYPES as LOW_TYPES
+from trtbuild.graph.optypes import LOW_DTYPES
 from trtbuild.passes.basic import PassRecord, copied, rename_values
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -69,10 +69,10 @@ def _computes_low(model: onnx.ModelProto) -> bool:
 def _graph_low(graph: onnx.GraphProto, inside: bool) -> bool:
     """`_computes_low` of one graph and the bodies in it (`inside`: a body, whose declared
     inputs and outputs count)."""
-    if any(t.data_type in LOW_TYPES for t in graph.initializer):
+    if any(t.data_type in LOW_DTYPES for t in graph.initializer):
         return True
     declared = (*graph.input, *graph.output) if inside else ()
-    if any(_tensor_of(v.type).elem_type in LOW_TYPES for v in declared):
+    if any(_tensor_of(v.type).elem_type in LOW_DTYPES for v in declared):
         return True
     for node in graph.node:
         holds_type, holds_bodies = _may_hold(node.domain, node.op_type)
@@ -96,9 +96,9 @@ def _may_hold(domain: str, op_type: str) -> tuple[bool, bool]:
         schema = onnx.defs.get_schema(op_type)
     except onnx.defs.SchemaError:
         return True, bodies
-    kinds = (onnx.defs.OpSchema.AttrType.TENSOR, onnx.defs.OpSchema.AttrType.SPARSE_TENSOR)
+    tensor = onnx.defs.OpSchema.AttrType.TENSOR  # sparse ones are dense by now (`dense_weights`)
     attributes = schema.attributes.items()
-    return any(a.type in kinds or name in _TYPE_ATTRIBUTES for name, a in attributes), bodies
+    return any(a.type == tensor or name in _TYPE_ATTRIBUTES for name, a in attributes), bodies
 
 
 def _low_interface(model: onnx.ModelProto) -> set[int]:
@@ -106,7 +106,7 @@ def _low_interface(model: onnx.ModelProto) -> set[int]:
     graph outputs such a node makes: where the interface's type is computed in."""
     graph = model.graph
     low = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
-    low = {name: t for name, t in low.items() if t in LOW_TYPES}
+    low = {name: t for name, t in low.items() if t in LOW_DTYPES}
     if not low:
         return set()
     used: set[int] = set()
@@ -118,20 +118,18 @@ def _low_interface(model: onnx.ModelProto) -> set[int]:
 
 def _low_attribute(node: onnx.NodeProto, a: onnx.AttributeProto) -> bool:
     if a.type == onnx.AttributeProto.TENSOR:
-        return a.t.data_type in LOW_TYPES
-    if a.type == onnx.AttributeProto.SPARSE_TENSOR:
-        return a.sparse_tensor.values.data_type in LOW_TYPES
+        return a.t.data_type in LOW_DTYPES
     default_domain = node.domain in ("", "ai.onnx") and node.op_type not in _REINTERPRETS
-    return default_domain and a.name in _TYPE_ATTRIBUTES and a.i in LOW_TYPES
+    return default_domain and a.name in _TYPE_ATTRIBUTES and a.i in LOW_DTYPES
 
 
 def _upcast_tensors(tensors, found: set[str]) -> int:
     """Each FP16/BF16 tensor of `tensors` as FP32, in place (the same values: exact)."""
     changed = 0
     for k, t in enumerate(tensors):
-        if t.data_type not in LOW_TYPES:
+        if t.data_type not in LOW_DTYPES:
             continue
-        found.add(LOW_TYPES[t.data_type])
+        found.add(LOW_DTYPES[t.data_type])
         wide = numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name)
         tensors[k].CopyFrom(wide)
         changed += 1
@@ -148,10 +146,8 @@ def _upcast_nodes(graph: onnx.GraphProto, found: set[str]) -> int:
                 continue
             if a.type == onnx.AttributeProto.TENSOR:
                 changed += _upcast_tensors([a.t], found)
-            elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
-                changed += _upcast_tensors([a.sparse_tensor.values], found)
             else:
-                found.add(LOW_TYPES[a.i])
+                found.add(LOW_DTYPES[a.i])
                 a.i = FLOAT
                 changed += 1
     return changed
@@ -174,8 +170,8 @@ def _upcast_declared(values, found: set[str]) -> int:
     changed = 0
     for v in values:
         tensor = _tensor_of(v.type)
-        if tensor.elem_type in LOW_TYPES:
-            found.add(LOW_TYPES[tensor.elem_type])
+        if tensor.elem_type in LOW_DTYPES:
+            found.add(LOW_DTYPES[tensor.elem_type])
             tensor.elem_type = FLOAT
             changed += 1
     return changed
@@ -190,11 +186,13 @@ def _keep_interface(model: onnx.ModelProto, found: set[str]) -> int:
     weights, bodies), its declaration keeps the name the engine binds, and the Cast joins
     the two; an input handed straight out stays the input."""
     graph = model.graph
-    found.update(LOW_TYPES[t] for t in _low_interface(model))
-    inputs = [v for v in graph.input if v.type.tensor_type.elem_type in LOW_TYPES]
+    found.update(LOW_DTYPES[t] for t in _low_interface(model))
+    inputs = [v for v in graph.input if v.type.tensor_type.elem_type in LOW_DTYPES]
     taken = {v.name for v in graph.input}
     outputs = [
-        v for v in graph.output if v.type.tensor_type.elem_type in LOW_TYPES and v.name not in taken
+        v
+        for v in graph.output
+        if v.type.tensor_type.elem_type in LOW_DTYPES and v.name not in taken
     ]
     names = {v.name: f"{v.name}/upcast" for v in inputs}
     names.update({v.name: f"{v.name}/fp32" for v in outputs})
