@@ -230,17 +230,20 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
         kind = vi.type.WhichOneof("value")
         if kind == "tensor_type" and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING:
             continue
-        what = "a string tensor" if kind == "tensor_type" else UNBOUND.get(kind, f"a {kind}")
+        strings = kind == "tensor_type"
+        what = "a string tensor" if strings else UNBOUND.get(kind, f"a {kind}")
+        if end == "input":
+            hint = "give the model from where its inputs are numbers (tokenize, decode or "
+            hint += "split them before it), as the engine will be fed"
+        else:
+            done = "map indices to labels after it" if strings else "stack them"
+            hint = f"give the model up to where its outputs are tensors of numbers ({done}), "
+            hint += "as the engine will answer"
         raise UsageError(
             f"the model's {end} '{vi.name}' is {what}: a TensorRT engine binds tensors of "
             "numbers only",
             where=str(policy.model),
-            hint="give the model from where its inputs are numbers (tokenize, decode or "
-            "split them before it), as the engine will be fed"
-            if end == "input"
-            else "give the model up to where its outputs are tensors of numbers ("
-            + ("map indices to labels after it" if kind == "tensor_type" else "stack them")
-            + "), as the engine will answer",
+            hint=hint,
         )
 
 
