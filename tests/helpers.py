@@ -67,6 +67,14 @@ def node(op, ins, outs, name, **attrs):
 F, H, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64
 
 
+def bare_policy(tmp_path: Path, m: onnx.ModelProto) -> Path:
+    """`p.yaml` over `m` (saved as `m.onnx`): no rules, no engine, every default."""
+    onnx.save(m, tmp_path / "m.onnx")
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    return path
+
+
 def identity_policy(tmp_path: Path, dims: list, input_yaml: str, extra: str = "") -> Path:
     """`p.yaml` over an Identity on input `x` of `dims` (saved as `m.onnx`): `input_yaml` is
     the body of `inputs.x` (flow style, one line), `extra` more top-level YAML."""

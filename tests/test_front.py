@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from tests.helpers import F, identity_policy, if_on_sign, model, node
+from tests.helpers import F, bare_policy, identity_policy, if_on_sign, model, node
 from trtbuild.cli import main
 from trtbuild.front import run_front
 from trtbuild.policy import load_policy
@@ -27,10 +27,7 @@ def test_convert_draws_no_feeds_but_says_where_data_comes_from(tmp_path):
 
 def _check(tmp_path, m) -> int:
     """`trtbuild check` on `m`, under a policy of no rules."""
-    onnx.save(m, tmp_path / "m.onnx")
-    policy = tmp_path / "p.yaml"
-    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
-    return main(["check", "--policy", str(policy)])
+    return main(["check", "--policy", str(bare_policy(tmp_path, m))])
 
 
 def test_onnx_runtimes_own_ops_are_exit_2_before_any_work(tmp_path, capsys):

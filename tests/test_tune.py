@@ -289,15 +289,14 @@ def test_tune_pins_the_running_sum_inside_a_loop_body(tmp_path, models_dir, caps
 
 
 @needs_rtx
-def test_a_quantized_model_is_tuned_on_its_float_ops_only(tmp_path, quantized_dir, capsys):
+def test_a_quantized_model_is_tuned_on_its_float_ops_only(
+    tmp_path, models_dir, quantized_dir, capsys
+):
     from trtbuild.front import run_front
     from trtbuild.graph.qdq import QdqGraph
 
-    text = (ROOT / "policies" / "nafnet.yaml").read_text()
-    text = text.replace("../models/nafnet_tiny.onnx", str(quantized_dir / "nafnet_tiny_int8.onnx"))
-    start, end = text.index("  rules:"), text.index("build:")
-    policy = tmp_path / "nafnet-int8-empty.yaml"
-    policy.write_text(text[:start] + "  rules: []\n" + text[end:])
+    int8 = lambda stem: quantized_dir / f"{stem}_int8.onnx"  # noqa: E731
+    policy = without_rules("nafnet", tmp_path, models_dir, real_model=int8)
     tuned = tmp_path / "out" / "tuned.yaml"
     assert run_tune(policy, tuned) == 0
     said = capsys.readouterr().out  # the INT8 share, as `convert` says it, in both places
@@ -530,9 +529,8 @@ def test_an_overflow_in_a_cast_the_conversion_added_pins_a_reader_of_its_value(t
     narrowed for a low reader): no node of the graph has its name, and the search ended
     in a KeyError (exit 70). The readers of its source come first, then upstream."""
     import numpy as np
-    import onnx
 
-    from tests.helpers import F, model, node
+    from tests.helpers import F, bare_policy, model, node
     from trtbuild import front
     from trtbuild.tuning.search import Search, _overflowing_group
 
@@ -545,14 +543,16 @@ def test_an_overflow_in_a_cast_the_conversion_added_pins_a_reader_of_its_value(t
         [("y", F, [1, 4])],
         {"gain": np.float32(2.0)},
     )
-    onnx.save(m, tmp_path / "m.onnx")
-    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
-    stages = front.run_front(load_policy(tmp_path / "p.yaml"), reference="tensors")
+    stages = front.run_front(load_policy(bare_policy(tmp_path, m)), reference="tensors")
     search = Search(stages, budget=5, objective="nodes", seed=0, jobs=1)
     group = {name: k for k, g in enumerate(search.groups) for name in g.names}
     cast = {"node": "trtbuild/cast_fp16/big", "op": "Cast", "source": "big", "sample": 0}
     assert _overflowing_group(search, cast) == group["reader"]
     search.pinned = [group["reader"]]  # its reader pinned: the maker, upstream
     assert _overflowing_group(search, cast) == group["scale"]
+    # a Cast in front of a graph output, whose source no node of the graph reads: its maker
+    search.pinned = []
+    out = {"node": "trtbuild/cast_fp16/y", "op": "Cast", "source": "y", "sample": 0}
+    assert _overflowing_group(search, out) == group["reader"]
     search.pinned = sorted(group.values())
     assert _overflowing_group(search, cast) is None

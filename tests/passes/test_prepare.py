@@ -243,7 +243,7 @@ def test_a_sparse_weight_too_large_dense_is_refused_naming_it_and_the_model():
         prepare(source, Passes(opset=17), source="pruned.onnx", budget=8192)
     except UsageError as exc:
         assert exc.where == "pruned.onnx" and "'k' is 16 KiB dense" in exc.message
-        assert "dense" in exc.message and "memory_budget" in exc.hint
+        assert "memory_budget" in exc.hint
     else:
         raise AssertionError("a 16 KiB dense weight passed an 8 KiB budget")
     assert prepare(source, Passes(opset=17), budget=16384).model.graph.initializer

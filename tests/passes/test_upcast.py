@@ -189,8 +189,9 @@ def test_a_body_that_declares_fp16_values_computes_in_fp32_too():
 
 
 def test_type_attributes_and_sequences_are_made_fp32():
-    """A window's `output_datatype`, a LayerNorm's `stash_type`, a sequence's elements: the
-    model runs, every one FP32 (BitCast's `to` reinterprets bits and is left)."""
+    """A window's `output_datatype` (the model runs), a LayerNorm's `stash_type` and an
+    Attention's `softmax_precision` (FP32 after), a sequence's elements (the model runs
+    and computes what it did). BitCast's `to`: `test_bf16_..._a_bitcast_keeps_its_type`."""
     window = model(
         [
             node("HannWindow", ["n"], "win", "w", output_datatype=H),
@@ -212,6 +213,15 @@ def test_type_attributes_and_sequences_are_made_fp32():
         n for n in upcast_low_precision(norm)[0].graph.node if n.op_type == "LayerNormalization"
     ]
     assert [a.i for a in ln.attribute if a.name == "stash_type"] == [F]
+    qkv = [(n, H, [1, 2, 4, 8]) for n in "qkv"]
+    attention = model(
+        [node("Attention", ["q", "k", "v"], "y", "att", softmax_precision=H)],
+        qkv,
+        [("y", H, [1, 2, 4, 8])],
+        opset=23,
+    )
+    (att,) = [n for n in upcast_low_precision(attention)[0].graph.node if n.op_type == "Attention"]
+    assert [a.i for a in att.attribute if a.name == "softmax_precision"] == [F]
     sequence = model(
         sequence_loop("x", H, "M"),
         [("x", H, [4])],

@@ -198,6 +198,7 @@ def test_a_sequence_maps_body_stays_fp32_and_its_reference_runs(tmp_path, capsys
     the FP32 reference, which measures the peaks inside If, Loop and Scan bodies, leaves
     its body alone (it took it for a Scan: StopIteration, exit 70 from `check`), so no
     warning says the body's tensors are measured by their peaks."""
+    from tests.helpers import bare_policy
     from trtbuild.cli import main
 
     def branch(op: str, name: str) -> onnx.GraphProto:
@@ -239,7 +240,5 @@ def test_a_sequence_maps_body_stays_fp32_and_its_reference_runs(tmp_path, capsys
     x = np.array([[-1, 2, -3, 4], [5, -6, 7, -8]], np.float32)
     (y,) = ort.InferenceSession(converted.model.SerializeToString()).run(None, {"x": x})
     np.testing.assert_array_equal(y, 2 * np.maximum(x, 0).reshape(-1))
-    onnx.save(m, tmp_path / "m.onnx")
-    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
-    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 0
+    assert main(["check", "--policy", str(bare_policy(tmp_path, m))]) == 0
     assert "inside the control flow" not in capsys.readouterr().err
