@@ -89,3 +89,27 @@ def test_a_normalizations_statistics_are_measured_without_touching_its_input(dty
         "sum of squared deviations (behind the variance)": float(sq.sum(axis=(2, 3)).max()),
     }
     np.testing.assert_array_equal(x, before)
+
+
+def test_a_group_norms_statistics_are_its_groups():
+    """GroupNormalization (opset 21, as torch.onnx's dynamo exporter writes GroupNorm) is
+    measured: each group's statistics are over its channels and positions together."""
+    from tests.helpers import F, model, node
+    from trtbuild.accuracy.risk import QUANTITIES, measure
+    from trtbuild.graph.view import GraphView
+
+    gn = node("GroupNormalization", ["x", "s", "b"], "y", "gn", num_groups=2)
+    inits = {"s": np.ones(4, np.float32), "b": np.zeros(4, np.float32)}
+    m = model([gn], [("x", F, [1, 4, 4, 4])], [("y", F, [1, 4, 4, 4])], inits, opset=21)
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (1, 4, 4, 4)) + np.array([0, 900, -900, 0]).reshape(1, 4, 1, 1)
+    x = x.astype(np.float32)
+    found = measure(GraphView(m), 0, {"x": x, "y": x})
+    wide = x.astype(np.float64).reshape(1, 2, 32)
+    sq = (wide - wide.mean(axis=2, keepdims=True)) ** 2
+    assert "GroupNormalization" in QUANTITIES
+    # channels 0 and 1 (means 0 and 900) are one group: ~32 * 450^2, far past per channel's
+    assert found["sum of squared deviations (behind the variance)"] == pytest.approx(
+        sq.sum(axis=2).max()
+    )
+    assert found["sum of squared deviations (behind the variance)"] > 6e6

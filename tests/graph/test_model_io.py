@@ -52,3 +52,85 @@ def test_an_ir_3_model_whose_weights_are_not_inputs_is_read_as_it_is(tmp_path):
     onnx.save(model, tmp_path / "bad.onnx")
     with pytest.raises(UsageError, match="invalid ONNX model"):
         load_model(tmp_path / "bad.onnx")
+
+
+def _group_norm_model(in_body: bool = False):
+    """x -> GroupNormalization-21 -> Sigmoid -> y; with `in_body`, the two nodes inside
+    an If's branch (the If on an input). onnx (up to 1.23) infers no GroupNormalization."""
+    import onnx
+
+    from tests.helpers import F, node
+
+    dims = [1, 4, 8, 8] if in_body else [1, 4, "h", "w"]
+    scale = numpy_helper.from_array(np.ones(4, np.float32), "s")
+    bias = numpy_helper.from_array(np.zeros(4, np.float32), "b")
+    nodes = [
+        node("GroupNormalization", ["x", "s", "b"], "gn", "gn", num_groups=2, epsilon=1e-3),
+        node("Sigmoid", ["gn"], "y", "sig"),
+    ]
+    inputs = [helper.make_tensor_value_info("x", F, dims)]
+    outputs = [helper.make_tensor_value_info("y", F, dims)]
+    if in_body:
+        branch = helper.make_graph(nodes, "then", [], outputs)
+        moved = helper.make_tensor_value_info("y2", F, dims)
+        other = helper.make_graph([node("Identity", ["x"], "y2", "id")], "else", [], [moved])
+        nodes = [node("If", ["c"], "y", "if", then_branch=branch, else_branch=other)]
+        inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [scale, bias])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_a_group_norms_output_is_typed_and_the_op_kept():
+    """Without a stand-in every tensor after a GroupNormalization had no type: `check`
+    took them for non-float, and the mixed model failed onnx.checker (exit 70)."""
+    import onnx
+
+    from trtbuild.graph.model_io import infer_shapes
+
+    source = _group_norm_model()
+    before = source.SerializeToString()
+    inferred = infer_shapes(source)
+    types = {vi.name: vi.type.tensor_type for vi in inferred.graph.value_info}
+    assert types["gn"].elem_type == TensorProto.FLOAT
+    assert [d.dim_value or d.dim_param for d in types["gn"].shape.dim] == [1, 4, "h", "w"]
+    assert inferred.graph.node[0] == source.graph.node[0]  # its attributes as they were
+    assert source.SerializeToString() == before  # the input is not touched
+    onnx.checker.check_model(inferred, full_check=True)
+
+
+def test_a_group_norm_inside_a_body_computes_in_fp16(tmp_path):
+    """The stand-in reaches into bodies: a GroupNormalization in an If's branch was
+    `no-float` (its output had no type), left out of the conversion."""
+    import onnx
+
+    import trtbuild
+
+    onnx.save(_group_norm_model(in_body=True), tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    nodes = {n.name: n.precision for n in trtbuild.check(policy, quiet=True).nodes}
+    assert nodes["if/then_branch/gn"] == "fp16"
+
+
+def test_a_group_norm_network_converts_to_a_valid_mixed_model(tmp_path):
+    """The mixed model of a GroupNorm network failed onnx.checker (exit 70): the tensors
+    after the GroupNorm, untyped, were left FP32 beside FP16 ones."""
+    import onnx
+
+    import trtbuild
+    from tests.helpers import F, model, node
+
+    gn = node("GroupNormalization", ["x", "s", "b"], "g", "gn", num_groups=2)
+    nodes = [gn, node("Sigmoid", ["g"], "h", "sig"), node("Add", ["h", "x"], "y", "add")]
+    inits = {"s": np.ones(4, np.float32), "b": np.zeros(4, np.float32)}
+    m = model(nodes, [("x", F, [1, 4, 8, 8])], [("y", F, [1, 4, 8, 8])], inits, opset=21)
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    mixed = trtbuild.convert(policy, quiet=True)  # validated: onnx.checker's full check
+    low = {n.name for n in mixed.graph.node if n.op_type != "Cast"}
+    assert {n.name: n.precision for n in trtbuild.check(policy, quiet=True).nodes} == dict.fromkeys(
+        low, "fp16"
+    )

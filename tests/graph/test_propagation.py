@@ -12,15 +12,20 @@ from trtbuild.graph.propagation import PROPAGATES, unobserved
 
 def _chain(op: str, shape=(1, 1, 4, 4), **attrs):
     """x -> Mul(x, 2) = a -> op -> y; `a` is what may turn non-finite."""
-    ins = ["a", "w"] if op == "Conv" else ["a"]
+    ins = ["a"]
     inits = {"two": np.float32(2.0)}
     if op == "Conv":
+        ins.append("w")
         inits["w"] = np.zeros((1, 1, 1, 1), np.float32)  # a zero weight: inf * 0 is NaN
+    if op == "GroupNormalization":  # opset 21's: a scale and a bias per channel
+        ins += ["s", "b"]
+        inits.update(s=np.zeros(1, np.float32), b=np.zeros(1, np.float32))
     return model(
         [node("Mul", ["x", "two"], "a", "mul"), node(op, ins, "y", "op", **attrs)],
         [("x", F, [1, 1, 4, 4])],
         [("y", F, list(shape))],
         inits,
+        opset=21 if op == "GroupNormalization" else 17,
     )
 
 
@@ -40,6 +45,7 @@ PASSING = [
     ("Transpose", {"perm": [0, 1, 3, 2]}, (1, 1, 4, 4)),
     ("GlobalAveragePool", {}, (1, 1, 1, 1)),
     ("Conv", {"pads": [0, 0, 0, 0]}, (1, 1, 4, 4)),
+    ("GroupNormalization", {"num_groups": 1}, (1, 1, 4, 4)),  # a zero scale too
 ]
 
 

@@ -323,3 +323,39 @@ def test_a_sparse_weight_in_a_local_function_is_dense_before_the_opset_upgrade()
     x = np.float32([[1.0, 2.0, 3.0, 4.0]])
     (y,) = _run(prepared, {"x": x})
     np.testing.assert_array_equal(y, np.float32([[0.5, 0.0, 8.0]]))
+
+
+def test_a_branch_that_only_hands_out_a_constant_still_makes_its_output():
+    """torchvision's SSD exports an `If` whose branch is one `Constant`: lifted to a weight
+    of the main graph, the branch handed out a value from outside, which ONNX Runtime
+    refuses ("an outer scope value being returned directly"), exit 2 from `check`. An
+    `Identity` in the branch makes it again; both branches compute what they did."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import F, node
+
+    const = helper.make_tensor("k", F, [2], [7.0, -3.0])
+    then = helper.make_graph(
+        [node("Constant", [], "k", "const", value=const)], "then", [],
+        [helper.make_tensor_value_info("k", F, [2])],
+    )  # fmt: skip
+    other = helper.make_graph(
+        [node("Neg", ["x"], "n", "neg")], "else", [], [helper.make_tensor_value_info("n", F, [2])]
+    )
+    graph = helper.make_graph(
+        [node("If", ["c"], "y", "if", then_branch=then, else_branch=other)],
+        "g",
+        [
+            helper.make_tensor_value_info("x", F, [2]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", F, [2])],
+    )
+    source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    prepared = prepare(source, Passes())
+    assert next(r for r in prepared.records if r.name == "body_outputs").changed == 1
+    onnx.checker.check_model(prepared.model, full_check=True)
+    x = np.array([1.5, 2.5], np.float32)
+    for c in (True, False):
+        feed = {"x": x, "c": np.array(c)}
+        np.testing.assert_array_equal(_run(prepared.model, feed)[0], _run(source, feed)[0])

@@ -83,6 +83,7 @@ QUANTITIES: dict[str, Quantity] = {
     "ReduceL2": Quantity(_sum_of_squares, "a kernel that keeps the squares' sum in FP16 overflows"),
     "LayerNormalization": _STATISTICS,
     "InstanceNormalization": _STATISTICS,
+    "GroupNormalization": _STATISTICS,
 }
 
 
@@ -96,6 +97,18 @@ def _axes(view: GraphView, i: int, rank: int) -> tuple[int, ...] | None:
         return tuple(range(2, rank))
     axes = reduce_axes(view, i)
     return None if axes is None else tuple(a % rank for a in axes)
+
+
+_NORMS = ("LayerNormalization", "InstanceNormalization", "GroupNormalization")
+
+
+def _grouped(node: onnx.NodeProto, x: np.ndarray) -> tuple[np.ndarray, tuple[int, ...] | None]:
+    """A GroupNormalization's input as [N, groups, the rest] and the axis its statistics
+    reduce: each group's statistics are over its channels and every position."""
+    groups = next((a.i for a in node.attribute if a.name == "num_groups"), 0)
+    if x.ndim < 2 or groups <= 0 or x.shape[1] % groups:
+        return x, None
+    return x.reshape(x.shape[0], groups, -1), (2,)
 
 
 def candidates(view: GraphView) -> list[int]:
@@ -124,8 +137,11 @@ def measure(view: GraphView, i: int, values: dict[str, np.ndarray]) -> dict[str,
     if x is None or y is None or not np.issubdtype(np.asarray(x).dtype, np.floating):
         return {}
     x, y = np.asarray(x), np.asarray(y)
-    axes = _axes(view, i, x.ndim) if x.ndim else None
-    if node.op_type in ("LayerNormalization", "InstanceNormalization") and not axes:
+    if node.op_type == "GroupNormalization":  # each group's channels and positions
+        x, axes = _grouped(node, x)
+    else:
+        axes = _axes(view, i, x.ndim) if x.ndim else None
+    if node.op_type in _NORMS and not axes:
         return {}
     with np.errstate(all="ignore"):
         return QUANTITIES[node.op_type].measure(x, y, axes)

@@ -15,6 +15,7 @@ import onnx
 
 from trtbuild.errors import UsageError
 from trtbuild.fsutil import READ_NOFOLLOW, atomic_path
+from trtbuild.graph.subgraphs import all_nodes, bodies, may_hold_bodies
 
 _TWO_GIB = 2**31 - 1
 log = logging.getLogger(__name__)
@@ -258,15 +259,75 @@ def opset_of(model: onnx.ModelProto) -> int:
     return 1
 
 
+# Standard ops onnx's shape inference leaves untyped (and so every tensor after them), each
+# with a standard op onnx infers alike: the same inputs, the output its first input's shape
+# and type. GroupNormalization (18 and 21) is a function op with no inference of its own in
+# onnx up to 1.23 (onnx/onnx#7157); torch.onnx's dynamo exporter writes it from opset 21.
+INFERRED_AS = {"GroupNormalization": "InstanceNormalization"}
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference that never fails the pipeline; custom ops simply stay unknown."""
+    """Shape inference that never fails the pipeline; custom ops simply stay unknown.
+
+    An op of `INFERRED_AS` is inferred as its stand-in (in a copy), then given back: without
+    it a GroupNorm network's tensors after the first GroupNorm had no type, were taken for
+    non-float and left out of the conversion (its mixed model failed onnx.checker).
+    """
+    stood_in = _stand_ins(model)
     try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        out = onnx.shape_inference.infer_shapes(
+            stood_in or model, strict_mode=False, data_prop=True
+        )
     except Exception as exc:  # inference errors on exotic models are not user errors
         log.warning("shape inference failed (%s); continuing without it", exc)
         out = onnx.ModelProto()
         out.CopyFrom(model)  # callers change what this returns; never the caller's model
         return out
+    if stood_in is not None:
+        _given_back(model, out)
+    return out
+
+
+def _stand_ins(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of `model` whose `INFERRED_AS` ops are their stand-ins; None where it has none."""
+    if not _holds_stand_ins(model.graph):
+        return None
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in all_nodes(copy):
+        if _stood_in(node):
+            node.op_type = INFERRED_AS[node.op_type]
+            kept = [a for a in node.attribute if a.name == "epsilon"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+    return copy
+
+
+def _given_back(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    """The ops `_stand_ins` replaced, as they were, in the inferred model (node for node:
+    inference adds types, never nodes)."""
+    for node, original in zip(all_nodes(inferred), all_nodes(model), strict=True):
+        if _stood_in(original):
+            node.CopyFrom(original)
+
+
+def _holds_stand_ins(graph: onnx.GraphProto) -> bool:
+    """Whether `graph` or a body in it has an `INFERRED_AS` op. Why not `all_nodes`: this
+    runs before every inference, and a set of op types is a third of its time on 10k nodes."""
+    kinds = {(n.domain, n.op_type) for n in graph.node}
+    if any(op in INFERRED_AS and domain in ("", "ai.onnx") for domain, op in kinds):
+        return True
+    holders = {kind for kind in kinds if may_hold_bodies(*kind)}
+    return bool(holders) and any(
+        _holds_stand_ins(body)
+        for n in graph.node
+        if (n.domain, n.op_type) in holders
+        for _, body in bodies(n)
+    )
+
+
+def _stood_in(node: onnx.NodeProto) -> bool:
+    return node.op_type in INFERRED_AS and node.domain in ("", "ai.onnx")
 
 
 def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:

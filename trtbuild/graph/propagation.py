@@ -55,6 +55,7 @@ PROPAGATES: Mapping[str, tuple[int, ...] | None] = {
     "GlobalAveragePool": _FIRST,
     "LayerNormalization": _FIRST,
     "InstanceNormalization": _FIRST,
+    "GroupNormalization": _FIRST,
     "BatchNormalization": _FIRST,
     "Cast": _FIRST,  # to a float type only (`_passes_on`)
     "Conv": _FIRST,  # every stride and dilation 1 only (`_passes_on`)

@@ -94,6 +94,36 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     return model, record
 
 
+def body_outputs_made_inside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """An `Identity` for each body output its body does not make (a weight or a value of
+    the graphs around it), which then makes it; the last of the passes.
+
+    Why: ONNX Runtime refuses a body that hands out a value of the graphs around it ("an
+    outer scope value being returned directly"), and lifting constants and folding make
+    such bodies: torchvision's SSD exports an `If` whose branch is one `Constant`, a weight
+    of the main graph once lifted. A body output is its control node's by position, so
+    the output gets a new name, not the value.
+    """
+    record = PassRecord("body_outputs")
+    bodies = [g for scope, g in subgraphs.walk(model.graph) if scope]
+    if not any(_handed_in(body) for body in bodies):
+        return model, record
+    model = copied(model)  # passes never change their input
+    for body in (g for scope, g in subgraphs.walk(model.graph) if scope):
+        for out in _handed_in(body):
+            inside = f"{out.name}__{body.name or 'body'}_out"
+            body.node.append(helper.make_node("Identity", [out.name], [inside], name=inside))
+            out.name = inside
+            record.changed += 1
+    return model, record
+
+
+def _handed_in(body: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """The outputs of `body` that it does not make."""
+    made = {o for n in body.node for o in n.output} | {i.name for i in body.input}
+    return [out for out in body.output if out.name not in made]
+
+
 def dense_weights(
     model: onnx.ModelProto, budget: int | None = None
 ) -> tuple[onnx.ModelProto, PassRecord]:

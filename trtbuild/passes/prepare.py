@@ -73,6 +73,9 @@ def prepare(
     if options.fold_batchnorm:
         model, rec = fuse.fold_batchnorm(model)
         records.append(rec)
+    model, rec = passes.body_outputs_made_inside(model)
+    if rec.changed:
+        records.append(rec)
     model = infer_shapes(strip_value_info(model))
     _check_bodies(model, source)
     return Prepared(model, records)
