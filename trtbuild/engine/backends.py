@@ -192,6 +192,8 @@ def _build_engine(
     if builder is None:
         raise BackendError(f"{backend}: cannot create a builder", hint=_last_errors(messages))
     network, _parser = _parse(trt, builder, logger, onnx_path, backend)
+    if spec.decomposable_attention:
+        _decomposable_attention(trt, network)
     config = _config(trt, builder, spec, backend)
     layers = _layers(network)
     quantized = any(layer["type"] == "DEQUANTIZE" for layer in layers)
@@ -209,7 +211,7 @@ def _build_engine(
     if serialized is None:
         if interrupted.is_set():
             return EngineBuild(backend, trt.__version__, b"", seconds)  # raised on exit
-        raise BackendError(f"{backend} engine build failed", hint=_last_errors(messages))
+        raise BackendError(f"{backend} engine build failed", hint=_build_fix(messages, spec))
     _save_timing_cache(config, cache, spec.timing_cache)
     warnings = [msg for sev, msg in messages if sev == "WARNING"]
     engine = bytes(serialized)
@@ -419,6 +421,38 @@ def _dtype_name(dtype) -> str:
     return {"HALF": "fp16", "FLOAT": "fp32", "BF16": "bf16"}.get(
         str(dtype).rsplit(".", 1)[-1], str(dtype).rsplit(".", 1)[-1].lower()
     )
+
+
+# What TensorRT says where an IAttention has no fused kernel and may not be split.
+_UNFUSED_ATTENTION = "Attention operation was not supported by a dedicated kernel"
+
+
+def _decomposable_attention(trt: Any, network: Any) -> None:
+    """Every attention the parser made (from an ONNX `Attention`) may be split into several
+    kernels where TensorRT has no fused one: `build.decomposable_attention`.
+
+    Why: the parser leaves them whole, and TensorRT-RTX has no fused kernel for some head
+    sizes and masks (a 16-wide head with a padding mask, exported by torch.onnx at
+    opset 23): the build fails. A fused kernel is still taken where there is one.
+    """
+    boundary = getattr(trt, "IAttentionBoundaryLayer", None)  # a TensorRT with IAttention
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if boundary is not None and layer.type == trt.LayerType.ATTENTION_OUTPUT:
+            layer.__class__ = boundary  # the bindings hand out the base class (as Polygraphy)
+            layer.attention.decomposable = True
+
+
+def _build_fix(messages: list[tuple[str, str]], spec: BuildSpec) -> str:
+    """What TensorRT said, and the policy's fix where trtbuild knows one."""
+    said = _last_errors(messages)
+    if _UNFUSED_ATTENTION in said and not spec.decomposable_attention:
+        said += (
+            "; to let TensorRT split that attention into several kernels, set "
+            "`build: {decomposable_attention: true}` in the policy (or export below opset 23, "
+            "where the attention is MatMul and Softmax nodes)"
+        )
+    return said
 
 
 def _last_errors(messages: list[tuple[str, str]]) -> str:

@@ -344,6 +344,15 @@ class BuildSpec:
             BOOL, "also build all-FP16 and all-FP32 engines to show what the policy costs"
         ),
     )
+    decomposable_attention: bool = field(
+        default=False,
+        metadata=key(
+            BOOL,
+            "let TensorRT split an ONNX Attention (opset 23 on) into several kernels where "
+            "it has no fused kernel for its shapes and types (IAttention's decomposable); "
+            "off, as TensorRT's parser leaves it, such an engine build fails",
+        ),
+    )
     ort_check_timeout: float | None = field(
         default=None,  # None: scaled to the mixed model's size (precision.ort_child)
         metadata=key(
