@@ -403,9 +403,12 @@ def _tuned(
     text, tuned = tuning.tuned_policy(front, found, where, seed, objective, name)
     if found.exhausted:
         log.warning(tuning.budget_warning(found))
-    tight = tuning.tight_warning(found)
-    if tight is not None:
-        log.warning(tight)
+    for said in (
+        tuning.tight_warning(found),
+        tuning.stuck_warning(found, len(front.assignment.quantized)),
+    ):
+        if said is not None:
+            log.warning(said)
     return TuneResult(
         policy=tuned,
         passed=found.passed,

@@ -139,6 +139,33 @@ def tight_warning(result: SearchResult) -> str | None:
     )
 
 
+def stuck_warning(result: SearchResult, quantized: int) -> str | None:
+    """Where the search stopped because every suspect pinned still fails: what fails it
+    then is not the low precision's storage (None where it passed or the budget ran out).
+
+    `quantized`: the model's quantized ops (INT8 or FP8), which keep their quantization
+    under a pin. Why: a ModelOpt INT8 ResNet-18 judged against its FP32 model pinned all
+    of its 50 groups in 8 evaluations and said DOES NOT PASS, not why; it was the INT8.
+    """
+    if result.passed or result.exhausted:
+        return None
+    text = (
+        "tune pinned every group on the failing outputs' paths to FP32 and the candidate "
+        f"still fails, so {result.low.upper()} storage is not what fails it"
+    )
+    if quantized:
+        return text + (
+            f": {quantized} quantized op(s) keep their quantization under a pin; where that "
+            "alone misses the tolerances, a rule with `dequantize: true` takes an op out "
+            "of it (docs: Quantized models), or the tolerances are tighter than the "
+            "quantization allows"
+        )
+    return text + (
+        ": the policy's own rules (kept as they are) or the model's own low-precision "
+        "inputs and outputs do, or the tolerances are tighter than FP32 allows"
+    )
+
+
 def write_log(path: Path, result: SearchResult) -> None:
     """One JSON line per evaluation, in the order they were recorded."""
     from trtbuild.fsutil import write_text
