@@ -18,6 +18,7 @@ LEAVES = {
     "record",
     "ortload",
     "cores",
+    "children",
     "words",
     "__init__",
 }

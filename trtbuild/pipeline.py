@@ -100,7 +100,7 @@ def build_engines(
     front: Front, stage: Path, backend: str, base_models: dict[str, Converted]
 ) -> dict[str, Any]:
     """The policy's engine (written as engine.plan) and, with `build.variants`, all-FP16/FP32."""
-    from trtbuild.engine.backends import build_engine
+    from trtbuild.engine.child import build_engine
 
     policy = front.policy
     if backend == "none":

@@ -22,7 +22,7 @@ def test_rtx_runner_binds_tensorrt_rtx_and_gives_polygraphys_flag_back(tmp_path)
     from polygraphy import config as pg_config
 
     from trtbuild.accuracy.sessions import trt_runner
-    from trtbuild.engine.backends import build_engine
+    from trtbuild.engine.child import build_engine
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])

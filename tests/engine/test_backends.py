@@ -8,7 +8,8 @@ import onnx
 import pytest
 
 from tests.helpers import needs_rtx
-from trtbuild.engine.backends import build_engine, resolve_backend
+from trtbuild.engine.backends import resolve_backend
+from trtbuild.engine.child import build_engine
 from trtbuild.errors import BackendError
 from trtbuild.graph.model_io import save_model
 from trtbuild.passes.prepare import prepare

@@ -169,10 +169,11 @@ def _deferred_interrupt() -> Iterator[threading.Event]:
         raise KeyboardInterrupt
 
 
-def build_engine(
+def build_here(
     onnx_path: Path, backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
 ) -> EngineBuild:
-    """Parse a strongly typed ONNX model and build a serialized engine."""
+    """Parse a strongly typed ONNX model and build a serialized engine, in this process:
+    what `engine.child.build_engine`'s child runs."""
     with _deferred_interrupt() as interrupted:
         return _build_engine(onnx_path, backend, spec, inputs, interrupted)
 

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
+from trtbuild.children import KILLED, signal_name
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
 
@@ -94,11 +94,6 @@ BYTES_PER_SECOND = 4 << 20
 # like are ignored under -I anyway).
 ENVIRONMENT = ("PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME")
 ENVIRONMENT += ("SYSTEMROOT",)  # Windows: its DLLs
-# Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
-# process), not a crash of ONNX Runtime's own code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE).
-KILLED = tuple(
-    getattr(signal, n) for n in ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)
-)
 
 
 def default_timeout(size: int) -> float:
@@ -268,14 +263,6 @@ def import_path() -> str:
     return os.pathsep.join(kept)
 
 
-def _signal_name(number: int) -> str:
-    """`SIGSEGV`, or `signal 35` for one Python has no name for (a real-time signal)."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def _feed(pipe: Any, parts: tuple[bytes, ...]) -> None:
     """Write the job into the child's stdin; a child that died meanwhile reads nothing."""
     with contextlib.suppress(OSError, ValueError), pipe:  # BrokenPipe, or closed by a kill
@@ -301,7 +288,7 @@ def outcome(proc: subprocess.Popen, timeout: float | None = None) -> Outcome:
     said = _said(out.decode(errors="replace"))
     if code == FAILED and said is not None:
         return Outcome(False, said[0], said[1])
-    why = _signal_name(-code) if code < 0 else f"exit code {code}"
+    why = signal_name(-code) if code < 0 else f"exit code {code}"
     killed = code < 0 and -code in KILLED
     tail = (err or out).decode(errors="replace")[-500:]
     return Outcome(False, message=tail, crash=why, killed=killed)

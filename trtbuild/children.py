@@ -1,0 +1,24 @@
+"""What trtbuild's child processes share: how a death by a signal is named and whose it is.
+
+Why children at all: the libraries trtbuild drives can crash on a valid model (ONNX
+Runtime's optimisers, TensorRT's builder, with SIGSEGV); in a child that is an outcome
+to report, not the end of trtbuild.
+"""
+
+from __future__ import annotations
+
+import signal
+
+# Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
+# process), not a crash of the library's own code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE).
+KILLED = tuple(
+    getattr(signal, n) for n in ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)
+)
+
+
+def signal_name(number: int) -> str:
+    """`SIGSEGV`, or `signal 35` for one Python has no name for (a real-time signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
