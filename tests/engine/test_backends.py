@@ -88,11 +88,12 @@ def test_an_opset_6_graph_the_parser_refuses_says_to_upgrade_it(tmp_path):
 
 def _attention_model(path) -> None:
     """One ONNX `Attention` (opset 23, as torch.onnx writes scaled_dot_product_attention
-    there): FP16 query, key and value, a boolean mask."""
+    there): FP32 query, key and value (an all-FP32 variant's, a pinned one's), a boolean
+    mask. TensorRT-RTX 1.7 has no fused kernel for it."""
     from onnx import TensorProto, helper
 
     dims = [1, 4, 8, 16]
-    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, dims) for n in "qkvy"]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in "qkvy"]
     mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, 8, 8])
     attention = helper.make_node("Attention", ["q", "k", "v", "mask"], ["y"], name="attn")
     graph = helper.make_graph([attention], "g", [*io[:3], mask], io[3:])
@@ -103,31 +104,17 @@ def _attention_model(path) -> None:
 
 
 @rtx
-def test_decomposable_attention_marks_every_attention_the_parser_makes(tmp_path):
-    """TensorRT-RTX has no fused kernel for some attentions torch.onnx exports at opset 23
-    (a RoBERTa's 16-wide heads behind its padding mask): the parser leaves them whole and
-    the build fails. `build.decomposable_attention` marks each one decomposable."""
-    from trtbuild.engine.backends import _decomposable_attention, _logger, _parse
-
+def test_an_attention_with_no_fused_kernel_builds_split_by_default(tmp_path):
+    """The parser leaves an ONNX Attention whole, and where TensorRT has no fused kernel
+    for it the build fails (every FP32 one in TensorRT-RTX 1.7: the default all-FP32
+    variant of any opset-23 transformer failed `build`). `build.decomposable_attention`
+    (default true) lets TensorRT split it; false fails, the hint naming the field."""
     _attention_model(tmp_path / "m.onnx")
-    trt = importlib.import_module("tensorrt_rtx")
-    messages: list = []
-    logger = _logger(trt, messages)
-    builder = trt.Builder(logger)
-    network, _parser = _parse(trt, builder, logger, tmp_path / "m.onnx", "tensorrt-rtx")
-
-    def marks() -> list[bool]:
-        ends = [network.get_layer(i) for i in range(network.num_layers)]
-        ends = [layer for layer in ends if layer.type == trt.LayerType.ATTENTION_OUTPUT]
-        for layer in ends:
-            layer.__class__ = trt.IAttentionBoundaryLayer
-        return [layer.attention.decomposable for layer in ends]
-
-    assert marks() == [False]  # as the parser leaves it
-    _decomposable_attention(trt, network)
-    assert marks() == [True]
-    spec = BuildSpec(workspace=1 << 28, decomposable_attention=True)
-    assert build_engine(tmp_path / "m.onnx", "tensorrt-rtx", spec).engine
+    assert build_engine(tmp_path / "m.onnx", "tensorrt-rtx", BuildSpec(workspace=1 << 28)).engine
+    whole = BuildSpec(workspace=1 << 28, decomposable_attention=False)
+    with pytest.raises(BackendError) as info:
+        build_engine(tmp_path / "m.onnx", "tensorrt-rtx", whole)
+    assert "`build: {decomposable_attention: true}`" in info.value.hint
 
 
 def test_an_attention_with_no_fused_kernel_is_told_the_policys_fix():
@@ -135,6 +122,7 @@ def test_an_attention_with_no_fused_kernel_is_told_the_policys_fix():
 
     said = [("ERROR", "MyelinCheckException: Attention operation was not supported by a "
                       "dedicated kernel.  (See https://docs.nvidia.com/...)")]  # fmt: skip
-    assert "`build: {decomposable_attention: true}`" in _build_fix(said, BuildSpec())
-    chosen = _build_fix(said, BuildSpec(decomposable_attention=True))
+    whole = BuildSpec(decomposable_attention=False)
+    assert "`build: {decomposable_attention: true}`" in _build_fix(said, whole)
+    chosen = _build_fix(said, BuildSpec())  # already true: nothing to say
     assert chosen.startswith("TensorRT said: ") and "decomposable_attention" not in chosen

@@ -432,9 +432,10 @@ def _decomposable_attention(trt: Any, network: Any) -> None:
     """Every attention the parser made (from an ONNX `Attention`) may be split into several
     kernels where TensorRT has no fused one: `build.decomposable_attention`.
 
-    Why: the parser leaves them whole, and TensorRT-RTX has no fused kernel for some head
-    sizes and masks (a 16-wide head with a padding mask, exported by torch.onnx at
-    opset 23): the build fails. A fused kernel is still taken where there is one.
+    Why: the parser leaves them whole, and TensorRT-RTX 1.7 has no fused kernel for any
+    FP32 attention (the all-FP32 variant's, a pinned one's) nor for some FP16 ones (a
+    RoBERTa exported by torch.onnx at opset 23, behind its padding mask): the build fails.
+    A fused kernel is still taken where there is one (the FP16 engines came out the same).
     """
     boundary = getattr(trt, "IAttentionBoundaryLayer", None)  # a TensorRT with IAttention
     for i in range(network.num_layers):
@@ -447,11 +448,12 @@ def _decomposable_attention(trt: Any, network: Any) -> None:
 def _build_fix(messages: list[tuple[str, str]], spec: BuildSpec) -> str:
     """What TensorRT said, and the policy's fix where trtbuild knows one."""
     said = _last_errors(messages)
-    if _UNFUSED_ATTENTION in said and not spec.decomposable_attention:
+    unfused = any(_UNFUSED_ATTENTION in m for _, m in messages)  # not only the last three
+    if unfused and not spec.decomposable_attention:
         said += (
             "; to let TensorRT split that attention into several kernels, set "
-            "`build: {decomposable_attention: true}` in the policy (or export below opset 23, "
-            "where the attention is MatMul and Softmax nodes)"
+            "`build: {decomposable_attention: true}` in the policy (its default), or export "
+            "below opset 23, where the attention is MatMul and Softmax nodes"
         )
     return said
 

@@ -345,12 +345,13 @@ class BuildSpec:
         ),
     )
     decomposable_attention: bool = field(
-        default=False,
+        default=True,
         metadata=key(
             BOOL,
             "let TensorRT split an ONNX Attention (opset 23 on) into several kernels where "
-            "it has no fused kernel for its shapes and types (IAttention's decomposable); "
-            "off, as TensorRT's parser leaves it, such an engine build fails",
+            "it has no fused kernel for its shapes and types (IAttention's decomposable; a "
+            "fused kernel is still taken where there is one); false, as TensorRT's parser "
+            "leaves it, fails such a build (TensorRT-RTX 1.7: every FP32 attention)",
         ),
     )
     ort_check_timeout: float | None = field(
