@@ -109,13 +109,26 @@ def body_outputs_made_inside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, P
     if not any(_handed_in(body) for body in bodies):
         return model, record
     model = copied(model)  # passes never change their input
-    for body in (g for scope, g in subgraphs.walk(model.graph) if scope):
+    graphs = list(subgraphs.walk(model.graph))
+    taken = {n.name for _, g in graphs for n in g.node}  # node and value names: one each
+    taken.update(t for _, g in graphs for t in subgraphs.defined_in(g))
+    for scope, body in graphs[1:]:  # each output slot its own Identity (`[k, k]`: two)
         for out in _handed_in(body):
-            inside = f"{out.name}__{body.name or 'body'}_out"
+            inside = _free(f"{scope}/{out.name}", taken)
+            taken.add(inside)
             body.node.append(helper.make_node("Identity", [out.name], [inside], name=inside))
             out.name = inside
             record.changed += 1
     return model, record
+
+
+def _free(name: str, taken: set[str]) -> str:
+    """`name`, or `name__1`, `name__2`, ...: the first that `taken` does not hold."""
+    found, k = name, 0
+    while found in taken:
+        k += 1
+        found = f"{name}__{k}"
+    return found
 
 
 def _handed_in(body: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
