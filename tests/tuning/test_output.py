@@ -29,3 +29,20 @@ def test_an_answer_that_keeps_little_blames_the_tolerances():
 )
 def test_not_said_where_the_tolerances_are_not_the_cause(passed, low, start):
     assert tight_warning(_result(passed, low, start)) is None
+
+
+def test_a_search_stuck_with_every_suspect_pinned_says_what_fails_instead():
+    """Said only where the search ended failing with its budget left (every suspect pinned
+    still fails); the quantization named where the model has quantized ops."""
+    from dataclasses import replace
+
+    from trtbuild.tuning.output import stuck_warning
+
+    stuck = _result(False, 0.0, 1.0)
+    assert stuck_warning(replace(stuck, passed=True), 3) is None
+    assert stuck_warning(replace(stuck, exhausted=True), 3) is None  # the budget: its own
+    quantized, plain = stuck_warning(stuck, 3), stuck_warning(stuck, 0)
+    assert quantized is not None and plain is not None
+    assert "FP16 storage is not what fails it" in quantized
+    assert "3 quantized op(s)" in quantized and "`dequantize: true`" in quantized
+    assert "quantized" not in plain and "the policy's own rules" in plain
