@@ -96,7 +96,8 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
 
 def body_outputs_made_inside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
     """An `Identity` for each body output its body does not make (a weight or a value of
-    the graphs around it), which then makes it; the last of the passes.
+    the graphs around it), or names a second time, which then makes it; the last of the
+    passes.
 
     Why: ONNX Runtime refuses a body that hands out a value of the graphs around it ("an
     outer scope value being returned directly"), and lifting constants and folding make
@@ -132,9 +133,15 @@ def _free(name: str, taken: set[str]) -> str:
 
 
 def _handed_in(body: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
-    """The outputs of `body` that it does not make."""
+    """The outputs of `body` that it does not make, and each output after the first that
+    names the same value (ONNX Runtime 1.32 hands one of the two slots out as zeros)."""
     made = {o for n in body.node for o in n.output} | {i.name for i in body.input}
-    return [out for out in body.output if out.name not in made]
+    found, seen = [], set()
+    for out in body.output:
+        if out.name not in made or out.name in seen:
+            found.append(out)
+        seen.add(out.name)
+    return found
 
 
 def dense_weights(
