@@ -8,6 +8,7 @@ exit with its documented code, print no traceback, name what to fix in one
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -763,16 +764,30 @@ def test_ctrl_c_mid_build_keeps_previous_artifacts(tmp_path, models_dir):
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
-    while not any(p.name.startswith(".out.staging-") for p in tmp_path.iterdir()):
-        assert proc.poll() is None, "the build ended before it staged anything"
+    builder = None  # the child TensorRT builds in (`engine.child`): interrupted there
+    while builder is None:
+        assert proc.poll() is None, "the build ended before its engine build began"
         assert time.monotonic() < deadline
+        builder = _engine_child(proc.pid)
         time.sleep(0.005)
+    time.sleep(0.5)  # into TensorRT's build itself, past the child's imports
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130, err.decode()
     assert b"interrupted" in err and b"Traceback" not in err
+    assert not Path(f"/proc/{builder}").exists()  # reaped, not left building
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def _engine_child(pid: int) -> int | None:
+    """The pid of `pid`'s child that builds an engine (Linux's /proc), None before it starts."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"trtbuild.engine.child" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+    return None
 
 
 # -- the cache: trouble with it degrades to no cache, with one warning, never a failure ----

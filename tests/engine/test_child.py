@@ -45,14 +45,70 @@ def test_a_builder_that_crashes_is_exit_3_naming_the_crash(tmp_path, capsys):
     assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
-def test_a_child_the_machine_killed_is_the_surroundings_fault():
-    """SIGKILL (the out-of-memory killer's) is exit 2, a crash of TensorRT's own exit 3."""
+def test_a_child_that_died_is_named_by_its_signal_and_whose_fault_it_is():
+    """SIGKILL (the out-of-memory killer's) is exit 2, a crash of TensorRT's own exit 3,
+    each with the last errors TensorRT logged; a child that could not start is a bug."""
     from trtbuild.engine.child import _answered
     from trtbuild.errors import UsageError
 
+    m = Path("m.onnx")
     with pytest.raises(UsageError, match=r"was killed \(SIGKILL\)"):
-        _answered(b"", -9, "tensorrt-rtx", Path("m.onnx"))
-    with pytest.raises(BackendError, match=r"crashed .* \(SIGABRT\)"):
-        _answered(b"", -6, "tensorrt-rtx", Path("m.onnx"))
-    with pytest.raises(BackendError, match=r"\(exit code 1\)"):
-        _answered(b"", 1, "tensorrt-rtx", Path("m.onnx"))
+        _answered(None, -9, "tensorrt-rtx", m)
+    with pytest.raises(BackendError, match=r"crashed .* \(SIGABRT\); .*: ERROR: bad node"):
+        _answered(None, -6, "tensorrt-rtx", m, ["ERROR: bad node"])
+    with pytest.raises(RuntimeError, match=r"exit code 1, no answer"):
+        _answered(None, 1, "tensorrt-rtx", m)
+    with pytest.raises(KeyboardInterrupt):
+        _answered(("interrupted",), 0, "tensorrt-rtx", m)
+    with pytest.raises(RuntimeError, match="Traceback"):
+        _answered(("bug", "Traceback ..."), 0, "tensorrt-rtx", m)
+
+
+def test_a_truncated_answer_is_no_answer():
+    """The machine may kill the child while it writes a large engine: what was written is
+    not read as an answer (its exit code says what happened)."""
+    import io
+    import pickle
+
+    from trtbuild.engine.child import _read
+
+    whole = pickle.dumps(("ok", b"x" * 100_000))
+    assert _read(io.BytesIO(whole)) == ("ok", b"x" * 100_000)
+    assert _read(io.BytesIO(whole[:65536])) is None
+    assert _read(io.BytesIO(b"")) is None
+
+
+@needs_rtx
+def test_a_file_the_build_cannot_write_is_the_surroundings_fault(tmp_path, nafnet_path):
+    """An OSError in the child (a timing cache under a path through a file) was a bug's
+    traceback (exit 70) there; it is exit 2 naming the path, as in trtbuild's own process."""
+    from trtbuild.engine.child import build_engine
+    from trtbuild.errors import UsageError
+    from trtbuild.policy.specs import BuildSpec
+
+    (tmp_path / "afile").write_text("")
+    spec = BuildSpec(workspace=1 << 28, timing_cache=tmp_path / "afile" / "t.cache")
+    with pytest.raises(UsageError, match="a part of the path is a file"):
+        build_engine(Path(nafnet_path), "tensorrt-rtx", spec)
+
+
+def test_a_ctrl_c_to_trtbuild_alone_is_passed_to_the_building_child():
+    """`kill -INT` of trtbuild (not of its process group): the child must hear it too, or
+    it builds on to the end before trtbuild can stop."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from trtbuild.engine.child import _passed_on
+
+    hears = "import signal, sys, time; signal.signal(signal.SIGINT, lambda *_: sys.exit(7)); "
+    hears += "print(flush=True); time.sleep(60)"
+    with _passed_on() as (interrupted, started):
+        child = subprocess.Popen([sys.executable, "-c", hears], stdout=subprocess.PIPE)
+        started.append(child)
+        assert child.stdout is not None and child.stdout.readline()  # its handler is set
+        os.kill(os.getpid(), signal.SIGINT)  # this process alone
+        assert child.wait(timeout=30) == 7
+    assert interrupted.is_set()
+    child.stdout.close()

@@ -15,7 +15,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,12 +170,17 @@ def _deferred_interrupt() -> Iterator[threading.Event]:
 
 
 def build_here(
-    onnx_path: Path, backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
+    onnx_path: Path,
+    backend: str,
+    spec: BuildSpec,
+    inputs: tuple[InputSpec, ...] = (),
+    echo: Callable[[str, str], None] | None = None,
 ) -> EngineBuild:
     """Parse a strongly typed ONNX model and build a serialized engine, in this process:
-    what `engine.child.build_engine`'s child runs."""
+    what `engine.child.build_engine`'s child runs. `echo(severity, message)` is also told
+    each error TensorRT logs, as it logs it (the child's record should TensorRT crash)."""
     with _deferred_interrupt() as interrupted:
-        return _build_engine(onnx_path, backend, spec, inputs, interrupted)
+        return _build_engine(onnx_path, backend, spec, inputs, interrupted, echo)
 
 
 def _build_engine(
@@ -184,11 +189,12 @@ def _build_engine(
     spec: BuildSpec,
     inputs: tuple[InputSpec, ...],
     interrupted: threading.Event,
+    echo: Callable[[str, str], None] | None = None,
 ) -> EngineBuild:
     """Parse, configure, build; then read the network's layers and the builder's log."""
     trt = importlib.import_module(MODULES[backend])
     messages: list[tuple[str, str]] = []
-    logger = _logger(trt, messages)
+    logger = _logger(trt, messages, echo)
     builder = trt.Builder(logger)
     if builder is None:
         raise BackendError(f"{backend}: cannot create a builder", hint=_last_errors(messages))
@@ -318,13 +324,21 @@ def _onnx_names(layer: dict[str, Any]) -> set[str]:
     return names or {n.strip() for n in str(layer.get("Name", "")).split(" + ")}
 
 
-def _logger(trt: Any, messages: list[tuple[str, str]]) -> Any:
+def _logger(
+    trt: Any, messages: list[tuple[str, str]], echo: Callable[[str, str], None] | None = None
+) -> Any:
+    """TensorRT's messages kept in `messages`; its errors also told to `echo`."""
+
     class _Logger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
 
         def log(self, severity, msg):  # called from C++; must not raise
-            messages.append((str(severity).rsplit(".", 1)[-1], msg))
+            said = str(severity).rsplit(".", 1)[-1]
+            messages.append((said, msg))
+            if echo is not None and said in ("ERROR", "INTERNAL_ERROR"):
+                with contextlib.suppress(Exception):
+                    echo(said, msg)
 
     return _Logger()
 

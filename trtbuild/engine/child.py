@@ -4,18 +4,22 @@ Why a child: TensorRT's builder can crash on a valid model (TensorRT-RTX 1.7 die
 SIGSEGV building an ONNX `Attention` whose query, key and value are one tensor, a model
 onnx.checker and ONNX Runtime accept). In trtbuild's own process that ended the command
 with no message, no exit code of the contract and nothing written; in a child it is
-exit 3 naming the crash (or exit 2 where the machine killed it: out of memory).
+exit 3 naming the crash and the last errors TensorRT logged (exit 2 where the machine
+killed it: out of memory).
 
-The child runs the same interpreter with the parent's import folders (`python -I`, so
-nothing in the working folder or the environment changes what it imports) and the
-parent's environment (TensorRT reads CUDA's variables). It reads its one job from its
-stdin, writes everything a library prints to stderr, and its one answer to its stdout:
-both pipes are the parent's own, so what they carry is never read from disk.
+The child runs the same interpreter (`python -I`: no PYTHONPATH, user site or working
+folder of its own) on the parent's absolute import folders, this trtbuild's first, with
+the parent's environment (TensorRT reads CUDA's variables). It reads its one job from its
+stdin and writes its one answer to its stdout, both pipes of the parent's own (what they
+carry is never read from disk); what libraries print goes to stderr, which the parent
+passes on, keeping TensorRT's errors (`LOGGED` lines) for a crash's message.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import json
 import os
 import pickle
 import signal
@@ -27,22 +31,31 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import trtbuild
 from trtbuild.children import KILLED, signal_name
-from trtbuild.errors import BackendError, TrtbuildError, UsageError
+from trtbuild.errors import BackendError, TrtbuildError, UsageError, surroundings_error
 from trtbuild.policy.specs import BuildSpec, InputSpec
 
-# The child: the parent's import folders, death with its parent (Linux), then `serve`.
+LOGGED = "@trtbuild-logged@"  # a TensorRT error the child logged: JSON [severity, message]
+INTERRUPTED = 130  # the child's exit code for a Ctrl-C before its build began
+# The child: a Ctrl-C before the build is a quiet exit, the parent's import folders (argv 1),
+# death with its parent (Linux; argv 2 is the parent's pid, gone already: exit), then `serve`.
 CHILD = """\
-import ctypes, os, signal, sys
+import os, signal, sys
+signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # until the build's own handler
 sys.path[:] = [p for p in sys.argv[1].split(os.pathsep) if p] or sys.path  # the parent's
 if sys.platform.startswith("linux"):
+    import ctypes
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+if os.getppid() != int(sys.argv[2]):  # the parent died before the death signal was set
+    os._exit(1)
 from trtbuild.engine.child import serve
 serve()
 """
+ERROR_LINES = 3  # TensorRT errors said with a crash, the last ones
 
 
 def build_engine(
@@ -52,51 +65,64 @@ def build_engine(
     (`backends.build_here` there): its `EngineBuild`, or its error raised here.
 
     Ctrl-C (SIGINT to trtbuild, or to its process group) is passed to the child, which
-    cancels its build; KeyboardInterrupt is raised here once it has ended.
+    cancels its build; KeyboardInterrupt is raised here once it has ended. The child never
+    outlives this call.
 
     Raises:
         BackendError: TensorRT refused the model, or crashed on it (exit 3).
-        UsageError: the machine killed the build (out of memory, say: exit 2).
+        UsageError: the machine killed the build (out of memory, say), or a file it needs
+            is the surroundings' to fix (exit 2).
     """
     job = pickle.dumps((str(onnx_path), backend, spec, inputs))
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-c", CHILD, _import_path()],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
-    with _passed_on(proc) as interrupted:
-        threading.Thread(target=_feed, args=(proc.stdin, job), daemon=True).start()
-        answer = proc.stdout.read() if proc.stdout is not None else b""
-        code = proc.wait()
-    if interrupted.is_set():
+    logged: collections.deque[str] = collections.deque(maxlen=ERROR_LINES)
+    with _passed_on() as (interrupted, started):
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", CHILD, _import_path(), str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        with proc, _ended(proc):
+            started.append(proc)
+            threading.Thread(target=_feed, args=(proc.stdin, job), daemon=True).start()
+            drain = threading.Thread(target=_drain, args=(proc.stderr, logged), daemon=True)
+            drain.start()
+            answer = _read(proc.stdout)  # as it comes: one engine in memory, not two
+            code = proc.wait()
+            drain.join()
+    if interrupted.is_set() or (answer is None and code == INTERRUPTED):
         raise KeyboardInterrupt
-    return _answered(answer, code, backend, onnx_path)
+    return _answered(answer if code == 0 else None, code, backend, onnx_path, list(logged))
 
 
-def _answered(answer: bytes, code: int, backend: str, onnx_path: Path) -> Any:
+def _answered(
+    answer: tuple | None, code: int, backend: str, onnx_path: Path, logged: list[str] = ()
+) -> Any:
     """The child's answer as a value or a raised error; a child that died without one
-    named by its signal or exit code."""
-    if answer:
-        kind, *said = pickle.loads(answer)  # the answer of the child this process started
+    named by its signal or exit code, with the last errors TensorRT logged."""
+    if answer is not None:
+        kind, *said = answer
         if kind == "ok":
             return said[0]
         if kind == "error":  # trtbuild's own, by its exit code: 3 TensorRT's, 2 the user's
-            code, message, where, hint = said
-            raise (BackendError if code == BackendError.exit_code else UsageError)(
-                message, where=where, hint=hint
-            )
+            exit_code, message, where, hint = said
+            error = BackendError if exit_code == BackendError.exit_code else UsageError
+            raise error(message, where=where, hint=hint)
         if kind == "interrupted":
             raise KeyboardInterrupt
         raise RuntimeError(f"the engine build's child failed:\n{said[0]}")
-    why = signal_name(-code) if code < 0 else f"exit code {code}"
-    if code < 0 and -code in KILLED:
+    if code > 0:  # no answer, no signal: the child itself failed (it could not start)
+        raise RuntimeError(f"the engine build's child ended with exit code {code}, no answer")
+    why = signal_name(-code)
+    said = f"; TensorRT's last error(s): {' | '.join(logged)}" if logged else ""
+    if -code in KILLED:
         raise UsageError(
-            f"the {backend} engine build of {onnx_path.name} was killed ({why})",
+            f"the {backend} engine build of {onnx_path.name} was killed ({why}){said}",
             hint="another process or the machine ended it; where it was the out-of-memory "
             "killer, free memory or build on a machine with more",
         )
     raise BackendError(
-        f"{backend} crashed building the engine of {onnx_path.name} ({why})",
+        f"{backend} crashed building the engine of {onnx_path.name} ({why}){said}",
         hint="a fault of TensorRT's own on a model ONNX Runtime runs: try another TensorRT "
         "version or backend, or report it to NVIDIA with the model; `build.backend: none` "
         "writes the mixed model and the accuracy report without an engine",
@@ -104,25 +130,37 @@ def _answered(answer: bytes, code: int, backend: str, onnx_path: Path) -> Any:
 
 
 @contextlib.contextmanager
-def _passed_on(proc: subprocess.Popen) -> Iterator[threading.Event]:
-    """SIGINT, while the child builds, set a flag and passed to the child (which cancels
-    its build and answers); the interrupt is the caller's to raise once it has ended."""
+def _passed_on() -> Iterator[tuple[threading.Event, list[subprocess.Popen]]]:
+    """SIGINT, while a child builds, sets a flag and is passed to the child (which cancels
+    its build and answers); the caller raises the interrupt once the child has ended.
+    Installed before the child starts, so no Ctrl-C finds a child without it."""
     flag = threading.Event()
+    started: list[subprocess.Popen] = []
     if threading.current_thread() is not threading.main_thread():
-        yield flag
+        yield flag, started  # only the main thread gets signals
         return
 
     def passed(*_: Any) -> None:
         flag.set()
-        with contextlib.suppress(OSError):
-            proc.send_signal(signal.SIGINT)
+        if started and os.name != "nt":  # Windows' console gives the child its own Ctrl-C
+            with contextlib.suppress(OSError, ValueError):
+                started[0].send_signal(signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, passed)
     try:
-        yield flag
+        yield flag, started
     finally:
         signal.signal(signal.SIGINT, previous)
-        if proc.poll() is None:  # the parent's own error: the child must not outlive it
+
+
+@contextlib.contextmanager
+def _ended(proc: subprocess.Popen) -> Iterator[None]:
+    """The child killed and reaped where this process leaves the build by an error of its
+    own (or an interrupt before the child could answer)."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
             proc.kill()
             proc.wait()
 
@@ -133,29 +171,69 @@ def _feed(pipe: Any, job: bytes) -> None:
         pipe.write(job)
 
 
+def _read(pipe: Any) -> tuple | None:
+    """The child's answer, unpickled as it arrives; None where it wrote none, or died
+    writing it (its exit code then says why)."""
+    try:
+        return pickle.load(pipe)  # the answer of the child this process started
+    except (EOFError, pickle.UnpicklingError, ValueError, AttributeError, ImportError):
+        return None
+
+
+def _drain(pipe: Any, logged: collections.deque[str]) -> None:
+    """The child's stderr passed on as it comes, less TensorRT's errors (`LOGGED` lines),
+    which are kept: the last of them are a crash's message."""
+    for raw in pipe:
+        line = raw.decode(errors="replace")
+        if line.startswith(LOGGED):
+            with contextlib.suppress(ValueError, TypeError):
+                severity, message = json.loads(line[len(LOGGED) :])
+                logged.append(f"{severity}: {message}")
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
 def _import_path() -> str:
-    """The parent's absolute import folders: the child imports this trtbuild and this
-    TensorRT, as the parent would have."""
-    return os.pathsep.join(p for p in sys.path if os.path.isabs(p))
+    """This trtbuild's folder, then the parent's absolute import folders: the child imports
+    this trtbuild (not another one installed) and the TensorRT the parent would."""
+    own = str(Path(trtbuild.__file__).resolve().parents[1])
+    return os.pathsep.join([own, *(p for p in sys.path if os.path.isabs(p) and p != own)])
 
 
 def serve() -> None:
     """In the child: read the job, build, answer on stdout; what libraries print goes to
     stderr so that stdout carries the answer alone."""
-    from trtbuild.engine.backends import build_here
-
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    onnx_path, backend, spec, inputs = pickle.load(sys.stdin.buffer)  # from its parent
     try:
-        answer: tuple = ("ok", build_here(Path(onnx_path), backend, spec, inputs))
+        answer = ("ok", _build(pickle.load(sys.stdin.buffer)))  # the job of its parent
     except TrtbuildError as exc:
         answer = ("error", exc.exit_code, exc.message, exc.where, exc.hint)
     except KeyboardInterrupt:
         answer = ("interrupted",)
-    except BaseException:  # a bug: its traceback goes to the parent, which raises it
-        answer = ("bug", traceback.format_exc())
+    except BaseException as exc:  # the surroundings' (a full disk), else a bug: its traceback
+        found = surroundings_error(exc)
+        answer = (
+            ("error", found.exit_code, found.message, found.where, found.hint)
+            if found is not None
+            else ("bug", traceback.format_exc())
+        )
     out.write(pickle.dumps(answer))
     out.flush()
     sys.stderr.flush()
     os._exit(0)  # not the interpreter's finalization with TensorRT loaded
+
+
+def _build(job: tuple) -> Any:
+    """`backends.build_here` on the job, TensorRT's errors also written to stderr as they
+    are logged (`LOGGED`), where the parent keeps them should this process crash."""
+    from trtbuild.engine.backends import build_here
+
+    def echo(severity: str, message: str) -> None:
+        sys.stderr.write(LOGGED + json.dumps([severity, message]) + "\n")
+        sys.stderr.flush()
+
+    onnx_path, backend, spec, inputs = job
+    return build_here(Path(onnx_path), backend, spec, inputs, echo=echo)
