@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import onnx
 
 from trtbuild.accuracy import data as data_mod
-from trtbuild.accuracy import empty
 from trtbuild.accuracy.images import Decoded
 from trtbuild.accuracy.points import ShapePoint, shape_points
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest
@@ -337,8 +336,6 @@ class _PointRun:
         feeds = made.feeds
         if self.reference == "none":
             return ShapeRun(point, feeds, None, None, made.data)
-        if feeds and empty.has_empty(feeds[0]):
-            _runs_empty(policy, prepared, point, feeds[0])
         try:
             measures, ref = _reference(self, feeds)
         except Exception as exc:
@@ -349,26 +346,6 @@ class _PointRun:
         if ref is not None and original is not None:
             ref = _against_original(self, original, ref, feeds, originals)
         return ShapeRun(point, feeds, measures, ref, made.data)
-
-
-def _runs_empty(
-    policy: Policy, prepared: Prepared, point: ShapePoint, feed: dict[str, Any]
-) -> None:
-    """Exit 2 where ONNX Runtime dies running the FP32 model on a point's empty input
-    (`accuracy.empty`), before the reference runs it in this process."""
-    died = empty.crash(prepared.model, feed)
-    if died is None:
-        return
-    from trtbuild.precision.ort_child import version
-
-    names = ", ".join(f"{k}: {list(v.shape)}" for k, v in feed.items() if not v.size)
-    raise UsageError(
-        f"ONNX Runtime {version()} crashes ({died}) running the model at "
-        f"{point.label} with an empty input ({names})",
-        where=policy.where,
-        hint="trtbuild runs the FP32 reference in ONNX Runtime; give that dim at least 1 "
-        "in the input's min, opt, max or shape",
-    )
 
 
 def _against_original(

@@ -141,16 +141,3 @@ def test_decoding_photos_past_the_budget_is_exit_2_before_any_is_decoded(tmp_pat
     assert "reading the data 11.4 MiB: images/ 11.4 MiB" in err
     assert "accuracy.memory_budget is 4 MiB" in err
     assert "one sample does not fit: raise accuracy.memory_budget, or use smaller images" in err
-
-
-def test_an_image_of_no_height_is_refused_naming_the_field(tmp_path, capsys):
-    """A dim may be 0 (an empty cache), but not an image's height or width: PIL's resize
-    raised ("height and width must be > 0"), exit 70."""
-    folder = tmp_path / "images"
-    folder.mkdir()
-    Image.fromarray(np.zeros((6, 5, 3), np.uint8)).save(folder / "a.png")
-    profile = "{min: [1, 3, 0, 2], opt: [1, 3, 6, 5], max: [1, 3, 10, 9], data: {images: images}}"
-    path = identity_policy(tmp_path, [1, 3, "h", "w"], profile)
-    assert main(["check", "--policy", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert "inputs.x.data.images: input 'x' is [1, 3, 0, 2] at some point" in err

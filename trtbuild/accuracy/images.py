@@ -218,14 +218,6 @@ def image_layout(
             hint="add 'layout: NCHW' or 'layout: NHWC'",
         )
     c, h, w = _chw(shape, layout)
-    if not h or not w:  # a dim of 0 (an empty cache's) is no picture
-        raise UsageError(
-            f"{field}.images: input '{spec.name}' is {list(shape)} at some point: an image "
-            "has no height or width of 0",
-            where=where,
-            hint="give the input's height and width at least 1 at every point, or its data "
-            "as 'file' (.npz) or a distribution",
-        )
     want_c = 1 if img.channels == "GRAY" else 3
     if c != want_c:
         raise UsageError(
