@@ -124,29 +124,6 @@ def test_the_verdicts_are_the_same_with_and_without_polygraphys_log():
     assert {"psnr", "snr", "shown"} <= set(quiet["image"])
 
 
-def test_an_output_with_no_elements_passes_having_nothing_to_compare():
-    """A decoder's first step reads an empty cache, and hands out a tensor of its size:
-    Polygraphy's PSNR, SNR and quantile of no elements are NaN, which failed it. Such an
-    output passes, as having nothing to compare; another output is judged as it was."""
-    from polygraphy.comparator.struct import IterationResult
-
-    from trtbuild.accuracy.checks import EMPTY, describe, run_checks
-    from trtbuild.policy.specs import Tolerance
-
-    empty, y = np.zeros((1, 4, 0, 16), np.float32), np.ones((2, 3), np.float32)
-    refs = [IterationResult({"past": empty, "y": y}, runner_name="ref") for _ in range(2)]
-    outs = [IterationResult({"past": empty, "y": y + 0.5}, runner_name="cand") for _ in range(2)]
-    for judged in (
-        Tolerance(psnr_threshold=40.0),
-        Tolerance(snr_threshold=30.0),
-        Tolerance(atol=1e-3, rtol=0.0, check_error_stat="quantile", error_quantile=0.9),
-    ):
-        found = run_checks(refs, outs, "cand", {"past": judged, "y": judged}, verbose=False)
-        assert found["past"] == {EMPTY: {"passed": True, "failed_samples": []}}
-        assert not any(c["passed"] for k, c in found["y"].items() if k != "shown")
-    assert "nothing to compare" in describe(EMPTY, found["past"][EMPTY], judged)
-
-
 def test_samples_compared_at_once_leave_polygraphys_logger_and_warnings_as_they_were():
     """The samples' checks run on threads that enter Polygraphy's indent each on their own
     and warn where numpy does; nothing of the process is left changed behind them."""

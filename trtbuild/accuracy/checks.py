@@ -56,11 +56,6 @@ def map_like(shape: tuple[int, ...]) -> bool:
     return len(shape) == 4 and min(shape[2], shape[3]) >= 4
 
 
-# The check an output with no elements at a point passes: Polygraphy's metrics of nothing
-# are NaN (PSNR, SNR, a quantile), which failed an empty cache's output.
-EMPTY = "empty"
-
-
 def run_checks(
     ref_iters: list, iterations: list, label: str, tol: dict[str, Tolerance], verbose: bool
 ) -> dict[str, dict[str, dict[str, Any]]]:
@@ -68,10 +63,6 @@ def run_checks(
     from trtbuild.accuracy.sessions import quiet_polygraphy
 
     found: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in tol}
-    empty = [n for n in tol if not any(np.size(it[n]) for it in (*ref_iters, *iterations))]
-    for name in empty:  # an empty tensor at this point (an empty cache): nothing to compare
-        found[name][EMPTY] = {"passed": True, "failed_samples": []}
-    tol = {n: t for n, t in tol.items() if n not in empty}
     pair = _Pair(ref_iters, iterations, label, verbose)
     with quiet_polygraphy(verbose):
         _simple(found, pair, tol)
@@ -226,8 +217,6 @@ def top_indices(output: np.ndarray, k: int) -> np.ndarray:
 
 def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
     """One check as a report shows it: the measured value next to its threshold."""
-    if check == EMPTY:
-        return "no elements at this shape: nothing to compare"
     if check == "simple":
         stat = tol.check_error_stat
         if stat == "quantile":

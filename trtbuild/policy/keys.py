@@ -26,11 +26,9 @@ NUMBER: dict[str, Any] = {"type": "number", "minimum": -BIG, "maximum": BIG}
 NONNEG: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": BIG}
 NAME: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 4096}
 BOOL: dict[str, Any] = {"type": "boolean"}
-# A shape. A dim may be 0: a decoder's first step reads an empty cache (past length 0),
-# which TensorRT takes as an empty tensor, so one engine serves it and every later step.
 DIMS: dict[str, Any] = {
     "type": "array",
-    "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+    "items": {"type": "integer", "minimum": 1, "maximum": 2**31 - 1},
     "minItems": 0,
     "maxItems": 16,
 }
