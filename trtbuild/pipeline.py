@@ -100,20 +100,20 @@ def build_engines(
     front: Front, stage: Path, backend: str, base_models: dict[str, Converted]
 ) -> dict[str, Any]:
     """The policy's engine (written as engine.plan) and, with `build.variants`, all-FP16/FP32."""
-    from trtbuild.engine.child import build_engine
+    from trtbuild.engine.child import build_engines
 
     policy = front.policy
     if backend == "none":
         return {}
-    result = build_engine(stage / "mixed.onnx", backend, policy.build, policy.inputs)
-    write_bytes(stage / "engine.plan", result.engine)
-    engines = {"policy": result}
-    if policy.build.variants:
-        for variant in ("fp16", "fp32"):
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / f"{variant}.onnx"
-                save_model(base_models[variant].model, path)
-                engines[variant] = build_engine(path, backend, policy.build, policy.inputs)
+    variants = ("fp16", "fp32") if policy.build.variants else ()
+    with tempfile.TemporaryDirectory() as tmp:  # one child builds them all, in this order
+        paths = [stage / "mixed.onnx"]
+        for variant in variants:
+            paths.append(Path(tmp) / f"{variant}.onnx")
+            save_model(base_models[variant].model, paths[-1])
+        built = build_engines(paths, backend, policy.build, policy.inputs)
+    engines = dict(zip(("policy", *variants), built, strict=True))
+    write_bytes(stage / "engine.plan", engines["policy"].engine)
     return engines
 
 

@@ -112,3 +112,19 @@ def test_a_ctrl_c_to_trtbuild_alone_is_passed_to_the_building_child():
         assert child.wait(timeout=30) == 7
     assert interrupted.is_set()
     child.stdout.close()
+
+
+@needs_rtx
+def test_one_child_builds_each_model_in_turn_and_names_the_one_that_fails(tmp_path, nafnet_path):
+    """`build`'s engine and its two variants are built by one child (its start is 0.25 s):
+    the engines come back in order, and a crash is said of the model it happened on."""
+    from trtbuild.engine.child import build_engines
+    from trtbuild.policy.specs import BuildSpec
+
+    spec = BuildSpec(workspace=1 << 28)
+    good = Path(nafnet_path)
+    first, second = build_engines([good, good], "tensorrt-rtx", spec)
+    assert first.engine and second.engine and first.layers == second.layers
+    _self_attention_model(tmp_path / "crash.onnx")
+    with pytest.raises(BackendError, match=r"engine of crash\.onnx \(SIGSEGV\)"):
+        build_engines([good, tmp_path / "crash.onnx", good], "tensorrt-rtx", spec)

@@ -62,19 +62,30 @@ def build_engine(
     onnx_path: Path, backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
 ) -> Any:
     """Parse a strongly typed ONNX model and build a serialized engine in a child process
-    (`backends.build_here` there): its `EngineBuild`, or its error raised here.
+    (`build_engines` of one model)."""
+    return build_engines([onnx_path], backend, spec, inputs)[0]
+
+
+def build_engines(
+    onnx_paths: list[Path], backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
+) -> list[Any]:
+    """Each model's serialized engine, built one after another in one child process
+    (`backends.build_here` there): their `EngineBuild`s, or the first error raised here.
+    Why one child: its start (an interpreter, trtbuild's and TensorRT's imports) is about
+    0.25 s, and `build` builds the policy's engine and its two variants.
 
     Ctrl-C (SIGINT to trtbuild, or to its process group) is passed to the child, which
     cancels its build; KeyboardInterrupt is raised here once it has ended. The child never
     outlives this call.
 
     Raises:
-        BackendError: TensorRT refused the model, or crashed on it (exit 3).
+        BackendError: TensorRT refused a model, or crashed on it (exit 3).
         UsageError: the machine killed the build (out of memory, say), or a file it needs
             is the surroundings' to fix (exit 2).
     """
-    job = pickle.dumps((str(onnx_path), backend, spec, inputs))
+    jobs = b"".join(pickle.dumps((str(p), backend, spec, inputs)) for p in onnx_paths)
     logged: collections.deque[str] = collections.deque(maxlen=ERROR_LINES)
+    answers: list[tuple] = []
     with _passed_on() as (interrupted, started):
         proc = subprocess.Popen(
             [sys.executable, "-I", "-c", CHILD, _import_path(), str(os.getpid())],
@@ -84,15 +95,25 @@ def build_engine(
         )
         with proc, _ended(proc):
             started.append(proc)
-            threading.Thread(target=_feed, args=(proc.stdin, job), daemon=True).start()
+            threading.Thread(target=_feed, args=(proc.stdin, jobs), daemon=True).start()
             drain = threading.Thread(target=_drain, args=(proc.stderr, logged), daemon=True)
             drain.start()
-            answer = _read(proc.stdout)  # as it comes: one engine in memory, not two
+            for _ in onnx_paths:  # each as it comes: one engine in memory, not two
+                answer = _read(proc.stdout)
+                if answer is None:  # died (its exit code says how)
+                    break
+                answers.append(answer)
+                if answer[0] != "ok":  # the child stops at a failed job
+                    break
             code = proc.wait()
-            drain.join()
-    if interrupted.is_set() or (answer is None and code == INTERRUPTED):
+            drain.join(timeout=5)
+    if interrupted.is_set() or (not answers and code == INTERRUPTED):
         raise KeyboardInterrupt
-    return _answered(answer if code == 0 else None, code, backend, onnx_path, list(logged))
+    built = [a[1] for a in answers if a[0] == "ok"]
+    if len(built) == len(onnx_paths):
+        return built
+    failed = answers[-1] if answers and answers[-1][0] != "ok" else None
+    return _answered(failed, code, backend, onnx_paths[len(built)], list(logged))
 
 
 def _answered(
@@ -203,12 +224,29 @@ def _import_path() -> str:
 
 
 def serve() -> None:
-    """In the child: read the job, build, answer on stdout; what libraries print goes to
-    stderr so that stdout carries the answer alone."""
+    """In the child: each job in turn, built and answered on stdout, until its stdin ends
+    or a job fails; what libraries print goes to stderr so that stdout carries the answers
+    alone."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    while True:
+        try:
+            job = pickle.load(sys.stdin.buffer)  # a job of its parent
+        except EOFError:
+            break
+        answer = _answer(job)
+        out.write(pickle.dumps(answer))
+        out.flush()
+        if answer[0] != "ok":
+            break
+    sys.stderr.flush()
+    os._exit(0)  # not the interpreter's finalization with TensorRT loaded
+
+
+def _answer(job: tuple) -> tuple:
+    """One job's answer: its engine, or its error as the parent raises it."""
     try:
-        answer = ("ok", _build(pickle.load(sys.stdin.buffer)))  # the job of its parent
+        answer: tuple = ("ok", _build(job))
     except TrtbuildError as exc:
         answer = ("error", exc.exit_code, exc.message, exc.where, exc.hint)
     except KeyboardInterrupt:
@@ -220,10 +258,7 @@ def serve() -> None:
             if found is not None
             else ("bug", traceback.format_exc())
         )
-    out.write(pickle.dumps(answer))
-    out.flush()
-    sys.stderr.flush()
-    os._exit(0)  # not the interpreter's finalization with TensorRT loaded
+    return answer
 
 
 def _build(job: tuple) -> Any:
