@@ -82,11 +82,19 @@ def test_malformed_yaml_names_line(write_policy):
         ),
         ("precision: {rules: [{id: x, match: {}, precision: fp32}]}", "must not be empty"),
         ("inputs: {input: {min: [1], opt: [2]}}", "needs min, opt and max"),
+        # an empty cache's first step: refused, saying why and what to do
+        (
+            "inputs: {input: {min: [1, 3, 0, 64], opt: [1, 3, 64, 64], max: [1, 3, 64, 64]}}",
+            "got 0 (a dim of 0 (an empty tensor",
+        ),
+        ("passes: {override_input_shapes: {input: [1, 0, 8, 8]}}", "start at 1, and run a"),
+        ("accuracy: {samples: 0}", "at least 1, got 0"),  # not a dim: no such hint
     ],
 )
 def test_bad_fields(write_policy, nafnet_path, snippet, expected):
     msg = _error(write_policy, f"version: 1\nmodel: {nafnet_path}\n{snippet}\n")
     assert expected in msg
+    assert ("empty tensor" in msg) == ("empty tensor" in expected or "run a" in expected)
 
 
 def test_wrong_version_and_missing_model(write_policy):

@@ -402,7 +402,21 @@ def _fix_hint(exc: SchemaViolation) -> str | None:
         return 'say why the point is not judged: skip: "the reason" (a list there is dims)'
     if "finite" in exc.message:
         return "write a number such as 1e-3; .nan and .inf mean nothing here"
+    if _dims(exc.path) and exc.message.endswith("got 0"):
+        return (
+            "a dim of 0 (an empty tensor: a decoder's first step with an empty cache) is not "
+            "judged: ONNX Runtime, which runs the FP32 reference and the emulation, dies on "
+            "some ops fed one; start at 1, and run a decoder's first step on the model "
+            "exported without its cache inputs"
+        )
     return None
+
+
+def _dims(path: tuple) -> bool:
+    """Whether `path` is one dim of a shape (`inputs.x.min[2]`, `accuracy.shapes.a.x[1]`)."""
+    return (
+        len(path) >= 2 and isinstance(path[-1], int) and path[0] in ("inputs", "accuracy", "passes")
+    )
 
 
 def _display(path: Path) -> str:
