@@ -134,3 +134,43 @@ def test_a_group_norm_network_converts_to_a_valid_mixed_model(tmp_path):
     assert {n.name: n.precision for n in trtbuild.check(policy, quiet=True).nodes} == dict.fromkeys(
         low, "fp16"
     )
+
+
+def test_a_group_norm_models_weights_come_back_whole_and_its_shapes_as_inferred():
+    """`_stand_ins` infers a copy whose large weights have no data (a GroupNorm model held
+    one whole copy more than any other): the model returned holds every weight as it
+    was, and a Conv behind a weight past `SHAPING_MOST` and a Resize whose scales shape
+    its output are inferred as they are with the data."""
+    import onnx
+
+    from tests.helpers import F, node
+    from trtbuild.graph.model_io import SHAPING_MOST, infer_shapes
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(8, 4, 3, 3)).astype(np.float32)  # 288 elements: kept whole too
+    big = rng.normal(size=(64, 8, 3, 3)).astype(np.float32)
+    assert w.size <= SHAPING_MOST < big.size
+    weights = {"s": np.ones(8, np.float32), "b": np.zeros(8, np.float32), "w": w, "big": big,
+               "scales": np.array([1, 1, 2, 2], np.float32)}  # fmt: skip
+    nodes = [
+        node("Conv", ["x", "w"], "c", "conv", pads=[1, 1, 1, 1]),
+        node("GroupNormalization", ["c", "s", "b"], "g", "gn", num_groups=2),
+        node("Resize", ["g", "", "scales"], "r", "up", mode="nearest"),
+        node("Conv", ["r", "big"], "y", "conv2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )  # fmt: skip
+    source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    inferred = infer_shapes(source)
+    assert list(inferred.graph.initializer) == list(source.graph.initializer)
+    assert inferred.graph.node[1] == source.graph.node[1]
+    shapes = {
+        vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        for vi in (*inferred.graph.value_info, *inferred.graph.output)
+    }
+    assert shapes["g"] == [1, 8, 8, 8] and shapes["r"] == [1, 8, 16, 16]
+    assert shapes["y"] == [1, 64, 14, 14]
+    onnx.checker.check_model(inferred, full_check=True)
