@@ -7,7 +7,9 @@ to report, not the end of trtbuild.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 
 # Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
 # process), not a crash of the library's own code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE).
@@ -22,3 +24,16 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def import_path() -> str:
+    """Where the child imports from: the parent's own absolute import folders, less the
+    working folder (`python -m` puts it first; an `onnxruntime.py` planted there is what
+    `-I` keeps out). Why not `-I`'s own path alone: it drops the user site and
+    PYTHONPATH, and an ONNX Runtime installed there is the one the parent runs."""
+    try:
+        here = os.path.realpath(os.getcwd())
+    except OSError:  # the working folder was removed
+        here = ""
+    kept = [p for p in sys.path if os.path.isabs(p) and os.path.realpath(p) != here]
+    return os.pathsep.join(kept)

@@ -17,7 +17,6 @@ ONNX Runtime session per segment.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections import defaultdict
@@ -31,7 +30,7 @@ from onnx import helper
 from trtbuild.accuracy.sessions import lean_session, plain_session, run_session
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import fed_inputs
+from trtbuild.graph.model_io import fed_inputs, infer_shapes
 from trtbuild.policy.specs import MemoryBudget
 from trtbuild.sizes import fmt_bytes
 
@@ -377,8 +376,8 @@ def estimate_sizes(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> dict[
             vi.type.tensor_type.shape.dim.extend(
                 onnx.TensorShapeProto.Dimension(dim_value=int(d)) for d in shape
             )
-    with contextlib.suppress(Exception):  # a graph ONNX cannot infer: sizes fall back below
-        fixed = onnx.shape_inference.infer_shapes(fixed, data_prop=True)
+    fixed = infer_shapes(fixed)  # never fails (a graph onnx cannot infer: sizes fall back
+    # below); a GroupNorm's outputs typed, a model of large weights inferred without them
     sizes = {k: int(np.asarray(v).nbytes) for k, v in feed.items()}
     for t in fixed.graph.initializer:
         sizes[t.name] = math.prod(t.dims) * _itemsize(t.data_type)

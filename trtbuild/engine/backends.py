@@ -451,10 +451,12 @@ def _decomposable_attention(trt: Any, network: Any) -> None:
     RoBERTa exported by torch.onnx at opset 23, behind its padding mask): the build fails.
     A fused kernel is still taken where there is one (the FP16 engines came out the same).
     """
-    boundary = getattr(trt, "IAttentionBoundaryLayer", None)  # a TensorRT with IAttention
+    boundary = getattr(trt, "IAttentionBoundaryLayer", None)
+    if boundary is None:  # a TensorRT without IAttention makes none
+        return
     for i in range(network.num_layers):
         layer = network.get_layer(i)
-        if boundary is not None and layer.type == trt.LayerType.ATTENTION_OUTPUT:
+        if layer.type == trt.LayerType.ATTENTION_OUTPUT:
             layer.__class__ = boundary  # the bindings hand out the base class (as Polygraphy)
             layer.attention.decomposable = True
 

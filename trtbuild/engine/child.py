@@ -29,10 +29,10 @@ import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import trtbuild
-from trtbuild.children import KILLED, signal_name
+from trtbuild.children import KILLED, import_path, signal_name
 from trtbuild.errors import BackendError, TrtbuildError, UsageError, surroundings_error
 from trtbuild.policy.specs import BuildSpec, InputSpec
 
@@ -113,18 +113,16 @@ def build_engines(
     if len(built) == len(onnx_paths):
         return built
     failed = answers[-1] if answers and answers[-1][0] != "ok" else None
-    return _answered(failed, code, backend, onnx_paths[len(built)], list(logged))
+    _answered(failed, code, backend, onnx_paths[len(built)], list(logged))
 
 
 def _answered(
     answer: tuple | None, code: int, backend: str, onnx_path: Path, logged: list[str] = ()
-) -> Any:
-    """The child's answer as a value or a raised error; a child that died without one
-    named by its signal or exit code, with the last errors TensorRT logged."""
+) -> NoReturn:
+    """A job that did not build, raised: the child's failed answer, or a child that died
+    without one named by its signal or exit code, with the last errors TensorRT logged."""
     if answer is not None:
         kind, *said = answer
-        if kind == "ok":
-            return said[0]
         if kind == "error":  # trtbuild's own, by its exit code: 3 TensorRT's, 2 the user's
             exit_code, message, where, hint = said
             error = BackendError if exit_code == BackendError.exit_code else UsageError
@@ -217,10 +215,10 @@ def _drain(pipe: Any, logged: collections.deque[str]) -> None:
 
 
 def _import_path() -> str:
-    """This trtbuild's folder, then the parent's absolute import folders: the child imports
-    this trtbuild (not another one installed) and the TensorRT the parent would."""
-    own = str(Path(trtbuild.__file__).resolve().parents[1])
-    return os.pathsep.join([own, *(p for p in sys.path if os.path.isabs(p) and p != own)])
+    """This trtbuild's folder, then the import folders every child gets (`import_path`):
+    the child imports this trtbuild (not another one installed) and the TensorRT the
+    parent would."""
+    return os.pathsep.join([str(Path(trtbuild.__file__).resolve().parents[1]), import_path()])
 
 
 def serve() -> None:

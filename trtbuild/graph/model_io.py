@@ -278,10 +278,13 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     GroupNorm had no type, were taken for non-float and left out of the conversion (its
     mixed model failed onnx.checker).
     """
-    light = _holds_stand_ins(model.graph) or _elements(model.graph) > LIGHT_FROM
+    stand_ins = _holds_stand_ins(model.graph)
+    light = stand_ins or _elements(model.graph) > LIGHT_FROM
     try:
         out = onnx.shape_inference.infer_shapes(
-            _for_inference(model) if light else model, strict_mode=False, data_prop=True
+            _for_inference(model, stand_ins) if light else model,
+            strict_mode=False,
+            data_prop=True,
         )
     except Exception as exc:  # inference errors on exotic models are not user errors
         log.warning("shape inference failed (%s); continuing without it", exc)
@@ -307,9 +310,10 @@ def _elements(graph: onnx.GraphProto) -> int:
 SHAPING_MOST = 1024
 
 
-def _for_inference(model: onnx.ModelProto) -> onnx.ModelProto:
+def _for_inference(model: onnx.ModelProto, stand_ins: bool) -> onnx.ModelProto:
     """A copy of `model` for inference only: its large weights without their data (their
-    type and dims are what inference reads), its `INFERRED_AS` ops their stand-ins.
+    type and dims are what inference reads), with `stand_ins` its `INFERRED_AS` ops their
+    stand-ins.
 
     Why without the weights: onnx's inference serializes the model it is given, parses
     it in C++ and back, and the weights were most of that: a model with a 400 MB weight
@@ -327,7 +331,7 @@ def _for_inference(model: onnx.ModelProto) -> onnx.ModelProto:
         graph.initializer.append(
             kept or onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
         )
-    if _holds_stand_ins(source):
+    if stand_ins:
         for node in all_nodes(copy):
             if _stood_in(node):
                 node.op_type = INFERRED_AS[node.op_type]

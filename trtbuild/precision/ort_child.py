@@ -31,7 +31,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
-from trtbuild.children import KILLED, signal_name
+from trtbuild.children import KILLED, import_path, signal_name
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
 
@@ -248,19 +248,6 @@ def reap(proc: subprocess.Popen) -> None:
         proc.stdin = None
     with contextlib.suppress(OSError, ValueError):
         proc.communicate()
-
-
-def import_path() -> str:
-    """Where the child imports from: the parent's own absolute import folders, less the
-    working folder (`python -m` puts it first; an `onnxruntime.py` planted there is what
-    `-I` keeps out). Why not `-I`'s own path alone: it drops the user site and
-    PYTHONPATH, and an ONNX Runtime installed there is the one the parent runs."""
-    try:
-        here = os.path.realpath(os.getcwd())
-    except OSError:  # the working folder was removed
-        here = ""
-    kept = [p for p in sys.path if os.path.isabs(p) and os.path.realpath(p) != here]
-    return os.pathsep.join(kept)
 
 
 def _feed(pipe: Any, parts: tuple[bytes, ...]) -> None:
