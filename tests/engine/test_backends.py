@@ -126,3 +126,58 @@ def test_an_attention_with_no_fused_kernel_is_told_the_policys_fix():
     assert "`build: {decomposable_attention: true}`" in _build_fix(said, whole)
     chosen = _build_fix(said, BuildSpec())  # already true: nothing to say
     assert chosen.startswith("TensorRT said: ") and "decomposable_attention" not in chosen
+
+
+def _rope_model(path) -> None:
+    """One ONNX `RotaryEmbedding` (opset 23) whose cos and sin caches have a batch of 1, as
+    torch.onnx's dynamo exporter writes a Llama's, before an input with a dynamic batch."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 8, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 8, 16])
+    angle = np.arange(8)[:, None] * (1.0 / 10000 ** (np.arange(8) / 8))[None]
+    caches = [numpy_helper.from_array(f(angle)[None].astype(np.float32), f.__name__)
+              for f in (np.cos, np.sin)]  # fmt: skip
+    rope = helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], name="rope")
+    m = helper.make_model(
+        helper.make_graph([rope], "g", [x], [y], caches),
+        opset_imports=[helper.make_opsetid("", 23)],
+    )
+    m.ir_version = 10
+    onnx.checker.check_model(m, full_check=True)
+    save_model(m, path)
+
+
+@rtx
+def test_a_dynamic_dim_the_parser_refuses_is_told_to_be_made_static(tmp_path):
+    """TensorRT-RTX's parser compares the cos cache's batch (1) with the input's (-1) and
+    refuses the model (a Llama exported at opset 23: exit 3, told to check the op is
+    supported). Where the policy holds that dim at one value, the hint names the override
+    that makes it static, and the model so prepared builds."""
+    from trtbuild.policy.specs import InputSpec
+
+    _rope_model(tmp_path / "m.onnx")
+    held = (InputSpec("x", min=(1, 2, 8, 16), opt=(1, 2, 8, 16), max=(1, 2, 8, 16)),)
+    spec = BuildSpec(workspace=1 << 28)
+    with pytest.raises(BackendError) as info:
+        build_engine(tmp_path / "m.onnx", "tensorrt-rtx", spec, held)
+    assert "cosCache" in info.value.message
+    assert "`passes: {override_input_shapes: {x: [1, 2, 8, 16]}}`" in info.value.hint
+    varied = (InputSpec("x", min=(1, 2, 8, 16), opt=(2, 2, 8, 16), max=(4, 2, 8, 16)),)
+    with pytest.raises(BackendError) as info:  # a batch that varies: no static dim to offer
+        build_engine(tmp_path / "m.onnx", "tensorrt-rtx", spec, varied)
+    assert "override_input_shapes" not in info.value.hint
+    static = prepare(
+        onnx.load(tmp_path / "m.onnx"), Passes(override_input_shapes=(("x", (1, 2, 8, 16)),))
+    )
+    save_model(static.model, tmp_path / "static.onnx")
+    assert build_engine(tmp_path / "static.onnx", "tensorrt-rtx", spec, held).engine
+
+
+def test_a_parse_error_without_a_dynamic_dim_keeps_its_hint():
+    from trtbuild.engine.backends import UNSUPPORTED_FIX, _parse_fix
+
+    said = "In node 3 (importFoo): UNSUPPORTED_NODE: No importer registered for op: Foo"
+    assert _parse_fix(said, None, (), None) == UNSUPPORTED_FIX
+    assert _parse_fix("a tensor of 31 dims", None, (), None) == UNSUPPORTED_FIX

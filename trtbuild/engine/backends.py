@@ -198,7 +198,7 @@ def _build_engine(
     builder = trt.Builder(logger)
     if builder is None:
         raise BackendError(f"{backend}: cannot create a builder", hint=_last_errors(messages))
-    network, _parser = _parse(trt, builder, logger, onnx_path, backend)
+    network, _parser = _parse(trt, builder, logger, onnx_path, backend, inputs)
     if spec.decomposable_attention:
         _decomposable_attention(trt, network)
     config = _config(trt, builder, spec, backend)
@@ -343,7 +343,14 @@ def _logger(
     return _Logger()
 
 
-def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path, backend: str) -> tuple[Any, Any]:
+def _parse(
+    trt: Any,
+    builder: Any,
+    logger: Any,
+    onnx_path: Path,
+    backend: str,
+    inputs: tuple[InputSpec, ...] = (),
+) -> tuple[Any, Any]:
     """A strongly typed network (TensorRT 11 has no other kind) parsed from the mixed model.
 
     The parser is returned too: it owns the weights, so it must outlive the build.
@@ -360,9 +367,71 @@ def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path, backend: str) -
         old = "Pre-opset" in said  # an opset 6 export's broadcasting, say
         raise BackendError(
             f"{backend} cannot parse {onnx_path.name}: {said}",
-            hint=OPSET_FIX if old else "check the op is supported by this TensorRT version",
+            hint=OPSET_FIX if old else _parse_fix(said, network, inputs, onnx_path),
         )
     return network, parser
+
+
+UNSUPPORTED_FIX = "check the op is supported by this TensorRT version"
+# A dim TensorRT's messages print for a dynamic one: "-1", not part of a number or a name.
+_DYNAMIC_DIM = re.compile(r"(?<![\w.])-1(?![\w.])")
+
+
+def _parse_fix(said: str, network: Any, inputs: tuple[InputSpec, ...], onnx_path: Path) -> str:
+    """The hint for a model the parser refuses. Where its message names a dynamic dim (-1)
+    and the policy holds a dynamic dim of an input at one value at every point, the fix is
+    to make that dim static: some importers check dims before any profile is known
+    (TensorRT-RTX's `RotaryEmbedding` compares its cos cache's batch of 1, as torch.onnx
+    exports a Llama's at opset 23, with the input's -1), and an engine built for one value
+    of a dim loses nothing by it."""
+    if not _DYNAMIC_DIM.search(said):
+        return UNSUPPORTED_FIX
+    fixed = _held_static(network, inputs, onnx_path)
+    if not fixed:
+        return UNSUPPORTED_FIX
+    shapes = ", ".join(f"{name}: [{', '.join(map(str, dims))}]" for name, dims in fixed.items())
+    return (
+        "the parser met a dynamic dim (-1) that the policy holds at one value at every "
+        f"point; make it static: `passes: {{override_input_shapes: {{{shapes}}}}}` in the "
+        f"policy (a name keeps a dim dynamic); else {UNSUPPORTED_FIX}"
+    )
+
+
+def _held_static(
+    network: Any, inputs: tuple[InputSpec, ...], onnx_path: Path
+) -> dict[str, list[int | str]]:
+    """Each input with a dynamic dim the policy's points hold at one value: its dims, those
+    made static, the others as the model names them (a dim a name, for the override)."""
+    import onnx
+
+    specs = {s.name: s for s in inputs}
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    names = {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input}
+    fixed: dict[str, list[int | str]] = {}
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        dims, spec = list(tensor.shape), specs.get(tensor.name)
+        if spec is None:
+            continue
+        low, high = (spec.shape, spec.shape) if spec.shape is not None else (spec.min, spec.max)
+        if low is None or high is None or len(low) != len(dims):
+            continue
+        declared = names.get(tensor.name, [])
+        made = [
+            d if d >= 0 else low[k] if low[k] == high[k] else _dim_name(declared, k, tensor.name)
+            for k, d in enumerate(dims)
+        ]
+        if any(d < 0 and low[k] == high[k] for k, d in enumerate(dims)):
+            fixed[tensor.name] = made
+    return fixed
+
+
+def _dim_name(declared: list[str], k: int, name: str) -> str:
+    """The model's name of dim `k` where the override's schema takes it, else one made up."""
+    given = declared[k] if k < len(declared) else ""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", given):
+        return given
+    return ("_" + re.sub(r"\W", "_", f"{name}_{k}"))[:64]
 
 
 def _config(trt: Any, builder: Any, spec: BuildSpec, backend: str) -> Any:
