@@ -30,6 +30,7 @@ from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import Passes, Precision
 from trtbuild.precision.assign import Assignment, assign
 from trtbuild.precision.convert import Converted, convert
+from trtbuild.precision.rules import MatchContext, may_read_ranges
 
 if TYPE_CHECKING:  # the reference's module is imported where one runs: `convert` runs none
     from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors
@@ -87,9 +88,12 @@ class Front:
         return self.assignment.warnings + self.converted.warnings
 
 
-def needs_reference(policy: Policy) -> bool:
-    """Range rules read the FP32 reference; without them `convert` need not run it."""
-    return any(r.match.max_abs_above is not None for r in policy.precision.all_rules())
+def needs_reference(policy: Policy, analysis: Analysis) -> bool:
+    """Range rules read the FP32 reference; without them `convert` need not run it. A range
+    rule whose other keys select no node of this graph reads nothing (the periodic guard
+    on a model without Sin or Cos: most models' `convert` runs no reference)."""
+    ctx = MatchContext(analysis)
+    return any(may_read_ranges(r, ctx) for r in policy.precision.all_rules())
 
 
 # How much of the FP32 reference a command reads: nothing, its measures (peaks, internals:
@@ -121,8 +125,6 @@ def run_front(
         raise ValueError(f"reference must be one of {REFERENCE_LEVELS}, not {reference!r}")
     if not draw and reference != "none":
         raise ValueError('draw=False draws no feeds: the reference needs them (reference="none")')
-    if reference == "none" and needs_reference(policy):
-        reference, draw = "measures", True
     cache = cache if cache is not None else Cache(enabled=False)
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -133,6 +135,8 @@ def run_front(
     view = GraphView(prepared.model)
     analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
     _check_inputs(policy, prepared, analysis)
+    if reference == "none" and needs_reference(policy, analysis):
+        reference, draw = "measures", True
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()

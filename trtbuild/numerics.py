@@ -23,6 +23,11 @@ LOW_TINY = {"fp16": FP16_TINY, "bf16": BF16_TINY}
 # One step at 1.0 in each low type (machine epsilon); storing a value rounds it by at most
 # half a step, relatively
 LOW_EPS = {"fp16": 2.0**-10, "bf16": 2.0**-7}
+# A periodic op's argument (sin, cos) whose storage alone moves the result by more than this
+# (in radians: 1% of the output's amplitude) needs FP32: above LOW_PHASE_MAX, rounding |x|
+# to the low type's half step, |x| * eps / 2, passes it (FP16: |x| > 20.48; BF16: 2.56)
+PHASE_ERROR = 0.01
+LOW_PHASE_MAX = {low: PHASE_ERROR * 2 / eps for low, eps in LOW_EPS.items()}
 # The smallest |x| each low type rounds to infinity: half a step past its largest value
 # (round to nearest even), 65520 for FP16
 LOW_INF_AT = {

@@ -62,3 +62,84 @@ def test_a_guard_list_keeps_only_the_named_guards(example_policy, capsys):
 
     assert mask_rule("[weight-range]") == "guard:weight-range"
     assert mask_rule("[]") == "default"
+
+
+def _timestep_policy(tmp_path, high: float, guards: str = "true"):
+    """A diffusion model's timestep embedding, `sin(t · freq)` and `cos(t · freq)`, added to
+    an input and projected: what the periodic guard is for, with timesteps up to `high`."""
+    import numpy as np
+    import onnx
+
+    from tests.helpers import F, model, node
+
+    freq = np.exp(-np.log(10000.0) * np.arange(8) / 8).astype(np.float32)[None]
+    w = np.random.default_rng(0).normal(size=(16, 16)).astype(np.float32) / 4
+    nodes = [
+        node("Unsqueeze", ["t", "axes"], "t1", "unsqueeze"),
+        node("Mul", ["t1", "freq"], "arg", "mul"),
+        node("Sin", ["arg"], "s", "sin"),
+        node("Cos", ["arg"], "c", "cos"),
+        node("Concat", ["s", "c"], "emb", "concat", axis=1),
+        node("Add", ["emb", "x"], "h", "add"),
+        node("MatMul", ["h", "w"], "y", "proj"),
+    ]
+    inits = {"axes": np.array([1], np.int64), "freq": freq, "w": w}
+    m = model(nodes, [("t", F, [1]), ("x", F, [1, 16])], [("y", F, [1, 16])], inits)
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        f"  t: {{shape: [1], data: {{distribution: uniform, low: 0, high: {high}}}}}\n"
+        "  x: {shape: [1, 16]}\n"
+        f"precision: {{default: fp16, guards: {guards}}}\nbuild: {{backend: none}}\n"
+        "accuracy: {tolerances: {default: {atol: 1e-2, rtol: 1e-2}}}\n"
+    )
+    return policy
+
+
+def test_a_timestep_embedding_is_computed_in_fp32_by_the_periodic_guard(tmp_path, capsys):
+    """FP16 stores t · freq (t up to 1000) to a quarter of a radian: the guard pins the
+    argument's chain and the sine and cosine of it, not the frequencies' weight nor the
+    projection after."""
+    policy = _timestep_policy(tmp_path, 1000)
+    assert main(["check", "--policy", str(policy), "--json"]) == 0
+    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
+    pinned = {n for n, r in rows.items() if r["rule"] == "guard:periodic-range"}
+    assert pinned == {"unsqueeze", "mul", "sin", "cos"}
+    assert all(rows[n]["precision"] == "fp32" for n in pinned)
+    assert "computes the argument of Sin sin" in rows["mul"]["reason"]
+    assert rows["proj"]["precision"] == "fp16"
+
+
+def test_the_periodic_guard_reads_ranges_small_arguments_stay_fp16(tmp_path, capsys):
+    policy = _timestep_policy(tmp_path, 1.0)  # |t · freq| below 20.48: FP16 holds its phase
+    assert main(["check", "--policy", str(policy), "--json"]) == 0
+    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
+    assert rows["sin"]["precision"] == "fp16" and rows["mul"]["precision"] == "fp16"
+
+
+def test_without_the_periodic_guard_the_timestep_embedding_fails(tmp_path):
+    code, report = _build(_timestep_policy(tmp_path, 1000), tmp_path / "b")
+    assert code == 0 and report["passed"]
+    assert report["precision"]["rule_hits"]["guard:periodic-range"] == 4
+    off = _timestep_policy(tmp_path, 1000, guards="[weight-range]")
+    code, report = _build(off, tmp_path / "off")
+    assert code == 1 and not report["passed"]
+
+
+def test_convert_runs_the_reference_only_for_a_model_with_a_periodic_op(tmp_path):
+    """The guard reads ranges: `convert` of a model with a Sin runs the FP32 reference's
+    measures and pins; one without (most models) still runs no reference at all."""
+    from tests.helpers import identity_policy
+    from trtbuild.front import run_front
+    from trtbuild.policy import load_policy
+
+    front = run_front(load_policy(_timestep_policy(tmp_path, 1000)), reference="none", draw=False)
+    assert front.measures is not None
+    decisions = enumerate(front.assignment.decisions)
+    pinned = {front.view.nodes[i].name for i, d in decisions if d.rule == "guard:periodic-range"}
+    assert pinned == {"unsqueeze", "mul", "sin", "cos"}
+    (tmp_path / "plain").mkdir()
+    plain = identity_policy(tmp_path / "plain", [1, 4], "{shape: [1, 4]}")
+    front = run_front(load_policy(plain), reference="none", draw=False)
+    assert front.measures is None and not front.feeds

@@ -56,6 +56,36 @@ def _final_reductions(analysis: Analysis, last: int | None) -> dict[int, str]:
     return _back(final_reductions(inner.view, last), back)
 
 
+# Periodic ops: their output error is the absolute error of their argument, which FP16
+# stores to |x| * 2^-11 (sin(1000) there is off by up to 0.25)
+PERIODIC = ("Sin", "Cos", "Tan")
+# What computes a periodic op's argument (a timestep times frequencies, positions times
+# inverse frequencies): arithmetic that carries every upstream rounding into it
+ARGUMENT = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "MatMul", "Gemm", "Cast", "CastLike"})
+
+
+def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
+    """Each periodic op and the nodes upstream that compute its argument: data movement and
+    `ARGUMENT`'s arithmetic, up to graph inputs, weights and any other op."""
+    from trtbuild.graph.optypes import DATA_MOVEMENT
+
+    view = analysis.view
+    found: dict[int, str] = {}
+    for i, node in enumerate(view.nodes):
+        if node.op_type not in PERIODIC:
+            continue
+        found.setdefault(i, f"{node.op_type}: periodic in its argument")
+        queue = [view.producer[t] for t in view.float_inputs(i) if t in view.producer]
+        while queue:
+            k = queue.pop()
+            op = view.nodes[k].op_type
+            if k in found or (op not in ARGUMENT and op not in DATA_MOVEMENT):
+                continue
+            found[k] = f"computes the argument of {node.op_type} {node.name}"
+            queue += [view.producer[t] for t in view.float_inputs(k) if t in view.producer]
+    return found
+
+
 def _back(found: dict[int, str], back: tuple[int, ...] | None) -> dict[int, str]:
     """Findings in the float graph (`Analysis.see_through`) as indices of the graph itself."""
     return found if back is None else {back[i]: why for i, why in found.items()}
@@ -77,6 +107,11 @@ PATTERNS: dict[str, Pattern] = {
     "softmax": Pattern("Softmax and LogSoftmax nodes", _softmax),
     "final_reductions": Pattern(
         "the reductions nearest the outputs (`last: N` keeps the last N)", _final_reductions
+    ),
+    "periodic_arguments": Pattern(
+        "Sin, Cos and Tan nodes and the arithmetic and data movement upstream that compute "
+        "their argument (a timestep or position embedding)",
+        _periodic_arguments,
     ),
 }
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.graph.patterns import PATTERNS
-from trtbuild.numerics import FP16_MAX
+from trtbuild.numerics import FP16_MAX, LOW_PHASE_MAX, PHASE_ERROR
 from trtbuild.policy.keys import (
     BOOL,
     DIMS,
@@ -270,13 +270,22 @@ class Rule:
 # Built-in safety rules, applied after the user's (a user rule naming a node wins).
 # Why weight-range: a weight beyond 65504 is inf in FP16 (Hugging Face's mask constant
 # finfo(float32).min among them) and `0 x -inf` is NaN; ModelOpt AutoCast keeps such
-# nodes in FP32 by default too.
+# nodes in FP32 by default too. Why periodic-range: FP16 stores a timestep embedding's
+# t * freq (t up to 1000) or a rotary embedding's position * inv_freq to half a radian,
+# and sin and cos of it are noise; on random weights the outputs may not show it.
 GUARDS: dict[str, Rule] = {
     "weight-range": Rule(
         id="guard:weight-range",
         match=Match(initializer_abs_above=FP16_MAX),
         precision="fp32",
         why="consumes a weight that is finite in FP32 and beyond the FP16 range",
+    ),
+    "periodic-range": Rule(
+        id="guard:periodic-range",
+        match=Match(pattern="periodic_arguments", max_abs_above=LOW_PHASE_MAX["fp16"]),
+        precision="fp32",
+        why=f"computes a periodic op's argument beyond {LOW_PHASE_MAX['fp16']:g}, where FP16 "
+        f"rounds it by more than {PHASE_ERROR:g} rad",
     ),
 }
 

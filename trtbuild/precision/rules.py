@@ -179,10 +179,25 @@ def matchers_for(match: Match, kinds: tuple[type[Matcher], ...] = MATCHERS) -> l
     return [k.from_match(match) for k in kinds if getattr(match, k.KEY) not in (None, ())]
 
 
+def may_read_ranges(rule: Rule, ctx: MatchContext) -> bool:
+    """Whether `rule` reads the FP32 reference's ranges here: it has a range key, and its
+    other keys (none, or a pattern the graph has) leave a node for the ranges to judge."""
+    if rule.match.max_abs_above is None:
+        return False
+    structural = tuple(k for k in MATCHERS if k is not MaxAbsMatcher)
+    picked: set[int] | None = None
+    for matcher in matchers_for(rule.match, structural):
+        found = set(matcher.select(ctx))
+        picked = found if picked is None else picked & found
+    return picked is None or bool(picked)
+
+
 def select(rule: Rule, ctx: MatchContext) -> dict[int, str]:
     """Nodes matched by every key of `rule.match`, with the joined reasons."""
     result: dict[int, str] | None = None
     for matcher in matchers_for(rule.match):
+        if result is not None and not result:
+            break  # nothing left to narrow: a range key after an empty pattern reads nothing
         picked = matcher.select(ctx)
         if result is None:
             result = dict(picked)
