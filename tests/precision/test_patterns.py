@@ -118,3 +118,29 @@ def test_reductions_feeding_later_reductions_are_not_final():
     )
     view = GraphView(m)
     assert {view.nodes[i].name for i in reductions.final_reductions(view, None)} == {"last"}
+
+
+def test_periodic_arguments_walk_up_to_a_matrix_product_and_stop_there():
+    """Fourier features, `sin(2π · (h @ B))` over a hidden state `h = x + y`: the product
+    and its scaling compute the argument; what made `h` is the model's, not the argument's
+    scale, and is left to the other rules."""
+    from trtbuild.graph.analysis import Analysis
+    from trtbuild.graph.patterns import find
+
+    inits = {"b": np.ones((8, 4), np.float32), "tau": np.array(6.28, np.float32)}
+    m = model(
+        [
+            node("Add", ["x", "y"], "h", "hidden"),
+            node("MatMul", ["h", "b"], "p", "project"),
+            node("Mul", ["p", "tau"], "a", "scale"),
+            node("Sin", ["a"], "s", "sin"),
+            node("Cos", ["a"], "c", "cos"),
+            node("Concat", ["s", "c"], "out", "concat", axis=-1),
+        ],
+        [("x", F, [2, 8]), ("y", F, [2, 8])],
+        [("out", F, [2, 8])],
+        inits,
+    )
+    view = GraphView(m)
+    found = {view.nodes[i].name for i in find("periodic_arguments", Analysis(view))}
+    assert found == {"project", "scale", "sin", "cos"}

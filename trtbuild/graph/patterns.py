@@ -62,11 +62,16 @@ PERIODIC = ("Sin", "Cos", "Tan")
 # What computes a periodic op's argument (a timestep times frequencies, positions times
 # inverse frequencies): arithmetic that carries every upstream rounding into it
 ARGUMENT = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "MatMul", "Gemm", "Cast", "CastLike"})
+# Where the walk ends, the node included: a matrix product's inputs are what the model
+# computed before (Fourier features' `x @ B`, a rotary embedding's positions times inverse
+# frequencies, whose int-to-float Cast then runs FP32 as every exact cast read in FP32)
+PRODUCTS = frozenset({"MatMul", "Gemm"})
 
 
 def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
     """Each periodic op and the nodes upstream that compute its argument: data movement and
-    `ARGUMENT`'s arithmetic, up to graph inputs, weights and any other op."""
+    `ARGUMENT`'s arithmetic, up to graph inputs, weights, a matrix product (`PRODUCTS`) and
+    any other op."""
     from trtbuild.graph.optypes import DATA_MOVEMENT
 
     view = analysis.view
@@ -82,7 +87,8 @@ def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
             if k in found or (op not in ARGUMENT and op not in DATA_MOVEMENT):
                 continue
             found[k] = f"computes the argument of {node.op_type} {node.name}"
-            queue += [view.producer[t] for t in view.float_inputs(k) if t in view.producer]
+            if op not in PRODUCTS:
+                queue += [view.producer[t] for t in view.float_inputs(k) if t in view.producer]
     return found
 
 
