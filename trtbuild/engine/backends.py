@@ -363,13 +363,25 @@ def _parse(
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        said = "; ".join(errors[:3])
+        said = _without_driver_noise("; ".join(errors[:3]))
         old = "Pre-opset" in said  # an opset 6 export's broadcasting, say
         raise BackendError(
             f"{backend} cannot parse {onnx_path.name}: {said}",
             hint=OPSET_FIX if old else _parse_fix(said, network, inputs, onnx_path),
         )
     return network, parser
+
+
+# A line TensorRT-RTX's parser adds to its error on a machine without a CUDA driver (where
+# it builds ahead of time): the CUDA runtime finding no driver, which is not why it refused
+_NO_DRIVER = "CUDA driver version is insufficient"
+
+
+def _without_driver_noise(said: str) -> str:
+    """The parser's error without the no-driver line, where there is no GPU to speak of."""
+    if _NO_DRIVER not in said or gpu_available():
+        return said
+    return "\n".join(line for line in said.splitlines() if _NO_DRIVER not in line) or said
 
 
 UNSUPPORTED_FIX = "check the op is supported by this TensorRT version"
