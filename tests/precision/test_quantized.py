@@ -555,3 +555,22 @@ def test_dequantize_reads_around_a_block_quantized_weight(tmp_path):
     matmul = next(n for n in mixed.nodes if n.name == "/fc/MatMul")
     got = numpy_helper.to_array(mixed.initializers[matmul.input[1]])
     assert np.array_equal(got, (w.astype(np.float32) * np.repeat(ws, 4, axis=0)))
+
+
+def test_folding_an_fp8_model_says_nothing_of_its_weights(capfd):
+    """onnx-graphsurgeon's import warns of every FP8 weight ("Could not convert:
+    FLOAT8E4M3FN to a corresponding NumPy type"), and its first line of all is that
+    `colored` is not installed: `check` of a ModelOpt FP8 UNet printed both. The fold
+    imports the graph under the same quiet log as its folding."""
+    from trtbuild.passes.prepare import prepare
+    from trtbuild.policy.specs import Passes
+
+    m = fp8_conv()
+    half = helper.make_node("Mul", ["b", "b"], ["b2"], name="fold_me")  # a constant to fold
+    m.graph.node.insert(0, half)
+    m.graph.node[-1].input[2] = "b2"
+    capfd.readouterr()
+    prepared = prepare(m, Passes(opset=19))
+    assert "fold_me" not in {n.name for n in prepared.model.graph.node}  # it was folded
+    out, err = capfd.readouterr()
+    assert "FLOAT8" not in out + err and "[W]" not in out + err

@@ -379,12 +379,12 @@ def fold_constants(
     unfolded = oversized(model, budget if budget is not None else default_memory_budget())
     excluded = {u["name"] for u in unfolded}
     before = len(model.graph.node)
-    graph = gs.import_onnx(_io_declared_once(model))
-    with quiet_dependencies(verbose):
+    with quiet_dependencies(verbose):  # its import warns of every FP8 weight, unasked
+        graph = gs.import_onnx(_io_declared_once(model))
         graph.fold_constants(
             error_ok=True, flatten_subgraphs=False, should_exclude_node=lambda n: n.name in excluded
         ).cleanup(remove_unused_graph_inputs=False).toposort()
-    folded = gs.export_onnx(graph, do_type_check=False)
+        folded = gs.export_onnx(graph, do_type_check=False)
     # gs writes its own producer/ir version; keep the model's metadata and opsets.
     folded.ir_version = model.ir_version
     del folded.opset_import[:]
