@@ -196,3 +196,24 @@ def test_onnx_ml_ops_are_exit_2_before_any_work(tmp_path, capsys):
     said = "2 node(s) of ONNX-ML's classic ML ops (ai.onnx.ml::LinearRegressor, "
     assert said + "ai.onnx.ml::Normalizer; the first: lin), which TensorRT does not run" in err
     assert "run the ai.onnx.ml part in ONNX Runtime" in err
+
+
+@pytest.mark.parametrize(
+    "keys, reads",
+    [
+        ("{max_abs_above: 1}", True),  # a range alone reads the reference
+        ("{max_abs_above: 1, op: Identity}", True),
+        ("{max_abs_above: 1, op: Conv}", False),  # nothing left for the range to judge
+        ("{max_abs_above: 1, reduction_depth_above: 1000}", False),
+        ("{max_abs_above: 1, initializer_abs_above: 1e6}", False),
+    ],
+)
+def test_convert_runs_the_reference_where_a_range_rule_has_a_node_to_judge(tmp_path, keys, reads):
+    """`convert` runs no reference unless a range rule's other keys leave it a node; a rule
+    they leave empty is no error either (its range key is never asked: exit 0, not 2)."""
+    rule = f"precision: {{rules: [{{id: r, match: {keys}, precision: fp32}}]}}\n"
+    policy = identity_policy(tmp_path, [1, 4], "{shape: [1, 4]}", rule)
+    front = run_front(load_policy(policy), reference="none", draw=False)
+    assert (front.measures is not None) is reads
+    out = tmp_path / "m16.onnx"
+    assert main(["convert", "--policy", str(policy), "-o", str(out), "--no-cache"]) == 0

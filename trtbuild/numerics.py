@@ -24,10 +24,13 @@ LOW_TINY = {"fp16": FP16_TINY, "bf16": BF16_TINY}
 # half a step, relatively
 LOW_EPS = {"fp16": 2.0**-10, "bf16": 2.0**-7}
 # A periodic op's argument (sin, cos) whose storage alone moves the result by more than this
-# (in radians: 1% of the output's amplitude) needs FP32: above LOW_PHASE_MAX, rounding |x|
-# to the low type's half step, |x| * eps / 2, passes it (FP16: |x| > 20.48; BF16: 2.56)
+# (in radians: 1% of the output's amplitude) needs FP32. From LOW_PHASE_MAX on (a power of
+# two), the low type's half step passes it: FP16 rounds |x| in [32, 64) by up to 1/64 and
+# in [16, 32) by at most 1/128; BF16 passes it from 4 on
 PHASE_ERROR = 0.01
-LOW_PHASE_MAX = {low: PHASE_ERROR * 2 / eps for low, eps in LOW_EPS.items()}
+LOW_PHASE_MAX = {
+    low: 2.0 ** math.ceil(math.log2(PHASE_ERROR * 2 / eps)) for low, eps in LOW_EPS.items()
+}
 # The smallest |x| each low type rounds to infinity: half a step past its largest value
 # (round to nearest even), 65520 for FP16
 LOW_INF_AT = {

@@ -182,3 +182,48 @@ def test_a_parse_error_without_a_dynamic_dim_keeps_its_hint():
     said = "In node 3 (importFoo): UNSUPPORTED_NODE: No importer registered for op: Foo"
     assert _parse_fix(said, None, (), None) == UNSUPPORTED_FIX
     assert _parse_fix("a tensor of 31 dims", None, (), None) == UNSUPPORTED_FIX
+
+
+def test_the_dynamic_dim_in_a_parse_error_is_found_where_tensorrt_writes_it():
+    from trtbuild.engine.backends import _DYNAMIC_DIM
+
+    found = ["as input which is -1.", "dims (-1, 3)", "batch -1 but", "[-1,8]"]
+    assert all(_DYNAMIC_DIM.search(s) for s in found)
+    assert not any(_DYNAMIC_DIM.search(s) for s in ("x-1", "-10", "-1.5", "n-1 dims", "1e-1"))
+
+
+def test_a_dim_the_override_names_fits_the_schema_and_stays_shared():
+    """The model's dim name where it has one (inputs that share `seq-len` keep sharing it),
+    else one made of the input's; either fits `override_input_shapes`' schema."""
+    import re
+
+    from trtbuild.engine.backends import _dim_name
+    from trtbuild.policy.specs import DIM_NAME
+
+    assert _dim_name(["b", "seq-len"], 1, "input_ids") == "seq_len"
+    assert _dim_name(["b", "seq-len"], 1, "attention_mask") == "seq_len"
+    assert _dim_name(["", ""], 0, "input.1") == "input_1_0"
+    assert _dim_name([], 2, "入力") == "___2"
+    assert _dim_name(["2d"], 0, "x") == "_2d"
+    names = [_dim_name(d, 0, n) for d, n in ((["s"], "x"), ([], "9"), (["a" * 80], "x"))]
+    assert all(re.fullmatch(DIM_NAME, n) for n in names)
+
+
+@rtx
+def test_a_static_shape_in_the_policy_holds_every_dim(tmp_path):
+    """`shape:` holds a model's dynamic dim as min = max does, and a name is quoted: YAML
+    would read `on` or `null` as no name."""
+    from trtbuild.policy.specs import InputSpec
+
+    _rope_model(tmp_path / "m.onnx")
+    m = onnx.load(tmp_path / "m.onnx")
+    m.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "on"  # a dim YAML misreads
+    save_model(m, tmp_path / "named.onnx")
+    held = (InputSpec("x", shape=(1, 2, 8, 16)),)
+    with pytest.raises(BackendError) as info:
+        build_engine(tmp_path / "named.onnx", "tensorrt-rtx", BuildSpec(workspace=1 << 28), held)
+    assert "{x: [1, 2, 8, 16]}" in info.value.hint  # the named dim is held too: a number
+    ranged = (InputSpec("x", min=(1, 2, 4, 16), opt=(1, 2, 8, 16), max=(1, 2, 8, 16)),)
+    with pytest.raises(BackendError) as info:
+        build_engine(tmp_path / "named.onnx", "tensorrt-rtx", BuildSpec(workspace=1 << 28), ranged)
+    assert '{x: [1, 2, "on", 16]}' in info.value.hint

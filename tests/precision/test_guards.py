@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import onnx
+
 from trtbuild.cli import main
 
 
@@ -64,7 +67,9 @@ def test_a_guard_list_keeps_only_the_named_guards(example_policy, capsys):
     assert mask_rule("[]") == "default"
 
 
-def _timestep_policy(tmp_path, high: float, guards: str = "true"):
+def _timestep_policy(
+    tmp_path, high: float, guards: str = "true", default: str = "fp16", low: float = 0
+):
     """A diffusion model's timestep embedding, `sin(t · freq)` and `cos(t · freq)`, added to
     an input and projected: what the periodic guard is for, with timesteps up to `high`."""
     import numpy as np
@@ -89,9 +94,9 @@ def _timestep_policy(tmp_path, high: float, guards: str = "true"):
     policy = tmp_path / "p.yaml"
     policy.write_text(
         "version: 1\nmodel: m.onnx\ninputs:\n"
-        f"  t: {{shape: [1], data: {{distribution: uniform, low: 0, high: {high}}}}}\n"
+        f"  t: {{shape: [1], data: {{distribution: uniform, low: {low}, high: {high}}}}}\n"
         "  x: {shape: [1, 16]}\n"
-        f"precision: {{default: fp16, guards: {guards}}}\nbuild: {{backend: none}}\n"
+        f"precision: {{default: {default}, guards: {guards}}}\nbuild: {{backend: none}}\n"
         "accuracy: {tolerances: {default: {atol: 1e-2, rtol: 1e-2}}}\n"
     )
     return policy
@@ -112,7 +117,7 @@ def test_a_timestep_embedding_is_computed_in_fp32_by_the_periodic_guard(tmp_path
 
 
 def test_the_periodic_guard_reads_ranges_small_arguments_stay_fp16(tmp_path, capsys):
-    policy = _timestep_policy(tmp_path, 1.0)  # |t · freq| below 20.48: FP16 holds its phase
+    policy = _timestep_policy(tmp_path, 1.0)  # |t · freq| below 32: FP16 holds its phase
     assert main(["check", "--policy", str(policy), "--json"]) == 0
     rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
     assert rows["sin"]["precision"] == "fp16" and rows["mul"]["precision"] == "fp16"
@@ -143,3 +148,53 @@ def test_convert_runs_the_reference_only_for_a_model_with_a_periodic_op(tmp_path
     plain = identity_policy(tmp_path / "plain", [1, 4], "{shape: [1, 4]}")
     front = run_front(load_policy(plain), reference="none", draw=False)
     assert front.measures is None and not front.feeds
+
+
+def _guarded(tmp_path, capsys, low: float, high: float, default: str = "fp16") -> set[str]:
+    policy = _timestep_policy(tmp_path, high, default=default, low=low)
+    capsys.readouterr()
+    assert main(["check", "--policy", str(policy), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["nodes"]
+    return {r["node"] for r in rows if r["rule"] == "guard:periodic-range"}
+
+
+def test_the_periodic_bound_is_where_the_low_types_half_step_passes_a_hundredth(tmp_path, capsys):
+    """FP16 rounds |x| in [16, 32) by at most 1/128 rad and from 32 on by up to 1/64: a
+    timestep up to 30 stays FP16, one up to 40 does not. BF16 passes 0.01 from 4 on."""
+    assert _guarded(tmp_path, capsys, 20, 30) == set()
+    assert _guarded(tmp_path, capsys, 35, 40) == {"unsqueeze", "mul", "sin", "cos"}
+    assert _guarded(tmp_path, capsys, 5, 10, "bf16") == {"unsqueeze", "mul", "sin", "cos"}
+    assert _guarded(tmp_path, capsys, 0, 3, "bf16") == set()
+
+
+def test_an_fp32_policy_has_no_periodic_guard_and_convert_runs_no_reference(tmp_path):
+    from trtbuild.front import run_front
+    from trtbuild.policy import load_policy
+
+    policy = load_policy(_timestep_policy(tmp_path, 1000, default="fp32"))
+    assert "guard:periodic-range" not in {r.id for r in policy.precision.all_rules()}
+    assert run_front(policy, reference="none", draw=False).measures is None
+
+
+def test_the_rotary_positions_cast_runs_fp32_once_the_product_is_pinned(tmp_path, capsys):
+    """Positions up to 4095 as floats: FP16 holds integers exactly only to 2048."""
+    from tests.helpers import I64, F, model, node
+
+    nodes = [
+        node("Cast", ["pos"], "posf", "to_float", to=onnx.TensorProto.FLOAT),
+        node("Reshape", ["posf", "row"], "prow", "as_row"),
+        node("MatMul", ["inv", "prow"], "freqs", "outer"),
+        node("Cos", ["freqs"], "out", "cos"),
+    ]
+    inits = {"inv": np.ones((4, 1), np.float32), "row": np.array([1, -1], np.int64)}
+    onnx.save(model(nodes, [("pos", I64, [16])], [("out", F, [4, 16])], inits), tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        "  pos: {shape: [16], data: {distribution: uniform, low: 0, high: 4096}}\n"
+        "build: {backend: none}\n"
+    )
+    assert main(["check", "--policy", str(policy), "--json"]) == 0
+    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
+    assert rows["outer"]["rule"] == "guard:periodic-range" and rows["cos"]["precision"] == "fp32"
+    assert rows["to_float"]["precision"] == "fp32" and rows["to_float"]["rule"] == "exact-cast"

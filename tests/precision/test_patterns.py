@@ -144,3 +144,48 @@ def test_periodic_arguments_walk_up_to_a_matrix_product_and_stop_there():
     view = GraphView(m)
     found = {view.nodes[i].name for i in find("periodic_arguments", Analysis(view))}
     assert found == {"project", "scale", "sin", "cos"}
+
+
+def _periodic(nodes, inputs, outputs, inits) -> set[str]:
+    from trtbuild.graph.analysis import Analysis
+    from trtbuild.graph.patterns import find
+
+    view = GraphView(model(nodes, inputs, outputs, inits))
+    return {view.nodes[i].name for i in find("periodic_arguments", Analysis(view))}
+
+
+def test_periodic_arguments_leave_out_a_value_used_elsewhere_too():
+    """A Snake activation, `h + sin(a · h)²`, after a hidden state `h = x + y` that the
+    residual reads too: `a · h` is the argument's; `h` is the model's, and so is what
+    feeds it, whatever op made it (a `ReduceMean` ends the walk)."""
+    nodes = [
+        node("ReduceMean", ["x"], "m", "mean", axes=[-1]),
+        node("Add", ["m", "y"], "h", "hidden"),
+        node("Mul", ["h", "a"], "ah", "scale"),
+        node("Sin", ["ah"], "s", "sin"),
+        node("Mul", ["s", "s"], "s2", "square"),
+        node("Add", ["h", "s2"], "out", "residual"),
+    ]
+    io = ([("x", F, [2, 8]), ("y", F, [2, 1])], [("out", F, [2, 1])])
+    assert _periodic(nodes, *io, {"a": np.array(30.0, np.float32)}) == {"scale", "sin"}
+
+
+def test_periodic_arguments_of_a_rotary_embedding_by_matmul():
+    """`inv_freq @ positions` (the rotary embedding's outer product, as transformers writes
+    it): the product and what follows it; the positions' int-to-float `Cast` before the
+    product runs FP32 by the exact-cast rule once the product does."""
+    from tests.helpers import I64
+
+    nodes = [
+        node("Cast", ["pos"], "posf", "to_float", to=onnx.TensorProto.FLOAT),
+        node("Reshape", ["posf", "row"], "prow", "as_row"),
+        node("MatMul", ["inv", "prow"], "freqs", "outer"),
+        node("Transpose", ["freqs"], "ft", "transpose", perm=[1, 0]),
+        node("Concat", ["ft", "ft"], "emb", "concat", axis=-1),
+        node("Cos", ["emb"], "c", "cos"),
+        node("Sin", ["emb"], "s", "sin"),
+        node("Mul", ["c", "s"], "out", "mix"),
+    ]
+    inits = {"inv": np.ones((4, 1), np.float32), "row": np.array([1, -1], np.int64)}
+    io = ([("pos", I64, [16])], [("out", F, [16, 8])])
+    assert _periodic(nodes, *io, inits) == {"outer", "transpose", "concat", "cos", "sin"}

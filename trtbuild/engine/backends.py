@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import json
 import re
 import signal
 import threading
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import BackendError, UsageError
-from trtbuild.policy.specs import OPSET_FIX, BuildSpec, InputSpec
+from trtbuild.policy.specs import DIM_NAME, OPSET_FIX, BuildSpec, InputSpec
 
 MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 _MEMORY_LINES = {
@@ -349,7 +350,7 @@ def _parse(
     logger: Any,
     onnx_path: Path,
     backend: str,
-    inputs: tuple[InputSpec, ...] = (),
+    inputs: tuple[InputSpec, ...],
 ) -> tuple[Any, Any]:
     """A strongly typed network (TensorRT 11 has no other kind) parsed from the mixed model.
 
@@ -386,7 +387,7 @@ def _without_driver_noise(said: str) -> str:
 
 UNSUPPORTED_FIX = "check the op is supported by this TensorRT version"
 # A dim TensorRT's messages print for a dynamic one: "-1", not part of a number or a name.
-_DYNAMIC_DIM = re.compile(r"(?<![\w.])-1(?![\w.])")
+_DYNAMIC_DIM = re.compile(r"(?<![\w.])-1(?!\w|\.\d)")
 
 
 def _parse_fix(said: str, network: Any, inputs: tuple[InputSpec, ...], onnx_path: Path) -> str:
@@ -398,10 +399,15 @@ def _parse_fix(said: str, network: Any, inputs: tuple[InputSpec, ...], onnx_path
     of a dim loses nothing by it."""
     if not _DYNAMIC_DIM.search(said):
         return UNSUPPORTED_FIX
-    fixed = _held_static(network, inputs, onnx_path)
+    try:
+        fixed = _held_static(network, inputs, onnx_path)
+    except Exception:  # a hint must not hide TensorRT's refusal
+        fixed = {}
     if not fixed:
         return UNSUPPORTED_FIX
-    shapes = ", ".join(f"{name}: [{', '.join(map(str, dims))}]" for name, dims in fixed.items())
+    shapes = ", ".join(
+        f"{name}: [{', '.join(map(json.dumps, dims))}]" for name, dims in fixed.items()
+    )  # a name quoted: YAML reads `on` or `null` as no name
     return (
         "the parser met a dynamic dim (-1) that the policy holds at one value at every "
         f"point; make it static: `passes: {{override_input_shapes: {{{shapes}}}}}` in the "
@@ -439,11 +445,12 @@ def _held_static(
 
 
 def _dim_name(declared: list[str], k: int, name: str) -> str:
-    """The model's name of dim `k` where the override's schema takes it, else one made up."""
+    """The model's name of dim `k` (inputs that share it keep sharing it), else one made of
+    the input's, either made fit for the override's schema (`DIM_NAME`)."""
     given = declared[k] if k < len(declared) else ""
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", given):
-        return given
-    return ("_" + re.sub(r"\W", "_", f"{name}_{k}"))[:64]
+    made = re.sub(r"[^A-Za-z0-9_]", "_", given or f"{name}_{k}")
+    made = made if re.match(r"[A-Za-z_]", made) else f"_{made}"
+    return made[:64] if re.fullmatch(DIM_NAME, made[:64]) else f"_{k}"
 
 
 def _config(trt: Any, builder: Any, spec: BuildSpec, backend: str) -> Any:

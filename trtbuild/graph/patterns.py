@@ -69,27 +69,33 @@ PRODUCTS = frozenset({"MatMul", "Gemm"})
 
 
 def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
-    """Each periodic op and the nodes upstream that compute its argument: data movement and
-    `ARGUMENT`'s arithmetic, up to graph inputs, weights, a matrix product (`PRODUCTS`) and
-    any other op."""
+    """Each periodic op and the nodes upstream whose every use is to compute its argument:
+    data movement and `ARGUMENT`'s arithmetic, up to graph inputs, weights, a matrix product
+    (`PRODUCTS`: included, what fed it is not) and any other op. A value used elsewhere too
+    (a residual stream, a Snake activation's input) is the model's, not the argument's."""
     from trtbuild.graph.optypes import DATA_MOVEMENT
 
     view = analysis.view
-    found: dict[int, str] = {}
-    for i, node in enumerate(view.nodes):
-        if node.op_type not in PERIODIC:
+    nodes = view.nodes
+    serves = {i: i for i, n in enumerate(nodes) if n.op_type in PERIODIC}  # -> its periodic op
+    if not serves:
+        return {}
+    outputs = {o.name for o in view.graph.output}
+    for k in range(len(nodes) - 1, -1, -1):  # a valid graph is sorted: every use seen first
+        op = nodes[k].op_type
+        if k in serves or (op not in ARGUMENT and op not in DATA_MOVEMENT):
             continue
-        found.setdefault(i, f"{node.op_type}: periodic in its argument")
-        queue = [view.producer[t] for t in view.float_inputs(i) if t in view.producer]
-        while queue:
-            k = queue.pop()
-            op = view.nodes[k].op_type
-            if k in found or (op not in ARGUMENT and op not in DATA_MOVEMENT):
-                continue
-            found[k] = f"computes the argument of {node.op_type} {node.name}"
-            if op not in PRODUCTS:
-                queue += [view.producer[t] for t in view.float_inputs(k) if t in view.producer]
-    return found
+        uses = [c for t in view.float_outputs(k) for c in view.consumers.get(t, ())]
+        if not uses or any(t in outputs for t in nodes[k].output):
+            continue
+        if all(c in serves and nodes[c].op_type not in PRODUCTS for c in uses):
+            serves[k] = serves[uses[0]]
+    return {
+        k: f"{nodes[k].op_type}: periodic in its argument"
+        if p == k
+        else f"computes the argument of {nodes[p].op_type} {nodes[p].name}"
+        for k, p in serves.items()
+    }
 
 
 def _back(found: dict[int, str], back: tuple[int, ...] | None) -> dict[int, str]:

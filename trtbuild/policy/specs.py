@@ -8,7 +8,7 @@ policy behind another stage's back (ModelOpt's mutable defaults are a lesson).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +168,10 @@ class InputSpec:
         return self.shape if self.shape is not None else self.opt
 
 
+# A dim given by name (dynamic) in `passes.override_input_shapes`, as ONNX's dim_param
+DIM_NAME = "[A-Za-z_][A-Za-z0-9_]{0,63}"
+
+
 @dataclass(frozen=True)
 class Passes:
     opset: int | None = field(default=None, metadata=key(integer(*OPSET_RANGE)))
@@ -187,7 +191,7 @@ class Passes:
                     "items": {
                         "oneOf": [
                             integer(1, 2**31 - 1),
-                            {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]{0,63}$"},
+                            {"type": "string", "pattern": f"^{DIM_NAME}$"},
                         ]
                     },
                 },
@@ -284,10 +288,28 @@ GUARDS: dict[str, Rule] = {
         id="guard:periodic-range",
         match=Match(pattern="periodic_arguments", max_abs_above=LOW_PHASE_MAX["fp16"]),
         precision="fp32",
-        why=f"computes a periodic op's argument beyond {LOW_PHASE_MAX['fp16']:g}, where FP16 "
-        f"rounds it by more than {PHASE_ERROR:g} rad",
+        why=f"computes a periodic op's argument past {LOW_PHASE_MAX['fp16']:g}, which FP16 "
+        f"rounds by more than {PHASE_ERROR:g} rad",
     ),
 }
+
+
+def guard(name: str, low: str) -> Rule | None:
+    """Guard `name` for a policy whose default precision is `low`: the periodic guard's bound
+    is that type's (BF16 loses the phase from 4 on), and none where the default is FP32
+    (nothing to guard: its range key would make `convert` run the reference for nothing)."""
+    rule = GUARDS[name]
+    if name != "periodic-range":
+        return rule
+    if low not in LOW_PHASE_MAX:
+        return None
+    bound = LOW_PHASE_MAX[low]
+    return replace(
+        rule,
+        match=replace(rule.match, max_abs_above=bound),
+        why=f"computes a periodic op's argument past {bound:g}, which {low.upper()} rounds by "
+        f"more than {PHASE_ERROR:g} rad",
+    )
 
 
 @dataclass(frozen=True)
@@ -325,7 +347,8 @@ class Precision:
 
     def all_rules(self) -> tuple[Rule, ...]:
         """The user's rules, then the enabled guards: the order assignment applies them."""
-        return self.rules + tuple(GUARDS[name] for name in self.guards)
+        guards = (guard(name, self.default) for name in self.guards)
+        return self.rules + tuple(g for g in guards if g is not None)
 
 
 @dataclass(frozen=True)

@@ -162,15 +162,17 @@ class ReductionDepthMatcher(OneKey):
         return out
 
 
-# The kinds of match, one class each: the registry `select` reads. A new kind is a class
-# with a `KEY` (a new field of `policy.model.Match` and the schema) added here.
+# The kinds of match, one class each: the registry `select` reads, in this order. A new kind
+# is a class with a `KEY` (a new field of `policy.model.Match` and the schema) added here.
+# The range key last: every structural key narrows first, and a rule they leave empty reads
+# no range (`may_read_ranges`: where nothing is left, `convert` runs no reference).
 MATCHERS: tuple[type[Matcher], ...] = (
     NameMatcher,
     OpMatcher,
     PatternMatcher,
-    MaxAbsMatcher,
     InitializerAbsMatcher,
     ReductionDepthMatcher,
+    MaxAbsMatcher,
 )
 
 
