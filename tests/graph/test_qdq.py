@@ -112,7 +112,9 @@ def test_violations_name_the_node_and_the_fix():
     assert bias.node == "b_dq" and bias.field == "format" and "QuantizeBias" in bias.fix
     zero = _violations(_conv_with(0.0))
     assert {v.node for v in zero} == {"q", "dq"} and all("> 0" in v.problem for v in zero)
-    assert _violations(_conv_with(float("inf")))[0].field == "scale"
+    assert all("empty" in v.fix for v in zero)
+    (endless, _) = _violations(_conv_with(float("inf")))  # a mask's sentinel calibrated
+    assert endless.field == "scale" and "scale s quantizes for left out" in endless.fix
     computed = _violations(_conv_with(0.05, scale_input="computed_scale"))
     assert computed[0].problem.startswith("scale computed_scale is not a constant")
 

@@ -480,11 +480,17 @@ def _violation(n: QdqNode, old: list[str]) -> Violation | None:
     s = np.asarray(n.scale_value, dtype=np.float64).ravel()
     bad = s[~np.isfinite(s) | (s <= 0)]
     if bad.size:
+        empty = "re-calibrate: a zero scale is a channel whose calibration range is empty"
+        endless = (
+            f"re-quantize with the op that scale {n.scale} quantizes for left out: its "
+            "calibration range is not finite (a mask's finfo.min, say; ModelOpt: "
+            "--nodes_to_exclude with that op's name)"
+        )
         return Violation(
             n.name,
             "scale",
             f"scale {n.scale} holds {bad[0]:g} ({bad.size} of {s.size}): TensorRT takes only finite scales > 0",
-            "re-calibrate: a zero scale is a channel whose calibration range is empty",
+            endless if not np.isfinite(bad).all() else empty,
         )
     if n.format == "fp8" and old:
         return Violation(
