@@ -164,7 +164,7 @@ def test_a_dynamic_dim_the_parser_refuses_is_told_to_be_made_static(tmp_path):
         build_engine(tmp_path / "m.onnx", "tensorrt-rtx", spec, held)
     assert "cosCache" in info.value.message
     assert "CUDA driver version" not in info.value.message  # no driver: not why it refused
-    assert "`passes: {override_input_shapes: {x: [1, 2, 8, 16]}}`" in info.value.hint
+    assert '`passes: {override_input_shapes: {"x": [1, 2, 8, 16]}}`' in info.value.hint
     varied = (InputSpec("x", min=(1, 2, 8, 16), opt=(2, 2, 8, 16), max=(4, 2, 8, 16)),)
     with pytest.raises(BackendError) as info:  # a batch that varies: no static dim to offer
         build_engine(tmp_path / "m.onnx", "tensorrt-rtx", spec, varied)
@@ -222,8 +222,19 @@ def test_a_static_shape_in_the_policy_holds_every_dim(tmp_path):
     held = (InputSpec("x", shape=(1, 2, 8, 16)),)
     with pytest.raises(BackendError) as info:
         build_engine(tmp_path / "named.onnx", "tensorrt-rtx", BuildSpec(workspace=1 << 28), held)
-    assert "{x: [1, 2, 8, 16]}" in info.value.hint  # the named dim is held too: a number
+    assert '{"x": [1, 2, 8, 16]}' in info.value.hint  # the named dim is held too: a number
     ranged = (InputSpec("x", min=(1, 2, 4, 16), opt=(1, 2, 8, 16), max=(1, 2, 8, 16)),)
     with pytest.raises(BackendError) as info:
         build_engine(tmp_path / "named.onnx", "tensorrt-rtx", BuildSpec(workspace=1 << 28), ranged)
-    assert '{x: [1, 2, "on", 16]}' in info.value.hint
+    assert '{"x": [1, 2, "on", 16]}' in info.value.hint
+
+
+def test_a_hint_that_cannot_be_worked_out_keeps_tensorrts_refusal(tmp_path):
+    """The hint reads the model's dim names; where that fails the refusal stands as it was
+    (exit 3 with TensorRT's words), never an error of the hint's own."""
+    from trtbuild.engine.backends import UNSUPPORTED_FIX, _parse_fix
+    from trtbuild.policy.specs import InputSpec
+
+    held = (InputSpec("x", shape=(1, 4)),)
+    gone = tmp_path / "moved.onnx"  # the model is no longer there to read
+    assert _parse_fix("batch 1 but the input's is -1.", None, held, gone) == UNSUPPORTED_FIX

@@ -189,3 +189,39 @@ def test_periodic_arguments_of_a_rotary_embedding_by_matmul():
     inits = {"inv": np.ones((4, 1), np.float32), "row": np.array([1, -1], np.int64)}
     io = ([("pos", I64, [16])], [("out", F, [16, 8])])
     assert _periodic(nodes, *io, inits) == {"outer", "transpose", "concat", "cos", "sin"}
+
+
+def test_periodic_arguments_ignore_a_shape_reader_and_leave_out_a_graph_output():
+    """`Shape(arg)` reads no value (a dynamic-axes export's), so `arg`'s producer still
+    computes only the argument; a value the user is handed (a graph output) is theirs."""
+    nodes = [
+        node("Mul", ["t", "f"], "arg", "mul"),
+        node("Shape", ["arg"], "dims", "shape"),
+        node("Sin", ["arg"], "out", "sin"),
+        node("Mul", ["u", "f"], "arg2", "mul2"),
+        node("Cos", ["arg2"], "out2", "cos"),
+    ]
+    inputs = [("t", F, [4]), ("u", F, [4])]
+    outputs = [("out", F, [4]), ("dims", onnx.TensorProto.INT64, [1]), ("out2", F, [4]),
+               ("arg2", F, [4])]  # fmt: skip
+    found = _periodic(nodes, inputs, outputs, {"f": np.ones(4, np.float32)})
+    assert found == {"mul", "sin", "cos"}
+
+
+def test_periodic_arguments_never_split_a_normalization_unit():
+    """`sin(LayerNorm(x) / 0.03)` decomposed: the scaling is the argument's; the unit is the
+    model's and stays whole for the rules that pin units."""
+    nodes = [
+        node("ReduceMean", ["x"], "m", "mean", axes=[-1]),
+        node("Sub", ["x", "m"], "d", "sub"),
+        node("Pow", ["d", "two"], "d2", "pow"),
+        node("ReduceMean", ["d2"], "v", "var", axes=[-1]),
+        node("Add", ["v", "eps"], "ve", "add_eps"),
+        node("Sqrt", ["ve"], "sd", "sqrt"),
+        node("Div", ["d", "sd"], "n", "div"),
+        node("Div", ["n", "c"], "arg", "scale"),
+        node("Sin", ["arg"], "y", "sin"),
+    ]
+    inits = {**ONE, "c": np.array(0.03, np.float32)}
+    del inits["one"]
+    assert _periodic(nodes, [("x", F, [2, 8])], [("y", F, [2, 8])], inits) == {"scale", "sin"}

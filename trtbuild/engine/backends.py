@@ -406,8 +406,8 @@ def _parse_fix(said: str, network: Any, inputs: tuple[InputSpec, ...], onnx_path
     if not fixed:
         return UNSUPPORTED_FIX
     shapes = ", ".join(
-        f"{name}: [{', '.join(map(json.dumps, dims))}]" for name, dims in fixed.items()
-    )  # a name quoted: YAML reads `on` or `null` as no name
+        f"{json.dumps(name)}: [{', '.join(map(json.dumps, dims))}]" for name, dims in fixed.items()
+    )  # names quoted: YAML reads `on` or `0` as no string
     return (
         "the parser met a dynamic dim (-1) that the policy holds at one value at every "
         f"point; make it static: `passes: {{override_input_shapes: {{{shapes}}}}}` in the "

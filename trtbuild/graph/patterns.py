@@ -66,13 +66,16 @@ ARGUMENT = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "MatMul", "Gemm", "Cast
 # computed before (Fourier features' `x @ B`, a rotary embedding's positions times inverse
 # frequencies, whose int-to-float Cast then runs FP32 as every exact cast read in FP32)
 PRODUCTS = frozenset({"MatMul", "Gemm"})
+# Readers of a value's shape only: no use of its values
+SHAPE_READERS = frozenset({"Shape", "Size"})
 
 
 def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
     """Each periodic op and the nodes upstream whose every use is to compute its argument:
     data movement and `ARGUMENT`'s arithmetic, up to graph inputs, weights, a matrix product
-    (`PRODUCTS`: included, what fed it is not) and any other op. A value used elsewhere too
-    (a residual stream, a Snake activation's input) is the model's, not the argument's."""
+    (`PRODUCTS`: included, what fed it is not), a normalization unit (never split) and any
+    other op. A value used elsewhere too (a residual stream, a Snake activation's input, a
+    graph output) is the model's, not the argument's; reading its shape is no use."""
     from trtbuild.graph.optypes import DATA_MOVEMENT
 
     view = analysis.view
@@ -81,11 +84,13 @@ def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
     if not serves:
         return {}
     outputs = {o.name for o in view.graph.output}
+    units = {i for unit in analysis.norm_units() for i in unit.nodes}
     for k in range(len(nodes) - 1, -1, -1):  # a valid graph is sorted: every use seen first
         op = nodes[k].op_type
-        if k in serves or (op not in ARGUMENT and op not in DATA_MOVEMENT):
+        if k in serves or k in units or (op not in ARGUMENT and op not in DATA_MOVEMENT):
             continue
         uses = [c for t in view.float_outputs(k) for c in view.consumers.get(t, ())]
+        uses = [c for c in uses if nodes[c].op_type not in SHAPE_READERS]
         if not uses or any(t in outputs for t in nodes[k].output):
             continue
         if all(c in serves and nodes[c].op_type not in PRODUCTS for c in uses):
