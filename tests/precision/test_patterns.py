@@ -24,16 +24,23 @@ def _units(m) -> list[list[str]]:
     return [[view.nodes[i].name for i in unit.nodes] for unit in norm_units(view)]
 
 
+def _layernorm_nodes() -> list:
+    """A LayerNorm over the last axis of `x` as exporters decompose it, to `n` (no affine)."""
+    return [
+        node("ReduceMean", ["x"], "m", "mean", axes=[-1]),
+        node("Sub", ["x", "m"], "d", "sub"),
+        node("Pow", ["d", "two"], "sq", "pow"),
+        node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
+        node("Add", ["v", "eps"], "ve", "add"),
+        node("Sqrt", ["ve"], "s", "sqrt"),
+        node("Div", ["d", "s"], "n", "div"),
+    ]
+
+
 def test_decomposed_layernorm_pow_div_affine():
     m = model(
         [
-            node("ReduceMean", ["x"], "m", "mean", axes=[-1]),
-            node("Sub", ["x", "m"], "d", "sub"),
-            node("Pow", ["d", "two"], "sq", "pow"),
-            node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
-            node("Add", ["v", "eps"], "ve", "add"),
-            node("Sqrt", ["ve"], "s", "sqrt"),
-            node("Div", ["d", "s"], "n", "div"),
+            *_layernorm_nodes(),
             node("Mul", ["n", "one"], "g", "gamma"),
             node("Add", ["g", "one"], "y", "beta"),
         ],
@@ -212,13 +219,7 @@ def test_periodic_arguments_never_split_a_normalization_unit():
     """`sin(LayerNorm(x) / 0.03)` decomposed: the scaling is the argument's; the unit is the
     model's and stays whole for the rules that pin units."""
     nodes = [
-        node("ReduceMean", ["x"], "m", "mean", axes=[-1]),
-        node("Sub", ["x", "m"], "d", "sub"),
-        node("Pow", ["d", "two"], "d2", "pow"),
-        node("ReduceMean", ["d2"], "v", "var", axes=[-1]),
-        node("Add", ["v", "eps"], "ve", "add_eps"),
-        node("Sqrt", ["ve"], "sd", "sqrt"),
-        node("Div", ["d", "sd"], "n", "div"),
+        *_layernorm_nodes(),
         node("Div", ["n", "c"], "arg", "scale"),
         node("Sin", ["arg"], "y", "sin"),
     ]
