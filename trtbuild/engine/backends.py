@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import BackendError, UsageError
-from trtbuild.policy.specs import DIM_NAME, OPSET_FIX, BuildSpec, InputSpec
+from trtbuild.policy.specs import OPSET_FIX, BuildSpec, InputSpec
 
 MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 _MEMORY_LINES = {
@@ -449,8 +449,7 @@ def _dim_name(declared: list[str], k: int, name: str) -> str:
     the input's, either made fit for the override's schema (`DIM_NAME`)."""
     given = declared[k] if k < len(declared) else ""
     made = re.sub(r"[^A-Za-z0-9_]", "_", given or f"{name}_{k}")
-    made = made if re.match(r"[A-Za-z_]", made) else f"_{made}"
-    return made[:64] if re.fullmatch(DIM_NAME, made[:64]) else f"_{k}"
+    return (made if re.match(r"[A-Za-z_]", made) else f"_{made}")[:64]  # DIM_NAME's form
 
 
 def _config(trt: Any, builder: Any, spec: BuildSpec, backend: str) -> Any:

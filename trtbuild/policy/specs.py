@@ -275,8 +275,9 @@ class Rule:
 # Why weight-range: a weight beyond 65504 is inf in FP16 (Hugging Face's mask constant
 # finfo(float32).min among them) and `0 x -inf` is NaN; ModelOpt AutoCast keeps such
 # nodes in FP32 by default too. Why periodic-range: FP16 stores a timestep embedding's
-# t * freq (t up to 1000) or a rotary embedding's position * inv_freq to half a radian,
-# and sin and cos of it are noise; on random weights the outputs may not show it.
+# t * freq (t up to 1000) to a quarter of a radian and a rotary embedding's position *
+# inv_freq worse still past 1024 positions: sin and cos of it are noise, which random
+# weights may not show at the outputs.
 GUARDS: dict[str, Rule] = {
     "weight-range": Rule(
         id="guard:weight-range",
