@@ -7,9 +7,11 @@ to report, not the end of trtbuild.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+from typing import Any
 
 # Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
 # process), not a crash of the library's own code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE).
@@ -37,3 +39,11 @@ def import_path() -> str:
         here = ""
     kept = [p for p in sys.path if os.path.isabs(p) and os.path.realpath(p) != here]
     return os.pathsep.join(kept)
+
+
+def feed(pipe: Any, *parts: bytes) -> None:
+    """Write a job into a child's stdin and close it (in a thread: a pipe holds 64 KiB, a
+    model far more); a child that died meanwhile reads nothing."""
+    with contextlib.suppress(OSError, ValueError), pipe:  # BrokenPipe, or closed by a kill
+        for data in parts:
+            pipe.write(data)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import trtbuild
-from trtbuild.children import KILLED, import_path, signal_name
+from trtbuild.children import KILLED, feed, import_path, signal_name
 from trtbuild.errors import BackendError, TrtbuildError, UsageError, surroundings_error
 from trtbuild.policy.specs import BuildSpec, InputSpec
 
@@ -95,7 +95,7 @@ def build_engines(
         )
         with proc, _ended(proc):
             started.append(proc)
-            threading.Thread(target=_feed, args=(proc.stdin, jobs), daemon=True).start()
+            threading.Thread(target=feed, args=(proc.stdin, jobs), daemon=True).start()
             drain = threading.Thread(target=_drain, args=(proc.stderr, logged), daemon=True)
             drain.start()
             for _ in onnx_paths:  # each as it comes: one engine in memory, not two
@@ -182,12 +182,6 @@ def _ended(proc: subprocess.Popen) -> Iterator[None]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-def _feed(pipe: Any, job: bytes) -> None:
-    """Write the job to the child's stdin; a child that died meanwhile reads nothing."""
-    with contextlib.suppress(OSError, ValueError), pipe:
-        pipe.write(job)
 
 
 def _read(pipe: Any) -> tuple | None:

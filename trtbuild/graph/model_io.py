@@ -333,7 +333,7 @@ def _for_inference(model: onnx.ModelProto, stand_ins: bool) -> onnx.ModelProto:
         )
     if stand_ins:
         for node in all_nodes(copy):
-            if _stood_in(node):
+            if _stood_in(node.domain, node.op_type):
                 node.op_type = INFERRED_AS[node.op_type]
                 kept_attrs = [a for a in node.attribute if a.name == "epsilon"]
                 del node.attribute[:]
@@ -360,7 +360,7 @@ def _holds_stand_ins(graph: onnx.GraphProto) -> bool:
     """Whether `graph` or a body in it has an `INFERRED_AS` op. Why not `all_nodes`: this
     runs before every inference, and a set of op types is a third of its time on 10k nodes."""
     kinds = {(n.domain, n.op_type) for n in graph.node}
-    if any(op in INFERRED_AS and domain in ("", "ai.onnx") for domain, op in kinds):
+    if any(_stood_in(*kind) for kind in kinds):
         return True
     holders = {kind for kind in kinds if may_hold_bodies(*kind)}
     return bool(holders) and any(
@@ -371,8 +371,9 @@ def _holds_stand_ins(graph: onnx.GraphProto) -> bool:
     )
 
 
-def _stood_in(node: onnx.NodeProto) -> bool:
-    return node.op_type in INFERRED_AS and node.domain in ("", "ai.onnx")
+def _stood_in(domain: str, op_type: str) -> bool:
+    """Whether an op of this kind is inferred as its `INFERRED_AS` stand-in."""
+    return op_type in INFERRED_AS and domain in ("", "ai.onnx")
 
 
 def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:

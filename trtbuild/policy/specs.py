@@ -8,7 +8,8 @@ policy behind another stage's back (ModelOpt's mutable defaults are a lesson).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -271,46 +272,40 @@ class Rule:
     )
 
 
-# Built-in safety rules, applied after the user's (a user rule naming a node wins).
+def _weight_range(low: str) -> Rule:
+    return Rule(
+        id="guard:weight-range",
+        match=Match(initializer_abs_above=FP16_MAX),
+        precision="fp32",
+        why="consumes a weight that is finite in FP32 and beyond the FP16 range",
+    )
+
+
+def _periodic_range(low: str) -> Rule | None:
+    if low not in LOW_PHASE_MAX:  # an FP32 policy: nothing to guard, no reference to run
+        return None
+    bound = LOW_PHASE_MAX[low]
+    return Rule(
+        id="guard:periodic-range",
+        match=Match(pattern="periodic_arguments", max_abs_above=bound),
+        precision="fp32",
+        why=f"computes a periodic op's argument past {bound:g}, which {low.upper()} rounds by "
+        f"more than {PHASE_ERROR:g} rad",
+    )
+
+
+# Built-in safety rules, applied after the user's (a user rule naming a node wins), each made
+# for the policy's default precision (None: nothing to guard there).
 # Why weight-range: a weight beyond 65504 is inf in FP16 (Hugging Face's mask constant
 # finfo(float32).min among them) and `0 x -inf` is NaN; ModelOpt AutoCast keeps such
 # nodes in FP32 by default too. Why periodic-range: FP16 stores a timestep embedding's
 # t * freq (t up to 1000) to a quarter of a radian and a rotary embedding's position *
 # inv_freq worse still past 1024 positions: sin and cos of it are noise, which random
-# weights may not show at the outputs.
-GUARDS: dict[str, Rule] = {
-    "weight-range": Rule(
-        id="guard:weight-range",
-        match=Match(initializer_abs_above=FP16_MAX),
-        precision="fp32",
-        why="consumes a weight that is finite in FP32 and beyond the FP16 range",
-    ),
-    "periodic-range": Rule(
-        id="guard:periodic-range",
-        match=Match(pattern="periodic_arguments", max_abs_above=LOW_PHASE_MAX["fp16"]),
-        precision="fp32",
-        why=f"computes a periodic op's argument past {LOW_PHASE_MAX['fp16']:g}, which FP16 "
-        f"rounds by more than {PHASE_ERROR:g} rad",
-    ),
+# weights may not show at the outputs; BF16 loses the phase from 4 on.
+GUARDS: dict[str, Callable[[str], Rule | None]] = {
+    "weight-range": _weight_range,
+    "periodic-range": _periodic_range,
 }
-
-
-def guard(name: str, low: str) -> Rule | None:
-    """Guard `name` for a policy whose default precision is `low`: the periodic guard's bound
-    is that type's (BF16 loses the phase from 4 on), and none where the default is FP32
-    (nothing to guard: its range key would make `convert` run the reference for nothing)."""
-    rule = GUARDS[name]
-    if name != "periodic-range":
-        return rule
-    if low not in LOW_PHASE_MAX:
-        return None
-    bound = LOW_PHASE_MAX[low]
-    return replace(
-        rule,
-        match=replace(rule.match, max_abs_above=bound),
-        why=f"computes a periodic op's argument past {bound:g}, which {low.upper()} rounds by "
-        f"more than {PHASE_ERROR:g} rad",
-    )
 
 
 @dataclass(frozen=True)
@@ -348,7 +343,7 @@ class Precision:
 
     def all_rules(self) -> tuple[Rule, ...]:
         """The user's rules, then the enabled guards: the order assignment applies them."""
-        guards = (guard(name, self.default) for name in self.guards)
+        guards = (GUARDS[name](self.default) for name in self.guards)
         return self.rules + tuple(g for g in guards if g is not None)
 
 

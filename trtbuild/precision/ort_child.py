@@ -26,12 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import onnx
 from onnx import helper
 
-from trtbuild.children import KILLED, import_path, signal_name
+from trtbuild.children import KILLED, feed, import_path, signal_name
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
 
@@ -151,7 +150,7 @@ def give(
     pipe, proc.stdin = proc.stdin, None  # communicate() must not close it under the thread
     parts = (job, source) if isinstance(source, bytes) else (job,)
     # a thread: the pipe holds 64 KiB, the model far more
-    threading.Thread(target=_feed, args=(pipe, parts), daemon=True).start()
+    threading.Thread(target=feed, args=(pipe, *parts), daemon=True).start()
     return proc
 
 
@@ -248,13 +247,6 @@ def reap(proc: subprocess.Popen) -> None:
         proc.stdin = None
     with contextlib.suppress(OSError, ValueError):
         proc.communicate()
-
-
-def _feed(pipe: Any, parts: tuple[bytes, ...]) -> None:
-    """Write the job into the child's stdin; a child that died meanwhile reads nothing."""
-    with contextlib.suppress(OSError, ValueError), pipe:  # BrokenPipe, or closed by a kill
-        for data in parts:
-            pipe.write(data)
 
 
 def outcome(proc: subprocess.Popen, timeout: float | None = None) -> Outcome:

@@ -187,22 +187,25 @@ def may_read_ranges(rule: Rule, ctx: MatchContext) -> bool:
     if rule.match.max_abs_above is None:
         return False
     structural = tuple(k for k in MATCHERS if k is not MaxAbsMatcher)
-    picked: set[int] | None = None
-    for matcher in matchers_for(rule.match, structural):
-        found = set(matcher.select(ctx))
-        picked = found if picked is None else picked & found
-    return picked is None or bool(picked)
+    left = _narrowed(matchers_for(rule.match, structural), ctx)
+    return left is None or bool(left)
 
 
 def select(rule: Rule, ctx: MatchContext) -> dict[int, str]:
     """Nodes matched by every key of `rule.match`, with the joined reasons."""
+    return _narrowed(matchers_for(rule.match), ctx) or {}
+
+
+def _narrowed(matchers: list[Matcher], ctx: MatchContext) -> dict[int, str] | None:
+    """The nodes every one of `matchers` selects, reasons joined; None with no matcher. It
+    stops once nothing is left: a range key after an empty pattern reads no range."""
     result: dict[int, str] | None = None
-    for matcher in matchers_for(rule.match):
+    for matcher in matchers:
         if result is not None and not result:
-            break  # nothing left to narrow: a range key after an empty pattern reads nothing
+            break
         picked = matcher.select(ctx)
         if result is None:
             result = dict(picked)
         else:
             result = {i: f"{result[i]}; {picked[i]}" for i in result if i in picked}
-    return result or {}
+    return result
