@@ -92,8 +92,10 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
             for r in runs
             if out in r.measures.output_std
         }
-        spread = {k: std / peak if peak > 0 else 0.0 for k, (std, peak) in figures.items()}
         floating = front.view.is_float(out) or out not in front.view.dtype
+        # an integer output (indices, codes, counts) has no peak measured: its spread is its std
+        scale = {k: peak if floating else 1.0 for k, (_, peak) in figures.items()}
+        spread = {k: std / scale[k] if scale[k] > 0 else 0.0 for k, (std, _) in figures.items()}
         for r in (r for r in runs if r.point.name in figures):
             std, peak = figures[r.point.name]
             widest = max((v for k, v in spread.items() if k != r.point.name), default=0.0)
@@ -101,7 +103,7 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
             if std <= limit:
                 why = "dtype"
             elif spread[r.point.name] <= FLAT_AGAINST_POINTS * widest:
-                why, limit = "points", FLAT_AGAINST_POINTS * widest * peak
+                why, limit = "points", FLAT_AGAINST_POINTS * widest * scale[r.point.name]
             else:
                 continue
             found.append(

@@ -95,6 +95,15 @@ def _ln(variant: str, opset: int = 17, axes=(-1,)) -> onnx.ModelProto:
             nodes += [node("Sub", ["b", "mk"], "c", "beta"), node("Add", ["xk", "c"], "y", "out")]
         else:
             nodes += [node("Sub", ["xk", "mk"], "y", "out")]
+    elif variant == "torch_var_two_means":  # x - x.mean(d) over sqrt(x.var(d) + eps): Restormer
+        nodes = [
+            *_stats(list(axes), "mul"),
+            node("ReduceMean", ["x"], "m0", "mean0", axes=list(axes)),
+            node("Sub", ["x", "m0"], "d0", "sub0"),
+            node("Div", ["d0", "s"], "n", "div"),
+            node("Mul", ["n", "w"], "g", "gamma"),
+            node("Add", ["g", "b"], "y", "beta"),
+        ]
     else:
         raise ValueError(variant)
     inner = int(np.prod([(2, 4, 8)[a] for a in axes]))
@@ -111,6 +120,7 @@ VARIANTS = [
     "axes_input_opset18",
     "tf2onnx",
     "tf2onnx_no_beta",
+    "torch_var_two_means",
 ]
 
 
@@ -119,8 +129,9 @@ def test_every_decomposed_variant_fuses_to_one_node_with_the_first_name(variant)
     source = _ln(variant, opset=18 if variant == "axes_input_opset18" else 17)
     fused, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
     onnx.checker.check_model(fused, full_check=True)
-    assert [(n.op_type, n.name) for n in fused.graph.node] == [("LayerNormalization", "mean")]
-    assert record.changed == 1 and record.details["fused"][0]["name"] == "mean"
+    first = "mean0" if variant == "torch_var_two_means" else "mean"  # the numerator's mean
+    assert [(n.op_type, n.name) for n in fused.graph.node] == [("LayerNormalization", first)]
+    assert record.changed == 1 and record.details["fused"][0]["name"] == first
     assert_same_outputs(source, fused)
     again, rec2 = fuse.fuse_layernorm(fused)
     assert rec2.changed == 0 and again.graph.node[0] == fused.graph.node[0]
@@ -170,6 +181,15 @@ def test_an_intermediate_used_outside_the_unit_blocks_fusion():
     out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
     assert record.changed == 0 and "'v' is used outside" in record.details["not_fused"][0]["why"]
     assert len(out.graph.node) == len(source.graph.node)
+
+
+def test_a_bias_free_layernorm_is_no_layernormalization_and_stays():
+    """x / std (Restormer's bias-free form) is not (x - mean) / std: fusing it would centre x."""
+    source = _ln("pow_div_affine")
+    div = next(n for n in source.graph.node if n.op_type == "Div")
+    div.input[0] = "x"
+    out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert record.changed == 0 and out.graph.node[:] == source.graph.node[:]
 
 
 def _conv_bn(extra_consumer: bool = False) -> onnx.ModelProto:

@@ -70,6 +70,20 @@ def test_decomposed_layernorm_mul_square_reciprocal_no_affine():
     assert _units(m) == [["mean", "sub", "square", "var", "add", "sqrt", "recip", "scale"]]
 
 
+def test_bias_free_layernorm_dividing_x_itself_is_one_unit():
+    """Restormer's BiasFree_LayerNorm: x / sqrt(var(x) + eps) * w, the variance centred."""
+    nodes = [*_layernorm_nodes()[:-1], node("Div", ["x", "s"], "n", "div")]
+    m = model(
+        [*nodes, node("Mul", ["n", "one"], "y", "weight")],
+        [("x", F, [2, 8])],
+        [("y", F, [2, 8])],
+        ONE,
+    )
+    (unit,) = norm_units(GraphView(m))
+    assert unit.kind == "biasfree-layernorm" and unit.output == "y"
+    assert _units(m) == [["mean", "sub", "pow", "var", "add", "sqrt", "div", "weight"]]
+
+
 def test_rmsnorm_and_fused_norms():
     m = model(
         [

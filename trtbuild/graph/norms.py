@@ -11,6 +11,10 @@ Forms recognised (each seen in real exports):
   Pow(d, 2) or Mul(d, d), ReduceMean, Add(eps), Sqrt, Div or Reciprocal+Mul,
   then an optional Mul(weight) and Add(bias), on any axes (NAFNet's LayerNorm2d
   normalises axis 1);
+- the same with the variance computed from x centred a second time (PyTorch's
+  `x.var(dim, unbiased=False)` beside `x - x.mean(dim)`: two means of x, as
+  Restormer's LayerNorm exports), and Restormer's bias-free LayerNorm, which
+  divides x itself, not x - mean, by that deviation;
 - LayerNorm as tf2onnx writes Keras' (batch-norm style): the same statistics,
   then x * (gamma * rsqrt) + (beta - mean * gamma * rsqrt);
 - any of these with its means (`moments/mean`, `moments/variance`) written as
@@ -45,7 +49,8 @@ FUSED_NORMS = frozenset(
 class NormUnit:
     """One normalization unit; `nodes` are graph indices, the first is the unit's name."""
 
-    kind: str  # an op type for fused norms; "layernorm", "rmsnorm", "groupnorm" otherwise
+    # an op type for fused norms; "layernorm", "biasfree-layernorm", "rmsnorm", "groupnorm"
+    kind: str
     nodes: tuple[int, ...]
     reason: str
     x: str | None = None
@@ -244,34 +249,63 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
     if mean is None:
         return None
     x, m = mean.x, mean.out
-    subs = [c for c in _consumers(view, m, "Sub") if list(view.nodes[c].input) == [x, m]]
+    subs = _centrings(view, x, m)
     if not subs:
         return None
     d = _out(view, subs[0])
-    sq = _square_of(view, d)
-    stats = _stats(view, sq) if sq is not None else None
-    if stats is None:
+    variance = _variance_of(view, mean, d)
+    if variance is None:
         return None
+    again, stats = variance
     common = dict(
         x=x,
         axes=(mean.axes, stats.variance.axes),
         keepdims=mean.keepdims and stats.variance.keepdims,
         epsilon=stats.epsilon,
     )
-    div = _divide(view, d, stats.std)
-    if div is not None:
+    for kind, numerator, form in (("layernorm", d, ""), ("biasfree-layernorm", x, " bias-free")):
+        div = _divide(view, numerator, stats.std)
+        if div is None:
+            continue
         affine, scale, bias = _affine(view, div[-1])
-        nodes = (*mean.nodes, subs[0], *stats.nodes, *div, *affine)
+        nodes = (*mean.nodes, subs[0], *again, *stats.nodes, *div, *affine)
         return NormUnit(
-            "layernorm",
+            kind,
             nodes,
-            f"decomposed LayerNorm unit from {n.name}",
+            f"decomposed{form} LayerNorm unit from {n.name}",
             output=_out(view, nodes[-1]),
             scale=scale,
             bias=bias,
             **common,
         )
-    return _tf_layernorm(view, mean, subs[0], stats, common)
+    return None if again else _tf_layernorm(view, mean, subs[0], stats, common)
+
+
+def _variance_of(view: GraphView, mean: _Mean, d: str) -> tuple[tuple[int, ...], _Stats] | None:
+    """The statistics of `d = x - mean`, or of x centred a second time by its own mean over the
+    same axes, with the nodes of that second centring.
+
+    Why the second: `x.var(dim, unbiased=False)` beside `x - x.mean(dim)` exports two means
+    of x (Restormer's LayerNorm, the restoration networks built on it): one unit all the same.
+    """
+    sq = _square_of(view, d)
+    stats = _stats(view, sq) if sq is not None else None
+    if stats is not None:
+        return (), stats
+    for other in _means_of(view, mean.x):
+        if other.nodes == mean.nodes or (other.axes, other.keepdims) != (mean.axes, mean.keepdims):
+            continue
+        subs = _centrings(view, mean.x, other.out)
+        sq = _square_of(view, _out(view, subs[0])) if subs else None
+        stats = _stats(view, sq) if sq is not None else None
+        if stats is not None:
+            return (*other.nodes, subs[0]), stats
+    return None
+
+
+def _centrings(view: GraphView, x: str, m: str) -> list[int]:
+    """The `Sub(x, m)` nodes."""
+    return [c for c in _consumers(view, m, "Sub") if list(view.nodes[c].input) == [x, m]]
 
 
 def _tf_layernorm(
