@@ -195,3 +195,33 @@ def test_a_candidate_judged_at_several_shapes_opens_one_lean_session(monkeypatch
     report = evaluate_all(stages, engines={}, backend="none")
     assert [s.main.passed for s in report.shapes] == [True, True, True]
     assert len(opened) == 2  # the policy and the all-FP16 baseline, once each
+
+
+def test_an_fp8_value_never_crosses_a_border_and_a_cut_run_reads_it_whole():
+    """ONNX Runtime hands an FP8 tensor to Python as uint8: a segment reading it from an earlier
+    one would declare it uint8 and its DequantizeLinear refuse it (a ModelOpt FP8 Restormer).
+    A budget that cuts at every node cuts around the Q→DQ pair instead."""
+    import ml_dtypes
+
+    from tests.helpers import F, model, node
+
+    m = model(
+        [node("Relu", ["x"], "a", "relu"),
+         node("QuantizeLinear", ["a", "s", "z"], "q", "quantize"),
+         node("DequantizeLinear", ["q", "s", "z"], "d", "dequantize"),
+         node("Sigmoid", ["d"], "y", "sigmoid")],
+        [("x", F, [64, 64])],
+        [("y", F, [64, 64])],
+        {"s": np.array(0.05, np.float32), "z": np.zeros((), ml_dtypes.float8_e4m3fn)},
+        opset=19,
+    )  # fmt: skip
+    sizes = {t: 64 * 64 * 4 for t in ("x", "a", "d", "y")} | {"q": 64 * 64}
+    plan = stream.plan_by_budget(m, {"a", "d", "y"}, sizes, MemoryBudget(64 * KIB))
+    borders = {t for seg in plan.segments for t in seg.needs}
+    assert len(plan) == 3 and "q" not in borders and "a" in borders and "d" in borders
+    feed = {"x": np.random.default_rng(0).normal(0, 4, (64, 64)).astype(np.float32)}
+    values = {}
+    for got in stream.SegmentRunner(m, plan).run(feed):
+        values.update(got)
+    whole = _whole_run(m, ["y"], feed)
+    np.testing.assert_array_equal(values["y"], whole["y"])

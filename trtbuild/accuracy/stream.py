@@ -42,6 +42,18 @@ from trtbuild.sizes import fmt_bytes
 SEGMENT_SHARE = 6
 STEP_SHARE = 2
 
+# Element types ONNX Runtime hands to Python as another numpy type (an FP8 tensor as uint8:
+# numpy has no FP8), which a later segment's input, declared from the array, would take as
+# that type: no value of these types crosses a border (a Q→DQ pair of FP8 stays whole).
+OPAQUE_TYPES = frozenset(
+    getattr(onnx.TensorProto, name)
+    for name in (
+        "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0",
+        "BFLOAT16", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2",
+    )
+    if hasattr(onnx.TensorProto, name)
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -82,12 +94,13 @@ def plan_by_budget(
     live = {vi.name: sizes.get(vi.name, 0) for vi in fed_inputs(model)}
     for t in live:
         freed_at[last_use.get(t, -1) + 1].append(t)
+    opaque = _opaque_values(model)
     seg, held, assign = 0, sum(live.values()), []
     for i, node in enumerate(nodes):
         for t in freed_at.pop(i, ()):
             live.pop(t, None)
         out = sum(sizes.get(o, 0) for o in node.output if o)
-        if assign and held + out > limit:
+        if assign and held + out > limit and opaque.isdisjoint(live):
             seg, held = seg + 1, sum(live.values())
         assign.append(seg)
         held += out
@@ -96,6 +109,16 @@ def plan_by_budget(
                 live[o] = sizes.get(o, 0)
                 freed_at[last_use[o] + 1].append(o)
     return cut(model, assign, marked, budget=budget)
+
+
+def _opaque_values(model: onnx.ModelProto) -> set[str]:
+    """The main graph's values declared of an `OPAQUE_TYPES` type."""
+    graph = model.graph
+    return {
+        vi.name
+        for vi in (*graph.input, *graph.value_info, *graph.output)
+        if vi.type.tensor_type.elem_type in OPAQUE_TYPES
+    }
 
 
 def _fitted(
