@@ -84,6 +84,35 @@ def test_bias_free_layernorm_dividing_x_itself_is_one_unit():
     assert _units(m) == [["mean", "sub", "pow", "var", "add", "sqrt", "div", "weight"]]
 
 
+def test_dynamo_torch_var_layernorm_is_one_unit():
+    """torch.onnx's dynamo export of Restormer's LayerNorm: x - x.mean(-1) over the variance
+    taken by a second mean over axis 2 (the same axis of a rank-3 x), without keepdims, then
+    reshaped back and expanded to x's shape before epsilon; a Shape of it aside."""
+    m = model(
+        [node("ReduceMean", ["x", "last"], "m", "mean"),
+         node("ReduceMean", ["x", "two_axis"], "m2", "mean_again"),
+         node("Sub", ["x", "m2"], "d2", "centred_again"),
+         node("Mul", ["d2", "d2"], "sq", "square"),
+         node("ReduceMean", ["sq", "two_axis"], "v", "var", keepdims=0),
+         node("Shape", ["v"], "vs", "var_shape"),
+         node("Reshape", ["v", "kept"], "vk", "reshape"),
+         node("Expand", ["vk", "full"], "vx", "expand"),
+         node("Sub", ["x", "m"], "d", "centred"),
+         node("Add", ["vx", "eps"], "ve", "add"),
+         node("Sqrt", ["ve"], "s", "sqrt"),
+         node("Div", ["d", "s"], "y", "div")],
+        [("x", F, [2, 4, 8])],
+        [("y", F, [2, 4, 8]), ("vs", onnx.TensorProto.INT64, [2])],
+        {**ONE, "last": np.array([-1]), "two_axis": np.array([2]), "kept": np.array([2, 4, 1]),
+         "full": np.array([2, 4, 8])},
+        opset=18,
+    )  # fmt: skip
+    assert _units(m) == [
+        ["mean", "centred", "mean_again", "centred_again", "square", "var", "reshape", "expand",
+         "add", "sqrt", "div"]
+    ]  # fmt: skip
+
+
 def test_rmsnorm_and_fused_norms():
     m = model(
         [

@@ -13,8 +13,9 @@ Forms recognised (each seen in real exports):
   normalises axis 1);
 - the same with the variance computed from x centred a second time (PyTorch's
   `x.var(dim, unbiased=False)` beside `x - x.mean(dim)`: two means of x, as
-  Restormer's LayerNorm exports), and Restormer's bias-free LayerNorm, which
-  divides x itself, not x - mean, by that deviation;
+  Restormer's LayerNorm exports; torch.onnx's dynamo exporter takes that variance
+  without keepdims and reshapes and expands it back), and Restormer's bias-free
+  LayerNorm, which divides x itself, not x - mean, by that deviation;
 - LayerNorm as tf2onnx writes Keras' (batch-norm style): the same statistics,
   then x * (gamma * rsqrt) + (beta - mean * gamma * rsqrt);
 - any of these with its means (`moments/mean`, `moments/variance`) written as
@@ -189,7 +190,7 @@ def _stats(view: GraphView, sq: int) -> _Stats | None:
     means = _means_of(view, view.nodes[sq].output[0])
     if not means:
         return None
-    var = means[0].out
+    shaped, var = _reshaped(view, means[0].out)
     for add in _consumers(view, var, "Add"):
         eps = _other(view.nodes[add], var)
         if eps is None or not _is_scalar_const(view, eps):
@@ -197,8 +198,28 @@ def _stats(view: GraphView, sq: int) -> _Stats | None:
         sqrt = _consumers(view, view.nodes[add].output[0], "Sqrt")
         if sqrt:
             std = view.nodes[sqrt[0]].output[0]
-            return _Stats((sq, *means[0].nodes, add, sqrt[0]), std, eps, means[0])
+            return _Stats((sq, *means[0].nodes, *shaped, add, sqrt[0]), std, eps, means[0])
     return None
+
+
+# ops that give a value another shape and no other value
+_RESHAPES = ("Reshape", "Expand", "Unsqueeze", "Squeeze")
+
+
+def _reshaped(view: GraphView, tensor: str) -> tuple[tuple[int, ...], str]:
+    """The reshapes `tensor` passes through alone (a `Shape` of it aside), and their result.
+
+    Why: torch.onnx's dynamo exporter takes `x.var(dim)` without keepdim, then `Reshape`s
+    the variance back and `Expand`s it to x's shape before adding epsilon.
+    """
+    chain: list[int] = []
+    while tensor not in view.outputs:
+        users = [c for c in view.consumers.get(tensor, []) if view.nodes[c].op_type != "Shape"]
+        if len(users) != 1 or view.nodes[users[0]].op_type not in _RESHAPES:
+            break
+        chain.append(users[0])
+        tensor = _out(view, users[0])
+    return tuple(chain), tensor
 
 
 def _divide(view: GraphView, x: str, std: str) -> list[int] | None:
@@ -293,7 +314,9 @@ def _variance_of(view: GraphView, mean: _Mean, d: str) -> tuple[tuple[int, ...],
     if stats is not None:
         return (), stats
     for other in _means_of(view, mean.x):
-        if other.nodes == mean.nodes or (other.axes, other.keepdims) != (mean.axes, mean.keepdims):
+        if other.nodes == mean.nodes or other.keepdims != mean.keepdims:
+            continue
+        if not _same_axes(view, mean.x, other.axes, mean.axes):
             continue
         subs = _centrings(view, mean.x, other.out)
         sq = _square_of(view, _out(view, subs[0])) if subs else None
@@ -301,6 +324,16 @@ def _variance_of(view: GraphView, mean: _Mean, d: str) -> tuple[tuple[int, ...],
         if stats is not None:
             return (*other.nodes, subs[0]), stats
     return None
+
+
+def _same_axes(view: GraphView, x: str, a: tuple[int, ...] | None, b: tuple[int, ...] | None):
+    """Do axes `a` and `b` of `x` name the same axes (-1 and 2 of a rank-3 x do)?"""
+    if a == b:
+        return True
+    rank = _rank(view, x)
+    if a is None or b is None or rank is None:
+        return False
+    return {k % rank for k in a} == {k % rank for k in b}
 
 
 def _centrings(view: GraphView, x: str, m: str) -> list[int]:
