@@ -7,11 +7,17 @@ walk); both must find the same overflow.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import numpy as np
+import onnx
 import pytest
 
+from tests.helpers import F, model, node
 from trtbuild.accuracy.judge import divergence
 from trtbuild.accuracy.reference import ReferenceMeasures
+from trtbuild.cli import main
 from trtbuild.numerics import measure_peak, sentinels
 
 MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
@@ -120,3 +126,50 @@ def test_the_difference_without_an_abs_pass_keeps_every_edge(n):
     assert np.isnan(_max_abs_diff(zeros, e))
     e[1] = -np.inf
     assert _max_abs_diff(zeros, e) == np.inf
+
+
+def test_a_decision_whose_indices_differ_diverges_by_any_index():
+    """Indices (an ArgMin's) are not a range: one flipped of 40 (2.5%, under the 5% threshold
+    of a float tensor's range) is a divergence, named."""
+    r = np.arange(40, dtype=np.int64) % 7
+    e = r.copy()
+    e[5] += 1
+    measures = replace(_measures(r.astype(np.float32)), ranges={}, first_peaks={}, special={})
+    first, curve, _ = divergence(measures, {"t": e}, {"t": r}, 0.05)
+    assert first["reason"].startswith("1 of 40 indices differ from FP32's (2.50%)"), first
+    assert curve[0]["differ"] == 1 and curve[0]["rel_error"] == 0.025
+    assert divergence(measures, {"t": r.copy()}, {"t": r}, 0.05)[0] is None
+
+
+def test_a_codebook_lookup_fp16_flips_is_named_at_its_argmin(tmp_path, capsys):
+    """A VQ model's nearest code: |x|^2 + |c|^2 - 2 x.c, whose terms FP16 stores to 0.5 (~882)
+    where the codes near x are 0.02 apart, flips in FP16. Far codes spread the distances to
+    ~900, so no float tensor is off by 5% of its range: the ArgMin is the first divergence."""
+    rng = np.random.default_rng(0)
+    near = 10.5 + rng.normal(0, 0.05, (16, 8))
+    codes = np.concatenate([near, rng.normal(0, 1, (16, 8))]).astype(np.float32)
+    m = model(
+        [node("Mul", ["x", "x"], "xx", "square"),
+         node("ReduceSum", ["xx", "one"], "x2", "x_norm", keepdims=1),
+         node("MatMul", ["x", "codes_t"], "xc", "dot"),
+         node("Mul", ["xc", "two"], "xc2", "twice"),
+         node("Sub", ["x2", "xc2"], "part", "sub"),
+         node("Add", ["part", "c2"], "dist", "distance"),
+         node("ArgMin", ["dist"], "idx", "argmin", axis=1, keepdims=0),
+         node("Gather", ["codes", "idx"], "y", "lookup", axis=0)],
+        [("x", F, [16, 8])],
+        [("y", F, [16, 8])],
+        {"one": np.array([1]), "codes_t": codes.T.copy(), "two": np.array(2.0, np.float32),
+         "c2": (codes**2).sum(1)[None, :], "codes": codes},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "vq.onnx")
+    np.savez(tmp_path / "x.npz", x=(10.5 + rng.normal(0, 0.05, (2, 16, 8))).astype(np.float32))
+    policy = tmp_path / "vq.yaml"
+    policy.write_text(
+        "version: 1\nmodel: vq.onnx\ninputs:\n  x:\n    shape: [16, 8]\n"
+        "    data: {file: x.npz}\naccuracy:\n  samples: 2\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
+    first = json.loads((out / "report.json").read_text())["first_divergence"]
+    assert first["node"] == "argmin" and "indices differ from FP32's" in first["reason"], first

@@ -18,7 +18,7 @@ from trtbuild import front
 from trtbuild.accuracy import judge as judge_mod
 from trtbuild.accuracy import stream
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.accuracy.reference import float_node_outputs
+from trtbuild.accuracy.reference import walked_outputs
 from trtbuild.cli import main
 from trtbuild.graph.model_io import load_model
 from trtbuild.graph.view import GraphView
@@ -51,7 +51,7 @@ def _whole_run(model, names: list[str], feed) -> dict[str, np.ndarray]:
 
 def _plan(model, budget: int) -> stream.Plan:
     view = GraphView(model)
-    marked = {t for t, _, _ in float_node_outputs(view)} | set(view.outputs)
+    marked = {t for t, _, _ in walked_outputs(view)} | set(view.outputs)
     sizes = stream.estimate_sizes(model, _feed())
     return stream.plan_by_budget(model, marked, sizes, MemoryBudget(budget))
 
@@ -74,7 +74,7 @@ def test_a_small_budget_cuts_the_graph_and_every_border_is_kept(nafnet_path):
 def test_a_cut_run_gives_every_tensor_bit_for_bit(nafnet_path):
     model = load_model(nafnet_path)
     view = GraphView(model)
-    names = [t for t, _, op in float_node_outputs(view) if op != "Constant"]
+    names = [t for t, _, op in walked_outputs(view) if op != "Constant"]
     whole = _whole_run(model, names, _feed())  # Polygraphy marks no Constant
     plan = _plan(model, 2048 * KIB)
     cut = {}
@@ -146,7 +146,7 @@ def test_a_default_budget_grows_to_the_largest_step_and_a_policys_own_does_not(n
 
     model = load_model(nafnet_path)
     view = GraphView(model)
-    marked = {t for t, _, _ in float_node_outputs(view)}
+    marked = {t for t, _, _ in walked_outputs(view)}
     sizes = stream.estimate_sizes(model, _feed())
     grown = stream.plan_by_budget(model, marked, sizes, MemoryBudget(64 * KIB, 1 << 30))
     assert grown.budget > 64 * KIB and len(grown) > 1

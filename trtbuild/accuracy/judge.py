@@ -640,9 +640,15 @@ class _Walk:
         for p in ordered:
             bad, nan, rel = p["nonfinite"], p.pop("_nan"), p["rel_error"]
             rel = float(rel) if isinstance(rel, str) else rel
-            if first is None and (bad or rel > self.threshold):
+            if first is None and (bad or rel > self.threshold or p.get("differ")):
                 first = {"node": p["node"], "op": p["op"], "tensor": p["tensor"]}
                 first["reason"] = _reason(bad, nan, p["ref_max_abs"], rel, self.threshold)
+                if p.get("differ"):  # a decision flipped: any index, not a share of a range
+                    first["reason"] = (
+                        f"{p['differ']} of {p['of']} indices differ from FP32's ({rel:.2%}): "
+                        "the error in its input chose otherwise between near values; what "
+                        "computes that input decides it"
+                    )
                 if "source" in p:
                     first["reason"] += (
                         f", in the boundary Cast the conversion adds after `{p['source']}`"
@@ -689,6 +695,11 @@ def point(
     r, e = np.asarray(r), np.asarray(e)
     if r.shape != e.shape:
         return None
+    if not np.issubdtype(r.dtype, np.floating):  # a decision's indices (`DECISIONS`)
+        differ = int(np.count_nonzero(r != e))
+        peak = float(np.abs(r).max()) if r.size else 0.0
+        json = _point_json(tensor, 0, 0, peak, differ / r.size if r.size else 0.0)
+        return {**json, "differ": differ, "of": int(r.size)}
     if tensor in measures.sentinel_tensors:
         keep = ~sentinel_kept(r, e)
         r, e = r[keep], e[keep]

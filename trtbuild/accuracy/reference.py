@@ -38,7 +38,7 @@ from trtbuild.accuracy.sessions import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
 from trtbuild.errors import UsageError
 from trtbuild.graph.model_io import fed_inputs
-from trtbuild.graph.optypes import LOW_DTYPES
+from trtbuild.graph.optypes import DECISIONS, LOW_DTYPES
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import measure_peak
 from trtbuild.policy.specs import MemoryBudget
@@ -52,7 +52,8 @@ class ReferenceMeasures:
     overflow-only judgement read: a megabyte or so, whatever the input size.
     """
 
-    order: list[tuple[str, str, str]]  # (tensor, node, op) of float node outputs, topological
+    # (tensor, node, op) of float node outputs and decisions' indices, topological
+    order: list[tuple[str, str, str]]
     ranges: dict[str, float]  # tensor -> largest |value| that is data, over all feeds
     sentinel_tensors: frozenset[str]  # tensors holding values >= SENTINEL_ABS
     internals: dict[str, tuple[str, dict[str, float]]]  # node -> (op, {quantity: peak})
@@ -109,9 +110,17 @@ def _some(results: Any, index: Sequence[int]) -> Any:
     return some
 
 
-def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:
-    """(tensor, node, op) for every float tensor a node produces, in topological order."""
-    return [(t, n.name, n.op_type) for i, n in enumerate(view.nodes) for t in view.float_outputs(i)]
+def walked_outputs(view: GraphView) -> list[tuple[str, str, str]]:
+    """(tensor, node, op) for every float tensor a node produces and the indices a decision
+    op of the main graph chooses (`DECISIONS`), in topological order: what is measured and
+    what the walk compares with FP32."""
+    found = []
+    for i, n in enumerate(view.nodes):
+        found += [(t, n.name, n.op_type) for t in view.float_outputs(i)]
+        k = DECISIONS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+        if k is not None and not view.scope[i] and len(n.output) > k and n.output[k]:
+            found.append((n.output[k], n.name, n.op_type))
+    return found
 
 
 def body_tensors(view: GraphView, order: list[tuple[str, str, str]]) -> set[str]:
@@ -219,7 +228,7 @@ def run_reference(
     from polygraphy.comparator.struct import IterationResult
 
     view = view if view is not None else GraphView(reference)
-    order = float_node_outputs(view)
+    order = walked_outputs(view)
     outputs = [o.name for o in reference.graph.output]
     probed = probe(reference, body_tensors(view, order))
     sizes = estimate_sizes(probed.model, feeds[0]) if feeds else {}

@@ -85,6 +85,11 @@ DATA_MOVEMENT = frozenset(
 )
 
 
+# Ops that decide among values (an arg-extremum, a top-k), and the output holding the indices
+# they chose: FP16 flips a decision between two values closer than its step (a codebook's
+# nearest code, a class), and what reads the indices (a Gather) then diverges by whole
+# values. The walk compares those indices with FP32's (`accuracy.judge`).
+DECISIONS = {"ArgMax": 0, "ArgMin": 0, "TopK": 1}
 # Ops whose output is a sequence or an optional, never a tensor.
 NOT_TENSOR_OPS = frozenset(
     {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceMap"}
