@@ -83,15 +83,16 @@ def _ln(variant: str, opset: int = 17, axes=(-1,)) -> onnx.ModelProto:
             node("Mul", ["n", "w"], "g", "gamma"),
             node("Add", ["g", "b"], "y", "beta"),
         ]
-    elif variant in ("tf2onnx", "tf2onnx_no_beta"):  # x * k + (beta - mean * k), k = w / std
+    elif variant.startswith("tf2onnx"):  # x * k + (beta - mean * k), k = w / std
+        gamma = variant != "tf2onnx_no_gamma"  # Keras' LayerNormalization(scale=False): k = 1/std
         nodes = [
             *_stats(list(axes), "mul"),
-            node("Reciprocal", ["s"], "r", "rsqrt"),
-            node("Mul", ["r", "w"], "k", "gamma"),
+            node("Reciprocal", ["s"], "r" if gamma else "k", "rsqrt"),
+            *([node("Mul", ["r", "w"], "k", "gamma")] if gamma else []),
             node("Mul", ["x", "k"], "xk", "mul_x"),
             node("Mul", ["m", "k"], "mk", "mul_mean"),
         ]
-        if variant == "tf2onnx":
+        if variant != "tf2onnx_no_beta":
             nodes += [node("Sub", ["b", "mk"], "c", "beta"), node("Add", ["xk", "c"], "y", "out")]
         else:
             nodes += [node("Sub", ["xk", "mk"], "y", "out")]
@@ -120,6 +121,7 @@ VARIANTS = [
     "axes_input_opset18",
     "tf2onnx",
     "tf2onnx_no_beta",
+    "tf2onnx_no_gamma",
     "torch_var_two_means",
 ]
 
@@ -190,6 +192,24 @@ def test_a_bias_free_layernorm_is_no_layernormalization_and_stays():
     div.input[0] = "x"
     out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
     assert record.changed == 0 and out.graph.node[:] == source.graph.node[:]
+
+
+def test_a_variance_reshaped_onto_other_rows_is_no_layernorm_and_stays():
+    """A Reshape between a kept variance ([2, 4, 1]) and its epsilon ([2, 1, 4]) divides each
+    row by other rows' deviations: no unit, nothing fused, the outputs as they were."""
+    source = model(
+        [*_stats([-1]), node("Div", ["d", "s"], "y", "div")],
+        [("x", F, [2, 4, 4])],
+        [("y", F, [2, 4, 4])],
+        {**CONSTS, "rows": np.array([2, 1, 4])},
+    )
+    add = next(n for n in source.graph.node if n.name == "add_eps")
+    add.input[0] = "vr"
+    source.graph.node.insert(4, node("Reshape", ["v", "rows"], "vr", "reshape"))
+    del source.graph.value_info[:]
+    out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert record.changed == 0 and out.graph.node[:] == source.graph.node[:]
+    assert_same_outputs(source, out, shape=(2, 4, 4))
 
 
 def _conv_bn(extra_consumer: bool = False) -> onnx.ModelProto:

@@ -113,6 +113,26 @@ def test_dynamo_torch_var_layernorm_is_one_unit():
     ]  # fmt: skip
 
 
+def test_a_second_mean_without_keepdims_centres_nothing_and_makes_no_unit():
+    """x [4, 4, 4] minus its mean over the last axis taken without keepdims ([4, 4]) broadcasts
+    along the wrong axis: that variance is no LayerNorm's."""
+    m = model(
+        [node("ReduceMean", ["x"], "m", "mean", axes=[-1]),
+         node("ReduceMean", ["x"], "m2", "mean_again", axes=[-1], keepdims=0),
+         node("Sub", ["x", "m2"], "d2", "centred_again"),
+         node("Mul", ["d2", "d2"], "sq", "square"),
+         node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
+         node("Add", ["v", "eps"], "ve", "add"),
+         node("Sqrt", ["ve"], "s", "sqrt"),
+         node("Sub", ["x", "m"], "d", "centred"),
+         node("Div", ["d", "s"], "y", "div")],
+        [("x", F, [4, 4, 4])],
+        [("y", F, [4, 4, 4])],
+        ONE,
+    )  # fmt: skip
+    assert _units(m) == []
+
+
 def test_rmsnorm_and_fused_norms():
     m = model(
         [

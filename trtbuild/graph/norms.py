@@ -190,7 +190,9 @@ def _stats(view: GraphView, sq: int) -> _Stats | None:
     means = _means_of(view, view.nodes[sq].output[0])
     if not means:
         return None
-    shaped, var = _reshaped(view, means[0].out)
+    # a variance kept without its reduced axes is put back in shape (dynamo's x.var); one kept
+    # with them is read as it is: a reshape of it could move a row's variance to another row
+    shaped, var = ((), means[0].out) if means[0].keepdims else _reshaped(view, means[0].out)
     for add in _consumers(view, var, "Add"):
         eps = _other(view.nodes[add], var)
         if eps is None or not _is_scalar_const(view, eps):
@@ -284,22 +286,29 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
         keepdims=mean.keepdims and stats.variance.keepdims,
         epsilon=stats.epsilon,
     )
-    for kind, numerator, form in (("layernorm", d, ""), ("biasfree-layernorm", x, " bias-free")):
-        div = _divide(view, numerator, stats.std)
-        if div is None:
-            continue
-        affine, scale, bias = _affine(view, div[-1])
-        nodes = (*mean.nodes, subs[0], *again, *stats.nodes, *div, *affine)
-        return NormUnit(
-            kind,
-            nodes,
-            f"decomposed{form} LayerNorm unit from {n.name}",
-            output=_out(view, nodes[-1]),
-            scale=scale,
-            bias=bias,
-            **common,
-        )
-    return None if again else _tf_layernorm(view, mean, subs[0], stats, common)
+    div = _divide(view, d, stats.std)
+    kind, form = "layernorm", ""
+    if div is None:
+        keras = None if again else _tf_layernorm(view, mean, subs[0], stats, common)
+        if keras is not None:
+            return keras
+        # x itself over the deviation: Restormer's bias-free form, a Div (the Keras form without
+        # gamma multiplies x by `Reciprocal(std)`, and is that form's)
+        div = [c for c in _consumers(view, stats.std, "Div") if view.nodes[c].input[0] == x][:1]
+        kind, form = "biasfree-layernorm", " bias-free"
+    if not div:
+        return None
+    affine, scale, bias = _affine(view, div[-1])
+    nodes = (*mean.nodes, subs[0], *again, *stats.nodes, *div, *affine)
+    return NormUnit(
+        kind,
+        nodes,
+        f"decomposed{form} LayerNorm unit from {n.name}",
+        output=_out(view, nodes[-1]),
+        scale=scale,
+        bias=bias,
+        **common,
+    )
 
 
 def _variance_of(view: GraphView, mean: _Mean, d: str) -> tuple[tuple[int, ...], _Stats] | None:
