@@ -42,18 +42,6 @@ from trtbuild.sizes import fmt_bytes
 SEGMENT_SHARE = 6
 STEP_SHARE = 2
 
-# Element types ONNX Runtime hands to Python as another numpy type (an FP8 tensor as uint8:
-# numpy has no FP8), which a later segment's input, declared from the array, would take as
-# that type: no value of these types crosses a border (a Q→DQ pair of FP8 stays whole).
-OPAQUE_TYPES = frozenset(
-    getattr(onnx.TensorProto, name)
-    for name in (
-        "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0",
-        "BFLOAT16", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2",
-    )
-    if hasattr(onnx.TensorProto, name)
-)  # fmt: skip
-
 
 @dataclass(frozen=True)
 class Segment:
@@ -94,13 +82,12 @@ def plan_by_budget(
     live = {vi.name: sizes.get(vi.name, 0) for vi in fed_inputs(model)}
     for t in live:
         freed_at[last_use.get(t, -1) + 1].append(t)
-    opaque = _opaque_values(model)
     seg, held, assign = 0, sum(live.values()), []
     for i, node in enumerate(nodes):
         for t in freed_at.pop(i, ()):
             live.pop(t, None)
         out = sum(sizes.get(o, 0) for o in node.output if o)
-        if assign and held + out > limit and opaque.isdisjoint(live):
+        if assign and held + out > limit:
             seg, held = seg + 1, sum(live.values())
         assign.append(seg)
         held += out
@@ -109,16 +96,6 @@ def plan_by_budget(
                 live[o] = sizes.get(o, 0)
                 freed_at[last_use[o] + 1].append(o)
     return cut(model, assign, marked, budget=budget)
-
-
-def _opaque_values(model: onnx.ModelProto) -> set[str]:
-    """The main graph's values declared of an `OPAQUE_TYPES` type."""
-    graph = model.graph
-    return {
-        vi.name
-        for vi in (*graph.input, *graph.value_info, *graph.output)
-        if vi.type.tensor_type.elem_type in OPAQUE_TYPES
-    }
 
 
 def _fitted(
@@ -239,6 +216,9 @@ class SegmentRunner:
         self.sessions: list = [None] * len(plan)
         self.initializers = {t.name: t for t in model.graph.initializer}
         outputs = {o.name for o in model.graph.output}
+        # each value's ONNX type where numpy's may not say it: the graph's inputs as declared,
+        # and what a segment makes as its session says (ONNX Runtime hands FP8 out as uint8)
+        self.types = {vi.name: vi.type.tensor_type.elem_type for vi in fed_inputs(model)}
         self.handed = [
             seg.marked if mark else tuple(t for t in seg.marked if t in outputs)
             for seg in plan.segments
@@ -263,7 +243,9 @@ class SegmentRunner:
             sess = self.sessions[k] or self._session(k, inputs)
             self.sessions[k] = sess
             names = [o.name for o in sess.get_outputs()]
-            values = dict(zip(names, run_session(sess, names, inputs)))
+            fed = {t: _as_type(v, self.types.get(t)) for t, v in inputs.items()}
+            values = dict(zip(names, run_session(sess, names, fed)))
+            del fed
             for t in seg.keep:
                 live[t] = values[t]
             for t in [t for t in live if last_reader.get(t, -1) <= k]:
@@ -277,7 +259,9 @@ class SegmentRunner:
         seg = self.plan.segments[k]
         nodes = [self.model.graph.node[i] for i in seg.nodes]
         feeds = [
-            helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(v.dtype), None)
+            helper.make_tensor_value_info(
+                t, self.types.get(t) or helper.np_dtype_to_tensor_dtype(v.dtype), None
+            )
             for t, v in inputs.items()
         ]
         used = {t for node in nodes for t in _reads(node)}
@@ -286,7 +270,24 @@ class SegmentRunner:
         graph = helper.make_graph(nodes, f"segment{k}", feeds, outs, inits)
         sub = helper.make_model(graph, opset_imports=list(self.model.opset_import))
         sub.ir_version = self.model.ir_version
-        return plain_session(sub.SerializeToString())
+        session = plain_session(sub.SerializeToString())
+        self.types.update({o.name: ORT_TYPES.get(o.type, 0) for o in session.get_outputs()})
+        return session
+
+
+# ONNX Runtime's name of each tensor type ("tensor(float8e4m3fn)") -> its ONNX element type
+ORT_TYPES = {f"tensor({name.lower()})": value for name, value in onnx.TensorProto.DataType.items()}
+
+
+def _as_type(value: np.ndarray, elem_type: int | None):
+    """`value` as ONNX Runtime takes it for an input of `elem_type`: the array itself where
+    numpy's type is that type, else an OrtValue of its bytes as that type (an FP8 tensor
+    handed out as uint8 by the segment that made it)."""
+    if not elem_type or helper.np_dtype_to_tensor_dtype(value.dtype) == elem_type:
+        return value
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(value), elem_type)
 
 
 @functools.lru_cache(maxsize=1)
