@@ -11,6 +11,7 @@ from trtbuild.accuracy import risk
 from trtbuild.accuracy.breakdown import split_error
 from trtbuild.accuracy.judge import Candidate, judge_all
 from trtbuild.accuracy.masked import RULE_KEY, masked_at, rule_said
+from trtbuild.accuracy.reference import ReferenceMeasures
 from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
 from trtbuild.front import Front, baselines
@@ -88,14 +89,12 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
     found = []
     for out in runs[0].measures.outputs if runs else []:
         figures = {
-            r.point.name: (r.measures.output_std[out], r.measures.ranges.get(out, 0.0))
+            r.point.name: (r.measures.output_std[out], _output_peak(r.measures, out))
             for r in runs
             if out in r.measures.output_std
         }
+        spread = {k: std / peak if peak > 0 else 0.0 for k, (std, peak) in figures.items()}
         floating = front.view.is_float(out) or out not in front.view.dtype
-        # an integer output (indices, codes, counts) has no peak measured: its spread is its std
-        scale = {k: peak if floating else 1.0 for k, (_, peak) in figures.items()}
-        spread = {k: std / scale[k] if scale[k] > 0 else 0.0 for k, (std, _) in figures.items()}
         for r in (r for r in runs if r.point.name in figures):
             std, peak = figures[r.point.name]
             widest = max((v for k, v in spread.items() if k != r.point.name), default=0.0)
@@ -103,7 +102,7 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
             if std <= limit:
                 why = "dtype"
             elif spread[r.point.name] <= FLAT_AGAINST_POINTS * widest:
-                why, limit = "points", FLAT_AGAINST_POINTS * widest * scale[r.point.name]
+                why, limit = "points", FLAT_AGAINST_POINTS * widest * peak
             else:
                 continue
             found.append(
@@ -111,6 +110,11 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
                  "peak": peak, "limit": limit, "why": why, "samples": len(r.feeds)}
             )  # fmt: skip
     return found
+
+
+def _output_peak(measures: ReferenceMeasures, output: str) -> float:
+    """A graph output's largest |value| on the reference: a float's data peak, an integer's."""
+    return measures.ranges.get(output) or measures.output_peak.get(output, 0.0)
 
 
 def flat_warnings(flat: list[dict[str, Any]], front: Front) -> list[str]:

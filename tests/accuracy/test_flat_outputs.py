@@ -95,23 +95,27 @@ def test_a_point_whose_output_barely_moves_against_the_others_is_named(tmp_path,
 
 
 def test_an_integer_output_is_flat_only_where_its_values_do_not_move(tmp_path, capsys):
-    """An integer output (a codebook's indices, an ArgMax) has no peak measured: its spread is
-    its std, so indices that move are not flat, and indices that are all 0 are."""
+    """An integer output (a codebook's indices, an ArgMax) is judged by its own peak: indices
+    that move are not flat, whatever the axis they index (`where`: 0-3 at min, 0-2047 at max,
+    whose std alone is 500 times min's), and indices that are all 0 are."""
     m = model(
         [node("ArgMax", ["x"], "codes", "/argmax", axis=2, keepdims=0),
+         node("ArgMax", ["x"], "where", "/argmax_rows", axis=1, keepdims=0),
          node("Mul", ["x", "zero"], "z", "/zeros"),
          node("ArgMax", ["z"], "none", "/argmax_of_zeros", axis=2, keepdims=0)],
         [("x", F, [1, "n", 4])],
-        [("codes", onnx.TensorProto.INT64, [1, "n"]), ("none", onnx.TensorProto.INT64, [1, "n"])],
+        [("codes", onnx.TensorProto.INT64, [1, "n"]), ("where", onnx.TensorProto.INT64, [1, 4]),
+         ("none", onnx.TensorProto.INT64, [1, "n"])],
         {"zero": np.array(0.0, np.float32)},
     )  # fmt: skip
     onnx.save(m, tmp_path / "codes.onnx")
     policy = tmp_path / "codes.yaml"
     policy.write_text(
         "version: 1\nmodel: codes.onnx\ninputs:\n  x:\n"
-        "    min: [1, 8, 4]\n    opt: [1, 16, 4]\n    max: [1, 32, 4]\n"
-        "accuracy:\n  samples: 2\n"
+        "    min: [1, 4, 4]\n    opt: [1, 64, 4]\n    max: [1, 2048, 4]\n"
+        "accuracy:\n  samples: 4\n"
     )
     assert main(["check", "--policy", str(policy)]) == 0
     said = _flat_warning(capsys.readouterr().err)
     assert "output none" in said and "output codes" not in said, said
+    assert "output where" not in said, said

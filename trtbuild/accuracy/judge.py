@@ -641,25 +641,30 @@ class _Walk:
             bad, nan, rel = p["nonfinite"], p.pop("_nan"), p["rel_error"]
             rel = float(rel) if isinstance(rel, str) else rel
             if first is None and (bad or rel > self.threshold or p.get("differ")):
-                first = {"node": p["node"], "op": p["op"], "tensor": p["tensor"]}
-                first["reason"] = _reason(bad, nan, p["ref_max_abs"], rel, self.threshold)
-                if p.get("differ"):  # a decision flipped: any index, not a share of a range
-                    first["reason"] = (
-                        f"{p['differ']} of {p['of']} indices differ from FP32's ({rel:.2%}): "
-                        "the error in its input chose otherwise between near values; what "
-                        "computes that input decides it"
-                    )
-                if "source" in p:
-                    first["reason"] += (
-                        f", in the boundary Cast the conversion adds after `{p['source']}`"
-                    )
-                if "inside" in p:  # a peak: whether a value turned non-finite, not how many
-                    kind = "NaN" if nan else "inf"
-                    first["reason"] = (
-                        f"turns {kind} where FP32 is finite (FP32 peak |x| = "
-                        f"{p['ref_max_abs']:.4g}), inside {p['inside']}"
-                    )
+                first = _first_divergence(p, bad, nan, rel, self.threshold)
         return first, ordered, overflow
+
+
+def _first_divergence(
+    p: dict[str, Any], bad: int, nan: int, rel: float, threshold: float
+) -> dict[str, Any]:
+    """The first divergence at walk point `p`: where, and why in words."""
+    first = {"node": p["node"], "op": p["op"], "tensor": p["tensor"]}
+    first["reason"] = _reason(bad, nan, p["ref_max_abs"], rel, threshold)
+    if p.get("differ"):  # a decision flipped: any index, not a share of a range
+        first["reason"] = (
+            f"{p['differ']} of {p['of']} indices differ from FP32's ({rel:.2%}): the error in "
+            "its input chose otherwise between near values; what computes that input decides it"
+        )
+    if "source" in p:
+        first["reason"] += f", in the boundary Cast the conversion adds after `{p['source']}`"
+    if "inside" in p:  # a peak: whether a value turned non-finite, not how many
+        kind = "NaN" if nan else "inf"
+        first["reason"] = (
+            f"turns {kind} where FP32 is finite (FP32 peak |x| = {p['ref_max_abs']:.4g}), "
+            f"inside {p['inside']}"
+        )
+    return first
 
 
 def divergence(

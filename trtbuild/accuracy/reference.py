@@ -66,6 +66,8 @@ class ReferenceMeasures:
     bodies: frozenset[str] = frozenset()  # tensors inside control-flow bodies: peaks only
     # graph output -> standard deviation of its data values over every feed (is it constant?)
     output_std: dict[str, float] = field(default_factory=dict)
+    # integer (and boolean) graph output -> its largest |value| (`ranges` holds the floats')
+    output_peak: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,14 +155,19 @@ class _Tally:
     special: dict[str, np.ndarray] = field(default_factory=dict)
     nonfinite: dict[str, str] = field(default_factory=dict)
     moments: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # n, mean, M2
+    int_peaks: dict[str, float] = field(default_factory=dict)  # an integer output's max |value|
 
     def spread(self, outputs: dict[str, np.ndarray]) -> None:
         """Each graph output's count, mean and sum of squared deviations, feed after feed
-        (Chan's pairwise update, float64), over its data values (NaN, inf, sentinels aside)."""
+        (Chan's pairwise update, float64), over its data values (NaN, inf, sentinels aside);
+        an integer (or boolean) output's peak too, which `values` measures of floats only."""
         for name, v in outputs.items():
             v = np.asarray(v)
             if not v.size or not (np.issubdtype(v.dtype, np.number) or v.dtype == bool):
                 continue
+            if not np.issubdtype(v.dtype, np.floating):
+                peak = float(np.abs(v.astype(np.float64, copy=False)).max())
+                self.int_peaks[name] = max(self.int_peaks.get(name, 0.0), peak)
             if np.issubdtype(v.dtype, np.floating) and not measure_peak(v)[1]:
                 with np.errstate(invalid="ignore"):
                     v = v[np.isfinite(v) & (np.abs(v) < 1e30)]
@@ -270,6 +277,7 @@ def run_reference(
         tally.nonfinite,
         frozenset(probed.tensor_of.values()),
         tally.output_std(),
+        tally.int_peaks,
     )
     return ReferenceTensors(measures, results)
 
