@@ -102,12 +102,15 @@ class Divergence:
         op: its op type.
         tensor: the tensor's name.
         reason: what crossed (the relative error, or a non-finite value).
+        decision: the ArgMax, ArgMin or TopK whose indices it reads (through integer-only
+            nodes) where some are not FP32's: {node, op, tensor, differ, of}; None otherwise.
     """
 
     node: str | None = None
     op: str | None = None
     tensor: str | None = None
     reason: str | None = None
+    decision: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

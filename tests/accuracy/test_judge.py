@@ -8,14 +8,13 @@ walk); both must find the same overflow.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import onnx
 import pytest
 
 from tests.helpers import F, model, node
-from trtbuild.accuracy.judge import divergence
+from trtbuild.accuracy.judge import decided, divergence
 from trtbuild.accuracy.reference import ReferenceMeasures
 from trtbuild.cli import main
 from trtbuild.numerics import measure_peak, sentinels
@@ -128,26 +127,35 @@ def test_the_difference_without_an_abs_pass_keeps_every_edge(n):
     assert _max_abs_diff(zeros, e) == np.inf
 
 
-def test_a_decision_whose_indices_differ_diverges_by_any_index():
-    """Indices (an ArgMin's) are not a range: one flipped of 40 (2.5%, under the 5% threshold
-    of a float tensor's range) is a divergence, named."""
-    r = np.arange(40, dtype=np.int64) % 7
-    e = r.copy()
-    e[5] += 1
-    measures = replace(_measures(r.astype(np.float32)), ranges={}, first_peaks={}, special={})
-    first, curve, _ = divergence(measures, {"t": e}, {"t": r}, 0.05)
-    assert first["reason"].startswith("1 of 40 indices differ from FP32's (2.50%)"), first
-    assert curve[0]["differ"] == 1 and curve[0]["rel_error"] == 0.025
-    assert divergence(measures, {"t": r.copy()}, {"t": r}, 0.05)[0] is None
+def test_a_decision_reached_through_integer_nodes_is_named_with_the_divergence():
+    """The first divergence names the decision whose indices it reads, through integer-only
+    nodes, and how many of them are not FP32's; a decision it does not read is not named."""
+    m = model(
+        [node("ArgMin", ["x"], "i", "argmin", axis=1, keepdims=1),
+         node("Squeeze", ["i", "axis"], "j", "squeeze"),
+         node("Gather", ["codes", "j"], "y", "lookup", axis=0),
+         node("ArgMax", ["x"], "k", "argmax", axis=1, keepdims=0)],
+        [("x", F, [4, 3])],
+        [("y", F, [4, 2]), ("k", onnx.TensorProto.INT64, [4])],
+        {"axis": np.array([1]), "codes": np.ones((3, 2), np.float32)},
+    )  # fmt: skip
+    first = {"node": "lookup", "op": "Gather", "tensor": "y", "reason": "error 50.00%"}
+    flipped = {"i": {"node": "argmin", "op": "ArgMin", "tensor": "i", "differ": 1, "of": 4},
+               "k": {"node": "argmax", "op": "ArgMax", "tensor": "k", "differ": 2, "of": 4}}  # fmt: skip
+    named = decided(first, flipped, m)
+    assert named["decision"] == flipped["i"], named
+    assert named["reason"].startswith(
+        "error 50.00%; it reads the indices argmin (ArgMin) chose, 1 of 4"
+    )
+    assert decided(first, {"k": flipped["k"]}, m) == first
 
 
-def test_a_codebook_lookup_fp16_flips_is_named_at_its_argmin(tmp_path, capsys):
-    """A VQ model's nearest code: |x|^2 + |c|^2 - 2 x.c, whose terms FP16 stores to 0.5 (~882)
-    where the codes near x are 0.02 apart, flips in FP16. Far codes spread the distances to
-    ~900, so no float tensor is off by 5% of its range: the ArgMin is the first divergence."""
+def test_a_codebook_lookup_fp16_flips_is_named_at_its_gather_with_the_argmin(tmp_path):
+    """A VQ model's nearest code among 256 (CodeFormer's lookup): FP16's error in
+    |x|^2 + |c|^2 - 2 x.c flips some near-tied choices, and the Gather of the other code is
+    off by whole values; the first divergence says the ArgMin chose it."""
     rng = np.random.default_rng(0)
-    near = 10.5 + rng.normal(0, 0.05, (16, 8))
-    codes = np.concatenate([near, rng.normal(0, 1, (16, 8))]).astype(np.float32)
+    codes = rng.normal(0, 1, (256, 8)).astype(np.float32)
     m = model(
         [node("Mul", ["x", "x"], "xx", "square"),
          node("ReduceSum", ["xx", "one"], "x2", "x_norm", keepdims=1),
@@ -157,19 +165,20 @@ def test_a_codebook_lookup_fp16_flips_is_named_at_its_argmin(tmp_path, capsys):
          node("Add", ["part", "c2"], "dist", "distance"),
          node("ArgMin", ["dist"], "idx", "argmin", axis=1, keepdims=0),
          node("Gather", ["codes", "idx"], "y", "lookup", axis=0)],
-        [("x", F, [16, 8])],
-        [("y", F, [16, 8])],
+        [("x", F, [1024, 8])],
+        [("y", F, [1024, 8])],
         {"one": np.array([1]), "codes_t": codes.T.copy(), "two": np.array(2.0, np.float32),
          "c2": (codes**2).sum(1)[None, :], "codes": codes},
     )  # fmt: skip
     onnx.save(m, tmp_path / "vq.onnx")
-    np.savez(tmp_path / "x.npz", x=(10.5 + rng.normal(0, 0.05, (2, 16, 8))).astype(np.float32))
+    np.savez(tmp_path / "x.npz", x=rng.normal(0, 1, (1, 1024, 8)).astype(np.float32))
     policy = tmp_path / "vq.yaml"
     policy.write_text(
-        "version: 1\nmodel: vq.onnx\ninputs:\n  x:\n    shape: [16, 8]\n"
-        "    data: {file: x.npz}\naccuracy:\n  samples: 2\n"
+        "version: 1\nmodel: vq.onnx\ninputs:\n  x:\n    shape: [1024, 8]\n"
+        "    data: {file: x.npz}\naccuracy:\n  samples: 1\n"
     )
     out = tmp_path / "out"
     assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
     first = json.loads((out / "report.json").read_text())["first_divergence"]
-    assert first["node"] == "argmin" and "indices differ from FP32's" in first["reason"], first
+    assert first["node"] == "lookup" and first["decision"]["node"] == "argmin", first
+    assert "it reads the indices argmin (ArgMin) chose" in first["reason"], first

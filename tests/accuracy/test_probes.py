@@ -9,7 +9,7 @@ import onnxruntime as ort
 from tests.helpers import if_model, scan_model
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.probes import probe
-from trtbuild.accuracy.reference import body_tensors, walked_outputs
+from trtbuild.accuracy.reference import body_tensors, float_node_outputs
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy.specs import Passes, Precision
@@ -19,7 +19,7 @@ from trtbuild.precision.convert import convert
 
 def _body_tensors(m: onnx.ModelProto) -> set[str]:
     view = GraphView(m)
-    return body_tensors(view, walked_outputs(view))
+    return body_tensors(view, float_node_outputs(view))
 
 
 def _peaks(m: onnx.ModelProto, feed: dict, tensors: set[str] | None = None) -> dict[str, float]:

@@ -18,7 +18,7 @@ from trtbuild import front
 from trtbuild.accuracy import judge as judge_mod
 from trtbuild.accuracy import stream
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.accuracy.reference import walked_outputs
+from trtbuild.accuracy.reference import float_node_outputs
 from trtbuild.cli import main
 from trtbuild.graph.model_io import load_model
 from trtbuild.graph.view import GraphView
@@ -51,7 +51,7 @@ def _whole_run(model, names: list[str], feed) -> dict[str, np.ndarray]:
 
 def _plan(model, budget: int) -> stream.Plan:
     view = GraphView(model)
-    marked = {t for t, _, _ in walked_outputs(view)} | set(view.outputs)
+    marked = {t for t, _, _ in float_node_outputs(view)} | set(view.outputs)
     sizes = stream.estimate_sizes(model, _feed())
     return stream.plan_by_budget(model, marked, sizes, MemoryBudget(budget))
 
@@ -74,7 +74,7 @@ def test_a_small_budget_cuts_the_graph_and_every_border_is_kept(nafnet_path):
 def test_a_cut_run_gives_every_tensor_bit_for_bit(nafnet_path):
     model = load_model(nafnet_path)
     view = GraphView(model)
-    names = [t for t, _, op in walked_outputs(view) if op != "Constant"]
+    names = [t for t, _, op in float_node_outputs(view) if op != "Constant"]
     whole = _whole_run(model, names, _feed())  # Polygraphy marks no Constant
     plan = _plan(model, 2048 * KIB)
     cut = {}
@@ -146,7 +146,7 @@ def test_a_default_budget_grows_to_the_largest_step_and_a_policys_own_does_not(n
 
     model = load_model(nafnet_path)
     view = GraphView(model)
-    marked = {t for t, _, _ in walked_outputs(view)}
+    marked = {t for t, _, _ in float_node_outputs(view)}
     sizes = stream.estimate_sizes(model, _feed())
     grown = stream.plan_by_budget(model, marked, sizes, MemoryBudget(64 * KIB, 1 << 30))
     assert grown.budget > 64 * KIB and len(grown) > 1
@@ -225,3 +225,60 @@ def test_an_fp8_value_crosses_a_border_as_fp8():
         values.update(got)
     whole = _whole_run(m, ["y"], feed)
     np.testing.assert_array_equal(values["y"], whole["y"])
+
+
+def test_an_int4_value_never_crosses_a_border():
+    """ONNX Runtime cannot hand an INT4 tensor to Python at all ("No corresponding Numpy
+    type"): a cut waits until its last reader has run, told by the Q's zero point where no
+    value_info declares it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers import F, node
+
+    graph = helper.make_graph(
+        [node("Relu", ["x"], "a", "relu"),
+         node("QuantizeLinear", ["a", "s", "z"], "q", "quantize"),
+         node("DequantizeLinear", ["q", "s", "z"], "d", "dequantize"),
+         node("Sigmoid", ["d"], "y", "sigmoid")],
+        "g",
+        [helper.make_tensor_value_info("x", F, [64, 64])],
+        [helper.make_tensor_value_info("y", F, [64, 64])],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+         helper.make_tensor("z", TensorProto.INT4, [], [0])],
+    )  # fmt: skip
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    sizes = {t: 64 * 64 * 4 for t in ("x", "a", "d", "y")} | {"q": 64 * 64 // 2}
+    plan = stream.plan_by_budget(m, {"a", "d", "y"}, sizes, MemoryBudget(64 * KIB))
+    assert "q" not in {t for seg in plan.segments for t in seg.needs} and len(plan) == 3
+    feed = {"x": np.random.default_rng(0).normal(0, 4, (64, 64)).astype(np.float32)}
+    values = {}
+    for got in stream.SegmentRunner(m, plan).run(feed):
+        values.update(got)
+    np.testing.assert_array_equal(values["y"], _whole_run(m, ["y"], feed)["y"])
+
+
+def test_a_sequence_never_crosses_a_border():
+    """ONNX Runtime hands a sequence out as a list, which no segment input can be declared
+    from: the cut waits until the sequence's last reader has run."""
+    from tests.helpers import F, model, node
+
+    m = model(
+        [node("Relu", ["x"], "a", "relu"),
+         node("Sigmoid", ["x"], "b", "sigmoid"),
+         node("SequenceConstruct", ["a", "b"], "seq", "pack"),
+         node("Tanh", ["a"], "c", "tanh"),
+         node("ConcatFromSequence", ["seq"], "cat", "unpack", axis=0),
+         node("Mul", ["cat", "cat"], "y", "square")],
+        [("x", F, [64, 64])],
+        [("y", F, [128, 64]), ("c", F, [64, 64])],
+    )  # fmt: skip
+    sizes = {t: 64 * 64 * 4 for t in ("x", "a", "b", "c", "seq")} | {"cat": 2 * 64 * 64 * 4}
+    sizes["y"] = sizes["cat"]
+    plan = stream.plan_by_budget(m, {"a", "b", "c", "cat", "y"}, sizes, MemoryBudget(192 * KIB))
+    assert "seq" not in {t for seg in plan.segments for t in seg.needs} and len(plan) > 2
+    feed = {"x": np.random.default_rng(0).normal(0, 4, (64, 64)).astype(np.float32)}
+    values = {}
+    for got in stream.SegmentRunner(m, plan).run(feed):
+        values.update(got)
+    np.testing.assert_array_equal(values["y"], _whole_run(m, ["y"], feed)["y"])

@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from tests.helpers import F, H, if_model, model, node, plain_session, scan_model
 from trtbuild.graph import structure
+from trtbuild.graph.optypes import INTEGER_TYPES
 
 DIM, BLOCKS = 4, 10
 PINNED = (
@@ -257,7 +258,7 @@ def test_a_small_tensor_is_keyed_by_its_values_however_it_is_stored():
     stored in typed fields (which numpy reads), for each type read raw."""
     for kind, nbytes in structure._RAW_BYTES.items():
         values = [1, 0, 1] if kind == onnx.TensorProto.BOOL else [3, 1, 2]
-        if kind not in structure._INTS:
+        if kind not in INTEGER_TYPES:
             values = values[:1]  # a float is keyed by value only as a scalar
         array = np.array(values, onnx.helper.tensor_dtype_to_np_dtype(kind))
         raw = numpy_helper.from_array(array, "c")

@@ -58,6 +58,7 @@ from trtbuild.accuracy.sessions import (
     metrics,
 )
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
+from trtbuild.graph.optypes import INTEGER_TYPES
 from trtbuild.graph.propagation import unobserved
 from trtbuild.numerics import data_peak, sentinel_kept
 from trtbuild.policy.specs import AccuracySpec
@@ -214,7 +215,9 @@ def judge_all(
     # the reference's segments, planned where a run is cut (a walk, a suspect): most
     # lean runs find nothing to confirm, and `tune` judges thousands of them
     plan = functools.cache(
-        lambda: reference_plan(graph, measures.order, measures.sizes, spec.budget())
+        lambda: reference_plan(
+            graph, [*measures.order, *measures.decisions], measures.sizes, spec.budget()
+        )
     )
     runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
     labels = ", ".join(dict.fromkeys(c.label for c in candidates))
@@ -326,7 +329,8 @@ class _Run:
         """The runner that hands out every tensor, made on first use (a divergence, a suspect)."""
         if self.cut is None:
             present = {o for n in self.emulated.graph.node for o in n.output}  # peers fuse nodes
-            marked = (present & set(self.walk.depth)) | set(self.walk.measures.outputs)
+            walked = {*self.walk.depth, *self.walk.decisions}
+            marked = (present & walked) | set(self.walk.measures.outputs)
             plan = plan_aligned(self.emulated, marked, self.reference_plan())
             self.cut = SegmentRunner(self.emulated, plan)
         return self.cut
@@ -443,6 +447,7 @@ def _verdict(
 ) -> Verdict:
     """The outputs' verdict, with the walk's divergence and overflow and the ops at risk."""
     first_div, curve, overflow = run.walk.finish()
+    first_div = decided(first_div, run.walk.flipped, run.candidate.mixed)
     overflow = overflow or run.later  # the first feed's, else the first later feed's
     return Verdict(
         evaluator=judged.label,
@@ -569,9 +574,14 @@ class _Walk:
                 self.depth[out] = (self.depth.get(src, (-1,))[0], node, "Cast")
         self.points: dict[int, dict[str, Any]] = {}
         self.boundary: dict[tuple[int, str], dict[str, Any]] = {}  # (depth, Cast output)
+        self.decisions = {t: (node, op) for t, node, op in measures.decisions}
+        self.flipped: dict[str, dict[str, Any]] = {}  # decision indices that are not FP32's
 
     def take(self, values: dict[str, np.ndarray], ref: dict[str, np.ndarray] | None) -> None:
         for name, e in values.items():
+            if name in self.decisions:
+                self._decision(name, e, None if ref is None else ref.get(name))
+                continue
             where = self.depth.get(name)
             if where is None:
                 continue
@@ -594,6 +604,14 @@ class _Walk:
                 p = self._overflow(tensor, np.asarray(e))
             if p is not None:
                 self.points[depth] = {"depth": depth, "node": node, "op": op, **p}
+
+    def _decision(self, tensor: str, e: np.ndarray, r: np.ndarray | None) -> None:
+        """A decision's indices against FP32's: where any differs, which and how many."""
+        p = None if r is None else point(self.measures, tensor, r, e)
+        if p is not None and p["differ"]:
+            node, op = self.decisions[tensor]
+            self.flipped[tensor] = {"node": node, "op": op, "tensor": tensor,
+                                    "differ": p["differ"], "of": p["of"]}  # fmt: skip
 
     def _overflow(self, tensor: str, e: np.ndarray) -> dict[str, Any] | None:
         """Whether `e` turned non-finite where FP32 is finite. On the first feed the values of
@@ -640,9 +658,43 @@ class _Walk:
         for p in ordered:
             bad, nan, rel = p["nonfinite"], p.pop("_nan"), p["rel_error"]
             rel = float(rel) if isinstance(rel, str) else rel
-            if first is None and (bad or rel > self.threshold or p.get("differ")):
+            if first is None and (bad or rel > self.threshold):
                 first = _first_divergence(p, bad, nan, rel, self.threshold)
         return first, ordered, overflow
+
+
+def decided(
+    first: dict[str, Any] | None, flipped: dict[str, dict[str, Any]], mixed: onnx.ModelProto
+) -> dict[str, Any] | None:
+    """The first divergence, with the decision it reads whose indices are not FP32's, if any.
+
+    Why: a codebook's `Gather` of another code (CodeFormer's, a VQGAN's) is off by whole
+    values, and it is the `ArgMin` upstream that chose it: FP16's error in the distances
+    flipped a choice between near codes. The node reads the indices directly or through
+    integer-only nodes (an `Unsqueeze`, a one-hot's `ScatterElements`).
+    """
+    if not first or not flipped:
+        return first
+    made = {o: n for n in mixed.graph.node for o in n.output}
+    graph = mixed.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.input, *graph.value_info)}
+    node = next((n for n in graph.node if n.name == first["node"]), None)
+    todo, seen = list(node.input if node is not None else ()), set()
+    while todo:
+        t = todo.pop()
+        if t in flipped:
+            d = flipped[t]
+            said = (
+                f"; it reads the indices {d['node']} ({d['op']}) chose, {d['differ']} of "
+                f"{d['of']} of which are not FP32's: the error in that {d['op']}'s input chose "
+                "otherwise between near values, and what computes that input decides it"
+            )
+            return {**first, "reason": first["reason"] + said, "decision": d}
+        if t in seen or t not in made or types.get(t) not in INTEGER_TYPES:
+            continue
+        seen.add(t)
+        todo += [i for i in made[t].input if i]
+    return first
 
 
 def _first_divergence(
@@ -651,11 +703,6 @@ def _first_divergence(
     """The first divergence at walk point `p`: where, and why in words."""
     first = {"node": p["node"], "op": p["op"], "tensor": p["tensor"]}
     first["reason"] = _reason(bad, nan, p["ref_max_abs"], rel, threshold)
-    if p.get("differ"):  # a decision flipped: any index, not a share of a range
-        first["reason"] = (
-            f"{p['differ']} of {p['of']} indices differ from FP32's ({rel:.2%}): the error in "
-            "its input chose otherwise between near values; what computes that input decides it"
-        )
     if "source" in p:
         first["reason"] += f", in the boundary Cast the conversion adds after `{p['source']}`"
     if "inside" in p:  # a peak: whether a value turned non-finite, not how many
@@ -701,10 +748,7 @@ def point(
     if r.shape != e.shape:
         return None
     if not np.issubdtype(r.dtype, np.floating):  # a decision's indices (`DECISIONS`)
-        differ = int(np.count_nonzero(r != e))
-        peak = float(np.abs(r).max()) if r.size else 0.0
-        json = _point_json(tensor, 0, 0, peak, differ / r.size if r.size else 0.0)
-        return {**json, "differ": differ, "of": int(r.size)}
+        return {"tensor": tensor, "differ": int(np.count_nonzero(r != e)), "of": int(r.size)}
     if tensor in measures.sentinel_tensors:
         keep = ~sentinel_kept(r, e)
         r, e = r[keep], e[keep]

@@ -52,8 +52,7 @@ class ReferenceMeasures:
     overflow-only judgement read: a megabyte or so, whatever the input size.
     """
 
-    # (tensor, node, op) of float node outputs and decisions' indices, topological
-    order: list[tuple[str, str, str]]
+    order: list[tuple[str, str, str]]  # (tensor, node, op) of float node outputs, topological
     ranges: dict[str, float]  # tensor -> largest |value| that is data, over all feeds
     sentinel_tensors: frozenset[str]  # tensors holding values >= SENTINEL_ABS
     internals: dict[str, tuple[str, dict[str, float]]]  # node -> (op, {quantity: peak})
@@ -68,6 +67,8 @@ class ReferenceMeasures:
     output_std: dict[str, float] = field(default_factory=dict)
     # integer (and boolean) graph output -> its largest |value| (`ranges` holds the floats')
     output_peak: dict[str, float] = field(default_factory=dict)
+    # (tensor, node, op) of the indices decision ops choose (`decision_outputs`)
+    decisions: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -112,13 +113,16 @@ def _some(results: Any, index: Sequence[int]) -> Any:
     return some
 
 
-def walked_outputs(view: GraphView) -> list[tuple[str, str, str]]:
-    """(tensor, node, op) for every float tensor a node produces and the indices a decision
-    op of the main graph chooses (`DECISIONS`), in topological order: what is measured and
-    what the walk compares with FP32."""
+def float_node_outputs(view: GraphView) -> list[tuple[str, str, str]]:
+    """(tensor, node, op) for every float tensor a node produces, in topological order."""
+    return [(t, n.name, n.op_type) for i, n in enumerate(view.nodes) for t in view.float_outputs(i)]
+
+
+def decision_outputs(view: GraphView) -> list[tuple[str, str, str]]:
+    """(tensor, node, op) for the indices each decision op of the main graph chooses
+    (`DECISIONS`), compared with FP32's to say where a divergence was decided."""
     found = []
     for i, n in enumerate(view.nodes):
-        found += [(t, n.name, n.op_type) for t in view.float_outputs(i)]
         k = DECISIONS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
         if k is not None and not view.scope[i] and len(n.output) > k and n.output[k]:
             found.append((n.output[k], n.name, n.op_type))
@@ -235,11 +239,11 @@ def run_reference(
     from polygraphy.comparator.struct import IterationResult
 
     view = view if view is not None else GraphView(reference)
-    order = walked_outputs(view)
+    order, decisions = float_node_outputs(view), decision_outputs(view)
     outputs = [o.name for o in reference.graph.output]
     probed = probe(reference, body_tensors(view, order))
     sizes = estimate_sizes(probed.model, feeds[0]) if feeds else {}
-    plan = reference_plan(probed.model, order, sizes, budget)
+    plan = reference_plan(probed.model, [*order, *decisions], sizes, budget)
     watched = set(risk.candidates(view))
     runner = SegmentRunner(probed.model, plan) if plan is not None else None
     tally, iterations = _Tally(), []
@@ -278,6 +282,7 @@ def run_reference(
         frozenset(probed.tensor_of.values()),
         tally.output_std(),
         tally.int_peaks,
+        decisions,
     )
     return ReferenceTensors(measures, results)
 

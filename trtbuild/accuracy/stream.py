@@ -31,6 +31,7 @@ from trtbuild.accuracy.sessions import lean_session, plain_session, run_session
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import fed_inputs, infer_shapes
+from trtbuild.graph.optypes import NOT_TENSOR_OPS
 from trtbuild.policy.specs import MemoryBudget
 from trtbuild.sizes import fmt_bytes
 
@@ -41,6 +42,16 @@ from trtbuild.sizes import fmt_bytes
 # reference and once by a candidate.
 SEGMENT_SHARE = 6
 STEP_SHARE = 2
+
+
+# Element types ONNX Runtime cannot hand to Python at all ("No corresponding Numpy type"):
+# no value of these crosses a segment border (`_unhanded_values`; FP8 does, as uint8 read
+# back as FP8: `SegmentRunner`).
+UNHANDED_TYPES = frozenset(
+    getattr(onnx.TensorProto, name)
+    for name in ("BFLOAT16", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(onnx.TensorProto, name)
+)
 
 
 @dataclass(frozen=True)
@@ -82,12 +93,13 @@ def plan_by_budget(
     live = {vi.name: sizes.get(vi.name, 0) for vi in fed_inputs(model)}
     for t in live:
         freed_at[last_use.get(t, -1) + 1].append(t)
+    unhanded = _unhanded_values(model)
     seg, held, assign = 0, sum(live.values()), []
     for i, node in enumerate(nodes):
         for t in freed_at.pop(i, ()):
             live.pop(t, None)
         out = sum(sizes.get(o, 0) for o in node.output if o)
-        if assign and held + out > limit:
+        if assign and held + out > limit and unhanded.isdisjoint(live):
             seg, held = seg + 1, sum(live.values())
         assign.append(seg)
         held += out
@@ -96,6 +108,27 @@ def plan_by_budget(
                 live[o] = sizes.get(o, 0)
                 freed_at[last_use[o] + 1].append(o)
     return cut(model, assign, marked, budget=budget)
+
+
+def _unhanded_values(model: onnx.ModelProto) -> set[str]:
+    """The main graph's values no border may carry: of an `UNHANDED_TYPES` type (declared so,
+    or made by a QuantizeLinear whose zero point is: INT4 activations, with no value_info to
+    say so), and sequences and optionals (handed out as lists, which no input is declared
+    from)."""
+    graph = model.graph
+    found = {
+        vi.name
+        for vi in (*graph.input, *graph.value_info, *graph.output)
+        if vi.type.tensor_type.elem_type in UNHANDED_TYPES
+        or vi.type.WhichOneof("value") not in (None, "tensor_type")
+    }
+    zeros = {t.name for t in graph.initializer if t.data_type in UNHANDED_TYPES}
+    for node in graph.node:
+        if node.op_type in NOT_TENSOR_OPS:
+            found.update(o for o in node.output if o)
+        elif node.op_type == "QuantizeLinear" and len(node.input) > 2 and node.input[2] in zeros:
+            found.add(node.output[0])
+    return found
 
 
 def _fitted(

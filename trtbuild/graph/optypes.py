@@ -31,6 +31,14 @@ ORT_DOMAINS = frozenset(
     | {"com.ms.internal.nhwc", "com.microsoft.dml"}
 )
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
+# whole numbers, booleans among them: what indices, shapes and masks are stored in
+INTEGER_TYPES = frozenset(
+    {
+        TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+        TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64,
+        TensorProto.BOOL,
+    }
+)  # fmt: skip
 PRECISION_DTYPE = {
     "fp16": TensorProto.FLOAT16,
     "bf16": TensorProto.BFLOAT16,

@@ -33,7 +33,7 @@ from onnx import helper, numpy_helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
-from trtbuild.graph.optypes import FLOAT_TYPES
+from trtbuild.graph.optypes import FLOAT_TYPES, INTEGER_TYPES
 
 # Hops a key sees, and a checked neighbourhood holds, around its node. 3: every node of
 # the largest pattern known to fail is within 3 hops of one of its nodes (a decomposed
@@ -45,20 +45,6 @@ RADIUS = 3
 VERSION = 2  # of what a key holds: a memory of keys made otherwise is another memory
 SMALL_INTS = 64  # integer constants up to this many elements are keyed by value (shapes, axes)
 DIGEST_BYTES = 16  # blake2b-128: a key is 32 hex digits
-_INTS = frozenset(
-    {
-        onnx.TensorProto.INT8,
-        onnx.TensorProto.INT16,
-        onnx.TensorProto.INT32,
-        onnx.TensorProto.INT64,
-        onnx.TensorProto.UINT8,
-        onnx.TensorProto.UINT16,
-        onnx.TensorProto.UINT32,
-        onnx.TensorProto.UINT64,
-        onnx.TensorProto.BOOL,
-    }
-)
-
 
 # bytes per element of the types whose `raw_data` numpy reads as it is (`_tensor_key`):
 # whole-byte types (not the packed 4-bit ones), on a little-endian machine (else numpy
@@ -66,7 +52,7 @@ _INTS = frozenset(
 _RAW_BYTES: dict[int, int] = (
     {
         k: helper.tensor_dtype_to_np_dtype(k).itemsize
-        for k in (*_INTS, *FLOAT_TYPES, onnx.TensorProto.DOUBLE)
+        for k in (*INTEGER_TYPES, *FLOAT_TYPES, onnx.TensorProto.DOUBLE)
     }
     if sys.byteorder == "little"
     else {}
@@ -405,7 +391,7 @@ def _tensor_key(t: onnx.TensorProto, kind: int = 0, dims: list[int] | None = Non
     if dims is None:
         kind, dims = t.data_type, t.dims[:]
     size = math.prod(dims)
-    small = size <= SMALL_INTS if kind in _INTS else size == 1
+    small = size <= SMALL_INTS if kind in INTEGER_TYPES else size == 1
     if not small or t.data_location == onnx.TensorProto.EXTERNAL:
         return b"W%d" % kind
     raw = t.raw_data
