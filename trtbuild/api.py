@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from trtbuild.results import BuildResult as BuildResult
     from trtbuild.results import CheckedPoint as CheckedPoint
     from trtbuild.results import CheckResult as CheckResult
+    from trtbuild.results import Decision as Decision
     from trtbuild.results import Divergence as Divergence
     from trtbuild.results import NodeDecision as NodeDecision
     from trtbuild.results import Objective as Objective

@@ -9,7 +9,7 @@ same, and is frozen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -94,6 +94,25 @@ class AtRisk:
 
 
 @dataclass(frozen=True)
+class Decision:
+    """An ArgMax, ArgMin or TopK whose indices are not all FP32's.
+
+    Attributes:
+        node: the decision's node.
+        op: its op type.
+        tensor: the indices it chose.
+        differ: how many of them differ from FP32's.
+        of: how many it chose.
+    """
+
+    node: str
+    op: str
+    tensor: str
+    differ: int
+    of: int
+
+
+@dataclass(frozen=True)
 class Divergence:
     """The first tensor, walking the graph in order, whose error crosses the threshold.
 
@@ -103,14 +122,22 @@ class Divergence:
         tensor: the tensor's name.
         reason: what crossed (the relative error, or a non-finite value).
         decision: the ArgMax, ArgMin or TopK whose indices it reads (through integer-only
-            nodes) where some are not FP32's: {node, op, tensor, differ, of}; None otherwise.
+            nodes) where some are not FP32's; None otherwise.
     """
 
     node: str | None = None
     op: str | None = None
     tensor: str | None = None
     reason: str | None = None
-    decision: dict[str, Any] | None = None
+    decision: Decision | None = None
+
+    @classmethod
+    def from_json(cls, found: dict[str, Any]) -> Divergence:
+        decision = found.get("decision")
+        return replace(
+            _picked(cls, {k: v for k, v in found.items() if k != "decision"}),
+            decision=_picked(Decision, decision) if decision else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -185,7 +212,7 @@ class PointResult:
             passed=bool(found["passed"]),
             outputs={n: OutputResult.from_json(m) for n, m in found["outputs"].items()},
             at_risk=tuple(AtRisk.from_json(r) for r in found.get("at_risk") or ()),
-            first_divergence=_picked(Divergence, first) if first else None,
+            first_divergence=Divergence.from_json(first) if first else None,
             data=dict(found.get("data") or {}),
         )
 

@@ -18,6 +18,7 @@ from trtbuild.accuracy.judge import decided, divergence
 from trtbuild.accuracy.reference import ReferenceMeasures
 from trtbuild.cli import main
 from trtbuild.numerics import measure_peak, sentinels
+from trtbuild.results import Decision, PointResult
 
 MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
 
@@ -128,26 +129,38 @@ def test_the_difference_without_an_abs_pass_keeps_every_edge(n):
 
 
 def test_a_decision_reached_through_integer_nodes_is_named_with_the_divergence():
-    """The first divergence names the decision whose indices it reads, through integer-only
-    nodes, and how many of them are not FP32's; a decision it does not read is not named."""
+    """The first divergence names the decision whose indices it reads through integer-only
+    nodes (`j`, a graph output too), not one it reaches through a float (`kf`) or a Shape;
+    where nothing diverged, a failing output that is a decision's indices names it."""
     m = model(
         [node("ArgMin", ["x"], "i", "argmin", axis=1, keepdims=1),
          node("Squeeze", ["i", "axis"], "j", "squeeze"),
          node("Gather", ["codes", "j"], "y", "lookup", axis=0),
-         node("ArgMax", ["x"], "k", "argmax", axis=1, keepdims=0)],
+         node("ArgMax", ["x"], "k", "argmax", axis=1, keepdims=0),
+         node("Cast", ["k"], "kf", "to_float", to=onnx.TensorProto.FLOAT),
+         node("Mul", ["kf", "half"], "z", "scale"),
+         node("Shape", ["k"], "ks", "shape"),
+         node("Expand", ["half", "ks"], "e", "expand")],
         [("x", F, [4, 3])],
-        [("y", F, [4, 2]), ("k", onnx.TensorProto.INT64, [4])],
-        {"axis": np.array([1]), "codes": np.ones((3, 2), np.float32)},
+        [("y", F, [4, 2]), ("j", onnx.TensorProto.INT64, [4]), ("k", onnx.TensorProto.INT64, [4]),
+         ("z", F, [4]), ("e", F, [4])],
+        {"axis": np.array([1]), "codes": np.ones((3, 2), np.float32),
+         "half": np.array([0.5], np.float32)},
     )  # fmt: skip
-    first = {"node": "lookup", "op": "Gather", "tensor": "y", "reason": "error 50.00%"}
     flipped = {"i": {"node": "argmin", "op": "ArgMin", "tensor": "i", "differ": 1, "of": 4},
                "k": {"node": "argmax", "op": "ArgMax", "tensor": "k", "differ": 2, "of": 4}}  # fmt: skip
-    named = decided(first, flipped, m)
+
+    def at(name: str) -> dict:
+        return {"node": name, "op": "?", "tensor": "?", "reason": "error 50.00%"}
+
+    named = decided(at("lookup"), flipped, m)
     assert named["decision"] == flipped["i"], named
-    assert named["reason"].startswith(
-        "error 50.00%; it reads the indices argmin (ArgMin) chose, 1 of 4"
-    )
-    assert decided(first, {"k": flipped["k"]}, m) == first
+    assert named["reason"].startswith("error 50.00%; it reads the indices argmin (ArgMin) chose")
+    assert decided(at("scale"), flipped, m) == at("scale")  # through a float: not its choice
+    assert decided(at("expand"), flipped, m) == at("expand")  # a shape holds no index's value
+    alone = decided(None, flipped, m, failing=["z", "k"])
+    assert alone["node"] == "argmax" and alone["reason"].startswith("2 of 4 indices differ")
+    assert decided(None, flipped, m, failing=["z"]) is None
 
 
 def test_a_codebook_lookup_fp16_flips_is_named_at_its_gather_with_the_argmin(tmp_path):
@@ -179,6 +192,14 @@ def test_a_codebook_lookup_fp16_flips_is_named_at_its_gather_with_the_argmin(tmp
     )
     out = tmp_path / "out"
     assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
-    first = json.loads((out / "report.json").read_text())["first_divergence"]
+    report = json.loads((out / "report.json").read_text())
+    first = report["first_divergence"]
     assert first["node"] == "lookup" and first["decision"]["node"] == "argmin", first
     assert "it reads the indices argmin (ArgMin) chose" in first["reason"], first
+    point = PointResult.from_json(report["shapes"][0])  # the library's result, hashable
+    assert point.first_divergence.decision == Decision("argmin", "ArgMin", "idx", *_counts(first))
+    assert hash(point.first_divergence)
+
+
+def _counts(first: dict) -> tuple[int, int]:
+    return first["decision"]["differ"], first["decision"]["of"]

@@ -11,6 +11,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import onnx
 import pytest
 
 from tests.conftest import NAFNET_POLICY, PINS
@@ -249,8 +250,9 @@ def test_an_int4_value_never_crosses_a_border():
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     m.ir_version = 10
     sizes = {t: 64 * 64 * 4 for t in ("x", "a", "d", "y")} | {"q": 64 * 64 // 2}
-    plan = stream.plan_by_budget(m, {"a", "d", "y"}, sizes, MemoryBudget(64 * KIB))
+    plan = stream.plan_by_budget(m, {"a", "d", "y"}, sizes, MemoryBudget(64 * KIB, 1 << 30))
     assert "q" not in {t for seg in plan.segments for t in seg.needs} and len(plan) == 3
+    assert plan.budget == 2 * (2 + 16 + 16) * KIB  # a default grows to the uncut stretch
     feed = {"x": np.random.default_rng(0).normal(0, 4, (64, 64)).astype(np.float32)}
     values = {}
     for got in stream.SegmentRunner(m, plan).run(feed):
@@ -258,27 +260,107 @@ def test_an_int4_value_never_crosses_a_border():
     np.testing.assert_array_equal(values["y"], _whole_run(m, ["y"], feed)["y"])
 
 
-def test_a_sequence_never_crosses_a_border():
+def test_a_sequence_never_crosses_a_border_and_its_stretch_must_fit():
     """ONNX Runtime hands a sequence out as a list, which no segment input can be declared
-    from: the cut waits until the sequence's last reader has run."""
+    from: the run is not cut while it lives. That stretch is held like one step: a default
+    budget grows to it, a policy's own too small for it is exit 2 naming the sequence."""
     from tests.helpers import F, model, node
+    from trtbuild.errors import UsageError
 
     m = model(
         [node("Relu", ["x"], "a", "relu"),
          node("Sigmoid", ["x"], "b", "sigmoid"),
          node("SequenceConstruct", ["a", "b"], "seq", "pack"),
          node("Tanh", ["a"], "c", "tanh"),
+         node("Neg", ["c"], "c2", "neg"),
+         node("Exp", ["c2"], "c3", "exp"),
          node("ConcatFromSequence", ["seq"], "cat", "unpack", axis=0),
          node("Mul", ["cat", "cat"], "y", "square")],
         [("x", F, [64, 64])],
-        [("y", F, [128, 64]), ("c", F, [64, 64])],
+        [("y", F, [128, 64]), ("c3", F, [64, 64])],
     )  # fmt: skip
-    sizes = {t: 64 * 64 * 4 for t in ("x", "a", "b", "c", "seq")} | {"cat": 2 * 64 * 64 * 4}
-    sizes["y"] = sizes["cat"]
-    plan = stream.plan_by_budget(m, {"a", "b", "c", "cat", "y"}, sizes, MemoryBudget(192 * KIB))
+    sizes = {t: 16 * KIB for t in ("x", "a", "b", "c", "c2", "c3", "seq")}
+    sizes |= {"cat": 32 * KIB, "y": 32 * KIB}
+    marked = {"a", "b", "c", "c2", "c3", "cat", "y"}
+    with pytest.raises(UsageError) as refused:
+        stream.plan_by_budget(m, marked, sizes, MemoryBudget(192 * KIB))
+    said = str(refused.value)
+    assert "seq (a sequence," in said and "from pack past unpack" in said, said
+    assert "holds 128 KiB" in said and "at least 256 KiB" in refused.value.hint, said
+    plan = stream.plan_by_budget(m, marked, sizes, MemoryBudget(192 * KIB, 1 << 30))
     assert "seq" not in {t for seg in plan.segments for t in seg.needs} and len(plan) > 2
+    assert plan.budget == 256 * KIB
     feed = {"x": np.random.default_rng(0).normal(0, 4, (64, 64)).astype(np.float32)}
     values = {}
     for got in stream.SegmentRunner(m, plan).run(feed):
         values.update(got)
     np.testing.assert_array_equal(values["y"], _whole_run(m, ["y"], feed)["y"])
+
+
+@pytest.mark.parametrize("case", ["op only", "declared sequence", "declared bf16"])
+def test_each_way_a_value_is_known_unhanded_holds_the_cut(case):
+    """A sequence known by the op that made it (no value_info), one known by its declared
+    type alone (an Identity of it), a BF16 value declared so: none crosses a border."""
+    from onnx import TensorProto
+
+    from tests.helpers import F, model, node
+
+    if case == "declared bf16":
+        made = [node("Cast", ["x"], "v", "store", to=TensorProto.BFLOAT16)]
+        read = [node("Cast", ["v"], "w", "load", to=TensorProto.FLOAT)]
+    else:
+        made = [node("SequenceConstruct", ["x", "x"], "s", "pack")]
+        made += [node("Identity", ["s"], "v", "same")] if case == "declared sequence" else []
+        read = [node("ConcatFromSequence", ["s" if case == "op only" else "v"], "w", "unpack",
+                     axis=0, new_axis=0)]  # fmt: skip
+    m = model(
+        [*made, node("Relu", ["x"], "a", "relu"), node("Tanh", ["a"], "b", "tanh"), *read,
+         node("Sum", ["w", "b", "b"] if case == "declared bf16" else ["w"], "y", "sum")],
+        [("x", F, [64, 64])],
+        [("y", F, [64 if case == "declared bf16" else 128, 64]), ("b", F, [64, 64])],
+    )  # fmt: skip
+    if case == "op only":
+        del m.graph.value_info[:]
+    held = "s" if case == "op only" else "v"
+    sizes = {t: 16 * KIB for t in ("x", "s", "v", "a", "b", "w", "y")}
+    plan = stream.plan_by_budget(m, {"a", "b", "w", "y"}, sizes, MemoryBudget(64 * KIB, 1 << 30))
+    assert held not in {t for seg in plan.segments for t in seg.needs}, case
+    assert len(plan) > 1
+
+
+def test_a_candidate_keeps_an_int4_value_with_its_readers():
+    """The conversion clones a Q under a new name (`quantize/trtbuild_fp32`), which the
+    reference does not know: aligned, it joined its input's segment and its DQ's cut carried
+    an INT4 value (exit 70). It joins its readers' segment instead."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers import F, node
+
+    def build(q: str) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [node("Relu", ["x"], "a", "relu"), node("Tanh", ["a"], "b", "tanh"),
+             node("Sigmoid", ["b"], "c", "sigmoid"),
+             node("QuantizeLinear", ["a", "s", "z"], "q", q),
+             node("DequantizeLinear", ["q", "s", "z"], "d", "dequantize"),
+             node("Add", ["d", "c"], "y", "add")],
+            "g",
+            [helper.make_tensor_value_info("x", F, [64, 64])],
+            [helper.make_tensor_value_info("y", F, [64, 64])],
+            [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+             helper.make_tensor("z", TensorProto.INT4, [], [0])],
+        )  # fmt: skip
+        made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+        made.ir_version = 10
+        return made
+
+    sizes = {t: 16 * KIB for t in ("x", "a", "b", "c", "d", "y")} | {"q": 2 * KIB}
+    marked = {"a", "b", "c", "d", "y"}
+    reference = stream.plan_by_budget(build("quantize"), marked, sizes, MemoryBudget(100 * KIB))
+    candidate = build("quantize/trtbuild_fp32")
+    plan = stream.plan_aligned(candidate, marked, reference)
+    assert "q" not in {t for seg in plan.segments for t in seg.needs}
+    feed = {"x": np.random.default_rng(0).normal(0, 4, (64, 64)).astype(np.float32)}
+    values = {}
+    for got in stream.SegmentRunner(candidate, plan).run(feed):
+        values.update(got)
+    np.testing.assert_array_equal(values["y"], _whole_run(candidate, ["y"], feed)["y"])

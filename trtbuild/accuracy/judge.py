@@ -447,7 +447,8 @@ def _verdict(
 ) -> Verdict:
     """The outputs' verdict, with the walk's divergence and overflow and the ops at risk."""
     first_div, curve, overflow = run.walk.finish()
-    first_div = decided(first_div, run.walk.flipped, run.candidate.mixed)
+    failing = [o for o, m in judged.outputs.items() if not m.passed]
+    first_div = decided(first_div, run.walk.flipped, run.candidate.mixed, failing)
     overflow = overflow or run.later  # the first feed's, else the first later feed's
     return Verdict(
         evaluator=judged.label,
@@ -664,37 +665,69 @@ class _Walk:
 
 
 def decided(
-    first: dict[str, Any] | None, flipped: dict[str, dict[str, Any]], mixed: onnx.ModelProto
+    first: dict[str, Any] | None,
+    flipped: dict[str, dict[str, Any]],
+    mixed: onnx.ModelProto,
+    failing: Sequence[str] = (),
 ) -> dict[str, Any] | None:
-    """The first divergence, with the decision it reads whose indices are not FP32's, if any.
+    """The first divergence, with the decision it reads whose indices are not FP32's, if any;
+    where nothing diverged, such a decision a failing output reads (or is) is named.
 
     Why: a codebook's `Gather` of another code (CodeFormer's, a VQGAN's) is off by whole
     values, and it is the `ArgMin` upstream that chose it: FP16's error in the distances
-    flipped a choice between near codes. The node reads the indices directly or through
-    integer-only nodes (an `Unsqueeze`, a one-hot's `ScatterElements`).
+    flipped a choice between near codes. A classifier's `ArgMax` output fails with no float
+    tensor past the threshold. The indices are read directly or through integer-only nodes
+    (an `Unsqueeze`, a one-hot's `ScatterElements`), not through a `Shape` of them.
     """
-    if not first or not flipped:
+    if not flipped or (first is None and not failing):
         return first
-    made = {o: n for n in mixed.graph.node for o in n.output}
+    reads = _decisions_read(mixed, flipped)
+    if first is not None:
+        node = next((n for n in mixed.graph.node if n.name == first["node"]), None)
+        d = reads(list(node.input) if node is not None else [])
+        if d is None:
+            return first
+        said = (
+            f"; it reads the indices {d['node']} ({d['op']}) chose, {d['differ']} of {d['of']} "
+            f"of which are not FP32's: {_CHOSE.format(op=d['op'])}"
+        )
+        return {**first, "reason": first["reason"] + said, "decision": d}
+    d = reads(list(failing))
+    if d is None:
+        return None
+    said = f"{d['differ']} of {d['of']} indices differ from FP32's: {_CHOSE.format(op=d['op'])}"
+    return {"node": d["node"], "op": d["op"], "tensor": d["tensor"], "reason": said, "decision": d}
+
+
+_CHOSE = (
+    "the error in that {op}'s input chose otherwise between near values, and what computes "
+    "that input decides it"
+)
+
+
+def _decisions_read(
+    mixed: onnx.ModelProto, flipped: dict[str, dict[str, Any]]
+) -> Callable[[list[str]], dict[str, Any] | None]:
+    """A search up from some tensors, through integer-only values, for a flipped decision."""
     graph = mixed.graph
+    made = {o: n for n in graph.node for o in n.output}
     types = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.input, *graph.value_info)}
-    node = next((n for n in graph.node if n.name == first["node"]), None)
-    todo, seen = list(node.input if node is not None else ()), set()
-    while todo:
-        t = todo.pop()
-        if t in flipped:
-            d = flipped[t]
-            said = (
-                f"; it reads the indices {d['node']} ({d['op']}) chose, {d['differ']} of "
-                f"{d['of']} of which are not FP32's: the error in that {d['op']}'s input chose "
-                "otherwise between near values, and what computes that input decides it"
-            )
-            return {**first, "reason": first["reason"] + said, "decision": d}
-        if t in seen or t not in made or types.get(t) not in INTEGER_TYPES:
-            continue
-        seen.add(t)
-        todo += [i for i in made[t].input if i]
-    return first
+    types.update({vi.name: vi.type.tensor_type.elem_type for vi in graph.output})
+
+    def reads(todo: list[str]) -> dict[str, Any] | None:
+        seen: set[str] = set()
+        while todo:
+            t = todo.pop()
+            if t in flipped:
+                return flipped[t]
+            if t in seen or t not in made or types.get(t) not in INTEGER_TYPES:
+                continue
+            seen.add(t)
+            if made[t].op_type not in ("Shape", "Size"):  # a shape is no index's value
+                todo += [i for i in made[t].input if i]
+        return None
+
+    return reads
 
 
 def _first_divergence(

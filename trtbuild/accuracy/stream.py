@@ -86,7 +86,7 @@ def plan_by_budget(
     """
     nodes = list(model.graph.node)
     initializers = {t.name for t in model.graph.initializer}
-    budget = _fitted(nodes, sizes, budget, initializers)
+    asked, budget = budget, _fitted(nodes, sizes, budget, initializers)
     limit = max(budget // SEGMENT_SHARE, 1)
     last_use = _last_use(nodes)
     freed_at: dict[int, list[str]] = defaultdict(list)
@@ -94,12 +94,15 @@ def plan_by_budget(
     for t in live:
         freed_at[last_use.get(t, -1) + 1].append(t)
     unhanded = _unhanded_values(model)
-    seg, held, assign = 0, sum(live.values()), []
+    seg, held, assign, stretch = 0, sum(live.values()), [], (0, "", 0)
     for i, node in enumerate(nodes):
         for t in freed_at.pop(i, ()):
             live.pop(t, None)
         out = sum(sizes.get(o, 0) for o in node.output if o)
-        if assign and held + out > limit and unhanded.isdisjoint(live):
+        alive = unhanded.intersection(live)
+        if assign and held + out > limit and alive:  # no cut while it lives: how much it holds
+            stretch = max(stretch, (held + out, min(alive), i))
+        elif assign and held + out > limit:
             seg, held = seg + 1, sum(live.values())
         assign.append(seg)
         held += out
@@ -107,7 +110,31 @@ def plan_by_budget(
             if o and o in last_use:
                 live[o] = sizes.get(o, 0)
                 freed_at[last_use[o] + 1].append(o)
+    budget = _held_fits(nodes, stretch, budget, asked)
     return cut(model, assign, marked, budget=budget)
+
+
+def _held_fits(
+    nodes: list[onnx.NodeProto], stretch: tuple[int, str, int], budget: int, asked: MemoryBudget
+) -> int:
+    """The budget the stretch an uncut value lives through needs, held like one step (it is a
+    segment that cannot be split): `budget` where it fits, a default grown to it (up to its
+    ceiling), or exit 2 naming the value."""
+    held, value, at = stretch
+    need = held * STEP_SHARE
+    if need <= budget:
+        return budget
+    if asked.ceiling is not None and need <= asked.ceiling:
+        return need
+    start = next((n.name or n.op_type for n in nodes if value in n.output), value)
+    allowed = asked.bytes if asked.ceiling is None else asked.ceiling
+    raise UsageError(
+        f"accuracy.memory_budget: {value} (a sequence, or of a type ONNX Runtime hands Python no "
+        f"array of) lives from {start} past {nodes[at].name or nodes[at].op_type}, and the "
+        f"judge's run cannot be cut while it does: that stretch holds {fmt_bytes(held)}, and one "
+        f"may take half of {fmt_bytes(allowed)}",
+        hint=f"raise accuracy.memory_budget to at least {fmt_bytes(need)}, or judge smaller inputs",
+    )
 
 
 def _unhanded_values(model: onnx.ModelProto) -> set[str]:
@@ -184,7 +211,26 @@ def plan_aligned(model: onnx.ModelProto, marked: set[str], reference: Plan) -> P
         for o in node.output:
             if o:
                 producer_seg[o] = seg
+    _with_readers(nodes, assign, _unhanded_values(model))
     return cut(model, assign, marked, n_segments=len(reference), budget=reference.budget)
+
+
+def _with_readers(nodes: list[onnx.NodeProto], assign: list[int], values: set[str]) -> None:
+    """The maker of a value no border may carry joins its readers' earliest segment.
+
+    Why: a node the reference does not know (a Q the conversion clones under a new name)
+    joins the segment of its input, and its reader (a DQ the reference knows) stays in
+    its own: the cut between them carried an INT4 value.
+    """
+    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    readers: dict[str, list[int]] = defaultdict(list)
+    for i, n in enumerate(nodes):
+        for t in _reads(n):
+            if t in values:
+                readers[t].append(i)
+    for v in values:
+        if v in made and readers[v]:
+            assign[made[v]] = max(assign[made[v]], min(assign[r] for r in readers[v]))
 
 
 def cut(
