@@ -34,7 +34,7 @@ _API = {
     "PointResult": "trtbuild.results",
     "AtRisk": "trtbuild.results",
     "Divergence": "trtbuild.results",
-    "Decision": "trtbuild.results",
+    "FlippedDecision": "trtbuild.results",
     "Pin": "trtbuild.results",
     "TrtbuildError": "trtbuild.errors",
     "UsageError": "trtbuild.errors",

@@ -17,8 +17,8 @@ from trtbuild.results import AtRisk as AtRisk
 from trtbuild.results import BuildResult as BuildResult
 from trtbuild.results import CheckedPoint as CheckedPoint
 from trtbuild.results import CheckResult as CheckResult
-from trtbuild.results import Decision as Decision
 from trtbuild.results import Divergence as Divergence
+from trtbuild.results import FlippedDecision as FlippedDecision
 from trtbuild.results import NodeDecision as NodeDecision
 from trtbuild.results import OutputResult as OutputResult
 from trtbuild.results import Pin as Pin

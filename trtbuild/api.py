@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from trtbuild.results import BuildResult as BuildResult
     from trtbuild.results import CheckedPoint as CheckedPoint
     from trtbuild.results import CheckResult as CheckResult
-    from trtbuild.results import Decision as Decision
     from trtbuild.results import Divergence as Divergence
+    from trtbuild.results import FlippedDecision as FlippedDecision
     from trtbuild.results import NodeDecision as NodeDecision
     from trtbuild.results import Objective as Objective
     from trtbuild.results import OutputResult as OutputResult

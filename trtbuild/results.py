@@ -31,6 +31,7 @@ __all__ = [
     "CheckResult",
     "CheckedPoint",
     "Divergence",
+    "FlippedDecision",
     "NodeDecision",
     "Objective",
     "OutputResult",
@@ -94,7 +95,7 @@ class AtRisk:
 
 
 @dataclass(frozen=True)
-class Decision:
+class FlippedDecision:
     """An ArgMax, ArgMin or TopK whose indices are not all FP32's.
 
     Attributes:
@@ -129,14 +130,14 @@ class Divergence:
     op: str | None = None
     tensor: str | None = None
     reason: str | None = None
-    decision: Decision | None = None
+    decision: FlippedDecision | None = None
 
     @classmethod
     def from_json(cls, found: dict[str, Any]) -> Divergence:
         decision = found.get("decision")
         return replace(
             _picked(cls, {k: v for k, v in found.items() if k != "decision"}),
-            decision=_picked(Decision, decision) if decision else None,
+            decision=_picked(FlippedDecision, decision) if decision else None,
         )
 
 

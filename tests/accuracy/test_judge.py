@@ -18,7 +18,7 @@ from trtbuild.accuracy.judge import decided, divergence
 from trtbuild.accuracy.reference import ReferenceMeasures
 from trtbuild.cli import main
 from trtbuild.numerics import measure_peak, sentinels
-from trtbuild.results import Decision, PointResult
+from trtbuild.results import FlippedDecision, PointResult
 
 MIN = float(np.finfo(np.float32).min)  # Hugging Face's mask value, -3.4e38
 
@@ -160,6 +160,8 @@ def test_a_decision_reached_through_integer_nodes_is_named_with_the_divergence()
     assert decided(at("expand"), flipped, m) == at("expand")  # a shape holds no index's value
     alone = decided(None, flipped, m, failing=["z", "k"])
     assert alone["node"] == "argmax" and alone["reason"].startswith("2 of 4 indices differ")
+    for failing in (["k", "j"], ["j", "k"]):  # the earliest in the graph, whatever the order
+        assert decided(None, flipped, m, failing=failing)["node"] == "argmin"
     assert decided(None, flipped, m, failing=["z"]) is None
 
 
@@ -197,9 +199,35 @@ def test_a_codebook_lookup_fp16_flips_is_named_at_its_gather_with_the_argmin(tmp
     assert first["node"] == "lookup" and first["decision"]["node"] == "argmin", first
     assert "it reads the indices argmin (ArgMin) chose" in first["reason"], first
     point = PointResult.from_json(report["shapes"][0])  # the library's result, hashable
-    assert point.first_divergence.decision == Decision("argmin", "ArgMin", "idx", *_counts(first))
+    assert point.first_divergence.decision == FlippedDecision(
+        "argmin", "ArgMin", "idx", *_counts(first)
+    )
     assert hash(point.first_divergence)
 
 
 def _counts(first: dict) -> tuple[int, int]:
     return first["decision"]["differ"], first["decision"]["of"]
+
+
+def test_a_classifier_whose_argmax_output_fails_names_it(tmp_path):
+    """An ArgMax graph output that FP16 flips, with no float tensor past the threshold: the
+    verdict's first divergence is the ArgMax, with how many indices differ."""
+    rng = np.random.default_rng(1)
+    m = model(
+        [node("MatMul", ["x", "w"], "logits", "fc"),
+         node("ArgMax", ["logits"], "cls", "argmax", axis=1, keepdims=0)],
+        [("x", F, [4096, 64])],
+        [("cls", onnx.TensorProto.INT64, [4096])],
+        {"w": rng.normal(0, 1, (64, 32)).astype(np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "cls.onnx")
+    np.savez(tmp_path / "x.npz", x=rng.normal(0, 1, (1, 4096, 64)).astype(np.float32))
+    policy = tmp_path / "cls.yaml"
+    policy.write_text(
+        "version: 1\nmodel: cls.onnx\ninputs:\n  x:\n    shape: [4096, 64]\n"
+        "    data: {file: x.npz}\naccuracy:\n  samples: 1\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
+    first = json.loads((out / "report.json").read_text())["first_divergence"]
+    assert first["node"] == "argmax" and "indices differ from FP32's" in first["reason"], first

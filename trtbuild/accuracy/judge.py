@@ -692,9 +692,11 @@ def decided(
             f"of which are not FP32's: {_CHOSE.format(op=d['op'])}"
         )
         return {**first, "reason": first["reason"] + said, "decision": d}
-    d = reads(list(failing))
-    if d is None:
+    found = [d for d in (reads([o]) for o in failing) if d is not None]
+    if not found:
         return None
+    order = {n.name: i for i, n in enumerate(mixed.graph.node)}
+    d = min(found, key=lambda d: order.get(d["node"], len(order)))  # the earliest in the graph
     said = f"{d['differ']} of {d['of']} indices differ from FP32's: {_CHOSE.format(op=d['op'])}"
     return {"node": d["node"], "op": d["op"], "tensor": d["tensor"], "reason": said, "decision": d}
 

@@ -94,47 +94,72 @@ def plan_by_budget(
     for t in live:
         freed_at[last_use.get(t, -1) + 1].append(t)
     unhanded = _unhanded_values(model)
-    seg, held, assign, stretch = 0, sum(live.values()), [], (0, "", 0)
+    seg, held, assign, stretch = 0, sum(live.values()), [], (0, frozenset())
+    holding: set[str] = set()  # the values that held this segment uncut
     for i, node in enumerate(nodes):
         for t in freed_at.pop(i, ()):
             live.pop(t, None)
         out = sum(sizes.get(o, 0) for o in node.output if o)
         alive = unhanded.intersection(live)
         if assign and held + out > limit and alive:  # no cut while it lives: how much it holds
-            stretch = max(stretch, (held + out, min(alive), i))
+            holding |= alive
+            stretch = max(stretch, (held + out, frozenset(holding)), key=lambda h: h[0])
         elif assign and held + out > limit:
-            seg, held = seg + 1, sum(live.values())
+            seg, held, holding = seg + 1, sum(live.values()), set()
         assign.append(seg)
         held += out
         for o in node.output:
             if o and o in last_use:
                 live[o] = sizes.get(o, 0)
                 freed_at[last_use[o] + 1].append(o)
-    budget = _held_fits(nodes, stretch, budget, asked)
+    budget = _held_fits(nodes, sizes, stretch, budget, asked)
     return cut(model, assign, marked, budget=budget)
 
 
 def _held_fits(
-    nodes: list[onnx.NodeProto], stretch: tuple[int, str, int], budget: int, asked: MemoryBudget
+    nodes: list[onnx.NodeProto],
+    sizes: dict[str, int],
+    stretch: tuple[int, frozenset[str]],
+    budget: int,
+    asked: MemoryBudget,
 ) -> int:
-    """The budget the stretch an uncut value lives through needs, held like one step (it is a
-    segment that cannot be split): `budget` where it fits, a default grown to it (up to its
-    ceiling), or exit 2 naming the value."""
-    held, value, at = stretch
+    """The budget the longest stretch an uncut value lives through needs, held like one step
+    (a segment that cannot be split): `budget` where it fits, a default grown to it (up to
+    its ceiling), or exit 2 naming the value that holds most and a budget that fits it.
+
+    Why the hint asks three times that value's life: its segment may start up to a sixth
+    of the budget before the value is made, and a step may take half.
+    """
+    held, alive = stretch
     need = held * STEP_SHARE
     if need <= budget:
         return budget
     if asked.ceiling is not None and need <= asked.ceiling:
         return need
-    start = next((n.name or n.op_type for n in nodes if value in n.output), value)
-    allowed = asked.bytes if asked.ceiling is None else asked.ceiling
+    lives = {v: _life(nodes, sizes, v) for v in sorted(alive)}
+    value = max(lives, key=lambda v: lives[v][0])
+    life, made, last = lives[value]
+    ceiling = " (half this machine's memory)" if asked.ceiling is not None else ""
     raise UsageError(
         f"accuracy.memory_budget: {value} (a sequence, or of a type ONNX Runtime hands Python no "
-        f"array of) lives from {start} past {nodes[at].name or nodes[at].op_type}, and the "
-        f"judge's run cannot be cut while it does: that stretch holds {fmt_bytes(held)}, and one "
-        f"may take half of {fmt_bytes(allowed)}",
-        hint=f"raise accuracy.memory_budget to at least {fmt_bytes(need)}, or judge smaller inputs",
+        f"array of) lives from {made} until {last}, and the judge's run cannot be cut while it "
+        f"does: that stretch holds {fmt_bytes(held)}, and one may take half of "
+        f"{fmt_bytes(asked.ceiling or asked.bytes)}{ceiling}",
+        hint=f"raise accuracy.memory_budget to at least {fmt_bytes(max(need, 3 * life))}, or "
+        "judge smaller inputs",
     )
+
+
+def _life(nodes: list[onnx.NodeProto], sizes: dict[str, int], value: str) -> tuple[int, str, str]:
+    """(bytes, maker, last reader) of `value`'s life: what the nodes from its maker to its last
+    reader make and read from before it."""
+    made = next((i for i, n in enumerate(nodes) if value in n.output), 0)
+    last = max((i for i, n in enumerate(nodes) if value in _reads(n)), default=made)
+    inside = nodes[made : last + 1]
+    outs = {o for n in inside for o in n.output if o}
+    ins = {t for n in inside for t in _reads(n) if t not in outs}
+    total = sum(sizes.get(t, 0) for t in outs | ins)
+    return total, nodes[made].name or nodes[made].op_type, nodes[last].name or nodes[last].op_type
 
 
 def _unhanded_values(model: onnx.ModelProto) -> set[str]:
@@ -216,21 +241,24 @@ def plan_aligned(model: onnx.ModelProto, marked: set[str], reference: Plan) -> P
 
 
 def _with_readers(nodes: list[onnx.NodeProto], assign: list[int], values: set[str]) -> None:
-    """The maker of a value no border may carry joins its readers' earliest segment.
+    """The maker of a value no border may carry joins its readers' earliest segment, where
+    every value it makes is read no earlier; the last maker first, so a chain of them moves.
 
     Why: a node the reference does not know (a Q the conversion clones under a new name)
     joins the segment of its input, and its reader (a DQ the reference knows) stays in
     its own: the cut between them carried an INT4 value.
     """
-    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
     readers: dict[str, list[int]] = defaultdict(list)
     for i, n in enumerate(nodes):
         for t in _reads(n):
-            if t in values:
-                readers[t].append(i)
-    for v in values:
-        if v in made and readers[v]:
-            assign[made[v]] = max(assign[made[v]], min(assign[r] for r in readers[v]))
+            readers[t].append(i)
+    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    for v in sorted((v for v in values if v in made), key=made.get, reverse=True):
+        maker = made[v]
+        target = min((assign[r] for r in readers[v]), default=assign[maker])
+        earliest = min((assign[r] for o in nodes[maker].output for r in readers[o]), default=target)
+        if assign[maker] < target <= earliest:
+            assign[maker] = target
 
 
 def cut(
@@ -240,7 +268,8 @@ def cut(
     n_segments: int | None = None,
     budget: int = 0,
 ) -> Plan:
-    """Segments from a non-decreasing segment index per node (empty segments allowed)."""
+    """Segments from a segment index per node, none before its inputs' (empty segments
+    allowed)."""
     nodes = list(model.graph.node)
     n = n_segments if n_segments is not None else (max(assign) + 1 if assign else 1)
     produced_in: dict[str, int] = {}
