@@ -185,16 +185,7 @@ def test_a_codebook_lookup_fp16_flips_is_named_at_its_gather_with_the_argmin(tmp
         {"one": np.array([1]), "codes_t": codes.T.copy(), "two": np.array(2.0, np.float32),
          "c2": (codes**2).sum(1)[None, :], "codes": codes},
     )  # fmt: skip
-    onnx.save(m, tmp_path / "vq.onnx")
-    np.savez(tmp_path / "x.npz", x=rng.normal(0, 1, (1, 1024, 8)).astype(np.float32))
-    policy = tmp_path / "vq.yaml"
-    policy.write_text(
-        "version: 1\nmodel: vq.onnx\ninputs:\n  x:\n    shape: [1024, 8]\n"
-        "    data: {file: x.npz}\naccuracy:\n  samples: 1\n"
-    )
-    out = tmp_path / "out"
-    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
-    report = json.loads((out / "report.json").read_text())
+    report = _built(tmp_path, m, rng.normal(0, 1, (1, 1024, 8)).astype(np.float32))
     first = report["first_divergence"]
     assert first["node"] == "lookup" and first["decision"]["node"] == "argmin", first
     assert "it reads the indices argmin (ArgMin) chose" in first["reason"], first
@@ -220,14 +211,21 @@ def test_a_classifier_whose_argmax_output_fails_names_it(tmp_path):
         [("cls", onnx.TensorProto.INT64, [4096])],
         {"w": rng.normal(0, 1, (64, 32)).astype(np.float32)},
     )  # fmt: skip
-    onnx.save(m, tmp_path / "cls.onnx")
-    np.savez(tmp_path / "x.npz", x=rng.normal(0, 1, (1, 4096, 64)).astype(np.float32))
-    policy = tmp_path / "cls.yaml"
+    first = _built(tmp_path, m, rng.normal(0, 1, (1, 4096, 64)).astype(np.float32))
+    first = first["first_divergence"]
+    assert first["node"] == "argmax" and "indices differ from FP32's" in first["reason"], first
+
+
+def _built(tmp_path, m: onnx.ModelProto, x: np.ndarray) -> dict:
+    """report.json of `build --backend none` of `m` on one sample `x` (its input `x`), which
+    must fail."""
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=x)
+    policy = tmp_path / "m.yaml"
     policy.write_text(
-        "version: 1\nmodel: cls.onnx\ninputs:\n  x:\n    shape: [4096, 64]\n"
+        f"version: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: {list(x.shape[1:])}\n"
         "    data: {file: x.npz}\naccuracy:\n  samples: 1\n"
     )
     out = tmp_path / "out"
     assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
-    first = json.loads((out / "report.json").read_text())["first_divergence"]
-    assert first["node"] == "argmax" and "indices differ from FP32's" in first["reason"], first
+    return json.loads((out / "report.json").read_text())

@@ -232,23 +232,14 @@ def test_an_int4_value_never_crosses_a_border():
     """ONNX Runtime cannot hand an INT4 tensor to Python at all ("No corresponding Numpy
     type"): a cut waits until its last reader has run, told by the Q's zero point where no
     value_info declares it."""
-    from onnx import TensorProto, helper, numpy_helper
+    from tests.helpers import node
 
-    from tests.helpers import F, node
-
-    graph = helper.make_graph(
+    m = _int4_model(
         [node("Relu", ["x"], "a", "relu"),
          node("QuantizeLinear", ["a", "s", "z"], "q", "quantize"),
          node("DequantizeLinear", ["q", "s", "z"], "d", "dequantize"),
-         node("Sigmoid", ["d"], "y", "sigmoid")],
-        "g",
-        [helper.make_tensor_value_info("x", F, [64, 64])],
-        [helper.make_tensor_value_info("y", F, [64, 64])],
-        [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
-         helper.make_tensor("z", TensorProto.INT4, [], [0])],
+         node("Sigmoid", ["d"], "y", "sigmoid")]
     )  # fmt: skip
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    m.ir_version = 10
     sizes = {t: 64 * 64 * 4 for t in ("x", "a", "d", "y")} | {"q": 64 * 64 // 2}
     plan = stream.plan_by_budget(m, {"a", "d", "y"}, sizes, MemoryBudget(64 * KIB, 1 << 30))
     assert "q" not in {t for seg in plan.segments for t in seg.needs} and len(plan) == 3
@@ -333,26 +324,16 @@ def test_a_candidate_keeps_an_int4_value_with_its_readers():
     """The conversion clones a Q under a new name (`quantize/trtbuild_fp32`), which the
     reference does not know: aligned, it joined its input's segment and its DQ's cut carried
     an INT4 value (exit 70). It joins its readers' segment instead."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    from tests.helpers import F, node
+    from tests.helpers import node
 
     def build(q: str) -> onnx.ModelProto:
-        graph = helper.make_graph(
+        return _int4_model(
             [node("Relu", ["x"], "a", "relu"), node("Tanh", ["a"], "b", "tanh"),
              node("Sigmoid", ["b"], "c", "sigmoid"),
              node("QuantizeLinear", ["a", "s", "z"], "q", q),
              node("DequantizeLinear", ["q", "s", "z"], "d", "dequantize"),
-             node("Add", ["d", "c"], "y", "add")],
-            "g",
-            [helper.make_tensor_value_info("x", F, [64, 64])],
-            [helper.make_tensor_value_info("y", F, [64, 64])],
-            [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
-             helper.make_tensor("z", TensorProto.INT4, [], [0])],
+             node("Add", ["d", "c"], "y", "add")]
         )  # fmt: skip
-        made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-        made.ir_version = 10
-        return made
 
     sizes = {t: 16 * KIB for t in ("x", "a", "b", "c", "d", "y")} | {"q": 2 * KIB}
     marked = {"a", "b", "c", "d", "y"}
@@ -398,3 +379,23 @@ print(sorted({t for s in plan.segments for t in s.needs} & {"s1", "s2"}))
     env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def _int4_model(nodes: list) -> onnx.ModelProto:
+    """x [64, 64] -> `nodes` -> y [64, 64], with an INT4 zero point `z` and a scale `s` (no
+    value_info: the Q's zero point says its output is INT4)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers import F
+
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", F, [64, 64])],
+        [helper.make_tensor_value_info("y", F, [64, 64])],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "s"),
+         helper.make_tensor("z", TensorProto.INT4, [], [0])],
+    )  # fmt: skip
+    made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    made.ir_version = 10
+    return made
