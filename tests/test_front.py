@@ -145,6 +145,28 @@ def test_an_input_no_engine_binds_is_exit_2_naming_it(tmp_path, capsys):
         assert "Traceback" not in err and fix in err
 
 
+def test_a_bf16_input_or_output_is_exit_2_naming_it(tmp_path, capsys):
+    """A model exported in BF16 keeps its BF16 inputs and outputs through `prepare`, and
+    ONNX Runtime's Python API takes and hands out no BF16 array: drawing its data (the
+    data loader) and reading its output ended in a traceback (exit 70)."""
+    bf16 = onnx.TensorProto.BFLOAT16
+    fed = model(
+        [node("Cast", ["x"], "f", "load", to=F), node("Relu", ["f"], "y", "relu")],
+        [("x", bf16, [4, 8])],
+        [("y", F, [4, 8])],
+    )
+    made = model(
+        [node("Relu", ["x"], "r", "relu"), node("Cast", ["r"], "y", "store", to=bf16)],
+        [("x", F, [4, 8])],
+        [("y", bf16, [4, 8])],
+    )
+    for m, said in ((fed, "input 'x' is BFLOAT16"), (made, "output 'y' is BFLOAT16")):
+        assert _check(tmp_path, m) == 2
+        err = capsys.readouterr().err
+        assert f"the model's {said}: trtbuild judges through ONNX Runtime's Python" in err
+        assert "Traceback" not in err and "cast to BFLOAT16 inside it" in err
+
+
 def test_an_op_older_than_onnx_runtime_runs_says_to_upgrade_the_opset(tmp_path, capsys):
     """A model of opset 6 (the ONNX backend tests' PyTorch conversions): ONNX Runtime has no
     kernel for its Add(6) whatever the shape, and the message said to choose input shapes.

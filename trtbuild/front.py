@@ -24,6 +24,7 @@ from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.model_io import check_model_file, fed_inputs, key_digest, load_model, opset_of
+from trtbuild.graph.optypes import UNHANDED_TYPES
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Policy
@@ -232,6 +233,8 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
     ends += [("output", vi) for vi in model.graph.output]
     for end, vi in ends:
         kind = vi.type.WhichOneof("value")
+        if kind == "tensor_type" and vi.type.tensor_type.elem_type in UNHANDED_TYPES:
+            raise _unhanded_end(policy, end, vi)
         if kind == "tensor_type" and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING:
             continue
         strings = kind == "tensor_type"
@@ -249,6 +252,20 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
             where=str(policy.model),
             hint=hint,
         )
+
+
+def _unhanded_end(policy: Policy, end: str, vi: onnx.ValueInfoProto) -> UsageError:
+    """A graph input or output of a type ONNX Runtime's Python API has no array of (BF16):
+    its data cannot be drawn for the reference, nor its values compared (was exit 70).
+    A TensorRT engine binds it; trtbuild cannot judge it."""
+    name = onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type)
+    return UsageError(
+        f"the model's {end} '{vi.name}' is {name}: trtbuild judges through ONNX Runtime's "
+        f"Python API, which takes and hands out no {name} array",
+        where=str(policy.model),
+        hint=f"give the model with FP32 (or FP16) inputs and outputs, cast to {name} inside "
+        "it; `precision.default: bf16` still computes in BF16 what the policy leaves low",
+    )
 
 
 # What each kind of ONNX type that is no tensor is called in a message.

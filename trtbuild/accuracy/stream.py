@@ -31,7 +31,7 @@ from trtbuild.accuracy.sessions import lean_session, plain_session, run_session
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import fed_inputs, infer_shapes
-from trtbuild.graph.optypes import NOT_TENSOR_OPS
+from trtbuild.graph.optypes import NOT_TENSOR_OPS, UNHANDED_TYPES
 from trtbuild.policy.specs import MemoryBudget
 from trtbuild.sizes import fmt_bytes
 
@@ -42,16 +42,6 @@ from trtbuild.sizes import fmt_bytes
 # reference and once by a candidate.
 SEGMENT_SHARE = 6
 STEP_SHARE = 2
-
-
-# Element types ONNX Runtime cannot hand to Python at all ("No corresponding Numpy type"):
-# no value of these crosses a segment border (`_unhanded_values`; FP8 does, as uint8 read
-# back as FP8: `SegmentRunner`).
-UNHANDED_TYPES = frozenset(
-    getattr(onnx.TensorProto, name)
-    for name in ("BFLOAT16", "INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
-    if hasattr(onnx.TensorProto, name)
-)
 
 
 @dataclass(frozen=True)
