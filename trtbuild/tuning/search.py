@@ -711,11 +711,9 @@ def tune(
     search.progress = progress
     lost = quantization_lost(front)
     with pool(front, jobs) as search.pool:
-        # no pin can help: the policy is judged once (an FP16 error may still cancel some of
-        # the quantization's: where it then passes, the search runs as ever)
-        lost = lost if lost is not None and not _start(search).passed else None
-        if lost is not None:
+        if lost:  # no pin can help: the policy is judged once, to say what it gives
             logging.getLogger("trtbuild").warning(lost)
+            _start(search)
         elif _grown(search):
             _shrink(search)
             _merge(search)
