@@ -147,7 +147,7 @@ def stuck_warning(result: SearchResult, quantized: int) -> str | None:
     under a pin. Why: a ModelOpt INT8 ResNet-18 judged against its FP32 model pinned all
     of its 50 groups in 8 evaluations and said DOES NOT PASS, not why; it was the INT8.
     """
-    if result.passed or result.exhausted or result.stopped:
+    if result.passed or result.exhausted:
         return None
     text = (
         "tune pinned every group on the failing outputs' paths to FP32 and the candidate "

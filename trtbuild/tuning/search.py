@@ -95,8 +95,6 @@ class SearchResult:
     rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
     # how the growing ranked its suspects where the error map ranked none
     rankings: list[Ranking] = field(default_factory=list)
-    # why the search judged the policy once and stopped (`quantization_lost`), or None
-    stopped: str | None = None
 
     @property
     def start_share(self) -> float:
@@ -709,40 +707,8 @@ def tune(
         logging.getLogger("trtbuild").warning(warning)
     search = Search(front, budget, objective, seed, jobs)
     search.progress = progress
-    lost = quantization_lost(front)
     with pool(front, jobs) as search.pool:
-        if lost:  # no pin can help: the policy is judged once, to say what it gives
-            logging.getLogger("trtbuild").warning(lost)
-            _start(search)
-        elif _grown(search):
+        if _grown(search):
             _shrink(search)
             _merge(search)
-    return replace(_result(search), stopped=lost)
-
-
-def quantization_lost(front: Front) -> str | None:
-    """Why no pin set can pass, where the quantization alone (the quantized graph in FP32
-    against `accuracy.reference_model`) already misses the tolerances at a point; None
-    otherwise, or where a `dequantize: true` rule takes ops out of the quantization.
-
-    Why before searching: a pin keeps its op's INT8 or FP8, so every candidate carries that
-    error; the search would spend its whole budget (an FP8 Restormer: 100 evaluations, all
-    failing) to say what one judgement of the quantized graph says.
-    """
-    from trtbuild.accuracy.breakdown import quantization_alone
-
-    spec = front.policy.accuracy
-    if any(rule.dequantize for rule in front.policy.precision.rules):
-        return None
-    for run in front.shapes:
-        alone = quantization_alone(run.reference, spec) if run.reference is not None else None
-        failed = [name for name, m in (alone or {}).items() if not m.passed]
-        if failed:
-            return (
-                f"the quantization alone (the quantized graph in FP32 against "
-                f"accuracy.reference_model) fails the tolerances on {', '.join(failed)} at "
-                f"{run.point.label}: no pin tune makes can fix that (a pin keeps its op's "
-                "quantization), so the policy is judged once and tune stops; re-quantize, take "
-                "ops out of it with `dequantize: true` rules, or loosen the tolerances"
-            )
-    return None
+    return _result(search)
