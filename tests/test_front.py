@@ -148,7 +148,8 @@ def test_an_input_no_engine_binds_is_exit_2_naming_it(tmp_path, capsys):
 def test_a_bf16_input_or_output_is_exit_2_naming_it(tmp_path, capsys):
     """A model exported in BF16 keeps its BF16 inputs and outputs through `prepare`, and
     ONNX Runtime's Python API takes and hands out no BF16 array: drawing its data (the
-    data loader) and reading its output ended in a traceback (exit 70)."""
+    data loader) and reading its output ended in a traceback (exit 70). `convert`, which
+    draws and reads nothing, writes its mixed model as before."""
     bf16 = onnx.TensorProto.BFLOAT16
     fed = model(
         [node("Cast", ["x"], "f", "load", to=F), node("Relu", ["f"], "y", "relu")],
@@ -164,7 +165,9 @@ def test_a_bf16_input_or_output_is_exit_2_naming_it(tmp_path, capsys):
         assert _check(tmp_path, m) == 2
         err = capsys.readouterr().err
         assert f"the model's {said}: trtbuild judges through ONNX Runtime's Python" in err
-        assert "Traceback" not in err and "cast to BFLOAT16 inside it" in err
+        assert "Traceback" not in err and "FP32 (or FP16) inputs and outputs, cast to" in err
+        policy = str(bare_policy(tmp_path, m))  # `convert` judges nothing: its model is written
+        assert main(["convert", "--policy", policy, "-o", str(tmp_path / "mixed.onnx")]) == 0
 
 
 def test_an_op_older_than_onnx_runtime_runs_says_to_upgrade_the_opset(tmp_path, capsys):

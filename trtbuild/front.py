@@ -138,6 +138,8 @@ def run_front(
     _check_inputs(policy, prepared, analysis)
     if reference == "none" and needs_reference(policy, analysis):
         reference, draw = "measures", True
+    if draw:  # data drawn, values read: through ONNX Runtime's Python API
+        _judged_ends(policy, prepared.model)
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -233,8 +235,6 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
     ends += [("output", vi) for vi in model.graph.output]
     for end, vi in ends:
         kind = vi.type.WhichOneof("value")
-        if kind == "tensor_type" and vi.type.tensor_type.elem_type in UNHANDED_TYPES:
-            raise _unhanded_end(policy, end, vi)
         if kind == "tensor_type" and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING:
             continue
         strings = kind == "tensor_type"
@@ -254,18 +254,25 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
         )
 
 
-def _unhanded_end(policy: Policy, end: str, vi: onnx.ValueInfoProto) -> UsageError:
-    """A graph input or output of a type ONNX Runtime's Python API has no array of (BF16):
-    its data cannot be drawn for the reference, nor its values compared (was exit 70).
-    A TensorRT engine binds it; trtbuild cannot judge it."""
-    name = onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type)
-    return UsageError(
-        f"the model's {end} '{vi.name}' is {name}: trtbuild judges through ONNX Runtime's "
-        f"Python API, which takes and hands out no {name} array",
-        where=str(policy.model),
-        hint=f"give the model with FP32 (or FP16) inputs and outputs, cast to {name} inside "
-        "it; `precision.default: bf16` still computes in BF16 what the policy leaves low",
-    )
+def _judged_ends(policy: Policy, model: onnx.ModelProto) -> None:
+    """Exit 2 for a graph input or output of a type ONNX Runtime's Python API has no array
+    of (BF16, INT4): its data cannot be drawn for the reference, nor its values compared
+    (was exit 70). A TensorRT engine binds it, and `convert`, which judges nothing, writes
+    its mixed model; trtbuild cannot judge it."""
+    ends = [("input", vi) for vi in fed_inputs(model)]
+    ends += [("output", vi) for vi in model.graph.output]
+    for end, vi in ends:
+        kind = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if kind not in UNHANDED_TYPES:
+            continue
+        name = onnx.TensorProto.DataType.Name(kind)
+        plain = "FP32 (or FP16)" if kind == onnx.TensorProto.BFLOAT16 else "INT8 (or FP32)"
+        raise UsageError(
+            f"the model's {end} '{vi.name}' is {name}: trtbuild judges through ONNX Runtime's "
+            f"Python API, which takes and hands out no {name} array",
+            where=str(policy.model),
+            hint=f"give the model with {plain} inputs and outputs, cast to {name} inside it",
+        )
 
 
 # What each kind of ONNX type that is no tensor is called in a message.
