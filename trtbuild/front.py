@@ -136,10 +136,7 @@ def run_front(
     view = GraphView(prepared.model)
     analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
     _check_inputs(policy, prepared, analysis)
-    if reference == "none" and needs_reference(policy, analysis):
-        reference, draw = "measures", True
-    if draw:  # data drawn, values read: through ONNX Runtime's Python API
-        _judged_ends(policy, prepared.model)
+    reference, draw = _what_runs(policy, prepared, analysis, reference, draw)
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -252,6 +249,19 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
             where=str(policy.model),
             hint=hint,
         )
+
+
+def _what_runs(
+    policy: Policy, prepared: Prepared, analysis: Analysis, reference: str, draw: bool
+) -> tuple[str, bool]:
+    """(reference, draw) as asked, or with the measures where a range rule needs them; and
+    where data is drawn and values read (through ONNX Runtime's Python API), ends of a type
+    it has no array of refused (`_judged_ends`)."""
+    if reference == "none" and needs_reference(policy, analysis):
+        reference, draw = "measures", True
+    if draw:
+        _judged_ends(policy, prepared.model)
+    return reference, draw
 
 
 def _judged_ends(policy: Policy, model: onnx.ModelProto) -> None:
