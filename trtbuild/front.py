@@ -228,9 +228,7 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
     normalizer's words, scikit-learn's maps) ended in a traceback where the data for it
     was drawn, such an output (a classifier's label strings) where it was compared.
     """
-    ends = [("input", vi) for vi in fed_inputs(model)]
-    ends += [("output", vi) for vi in model.graph.output]
-    for end, vi in ends:
+    for end, vi in _ends(model):
         kind = vi.type.WhichOneof("value")
         if kind == "tensor_type" and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING:
             continue
@@ -251,6 +249,13 @@ def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
         )
 
 
+def _ends(model: onnx.ModelProto) -> list[tuple[str, onnx.ValueInfoProto]]:
+    """The graph's fed inputs and its outputs, each with what it is ("input", "output")."""
+    return [("input", vi) for vi in fed_inputs(model)] + [
+        ("output", vi) for vi in model.graph.output
+    ]
+
+
 def _what_runs(
     policy: Policy, prepared: Prepared, analysis: Analysis, reference: str, draw: bool
 ) -> tuple[str, bool]:
@@ -269,9 +274,7 @@ def _judged_ends(policy: Policy, model: onnx.ModelProto) -> None:
     of (BF16, INT4): its data cannot be drawn for the reference, nor its values compared
     (was exit 70). A TensorRT engine binds it, and `convert`, which judges nothing, writes
     its mixed model; trtbuild cannot judge it."""
-    ends = [("input", vi) for vi in fed_inputs(model)]
-    ends += [("output", vi) for vi in model.graph.output]
-    for end, vi in ends:
+    for end, vi in _ends(model):
         kind = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
         if kind not in UNHANDED_TYPES:
             continue

@@ -608,11 +608,11 @@ class _Walk:
 
     def _decision(self, tensor: str, e: np.ndarray, r: np.ndarray | None) -> None:
         """A decision's indices against FP32's: where any differs, which and how many."""
-        p = None if r is None else point(self.measures, tensor, r, e)
-        if p is not None and p["differ"]:
+        differ = _differing(r, e)
+        if differ:
             node, op = self.decisions[tensor]
             self.flipped[tensor] = {"node": node, "op": op, "tensor": tensor,
-                                    "differ": p["differ"], "of": p["of"]}  # fmt: skip
+                                    "differ": differ, "of": int(np.size(r))}  # fmt: skip
 
     def _overflow(self, tensor: str, e: np.ndarray) -> dict[str, Any] | None:
         """Whether `e` turned non-finite where FP32 is finite. On the first feed the values of
@@ -664,6 +664,14 @@ class _Walk:
         return first, ordered, overflow
 
 
+def _differing(r: np.ndarray | None, e: np.ndarray) -> int:
+    """How many of `e`'s indices are not the reference's `r` (0 without `r`, or where the
+    shapes differ: a peer tool's graph)."""
+    if r is None or np.shape(r) != np.shape(e):
+        return 0
+    return int(np.count_nonzero(np.asarray(r) != np.asarray(e)))
+
+
 def decided(
     first: dict[str, Any] | None,
     flipped: dict[str, dict[str, Any]],
@@ -713,8 +721,8 @@ def _decisions_read(
     """A search up from some tensors, through integer-only values, for a flipped decision."""
     graph = mixed.graph
     made = {o: n for n in graph.node for o in n.output}
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.input, *graph.value_info)}
-    types.update({vi.name: vi.type.tensor_type.elem_type for vi in graph.output})
+    ends = (*graph.input, *graph.value_info, *graph.output)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in ends}
 
     def reads(todo: list[str]) -> dict[str, Any] | None:
         seen: set[str] = set()
@@ -782,8 +790,6 @@ def point(
     r, e = np.asarray(r), np.asarray(e)
     if r.shape != e.shape:
         return None
-    if not np.issubdtype(r.dtype, np.floating):  # a decision's indices (`DECISIONS`)
-        return {"tensor": tensor, "differ": int(np.count_nonzero(r != e)), "of": int(r.size)}
     if tensor in measures.sentinel_tensors:
         keep = ~sentinel_kept(r, e)
         r, e = r[keep], e[keep]

@@ -318,8 +318,7 @@ def _variance_of(view: GraphView, mean: _Mean, d: str) -> tuple[tuple[int, ...],
     Why the second: `x.var(dim, unbiased=False)` beside `x - x.mean(dim)` exports two means
     of x (Restormer's LayerNorm, the restoration networks built on it): one unit all the same.
     """
-    sq = _square_of(view, d)
-    stats = _stats(view, sq) if sq is not None else None
+    stats = _stats_of(view, d)
     if stats is not None:
         return (), stats
     for other in _means_of(view, mean.x):
@@ -328,11 +327,16 @@ def _variance_of(view: GraphView, mean: _Mean, d: str) -> tuple[tuple[int, ...],
         if not _same_axes(view, mean.x, other.axes, mean.axes):
             continue
         subs = _centrings(view, mean.x, other.out)
-        sq = _square_of(view, _out(view, subs[0])) if subs else None
-        stats = _stats(view, sq) if sq is not None else None
+        stats = _stats_of(view, _out(view, subs[0])) if subs else None
         if stats is not None:
             return (*other.nodes, subs[0]), stats
     return None
+
+
+def _stats_of(view: GraphView, d: str) -> _Stats | None:
+    """The statistics of the square of `d`, where `d`'s square is taken."""
+    sq = _square_of(view, d)
+    return _stats(view, sq) if sq is not None else None
 
 
 def _same_axes(view: GraphView, x: str, a: tuple[int, ...] | None, b: tuple[int, ...] | None):
