@@ -96,14 +96,17 @@ class AtRisk:
 
 @dataclass(frozen=True)
 class FlippedDecision:
-    """An ArgMax, ArgMin or TopK whose indices are not all FP32's.
+    """An ArgMax, ArgMin, TopK, NonZero or NonMaxSuppression whose indices are not FP32's.
 
     Attributes:
         node: the decision's node.
         op: its op type.
         tensor: the indices it chose.
-        differ: how many of them differ from FP32's.
-        of: how many it chose.
+        differ: how many of them differ from FP32's (a selection's: the index tuples
+            chosen by one of the two only).
+        of: how many FP32 chose.
+        chosen: how many this candidate chose, for a selection (NonZero,
+            NonMaxSuppression), whose count the data decides; None for the others.
     """
 
     node: str
@@ -111,6 +114,7 @@ class FlippedDecision:
     tensor: str
     differ: int
     of: int
+    chosen: int | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,9 @@ class OutputResult:
         psnr: the PSNR in dB, where an image output has one.
         failed_samples: the samples whose check failed.
         checks: each check judged (simple, psnr, cosine, snr, indices): its figures.
+        shape_mismatch: the samples whose output's shape is not FP32's ({sample,
+            reference, candidate}: a count the data decides); the figures leave them out,
+            and where no sample agrees every error figure is inf.
     """
 
     passed: bool
@@ -172,11 +179,13 @@ class OutputResult:
     psnr: float | None = None
     failed_samples: tuple[int, ...] = ()
     checks: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
+    shape_mismatch: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
     @classmethod
     def from_json(cls, found: dict[str, Any]) -> OutputResult:
         values = {k: float(v) if v in _NONFINITE else v for k, v in found.items()}
         values["failed_samples"] = tuple(found.get("failed_samples") or ())
+        values["shape_mismatch"] = tuple(found.get("shape_mismatch") or ())
         values["checks"] = dict(found.get("checks") or {})
         return _picked(cls, values)
 

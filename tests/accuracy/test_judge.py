@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import F, model, node
+from tests.helpers import I64, F, model, node
 from trtbuild.accuracy.judge import decided, divergence
 from trtbuild.accuracy.reference import ReferenceMeasures
 from trtbuild.cli import main
@@ -163,6 +163,7 @@ def test_a_decision_reached_through_integer_nodes_is_named_with_the_divergence()
     for failing in (["k", "j"], ["j", "k"]):  # the earliest in the graph, whatever the order
         assert decided(None, flipped, m, failing=failing)["node"] == "argmin"
     assert decided(None, flipped, m, failing=["z"]) is None
+    assert decided(None, flipped, m, failing=["y"])["node"] == "argmin"  # y's Gather reads j
 
 
 def test_a_codebook_lookup_fp16_flips_is_named_at_its_gather_with_the_argmin(tmp_path):
@@ -229,3 +230,65 @@ def _built(tmp_path, m: onnx.ModelProto, x: np.ndarray) -> dict:
     out = tmp_path / "out"
     assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
     return json.loads((out / "report.json").read_text())
+
+
+def _thresholded() -> tuple[onnx.ModelProto, np.ndarray]:
+    """`x` scaled, then `NonZero(y > 0.1)` and the values it picks: FP16 rounds 0.1 and the
+    values near it to its steps (6.1e-5 apart there), so it chooses otherwise near 0.1."""
+    m = model(
+        [node("Mul", ["x", "one"], "y", "scale"),
+         node("Greater", ["y", "limit"], "above", "greater"),
+         node("NonZero", ["above"], "idx", "nonzero"),
+         node("Transpose", ["idx"], "at", "transpose", perm=[1, 0]),
+         node("GatherND", ["y", "at"], "vals", "pick")],
+        [("x", F, [64, 64])],
+        [("idx", I64, [2, "n"]), ("vals", F, ["n"])],
+        {"one": np.array(1.0, np.float32), "limit": np.array(0.1, np.float32)},
+    )  # fmt: skip
+    x = np.linspace(0.09, 0.11, 64 * 64, dtype=np.float32).reshape(1, 64, 64)
+    return m, x
+
+
+def test_an_output_whose_count_fp16_changes_fails_with_both_shapes_and_names_the_nonzero(
+    tmp_path,
+):
+    """A count the data decides (a `NonZero`'s) differs from FP32's: each output fails with
+    both shapes (Polygraphy will not compare them; no figure was measured, so each is inf),
+    and the first divergence names the `NonZero` with both counts; the HTML report draws."""
+    m, x = _thresholded()
+    report = _built(tmp_path, m, x)
+    idx = report["shapes"][0]["outputs"]["idx"]
+    assert not idx["passed"] and idx["max_abs"] == "inf", idx
+    (differ,) = idx["shape_mismatch"]
+    assert differ["reference"][0] == 2 and differ["candidate"][1] != differ["reference"][1]
+    first = report["first_divergence"]
+    assert first["node"] == "nonzero" and first["decision"]["chosen"] == differ["candidate"][1]
+    assert first["decision"]["of"] == differ["reference"][1], first
+    want = f"{differ['candidate'][1]} indices where FP32 chose {differ['reference'][1]}"
+    assert first["reason"].startswith(want), first
+    point = PointResult.from_json(report["shapes"][0])
+    assert point.outputs["vals"].shape_mismatch[0]["candidate"] == [differ["candidate"][1]]
+    assert "<img" in (tmp_path / "out" / "report.html").read_text()  # its histograms drew
+
+
+def test_the_verdict_line_gives_both_shapes(tmp_path, capsys):
+    m, x = _thresholded()
+    _built(tmp_path, m, x)
+    said = capsys.readouterr().out
+    assert "idx: FAIL  shape [2, " in said and "where FP32's is [2, " in said, said
+
+
+@pytest.mark.parametrize(
+    ("ref", "got", "axis", "want"),
+    [  # NonMaxSuppression's rows (batch, class, box); NonZero's columns
+        ([[0, 0, 3], [0, 0, 5]], [[0, 0, 3], [0, 0, 5], [0, 0, 9]], 0, (1, 2, 3)),
+        ([[0, 0, 3], [0, 0, 5]], [[0, 0, 5], [0, 0, 3]], 0, (0, 2, 2)),  # the order alone
+        ([[0, 1], [4, 2]], [[0, 1], [4, 3]], 1, (2, 2, 2)),  # (1, 2) became (1, 3)
+        (np.zeros((0, 3)), [[0, 0, 1]], 0, (1, 0, 1)),
+    ],
+)
+def test_a_selection_counts_the_tuples_chosen_by_one_side_only(ref, got, axis, want):
+    from trtbuild.accuracy.judge import _selected
+
+    differ, counts = _selected(np.asarray(ref, np.int64), np.asarray(got, np.int64), axis)
+    assert (differ, counts["of"], counts["chosen"]) == want

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 
@@ -78,3 +79,23 @@ def test_markdown_and_html_show_the_same_sections(nafnet_report):
     html_titles = [unescape(a or b) for a, b in found]
     assert md_titles == html_titles
     assert "All-FP32 check" in md_titles and "Pinned nodes (37)" in md_titles
+
+
+def test_an_error_map_and_histogram_leave_out_a_sample_whose_shape_is_not_fp32s():
+    """A count the data decides (NonZero's, NMS's) made the all-FP16 output another shape:
+    its panel says so, and the policy's map and both histograms still draw."""
+    from types import SimpleNamespace
+
+    from trtbuild.accuracy.report_html import heatmap_plot, histogram_plot
+    from trtbuild.accuracy.sessions import REFERENCE
+
+    ref = np.linspace(0, 1, 3 * 16 * 16, dtype=np.float32).reshape(1, 3, 16, 16)
+
+    def verdict(out: np.ndarray) -> SimpleNamespace:
+        return SimpleNamespace(evaluator="emulated-fp16",
+                               run_results={REFERENCE: [{"y": ref}], "emulated-fp16": [{"y": out}]})  # fmt: skip
+
+    main, base = verdict(ref + 1e-3), verdict(ref[:, :, :15])
+    for plot in (heatmap_plot("y", main, base), histogram_plot("y", main, base)):
+        png = base64.b64decode(plot.split(",", 1)[1])
+        assert Image.open(io.BytesIO(png)).size[0] > 100

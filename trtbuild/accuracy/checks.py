@@ -158,8 +158,8 @@ def _metric(found, pair: _Pair, tol, check: str, metric: Metric) -> None:
     names = list(thresholds)
     func = getattr(comparator, metric.func)(**{metric.key: thresholds})
     per_iter = pair.compare(names, func)
-    for name in names:
-        values = [float(getattr(it[name], metric.value)) for it in per_iter]
+    for name in names:  # a bare bool: Polygraphy would not compare (the shapes differ)
+        values = [float(getattr(it[name], metric.value)) for it in per_iter if _figured(it[name])]
         worst = min(values) if values else None
         entry = {"value": worst, "threshold": judged.get(name)}
         if name in judged:
@@ -167,6 +167,10 @@ def _metric(found, pair: _Pair, tol, check: str, metric: Metric) -> None:
             found[name][check] = {"passed": not failed, "failed_samples": failed, **entry}
         else:
             found[name].setdefault("shown", {})[check] = worst
+
+
+def _figured(result: Any) -> bool:
+    return not isinstance(result, (bool, np.bool_))
 
 
 def _indices(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:

@@ -56,9 +56,10 @@ from trtbuild.accuracy.sessions import (
     OutputMetrics,
     finite_or_str,
     metrics,
+    shape_text,
 )
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
-from trtbuild.graph.optypes import INTEGER_TYPES
+from trtbuild.graph.optypes import INTEGER_TYPES, SELECTIONS
 from trtbuild.graph.propagation import unobserved
 from trtbuild.numerics import data_peak, sentinel_kept
 from trtbuild.policy.specs import AccuracySpec
@@ -124,6 +125,8 @@ class Verdict:
 def _failure(name: str, m: OutputMetrics) -> str:
     if m.nonfinite:
         return f"{name}: {m.nonfinite} non-finite value(s) where FP32 is finite"
+    if m.shape_mismatch:
+        return f"{name}: {shape_text(m.shape_mismatch)}"
     where = f"sample(s) {', '.join(map(str, m.failed_samples))}" if m.failed_samples else "it"
     bad = [c for c, e in m.checks.items() if not e["passed"]] or ["simple"]
     tol = m.tolerance
@@ -496,10 +499,15 @@ def compare(
         for c in judged.values() if index is not None else ():  # among the point's samples
             c["failed_samples"] = [index[k] for k in c["failed_samples"]]
         failed = sorted({k for c in judged.values() for k in c["failed_samples"]})
+        shapes = m.pop("shape_mismatch")
+        for d in shapes if index is not None else ():
+            d["sample"] = index[d["sample"]]
+        failed = sorted({*failed, *(d["sample"] for d in shapes)})
         cosine = judged["cosine"]["value"] if "cosine" in judged else shown.get("cosine")
         psnr = judged["psnr"]["value"] if "psnr" in judged else shown.get("psnr")
         outputs[name] = OutputMetrics(
             passed=not failed and m["nonfinite"] == 0,
+            shape_mismatch=shapes,
             failed_samples=failed,
             atol=tol[name].atol,
             rtol=tol[name].rtol,
@@ -514,10 +522,29 @@ def compare(
 
 
 def _joined_metrics(ref_iters: list, iterations: list, name: str) -> dict[str, Any]:
-    """One output's metrics over every sample at once."""
-    refs = [np.asarray(it[name]).ravel() for it in ref_iters]
-    outs = [np.asarray(it[name]).ravel() for it in iterations]
-    return metrics(np.concatenate(refs), np.concatenate(outs))
+    """One output's metrics over every sample at once, and the samples where its shape is
+    not FP32's (`shape_mismatch`), which the figures leave out.
+
+    Why: a count the data decides (a `NonZero`'s, a `NonMaxSuppression`'s, what they
+    index) may differ from FP32's where FP16 moved a value across a threshold. Polygraphy
+    fails such a sample without a figure; where no sample has FP32's shape, every error
+    figure is the worst there is (inf) and the cosine 0.
+    """
+    pairs = [(np.asarray(r[name]), np.asarray(o[name])) for r, o in zip(ref_iters, iterations)]
+    same = [(r.ravel(), o.ravel()) for r, o in pairs if r.shape == o.shape]
+    mismatch = [
+        {"sample": k, "reference": list(r.shape), "candidate": list(o.shape)}
+        for k, (r, o) in enumerate(pairs)
+        if r.shape != o.shape
+    ]
+    if same:
+        found = metrics(np.concatenate([r for r, _ in same]), np.concatenate([o for _, o in same]))
+    else:
+        found = {**dict.fromkeys(_FIGURES, float("inf")), "nonfinite": 0}
+    return {**found, "shape_mismatch": mismatch}
+
+
+_FIGURES = ("max_abs", "mean_abs", "median_abs", "p99_abs", "max_rel", "max_abs_of_range")
 
 
 def boundary_casts(
@@ -607,12 +634,9 @@ class _Walk:
                 self.points[depth] = {"depth": depth, "node": node, "op": op, **p}
 
     def _decision(self, tensor: str, e: np.ndarray, r: np.ndarray | None) -> None:
-        """A decision's indices against FP32's: where any differs, which and how many."""
-        differ = _differing(r, e)
-        if differ:
-            node, op = self.decisions[tensor]
-            self.flipped[tensor] = {"node": node, "op": op, "tensor": tensor,
-                                    "differ": differ, "of": int(np.size(r))}  # fmt: skip
+        found = None if r is None else _flip(tensor, *self.decisions[tensor], r, e)
+        if found:
+            self.flipped[tensor] = found
 
     def _overflow(self, tensor: str, e: np.ndarray) -> dict[str, Any] | None:
         """Whether `e` turned non-finite where FP32 is finite. On the first feed the values of
@@ -672,6 +696,37 @@ def _differing(r: np.ndarray | None, e: np.ndarray) -> int:
     return int(np.count_nonzero(np.asarray(r) != np.asarray(e)))
 
 
+def _flip(tensor: str, node: str, op: str, r: np.ndarray, e: np.ndarray) -> dict[str, Any] | None:
+    """A decision's indices against FP32's: where any differs, which and how many (a
+    selection's: the index tuples chosen by one of the two only, and how many each chose)."""
+    axis = SELECTIONS.get(op)
+    if axis is None:
+        differ, counts = _differing(r, e), {"of": int(np.size(r))}
+    else:
+        differ, counts = _selected(r, e, axis)
+    return (
+        {"node": node, "op": op, "tensor": tensor, "differ": differ, **counts} if differ else None
+    )
+
+
+def _selected(r: np.ndarray, e: np.ndarray, axis: int) -> tuple[int, dict[str, int]]:
+    """A selection's index tuples (along `axis`) chosen by one of FP32 and `e` only, and how
+    many each chose: {"of": FP32's count, "chosen": the candidate's}."""
+    r, e = np.asarray(r), np.asarray(e)
+    counts = {"of": int(r.shape[axis]) if r.ndim == 2 else 0,
+              "chosen": int(e.shape[axis]) if e.ndim == 2 else 0}  # fmt: skip
+    if r.ndim != 2 or e.ndim != 2 or r.shape[1 - axis] != e.shape[1 - axis]:
+        return 0, counts  # not a selection's shape: a peer tool's graph
+    if not r.shape[1 - axis]:  # a scalar's NonZero: empty tuples, only their count
+        return abs(counts["of"] - counts["chosen"]), counts
+
+    def tuples(a: np.ndarray) -> np.ndarray:  # each chosen tuple as one comparable value
+        rows = np.ascontiguousarray(np.moveaxis(a, axis, 0), dtype=np.int64)
+        return rows.view(np.dtype((np.void, 8 * rows.shape[1]))).ravel()
+
+    return int(np.setxor1d(tuples(r), tuples(e)).size), counts
+
+
 def decided(
     first: dict[str, Any] | None,
     flipped: dict[str, dict[str, Any]],
@@ -695,24 +750,35 @@ def decided(
         d = reads(list(node.input) if node is not None else [])
         if d is None:
             return first
-        said = (
-            f"; it reads the indices {d['node']} ({d['op']}) chose, {d['differ']} of {d['of']} "
-            f"of which are not FP32's: {_CHOSE.format(op=d['op'])}"
-        )
+        counted = f"{d['differ']} of {d['of']} of which are not FP32's"
+        said = f"; it reads the indices {d['node']} ({d['op']}) chose, {_counted(d, counted)}"
         return {**first, "reason": first["reason"] + said, "decision": d}
-    found = [d for d in (reads([o]) for o in failing) if d is not None]
+    made = {o: n for n in mixed.graph.node for o in n.output}
+    found = [  # the output itself, or what its node reads (a Gather of the chosen indices)
+        d
+        for d in (reads([o, *(made[o].input if o in made else ())]) for o in failing)
+        if d is not None
+    ]
     if not found:
         return None
     order = {n.name: i for i, n in enumerate(mixed.graph.node)}
     d = min(found, key=lambda d: order.get(d["node"], len(order)))  # the earliest in the graph
-    said = f"{d['differ']} of {d['of']} indices differ from FP32's: {_CHOSE.format(op=d['op'])}"
+    said = _counted(d, f"{d['differ']} of {d['of']} indices differ from FP32's")
     return {"node": d["node"], "op": d["op"], "tensor": d["tensor"], "reason": said, "decision": d}
 
 
-_CHOSE = (
-    "the error in that {op}'s input chose otherwise between near values, and what computes "
-    "that input decides it"
-)
+def _counted(d: dict[str, Any], counted: str) -> str:
+    """How a decision's indices differ from FP32's (`counted`, or a selection's counts), and
+    why, in words."""
+    if "chosen" in d:  # a selection (NonZero, NonMaxSuppression): the count is the data's too
+        counted = (
+            f"{d['chosen']} indices where FP32 chose {d['of']}, {d['differ']} of them chosen "
+            "by one of the two only"
+        )
+    return (
+        f"{counted}: the error in that {d['op']}'s input chose otherwise between near values, "
+        "and what computes that input decides it"
+    )
 
 
 def _decisions_read(

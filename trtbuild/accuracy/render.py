@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from trtbuild.accuracy.report import (
     sections,
     tolerance_text,
 )
+from trtbuild.accuracy.sessions import shape_text
 from trtbuild.words import first_few
 
 
@@ -187,10 +189,17 @@ def masked_lines(report: Report) -> list[str]:
 
 
 def _output_line(name: str, m: Any, indent: str = "  ") -> str:
+    head = f"{indent}{name}: {'pass' if m.passed else 'FAIL'}  "
+    tail = f"[{tolerance_text(m)}]"
+    shapes = getattr(m, "shape_mismatch", None)
+    if shapes:
+        head += shape_text(shapes) + "; "
+        if math.isinf(m.max_abs) and not m.nonfinite:  # no sample had FP32's shape
+            return head + tail
+        head += "where the shapes agree "
     return (
-        f"{indent}{name}: {'pass' if m.passed else 'FAIL'}  max_abs={fmt(m.max_abs)} "
-        f"({fmt(m.max_abs_of_range)} of its range)  median_abs={fmt(m.median_abs)}  "
-        f"nonfinite={m.nonfinite}  [{tolerance_text(m)}]"
+        f"{head}max_abs={fmt(m.max_abs)} ({fmt(m.max_abs_of_range)} of its range)  "
+        f"median_abs={fmt(m.median_abs)}  nonfinite={m.nonfinite}  {tail}"
     )
 
 

@@ -105,11 +105,17 @@ def legend_outside(ax) -> None:
 
 def _errors(evaluation: Verdict, output: str) -> tuple[np.ndarray, int]:
     results = evaluation.run_results
-    refs = [np.asarray(it[output], np.float64).ravel() for it in results[REFERENCE]]
-    outs = [np.asarray(it[output], np.float64).ravel() for it in results[evaluation.evaluator]]
-    diff = np.abs(np.concatenate(outs) - np.concatenate(refs))
+    pairs = [  # a sample whose shape is not FP32's has no element-wise error
+        (np.asarray(r[output], np.float64), np.asarray(o[output], np.float64))
+        for r, o in zip(results[REFERENCE], results[evaluation.evaluator])
+    ]
+    same = [(r.ravel(), o.ravel()) for r, o in pairs if r.shape == o.shape] or [(EMPTY, EMPTY)]
+    diff = np.abs(np.concatenate([o for _, o in same]) - np.concatenate([r for r, _ in same]))
     finite = np.isfinite(diff)
     return diff[finite], int(np.count_nonzero(~finite))
+
+
+EMPTY = np.zeros(0)
 
 
 def histogram_plot(output: str, main: Verdict, base: Verdict) -> str:
@@ -153,19 +159,27 @@ def heatmap_plot(output: str, main: Verdict, base: Verdict) -> str:
     for label, ev in (("policy", main), ("all-FP16", base)):
         ref = np.asarray(ev.run_results[REFERENCE][0][output])
         out = np.asarray(ev.run_results[ev.evaluator][0][output])
-        maps.append((label, _channels_last_map(ref, out)))
-    finite = np.concatenate([m[np.isfinite(m)].ravel() for _, m in maps])
+        same = ref.shape == out.shape  # else a count the data decides differs from FP32's
+        maps.append((label, _channels_last_map(ref, out) if same else None))
+    finite = np.concatenate(
+        [m[np.isfinite(m)].ravel() for _, m in maps if m is not None] or [EMPTY]
+    )
     positive = finite[finite > 0]
     vmin = float(positive.min()) if positive.size else 1e-8
     vmax = float(positive.max()) if positive.size else 1.0
     fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    im = None
     for ax, (label, m) in zip(axes, maps):
+        ax.axis("off")
+        if m is None:
+            ax.set_title(f"{label} (its shape is not FP32's)", fontsize=9)
+            continue
         shown = np.where(np.isfinite(m), np.maximum(m, vmin), vmax)
         im = ax.imshow(shown, cmap="magma", norm=LogNorm(vmin=vmin, vmax=max(vmax, vmin * 10)))
         bad = int(np.count_nonzero(~np.isfinite(m)))
         ax.set_title(f"{label}" + (f" ({bad} non-finite pixels)" if bad else ""), fontsize=9)
-        ax.axis("off")
-    fig.colorbar(im, ax=axes, shrink=0.8, label="|error| (max over channels)")
+    if im is not None:
+        fig.colorbar(im, ax=axes, shrink=0.8, label="|error| (max over channels)")
     fig.suptitle(f"Error heatmap of {output}, sample 0")
     return _png(fig)
 

@@ -218,6 +218,8 @@ class OutputMetrics:
     psnr: float | None = None
     failed_samples: list[int] = field(default_factory=list)  # Polygraphy's verdict per sample
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)  # accuracy.checks, judged
+    # samples whose output's shape is not FP32's: {sample, reference, candidate}
+    shape_mismatch: list[dict[str, Any]] = field(default_factory=list)
     tolerance: Any = None  # the policy's Tolerance for this output (not in JSON)
 
     def to_json(self) -> dict[str, Any]:
@@ -230,6 +232,17 @@ class OutputMetrics:
             c: {k: finite_or_str(v) for k, v in e.items()} for c, e in self.checks.items()
         }
         return out
+
+
+def shape_text(shapes: list[dict[str, Any]]) -> str:
+    """`shape [3300, 2] where FP32's is [3311, 2] (sample 0)`: the first sample whose
+    shape differs, and how many more."""
+    d = shapes[0]
+    more = f" and {len(shapes) - 1} more" if len(shapes) > 1 else ""
+    return (
+        f"shape {d['candidate']} where FP32's is {d['reference']} (sample {d['sample']}{more}: "
+        "a count the data decides)"
+    )
 
 
 def finite_or_str(v: Any) -> Any:

@@ -106,7 +106,10 @@ DATA_MOVEMENT = frozenset(
 # they chose: FP16 flips a decision between two values closer than its step (a codebook's
 # nearest code, a class), and what reads the indices (a Gather) then diverges by whole
 # values. The walk compares those indices with FP32's (`accuracy.judge`).
-DECISIONS = {"ArgMax": 0, "ArgMin": 0, "TopK": 1}
+# Decisions whose count the data decides too: the axis along which each chosen index tuple
+# lies (a NonZero's columns, a NonMaxSuppression's rows). FP16 may choose more or fewer.
+SELECTIONS = {"NonZero": 1, "NonMaxSuppression": 0}
+DECISIONS = {"ArgMax": 0, "ArgMin": 0, "TopK": 1, **dict.fromkeys(SELECTIONS, 0)}
 # Ops whose output is a sequence or an optional, never a tensor.
 NOT_TENSOR_OPS = frozenset(
     {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceMap"}
