@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from PIL import Image
 
-from tests.helpers import identity_policy
+from tests.helpers import F, identity_policy, model, node
 from trtbuild.accuracy.images import centre_fit, point_images
 from trtbuild.cli import main
 from trtbuild.errors import UsageError
@@ -141,3 +142,45 @@ def test_decoding_photos_past_the_budget_is_exit_2_before_any_is_decoded(tmp_pat
     assert "reading the data 11.4 MiB: images/ 11.4 MiB" in err
     assert "accuracy.memory_budget is 4 MiB" in err
     assert "one sample does not fit: raise accuracy.memory_budget, or use smaller images" in err
+
+
+def _uint8_policy(tmp_path, data: str, dtype: int = onnx.TensorProto.UINT8) -> Path:
+    """A model that takes a uint8 NHWC image and normalises it itself (Cast, /255), as
+    TensorFlow and many deployed exports do, over the 6x5 photo of `_policy`."""
+    _policy(tmp_path, "{images: images}")
+    m = model(
+        [node("Cast", ["img"], "f", "cast", to=onnx.TensorProto.FLOAT),
+         node("Div", ["f", "s"], "y", "normalise")],
+        [("img", dtype, [1, 6, 5, 3])],
+        [("y", F, [1, 6, 5, 3])],
+        {"s": np.array(255.0, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "u8.onnx")
+    path = tmp_path / "u8.yaml"
+    path.write_text(f"version: 1\nmodel: u8.onnx\ninputs:\n  img: {{data: {data}}}\n")
+    return path
+
+
+def test_an_integer_image_input_is_fed_the_pixels_themselves(tmp_path):
+    """Not 1/255 of them cast back to uint8 (every pixel 0): the model sees the photo."""
+    front = run_front(load_policy(_uint8_policy(tmp_path, "{images: images}")), reference="none")
+    (feed,) = front.shapes[0].feeds
+    with Image.open(tmp_path / "images" / "a.png") as im:
+        want = np.asarray(im.convert("RGB"))[None]
+    assert feed["img"].dtype == np.uint8
+    np.testing.assert_array_equal(feed["img"], want)
+
+
+@pytest.mark.parametrize(
+    ("data", "dtype", "said"),
+    [
+        ("{images: images, scale: 0.5}", onnx.TensorProto.UINT8, "inputs.img.data.scale: "),
+        ("{images: images, mean: 127}", onnx.TensorProto.UINT8, "inputs.img.data.mean: "),
+        ("{images: images}", onnx.TensorProto.INT8, "is int8, which cannot hold pixels 0 to 255"),
+    ],
+)
+def test_an_integer_image_input_refuses_what_it_cannot_hold(tmp_path, capsys, data, dtype, said):
+    path = _uint8_policy(tmp_path, data, dtype)
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err

@@ -212,7 +212,7 @@ def _plan(
         spec = specs.get(name)
         if name in found or spec is None or spec.data.images is None:
             continue
-        image_layout(policy, spec, shape, f"inputs.{name}.data")
+        image_layout(policy, spec, shape, f"inputs.{name}.data", dtypes[name])
         paths = image_paths(policy, spec, shape[0])
         images[name] = len(paths) // shape[0]
         folder = f"{spec.data.images.folder.name}/"
@@ -253,7 +253,7 @@ def _given(
                 )
         elif name in plan.images:
             given[name], sources[name] = point_images(
-                policy, specs[name], shape, decoded, plan.count
+                policy, specs[name], shape, decoded, plan.count, dtypes[name]
             )
     return given, sources
 

@@ -120,20 +120,22 @@ def point_images(
     shape: tuple[int, ...],
     decoded: Decoded | None = None,
     count: int | None = None,
+    dtype=np.float32,
 ) -> tuple[np.ndarray, InputData]:
     """The folder's images as [samples, *shape] (batches of consecutive images; at most
     `count` samples), each brought to this point's H x W from its original, and how
     (upsampled or padded said plainly)."""
     field = f"inputs.{spec.name}.data"
-    layout, (_, h, w) = image_layout(policy, spec, shape, field)
+    layout, (_, h, w) = image_layout(policy, spec, shape, field, dtype)
+    raw = not np.issubdtype(dtype, np.floating)  # an integer input: the pixels, 0 to 255
     decoded = decoded if decoded is not None else Decoded()
     arrays, fitted = [], []
     for path in image_paths(policy, spec, shape[0], count):
         source = decoded.source(policy, spec, path, field)
         a, how = _fit(spec, source, (h, w))
-        arrays.append(_normalised(spec, a, layout))
+        arrays.append(_normalised(spec, a, layout, raw))
         fitted.append(how)
-    stacked = np.stack(arrays).astype(np.float32, copy=False)
+    stacked = np.stack(arrays).astype(dtype if raw else np.float32, copy=False)
     return stacked.reshape(len(arrays) // shape[0], *shape), _said(spec, (h, w), fitted)
 
 
@@ -200,10 +202,12 @@ def _hw(size: tuple[int, int]) -> str:
 
 
 def image_layout(
-    policy: Policy, spec: InputSpec, shape: tuple[int, ...], field: str
+    policy: Policy, spec: InputSpec, shape: tuple[int, ...], field: str, dtype=np.float32
 ) -> tuple[str, tuple[int, int, int]]:
     """The layout and (channels, height, width) of an image input, or the field to fix."""
     img, where = spec.data.images, policy.where
+    if not np.issubdtype(dtype, np.floating):
+        _raw_pixels(policy, spec, np.dtype(dtype), field)
     if len(shape) != 4:
         raise UsageError(
             f"{field}.images: input '{spec.name}' has rank {len(shape)}; images need a rank-4 input",
@@ -235,16 +239,44 @@ def image_layout(
     return layout, (c, h, w)
 
 
+def _raw_pixels(policy: Policy, spec: InputSpec, dtype: np.dtype, field: str) -> None:
+    """An integer input (a uint8 image the model normalises itself) takes the pixels as they
+    are: a scale, mean or std would make fractions it cannot hold, and a type that cannot hold
+    0 to 255 would wrap them."""
+    img = spec.data.images
+    if dtype == np.bool_ or not np.issubdtype(dtype, np.integer) or np.iinfo(dtype).max < 255:
+        raise UsageError(
+            f"{field}.images: input '{spec.name}' is {dtype.name}, which cannot hold pixels 0 to 255",
+            where=policy.where,
+            hint="use 'file' (.npz) of the values the model takes, or a distribution",
+        )
+    given = {
+        "scale": img.scale not in (None, 1.0),
+        "mean": any(img.mean),
+        "std": any(v != 1.0 for v in img.std),
+    }
+    for key in (k for k, set_ in given.items() if set_):
+        raise UsageError(
+            f"{field}.{key}: input '{spec.name}' is {dtype.name}: the pixels are fed as they "
+            "are (0 to 255), and a scale, mean or std would make fractions it cannot hold",
+            where=policy.where,
+            hint=f"remove {key} (the model normalises the pixels itself)",
+        )
+
+
 def _chw(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
     return (shape[1], shape[2], shape[3]) if layout == "NCHW" else (shape[3], shape[1], shape[2])
 
 
-def _normalised(spec: InputSpec, a: np.ndarray, layout: str) -> np.ndarray:
-    """[H, W, C] pixels scaled and normalised, in the input's channel order and layout."""
+def _normalised(spec: InputSpec, a: np.ndarray, layout: str, raw: bool) -> np.ndarray:
+    """[H, W, C] pixels scaled and normalised (`raw`: as they are, for an integer input), in
+    the input's channel order and layout."""
     img = spec.data.images
     if img.channels == "BGR":
         a = a[..., ::-1]
-    a = (a * img.scale - np.asarray(img.mean, np.float32)) / np.asarray(img.std, np.float32)
+    if not raw:
+        scale = 1.0 / 255.0 if img.scale is None else img.scale
+        a = (a * scale - np.asarray(img.mean, np.float32)) / np.asarray(img.std, np.float32)
     return a.transpose(2, 0, 1) if layout == "NCHW" else a
 
 

@@ -104,10 +104,14 @@ class ImageSpec:
     # default: where the channel dimension is 1 or 3
     layout: str | None = field(default=None, metadata=key(enum(["NCHW", "NHWC"])))
     channels: str = field(default="RGB", metadata=key(enum(["RGB", "BGR", "GRAY"])))
-    scale: float = field(
-        default=1.0 / 255.0,
+    scale: float | None = field(
+        default=None,
         metadata=key(
-            NUMBER, "pixels are multiplied by this before mean/std (default 1/255)", read=float
+            NUMBER,
+            "pixels are multiplied by this before mean/std (default 1/255; an integer input, "
+            "a uint8 image, takes the pixels as they are)",
+            read=float,
+            show_default=False,
         ),
     )
     mean: tuple[float, ...] = field(
