@@ -187,3 +187,19 @@ def test_a_concat_of_a_pinned_value_follows_it_to_fp32_whichever_input_it_is(pin
     (c,) = plain_session(convert(assignment).model).run(None, {"x": x})
     big = np.maximum(x * np.float32(3e4), 0)[0]
     np.testing.assert_array_equal(c[0, :4] if pinned_first else c[0, 4:], big)  # 9.6e4 whole
+
+
+def test_an_fp64_node_keeps_its_type_and_says_so():
+    """A timestep's `Sin` computed in FP64 as exported: no FP32 tensor to lower, and the
+    reason says FP64, not that it holds no float; the Cast to FP32 after it is the policy's."""
+    m = model(
+        [node("Sin", ["t"], "s", "sin"),
+         node("Cast", ["s"], "y", "to_float", to=TensorProto.FLOAT),
+         node("Shape", ["t"], "n", "shape")],
+        [("t", TensorProto.DOUBLE, [4])],
+        [("y", F, [4]), ("n", TensorProto.INT64, [1])],
+    )  # fmt: skip
+    decided = _decided(m)
+    assert decided["sin"].precision is None and "FP64" in decided["sin"].reason
+    assert decided["shape"].reason == "produces no floating-point tensor"
+    assert decided["to_float"].precision == "fp16"

@@ -196,7 +196,8 @@ def _decisions(
             decisions.append(_SEQUENCE)  # before no-float: what it puts in is cast to FP32
             continue
         if not view.float_outputs(i):
-            decisions.append(_NO_FLOAT)
+            doubles = any(view.dtype.get(t) == onnx.TensorProto.DOUBLE for t in node.output)
+            decisions.append(_DOUBLE if doubles else _NO_FLOAT)
             continue
         if i in fixed:
             decision = fixed[i]
@@ -316,6 +317,7 @@ def _dequantized(assignment: Assignment, qdq, precision: Precision) -> frozenset
 _CONTROL_REASON = "computes in its bodies; its outputs keep their exported types"
 _CONTROL = Decision(None, "control-flow", _CONTROL_REASON)
 _NO_FLOAT = Decision(None, "no-float", "produces no floating-point tensor")
+_DOUBLE = Decision(None, "no-float", "computes in FP64 as exported: the policy lowers FP32 only")
 _SEQUENCE = Decision(
     "fp32", "sequence", "a sequence's elements keep one type: what goes in or comes out is FP32"
 )
