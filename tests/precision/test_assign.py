@@ -190,16 +190,16 @@ def test_a_concat_of_a_pinned_value_follows_it_to_fp32_whichever_input_it_is(pin
 
 
 def test_an_fp64_node_keeps_its_type_and_says_so():
-    """A timestep's `Sin` computed in FP64 as exported: no FP32 tensor to lower, and the
+    """A square computed in FP64 as exported: no FP32 tensor to lower, and the
     reason says FP64, not that it holds no float; the Cast to FP32 after it is the policy's."""
     m = model(
-        [node("Sin", ["t"], "s", "sin"),
+        [node("Mul", ["t", "t"], "s", "square"),
          node("Cast", ["s"], "y", "to_float", to=TensorProto.FLOAT),
          node("Shape", ["t"], "n", "shape")],
         [("t", TensorProto.DOUBLE, [4])],
         [("y", F, [4]), ("n", TensorProto.INT64, [1])],
     )  # fmt: skip
     decided = _decided(m)
-    assert decided["sin"].precision is None and "FP64" in decided["sin"].reason
+    assert decided["square"].precision is None and "FP64" in decided["square"].reason
     assert decided["shape"].reason == "produces no floating-point tensor"
     assert decided["to_float"].precision == "fp16"
