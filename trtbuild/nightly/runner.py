@@ -158,7 +158,11 @@ def run_policy(
 
 
 def _below(sv, n_shapes: int) -> str:
-    failing = ", ".join(n for n, m in sv.main.outputs.items() if not m.passed)
+    failing = ", ".join(
+        n + (" (its shape is not FP32's)" if m.shape_mismatch else "")
+        for n, m in sv.main.outputs.items()
+        if not m.passed
+    )
     where = f" at {sv.label}" if n_shapes > 1 else ""
     if not failing and sv.main.masked_overflow:  # every output holds: the rule failed it
         return (
