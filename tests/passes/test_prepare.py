@@ -365,3 +365,35 @@ def test_a_branch_that_only_hands_out_a_constant_still_makes_its_output():
     for c, want in ((True, [k, k]), (False, [-x, -x])):
         got = _run(prepared.model, {"x": x, "c": np.array(c)})
         np.testing.assert_array_equal(np.array(got), [*want, np.maximum(x, 0)])
+
+
+def test_a_weight_handed_out_as_an_output_is_made_by_a_node_under_its_own_name(tmp_path):
+    """A constant output (a detector's strides, or one folding made: `Add` of two
+    constants) and a weight that is an output and read by a `Mul` too: each is made by an
+    `Identity`, the output keeps its name, the weight takes another, and every run of the
+    judge hands it out (it was exit 70: no segment made it)."""
+    from tests.helpers import F, model, node
+    from trtbuild.cli import main
+
+    m = model(
+        [node("Mul", ["x", "w"], "y", "scale"),
+         node("Add", ["c", "c"], "strides", "add")],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4]), ("w", F, [4]), ("strides", F, [2])],
+        {"w": np.array([1.0, -2.0, 3.0, 0.5], np.float32), "c": np.array([4.0, 8.0], np.float32)},
+    )  # fmt: skip
+    prepared = prepare(m, Passes())
+    assert next(r for r in prepared.records if r.name == "weight_outputs").changed == 2
+    graph = prepared.model.graph
+    assert [o.name for o in graph.output] == ["y", "w", "strides"]
+    made = {o: n.op_type for n in graph.node for o in n.output}
+    assert made["w"] == made["strides"] == "Identity"
+    assert next(n for n in graph.node if n.op_type == "Mul").input[1] == "w__weight"
+    x = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    got = _run(prepared.model, {"x": x})
+    np.testing.assert_array_equal(got[1], [1.0, -2.0, 3.0, 0.5])
+    np.testing.assert_array_equal(got[2], [8.0, 16.0])
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--backend", "none",
+                 "--out", str(tmp_path / "out")]) == 0  # fmt: skip

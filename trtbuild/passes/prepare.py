@@ -73,9 +73,10 @@ def prepare(
     if options.fold_batchnorm:
         model, rec = fuse.fold_batchnorm(model)
         records.append(rec)
-    model, rec = passes.body_outputs_made_inside(model)
-    if rec.changed:
-        records.append(rec)
+    for made_by_nodes in (passes.body_outputs_made_inside, passes.weight_outputs_made):
+        model, rec = made_by_nodes(model)
+        if rec.changed:
+            records.append(rec)
     model = infer_shapes(strip_value_info(model))
     _check_bodies(model, source)
     return Prepared(model, records)
