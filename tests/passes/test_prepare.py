@@ -397,3 +397,69 @@ def test_a_weight_handed_out_as_an_output_is_made_by_a_node_under_its_own_name(t
     (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
     assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--backend", "none",
                  "--out", str(tmp_path / "out")]) == 0  # fmt: skip
+
+
+def _contrib_conv(weight_type: int, bias: bool = False) -> onnx.ModelProto:
+    """A Conv whose input and weight pass ONNX Runtime's own Q/DQ (`com.microsoft`), as its
+    `quantize_static` writes them below opset 21 for INT4 weights (or with
+    `UseQDQContribOps`); `bias`: an INT32 bias behind a DQ too."""
+    from onnx import helper, numpy_helper
+
+    from tests.helpers import F
+
+    def dq(q, s, out):
+        return helper.make_node("DequantizeLinear", [q, s], [out], name=out, domain="com.microsoft")
+
+    w = np.array([[[1, -2, 3]]], np.int8).reshape(1, 1, 3)
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+        helper.make_tensor("w_q", weight_type, [1, 1, 3], w.ravel().tolist()),
+        numpy_helper.from_array(np.array([0.1], np.float32), "ws"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+    ]
+    nodes = [
+        helper.make_node(
+            "QuantizeLinear", ["x", "s", "z"], ["xq"], name="q", domain="com.microsoft"
+        ),
+        dq("xq", "s", "xd"),
+        dq("w_q", "ws", "wd"),
+        helper.make_node("Conv", ["xd", "wd", *(["bd"] if bias else [])], ["y"], name="conv"),
+    ]
+    if bias:
+        inits += [numpy_helper.from_array(np.array([7], np.int32), "b_q"),
+                  numpy_helper.from_array(np.array([0.005], np.float32), "bs")]  # fmt: skip
+        nodes.insert(3, dq("b_q", "bs", "bd"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 1, 8])],
+                              [helper.make_tensor_value_info("y", F, [1, 1, 6])], inits)  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def test_onnx_runtimes_own_qdq_become_onnxs_at_the_opset_their_types_need():
+    """INT8 contrib Q/DQ at opset 17: ONNX's at 19 (FP16 scales); INT4 weights: at 21, where
+    ONNX's DequantizeLinear takes INT4. Both compute what they did."""
+    from onnx import TensorProto
+
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 1, 8)
+    for weight_type, opset in ((TensorProto.INT8, 19), (TensorProto.INT4, 21)):
+        source = _contrib_conv(weight_type)
+        prepared = prepare(source, Passes())
+        assert opset_of(prepared.model) == opset
+        qdq = [n for n in prepared.model.graph.node if n.op_type.endswith("uantizeLinear")]
+        assert len(qdq) == 3 and all(n.domain == "" for n in qdq), qdq
+        assert next(r for r in prepared.records if r.name == "standard_qdq").changed == 3
+        np.testing.assert_allclose(_run(prepared.model, {"x": x})[0],
+                                   _run(source, {"x": x})[0], rtol=1e-6)  # fmt: skip
+
+
+def test_an_int32_bias_behind_onnx_runtimes_own_dq_is_refused_by_check(tmp_path, capsys):
+    """It passed `check` (no Q/DQ seen: 100% FP16) and TensorRT refused it at the build."""
+    from onnx import TensorProto
+
+    from trtbuild.cli import main
+
+    onnx.save(_contrib_conv(TensorProto.INT8, bias=True), tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "Q/DQ node bd: quantizes to INT32" in err and '"QuantizeBias": False' in err, err

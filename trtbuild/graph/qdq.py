@@ -60,6 +60,10 @@ COMPUTE_CLASSES = ("int8", "fp8")
 FP8_MIN_CAPABILITY = (8, 9)  # FP8 kernels: Ada (SM89) and later
 # DequantizeLinear takes FP16/BF16 scales from this opset on (a quantized graph is upgraded)
 SCALE_OPSET = 19
+# Q/DQ of these types are ONNX's from opset 21 on (before it, ONNX Runtime writes its own,
+# `com.microsoft` ones, which `prepare` makes ONNX's)
+WIDE_TYPES = frozenset({TensorProto.INT4, TensorProto.UINT4, TensorProto.INT16, TensorProto.UINT16})
+WIDE_OPSET = 21
 # The formats `quantize` computes on a constant: the integers' saturation bounds, and the FP8
 # types' (ml_dtypes, which onnx's numpy_helper reads them as) with their largest value
 INTEGER_BOUNDS = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),

@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input, opset_of
+from trtbuild.graph.optypes import QDQ_OPS
 from trtbuild.sizes import fmt_bytes
 
 
@@ -121,6 +122,32 @@ def body_outputs_made_inside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, P
             out.name = inside
             record.changed += 1
     return model, record
+
+
+def standard_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
+    """ONNX Runtime's own `QuantizeLinear`/`DequantizeLinear` (`com.microsoft`) made ONNX's,
+    at the opset their types need (`prepare` upgrades to it first).
+
+    Why: ONNX Runtime's `quantize_static` writes its own Q/DQ where the model's opset has
+    no ONNX Q/DQ of the type asked (INT4 weights below opset 21), or where asked to
+    (`UseQDQContribOps`): the same computation, and TensorRT's parser reads them as its
+    own. Left in their domain, no Q/DQ of them was seen: `check` said 100% FP16, TensorRT's
+    refusals (an INT32 bias) came at the build, and the DQs were not kept in front of the
+    ops they feed.
+    """
+    record = PassRecord("standard_qdq")
+    if not any(_contrib_qdq(n) for n in subgraphs.all_nodes(model)):
+        return model, record
+    model = copied(model)  # passes never change their input
+    for node in subgraphs.all_nodes(model):
+        if _contrib_qdq(node):
+            node.domain = ""
+            record.changed += 1
+    return model, record
+
+
+def _contrib_qdq(node: onnx.NodeProto) -> bool:
+    return node.domain == "com.microsoft" and node.op_type in QDQ_OPS
 
 
 def weight_outputs_made(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:

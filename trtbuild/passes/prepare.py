@@ -9,7 +9,7 @@ import onnx
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, strip_value_info
-from trtbuild.graph.qdq import SCALE_OPSET
+from trtbuild.graph.qdq import SCALE_OPSET, WIDE_OPSET, WIDE_TYPES
 from trtbuild.passes import basic as passes
 from trtbuild.passes import control, fuse
 from trtbuild.passes.inline import inline_functions
@@ -44,21 +44,7 @@ def prepare(
     records: list[passes.PassRecord] = []
     model = _inputs_and_weights(model, options, records, source, budget)
     model = _named_and_inlined(model, records)
-    target = _opset(model, options.opset)
-    try:
-        model, rec = passes.upgrade_opset(model, target)
-    except UsageError as exc:
-        if target == options.opset:
-            raise
-        raise UsageError(
-            f"{exc.message} (a quantized model needs opset {SCALE_OPSET}: FP16 scales)",
-            where=source,
-            hint=f"export or quantize the model at opset {SCALE_OPSET} (ModelOpt: --opset "
-            f"{SCALE_OPSET}; torch.onnx.export(..., opset_version={SCALE_OPSET}))",
-        ) from None
-    if rec.changed and target != options.opset:
-        rec.details["because"] = "Q/DQ: FP16 scales on DequantizeLinear need opset 19"
-    records.append(rec)
+    model = _upgraded(model, options, records, source)
     model, rec = passes.name_unnamed_nodes(model)  # what the converter added inside bodies
     if rec.changed:
         records.append(rec)
@@ -80,6 +66,37 @@ def prepare(
     model = infer_shapes(strip_value_info(model))
     _check_bodies(model, source)
     return Prepared(model, records)
+
+
+def _upgraded(
+    model: onnx.ModelProto, options: Passes, records: list, source: str
+) -> onnx.ModelProto:
+    """The opset upgrade (to what the policy asks, or a quantized graph needs), then ONNX
+    Runtime's own Q/DQ made ONNX's, at the opset their types need."""
+    target = _opset(model, options.opset)
+    try:
+        model, rec = passes.upgrade_opset(model, target)
+    except UsageError as exc:
+        if target == options.opset:
+            raise
+        raise UsageError(
+            f"{exc.message} (a quantized model needs opset {target}: "
+            f"{'FP16 scales' if target == SCALE_OPSET else 'INT4 or INT16 Q/DQ'})",
+            where=source,
+            hint=f"export or quantize the model at opset {target} (ModelOpt: --opset "
+            f"{target}; torch.onnx.export(..., opset_version={target}))",
+        ) from None
+    if rec.changed and target != options.opset:
+        rec.details["because"] = (
+            "Q/DQ: FP16 scales on DequantizeLinear need opset 19"
+            if target == SCALE_OPSET
+            else "Q/DQ of INT4 or INT16 values are ONNX's from opset 21"
+        )
+    records.append(rec)
+    model, rec = passes.standard_qdq(model)  # at the opset its types need
+    if rec.changed:
+        records.append(rec)
+    return model
 
 
 def _inputs_and_weights(
@@ -131,19 +148,28 @@ def _named_and_inlined(model: onnx.ModelProto, records: list) -> onnx.ModelProto
 
 
 def _opset(model: onnx.ModelProto, asked: int | None) -> int | None:
-    """The opset to upgrade to: at least 19 for a quantized (Q/DQ) graph.
+    """The opset to upgrade to: at least 19 for a quantized (Q/DQ) graph, 21 where a Q/DQ
+    holds INT4 or INT16 values.
 
     Why: in a strongly typed network a DQ's output type is its scale's type, and
     an FP16 op fed by a DQ needs an FP16 scale, which only opset 19 allows; below
     it every DQ would need a Cast in front of the op it feeds, and TensorRT fuses
-    a DQ into the op only when it is directly in front of it. The opset record
-    says the upgrade (`to` 19).
+    a DQ into the op only when it is directly in front of it. ONNX's Q/DQ take INT4 and
+    INT16 from opset 21 (ONNX Runtime writes its own below it, made ONNX's after the
+    upgrade). The opset record says the upgrade (`to` 19 or 21).
     """
-    from trtbuild.graph.optypes import QDQ_OPS
+    from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS
 
-    if not any(n.op_type in QDQ_OPS for n in model.graph.node):
+    qdq = [n for n in model.graph.node if n.op_type in QDQ_OPS]
+    if not qdq:
         return asked
-    return max(asked or 0, SCALE_OPSET)
+    graph = model.graph
+    typed = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.input, *graph.value_info)}
+    typed.update({t.name: t.data_type for t in graph.initializer})
+    held = [n.input[0] if n.op_type == DEQUANTIZE else "" for n in qdq]  # a Q's: its zero point's
+    held += [n.input[2] for n in qdq if len(n.input) > 2]
+    wide = any(typed.get(t) in WIDE_TYPES for t in held if t)
+    return max(asked or 0, WIDE_OPSET if wide else SCALE_OPSET)
 
 
 def _fold_control_flow(
