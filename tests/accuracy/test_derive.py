@@ -211,3 +211,15 @@ def test_synthetic_data_reading_a_whole_file_past_the_budget_is_exit_2(tmp_path,
     assert "reading the data 7.63 MiB: x.npz 7.63 MiB" in err
     assert "accuracy.memory_budget is 4 MiB" in err
     assert "x.npz is read whole (derive: synthetic takes every sample's statistics)" in err
+
+
+def test_an_inputs_file_may_be_one_npy_as_modelopt_calibrates_from(tmp_path):
+    """`data: {file: calib.npy}` under an input: its one array is that input's, derived
+    at the other points as an .npz member is; a point's own file must name its inputs."""
+    np.save(tmp_path / "calib.npy", FRAMES[:, None])
+    runs = _runs(_policy(tmp_path, data="{file: calib.npy}"))
+    np.testing.assert_array_equal(runs["opt"].feeds[1]["x"][0], FRAMES[1])
+    assert runs["min"].data["x"].source == "calib.npy cropped on axis 1 (5 -> 2)"
+    path = _policy(tmp_path, accuracy="shapes: {max: {data: {file: calib.npy}}}\n")
+    with pytest.raises(UsageError, match=r"is one array \(\.npy\); a point's own file holds"):
+        run_front(load_policy(path), reference="none")

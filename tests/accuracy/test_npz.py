@@ -59,5 +59,22 @@ def test_an_object_array_is_refused_from_its_header(tmp_path):
 
 def test_a_file_that_is_no_zip_is_an_npz_error(tmp_path):
     (tmp_path / "x.npz").write_text("not a zip")
-    with pytest.raises(npz.NpzError):
+    with pytest.raises(npz.NpzError, match="neither an .npz .a zip of arrays. nor an .npy"):
         npz.members(tmp_path / "x.npz")
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_bare_npy_is_one_array_read_by_its_header_and_cut_alike(tmp_path, order):
+    """ModelOpt's calibration data for a one-input model: `calib.npy`."""
+    a = np.asarray(np.arange(40, dtype=np.float32).reshape(5, 2, 4), order=order)
+    np.save(tmp_path / "calib.npy", a)
+    (member,) = npz.members(tmp_path / "calib.npy").values()
+    assert member.name == npz.BARE and member.bare and member.shape == (5, 2, 4)
+    np.testing.assert_array_equal(npz.read(tmp_path / "calib.npy", member, 2), a[:2])
+    np.testing.assert_array_equal(npz.read(tmp_path / "calib.npy", member), a)
+
+
+def test_a_pickled_npy_is_refused_from_its_header(tmp_path):
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(npz.NpzError, match="holds Python objects"):
+        npz.members(tmp_path / "o.npy")

@@ -58,7 +58,8 @@ def plan(
         if spec.name in found or spec.name not in shapes or spec.data.file is None:
             continue
         field, path = f"inputs.{spec.name}.data.file", spec.data.file
-        member = _members(policy, path, field).get(spec.name)
+        found_in = _members(policy, path, field)
+        member = found_in.get(spec.name) or found_in.get(npz.BARE)
         if member is None:
             keys = ", ".join(_members(policy, path, field))
             raise UsageError(
@@ -90,6 +91,13 @@ def _own(
     """A point's own .npz: arrays keyed by input name, at exactly this point's shapes."""
     field = f"accuracy.shapes.{point.name.split('=')[-1]}.data.file"
     members = _members(policy, point.file, field)
+    if npz.BARE in members:
+        raise UsageError(
+            f"{field}: {point.file.name} is one array (.npy); a point's own file holds one "
+            "array per model input, keyed by its name",
+            where=policy.where,
+            hint="save it as an .npz: np.savez(path, **{input_name: array, ...})",
+        )
     unknown = [k for k in members if k not in shapes]
     if unknown:
         raise UsageError(

@@ -1,4 +1,5 @@
-"""An .npz read the way the judge needs it: every header first, then only the samples used.
+"""An .npz (or one .npy) read the way the judge needs it: every header first, then only the
+samples used.
 
 Why not `np.load(...)[name]`: that inflates the whole array before anything can be
 checked, so a file of 10,000 frames costs all of them in memory (and time) when a
@@ -6,7 +7,8 @@ point is judged on four, and a wrong dtype or a sample axis of length 0 is found
 after the file is read. Here each member's `.npy` header (shape, dtype, order) is read
 from the zip without inflating its data; the checks and the memory budget work from
 those, and then only the first samples a point needs are inflated. Nothing is
-unpickled: an object array is refused from its header.
+unpickled: an object array is refused from its header. A bare `.npy` (ModelOpt's
+calibration data for a one-input model) is one array, the input's that names the file.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Member:
     shape: tuple[int, ...]
     dtype: np.dtype
     fortran: bool  # column-major: its leading axis is not contiguous
+    bare: bool = False  # the file is this one `.npy`, not a member of an .npz
 
     def sample_bytes(self) -> int:
         """Bytes of one entry of the leading axis (of the whole array if it is 0-d)."""
@@ -43,9 +46,19 @@ class Member:
         return min(count, self.shape[0]) * self.sample_bytes()
 
 
+# The key of a bare `.npy`'s one array: whichever input names the file takes it
+BARE = "*"
+
+
 def members(path: Path) -> dict[str, Member]:
-    """Every array of the .npz by its key, from the headers alone."""
+    """Every array of the .npz by its key (a bare `.npy`'s under `BARE`), from the headers
+    alone."""
     try:
+        with open(path, "rb") as f:
+            if f.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX:
+                f.seek(0)
+                found = _header(f, BARE)
+                return {BARE: Member(BARE, found.shape, found.dtype, found.fortran, bare=True)}
         with zipfile.ZipFile(path) as zf:
             found = {}
             for info in zf.infolist():
@@ -53,7 +66,9 @@ def members(path: Path) -> dict[str, Member]:
                     with zf.open(info) as f:
                         found[info.filename[:-4]] = _header(f, info.filename[:-4])
             return found
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as exc:
+    except zipfile.BadZipFile:
+        raise NpzError("it is neither an .npz (a zip of arrays) nor an .npy") from None
+    except (OSError, ValueError, EOFError) as exc:
         raise NpzError(str(exc) or type(exc).__name__) from None
 
 
@@ -65,14 +80,21 @@ def read(path: Path, member: Member, count: int | None = None) -> np.ndarray:
     """
     whole = count is None or not member.shape or count >= member.shape[0]
     try:
+        if member.bare:
+            with open(path, "rb") as f:
+                return _after_header(f, member, whole, count)
         with zipfile.ZipFile(path) as zf, zf.open(member.name + ".npy") as f:
-            _header(f, member.name)
-            if member.fortran:
-                arr = _rest(f, member, None)
-                return arr if whole else arr[:count]
-            return _rest(f, member, None if whole else count)
+            return _after_header(f, member, whole, count)
     except (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError) as exc:
         raise NpzError(str(exc) or type(exc).__name__) from None
+
+
+def _after_header(f, member: Member, whole: bool, count: int | None) -> np.ndarray:
+    _header(f, member.name)
+    if member.fortran:
+        arr = _rest(f, member, None)
+        return arr if whole else arr[:count]
+    return _rest(f, member, None if whole else count)
 
 
 def _header(f, name: str) -> Member:

@@ -162,7 +162,8 @@ class InputSpec:
         metadata=key(
             section(DataSpec, ImageSpec),
             "How reference inputs are made: a seeded distribution, an .npz file keyed by "
-            "input name, or a folder of images (resized, scaled, normalised per channel).",
+            "input name (or an .npy, this input's one array), or a folder of images (resized, "
+            "scaled, normalised per channel).",
             built=True,
         ),
     )
