@@ -105,3 +105,16 @@ def test_parse_size():
     assert parse_size("4GiB") == 4 << 30
     assert parse_size("512MiB") == 512 << 20
     assert parse_size("1000") == 1000
+
+
+def test_a_policy_saved_as_utf16_says_to_save_it_as_utf8(tmp_path, capsys):
+    """An editor's "Unicode" is UTF-16; a UTF-8 BOM (Windows' Notepad) is read as it is."""
+    from trtbuild.cli import main
+
+    text = "version: 1\nmodel: m.onnx\n"
+    (tmp_path / "u16.yaml").write_bytes(text.encode("utf-16"))
+    assert main(["check", "--policy", str(tmp_path / "u16.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "it is not UTF-8 text" in err and "save the policy as UTF-8" in err, err
+    (tmp_path / "bom.yaml").write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    assert load_policy(tmp_path / "bom.yaml").model == (tmp_path / "m.onnx").resolve()

@@ -157,7 +157,13 @@ def load_fields(name: str | Path) -> tuple[dict[str, Any], PolicySource]:
             )
         data = path.read_bytes()
         text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"cannot read policy: it is not UTF-8 text ({exc.reason} at byte {exc.start})",
+            where=shown,
+            hint="save the policy as UTF-8 (an editor's 'UTF-16' or 'Unicode' is not)",
+        ) from None
+    except OSError as exc:
         raise UsageError(f"cannot read policy: {exc}", where=shown) from None
     fields, source = parse_fields(text, path, shown)
     return fields, replace(source, sha256=hashlib.sha256(data).hexdigest())
