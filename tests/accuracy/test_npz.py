@@ -59,7 +59,7 @@ def test_an_object_array_is_refused_from_its_header(tmp_path):
 
 def test_a_file_that_is_no_zip_is_an_npz_error(tmp_path):
     (tmp_path / "x.npz").write_text("not a zip")
-    with pytest.raises(npz.NpzError, match="neither an .npz .a zip of arrays. nor an .npy"):
+    with pytest.raises(npz.NpzError, match=r"neither an \.npz \(a zip of arrays\) nor an \.npy"):
         npz.members(tmp_path / "x.npz")
 
 
