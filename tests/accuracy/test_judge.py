@@ -269,6 +269,7 @@ def test_an_output_whose_count_fp16_changes_fails_with_both_shapes_and_names_the
     point = PointResult.from_json(report["shapes"][0])
     assert point.outputs["vals"].shape_mismatch[0]["candidate"] == [differ["candidate"][1]]
     assert "<img" in (tmp_path / "out" / "report.html").read_text()  # its histograms drew
+    assert "**FAIL**: shape [2, " in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_the_verdict_line_gives_both_shapes(tmp_path, capsys):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from trtbuild.accuracy.checks import describe, image_like, map_like
 from trtbuild.accuracy.masked import RULE_KEY, overflow_text
 from trtbuild.accuracy.points import DATA_KINDS, InputData, point_label
-from trtbuild.accuracy.sessions import EMULATED, REFERENCE, OutputMetrics
+from trtbuild.accuracy.sessions import EMULATED, REFERENCE, OutputMetrics, shape_text
 from trtbuild.sizes import fmt_bytes
 
 if TYPE_CHECKING:
@@ -262,7 +262,8 @@ def outputs_table(outputs: dict[str, OutputMetrics]) -> Table:
     rows = [
         (
             f"`{name}`",
-            "pass" if m.passed else "**FAIL**",
+            ("pass" if m.passed else "**FAIL**")
+            + (f": {shape_text(m.shape_mismatch)}" if m.shape_mismatch else ""),
             *(fmt(getattr(m, c)) for c in METRICS),
             tolerance_text(m),
         )
