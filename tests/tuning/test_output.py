@@ -46,3 +46,18 @@ def test_a_search_stuck_with_every_suspect_pinned_says_what_fails_instead():
     assert "FP16 storage is not what fails it" in quantized
     assert "3 quantized op(s)" in quantized and "`dequantize: true`" in quantized
     assert "quantized" not in plain and "the policy's own rules" in plain
+
+
+def test_the_log_is_strict_json_where_an_error_is_infinite(tmp_path):
+    """A trial whose output turned inf (or whose shape is not FP32's) writes "inf", as
+    report.json does: `Infinity` is no JSON a strict reader (jq, a browser) takes."""
+    import json
+
+    from trtbuild.tuning.output import write_log
+
+    trial = Trial(
+        1, "start: policy rules only", (), False, 1.0, {"y": "inf"}, {"y": float("inf")}, 0.1
+    )
+    write_log(tmp_path / "t.jsonl", SearchResult(Precision(), [], [], {}, "", [trial]))
+    (line,) = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(c))["max_abs"] == {"y": "inf"}

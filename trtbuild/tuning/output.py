@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from trtbuild.accuracy.progress import StatusLine
+from trtbuild.accuracy.sessions import finite_or_str
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
 from trtbuild.policy import Policy
@@ -185,7 +186,7 @@ def write_log(path: Path, result: SearchResult) -> None:
                     "passed": t.passed,
                     "low_share": t.low_share,
                     "failing": t.failing,
-                    "max_abs": t.worst,
+                    "max_abs": {o: finite_or_str(v) for o, v in t.worst.items()},  # strict JSON
                     "seconds": t.seconds,
                     # where it was judged, in order: a failure stops the walk, and a pass
                     # while growing leaves out the points larger than every point some
