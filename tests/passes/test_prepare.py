@@ -463,3 +463,41 @@ def test_an_int32_bias_behind_onnx_runtimes_own_dq_is_refused_by_check(tmp_path,
     assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
     assert "Q/DQ node bd: quantizes to INT32" in err and '"QuantizeBias": False' in err, err
+
+
+def test_an_int4_contrib_dq_in_a_body_or_behind_a_constant_still_reaches_opset_21():
+    """The opset follows every Q/DQ's types, those in bodies and those a `Constant` holds
+    (not yet lifted): at 17, ONNX's DequantizeLinear refused the INT4 weight it was given."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers import F
+
+    w = helper.make_tensor("w_q", TensorProto.INT4, [4], [1, -2, 3, -4])
+    dq = helper.make_node(
+        "DequantizeLinear", ["w_q", "ws"], ["w"], name="dq", domain="com.microsoft"
+    )
+    mul = helper.make_node("Mul", ["x", "w"], ["y"], name="mul")
+    const = helper.make_node("Constant", [], ["w_q"], name="const", value=w)
+    ws = numpy_helper.from_array(np.array(0.5, np.float32), "ws")
+    io = (
+        [helper.make_tensor_value_info("x", F, [1, 4])],
+        [helper.make_tensor_value_info("y", F, [1, 4])],
+    )
+    behind_constant = helper.make_graph([const, dq, mul], "g", *io, [ws])
+    branch = helper.make_graph([dq, mul], "then", [], io[1])
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"], name="id")], "else", [], io[1]
+    )
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    in_body = helper.make_graph(
+        [helper.make_node("If", ["c"], ["out"], name="if", then_branch=branch, else_branch=other)],
+        "g", [io[0][0], cond], [helper.make_tensor_value_info("out", F, [1, 4])], [w, ws],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    for graph, feed in ((behind_constant, {}), (in_body, {"c": np.array(True)})):
+        prepared = prepare(helper.make_model(graph, opset_imports=opsets), Passes())
+        assert opset_of(prepared.model) == 21
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_array_equal(
+            _run(prepared.model, {"x": x, **feed})[0], [[0.5, -1, 1.5, -2]]
+        )

@@ -160,16 +160,29 @@ def _opset(model: onnx.ModelProto, asked: int | None) -> int | None:
     """
     from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS
 
-    qdq = [n for n in model.graph.node if n.op_type in QDQ_OPS]
+    qdq = [n for n in subgraphs.all_nodes(model) if n.op_type in QDQ_OPS]
     if not qdq:
         return asked
-    graph = model.graph
-    typed = {vi.name: vi.type.tensor_type.elem_type for vi in (*graph.input, *graph.value_info)}
-    typed.update({t.name: t.data_type for t in graph.initializer})
     held = [n.input[0] if n.op_type == DEQUANTIZE else "" for n in qdq]  # a Q's: its zero point's
     held += [n.input[2] for n in qdq if len(n.input) > 2]
+    typed = _declared_types(model)
     wide = any(typed.get(t) in WIDE_TYPES for t in held if t)
     return max(asked or 0, WIDE_OPSET if wide else SCALE_OPSET)
+
+
+def _declared_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Each value's element type where the model declares it, bodies included: inputs,
+    value_info, weights and `Constant`s (before they are lifted)."""
+    typed: dict[str, int] = {}
+    for _, graph in subgraphs.walk(model.graph):
+        ends = (*graph.input, *graph.value_info, *graph.output)
+        typed.update({vi.name: vi.type.tensor_type.elem_type for vi in ends})
+        typed.update({t.name: t.data_type for t in graph.initializer})
+        for node in graph.node:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if node.op_type == "Constant" and value is not None and node.output:
+                typed[node.output[0]] = value.data_type
+    return typed
 
 
 def _fold_control_flow(
