@@ -217,15 +217,15 @@ def test_a_classifier_whose_argmax_output_fails_names_it(tmp_path):
     assert first["node"] == "argmax" and "indices differ from FP32's" in first["reason"], first
 
 
-def _built(tmp_path, m: onnx.ModelProto, x: np.ndarray) -> dict:
+def _built(tmp_path, m: onnx.ModelProto, x: np.ndarray, accuracy: str = "") -> dict:
     """report.json of `build --backend none` of `m` on one sample `x` (its input `x`), which
-    must fail."""
+    must fail; `accuracy`: more lines of its `accuracy:` section."""
     onnx.save(m, tmp_path / "m.onnx")
     np.savez(tmp_path / "x.npz", x=x)
     policy = tmp_path / "m.yaml"
     policy.write_text(
         f"version: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: {list(x.shape[1:])}\n"
-        "    data: {file: x.npz}\naccuracy:\n  samples: 1\n"
+        "    data: {file: x.npz}\naccuracy:\n  samples: 1\n" + accuracy
     )
     out = tmp_path / "out"
     assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
@@ -270,6 +270,29 @@ def test_an_output_whose_count_fp16_changes_fails_with_both_shapes_and_names_the
     assert point.outputs["vals"].shape_mismatch[0]["candidate"] == [differ["candidate"][1]]
     assert "<img" in (tmp_path / "out" / "report.html").read_text()  # its histograms drew
     assert "**FAIL**: shape [2, " in (tmp_path / "out" / "report.md").read_text()
+    junit = (tmp_path / "out" / "junit.xml").read_text()
+    assert "shape [2, " in junit and "no sample to measure: max_abs=inf" in junit, junit
+
+
+def test_a_count_the_quantization_alone_changes_is_said_in_the_split(tmp_path, capsys):
+    """Against the model before quantization: a Q/DQ of `y` (steps of 1/64) moves values
+    across 0.1 by itself, and the split says the quantized graph's shape, not a bare FAIL."""
+    m, x = _thresholded()
+    onnx.save(m, tmp_path / "original.onnx")
+    q = onnx.helper
+    m.graph.initializer.extend([onnx.numpy_helper.from_array(np.array(1 / 64, np.float32), "qs"),
+                                onnx.numpy_helper.from_array(np.array(0, np.int8), "qz")])  # fmt: skip
+    nodes = list(m.graph.node)
+    nodes[1].input[0] = "yd"  # the Greater reads the quantized y
+    nodes[1:1] = [q.make_node("QuantizeLinear", ["y", "qs", "qz"], ["yq"], name="q"),
+                  q.make_node("DequantizeLinear", ["yq", "qs", "qz"], ["yd"], name="dq")]  # fmt: skip
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    report = _built(tmp_path, m, x, "  reference_model: original.onnx\n")
+    alone = report["reference_model"]["outputs"]["idx"]["quantized_vs_original"]
+    assert alone["shape_mismatch"] and not alone["passed"], alone
+    said = capsys.readouterr().out
+    assert "idx: quantization alone shape [2, " in said, said
 
 
 def test_the_verdict_line_gives_both_shapes(tmp_path, capsys):

@@ -120,6 +120,8 @@ def test_the_error_is_the_statistic_the_outputs_tolerance_judges(tol, expected):
     out = ref + np.array([1.0, 0.0, 4.0, -2.0], np.float32)
     assert output_error(out, ref, tol) == pytest.approx(expected)
     assert output_error(np.array([np.inf, 2, 4, 3], np.float32), ref, tol) == np.inf
+    # a count the data decides (NonZero's) that is not FP32's: the worst, not a broadcast
+    assert output_error(np.array([1.0], np.float32), ref, tol) == np.inf
 
 
 def test_each_failing_output_counts_alike_and_ties_keep_the_maps_order():

@@ -23,7 +23,7 @@ from trtbuild.accuracy.report import (
     sections,
     tolerance_text,
 )
-from trtbuild.accuracy.sessions import shape_text
+from trtbuild.accuracy.sessions import shape_said, shape_text
 from trtbuild.words import first_few
 
 
@@ -158,9 +158,9 @@ def split_lines(split: Any, indent: str = "  ") -> list[str]:
         q = split.parts["quantized_vs_original"][name]
         h = split.parts["policy_vs_quantized"][name]
         lines.append(
-            f"{indent}{name}: quantization alone max_abs={fmt(q.max_abs)} "
+            f"{indent}{name}: quantization alone {shape_said(q)}max_abs={fmt(q.max_abs)} "
             f"median_abs={fmt(q.median_abs)} ({'pass' if q.passed else 'FAIL'}); FP16 part "
-            f"max_abs={fmt(h.max_abs)} median_abs={fmt(h.median_abs)}"
+            f"{shape_said(h)}max_abs={fmt(h.max_abs)} median_abs={fmt(h.median_abs)}"
         )
     failing = split.quantization_fails()
     if failing:
@@ -269,7 +269,7 @@ def junit(report: Report) -> str:
             failure = None
             if not m.passed:
                 failure = (
-                    f"max_abs={fmt(m.max_abs)} median_abs={fmt(m.median_abs)} "
+                    f"{shape_said(m)}max_abs={fmt(m.max_abs)} median_abs={fmt(m.median_abs)} "
                     f"nonfinite={m.nonfinite} ({tolerance_text(m)})"
                 )
             case = f"{name} @ {label}" if len(points) > 1 or report.skipped else name

@@ -258,12 +258,17 @@ def tolerance_text(m: OutputMetrics) -> str:
     return "; ".join(describe(c, e, m.tolerance) for c, e in m.checks.items())
 
 
+def _verdict_cell(m: OutputMetrics) -> str:
+    """pass, **FAIL**, or **FAIL** with both shapes where some sample's shape is not FP32's."""
+    said = f": {shape_text(m.shape_mismatch)}" if m.shape_mismatch else ""
+    return ("pass" if m.passed else "**FAIL**") + said
+
+
 def outputs_table(outputs: dict[str, OutputMetrics]) -> Table:
     rows = [
         (
             f"`{name}`",
-            ("pass" if m.passed else "**FAIL**")
-            + (f": {shape_text(m.shape_mismatch)}" if m.shape_mismatch else ""),
+            _verdict_cell(m),
             *(fmt(getattr(m, c)) for c in METRICS),
             tolerance_text(m),
         )
@@ -406,7 +411,7 @@ def _split_section(split: ErrorSplit) -> Section:
     from trtbuild.accuracy.breakdown import PARTS
 
     rows = [
-        (f"`{name}`", PARTS[part], "pass" if m.passed else "**FAIL**", fmt(m.max_abs),
+        (f"`{name}`", PARTS[part], _verdict_cell(m), fmt(m.max_abs),
          fmt(m.median_abs), fmt(m.max_abs_of_range), fmt(m.cosine), fmt(m.psnr), str(m.nonfinite))
         for name in split.parts["policy_vs_original"]
         for part, by_output in split.parts.items()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 import warnings
@@ -242,6 +243,18 @@ def shape_text(shapes: list[dict[str, Any]]) -> str:
     return (
         f"shape {d['candidate']} where FP32's is {d['reference']} (sample {d['sample']}{more}: "
         "a count the data decides)"
+    )
+
+
+def shape_said(m: Any) -> str:
+    """`shape [..] where FP32's is [..] (...); ` before an output's figures where some sample's
+    shape is not FP32's (the figures are then the other samples'), else nothing."""
+    shapes = getattr(m, "shape_mismatch", None)
+    if not shapes:
+        return ""
+    none = math.isinf(m.max_abs) and not m.nonfinite  # no sample had FP32's shape
+    return f"{shape_text(shapes)}; " + (
+        "no sample to measure: " if none else "figures where the shapes agree: "
     )
 
 
