@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -393,10 +395,15 @@ def test_a_weight_handed_out_as_an_output_is_made_by_a_node_under_its_own_name(t
     got = _run(prepared.model, {"x": x})
     np.testing.assert_array_equal(got[1], [1.0, -2.0, 3.0, 0.5])
     np.testing.assert_array_equal(got[2], [8.0, 16.0])
+    m.graph.initializer[0].CopyFrom(  # 1333.37 and 1e-6: no FP16 value either
+        onnx.numpy_helper.from_array(np.array([1333.37, -2.0, 3.0, 1e-6], np.float32), "w")
+    )
     onnx.save(m, tmp_path / "m.onnx")
     (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
     assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--backend", "none",
                  "--out", str(tmp_path / "out")]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["outputs"]["w"]["max_abs"] == 0  # handed out in FP32 (`weight-output`)
 
 
 def _contrib_conv(weight_type: int, bias: bool = False) -> onnx.ModelProto:

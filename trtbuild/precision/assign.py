@@ -344,10 +344,23 @@ def _into_bodies(
 
 def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: str) -> Decision:
     p = _followed(view, decisions, i)
+    if p is None and _hands_out_weights(view, i):
+        return _WEIGHT_OUT
     if p is None:
         return Decision(default, "default", f"policy default {default}")
     src = view.nodes[p].name
     return Decision(decisions[p].precision, "follows-input", f"moves data; follows {src}")
+
+
+def _hands_out_weights(view: GraphView, i: int) -> bool:
+    """Data movement of weights alone into graph outputs (a constant the model hands out,
+    `prepare`'s `weight_outputs`): a low copy would only round the values it hands out."""
+    ins, outs = view.float_inputs(i), view.float_outputs(i)
+    handed = set(view.outputs)
+    return bool(ins) and all(t in view.initializers for t in ins) and all(o in handed for o in outs)
+
+
+_WEIGHT_OUT = Decision("fp32", "weight-output", "hands a weight out as it is: FP32, unrounded")
 
 
 def _followed(view: GraphView, decisions: list[Decision], i: int) -> int | None:
