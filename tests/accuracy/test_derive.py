@@ -215,11 +215,17 @@ def test_synthetic_data_reading_a_whole_file_past_the_budget_is_exit_2(tmp_path,
 
 def test_an_inputs_file_may_be_one_npy_as_modelopt_calibrates_from(tmp_path):
     """`data: {file: calib.npy}` under an input: its one array is that input's, derived
-    at the other points as an .npz member is; a point's own file must name its inputs."""
+    at the other points as an .npz member is, and ModelOpt's layout (the batches one after
+    the other on the first axis, which the model fixes) is read as samples; a point's own
+    file must name its inputs."""
     np.save(tmp_path / "calib.npy", FRAMES[:, None])
     runs = _runs(_policy(tmp_path, data="{file: calib.npy}"))
     np.testing.assert_array_equal(runs["opt"].feeds[1]["x"][0], FRAMES[1])
     assert runs["min"].data["x"].source == "calib.npy cropped on axis 1 (5 -> 2)"
+    np.save(tmp_path / "calib.npy", FRAMES)  # ModelOpt's layout: [N*B, ...], the batch fixed
+    batches = _runs(_policy(tmp_path, data="{file: calib.npy}"))
+    assert len(batches["opt"].feeds) == 2
+    np.testing.assert_array_equal(batches["opt"].feeds[1]["x"][0], FRAMES[1])
     path = _policy(tmp_path, accuracy="shapes: {max: {data: {file: calib.npy}}}\n")
     with pytest.raises(UsageError, match=r"is one array \(\.npy\); a point's own file holds"):
         run_front(load_policy(path), reference="none")

@@ -10,7 +10,7 @@ synthetic data needs the file's statistics).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +69,28 @@ def plan(
             )
         _check_kind(policy, field, spec.name, member.dtype, np.dtype(dtypes[spec.name]))
         shape = shapes[spec.name]
+        member = batched(member, shape, model_dims[spec.name])
         every = derive.check(policy, spec, member.shape, shape, model_dims[spec.name], point)
         found[spec.name] = FileInput(spec.name, path, field, member, False, len(shape), every)
     return found
+
+
+def batched(member: npz.Member, shape: tuple[int, ...], model_dims: list) -> npz.Member:
+    """An array of the input's rank whose first axis is k times the batch the model fixes
+    (k > 1), read as k samples of that batch: ModelOpt's calibration layout (`[N*B, C, H,
+    W]`, split into N batches). The bytes of a row-major array are those samples already."""
+    fixed = model_dims[0] if model_dims else None
+    have = member.shape
+    if (
+        member.fortran
+        or len(have) != len(shape)
+        or not isinstance(fixed, int)
+        or fixed < 1
+        or have[0] == fixed
+        or have[0] % fixed
+    ):
+        return member
+    return replace(member, shape=(have[0] // fixed, fixed, *have[1:]))
 
 
 def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
