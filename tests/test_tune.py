@@ -609,3 +609,36 @@ def test_an_overflow_in_a_cast_the_conversion_added_pins_a_reader_of_its_value(t
     assert _overflowing_group(search, out) == group["reader"]
     search.pinned = sorted(group.values())
     assert _overflowing_group(search, cast) is None
+
+
+def test_a_count_fp16_changes_in_the_second_sample_is_named_there_by_every_trial(tmp_path, capsys):
+    """Two `Mul`s before `NonZero(y > 0.1)`; the second sample sits at 0.1, the first far from
+    it. Every failing trial (the later ones judge the sample that failed alone, first) names
+    the second sample and both shapes, and so does the pin's reason."""
+    import numpy as np
+    import onnx
+
+    from tests.helpers import I64, F, model, node
+
+    m = model(
+        [node("Mul", ["x", "one"], "y0", "scale0"),
+         node("Mul", ["y0", "one"], "y", "scale"),
+         node("Greater", ["y", "limit"], "above", "greater"),
+         node("NonZero", ["above"], "idx", "nonzero")],
+        [("x", F, [64, 64])], [("idx", I64, [2, "n"])],
+        {"one": np.array(1.0, np.float32), "limit": np.array(0.1, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    near = np.linspace(0.09, 0.11, 64 * 64, dtype=np.float32).reshape(1, 64, 64)
+    np.savez(tmp_path / "x.npz", x=np.concatenate([near + 0.5, near]))
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: [64, 64]\n"
+        "    data: {file: x.npz}\naccuracy:\n  samples: 2\n"
+    )
+    assert main(["tune", "--policy", str(policy), "-o", str(tmp_path / "t.yaml")]) == 0
+    said = "(sample 1: a count the data decides)"
+    assert "without it: idx: shape [2, " in capsys.readouterr().out
+    log = read_log(tmp_path / "t.log.jsonl")
+    failing = [t["failing"]["idx"] for t in log if not t["passed"]]
+    assert len(failing) >= 2 and all(said in f for f in failing), failing

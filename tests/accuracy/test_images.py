@@ -176,6 +176,7 @@ def test_an_integer_image_input_is_fed_the_pixels_themselves(tmp_path):
     [
         ("{images: images, scale: 0.5}", onnx.TensorProto.UINT8, "inputs.img.data.scale: "),
         ("{images: images, mean: 127}", onnx.TensorProto.UINT8, "inputs.img.data.mean: "),
+        ("{images: images, std: [1, 2, 1]}", onnx.TensorProto.UINT8, "inputs.img.data.std: "),
         ("{images: images}", onnx.TensorProto.INT8, "is int8, which cannot hold pixels 0 to 255"),
     ],
 )

@@ -300,6 +300,8 @@ def test_the_verdict_line_gives_both_shapes(tmp_path, capsys):
     _built(tmp_path, m, x)
     said = capsys.readouterr().out
     assert "idx: FAIL  shape [2, " in said and "where FP32's is [2, " in said, said
+    line = next(x for x in said.splitlines() if "idx: FAIL" in x)
+    assert "max_abs" not in line, line  # its one sample has another shape: no figure to give
 
 
 @pytest.mark.parametrize(
@@ -316,3 +318,35 @@ def test_a_selection_counts_the_tuples_chosen_by_one_side_only(ref, got, axis, w
 
     differ, counts = _selected(np.asarray(ref, np.int64), np.asarray(got, np.int64), axis)
     assert (differ, counts["of"], counts["chosen"]) == want
+
+
+def test_a_non_max_suppression_that_keeps_fewer_boxes_is_named_with_both_counts(tmp_path):
+    """200 disjoint boxes scored across the 0.1 threshold (0.0999 to 0.1001): FP16 rounds
+    the scores, keeps other boxes than FP32 (its rows: batch, class, box) and the first
+    divergence names the `NonMaxSuppression`, with both counts."""
+    n = 200
+    m = model(
+        [node("Mul", ["s", "one"], "scores", "scale"),
+         node("NonMaxSuppression", ["boxes", "scores", "most", "iou", "limit"], "sel", "nms")],
+        [("boxes", F, [1, n, 4]), ("s", F, [1, 1, n])],
+        [("sel", I64, ["k", 3])],
+        {"one": np.array(1.0, np.float32), "most": np.array([n], np.int64),
+         "iou": np.array([0.5], np.float32), "limit": np.array([0.1], np.float32)},
+    )  # fmt: skip
+    corner = np.arange(n, dtype=np.float32)[:, None] * 10
+    boxes = np.concatenate([corner, corner, corner + 5, corner + 5], 1)[None, None]
+    scores = np.linspace(0.0999, 0.1001, n, dtype=np.float32).reshape(1, 1, 1, n)
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", boxes=boxes, s=scores)
+    policy = tmp_path / "m.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: m.onnx\ninputs:\n  boxes:\n    shape: [1, {n}, 4]\n"
+        f"    data: {{file: x.npz}}\n  s:\n    shape: [1, 1, {n}]\n    data: {{file: x.npz}}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
+    report = json.loads((out / "report.json").read_text())
+    (differ,) = report["outputs"]["sel"]["shape_mismatch"]
+    decision = report["first_divergence"]["decision"]
+    assert decision["node"] == "nms" and decision["of"] == differ["reference"][0], decision
+    assert decision["chosen"] == differ["candidate"][0] != decision["of"], decision
