@@ -508,3 +508,47 @@ def test_an_int4_contrib_dq_in_a_body_or_behind_a_constant_still_reaches_opset_2
         np.testing.assert_array_equal(
             _run(prepared.model, {"x": x, **feed})[0], [[0.5, -1, 1.5, -2]]
         )
+
+
+def test_a_contrib_q_known_as_int4_by_its_zero_point_alone_reaches_opset_21():
+    """A Q's output type is its zero point's: an INT4 zero point (no value_info says the
+    Q's output type) takes the graph to opset 21, where ONNX's Q/DQ hold INT4; at 19
+    ONNX Runtime refused the model it had run."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers import F
+
+    z = helper.make_tensor("z", TensorProto.INT4, [], [0])
+    s = numpy_helper.from_array(np.array(0.25, np.float32), "s")
+    nodes = [
+        helper.make_node(
+            "QuantizeLinear", ["x", "s", "z"], ["q"], name="q", domain="com.microsoft"
+        ),
+        helper.make_node(
+            "DequantizeLinear", ["q", "s", "z"], ["y"], name="dq", domain="com.microsoft"
+        ),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4])],
+                              [helper.make_tensor_value_info("y", F, [1, 4])], [z, s])  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    prepared = prepare(helper.make_model(graph, opset_imports=opsets), Passes())
+    assert opset_of(prepared.model) == 21
+    x = np.array([[0.3, -0.6, 5.0, 0.1]], np.float32)  # 5.0 saturates at 7 steps: 1.75
+    np.testing.assert_array_equal(_run(prepared.model, {"x": x})[0], [[0.25, -0.5, 1.75, 0.0]])
+
+
+def test_a_weight_handed_out_twice_is_made_once():
+    """One `Identity` for a weight the outputs name twice, both slots holding its values."""
+    from onnx import helper
+
+    from tests.helpers import F, model, node
+
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [2])], [("y", F, [2]), ("w", F, [2])],
+              {"w": np.array([1.5, -2.0], np.float32)})  # fmt: skip
+    m.graph.output.append(helper.make_tensor_value_info("w", F, [2]))
+    prepared = prepare(m, Passes())
+    onnx.checker.check_model(prepared.model, full_check=True)
+    assert [n.op_type for n in prepared.model.graph.node].count("Identity") == 1
+    got = _run(prepared.model, {"x": np.array([1.0, -1.0], np.float32)})
+    np.testing.assert_array_equal(got[1], [1.5, -2.0])
+    np.testing.assert_array_equal(got[2], [1.5, -2.0])
