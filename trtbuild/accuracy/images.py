@@ -244,7 +244,7 @@ def _raw_pixels(policy: Policy, spec: InputSpec, dtype: np.dtype, field: str) ->
     are: a scale, mean or std would make fractions it cannot hold, and a type that cannot hold
     0 to 255 would wrap them."""
     img = spec.data.images
-    if dtype == np.bool_ or not np.issubdtype(dtype, np.integer) or np.iinfo(dtype).max < 255:
+    if not np.issubdtype(dtype, np.integer) or np.iinfo(dtype).max < 255:  # bool, int8
         raise UsageError(
             f"{field}.images: input '{spec.name}' is {dtype.name}, which cannot hold pixels 0 to 255",
             where=policy.where,
@@ -255,7 +255,8 @@ def _raw_pixels(policy: Policy, spec: InputSpec, dtype: np.dtype, field: str) ->
         "mean": any(img.mean),
         "std": any(v != 1.0 for v in img.std),
     }
-    for key in (k for k, set_ in given.items() if set_):
+    key = next((k for k, changes in given.items() if changes), None)
+    if key is not None:
         raise UsageError(
             f"{field}.{key}: input '{spec.name}' is {dtype.name}: the pixels are fed as they "
             "are (0 to 255), and a scale, mean or std would make fractions it cannot hold",
