@@ -222,10 +222,36 @@ def test_an_inputs_file_may_be_one_npy_as_modelopt_calibrates_from(tmp_path):
     runs = _runs(_policy(tmp_path, data="{file: calib.npy}"))
     np.testing.assert_array_equal(runs["opt"].feeds[1]["x"][0], FRAMES[1])
     assert runs["min"].data["x"].source == "calib.npy cropped on axis 1 (5 -> 2)"
-    np.save(tmp_path / "calib.npy", FRAMES)  # ModelOpt's layout: [N*B, ...], the batch fixed
-    batches = _runs(_policy(tmp_path, data="{file: calib.npy}"))
-    assert len(batches["opt"].feeds) == 2
-    np.testing.assert_array_equal(batches["opt"].feeds[1]["x"][0], FRAMES[1])
+    for order in ("C", "F"):  # ModelOpt's layout: [N*B, ...], the batch fixed; either order
+        np.save(tmp_path / "calib.npy", np.asarray(FRAMES, order=order))
+        batches = _runs(_policy(tmp_path, data="{file: calib.npy}"))
+        assert len(batches["opt"].feeds) == 2
+        np.testing.assert_array_equal(batches["opt"].feeds[1]["x"][0], FRAMES[1])
+        np.testing.assert_array_equal(batches["min"].feeds[1]["x"][0], FRAMES[1, :2])
     path = _policy(tmp_path, accuracy="shapes: {max: {data: {file: calib.npy}}}\n")
     with pytest.raises(UsageError, match=r"is one array \(\.npy\); a point's own file holds"):
         run_front(load_policy(path), reference="none")
+
+
+def test_an_array_shaped_like_the_input_stays_one_sample_for_all_beside_a_batched_one(tmp_path):
+    """`s` shaped like its input (batch 1) is the same in every sample; `x` in ModelOpt's
+    layout (3 batches of 1) gives the samples; an empty `x` is named by its own shape."""
+    m = model(
+        [node("Mul", ["x", "s"], "y", "mul")],
+        [("x", F, [1, 3]), ("s", F, [1, 3])],
+        [("y", F, [1, 3])],
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    np.savez(tmp_path / "d.npz", x=x, s=np.full((1, 3), 2.0, np.float32))
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {data: {file: d.npz}}\n"
+        "  s: {data: {file: d.npz}}\naccuracy:\n  samples: 8\n"
+    )
+    (run,) = run_front(load_policy(policy), reference="none").shapes
+    assert [f["x"].tolist() for f in run.feeds] == [[r] for r in x.tolist()]
+    assert all(f["s"].tolist() == [[2.0, 2.0, 2.0]] for f in run.feeds)
+    np.savez(tmp_path / "d.npz", x=np.zeros((0, 3), np.float32), s=np.ones((1, 3), np.float32))
+    with pytest.raises(UsageError, match=r"array 'x' has 0 on axis 0"):
+        run_front(load_policy(policy), reference="none")

@@ -77,20 +77,17 @@ def plan(
 
 def batched(member: npz.Member, shape: tuple[int, ...], model_dims: list) -> npz.Member:
     """An array of the input's rank whose first axis is k times the batch the model fixes
-    (k > 1), read as k samples of that batch: ModelOpt's calibration layout (`[N*B, C, H,
-    W]`, split into N batches). The bytes of a row-major array are those samples already."""
-    fixed = model_dims[0] if model_dims else None
-    have = member.shape
-    if (
-        member.fortran
-        or len(have) != len(shape)
-        or not isinstance(fixed, int)
-        or fixed < 1
-        or have[0] == fixed
-        or have[0] % fixed
-    ):
+    (k > 1), its other axes the point's (or on axes the model leaves free), read as k
+    samples of that batch: ModelOpt's calibration layout (`[N*B, C, H, W]`, N batches)."""
+    have, fixed = member.shape, (model_dims[0] if model_dims else None)
+    if len(have) != len(shape) or not isinstance(fixed, int) or fixed < 1 or not have[0]:
         return member
-    return replace(member, shape=(have[0] // fixed, fixed, *have[1:]))
+    if have[0] == fixed or have[0] % fixed:
+        return member
+    rest = zip(have[1:], shape[1:], model_dims[1:])
+    if any(h != s and isinstance(d, int) for h, s, d in rest):
+        return member  # another axis the model fixes differs: the user's to fix, as given
+    return replace(member, shape=(have[0] // fixed, fixed, *have[1:]), stored=have)
 
 
 def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ class Member:
     dtype: np.dtype
     fortran: bool  # column-major: its leading axis is not contiguous
     bare: bool = False  # the file is this one `.npy`, not a member of an .npz
+    stored: tuple[int, ...] | None = None  # the header's shape, where `shape` splits its axis 0
 
     def sample_bytes(self) -> int:
         """Bytes of one entry of the leading axis (of the whole array if it is 0-d)."""
@@ -91,8 +92,9 @@ def read(path: Path, member: Member, count: int | None = None) -> np.ndarray:
 
 def _after_header(f, member: Member, whole: bool, count: int | None) -> np.ndarray:
     _header(f, member.name)
-    if member.fortran:
-        arr = _rest(f, member, None)
+    if member.fortran:  # read whole in the header's shape, then split and cut as asked
+        arr = _rest(f, replace(member, shape=member.stored or member.shape), None)
+        arr = arr.reshape(member.shape)
         return arr if whole else arr[:count]
     return _rest(f, member, None if whole else count)
 
