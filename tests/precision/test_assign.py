@@ -202,3 +202,24 @@ def test_an_fp64_node_keeps_its_type_and_says_so():
     decided = _decided(m)
     assert decided["square"].precision is None and "FP64" in decided["square"].reason
     assert decided["shape"].reason == "produces no floating-point tensor"
+
+
+def test_only_a_weight_handed_out_as_it_is_stays_fp32():
+    """A weight's `Identity` into an output no node reads is FP32 (rule `weight-output`); an
+    embedding lookup by an input (`Gather(w, ids)`), or what other nodes read on, is not."""
+    w = np.linspace(-3, 3, 12, dtype=np.float32).reshape(4, 3)
+    m = model(
+        [node("Identity", ["w"], "handed", "copy"),
+         node("Gather", ["w", "ids"], "e", "embed", axis=0),
+         node("Concat", ["e", "x"], "c", "cat", axis=0),
+         node("Reshape", ["w", "shape"], "flat", "flatten"),
+         node("Mul", ["flat", "two"], "y", "twice")],
+        [("ids", TensorProto.INT64, [2]), ("x", F, [1, 3])],
+        [("handed", F, [4, 3]), ("e", F, [2, 3]), ("c", F, [3, 3]), ("flat", F, [12]),
+         ("y", F, [12])],
+        {"w": w, "shape": np.array([12], np.int64), "two": np.array(2.0, np.float32)},
+    )  # fmt: skip
+    decided = _decided(m)
+    assert (decided["copy"].precision, decided["copy"].rule) == ("fp32", "weight-output")
+    assert decided["embed"].precision == decided["cat"].precision == "fp16"
+    assert decided["flatten"].precision == "fp16"  # the Mul reads it on: not handed out alone

@@ -353,11 +353,17 @@ def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: s
 
 
 def _hands_out_weights(view: GraphView, i: int) -> bool:
-    """Data movement of weights alone into graph outputs (a constant the model hands out,
-    `prepare`'s `weight_outputs`): a low copy would only round the values it hands out."""
-    ins, outs = view.float_inputs(i), view.float_outputs(i)
+    """Data movement of weights alone (every input a weight) into graph outputs that no node
+    reads (a constant the model hands out, `prepare`'s `weight_outputs`): a low copy would
+    only round the values it hands out. Not a lookup by an input (an embedding's `Gather`),
+    nor what other nodes read on."""
+    ins, outs = [t for t in view.nodes[i].input if t], view.float_outputs(i)
     handed = set(view.outputs)
-    return bool(ins) and all(t in view.initializers for t in ins) and all(o in handed for o in outs)
+    return (
+        bool(ins)
+        and all(t in view.initializers for t in ins)
+        and all(o in handed and not view.consumers.get(o) for o in outs)
+    )
 
 
 _WEIGHT_OUT = Decision("fp32", "weight-output", "hands a weight out as it is: FP32, unrounded")
