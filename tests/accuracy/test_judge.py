@@ -293,6 +293,28 @@ def test_a_count_the_quantization_alone_changes_is_said_in_the_split(tmp_path, c
     assert alone["shape_mismatch"] and not alone["passed"], alone
     said = capsys.readouterr().out
     assert "idx: quantization alone shape [2, " in said, said
+    assert "where the original model's is [2, " in said, said
+    md = (tmp_path / "out" / "report.md").read_text()
+    row = next(x for x in md.splitlines() if x.startswith("| `idx` | quantization alone"))
+    assert "**FAIL**: shape [2, " in row and "where the original model's is" in row, row
+
+
+def test_the_samples_whose_shapes_agree_give_the_figures_and_say_so(tmp_path, capsys):
+    """Two samples, the first far from the threshold (the same count as FP32's), the second
+    at it: the figures are the first sample's, and the line and junit.xml say so."""
+    m, x = _thresholded()
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.concatenate([x + 0.5, x]))
+    policy = tmp_path / "m.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: [64, 64]\n"
+        "    data: {file: x.npz}\naccuracy:\n  samples: 2\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if "idx: FAIL" in x)
+    assert "(sample 1: a count the data decides); figures where the shapes agree: max_abs=" in line
+    assert "figures where the shapes agree: max_abs=" in (out / "junit.xml").read_text()
 
 
 def test_the_verdict_line_gives_both_shapes(tmp_path, capsys):

@@ -500,8 +500,14 @@ def test_an_int4_contrib_dq_in_a_body_or_behind_a_constant_still_reaches_opset_2
         [helper.make_node("If", ["c"], ["out"], name="if", then_branch=branch, else_branch=other)],
         "g", [io[0][0], cond], [helper.make_tensor_value_info("out", F, [1, 4])], [w, ws],
     )  # fmt: skip
+    own = helper.make_graph([dq, mul], "then", [], io[1], [w])  # the body's own weight
+    body_weight = helper.make_graph(
+        [helper.make_node("If", ["c"], ["out"], name="if", then_branch=own, else_branch=other)],
+        "g", [io[0][0], cond], [helper.make_tensor_value_info("out", F, [1, 4])], [ws],
+    )  # fmt: skip
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    for graph, feed in ((behind_constant, {}), (in_body, {"c": np.array(True)})):
+    cases = ((behind_constant, {}), (in_body, {"c": np.array(True)}))
+    for graph, feed in (*cases, (body_weight, {"c": np.array(True)})):
         prepared = prepare(helper.make_model(graph, opset_imports=opsets), Passes())
         assert opset_of(prepared.model) == 21
         x = np.ones((1, 4), np.float32)

@@ -26,6 +26,12 @@ PARTS = {
     "quantized_vs_original": "quantization alone (quantized graph in FP32 against the original)",
     "policy_vs_quantized": "FP16 part (policy against the quantized graph in FP32)",
 }
+# What each part is compared with, in the words of a shape that differs from it
+AGAINST = {
+    "policy_vs_original": "the original model's",
+    "quantized_vs_original": "the original model's",
+    "policy_vs_quantized": "the quantized graph's in FP32",
+}
 
 
 @dataclass

@@ -151,16 +151,20 @@ def verdict_line(report: Report) -> str:
 def split_lines(split: Any, indent: str = "  ") -> list[str]:
     """With `accuracy.reference_model`: each output's error split into the quantization's
     own and the FP16 part, and the outputs no FP32 pin can fix."""
+    from trtbuild.accuracy.breakdown import AGAINST
+
     if split is None:
         return []
     lines = []
     for name in split.parts["policy_vs_original"]:
         q = split.parts["quantized_vs_original"][name]
         h = split.parts["policy_vs_quantized"][name]
+        alone = shape_said(q, AGAINST["quantized_vs_original"])
+        part = shape_said(h, AGAINST["policy_vs_quantized"])
         lines.append(
-            f"{indent}{name}: quantization alone {shape_said(q)}max_abs={fmt(q.max_abs)} "
+            f"{indent}{name}: quantization alone {alone}max_abs={fmt(q.max_abs)} "
             f"median_abs={fmt(q.median_abs)} ({'pass' if q.passed else 'FAIL'}); FP16 part "
-            f"{shape_said(h)}max_abs={fmt(h.max_abs)} median_abs={fmt(h.median_abs)}"
+            f"{part}max_abs={fmt(h.max_abs)} median_abs={fmt(h.median_abs)}"
         )
     failing = split.quantization_fails()
     if failing:
@@ -196,7 +200,7 @@ def _output_line(name: str, m: Any, indent: str = "  ") -> str:
         head += shape_text(shapes) + "; "
         if math.isinf(m.max_abs) and not m.nonfinite:  # no sample had FP32's shape
             return head + tail
-        head += "where the shapes agree "
+        head += "figures where the shapes agree: "
     return (
         f"{head}max_abs={fmt(m.max_abs)} ({fmt(m.max_abs_of_range)} of its range)  "
         f"median_abs={fmt(m.median_abs)}  nonfinite={m.nonfinite}  {tail}"

@@ -258,9 +258,10 @@ def tolerance_text(m: OutputMetrics) -> str:
     return "; ".join(describe(c, e, m.tolerance) for c, e in m.checks.items())
 
 
-def _verdict_cell(m: OutputMetrics) -> str:
-    """pass, **FAIL**, or **FAIL** with both shapes where some sample's shape is not FP32's."""
-    said = f": {shape_text(m.shape_mismatch)}" if m.shape_mismatch else ""
+def _verdict_cell(m: OutputMetrics, theirs: str = "FP32's") -> str:
+    """pass, **FAIL**, or **FAIL** with both shapes where some sample's shape is not
+    `theirs` (what it was compared with)."""
+    said = f": {shape_text(m.shape_mismatch, theirs)}" if m.shape_mismatch else ""
     return ("pass" if m.passed else "**FAIL**") + said
 
 
@@ -408,10 +409,10 @@ def sections(report: Report) -> list[Section]:
 
 def _split_section(split: ErrorSplit) -> Section:
     """Each output's error against the model before quantization, and its two parts."""
-    from trtbuild.accuracy.breakdown import PARTS
+    from trtbuild.accuracy.breakdown import AGAINST, PARTS
 
     rows = [
-        (f"`{name}`", PARTS[part], _verdict_cell(m), fmt(m.max_abs),
+        (f"`{name}`", PARTS[part], _verdict_cell(m, AGAINST[part]), fmt(m.max_abs),
          fmt(m.median_abs), fmt(m.max_abs_of_range), fmt(m.cosine), fmt(m.psnr), str(m.nonfinite))
         for name in split.parts["policy_vs_original"]
         for part, by_output in split.parts.items()

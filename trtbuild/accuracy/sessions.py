@@ -235,25 +235,25 @@ class OutputMetrics:
         return out
 
 
-def shape_text(shapes: list[dict[str, Any]]) -> str:
+def shape_text(shapes: list[dict[str, Any]], theirs: str = "FP32's") -> str:
     """`shape [3300, 2] where FP32's is [3311, 2] (sample 0)`: the first sample whose
-    shape differs, and how many more."""
+    shape differs, and how many more; `theirs`: what it was compared with."""
     d = shapes[0]
     more = f" and {len(shapes) - 1} more" if len(shapes) > 1 else ""
     return (
-        f"shape {d['candidate']} where FP32's is {d['reference']} (sample {d['sample']}{more}: "
-        "a count the data decides)"
+        f"shape {d['candidate']} where {theirs} is {d['reference']} (sample {d['sample']}"
+        f"{more}: a count the data decides)"
     )
 
 
-def shape_said(m: Any) -> str:
+def shape_said(m: Any, theirs: str = "FP32's") -> str:
     """`shape [..] where FP32's is [..] (...); ` before an output's figures where some sample's
     shape is not FP32's (the figures are then the other samples'), else nothing."""
     shapes = getattr(m, "shape_mismatch", None)
     if not shapes:
         return ""
     none = math.isinf(m.max_abs) and not m.nonfinite  # no sample had FP32's shape
-    return f"{shape_text(shapes)}; " + (
+    return f"{shape_text(shapes, theirs)}; " + (
         "no sample to measure: " if none else "figures where the shapes agree: "
     )
 
