@@ -311,7 +311,7 @@ def _not_run_by_tensorrt(policy: Policy, analysis: Analysis) -> None:
     from trtbuild.graph.qdq import INTEGER_FIX, integer
 
     kinds = (
-        ("ONNX Runtime's dynamic or QOperator quantization", INTEGER_FIX, integer),
+        ("ONNX Runtime's dynamic, QOperator or weight-only quantization", INTEGER_FIX, integer),
         ("ONNX Runtime's own ops", RUNTIME_ONLY_FIX, runtime_only),
         ("ONNX-ML's classic ML ops", CLASSIC_ML_FIX, classic_ml),
     )

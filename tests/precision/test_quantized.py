@@ -295,8 +295,32 @@ def test_onnx_runtimes_integer_quantization_is_exit_2_before_any_work(
     policy = _policy(tmp_path, quantized, f"{stem}_int8")
     assert main(["check", "--policy", str(policy)]) == 2
     err = capsys.readouterr().err
-    assert "ONNX Runtime's dynamic or QOperator quantization" in err and kinds in err
-    assert "QuantFormat.QDQ" in err and "Traceback" not in err and err.count("\n") == 1
+    assert "ONNX Runtime's dynamic, QOperator or weight-only quantization" in err
+    assert kinds in err and "QuantFormat.QDQ" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_onnx_runtimes_weight_only_matmulnbits_is_exit_2_with_modelopts_int4(tmp_path, capsys):
+    """`MatMulNBits` (ONNX Runtime's INT4 block-quantized MatMul, onnxruntime-genai's LLMs):
+    TensorRT runs no `com.microsoft` op; the fix names ModelOpt's INT4 (block DQs)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k = n = 64
+    node = helper.make_node("MatMulNBits", ["x", "b", "s"], ["y"], name="mm",
+                            domain="com.microsoft", K=k, N=n, bits=4, block_size=32)  # fmt: skip
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [numpy_helper.from_array(np.full((n, 2, 16), 0x88, np.uint8), "b"),
+         numpy_helper.from_array(np.full(2 * n, 0.01, np.float32), "s")],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "weight-only quantization (com.microsoft::MatMulNBits" in err, err
+    assert "--quantize_mode int4" in err, err
 
 
 def fp8_conv() -> onnx.ModelProto:

@@ -83,16 +83,20 @@ INTEGER_OPS = frozenset(
     | {"MulInteger", "ReduceSumInteger", "MatMulInteger16", "QOrderedMatMul"}
     | {"QOrderedLayerNormalization", "QOrderedGelu", "QOrderedAttention"}
     | {"QOrderedLongformerAttention"}
+    # weight-only: its INT4/INT8 block-quantized MatMul and Gather (onnxruntime-genai's LLMs)
+    | {"MatMulNBits", "MatMulBnb4", "GatherBlockQuantized"}
 )
 INTEGER_FIX = (
     "quantize the FP32 model with Q/DQ nodes, which TensorRT runs: ModelOpt (python -m "
-    "modelopt.onnx.quantization), or ONNX Runtime's quantize_static(..., "
+    "modelopt.onnx.quantization; --quantize_mode int4 for INT4 weights, block-quantized "
+    "DequantizeLinear), or ONNX Runtime's quantize_static(..., "
     "quant_format=QuantFormat.QDQ); or give the FP32 model"
 )
 
 
 def integer(node: NodeProto) -> bool:
-    """Whether a node is of ONNX Runtime's dynamic or QOperator quantization (`INTEGER_OPS`)."""
+    """Whether a node is of ONNX Runtime's dynamic, QOperator or weight-only quantization
+    (`INTEGER_OPS`)."""
     return node.op_type in INTEGER_OPS
 
 
