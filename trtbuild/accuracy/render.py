@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from trtbuild.accuracy.report import (
     sections,
     tolerance_text,
 )
-from trtbuild.accuracy.sessions import shape_said, shape_text
+from trtbuild.accuracy.sessions import no_sample_agrees, shape_said, shape_text
 from trtbuild.words import first_few
 
 
@@ -195,12 +194,9 @@ def masked_lines(report: Report) -> list[str]:
 def _output_line(name: str, m: Any, indent: str = "  ") -> str:
     head = f"{indent}{name}: {'pass' if m.passed else 'FAIL'}  "
     tail = f"[{tolerance_text(m)}]"
-    shapes = getattr(m, "shape_mismatch", None)
-    if shapes:
-        head += shape_text(shapes) + "; "
-        if math.isinf(m.max_abs) and not m.nonfinite:  # no sample had FP32's shape
-            return head + tail
-        head += "figures where the shapes agree: "
+    if no_sample_agrees(m):
+        return f"{head}{shape_text(m.shape_mismatch)}; {tail}"
+    head += shape_said(m)
     return (
         f"{head}max_abs={fmt(m.max_abs)} ({fmt(m.max_abs_of_range)} of its range)  "
         f"median_abs={fmt(m.median_abs)}  nonfinite={m.nonfinite}  {tail}"

@@ -252,10 +252,16 @@ def shape_said(m: Any, theirs: str = "FP32's") -> str:
     shapes = getattr(m, "shape_mismatch", None)
     if not shapes:
         return ""
-    none = math.isinf(m.max_abs) and not m.nonfinite  # no sample had FP32's shape
     return f"{shape_text(shapes, theirs)}; " + (
-        "no sample to measure: " if none else "figures where the shapes agree: "
+        "no sample to measure: " if no_sample_agrees(m) else "figures where the shapes agree: "
     )
+
+
+def no_sample_agrees(m: Any) -> bool:
+    """Every sample's shape differs from the reference's: no figure was measured (each is
+    inf, with no value non-finite)."""
+    shapes = getattr(m, "shape_mismatch", None)
+    return bool(shapes) and math.isinf(m.max_abs) and not m.nonfinite
 
 
 def finite_or_str(v: Any) -> Any:
