@@ -226,6 +226,10 @@ def test_an_inputs_file_may_be_one_npy_as_modelopt_calibrates_from(tmp_path):
         np.save(tmp_path / "calib.npy", np.asarray(FRAMES, order=order))
         batches = _runs(_policy(tmp_path, data="{file: calib.npy}"))
         assert len(batches["opt"].feeds) == 2
+        assert (
+            batches["opt"].data["x"].source
+            == "calib.npy (its first axis, 2, read as 2 batches of 1)"
+        )
         np.testing.assert_array_equal(batches["opt"].feeds[1]["x"][0], FRAMES[1])
         np.testing.assert_array_equal(batches["min"].feeds[1]["x"][0], FRAMES[1, :2])
     path = _policy(tmp_path, accuracy="shapes: {max: {data: {file: calib.npy}}}\n")

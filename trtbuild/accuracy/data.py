@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from trtbuild.accuracy import derive, files
+from trtbuild.accuracy import derive, files, npz
 from trtbuild.accuracy.images import Decoded, image_layout, image_paths, point_images
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
 from trtbuild.accuracy.sessions import quiet_polygraphy
@@ -251,11 +251,21 @@ def _given(
                 given[name], sources[name] = derive.fit(
                     policy, specs[name], arr, shape, model_dims[name], point
                 )
+                sources[name] = _split_said(sources[name], f.member)
         elif name in plan.images:
             given[name], sources[name] = point_images(
                 policy, specs[name], shape, decoded, plan.count, dtypes[name]
             )
     return given, sources
+
+
+def _split_said(source: InputData, member: npz.Member) -> InputData:
+    """The source, saying where a file's first axis was read as batches (ModelOpt's layout)."""
+    if member.stored is None:
+        return source
+    k, batch = member.shape[0], member.shape[1]
+    said = f"{source.source} (its first axis, {member.stored[0]}, read as {k} batches of {batch})"
+    return InputData(source.kind, said)
 
 
 def _random_source(data: DataSpec, dtype, normal: bool) -> InputData:
