@@ -126,8 +126,9 @@ class Divergence:
         op: its op type.
         tensor: the tensor's name.
         reason: what crossed (the relative error, or a non-finite value).
-        decision: the ArgMax, ArgMin or TopK whose indices it reads (through integer-only
-            nodes) where some are not FP32's; None otherwise.
+        decision: the decision (ArgMax, ArgMin, TopK, NonZero, NonMaxSuppression) whose
+            indices it reads (through integer-only nodes), or is, where some are not FP32's;
+            None otherwise.
     """
 
     node: str | None = None

@@ -61,7 +61,7 @@ def plan(
         found_in = _members(policy, path, field)
         member = found_in.get(spec.name) or found_in.get(npz.BARE)
         if member is None:
-            keys = ", ".join(_members(policy, path, field))
+            keys = ", ".join(found_in)
             raise UsageError(
                 f"{field}: {path.name} has no array '{spec.name}'",
                 where=policy.where,

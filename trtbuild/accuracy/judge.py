@@ -56,7 +56,9 @@ from trtbuild.accuracy.sessions import (
     OutputMetrics,
     finite_or_str,
     metrics,
+    same_shaped,
     shape_text,
+    unmeasured,
 )
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
 from trtbuild.graph.optypes import INTEGER_TYPES, SELECTIONS
@@ -530,21 +532,18 @@ def _joined_metrics(ref_iters: list, iterations: list, name: str) -> dict[str, A
     fails such a sample without a figure; where no sample has FP32's shape, every error
     figure is the worst there is (inf) and the cosine 0.
     """
-    pairs = [(np.asarray(r[name]), np.asarray(o[name])) for r, o in zip(ref_iters, iterations)]
-    same = [(r.ravel(), o.ravel()) for r, o in pairs if r.shape == o.shape]
+    shapes = [(np.shape(r[name]), np.shape(o[name])) for r, o in zip(ref_iters, iterations)]
     mismatch = [
-        {"sample": k, "reference": list(r.shape), "candidate": list(o.shape)}
-        for k, (r, o) in enumerate(pairs)
-        if r.shape != o.shape
+        {"sample": k, "reference": list(r), "candidate": list(o)}
+        for k, (r, o) in enumerate(shapes)
+        if r != o
     ]
-    if same:
-        found = metrics(np.concatenate([r for r, _ in same]), np.concatenate([o for _, o in same]))
-    else:
-        found = {**dict.fromkeys(_FIGURES, float("inf")), "nonfinite": 0}
+    same = same_shaped(ref_iters, iterations, name)
+    if not same:
+        return {**unmeasured(), "shape_mismatch": mismatch, "measured": False}
+    found = metrics(np.concatenate([r.ravel() for r, _ in same]),
+                    np.concatenate([o.ravel() for _, o in same]))  # fmt: skip
     return {**found, "shape_mismatch": mismatch}
-
-
-_FIGURES = ("max_abs", "mean_abs", "median_abs", "p99_abs", "max_rel", "max_abs_of_range")
 
 
 def boundary_casts(
@@ -744,7 +743,8 @@ def decided(
     """
     if not flipped or (first is None and not failing):
         return first
-    reads = _decisions_read(mixed, flipped)
+    made = {o: n for n in mixed.graph.node for o in n.output}
+    reads = _decisions_read(mixed, flipped, made)
     if first is not None:
         node = next((n for n in mixed.graph.node if n.name == first["node"]), None)
         d = reads(list(node.input) if node is not None else [])
@@ -753,7 +753,6 @@ def decided(
         counted = f"{d['differ']} of {d['of']} of which are not FP32's"
         said = f"; it reads the indices {d['node']} ({d['op']}) chose, {_counted(d, counted)}"
         return {**first, "reason": first["reason"] + said, "decision": d}
-    made = {o: n for n in mixed.graph.node for o in n.output}
     found = [  # the output itself, or what its node reads (a Gather of the chosen indices)
         d
         for d in (reads([o, *(made[o].input if o in made else ())]) for o in failing)
@@ -782,11 +781,11 @@ def _counted(d: dict[str, Any], counted: str) -> str:
 
 
 def _decisions_read(
-    mixed: onnx.ModelProto, flipped: dict[str, dict[str, Any]]
+    mixed: onnx.ModelProto, flipped: dict[str, dict[str, Any]], made: dict[str, onnx.NodeProto]
 ) -> Callable[[list[str]], dict[str, Any] | None]:
-    """A search up from some tensors, through integer-only values, for a flipped decision."""
+    """A search up from some tensors, through integer-only values, for a flipped decision
+    (`made`: each value's maker)."""
     graph = mixed.graph
-    made = {o: n for n in graph.node for o in n.output}
     ends = (*graph.input, *graph.value_info, *graph.output)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in ends}
 

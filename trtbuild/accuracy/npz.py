@@ -58,8 +58,7 @@ def members(path: Path) -> dict[str, Member]:
         with open(path, "rb") as f:
             if f.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX:
                 f.seek(0)
-                found = _header(f, BARE)
-                return {BARE: Member(BARE, found.shape, found.dtype, found.fortran, bare=True)}
+                return {BARE: replace(_header(f, BARE), bare=True)}
         with zipfile.ZipFile(path) as zf:
             found = {}
             for info in zf.infolist():

@@ -22,7 +22,7 @@ from trtbuild.accuracy.report import (
     sections,
     tolerance_text,
 )
-from trtbuild.accuracy.sessions import no_sample_agrees, shape_said, shape_text
+from trtbuild.accuracy.sessions import shape_said, shape_text
 from trtbuild.words import first_few
 
 
@@ -194,7 +194,7 @@ def masked_lines(report: Report) -> list[str]:
 def _output_line(name: str, m: Any, indent: str = "  ") -> str:
     head = f"{indent}{name}: {'pass' if m.passed else 'FAIL'}  "
     tail = f"[{tolerance_text(m)}]"
-    if no_sample_agrees(m):
+    if not m.measured:
         return f"{head}{shape_text(m.shape_mismatch)}; {tail}"
     head += shape_said(m)
     return (

@@ -28,7 +28,7 @@ from trtbuild.accuracy.report import (
     header,
     sections,
 )
-from trtbuild.accuracy.sessions import REFERENCE
+from trtbuild.accuracy.sessions import REFERENCE, same_shaped
 
 POLICY_COLOR = "#1f77b4"
 BASELINE_COLOR = "#ff7f0e"
@@ -105,12 +105,10 @@ def legend_outside(ax) -> None:
 
 def _errors(evaluation: Verdict, output: str) -> tuple[np.ndarray, int]:
     results = evaluation.run_results
-    pairs = [  # a sample whose shape is not FP32's has no element-wise error
-        (np.asarray(r[output], np.float64), np.asarray(o[output], np.float64))
-        for r, o in zip(results[REFERENCE], results[evaluation.evaluator])
-    ]
-    same = [(r.ravel(), o.ravel()) for r, o in pairs if r.shape == o.shape] or [(EMPTY, EMPTY)]
-    diff = np.abs(np.concatenate([o for _, o in same]) - np.concatenate([r for r, _ in same]))
+    same = same_shaped(results[REFERENCE], results[evaluation.evaluator], output)
+    refs = [np.asarray(r, np.float64).ravel() for r, _ in same] or [EMPTY]
+    outs = [np.asarray(o, np.float64).ravel() for _, o in same] or [EMPTY]
+    diff = np.abs(np.concatenate(outs) - np.concatenate(refs))
     finite = np.isfinite(diff)
     return diff[finite], int(np.count_nonzero(~finite))
 

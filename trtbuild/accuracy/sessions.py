@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import sys
 import warnings
@@ -222,12 +221,15 @@ class OutputMetrics:
     # samples whose output's shape is not FP32's: {sample, reference, candidate}
     shape_mismatch: list[dict[str, Any]] = field(default_factory=list)
     tolerance: Any = None  # the policy's Tolerance for this output (not in JSON)
+    # False where no sample had the reference's shape: the figures are `unmeasured()`'s
+    # (not in JSON, where `shape_mismatch` says which samples)
+    measured: bool = True
 
     def to_json(self) -> dict[str, Any]:
         out = {
             k: finite_or_str(v)
             for k, v in self.__dict__.items()
-            if k not in ("checks", "tolerance")
+            if k not in ("checks", "tolerance", "measured")
         }
         out["checks"] = {
             c: {k: finite_or_str(v) for k, v in e.items()} for c, e in self.checks.items()
@@ -246,22 +248,28 @@ def shape_text(shapes: list[dict[str, Any]], theirs: str = "FP32's") -> str:
     )
 
 
-def shape_said(m: Any, theirs: str = "FP32's") -> str:
+def shape_said(m: OutputMetrics, theirs: str = "FP32's") -> str:
     """`shape [..] where FP32's is [..] (...); ` before an output's figures where some sample's
     shape is not FP32's (the figures are then the other samples'), else nothing."""
-    shapes = getattr(m, "shape_mismatch", None)
-    if not shapes:
+    if not m.shape_mismatch:
         return ""
-    return f"{shape_text(shapes, theirs)}; " + (
-        "no sample to measure: " if no_sample_agrees(m) else "figures where the shapes agree: "
+    return f"{shape_text(m.shape_mismatch, theirs)}; " + (
+        "figures where the shapes agree: " if m.measured else "no sample to measure: "
     )
 
 
-def no_sample_agrees(m: Any) -> bool:
-    """Every sample's shape differs from the reference's: no figure was measured (each is
-    inf, with no value non-finite)."""
-    shapes = getattr(m, "shape_mismatch", None)
-    return bool(shapes) and math.isinf(m.max_abs) and not m.nonfinite
+def same_shaped(refs: list, outs: list, name: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Output `name` of each pair of samples (the reference's, a candidate's) whose shapes
+    agree: a count the data decides (`NonZero`'s) may differ, and then has no element-wise
+    error."""
+    pairs = [(np.asarray(r[name]), np.asarray(o[name])) for r, o in zip(refs, outs)]
+    return [(r, o) for r, o in pairs if r.shape == o.shape]
+
+
+def unmeasured() -> dict[str, Any]:
+    """`metrics()`'s figures where no sample could be measured (every sample's shape differs
+    from the reference's): each error the worst there is, no value non-finite."""
+    return {k: 0 if k == "nonfinite" else float("inf") for k in metrics(np.zeros(1), np.zeros(1))}
 
 
 def finite_or_str(v: Any) -> Any:

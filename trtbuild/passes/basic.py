@@ -168,8 +168,10 @@ def weight_outputs_made(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRe
         return model, record
     model = copied(model)  # passes never change their input
     graph = model.graph
-    taken = {n.name for _, g in subgraphs.walk(graph) for n in g.node}
-    taken.update(t for _, g in subgraphs.walk(graph) for t in subgraphs.defined_in(g))
+    taken: set[str] = set()  # node and value names: one each
+    for _, g in subgraphs.walk(graph):
+        taken.update(n.name for n in g.node)
+        taken.update(subgraphs.defined_in(g))
     for name in dict.fromkeys(handed):
         weight = _free(f"{name}__weight", taken)
         taken.add(weight)

@@ -358,11 +358,10 @@ def _hands_out_weights(view: GraphView, i: int) -> bool:
     only round the values it hands out. Not a lookup by an input (an embedding's `Gather`),
     nor what other nodes read on."""
     ins, outs = [t for t in view.nodes[i].input if t], view.float_outputs(i)
-    handed = set(view.outputs)
     return (
         bool(ins)
         and all(t in view.initializers for t in ins)
-        and all(o in handed and not view.consumers.get(o) for o in outs)
+        and all(not view.consumers.get(o) and o in view.outputs for o in outs)
     )
 
 
