@@ -302,3 +302,31 @@ def run_tune(policy: Path, out: Path, *extra: str) -> int:
     from trtbuild.cli import main
 
     return main(["tune", "--policy", str(policy), "-o", str(out), *extra])
+
+
+def fp8_qdq_conv(tensorrts: bool) -> onnx.ModelProto:
+    """A Conv whose input and weight pass FP8 Q/DQ: TensorRT's (`trt::TRT_FP8QuantizeLinear`,
+    as ModelOpt's torch quantizers export them through torch.onnx.export at opset 17: the
+    scale a `Constant`, no zero point, the Q's output typed uint8), or ONNX's written by
+    hand (an E4M3 zero point, opset 19): the oracle."""
+    w = np.array([0.9, -0.35, 0.07], np.float32).reshape(1, 1, 3)
+    nodes, inits, infos = [], [numpy_helper.from_array(w, "w")], []
+    for value, scale in (("x", 0.004), ("w", 0.002)):
+        q, dq, s = f"{value}_q", f"{value}_dq", f"{value}_s"
+        nodes.append(helper.make_node("Constant", [], [s], name=f"{s}/c",
+                                      value=numpy_helper.from_array(np.array(scale, np.float32))))  # fmt: skip
+        if tensorrts:
+            nodes.append(helper.make_node("TRT_FP8QuantizeLinear", [value, s], [q], name=f"{value}/q", domain="trt"))  # fmt: skip
+            nodes.append(helper.make_node("TRT_FP8DequantizeLinear", [q, s], [dq], name=f"{value}/dq", domain="trt"))  # fmt: skip
+            infos.append(helper.make_tensor_value_info(q, TensorProto.UINT8, None))
+        else:
+            z = f"{value}_z"
+            inits.append(helper.make_tensor(z, TensorProto.FLOAT8E4M3FN, [], [0.0]))
+            nodes.append(helper.make_node("QuantizeLinear", [value, s, z], [q], name=f"{value}/q"))
+            nodes.append(helper.make_node("DequantizeLinear", [q, s, z], [dq], name=f"{value}/dq"))
+    nodes.append(helper.make_node("Conv", ["x_dq", "w_dq"], ["y"], name="conv"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 1, 8])],
+                              [helper.make_tensor_value_info("y", F, [1, 1, 6])], inits, value_info=infos)  # fmt: skip
+    if tensorrts:
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("trt", 1)])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])

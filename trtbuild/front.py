@@ -182,6 +182,7 @@ def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> Non
     exit 2 naming the field, before anything runs."""
     _bound_by_tensorrt(policy, prepared.model)
     _not_run_by_tensorrt(policy, analysis)
+    _not_run_by_onnxruntime(policy, analysis)
     check_quantized(policy, analysis)
     original = policy.accuracy.reference_model
     if original is not None:
@@ -325,6 +326,29 @@ def _not_run_by_tensorrt(policy: Policy, analysis: Analysis) -> None:
                 where=str(policy.model),
                 hint=fix,
             )
+
+
+def _not_run_by_onnxruntime(policy: Policy, analysis: Analysis) -> None:
+    """Exit 2 for ModelOpt's TensorRT ops of quantization that ONNX Runtime has no kernel
+    for (NVFP4, MXFP8, a torch export's INT4 weights), naming them and what can be judged.
+
+    Why here: ONNX Runtime's refusal came at the reference's run, as a plugin's, told to
+    give the model "as exported": it was. (TensorRT's FP8 Q/DQ are made ONNX's in
+    `prepare`.)
+    """
+    from trtbuild.graph.qdq import TENSORRT_QUANTIZATION_FIX, tensorrt_quantization
+
+    found = [n for n in analysis.view.nodes if tensorrt_quantization(n)]
+    if found:
+        named = sorted({f"{n.domain}::{n.op_type}" for n in found})
+        raise UsageError(
+            f"{len(found)} node(s) of ModelOpt's NVFP4, MXFP8 or INT4 quantization as "
+            f"TensorRT ops ({', '.join(named)}; the first: {found[0].name}), which ONNX "
+            "Runtime has no kernel for: neither the quantized graph's reference nor its "
+            "FP16 emulation can run",
+            where=str(policy.model),
+            hint=TENSORRT_QUANTIZATION_FIX,
+        )
 
 
 # The order problems are said in: what the user fixes by re-quantizing first.

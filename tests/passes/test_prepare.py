@@ -6,8 +6,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from tests.helpers import sparse_tensor
+from tests.helpers import fp8_qdq_conv, sparse_tensor
 from trtbuild.graph.model_io import opset_of
+from trtbuild.passes.basic import standard_qdq
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy.specs import Passes
 
@@ -541,6 +542,32 @@ def test_a_contrib_q_known_as_int4_by_its_zero_point_alone_reaches_opset_21():
     assert opset_of(prepared.model) == 21
     x = np.array([[0.3, -0.6, 5.0, 0.1]], np.float32)  # 5.0 saturates at 7 steps: 1.75
     np.testing.assert_array_equal(_run(prepared.model, {"x": x})[0], [[0.25, -0.5, 1.75, 0.0]])
+
+
+def test_tensorrts_fp8_qdq_of_a_torch_export_become_onnxs_and_compute_as_them():
+    """ONNX Runtime has no `trt::TRT_FP8QuantizeLinear`: the model as exported was exit 2
+    ("give the model as exported"). Made ONNX's at opset 19, it computes what ONNX's FP8
+    Q/DQ written by hand compute (values past 448 steps saturate, small ones round to E4M3)."""
+    from onnx import TensorProto
+
+    prepared = prepare(fp8_qdq_conv(tensorrts=True), Passes())
+    model = prepared.model
+    assert opset_of(model) == 19 and [o.domain for o in model.opset_import] == [""]
+    assert {n.domain for n in model.graph.node} == {""}
+    assert next(r for r in prepared.records if r.name == "standard_qdq").changed == 4
+    made, _ = standard_qdq(fp8_qdq_conv(tensorrts=True))  # the pass alone: what it declares
+    assert {vi.name: vi.type.tensor_type.elem_type for vi in made.graph.value_info} == {
+        "x_q": TensorProto.FLOAT8E4M3FN,  # as torch.onnx typed it: uint8
+        "w_q": TensorProto.FLOAT8E4M3FN,
+    }
+    zeros = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT8E4M3FN]
+    assert len(zeros) == 2 and all(not t.dims for t in zeros)  # the scale's shape: a scalar
+    x = np.array([[[0.0, 0.0013, -0.37, 1.9, 2.5, -9.0, 0.031, 0.9]]], np.float32)  # 9.0: 448 steps
+    expected = _run(fp8_qdq_conv(tensorrts=False), {"x": x})[0]
+    w = np.array([0.9, -0.35, 0.07], np.float32)
+    plain = np.array([[[x[0, 0, i : i + 3] @ w for i in range(6)]]], np.float32)
+    assert np.abs(expected - plain).max() > 1e-3  # FP8's rounding and saturation show
+    np.testing.assert_array_equal(_run(model, {"x": x})[0], expected)
 
 
 def test_a_weight_handed_out_twice_is_made_once():

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import needs_rtx, plain_session
+from tests.helpers import fp8_qdq_conv, needs_rtx, plain_session
 from trtbuild.cli import main
 from trtbuild.front import run_front
 from trtbuild.graph.qdq import FUSED_OPS, QdqGraph
@@ -321,6 +321,41 @@ def test_onnx_runtimes_weight_only_matmulnbits_is_exit_2_with_modelopts_int4(tmp
     err = capsys.readouterr().err
     assert "weight-only quantization (com.microsoft::MatMulNBits" in err, err
     assert "--quantize_mode int4" in err, err
+
+
+@pytest.mark.parametrize("op", ["TRT_FP4QDQ", "DequantizeLinear"])
+def test_modelopts_nvfp4_or_int4_as_tensorrt_ops_is_exit_2_naming_them(tmp_path, capsys, op):
+    """ModelOpt's NVFP4 weights (`trt::TRT_FP4QDQ`) and a torch export's INT4 weights
+    (`trt::DequantizeLinear`), as torch.onnx.export writes them: ONNX Runtime has no kernel
+    for them, and its refusal at the reference's run told to give the model "as exported"."""
+    n = 32
+    attrs = {"block_size": 16} if op == "TRT_FP4QDQ" else {"axis": 0, "block_size": 16}
+    inputs = ["w"] if op == "TRT_FP4QDQ" else ["w", "s"]
+    nodes = [
+        helper.make_node(op, inputs, ["wq"], name="/fc/weight_quantizer/q", domain="trt", **attrs),
+        helper.make_node("MatMul", ["x", "wq"], ["y"], name="/fc/MatMul"),
+    ]
+    inits = [numpy_helper.from_array(np.full((n, n), 0.01, np.float32), "w"),
+             numpy_helper.from_array(np.full((2, n), 0.001, np.float32), "s")]  # fmt: skip
+    vi = [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, n]) for v in ("x", "y")]
+    graph = helper.make_graph(nodes, "g", vi[:1], vi[1:], inits)
+    opsets = [helper.make_opsetid("", 19), helper.make_opsetid("trt", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"1 node(s) of ModelOpt's NVFP4, MXFP8 or INT4 quantization as TensorRT ops (trt::{op}; the first: /fc/weight_quantizer/q)" in err, err  # fmt: skip
+    assert "no kernel" in err and "FP8_DEFAULT_CFG" in err and err.count("\n") == 1, err
+
+
+def test_tensorrts_fp8_qdq_of_a_torch_export_are_judged_as_fp8(tmp_path, capsys):
+    """`trt::TRT_FP8QuantizeLinear` pairs (ModelOpt's torch FP8 through torch.onnx.export)
+    are Q/DQ to `check`: the Conv is FP8 compute, not a plugin ONNX Runtime lacks."""
+    onnx.save(fp8_qdq_conv(tensorrts=True), tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "quantized: 2 Q/DQ pairs (2 fp8), 1 quantized ops (1 fp8)" in out, out
 
 
 def fp8_conv() -> onnx.ModelProto:

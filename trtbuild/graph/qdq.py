@@ -64,6 +64,36 @@ SCALE_OPSET = 19
 # `com.microsoft` ones, which `prepare` makes ONNX's)
 WIDE_TYPES = frozenset({TensorProto.INT4, TensorProto.UINT4, TensorProto.INT16, TensorProto.UINT16})
 WIDE_OPSET = 21
+# Q/DQ that other runtimes write, each as the ONNX op it computes: ONNX Runtime's own
+# (`com.microsoft`: INT4 weights below opset 21, or `UseQDQContribOps`) and TensorRT's FP8
+# ones (`trt`: ModelOpt's torch quantizers through `torch.onnx.export`). `prepare` makes
+# them ONNX's (`standard_qdq`).
+FOREIGN_QDQ = {
+    ("com.microsoft", "QuantizeLinear"): "QuantizeLinear",
+    ("com.microsoft", "DequantizeLinear"): "DequantizeLinear",
+    ("trt", "TRT_FP8QuantizeLinear"): "QuantizeLinear",
+    ("trt", "TRT_FP8DequantizeLinear"): "DequantizeLinear",
+}
+# The quantized type of a domain whose Q takes no zero point (TensorRT's FP8 Q: E4M3), which
+# ONNX's Q reads from its zero point's type
+FOREIGN_FORMATS = {"trt": TensorProto.FLOAT8E4M3FN}
+# ModelOpt's other TensorRT ops of quantization: NVFP4 and MXFP8 (dynamic block quantization
+# of activations, FP4 weights) and a torch export's INT4 weights before ModelOpt's ONNX
+# exporter. TensorRT runs them; ONNX Runtime has no kernel for any, so the quantized graph
+# can be neither the reference nor emulated.
+TENSORRT_QUANTIZATION = frozenset(
+    {"TRT_FP4DynamicQuantize", "TRT_FP4QDQ", "TRT_MXFP8DynamicQuantize"}
+    | {"TRT_MXFP8DequantizeLinear", "TRT_INT4QuantizeLinear", "TRT_INT4DequantizeLinear"}
+    | {"QuantizeLinear", "DequantizeLinear"}
+)
+TENSORRT_QUANTIZATION_FIX = (
+    "judge the model before quantization (the float ops' precision is the same decision), "
+    "or quantize to INT8 or FP8 Q/DQ, which trtbuild judges: ModelOpt's mtq.INT8_DEFAULT_CFG "
+    "or FP8_DEFAULT_CFG before torch.onnx.export, or python -m modelopt.onnx.quantization "
+    "--quantize_mode int8|fp8 (int4: INT4 weights as ONNX DequantizeLinear) on the FP32 model"
+)
+
+
 # The formats `quantize` computes on a constant: the integers' saturation bounds, and the FP8
 # types' (ml_dtypes, which onnx's numpy_helper reads them as) with their largest value
 INTEGER_BOUNDS = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
@@ -98,6 +128,17 @@ def integer(node: NodeProto) -> bool:
     """Whether a node is of ONNX Runtime's dynamic, QOperator or weight-only quantization
     (`INTEGER_OPS`)."""
     return node.op_type in INTEGER_OPS
+
+
+def foreign_qdq(node: NodeProto) -> str | None:
+    """The ONNX op (`QuantizeLinear`, `DequantizeLinear`) another runtime's Q/DQ computes."""
+    return FOREIGN_QDQ.get((node.domain, node.op_type))
+
+
+def tensorrt_quantization(node: NodeProto) -> bool:
+    """Whether a node is one of ModelOpt's TensorRT ops of quantization that no ONNX
+    Runtime kernel runs (`TENSORRT_QUANTIZATION`)."""
+    return node.domain == "trt" and node.op_type in TENSORRT_QUANTIZATION
 
 
 def is_qdq(op_type: str) -> bool:

@@ -159,12 +159,14 @@ def _opset(model: onnx.ModelProto, asked: int | None) -> int | None:
     upgrade). The opset record says the upgrade (`to` 19 or 21).
     """
     from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS
+    from trtbuild.graph.qdq import foreign_qdq
 
-    qdq = [n for n in subgraphs.all_nodes(model) if n.op_type in QDQ_OPS]
+    ops = [(n, foreign_qdq(n) or n.op_type) for n in subgraphs.all_nodes(model)]
+    qdq = [(n, op) for n, op in ops if op in QDQ_OPS]
     if not qdq:
         return asked
-    held = [n.input[0] if n.op_type == DEQUANTIZE else "" for n in qdq]  # a Q's: its zero point's
-    held += [n.input[2] for n in qdq if len(n.input) > 2]
+    held = [n.input[0] if op == DEQUANTIZE else "" for n, op in qdq]  # a Q's: its zero point's
+    held += [n.input[2] for n, _ in qdq if len(n.input) > 2]
     typed = _declared_types(model)
     wide = any(typed.get(t) in WIDE_TYPES for t in held if t)
     return max(asked or 0, WIDE_OPSET if wide else SCALE_OPSET)
