@@ -184,3 +184,26 @@ def test_top_indices_are_polygraphys_top_k_exactly(k):
         got = top_indices(a, k)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_failing_sample_is_named_with_its_own_statistic():
+    """The figures shown are over every sample: a median within atol (0 here) sat next to
+    FAIL with nothing to say why; the failing sample's own median is what failed."""
+    import numpy as np
+
+    from trtbuild.accuracy.checks import describe, run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    ref = np.ones((1, 64), np.float32)
+    refs = [{"y": ref}] * 4
+    outs = [{"y": ref}, {"y": ref + 0.3}, {"y": ref}, {"y": ref + 0.1}]
+    tol = Tolerance(atol=0.05, rtol=0.05, check_error_stat="median")
+    found = run_checks(refs, outs, "cand", {"y": tol}, verbose=False)["y"]["simple"]
+    assert found["failed_samples"] == [1, 3]
+    assert found["worst"]["sample"] == 1 and abs(found["worst"]["abs"] - 0.3) < 1e-6
+    text = describe("simple", found, tol)
+    # relative: Polygraphy's, over the candidate's magnitude (0.3 / 1.3)
+    assert text == "atol 0.05, rtol 0.05 on the median (sample 1: 0.3, relative 0.2308)", text
+    passing = run_checks(refs, [{"y": ref}] * 4, "cand", {"y": tol}, verbose=False)["y"]
+    assert "worst" not in passing["simple"]
+    assert describe("simple", passing["simple"], tol) == "atol 0.05, rtol 0.05 on the median"

@@ -137,7 +137,27 @@ def _simple(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
         check_error_stat={n: tol[n].check_error_stat for n in names},
         error_quantile=quantiles or None,
     )
-    _record(found, "simple", pair.compare(names, func), names)
+    per_iter = pair.compare(names, func)
+    _record(found, "simple", per_iter, names, {n: _worst(per_iter, n, tol[n]) for n in names})
+
+
+# Polygraphy's statistic each `check_error_stat` judges (`elemwise`: every element, its max shown)
+_STAT = {"elemwise": "max", "max": "max", "mean": "mean", "median": "median"}
+
+
+def _worst(per_iter: list, name: str, tol: Tolerance) -> dict[str, Any]:
+    """The failing sample whose judged statistic is largest, with it (absolute, relative).
+
+    Why: the figures shown are over every sample judged, so a median within atol could
+    sit next to FAIL: one sample's median is what failed, and a report names it.
+    """
+    stat = _STAT.get(tol.check_error_stat, "quantile")
+    failed = [(k, it[name]) for k, it in enumerate(per_iter) if _figured(it[name]) and not it[name]]
+    if not failed:
+        return {}
+    k, worst = max(failed, key=lambda f: float(getattr(f[1], f"{stat}_absdiff")))
+    absolute, relative = (float(getattr(worst, f"{stat}_{d}diff")) for d in ("abs", "rel"))
+    return {"worst": {"sample": k, "abs": absolute, "rel": relative}}
 
 
 def _metric(found, pair: _Pair, tol, check: str, metric: Metric) -> None:
@@ -225,7 +245,13 @@ def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
         stat = tol.check_error_stat
         if stat == "quantile":
             stat = f"{tol.error_quantile:g} quantile"
-        return f"atol {tol.atol:g}, rtol {tol.rtol:g} on the {stat}"
+        worst = entry.get("worst")
+        at = (
+            f" (sample {worst['sample']}: {worst['abs']:.4g}, relative {worst['rel']:.4g})"
+            if worst
+            else ""
+        )
+        return f"atol {tol.atol:g}, rtol {tol.rtol:g} on the {stat}{at}"
     if check == "indices":
         what = f"top-{tol.top_k} indices" if tol.top_k else "indices"
         return f"{what} within {entry.get('threshold', 0)} position(s)"

@@ -500,6 +500,8 @@ def compare(
         judged = found[name]
         for c in judged.values() if index is not None else ():  # among the point's samples
             c["failed_samples"] = [index[k] for k in c["failed_samples"]]
+            if "worst" in c:
+                c["worst"]["sample"] = index[c["worst"]["sample"]]
         failed = sorted({k for c in judged.values() for k in c["failed_samples"]})
         shapes = m.pop("shape_mismatch")
         for d in shapes if index is not None else ():
