@@ -330,3 +330,32 @@ def fp8_qdq_conv(tensorrts: bool) -> onnx.ModelProto:
     if tensorrts:
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("trt", 1)])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def resize_by_shape() -> onnx.ModelProto:
+    """A Resize whose scale is computed from the input's size (`200 / max(H, W)`: Shape,
+    Slice, Cast, ReduceMax, Div, Expand, Concat), as an export resizes to a longest side.
+    In FP16 the scale at 100x150 rounds (1.3330 for 1.3333): 199 columns, not 200."""
+    inits = [
+        numpy_helper.from_array(np.array(200.0, np.float32), "target"),
+        numpy_helper.from_array(np.array([1.0, 1.0], np.float32), "ones"),
+        numpy_helper.from_array(np.array([2], np.int64), "i2"),
+        numpy_helper.from_array(np.array([4], np.int64), "i4"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shp"], name="shape"),
+        helper.make_node("Slice", ["shp", "i2", "i4"], ["hw"], name="slice_hw"),
+        helper.make_node("Cast", ["hw"], ["hwf"], to=F, name="cast_hw"),
+        helper.make_node("ReduceMax", ["hwf"], ["mx"], keepdims=0, name="maxside"),
+        helper.make_node("Div", ["target", "mx"], ["s"], name="scale_div"),
+        helper.make_node("Expand", ["s", "i2"], ["ss"], name="expand_s"),
+        helper.make_node("Concat", ["ones", "ss"], ["scales"], axis=0, name="scales_concat"),
+        helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="resize"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", F, ["b", 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", F, ["b", 3, "H", "W"])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -153,3 +153,25 @@ def test_yolov8_builds_with_tensorrt_rtx_over_a_dynamic_profile(real_model, tmp_
     built = json.loads((out / "build.json").read_text())
     assert (out / "engine.plan").stat().st_size > 1_000_000
     assert set(built["engines"]) >= {"policy", "fp16", "fp32"}
+
+
+@needs_rtx
+def test_a_variant_tensorrt_refuses_is_a_warning_and_the_policys_engine_is_built(tmp_path, capsys):
+    """The all-FP16 variant of a resize by the input's size (its scale computed in FP16,
+    which TensorRT-RTX refuses in a shape computation) failed the whole build (exit 3),
+    though the policy's engine, its shape arithmetic in FP32, builds."""
+    from tests.helpers import resize_by_shape
+
+    onnx.save(resize_by_shape(), tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {min: [1, 3, 64, 64], opt: [1, 3, 100, 150], "
+        'max: [1, 3, 128, 192]}\nbuild: {compute_capabilities: ["8.9"]}\n'
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the all-FP16 variant's engine did not build (" in err, err
+    assert "\\n" not in err  # TensorRT's lines joined, not escaped
+    record = json.loads((out / "build.json").read_text())
+    assert set(record["engines"]) == {"policy", "fp32"} and (out / "engine.plan").stat().st_size
+    assert any(w.startswith("the all-FP16 variant's engine") for w in record["warnings"])

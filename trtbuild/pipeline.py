@@ -73,7 +73,7 @@ def build(
         save_model(front.converted.model, stage / "mixed.onnx", data)
         del data  # not held while the engines build
         base_models = baselines(front, engines=True)
-        engines = build_engines(front, stage, backend, base_models)
+        engines, unbuilt = build_engines(front, stage, backend, base_models)
         plans = {k: e.engine for k, e in engines.items()} if gpu_available() else {}
         t = time.perf_counter()
         report = evaluate_all(
@@ -81,7 +81,8 @@ def build(
         )
         timings = {"accuracy": time.perf_counter() - t}
         loaded = check.result()  # joined before anything is published
-        record = build_record(front, backend, engines, report.warnings + loaded, timings)
+        said = unbuilt + report.warnings + loaded
+        record = build_record(front, backend, engines, said, timings)
         report = replace(report, build=record, warnings=list(record.warnings))  # the same list
         write_reports(stage, report)
     return BuildOutcome(EXIT_OK if report.passed else EXIT_ACCURACY, report, out_dir)
@@ -98,23 +99,32 @@ def _joined(check: MixedCheck) -> Iterator[None]:
 
 def build_engines(
     front: Front, stage: Path, backend: str, base_models: dict[str, Converted]
-) -> dict[str, Any]:
-    """The policy's engine (written as engine.plan) and, with `build.variants`, all-FP16/FP32."""
+) -> tuple[dict[str, Any], list[str]]:
+    """The policy's engine (written as engine.plan) and, with `build.variants`, all-FP16/FP32;
+    with a warning for each variant TensorRT refused (the policy's engine is what `build`
+    makes: a baseline without its engine is judged in the emulation)."""
     from trtbuild.engine.child import build_engines
 
     policy = front.policy
     if backend == "none":
-        return {}
+        return {}, []
     variants = ("fp16", "fp32") if policy.build.variants else ()
     with tempfile.TemporaryDirectory() as tmp:  # one child builds them all, in this order
         paths = [stage / "mixed.onnx"]
         for variant in variants:
             paths.append(Path(tmp) / f"{variant}.onnx")
             save_model(base_models[variant].model, paths[-1])
-        built = build_engines(paths, backend, policy.build, policy.inputs)
-    engines = dict(zip(("policy", *variants), built, strict=True))
+        built = build_engines(paths, backend, policy.build, policy.inputs, optional=len(variants))
+    found = dict(zip(("policy", *variants), built, strict=True))
+    engines = {k: e for k, e in found.items() if not isinstance(e, Exception)}
+    unbuilt = [
+        f"the all-{k.upper()} variant's engine did not build ({e.message}; {e.hint}): its baseline is "
+        f"judged without it; `build.variants: false` builds the policy's engine alone"
+        for k, e in found.items()
+        if isinstance(e, Exception)
+    ]
     write_bytes(stage / "engine.plan", engines["policy"].engine)
-    return engines
+    return engines, unbuilt
 
 
 def report_only(

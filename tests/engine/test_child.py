@@ -128,3 +128,38 @@ def test_one_child_builds_each_model_in_turn_and_names_the_one_that_fails(tmp_pa
     _self_attention_model(tmp_path / "crash.onnx")
     with pytest.raises(BackendError, match=r"engine of crash\.onnx \(SIGSEGV\)"):
         build_engines([good, tmp_path / "crash.onnx", good], "tensorrt-rtx", spec)
+
+
+def _nonzero_model(path) -> None:
+    """A model TensorRT-RTX refuses (it has no `NonZero`): exit 3 with its words."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["y"], name="nz")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2, "n"])],
+    )  # fmt: skip
+    save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@needs_rtx
+def test_an_optional_model_tensorrt_refuses_or_crashes_on_is_its_error_and_the_rest_build(
+    tmp_path, nafnet_path
+):
+    """`build`'s variants are baselines: one TensorRT refuses is its error in the list and
+    the child builds on; after a crash each left is that error; a required one raises."""
+    from trtbuild.engine.child import build_engines
+    from trtbuild.policy.specs import BuildSpec
+
+    spec = BuildSpec(workspace=1 << 28)
+    good, refused, crash = Path(nafnet_path), tmp_path / "refused.onnx", tmp_path / "crash.onnx"
+    _nonzero_model(refused)
+    _self_attention_model(crash)
+    first, second, third = build_engines([good, refused, good], "tensorrt-rtx", spec, optional=2)
+    assert first.engine and third.engine and isinstance(second, BackendError), second
+    assert "NonZero" in second.message, second.message
+    first, *left = build_engines([good, crash, good], "tensorrt-rtx", spec, optional=2)
+    assert first.engine and len(left) == 2
+    assert all(isinstance(e, BackendError) and "SIGSEGV" in e.message for e in left), left
+    with pytest.raises(BackendError):
+        build_engines([refused, good], "tensorrt-rtx", spec, optional=1)

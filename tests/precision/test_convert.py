@@ -107,7 +107,12 @@ def test_weight_shared_by_fp16_and_fp32_consumers_gets_two_copies_never_clamped(
 def test_rule_that_matches_nothing_warns():
     a = assign(_tail_model(), Precision(rules=(Rule("ghost", Match(name="nope"), "fp32"),)))
     assert a.warnings == ["rule 'ghost' matches no node"]  # a guard finding nothing is silent
-    assert a.rule_hits == {"ghost": 0, "guard:weight-range": 0, "guard:periodic-range": 0}
+    assert a.rule_hits == {
+        "ghost": 0,
+        "guard:weight-range": 0,
+        "guard:periodic-range": 0,
+        "guard:shape-arithmetic": 0,
+    }
 
 
 def test_decisions_say_why(nafnet_path):

@@ -198,3 +198,39 @@ def test_the_rotary_positions_cast_runs_fp32_once_the_product_is_pinned(tmp_path
     rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
     assert rows["outer"]["rule"] == "guard:periodic-range" and rows["cos"]["precision"] == "fp32"
     assert rows["to_float"]["precision"] == "fp32" and rows["to_float"]["rule"] == "exact-cast"
+
+
+def _resize_policy(tmp_path, extra: str = "") -> str:
+    from tests.helpers import resize_by_shape
+
+    onnx.save(resize_by_shape(), tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {min: [1, 3, 64, 64], opt: [1, 3, 100, 150], "
+        "max: [1, 3, 128, 192]}\n" + extra + "build: {backend: none}\n"
+    )
+    return str(policy)
+
+
+def test_a_scale_computed_from_the_input_shape_runs_fp32_by_the_shape_guard(tmp_path, capsys):
+    """FP16 rounded `200 / 150` and the output had 199 columns where FP32's has 200 (and
+    TensorRT-RTX refused the FP16 shape computation): every float node computed from the
+    shape alone is FP32, the Resize that reads the data stays FP16."""
+    policy = _resize_policy(tmp_path)
+    assert main(["check", "--policy", policy]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line}
+    for name in ("cast_hw", "maxside", "scale_div", "expand_s", "scales_concat"):
+        assert rows[name][2:4] == ["fp32", "guard:shape-arithmetic"], rows[name]
+    assert rows["resize"][2] == "fp16"
+    assert main(["build", "--policy", policy, "-o", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["passed"] and report["precision"]["rule_hits"]["guard:shape-arithmetic"] == 5
+    assert report["baselines"]["fp16"]["outputs"]["y"]["shape_mismatch"][0]["candidate"] == [1, 3, 133, 199]  # fmt: skip
+
+
+def test_without_the_shape_guard_the_resized_shape_is_fp16s(tmp_path):
+    policy = _resize_policy(tmp_path, "precision: {guards: [weight-range]}\n")
+    assert main(["build", "--policy", policy, "-o", str(tmp_path / "out")]) == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    said = report["outputs"]["y"]["shape_mismatch"][0]
+    assert said["candidate"] == [1, 3, 133, 199] and said["reference"] == [1, 3, 133, 200]

@@ -562,7 +562,9 @@ def _build_fix(messages: list[tuple[str, str]], spec: BuildSpec) -> str:
 
 
 def _last_errors(messages: list[tuple[str, str]]) -> str:
-    errors = [m for s, m in messages if s in ("ERROR", "INTERNAL_ERROR")]
+    """TensorRT's last errors, each on one line: Myelin's run over several, which a message
+    (one line, `errors.printable`) showed as `\\n` escapes."""
+    errors = [" ".join(m.split()) for s, m in messages if s in ("ERROR", "INTERNAL_ERROR")]
     return (
         ("TensorRT said: " + " | ".join(errors[-3:]))
         if errors

@@ -67,12 +67,20 @@ def build_engine(
 
 
 def build_engines(
-    onnx_paths: list[Path], backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
+    onnx_paths: list[Path],
+    backend: str,
+    spec: BuildSpec,
+    inputs: tuple[InputSpec, ...] = (),
+    optional: int = 0,
 ) -> list[Any]:
     """Each model's serialized engine, built one after another in one child process
     (`backends.build_here` there): their `EngineBuild`s, or the first error raised here.
     Why one child: its start (an interpreter, trtbuild's and TensorRT's imports) is about
     0.25 s, and `build` builds the policy's engine and its two variants.
+
+    The last `optional` models (`build`'s variants, baselines beside the policy's engine)
+    may fail: one TensorRT refuses (or crashes on) is its `BackendError` in the list, and
+    the child goes on to the next (after a crash: each left is that error).
 
     Ctrl-C (SIGINT to trtbuild, or to its process group) is passed to the child, which
     cancels its build; KeyboardInterrupt is raised here once it has ended. The child never
@@ -83,7 +91,10 @@ def build_engines(
         UsageError: the machine killed the build (out of memory, say), or a file it needs
             is the surroundings' to fix (exit 2).
     """
-    jobs = b"".join(pickle.dumps((str(p), backend, spec, inputs)) for p in onnx_paths)
+    first = len(onnx_paths) - optional  # the first optional job
+    jobs = b"".join(
+        pickle.dumps((str(p), backend, spec, inputs, k >= first)) for k, p in enumerate(onnx_paths)
+    )
     logged: collections.deque[str] = collections.deque(maxlen=ERROR_LINES)
     answers: list[tuple] = []
     with _passed_on() as (interrupted, started):
@@ -98,22 +109,46 @@ def build_engines(
             threading.Thread(target=feed, args=(proc.stdin, jobs), daemon=True).start()
             drain = threading.Thread(target=_drain, args=(proc.stderr, logged), daemon=True)
             drain.start()
-            for _ in onnx_paths:  # each as it comes: one engine in memory, not two
+            for k, _ in enumerate(onnx_paths):  # each as it comes: one engine in memory
                 answer = _read(proc.stdout)
                 if answer is None:  # died (its exit code says how)
                     break
                 answers.append(answer)
-                if answer[0] != "ok":  # the child stops at a failed job
+                if not _goes_on(answer, k >= first):  # as the child stops
                     break
             code = proc.wait()
             drain.join(timeout=5)
     if interrupted.is_set() or (not answers and code == INTERRUPTED):
         raise KeyboardInterrupt
-    built = [a[1] for a in answers if a[0] == "ok"]
-    if len(built) == len(onnx_paths):
-        return built
-    failed = answers[-1] if answers and answers[-1][0] != "ok" else None
-    _answered(failed, code, backend, onnx_paths[len(built)], list(logged))
+    return _built(answers, code, backend, onnx_paths, first, list(logged))
+
+
+def _goes_on(answer: tuple, optional: bool) -> bool:
+    """Whether the child builds the next job after `answer`: after an engine, and after
+    TensorRT's refusal of an optional one."""
+    return answer[0] == "ok" or (
+        optional and answer[0] == "error" and answer[1] == BackendError.exit_code
+    )
+
+
+def _built(
+    answers: list[tuple], code: int, backend: str, paths: list[Path], first: int, logged: list[str]
+) -> list[Any]:
+    """Each job's engine, or an optional job's `BackendError`; an error of a required job
+    (or of the machine's, or a bug) raised."""
+    found: list[Any] = []
+    for k, path in enumerate(paths):
+        answer = answers[k] if k < len(answers) else None
+        if answer is not None and answer[0] == "ok":
+            found.append(answer[1])
+            continue
+        try:
+            _answered(answer, code, backend, path, logged)
+        except BackendError as exc:
+            if k < first:
+                raise
+            found.append(exc)  # and, after a crash, each job left: the same error
+    return found
 
 
 def _answered(
@@ -226,10 +261,10 @@ def serve() -> None:
             job = pickle.load(sys.stdin.buffer)  # a job of its parent
         except EOFError:
             break
-        answer = _answer(job)
+        answer = _answer(job[:4])
         out.write(pickle.dumps(answer))
         out.flush()
-        if answer[0] != "ok":
+        if not _goes_on(answer, job[4]):
             break
     sys.stderr.flush()
     os._exit(0)  # not the interpreter's finalization with TensorRT loaded

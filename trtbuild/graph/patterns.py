@@ -103,6 +103,47 @@ def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
     }
 
 
+# Ops whose output is data the size of a shape, not arithmetic on it (a fill, a draw)
+FILLS = frozenset(
+    {"ConstantOfShape", "EyeLike", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
+)
+
+
+def _shape_arithmetic(analysis: Analysis, last: int | None) -> dict[int, str]:
+    """Each node with a float output computed from shapes alone: `Shape`/`Size` outputs,
+    weights and what is computed from them only (a resize's scale `200 / max(H, W)`, a
+    `1 / sqrt(d)` of a head's width, anchors from a feature map's size). A fill of a
+    shape's size (`ConstantOfShape`) and a control node's outputs are the model's data.
+
+    Why: these are TensorRT's shape tensors, computed where the engine binds its shapes;
+    FP16 holds integers exactly only up to 2048, so a size or a scale made low changes an
+    output's shape (199 rows where FP32 makes 200), and TensorRT-RTX refuses FP16 in a
+    shape computation ("Input 0's element type (float) differs from input 1's element type
+    (half)"). They are scalars or short vectors: FP32 costs nothing.
+    """
+    from trtbuild.graph.subgraphs import CONTROL_FLOW
+
+    view = analysis.view
+    source: dict[str, str] = {}  # a value computed from shapes alone -> the Shape it reads
+    found: dict[int, str] = {}
+    for i, node in enumerate(view.nodes):  # a valid graph is sorted: inputs are seen first
+        if node.op_type in SHAPE_READERS:
+            source.update((o, node.name) for o in node.output if o)
+            continue
+        ins = [t for t in node.input if t]
+        if node.op_type in FILLS or node.op_type in CONTROL_FLOW or not ins:
+            continue
+        if any(t not in source and t not in view.initializers for t in ins):
+            continue
+        shape = next((source[t] for t in ins if t in source), None)
+        if shape is None:  # weights alone: what folding left, no shape's
+            continue
+        source.update((o, shape) for o in node.output if o)
+        if view.float_outputs(i):
+            found[i] = f"computes from shapes alone (Shape node {shape}): a shape computation"
+    return found
+
+
 def _back(found: dict[int, str], back: tuple[int, ...] | None) -> dict[int, str]:
     """Findings in the float graph (`Analysis.see_through`) as indices of the graph itself."""
     return found if back is None else {back[i]: why for i, why in found.items()}
@@ -124,6 +165,11 @@ PATTERNS: dict[str, Pattern] = {
     "softmax": Pattern("Softmax and LogSoftmax nodes", _softmax),
     "final_reductions": Pattern(
         "the reductions nearest the outputs (`last: N` keeps the last N)", _final_reductions
+    ),
+    "shape_arithmetic": Pattern(
+        "float arithmetic on shapes alone (Shape and Size outputs, weights): a resize's scale "
+        "from the input's size, anchors from a feature map's",
+        _shape_arithmetic,
     ),
     "periodic_arguments": Pattern(
         "Sin, Cos and Tan nodes and the arithmetic and data movement upstream that compute "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.graph.patterns import PATTERNS
-from trtbuild.numerics import FP16_MAX, LOW_PHASE_MAX, PHASE_ERROR
+from trtbuild.numerics import FP16_MAX, LOW_EPS, LOW_PHASE_MAX, PHASE_ERROR
 from trtbuild.policy.keys import (
     BOOL,
     DIMS,
@@ -299,6 +299,18 @@ def _periodic_range(low: str) -> Rule | None:
     )
 
 
+def _shape_arithmetic(low: str) -> Rule | None:
+    if low not in LOW_EPS:  # an FP32 policy: nothing made low
+        return None
+    return Rule(
+        id="guard:shape-arithmetic",
+        match=Match(pattern="shape_arithmetic"),
+        precision="fp32",
+        why=f"computes a shape (TensorRT's shape tensors): {low.upper()} holds integers exactly "
+        f"only up to {int(2 / LOW_EPS[low])}, and TensorRT-RTX refuses it there",
+    )
+
+
 # Built-in safety rules, applied after the user's (a user rule naming a node wins), each made
 # for the policy's default precision (None: nothing to guard there).
 # Why weight-range: a weight beyond 65504 is inf in FP16 (Hugging Face's mask constant
@@ -306,10 +318,13 @@ def _periodic_range(low: str) -> Rule | None:
 # nodes in FP32 by default too. Why periodic-range: FP16 stores a timestep embedding's
 # t * freq (t up to 1000) to a quarter of a radian and a rotary embedding's position *
 # inv_freq worse still past 1024 positions: sin and cos of it are noise, which random
-# weights may not show at the outputs; BF16 loses the phase from 4 on.
+# weights may not show at the outputs; BF16 loses the phase from 4 on. Why shape-arithmetic:
+# a resize's scale from the input's size made FP16 changed the output's shape, and
+# TensorRT-RTX refuses FP16 in its shape computations (`patterns._shape_arithmetic`).
 GUARDS: dict[str, Callable[[str], Rule | None]] = {
     "weight-range": _weight_range,
     "periodic-range": _periodic_range,
+    "shape-arithmetic": _shape_arithmetic,
 }
 
 
