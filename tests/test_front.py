@@ -242,3 +242,50 @@ def test_convert_runs_the_reference_where_a_range_rule_has_a_node_to_judge(tmp_p
     assert (front.measures is not None) is reads
     out = tmp_path / "m16.onnx"
     assert main(["convert", "--policy", str(policy), "-o", str(out), "--no-cache"]) == 0
+
+
+def test_a_node_onnx_runtime_cannot_make_a_kernel_of_is_the_models_not_the_shapes(tmp_path, capsys):
+    """A `Transpose` with a negative `perm` (torch.onnx's TorchScript export of Mamba2):
+    ONNX Runtime refuses it at the session's start, whatever the shapes; the message had
+    said to choose input shapes."""
+    nodes = [node("Exp", ["x"], "e", "exp"), node("Transpose", ["e"], "y", "bad", perm=[0, -1, 1])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", F, [1, 4, 5])],
+        [helper.make_tensor_value_info("y", F, ["p", "q", "r"])],
+    )  # fmt: skip
+    assert _check(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "ONNX Runtime cannot load the model: " in err and "TransposeBase" in err, err
+    assert "re-export the model" in err and "choose input shapes" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("tolerances", "said"),
+    [
+        (
+            "outputs: {restord: {atol: 1e-9}}",
+            "accuracy.tolerances.outputs.restord: the model has no output 'restord' "
+            "(its outputs: restored, total)",
+        ),
+        (
+            "outputs: {restored: {compare: indices}}",
+            "accuracy.tolerances.outputs.restored: compare: indices on the float output "
+            "'restored' compares its values as indices",
+        ),
+        (
+            "default: {compare: indices}",
+            "accuracy.tolerances.default: compare: indices on the float output 'restored'",
+        ),
+    ],
+)
+def test_a_tolerance_the_model_cannot_read_is_exit_2(example_policy, capsys, tolerances, said):
+    """A misspelt output's tolerance was never read (the output judged by the default one,
+    unsaid); `compare: indices` compared a float output's values for equality."""
+    policy = example_policy("nafnet")
+    text = policy.read_text().replace("  tolerances:\n", f"  tolerances:\n    {tolerances}\n", 1)
+    if tolerances.startswith("default"):  # the example's own default after it: one kept
+        text = text.replace("    default: {atol: 1e-2, rtol: 1e-2, check_error_stat: median}\n", "")
+    policy.write_text(text)
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err

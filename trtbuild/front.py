@@ -181,6 +181,7 @@ def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> Non
     """What TensorRT would refuse (its Q/DQ rules) and a reference model that does not fit:
     exit 2 naming the field, before anything runs."""
     _bound_by_tensorrt(policy, prepared.model)
+    _tolerances_fit(policy, analysis)
     _not_run_by_tensorrt(policy, analysis)
     _not_run_by_onnxruntime(policy, analysis)
     check_quantized(policy, analysis)
@@ -219,6 +220,39 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
         where=f"{policy.where}: {fields}" if fields and len(kinds) == 1 else str(policy.model),
         hint="; ".join(dict.fromkeys(fix for _, fix in kinds)),
     )
+
+
+def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
+    """Exit 2 for a tolerance of an output the model does not have, and for `compare:
+    indices` without `top_k` on a float output.
+
+    Why: a misspelt output's tolerance was never read, so the output was judged by the
+    default one without a word; and Polygraphy's `IndicesCompareFunc` takes the values it
+    is given as indices: a float output's logits were compared for equality.
+    """
+    view = analysis.view
+    outputs = list(view.outputs)
+    where = "accuracy.tolerances"
+    for name, _ in policy.accuracy.output_tolerances:
+        if name not in outputs:
+            raise UsageError(
+                f"{where}.outputs.{name}: the model has no output {name!r} (its outputs: "
+                f"{', '.join(outputs)})",
+                where=policy.where,
+                hint="name one of the model's outputs",
+            )
+    for name in outputs:
+        tol = policy.accuracy.tolerance(name)
+        if tol.compare == "indices" and tol.top_k is None and view.is_float(name):
+            given = name if name in dict(policy.accuracy.output_tolerances) else None
+            raise UsageError(
+                f"{where}.{f'outputs.{name}' if given else 'default'}: compare: indices on the "
+                f"float output {name!r} compares its values as indices (Polygraphy's "
+                "IndicesCompareFunc takes indices)",
+                where=policy.where,
+                hint="add top_k (its k largest values along the last axis, as indices), or "
+                "judge the integer output of an ArgMax or TopK",
+            )
 
 
 def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
@@ -464,7 +498,8 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, opset: int) -
 
 
 def _not_by_data(policy: Policy, text: str, opset: int) -> UsageError | None:
-    """ONNX Runtime's refusal `text`, where no shape or data mends it: an op it does not
+    """ONNX Runtime's refusal `text`, where no shape or data mends it: a kernel it cannot
+    make from a node's attributes (an exporter's invalid `perm`); an op it does not
     have (a plugin's); a model of an opset older than it runs (`opset`, the prepared
     graph's: PyTorch's opset-6 conversions); an op it has no kernel for of the types the
     node reads (a GlobalAveragePool of doubles). None for any other refusal."""
@@ -472,6 +507,15 @@ def _not_by_data(policy: Policy, text: str, opset: int) -> UsageError | None:
 
     from trtbuild.policy.specs import OPSET_FIX, OPSET_RANGE
 
+    init = re.search(r"Exception during initialization: (.*)", text)
+    if init:  # a kernel made from its attributes and weights: no shape is known yet
+        return UsageError(
+            f"ONNX Runtime cannot load the model: {init.group(1).strip()[:300]}",
+            where=str(policy.model),
+            hint="a node's attributes or weights are invalid whatever the input shapes "
+            "(an exporter's fault): re-export the model (another opset or exporter version), "
+            "or mend the node whose op it names",
+        )
     unknown = re.search(r"(\S+)\(-?\d+\) is not a registered function/op", text)
     if unknown:
         return UsageError(

@@ -607,17 +607,17 @@ def _merge(search: Search) -> None:
         search.groups.append(scope.group(search.groups))
         k = len(search.groups) - 1
         merged = sorted({*(g for g in search.pinned if g not in scope.covered), k})
+        pins = sum(g in scope.covered for g in search.pinned)  # single nodes and units
         if _precisions(search, merged) == current:
             search.known[tuple(merged)] = search.known[tuple(sorted(search.pinned))]
-            why = f"selects exactly the {len(scope.members)} nodes pinned inside it"
+            nodes = len(search.groups[k].nodes)
+            why = f"selects exactly the {nodes} nodes of the {pins} pins inside it"
         else:
             if search.left() <= 0:
                 return
             if not search.try_pins(merged, f"merge into scope {scope.prefix}").passed:
                 continue
-            why = (
-                f"{len(scope.members)} pins inside it merged; every tolerance holds with all of it"
-            )
+            why = f"{pins} pins inside it merged; every tolerance holds with all of it"
         firsts = [search.reasons.pop(g, "") for g in search.pinned if g in scope.covered]
         search.reasons[k] = why + (f" (first: {firsts[0]})" if firsts and firsts[0] else "")
         search.pinned = merged
