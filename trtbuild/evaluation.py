@@ -53,10 +53,16 @@ def upcast_warnings(front: Front) -> list[str]:
     if not done:
         return []
     low = done[0].details.get("from", "fp16")
+    from onnx import TensorProto
+
+    kind = TensorProto.BFLOAT16 if low == "bf16" else TensorProto.FLOAT16
+    graph = front.prepared.model.graph
+    bound = any(vi.type.tensor_type.elem_type == kind for vi in (*graph.input, *graph.output))
     return [
         f"the model computes in {low} as exported: prepare made it compute in FP32 "
         f"({done[0].changed} weights, casts and types; the values are exact), so the policy, "
-        f"not the export, decides what runs in {low}; its {low} inputs and outputs stay {low}"
+        f"not the export, decides what runs in {low}"
+        + (f"; its {low} inputs and outputs stay {low}" if bound else "")
     ]
 
 

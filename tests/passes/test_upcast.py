@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -290,6 +292,7 @@ def test_prepare_upcasts_and_a_policy_pins_the_square(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "square (Pow) reaches" in err
     assert "the model computes in fp16 as exported: prepare made it compute in FP32" in err
+    assert "its fp16 inputs and outputs stay fp16" in err  # they are FP16: kept
     write("[{id: sq, match: {name: ^(square|mean)$}, precision: fp32}]")
     assert main(["build", "--policy", str(policy), "-o", str(tmp_path / "out")]) == 0
 
@@ -347,6 +350,9 @@ def test_a_model_quantized_with_fp16_scales_is_judged_like_one_with_fp32_scales(
         "  tolerances: {default: {atol: 0.1, rtol: 0, check_error_stat: max}}\n"
     )
     assert main(["build", "--policy", str(policy), "-o", str(tmp_path / "out")]) == 0
+    warned = json.loads((tmp_path / "out" / "report.json").read_text())["warnings"]
+    said = [w for w in warned if w.startswith("the model computes in fp16 as exported")]
+    assert len(said) == 1 and "inputs and outputs stay" not in said[0], said  # its are FP32
 
 
 def test_an_fp16_output_past_the_range_says_the_model_narrows_it(tmp_path, capsys):
