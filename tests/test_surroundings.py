@@ -601,3 +601,27 @@ def test_a_fifo_as_an_earlier_builds_record_does_not_hang_report(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_closed_stderr_is_no_bug(tmp_path):
+    """`2>&-` (a cron line, a service): ONNX Runtime's quiet import flushed and duplicated
+    the missing stream, exit 70 with nothing written; from the library, `sys.stderr` None
+    (pythonw) the same. Now the command opens the null device there and runs."""
+    policy = _relu_policy(tmp_path)
+    rule = "precision: {rules: [{id: none, match: {op: Conv}, precision: fp32}]}\n"
+    policy.write_text(policy.read_text() + rule)  # a rule that matches nothing: a warning
+    done = subprocess.run(
+        ["sh", "-c", f'"{TRTBUILD}" build --policy "{policy}" --out out 2>&-'],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "wrote " in done.stdout, done.stdout
+    assert "warning" not in done.stdout  # said on the null device, not mixed into stdout
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["passed"]
+    script = (
+        "import sys; sys.stderr = None\nimport trtbuild\n"
+        f"print(trtbuild.build({str(policy)!r}, out='lib', backend='none').passed)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr

@@ -365,6 +365,26 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("matplotlib").removeHandler(quiet)
 
 
+def _standard_streams() -> None:
+    """Closed standard descriptors (`2>&-`, a service's process) opened on the null device,
+    and Python's stderr made again where it had none.
+
+    Why: with descriptor 2 closed, the next file opened takes it, and what ONNX Runtime and
+    TensorRT print to it lands in that file (a report, the history's database); and every
+    warning and error of trtbuild's, and a status line, raised on the missing stream (exit
+    70). The process is the command's own here (`main` is not: the library and tests call it).
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's own stream
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+
+
 def run() -> NoReturn:
     """The `trtbuild` command (and `python -m trtbuild`): `main`'s exit code, the process
     ended without the interpreter's teardown.
@@ -377,6 +397,7 @@ def run() -> NoReturn:
     still works, or a profiler or a debugger watches (`python -m cProfile -m trtbuild`
     writes its figures after the command returns), Python's own exit runs as usual.
     """
+    _standard_streams()
     code = main()
     handlers = getattr(atexit, "_run_exitfuncs", None)  # what the interpreter's exit calls
     if handlers is None or _watched() or any(t.is_alive() and not t.daemon for t in _threads()):

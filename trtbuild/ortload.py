@@ -32,8 +32,14 @@ def onnxruntime() -> ModuleType:
 def _import_quietly() -> None:
     import tempfile
 
-    sys.stderr.flush()
-    saved = os.dup(2)
+    if sys.stderr is not None:  # none at all in a service's process (pythonw, `2>&-`)
+        sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # descriptor 2 closed: nothing to catch
+        import onnxruntime
+
+        return
     with tempfile.TemporaryFile() as caught:
         os.dup2(caught.fileno(), 2)
         try:

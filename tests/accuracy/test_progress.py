@@ -46,3 +46,16 @@ def test_samples_show_only_once_the_run_takes_a_while(monkeypatch):
     ticker.tick(3)
     ticker.done()
     assert out.getvalue() == "FP32 reference: 3/3 samples\n"
+
+
+def test_a_status_line_without_stderr_writes_nothing(monkeypatch):
+    """No stderr at all (pythonw, a service): `isatty` of None was exit 70."""
+    import sys
+
+    from trtbuild.accuracy.progress import StatusLine
+
+    monkeypatch.setattr(sys, "stderr", None)
+    line = StatusLine()
+    line.write("judging 1/4 samples")
+    line.done()
+    assert line.silent and not line.tty

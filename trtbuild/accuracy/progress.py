@@ -37,9 +37,10 @@ class StatusLine:
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream if stream is not None else sys.stderr  # looked up now, not at import
-        self.tty = self.stream.isatty()
         self.width = 0  # the longest text so far: a shorter one must cover it
-        self.silent = SILENT.get()
+        # no stderr at all (`2>&-`, a service's process): nothing to show a status on
+        self.silent = SILENT.get() or self.stream is None
+        self.tty = not self.silent and self.stream.isatty()
 
     def write(self, text: str) -> None:
         if self.silent:

@@ -238,7 +238,7 @@ def _drain(pipe: Any, logged: collections.deque[str]) -> None:
                 severity, message = json.loads(line[len(LOGGED) :])
                 logged.append(f"{severity}: {message}")
             continue
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no stderr: dropped
             sys.stderr.write(line)
             sys.stderr.flush()
 
