@@ -367,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _standard_streams() -> None:
     """Closed standard descriptors (`2>&-`, a service's process) opened on the null device,
-    and Python's stderr made again where it had none.
+    Python's stderr made again where it had none, and a path's undecodable bytes (a Latin-1
+    name on Linux) printed escaped, not raised.
 
     Why: with descriptor 2 closed, the next file opened takes it, and what ONNX Runtime and
     TensorRT print to it lands in that file (a report, the history's database); and every
@@ -383,6 +384,9 @@ def _standard_streams() -> None:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's own stream
     if sys.stdout is None:
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    for stream in (sys.stdout, sys.stderr):  # a name's undecodable bytes said as `\udcfe`
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def run() -> NoReturn:
@@ -500,7 +504,7 @@ def _print_verdict(outcome) -> None:
     from trtbuild.accuracy.render import summary
 
     print(summary(outcome.report))
-    print(f"wrote {outcome.out_dir}/")
+    print(f"wrote {printable(str(outcome.out_dir))}/")
 
 
 def _cmd_check(args) -> int:
@@ -610,7 +614,7 @@ def _cmd_prepare(args) -> int:
     save_model(prepared.model, args.output)
     for rec in prepared.records:
         print("\n".join(rec.summary()))
-    print(f"wrote {args.output}")
+    print(f"wrote {printable(str(args.output))}")
     return 0
 
 
@@ -654,7 +658,7 @@ def _cmd_tune(args) -> int:
         f"{result.share}, {len(result.pinned)} group(s) "
         f"pinned beyond the policy's rules, {len(result.trials)} evaluation(s)"
     )
-    print(f"wrote {args.output} and {log}")
+    print(f"wrote {printable(str(args.output))} and {printable(str(log))}")
     return 0 if result.passed else EXIT_ACCURACY
 
 
@@ -703,7 +707,7 @@ def _cmd_summary(args) -> int:
         args.history, args.run_id, args.out, margin=args.margin, shards=args.shards
     )
     _night_lines(night, len(night.results))
-    print(f"wrote {args.out}/summary.md, summary.html, junit.xml, nightly.json")
+    print(f"wrote {printable(str(args.out))}/summary.md, summary.html, junit.xml, nightly.json")
     return night.exit_code
 
 

@@ -34,6 +34,7 @@ def tuned_policy(
     `out`'s folder (the source's where `out` is None). The `Policy` is the text read back
     (saved nowhere yet): its identity is its own, not the untuned file's.
     """
+    from trtbuild.errors import printable
     from trtbuild.policy import parse_policy
     from trtbuild.policy.dump import flow, human_yaml, relative, rule_dict
 
@@ -41,6 +42,7 @@ def tuned_policy(
     source = policy.source
     folder = out.resolve().parent if out is not None else source.base_dir if source else None
     came = relative(policy.path, folder) if policy.path and folder else policy.where
+    came = printable(str(came))  # a name's undecodable bytes (`\udcfe`): YAML holds no such
     verdict = "passes" if result.passed else "DOES NOT PASS"
     verdict += " (budget exhausted)" if result.exhausted else ""
     header = (
