@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto
 
 from tests.helpers import F, model, node, plain_session
-from trtbuild.policy.specs import Precision
+from trtbuild.policy.specs import GUARDS, Precision
 from trtbuild.precision.assign import EXACT_CAST, assign
 from trtbuild.precision.convert import convert
 
@@ -42,9 +42,25 @@ def _anchors(through: bool = False) -> onnx.ModelProto:
     return model(nodes, [("x", F, [1, 3, 1, "W"])], [("y", F, [1, 4, 1, "W"])], inits)
 
 
-def _decided(m: onnx.ModelProto, default: str = "fp16") -> dict:
-    found = assign(m, Precision(default=default))
+def _precision(default: str = "fp16", shapes: bool = False) -> Precision:
+    """No rules; `shapes`: with `guard:shape-arithmetic`, which takes arithmetic on shapes
+    alone to FP32 before the exact casts are looked at (the tests here are theirs)."""
+    guards = tuple(g for g in GUARDS if shapes or g != "shape-arithmetic")
+    return Precision(default=default, guards=guards)
+
+
+def _decided(m: onnx.ModelProto, default: str = "fp16", shapes: bool = False) -> dict:
+    found = assign(m, _precision(default, shapes))
     return {found.view.nodes[i].name: d for i, d in enumerate(found.decisions)}
+
+
+def test_the_shape_guard_takes_the_anchors_arithmetic_and_leaves_the_maps():
+    """The width, its Range and the anchors (`+ 0.5`) are computed from the feature map's
+    shape alone: FP32; what reads the map's values stays FP16."""
+    decided = _decided(_anchors(), shapes=True)
+    for name in ("cast", "range", "anchor", "cast_side"):
+        assert (decided[name].precision, decided[name].rule) == ("fp32", "guard:shape-arithmetic")
+    assert decided["add"].precision == decided["scale"].precision == "fp16"
 
 
 @pytest.mark.parametrize("through", [False, True])
@@ -72,7 +88,7 @@ def test_a_width_past_2048_reaches_the_range_whole():
     broadcasts it over the 2049-wide map could not run. Kept FP32, the mixed model runs
     and gives the FP32 model's anchors (the map's values aside, which are FP16)."""
     m = _anchors()
-    mixed = convert(assign(m, Precision())).model
+    mixed = convert(assign(m, _precision())).model
     onnx.checker.check_model(mixed, full_check=True)
     x = np.random.default_rng(0).uniform(0, 1, (1, 3, 1, 2049)).astype(np.float32)
     (want,) = plain_session(m).run(None, {"x": x})
@@ -121,7 +137,7 @@ def test_a_cast_read_as_a_graph_output_or_by_a_control_node_is_fp32_too():
     assert decided["cast"].rule == EXACT_CAST and "graph output width" in decided["cast"].reason
     for tag in ("then", "else"):
         assert decided[f"cast_{tag}"].rule == EXACT_CAST
-    mixed = convert(assign(m, Precision())).model
+    mixed = convert(assign(m, _precision())).model
     width, r = plain_session(mixed).run(None, {"x": np.zeros((1, 2049), np.float32)})
     assert width == 2049 and r.shape == (2049,)
 
@@ -148,7 +164,7 @@ def test_a_concat_passes_the_fp32_read_on_only_where_it_follows_the_cast(cast_fi
     )
     decided = _decided(m)
     assert (decided["cast"].rule == EXACT_CAST) == cast_first
-    (c,) = plain_session(convert(assign(m, Precision())).model).run(
+    (c,) = plain_session(convert(assign(m, _precision())).model).run(
         None, {"x": np.zeros((1, 2049), np.float32)}
     )
     assert (c[0 if cast_first else 1] == 2049) == cast_first
