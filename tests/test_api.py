@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import trtbuild
+from trtbuild.cli import main
 from trtbuild.errors import EXIT_USAGE
 
 
@@ -290,3 +291,19 @@ def test_no_module_names_a_policy_by_its_path():
         if re.search(r"(str\(|sha256_file\(|\{)(\w+\.)*policy\.path[)}]", line)
     ]
     assert not found, found
+
+
+def test_the_surroundings_faults_are_usage_errors_from_the_library_too(tmp_path):
+    """A folder that refuses files (/proc answers ENOENT), a folder where the file goes:
+    exit 2 from the CLI, a bare OSError (and from /proc a traceback's exit 70 in the CLI
+    too) from the library, though every error a user can act on is a `TrtbuildError`."""
+    from tests.helpers import bare_policy, model, node
+
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", 1, [1, 4])], [("y", 1, [1, 4])])
+    policy = trtbuild.load_policy(bare_policy(tmp_path, m))
+    with pytest.raises(trtbuild.UsageError, match=r"^/proc/trtbuild-x: no such file") as raised:
+        trtbuild.build(policy, out="/proc/trtbuild-x", backend="none")
+    assert raised.value.exit_code == EXIT_USAGE
+    with pytest.raises(trtbuild.UsageError, match="is a folder where a file goes"):
+        policy.save(tmp_path)
+    assert main(["convert", "--policy", str(bare_policy(tmp_path, m)), "-o", "/proc/x.onnx"]) == 2

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild import _API  # the one list of public names
-from trtbuild.errors import UsageError
+from trtbuild.errors import UsageError, surroundings_raised
 from trtbuild.policy import Policy, load_policy
 from trtbuild.policy import PolicySource as PolicySource  # re-exported: the library's names
 from trtbuild.policy.specs import Match as Match
@@ -137,6 +137,7 @@ def _front(
     )
 
 
+@surroundings_raised
 def check(
     policy: Policy | str | Path,
     *,
@@ -193,6 +194,7 @@ def check(
     )
 
 
+@surroundings_raised
 def convert(
     policy: Policy | str | Path,
     *,
@@ -278,6 +280,7 @@ def check_backend(backend: str | None) -> None:
         )
 
 
+@surroundings_raised
 def build(
     policy: Policy | str | Path,
     out: str | Path | None = None,
@@ -335,6 +338,7 @@ def build(
     )
 
 
+@surroundings_raised
 def tune(
     policy: Policy | str | Path,
     *,

@@ -8,7 +8,12 @@ with the documented exit code, while a bug keeps its traceback.
 from __future__ import annotations
 
 import errno
+import functools
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_ACCURACY = 1
@@ -73,6 +78,10 @@ _SURROUNDINGS = {
     errno.EISDIR: ("is a folder where a file goes", "move the folder away or name another path"),
     errno.ENOTDIR: ("a part of the path is a file, not a folder", "fix the path {path}"),
     errno.ENAMETOOLONG: ("file name too long", "use a shorter path"),
+    # a folder that refuses new files as missing (/proc), one removed while trtbuild ran
+    errno.ENOENT: ("no such file or folder", "check that {path} can be made and stays there"),
+    errno.EIO: ("an input/output error of the device", "check the disk that holds {path}"),
+    errno.EBUSY: ("the device or file is busy", "retry once {path} is free"),
 }
 
 
@@ -95,6 +104,27 @@ def surroundings_error(exc: BaseException) -> UsageError | None:
     if exc.filename2 is not None:
         what += f" (renaming to {os.fsdecode(exc.filename2)})"
     return UsageError(what, where=path, hint=hint)
+
+
+def surroundings_raised(func: Callable[..., T]) -> Callable[..., T]:
+    """`func` raising the surroundings' faults (`surroundings_error`) as the `UsageError` the
+    CLI exits 2 with: a library call's full disk is the user's to fix, as the command's is.
+
+    Why: the CLI maps such an `OSError` to exit 2 (`exit_code_for`), while the library
+    raised it bare, though every error a user can act on is a `TrtbuildError`.
+    """
+
+    @functools.wraps(func)
+    def raising(*args: Any, **kwargs: Any) -> T:
+        try:
+            return func(*args, **kwargs)
+        except (OSError, RuntimeError) as exc:
+            found = surroundings_error(exc)
+            if found is None:
+                raise
+            raise found from exc
+
+    return raising
 
 
 def exit_code_for(exc: BaseException) -> tuple[int, str]:

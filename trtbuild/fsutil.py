@@ -76,7 +76,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     final = Path(path)
     make_parents(final)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    except OSError as exc:  # the folder refuses files: said of `path`, not of a temporary name
+        raise OSError(exc.errno, exc.strerror, str(final)) from exc
     os.close(fd)
     tmp_path = Path(tmp)
     umask = os.umask(0)

@@ -135,11 +135,17 @@ class Policy:
         return person_yaml(self, Path(where).resolve().parent if where is not None else None)
 
     def save(self, path: str | Path) -> Policy:
-        """Write `to_yaml(path)` to `path`, whole or not at all; return the policy it is now."""
+        """Write `to_yaml(path)` to `path`, whole or not at all; return the policy it is now.
+
+        Raises:
+            UsageError: the surroundings refused the file (a folder there, a full disk, a
+                permission), naming `path`.
+        """
+        from trtbuild.errors import surroundings_raised
         from trtbuild.fsutil import write_text
 
         text = self.to_yaml(path)
-        write_text(path, text)
+        surroundings_raised(write_text)(path, text)
         return parse_policy(text, Path(path).resolve(), name=self.name)
 
 
