@@ -307,3 +307,17 @@ def test_the_surroundings_faults_are_usage_errors_from_the_library_too(tmp_path)
     with pytest.raises(trtbuild.UsageError, match="is a folder where a file goes"):
         policy.save(tmp_path)
     assert main(["convert", "--policy", str(bare_policy(tmp_path, m)), "-o", "/proc/x.onnx"]) == 2
+
+
+@pytest.mark.parametrize("name", ["../x", "", ".", "a/b", "a\nb", None])
+def test_a_policy_name_is_one_plain_folder_name(tmp_path, name):
+    """`build/<name>/`: "../x" published outside `build/`, "" and "." into it, None failed
+    inside `build` with a TypeError."""
+    with pytest.raises(trtbuild.UsageError, match="name must be one plain folder name"):
+        trtbuild.Policy.from_dict({"version": 1, "model": "m.onnx"}, tmp_path, name=name)
+
+
+def test_with_rules_drops_one_id_given_as_a_string(example_policy):
+    policy = trtbuild.load_policy(example_policy("nafnet"))
+    ids = [r.id for r in policy.precision.rules]
+    assert [r.id for r in policy.with_rules(drop=ids[0]).precision.rules] == ids[1:]

@@ -15,12 +15,14 @@ name and the sha256 of the policy's canonical YAML.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from trtbuild.errors import UsageError
 from trtbuild.policy.source import PolicySource
 from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision, Rule
 
@@ -96,6 +98,12 @@ class Policy:
         """
         from trtbuild.policy.load import mapping_fields
 
+        _check_name(name)
+        if not isinstance(base_dir, (str, os.PathLike)):
+            raise UsageError(
+                f"base_dir must be a folder's path, not {type(base_dir).__name__}",
+                hint="pass the folder relative paths are read from (str or Path)",
+            )
         fields, source = mapping_fields(mapping, Path(base_dir).resolve())
         return _sourced(cls(name=name, **fields), source)
 
@@ -112,7 +120,8 @@ class Policy:
         """
         from trtbuild.policy.load import merged_rules
 
-        found = merged_rules(self.precision, rules, tuple(drop))
+        dropped = (drop,) if isinstance(drop, str) else tuple(drop)  # one id, not its letters
+        found = merged_rules(self.precision, rules, dropped)
         return replace(self, precision=replace(self.precision, rules=found))
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,6 +156,25 @@ class Policy:
         text = self.to_yaml(path)
         surroundings_raised(write_text)(path, text)
         return parse_policy(text, Path(path).resolve(), name=self.name)
+
+
+def _check_name(name: object) -> None:
+    """A policy's name is a folder's name (`build/<name>/`): one plain, printable part.
+
+    Why: `from_dict(..., name="../x")` published outside `build/`, `""` or `"."` into
+    `build/` itself, and None failed inside `build` with a TypeError.
+    """
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or "/" in name
+        or os.sep in name
+        or not name.isprintable()
+    ):
+        raise UsageError(
+            f"name must be one plain folder name (build/<name>/), not {name!r}",
+            hint='name the policy as its file would be (`name="nafnet"`), without a separator',
+        )
 
 
 def _sourced(policy: Policy, source: PolicySource) -> Policy:
