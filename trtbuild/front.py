@@ -408,11 +408,13 @@ def _shape_runs(
             hint="judge at least one point: remove a skip",
         )
     decoded = Decoded()  # each image decoded once, every point fit from its original
+    judged = [p for p in points if p.skip is None]
+    data_mod.check_points(policy, prepared.model, judged, decoded)  # headers: nothing read
     originals: dict[Path, Any] = {}  # the reference model's session, made once for every point
     original = policy.accuracy.reference_model  # its bytes hashed once, not once a point
     known = key_digest(original) if digest and original and reference != "none" else None
     run = _PointRun(policy, prepared, view, cache, digest, reference, draw, known)
-    runs = [run(point, decoded, originals) for point in points if point.skip is None]
+    runs = [run(point, decoded, originals) for point in judged]
     return runs, skipped
 
 

@@ -100,15 +100,59 @@ def test_crop_at_a_resize_scale_says_where_a_point_is_padded(tmp_path):
 
 
 def test_each_image_is_decoded_once_for_every_point(tmp_path, monkeypatch):
+    from PIL import ImageFile
+
     policy, _ = _policy(tmp_path, "{images: images}")
-    decoded = []  # Pillow decodes an image's pixels when it is first converted
-    real_convert = Image.Image.convert
-    monkeypatch.setattr(
-        Image.Image, "convert", lambda im, *a, **k: decoded.append(im) or real_convert(im, *a, **k)
-    )
+    decoded = []  # Pillow decodes a file's pixels at its first `load`
+    real_load = ImageFile.ImageFile.load
+
+    def load(im):
+        if getattr(im, "_im", None) is None:  # not decoded yet
+            decoded.append(im.filename)
+        return real_load(im)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
     front = run_front(policy, reference="none")
     assert [r.point.name for r in front.shapes] == ["opt", "min", "max"]
-    assert [Path(im.filename).name for im in decoded] == ["a.png"]
+    assert [Path(name).name for name in decoded] == ["a.png"]
+
+
+def test_a_photo_is_held_once_as_decoded_where_its_mode_is_the_inputs(tmp_path, monkeypatch):
+    """An RGB photo for an RGB input was decoded and then copied whole by `convert`: twice
+    what the `samples` check counts for it. Converted only from another mode (RGBA here)."""
+    policy, _ = _policy(tmp_path, "{images: images}")
+    converted = []
+    real_convert = Image.Image.convert
+    monkeypatch.setattr(
+        Image.Image,
+        "convert",
+        lambda im, *a, **k: converted.append(im.mode) or real_convert(im, *a, **k),
+    )
+    run_front(policy, reference="none")
+    assert converted == []
+    Image.new("RGBA", (5, 6), (1, 2, 3, 4)).save(tmp_path / "images" / "a.png")
+    run_front(load_policy(policy.path), reference="none")
+    assert converted == ["RGBA"]
+
+
+def test_every_points_data_is_checked_against_the_budget_before_any_is_read(tmp_path, capsys):
+    """A photo whose pixels fit the first point's budget was decoded for it, and only the
+    larger point after it refused: the refusal comes first now, from the headers (this
+    photo's data is cut short: decoding it would be another error)."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (1500, 1500), (200, 100, 50)).save(folder / "big.png")
+    whole = (folder / "big.png").read_bytes()
+    (folder / "big.png").write_bytes(whole[: len(whole) // 2])  # its header intact
+    profile = (
+        "{min: [1, 3, 8, 8], opt: [1, 3, 8, 8], max: [1, 3, 1024, 1024], data: {images: images}}"
+    )
+    path = identity_policy(
+        tmp_path, [1, 3, "h", "w"], profile, "accuracy: {memory_budget: 12MiB}\n"
+    )
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "accuracy.memory_budget is 12 MiB" in err and "cannot read" not in err, err
 
 
 def test_a_static_point_larger_than_the_photo_says_so_in_every_report(tmp_path, capsys):

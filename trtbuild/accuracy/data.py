@@ -120,13 +120,8 @@ def point_feeds(
     and images are known by their headers first: the sample count and the memory
     follow from those, then only what the point uses is read.
     """
-    shapes = point.shapes if point is not None else check_inputs(policy, model)
-    inputs = {n: (t, d) for n, t, d in model_inputs(model)}
-    dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, (t, _) in inputs.items()}
-    model_dims = {n: d for n, (_, d) in inputs.items()}
     decoded = decoded if decoded is not None else Decoded()
-    plan = _plan(policy, shapes, dtypes, model_dims, point, decoded)
-    check_memory(policy, shapes, dtypes, plan.loading, plan.whole, plan.count)
+    shapes, dtypes, model_dims, plan = _checked_plan(policy, model, point, decoded)
     given, sources = _given(policy, plan, shapes, dtypes, model_dims, point, decoded)
     n_samples, constant = plan.count, plan.constant
     specs = {s.name: s for s in policy.inputs}
@@ -140,6 +135,30 @@ def point_feeds(
         return PointFeeds([], sources)
     feeds = _drawn(policy, shapes, dtypes, given, constant, data, normal, n_samples)
     return PointFeeds(feeds, sources)
+
+
+def check_points(
+    policy: Policy, model: onnx.ModelProto, points: list[ShapePoint], decoded: Decoded
+) -> None:
+    """Every point's data checked from its headers against the memory budget, before any
+    point's is read: a 9000² photo fit for a small first point was decoded, only for a
+    larger point to be refused after it."""
+    for point in points:
+        _checked_plan(policy, model, point, decoded)
+
+
+def _checked_plan(
+    policy: Policy, model: onnx.ModelProto, point: ShapePoint | None, decoded: Decoded
+) -> tuple[dict[str, tuple[int, ...]], dict, dict, _Plan]:
+    """The point's shapes, input dtypes and dims, and its plan, checked against the memory
+    budget from the headers alone."""
+    shapes = point.shapes if point is not None else check_inputs(policy, model)
+    inputs = {n: (t, d) for n, t, d in model_inputs(model)}
+    dtypes = {n: helper.tensor_dtype_to_np_dtype(t) for n, (t, _) in inputs.items()}
+    model_dims = {n: d for n, (_, d) in inputs.items()}
+    plan = _plan(policy, shapes, dtypes, model_dims, point, decoded)
+    check_memory(policy, shapes, dtypes, plan.loading, plan.whole, plan.count)
+    return shapes, dtypes, model_dims, plan
 
 
 def _drawn(

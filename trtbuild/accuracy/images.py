@@ -150,7 +150,11 @@ def _fit(spec: InputSpec, source: Source, size: tuple[int, int]) -> tuple[np.nda
         sized = base if base.size == (w, h) else base.resize((w, h), Image.BILINEAR)
         a = np.asarray(sized, dtype=np.float32).reshape(h, w, channels)
         return a, _Fitted(source.name, (h0, w0), max(h / h0, w / w0), None)
-    a = np.asarray(base, dtype=np.float32).reshape(base.height, base.width, channels)
+    bh, bw = base.height, base.width  # cropped as `centre_fit` crops, before it is float
+    top, left = max(0, (bh - h) // 2), max(0, (bw - w) // 2)
+    box = (left, top, left + min(w, bw), top + min(h, bh))
+    kept = base if box == (0, 0, bw, bh) else base.crop(box)
+    a = np.asarray(kept, dtype=np.float32).reshape(kept.height, kept.width, channels)
     factor = max(base.height / h0, base.width / w0)
     padded = (base.height, base.width) if h > base.height or w > base.width else None
     return centre_fit(a, h, w), _Fitted(source.name, (h0, w0), factor, padded)
@@ -287,16 +291,35 @@ def _decode(policy: Policy, spec: InputSpec, path: Path, field: str) -> Source:
     from PIL import Image
 
     img = spec.data.images
-    try:
-        with Image.open(path) as im:
-            _check_pixels(policy, field, path, im.size)
-            base = im.convert("L" if img.channels == "GRAY" else "RGB")
-    except (Image.DecompressionBombError, OSError, ValueError) as exc:
-        raise _unreadable(policy, field, path, exc) from None
+    base = _opened(policy, field, path, "L" if img.channels == "GRAY" else "RGB")
     original = (base.height, base.width)
     if img.fit == "crop" and img.resize is not None:
         base = base.resize((img.resize[1], img.resize[0]), Image.BILINEAR)
     return Source(path.name, original, base)
+
+
+def _opened(policy: Policy, field: str, path: Path, mode: str) -> Image.Image:
+    """The image read whole in `mode` (its pixel count checked first), held once: converted
+    only where the file's mode is another (a copy of an RGB photo as RGB doubled what
+    decoding holds, past what the `samples` check counts for it)."""
+    from PIL import Image
+
+    unreadable = (Image.DecompressionBombError, OSError, ValueError)
+    try:
+        im = Image.open(path)
+    except unreadable as exc:
+        raise _unreadable(policy, field, path, exc) from None
+    kept = None
+    try:
+        _check_pixels(policy, field, path, im.size)
+        im.load()  # read here, the file closed behind it
+        kept = im if im.mode == mode else im.convert(mode)
+        return kept
+    except unreadable as exc:
+        raise _unreadable(policy, field, path, exc) from None
+    finally:
+        if kept is not im:
+            im.close()
 
 
 def _unreadable(policy: Policy, field: str, path: Path, exc: Exception) -> UsageError:
