@@ -182,3 +182,27 @@ def test_a_reader_that_left_before_the_last_flush_is_exit_141():
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
     proc.stdout.close()  # before anything is read
     assert proc.wait(timeout=60) == 141
+
+
+def test_a_policy_that_is_a_device_or_a_pipe_is_said_so_and_never_read(tmp_path, capsys):
+    """`/dev/zero` and a FIFO were "policy file not found" (they exist); a FIFO opened would
+    wait for a writer."""
+    fifo = tmp_path / "p.yaml"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        assert main(["check", "--policy", path]) == 2
+        err = capsys.readouterr().err
+        assert f"{path}: the policy is not a regular file (a device or a pipe)" in err, err
+
+
+def test_a_full_stdout_names_where_the_space_ran_out(capsys):
+    """`check > /dev/full`: no file is named; the fix said an output folder `check` has not."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        ["sh", "-c", f'"{sys.executable}" -m trtbuild schema > /dev/full'],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "the file stdout or stderr is written to" in done.stderr, done.stderr

@@ -85,6 +85,10 @@ _SURROUNDINGS = {
 }
 
 
+# Where a fault names no file (a write's ENOSPC, a full stdout): what it may be
+_NAMELESS = "the output folder, or the file stdout or stderr is written to"
+
+
 def surroundings_error(exc: BaseException) -> UsageError | None:
     """A fault of the surroundings (full disk, permissions, a symlink loop) as exit 2, naming
     the path and the fix; None for anything else.
@@ -99,8 +103,8 @@ def surroundings_error(exc: BaseException) -> UsageError | None:
         return None
     what, fix = _SURROUNDINGS[exc.errno]
     path = os.fsdecode(exc.filename) if exc.filename is not None else None
-    folder = os.path.dirname(os.path.abspath(path)) if path else "the output folder"
-    hint = fix.format(path=path or "the output files", folder=folder)
+    folder = os.path.dirname(os.path.abspath(path)) if path else _NAMELESS
+    hint = fix.format(path=path or _NAMELESS, folder=folder)
     if exc.filename2 is not None:
         what += f" (renaming to {os.fsdecode(exc.filename2)})"
     return UsageError(what, where=path, hint=hint)

@@ -49,6 +49,13 @@ def resolve_policy_path(name: str | Path) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
+    there = next((c for c in candidates if c.exists() and not c.is_dir()), None)
+    if there is not None:  # a device, a FIFO: never opened (a FIFO's read would wait forever)
+        raise UsageError(
+            "the policy is not a regular file (a device or a pipe)",
+            where=str(there),
+            hint="name the policy's .yaml file; to pass one from a pipe, save it to a file first",
+        )
     raise UsageError(
         "policy file not found",
         where=str(name),
