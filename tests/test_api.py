@@ -199,6 +199,8 @@ def test_a_budget_cut_short_says_so_to_the_result_and_the_logger(write_policy, c
     [
         (lambda p: trtbuild.build(p, backend="nonee"), "`backend` must be one of auto, tensorrt"),
         (lambda p: trtbuild.tune(p, budget=0), "`budget` must be at least 1"),
+        (lambda p: trtbuild.tune(p, budget="5"), "`budget` must be a whole number, not '5'"),
+        (lambda p: trtbuild.tune(p, jobs=1.5), "`jobs` must be a whole number, not 1.5"),
         (lambda p: trtbuild.tune(p, objective="speed"), "`objective` must be one of nodes"),
     ],
 )

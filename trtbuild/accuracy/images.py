@@ -331,7 +331,11 @@ def _unreadable(policy: Policy, field: str, path: Path, exc: Exception) -> Usage
             where=policy.where,
             hint="downscale the image; Pillow decodes no image past twice its limit",
         )
-    return UsageError(f"{field}.images: cannot read {path.name}: {exc}", where=policy.where)
+    return UsageError(
+        f"{field}.images: cannot read {path.name}: {exc}",
+        where=policy.where,
+        hint=f"save {path.name} again whole (PNG, JPEG, ...), or move it out of the folder",
+    )
 
 
 def _check_pixels(policy: Policy, field: str, path: Path, size: tuple[int, int]) -> None:

@@ -221,6 +221,9 @@ class Progress:
 
 def check_args(budget: int, objective: str, jobs: int = 1) -> None:
     """Refuse arguments no search can use (exit 2, before any work)."""
+    for name, value in (("budget", budget), ("jobs", jobs)):  # a bool is no count either
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UsageError(f"`{name}` must be a whole number, not {value!r}")
     if budget < 1:
         raise UsageError(f"`budget` must be at least 1, not {budget}")
     if not 1 <= jobs <= 256:
