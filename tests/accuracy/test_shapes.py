@@ -24,6 +24,9 @@ def test_unpinned_the_reduction_fails_at_max_and_the_verdict_names_it(
     assert _build(policy, tmp_path / "out") == 1
     said = capsys.readouterr().out
     assert said.startswith("FAILED at max [1, 3, 256, 256]")
+    first = next(line for line in said.splitlines() if "first divergence at" in line)
+    assert first.startswith("  first divergence at /energy/ReduceSumSquare (")
+    assert first.endswith(", at max [1, 3, 256, 256]")  # the point it was walked at, named
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     verdicts = {s["name"]: s["passed"] for s in report["shapes"]}
     assert verdicts == {"opt": True, "min": True, "max": False} and not report["passed"]

@@ -95,7 +95,8 @@ def summary(report: Report) -> str:
     failing = report.failing_shapes
     first = (failing[0].main if failing else main).first_divergence
     if not report.passed and first:  # where a failing policy goes wrong, named
-        lines.append(f"  first divergence at {first['node']} ({first['reason']})")
+        at = f", at {failing[0].label}" if shapes and failing else ""  # which point's walk
+        lines.append(f"  first divergence at {first['node']} ({first['reason']}){at}")
     lines.append(at_risk_lines(report.at_risk, main.emulation))
     lines.append(_baseline_line(report))
     return "\n".join(lines)
