@@ -42,8 +42,31 @@ def report_warnings(front: Front, flat: list[dict[str, Any]] | None = None) -> l
         + body_warnings(front)
         + unmeasured_quantization(front)
         + upcast_warnings(front)
+        + fewer_samples(front)
         + flat_warnings(flat_outputs(front) if flat is None else flat, front)
     )
+
+
+def fewer_samples(front: Front) -> list[str]:
+    """The points judged on fewer samples than `accuracy.samples` asks: the data given holds
+    no more (a file's frames, an image folder's whole batches; the images left over from the
+    last batch are not judged).
+
+    Why said: `samples: 3` over three images at batch 2 judged one sample, and the terminal
+    said nothing of the two not asked for nor of the image left out.
+    """
+    asked = front.policy.accuracy.samples
+    short = [r for r in front.shapes if r.feeds and len(r.feeds) < asked]
+    if not short:
+        return []
+    where = "; ".join(f"{len(r.feeds)} at {r.point.label}" for r in short)
+    given = dict.fromkeys(
+        f"inputs.{n}: {d.source}" for r in short for n, d in r.data.items() if d.kind != "random"
+    )
+    return [
+        f"accuracy.samples is {asked}, but the data given holds fewer samples ({where}): "
+        f"{'; '.join(given)} (a sample takes whole batches)"
+    ]
 
 
 def upcast_warnings(front: Front) -> list[str]:

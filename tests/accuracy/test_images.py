@@ -229,3 +229,23 @@ def test_an_integer_image_input_refuses_what_it_cannot_hold(tmp_path, capsys, da
     assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
+
+
+def test_fewer_samples_than_asked_are_said_with_the_data_that_holds_no_more(tmp_path):
+    """`samples: 3` over three images at batch 2: one sample judged, the third image left
+    out, and nothing said of either."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i in range(3):
+        Image.new("RGB", (8, 8), (40 * i, 20, 30)).save(folder / f"{i}.png")
+    path = identity_policy(
+        tmp_path, [2, 3, 8, 8], "{data: {images: images}}", "accuracy: {samples: 3}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    said = [w for w in report["warnings"] if w.startswith("accuracy.samples is 3")]
+    assert said == [
+        "accuracy.samples is 3, but the data given holds fewer samples (1 at shape "
+        "[2, 3, 8, 8]): inputs.x: images images/ resized to 8x8 (a sample takes whole batches)"
+    ], report["warnings"]
