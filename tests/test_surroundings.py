@@ -210,7 +210,8 @@ def test_one_mapping_from_exceptions_to_exit_codes():
     assert exit_code_for(PermissionError(errno.EACCES, "Permission denied", "/p"))[1] == (
         "/p: permission denied (check permissions of /p)"
     )
-    assert exit_code_for(OSError(errno.EIO, "Input/output error", "/x"))[0] == EXIT_BUG
+    assert exit_code_for(OSError(errno.EIO, "Input/output error", "/x"))[0] == 2  # the disk's
+    assert exit_code_for(OSError(errno.EINVAL, "Invalid argument", "/x"))[0] == EXIT_BUG
     assert exit_code_for(KeyError("x"))[0] == EXIT_BUG
     assert json.loads(json.dumps(exit_code_for(ValueError("\x1b[2J"))))[1].endswith("\\x1b[2J")
 

@@ -229,6 +229,20 @@ def _margin_arg(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_margin(margin: float) -> None:
+    """Exit 2 for a margin that is negative or not finite.
+
+    Why: argparse's float takes `nan` and `inf`, and no error grows past either: every
+    growth regression would be off without a word.
+    """
+    import math
+
+    if not math.isfinite(margin) or margin < 0:
+        raise UsageError(
+            f"--margin {margin}: give a finite number, not negative (0.25 = 25% growth)"
+        )
+
+
 def _history_arg(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--history",
@@ -667,8 +681,7 @@ def _cmd_nightly(args) -> int:
 
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
-    if args.margin < 0:
-        raise UsageError("--margin must not be negative")
+    _check_margin(args.margin)
     shard = _shard(args.shard, args.run_id)
     _claim_out(args.out)  # not a folder of the user's: exit 2 before anything runs
 
@@ -688,7 +701,7 @@ def _cmd_nightly(args) -> int:
         device=args.device,
     )
     _claim_out(args.out, mark="nightly")
-    _night_lines(night, len(night.results))
+    _night_lines(night)
     print(
         f"wrote {args.out}/summary.md, summary.html, junit.xml, nightly.json; "
         f"history {args.history} (run {night.run_id})"
@@ -699,14 +712,13 @@ def _cmd_nightly(args) -> int:
 def _cmd_summary(args) -> int:
     from trtbuild import nightly
 
-    if args.margin < 0:
-        raise UsageError("--margin must not be negative")
+    _check_margin(args.margin)
     if args.shards < 0:
         raise UsageError("--shards must not be negative")
     night = nightly.summarize(
         args.history, args.run_id, args.out, margin=args.margin, shards=args.shards
     )
-    _night_lines(night, len(night.results))
+    _night_lines(night)
     print(f"wrote {printable(str(args.out))}/summary.md, summary.html, junit.xml, nightly.json")
     return night.exit_code
 
@@ -745,24 +757,12 @@ def _shard(text: str | None, run_id: str | None):
     return Shard(int(k), int(n), run_id)
 
 
-def _night_lines(night, count: int) -> None:
+def _night_lines(night) -> None:
     """The night's verdict on the terminal: regressions, failures, missing shards."""
-    for g in night.regressions:
-        on = f" on {g.device}" if g.device else ""
-        print(f"REGRESSION {g.policy}{on}: {g.kind}: {g.detail} (last pass {g.since})")
-    for r in night.results:
-        if r.status != "pass":
-            first = r.message.splitlines()[0] if r.message else ""
-            print(f"{r.status.upper()} {r.policy}: {first}")
-    for r in night.results:
-        for (
-            flag
-        ) in r.flags:  # passes, but says less than a pass should (a warned overflow, flat data)
-            print(f"FLAG {r.policy}: {flag}")
-    for m in night.missing:
-        print(f"MISSING {m}: it did not report")
-    bad = night.attention() + night.missing
-    print(("ATTENTION: " + ", ".join(bad)) if bad else f"all {count} results pass")
+    from trtbuild.nightly import night_lines
+
+    for line in night_lines(night):
+        print(line)
 
 
 def _cmd_cache(args) -> int:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError
+from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError, surroundings_error
 from trtbuild.fsutil import write_bytes, write_text
 from trtbuild.nightly.history import History, history_url, open_history
 from trtbuild.nightly.regressions import Regression, regressions
@@ -87,37 +87,95 @@ def nightly(
     """Run this shard's policies, record them in one transaction, judge and render them.
 
     The results are in `OUT/nightly.json` before the history is opened: a history
-    that cannot be reached (exit 2) loses nothing.
+    that cannot be reached (exit 2) loses nothing. And the history does not depend on
+    `OUT`: when `OUT` cannot be written (a full disk), the night is still recorded,
+    every file that can be written is, the night's lines are printed, and then the
+    fault is exit 2 naming its path.
     """
-    from trtbuild.artifacts import versions
-
     shard = shard or Shard()
     history_url(history)  # a bad URL is exit 2 before anything runs
     paths = [p for p in discover(policies_dir) if shard_of(p.stem, shard.count) == shard.index]
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     results = run_all(paths, out_dir, backend, jobs, progress, use_cache, device)
-    _write_json(out_dir, started, shard, results, [], None)
+    fault = _written(_write_json, out_dir, started, shard, results, [], None)
     run = {"night": shard.night, "device": device or _device(results)}
     if shard.count > 1:
         run.update(shard=shard.index, shards=shard.count)
-    with _kept(out_dir):
-        db = open_history(history)
-        try:
-            run_id = db.record(started, results, versions("none"), **run)
-            found = regressions(db, run_id, results, margin, shard.night)
-            pngs = {r.policy: trend_png(r.policy, db.trend(r.policy, r.device)) for r in results}
-        finally:
-            db.close()
+    with _kept(out_dir if fault is None else None):
+        run_id, found, pngs = _record(history, started, results, run, margin)
     night = Night(run_id, results, found)
-    _render(out_dir, title(started, night.attention()), night, pngs, started, shard)
+    late = _render(out_dir, title(started, night.attention()), night, pngs, started, shard)
+    fault = fault if fault is not None else late
+    if fault is not None:
+        raise _out_fault(fault, night)
     return night
+
+
+def _record(
+    history: str | Path,
+    started: str,
+    results: list[PolicyResult],
+    run: dict[str, Any],
+    margin: float,
+) -> tuple[int, list[Regression], dict[str, bytes]]:
+    """Record the night in the history, then judge it and draw the trends from it (in
+    memory: nothing here writes to `OUT`, so its faults cannot cost the history)."""
+    from trtbuild.artifacts import versions
+
+    db = open_history(history)
+    try:
+        run_id = db.record(started, results, versions("none"), **run)
+        found = regressions(db, run_id, results, margin, run["night"])
+        pngs = {r.policy: trend_png(r.policy, db.trend(r.policy, r.device)) for r in results}
+    finally:
+        db.close()
+    return run_id, found, pngs
+
+
+def _out_fault(fault: OSError, night: Night) -> Exception:
+    """The first write `OUT` refused, once the night is printed: exit 2 naming its path
+    (a fault that is not the surroundings' stays a bug, exit 70, with its traceback).
+
+    Why print here: the command prints the night's lines only for a night that returns,
+    and a policy that errored on the full disk must still be named on the terminal.
+    """
+    for line in night_lines(night):
+        print(line, flush=True)
+    found = surroundings_error(fault)
+    if found is None:
+        return fault
+    recorded = f"; the night is recorded in the history (run {night.run_id})"
+    return UsageError(found.message + recorded, where=found.where, hint=found.hint)
+
+
+def night_lines(night: Night) -> list[str]:
+    """The night's verdict as the terminal shows it: regressions, failures, flags, missing
+    shards, then ATTENTION or all pass."""
+    lines = []
+    for g in night.regressions:
+        on = f" on {g.device}" if g.device else ""
+        lines.append(f"REGRESSION {g.policy}{on}: {g.kind}: {g.detail} (last pass {g.since})")
+    for r in night.results:
+        if r.status != "pass":
+            first = r.message.splitlines()[0] if r.message else ""
+            lines.append(f"{r.status.upper()} {r.policy}: {first}")
+    lines += [f"FLAG {r.policy}: {flag}" for r in night.results for flag in r.flags]
+    lines += [f"MISSING {m}: it did not report" for m in night.missing]
+    bad = night.attention() + night.missing
+    lines.append(
+        ("ATTENTION: " + ", ".join(bad)) if bad else f"all {len(night.results)} results pass"
+    )
+    return lines
 
 
 def summarize(
     history: str | Path, night_id: str, out_dir: Path, *, margin: float = 0.25, shards: int = 0
 ) -> Night:
-    """The whole night from the history alone: every shard, every lane, what is missing."""
-    db = open_history(history)
+    """The whole night from the history alone: every shard, every lane, what is missing.
+
+    Only reads: a history that is not there is exit 2, not a new empty one.
+    """
+    db = open_history(history, create=False)
     try:
         runs, found = db.night(night_id)
         if not runs:
@@ -134,7 +192,9 @@ def summarize(
     night = Night(None, results, regs, missing_shards(runs, shards))
     started = min(r["started"] for r in runs)
     heading = title(f"{started} (night {night_id})", night.attention() + night.missing)
-    _render(out_dir, heading, night, pngs, started, Shard(night=night_id))
+    fault = _render(out_dir, heading, night, pngs, started, Shard(night=night_id))
+    if fault is not None:
+        raise fault
     return night
 
 
@@ -159,13 +219,26 @@ def _device(results: list[PolicyResult]) -> str:
 
 
 @contextmanager
-def _kept(out_dir: Path) -> Iterator[None]:
-    """Say where the night's results are when the history cannot take them (exit 2)."""
+def _kept(out_dir: Path | None) -> Iterator[None]:
+    """Say where the night's results are when the history cannot take them (exit 2); None
+    when `OUT/nightly.json` could not be written either."""
     try:
         yield
     except UsageError as exc:
+        if out_dir is None:
+            raise
         kept = f"; tonight's results are kept in {out_dir / 'nightly.json'}"
         raise UsageError(exc.message + kept, where=exc.where, hint=exc.hint) from None
+
+
+def _written(write: Callable[..., None], *args: Any) -> OSError | None:
+    """Run one write into `OUT`; the OSError it raised, if any, for the caller to raise
+    once what does not depend on it (the history, the other files) is done."""
+    try:
+        write(*args)
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _render(
@@ -175,15 +248,37 @@ def _render(
     pngs: dict[str, bytes],
     started: str,
     shard: Shard,
-) -> None:
-    for name, png in pngs.items():
-        write_bytes(out_dir / "trends" / f"{name}.png", png)
+) -> OSError | None:
+    """Write the night's files into `OUT`, each one that can be; the first fault, if any.
+
+    Why each: on a disk with little space left, a small `junit.xml` may still fit where a
+    trend did not, and CI reads it.
+    """
+    faults = [
+        _written(write_bytes, out_dir / "trends" / f"{name}.png", png) for name, png in pngs.items()
+    ]
     rows = table(night.results, night.regressions)
     lanes = lanes_section(night.results, night.missing)
-    write_text(out_dir / "summary.md", summary_md(heading, rows, lanes))
-    write_text(out_dir / "summary.html", summary_html(heading, rows, pngs, lanes))
-    write_text(out_dir / "junit.xml", junit(night.results, night.regressions, night.missing))
-    _write_json(out_dir, started, shard, night.results, night.regressions, night.run_id, night)
+    faults += [
+        _written(write_text, out_dir / "summary.md", summary_md(heading, rows, lanes)),
+        _written(write_text, out_dir / "summary.html", summary_html(heading, rows, pngs, lanes)),
+        _written(
+            write_text,
+            out_dir / "junit.xml",
+            junit(night.results, night.regressions, night.missing),
+        ),
+        _written(
+            _write_json,
+            out_dir,
+            started,
+            shard,
+            night.results,
+            night.regressions,
+            night.run_id,
+            night,
+        ),
+    ]
+    return next((f for f in faults if f is not None), None)
 
 
 def _write_json(
@@ -207,4 +302,4 @@ def _write_json(
     write_text(out_dir / "nightly.json", json.dumps(doc, indent=2) + "\n")
 
 
-__all__ = ["History", "Night", "Shard", "missing_shards", "nightly", "summarize"]
+__all__ = ["History", "Night", "Shard", "missing_shards", "night_lines", "nightly", "summarize"]

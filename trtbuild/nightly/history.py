@@ -230,7 +230,8 @@ class History:
         o = self.t["outputs"]
         q = select(o).where(o.c.run_id == run_id, o.c.policy == policy)
         with self.transaction() as conn:
-            return {row["output"]: dict(row) for row in conn.execute(q).mappings()}
+            rows = list(conn.execute(q).mappings())
+        return {row["output"]: {**row, **{k: number(row[k]) for k in METRICS}} for row in rows}
 
     def trend(self, policy: str, device: str | None = None, limit: int = 60) -> list[dict]:
         """The policy's last `limit` results (in one lane's device where given), oldest first."""
@@ -326,18 +327,39 @@ def _policy_result(row: Any, outputs: dict[str, dict[str, Any]]) -> PolicyResult
     for name, o in outputs.items():
         m = {k: o[k] for k in METRICS}
         m["passed"] = bool(o["passed"])
-        m["checks"] = json.loads(o["checks"] or "{}")
+        m["checks"] = _loads(o["checks"], "{}")
         metrics[name] = m
-    fields = {c: row[c] for c, _ in RESULT_COLUMNS}
-    fields.update({c: json.loads(row[c] or empty) for c, empty in _JSON.items()})
+    fields = {c: row[c] if k == "TEXT" else number(row[c]) for c, k in RESULT_COLUMNS}
+    fields.update({c: _loads(row[c], empty) for c, empty in _JSON.items()})
     fields["message"] = row["message"] or ""
     return PolicyResult(policy=row["policy"], path="", outputs=metrics, **fields)
 
 
 def number(v: Any) -> float | None:
-    if isinstance(v, str):  # "inf" / "nan" as JSON writes them
+    """A metric as a number, `"inf"` and `"nan"` (as JSON writes them) as floats; None for
+    anything that is no number.
+
+    Why: a history is read night after night, and SQLite keeps any value in any column:
+    text in a metric's cell (a hand edit, another program) is a value the history does
+    not have, like NULL, not a bug of trtbuild's that stops the night (exit 70).
+    """
+    if v is None or isinstance(v, (int, float)):
+        return v
+    try:
         return float(v)
-    return v
+    except (TypeError, ValueError):
+        return None
+
+
+def _loads(text: Any, empty: str) -> Any:
+    """A JSON column's value; `empty`'s value where it is missing, not JSON or of another
+    kind (a damaged history reads as one that lacks the value, as `number` does)."""
+    default = json.loads(empty)
+    try:
+        found = json.loads(text) if text else default
+    except (TypeError, ValueError):
+        return default
+    return found if isinstance(found, type(default)) else default
 
 
 def _result_row(run_id: int, r: PolicyResult) -> dict[str, Any]:
@@ -364,13 +386,19 @@ def _unusable(where: str, exc: Exception) -> UsageError:
     )
 
 
-def open_history(target: str | Path) -> History:
+def open_history(target: str | Path, *, create: bool = True) -> History:
     """Connect, then create the schema or upgrade an older one in place; exit 2 when the
-    database cannot be used (unreachable, not a database, another schema, no driver)."""
+    database cannot be used (unreachable, not a database, another schema, no driver).
+
+    With `create` False (a reader: `trtbuild summary`), an SQLite file that is not there
+    is exit 2 naming it: a mistyped path must not leave an empty history behind.
+    """
     from sqlalchemy.exc import SQLAlchemyError
 
     url = history_url(target)
     where = _redacted(str(target))
+    if not create:
+        _check_exists(url)
     engine = _engine(url)
     history = History(engine, where)
     try:
@@ -383,6 +411,16 @@ def open_history(target: str | Path) -> History:
         engine.dispose()
         raise
     return history
+
+
+def _check_exists(url: Any) -> None:
+    """Exit 2 when `url` is an SQLite file that does not exist (SQLite would create it)."""
+    database = url.database if url.drivername.startswith("sqlite") else None
+    if database and database != ":memory:" and not Path(database).exists():
+        raise UsageError(
+            f"history not found: {database}",
+            hint="pass the --history the nightly wrote; `trtbuild nightly` creates one",
+        )
 
 
 def _engine(url: Any) -> Any:
@@ -419,7 +457,7 @@ def _engine(url: Any) -> Any:
 def _schema(conn: Any, tables: dict, where: str) -> None:
     """Create what is missing, add the columns an older trtbuild did not write, and refuse
     a database whose tables of these names are not ours."""
-    from sqlalchemy import inspect, select, text
+    from sqlalchemy import inspect, text
 
     if conn.dialect.name == "postgresql":  # shards starting at once create the schema once
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
@@ -444,19 +482,47 @@ def _schema(conn: Any, tables: dict, where: str) -> None:
         if table in have and column not in have[table]:
             kind = _sql_kind(tables[table].c[column].type, conn.dialect.name)
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {kind}"))
-    meta = tables["trtbuild_meta"]
+    _schema_version(conn, tables["trtbuild_meta"], where)
+
+
+def _schema_version(conn: Any, meta: Any, where: str) -> None:
+    """Record this trtbuild's schema version; exit 2 for a newer one, or one that is no number.
+
+    Why: `trtbuild_meta.schema` says which trtbuild wrote the file; a value that is not
+    a version (a hand edit, another program's table) leaves nothing to upgrade from.
+    """
+    from sqlalchemy import select
+
     found = conn.execute(select(meta.c.value).where(meta.c.key == "schema")).scalar()
-    if found is not None and int(found) > SCHEMA_VERSION:
+    if found is None:
+        conn.execute(meta.insert().values(key="schema", value=str(SCHEMA_VERSION)))
+        return
+    version = _version(found)
+    if version is None:
         raise UsageError(
-            f"the history database has schema {found}, written by a newer trtbuild "
+            f"the history database's schema version (trtbuild_meta.schema) is "
+            f"{str(found)[:40]!r}, not a number",
+            where=where,
+            hint="give --history a database of its own (a new SQLite path or database), or "
+            f"set trtbuild_meta.schema to {SCHEMA_VERSION} if the file is trtbuild's",
+        )
+    if version > SCHEMA_VERSION:
+        raise UsageError(
+            f"the history database has schema {version}, written by a newer trtbuild "
             f"(this one writes {SCHEMA_VERSION})",
             where=where,
             hint="upgrade trtbuild",
         )
-    if found is None:
-        conn.execute(meta.insert().values(key="schema", value=str(SCHEMA_VERSION)))
-    elif int(found) < SCHEMA_VERSION:
+    if version < SCHEMA_VERSION:
         conn.execute(meta.update().where(meta.c.key == "schema").values(value=str(SCHEMA_VERSION)))
+
+
+def _version(value: Any) -> int | None:
+    """`value` as a whole number, or None when it is none."""
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None
 
 
 def _sql_kind(kind: Any, dialect: str) -> str:

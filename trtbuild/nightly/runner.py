@@ -7,6 +7,8 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import logging
+import os
+import stat
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +69,23 @@ CPU_LANE = "cpu-emulation"  # the device of a lane whose outputs come from the e
 
 def shard_of(policy: str, shards: int) -> int:
     """The shard (1..shards) a policy belongs to, from its name alone: adding a policy moves
-    no other, and every shard of a night agrees without talking to the others."""
-    return int(hashlib.sha256(policy.encode()).hexdigest(), 16) % shards + 1
+    no other, and every shard of a night agrees without talking to the others.
+
+    The name's bytes as the file system holds them are hashed (`os.fsencode`): a name with
+    a byte that is not UTF-8 (legal on Linux) has a shard like any other.
+    """
+    return int(hashlib.sha256(os.fsencode(policy)).hexdigest(), 16) % shards + 1
+
+
+def shown(name: str) -> str:
+    """A file's name as text every sink takes: its bytes that are not UTF-8 escaped (`g\\xfe`).
+
+    Why: Linux allows any byte in a name, Python reads such a byte as a lone surrogate,
+    and the history, the summaries, JUnit and the terminal all refuse one. The policy's
+    key is this text everywhere (history, `OUT/<policy>/`, summary, JUnit, terminal), so
+    one night and the next agree; a valid UTF-8 name is its own escape.
+    """
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def device_of(evaluator: str | None, given: str | None) -> str:
@@ -87,6 +104,7 @@ def discover(policies_dir: Path) -> list[Path]:
         raise UsageError(
             "policies folder not found", where=str(policies_dir), hint="pass --policies DIR"
         )
+    # a FIFO, device or folder named *.yaml is found too: `run_policy` records it as an error
     found = sorted(p for p in policies_dir.iterdir() if p.suffix in (".yaml", ".yml"))
     if not found:
         raise UsageError(
@@ -109,9 +127,11 @@ def run_policy(
     from trtbuild.fsutil import sha256_file
     from trtbuild.policy import load_policy
 
-    result = PolicyResult(policy=path.stem, path=str(path), status="error", exit_code=EXIT_BUG)
+    name = shown(path.stem)
+    result = PolicyResult(policy=name, path=shown(str(path)), status="error", exit_code=EXIT_BUG)
     result.device = device_of(None, device)
     try:
+        _check_regular(path)  # before anything opens it: a FIFO would block for ever
         result.policy_sha256 = sha256_file(path)
         policy = load_policy(path)
         if policy.model.is_file():
@@ -120,7 +140,7 @@ def run_policy(
             enabled=use_cache, on_event=logging.getLogger("trtbuild").warning, codec=cache_codec
         )
         cache.check_root()
-        outcome = pipeline.build(policy, out_dir / path.stem, backend, cache=cache)
+        outcome = pipeline.build(policy, out_dir / name, backend, cache=cache)
     except Exception as exc:  # the CLI's mapping: the user's faults 2 or 3, a bug 70
         result.exit_code, result.message = exit_code_for(exc)
         if result.exit_code == EXIT_BUG:  # keep the traceback in the summary
@@ -140,8 +160,17 @@ def run_policy(
     result.versions = versions(result.backend or "none")
     result.trt_version = result.versions.get(result.backend or "none")
     result.outputs = report.main.outputs_json()  # plain data: it crosses processes
+    result.shapes = _shapes(report)
+    if not report.passed:
+        result.message = "; ".join(_below(sv, len(report.shapes)) for sv in report.failing_shapes)
+    return result
+
+
+def _shapes(report: Any) -> list[dict[str, Any]]:
+    """Each point judged (and each skipped) as plain data: the history keeps it with the
+    night, so the summary's flags come from the history alone."""
     flat = report.flat_outputs
-    result.shapes = [
+    return [
         {
             "name": sv.name,
             "inputs": {n: list(d) for n, d in sv.inputs.items()},
@@ -152,9 +181,20 @@ def run_policy(
         }
         for sv in report.shapes
     ] + [{**s.skipped_json(), "passed": None, "skipped": True} for s in report.skipped]
-    if not report.passed:
-        result.message = "; ".join(_below(sv, len(report.shapes)) for sv in report.failing_shapes)
-    return result
+
+
+def _check_regular(path: Path) -> None:
+    """Exit 2 unless `path` is a regular file (a symlink to one is), without opening it.
+
+    Why: a FIFO named `x.yaml` in the policies folder blocks the first read for ever, and
+    the whole night with it; a device reads until memory runs out.
+    """
+    if not stat.S_ISREG(path.stat().st_mode):  # its OSErrors are the surroundings' (exit 2)
+        raise UsageError(
+            "not a regular file (a FIFO, device, socket or folder), so no policy",
+            where=shown(str(path)),
+            hint="a policy is a regular YAML file: move this one out of the policies folder",
+        )
 
 
 def _below(sv, n_shapes: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from trtbuild.nightly.history import number
 from trtbuild.nightly.regressions import Regression, by_policy
@@ -196,7 +197,7 @@ def summary_md(heading: str, rows: list[tuple[bool, list[str]]], lanes: Lanes) -
         lines.append("| " + " | ".join(cells) + " |")
     lines += _lanes_md(lanes)
     lines += ["", "## Trends", ""]
-    lines += [f"![{cells[0]}](trends/{cells[0]}.png)" for _, cells in rows]
+    lines += [f"![{cells[0]}](trends/{quote(cells[0])}.png)" for _, cells in rows]
     lines += ["", "Reports: `<policy>/report.html` next to this file.", ""]
     return "\n".join(lines)
 
@@ -219,7 +220,7 @@ def summary_html(
     figs = "".join(
         f"<figure><img class='plot' alt='{escape(name)} trend' "
         f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-        f"<figcaption><a href='{escape(name)}/report.html'>{escape(name)} report</a>"
+        f"<figcaption><a href='{escape(quote(name))}/report.html'>{escape(name)} report</a>"
         "</figcaption></figure>"
         for name, png in pngs.items()
     )

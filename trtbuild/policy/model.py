@@ -98,12 +98,7 @@ class Policy:
         """
         from trtbuild.policy.load import mapping_fields
 
-        _check_name(name)
-        if not isinstance(base_dir, (str, os.PathLike)):
-            raise UsageError(
-                f"base_dir must be a folder's path, not {type(base_dir).__name__}",
-                hint="pass the folder relative paths are read from (str or Path)",
-            )
+        _check_arguments(name, base_dir)
         fields, source = mapping_fields(mapping, Path(base_dir).resolve())
         return _sourced(cls(name=name, **fields), source)
 
@@ -144,12 +139,8 @@ class Policy:
         return person_yaml(self, Path(where).resolve().parent if where is not None else None)
 
     def save(self, path: str | Path) -> Policy:
-        """Write `to_yaml(path)` to `path`, whole or not at all; return the policy it is now.
-
-        Raises:
-            UsageError: the surroundings refused the file (a folder there, a full disk, a
-                permission), naming `path`.
-        """
+        """Write `to_yaml(path)` to `path`, whole or not at all (the surroundings' faults,
+        a full disk, as `UsageError` naming it); return the policy it is now."""
         from trtbuild.errors import surroundings_raised
         from trtbuild.fsutil import write_text
 
@@ -158,12 +149,18 @@ class Policy:
         return parse_policy(text, Path(path).resolve(), name=self.name)
 
 
-def _check_name(name: object) -> None:
-    """A policy's name is a folder's name (`build/<name>/`): one plain, printable part.
+def _check_arguments(name: object, base_dir: object) -> None:
+    """A policy's name is a folder's name (`build/<name>/`): one plain, printable part; its
+    `base_dir` a path.
 
     Why: `from_dict(..., name="../x")` published outside `build/`, `""` or `"."` into
     `build/` itself, and None failed inside `build` with a TypeError.
     """
+    if not isinstance(base_dir, (str, os.PathLike)):
+        raise UsageError(
+            f"base_dir must be a folder's path, not {type(base_dir).__name__}",
+            hint="pass the folder relative paths are read from (str or Path)",
+        )
     if (
         not isinstance(name, str)
         or name in ("", ".", "..")

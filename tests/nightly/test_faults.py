@@ -1,0 +1,201 @@
+"""A night that meets a strange policies folder, a damaged history or a broken `OUT`: the
+night runs and records what it can; the user's or the machine's fault is exit 2 naming
+the path and the fix, never exit 70 (a bug) and never a hang. Real files, a real SQLite
+history, a real full disk (a tmpfs, where it can be mounted)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import sqlite3
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.helpers import TRTBUILD, F, model, node
+from tests.nightly.test_retry import _record, _result
+from trtbuild.cli import main
+from trtbuild.nightly.history import open_history
+from trtbuild.nightly.runner import shard_of
+
+LOOP = (ROOT / "policies" / "loop_sum.yaml").read_text()
+
+
+def _loop_policy(folder: Path, models_dir: Path, name: str = "loop_sum.yaml") -> Path:
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(LOOP.replace("../models/", f"{models_dir}/"))
+    return path
+
+
+def _nightly(policies: Path, out: Path, history: Path, *extra: str) -> int:
+    args = ["nightly", "--policies", str(policies), "--out", str(out), "--history", str(history)]
+    return main([*args, "--backend", "none", "--no-cache", *extra])
+
+
+def test_a_policy_name_that_is_not_utf8_runs_and_is_written_escaped(tmp_path, models_dir, capsys):
+    """`g\\xfe.yaml` (Latin-1, legal on Linux) was exit 70 for the whole night."""
+    policies, out, history = tmp_path / "policies", tmp_path / "out", tmp_path / "h.sqlite"
+    _loop_policy(policies, models_dir)
+    raw = os.fsdecode(b"g\xfe")
+    _loop_policy(policies, models_dir, raw + ".yaml")
+    assert shard_of(raw, 7) == int(hashlib.sha256(b"g\xfe").hexdigest(), 16) % 7 + 1
+
+    assert _nightly(policies, out, history) == 0
+    assert "  g\\xfe: pass" in capsys.readouterr().out
+    with sqlite3.connect(history) as db:
+        names = db.execute("SELECT policy FROM results ORDER BY policy").fetchall()
+    assert names == [("g\\xfe",), ("loop_sum",)]
+    assert "| `g\\xfe` | pass |" in (out / "summary.md").read_text(encoding="utf-8")
+    assert "g\\xfe" in (out / "summary.html").read_text(encoding="utf-8")
+    assert 'name="g\\xfe @ cpu-emulation"' in (out / "junit.xml").read_text(encoding="utf-8")
+    assert (out / "g\\xfe" / "report.json").is_file() and (out / "trends" / "g\\xfe.png").is_file()
+
+
+@contextlib.contextmanager
+def _opened(fifo: Path) -> Iterator[threading.Event]:
+    """Set when anything opens `fifo` to read; the open is then let through at once
+    (end of file), so a night that reads it fails this test instead of hanging it."""
+    seen, stop = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.05):
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:  # ENXIO: no reader yet
+                assert exc.errno == errno.ENXIO
+                continue
+            os.close(fd)
+            seen.set()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_fifo_named_yaml_is_that_policys_error_unopened_and_the_others_run(
+    tmp_path, models_dir, capsys
+):
+    """A FIFO `fifo.yaml` in the folder made the night hang for ever."""
+    policies, out, history = tmp_path / "policies", tmp_path / "out", tmp_path / "h.sqlite"
+    _loop_policy(policies, models_dir)
+    os.mkfifo(policies / "fifo.yaml")
+    with _opened(policies / "fifo.yaml") as seen:
+        assert _nightly(policies, out, history) == 1
+    assert not seen.is_set(), "the night opened the FIFO"
+    said = capsys.readouterr().out
+    assert "ERROR fifo: " in said and "not a regular file" in said
+    with sqlite3.connect(history) as db:
+        rows = db.execute("SELECT policy, status, exit_code FROM results ORDER BY policy")
+        assert rows.fetchall() == [("fifo", "error", 2), ("loop_sum", "pass", 0)]
+
+
+def test_a_history_whose_schema_is_no_number_is_exit_2_naming_it(tmp_path, models_dir, capsys):
+    history = tmp_path / "h.sqlite"
+    open_history(history).close()
+    with sqlite3.connect(history) as db:
+        db.execute("UPDATE trtbuild_meta SET value = 'abc' WHERE key = 'schema'")
+    argv = ["summary", "--history", str(history), "--run-id", "1", "--out", str(tmp_path / "s")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{history}: " in err and "trtbuild_meta.schema) is 'abc', not a number" in err
+    assert "Traceback" not in err
+    policies = tmp_path / "policies"
+    _loop_policy(policies, models_dir)
+    assert _nightly(policies, tmp_path / "out", history) == 2
+    err = capsys.readouterr().err
+    assert "not a number" in err and "tonight's results are kept in" in err
+
+
+def test_text_in_a_metric_of_the_history_is_read_as_missing(tmp_path, capsys):
+    """Text in `outputs.max_abs` was a TypeError (exit 70) in the regressions."""
+    history, out = tmp_path / "h.sqlite", tmp_path / "s"
+    _record(history, "n1", [_result("p", "pass", 1.0)], "2026-01-01T00:00:00+00:00")
+    with sqlite3.connect(history) as db:
+        db.execute("UPDATE outputs SET max_abs = 'abc', checks = '{not json'")
+        db.execute("UPDATE results SET low_share = 'half'")
+    _record(history, "n2", [_result("p", "pass", 4.0)], "2026-01-02T00:00:00+00:00")
+    argv = ["summary", "--history", str(history), "--out", str(out), "--run-id"]
+    assert main([*argv, "n1"]) == 0  # the damaged night itself: its max_abs is missing
+    assert main([*argv, "n2"]) == 1  # median_abs grew 4x: still judged
+    said = capsys.readouterr().out
+    assert "error grew: y.median_abs" in said and "y.max_abs" not in said
+    assert "| `p` | pass |" in (out / "summary.md").read_text()
+    db = open_history(history)
+    try:
+        assert [p["outputs"]["y"]["max_abs"] for p in db.trend("p")] == [None, 8.0]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("command", ["nightly", "summary"])
+@pytest.mark.parametrize("margin", ["nan", "inf", "-inf", "-1"])
+def test_a_margin_that_is_not_finite_or_is_negative_is_exit_2(tmp_path, command, margin, capsys):
+    """`--margin nan` was taken, and no error grows past NaN: every growth was off."""
+    history = tmp_path / "h.sqlite"
+    extra = ["--run-id", "1"] if command == "summary" else ["--policies", str(tmp_path)]
+    argv = [command, *extra, "--history", str(history), "--out", str(tmp_path / "o")]
+    assert main([*argv, f"--margin={margin}"]) == 2
+    assert "--margin" in capsys.readouterr().err and not history.exists()
+
+
+def test_summary_of_a_history_that_is_not_there_is_exit_2_and_creates_nothing(tmp_path, capsys):
+    """A mistyped `--history` left an empty 36 KB history behind, and said "no shard"."""
+    typo = tmp_path / "typo" / "h.sqlite"
+    argv = ["summary", "--history", str(typo), "--run-id", "1", "--out", str(tmp_path / "s")]
+    assert main(argv) == 2
+    assert f"history not found: {typo}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    uri = ["summary", "--history", f"sqlite:///{typo}", "--run-id", "1"]
+    assert main([*uri, "--out", str(tmp_path / "s")]) == 2 and list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def full_disk(tmp_path) -> Iterator[Path]:
+    """A folder on a real 1 MiB tmpfs with no space left (mounting needs root)."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    cmd = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)]
+    if subprocess.run(cmd, capture_output=True).returncode != 0:
+        pytest.skip("no tmpfs can be mounted here")
+    try:
+        with open(folder / "filler", "wb") as f, pytest.raises(OSError, match="No space"):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_out_disk_still_records_the_night_in_the_history(tmp_path, full_disk):
+    """The history (another disk) lost the whole night, and the ERROR lines were never
+    printed, when `OUT` was full: it is recorded first, then the out fault is exit 2."""
+    policies, history = tmp_path / "policies", tmp_path / "h.sqlite"
+    policies.mkdir()
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+    (policies / "m.onnx").write_bytes(m.SerializeToString())
+    (policies / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    out = full_disk / "night"
+    argv = ["nightly", "--policies", str(policies), "--out", str(out), "--history", str(history)]
+    done = subprocess.run([TRTBUILD, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("trtbuild: error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert str(out) in errors[0] and "no space left on the device" in errors[0]
+    assert "the night is recorded in the history (run 1)" in errors[0]
+    assert "free space on the disk that holds" in errors[0]
+    assert "ERROR p: " in done.stdout and "ATTENTION: p" in done.stdout, done.stdout
+    with sqlite3.connect(history) as db:
+        rows = db.execute("SELECT policy, status, exit_code FROM results").fetchall()
+    assert rows == [("p", "error", 2)]
