@@ -5,10 +5,12 @@ import json
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 from tests.helpers import fp8_qdq_conv, sparse_tensor
+from trtbuild.errors import UsageError
 from trtbuild.graph.model_io import opset_of
-from trtbuild.passes.basic import standard_qdq
+from trtbuild.passes.foreign_qdq import standard_qdq
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy.specs import Passes
 
@@ -585,3 +587,71 @@ def test_a_weight_handed_out_twice_is_made_once():
     got = _run(prepared.model, {"x": np.array([1.0, -1.0], np.float32)})
     np.testing.assert_array_equal(got[1], [1.5, -2.0])
     np.testing.assert_array_equal(got[2], [1.5, -2.0])
+
+
+def _trt_fp8_dq(weight: onnx.TensorProto, nodes_before=(), axis=None) -> onnx.ModelProto:
+    """`trt::TRT_FP8DequantizeLinear` of `weight` (scale `s`, per channel on `axis` where
+    given) into a Conv of an input of ones: its output is each filter's sum."""
+    from onnx import helper, numpy_helper
+
+    from tests.helpers import F
+
+    c = weight.dims[0]
+    scales = np.full(c, 1.0, np.float32) if axis is not None else np.array(1.0, np.float32)
+    attrs = {"axis": axis} if axis is not None else {}
+    nodes = [
+        *nodes_before,
+        helper.make_node("TRT_FP8DequantizeLinear", ["wq", "s"], ["w"], name="dq", domain="trt", **attrs),
+        helper.make_node("Conv", ["x", "w"], ["y"], name="conv"),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", F, [1, 1, 3])],
+        [helper.make_tensor_value_info("y", F, [1, c, 1])], [weight, numpy_helper.from_array(scales, "s")],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 19), helper.make_opsetid("trt", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def test_a_tensorrt_fp8_dq_of_a_weight_stored_as_uint8_reads_its_e4m3_values():
+    """An FP8 weight exported as its E4M3 bits in uint8 bytes, as TensorRT reads it: taken
+    as the integers 56, 184 and 64 it was 296 where E4M3 makes 1.5 (review)."""
+    import ml_dtypes
+    from onnx import numpy_helper
+
+    values = np.array([0.5, -1.0, 2.0], ml_dtypes.float8_e4m3fn).reshape(1, 1, 3)
+    bits = numpy_helper.from_array(values.view(np.uint8), "wq")
+    prepared = prepare(_trt_fp8_dq(bits), Passes()).model
+    (y,) = _run(prepared, {"x": np.ones((1, 1, 3), np.float32)})
+    assert y.ravel().tolist() == [1.5]
+
+
+def test_a_tensorrt_fp8_dq_of_anything_else_is_exit_2_naming_it():
+    from onnx import TensorProto, helper
+
+    ints = helper.make_tensor("wq", TensorProto.INT8, [1, 1, 3], [1, 2, 3])
+    with pytest.raises(UsageError, match="TensorRT's FP8 DequantizeLinear dq reads wq, which is"):
+        prepare(_trt_fp8_dq(ints), Passes())
+
+
+def test_a_tensorrt_fp8_q_with_a_computed_per_channel_scale_gets_a_zero_point_of_its_shape():
+    """The scale through an `Identity`: the zero point was a scalar, and ONNX Runtime
+    refused the per-channel Q ("x_zero_point must be null or 1D tensor with size 2")."""
+    from onnx import helper, numpy_helper
+
+    from tests.helpers import F
+
+    nodes = [
+        helper.make_node("Identity", ["s"], ["s2"], name="scale"),
+        helper.make_node("TRT_FP8QuantizeLinear", ["x", "s2"], ["q"], name="q", domain="trt", axis=1),
+        helper.make_node("TRT_FP8DequantizeLinear", ["q", "s2"], ["y"], name="dq", domain="trt", axis=1),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", F, [1, 2, 2])],
+        [helper.make_tensor_value_info("y", F, [1, 2, 2])],
+        [numpy_helper.from_array(np.array([0.5, 0.25], np.float32), "s")],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 19), helper.make_opsetid("trt", 1)]
+    prepared = prepare(helper.make_model(graph, opset_imports=opsets), Passes()).model
+    x = np.array([[[1.1, -3.0], [1.1, 500.0]]], np.float32)  # 500 / 0.25 saturates at 448
+    (y,) = _run(prepared, {"x": x})
+    np.testing.assert_array_equal(y, [[[1.125, -3.0], [1.125, 112.0]]])

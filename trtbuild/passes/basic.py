@@ -19,8 +19,6 @@ from onnx import helper, numpy_helper
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input, opset_of
-from trtbuild.graph.optypes import QUANTIZE
-from trtbuild.graph.qdq import FOREIGN_FORMATS, foreign_qdq
 from trtbuild.sizes import fmt_bytes
 
 
@@ -117,76 +115,12 @@ def body_outputs_made_inside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, P
     taken.update(t for _, g in graphs for t in subgraphs.defined_in(g))
     for scope, body in graphs[1:]:  # each output slot its own Identity (`[k, k]`: two)
         for out in _handed_in(body):
-            inside = _free(f"{scope}/{out.name}", taken)
+            inside = free_name(f"{scope}/{out.name}", taken)
             taken.add(inside)
             body.node.append(helper.make_node("Identity", [out.name], [inside], name=inside))
             out.name = inside
             record.changed += 1
     return model, record
-
-
-def standard_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
-    """Other runtimes' `QuantizeLinear`/`DequantizeLinear` made ONNX's (`FOREIGN_QDQ`), at
-    the opset their types need (`prepare` upgrades to it first).
-
-    Why: ONNX Runtime's `quantize_static` writes its own Q/DQ (`com.microsoft`) where the
-    model's opset has no ONNX Q/DQ of the type asked (INT4 weights below opset 21), or
-    where asked to (`UseQDQContribOps`); ModelOpt's torch FP8 quantizers export TensorRT's
-    (`trt::TRT_FP8QuantizeLinear`, which ONNX Runtime does not have: exit 2, "give the
-    model as exported", to a model as exported). The same computations: TensorRT's parser
-    reads ONNX's as its own. A TensorRT FP8 Q gets the zero point that makes ONNX's
-    quantize to E4M3 (zero, of the scale's shape), and its output's declared type (uint8,
-    as torch.onnx types it) becomes E4M3, as ModelOpt's own FP8 exporter does. Left as
-    they were, no Q/DQ of them was seen: `check` said 100% FP16, the DQs were not kept in
-    front of the ops they feed.
-    """
-    record = PassRecord("standard_qdq")
-    if not any(foreign_qdq(n) for n in subgraphs.all_nodes(model)):
-        return model, record
-    model = copied(model)  # passes never change their input
-    taken = {n.name for n in subgraphs.all_nodes(model)}
-    for _, graph in subgraphs.walk(model.graph):
-        taken.update(subgraphs.defined_in(graph))
-    retyped: dict[str, int] = {}
-    for _, graph in subgraphs.walk(model.graph):
-        for node in graph.node:
-            op = foreign_qdq(node)
-            if op is None:
-                continue
-            kind = FOREIGN_FORMATS.get(node.domain)
-            node.domain, node.op_type = "", op
-            record.changed += 1
-            if kind is not None and op == QUANTIZE and len(node.input) == 2:
-                zero = _free(f"{node.name or node.output[0]}/zero_point", taken)
-                taken.add(zero)
-                dims = _scale_dims(model, node.input[1])
-                graph.initializer.append(
-                    helper.make_tensor(zero, kind, dims, bytes(int(np.prod(dims))), raw=True)
-                )
-                node.input.append(zero)
-                retyped[node.output[0]] = kind
-    for _, graph in subgraphs.walk(model.graph):
-        for vi in (*graph.value_info, *graph.output):
-            vi.type.tensor_type.elem_type = retyped.get(vi.name, vi.type.tensor_type.elem_type)
-    used = {n.domain for n in subgraphs.all_nodes(model)}
-    kept = [o for o in model.opset_import if o.domain in used or o.domain in ("", "ai.onnx")]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
-    return model, record
-
-
-def _scale_dims(model: onnx.ModelProto, name: str) -> list[int]:
-    """The dims of a scale given as a weight or a `Constant` (anywhere in the model); none
-    (a scalar) where it is computed."""
-    for _, graph in subgraphs.walk(model.graph):
-        for t in graph.initializer:
-            if t.name == name:
-                return list(t.dims)
-        for n in graph.node:
-            if n.op_type == "Constant" and name in n.output:
-                value = _constant_value(n)
-                return list(value.shape) if value is not None else []
-    return []
 
 
 def weight_outputs_made(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
@@ -212,17 +146,19 @@ def weight_outputs_made(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRe
         taken.update(n.name for n in g.node)
         taken.update(subgraphs.defined_in(g))
     for name in dict.fromkeys(handed):
-        weight = _free(f"{name}__weight", taken)
+        weight = free_name(f"{name}__weight", taken)
         taken.add(weight)
         rename_values(graph, {name: weight})
         for out in graph.output:
             out.name = name if out.name == weight else out.name
-        graph.node.append(helper.make_node("Identity", [weight], [name], name=_free(name, taken)))
+        graph.node.append(
+            helper.make_node("Identity", [weight], [name], name=free_name(name, taken))
+        )
         record.changed += 1
     return model, record
 
 
-def _free(name: str, taken: set[str]) -> str:
+def free_name(name: str, taken: set[str]) -> str:
     """`name`, or `name__1`, `name__2`, ...: the first that `taken` does not hold."""
     found, k = name, 0
     while found in taken:

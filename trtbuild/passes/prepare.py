@@ -12,6 +12,7 @@ from trtbuild.graph.model_io import infer_shapes, strip_value_info
 from trtbuild.graph.qdq import SCALE_OPSET, WIDE_OPSET, WIDE_TYPES
 from trtbuild.passes import basic as passes
 from trtbuild.passes import control, fuse
+from trtbuild.passes.foreign_qdq import standard_qdq
 from trtbuild.passes.inline import inline_functions
 from trtbuild.passes.upcast import upcast_low_precision
 from trtbuild.policy.specs import Passes
@@ -93,7 +94,7 @@ def _upgraded(
             else "Q/DQ of INT4 or INT16 values are ONNX's from opset 21"
         )
     records.append(rec)
-    model, rec = passes.standard_qdq(model)  # at the opset its types need
+    model, rec = standard_qdq(model)  # at the opset its types need
     if rec.changed:
         records.append(rec)
     return model
