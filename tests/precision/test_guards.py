@@ -234,3 +234,60 @@ def test_without_the_shape_guard_the_resized_shape_is_fp16s(tmp_path):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     said = report["outputs"]["y"]["shape_mismatch"][0]
     assert said["candidate"] == [1, 3, 133, 199] and said["reference"] == [1, 3, 133, 200]
+
+
+def _embedded() -> onnx.ModelProto:
+    """A BERT/ViT-like front (review): position embeddings looked up by positions the
+    sequence length cuts, a cls token spread to the batch, a mask filled to a shape's size;
+    and one true shape computation, `1 / len` in a scalar."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = {
+        "pos_w": rng.random((64, 16), np.float32), "tok_w": rng.random((100, 16), np.float32),
+        "cls": rng.random((1, 1, 16), np.float32), "W": rng.random((16, 16), np.float32),
+        "pos_ids": np.arange(64, dtype=np.int64)[None], "z": np.array([0], np.int64),
+        "one": np.array([1], np.int64), "two": np.array([2], np.int64),
+        "dd": np.array([16], np.int64), "unit": np.array(1.0, np.float32),
+    }  # fmt: skip
+    nodes = [
+        ("Shape", ["ids"], "shp", "shape"), ("Slice", ["shp", "one", "two"], "seq", "seqlen"),
+        ("Slice", ["pos_ids", "z", "seq", "one"], "pids", "slice_pos"),
+        ("Gather", ["pos_w", "pids"], "pe", "pos_embed"), ("Gather", ["tok_w", "ids"], "te", "tok_embed"),
+        ("Add", ["te", "pe"], "e", "add_embed"), ("Slice", ["shp", "z", "one"], "b", "batch"),
+        ("Concat", ["b", "one", "dd"], "cshape", "cshape", {"axis": 0}),
+        ("Expand", ["cls", "cshape"], "clsx", "cls_expand"),
+        ("Concat", ["clsx", "e"], "h", "cat_cls", {"axis": 1}), ("ConstantOfShape", ["cshape"], "mask", "fill"),
+        ("Cast", ["seq"], "seqf", "len_float", {"to": 1}), ("Div", ["unit", "seqf"], "inv", "inverse"),
+        ("Mul", ["h", "inv"], "hs", "scale"), ("MatMul", ["hs", "W"], "y", "mm"),
+        ("Add", ["clsx", "mask"], "c2", "masked"),
+    ]  # fmt: skip
+    made = [helper.make_node(op, i, [o], name=n, **(a[0] if a else {})) for op, i, o, n, *a in nodes]  # fmt: skip
+    zero = numpy_helper.from_array(np.zeros(1, np.float32))
+    next(n for n in made if n.name == "fill").attribute.append(helper.make_attribute("value", zero))
+    graph = helper.make_graph(
+        made, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "t", 16]),
+         helper.make_tensor_value_info("c2", TensorProto.FLOAT, ["b", 1, 16])],
+        [numpy_helper.from_array(v, k) for k, v in w.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_shape_guard_leaves_lookups_spreads_and_fills_of_a_shapes_size_to_the_data():
+    """The review found the position lookup, the cls token spread to the batch (and through
+    the Concat the whole hidden state) pinned as "a shape computation"; a fill too."""
+    from trtbuild.graph.model_io import infer_shapes
+    from trtbuild.policy.specs import Precision
+    from trtbuild.precision.assign import assign
+
+    found = assign(infer_shapes(_embedded()), Precision())
+    rules = {found.view.nodes[i].name: d.rule for i, d in enumerate(found.decisions)}
+    assert [n for n, r in rules.items() if r == "guard:shape-arithmetic"] == [
+        "len_float",
+        "inverse",
+    ]
+    for name in ("pos_embed", "cls_expand", "cat_cls", "fill", "scale"):
+        assert rules[name] != "guard:shape-arithmetic", (name, rules[name])

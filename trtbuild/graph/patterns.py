@@ -12,12 +12,16 @@ schema (and `trtbuild schema`, `--help`) does not pay for onnx.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from onnx import NodeProto
+
     from trtbuild.graph.analysis import Analysis
+    from trtbuild.graph.view import GraphView
 
 Finder = Callable[["Analysis", "int | None"], dict[int, str]]
 
@@ -107,22 +111,28 @@ def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
 FILLS = frozenset(
     {"ConstantOfShape", "EyeLike", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
 )
+# Ops that spread their first input over a shape their second gives: from a shape, a fill
+SPREADS = frozenset({"Expand", "Tile"})
+# The float weights shape arithmetic reads are constants of a formula (200, 0.5, [1, 1]);
+# a larger one (an embedding table, a cls token) makes the model's data
+SHAPE_WEIGHT_MAX = 16
 
 
 def _shape_arithmetic(analysis: Analysis, last: int | None) -> dict[int, str]:
     """Each node with a float output computed from shapes alone: `Shape`/`Size` outputs,
-    weights and what is computed from them only (a resize's scale `200 / max(H, W)`, a
-    `1 / sqrt(d)` of a head's width, anchors from a feature map's size). A fill of a
-    shape's size (`ConstantOfShape`) and a control node's outputs are the model's data.
+    small float weights (`SHAPE_WEIGHT_MAX`), integer weights and what is computed from
+    them only (a resize's scale `200 / max(H, W)`, a `1 / sqrt(d)` of a head's width,
+    anchors from a feature map's size). Not the model's data made to a shape's size: a fill
+    (`ConstantOfShape`), a weight spread over a shape (`Expand` of a cls token to the
+    batch, `Tile` of queries), a lookup in a table by positions the length cuts (an
+    embedding's `Gather`), a control node's outputs.
 
     Why: these are TensorRT's shape tensors, computed where the engine binds its shapes;
     FP16 holds integers exactly only up to 2048, so a size or a scale made low changes an
     output's shape (199 rows where FP32 makes 200), and TensorRT-RTX refuses FP16 in a
     shape computation ("Input 0's element type (float) differs from input 1's element type
-    (half)"). They are scalars or short vectors: FP32 costs nothing.
+    (half)"). They are scalars, short vectors and position ranges: FP32 costs little.
     """
-    from trtbuild.graph.subgraphs import CONTROL_FLOW
-
     view = analysis.view
     source: dict[str, str] = {}  # a value computed from shapes alone -> the Shape it reads
     found: dict[int, str] = {}
@@ -131,17 +141,34 @@ def _shape_arithmetic(analysis: Analysis, last: int | None) -> dict[int, str]:
             source.update((o, node.name) for o in node.output if o)
             continue
         ins = [t for t in node.input if t]
-        if node.op_type in FILLS or node.op_type in CONTROL_FLOW or not ins:
+        if not _computes_shapes(view, node, ins, source):
             continue
-        if any(t not in source and t not in view.initializers for t in ins):
-            continue
-        shape = next((source[t] for t in ins if t in source), None)
-        if shape is None:  # weights alone: what folding left, no shape's
-            continue
+        shape = next(source[t] for t in ins if t in source)
         source.update((o, shape) for o in node.output if o)
         if view.float_outputs(i):
             found[i] = f"computes from shapes alone (Shape node {shape}): a shape computation"
     return found
+
+
+def _computes_shapes(view: GraphView, node: NodeProto, ins: list[str], source: dict) -> bool:
+    """Whether `node` computes from shapes alone: each input a shape's value or a constant
+    of a formula, one at least a shape's, and no fill, spread or control flow."""
+    from trtbuild.graph.subgraphs import CONTROL_FLOW
+
+    op = node.op_type
+    if op in FILLS or op in CONTROL_FLOW or not any(t in source for t in ins):
+        return False
+    if op in SPREADS and len(ins) > 1 and ins[1] in source:  # spread to a shape's size
+        return False
+    for t in ins:
+        weight = view.initializers.get(t)
+        if t in source:
+            continue
+        if weight is None:
+            return False
+        if view.is_float(t) and math.prod(weight.dims) > SHAPE_WEIGHT_MAX:
+            return False
+    return True
 
 
 def _back(found: dict[int, str], back: tuple[int, ...] | None) -> dict[int, str]:
