@@ -301,25 +301,18 @@ def _decode(policy: Policy, spec: InputSpec, path: Path, field: str) -> Source:
 def _opened(policy: Policy, field: str, path: Path, mode: str) -> Image.Image:
     """The image read whole in `mode` (its pixel count checked first), held once: converted
     only where the file's mode is another (a copy of an RGB photo as RGB doubled what
-    decoding holds, past what the `samples` check counts for it)."""
+    decoding holds, past what the `samples` check counts for it). The file is ours to
+    close: Pillow keeps a multi-frame one (TIFF, GIF, a camera's MPO) open after `load`."""
     from PIL import Image
 
-    unreadable = (Image.DecompressionBombError, OSError, ValueError)
     try:
-        im = Image.open(path)
-    except unreadable as exc:
+        with open(path, "rb") as f:  # Pillow does not close a file it was handed
+            im = Image.open(f)
+            _check_pixels(policy, field, path, im.size)
+            im.load()  # the pixels read while the file is open
+    except (Image.DecompressionBombError, OSError, ValueError) as exc:
         raise _unreadable(policy, field, path, exc) from None
-    kept = None
-    try:
-        _check_pixels(policy, field, path, im.size)
-        im.load()  # read here, the file closed behind it
-        kept = im if im.mode == mode else im.convert(mode)
-        return kept
-    except unreadable as exc:
-        raise _unreadable(policy, field, path, exc) from None
-    finally:
-        if kept is not im:
-            im.close()
+    return im if im.mode == mode else im.convert(mode)
 
 
 def _unreadable(policy: Policy, field: str, path: Path, exc: Exception) -> UsageError:
