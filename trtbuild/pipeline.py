@@ -118,7 +118,8 @@ def build_engines(
     found = dict(zip(("policy", *variants), built, strict=True))
     engines = {k: e for k, e in found.items() if not isinstance(e, Exception)}
     unbuilt = [
-        f"the all-{k.upper()} variant's engine did not build ({e.message}; {e.hint}): its baseline is "
+        f"the all-{k.upper()} variant's engine did not build "
+        f"({'; '.join(x for x in (e.message, e.hint) if x)}): its baseline is "
         f"judged without it; `build.variants: false` builds the policy's engine alone"
         for k, e in found.items()
         if isinstance(e, Exception)

@@ -116,6 +116,7 @@ def build_engines(
                 answers.append(answer)
                 if not _goes_on(answer, k >= first):  # as the child stops
                     break
+                logged.clear()  # a crash after this answer says the next job's errors alone
             code = proc.wait()
             drain.join(timeout=5)
     if interrupted.is_set() or (not answers and code == INTERRUPTED):
@@ -142,12 +143,16 @@ def _built(
         if answer is not None and answer[0] == "ok":
             found.append(answer[1])
             continue
+        if k > len(answers):  # after a crash on the job before: never attempted
+            crashed = paths[len(answers)].name
+            found.append(BackendError(f"{path.name} not built: the build child crashed on {crashed}"))  # fmt: skip
+            continue
         try:
             _answered(answer, code, backend, path, logged)
         except BackendError as exc:
             if k < first:
                 raise
-            found.append(exc)  # and, after a crash, each job left: the same error
+            found.append(exc)
     return found
 
 
