@@ -78,8 +78,6 @@ _SURROUNDINGS = {
     errno.EISDIR: ("is a folder where a file goes", "move the folder away or name another path"),
     errno.ENOTDIR: ("a part of the path is a file, not a folder", "fix the path {path}"),
     errno.ENAMETOOLONG: ("file name too long", "use a shorter path"),
-    # a folder that refuses new files as missing (/proc), one removed while trtbuild ran
-    errno.ENOENT: ("no such file or folder", "check that {path} can be made and stays there"),
     errno.EIO: ("an input/output error of the device", "check the disk that holds {path}"),
     errno.EBUSY: ("the device or file is busy", "retry once {path} is free"),
 }

@@ -75,11 +75,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     on POSIX; on any exception (KeyboardInterrupt included) it is removed.
     """
     final = Path(path)
-    make_parents(final)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    except OSError as exc:  # the folder refuses files: said of `path`, not of a temporary name
-        raise OSError(exc.errno, exc.strerror, str(final)) from exc
+    with creating(final):
+        make_parents(final)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        except OSError as exc:  # refused: said of `path`, not of a temporary name
+            raise OSError(exc.errno, exc.strerror, str(final)) from exc
     os.close(fd)
     tmp_path = Path(tmp)
     umask = os.umask(0)
@@ -95,6 +96,24 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             # a write's ENOSPC names no file, a rename names the temporary one: name `path`
             raise OSError(exc.errno, exc.strerror, str(final)) from exc
         raise
+
+
+@contextlib.contextmanager
+def creating(path: Path) -> Iterator[None]:
+    """`path` made inside: a folder that answers a new file or folder with "no such file"
+    (`/proc`, a FUSE mount) is the surroundings' fault, exit 2 naming `path`.
+
+    Why here and not for every ENOENT: a file trtbuild itself expects and does not find is
+    its bug, with the traceback; only where it creates is the missing one the folder's.
+    """
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise UsageError(
+            "the folder refuses new files there (no such file or folder)",
+            where=str(path),
+            hint=f"write to a folder that takes new files instead of {path.parent}",
+        ) from exc
 
 
 def make_parents(path: Path) -> None:
@@ -355,12 +374,13 @@ def staging_folder(out_dir: Path) -> Iterator[Path]:
     would take a running build's staging folder for a dead one's.
     """
     home = out_dir if is_mount(out_dir) else out_dir.parent
-    home.mkdir(parents=True, exist_ok=True)
-    clean_leftovers(home, out_dir.name)
-    try:
-        path, fd = _held_folder(home, f".{out_dir.name}.staging-")
-    except OSError as exc:  # the user knows the out folder, not the staging folder's name
-        raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
+    with creating(out_dir):
+        home.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(home, out_dir.name)
+        try:
+            path, fd = _held_folder(home, f".{out_dir.name}.staging-")
+        except OSError as exc:  # the user knows the out folder, not the staging folder's name
+            raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
     try:
         yield path
     finally:

@@ -199,3 +199,21 @@ def test_a_full_out_disk_still_records_the_night_in_the_history(tmp_path, full_d
     with sqlite3.connect(history) as db:
         rows = db.execute("SELECT policy, status, exit_code FROM results").fetchall()
     assert rows == [("p", "error", 2)]
+
+
+def test_an_out_folder_that_refuses_new_files_still_records_the_night(tmp_path, capsys):
+    """`/proc` answers a new file with "no such file": the night is recorded, then exit 2
+    naming the out folder (it was exit 70 from the first write)."""
+    policies, history = tmp_path / "policies", tmp_path / "h.sqlite"
+    policies.mkdir()
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+    (policies / "m.onnx").write_bytes(m.SerializeToString())
+    (policies / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    assert _nightly(policies, Path("/proc/trtbuild-night"), history) == 2
+    err = capsys.readouterr().err
+    assert "/proc/trtbuild-night/nightly.json: the folder refuses new files there" in err, err
+    assert "the night is recorded in the history (run 1)" in err
+    with sqlite3.connect(history) as db:
+        assert db.execute("SELECT policy, status, exit_code FROM results").fetchall() == [
+            ("p", "error", 2)
+        ]

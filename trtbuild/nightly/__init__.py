@@ -132,7 +132,7 @@ def _record(
     return run_id, found, pngs
 
 
-def _out_fault(fault: OSError, night: Night) -> Exception:
+def _out_fault(fault: Exception, night: Night) -> Exception:
     """The first write `OUT` refused, once the night is printed: exit 2 naming its path
     (a fault that is not the surroundings' stays a bug, exit 70, with its traceback).
 
@@ -141,7 +141,7 @@ def _out_fault(fault: OSError, night: Night) -> Exception:
     """
     for line in night_lines(night):
         print(line, flush=True)
-    found = surroundings_error(fault)
+    found = fault if isinstance(fault, UsageError) else surroundings_error(fault)
     if found is None:
         return fault
     recorded = f"; the night is recorded in the history (run {night.run_id})"
@@ -231,12 +231,13 @@ def _kept(out_dir: Path | None) -> Iterator[None]:
         raise UsageError(exc.message + kept, where=exc.where, hint=exc.hint) from None
 
 
-def _written(write: Callable[..., None], *args: Any) -> OSError | None:
-    """Run one write into `OUT`; the OSError it raised, if any, for the caller to raise
-    once what does not depend on it (the history, the other files) is done."""
+def _written(write: Callable[..., None], *args: Any) -> Exception | None:
+    """Run one write into `OUT`; the fault it raised, if any (an OSError, or the UsageError
+    of a folder that refuses files), for the caller to raise once what does not depend on
+    it (the history, the other files) is done."""
     try:
         write(*args)
-    except OSError as exc:
+    except (OSError, UsageError) as exc:
         return exc
     return None
 
@@ -248,7 +249,7 @@ def _render(
     pngs: dict[str, bytes],
     started: str,
     shard: Shard,
-) -> OSError | None:
+) -> Exception | None:
     """Write the night's files into `OUT`, each one that can be; the first fault, if any.
 
     Why each: on a disk with little space left, a small `junit.xml` may still fit where a
