@@ -192,7 +192,7 @@ def test_a_policy_that_is_a_device_or_a_pipe_is_said_so_and_never_read(tmp_path,
     for path in ("/dev/zero", str(fifo)):
         assert main(["check", "--policy", path]) == 2
         err = capsys.readouterr().err
-        assert f"{path}: the policy is not a regular file (a device or a pipe)" in err, err
+        assert f"{path}: the policy is not a regular file (a FIFO, device" in err, err
 
 
 def test_a_full_stdout_names_where_the_space_ran_out(capsys):

@@ -398,7 +398,7 @@ def _standard_streams() -> None:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - the process's own stream
     if sys.stdout is None:
         sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    for stream in (sys.stdout, sys.stderr):  # a name's undecodable bytes said as `\udcfe`
+    for stream in (sys.stdout, sys.stderr):  # undecodable bytes escaped, not raised
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")
 

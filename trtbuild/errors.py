@@ -22,6 +22,15 @@ EXIT_BACKEND = 3
 EXIT_BUG = 70  # an internal error: the traceback is kept, reported as a bug
 
 
+def undecoded(text: str) -> str:
+    """`text` with the bytes Python could not decode (a Latin-1 file name on Linux, read as
+    lone surrogates) as `\\xfe`, the byte it is: what every file and terminal takes, and
+    one spelling of the name wherever it goes (a report, the history, a message)."""
+    if text.isascii() or not any("\udc80" <= ch <= "\udcff" for ch in text):
+        return text
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+
+
 def printable(text: str) -> str:
     """`text` with what does not print escaped (ESC as \\x1b, a newline as \\n, U+202E).
 
@@ -29,6 +38,7 @@ def printable(text: str) -> str:
     sequence from a policy must not recolour or rewrite the terminal, and a newline
     must not forge a second `trtbuild: error:` line.
     """
+    text = undecoded(text)
     if text.isprintable():
         return text
     return "".join(

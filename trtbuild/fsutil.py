@@ -134,10 +134,12 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """`text` as UTF-8, a path's undecodable bytes (a policy named in Latin-1 on Linux,
-    read as surrogates) written as `\\udcfe` escapes: a report names its policy."""
+    """`text` as UTF-8, a path's undecodable bytes (a policy named in Latin-1 on Linux)
+    written as the bytes they are (`errors.undecoded`): a report names its policy."""
+    from trtbuild.errors import undecoded
+
     with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
+        tmp.write_text(undecoded(text), encoding="utf-8", errors="backslashreplace")
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:

@@ -8,14 +8,13 @@ import concurrent.futures
 import hashlib
 import logging
 import os
-import stat
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtbuild.accuracy.masked import overflow_node, rule_said
-from trtbuild.errors import EXIT_BUG, UsageError, exit_code_for
+from trtbuild.errors import EXIT_BUG, UsageError, exit_code_for, undecoded
 
 
 @dataclass
@@ -77,17 +76,6 @@ def shard_of(policy: str, shards: int) -> int:
     return int(hashlib.sha256(os.fsencode(policy)).hexdigest(), 16) % shards + 1
 
 
-def shown(name: str) -> str:
-    """A file's name as text every sink takes: its bytes that are not UTF-8 escaped (`g\\xfe`).
-
-    Why: Linux allows any byte in a name, Python reads such a byte as a lone surrogate,
-    and the history, the summaries, JUnit and the terminal all refuse one. The policy's
-    key is this text everywhere (history, `OUT/<policy>/`, summary, JUnit, terminal), so
-    one night and the next agree; a valid UTF-8 name is its own escape.
-    """
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
-
-
 def device_of(evaluator: str | None, given: str | None) -> str:
     """The lane's device: `--device` where given, the GPU that ran the engines, or the CPU."""
     if given:
@@ -126,12 +114,15 @@ def run_policy(
     from trtbuild.cache import Cache
     from trtbuild.fsutil import sha256_file
     from trtbuild.policy import load_policy
+    from trtbuild.policy.load import check_regular
 
-    name = shown(path.stem)
-    result = PolicyResult(policy=name, path=shown(str(path)), status="error", exit_code=EXIT_BUG)
+    name = undecoded(path.stem)
+    result = PolicyResult(
+        policy=name, path=undecoded(str(path)), status="error", exit_code=EXIT_BUG
+    )
     result.device = device_of(None, device)
     try:
-        _check_regular(path)  # before anything opens it: a FIFO would block for ever
+        check_regular(path)  # before anything opens it: a FIFO would block for ever
         result.policy_sha256 = sha256_file(path)
         policy = load_policy(path)
         if policy.model.is_file():
@@ -181,20 +172,6 @@ def _shapes(report: Any) -> list[dict[str, Any]]:
         }
         for sv in report.shapes
     ] + [{**s.skipped_json(), "passed": None, "skipped": True} for s in report.skipped]
-
-
-def _check_regular(path: Path) -> None:
-    """Exit 2 unless `path` is a regular file (a symlink to one is), without opening it.
-
-    Why: a FIFO named `x.yaml` in the policies folder blocks the first read for ever, and
-    the whole night with it; a device reads until memory runs out.
-    """
-    if not stat.S_ISREG(path.stat().st_mode):  # its OSErrors are the surroundings' (exit 2)
-        raise UsageError(
-            "not a regular file (a FIFO, device, socket or folder), so no policy",
-            where=shown(str(path)),
-            hint="a policy is a regular YAML file: move this one out of the policies folder",
-        )
 
 
 def _below(sv, n_shapes: int) -> str:

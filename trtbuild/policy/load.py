@@ -50,17 +50,31 @@ def resolve_policy_path(name: str | Path) -> Path:
         if candidate.is_file():
             return candidate.resolve()
     there = next((c for c in candidates if c.exists() and not c.is_dir()), None)
-    if there is not None:  # a device, a FIFO: never opened (a FIFO's read would wait forever)
-        raise UsageError(
-            "the policy is not a regular file (a device or a pipe)",
-            where=str(there),
-            hint="name the policy's .yaml file; to pass one from a pipe, save it to a file first",
-        )
+    if there is not None:
+        check_regular(there)
     raise UsageError(
         "policy file not found",
         where=str(name),
         hint=f"looked at {', '.join(map(str, candidates))}; name an existing policy file",
     )
+
+
+def check_regular(path: Path) -> None:
+    """Exit 2 unless `path` is a regular file (a symlink to one is), without opening it.
+
+    Why: a FIFO named `x.yaml` blocks its first read for ever (and a nightly's whole night
+    with it); a device reads until memory runs out.
+    """
+    import stat
+
+    from trtbuild.errors import undecoded
+
+    if not stat.S_ISREG(path.stat().st_mode):  # its OSErrors are the surroundings' (exit 2)
+        raise UsageError(
+            "the policy is not a regular file (a FIFO, device, socket or folder)",
+            where=undecoded(str(path)),
+            hint="name the policy's .yaml file; one from a pipe, save to a file first",
+        )
 
 
 class PolicyLoader(yaml.SafeLoader):

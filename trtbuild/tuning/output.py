@@ -42,7 +42,7 @@ def tuned_policy(
     source = policy.source
     folder = out.resolve().parent if out is not None else source.base_dir if source else None
     came = relative(policy.path, folder) if policy.path and folder else policy.where
-    came = printable(str(came))  # a name's undecodable bytes (`\udcfe`): YAML holds no such
+    came = printable(str(came))  # a name's undecodable bytes (`\xfe`): YAML holds no such
     verdict = "passes" if result.passed else "DOES NOT PASS"
     verdict += " (budget exhausted)" if result.exhausted else ""
     header = (
