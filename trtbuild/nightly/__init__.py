@@ -173,7 +173,8 @@ def summarize(
 ) -> Night:
     """The whole night from the history alone: every shard, every lane, what is missing.
 
-    Only reads: a history that is not there is exit 2, not a new empty one.
+    A history that is not there is exit 2, not a new empty one (one that is there gets
+    the schema, or its upgrade, as `open_history` gives every reader).
     """
     db = open_history(history, create=False)
     try:
