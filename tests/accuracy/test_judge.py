@@ -372,3 +372,32 @@ def test_a_non_max_suppression_that_keeps_fewer_boxes_is_named_with_both_counts(
     decision = report["first_divergence"]["decision"]
     assert decision["node"] == "nms" and decision["of"] == differ["reference"][0], decision
     assert decision["chosen"] == differ["candidate"][0] != decision["of"], decision
+
+
+def test_a_later_sample_judged_alone_is_named_by_its_own_number(tmp_path):
+    """`tune` judges the sample likeliest to fail alone (`samples=[2]`): its failure, and
+    the statistic that failed it (`worst`), name sample 2, not the first of the list."""
+    from trtbuild.accuracy.judge import Candidate, judge_all
+    from trtbuild.front import run_front
+    from trtbuild.policy import load_policy
+    from trtbuild.precision.assign import assign
+    from trtbuild.precision.convert import convert
+
+    m = model([node("Mul", ["x", "k"], "y", "scale")], [("x", F, [1, 4])], [("y", F, [1, 4])],
+              {"k": np.array(1.0001, np.float32)})  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    x = np.array([[[0.0] * 4], [[0.0] * 4], [[1000.3] * 4]], np.float32)  # FP16 rounds 1000.4
+    np.savez(tmp_path / "x.npz", x=x)
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 4], data: {file: x.npz}}\n"
+        "accuracy:\n  samples: 3\n  tolerances: {default: {atol: 1e-3, rtol: 1e-5}}\n"
+    )
+    front = run_front(load_policy(tmp_path / "p.yaml"))
+    run = front.shapes[0]
+    mixed = convert(assign(front.view, front.policy.precision)).model
+    (verdict,) = judge_all(
+        run.reference.samples([2]), front.prepared.model, [Candidate(mixed)], [run.feeds[2]],
+        front.policy.accuracy, detail="overflow", progress=False, samples=[2],
+    )  # fmt: skip
+    y = verdict.outputs["y"]
+    assert y.failed_samples == [2] and y.checks["simple"]["worst"]["sample"] == 2, y.checks
