@@ -276,6 +276,12 @@ def test_a_node_onnx_runtime_cannot_make_a_kernel_of_is_the_models_not_the_shape
             "default: {compare: indices}",
             "accuracy.tolerances.default: compare: indices on the float output 'restored'",
         ),
+        (
+            "outputs: {restored: {compare: indices, top_k: 1, top_k_axis: 4}}",
+            "accuracy.tolerances.outputs.restored: top_k_axis 4 is not an axis of the output "
+            "'restored' (rank 4)",
+        ),
+        ("outputs: {restored: {top_k_axis: 1}}", "top_k_axis is read only with top_k"),
     ],
 )
 def test_a_tolerance_the_model_cannot_read_is_exit_2(example_policy, capsys, tolerances, said):

@@ -223,8 +223,8 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
 
 
 def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
-    """Exit 2 for a tolerance of an output the model does not have, and for `compare:
-    indices` without `top_k` on a float output.
+    """Exit 2 for a tolerance of an output the model does not have, for `compare: indices`
+    without `top_k` on a float output, and for a `top_k_axis` the output does not have.
 
     Why: a misspelt output's tolerance was never read, so the output was judged by the
     default one without a word; and Polygraphy's `IndicesCompareFunc` takes the values it
@@ -232,27 +232,40 @@ def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
     """
     view = analysis.view
     outputs = list(view.outputs)
-    where = "accuracy.tolerances"
-    for name, _ in policy.accuracy.output_tolerances:
+    given = dict(policy.accuracy.output_tolerances)
+    for name in given:
         if name not in outputs:
             raise UsageError(
-                f"{where}.outputs.{name}: the model has no output {name!r} (its outputs: "
-                f"{', '.join(outputs)})",
+                f"accuracy.tolerances.outputs.{name}: the model has no output {name!r} (its "
+                f"outputs: {', '.join(outputs)})",
                 where=policy.where,
                 hint="name one of the model's outputs",
             )
+    ranks = {o.name: len(o.type.tensor_type.shape.dim) for o in view.graph.output}
     for name in outputs:
-        tol = policy.accuracy.tolerance(name)
-        if tol.compare == "indices" and tol.top_k is None and view.is_float(name):
-            given = name if name in dict(policy.accuracy.output_tolerances) else None
-            raise UsageError(
-                f"{where}.{f'outputs.{name}' if given else 'default'}: compare: indices on the "
-                f"float output {name!r} compares its values as indices (Polygraphy's "
-                "IndicesCompareFunc takes indices)",
-                where=policy.where,
-                hint="add top_k (its k largest values along the last axis, as indices), or "
-                "judge the integer output of an ArgMax or TopK",
-            )
+        key = f"accuracy.tolerances.{f'outputs.{name}' if name in given else 'default'}"
+        _indices_fit(policy, key, name, policy.accuracy.tolerance(name), view, ranks.get(name))
+
+
+def _indices_fit(
+    policy: Policy, key: str, name: str, tol: Any, view: Any, rank: int | None
+) -> None:
+    """One output's `compare: indices`: `top_k` on a float output, its axis one it has."""
+    if tol.top_k and rank and not -rank <= tol.ranked_axis < rank:
+        raise UsageError(
+            f"{key}: top_k_axis {tol.ranked_axis} is not an axis of the output {name!r} "
+            f"(rank {rank})",
+            where=policy.where,
+            hint=f"give an axis from {-rank} to {rank - 1} (the classes' axis)",
+        )
+    if tol.compare == "indices" and tol.top_k is None and view.is_float(name):
+        raise UsageError(
+            f"{key}: compare: indices on the float output {name!r} compares its values as "
+            "indices (Polygraphy's IndicesCompareFunc takes indices)",
+            where=policy.where,
+            hint="add top_k (its k largest values along the last axis, or top_k_axis, as "
+            "indices), or judge the integer output of an ArgMax or TopK",
+        )
 
 
 def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:

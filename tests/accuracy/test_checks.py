@@ -207,3 +207,36 @@ def test_a_failing_sample_is_named_with_its_own_statistic():
     passing = run_checks(refs, [{"y": ref}] * 4, "cand", {"y": tol}, verbose=False)["y"]
     assert "worst" not in passing["simple"]
     assert describe("simple", passing["simple"], tol) == "atol 0.05, rtol 0.05 on the median"
+
+
+@pytest.mark.parametrize(("k", "axis"), [(1, 1), (2, 1), (1, 0)])
+def test_top_indices_along_an_axis_are_polygraphys_k_and_axis(k, axis):
+    """`top_k_axis`: Polygraphy's `TopKPostprocessFunc((k, axis))`; a segmentation's
+    [B, C, H, W] logits rank their classes on axis 1 (the last was W)."""
+    from polygraphy.comparator import TopKPostprocessFunc
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.checks import top_indices
+
+    a = np.random.default_rng(k).standard_normal((2, 5, 3, 4)).astype(np.float32)
+    want = TopKPostprocessFunc(k=(k, axis))(IterationResult({"o": a.copy()}, runner_name="r"))
+    np.testing.assert_array_equal(top_indices(a, k, axis), want["o"])
+
+
+def test_a_class_flipped_at_one_pixel_fails_top_1_on_the_class_axis():
+    from trtbuild.accuracy.checks import describe, run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    ref = np.zeros((1, 3, 2, 2), np.float32)
+    ref[0, :, :, 1] = np.array([10.0, 11.0, 12.0])[:, None]  # column 1: class 2, the largest
+    ref[0, :, :, 0] = np.array([1.0, 0.2, 0.5])[:, None]  # column 0: class 0
+    out = ref.copy()
+    out[0, 2, 1, 0] = 1.5  # class 2 at one pixel; along the last axis nothing moves
+    tol = Tolerance(compare="indices", top_k=1, top_k_axis=1, simple=False)
+    from polygraphy.comparator.struct import IterationResult
+
+    refs = [IterationResult({"y": ref}, runner_name="ref")]
+    outs = [IterationResult({"y": out}, runner_name="c")]
+    found = run_checks(refs, outs, "c", {"y": tol}, False)["y"]["indices"]
+    assert found["failed_samples"] == [0]
+    assert describe("indices", found, tol) == "top-1 indices along axis 1 within 0 position(s)"

@@ -200,14 +200,14 @@ def _indices(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
     names = [n for n, t in tol.items() if t.compare == "indices"]
     if not names:
         return
-    top_k = {n: tol[n].top_k for n in names if tol[n].top_k is not None}
+    top_k = {n: (tol[n].top_k, tol[n].ranked_axis) for n in names if tol[n].top_k}
 
     def indices(iters: list) -> list:
         if not top_k:
             return iters
         return [
             IterationResult(
-                {n: top_indices(v, top_k[n]) if n in top_k else v for n, v in it.items()},
+                {n: top_indices(v, *top_k[n]) if n in top_k else v for n, v in it.items()},
                 runner_name=it.runner_name,
             )
             for it in iters
@@ -219,8 +219,8 @@ def _indices(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
     _record(found, "indices", per_iter, names, extra)
 
 
-def top_indices(output: np.ndarray, k: int) -> np.ndarray:
-    """The indices of `output`'s `k` largest values along its last axis, as Polygraphy's
+def top_indices(output: np.ndarray, k: int, axis: int = -1) -> np.ndarray:
+    """The indices of `output`'s `k` largest values along `axis`, as Polygraphy's
     `TopKPostprocessFunc` gives them (a stable argsort of -x, its first k), and where k is
     1 on floats from one argmax, which is that first entry exactly (the first index of the
     largest value) unless a NaN is there (argsort puts NaN last, argmax first). Not on
@@ -234,9 +234,9 @@ def top_indices(output: np.ndarray, k: int) -> np.ndarray:
     from polygraphy import util
 
     a = np.asarray(output)
-    if k == 1 and a.ndim and a.shape[-1] and a.dtype.kind == "f" and not np.isnan(a).any():
-        return np.expand_dims(np.argmax(a, axis=-1), -1)
-    return util.array.topk(a, k, -1)[1]
+    if k == 1 and a.ndim and a.shape[axis] and a.dtype.kind == "f" and not np.isnan(a).any():
+        return np.expand_dims(np.argmax(a, axis=axis), axis)
+    return util.array.topk(a, k, axis)[1]
 
 
 def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
@@ -254,6 +254,7 @@ def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
         return f"atol {tol.atol:g}, rtol {tol.rtol:g} on the {stat}{at}"
     if check == "indices":
         what = f"top-{tol.top_k} indices" if tol.top_k else "indices"
+        what += f" along axis {tol.top_k_axis}" if tol.top_k_axis not in (None, -1) else ""
         return f"{what} within {entry.get('threshold', 0)} position(s)"
     metric = METRICS[check]
     value = entry.get("value")

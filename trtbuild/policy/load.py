@@ -630,6 +630,12 @@ def _tolerance(raw: dict, where: tuple, loc: _Located) -> Tolerance:
             "index_tolerance and top_k are read only with compare: indices",
             hint="add compare: indices (the output's top_k largest values compared as indices)",
         )
+    if tol.top_k_axis is not None and tol.top_k is None:
+        raise loc.error(
+            (*where, "top_k_axis"),
+            "top_k_axis is read only with top_k",
+            hint="add top_k: 1 (the class each position chooses), or remove top_k_axis",
+        )
     return tol
 
 

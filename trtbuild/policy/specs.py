@@ -472,7 +472,20 @@ class Tolerance:
     )
     index_tolerance: int | None = field(default=None, metadata=key(integer(0, 1_000_000)))
     top_k: int | None = field(default=None, metadata=key(integer(1, 1_000_000)))
+    top_k_axis: int | None = field(
+        default=None,
+        metadata=key(
+            integer(-8, 7),
+            "the axis top_k ranks along (TopKPostprocessFunc's (k, axis)); default -1, the "
+            "last: a segmentation's [B, C, H, W] logits rank their classes on 1",
+        ),
+    )
     simple: bool = True  # not a key: whether the simple check applies (the loader decides)
+
+    @property
+    def ranked_axis(self) -> int:
+        """The axis `top_k` ranks along: `top_k_axis`, or the last."""
+        return -1 if self.top_k_axis is None else self.top_k_axis
 
     def checks(self) -> tuple[str, ...]:
         """The checks this output is judged by, in the order reports show them."""
