@@ -72,12 +72,12 @@ def fewer_samples(front: Front) -> list[str]:
 def upcast_warnings(front: Front) -> list[str]:
     """A model that computed in FP16/BF16 as exported, made FP32 by `prepare` (its `upcast`
     record): what is judged and built is no longer the export's own FP16 choice."""
+    from onnx import TensorProto
+
     done = [r for r in front.prepared.records if r.name == "upcast" and r.changed]
     if not done:
         return []
     low = done[0].details.get("from", "fp16")
-    from onnx import TensorProto
-
     kind = TensorProto.BFLOAT16 if low == "bf16" else TensorProto.FLOAT16
     graph = front.prepared.model.graph
     bound = any(vi.type.tensor_type.elem_type == kind for vi in (*graph.input, *graph.output))

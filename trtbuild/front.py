@@ -182,8 +182,7 @@ def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> Non
     exit 2 naming the field, before anything runs."""
     _bound_by_tensorrt(policy, prepared.model)
     _tolerances_fit(policy, analysis)
-    _not_run_by_tensorrt(policy, analysis)
-    _not_run_by_onnxruntime(policy, analysis)
+    _ops_one_runtime_lacks(policy, analysis)
     check_quantized(policy, analysis)
     original = policy.accuracy.reference_model
     if original is not None:
@@ -345,57 +344,56 @@ UNBOUND = {
 }
 
 
-def _not_run_by_tensorrt(policy: Policy, analysis: Analysis) -> None:
-    """Exit 2 for ops ONNX Runtime runs and TensorRT's parser does not: ONNX Runtime's
-    dynamic or QOperator quantization (ConvInteger, QLinearConv, ...), its own fused ops
-    (`SkipLayerNormalization`, `BiasGelu`, ... of its transformer optimizer) and ONNX-ML's
-    (`LinearRegressor`, `TreeEnsembleClassifier`, `ZipMap`, ... of skl2onnx).
+def _ops_one_runtime_lacks(policy: Policy, analysis: Analysis) -> None:
+    """Exit 2 for ops one of the two runtimes does not run. TensorRT's parser: ONNX
+    Runtime's dynamic or QOperator quantization (ConvInteger, QLinearConv, ...), its own
+    fused ops (`SkipLayerNormalization`, `BiasGelu`, ... of its transformer optimizer) and
+    ONNX-ML's (`LinearRegressor`, `TreeEnsembleClassifier`, `ZipMap`, ... of skl2onnx).
+    ONNX Runtime: ModelOpt's TensorRT ops of NVFP4, MXFP8 and a torch export's INT4
+    weights (TensorRT's FP8 Q/DQ are made ONNX's in `prepare`).
 
-    Why before any work: ONNX Runtime runs them, so `check` passed (and a LayerNorm rule
-    matched nothing the optimizer had fused); TensorRT's parser refused them only at the
-    build (exit 3), after the reference and the judge had run.
+    Why before any work: ONNX Runtime runs the first kind, so `check` passed (and a
+    LayerNorm rule matched nothing the optimizer had fused); TensorRT's parser refused them
+    only at the build (exit 3), after the reference and the judge had run. The second kind
+    ONNX Runtime refused at the reference's run, as a plugin's, told to give the model "as
+    exported": it was.
     """
     from trtbuild.graph.optypes import CLASSIC_ML_FIX, RUNTIME_ONLY_FIX, classic_ml, runtime_only
-    from trtbuild.graph.qdq import INTEGER_FIX, integer
-
-    kinds = (
-        ("ONNX Runtime's dynamic, QOperator or weight-only quantization", INTEGER_FIX, integer),
-        ("ONNX Runtime's own ops", RUNTIME_ONLY_FIX, runtime_only),
-        ("ONNX-ML's classic ML ops", CLASSIC_ML_FIX, classic_ml),
+    from trtbuild.graph.qdq import (
+        INTEGER_FIX,
+        TENSORRT_QUANTIZATION_FIX,
+        integer,
+        tensorrt_quantization,
     )
-    for what, fix, refused in kinds:
+
+    tensorrt = "which TensorRT does not run"
+    kinds = (
+        (
+            "ONNX Runtime's dynamic, QOperator or weight-only quantization",
+            tensorrt,
+            INTEGER_FIX,
+            integer,
+        ),
+        ("ONNX Runtime's own ops", tensorrt, RUNTIME_ONLY_FIX, runtime_only),
+        ("ONNX-ML's classic ML ops", tensorrt, CLASSIC_ML_FIX, classic_ml),
+        (
+            "ModelOpt's NVFP4, MXFP8 or INT4 quantization as TensorRT ops",
+            "which ONNX Runtime has no kernel for: neither the quantized graph's reference "
+            "nor its FP16 emulation can run",
+            TENSORRT_QUANTIZATION_FIX,
+            tensorrt_quantization,
+        ),
+    )
+    for what, tail, fix, refused in kinds:
         found = [n for n in analysis.view.nodes if refused(n)]
         if found:
             named = sorted({f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in found})
             raise UsageError(
                 f"{len(found)} node(s) of {what} ({', '.join(named)}; the first: "
-                f"{found[0].name}), which TensorRT does not run",
+                f"{found[0].name}), {tail}",
                 where=str(policy.model),
                 hint=fix,
             )
-
-
-def _not_run_by_onnxruntime(policy: Policy, analysis: Analysis) -> None:
-    """Exit 2 for ModelOpt's TensorRT ops of quantization that ONNX Runtime has no kernel
-    for (NVFP4, MXFP8, a torch export's INT4 weights), naming them and what can be judged.
-
-    Why here: ONNX Runtime's refusal came at the reference's run, as a plugin's, told to
-    give the model "as exported": it was. (TensorRT's FP8 Q/DQ are made ONNX's in
-    `prepare`.)
-    """
-    from trtbuild.graph.qdq import TENSORRT_QUANTIZATION_FIX, tensorrt_quantization
-
-    found = [n for n in analysis.view.nodes if tensorrt_quantization(n)]
-    if found:
-        named = sorted({f"{n.domain}::{n.op_type}" for n in found})
-        raise UsageError(
-            f"{len(found)} node(s) of ModelOpt's NVFP4, MXFP8 or INT4 quantization as "
-            f"TensorRT ops ({', '.join(named)}; the first: {found[0].name}), which ONNX "
-            "Runtime has no kernel for: neither the quantized graph's reference nor its "
-            "FP16 emulation can run",
-            where=str(policy.model),
-            hint=TENSORRT_QUANTIZATION_FIX,
-        )
 
 
 # The order problems are said in: what the user fixes by re-quantizing first.

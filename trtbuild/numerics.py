@@ -23,6 +23,9 @@ LOW_TINY = {"fp16": FP16_TINY, "bf16": BF16_TINY}
 # One step at 1.0 in each low type (machine epsilon); storing a value rounds it by at most
 # half a step, relatively
 LOW_EPS = {"fp16": 2.0**-10, "bf16": 2.0**-7}
+# The largest integer up to which each low type holds every integer exactly (2048 in FP16,
+# 256 in BF16): a shape's dimension or an index past it rounds
+LOW_WHOLE = {low: int(2 / eps) for low, eps in LOW_EPS.items()}
 # A periodic op's argument (sin, cos) whose storage alone moves the result by more than this
 # (in radians: 1% of the output's amplitude) needs FP32. From LOW_PHASE_MAX on (a power of
 # two), the low type's half step passes it: FP16 rounds |x| in [32, 64) by up to 1/64 and

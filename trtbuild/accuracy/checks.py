@@ -254,7 +254,7 @@ def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
         return f"atol {tol.atol:g}, rtol {tol.rtol:g} on the {stat}{at}"
     if check == "indices":
         what = f"top-{tol.top_k} indices" if tol.top_k else "indices"
-        what += f" along axis {tol.top_k_axis}" if tol.top_k_axis not in (None, -1) else ""
+        what += f" along axis {tol.ranked_axis}" if tol.ranked_axis != -1 else ""
         return f"{what} within {entry.get('threshold', 0)} position(s)"
     metric = METRICS[check]
     value = entry.get("value")

@@ -160,13 +160,9 @@ def _computes_shapes(view: GraphView, node: NodeProto, ins: list[str], source: d
         return False
     if op in SPREADS and len(ins) > 1 and ins[1] in source:  # spread to a shape's size
         return False
-    for t in ins:
+    for t in (t for t in ins if t not in source):  # the rest: a formula's constants only
         weight = view.initializers.get(t)
-        if t in source:
-            continue
-        if weight is None:
-            return False
-        if view.is_float(t) and math.prod(weight.dims) > SHAPE_WEIGHT_MAX:
+        if weight is None or (view.is_float(t) and math.prod(weight.dims) > SHAPE_WEIGHT_MAX):
             return False
     return True
 
@@ -194,8 +190,8 @@ PATTERNS: dict[str, Pattern] = {
         "the reductions nearest the outputs (`last: N` keeps the last N)", _final_reductions
     ),
     "shape_arithmetic": Pattern(
-        "float arithmetic on shapes alone (Shape and Size outputs, weights): a resize's scale "
-        "from the input's size, anchors from a feature map's",
+        "float arithmetic on shapes alone (Shape and Size outputs, a formula's constants): "
+        "a resize's scale from the input's size, anchors from a feature map's",
         _shape_arithmetic,
     ),
     "periodic_arguments": Pattern(

@@ -102,6 +102,19 @@ def all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
         yield from graph.node
 
 
+def held_tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Every weight and `Constant`'s value by name, bodies included (before `prepare` lifts
+    the Constants): the tensors themselves, so a change to one is the model's."""
+    found: dict[str, onnx.TensorProto] = {}
+    for _, graph in walk(model.graph):
+        found.update((t.name, t) for t in graph.initializer)
+        for n in graph.node:
+            value = next((a.t for a in n.attribute if a.name == "value"), None)
+            if n.op_type == "Constant" and value is not None and n.output:
+                found[n.output[0]] = value
+    return found
+
+
 def carried(node: onnx.NodeProto) -> tuple[int, int, int, int]:
     """A Loop's or Scan's carried values: (how many, first node input, first body input,
     first body output); a node's outputs start with them. Loop: M and cond come first."""

@@ -66,7 +66,7 @@ class _Fp8Typing:
             self.taken.update(subgraphs.defined_in(graph))
         self.retyped: dict[str, int] = {}  # each Q's output -> its quantized type
         self.dqs: list[tuple[onnx.NodeProto, int]] = []
-        self.tensors = _weights(model)  # the model's own: a change to one is the model's
+        self.tensors = subgraphs.held_tensors(model)  # a change to one is the model's
         self._inferred: dict[str, list[int] | None] | None = None
 
     def converted(self, graph: onnx.GraphProto, node: onnx.NodeProto, kind: int) -> None:
@@ -125,19 +125,6 @@ class _Fp8Typing:
                 "give the scale as a weight",
             )
         return dims
-
-
-def _weights(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    """Every weight and `Constant`'s value by name, bodies included: the tensors themselves
-    (a change to one is the model's)."""
-    found: dict[str, onnx.TensorProto] = {}
-    for _, graph in subgraphs.walk(model.graph):
-        found.update((t.name, t) for t in graph.initializer)
-        for n in graph.node:
-            value = next((a.t for a in n.attribute if a.name == "value"), None)
-            if n.op_type == "Constant" and value is not None and n.output:
-                found[n.output[0]] = value
-    return found
 
 
 def _shapes_of(model: onnx.ModelProto) -> dict[str, list[int] | None]:

@@ -180,11 +180,7 @@ def _declared_types(model: onnx.ModelProto) -> dict[str, int]:
     for _, graph in subgraphs.walk(model.graph):
         ends = (*graph.input, *graph.value_info, *graph.output)
         typed.update({vi.name: vi.type.tensor_type.elem_type for vi in ends})
-        typed.update({t.name: t.data_type for t in graph.initializer})
-        for node in graph.node:
-            value = next((a.t for a in node.attribute if a.name == "value"), None)
-            if node.op_type == "Constant" and value is not None and node.output:
-                typed[node.output[0]] = value.data_type
+    typed.update((name, t.data_type) for name, t in subgraphs.held_tensors(model).items())
     return typed
 
 

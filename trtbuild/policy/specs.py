@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.graph.patterns import PATTERNS
-from trtbuild.numerics import FP16_MAX, LOW_EPS, LOW_PHASE_MAX, PHASE_ERROR
+from trtbuild.numerics import FP16_MAX, LOW_PHASE_MAX, LOW_WHOLE, PHASE_ERROR
 from trtbuild.policy.keys import (
     BOOL,
     DIMS,
@@ -300,14 +300,14 @@ def _periodic_range(low: str) -> Rule | None:
 
 
 def _shape_arithmetic(low: str) -> Rule | None:
-    if low not in LOW_EPS:  # an FP32 policy: nothing made low
+    if low not in LOW_WHOLE:  # an FP32 policy: nothing made low
         return None
     return Rule(
         id="guard:shape-arithmetic",
         match=Match(pattern="shape_arithmetic"),
         precision="fp32",
         why=f"computes a shape (TensorRT's shape tensors): {low.upper()} holds integers exactly "
-        f"only up to {int(2 / LOW_EPS[low])}, and TensorRT-RTX refuses it there",
+        f"only up to {LOW_WHOLE[low]}, and TensorRT-RTX refuses it there",
     )
 
 

@@ -22,7 +22,7 @@ from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView, in_sequences
-from trtbuild.numerics import LOW_EPS
+from trtbuild.numerics import LOW_WHOLE
 from trtbuild.policy.specs import Precision
 from trtbuild.precision import rules as rules_mod
 
@@ -231,13 +231,13 @@ def _exact_casts(view: GraphView, decisions: list[Decision], low: str) -> dict[i
     input is read through as that one runs).
     """
     found: dict[int, Decision] = {}
-    if low not in LOW_EPS:  # an FP32 default: nothing is made low
+    if low not in LOW_WHOLE:  # an FP32 default: nothing is made low
         return found
     casts = [i for i, d in enumerate(decisions) if d.rule == "default" and integer_cast(view, i)]
     if not casts:
         return found
     reader = _fp32_readers(view, decisions)
-    whole = int(2 / LOW_EPS[low])  # below it every integer is exact in `low`
+    whole = LOW_WHOLE[low]  # below it every integer is exact in `low`
     for i in casts:
         if reader[i] is not None:
             why = (
