@@ -129,6 +129,8 @@ class Divergence:
         decision: the decision (ArgMax, ArgMin, TopK, NonZero, NonMaxSuppression) whose
             indices it reads (through integer-only nodes), or is, where some are not FP32's;
             None otherwise.
+        sample: the sample walked (0, the first, unless the first holds and a later one
+            fails: then the first that fails).
     """
 
     node: str | None = None
@@ -136,6 +138,7 @@ class Divergence:
     tensor: str | None = None
     reason: str | None = None
     decision: FlippedDecision | None = None
+    sample: int = 0
 
     @classmethod
     def from_json(cls, found: dict[str, Any]) -> Divergence:

@@ -401,3 +401,28 @@ def test_a_later_sample_judged_alone_is_named_by_its_own_number(tmp_path):
     )  # fmt: skip
     y = verdict.outputs["y"]
     assert y.failed_samples == [2] and y.checks["simple"]["worst"]["sample"] == 2, y.checks
+
+
+def test_a_candidate_that_fails_on_a_later_sample_alone_is_walked_on_it(tmp_path, capsys):
+    """Samples 0 and 1 hold in FP16, sample 2 overflows (40000 · 2): the walk ran on the
+    first sample, which passes, and named no first divergence; it is walked on the sample
+    it fails, named, and scaled by that sample's own peak (sample 0's is 2)."""
+    m = model([node("Mul", ["x", "k"], "t", "scale"), node("Add", ["t", "z"], "y", "shift")],
+              [("x", F, [1, 4])], [("y", F, [1, 4])],
+              {"k": np.array(2.0, np.float32), "z": np.array(0.0, np.float32)})  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.array([[[1.0] * 4], [[1.0] * 4], [[4e4] * 4]], np.float32))
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 4], data: {file: x.npz}}\n"
+        "accuracy:\n  samples: 3\n"
+    )
+    out = tmp_path / "out"
+    argv = ["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(out), "--backend", "none"]
+    assert main(argv) == 1
+    found = json.loads((out / "report.json").read_text())
+    first = found["first_divergence"]
+    assert first["node"] == "scale" and first["sample"] == 2, first
+    assert PointResult.from_json(found["shapes"][0]).first_divergence.sample == 2  # the library
+    assert "FP32 peak |x| = 8e+04" in first["reason"], first
+    assert "first divergence at scale (4 non-finite" in capsys.readouterr().out
+    assert ", on sample 2" in (out / "report.md").read_text()

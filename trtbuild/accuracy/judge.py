@@ -230,15 +230,40 @@ def judge_all(
     index = list(samples) if samples is not None else list(range(len(feeds)))
     _run_feeds(graph, plan, runs, feeds, index, detail, ticker)
     judged = [_judged(reference, run, feeds, spec, verbose, index) for run in runs]
-    if detail == "failures":  # the walk explains a failure or an overflow, on the first feed
-        walking = [r for r, j in zip(runs, judged) if not j.passed or r.suspects]
-        for run in walking:
-            run.walk = _Walk(measures, spec.divergence_threshold, "divergence", run.casts)
-        if walking:
-            _lockstep(graph, plan(), walking, feeds[0], outputs=False)
+    if detail == "failures":  # the walk explains a failure or an overflow
+        _walk_failures(graph, plan, runs, judged, feeds, index, spec.divergence_threshold)
     verdicts = [_verdict(reference, run, j, overflow_fails) for run, j in zip(runs, judged)]
     firsts = list(dict.fromkeys(same))
     return [verdicts[firsts.index(k)] for k in same]
+
+
+def _walk_failures(
+    graph: onnx.ModelProto,
+    plan: Callable[[], Plan],
+    runs: list[_Run],
+    judged: list[_Judged],
+    feeds: list[Feed],
+    index: list[int],
+    threshold: float,
+) -> None:
+    """Walk each failing or overflowing candidate on the feed that explains it: the first
+    feed where it overflowed there or fails there, else its first failing feed (one
+    lockstep run of the reference per feed walked).
+
+    Why not always the first feed: a candidate that fails on its fourth image alone was
+    walked on the first, which passes: the first divergence then named nothing, or a
+    tensor of an image that holds.
+    """
+    walked: dict[int, list[_Run]] = {}
+    for run, j in zip(runs, judged):
+        if j.passed and not run.suspects:
+            continue
+        failed = {s for m in j.outputs.values() for s in m.failed_samples}
+        at = 0 if run.suspects else next((k for k, s in enumerate(index) if s in failed), 0)
+        run.walk = _Walk(run.walk.measures, threshold, "divergence", run.casts, sample=index[at])
+        walked.setdefault(at, []).append(run)
+    for at, group in sorted(walked.items()):
+        _lockstep(graph, plan(), group, feeds[at], outputs=False)
 
 
 def _run_feeds(
@@ -628,7 +653,7 @@ class _Walk:
                     p["inside"] = "a control-flow body, where only its peak is measured"
             elif ref is not None:
                 r = ref.get(tensor)
-                p = None if r is None else point(self.measures, tensor, r, e)
+                p = None if r is None else point(self.measures, tensor, r, e, self.sample == 0)
             else:
                 p = self._overflow(tensor, np.asarray(e))
             if p is not None:
@@ -686,6 +711,7 @@ class _Walk:
             rel = float(rel) if isinstance(rel, str) else rel
             if first is None and (bad or rel > self.threshold):
                 first = _first_divergence(p, bad, nan, rel, self.threshold)
+                first.update({"sample": self.sample} if self.sample else {})
         return first, ordered, overflow
 
 
@@ -848,11 +874,13 @@ def _reason(bad: int, nan: int, scale: float, rel: float, threshold: float) -> s
 
 
 def point(
-    measures: ReferenceMeasures, tensor: str, r: np.ndarray, e: np.ndarray
+    measures: ReferenceMeasures, tensor: str, r: np.ndarray, e: np.ndarray, first: bool = True
 ) -> dict[str, Any] | None:
     """One tensor's error against FP32, or None where the shapes differ (a peer tool's graph).
 
     A sentinel the candidate keeps (-3.4e38 become -inf) is not a divergence; a NaN always is.
+    `first`: `r` is the first feed's, whose peaks the measures hold (another feed's error is
+    scaled by its own peak).
     """
     r, e = np.asarray(r), np.asarray(e)
     if r.shape != e.shape:
@@ -860,7 +888,8 @@ def point(
     if tensor in measures.sentinel_tensors:
         keep = ~sentinel_kept(r, e)
         r, e = r[keep], e[keep]
-    scale = measures.first_peaks.get(tensor)  # the same figure as data_peak(r), measured once
+    # the same figure as data_peak(r) on the first feed, measured once
+    scale = measures.first_peaks.get(tensor) if first else None
     bad, nan, scale, err = _error(r, e, data_peak(r) if scale is None else scale)
     rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
     return _point_json(tensor, bad, nan, scale, float("inf") if bad else rel)

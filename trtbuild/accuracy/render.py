@@ -18,6 +18,7 @@ from trtbuild.accuracy.report import (
     fmt,
     header,
     in_point_order,
+    on_sample,
     point_rank,
     sections,
     tolerance_text,
@@ -96,6 +97,7 @@ def summary(report: Report) -> str:
     first = (failing[0].main if failing else main).first_divergence
     if not report.passed and first:  # where a failing policy goes wrong, named
         at = f", at {failing[0].label}" if shapes and failing else ""  # which point's walk
+        at += on_sample(first)
         lines.append(f"  first divergence at {first['node']} ({first['reason']}){at}")
     lines.append(at_risk_lines(report.at_risk, main.emulation))
     lines.append(_baseline_line(report))
@@ -211,7 +213,9 @@ def _baseline_line(report: Report) -> str:
     where = f" at {fails[0].label}" if fails and len(report.shapes) > 1 else ""
     first = base.first_divergence
     return f"all-FP16 baseline: {'FAILS' + where if fails or not base.passed else 'passes'}" + (
-        f"; first divergence at {first['node']} ({first['reason']})" if first else ""
+        f"; first divergence at {first['node']} ({first['reason']}){on_sample(first)}"
+        if first
+        else ""
     )
 
 

@@ -317,7 +317,13 @@ def divergence_text(d: dict[str, Any] | None, walked: bool = True) -> str:
         return NOT_WALKED
     if not d:
         return "none: every intermediate tensor stays within the divergence threshold"
-    return f"`{d['node']}` ({d['op']}), tensor `{d['tensor']}`: {d['reason']}"
+    return f"`{d['node']}` ({d['op']}), tensor `{d['tensor']}`: {d['reason']}{on_sample(d)}"
+
+
+def on_sample(d: dict[str, Any]) -> str:
+    """Which sample a first divergence was walked on, where not the first: a candidate is
+    walked on the first sample it fails on (`judge`)."""
+    return f", on sample {d['sample']}" if d.get("sample") else ""
 
 
 def header(report: Report) -> list[str]:
@@ -477,7 +483,7 @@ def _short_overflow(v: Verdict) -> str:
 
 def _short_divergence(v: Verdict) -> str:
     d = v.first_divergence
-    return f"`{d['node']}`" if d else ("none" if v.walked else "not searched")
+    return f"`{d['node']}`{on_sample(d)}" if d else ("none" if v.walked else "not searched")
 
 
 def _baseline_section(report: Report) -> Section:

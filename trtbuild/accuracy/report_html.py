@@ -26,6 +26,7 @@ from trtbuild.accuracy.report import (
     Section,
     Table,
     header,
+    on_sample,
     sections,
 )
 from trtbuild.accuracy.sessions import REFERENCE, same_shaped
@@ -87,7 +88,7 @@ def error_curve_plot(report: Report) -> str:
         if at is not None:  # named in the legend, so no text lies on the curves
             # a passing baseline still diverges somewhere first: say which, not "breaks"
             verb = "breaks" if not report.fp16.passed else "first diverges"
-            label = f"all-FP16 {verb} at {first['node']}"
+            label = f"all-FP16 {verb} at {first['node']}{on_sample(first)}"
             ax.axvline(at, color=BASELINE_COLOR, ls=":", lw=1, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("depth (float tensors in topological order)")
