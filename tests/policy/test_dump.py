@@ -87,3 +87,30 @@ def test_a_policy_of_scalars_only_is_written_as_yaml(tmp_path):
     text = changed.to_yaml(path)
     assert text.splitlines()[:2] == ["version: 1", "model: m.onnx"]
     assert parse_policy(text, path) == changed
+
+
+def test_an_output_judged_without_the_simple_check_round_trips_through_to_dict():
+    """`to_dict` writes every value, the default tolerance's `atol` too, and the loader
+    reads each output's keys over the default's: a `compare: indices` output read back
+    was judged by atol again (its logits, as values)."""
+    doc = {
+        "version": 1,
+        "model": "m.onnx",
+        "accuracy": {
+            "tolerances": {
+                "outputs": {"logits": {"compare": "indices", "top_k": 1}, "y": {"atol": 0.5}}
+            }
+        },
+    }
+    policy = Policy.from_dict(doc)
+    tolerance = dict(policy.accuracy.output_tolerances)
+    assert tolerance["logits"].checks() == ("indices",) and tolerance["y"].simple
+    assert Policy.from_dict(policy.to_dict()) == policy
+
+
+def test_compare_values_alone_is_judged_by_the_simple_check():
+    """`compare: values` (the default) is no check of its own: alone it left an output judged
+    by nothing, and every output passed."""
+    doc = {"version": 1, "model": "m.onnx"}
+    doc["accuracy"] = {"tolerances": {"default": {"compare": "values"}}}
+    assert Policy.from_dict(doc).accuracy.default_tolerance.checks() == ("simple",)

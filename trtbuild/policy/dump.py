@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.policy.keys import written
-from trtbuild.policy.specs import METRIC_KEYS, SIMPLE_KEYS, Tolerance
+from trtbuild.policy.specs import SIMPLE_KEYS, Tolerance, simple_applies
 
 if TYPE_CHECKING:
     from trtbuild.policy.specs import AccuracySpec, DataSpec, InputSpec, Rule
@@ -85,11 +85,24 @@ class _Writer:
             base = written(default, () if default.simple else SIMPLE_KEYS)
             out = {k: v for k, v in full.items() if base.get(k) != v}
             merged = {**self.tolerance(default), **out}
-        given = set(merged)
-        simple = bool(given & set(SIMPLE_KEYS)) or not given & {*METRIC_KEYS, "compare"}
-        if tol.simple and not simple:  # the loader would leave the simple check out
+        if tol.simple and not simple_applies(merged):  # the loader would leave it out
             out["atol"] = tol.atol
         return out
+
+    def _default_tolerance(self, a: AccuracySpec) -> dict[str, Any]:
+        """The default tolerance's keys; where every value is written and an output is judged
+        without the simple check, the simple keys at the class's defaults left out.
+
+        Why: the loader reads each output's keys over the default's, and any simple key
+        among them turns the simple check on: the default's `atol: 0.001` written would
+        judge a `compare: indices` output's logits again by atol (the same values whether
+        written or not).
+        """
+        found = self.tolerance(a.default_tolerance)
+        if not self.defaults or all(t.simple for _, t in a.output_tolerances):
+            return found
+        fields = Tolerance.__dataclass_fields__
+        return {k: v for k, v in found.items() if k not in SIMPLE_KEYS or v != fields[k].default}
 
     def accuracy(self, a: AccuracySpec) -> dict[str, Any]:
         shapes = {}
@@ -102,7 +115,7 @@ class _Writer:
             shapes[point.name] = entry
         default = a.default_tolerance
         outputs = {name: self.tolerance(t, default) for name, t in a.output_tolerances}
-        tolerances = {"default": self.tolerance(default), "outputs": outputs}
+        tolerances = {"default": self._default_tolerance(a), "outputs": outputs}
         if not self.defaults:
             tolerances = {k: v for k, v in tolerances.items() if v}
         return self.keys(a) | {

@@ -22,8 +22,6 @@ from trtbuild.policy.keys import given, keyed, written
 from trtbuild.policy.schema import SCHEMA, SchemaViolation, _validator, validate
 from trtbuild.policy.source import PolicySource
 from trtbuild.policy.specs import (
-    METRIC_KEYS,
-    SIMPLE_KEYS,
     AccuracySpec,
     BuildSpec,
     DataSpec,
@@ -35,6 +33,7 @@ from trtbuild.policy.specs import (
     Precision,
     Rule,
     Tolerance,
+    simple_applies,
 )
 
 POLICY_DIR = Path("policies")
@@ -608,10 +607,7 @@ def _tolerance(raw: dict, where: tuple, loc: _Located) -> Tolerance:
     Polygraphy's simple atol/rtol check applies when one of its keys is given, or
     when nothing else is: `{psnr_threshold: 30}` alone judges by PSNR alone.
     """
-    simple = any(k in raw for k in SIMPLE_KEYS) or not any(
-        k in raw for k in (*METRIC_KEYS, "compare")
-    )
-    tol = Tolerance(**given(raw, Tolerance, Path()), simple=simple)
+    tol = Tolerance(**given(raw, Tolerance, Path()), simple=simple_applies(raw))
     if tol.check_error_stat == "quantile" and tol.error_quantile is None:
         raise loc.error(
             (*where, "error_quantile"),

@@ -8,7 +8,7 @@ policy behind another stage's back (ModelOpt's mutable defaults are a lesson).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -427,6 +427,15 @@ class BuildSpec:
 
 SIMPLE_KEYS = ("atol", "rtol", "check_error_stat", "error_quantile")  # SimpleCompareFunc's
 METRIC_KEYS = ("psnr_threshold", "cosine_similarity_threshold", "snr_threshold")
+
+
+def simple_applies(given: Mapping[str, Any]) -> bool:
+    """Whether an output whose tolerance keys are `given` (the default's, then its own) is
+    judged by the simple atol/rtol check: where one of its keys is given, or no other
+    check is (a metric threshold, `compare: indices`). `compare: values` is no other
+    check: alone it judged nothing, and every output passed."""
+    others = any(k in given for k in METRIC_KEYS) or given.get("compare") == "indices"
+    return any(k in given for k in SIMPLE_KEYS) or not others
 
 
 @dataclass(frozen=True)
