@@ -9,7 +9,7 @@ import yaml
 
 from trtbuild.errors import UsageError
 from trtbuild.policy import Policy, load_policy, parse_policy
-from trtbuild.policy.specs import Match, Rule
+from trtbuild.policy.specs import Match, Rule, Tolerance
 
 POLICIES = sorted((Path(__file__).resolve().parents[2] / "policies").glob("*.yaml"))
 
@@ -114,3 +114,4 @@ def test_compare_values_alone_is_judged_by_the_simple_check():
     doc = {"version": 1, "model": "m.onnx"}
     doc["accuracy"] = {"tolerances": {"default": {"compare": "values"}}}
     assert Policy.from_dict(doc).accuracy.default_tolerance.checks() == ("simple",)
+    assert Tolerance(simple=False).checks() == ("simple",)  # the library's value alike

@@ -491,6 +491,12 @@ class Tolerance:
     )
     simple: bool = True  # not a key: whether the simple check applies (the loader decides)
 
+    def __post_init__(self) -> None:
+        # never no check at all: `simple=False` with no other check judged nothing (a pass)
+        metrics = (self.psnr_threshold, self.cosine_similarity_threshold, self.snr_threshold)
+        if all(v is None for v in metrics) and self.compare != "indices":
+            object.__setattr__(self, "simple", True)
+
     @property
     def ranked_axis(self) -> int:
         """The axis `top_k` ranks along: `top_k_axis`, or the last."""
