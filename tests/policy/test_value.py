@@ -80,6 +80,10 @@ def test_rules_are_added_replaced_and_dropped_without_dict_surgery(tmp_path):
         policy.with_rules(Rule("bad", Match(name="(unclosed"), "fp32"))
     with pytest.raises(UsageError, match=r"precision\.rules\[0\]\.precision"):
         policy.with_rules({"id": "x", "match": {"op": "Pow"}, "precision": "fp8"})
+    # one op as a str is that op, as in a file (not its letters: a rule matching nothing)
+    assert Match(op="Exp").op == ("Exp",)
+    with pytest.raises(UsageError, match=r"match\.op: must be a string, got int 5"):
+        policy.with_rules(Rule("n", Match(op=5), "fp32"))  # was a bare TypeError
 
 
 def test_to_yaml_writes_what_a_person_would(tmp_path):

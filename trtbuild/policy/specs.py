@@ -238,7 +238,8 @@ class Match:
         metadata=key(
             {"oneOf": [NAME, {"type": "array", "items": NAME, "minItems": 1, "maxItems": 1000}]},
             read=lambda op: (op,) if isinstance(op, str) else tuple(op),
-            write=lambda op: list(op) or None,  # no op: any op (the key left out)
+            # no op: any op (the key left out); what is no tuple left for the schema to name
+            write=lambda op: (list(op) if isinstance(op, tuple | list) else op) or None,
             show_default=False,
         ),
     )
@@ -252,6 +253,10 @@ class Match:
     max_abs_above: float | None = field(default=None, metadata=key(NONNEG))
     initializer_abs_above: float | None = field(default=None, metadata=key(NONNEG))
     reduction_depth_above: int | None = field(default=None, metadata=key(integer(1, 2**62)))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.op, str):  # one op, as a file may give it: not its letters
+            object.__setattr__(self, "op", (self.op,))
 
 
 @dataclass(frozen=True)
