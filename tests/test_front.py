@@ -223,6 +223,22 @@ def test_onnx_ml_ops_are_exit_2_before_any_work(tmp_path, capsys):
     assert "run the ai.onnx.ml part in ONNX Runtime" in err
 
 
+def test_random_draws_are_exit_2_before_any_work(tmp_path, capsys):
+    """StyleGAN2's noise injection as torch exports `randn_like` (GFPGAN's
+    randomize_noise=True): `check` passed, `convert` ended in exit 70 (the node's `dtype`
+    FLOAT under an FP16 output), and with the draw pinned every verdict failed as if FP16
+    had (`tune` pinned every node). No reference judges a draw: exit 2 naming it."""
+    m = model(
+        [node("RandomNormalLike", ["x"], "n", "noise", dtype=F, seed=1.0),
+         node("Mul", ["n", "w"], "s", "scale"), node("Add", ["x", "s"], "y", "inject")],
+        [("x", F, [1, 4])], [("y", F, [1, 4])], {"w": np.array(0.1, np.float32)},
+    )  # fmt: skip
+    assert _check(tmp_path, m) == 2
+    err = capsys.readouterr().err
+    said = "1 node(s) of random numbers drawn in the graph (RandomNormalLike; the first: noise)"
+    assert said in err and "randomize_noise=False" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     "keys, reads",
     [

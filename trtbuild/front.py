@@ -350,15 +350,24 @@ def _ops_one_runtime_lacks(policy: Policy, analysis: Analysis) -> None:
     fused ops (`SkipLayerNormalization`, `BiasGelu`, ... of its transformer optimizer) and
     ONNX-ML's (`LinearRegressor`, `TreeEnsembleClassifier`, `ZipMap`, ... of skl2onnx).
     ONNX Runtime: ModelOpt's TensorRT ops of NVFP4, MXFP8 and a torch export's INT4
-    weights (TensorRT's FP8 Q/DQ are made ONNX's in `prepare`).
+    weights (TensorRT's FP8 Q/DQ are made ONNX's in `prepare`). Neither, as the judge
+    needs it: random draws (StyleGAN2's noise injection exported as `randn_like`).
 
     Why before any work: ONNX Runtime runs the first kind, so `check` passed (and a
     LayerNorm rule matched nothing the optimizer had fused); TensorRT's parser refused them
     only at the build (exit 3), after the reference and the judge had run. The second kind
     ONNX Runtime refused at the reference's run, as a plugin's, told to give the model "as
-    exported": it was.
+    exported": it was. Random draws passed `check`, then failed every verdict as if FP16
+    had (`tune` pinned every node).
     """
-    from trtbuild.graph.optypes import CLASSIC_ML_FIX, RUNTIME_ONLY_FIX, classic_ml, runtime_only
+    from trtbuild.graph.optypes import (
+        CLASSIC_ML_FIX,
+        RANDOM_FIX,
+        RUNTIME_ONLY_FIX,
+        classic_ml,
+        random,
+        runtime_only,
+    )
     from trtbuild.graph.qdq import (
         INTEGER_FIX,
         TENSORRT_QUANTIZATION_FIX,
@@ -382,6 +391,13 @@ def _ops_one_runtime_lacks(policy: Policy, analysis: Analysis) -> None:
             "nor its FP16 emulation can run",
             TENSORRT_QUANTIZATION_FIX,
             tensorrt_quantization,
+        ),
+        (
+            "random numbers drawn in the graph",
+            "whose values differ from run to run and between ONNX Runtime's generator and "
+            "TensorRT's: no FP32 reference can judge what they reach",
+            RANDOM_FIX,
+            random,
         ),
     )
     for what, tail, fix, refused in kinds:

@@ -247,3 +247,25 @@ def test_a_sequence_maps_body_stays_fp32_and_its_reference_runs(tmp_path, capsys
     np.testing.assert_array_equal(y, 2 * np.maximum(x, 0).reshape(-1))
     assert main(["check", "--policy", str(bare_policy(tmp_path, m))]) == 0
     assert "inside the control flow" not in capsys.readouterr().err
+
+
+def test_an_op_whose_attribute_names_its_float_type_computes_in_fp16(tmp_path):
+    """An EyeLike (`dtype` FLOAT) made FP16 kept its `dtype`: onnx.checker refused the mixed
+    model ("Inferred elem type differs"), exit 70 from `convert` and `build`. The attribute
+    now names the type the node computes in, and ONNX Runtime runs the model."""
+    from tests.helpers import bare_policy
+    from trtbuild.cli import main
+
+    m = model(
+        [node("EyeLike", ["x"], "e", "eye", dtype=F), node("Mul", ["x", "e"], "y", "mask")],
+        [("x", F, [4, 4])],
+        [("y", F, [4, 4])],
+    )
+    out = tmp_path / "mixed.onnx"
+    assert main(["convert", "--policy", str(bare_policy(tmp_path, m)), "-o", str(out)]) == 0
+    mixed = onnx.load(out)
+    (eye,) = [n for n in mixed.graph.node if n.op_type == "EyeLike"]
+    assert eye.attribute[0].i == onnx.TensorProto.FLOAT16
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    (y,) = ort.InferenceSession(str(out)).run(None, {"x": x})
+    assert np.array_equal(y, np.diag(np.diag(x)))

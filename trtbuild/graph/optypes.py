@@ -127,6 +127,35 @@ SEQUENCE_OPS = NOT_TENSOR_OPS | {
 }
 
 
+# Ops that draw random numbers: their values differ from run to run, and TensorRT's
+# generator is not ONNX Runtime's, so no reference judges what they reach.
+RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"}
+    | {"Bernoulli", "Multinomial"}
+)
+RANDOM_FIX = (
+    "export the model with its noise fixed or as an input (StyleGAN2's and GFPGAN's "
+    "randomize_noise=False; torch.randn_like in forward() becomes a RandomNormalLike node), "
+    "or fold the generator's values into a weight"
+)
+# The attribute that names a node's output type, where one does: `convert` writes in it the
+# type the node computes in (a float one only: Multinomial's is an index type).
+TYPE_ATTRIBUTES = {
+    "Cast": "to",
+    "DequantizeLinear": "output_dtype",  # opset 23
+    **dict.fromkeys(
+        ("EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"),
+        "dtype",
+    ),
+    "Bernoulli": "dtype",
+}
+
+
+def random(node: onnx.NodeProto) -> bool:
+    """Whether this node draws random numbers (an ONNX op of `RANDOM_OPS`)."""
+    return node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS
+
+
 def _unparsed(node: onnx.NodeProto, domains: frozenset[str]) -> bool:
     """Whether node is of one of `domains` and its name is no ONNX op's. TensorRT's parser
     imports an op by its name whatever its domain (a com.microsoft `Gelu` is ONNX's Gelu to

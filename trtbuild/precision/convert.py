@@ -24,6 +24,7 @@ from trtbuild.graph.optypes import (
     DTYPE_NAME,
     FLOAT_TYPES,
     PRECISION_DTYPE,
+    TYPE_ATTRIBUTES,
     OpTypes,
     as_float_type,
 )
@@ -471,11 +472,15 @@ def _seal(rw: _Rewriter, vi: onnx.ValueInfoProto, control: onnx.NodeProto, k: in
 
 
 def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
-    """A Cast's `to` and a ConstantOfShape's value in the type the node now computes in."""
-    if new.op_type not in ("Cast", "ConstantOfShape") or not out or not out[0]:
+    """The attribute that names the output's float type (a Cast's `to`, an EyeLike's
+    `dtype`, `TYPE_ATTRIBUTES`) and a ConstantOfShape's value in the type the node now
+    computes in. (An EyeLike or a RandomNormalLike with `dtype` FLOAT made FP16 made a
+    model onnx.checker refused: exit 70.)"""
+    named = TYPE_ATTRIBUTES.get(new.op_type)
+    if (named is None and new.op_type != "ConstantOfShape") or not out or not out[0]:
         return  # nothing else carries a float type in an attribute
     for attr in new.attribute:
-        if new.op_type == "Cast" and attr.name == "to" and attr.i in FLOAT_TYPES:
+        if attr.name == named and attr.i in FLOAT_TYPES:
             attr.i = out[0]
         retype = attr.t.data_type in FLOAT_TYPES and attr.t.data_type != out[0]
         if new.op_type == "ConstantOfShape" and attr.name == "value" and retype:
