@@ -633,3 +633,31 @@ def test_folding_an_fp8_model_says_nothing_of_its_weights(capfd):
     assert "fold_me" not in {n.name for n in prepared.model.graph.node}  # it was folded
     out, err = capfd.readouterr()
     assert "FLOAT8" not in out + err and "[W]" not in out + err
+
+
+def test_an_opset_23_dq_that_names_its_float_output_computes_in_fp16(tmp_path):
+    """DequantizeLinear's `output_dtype` (opset 23) FLOAT kept under an FP16 scale: the mixed
+    model failed onnx.checker (exit 70); set to FLOAT16, ONNX Runtime refused it. It is left
+    out (the output is the scale's type), and the policy judges and passes."""
+    zp = numpy_helper.from_array(np.array(0, np.int8), "zp")
+    inits = [numpy_helper.from_array(np.arange(-16, 16, dtype=np.int8).reshape(8, 4), "w"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "s"), zp,
+             numpy_helper.from_array(np.array(0.05, np.float32), "xs")]  # fmt: skip
+    dq = {"op_type": "DequantizeLinear", "output_dtype": TensorProto.FLOAT}
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "zp"], ["xq"], name="q"),
+        helper.make_node(inputs=["xq", "xs", "zp"], outputs=["xd"], name="dqx", **dq),
+        helper.make_node(inputs=["w", "s", "zp"], outputs=["wd"], name="dqw", **dq),
+        helper.make_node("MatMul", ["xd", "wd"], ["y"], name="mm"),
+    ]
+    shapes = (("x", [2, 8]), ("y", [2, 4]))
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in shapes]
+    graph = helper.make_graph(nodes, "g", io[:1], io[1:], inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    m.ir_version = 11
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(out)]) == 0
+    mixed = onnx.load(out / "mixed.onnx")
+    assert not [a for n in mixed.graph.node for a in n.attribute if a.name == "output_dtype"]

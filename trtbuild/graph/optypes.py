@@ -142,7 +142,6 @@ RANDOM_FIX = (
 # type the node computes in (a float one only: Multinomial's is an index type).
 TYPE_ATTRIBUTES = {
     "Cast": "to",
-    "DequantizeLinear": "output_dtype",  # opset 23
     **dict.fromkeys(
         ("EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"),
         "dtype",

@@ -269,6 +269,7 @@ def _emit_qdq(rw: _Rewriter, i: int) -> bool:
         rw._inputs(node, new, [None] * len(node.input))
         new.input[0] = scales.q_clones.get((node.input[0], d), new.input[0])
         new.input[1] = scales.tensor(i, d)
+        _drop_output_dtype(new)
         if k == 0:
             rw.nodes.append(new)
             rw.nodes.extend(rw._outputs(node, new, [d]))
@@ -280,6 +281,16 @@ def _emit_qdq(rw: _Rewriter, i: int) -> bool:
         rw.dtype[out], rw.origin[out] = d, node.output[0]
         rw.cast_cache[(main, d)] = out
     return True
+
+
+def _drop_output_dtype(dq: onnx.NodeProto) -> None:
+    """A DQ's opset-23 `output_dtype` left out: its output then is its scale's type, the
+    one the conversion gives it. (Set to FLOAT16, ONNX Runtime 1.32 refused the model:
+    "Type (tensor(float)) of output arg (InsertedPrecisionFreeCast_...)".)"""
+    kept = [a for a in dq.attribute if a.name != "output_dtype"]
+    if len(kept) != len(dq.attribute):
+        del dq.attribute[:]
+        dq.attribute.extend(kept)
 
 
 def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
