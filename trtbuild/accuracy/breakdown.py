@@ -56,21 +56,34 @@ class ErrorSplit:
         return [n for n, m in self.parts["quantized_vs_original"].items() if not m.passed]
 
 
+def quantization_alone(
+    reference: ReferenceTensors, spec: AccuracySpec, verbose: bool = False
+) -> dict[str, OutputMetrics] | None:
+    """The quantized graph's own FP32 run judged against the reference model, as a candidate
+    is: what the quantization alone costs (None without a reference model). From the
+    reference's runs alone: no candidate is run."""
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.judge import compare
+
+    if reference.quantized is None or reference.original is None:
+        return None
+    runs = reference.graph_results[REFERENCE]  # the graph's own FP32 run, judged as a candidate
+    graph = [IterationResult(dict(it.items()), runner_name=QUANTIZED_FP32) for it in runs]
+    return compare(reference, graph, QUANTIZED_FP32, spec, verbose)[0]
+
+
 def split_error(
     reference: ReferenceTensors, verdict: Verdict, spec: AccuracySpec, verbose: bool = False
 ) -> ErrorSplit | None:
     """The policy's `verdict` (judged against the reference model) split in two; None where
     the policy has no reference model."""
-    from polygraphy.comparator.struct import IterationResult
-
     from trtbuild.accuracy.judge import compare
 
     quantized = reference.quantized
-    if quantized is None or reference.original is None:
+    alone = quantization_alone(reference, spec, verbose)
+    if quantized is None or alone is None:
         return None
-    runs = reference.graph_results[REFERENCE]  # the graph's own FP32 run, judged as a candidate
-    graph = [IterationResult(dict(it.items()), runner_name=QUANTIZED_FP32) for it in runs]
-    alone, _ = compare(reference, graph, QUANTIZED_FP32, spec, verbose)
     policy_runs = list(verdict.run_results[verdict.evaluator])
     fp16, _ = compare(quantized, policy_runs, verdict.evaluator, spec, verbose)
     parts = {

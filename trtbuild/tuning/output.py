@@ -152,6 +152,14 @@ def stuck_warning(result: SearchResult, quantized: int) -> str | None:
     """
     if result.passed or result.exhausted:
         return None
+    if result.quantization_fails:
+        return (
+            "the quantization alone (the quantized graph in FP32) fails the tolerances against "
+            f"the reference model ({'; '.join(result.quantization_fails)}): no FP32 pin can fix "
+            "that, so tune judged the policy once and searched nothing; take ops out of the "
+            "quantization with `dequantize: true` rules (docs: Quantized models), re-quantize, "
+            "or loosen the tolerances where the task allows"
+        )
     text = (
         "tune pinned every group on the failing outputs' paths to FP32 and the candidate "
         f"still fails, so {result.low.upper()} storage is not what fails it"

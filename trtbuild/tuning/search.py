@@ -95,6 +95,9 @@ class SearchResult:
     rule_groups: dict[str, int] = field(default_factory=dict)  # a pin's rule id -> its group
     # how the growing ranked its suspects where the error map ranked none
     rankings: list[Ranking] = field(default_factory=list)
+    # where the quantization alone fails the tolerances against the reference model:
+    # `at POINT: OUTPUT, ...` each (no FP32 pin can fix it: the search judged its start only)
+    quantization_fails: list[str] = field(default_factory=list)
 
     @property
     def start_share(self) -> float:
@@ -707,8 +710,30 @@ def tune(
         logging.getLogger("trtbuild").warning(warning)
     search = Search(front, budget, objective, seed, jobs)
     search.progress = progress
+    hopeless = quantization_fails(front)
     with pool(front, jobs) as search.pool:
-        if _grown(search):
+        if hopeless:
+            _start(search)  # judged once, as the policy's candidate: no pin can pass
+        elif _grown(search):
             _shrink(search)
             _merge(search)
-    return _result(search)
+    return replace(_result(search), quantization_fails=hopeless)
+
+
+def quantization_fails(front: Front) -> list[str]:
+    """Each point where the quantized graph in FP32 already fails the tolerances against
+    the reference model (`accuracy.reference_model`), with the outputs it fails.
+
+    Why before any trial: every pin keeps the quantization, so no candidate can pass. A
+    ModelOpt INT8 ViT judged against its FP32 model spent 8 evaluations pinning all of
+    its 56 groups and wrote a policy 0% FP16 that still failed.
+    """
+    from trtbuild.accuracy.breakdown import quantization_alone
+
+    found = []
+    for run in front.shapes:
+        alone = quantization_alone(run.reference, front.policy.accuracy) or {}
+        failing = [name for name, m in alone.items() if not m.passed]
+        if failing:
+            found.append(f"at {run.point.label}: {', '.join(failing)}")
+    return found
