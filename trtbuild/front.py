@@ -360,47 +360,7 @@ def _ops_one_runtime_lacks(policy: Policy, analysis: Analysis) -> None:
     exported": it was. Random draws passed `check`, then failed every verdict as if FP16
     had (`tune` pinned every node).
     """
-    from trtbuild.graph.optypes import (
-        CLASSIC_ML_FIX,
-        RANDOM_FIX,
-        RUNTIME_ONLY_FIX,
-        classic_ml,
-        random,
-        runtime_only,
-    )
-    from trtbuild.graph.qdq import (
-        INTEGER_FIX,
-        TENSORRT_QUANTIZATION_FIX,
-        integer,
-        tensorrt_quantization,
-    )
-
-    tensorrt = "which TensorRT does not run"
-    kinds = (
-        (
-            "ONNX Runtime's dynamic, QOperator or weight-only quantization",
-            tensorrt,
-            INTEGER_FIX,
-            integer,
-        ),
-        ("ONNX Runtime's own ops", tensorrt, RUNTIME_ONLY_FIX, runtime_only),
-        ("ONNX-ML's classic ML ops", tensorrt, CLASSIC_ML_FIX, classic_ml),
-        (
-            "ModelOpt's NVFP4, MXFP8 or INT4 quantization as TensorRT ops",
-            "which ONNX Runtime has no kernel for: neither the quantized graph's reference "
-            "nor its FP16 emulation can run",
-            TENSORRT_QUANTIZATION_FIX,
-            tensorrt_quantization,
-        ),
-        (
-            "random numbers drawn in the graph",
-            "whose values differ from run to run and between ONNX Runtime's generator and "
-            "TensorRT's: no FP32 reference can judge what they reach",
-            RANDOM_FIX,
-            random,
-        ),
-    )
-    for what, tail, fix, refused in kinds:
+    for what, tail, fix, refused in _lacking():
         found = [n for n in analysis.view.nodes if refused(n)]
         if found:
             named = sorted({f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in found})
@@ -410,6 +370,38 @@ def _ops_one_runtime_lacks(policy: Policy, analysis: Analysis) -> None:
                 where=str(policy.model),
                 hint=fix,
             )
+
+
+def _lacking() -> tuple[tuple[str, str, str, Callable[[onnx.NodeProto], bool]], ...]:
+    """Each kind of op `_ops_one_runtime_lacks` refuses: (what, why, the fix, the test)."""
+    from trtbuild.graph import optypes
+    from trtbuild.graph import qdq as q
+
+    tensorrt = "which TensorRT does not run"
+    return (
+        (
+            "ONNX Runtime's dynamic, QOperator or weight-only quantization",
+            tensorrt,
+            q.INTEGER_FIX,
+            q.integer,
+        ),
+        ("ONNX Runtime's own ops", tensorrt, optypes.RUNTIME_ONLY_FIX, optypes.runtime_only),
+        ("ONNX-ML's classic ML ops", tensorrt, optypes.CLASSIC_ML_FIX, optypes.classic_ml),
+        (
+            "ModelOpt's NVFP4, MXFP8 or INT4 quantization as TensorRT ops",
+            "which ONNX Runtime has no kernel for: neither the quantized graph's reference "
+            "nor its FP16 emulation can run",
+            q.TENSORRT_QUANTIZATION_FIX,
+            q.tensorrt_quantization,
+        ),
+        (
+            "random numbers drawn in the graph",
+            "whose values differ from run to run and between ONNX Runtime's generator and "
+            "TensorRT's: no FP32 reference can judge what they reach",
+            optypes.RANDOM_FIX,
+            optypes.random,
+        ),
+    )
 
 
 # The order problems are said in: what the user fixes by re-quantizing first.
