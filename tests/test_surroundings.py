@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import TRTBUILD, F, model, node, proc_stat
+from tests.helpers import TRTBUILD, F, model, needs_rtx, node, proc_stat
 from trtbuild.cli import main
 from trtbuild.errors import EXIT_BUG, exit_code_for
 
@@ -213,7 +213,31 @@ def test_one_mapping_from_exceptions_to_exit_codes():
     assert exit_code_for(OSError(errno.EIO, "Input/output error", "/x"))[0] == 2  # the disk's
     assert exit_code_for(OSError(errno.EINVAL, "Invalid argument", "/x"))[0] == EXIT_BUG
     assert exit_code_for(KeyError("x"))[0] == EXIT_BUG
+    # the process's limits (ulimit -u, a container's pids.max): threading's word for EAGAIN
+    code, said = exit_code_for(RuntimeError("can't start new thread"))
+    assert code == 2 and "ulimit -u" in said, said
     assert json.loads(json.dumps(exit_code_for(ValueError("\x1b[2J"))))[1].endswith("\\x1b[2J")
+
+
+@needs_rtx
+@pytest.mark.parametrize("limit", [16, 19])
+def test_a_low_open_file_limit_is_exit_2_naming_it(tmp_path, limit):
+    """`ulimit -n 16` (a container's): the engine build child's pipes could not be made
+    (EMFILE) and the build said it was a bug (exit 70). It is the limit's: exit 2, named."""
+    import resource
+
+    policy = _relu_policy(tmp_path)
+    policy.write_text(policy.read_text().replace("backend: none", "backend: tensorrt-rtx"))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    cmd = [sys.executable, "-m", "trtbuild", "build", "--policy", str(policy)]
+    cmd += ["--out", str(tmp_path / "out")]
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limited, env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "open files" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):

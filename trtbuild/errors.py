@@ -76,6 +76,8 @@ class BackendError(TrtbuildError):
     exit_code = EXIT_BACKEND
 
 
+_LIMITS = "raise {raise_}: trtbuild runs child processes and threads beside its own work"
+
 # What the machine around trtbuild can refuse: the user fixes these, not trtbuild's authors.
 # errno -> (what happened, the fix; {path} is the file's name, {folder} its folder)
 _SURROUNDINGS = {
@@ -90,6 +92,13 @@ _SURROUNDINGS = {
     errno.ENAMETOOLONG: ("file name too long", "use a shorter path"),
     errno.EIO: ("an input/output error of the device", "check the disk that holds {path}"),
     errno.EBUSY: ("the device or file is busy", "retry once {path} is free"),
+    # the process's limits: a container's pids.max, `ulimit -n` or `-u` set low
+    errno.EMFILE: ("too many open files", _LIMITS.format(raise_="the open-file limit (ulimit -n)")),
+    errno.ENFILE: ("the system's open-file table is full", "close files, then retry"),
+    errno.EAGAIN: (
+        "a new process or thread was refused",
+        _LIMITS.format(raise_="the process limit (ulimit -u, a container's pids.max)"),
+    ),
 }
 
 
@@ -107,6 +116,8 @@ def surroundings_error(exc: BaseException) -> UsageError | None:
     if isinstance(exc, RuntimeError) and str(exc).startswith("Symlink loop from "):
         path = str(exc).removeprefix("Symlink loop from ").strip("'")  # pathlib's resolve()
         exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+    if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
+        exc = OSError(errno.EAGAIN, str(exc))  # threading's word for EAGAIN
     if not isinstance(exc, OSError) or exc.errno not in _SURROUNDINGS:
         return None
     what, fix = _SURROUNDINGS[exc.errno]
