@@ -311,3 +311,33 @@ def test_a_tolerance_the_model_cannot_read_is_exit_2(example_policy, capsys, tol
     assert main(["check", "--policy", str(policy)]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+
+
+def test_a_model_replaced_while_it_is_read_is_prepared_from_the_bytes_its_key_names(
+    tmp_path, monkeypatch
+):
+    """The cache key hashed the file, then the load read it again: a model replaced between
+    the two (an export rewriting it during a nightly) stored its prepared graph under the
+    other's key, and every later run of that model judged the wrong one. Both now come
+    from one read."""
+    from trtbuild import front
+    from trtbuild.api import open_cache
+
+    def scaled(k: float) -> onnx.ModelProto:
+        return model([node("Mul", ["x", "k"], "y", "scale")], [("x", F, [1, 4])],
+                     [("y", F, [1, 4])], {"k": np.array(k, np.float32)})  # fmt: skip
+
+    path = tmp_path / "m.onnx"
+    onnx.save(scaled(2.0), path)
+    read = front.read_model
+
+    def replaced_after_reading(p):
+        raw = read(p)
+        onnx.save(scaled(3.0), path)  # another process replaces it now
+        return raw
+
+    monkeypatch.setattr(front, "read_model", replaced_after_reading)
+    policy = load_policy(bare_policy(tmp_path, onnx.load(path)))
+    prepared, _ = front.prepared_graph(policy.model, policy.passes, open_cache(tmp_path / "c"))
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in prepared.model.graph.initializer}
+    assert float(weights["k"]) == 2.0  # the bytes the key was made of

@@ -23,7 +23,14 @@ from trtbuild.cache import Cache, code_fingerprint, feeds_digest
 from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.model_io import check_model_file, fed_inputs, key_digest, load_model, opset_of
+from trtbuild.graph.model_io import (
+    check_model_file,
+    fed_inputs,
+    key_digest,
+    load_model,
+    opset_of,
+    read_model,
+)
 from trtbuild.graph.optypes import UNHANDED_TYPES
 from trtbuild.graph.view import GraphView
 from trtbuild.passes.prepare import Prepared, prepare
@@ -621,7 +628,8 @@ def prepared_graph(
     """
     digest = None
     check_model_file(model)  # a FIFO or a device is exit 2 before the digest reads it
-    source_digest = key_digest(model) if cache.enabled else None
+    raw = read_model(model) if cache.enabled else None  # the key's bytes are the model's
+    source_digest = key_digest(model, raw) if raw is not None else None
     if source_digest is not None:  # (unreadable or not ONNX: load_model says so)
         digest = cache_key(
             "prepared", code_fingerprint(), source_digest, repr(passes), repr(budget)
@@ -631,7 +639,9 @@ def prepared_graph(
             return cached, digest
     if on_prepare is not None:
         on_prepare()
-    prepared = prepare(load_model(model), passes, source=str(model), verbose=verbose, budget=budget)
+    loaded = load_model(model, raw=raw)
+    del raw  # parsed: not held through the passes
+    prepared = prepare(loaded, passes, source=str(model), verbose=verbose, budget=budget)
     if digest is not None:
         cache.put("prepared", digest, prepared)
     return prepared, digest

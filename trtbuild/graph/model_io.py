@@ -4,6 +4,7 @@ shape inference."""
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import math
 import os
@@ -77,12 +78,23 @@ _KINDS = {
 }
 
 
-def load_model(path: str | os.PathLike[str], *, what: str = "model") -> onnx.ModelProto:
-    """Load an ONNX model (external data included) or fail with one clear message."""
+def load_model(
+    path: str | os.PathLike[str], *, what: str = "model", raw: bytes | None = None
+) -> onnx.ModelProto:
+    """Load an ONNX model (external data included) or fail with one clear message.
+
+    `raw`: the file's bytes, where the caller read them (`read_model`) and made the cache
+    key of them: the model is parsed from the bytes the key says, not from a file that
+    an export may have replaced since.
+    """
     path = Path(path)
     check_model_file(path, what=what)
     try:
-        model = onnx.load(str(path), load_external_data=False)  # any format onnx reads
+        if raw is None:
+            model = onnx.load(str(path), load_external_data=False)  # any format onnx reads
+        else:  # in the format onnx tells from the name, as onnx.load does
+            fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix)
+            model = onnx.load_model(io.BytesIO(raw), fmt or "protobuf", False)
         # one walk over every tensor: where none keeps its data in a file (most models),
         # onnx's loader, a second walk, has nothing to load (~0.02 s on 10k nodes)
         if next(external_tensors(model), None) is not None:
@@ -152,14 +164,29 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
             )
 
 
-def model_digest(path: Path) -> str:
-    """sha256 of the model file and of the bytes each external-data tensor names.
+def read_model(path: Path) -> bytes | None:
+    """The model file's bytes, or None where they cannot be read (`load_model` says why).
+
+    Why once: the cache key is made of these bytes and the model parsed from them, so a
+    file replaced between the two (an export rewriting it, a checkout) cannot store one
+    model's prepared graph under another's key.
+    """
+    try:
+        check_model_file(path)
+        return path.read_bytes()
+    except (OSError, UsageError):
+        return None
+
+
+def model_digest(path: Path, raw: bytes | None = None) -> str:
+    """sha256 of the model file (`raw`, where read already) and of the bytes each
+    external-data tensor names.
 
     Only those bytes, streamed: a 2 KB tensor in a 3 GiB data file costs 2 KB, not the
     file. A data file outside the model's folder is never opened (ValueError; loading
     the model says why in its words).
     """
-    raw = path.read_bytes()
+    raw = path.read_bytes() if raw is None else raw
     h = hashlib.sha256(raw)
     if b"location" not in raw:  # every external-data entry names its file under this key
         return h.hexdigest()
@@ -176,12 +203,12 @@ def model_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def key_digest(path: Path) -> str | None:
+def key_digest(path: Path, raw: bytes | None = None) -> str | None:
     """`model_digest` for a cache key, or None where the file cannot be read or is not
     ONNX (any error: a key is an optimisation, and the load that follows says why, in
     its words, with the exit code of the fault)."""
     try:
-        return model_digest(path)
+        return model_digest(path, raw)
     except Exception:
         return None
 
