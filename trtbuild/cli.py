@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -25,6 +26,7 @@ from trtbuild import __version__, cores
 from trtbuild.errors import (
     EXIT_BUG,
     EXIT_USAGE,
+    Terminated,
     TrtbuildError,
     UsageError,
     exit_code_for,
@@ -34,7 +36,8 @@ from trtbuild.errors import (
 _EPILOG = (
     "exit codes: 0 ok, 1 accuracy below tolerance, 2 bad usage/policy/model, 3 backend "
     "unavailable or build failed, 70 internal error (a bug: the traceback is kept), 130 "
-    "interrupted (earlier artifacts left as they were), 141 the reader of stdout left"
+    "interrupted, 143 terminated by SIGTERM (both: earlier artifacts left as they were), 141 "
+    "the reader of stdout left"
 )
 
 
@@ -335,16 +338,41 @@ def _warnings_handler() -> logging.Handler:
     return handler
 
 
-def _interrupted(exc: BaseException) -> bool:
-    """Whether a KeyboardInterrupt stands behind `exc` (onnxruntime turns one that arrives
-    while it initialises into `ImportError: initialization failed`)."""
+def _interrupted(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (or SIGTERM's `Terminated`) behind `exc`, if any (onnxruntime
+    turns one that arrives while it initialises into `ImportError: initialization failed`)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, KeyboardInterrupt):
-            return True
+            return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
+
+
+def _stopped(exc: KeyboardInterrupt) -> int:
+    """Ctrl-C's exit (130), or SIGTERM's (143), said on one line."""
+    if isinstance(exc, Terminated):
+        print(
+            "trtbuild: terminated (SIGTERM); previous artifacts left as they were", file=sys.stderr
+        )
+        return 143
+    print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
+    return 130
+
+
+def _terminate(*_: object) -> None:
+    raise Terminated
+
+
+def _on_sigterm() -> None:
+    """SIGTERM ends the command as Ctrl-C does (`Terminated`): its children stopped, its
+    staging folders removed. Why: `timeout`, `docker stop` and a cancelled CI job send
+    SIGTERM, which killed the command where it stood (a staging folder left, a nightly's
+    workers left running for good, one publishing after the night had ended). The command's
+    own process only (`run`), as `_standard_streams`: the library's caller keeps its own."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -362,17 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     except TrtbuildError as exc:
         print(f"trtbuild: error: {_flags(str(exc))}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return _stopped(exc)
     except BrokenPipeError:  # `trtbuild ... | head`: the reader left; the work is done
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     except Exception as exc:
         if _interrupted(exc):  # Ctrl-C inside a library's import, re-raised as its error
-            print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
-            return 130
+            return _stopped(_interrupted(exc))
         return _failed(exc)
     finally:
         package_log.removeHandler(handler)  # main(argv) may run again in this process
@@ -416,6 +442,7 @@ def run() -> NoReturn:
     writes its figures after the command returns), Python's own exit runs as usual.
     """
     _standard_streams()
+    _on_sigterm()
     code = main()
     handlers = getattr(atexit, "_run_exitfuncs", None)  # what the interpreter's exit calls
     if handlers is None or _watched() or any(t.is_alive() and not t.daemon for t in _threads()):

@@ -64,6 +64,12 @@ class TrtbuildError(Exception):
         return printable(text)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, `docker stop`, a CI job cancelled), raised where the command
+    runs so that it ends as Ctrl-C does: children stopped, nothing half-written left, the
+    previous artifacts kept; exit 143 (128 + SIGTERM)."""
+
+
 class UsageError(TrtbuildError):
     """Bad command line, policy, model or data: exit 2."""
 

@@ -114,6 +114,30 @@ def test_a_ctrl_c_to_trtbuild_alone_is_passed_to_the_building_child():
     child.stdout.close()
 
 
+def test_a_child_that_cannot_cancel_is_killed_after_the_grace(monkeypatch):
+    """TensorRT-RTX deadlocks where it cannot start a thread (a small pids limit): the
+    child heard Ctrl-C and never ended, and trtbuild waited for ever. It is killed once
+    `GRACE` seconds have passed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from trtbuild.engine import child as engine_child
+
+    monkeypatch.setattr(engine_child, "GRACE", 0.2)
+    deaf = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    deaf += "print(flush=True); time.sleep(60)"
+    with engine_child._passed_on() as (interrupted, started):
+        child = subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE)
+        started.append(child)
+        assert child.stdout is not None and child.stdout.readline()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    assert interrupted.is_set()
+    child.stdout.close()
+
+
 @needs_rtx
 def test_one_child_builds_each_model_in_turn_and_names_the_one_that_fails(tmp_path, nafnet_path):
     """`build`'s engine and its two variants are built by one child (its start is 0.25 s):

@@ -216,3 +216,40 @@ def test_an_output_whose_shape_is_not_fp32s_says_so_in_the_nights_message(tmp_pa
     said = "idx (its shape is not FP32's), vals (its shape is not FP32's)"
     assert said in capsys.readouterr().out
     assert said in (out / "junit.xml").read_text()
+
+
+def test_sigterm_stops_every_worker_of_a_parallel_night(tmp_path, models_dir):
+    """SIGTERM (`timeout`, a cancelled CI job) to `nightly --jobs 2`: exit 143, and its
+    workers stop with it. They were left running for good, one publishing after the night
+    had ended."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    policies, out = tmp_path / "policies", tmp_path / "night"
+    _example_policies(policies, models_dir)
+    cmd = [sys.executable, "-m", "trtbuild", "nightly", "--policies", str(policies)]
+    cmd += ["--out", str(out), "--history", str(tmp_path / "h.sqlite"), "--jobs", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRTBUILD_CACHE_DIR": str(tmp_path / "c")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 60
+    workers: list[str] = []
+    while len(workers) < 2:  # the pool's two workers, started
+        assert proc.poll() is None and time.monotonic() < deadline, "the night ended first"
+        workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        time.sleep(0.01)
+    time.sleep(0.5)  # into their first policies
+
+    def published() -> list[str]:
+        return sorted(p.name for p in out.iterdir()) if out.exists() else []
+
+    before = [name for name in published() if ".staging-" not in name]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and b"terminated (SIGTERM)" in err, err.decode()
+    time.sleep(2)  # a worker left running would publish its policy now
+    assert all(not Path(f"/proc/{w}").exists() for w in workers), workers
+    assert published() == before  # no policy finished after the signal

@@ -56,6 +56,9 @@ from trtbuild.engine.child import serve
 serve()
 """
 ERROR_LINES = 3  # TensorRT errors said with a crash, the last ones
+# Seconds a builder has to cancel after Ctrl-C before it is killed: TensorRT-RTX deadlocks
+# where it cannot start a thread (a small pids limit), and then no interrupt ended it
+GRACE = 10.0
 
 
 def build_engine(
@@ -200,16 +203,28 @@ def _passed_on() -> Iterator[tuple[threading.Event, list[subprocess.Popen]]]:
         return
 
     def passed(*_: Any) -> None:
+        first = not flag.is_set()
         flag.set()
         if started and os.name != "nt":  # Windows' console gives the child its own Ctrl-C
             with contextlib.suppress(OSError, ValueError):
                 started[0].send_signal(signal.SIGINT)
+        if started and first:  # a builder that cannot cancel (deadlocked) is killed
+            timer = threading.Timer(GRACE, _kill, args=(started[0],))
+            timer.daemon = True  # never what keeps this process alive
+            timer.start()
 
     previous = signal.signal(signal.SIGINT, passed)
     try:
         yield flag, started
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """The child killed where it has not ended (Ctrl-C's grace over)."""
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            proc.kill()
 
 
 @contextlib.contextmanager
