@@ -217,3 +217,26 @@ def test_an_out_folder_that_refuses_new_files_still_records_the_night(tmp_path, 
         assert db.execute("SELECT policy, status, exit_code FROM results").fetchall() == [
             ("p", "error", 2)
         ]
+
+
+def test_a_symlink_planted_as_the_trends_folder_is_not_written_through(
+    tmp_path, models_dir, capsys
+):
+    """`OUT/trends -> elsewhere`: the night's plots were written where it pointed,
+    overwriting a file there. Nothing goes through it: exit 2 naming it, the rest written."""
+    policies, out, history = tmp_path / "policies", tmp_path / "out", tmp_path / "h.sqlite"
+    _loop_policy(policies, models_dir)
+    assert _nightly(policies, out, history) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "loop_sum.png").write_bytes(b"mine")
+    for plot in (out / "trends").iterdir():
+        plot.unlink()
+    (out / "trends").rmdir()
+    (out / "trends").symlink_to(elsewhere)
+    capsys.readouterr()
+    assert _nightly(policies, out, history) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'trends'}: a symlink where the night's trend plots go" in err, err
+    assert (elsewhere / "loop_sum.png").read_bytes() == b"mine"
+    assert (out / "summary.md").exists() and (out / "junit.xml").exists()

@@ -243,6 +243,19 @@ def _written(write: Callable[..., None], *args: Any) -> Exception | None:
     return None
 
 
+def _trends_written(folder: Path, pngs: dict[str, bytes]) -> list[Exception | None]:
+    """Each trend plot written into `folder`, a fault each; none where `folder` is a
+    symlink (planted in `OUT`: the plots overwrote files where it pointed)."""
+    if folder.is_symlink():
+        said = UsageError(
+            "a symlink where the night's trend plots go",
+            where=str(folder),
+            hint="remove it: trtbuild writes a folder of its own there, never through a link",
+        )
+        return [said]
+    return [_written(write_bytes, folder / f"{name}.png", png) for name, png in pngs.items()]
+
+
 def _render(
     out_dir: Path,
     heading: str,
@@ -256,9 +269,7 @@ def _render(
     Why each: on a disk with little space left, a small `junit.xml` may still fit where a
     trend did not, and CI reads it.
     """
-    faults = [
-        _written(write_bytes, out_dir / "trends" / f"{name}.png", png) for name, png in pngs.items()
-    ]
+    faults = _trends_written(out_dir / "trends", pngs)
     rows = table(night.results, night.regressions)
     lanes = lanes_section(night.results, night.missing)
     faults += [
