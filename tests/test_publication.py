@@ -600,3 +600,18 @@ def test_a_marker_whose_files_are_not_a_list_of_names_is_read_as_naming_none(tmp
     (out / MARKER).write_text(json.dumps({**marker, "files": files}))
     assert _drive(out, "new") == 0
     assert _generations(out) == {"new"}
+
+
+def test_a_fault_of_the_command_while_it_stages_is_not_called_a_publication_race(tmp_path):
+    """Forking the build child refused (EAGAIN, `ulimit -u`) inside the staging: it was said
+    to be "another publication into it kept replacing it", which nothing was doing."""
+    import errno
+
+
+    from trtbuild.artifacts import staged_output
+    from trtbuild.errors import exit_code_for
+
+    with pytest.raises(BlockingIOError) as raised, staged_output(tmp_path / "out", ("x",)):
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+    code, said = exit_code_for(raised.value)
+    assert code == 2 and "publication" not in said and "ulimit -u" in said, said

@@ -73,6 +73,12 @@ def staged_output(out_dir: Path, owns: tuple[str, ...]) -> Iterator[Path]:
     with staging_folder(out_dir) as staging:  # removed at the end (after an exchange: the old set)
         try:
             yield staging
+        except OSError as exc:  # the command's own (a full disk): no publication's fault
+            moved = _in_out_folder(exc, staging, out_dir)
+            if moved is None:
+                raise
+            raise moved from exc
+        try:
             command = "build" if "build.json" in owns else "report"
             publish_folder(staging, out_dir, owns, command, mode)
         except OSError as exc:  # name the out folder's file, not the staging folder's
