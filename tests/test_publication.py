@@ -607,7 +607,6 @@ def test_a_fault_of_the_command_while_it_stages_is_not_called_a_publication_race
     to be "another publication into it kept replacing it", which nothing was doing."""
     import errno
 
-
     from trtbuild.artifacts import staged_output
     from trtbuild.errors import exit_code_for
 
