@@ -264,3 +264,24 @@ def test_a_multi_frame_image_held_leaves_no_file_open(tmp_path):
     before = len(os.listdir("/proc/self/fd"))
     held = _opened(policy, "inputs.x.data", tmp_path / "two.tif", "RGB")
     assert held.size == (8, 8) and len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize(
+    "name, pixels",
+    [
+        ("depth.png", np.full((8, 8), 40000, np.uint16)),  # Pillow's I;16: 99% came out 255
+        ("scan.tiff", np.full((8, 8), 0.5, np.float32)),  # F: came out 0
+    ],
+)
+def test_an_image_of_samples_wider_than_8_bits_is_refused_not_clipped(
+    tmp_path, capsys, name, pixels
+):
+    """`images` reads 0 to 255; Pillow's conversion of a 16-bit or float image clips it, and
+    the build judged the clipped pixels as image data."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.fromarray(pixels).save(folder / name)
+    path = identity_policy(tmp_path, [1, 1, 8, 8], "{data: {images: images, channels: GRAY}}")
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{name} holds samples wider than 8 bits" in err and ".npz" in err, err

@@ -312,7 +312,21 @@ def _opened(policy: Policy, field: str, path: Path, mode: str) -> Image.Image:
             im.load()  # the pixels read while the file is open
     except (Image.DecompressionBombError, OSError, ValueError) as exc:
         raise _unreadable(policy, field, path, exc) from None
+    if im.mode.startswith(WIDE_MODES):
+        raise UsageError(
+            f"{field}.images: {path.name} holds samples wider than 8 bits (Pillow's mode "
+            f"{im.mode}: 16-bit, 32-bit or float), which `images` reads as 0 to 255: Pillow's "
+            "conversion would clip them (a 16-bit PNG came out 99% white, a float TIFF black)",
+            where=policy.where,
+            hint=f"save {path.name} as an 8-bit image, or give the pixels the model takes as "
+            "an .npz (`data: {file: X.npz}`)",
+        )
     return im if im.mode == mode else im.convert(mode)
+
+
+# Pillow's modes of samples wider than 8 bits ("I;16", "I;16B", "I", "F"): `convert` to
+# "L" or "RGB" clips them to 255
+WIDE_MODES = ("I", "F")
 
 
 def _unreadable(policy: Policy, field: str, path: Path, exc: Exception) -> UsageError:
