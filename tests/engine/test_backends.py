@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import onnx
 import pytest
@@ -238,3 +239,31 @@ def test_a_hint_that_cannot_be_worked_out_keeps_tensorrts_refusal(tmp_path):
     held = (InputSpec("x", shape=(1, 4)),)
     gone = tmp_path / "moved.onnx"  # the model is no longer there to read
     assert _parse_fix("batch 1 but the input's is -1.", None, held, gone) == UNSUPPORTED_FIX
+
+
+def test_a_backend_installed_that_does_not_import_is_said_so_not_missing(tmp_path):
+    """Under `ulimit -v` TensorRT-RTX's libraries failed to map and `auto` said "no TensorRT
+    backend is installed", whose fix (install it) does nothing. A package that raises on
+    import stands for it here, in a process of its own (this one keeps the real one)."""
+    import subprocess
+    import sys
+
+    broken = tmp_path / "site" / "tensorrt_rtx"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        "raise OSError('failed to map segment from shared object')\n"
+    )
+    probe = (
+        "from trtbuild.engine.backends import resolve_backend\n"
+        "from trtbuild.errors import BackendError\n"
+        "for asked in ('auto', 'tensorrt-rtx'):\n"
+        "    try:\n        resolve_backend(asked)\n"
+        "    except BackendError as exc:\n        print(exc)\n"
+    )
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}:{Path(__file__).resolve().parents[2]}"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stderr
+    for line in lines:
+        assert "'tensorrt_rtx' is installed but does not import: failed to map segment" in line
+        assert "ulimit -v" in line and "not installed" not in line

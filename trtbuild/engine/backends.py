@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import importlib.util
 import json
 import re
 import signal
@@ -96,12 +97,14 @@ def resolve_backend(requested: str) -> str:
             return "tensorrt"
         if _importable("tensorrt_rtx") is not None:
             return "tensorrt-rtx"
+        _refuse_broken("tensorrt_rtx")
         raise BackendError(
             "no TensorRT backend is installed",
             hint='pip install -e ".[rtx]" (TensorRT-RTX builds on the CPU), or set build.backend: none '
             "to write the mixed model and the emulated report only",
         )
     if _importable(MODULES[requested]) is None:
+        _refuse_broken(MODULES[requested])
         extra = "rtx" if requested == "tensorrt-rtx" else "trt"
         raise BackendError(
             f"backend '{requested}' is not installed (python module '{MODULES[requested]}')",
@@ -113,6 +116,22 @@ def resolve_backend(requested: str) -> str:
             hint="use backend tensorrt-rtx to build ahead of time on the CPU",
         )
     return requested
+
+
+def _refuse_broken(module: str) -> None:
+    """A backend installed that does not import, said as that (not "not installed", whose
+    fix, installing it, does nothing): under `ulimit -v` its libraries failed to map."""
+    if importlib.util.find_spec(module) is None:
+        return  # not installed
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BackendError(
+            f"the python module '{module}' is installed but does not import: {said}",
+            hint="its libraries could not be loaded (too little memory or address space, "
+            "`ulimit -v`; a missing system library): fix that, or set build.backend: none",
+        ) from None
 
 
 def backend_version(backend: str) -> str | None:
