@@ -83,6 +83,9 @@ class BackendError(TrtbuildError):
 
 
 _LIMITS = "raise {raise_}: trtbuild runs child processes and threads beside its own work"
+_MEMORY = (
+    "free memory, raise the address-space limit (ulimit -v), or lower accuracy.memory_budget"
+)
 
 # What the machine around trtbuild can refuse: the user fixes these, not trtbuild's authors.
 # errno -> (what happened, the fix; {path} is the file's name, {folder} its folder)
@@ -101,6 +104,7 @@ _SURROUNDINGS = {
     # the process's limits: a container's pids.max, `ulimit -n` or `-u` set low
     errno.EMFILE: ("too many open files", _LIMITS.format(raise_="the open-file limit (ulimit -n)")),
     errno.ENFILE: ("the system's open-file table is full", "close files, then retry"),
+    errno.ENOMEM: ("not enough memory", _MEMORY),
     errno.EAGAIN: (
         "a new process or thread was refused",
         _LIMITS.format(raise_="the process limit (ulimit -u, a container's pids.max)"),
@@ -124,6 +128,8 @@ def surroundings_error(exc: BaseException) -> UsageError | None:
         exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
     if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
         exc = OSError(errno.EAGAIN, str(exc))  # threading's word for EAGAIN
+    if isinstance(exc, MemoryError):  # numpy's "Unable to allocate 2 GiB", a limit's refusal
+        exc = OSError(errno.ENOMEM, str(exc) or "MemoryError")
     if not isinstance(exc, OSError) or exc.errno not in _SURROUNDINGS:
         return None
     what, fix = _SURROUNDINGS[exc.errno]
