@@ -83,9 +83,7 @@ class BackendError(TrtbuildError):
 
 
 _LIMITS = "raise {raise_}: trtbuild runs child processes and threads beside its own work"
-_MEMORY = (
-    "free memory, raise the address-space limit (ulimit -v), or lower accuracy.memory_budget"
-)
+_MEMORY = "free memory, raise the address-space limit (ulimit -v), or lower accuracy.memory_budget"
 
 # What the machine around trtbuild can refuse: the user fixes these, not trtbuild's authors.
 # errno -> (what happened, the fix; {path} is the file's name, {folder} its folder)

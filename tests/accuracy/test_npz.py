@@ -78,3 +78,17 @@ def test_a_pickled_npy_is_refused_from_its_header(tmp_path):
     np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(npz.NpzError, match="holds Python objects"):
         npz.members(tmp_path / "o.npy")
+
+
+def test_a_file_that_cannot_be_read_says_how_to_save_it_again(tmp_path, capsys):
+    """A truncated or pickled .npz was named with its fault and no fix."""
+    from tests.helpers import identity_policy
+    from trtbuild.cli import main
+
+    np.savez(tmp_path / "x.npz", x=np.zeros((1, 4), np.float32))
+    whole = (tmp_path / "x.npz").read_bytes()
+    (tmp_path / "x.npz").write_bytes(whole[: len(whole) // 2])
+    path = identity_policy(tmp_path, [1, 4], "{shape: [1, 4], data: {file: x.npz}}")
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "save it again whole with numpy.save or numpy.savez" in err

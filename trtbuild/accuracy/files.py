@@ -97,7 +97,9 @@ def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
     try:
         arr = npz.read(f.path, f.member, cut)
     except npz.NpzError as exc:
-        raise UsageError(f"{f.field}: cannot read {f.path}: {exc}", where=policy.where) from None
+        raise UsageError(
+            f"{f.field}: cannot read {f.path}: {exc}", where=policy.where, hint=npz.UNREADABLE_FIX
+        ) from None
     return _finite(policy, f.field, f.name, arr).astype(np.dtype(dtype), copy=False)
 
 
@@ -142,7 +144,9 @@ def _members(policy: Policy, path: Path, field: str) -> dict[str, npz.Member]:
     try:
         return npz.members(path)
     except npz.NpzError as exc:
-        raise UsageError(f"{field}: cannot read {path}: {exc}", where=policy.where) from None
+        raise UsageError(
+            f"{field}: cannot read {path}: {exc}", where=policy.where, hint=npz.UNREADABLE_FIX
+        ) from None
 
 
 _KINDS = {"f": "floating-point", "i": "integer", "u": "integer", "b": "boolean"}

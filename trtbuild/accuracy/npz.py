@@ -47,6 +47,11 @@ class Member:
         return min(count, self.shape[0]) * self.sample_bytes()
 
 
+# What to do with a file `members` or `read` cannot read (NpzError)
+UNREADABLE_FIX = (
+    "save it again whole with numpy.save or numpy.savez, numbers only (trtbuild never loads "
+    "pickles: no object arrays, in any key)"
+)
 # The key of a bare `.npy`'s one array: whichever input names the file takes it
 BARE = "*"
 
