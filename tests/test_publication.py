@@ -614,3 +614,18 @@ def test_a_fault_of_the_command_while_it_stages_is_not_called_a_publication_race
         raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
     code, said = exit_code_for(raised.value)
     assert code == 2 and "publication" not in said and "ulimit -u" in said, said
+
+
+def test_a_staging_folder_other_runs_keep_taking_is_said_so_not_a_process_limit(
+    tmp_path, monkeypatch
+):
+    """Eight staging folders taken in a row by other runs' cleaners was EAGAIN, which the
+    surroundings' mapping now reads as a process refused (`ulimit -u`)."""
+    from trtbuild import fsutil
+    from trtbuild.errors import UsageError
+
+    monkeypatch.setattr(fsutil, "lock", lambda fd, wait=False: False)  # another holds each
+    with pytest.raises(UsageError) as raised, fsutil.staging_folder(tmp_path / "out"):
+        pass
+    assert "other runs kept taking it" in str(raised.value)
+    assert "ulimit" not in str(raised.value) and str(tmp_path / "out") in str(raised.value)

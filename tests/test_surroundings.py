@@ -216,6 +216,7 @@ def test_one_mapping_from_exceptions_to_exit_codes():
     # the process's limits (ulimit -u, a container's pids.max): threading's word for EAGAIN
     code, said = exit_code_for(RuntimeError("can't start new thread"))
     assert code == 2 and "ulimit -u" in said, said
+    assert exit_code_for(OSError(errno.ENFILE, "Too many open files in system"))[0] == 2
     code, said = exit_code_for(MemoryError("Unable to allocate 2.00 GiB"))  # under ulimit -v
     assert code == 2 and said.startswith("not enough memory (free memory"), said
     assert json.loads(json.dumps(exit_code_for(ValueError("\x1b[2J"))))[1].endswith("\\x1b[2J")

@@ -11,7 +11,10 @@ import contextlib
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
 # process), not a crash of the library's own code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE).
@@ -47,3 +50,60 @@ def feed(pipe: Any, *parts: bytes) -> None:
     with contextlib.suppress(OSError, ValueError), pipe:  # BrokenPipe, or closed by a kill
         for data in parts:
             pipe.write(data)
+
+
+# In a pool's worker: whether a task runs now (`run_task`), read by its signal handler
+_BUSY = [False]
+
+
+def worker_signals() -> None:
+    """A pool worker's initializer: Ctrl-C and SIGTERM end it as they end the command.
+
+    Why its own handlers (not the parent's, inherited by fork alone): a worker between
+    tasks ends at once (an idle one printed `Terminated`'s traceback from its queue); one
+    running a task raises once, in that task, so its staging is removed, then ignores
+    the signals that follow (a terminal's Ctrl-C reaches it, then the parent's SIGTERM:
+    the second cut its cleanup short, leaving staging folders in the night's `OUT`).
+    """
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, _stop_worker)
+
+
+def _stop_worker(number: int, _frame: Any) -> None:
+    from trtbuild.errors import Terminated
+
+    for other in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(other, signal.SIG_IGN)  # one stop: the cleanup runs whole
+    if not _BUSY[0]:
+        os._exit(128 + number)
+    raise Terminated if number == signal.SIGTERM else KeyboardInterrupt
+
+
+def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`task(*args, **kwargs)` in a worker (`worker_signals`): an interrupt it was stopped by ends the
+    worker once the task's cleanup has run, taking no other task (a pool queues the next
+    one to it ahead, and it ran that one to its end)."""
+    from trtbuild.errors import Terminated
+
+    _BUSY[0] = True
+    try:
+        return task(*args, **kwargs)
+    except KeyboardInterrupt as exc:
+        os._exit(143 if isinstance(exc, Terminated) else 130)
+    finally:
+        _BUSY[0] = False
+
+
+def stop_workers(pool: Any) -> None:
+    """Every worker of a `concurrent.futures.ProcessPoolExecutor` sent SIGTERM, nothing more
+    started. Why: leaving its `with` waits for the tasks in flight, and on SIGTERM the
+    workers were left running for good (a nightly's publishing after the night)."""
+    stop = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if stop is not None:
+        stop()
+        return
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown drops it
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.terminate()

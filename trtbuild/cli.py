@@ -397,9 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     except Exception as exc:
-        if _interrupted(exc):  # Ctrl-C inside a library's import, re-raised as its error
-            return _stopped(_interrupted(exc))
-        return _failed(exc)
+        behind = _interrupted(exc)  # Ctrl-C inside a library's import, re-raised as its error
+        return _stopped(behind) if behind is not None else _failed(exc)
     finally:
         package_log.removeHandler(handler)  # main(argv) may run again in this process
         logging.getLogger("matplotlib").removeHandler(quiet)

@@ -151,7 +151,7 @@ def surroundings_raised(func: Callable[..., T]) -> Callable[..., T]:
     def raising(*args: Any, **kwargs: Any) -> T:
         try:
             return func(*args, **kwargs)
-        except (OSError, RuntimeError) as exc:
+        except (OSError, RuntimeError, MemoryError) as exc:
             found = surroundings_error(exc)
             if found is None:
                 raise

@@ -380,9 +380,16 @@ def staging_folder(out_dir: Path) -> Iterator[Path]:
         home.mkdir(parents=True, exist_ok=True)
         clean_leftovers(home, out_dir.name)
         try:
-            path, fd = _held_folder(home, f".{out_dir.name}.staging-")
+            held = _held_folder(home, f".{out_dir.name}.staging-")
         except OSError as exc:  # the user knows the out folder, not the staging folder's name
             raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
+        if held is None:  # not EAGAIN: that is a process refused (`errors`), not this race
+            raise UsageError(
+                "no staging folder could be held beside it: other runs kept taking it",
+                where=str(out_dir),
+                hint="run one build per output folder at a time",
+            )
+        path, fd = held
     try:
         yield path
     finally:
@@ -417,8 +424,9 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
 
 
-def _held_folder(parent: Path, prefix: str) -> tuple[Path, int]:
-    """A new folder `parent/prefix*` and a descriptor of it holding its exclusive lock.
+def _held_folder(parent: Path, prefix: str) -> tuple[Path, int] | None:
+    """A new folder `parent/prefix*` and a descriptor of it holding its exclusive lock;
+    None where cleaners took eight in a row.
 
     A cleaner may lock and remove the folder between its creation and our lock: then
     the lock fails, or holds a folder no longer at the path, and another name is tried.
@@ -432,7 +440,7 @@ def _held_folder(parent: Path, prefix: str) -> tuple[Path, int]:
         if lock(fd) is not False and _same(fd, path):
             return path, fd
         os.close(fd)
-    raise OSError(errno.EAGAIN, "no staging folder could be held", str(parent))
+    return None
 
 
 def lock(fd: int, wait: bool = False) -> bool | None:

@@ -424,5 +424,8 @@ def test_a_candidate_that_fails_on_a_later_sample_alone_is_walked_on_it(tmp_path
     assert first["node"] == "scale" and first["sample"] == 2, first
     assert PointResult.from_json(found["shapes"][0]).first_divergence.sample == 2  # the library
     assert "FP32 peak |x| = 8e+04" in first["reason"], first
-    assert "first divergence at scale (4 non-finite" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "first divergence at scale (4 non-finite" in printed
+    said = [line for line in printed.splitlines() if "first divergence at scale" in line]
+    assert len(said) == 2 and all(line.endswith(", on sample 2") for line in said), said
     assert ", on sample 2" in (out / "report.md").read_text()

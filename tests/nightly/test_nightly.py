@@ -218,10 +218,12 @@ def test_an_output_whose_shape_is_not_fp32s_says_so_in_the_nights_message(tmp_pa
     assert said in (out / "junit.xml").read_text()
 
 
-def test_sigterm_stops_every_worker_of_a_parallel_night(tmp_path, models_dir):
+@pytest.mark.parametrize("group", [False, True])
+def test_sigterm_stops_every_worker_of_a_parallel_night(tmp_path, models_dir, group):
     """SIGTERM (`timeout`, a cancelled CI job) to `nightly --jobs 2`: exit 143, and its
     workers stop with it. They were left running for good, one publishing after the night
-    had ended."""
+    had ended. `group`: a terminal's Ctrl-C, to the night and its workers at once (exit
+    130): the parent's SIGTERM then cut a worker's cleanup short, its staging folder left."""
     import os
     import signal
     import subprocess
@@ -234,7 +236,9 @@ def test_sigterm_stops_every_worker_of_a_parallel_night(tmp_path, models_dir):
     cmd = [sys.executable, "-m", "trtbuild", "nightly", "--policies", str(policies)]
     cmd += ["--out", str(out), "--history", str(tmp_path / "h.sqlite"), "--jobs", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRTBUILD_CACHE_DIR": str(tmp_path / "c")}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
     deadline = time.monotonic() + 60
     workers: list[str] = []
     while len(workers) < 2:  # the pool's two workers, started
@@ -247,9 +251,14 @@ def test_sigterm_stops_every_worker_of_a_parallel_night(tmp_path, models_dir):
         return sorted(p.name for p in out.iterdir()) if out.exists() else []
 
     before = [name for name in published() if ".staging-" not in name]
-    proc.send_signal(signal.SIGTERM)
+    if group:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143 and b"terminated (SIGTERM)" in err, err.decode()
+    code, said = (130, b"interrupted") if group else (143, b"terminated (SIGTERM)")
+    assert proc.returncode == code and said in err, err.decode()
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
     time.sleep(2)  # a worker left running would publish its policy now
     assert all(not Path(f"/proc/{w}").exists() for w in workers), workers
-    assert published() == before  # no policy finished after the signal
+    assert published() == before  # no policy finished after the signal, no staging left

@@ -298,6 +298,11 @@ def _decode(policy: Policy, spec: InputSpec, path: Path, field: str) -> Source:
     return Source(path.name, original, base)
 
 
+# Pillow's modes of samples wider than 8 bits ("I;16", "I;16B", "I", "F"): `convert` to
+# "L" or "RGB" clips them to 255
+WIDE_MODES = ("I", "F")
+
+
 def _opened(policy: Policy, field: str, path: Path, mode: str) -> Image.Image:
     """The image read whole in `mode` (its pixel count checked first), held once: converted
     only where the file's mode is another (a copy of an RGB photo as RGB doubled what
@@ -322,11 +327,6 @@ def _opened(policy: Policy, field: str, path: Path, mode: str) -> Image.Image:
             "an .npz (`data: {file: X.npz}`)",
         )
     return im if im.mode == mode else im.convert(mode)
-
-
-# Pillow's modes of samples wider than 8 bits ("I;16", "I;16B", "I", "F"): `convert` to
-# "L" or "RGB" clips them to 255
-WIDE_MODES = ("I", "F")
 
 
 def _unreadable(policy: Policy, field: str, path: Path, exc: Exception) -> UsageError:

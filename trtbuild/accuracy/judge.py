@@ -247,8 +247,8 @@ def _walk_failures(
     threshold: float,
 ) -> None:
     """Walk each failing or overflowing candidate on the feed that explains it: the first
-    feed where it overflowed there or fails there, else its first failing feed (one
-    lockstep run of the reference per feed walked).
+    feed where a value of it may have turned non-finite there (`suspects`) or it fails
+    there, else its first failing feed (one lockstep run of the reference per feed walked).
 
     Why not always the first feed: a candidate that fails on its fourth image alone was
     walked on the first, which passes: the first divergence then named nothing, or a
@@ -479,6 +479,8 @@ def _verdict(
     first_div, curve, overflow = run.walk.finish()
     failing = [o for o, m in judged.outputs.items() if not m.passed]
     first_div = decided(first_div, run.walk.flipped, run.candidate.mixed, failing)
+    if first_div is not None and run.walk.sample:  # walked on a later sample: which
+        first_div = {**first_div, "sample": run.walk.sample}
     overflow = overflow or run.later  # the first feed's, else the first later feed's
     return Verdict(
         evaluator=judged.label,
@@ -711,7 +713,6 @@ class _Walk:
             rel = float(rel) if isinstance(rel, str) else rel
             if first is None and (bad or rel > self.threshold):
                 first = _first_divergence(p, bad, nan, rel, self.threshold)
-                first.update({"sample": self.sample} if self.sample else {})
         return first, ordered, overflow
 
 

@@ -211,7 +211,10 @@ def _passed_on() -> Iterator[tuple[threading.Event, list[subprocess.Popen]]]:
         if started and first:  # a builder that cannot cancel (deadlocked) is killed
             timer = threading.Timer(GRACE, _kill, args=(started[0],))
             timer.daemon = True  # never what keeps this process alive
-            timer.start()
+            try:
+                timer.start()
+            except RuntimeError:  # no thread to wait with (the pids limit it is for): now
+                _kill(started[0])
 
     previous = signal.signal(signal.SIGINT, passed)
     try:

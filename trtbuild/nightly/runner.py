@@ -5,7 +5,6 @@ every outcome, failures included, into a plain `PolicyResult`."""
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import hashlib
 import logging
 import os
@@ -15,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.accuracy.masked import overflow_node, rule_said
-from trtbuild.errors import EXIT_BUG, Terminated, UsageError, exit_code_for, undecoded
+from trtbuild.children import run_task, stop_workers, worker_signals
+from trtbuild.errors import EXIT_BUG, UsageError, exit_code_for, undecoded
 
 
 @dataclass
@@ -194,13 +194,7 @@ def _run_one(args: tuple[Path, Path, str | None, bool, str | None]) -> PolicyRes
 
 
 def _run_in_worker(args: tuple[Path, Path, str | None, bool, str | None]) -> PolicyResult:
-    """`_run_one` in a pool's worker, which ends where an interrupt or SIGTERM (`_stop_workers`)
-    reaches it: its policy's staging is removed on the way out, and it takes no other
-    policy (the pool had already queued the next one to it, and ran it to the end)."""
-    try:
-        return _run_one(args)
-    except KeyboardInterrupt as exc:
-        os._exit(143 if isinstance(exc, Terminated) else 130)
+    return run_task(_run_one, args)
 
 
 def run_all(
@@ -220,7 +214,8 @@ def run_all(
             if progress:
                 progress(results[-1])
         return results
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+    pool_of = concurrent.futures.ProcessPoolExecutor
+    with pool_of(max_workers=jobs, initializer=worker_signals) as pool:
         futures = {pool.submit(_run_in_worker, task): task[0] for task in tasks}
         done: dict[Path, PolicyResult] = {}
         try:
@@ -229,21 +224,6 @@ def run_all(
                 if progress:
                     progress(done[futures[future]])
         except BaseException:  # Ctrl-C, SIGTERM: no worker outlives the night
-            _stop_workers(pool)
+            stop_workers(pool)
             raise
     return [done[p] for p in paths]
-
-
-def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
-    """Every worker sent SIGTERM (each ends its policy as the command would: staging
-    removed) and nothing more started. Why: on SIGTERM the pool's workers were left
-    running for good, one publishing after the night had ended."""
-    stop = getattr(pool, "terminate_workers", None)  # Python 3.14
-    if stop is not None:
-        stop()
-        return
-    workers = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown drops it
-    pool.shutdown(wait=False, cancel_futures=True)
-    for worker in workers:
-        with contextlib.suppress(Exception):
-            worker.terminate()

@@ -439,8 +439,13 @@ def simple_applies(given: Mapping[str, Any]) -> bool:
     judged by the simple atol/rtol check: where one of its keys is given, or no other
     check is (a metric threshold, `compare: indices`). `compare: values` is no other
     check: alone it judged nothing, and every output passed."""
-    others = any(k in given for k in METRIC_KEYS) or given.get("compare") == "indices"
-    return any(k in given for k in SIMPLE_KEYS) or not others
+    return any(k in given for k in SIMPLE_KEYS) or not _other_checks(given)
+
+
+def _other_checks(given: Mapping[str, Any]) -> bool:
+    """Whether `given` holds a check besides the simple one: a metric threshold, or
+    `compare: indices` (`compare: values` is none)."""
+    return any(given.get(k) is not None for k in METRIC_KEYS) or given.get("compare") == "indices"
 
 
 @dataclass(frozen=True)
@@ -498,8 +503,7 @@ class Tolerance:
 
     def __post_init__(self) -> None:
         # never no check at all: `simple=False` with no other check judged nothing (a pass)
-        metrics = (self.psnr_threshold, self.cosine_similarity_threshold, self.snr_threshold)
-        if all(v is None for v in metrics) and self.compare != "indices":
+        if not _other_checks({k: getattr(self, k) for k in (*METRIC_KEYS, "compare")}):
             object.__setattr__(self, "simple", True)
 
     @property

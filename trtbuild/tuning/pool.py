@@ -21,6 +21,7 @@ from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.judge import Candidate, Verdict, judge, judge_all
 from trtbuild.accuracy.reference import ReferenceTensors
 from trtbuild.accuracy.sessions import REFERENCE
+from trtbuild.children import run_task, stop_workers, worker_signals
 from trtbuild.front import Front
 from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import PrecisionSummary, assign
@@ -210,12 +211,13 @@ _WORKER: dict[str, Front] = {}
 
 def _init_worker(front: Front) -> None:
     _WORKER["front"] = front
+    worker_signals()
 
 
 def judge_units_in_worker(job: tuple[Precision, tuple[Unit, ...], bool]) -> list[TrialOutcome]:
     """`judge_units` in a worker, on the front it inherited: (precision, units, stop)."""
     precision, units, stop = job
-    return judge_units(_WORKER["front"], precision, units, stop=stop)
+    return run_task(judge_units, _WORKER["front"], precision, units, stop=stop)
 
 
 @contextlib.contextmanager
@@ -231,7 +233,11 @@ def pool(front: Front, jobs: int) -> Iterator[Any]:
     with concurrent.futures.ProcessPoolExecutor(
         jobs, mp_context=context, initializer=_init_worker, initargs=(front,)
     ) as workers:
-        yield workers
+        try:
+            yield workers
+        except BaseException:  # Ctrl-C, SIGTERM: the batch in flight not waited for
+            stop_workers(workers)
+            raise
 
 
 def point_size(shapes: dict[str, tuple[int, ...]]) -> int:

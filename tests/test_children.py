@@ -1,0 +1,58 @@
+"""A pool worker's signals (`children.worker_signals`, `run_task`): a task stopped once, its
+cleanup whole, the worker ended; an idle worker ended at once, without a traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import ROOT
+
+# A worker whose task is stopped by Ctrl-C, then, in its cleanup, by SIGTERM (a terminal's
+# Ctrl-C reaches the whole group, then the parent stops its workers)
+TASK = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from trtbuild.children import run_task, worker_signals
+
+    def task():
+        try:
+            print("started", flush=True)
+            time.sleep(30)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)  # the parent's, during the cleanup
+            time.sleep(0.2)
+            print("cleaned", flush=True)
+
+    worker_signals()
+    run_task(task)
+    """
+)
+
+
+def test_a_task_stopped_twice_runs_its_cleanup_whole_and_ends_the_worker():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TASK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"started\n"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert out == b"cleaned\n" and proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err
+
+
+def test_an_idle_worker_ends_at_once_without_a_traceback():
+    idle = "import time\nfrom trtbuild.children import worker_signals\nworker_signals()\n"
+    idle += "print('idle', flush=True)\ntime.sleep(30)\n"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", idle], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"idle\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM and err == b"", err.decode()
