@@ -33,14 +33,20 @@ TASK = textwrap.dedent(
 )
 
 
-def test_a_task_stopped_twice_runs_its_cleanup_whole_and_ends_the_worker():
+def _signalled(code: str, ready: bytes, sent: int) -> tuple[subprocess.Popen, bytes, bytes]:
+    """`code` run in a process of its own, sent `sent` once it printed `ready`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", TASK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
-    assert proc.stdout is not None and proc.stdout.readline() == b"started\n"
-    proc.send_signal(signal.SIGINT)
+    assert proc.stdout is not None and proc.stdout.readline() == ready
+    proc.send_signal(sent)
     out, err = proc.communicate(timeout=30)
+    return proc, out, err
+
+
+def test_a_task_stopped_twice_runs_its_cleanup_whole_and_ends_the_worker():
+    proc, out, err = _signalled(TASK, b"started\n", signal.SIGINT)
     assert out == b"cleaned\n" and proc.returncode == 130, err.decode()
     assert b"Traceback" not in err
 
@@ -48,11 +54,5 @@ def test_a_task_stopped_twice_runs_its_cleanup_whole_and_ends_the_worker():
 def test_an_idle_worker_ends_at_once_without_a_traceback():
     idle = "import time\nfrom trtbuild.children import worker_signals\nworker_signals()\n"
     idle += "print('idle', flush=True)\ntime.sleep(30)\n"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", idle], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
-    assert proc.stdout is not None and proc.stdout.readline() == b"idle\n"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    proc, _, err = _signalled(idle, b"idle\n", signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM and err == b"", err.decode()
