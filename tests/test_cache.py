@@ -624,3 +624,37 @@ def test_entry_sizes_are_bounded_before_reading(tmp_path):
     assert Cache(codec=cache_codec, root=cache.root).get("prepared", other) is None
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak  # KiB on Linux
     assert grown < 1 << 20, f"{grown} KiB more to drop two entries"
+
+
+def test_a_reference_model_replaced_while_it_runs_stores_no_outputs(
+    tmp_path, quantized_dir, cache_dir, monkeypatch
+):
+    """`accuracy.reference_model` is hashed for its key, then opened by path: a model
+    replaced between the two (an export rewriting it) stored its outputs under the other's
+    key, which a later run of the first model read. Nothing is stored unless the file still
+    has the bytes the key was made of."""
+    from trtbuild.accuracy import reference
+
+    original = tmp_path / "fp32.onnx"
+    original.write_bytes((quantized_dir / "nafnet_tiny.onnx").read_bytes())
+    policy = tmp_path / "q.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: {quantized_dir / 'nafnet_tiny_int8.onnx'}\n"
+        "inputs:\n  input: {shape: [1, 3, 64, 64]}\nprecision: {default: fp16}\n"
+        "accuracy:\n  samples: 1\n  reference_model: fp32.onnx\n"
+        "  tolerances: {default: {atol: 1, rtol: 1}}\nbuild: {backend: none}\n"
+    )
+    real, ran = reference.against_reference_model, []
+
+    def replaced_while_running(*args, **kwargs):
+        ran.append(1)
+        made = real(*args, **kwargs)
+        if len(ran) == 1:  # another process rewrites the model during the first run
+            original.write_bytes(original.read_bytes() + b"\n")  # other bytes, same model
+        return made
+
+    monkeypatch.setattr(reference, "against_reference_model", replaced_while_running)
+    assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "a")]) in (0, 1)
+    original.write_bytes((quantized_dir / "nafnet_tiny.onnx").read_bytes())  # put back
+    assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "b")]) in (0, 1)
+    assert len(ran) == 2  # run again: nothing stored under the key of the bytes it ran

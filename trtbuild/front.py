@@ -483,7 +483,10 @@ def _against_original(
     versions that run it), the reference model's bytes, the feeds and the outputs match.
 
     Why cached: the model before quantization runs whole at every point, every build; a
-    nightly job rebuilding an unchanged policy would run it again for nothing.
+    nightly job rebuilding an unchanged policy would run it again for nothing. Stored
+    only where the file still has the bytes the key was made of: its session reads the
+    file by path (where it keeps external data), and a model replaced meanwhile (an export
+    rewriting it) stored its outputs under the other's key.
     """
     from trtbuild.accuracy.reference import ReferenceTensors, against_reference_model
 
@@ -495,7 +498,7 @@ def _against_original(
         if cached is not None:
             return ReferenceTensors(ref.measures, cached, ref.run_results, path)
     made = against_reference_model(ref, path, feeds, sessions)
-    if key is not None:
+    if key is not None and key_digest(path) == run.original:  # still the file it named
         run.cache.put("reference", key, made.run_results)
     return made
 
