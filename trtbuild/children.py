@@ -73,16 +73,23 @@ def _stop_worker(number: int, _frame: Any) -> None:
     from trtbuild.errors import Terminated
 
     for other in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(other, signal.SIG_IGN)  # one stop: the cleanup runs whole
+        # one stop: the cleanup runs whole. A handler that does nothing, not SIG_IGN: a
+        # signal already caught when SIG_IGN is set is raised as "Signal 15 ignored due to
+        # race condition" (an OSError, with its traceback)
+        signal.signal(other, _heard)
     if not _BUSY[0]:
         os._exit(128 + number)
     raise Terminated if number == signal.SIGTERM else KeyboardInterrupt
 
 
+def _heard(*_: Any) -> None:
+    """A signal after the one that stops a worker: nothing more to do."""
+
+
 def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`task(*args, **kwargs)` in a worker (`worker_signals`): an interrupt it was stopped by ends the
-    worker once the task's cleanup has run, taking no other task (a pool queues the next
-    one to it ahead, and it ran that one to its end)."""
+    """`task(*args, **kwargs)` in a worker (`worker_signals`): an interrupt it was stopped
+    by ends the worker once the task's cleanup has run, taking no other task (a pool
+    queues the next one to it ahead, and it ran that one to its end)."""
     from trtbuild.errors import Terminated
 
     _BUSY[0] = True

@@ -24,7 +24,6 @@ from trtbuild.cache import key as cache_key
 from trtbuild.errors import UsageError
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.model_io import (
-    check_model_file,
     fed_inputs,
     key_digest,
     load_model,
@@ -630,8 +629,8 @@ def prepared_graph(
     unreadable model kills them unused).
     """
     digest = None
-    check_model_file(model)  # a FIFO or a device is exit 2 before the digest reads it
-    raw = read_model(model) if cache.enabled else None  # the key's bytes are the model's
+    # the key's bytes are the model's (a FIFO or a device: None, and `load_model` says so)
+    raw = read_model(model) if cache.enabled else None
     source_digest = key_digest(model, raw) if raw is not None else None
     if source_digest is not None:  # (unreadable or not ONNX: load_model says so)
         digest = cache_key(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import importlib.util
 import json
 import re
 import signal
@@ -77,10 +76,22 @@ def gpu_name() -> str | None:
     return None
 
 
+# Why each backend module that is installed did not import (`_importable`), by its name
+_BROKEN: dict[str, str] = {}
+
+
 def _importable(module: str) -> Any | None:
+    """The module, or None where it does not import: not installed, or installed and
+    failing (a stub that raises, libraries that cannot map under `ulimit -v`: kept in
+    `_BROKEN`, so `auto` falls back without a word and `_refuse_broken` says why)."""
     try:
         return importlib.import_module(module)
-    except Exception:  # ImportError, or a stub package that raises on import
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # one of its own imports is missing: installed, broken
+            _BROKEN[module] = str(exc)
+        return None
+    except Exception as exc:
+        _BROKEN[module] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None
 
 
@@ -121,17 +132,13 @@ def resolve_backend(requested: str) -> str:
 def _refuse_broken(module: str) -> None:
     """A backend installed that does not import, said as that (not "not installed", whose
     fix, installing it, does nothing): under `ulimit -v` its libraries failed to map."""
-    if importlib.util.find_spec(module) is None:
-        return  # not installed
-    try:
-        importlib.import_module(module)
-    except Exception as exc:
-        said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    said = _BROKEN.get(module)
+    if said is not None:
         raise BackendError(
             f"the python module '{module}' is installed but does not import: {said}",
             hint="its libraries could not be loaded (too little memory or address space, "
             "`ulimit -v`; a missing system library): fix that, or set build.backend: none",
-        ) from None
+        )
 
 
 def backend_version(backend: str) -> str | None:

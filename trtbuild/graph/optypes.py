@@ -139,15 +139,9 @@ RANDOM_FIX = (
     "or fold the generator's values into a weight"
 )
 # The attribute that names a node's output type, where one does: `convert` writes in it the
-# type the node computes in (a float one only: Multinomial's is an index type).
-TYPE_ATTRIBUTES = {
-    "Cast": "to",
-    **dict.fromkeys(
-        ("EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"),
-        "dtype",
-    ),
-    "Bernoulli": "dtype",
-}
+# type the node computes in. (The random ops name theirs too, but are refused before any
+# conversion: `RANDOM_OPS`; a DQ's opset-23 `output_dtype` is left out by `convert`.)
+TYPE_ATTRIBUTES = {"Cast": "to", "EyeLike": "dtype"}
 
 
 def random(node: onnx.NodeProto) -> bool:

@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import traceback
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,8 +215,7 @@ def run_all(
             if progress:
                 progress(results[-1])
         return results
-    pool_of = concurrent.futures.ProcessPoolExecutor
-    with pool_of(max_workers=jobs, initializer=worker_signals) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=worker_signals) as pool:
         futures = {pool.submit(_run_in_worker, task): task[0] for task in tasks}
         done: dict[Path, PolicyResult] = {}
         try:

@@ -485,8 +485,8 @@ def _seal(rw: _Rewriter, vi: onnx.ValueInfoProto, control: onnx.NodeProto, k: in
 def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
     """The attribute that names the output's float type (a Cast's `to`, an EyeLike's
     `dtype`, `TYPE_ATTRIBUTES`) and a ConstantOfShape's value in the type the node now
-    computes in. (An EyeLike or a RandomNormalLike with `dtype` FLOAT made FP16 made a
-    model onnx.checker refused: exit 70.)"""
+    computes in. (An EyeLike with `dtype` FLOAT made FP16 made a model onnx.checker
+    refused: exit 70.)"""
     named = TYPE_ATTRIBUTES.get(new.op_type)
     if (named is None and new.op_type != "ConstantOfShape") or not out or not out[0]:
         return  # nothing else carries a float type in an attribute
