@@ -56,7 +56,7 @@ def test_layernorm_after_attention_is_each_layers_first(keras):
 
 
 def test_fuse_layernorm_fuses_the_pooled_forms(models_dir):
-    from trtbuild.passes.basic import upgrade_opset
+    from trtbuild.passes.opset import upgrade_opset
 
     model, _ = upgrade_opset(onnx.load(models_dir / "keras_bert.onnx"), 17)
     fused, record = fuse_layernorm(infer_shapes(model))

@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input, opset_of
+from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input
 from trtbuild.sizes import fmt_bytes
 
 
@@ -293,78 +293,6 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
         if attr.name == "value_ints":
             return np.array(list(attr.ints), dtype=np.int64)
     return None  # value_string(s) constants stay nodes (`dense_weights` made sparse ones dense)
-
-
-def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.ModelProto, PassRecord]:
-    """Raise the default-domain opset to at least `target` with onnx.version_converter."""
-    current = opset_of(model)
-    record = PassRecord("opset", details={"from": current, "to": current})
-    if target is None or target <= current:
-        return model, record
-    if target > onnx.defs.onnx_opset_version():
-        raise UsageError(
-            f"opset {target} is newer than this onnx package supports ({onnx.defs.onnx_opset_version()})",
-            where="passes.opset",
-            hint="lower passes.opset or upgrade onnx",
-        )
-    try:
-        upgraded = onnx.version_converter.convert_version(model, target)
-    except Exception as exc:
-        raise UsageError(
-            f"onnx.version_converter cannot take this model from opset {current} to {target}: "
-            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-            where="passes.opset",
-            hint="choose a lower opset, or re-export the model at the opset you need",
-        ) from None
-    record.changed = 1
-    record.details["to"] = target
-    added = _name_converter_nodes(model, upgraded)
-    if added:
-        record.details["added"] = added
-    return upgraded, record
-
-
-def _name_converter_nodes(
-    source: onnx.ModelProto, converted: onnx.ModelProto
-) -> list[dict[str, str]]:
-    """Name the nodes onnx.version_converter adds after the original node they stand in for.
-
-    Why: the converter rewrites some ops as several (Softmax below opset 13
-    becomes Flatten, Softmax, Reshape) and leaves the new nodes unnamed; a name
-    like `p2o.Softmax.3/Reshape` keeps every node traceable to the original.
-    """
-    nodes = list(converted.graph.node)
-    if all(n.name for n in nodes):  # most conversions rewrite no node
-        return []
-    made_by = {out: n.name for n in source.graph.node for out in n.output if n.name}
-    consumers: dict[str, list[int]] = {}
-    for i, n in enumerate(nodes):
-        for t in n.input:
-            consumers.setdefault(t, []).append(i)
-    taken = {n.name for n in nodes if n.name}
-    anchor: dict[int, str] = {}
-    for i in range(len(nodes) - 1, -1, -1):  # consumers first, so anchors propagate upstream
-        n = nodes[i]
-        if n.name:
-            anchor[i] = n.name.split("/opset")[0]
-            continue
-        base = next((made_by[o] for o in n.output if o in made_by), None)
-        if base is None:
-            users = [c for o in n.output for c in consumers.get(o, []) if c in anchor]
-            base = anchor[users[0]] if users else n.op_type
-        anchor[i] = base
-    added = []
-    for i, n in enumerate(nodes):
-        if n.name:
-            continue
-        name, k = f"{anchor[i]}/opset/{n.op_type}", 1
-        while name in taken:
-            k += 1
-            name = f"{anchor[i]}/opset/{n.op_type}_{k}"
-        n.name = name
-        taken.add(name)
-        added.append({"name": name, "from": anchor[i]})
-    return added
 
 
 # Ops onnx-graphsurgeon folds from shapes alone, whatever their input's values.

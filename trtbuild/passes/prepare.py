@@ -11,7 +11,7 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes, strip_value_info
 from trtbuild.graph.qdq import SCALE_OPSET, WIDE_OPSET, WIDE_TYPES
 from trtbuild.passes import basic as passes
-from trtbuild.passes import control, fuse
+from trtbuild.passes import control, fuse, opset
 from trtbuild.passes.foreign_qdq import standard_qdq
 from trtbuild.passes.inline import inline_functions
 from trtbuild.passes.upcast import upcast_low_precision
@@ -76,7 +76,7 @@ def _upgraded(
     Runtime's own Q/DQ made ONNX's, at the opset their types need."""
     target = _opset(model, options.opset)
     try:
-        model, rec = passes.upgrade_opset(model, target)
+        model, rec = opset.upgrade_opset(model, target)
     except UsageError as exc:
         if target == options.opset:
             raise

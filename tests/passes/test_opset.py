@@ -1,0 +1,152 @@
+"""The opset upgrade: the number raised where onnx's converter would change nothing else,
+the converter on the whole model where it might; the prepared graph the same either way."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import FETCHED, make_models
+from trtbuild.graph import subgraphs
+from trtbuild.graph.model_io import opset_of
+from trtbuild.passes import opset
+from trtbuild.passes.prepare import prepare
+from trtbuild.policy.specs import Passes
+
+TOP = onnx.defs.onnx_opset_version()
+# real models: a CNN exported at opset 17, a recurrent model with If bodies
+REAL = ("yolov8n", "silero_vad")
+
+
+def _normal(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` without what shape inference writes: value infos, and the names it gives
+    unknown dims (numbered in the order it meets them)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for _, graph in subgraphs.walk(out.graph):
+        del graph.value_info[:]
+        for value in (*graph.input, *graph.output):
+            for dim in value.type.tensor_type.shape.dim:
+                if re.fullmatch(r"unk__\d+", dim.dim_param):
+                    dim.dim_param = "unk"
+    return out
+
+
+def _prepared_both_ways(model: onnx.ModelProto, target: int, monkeypatch) -> tuple:
+    fast = prepare(model, Passes(opset=target)).model
+    with monkeypatch.context() as patch:  # trtbuild's own shortcut off: the converter's way
+        patch.setattr(opset, "raised", lambda *_: None)
+        whole = prepare(model, Passes(opset=target)).model
+    return fast, whole
+
+
+def _models(models_dir: Path, real_model) -> list[tuple[str, onnx.ModelProto]]:
+    names = [(n, models_dir / f"{n}.onnx") for n in make_models.MODELS]
+    names += [(n, real_model(n)) for n in REAL if n in FETCHED]
+    return [(n, onnx.load(p)) for n, p in names]
+
+
+def test_the_prepared_graph_is_the_converters(models_dir, real_model, monkeypatch):
+    """At each later opset where the shortcut is taken, the prepared graph is the one the
+    converter's way prepares, but for the names shape inference gives (the shortcut is
+    taken on most of them: a broken shortcut cannot pass as "never taken")."""
+    taken = []
+    for name, model in _models(models_dir, real_model):
+        current = opset_of(model)
+        for target in sorted({t for t in (17, 19, 21, TOP) if t > current}):
+            if opset.raised(model, current, target) is None:
+                continue
+            taken.append((name, target))
+            fast, whole = _prepared_both_ways(model, target, monkeypatch)
+            assert _normal(fast) == _normal(whole), (name, target)
+    assert {"transformer_tiny", "keras_bert", "gru_enhancer", "yolov8n"} <= {n for n, _ in taken}
+    assert len(taken) >= 20, taken
+    assert not {"loop_sum", "silero_vad"} & {n for n, _ in taken}  # control flow: converter
+
+
+def _model(node: onnx.NodeProto, opset_version: int, shaped: bool = True) -> onnx.ModelProto:
+    rank = [2, 3, 4] if shaped else None
+    inputs = [helper.make_tensor_value_info(node.input[0], TensorProto.FLOAT, rank)]
+    weights = [helper.make_tensor(t, TensorProto.INT64, [2], [3, 2]) for t in node.input[1:]]
+    graph = helper.make_graph(
+        [node],
+        "g",
+        inputs,
+        [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)],
+    )
+    graph.initializer.extend(weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset_version)])
+
+
+def test_a_node_the_converter_rewrites_takes_the_converter():
+    """Softmax below 13 on a middle axis becomes Flatten, Softmax, Reshape: the whole
+    model goes through the converter, whose new nodes are named after the Softmax."""
+    model = _model(helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=1), 11)
+    assert opset.raised(model, 11, 17) is None
+    upgraded, record = opset.upgrade_opset(model, 17)
+    assert [n.op_type for n in upgraded.graph.node] == ["Shape", "Flatten", "Softmax", "Reshape"]
+    assert {a["from"] for a in record.details["added"]} == {"sm"}
+
+
+def test_a_compatible_step_raises_the_number_alone():
+    """Reshape 13 to 14 adds `allowzero` (its default is 13's behaviour): the converter
+    leaves the node as it was, so the model is copied with the new number, not mutated."""
+    model = _model(helper.make_node("Reshape", ["x", "shape"], ["y"], name="r"), 13)
+    before = model.SerializeToString()
+    upgraded, record = opset.upgrade_opset(model, 17)
+    assert model.SerializeToString() == before
+    assert opset_of(upgraded) == 17 and upgraded.graph == model.graph
+    assert record.changed == 1 and record.details == {"from": 13, "to": 17}
+    assert opset.raised(model, 13, 17) is not None
+
+
+def test_an_undeclared_input_takes_the_converter():
+    """The converter infers shapes before its adapters read them: a probe of a value the
+    model does not type could take another branch of an adapter."""
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")
+    assert opset.raised(_model(node, 13, shaped=False), 13, 17) is None  # no shape
+    assert opset_of(opset.upgrade_opset(_model(node, 13, shaped=False), 17)[0]) == 17
+    made = _model(helper.make_node("Reshape", ["x2", "shape"], ["y"], name="r"), 13)
+    made.graph.node.insert(0, helper.make_node("Relu", ["x"], ["x2"], name="relu"))
+    made.graph.input[0].name = "x"  # x2: a value with no value info at all
+    assert opset.raised(made, 13, 17) is None
+    del made.graph.node[0]  # x2 a declared input: the number alone
+    made.graph.input[0].name = "x2"
+    assert opset.raised(made, 13, 17) is not None
+
+
+def _converter_registry() -> list[tuple[str, int, int, str]]:
+    """(op, from, to, adapter class) of each upward step onnx's converter registers, read
+    from its header where the wheel ships it."""
+    header = Path(onnx.__file__).parent / "version_converter" / "convert.h"
+    if not header.is_file():
+        pytest.skip(f"{header} is not in this onnx wheel")
+    steps = []
+    for call in re.findall(r"registerAdapter\((.*?)\);", header.read_text(), re.S):
+        call = " ".join(call.split())
+        kind = re.search(r"make_unique<(\w+)>", call)
+        found = re.search(r'"(\w+)",\s*(?:OpSetID\()?(\d+)\)?,\s*(?:OpSetID\()?(\d+)', call)
+        if found is None and kind is not None:  # a class of one step: Split_12_13
+            found = re.fullmatch(r"(\w+?)_(\d+)_(\d+)", kind[1])
+        if found is not None and int(found[3]) > int(found[2]):
+            steps.append((found[1], int(found[2]), int(found[3]), kind[1] if kind else "lambda"))
+    return steps
+
+
+def test_every_step_called_widened_only_is_one_the_converter_calls_compatible():
+    """`_types_widened_only` is read from the schemas; onnx's converter decides by its own
+    registry. Every upward step the schemas call a widening only must be one the registry
+    adapts by `CompatibleAdapter` (the version's number, nothing else)."""
+    steps = _converter_registry()
+    assert len(steps) > 300, "the registry was not read"
+    widened = [s for s in steps if opset._types_widened_only(s[0], s[1], s[2])]
+    assert widened and all(kind == "CompatibleAdapter" for *_, kind in widened), [
+        s for s in widened if s[3] != "CompatibleAdapter"
+    ]
+    # and the rule is not "everything": steps the converter rewrites are not widenings
+    assert not opset._types_widened_only("Softmax", 12, 13)
+    assert not opset._types_widened_only("ReduceMean", 17, 18)

@@ -1,0 +1,280 @@
+"""The opset upgrade: onnx.version_converter's, run on what it would change.
+
+Why not the converter on the whole model every time: it infers the whole model's shapes,
+imports every node into its C++ graph and exports them back: about 0.2 s on 10k nodes,
+the largest part of a cold `convert` beyond its peer's. And most upgrades of a modern
+export change nothing but the opset's number: every step of every op is one the
+converter's registry calls compatible. So:
+
+- an op whose schema, at every version between the two opsets, changed in nothing but
+  allowing more types (`_types_widened_only`) needs nothing;
+- each distinct node of the other ops goes through the converter alone, with its values'
+  declared types (`_probe`): an adapter reads a node, its attributes and its inputs'
+  types and ranks;
+- where the converter gives every one of those back as it was, the model's opset number
+  is raised and nothing else changes. That is the converter's output but for what its
+  shape inference writes (value infos, the names of unknown dims), which `prepare`
+  infers again: `tests/passes/test_opset.py` holds the prepared graphs equal, those names
+  aside, on the repository's models at each later opset;
+- anything else (a node the converter rewrites, a value whose type the model does not
+  declare, control flow, whose bodies' types the converter's inference writes, and
+  model-local functions) goes through the converter whole, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import onnx
+
+from trtbuild.errors import UsageError
+from trtbuild.graph import subgraphs
+from trtbuild.graph.model_io import opset_of
+from trtbuild.passes.basic import PassRecord, copied
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.ModelProto, PassRecord]:
+    """Raise the default-domain opset to at least `target`, as onnx.version_converter does
+    (the module's docstring says when it is run on the whole model)."""
+    current = opset_of(model)
+    record = PassRecord("opset", details={"from": current, "to": current})
+    if target is None or target <= current:
+        return model, record
+    if target > onnx.defs.onnx_opset_version():
+        raise UsageError(
+            f"opset {target} is newer than this onnx package supports ({onnx.defs.onnx_opset_version()})",
+            where="passes.opset",
+            hint="lower passes.opset or upgrade onnx",
+        )
+    upgraded = raised(model, current, target)
+    if upgraded is None:
+        upgraded = _converted(model, current, target)
+    record.changed = 1
+    record.details["to"] = target
+    added = _name_converter_nodes(model, upgraded)
+    if added:
+        record.details["added"] = added
+    return upgraded, record
+
+
+def _converted(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto:
+    try:
+        return onnx.version_converter.convert_version(model, target)
+    except Exception as exc:
+        raise UsageError(
+            f"onnx.version_converter cannot take this model from opset {current} to {target}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            where="passes.opset",
+            hint="choose a lower opset, or re-export the model at the opset you need",
+        ) from None
+
+
+def raised(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto | None:
+    """A copy of `model` at opset `target`, nothing else changed, where the converter would
+    change nothing else; None where it might (then the converter runs on the whole)."""
+    graph = model.graph
+    if model.functions or any(subgraphs.has_body(node) for node in graph.node):
+        return None  # functions' nodes are at their own opsets; bodies' types are inferred
+    probe = _probe(model, current, target)
+    if probe is None or not _kept(probe, target):
+        return None
+    upgraded = copied(model)
+    for imp in upgraded.opset_import:
+        if imp.domain in DEFAULT_DOMAINS:
+            imp.domain = imp.domain  # written, not left implicit: as the converter does
+            imp.version = target
+    return upgraded
+
+
+def _kept(probe: onnx.ModelProto, target: int) -> bool:
+    """Whether the converter gives `probe` back as it was: its nodes, weights and names of
+    inputs and outputs (it writes an empty type into a value that had none)."""
+    if not probe.graph.node:
+        return True
+    try:
+        out = onnx.version_converter.convert_version(probe, target)
+    except Exception:  # the converter on the whole model says why, as before
+        return False
+    before, after = probe.graph, out.graph
+    return (
+        list(after.node) == list(before.node)
+        and list(after.initializer) == list(before.initializer)
+        and [v.name for v in after.input] == [v.name for v in before.input]
+        and [v.name for v in after.output] == [v.name for v in before.output]
+    )
+
+
+def _probe(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto | None:
+    """One model of each distinct node whose op changed between the opsets in more than
+    its types (its inputs and outputs named apart, with the model's declared types); None
+    where one reads a value whose type and shape the model does not declare (the
+    converter infers the whole model's shapes before its adapters read them: a probe
+    without them could take another branch of an adapter)."""
+    nodes = [
+        node
+        for node in model.graph.node
+        if node.domain in DEFAULT_DOMAINS and not _types_widened_only(node.op_type, current, target)
+    ]
+    types = _declared(model, {t for node in nodes for t in (*node.input, *node.output) if t})
+    if not all(_shaped(types.get(t)) for node in nodes for t in node.input if t):
+        return None
+    graph = onnx.GraphProto(name="opset_probe")
+    seen: set[bytes] = set()
+    for node in nodes:
+        alone, values = _alone(node, len(seen), types)
+        key = _key(alone, values)
+        if key in seen:
+            continue
+        seen.add(key)
+        graph.node.append(alone)
+        n_in = len([t for t in alone.input if t])
+        graph.input.extend(values[:n_in])
+        graph.output.extend(values[n_in:])
+    return onnx.helper.make_model(
+        graph,
+        opset_imports=[onnx.helper.make_opsetid("", current)],
+        ir_version=model.ir_version,
+    )
+
+
+def _alone(
+    node: onnx.NodeProto, k: int, types: dict[str, onnx.TypeProto]
+) -> tuple[onnx.NodeProto, list[onnx.ValueInfoProto]]:
+    """`node` with its values named apart (`p{k}_i{j}`, `p{k}_o{j}`; an omitted optional
+    input stays ""), and the value infos of its inputs, then its outputs, typed as the
+    model declares them (untyped where it does not)."""
+    alone = onnx.NodeProto()
+    alone.CopyFrom(node)
+    values = []
+    for side, names in (("i", alone.input), ("o", alone.output)):
+        for j, name in enumerate(names):
+            if not name:
+                continue
+            names[j] = f"p{k}_{side}{j}"
+            info = onnx.ValueInfoProto(name=names[j])
+            if name in types:
+                info.type.CopyFrom(types[name])
+            values.append(info)
+    return alone, values
+
+
+def _key(alone: onnx.NodeProto, values: list[onnx.ValueInfoProto]) -> bytes:
+    """What the converter reads of a node: the node (its name and values' names aside)
+    and its values' types."""
+    node = onnx.NodeProto()
+    node.CopyFrom(alone)
+    node.name = ""
+    node.input[:] = ["x" if t else "" for t in node.input]
+    node.output[:] = ["x" if t else "" for t in node.output]
+    return node.SerializeToString() + b"".join(v.type.SerializeToString() for v in values)
+
+
+def _declared(model: onnx.ModelProto, names: set[str]) -> dict[str, onnx.TypeProto]:
+    """The declared type of each of `names` that has one (inputs, outputs, value infos,
+    weights), as the converter's import reads them."""
+    graph, types = model.graph, {}
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.name in names and info.HasField("type"):
+            types[info.name] = info.type
+    for tensor in graph.initializer:
+        if tensor.name in names and tensor.name not in types:
+            types[tensor.name] = onnx.helper.make_tensor_type_proto(
+                tensor.data_type, list(tensor.dims)
+            )
+    return types
+
+
+def _shaped(declared: onnx.TypeProto | None) -> bool:
+    """Whether a declared type says what the converter's inference would: a tensor's element
+    type and rank (any other type as declared)."""
+    if declared is None:
+        return False
+    if declared.HasField("tensor_type"):
+        tensor = declared.tensor_type
+        return tensor.elem_type != 0 and tensor.HasField("shape")
+    return declared.WhichOneof("value") is not None
+
+
+@functools.cache
+def _types_widened_only(op_type: str, current: int, target: int) -> bool:
+    """Whether every version of the op from opset `current` to `target` differs from the
+    one before it only in allowing more types: the same inputs, outputs and attributes
+    (defaults included), each type constraint a superset, none deprecated. onnx's
+    converter registers nothing but its compatible adapter for such a step (the test
+    reads its registry); the op's nodes need nothing but the opset's number."""
+    try:
+        versions = {
+            onnx.defs.get_schema(op_type, v, "").since_version for v in range(current, target + 1)
+        }
+    except onnx.defs.SchemaError:  # not an op of one of them: the converter says what to do
+        return False
+    schemas = [onnx.defs.get_schema(op_type, v, "") for v in sorted(versions)]
+    return all(_widened(old, new) for old, new in itertools.pairwise(schemas))
+
+
+def _widened(old: onnx.defs.OpSchema, new: onnx.defs.OpSchema) -> bool:
+    if new.deprecated or _contract(old) != _contract(new):
+        return False
+    before = {c.type_param_str: set(c.allowed_type_strs) for c in old.type_constraints}
+    after = {c.type_param_str: set(c.allowed_type_strs) for c in new.type_constraints}
+    return before.keys() == after.keys() and all(before[k] <= after[k] for k in before)
+
+
+def _contract(schema: onnx.defs.OpSchema) -> tuple:
+    """A schema's inputs, outputs, arities and attributes (their defaults included)."""
+
+    def params(ps: list) -> tuple:
+        return tuple((p.name, p.type_str, p.option, p.is_homogeneous) for p in ps)
+
+    attrs = {
+        name: (a.type, a.required, a.default_value.SerializeToString())
+        for name, a in schema.attributes.items()
+    }
+    arity = (schema.min_input, schema.max_input, schema.min_output, schema.max_output)
+    return params(schema.inputs), params(schema.outputs), arity, sorted(attrs.items())
+
+
+def _name_converter_nodes(
+    source: onnx.ModelProto, converted: onnx.ModelProto
+) -> list[dict[str, str]]:
+    """Name the nodes onnx.version_converter adds after the original node they stand in for.
+
+    Why: the converter rewrites some ops as several (Softmax below opset 13
+    becomes Flatten, Softmax, Reshape) and leaves the new nodes unnamed; a name
+    like `p2o.Softmax.3/Reshape` keeps every node traceable to the original.
+    """
+    nodes = list(converted.graph.node)
+    if all(n.name for n in nodes):  # most conversions rewrite no node
+        return []
+    made_by = {out: n.name for n in source.graph.node for out in n.output if n.name}
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            consumers.setdefault(t, []).append(i)
+    taken = {n.name for n in nodes if n.name}
+    anchor: dict[int, str] = {}
+    for i in range(len(nodes) - 1, -1, -1):  # consumers first, so anchors propagate upstream
+        n = nodes[i]
+        if n.name:
+            anchor[i] = n.name.split("/opset")[0]
+            continue
+        base = next((made_by[o] for o in n.output if o in made_by), None)
+        if base is None:
+            users = [c for o in n.output for c in consumers.get(o, []) if c in anchor]
+            base = anchor[users[0]] if users else n.op_type
+        anchor[i] = base
+    added = []
+    for i, n in enumerate(nodes):
+        if n.name:
+            continue
+        name, k = f"{anchor[i]}/opset/{n.op_type}", 1
+        while name in taken:
+            k += 1
+            name = f"{anchor[i]}/opset/{n.op_type}_{k}"
+        n.name = name
+        taken.add(name)
+        added.append({"name": name, "from": anchor[i]})
+    return added
