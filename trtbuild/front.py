@@ -629,9 +629,10 @@ def prepared_graph(
     unreadable model kills them unused).
     """
     digest = None
-    # the key's bytes are the model's (a FIFO or a device: None, and `load_model` says so)
-    raw = read_model(model) if cache.enabled else None
-    source_digest = key_digest(model, raw) if raw is not None else None
+    # the key's bytes are the model's (a FIFO or a device: None, and `load_model` says so),
+    # read with or without a cache: `load_model` parses and checks them as they are
+    raw = read_model(model)
+    source_digest = key_digest(model, raw) if raw is not None and cache.enabled else None
     if source_digest is not None:  # (unreadable or not ONNX: load_model says so)
         digest = cache_key(
             "prepared", code_fingerprint(), source_digest, repr(passes), repr(budget)

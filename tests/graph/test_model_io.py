@@ -191,3 +191,37 @@ def test_a_model_of_large_weights_is_inferred_as_onnx_infers_it(monkeypatch, naf
         plain = onnx.shape_inference.infer_shapes(source, strict_mode=False, data_prop=True)
         light = model_io.infer_shapes(source)
         assert light.SerializeToString() == plain.SerializeToString()
+
+
+def test_a_model_read_as_bytes_is_checked_as_those_bytes_or_as_parsed(tmp_path):
+    """`load_model(raw=)` checks the file's bytes as they are where they are the whole
+    binary model, and the parsed model where they are not: the same verdicts as from the
+    path, in onnx's text format, with external data, and for an IR 3 model."""
+    import onnx
+    import pytest
+
+    from trtbuild.graph.model_io import load_model
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    w = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(1, 4096)[:, :4], "w")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    saved = {
+        "m.onnxtxt": lambda p: onnx.save(model, p, format="onnxtxt"),
+        "m.onnx": lambda p: onnx.save(model, p),
+        "ext.onnx": lambda p: onnx.save(
+            model, p, save_as_external_data=True, location="ext.data", size_threshold=0
+        ),
+    }
+    for name, save in saved.items():
+        save(tmp_path / name)
+        loaded = load_model(tmp_path / name, raw=(tmp_path / name).read_bytes())
+        assert numpy_helper.to_array(loaded.graph.initializer[0]).tolist() == [[0, 1, 2, 3]]
+    model.ir_version = 3  # weights not graph inputs: forgiven from the bytes too
+    onnx.save(model, tmp_path / "ir3.onnx")
+    assert load_model(tmp_path / "ir3.onnx", raw=(tmp_path / "ir3.onnx").read_bytes())
+    del model.graph.node[0].input[1:]
+    onnx.save(model, tmp_path / "bad.onnx")
+    with pytest.raises(UsageError, match="invalid ONNX model"):
+        load_model(tmp_path / "bad.onnx", raw=(tmp_path / "bad.onnx").read_bytes())
