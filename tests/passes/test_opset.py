@@ -3,6 +3,7 @@ the converter on the whole model where it might; the prepared graph the same eit
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -147,6 +148,17 @@ def test_every_step_called_widened_only_is_one_the_converter_calls_compatible():
     assert widened and all(kind == "CompatibleAdapter" for *_, kind in widened), [
         s for s in widened if s[3] != "CompatibleAdapter"
     ]
+    # and each step of a schema's history it calls a widening is one the converter has
+    # (an op's step without an adapter makes the converter refuse the model)
+    registered = {(op, to): kind for op, _, to, kind in steps}
+    history: dict[str, set[int]] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain == "":
+            history.setdefault(schema.name, set()).add(schema.since_version)
+    for op, versions in history.items():
+        for old, new in itertools.pairwise(sorted(versions)):
+            if opset._types_widened_only(op, old, new):
+                assert registered.get((op, new)) == "CompatibleAdapter", (op, new)
     # and the rule is not "everything": steps the converter rewrites are not widenings
     assert not opset._types_widened_only("Softmax", 12, 13)
     assert not opset._types_widened_only("ReduceMean", 17, 18)
