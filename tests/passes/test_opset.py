@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import FETCHED, make_models
+from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import opset_of
 from trtbuild.passes import opset
@@ -95,14 +96,34 @@ def test_a_node_the_converter_rewrites_takes_the_converter():
 
 def test_a_compatible_step_raises_the_number_alone():
     """Reshape 13 to 14 adds `allowzero` (its default is 13's behaviour): the converter
-    leaves the node as it was, so the model is copied with the new number, not mutated."""
+    leaves the node as it was, so the model gets the new number and the shapes the
+    converter's inference writes (a copy: the caller's model is not changed), and keeps
+    what the converter's round trip drops (a node's metadata, as an exporter writes it)."""
     model = _model(helper.make_node("Reshape", ["x", "shape"], ["y"], name="r"), 13)
+    model.graph.node[0].metadata_props.add(key="pkg.torch.onnx.stack_trace", value="x.py:1")
     before = model.SerializeToString()
     upgraded, record = opset.upgrade_opset(model, 17)
     assert model.SerializeToString() == before
-    assert opset_of(upgraded) == 17 and upgraded.graph == model.graph
+    assert opset_of(upgraded) == 17 and upgraded.graph.node == model.graph.node
+    assert upgraded.graph.initializer == model.graph.initializer
+    converted = onnx.version_converter.convert_version(model, 17)
+    assert upgraded.graph.output == converted.graph.output  # typed by the same inference
     assert record.changed == 1 and record.details == {"from": 13, "to": 17}
     assert opset.raised(model, 13, 17) is not None
+
+
+def test_only_the_first_default_opset_is_raised_and_one_is_needed():
+    """As the converter: a model importing both "" and "ai.onnx" has the first raised; one
+    importing no default-domain opset goes to the converter, which refuses it (exit 2)."""
+    model = _model(helper.make_node("Relu", ["x"], ["y"], name="r"), 13)
+    model.opset_import.append(helper.make_opsetid("ai.onnx", 13))
+    upgraded = opset.raised(model, 13, 17)
+    assert [(o.domain, o.version) for o in upgraded.opset_import] == [("", 17), ("ai.onnx", 13)]
+    custom = _model(helper.make_node("Fused", ["x"], ["y"], name="f", domain="com.example"), 13)
+    custom.opset_import[0].domain = "com.example"
+    assert opset.raised(custom, 1, 17) is None
+    with pytest.raises(UsageError, match="version_converter cannot take"):
+        opset.upgrade_opset(custom, 17)
 
 
 def test_an_undeclared_input_takes_the_converter():
@@ -162,3 +183,42 @@ def test_every_step_called_widened_only_is_one_the_converter_calls_compatible():
     # and the rule is not "everything": steps the converter rewrites are not widenings
     assert not opset._types_widened_only("Softmax", 12, 13)
     assert not opset._types_widened_only("ReduceMean", 17, 18)
+
+
+def test_a_model_without_value_infos_folds_as_after_the_converter(monkeypatch):
+    """The converter infers shapes first, and onnx-graphsurgeon folds a `Shape` by them: a
+    TorchScript export declares no intermediate shape, and the shortcut's model without
+    them kept `Shape` -> `Reshape` where the converter's folded it (6 to 78 more nodes in
+    torchvision and transformers exports)."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("Shape", ["r"], ["s"], name="shape"),
+        helper.make_node("Reshape", ["r", "s"], ["y"], name="reshape"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+    assert opset.raised(model, 16, 17) is not None
+    fast, whole = _prepared_both_ways(model, 17, monkeypatch)
+    assert [n.op_type for n in fast.graph.node] == ["Relu", "Reshape"]
+    assert _normal(fast) == _normal(whole)
+
+
+def test_a_probed_nodes_metadata_is_no_change_and_many_distinct_nodes_go_whole():
+    """The converter drops a node's metadata (torch's dynamo exporter writes it on every
+    node): AveragePool 18 to 19 (19 adds `dilations`) is probed, and its metadata is not
+    a change. Where most nodes would be probed, the converter's own pass is the quicker."""
+    node = helper.make_node("AveragePool", ["x"], ["y"], name="pool", kernel_shape=[1, 1])
+    node.metadata_props.add(key="pkg.torch.onnx.stack_trace", value="x.py:1")
+    node.attribute[0].doc_string = "window"
+    model = _model(node, 18)
+    upgraded = opset.raised(model, 18, 19)
+    assert upgraded is not None and upgraded.graph.node == model.graph.node
+    second = helper.make_node("AveragePool", ["y"], ["z"], name="pool2", kernel_shape=[1, 2])
+    model.graph.node.append(second)
+    model.graph.output[0].name = "z"
+    model.graph.value_info.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4]))
+    assert opset._probe(model, 18, 19) is None
+    del model.graph.node[1:]  # the one probed node: the shortcut again
+    assert opset._probe(model, 18, 19) is not None

@@ -31,7 +31,7 @@ import onnx
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import opset_of
-from trtbuild.passes.basic import PassRecord, copied
+from trtbuild.passes.basic import PassRecord
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -73,19 +73,25 @@ def _converted(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelP
 
 
 def raised(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto | None:
-    """A copy of `model` at opset `target`, nothing else changed, where the converter would
-    change nothing else; None where it might (then the converter runs on the whole)."""
+    """`model` at opset `target` as the converter makes it where it would rewrite no node:
+    the shapes inferred first, as it infers them (later passes read them: onnx-graphsurgeon
+    folds a `Shape` by them), then the first default-domain opset raised; the rest kept,
+    the metadata its round trip drops too. None where it might rewrite one (then the
+    converter runs on the whole)."""
     graph = model.graph
-    if model.functions or any(subgraphs.has_body(node) for node in graph.node):
+    has_default = any(imp.domain in DEFAULT_DOMAINS for imp in model.opset_import)
+    if not has_default or model.functions or any(subgraphs.has_body(n) for n in graph.node):
         return None  # functions' nodes are at their own opsets; bodies' types are inferred
     probe = _probe(model, current, target)
     if probe is None or not _kept(probe, target):
         return None
-    upgraded = copied(model)
-    for imp in upgraded.opset_import:
-        if imp.domain in DEFAULT_DOMAINS:
-            imp.domain = imp.domain  # written, not left implicit: as the converter does
-            imp.version = target
+    try:  # the converter's own inference: onnx's, its defaults
+        upgraded = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # the converter on the whole model says why, as before
+        return None
+    first = next(imp for imp in upgraded.opset_import if imp.domain in DEFAULT_DOMAINS)
+    first.domain = first.domain  # written, not left implicit: as the converter does
+    first.version = target
     return upgraded
 
 
@@ -128,6 +134,8 @@ def _probe(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto
         key = _key(alone, values)
         if key in seen:
             continue
+        if 2 * len(seen) >= len(model.graph.node):  # most nodes distinct: the converter's
+            return None  # own pass over them is the quicker
         seen.add(key)
         graph.node.append(alone)
         n_in = len([t for t in alone.input if t])
@@ -148,6 +156,9 @@ def _alone(
     model declares them (untyped where it does not)."""
     alone = onnx.NodeProto()
     alone.CopyFrom(node)
+    for held in (alone, *alone.attribute):  # what the converter's round trip drops, kept
+        held.ClearField("doc_string")  # by `raised`: no change of the node
+    alone.ClearField("metadata_props")
     values = []
     for side, names in (("i", alone.input), ("o", alone.output)):
         for j, name in enumerate(names):
