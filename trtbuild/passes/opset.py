@@ -3,24 +3,23 @@
 Why not the converter on the whole model every time: it infers the whole model's shapes,
 imports every node into its C++ graph and exports them back: about 0.2 s on 10k nodes,
 the largest part of a cold `convert` beyond its peer's. And most upgrades of a modern
-export change nothing but the opset's number: every step of every op is one the
-converter's registry calls compatible. So:
+export change no node: every step of every op is one the converter's registry calls
+compatible. So:
 
 - an op whose schema, at every version between the two opsets, changed in nothing but
   allowing more types (`_types_widened_only`) needs nothing;
 - each distinct node of the other ops goes through the converter alone, with its values'
   declared types (`_probe`): an adapter reads a node, its attributes and its inputs'
   types and ranks;
-- where the converter gives every one of those back as it was, the model's opset number
-  is raised and nothing else changes. That is the converter's output but for what its
-  shape inference writes (value infos, the names of unknown dims), which `prepare`
-  infers again: `tests/passes/test_opset.py` holds the prepared graphs equal, those names
-  aside, on the repository's models at each later opset;
+- where the converter gives every one of those back as it was, the model gets what the
+  converter would give it: the shapes its inference writes (later passes read them), and
+  the new opset number (`raised`). What its round trip drops (metadata, doc strings) is
+  kept, as in a model exported at that opset. `tests/passes/test_opset.py` holds the
+  prepared graphs equal either way on the repository's models at each later opset;
 - anything else (a node the converter rewrites, a value whose type the model does not
   declare, control flow, whose bodies' types the converter's inference writes, and
   model-local functions) goes through the converter whole, as before.
 """
-
 from __future__ import annotations
 
 import functools
