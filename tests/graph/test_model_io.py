@@ -218,10 +218,12 @@ def test_a_model_read_as_bytes_is_checked_as_those_bytes_or_as_parsed(tmp_path):
         save(tmp_path / name)
         loaded = load_model(tmp_path / name, raw=(tmp_path / name).read_bytes())
         assert numpy_helper.to_array(loaded.graph.initializer[0]).tolist() == [[0, 1, 2, 3]]
+        assert loaded == load_model(tmp_path / name)  # as from the path
     model.ir_version = 3  # weights not graph inputs: forgiven from the bytes too
     onnx.save(model, tmp_path / "ir3.onnx")
     assert load_model(tmp_path / "ir3.onnx", raw=(tmp_path / "ir3.onnx").read_bytes())
     del model.graph.node[0].input[1:]
     onnx.save(model, tmp_path / "bad.onnx")
-    with pytest.raises(UsageError, match="invalid ONNX model"):
-        load_model(tmp_path / "bad.onnx", raw=(tmp_path / "bad.onnx").read_bytes())
+    for raw in ((tmp_path / "bad.onnx").read_bytes(), None):
+        with pytest.raises(UsageError, match="invalid ONNX model"):
+            load_model(tmp_path / "bad.onnx", raw=raw)

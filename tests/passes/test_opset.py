@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.conftest import FETCHED, make_models
+from tests.conftest import make_models
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import opset_of
@@ -48,7 +48,7 @@ def _prepared_both_ways(model: onnx.ModelProto, target: int, monkeypatch) -> tup
 
 def _models(models_dir: Path, real_model) -> list[tuple[str, onnx.ModelProto]]:
     names = [(n, models_dir / f"{n}.onnx") for n in make_models.MODELS]
-    names += [(n, real_model(n)) for n in REAL if n in FETCHED]
+    names += [(n, real_model(n)) for n in REAL]
     return [(n, onnx.load(p)) for n, p in names]
 
 
@@ -112,18 +112,58 @@ def test_a_compatible_step_raises_the_number_alone():
     assert opset.raised(model, 13, 17) is not None
 
 
-def test_only_the_first_default_opset_is_raised_and_one_is_needed():
-    """As the converter: a model importing both "" and "ai.onnx" has the first raised; one
-    importing no default-domain opset goes to the converter, which refuses it (exit 2)."""
+def test_a_model_importing_the_default_domain_twice_or_not_at_all_goes_whole():
+    """Both "" and "ai.onnx" imported, in either order, or no default domain at all: the
+    converter's to raise (the first) or refuse (exit 2), as before the shortcut."""
     model = _model(helper.make_node("Relu", ["x"], ["y"], name="r"), 13)
     model.opset_import.append(helper.make_opsetid("ai.onnx", 13))
-    upgraded = opset.raised(model, 13, 17)
+    assert opset.raised(model, 13, 17) is None
+    upgraded, _ = opset.upgrade_opset(model, 17)
     assert [(o.domain, o.version) for o in upgraded.opset_import] == [("", 17), ("ai.onnx", 13)]
     custom = _model(helper.make_node("Fused", ["x"], ["y"], name="f", domain="com.example"), 13)
     custom.opset_import[0].domain = "com.example"
     assert opset.raised(custom, 1, 17) is None
     with pytest.raises(UsageError, match="version_converter cannot take"):
         opset.upgrade_opset(custom, 17)
+
+
+def test_local_functions_go_whole():
+    """A function's nodes are at the function's own opset imports: not the shortcut's."""
+    model = _model(helper.make_node("Relu", ["x"], ["y"], name="r"), 13)
+    assert opset.raised(model, 13, 17) is not None
+    model.functions.append(
+        helper.make_function(
+            "local",
+            "Twice",
+            ["a"],
+            ["b"],
+            [helper.make_node("Add", ["a", "a"], ["b"])],
+            [helper.make_opsetid("", 13)],
+        )
+    )
+    assert opset.raised(model, 13, 17) is None
+
+
+def test_nodes_alike_but_for_their_types_are_probed_apart():
+    """ReduceLogSum 27 to 28 refuses an integer input: a float node and an INT32 one are
+    two probes, and the converter's refusal sends the model whole (and exit 2), where one
+    probe for both would have raised the number."""
+    if TOP < 28:
+        pytest.skip(f"onnx {onnx.__version__} has no opset 28")
+    reduce = [
+        helper.make_node("ReduceLogSum", [x], [y], name=y, keepdims=1)
+        for x, y in (("x", "a"), ("i", "b"))
+    ]
+    tail = [helper.make_node("Abs", [x], [y], name=y) for x, y in (("a", "a1"), ("b", "b1"))]
+    tail.append(helper.make_node("Abs", ["a1"], ["a2"], name="a2"))  # not probed: 28 kept it
+    inputs = [helper.make_tensor_value_info(n, t, [2, 3]) for n, t in (("x", 1), ("i", 6))]
+    outputs = [helper.make_tensor_value_info(n, t, [1, 1]) for n, t in (("a2", 1), ("b1", 6))]
+    graph = helper.make_graph(reduce + tail, "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)])
+    assert len(opset._probe(model, 27, 28).graph.node) == 2
+    assert opset.raised(model, 27, 28) is None
+    with pytest.raises(UsageError, match="version_converter cannot take"):
+        opset.upgrade_opset(model, 28)
 
 
 def test_an_undeclared_input_takes_the_converter():

@@ -25,6 +25,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import infer_shapes, opset_of
 from trtbuild.graph.optypes import DATA_MOVEMENT, op_types
 
@@ -168,7 +169,7 @@ def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: b
 def _stores_exactly(node: onnx.NodeProto, out_low: dict, dtype: dict, opset: int) -> bool:
     """The node's low outputs hold only values of its value inputs (EXACT_OPS), and each of
     those is already stored in the outputs' one low type."""
-    if node.op_type not in EXACT_OPS or node.domain not in ("", "ai.onnx"):
+    if node.op_type not in EXACT_OPS or node.domain not in DEFAULT_DOMAINS:
         return False
     if len(set(out_low.values())) != 1 or not _selects_values(node):
         return False

@@ -37,6 +37,7 @@ from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.sessions import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
 from trtbuild.errors import UsageError
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import fed_inputs
 from trtbuild.graph.optypes import DECISIONS, LOW_DTYPES
 from trtbuild.graph.view import GraphView
@@ -123,7 +124,7 @@ def decision_outputs(view: GraphView) -> list[tuple[str, str, str]]:
     (`DECISIONS`), compared with FP32's to say where a divergence was decided."""
     found = []
     for i, n in enumerate(view.nodes):
-        k = DECISIONS.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+        k = DECISIONS.get(n.op_type) if n.domain in DEFAULT_DOMAINS else None
         if k is not None and not view.scope[i] and len(n.output) > k and n.output[k]:
             found.append((n.output[k], n.name, n.op_type))
     return found

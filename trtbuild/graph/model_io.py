@@ -18,6 +18,7 @@ import onnx
 from trtbuild.errors import UsageError
 from trtbuild.fsutil import READ_NOFOLLOW, atomic_path
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.subgraphs import all_nodes, bodies, may_hold_bodies
 
 _TWO_GIB = 2**31 - 1
@@ -296,7 +297,7 @@ def save_model(
 
 def opset_of(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
+        if imp.domain in DEFAULT_DOMAINS:
             return imp.version
     return 1
 
@@ -413,7 +414,7 @@ def _holds_stand_ins(graph: onnx.GraphProto) -> bool:
 
 def _stood_in(domain: str, op_type: str) -> bool:
     """Whether an op of this kind is inferred as its `INFERRED_AS` stand-in."""
-    return op_type in INFERRED_AS and domain in ("", "ai.onnx")
+    return op_type in INFERRED_AS and domain in DEFAULT_DOMAINS
 
 
 def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 
 # The quantization ops (the graph's Q/DQ pairs, `graph.qdq`): written here, below the
@@ -146,7 +147,7 @@ TYPE_ATTRIBUTES = {"Cast": "to", "EyeLike": "dtype"}
 
 def random(node: onnx.NodeProto) -> bool:
     """Whether this node draws random numbers (an ONNX op of `RANDOM_OPS`)."""
-    return node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS
+    return node.domain in DEFAULT_DOMAINS and node.op_type in RANDOM_OPS
 
 
 def _unparsed(node: onnx.NodeProto, domains: frozenset[str]) -> bool:

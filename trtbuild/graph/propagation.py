@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import onnx
 
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import FLOAT_TYPES
 
 _ALL = None  # every input
@@ -64,7 +65,7 @@ PROPAGATES: Mapping[str, tuple[int, ...] | None] = {
 
 def _passes_on(node: onnx.NodeProto, index: int) -> bool:
     """Whether a non-finite value in `node`'s input `index` leaves one in its output."""
-    if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+    if node.domain not in DEFAULT_DOMAINS or len(node.output) != 1:
         return False
     inputs = PROPAGATES.get(node.op_type, ())
     if inputs is not _ALL and index not in inputs:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from onnx import NodeProto, TensorProto, numpy_helper
 
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX, LOW_TINY
@@ -193,7 +194,7 @@ class QdqGraph:
         self.view = view
         self.nodes: dict[int, QdqNode] = {}
         for i, node in enumerate(view.nodes):
-            if node.op_type in QDQ_OPS and node.domain in ("", "ai.onnx") and len(node.input) >= 2:
+            if node.op_type in QDQ_OPS and node.domain in DEFAULT_DOMAINS and len(node.input) >= 2:
                 self.nodes[i] = _qdq_node(view, i)
 
     def __bool__(self) -> bool:

@@ -32,6 +32,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import infer_shapes
 from trtbuild.graph.optypes import FLOAT_TYPES, INTEGER_TYPES
 
@@ -376,7 +377,7 @@ def _initializers(graph: onnx.GraphProto) -> tuple[dict[str, bytes], dict[str, b
         if name not in inputs:
             found[name] = _tensor_key(t, kind, dims)
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+        if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS and node.output:
             found[node.output[0]] = b"C" + b"".join(_attribute(a) for a in node.attribute)
     return typed, found
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 import onnx
 
+from trtbuild.graph.domains import DEFAULT_DOMAINS
+
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 _GRAPH = onnx.AttributeProto.GRAPH
 
@@ -48,7 +50,7 @@ def may_hold_bodies(domain: str, op_type: str) -> bool:
     whose attributes need not be read; onnx.checker refuses an attribute a schema does
     not declare, so the schema's answer is the node's.
     """
-    if domain not in ("", "ai.onnx"):
+    if domain not in DEFAULT_DOMAINS:
         return True
     try:
         schema = onnx.defs.get_schema(op_type)  # the newest: control flow kept its bodies

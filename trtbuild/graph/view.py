@@ -14,6 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import fed_inputs, opset_of
 from trtbuild.graph.optypes import FLOAT_TYPES, SEQUENCE_OPS, OpTypes, op_types
 
@@ -142,7 +143,7 @@ def in_sequences(view: GraphView, index: int) -> bool:
     k: int | None = index
     while k is not None:
         node = view.nodes[k]
-        if node.op_type in SEQUENCE_OPS and node.domain in ("", "ai.onnx"):
+        if node.op_type in SEQUENCE_OPS and node.domain in DEFAULT_DOMAINS:
             return True
         k = view.parent[k]
     return False

@@ -18,6 +18,7 @@ from onnx import helper, numpy_helper
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input
 from trtbuild.sizes import fmt_bytes
 
@@ -80,7 +81,7 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
         for node in graph.node:
             value = (
                 _constant_value(node)
-                if node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+                if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS
                 else None
             )
             if value is None:
@@ -209,7 +210,7 @@ def dense_weights(
         if graph is not None:
             del graph.sparse_initializer[:]
         for node in nodes:
-            if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            if node.op_type != "Constant" or node.domain not in DEFAULT_DOMAINS:
                 continue
             for attr in node.attribute:
                 if attr.name == "sparse_value":

@@ -19,6 +19,7 @@ from onnx import helper, numpy_helper
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.passes.basic import PassRecord, copied, inputs_named
 
 
@@ -111,7 +112,7 @@ def _plain_constant(node: onnx.NodeProto) -> bool:
 
 
 def _taken_branch(node: onnx.NodeProto, constants: dict) -> tuple[str, onnx.GraphProto] | None:
-    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+    if node.op_type != "If" or node.domain not in DEFAULT_DOMAINS:
         return None
     cond = constants.get(node.input[0])
     if cond is None:

@@ -17,6 +17,7 @@ from onnx import helper
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import QUANTIZE
 from trtbuild.graph.qdq import FOREIGN_FORMATS, foreign_qdq
 from trtbuild.passes.basic import PassRecord, copied, free_name
@@ -48,7 +49,7 @@ def standard_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
                 typing.converted(graph, node, kind)
     typing.finish()
     used = {n.domain for n in subgraphs.all_nodes(model)}
-    kept = [o for o in model.opset_import if o.domain in used or o.domain in ("", "ai.onnx")]
+    kept = [o for o in model.opset_import if o.domain in used or o.domain in DEFAULT_DOMAINS]
     del model.opset_import[:]
     model.opset_import.extend(kept)
     return model, record

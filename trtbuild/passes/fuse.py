@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.analysis import mapped
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import infer_shapes, opset_of, strip_value_info
 from trtbuild.graph.norms import NormUnit, norm_units
 from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS, QUANTIZE
@@ -270,7 +271,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     replaced: dict[int, onnx.NodeProto] = {}
     for i in view.top:  # bodies are not searched: a BatchNorm there stays as exported
         bn = view.nodes[i]
-        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
+        if bn.op_type != "BatchNormalization" or bn.domain not in DEFAULT_DOMAINS:
             continue
         conv_index = view.producer.get(bn.input[0])
         plan = _fold_plan(view, conv_index, i)

@@ -15,11 +15,13 @@ compatible. So:
   converter would give it: the shapes its inference writes (later passes read them), and
   the new opset number (`raised`). What its round trip drops (metadata, doc strings) is
   kept, as in a model exported at that opset. `tests/passes/test_opset.py` holds the
-  prepared graphs equal either way on the repository's models at each later opset;
+  prepared graphs equal either way on the repository's models at opsets 17, 19, 21 and
+  the newest;
 - anything else (a node the converter rewrites, a value whose type the model does not
   declare, control flow, whose bodies' types the converter's inference writes, and
   model-local functions) goes through the converter whole, as before.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,10 +31,9 @@ import onnx
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import opset_of
 from trtbuild.passes.basic import PassRecord
-
-DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.ModelProto, PassRecord]:
@@ -74,13 +75,15 @@ def _converted(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelP
 def raised(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto | None:
     """`model` at opset `target` as the converter makes it where it would rewrite no node:
     the shapes inferred first, as it infers them (later passes read them: onnx-graphsurgeon
-    folds a `Shape` by them), then the first default-domain opset raised; the rest kept,
-    the metadata its round trip drops too. None where it might rewrite one (then the
-    converter runs on the whole)."""
+    folds a `Shape` by them), then its default-domain opset raised; the rest kept, the
+    metadata its round trip drops too. None where it might rewrite one, or where the model
+    imports the default domain twice or not at all (then the converter runs on the whole,
+    or refuses it)."""
     graph = model.graph
-    has_default = any(imp.domain in DEFAULT_DOMAINS for imp in model.opset_import)
-    if not has_default or model.functions or any(subgraphs.has_body(n) for n in graph.node):
-        return None  # functions' nodes are at their own opsets; bodies' types are inferred
+    defaults = [imp for imp in model.opset_import if imp.domain in DEFAULT_DOMAINS]
+    if len(defaults) != 1 or model.functions or any(subgraphs.has_body(n) for n in graph.node):
+        return None  # (none or two: the converter's to refuse) functions' nodes are at their
+        # own opsets; bodies' types are the converter's inference's
     probe = _probe(model, current, target)
     if probe is None or not _kept(probe, target):
         return None
@@ -88,9 +91,9 @@ def raised(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto
         upgraded = onnx.shape_inference.infer_shapes(model)
     except Exception:  # the converter on the whole model says why, as before
         return None
-    first = next(imp for imp in upgraded.opset_import if imp.domain in DEFAULT_DOMAINS)
-    first.domain = first.domain  # written, not left implicit: as the converter does
-    first.version = target
+    default = next(imp for imp in upgraded.opset_import if imp.domain in DEFAULT_DOMAINS)
+    default.domain = default.domain  # the field set (even to ""): the converter writes it
+    default.version = target
     return upgraded
 
 

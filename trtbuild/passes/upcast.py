@@ -24,6 +24,7 @@ import onnx
 from onnx import numpy_helper
 
 from trtbuild.graph import subgraphs
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import LOW_DTYPES
 from trtbuild.passes.basic import PassRecord, copied, rename_values
 
@@ -90,7 +91,7 @@ def _may_hold(domain: str, op_type: str) -> tuple[bool, bool]:
     lookup: every node of the model asks. Any op of another domain may (its attributes
     are its own); the default domain's by their schema, which onnx.checker holds them to."""
     bodies = subgraphs.may_hold_bodies(domain, op_type)
-    if domain not in ("", "ai.onnx"):
+    if domain not in DEFAULT_DOMAINS:
         return True, bodies
     try:
         schema = onnx.defs.get_schema(op_type)
@@ -119,7 +120,7 @@ def _low_interface(model: onnx.ModelProto) -> set[int]:
 def _low_attribute(node: onnx.NodeProto, a: onnx.AttributeProto) -> bool:
     if a.type == onnx.AttributeProto.TENSOR:
         return a.t.data_type in LOW_DTYPES
-    default_domain = node.domain in ("", "ai.onnx") and node.op_type not in _REINTERPRETS
+    default_domain = node.domain in DEFAULT_DOMAINS and node.op_type not in _REINTERPRETS
     return default_domain and a.name in _TYPE_ATTRIBUTES and a.i in LOW_DTYPES
 
 
