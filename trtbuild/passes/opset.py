@@ -13,10 +13,10 @@ compatible. So:
   types and ranks;
 - where the converter gives every one of those back as it was, the model gets what the
   converter would give it: the shapes its inference writes (later passes read them), and
-  the new opset number (`raised`). What its round trip drops (metadata, doc strings) is
-  kept, as in a model exported at that opset. `tests/passes/test_opset.py` holds the
-  prepared graphs equal either way on the repository's models at opsets 17, 19, 21 and
-  the newest;
+  the new opset number (`raised`). What its round trip drops (metadata, doc strings,
+  denotations, quantization annotations, training info) is kept, as in a model exported
+  at that opset. `tests/passes/test_opset.py` holds the prepared graphs equal either way
+  on the repository's models at opsets 17, 19, 21 and the newest;
 - anything else (a node the converter rewrites, a value whose type the model does not
   declare, control flow, whose bodies' types the converter's inference writes, and
   model-local functions) goes through the converter whole, as before.
