@@ -182,7 +182,8 @@ def _key(alone: onnx.NodeProto, values: list[onnx.ValueInfoProto]) -> bytes:
     node.name = ""
     node.input[:] = ["x" if t else "" for t in node.input]
     node.output[:] = ["x" if t else "" for t in node.output]
-    return node.SerializeToString() + b"".join(v.type.SerializeToString() for v in values)
+    typed = [v.type.SerializeToString() for v in values]
+    return node.SerializeToString() + b"".join(b"%d:%s" % (len(t), t) for t in typed)
 
 
 def _declared(model: onnx.ModelProto, names: set[str]) -> dict[str, onnx.TypeProto]:
