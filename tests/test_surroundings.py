@@ -608,6 +608,34 @@ def test_external_data_outside_the_models_folder_is_refused_before_any_read(tmp_
     assert peak < 1 << 20, f"{peak} KiB"
 
 
+@pytest.mark.parametrize("length", [True, False])
+def test_a_model_past_2_gib_with_its_data_is_exit_2_without_loading_it(tmp_path, length):
+    """Every stage holds the model as one protobuf message: with 2.2 GiB of weights in a
+    file, the load read them all and failed at its check (exit 70, a traceback). The
+    sizes (`length`, or the file's size) say it before the load reads a byte of them
+    (the cache key streams them: kilobytes held)."""
+    from onnx import TensorProto, helper
+
+    n = (2200 << 20) // 4
+    with open(tmp_path / "w.bin", "wb") as f:
+        f.truncate(n * 4)  # sparse: no disk taken
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[n])
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value="w.bin")
+    if length:
+        tensor.external_data.add(key="length", value=str(n * 4))
+    x, y = (helper.make_tensor_value_info(t, TensorProto.FLOAT, [n]) for t in "xy")
+    add = helper.make_node("Add", ["x", "w"], ["y"], name="add")
+    graph = helper.make_graph([add], "g", [x], [y], [tensor])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(tmp_path / "cache")}
+    code, peak, err = _peak([TRTBUILD, "check", "--policy", str(tmp_path / "p.yaml")], env)
+    _one_line(code, err, str(tmp_path / "m.onnx"), "2.1 GiB", "2 GiB", "quantize")
+    assert peak < 1 << 20, f"{peak} KiB"
+
+
 def test_a_tensor_marked_external_without_a_file_is_exit_2_naming_it(tmp_path, capsys):
     """A tensor whose data would be in a file it does not name: refused in one line naming
     it (onnx.checker's words: bytes without the key `location` name no data file, so no

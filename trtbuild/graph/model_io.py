@@ -3,6 +3,7 @@ shape inference."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -101,6 +102,7 @@ def load_model(
         external = may_name_data_files(raw) and next(external_tensors(model), None) is not None
         if external:
             _check_external_data(model, path)  # before any byte of it is read
+            _check_size(model, path, len(raw) if raw is not None else path.stat().st_size)
             onnx.load_external_data_for_model(model, str(path.parent))
     except UsageError:
         raise
@@ -168,6 +170,30 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
                 where=str(path),
                 hint="move the data file into the model's folder and save the model again",
             )
+
+
+def _check_size(model: onnx.ModelProto, path: Path, own: int) -> None:
+    """Exit 2 where the model with its external data would pass protobuf's 2 GiB, before
+    any of it is read: every stage holds the model as one message (its cache entry,
+    ONNX Runtime's sessions, the conversion), which no serialization past 2 GiB takes.
+    Without this, the load read it all and failed on the first serialization (exit 70)."""
+    folder, size = os.path.realpath(path.parent), own
+    for tensor in external_tensors(model):
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        target = inside(folder, info.get("location", ""))  # (`_check_external_data`'s)
+        length = info.get("length")
+        with contextlib.suppress(OSError, ValueError, TypeError):  # onnx's load says why
+            offset = int(info.get("offset") or 0)
+            size += int(length) if length else max(os.stat(target).st_size - offset, 0)
+    if size > _TWO_GIB:
+        raise UsageError(
+            f"the model with its external data is {size / (1 << 30):.1f} GiB, past the 2 GiB "
+            "an ONNX model holds in one protobuf message, as trtbuild holds it through every "
+            "stage",
+            where=str(path),
+            hint="quantize its weights (ModelOpt's INT8 or FP8 Q/DQ keep one byte a weight), "
+            "or take the model in parts (one block at a time)",
+        )
 
 
 def read_model(path: Path) -> bytes | None:
