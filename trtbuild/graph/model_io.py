@@ -93,10 +93,11 @@ def load_model(
     check_model_file(path, what=what)
     try:
         fmt = onnx.serialization.registry.get_format_from_file_extension(path.suffix)
+        fmt = fmt or "protobuf"  # as onnx.load tells it from the name
         if raw is None:
             model = onnx.load(str(path), load_external_data=False)  # any format onnx reads
-        else:  # in the format onnx tells from the name, as onnx.load does
-            model = onnx.load_model(io.BytesIO(raw), fmt or "protobuf", False)
+        else:
+            model = onnx.load_model(io.BytesIO(raw), fmt, False)
         # one walk over every tensor, where the bytes may name a data file at all: where
         # none does (most models), onnx's loader, a second walk, has nothing to load
         external = may_name_data_files(raw) and next(external_tensors(model), None) is not None
@@ -117,7 +118,7 @@ def load_model(
             "the model has no nodes", where=str(path), hint="is this a truncated or empty file?"
         )
     try:
-        _check(model, None if external or (fmt or "protobuf") != "protobuf" else raw)
+        _check(model, None if external or fmt != "protobuf" else raw)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise UsageError(
@@ -162,8 +163,8 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
     absolute path, `..`, a symlink out): ONNX's own rule, said before anything is read."""
     folder = os.path.realpath(path.parent)
     for tensor in external_tensors(model):
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        if inside(folder, location) is None:
+        location, target, _, _ = _data_of(tensor, folder)
+        if target is None:
             raise UsageError(
                 f"tensor {tensor.name!r} keeps its data in {location!r}, outside the model's "
                 "folder; ONNX reads external data only from files beside the model",
@@ -179,11 +180,8 @@ def _check_size(model: onnx.ModelProto, path: Path, own: int) -> None:
     Without this, the load read it all and failed on the first serialization (exit 70)."""
     folder, size = os.path.realpath(path.parent), own
     for tensor in external_tensors(model):
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        target = inside(folder, info.get("location", ""))  # (`_check_external_data`'s)
-        length = info.get("length")
+        _, target, offset, length = _data_of(tensor, folder)  # target: checked before
         with contextlib.suppress(OSError, ValueError, TypeError):  # onnx's load says why
-            offset = int(info.get("offset") or 0)
             size += int(length) if length else max(os.stat(target).st_size - offset, 0)
     if size > _TWO_GIB:
         raise UsageError(
@@ -224,12 +222,9 @@ def model_digest(path: Path, raw: bytes | None = None) -> str:
         return h.hexdigest()
     folder = os.path.realpath(path.parent)
     for tensor in external_tensors(onnx.load_model_from_string(raw)):
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        location = info.get("location", "")
-        target = inside(folder, location)
+        location, target, offset, length = _data_of(tensor, folder)
         if target is None:
             raise ValueError(f"external data {location!r} is outside {folder}")
-        offset, length = int(info.get("offset") or 0), info.get("length")
         h.update(f"{tensor.name}\0{location}\0{offset}\0{length}\0".encode())
         _hash_range(h, target, offset, int(length) if length else None)
     return h.hexdigest()
@@ -274,6 +269,15 @@ def _hash_range(h: Any, target: str, offset: int, length: int | None) -> None:
                 break
             h.update(block)
             left = None if left is None else left - len(block)
+
+
+def _data_of(tensor: onnx.TensorProto, folder: str) -> tuple[str, str | None, int, str | None]:
+    """Where a tensor keeps its data: its `location`, that file's path where it is one under
+    `folder` (`inside`; None where not), the offset, and the length as written (None or
+    "": to the file's end); ValueError where the offset is no number."""
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    location = info.get("location", "")
+    return location, inside(folder, location), int(info.get("offset") or 0), info.get("length")
 
 
 def may_name_data_files(raw: bytes | None) -> bool:

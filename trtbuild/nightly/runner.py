@@ -194,10 +194,6 @@ def _run_one(args: tuple[Path, Path, str | None, bool, str | None]) -> PolicyRes
     return run_policy(*args)
 
 
-def _run_in_worker(args: tuple[Path, Path, str | None, bool, str | None]) -> PolicyResult:
-    return run_task(_run_one, args)
-
-
 def run_all(
     paths: list[Path],
     out_dir: Path,
@@ -216,7 +212,7 @@ def run_all(
                 progress(results[-1])
         return results
     with ProcessPoolExecutor(max_workers=jobs, initializer=worker_signals) as pool:
-        futures = {pool.submit(_run_in_worker, task): task[0] for task in tasks}
+        futures = {pool.submit(run_task, _run_one, task): task[0] for task in tasks}
         done: dict[Path, PolicyResult] = {}
         try:
             for future in concurrent.futures.as_completed(futures):

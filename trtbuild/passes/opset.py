@@ -49,14 +49,14 @@ def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.Mode
             where="passes.opset",
             hint="lower passes.opset or upgrade onnx",
         )
-    upgraded = raised(model, current, target)
-    if upgraded is None:
-        upgraded = _converted(model, current, target)
     record.changed = 1
     record.details["to"] = target
-    added = _name_converter_nodes(model, upgraded)
-    if added:
-        record.details["added"] = added
+    upgraded = raised(model, current, target)
+    if upgraded is None:  # the converter's: the nodes it adds are named
+        upgraded = _converted(model, current, target)
+        added = _name_converter_nodes(model, upgraded)
+        if added:
+            record.details["added"] = added
     return upgraded, record
 
 
