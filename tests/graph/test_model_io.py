@@ -186,11 +186,35 @@ def test_a_model_of_large_weights_is_inferred_as_onnx_infers_it(monkeypatch, naf
     from trtbuild.graph import model_io
 
     monkeypatch.setattr(model_io, "LIGHT_FROM", 0)  # every model takes that path here
-    for source in (onnx.load(nafnet_path), if_model()):
+    for source in (onnx.load(nafnet_path), if_model(), _reshaped_by_its_shape()):
         del source.graph.value_info[:]
         plain = onnx.shape_inference.infer_shapes(source, strict_mode=False, data_prop=True)
         light = model_io.infer_shapes(source)
         assert light.SerializeToString() == plain.SerializeToString()
+    # the opset upgrade's: onnx's defaults, as onnx.version_converter infers (no stand-in)
+    for source in (
+        onnx.load(nafnet_path),
+        if_model(),
+        _reshaped_by_its_shape(),
+        _group_norm_model(),
+    ):
+        as_converter = model_io.converter_inferred(source)
+        plain = onnx.shape_inference.infer_shapes(source)
+        assert as_converter.SerializeToString() == plain.SerializeToString()
+
+
+def _reshaped_by_its_shape():
+    """x reshaped by its own Shape: its output's dims are known with data propagation only."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_a_model_read_as_bytes_is_checked_as_those_bytes_or_as_parsed(tmp_path):

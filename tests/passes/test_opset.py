@@ -46,6 +46,13 @@ def _prepared_both_ways(model: onnx.ModelProto, target: int, monkeypatch) -> tup
     return fast, whole
 
 
+def _probe(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto | None:
+    """`raised`'s probe of a model that declares its values' types."""
+    nodes = opset._changing(model, current, target)
+    types = opset._declared(model, {t for n in nodes for t in (*n.input, *n.output) if t})
+    return opset._probe(nodes, types, len(model.graph.node), current, model.ir_version)
+
+
 def _models(models_dir: Path, real_model) -> list[tuple[str, onnx.ModelProto]]:
     names = [(n, models_dir / f"{n}.onnx") for n in make_models.MODELS]
     names += [(n, real_model(n)) for n in REAL]
@@ -160,25 +167,38 @@ def test_nodes_alike_but_for_their_types_are_probed_apart():
     outputs = [helper.make_tensor_value_info(n, t, [1, 1]) for n, t in (("a2", 1), ("b1", 6))]
     graph = helper.make_graph(reduce + tail, "g", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)])
-    assert len(opset._probe(model, 27, 28).graph.node) == 2
+    assert len(_probe(model, 27, 28).graph.node) == 2
     assert opset.raised(model, 27, 28) is None
     with pytest.raises(UsageError, match="version_converter cannot take"):
         opset.upgrade_opset(model, 28)
 
 
-def test_an_undeclared_input_takes_the_converter():
-    """The converter infers shapes before its adapters read them: a probe of a value the
-    model does not type could take another branch of an adapter."""
+def test_a_value_the_model_does_not_type_is_probed_as_the_converter_infers_it(monkeypatch):
+    """The converter infers shapes before its adapters read them: a value the model does
+    not declare (a TorchScript export declares none inside its graph) is probed with the
+    type inference finds, a rank it does not find left out as the adapters see it; where
+    inference fails, the converter decides."""
     node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")
-    assert opset.raised(_model(node, 13, shaped=False), 13, 17) is None  # no shape
-    assert opset_of(opset.upgrade_opset(_model(node, 13, shaped=False), 17)[0]) == 17
+    rankless = _model(node, 13, shaped=False)
+    upgraded = opset.raised(rankless, 13, 17)
+    assert upgraded is not None and opset_of(upgraded) == 17
+    assert _normal(upgraded) == _normal(onnx.version_converter.convert_version(rankless, 17))
     made = _model(helper.make_node("Reshape", ["x2", "shape"], ["y"], name="r"), 13)
     made.graph.node.insert(0, helper.make_node("Relu", ["x"], ["x2"], name="relu"))
     made.graph.input[0].name = "x"  # x2: a value with no value info at all
-    assert opset.raised(made, 13, 17) is None
-    del made.graph.node[0]  # x2 a declared input: the number alone
-    made.graph.input[0].name = "x2"
-    assert opset.raised(made, 13, 17) is not None
+    assert not any(v.name == "x2" for v in made.graph.value_info)
+    upgraded = opset.raised(made, 13, 17)
+    assert upgraded is not None and opset_of(upgraded) == 17
+    assert [v.name for v in upgraded.graph.value_info] == ["x2"]  # the converter's inference
+    fast, whole = _prepared_both_ways(made, 17, monkeypatch)
+    assert _normal(fast) == _normal(whole)
+    with monkeypatch.context() as patch:  # inference fails: the converter says why
+        patch.setattr(opset, "converter_inferred", _raises)
+        assert opset.raised(made, 13, 17) is None
+
+
+def _raises(*_):
+    raise onnx.shape_inference.InferenceError("[ShapeInferenceError] refused")
 
 
 def _converter_registry() -> list[tuple[str, int, int, str]]:
@@ -259,6 +279,6 @@ def test_a_probed_nodes_metadata_is_no_change_and_many_distinct_nodes_go_whole()
     model.graph.node.append(second)
     model.graph.output[0].name = "z"
     model.graph.value_info.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4]))
-    assert opset._probe(model, 18, 19) is None
+    assert _probe(model, 18, 19) is None
     del model.graph.node[1:]  # the one probed node: the shortcut again
-    assert opset._probe(model, 18, 19) is not None
+    assert _probe(model, 18, 19) is not None

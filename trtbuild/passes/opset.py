@@ -9,16 +9,17 @@ compatible. So:
 - an op whose schema, at every version between the two opsets, changed in nothing but
   allowing more types (`_types_widened_only`) needs nothing;
 - each distinct node of the other ops goes through the converter alone, with its values'
-  declared types (`_probe`): an adapter reads a node, its attributes and its inputs'
-  types and ranks;
+  types (`_probe`): an adapter reads a node, its attributes and its inputs' types and
+  ranks. Where the model does not declare them (a TorchScript export types only its
+  inputs and outputs), they are inferred first, as the converter infers them before its
+  adapters run;
 - where the converter gives every one of those back as it was, the model gets what the
   converter would give it: the shapes its inference writes (later passes read them), and
   the new opset number (`raised`). What its round trip drops (metadata, doc strings,
   denotations, quantization annotations, training info) is kept, as in a model exported
   at that opset. `tests/passes/test_opset.py` holds the prepared graphs equal either way
   on the repository's models at opsets 17, 19, 21 and the newest;
-- anything else (a node the converter rewrites, a value whose type the model does not
-  declare, control flow, whose bodies' types the converter's inference writes, and
+- anything else (a node the converter rewrites, a model inference fails on, control flow, whose bodies' types the converter's inference writes, and
   model-local functions) goes through the converter whole, as before.
 """
 
@@ -32,7 +33,7 @@ import onnx
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
-from trtbuild.graph.model_io import opset_of
+from trtbuild.graph.model_io import converter_inferred, opset_of
 from trtbuild.passes.basic import PassRecord
 
 
@@ -84,12 +85,19 @@ def raised(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto
     if len(defaults) != 1 or model.functions or any(subgraphs.has_body(n) for n in graph.node):
         return None  # (none or two: the converter's to refuse) functions' nodes are at their
         # own opsets; bodies' types are the converter's inference's
-    probe = _probe(model, current, target)
+    nodes = _changing(model, current, target)
+    wanted = {t for node in nodes for t in (*node.input, *node.output) if t}
+    upgraded, types = None, _declared(model, wanted)
+    if not _all_shaped(nodes, types):  # an export that declares no value inside its graph:
+        upgraded = _inferred(model)  # typed as the converter types it before its adapters
+        if upgraded is None:  # read them: what they see, a rank inference did not find too
+            return None
+        types = _declared(upgraded, wanted)
+    probe = _probe(nodes, types, len(graph.node), current, model.ir_version)
     if probe is None or not _kept(probe, target):
         return None
-    try:  # the converter's own inference: onnx's, its defaults
-        upgraded = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # the converter on the whole model says why, as before
+    upgraded = upgraded or _inferred(model)
+    if upgraded is None:
         return None
     default = next(imp for imp in upgraded.opset_import if imp.domain in DEFAULT_DOMAINS)
     default.domain = default.domain  # the field set (even to ""): the converter writes it
@@ -115,20 +123,42 @@ def _kept(probe: onnx.ModelProto, target: int) -> bool:
     )
 
 
-def _probe(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto | None:
-    """One model of each distinct node whose op changed between the opsets in more than
-    its types (its inputs and outputs named apart, with the model's declared types); None
-    where one reads a value whose type and shape the model does not declare (the
-    converter infers the whole model's shapes before its adapters read them: a probe
-    without them could take another branch of an adapter)."""
-    nodes = [
+def _changing(model: onnx.ModelProto, current: int, target: int) -> list[onnx.NodeProto]:
+    """The default domain's nodes whose op changed between the opsets in more than its
+    types: what the converter's adapters may rewrite."""
+    return [
         node
         for node in model.graph.node
         if node.domain in DEFAULT_DOMAINS and not _types_widened_only(node.op_type, current, target)
     ]
-    types = _declared(model, {t for node in nodes for t in (*node.input, *node.output) if t})
-    if not all(_shaped(types.get(t)) for node in nodes for t in node.input if t):
+
+
+def _all_shaped(nodes: list[onnx.NodeProto], types: dict[str, onnx.TypeProto]) -> bool:
+    """Whether every input of `nodes` is declared as fully as the converter's inference
+    would type it (`_shaped`): then the model need not be inferred before the probe."""
+    return all(_shaped(types.get(t)) for node in nodes for t in node.input if t)
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The converter's own inference of `model` (`model_io.converter_inferred`); None
+    where it fails (the converter on the whole model says why, as before)."""
+    try:
+        return converter_inferred(model)
+    except Exception:
         return None
+
+
+def _probe(
+    nodes: list[onnx.NodeProto],
+    types: dict[str, onnx.TypeProto],
+    total: int,
+    current: int,
+    ir_version: int,
+) -> onnx.ModelProto | None:
+    """One model of each distinct node of `nodes` (their inputs and outputs named apart,
+    typed as `types` says: as declared, `_all_shaped`, or as the converter infers); None
+    where most of the model's `total` nodes are distinct (the converter's own pass over
+    them is the quicker)."""
     graph = onnx.GraphProto(name="opset_probe")
     seen: set[bytes] = set()
     for node in nodes:
@@ -136,8 +166,8 @@ def _probe(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto
         key = _key(alone, values)
         if key in seen:
             continue
-        if 2 * len(seen) >= len(model.graph.node):  # most nodes distinct: the converter's
-            return None  # own pass over them is the quicker
+        if 2 * len(seen) >= total:
+            return None
         seen.add(key)
         graph.node.append(alone)
         n_in = len([t for t in alone.input if t])
@@ -146,7 +176,7 @@ def _probe(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto
     return onnx.helper.make_model(
         graph,
         opset_imports=[onnx.helper.make_opsetid("", current)],
-        ir_version=model.ir_version,
+        ir_version=ir_version,
     )
 
 
