@@ -191,6 +191,12 @@ def test_a_model_of_large_weights_is_inferred_as_onnx_infers_it(monkeypatch, naf
         plain = onnx.shape_inference.infer_shapes(source, strict_mode=False, data_prop=True)
         light = model_io.infer_shapes(source)
         assert light.SerializeToString() == plain.SerializeToString()
+        # anew: a value info the model held (here one of nothing) is not inferred with
+        source.graph.value_info.append(onnx.helper.make_tensor_value_info("stale", 1, [7]))
+        anew = model_io.infer_shapes(source, anew=True)
+        assert anew.SerializeToString() == plain.SerializeToString()
+        kept = model_io.infer_shapes(source)
+        assert "stale" in {v.name for v in kept.graph.value_info}
     # the opset upgrade's: onnx's defaults, as onnx.version_converter infers (no stand-in)
     for source in (
         onnx.load(nafnet_path),

@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import infer_shapes, strip_value_info
+from trtbuild.graph.model_io import infer_shapes
 from trtbuild.graph.optypes import NOT_TENSOR_OPS  # onnx-graphsurgeon's fold holds arrays only
 from trtbuild.sizes import fmt_bytes
 
@@ -40,7 +40,7 @@ def oversized(model: onnx.ModelProto, budget: int) -> list[dict[str, str]]:
     Only nodes a fold would compute are looked at: those whose inputs are all
     constants (or shapes already static), in the main graph and in bodies.
     """
-    inferred = infer_shapes(strip_value_info(model))
+    inferred = infer_shapes(model, anew=True)
     found: list[dict[str, str]] = []
     _scan(inferred.graph, set(), budget, found)
     return found

@@ -8,7 +8,7 @@ import onnx
 
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import infer_shapes, strip_value_info
+from trtbuild.graph.model_io import infer_shapes
 from trtbuild.graph.qdq import SCALE_OPSET, WIDE_OPSET, WIDE_TYPES
 from trtbuild.passes import basic as passes
 from trtbuild.passes import control, fuse, opset
@@ -64,7 +64,7 @@ def prepare(
         model, rec = made_by_nodes(model)
         if rec.changed:
             records.append(rec)
-    model = infer_shapes(strip_value_info(model))
+    model = infer_shapes(model, anew=True)
     _check_bodies(model, source)
     return Prepared(model, records)
 
