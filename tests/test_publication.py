@@ -629,3 +629,38 @@ def test_a_staging_folder_other_runs_keep_taking_is_said_so_not_a_process_limit(
         pass
     assert "other runs kept taking it" in str(raised.value)
     assert "ulimit" not in str(raised.value) and str(tmp_path / "out") in str(raised.value)
+
+
+def test_a_stop_as_the_staging_folder_is_made_or_removed_leaves_none(tmp_path, monkeypatch):
+    """A nightly worker stopped (Ctrl-C, SIGTERM) right as its staging folder was made, or
+    while a finished one was removed, left `.NAME.staging-*` in the night's folder: the
+    stop raises there once (`children.worker_signals`) and nothing removed it."""
+    import shutil
+
+    from trtbuild import fsutil
+
+    def stopped(*_):
+        raise KeyboardInterrupt
+
+    def leftovers() -> list[str]:
+        return [p.name for p in tmp_path.iterdir() if ".staging-" in p.name]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fsutil, "lock", stopped)  # between the folder's making and its lock
+        with pytest.raises(KeyboardInterrupt), fsutil.staging_folder(tmp_path / "out"):
+            pass
+    assert leftovers() == []
+    removal, calls = shutil.rmtree, []
+
+    def cut_short(path, ignore_errors=False):
+        calls.append(path)
+        if len(calls) == 1:
+            (Path(path) / "part").unlink()  # a part removed, then the stop
+            raise KeyboardInterrupt
+        removal(path, ignore_errors=ignore_errors)
+
+    with pytest.raises(KeyboardInterrupt), fsutil.staging_folder(tmp_path / "out") as staging:
+        (staging / "part").write_text("x")
+        (staging / "rest").write_text("x")
+        monkeypatch.setattr(fsutil.shutil, "rmtree", cut_short)
+    assert leftovers() == [] and len(calls) == 2

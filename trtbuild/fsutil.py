@@ -376,24 +376,37 @@ def staging_folder(out_dir: Path) -> Iterator[Path]:
     would take a running build's staging folder for a dead one's.
     """
     home = out_dir if is_mount(out_dir) else out_dir.parent
-    with creating(out_dir):
-        home.mkdir(parents=True, exist_ok=True)
-        clean_leftovers(home, out_dir.name)
-        try:
-            held = _held_folder(home, f".{out_dir.name}.staging-")
-        except OSError as exc:  # the user knows the out folder, not the staging folder's name
-            raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
-        if held is None:  # not EAGAIN: that is a process refused (`errors`), not this race
-            raise UsageError(
-                "no staging folder could be held beside it: other runs kept taking it",
-                where=str(out_dir),
-                hint="run one build per output folder at a time",
-            )
-        path, fd = held
-    try:
-        yield path
+    held = None
+    try:  # from the folder's making on: a stop (Ctrl-C, SIGTERM) as it is made leaves none
+        with creating(out_dir):
+            home.mkdir(parents=True, exist_ok=True)
+            clean_leftovers(home, out_dir.name)
+            try:
+                held = _held_folder(home, f".{out_dir.name}.staging-")
+            except OSError as exc:  # the user knows the out folder, not the staging folder's
+                raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
+            if held is None:  # not EAGAIN: that is a process refused (`errors`), not this race
+                raise UsageError(
+                    "no staging folder could be held beside it: other runs kept taking it",
+                    where=str(out_dir),
+                    hint="run one build per output folder at a time",
+                )
+        yield held[0]
     finally:
-        shutil.rmtree(path, ignore_errors=True)  # after an exchange: the old set
+        if held is not None:
+            _removed(*held)  # after an exchange: the old set
+
+
+def _removed(path: Path, fd: int) -> None:
+    """A held staging folder removed, then let go. Why twice where a stop comes during the
+    removal: a nightly worker is stopped once (`children.worker_signals`), and a stop that
+    cut the removal of a finished build's folder short left it behind."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except BaseException:  # KeyboardInterrupt, Terminated: finish, then stop
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    finally:
         os.close(fd)
 
 
@@ -437,8 +450,15 @@ def _held_folder(parent: Path, prefix: str) -> tuple[Path, int] | None:
             fd = os.open(path, _DIRECTORY)
         except FileNotFoundError:  # a cleaner took it for a dead one's
             continue
-        if lock(fd) is not False and _same(fd, path):
-            return path, fd
+        except BaseException:  # a stop before it is held: the new folder is not left
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        try:
+            if lock(fd) is not False and _same(fd, path):
+                return path, fd
+        except BaseException:
+            _removed(path, fd)
+            raise
         os.close(fd)
     return None
 
