@@ -183,8 +183,9 @@ def _start_check(
     if scope not in ORT_CHECKS:
         raise ValueError(f"scope {scope!r} is none of {ORT_CHECKS}")
     data = model.SerializeToString() if data is None else data
-    digest = _digest(data)
-    if cache is not None and cache.enabled and timeout != 0:
+    remembers = cache is not None and cache.enabled
+    digest = _digest(data) if remembers else ""  # a record's key: none without a cache
+    if remembers and timeout != 0:
         record = cache.get("converted", digest)
         if record is not None:
             return MixedCheck(None, None, list(record.warnings))
@@ -523,7 +524,8 @@ def _judge(first: ort_child.Outcome, data: bytes, check: MixedCheck) -> list[str
 def _digest(data: bytes) -> str:
     """The record's key: the model's bytes and what judged them."""
     h = hashlib.sha256(b"trtbuild-validated\0")
-    h.update(ort_child.judge().encode() + b"\0" + data)
+    h.update(ort_child.judge().encode() + b"\0")
+    h.update(data)  # not joined to the judge first: a copy of a large model's bytes
     return h.hexdigest()
 
 
