@@ -704,3 +704,24 @@ def test_a_policy_name_that_is_not_utf8_is_no_bug(tmp_path, capsys):
     tuned = tmp_path / os.fsdecode(b"t\xfe.yaml")
     assert main(["tune", "--policy", str(policy), "-o", str(tuned)]) == 0
     assert "from g\\xfe.yaml" in tuned.read_text(encoding="utf-8")
+
+
+def test_a_tensor_marked_external_without_a_file_beside_large_weights_is_said_so(tmp_path, capsys):
+    """Where the model's weights are large (its tensors walked, not its bytes searched) or
+    the model is text, such a tensor was "keeps its data in '', outside the model's
+    folder": exit 2 either way, now naming what is wrong."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    m = model(
+        [node("Add", ["x", "w"], "y", "add")], [("x", F, [2])], [("y", F, [2])], {"w": [1.0, 2.0]}
+    )
+    big = numpy_helper.from_array(np.zeros((4, 4096), np.float32), "unused")
+    m.graph.initializer.append(big)  # 64 KiB for 1 node: its tensors are walked
+    m.graph.initializer[0].data_location = onnx.TensorProto.EXTERNAL
+    m.graph.initializer[0].ClearField("raw_data")
+    for name in ("m.onnx", "m.textproto"):  # binary, and onnx's text format
+        onnx.save(m, tmp_path / name)
+        code = main(["prepare", str(tmp_path / name), "-o", str(tmp_path / "p.onnx")])
+        _one_line(code, capsys.readouterr().err, name, "names none (its external_data has no")

@@ -162,6 +162,14 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
     folder = os.path.realpath(path.parent)
     for tensor in external_tensors(model):
         location, target, _, _ = _data_of(tensor, folder)
+        if not location:
+            raise UsageError(
+                f"tensor {tensor.name!r} is marked as keeping its data in a file, and names "
+                "none (its external_data has no `location`)",
+                where=str(path),
+                hint="save the model again with its data inside it, or with "
+                "onnx.save_model(..., save_as_external_data=True)",
+            )
         if target is None:
             raise UsageError(
                 f"tensor {tensor.name!r} keeps its data in {location!r}, outside the model's "
