@@ -104,7 +104,13 @@ def differences(before: Any, after: Any, where: str = "") -> list[str]:
             for i, (b, a) in enumerate(zip(before, after))
             for d in differences(b, a, f"{where}[{i}]")
         ]
-    return [] if before == after else [f"{where}: {before!r} -> {after!r}"]
+    return [] if _same(before, after) else [f"{where}: {before!r} -> {after!r}"]
+
+
+def _same(before: Any, after: Any) -> bool:
+    """Equal, NaN to NaN included (a figure no sample defined, in both reports)."""
+    both_nan = isinstance(before, float) and isinstance(after, float) and before != before
+    return before == after or (both_nan and after != after)
 
 
 def main(argv: list[str] | None = None) -> int:
