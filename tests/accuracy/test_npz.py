@@ -51,10 +51,16 @@ def test_the_first_samples_of_any_order_and_byte_order(tmp_path, save):
     assert type(scalar) is np.ndarray and scalar.shape == () and int(scalar) == 16000
 
 
-def test_an_object_array_is_refused_from_its_header(tmp_path):
-    np.savez(tmp_path / "o.npz", o=np.array([{"a": 1}], dtype=object))
+def test_an_object_array_is_listed_from_its_header_and_never_read(tmp_path):
+    import dataclasses
+
+    np.savez(tmp_path / "o.npz", o=np.array([{"a": 1}], dtype=object), x=np.zeros(2))
+    found = npz.members(tmp_path / "o.npz")
+    assert found["o"].objects and not found["x"].objects
     with pytest.raises(npz.NpzError, match="holds Python objects"):
-        npz.members(tmp_path / "o.npz")
+        npz.read(tmp_path / "o.npz", found["o"])
+    with pytest.raises(npz.NpzError, match="holds Python objects"):  # whatever it is told
+        npz.read(tmp_path / "o.npz", dataclasses.replace(found["x"], name="o"))
 
 
 def test_a_file_that_is_no_zip_is_an_npz_error(tmp_path):
@@ -92,3 +98,19 @@ def test_a_file_that_cannot_be_read_says_how_to_save_it_again(tmp_path, capsys):
     assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
     assert "cannot read" in err and "save it again whole with numpy.save or numpy.savez" in err
+
+
+def test_an_object_array_beside_the_inputs_arrays_is_left_alone(tmp_path, capsys):
+    """A file's labels saved as an object array beside the input's array refused the whole
+    file; an object array an input takes is still refused, naming it and the fix."""
+    from tests.helpers import identity_policy
+    from trtbuild.cli import main
+
+    labels = np.array(["cat", {"id": 1}], dtype=object)
+    np.savez(tmp_path / "x.npz", x=np.ones((2, 1, 4), np.float32), labels=labels)
+    path = identity_policy(tmp_path, [1, 4], "{shape: [1, 4], data: {file: x.npz}}")
+    assert main(["check", "--policy", str(path)]) == 0, capsys.readouterr().err
+    np.savez(tmp_path / "x.npz", x=np.array([{"a": 1}], dtype=object))
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "array 'x' holds Python objects" in err and "numbers only" in err, err

@@ -67,6 +67,7 @@ def plan(
                 where=policy.where,
                 hint=f"keys found: {keys}",
             )
+        _taken(policy, field, path, member)
         _check_kind(policy, field, spec.name, member.dtype, np.dtype(dtypes[spec.name]))
         shape = shapes[spec.name]
         member = batched(member, shape, model_dims[spec.name])
@@ -125,6 +126,7 @@ def _own(
         )
     out = {}
     for name, member in members.items():
+        _taken(policy, field, point.file, member)
         _check_kind(policy, field, name, member.dtype, np.dtype(dtypes[name]))
         shape, have = shapes[name], member.shape
         if have != shape and have[1:] != shape:
@@ -143,6 +145,17 @@ def _own(
 def _members(policy: Policy, path: Path, field: str) -> dict[str, npz.Member]:
     try:
         return npz.members(path)
+    except npz.NpzError as exc:
+        raise UsageError(
+            f"{field}: cannot read {path}: {exc}", where=policy.where, hint=npz.UNREADABLE_FIX
+        ) from None
+
+
+def _taken(policy: Policy, field: str, path: Path, member: npz.Member) -> None:
+    """An array an input takes, refused where it holds Python objects (an .npz's other
+    keys may: they are never read)."""
+    try:
+        npz.refuse_objects(member)
     except npz.NpzError as exc:
         raise UsageError(
             f"{field}: cannot read {path}: {exc}", where=policy.where, hint=npz.UNREADABLE_FIX

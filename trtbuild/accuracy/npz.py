@@ -7,7 +7,9 @@ point is judged on four, and a wrong dtype or a sample axis of length 0 is found
 after the file is read. Here each member's `.npy` header (shape, dtype, order) is read
 from the zip without inflating its data; the checks and the memory budget work from
 those, and then only the first samples a point needs are inflated. Nothing is
-unpickled: an object array is refused from its header. A bare `.npy` (ModelOpt's
+unpickled: an object array is listed from its header (`Member.objects`) and refused where an
+input would take it (`refuse_objects`) or its data would be read; one beside the arrays the
+inputs take (a file's labels saved with them) is left alone. A bare `.npy` (ModelOpt's
 calibration data for a one-input model) is one array, the input's that names the file.
 """
 
@@ -36,6 +38,11 @@ class Member:
     bare: bool = False  # the file is this one `.npy`, not a member of an .npz
     stored: tuple[int, ...] | None = None  # the header's shape, where `shape` splits its axis 0
 
+    @property
+    def objects(self) -> bool:
+        """It holds Python objects: never read (`refuse_objects`)."""
+        return self.dtype.hasobject
+
     def sample_bytes(self) -> int:
         """Bytes of one entry of the leading axis (of the whole array if it is 0-d)."""
         return math.prod(self.shape[1:]) * self.dtype.itemsize
@@ -62,8 +69,8 @@ def members(path: Path) -> dict[str, Member]:
     try:
         with open(path, "rb") as f:
             if f.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX:
-                f.seek(0)
-                return {BARE: replace(_header(f, BARE), bare=True)}
+                f.seek(0)  # its one array is the input's: refused now if it holds objects
+                return {BARE: replace(refuse_objects(_header(f, BARE)), bare=True)}
         with zipfile.ZipFile(path) as zf:
             found = {}
             for info in zf.infolist():
@@ -95,7 +102,7 @@ def read(path: Path, member: Member, count: int | None = None) -> np.ndarray:
 
 
 def _after_header(f, member: Member, whole: bool, count: int | None) -> np.ndarray:
-    _header(f, member.name)
+    refuse_objects(_header(f, member.name))
     if member.fortran:  # read whole in the header's shape, then split and cut as asked
         arr = _rest(f, replace(member, shape=member.stored or member.shape), None)
         arr = arr.reshape(member.shape)
@@ -112,9 +119,14 @@ def _header(f, name: str) -> Member:
         shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
     else:
         raise ValueError(f"array '{name}' is stored in .npy format {version}, not 1.0 or 2.0")
-    if dtype.hasobject:
-        raise ValueError(f"array '{name}' holds Python objects (pickles are never loaded)")
     return Member(name, tuple(int(d) for d in shape), dtype, bool(fortran))
+
+
+def refuse_objects(member: Member) -> Member:
+    """`member`, or NpzError where it holds Python objects: pickles are never loaded."""
+    if member.objects:
+        raise NpzError(f"array '{member.name}' holds Python objects (pickles are never loaded)")
+    return member
 
 
 def _rest(f, member: Member, count: int | None) -> np.ndarray:
