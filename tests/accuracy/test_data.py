@@ -108,7 +108,11 @@ def test_unsampled_feeds_say_where_data_comes_from_and_check_it(tmp_path):
         ("{images: images, mean: [1, 2]}", "[1, 3, 6, 5]", "mean: 2 values for 3 channel"),
         ("{images: images, channels: GRAY}", "[1, 3, 6, 5]", "channels: GRAY gives 1"),
         ("{images: images, derive: tile}", "[1, 3, 6, 5]", "'derive' applies to 'file' only"),
-        ("{images: images}", "[4, 3, 6, 5]", "holds 3 image(s); one sample needs 4"),
+        (
+            "{images: images}",
+            "[4, 3, 6, 5]",
+            "3 image(s) (not read: notes.txt); one sample needs 4",
+        ),
         ("{images: images}", "[1, 8, 6, 5]", "cannot tell where the channels"),
         ("{distribution: normal, resize: [6, 5]}", "[1, 3, 6, 5]", "'resize' applies to 'images'"),
         ("{images: images, resize: [3, 3]}", "[1, 3, 6, 5]", "add 'fit: crop' to crop every"),

@@ -36,18 +36,20 @@ def image_paths(
     `accuracy.samples` (and `count`) of them (no image is decoded that no sample uses)."""
     img, field = spec.data.images, f"inputs.{spec.name}.data.images"
     try:
-        paths = sorted(
-            p for p in img.folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
-        )
+        files = sorted(p for p in img.folder.iterdir() if p.is_file())
     except OSError as exc:
         raise UsageError(
             f"{field}: cannot list {img.folder}: {exc.strerror or exc}", where=policy.where
         ) from None
+    paths = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     if len(paths) < per_sample:
+        others = [p.name for p in files if p.suffix.lower() not in IMAGE_SUFFIXES]
+        skipped = f" (not read: {', '.join(others[:3])}{', ...' if len(others) > 3 else ''})"
         raise UsageError(
-            f"{field}: {img.folder} holds {len(paths)} image(s); one sample needs {per_sample}",
+            f"{field}: {img.folder} holds {len(paths)} image(s){skipped if others else ''}; "
+            f"one sample needs {per_sample}",
             where=policy.where,
-            hint="add images (" + ", ".join(IMAGE_SUFFIXES[:4]) + ", ...)",
+            hint="add images of a type trtbuild reads: " + ", ".join(IMAGE_SUFFIXES),
         )
     samples = min(len(paths) // per_sample, policy.accuracy.samples, count or len(paths))
     return paths[: samples * per_sample]
