@@ -664,3 +664,46 @@ def test_a_stop_as_the_staging_folder_is_made_or_removed_leaves_none(tmp_path, m
         (staging / "rest").write_text("x")
         monkeypatch.setattr(fsutil.shutil, "rmtree", cut_short)
     assert leftovers() == [] and len(calls) == 2
+
+
+def test_a_stop_signal_while_the_staging_folder_is_made_or_removed_waits_for_it(
+    tmp_path, monkeypatch
+):
+    """A real SIGINT to the main thread right after the folder is made (inside `mkdtemp`,
+    before any code that removes it), and one as a finished folder's removal starts, are
+    held until the folder is held, or removed, whole (`fsutil.stops_held`): then the stop
+    is raised. (Sent to the thread: a signal the process's other threads may take, as
+    pytest's here do, is not held; `_removed`'s guard is what is left then.)"""
+    import shutil
+    import tempfile
+    import threading
+
+    from trtbuild import fsutil
+
+    made, removal, calls = tempfile.mkdtemp, shutil.rmtree, []
+
+    def interrupt() -> None:  # Python's handler: KeyboardInterrupt
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def making(*args, **kwargs):
+        path = made(*args, **kwargs)
+        interrupt()
+        return path
+
+    def removing(path, ignore_errors=False):
+        calls.append(path)
+        interrupt()
+        removal(path, ignore_errors=ignore_errors)
+
+    def leftovers() -> list[str]:
+        return [p.name for p in tmp_path.iterdir() if ".staging-" in p.name]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fsutil.tempfile, "mkdtemp", making)
+        with pytest.raises(KeyboardInterrupt), fsutil.staging_folder(tmp_path / "out"):
+            pytest.fail("the stop came after the folder was held, before the block")
+    assert leftovers() == []
+    with pytest.raises(KeyboardInterrupt), fsutil.staging_folder(tmp_path / "out") as staging:
+        (staging / "part").write_text("x")
+        monkeypatch.setattr(fsutil.shutil, "rmtree", removing)
+    assert leftovers() == [] and len(calls) == 1, (calls, leftovers())  # removed whole, once

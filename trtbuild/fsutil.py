@@ -377,12 +377,13 @@ def staging_folder(out_dir: Path) -> Iterator[Path]:
     """
     home = out_dir if is_mount(out_dir) else out_dir.parent
     held = None
-    try:  # from the folder's making on: a stop (Ctrl-C, SIGTERM) as it is made leaves none
+    try:  # from the folder's making on: a stop (Ctrl-C, SIGTERM) waits for it (`stops_held`)
         with creating(out_dir):
             home.mkdir(parents=True, exist_ok=True)
             clean_leftovers(home, out_dir.name)
             try:
-                held = _held_folder(home, f".{out_dir.name}.staging-")
+                with stops_held():  # made and held whole: a stop comes after, in the `try`
+                    held = _held_folder(home, f".{out_dir.name}.staging-")
             except OSError as exc:  # the user knows the out folder, not the staging folder's
                 raise OSError(exc.errno, exc.strerror, str(out_dir)) from exc
             if held is None:  # not EAGAIN: that is a process refused (`errors`), not this race
@@ -394,13 +395,15 @@ def staging_folder(out_dir: Path) -> Iterator[Path]:
         yield held[0]
     finally:
         if held is not None:
-            _removed(*held)  # after an exchange: the old set
+            with stops_held():
+                _removed(*held)  # after an exchange: the old set
 
 
 def _removed(path: Path, fd: int) -> None:
     """A held staging folder removed, then let go. Why twice where a stop comes during the
-    removal: a nightly worker is stopped once (`children.worker_signals`), and a stop that
-    cut the removal of a finished build's folder short left it behind."""
+    removal (where `stops_held` cannot hold it: another thread took the signal, or no
+    POSIX signal masks): a nightly worker is stopped once (`children.worker_signals`), and
+    a stop that cut the removal of a finished build's folder short left it behind."""
     try:
         shutil.rmtree(path, ignore_errors=True)
     except BaseException:  # KeyboardInterrupt, Terminated: finish, then stop
@@ -408,6 +411,28 @@ def _removed(path: Path, fd: int) -> None:
         raise
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back from this thread while the block runs, and delivered as
+    it ends: what the block makes or removes is made or removed whole (a staging folder: a
+    stop between its making and the code that removes it left it behind).
+
+    Why a signal mask and not a flag: the stop is raised by whichever handler is installed
+    (Python's, `cli`'s, a worker's), at any line. The mask is this thread's only, and set
+    back as it was. A signal another thread of the process takes is not held (CPython
+    runs the handler in the main thread): the removal's own guard (`_removed`) is left.
+    """
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None:  # no POSIX signal masks (Windows)
+        yield
+        return
+    before = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_SETMASK, before)
 
 
 def is_mount(path: Path) -> bool:

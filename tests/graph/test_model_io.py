@@ -209,6 +209,32 @@ def test_a_model_of_large_weights_is_inferred_as_onnx_infers_it(monkeypatch, naf
         assert as_converter.SerializeToString() == plain.SerializeToString()
 
 
+def test_shapes_inferred_anew_give_none_back_where_inference_fails():
+    """Where onnx's inference raises, `anew` gives the model back without the value infos
+    it held, as stripping them first did (they would read as inferred)."""
+    import numpy as np
+    import onnx
+    import pytest
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtbuild.graph import model_io
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2, 2])  # its weight is [3]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.ones(3, np.float32), "x")],
+        value_info=[helper.make_tensor_value_info("stale", TensorProto.FLOAT, [7])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(onnx.shape_inference.InferenceError):
+        onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    assert not model_io.infer_shapes(model, anew=True).graph.value_info
+    assert [v.name for v in model_io.infer_shapes(model).graph.value_info] == ["stale"]
+
+
 def _reshaped_by_its_shape():
     """x reshaped by its own Shape: its output's dims are known with data propagation only."""
     from onnx import TensorProto, helper

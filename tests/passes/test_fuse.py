@@ -139,6 +139,21 @@ def test_every_decomposed_variant_fuses_to_one_node_with_the_first_name(variant)
     assert rec2.changed == 0 and again.graph.node[0] == fused.graph.node[0]
 
 
+@pytest.mark.parametrize("variant", VARIANTS[:2])
+def test_the_passes_leave_their_input_as_it_was_and_give_no_stale_shapes(variant):
+    """Each pass changes its own copy (its inference's, or a copy it makes), never the
+    model it is given; `fuse_layernorm` gives back no value info it inferred (its own
+    copy's are cleared in place, changed or not)."""
+    for source, run in ((_ln(variant), fuse.fuse_layernorm), (_conv_bn(), fuse.fold_batchnorm)):
+        before = source.SerializeToString()
+        changed, record = run(source)
+        assert record.changed == 1 and source.SerializeToString() == before
+        assert changed is not source
+    fused, _ = fuse.fuse_layernorm(_ln(variant))
+    assert not fused.graph.value_info
+    assert not fuse.fuse_layernorm(fused)[0].graph.value_info  # nothing left to fuse
+
+
 def test_two_trailing_axes_fuse_with_axis_minus_two():
     source = _ln("pow_div_affine", axes=(-2, -1))
     fused, _ = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))

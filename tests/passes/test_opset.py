@@ -173,6 +173,27 @@ def test_nodes_alike_but_for_their_types_are_probed_apart():
         opset.upgrade_opset(model, 28)
 
 
+def test_a_value_typed_by_inference_alone_is_probed_in_that_type():
+    """An INT32 ReduceLogSum fed by a Cast the model does not declare: probed untyped, the
+    converter took it 27 to 28 and the number was raised, where the converter refuses the
+    whole model (28 does not take INT32)."""
+    nodes = [
+        helper.make_node("Cast", ["x"], ["c"], name="cast", to=TensorProto.INT32),
+        helper.make_node("ReduceLogSum", ["c"], ["r"], name="r", keepdims=1),
+        helper.make_node("Cast", ["r"], ["y"], name="back", to=TensorProto.FLOAT),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 27)]
+    )
+    if TOP < 28:
+        pytest.skip("this onnx has no opset 28")
+    assert opset.raised(model, 27, 28) is None
+    with pytest.raises(UsageError, match="version_converter cannot take"):
+        opset.upgrade_opset(model, 28)
+
+
 def test_a_value_the_model_does_not_type_is_probed_as_the_converter_infers_it(monkeypatch):
     """The converter infers shapes before its adapters read them: a value the model does
     not declare (a TorchScript export declares none inside its graph) is probed with the

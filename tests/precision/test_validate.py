@@ -741,3 +741,15 @@ def test_children_started_ahead_are_the_checks_own_and_reaped_however_it_ends(tm
     with pytest.raises(ValueError, match="scope"):  # a check that cannot start
         start_mixed_check(_layernorm(17), cache, scope="all", spares=spares)
     assert spares.closed and _children() - before == set()
+
+
+def test_a_validated_models_record_key_is_the_same_bytes_as_before():
+    """Users' caches hold records under this key: hashing the bytes apart from the judge's
+    name (no copy of a large model) must give the key written before."""
+    import hashlib
+
+    from trtbuild.precision import ort_child, validate
+
+    data = bytes(range(256)) * 3
+    joined = b"trtbuild-validated\0" + ort_child.judge().encode() + b"\0" + data
+    assert validate._digest(data) == hashlib.sha256(joined).hexdigest()

@@ -19,8 +19,12 @@ compatible. So:
   denotations, quantization annotations, training info) is kept, as in a model exported
   at that opset. `tests/passes/test_opset.py` holds the prepared graphs equal either way
   on the repository's models at opsets 17, 19, 21 and the newest;
-- anything else (a node the converter rewrites, a model inference fails on, control flow, whose bodies' types the converter's inference writes, and
-  model-local functions) goes through the converter whole, as before.
+- anything else (a node the converter rewrites, a model inference fails on, control
+  flow, whose bodies' types the converter's inference writes, and model-local
+  functions) goes through the converter whole, as before. Where the converter runs
+  after an inference the shortcut made, that inference was spent for nothing (the
+  converter infers again): about 7 s over the 698 upgrades of the probing corpus that
+  went whole, whose converter took 48 s.
 """
 
 from __future__ import annotations
@@ -77,9 +81,9 @@ def raised(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto
     """`model` at opset `target` as the converter makes it where it would rewrite no node:
     the shapes inferred first, as it infers them (later passes read them: onnx-graphsurgeon
     folds a `Shape` by them), then its default-domain opset raised; the rest kept, the
-    metadata its round trip drops too. None where it might rewrite one, or where the model
-    imports the default domain twice or not at all (then the converter runs on the whole,
-    or refuses it)."""
+    metadata its round trip drops too. None where it might rewrite one, where inference
+    fails on the model, or where the model imports the default domain twice or not at all
+    (then the converter runs on the whole, or refuses it)."""
     graph = model.graph
     defaults = [imp for imp in model.opset_import if imp.domain in DEFAULT_DOMAINS]
     if len(defaults) != 1 or model.functions or any(subgraphs.has_body(n) for n in graph.node):
@@ -184,8 +188,8 @@ def _alone(
     node: onnx.NodeProto, k: int, types: dict[str, onnx.TypeProto]
 ) -> tuple[onnx.NodeProto, list[onnx.ValueInfoProto]]:
     """`node` with its values named apart (`p{k}_i{j}`, `p{k}_o{j}`; an omitted optional
-    input stays ""), and the value infos of its inputs, then its outputs, typed as the
-    model declares them (untyped where it does not)."""
+    input stays ""), and the value infos of its inputs, then its outputs, typed as `types`
+    says (declared or inferred; untyped where neither gives a type)."""
     alone = onnx.NodeProto()
     alone.CopyFrom(node)
     for held in (alone, *alone.attribute):  # what the converter's round trip drops, kept
