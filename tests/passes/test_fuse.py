@@ -139,11 +139,11 @@ def test_every_decomposed_variant_fuses_to_one_node_with_the_first_name(variant)
     assert rec2.changed == 0 and again.graph.node[0] == fused.graph.node[0]
 
 
-@pytest.mark.parametrize("variant", VARIANTS[:2])
-def test_the_passes_leave_their_input_as_it_was_and_give_no_stale_shapes(variant):
+def test_the_passes_leave_their_input_as_it_was_and_give_no_stale_shapes():
     """Each pass changes its own copy (its inference's, or a copy it makes), never the
     model it is given; `fuse_layernorm` gives back no value info it inferred (its own
     copy's are cleared in place, changed or not)."""
+    variant = VARIANTS[0]
     for source, run in ((_ln(variant), fuse.fuse_layernorm), (_conv_bn(), fuse.fold_batchnorm)):
         before = source.SerializeToString()
         changed, record = run(source)

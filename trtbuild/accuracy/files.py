@@ -10,6 +10,8 @@ synthetic data needs the file's statistics).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -67,7 +69,8 @@ def plan(
                 where=policy.where,
                 hint=f"keys found: {keys}",
             )
-        _taken(policy, field, path, member)
+        with _readable(policy, field, path):  # an .npz's other keys may hold objects
+            npz.refuse_objects(member)
         _check_kind(policy, field, spec.name, member.dtype, np.dtype(dtypes[spec.name]))
         shape = shapes[spec.name]
         member = batched(member, shape, model_dims[spec.name])
@@ -95,12 +98,8 @@ def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
     """The array, cut to `count` samples where it has a sample axis and needs no more, in the
     input's dtype; NaN and inf refused in what is read."""
     cut = None if f.every or f.constant else count
-    try:
+    with _readable(policy, f.field, f.path):
         arr = npz.read(f.path, f.member, cut)
-    except npz.NpzError as exc:
-        raise UsageError(
-            f"{f.field}: cannot read {f.path}: {exc}", where=policy.where, hint=npz.UNREADABLE_FIX
-        ) from None
     return _finite(policy, f.field, f.name, arr).astype(np.dtype(dtype), copy=False)
 
 
@@ -126,7 +125,8 @@ def _own(
         )
     out = {}
     for name, member in members.items():
-        _taken(policy, field, point.file, member)
+        with _readable(policy, field, point.file):
+            npz.refuse_objects(member)
         _check_kind(policy, field, name, member.dtype, np.dtype(dtypes[name]))
         shape, have = shapes[name], member.shape
         if have != shape and have[1:] != shape:
@@ -143,19 +143,16 @@ def _own(
 
 
 def _members(policy: Policy, path: Path, field: str) -> dict[str, npz.Member]:
-    try:
+    with _readable(policy, field, path):
         return npz.members(path)
-    except npz.NpzError as exc:
-        raise UsageError(
-            f"{field}: cannot read {path}: {exc}", where=policy.where, hint=npz.UNREADABLE_FIX
-        ) from None
 
 
-def _taken(policy: Policy, field: str, path: Path, member: npz.Member) -> None:
-    """An array an input takes, refused where it holds Python objects (an .npz's other
-    keys may: they are never read)."""
+@contextlib.contextmanager
+def _readable(policy: Policy, field: str, path: Path) -> Iterator[None]:
+    """A file the judge cannot read (`npz.NpzError`: corrupt, truncated, an array of Python
+    objects an input takes) said as the policy field's fault, with how to save it again."""
     try:
-        npz.refuse_objects(member)
+        yield
     except npz.NpzError as exc:
         raise UsageError(
             f"{field}: cannot read {path}: {exc}", where=policy.where, hint=npz.UNREADABLE_FIX

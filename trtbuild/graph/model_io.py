@@ -100,8 +100,8 @@ def load_model(
             model = onnx.load_model(io.BytesIO(raw), fmt, False)
         external = _holds_external_data(model, raw)
         if external:
-            _check_external_data(model, path)  # before any byte of it is read
-            _check_size(model, path, len(raw) if raw is not None else path.stat().st_size)
+            places = _external_places(model, path)  # before any byte of it is read
+            _check_size(path, len(raw) if raw is not None else path.stat().st_size, places)
             onnx.load_external_data_for_model(model, str(path.parent))
     except UsageError:
         raise
@@ -156,12 +156,13 @@ def _check(model: onnx.ModelProto, raw: bytes | None = None) -> None:
             model.ir_version = read
 
 
-def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
-    """Exit 2 where a tensor's external data is not a file in the model's folder (an
-    absolute path, `..`, a symlink out): ONNX's own rule, said before anything is read."""
-    folder = os.path.realpath(path.parent)
+def _external_places(model: onnx.ModelProto, path: Path) -> list[tuple[str, int, str | None]]:
+    """(file, offset, length as written) of each tensor's external data, or exit 2 where
+    one names no file or a file not in the model's folder (an absolute path, `..`, a
+    symlink out): ONNX's own rule, said before anything is read."""
+    folder, places = os.path.realpath(path.parent), []
     for tensor in external_tensors(model):
-        location, target, _, _ = _data_of(tensor, folder)
+        location, target, offset, length = _data_of(tensor, folder)
         if not location:
             raise UsageError(
                 f"tensor {tensor.name!r} is marked as keeping its data in a file, and names "
@@ -177,17 +178,19 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
                 where=str(path),
                 hint="move the data file into the model's folder and save the model again",
             )
+        places.append((target, offset, length))
+    return places
 
 
-def _check_size(model: onnx.ModelProto, path: Path, own: int) -> None:
+def _check_size(path: Path, own: int, places: list[tuple[str, int, str | None]]) -> None:
     """Exit 2 where the model with its external data would pass protobuf's 2 GiB, before
     any of it is read: every stage holds the model as one message (its cache entry,
     ONNX Runtime's sessions, the conversion), which no serialization past 2 GiB takes.
-    Without this, the load read it all and failed on the first serialization (exit 70)."""
-    folder, size = os.path.realpath(path.parent), own
-    for tensor in external_tensors(model):
-        _, target, offset, length = _data_of(tensor, folder)  # target: checked before
-        with contextlib.suppress(OSError, ValueError, TypeError):  # onnx's load says why
+    Without this, the load read it all and failed on the first serialization (exit 70).
+    `own`: the model file's bytes; `places`: its tensors' (`_external_places`)."""
+    size = own
+    for target, offset, length in places:
+        with contextlib.suppress(OSError, ValueError):  # onnx's load says why
             size += int(length) if length else max(os.stat(target).st_size - offset, 0)
     if size > _TWO_GIB:
         raise UsageError(
@@ -308,7 +311,7 @@ def may_name_data_files(raw: bytes | None) -> bool:
     """Whether a model's bytes (None: not at hand) may hold a tensor whose data is in a
     file: every external-data entry names its file under the key `location` (a tensor
     marked external without one is refused: by onnx.checker where the bytes are searched,
-    by `_check_external_data` where the tensors are walked), so bytes without that word
+    by `_external_places` where the tensors are walked), so bytes without that word
     hold none, found in a millisecond where a walk of 10k nodes takes 20."""
     return raw is None or b"location" in raw
 

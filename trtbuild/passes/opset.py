@@ -23,8 +23,7 @@ compatible. So:
   flow, whose bodies' types the converter's inference writes, and model-local
   functions) goes through the converter whole, as before. Where the converter runs
   after an inference the shortcut made, that inference was spent for nothing (the
-  converter infers again): about 7 s over the 698 upgrades of the probing corpus that
-  went whole, whose converter took 48 s.
+  converter infers again; its cost over a corpus of exports: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -92,15 +91,15 @@ def raised(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto
     nodes = _changing(model, current, target)
     wanted = {t for node in nodes for t in (*node.input, *node.output) if t}
     upgraded, types = None, _declared(model, wanted)
-    if not _all_shaped(nodes, types):  # an export that declares no value inside its graph:
-        upgraded = _inferred(model)  # typed as the converter types it before its adapters
-        if upgraded is None:  # read them: what they see, a rank inference did not find too
+    if not _all_shaped(nodes, types):  # an export that declares no value inside its graph
+        upgraded = _converter_typed(model)  # as the adapters see it (a rank not found too)
+        if upgraded is None:
             return None
         types = _declared(upgraded, wanted)
     probe = _probe(nodes, types, len(graph.node), current, model.ir_version)
     if probe is None or not _kept(probe, target):
         return None
-    upgraded = upgraded or _inferred(model)
+    upgraded = upgraded or _converter_typed(model)
     if upgraded is None:
         return None
     default = next(imp for imp in upgraded.opset_import if imp.domain in DEFAULT_DOMAINS)
@@ -143,7 +142,7 @@ def _all_shaped(nodes: list[onnx.NodeProto], types: dict[str, onnx.TypeProto]) -
     return all(_shaped(types.get(t)) for node in nodes for t in node.input if t)
 
 
-def _inferred(model: onnx.ModelProto) -> onnx.ModelProto | None:
+def _converter_typed(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The converter's own inference of `model` (`model_io.converter_inferred`); None
     where it fails (the converter on the whole model says why, as before)."""
     try:
