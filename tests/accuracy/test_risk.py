@@ -38,13 +38,25 @@ def test_storage_passes_and_lists_the_decoder_statistics_at_risk(example_policy,
     assert "<h2>Ops at risk</h2>" in html and "/decoder/norm/ReduceMean" in html
 
 
-def test_strict_fails_the_same_policy_on_the_stored_sums(example_policy, tmp_path):
+def test_strict_fails_the_same_policy_on_the_stored_sums(example_policy, tmp_path, capsys):
+    """The op at risk is the failure here: the lines say so, not "not failed", and not that
+    `strict` assumes FP32 inside the kernel whose sums it stores."""
     policy = example_policy("gfpgan", accuracy={"emulation": "strict"})
     code, report = _build(policy, tmp_path / "strict")
     assert code == 1 and not report["outputs"]["face"]["passed"]
     assert report["emulation"] == "strict"
     assert report["outputs"]["energy"]["passed"]  # the pinned reduction is fine either way
     assert report["first_divergence"]["node"] == "/decoder/norm/ReduceMean"
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("at risk"))
+    assert "not failed" not in line and "assumes FP32 inside kernels" not in line
+    assert "stores the sums behind means and LayerNorms in FP16" in line
+    assert line.endswith(
+        "/decoder/norm/ReduceMean (sum of squared deviations (behind the variance) 5.69e+06; the first divergence above)"
+    )
+    md = (tmp_path / "strict" / "report.md").read_text()
+    assert "| `/decoder/norm/ReduceMean` (the first divergence of the failing verdict) |" in md
+    assert "fail only on a kernel that keeps them in FP16" in md  # the others' risk
+    assert "these fail only on a kernel" not in md
 
 
 def test_check_lists_the_ops_at_risk(example_policy, capsys):

@@ -53,17 +53,37 @@ def _section_md(section: Section) -> list[str]:
     return lines
 
 
-def at_risk_lines(at_risk: list[dict[str, Any]], emulation: str | None) -> str:
-    """One summary line for a terminal: how many FP16 ops are at risk, and the worst few."""
+def at_risk_lines(
+    at_risk: list[dict[str, Any]], emulation: str | None, failed_at: str | None = None
+) -> str:
+    """One summary line for a terminal: how many FP16 ops are at risk, and the worst few.
+
+    `failed_at`: the node where a failing verdict first diverges (`Report.failing_divergence`).
+    Why: the line says "not failed" of the ops it lists, and what the emulation assumes
+    inside them; an op that is also the failure, or whose sums `strict` stores itself, is
+    said as such, not as a risk the verdict left out.
+    """
     if not at_risk:
         return "at risk: none (no FP16 op's internal sums or squares leave the FP16 range)"
     worst: dict[str, dict[str, Any]] = {}  # each node once, by its worst quantity
     for r in sorted(at_risk, key=lambda r: -r["peak"]):
         worst.setdefault(r["node"], r)
-    shown = first_few([f"{n} ({r['quantity']} {r['peak']:.3g})" for n, r in worst.items()])
-    assumed = f"the {emulation} emulation assumes FP32 inside kernels" if emulation else ""
+    marked = {failed_at: "; the first divergence above"}
+    shown = first_few(
+        [f"{n} ({r['quantity']} {r['peak']:.3g}{marked.get(n, '')})" for n, r in worst.items()]
+    )
+    if emulation == "strict":
+        assumed = (
+            "the strict emulation stores the sums behind means and LayerNorms in FP16, judged "
+            "above, and assumes FP32 inside other kernels"
+        )
+    elif emulation:
+        assumed = f"the {emulation} emulation assumes FP32 inside kernels"
+    else:
+        assumed = "measured on the FP32 reference"
+    failed = "" if failed_at in worst else "not failed; "
     return (
-        f"at risk (not failed; {assumed or 'measured on the FP32 reference'}): {len(worst)} FP16 "
+        f"at risk ({failed}{assumed}): {len(worst)} FP16 "
         f"op(s) whose internal quantities leave FP16 if a kernel keeps them in FP16: {shown}"
     )
 
@@ -94,12 +114,12 @@ def summary(report: Report) -> str:
     )
     lines += masked_lines(report)
     failing = report.failing_shapes
-    first = (failing[0].main if failing else main).first_divergence
-    if not report.passed and first:  # where a failing policy goes wrong, named
+    first = report.failing_divergence
+    if first:  # where a failing policy goes wrong, named
         at = f", at {failing[0].label}" if shapes and failing else ""  # which point's walk
         at += on_sample(first)
         lines.append(f"  first divergence at {first['node']} ({first['reason']}){at}")
-    lines.append(at_risk_lines(report.at_risk, main.emulation))
+    lines.append(at_risk_lines(report.at_risk, main.emulation, (first or {}).get("node")))
     lines.append(_baseline_line(report))
     return "\n".join(lines)
 

@@ -147,6 +147,15 @@ class Report:
         return [s for s in self.shapes if not s.main.passed]
 
     @property
+    def failing_divergence(self) -> dict[str, Any] | None:
+        """Where a failing policy first goes wrong (its first failing point's walk, else the
+        primary point's); None where it passes or nothing was walked."""
+        if self.passed:
+            return None
+        failing = self.failing_shapes
+        return (failing[0].main if failing else self.main).first_divergence
+
+    @property
     def at_risk(self) -> list[dict[str, Any]]:
         """Ops at risk at any shape, each quantity at its largest peak."""
         found: dict[tuple[str, str], dict[str, Any]] = {}
@@ -513,17 +522,36 @@ def _at_risk_section(report: Report) -> Section:
         return Section(
             "Ops at risk", [Para("None: no FP16 op's internal quantities leave the FP16 range.")]
         )
+    emulation = report.main.emulation
+    if emulation == "strict":
+        assumed = (
+            "The verdict above (`strict`) stores the sums behind means and a "
+            "LayerNormalization's statistics in FP16 itself, so it has judged those; the "
+            "others fail only on a kernel that keeps them in FP16."
+        )
+    else:
+        assumed = (
+            f"The verdict above assumes `{emulation or 'the engine'}`; these fail only on a "
+            "kernel that keeps them in FP16."
+        )
     text = (
         "FP16 ops whose internal quantities (sums behind means, squared deviations) leave the "
-        "FP16 range on the FP32 reference. The verdict above assumes "
-        f"`{report.main.emulation or 'the engine'}`; these fail only on a kernel that keeps "
-        "them in FP16. Pin them (a `name` rule) to be safe on any kernel."
+        f"FP16 range on the FP32 reference. {assumed} Pin them (a `name` rule) to be safe on "
+        "any kernel."
     )
+    failed = (report.failing_divergence or {}).get("node")
     table = Table(
         ("node", "op", "quantity", "peak"),
-        [(f"`{r['node']}`", r["op"], r["quantity"], f"{r['peak']:.4g}") for r in rows],
+        [(_node_cell(r["node"], failed), r["op"], r["quantity"], f"{r['peak']:.4g}") for r in rows],
     )
     return Section("Ops at risk", [Para(text), table])
+
+
+def _node_cell(node: str, failed: str | None) -> str:
+    """A node of the at-risk table, said to be where the failing verdict first diverges."""
+    return (
+        f"`{node}` (the first divergence of the failing verdict)" if node == failed else f"`{node}`"
+    )
 
 
 def _fp32_section(fp32: Verdict) -> Section:
