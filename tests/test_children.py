@@ -56,3 +56,40 @@ def test_an_idle_worker_ends_at_once_without_a_traceback():
     idle += "print('idle', flush=True)\ntime.sleep(30)\n"
     proc, _, err = _signalled(idle, b"idle\n", signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM and err == b"", err.decode()
+
+
+# A task holding stops (`fsutil.stops_held`) while another thread takes the process's
+# signal: the worker's handler runs in the main thread, inside the block
+HELD_TASK = textwrap.dedent(
+    """
+    import signal, sys, threading, time
+    from trtbuild import fsutil
+    from trtbuild.children import run_task, worker_signals
+
+    def task():
+        done = threading.Event()
+        other = threading.Thread(target=done.wait)
+        other.start()
+        try:
+            with fsutil.stops_held():
+                signal.pthread_kill(other.ident, int(sys.argv[1]))
+                for _ in range(200):  # the handler runs between these
+                    time.sleep(0.001)
+                print("whole", flush=True)
+            print("not stopped", flush=True)
+        finally:
+            done.set()
+
+    worker_signals()
+    run_task(task)
+    """
+)
+
+
+def test_a_stop_another_thread_takes_waits_for_the_held_block_of_a_task():
+    for sent in (signal.SIGINT, signal.SIGTERM):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        code = [sys.executable, "-c", HELD_TASK, str(int(sent))]
+        done = subprocess.run(code, capture_output=True, env=env, timeout=60)
+        assert done.stdout == b"whole\n", done.stderr.decode()
+        assert done.returncode == 128 + sent and b"Traceback" not in done.stderr

@@ -707,3 +707,50 @@ def test_a_stop_signal_while_the_staging_folder_is_made_or_removed_waits_for_it(
         (staging / "part").write_text("x")
         monkeypatch.setattr(fsutil.shutil, "rmtree", removing)
     assert leftovers() == [] and len(calls) == 1, (calls, leftovers())  # removed whole, once
+
+
+# A staging folder made while another thread of the process takes the stop: the thread
+# starts before the mask, as ONNX Runtime's pool does, so the process's signal is its
+HELD_ELSEWHERE = """
+import signal, sys, tempfile, threading, time
+from pathlib import Path
+from trtbuild import cli, fsutil
+from trtbuild.errors import Terminated
+
+cli._on_stops()
+done = threading.Event()
+other = threading.Thread(target=done.wait)
+other.start()
+made = tempfile.mkdtemp
+
+def making(*args, **kwargs):
+    path = made(*args, **kwargs)
+    signal.pthread_kill(other.ident, int(sys.argv[2]))
+    for _ in range(200):  # the handler runs in the main thread between these
+        time.sleep(0.001)
+    print("made whole", flush=True)
+    return path
+
+fsutil.tempfile.mkdtemp = making
+try:
+    with fsutil.staging_folder(Path(sys.argv[1]) / "out"):
+        print("block entered", flush=True)
+except (KeyboardInterrupt, Terminated) as exc:
+    print("stopped:", type(exc).__name__, flush=True)
+finally:
+    done.set()
+"""
+
+
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_another_thread_takes_waits_for_the_staging_folder_too(tmp_path, sent):
+    """A process's stop that another thread takes (ONNX Runtime's pool after a session)
+    runs its Python handler in the main thread, which the main thread's mask does not
+    hold: `cli`'s handlers keep it for the end of the making (`fsutil.stop_kept`), then
+    raise it. Before, it cut `mkdtemp`'s caller short, and only a guard removed the folder."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = [sys.executable, "-c", HELD_ELSEWHERE, str(tmp_path), str(int(sent))]
+    done = subprocess.run(code, capture_output=True, text=True, env=env, timeout=60)
+    name = "KeyboardInterrupt" if sent == signal.SIGINT else "Terminated"
+    assert done.stdout.splitlines() == ["made whole", f"stopped: {name}"], done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -72,6 +72,9 @@ def worker_signals() -> None:
 def _stop_worker(number: int, _frame: Any) -> None:
     from trtbuild.errors import Terminated
 
+    if kept(number):  # raised again once the staging folder is made or removed whole
+        return
+
     for other in (signal.SIGINT, signal.SIGTERM):
         # one stop: the cleanup runs whole. A handler that does nothing, not SIG_IGN: a
         # signal already caught when SIG_IGN is set is raised as "Signal 15 ignored due to
@@ -80,6 +83,13 @@ def _stop_worker(number: int, _frame: Any) -> None:
     if not _BUSY[0]:
         os._exit(128 + number)
     raise Terminated if number == signal.SIGTERM else KeyboardInterrupt
+
+
+def kept(number: int) -> bool:
+    """Whether `fsutil.stops_held` keeps this stop for the end of its block. Read from the
+    loaded module, imported by nothing here: a handler runs between any two lines."""
+    fsutil = sys.modules.get("trtbuild.fsutil")
+    return fsutil is not None and fsutil.stop_kept(number)
 
 
 def _heard(*_: Any) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from trtbuild import __version__, cores
+from trtbuild.children import kept
 from trtbuild.errors import (
     EXIT_BUG,
     EXIT_USAGE,
@@ -362,17 +363,26 @@ def _stopped(exc: KeyboardInterrupt) -> int:
 
 
 def _terminate(*_: object) -> None:
-    raise Terminated
+    if not kept(signal.SIGTERM):
+        raise Terminated
 
 
-def _on_sigterm() -> None:
+def _interrupt(*_: object) -> None:
+    if not kept(signal.SIGINT):
+        raise KeyboardInterrupt
+
+
+def _on_stops() -> None:
     """SIGTERM ends the command as Ctrl-C does (`Terminated`): its children stopped, its
     staging folders removed. Why: `timeout`, `docker stop` and a cancelled CI job send
     SIGTERM, which killed the command where it stood (a staging folder left, a nightly's
-    workers left running for good, one publishing after the night had ended). The command's
-    own process only (`run`), as `_standard_streams`: the library's caller keeps its own."""
+    workers left running for good, one publishing after the night had ended). Both handlers
+    leave a stop that comes while a staging folder is made or removed to that step's end
+    (`fsutil.stop_kept`). The command's own process only (`run`), as `_standard_streams`:
+    the library's caller keeps its own."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,7 +451,7 @@ def run() -> NoReturn:
     writes its figures after the command returns), Python's own exit runs as usual.
     """
     _standard_streams()
-    _on_sigterm()
+    _on_stops()
     code = main()
     handlers = getattr(atexit, "_run_exitfuncs", None)  # what the interpreter's exit calls
     if handlers is None or _watched() or any(t.is_alive() and not t.daemon for t in _threads()):

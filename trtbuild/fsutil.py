@@ -36,6 +36,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
@@ -413,26 +414,52 @@ def _removed(path: Path, fd: int) -> None:
         os.close(fd)
 
 
+# The main thread's `stops_held` blocks open, and the stops trtbuild's own handlers took
+# meanwhile (`stop_kept`), raised again as the outermost block ends.
+_HOLDING = [0]
+_KEPT: list[int] = []
+
+
 @contextlib.contextmanager
 def stops_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM held back from this thread while the block runs, and delivered as
-    it ends: what the block makes or removes is made or removed whole (a staging folder: a
-    stop between its making and the code that removes it left it behind).
+    """Ctrl-C and SIGTERM held back while the block runs, and delivered as it ends: what
+    the block makes or removes is made or removed whole (a staging folder: a stop between
+    its making and the code that removes it left it behind).
 
-    Why a signal mask and not a flag: the stop is raised by whichever handler is installed
-    (Python's, `cli`'s, a worker's), at any line. The mask is this thread's only, and set
-    back as it was. A signal another thread of the process takes is not held (CPython
-    runs the handler in the main thread): the removal's own guard (`_removed`) is left.
+    Two holds, because a process's signal goes to any thread that does not block it:
+    - this thread's signal mask: a stop sent to it waits, whatever handler is installed
+      (Python's, a library caller's);
+    - in the main thread, trtbuild's own handlers (`cli`'s, a pool worker's) keep a stop
+      they take (`stop_kept`): one another thread took (ONNX Runtime's pool, after a
+      session) runs its handler in the main thread, which no mask of it holds.
+    Where neither holds (another handler, another thread), the removal's own guard
+    (`_removed`) is what is left.
     """
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None:  # no POSIX signal masks (Windows)
-        yield
-        return
-    before = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    main = threading.current_thread() is threading.main_thread()
+    mask = getattr(signal, "pthread_sigmask", None)  # none on Windows
+    before = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if mask else None
+    _HOLDING[0] += main
     try:
         yield
     finally:
-        mask(signal.SIG_SETMASK, before)
+        _HOLDING[0] -= main
+        if mask:
+            mask(signal.SIG_SETMASK, before)  # a stop sent meanwhile: its handler runs now
+        if main and not _HOLDING[0] and _KEPT:
+            number = _KEPT[0]
+            _KEPT.clear()
+            signal.raise_signal(number)  # its handler again, holding nothing now
+
+
+def stop_kept(number: int) -> bool:
+    """Whether trtbuild's handler of stop `number` (SIGINT, SIGTERM), running now, leaves it
+    to the end of the main thread's `stops_held` block, which raises it then. Read by the
+    handlers: a handler that raises anyway would cut the block short."""
+    if not _HOLDING[0] or threading.current_thread() is not threading.main_thread():
+        return False
+    if number not in _KEPT:
+        _KEPT.append(number)
+    return True
 
 
 def is_mount(path: Path) -> bool:
