@@ -80,3 +80,41 @@ def test_an_overflow_the_output_masks_is_walked_to_its_node(tmp_path, walk):
     assert not base["passed"] and base["walked"] is True
     first = base["first_divergence"]
     assert first["node"] == "scale" and "64 non-finite value(s) (64 inf)" in first["reason"]
+
+
+def _ties(tmp_path) -> dict:
+    """x (at the ties of a Q's grid) -> Mul by 1.0003 -> Q -> DQ -> MatMul: FP16 rounds 1.0003
+    to 1, and round-half-to-even then puts a value one step from where FP32 puts it, on a
+    DQ whose values span one step."""
+    step = 2.0**-7
+    w = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Mul", ["x", "k"], ["m"], name="scale"),
+        onnx.helper.make_node("QuantizeLinear", ["m", "s", "z"], ["q"], name="q"),
+        onnx.helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"], name="dq"),
+        onnx.helper.make_node("MatMul", ["dq", "w"], ["y"], name="mm"),
+    ]
+    inits = {"k": np.float32(1.0003), "s": np.float32(step), "z": np.int8(0), "w": w}
+    m = model(nodes, [("x", F, [4, 8])], [("y", F, [4, 8])], inits, opset=19)
+    onnx.save(m, tmp_path / "m.onnx")
+    odd = 2 * np.random.default_rng(1).integers(-1, 1, size=(1, 4, 8)) + 1
+    np.savez(tmp_path / "x.npz", x=(odd * step / 2).astype(np.float32))
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs: {x: {shape: [4, 8], data: {file: x.npz}}}\n"
+        "build: {backend: none}\naccuracy: {samples: 1, tolerances: {default: {atol: 1e-3, rtol: 1e-3}}}\n"
+    )
+    code = main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")])
+    assert code == 1
+    return json.loads((tmp_path / "o" / "report.json").read_text())["first_divergence"]
+
+
+def test_a_divergence_at_a_dequantize_is_said_in_steps_with_what_fp16_rounded(tmp_path):
+    """ "error 100% of the tensor's range" at a DQ one step wide read as a broken
+    quantization: it is one step, made by FP16's rounding of what the Q quantizes."""
+    first = _ties(tmp_path)
+    assert first["node"] == "dq" and first["op"] == "DequantizeLinear"
+    assert first["reason"] == (
+        "error 100.00% of the tensor's range exceeds 5%: 1 quantization step of 0.007812, "
+        "where FP16's rounding of `scale`'s output, which `q` quantizes, moved values across "
+        "its rounding boundaries; a rule keeping `scale` in FP32 keeps them"
+    )

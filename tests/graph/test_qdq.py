@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from tests.helpers import F, model, node
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.qdq import QdqGraph, dequantize, fp8_capable, holds, quantize, unheld
 from trtbuild.graph.view import GraphView
@@ -170,3 +171,28 @@ def test_a_blocked_dequantize_computes_as_onnx_defines_it():
     zero = rng.integers(-2, 2, (3, 6)).astype(np.int8)
     want = _reference("DequantizeLinear", stored, scale, zero, axis=0, block=4)
     assert np.array_equal(dequantize(stored, scale, zero, axis=0, block=4), want)
+
+
+def test_requantized_names_what_the_quantize_reads_up_through_casts_and_only_for_activations():
+    from trtbuild.graph.qdq import requantized
+
+    m = model(
+        [
+            node("Relu", ["x"], "r", "relu"),
+            node("Cast", ["r"], "c", "to16", to=TensorProto.FLOAT16),
+            node("Cast", ["c"], "c2", "to32", to=TensorProto.FLOAT),
+            node("QuantizeLinear", ["c2", "s", "z"], "q", "q"),
+            node("DequantizeLinear", ["q", "s", "z"], "dq", "dq"),
+            node("DequantizeLinear", ["wq", "s", "z"], "wdq", "wdq"),
+            node("Add", ["dq", "wdq"], "y", "add"),
+        ],
+        [("x", F, [4])],
+        [("y", F, [4])],
+        {"s": np.float32(0.5), "z": np.int8(0), "wq": np.array([1, 2, 3, 4], np.int8)},
+        opset=19,
+    )
+    found = requantized(m, "dq")
+    assert (found.quantize, found.maker, found.made_by_node) == ("q", "relu", True)
+    assert found.scale.tolist() == 0.5
+    assert requantized(m, "wdq") is None  # a weight's: no Q, no rounding before it
+    assert requantized(m, "add") is None and requantized(m, "nowhere") is None

@@ -61,7 +61,8 @@ from trtbuild.accuracy.sessions import (
     unmeasured,
 )
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
-from trtbuild.graph.optypes import INTEGER_TYPES, SELECTIONS
+from trtbuild.graph import qdq
+from trtbuild.graph.optypes import DEQUANTIZE, INTEGER_TYPES, SELECTIONS
 from trtbuild.graph.propagation import unobserved
 from trtbuild.numerics import data_peak, sentinel_kept
 from trtbuild.policy.specs import AccuracySpec
@@ -479,6 +480,7 @@ def _verdict(
     first_div, curve, overflow = run.walk.finish()
     failing = [o for o, m in judged.outputs.items() if not m.passed]
     first_div = decided(first_div, run.walk.flipped, run.candidate.mixed, failing)
+    first_div = in_steps(first_div, curve, run.candidate.mixed)
     if first_div is not None and run.walk.sample:  # walked on a later sample: which
         first_div = {**first_div, "sample": run.walk.sample}
     overflow = overflow or run.later  # the first feed's, else the first later feed's
@@ -807,6 +809,37 @@ def _counted(d: dict[str, Any], counted: str) -> str:
         f"{counted}: the error in that {d['op']}'s input chose otherwise between near values, "
         "and what computes that input decides it"
     )
+
+
+def in_steps(
+    first: dict[str, Any] | None, curve: list[dict[str, Any]], mixed: onnx.ModelProto
+) -> dict[str, Any] | None:
+    """A first divergence at a DequantizeLinear of an activation, said in quantization steps,
+    with the node whose FP16 rounding its QuantizeLinear turned into them.
+
+    Why: "error 100% of the tensor's range" at a DQ whose values span one step read as a
+    broken quantization; it was one value that FP16's rounding of the Q's input moved
+    across a rounding boundary, and the rule that keeps it is on that input's maker.
+    """
+    if first is None or first.get("op") != DEQUANTIZE or "decision" in first:
+        return first
+    point = next((p for p in curve if p.get("tensor") == first["tensor"]), None)
+    found = qdq.requantized(mixed, first["node"])
+    if point is None or point.get("nonfinite") or found is None or not found.made_by_node:
+        return first  # (a Q of a graph input reads it as given: FP32 rounds it no other way)
+    error = float(point["rel_error"]) * point["ref_max_abs"]
+    scale = found.scale
+    if scale is not None and scale.size == 1 and float(scale.flat[0]) > 0:
+        step, n = float(scale.flat[0]), error / float(scale.flat[0])
+        steps = f"{n:.3g} quantization step{'' if round(n, 3) == 1 else 's'} of {step:.4g}"
+    else:
+        steps = "whole quantization steps"
+    q, maker = found.quantize, found.maker
+    said = (
+        f"FP16's rounding of `{maker}`'s output, which `{q}` quantizes, moved values across "
+        f"its rounding boundaries; a rule keeping `{maker}` in FP32 keeps them"
+    )
+    return {**first, "reason": f"{first['reason']}: {steps}, where {said}"}
 
 
 def _decisions_read(

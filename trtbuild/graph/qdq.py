@@ -28,10 +28,11 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+import onnx
 from onnx import NodeProto, TensorProto, numpy_helper
 
 from trtbuild.graph.domains import DEFAULT_DOMAINS
-from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS
+from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS, QUANTIZE
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX, LOW_TINY
 
@@ -140,6 +141,47 @@ def tensorrt_quantization(node: NodeProto) -> bool:
     """Whether a node is one of ModelOpt's TensorRT ops of quantization that no ONNX
     Runtime kernel runs (`TENSORRT_QUANTIZATION`)."""
     return node.domain == "trt" and node.op_type in TENSORRT_QUANTIZATION
+
+
+@dataclass(frozen=True)
+class Requantized:
+    """A DequantizeLinear of an activation (it reads a QuantizeLinear's output): what the
+    Q quantizes, and the step its values move by."""
+
+    quantize: str  # the Q's name
+    maker: str  # the node that makes the Q's input (up through Casts), or a graph input
+    made_by_node: bool  # False: `maker` is a graph input
+    scale: np.ndarray | None  # the DQ's scale, where a constant
+
+
+def requantized(model: onnx.ModelProto, dq_name: str) -> Requantized | None:
+    """The main graph's DequantizeLinear `dq_name` as `Requantized`; None where there is no
+    such node, or it reads a weight, not a QuantizeLinear's output.
+
+    Why: a DQ's values move in whole steps only, so an error FP16 gave the Q's input shows
+    at the DQ as whole steps; what a rule can keep in FP32 is the Q's input's maker (a Q/DQ
+    is never pinned)."""
+    nodes = model.graph.node
+    dq = next((n for n in nodes if n.name == dq_name and n.op_type == DEQUANTIZE), None)
+    made = {o: n for n in nodes for o in n.output if o}
+    q = made.get(dq.input[0]) if dq is not None and dq.input else None
+    if q is None or q.op_type != QUANTIZE or q.domain not in DEFAULT_DOMAINS:
+        return None
+    source = q.input[0]
+    while source in made and made[source].op_type == "Cast":
+        source = made[source].input[0]
+    maker = made.get(source)
+    held = {t.name: t for t in model.graph.initializer}
+    held.update(
+        (n.output[0], a.t)
+        for n in nodes
+        if n.op_type == "Constant"
+        for a in n.attribute
+        if a.name == "value"
+    )
+    scale = held.get(dq.input[1]) if len(dq.input) > 1 else None  # type: ignore[union-attr]
+    values = numpy_helper.to_array(scale).astype(np.float64) if scale is not None else None
+    return Requantized(q.name, maker.name if maker else source, maker is not None, values)
 
 
 def is_qdq(op_type: str) -> bool:
