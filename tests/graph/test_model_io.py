@@ -4,6 +4,7 @@ of them), and an IR 3 model whose weights are not inputs."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.errors import UsageError
@@ -283,3 +284,49 @@ def test_a_model_read_as_bytes_is_checked_as_those_bytes_or_as_parsed(tmp_path):
     for raw in ((tmp_path / "bad.onnx").read_bytes(), None):
         with pytest.raises(UsageError, match="invalid ONNX model"):
             load_model(tmp_path / "bad.onnx", raw=raw)
+
+
+def _weighted() -> onnx.ModelProto:
+    """A model whose every kind of field is set, with a large weight and a small one."""
+    w = numpy_helper.from_array(np.arange(2048, dtype=np.float32).reshape(2, 1024), "w")
+    shape = numpy_helper.from_array(np.array([1024, 2], np.int64), "shape")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["w", "shape"], ["r"], name="reshape"),
+            helper.make_node("MatMul", ["x", "r"], ["y"], name="mm", doc_string="kept"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])],
+        [w, shape],
+        doc_string="the graph's",
+        value_info=[helper.make_tensor_value_info("r", TensorProto.FLOAT, [1024, 2])],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="p")
+    helper.set_model_props(m, {"author": "someone"})
+    m.functions.append(
+        helper.make_function("local", "f", ["a"], ["b"], [], [helper.make_opsetid("", 17)])
+    )
+    return m
+
+
+def test_a_model_without_its_weights_data_keeps_every_other_field_and_gets_them_back():
+    from trtbuild.graph.model_io import with_weight_data, without_weight_data
+
+    m = _weighted()
+    light = without_weight_data(m)
+    expected = onnx.ModelProto()
+    expected.CopyFrom(m)
+    expected.graph.initializer[0].CopyFrom(
+        onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 1024])
+    )
+    assert light == expected  # the small shape tensor kept with its data, every field kept
+    assert light.ByteSize() < m.ByteSize() - 8000
+    assert with_weight_data(light, m) and light == m
+    for change in ("dims", "data"):
+        back = without_weight_data(m)
+        if change == "dims":
+            back.graph.initializer[0].dims[:] = [1024, 2]
+        else:
+            back.graph.initializer[0].raw_data = b"\0" * 8
+        assert not with_weight_data(back, m), change

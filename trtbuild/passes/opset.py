@@ -36,7 +36,12 @@ import onnx
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
-from trtbuild.graph.model_io import converter_inferred, opset_of
+from trtbuild.graph.model_io import (
+    converter_inferred,
+    opset_of,
+    with_weight_data,
+    without_weight_data,
+)
 from trtbuild.passes.basic import PassRecord
 
 
@@ -65,7 +70,14 @@ def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.Mode
 
 
 def _converted(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto:
+    """The converter's output for the whole model, run without the large weights' data
+    (`model_io.without_weight_data`: no upgrade adapter reads a weight's values, only the
+    downgrades do) and given it back after; where a weight came back changed, the
+    converter is run on the model as it is."""
     try:
+        out = onnx.version_converter.convert_version(without_weight_data(model), target)
+        if with_weight_data(out, model):
+            return out
         return onnx.version_converter.convert_version(model, target)
     except Exception as exc:
         raise UsageError(
