@@ -754,3 +754,69 @@ def test_a_stop_another_thread_takes_waits_for_the_staging_folder_too(tmp_path, 
     name = "KeyboardInterrupt" if sent == signal.SIGINT else "Terminated"
     assert done.stdout.splitlines() == ["made whole", f"stopped: {name}"], done.stderr
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+# Nested holds, two stops at once, and a block after them: one stop, raised once, at the
+# outermost block's end, and nothing left over for the next block
+HELD_TWICE = """
+import signal, threading, time
+from trtbuild import cli, fsutil
+from trtbuild.errors import Terminated
+
+cli._on_stops()
+done = threading.Event()
+other = threading.Thread(target=done.wait)
+other.start()
+
+def wait():
+    for _ in range(200):
+        time.sleep(0.001)
+
+try:
+    with fsutil.stops_held():
+        with fsutil.stops_held():
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # masked
+            signal.pthread_kill(other.ident, signal.SIGTERM)  # another thread's: kept
+            wait()
+        print("inner ended", flush=True)
+        wait()
+        print("outer whole", flush=True)
+except (KeyboardInterrupt, Terminated) as exc:
+    print("stopped:", type(exc).__name__, flush=True)
+with fsutil.stops_held():
+    wait()
+print("next block clean", flush=True)
+done.set()
+"""
+
+
+def test_stops_held_twice_and_nested_raise_one_stop_once_and_leave_none_behind(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", HELD_TWICE], capture_output=True, text=True, env=env, timeout=60
+    )
+    said = done.stdout.splitlines()
+    assert said == ["inner ended", "outer whole", "stopped: Terminated", "next block clean"], (
+        done.stderr
+    )
+
+
+def test_a_stop_the_parent_left_ignored_stays_ignored():
+    """`trap '' INT` or a shell's background job: Python leaves such a SIGINT ignored, and
+    so does the command (a Ctrl-C meant for the foreground job killed it)."""
+    code = (
+        "import signal\n"
+        "from trtbuild import cli\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "cli._on_stops()\n"
+        "assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN\n"
+        "assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN\n"
+        "signal.raise_signal(signal.SIGINT)\n"
+        "print('still here', flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.stdout == "still here\n" and done.returncode == 0, done.stderr

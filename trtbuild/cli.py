@@ -379,9 +379,13 @@ def _on_stops() -> None:
     workers left running for good, one publishing after the night had ended). Both handlers
     leave a stop that comes while a staging folder is made or removed to that step's end
     (`fsutil.stop_kept`). The command's own process only (`run`), as `_standard_streams`:
-    the library's caller keeps its own."""
-    if threading.current_thread() is threading.main_thread():
+    the library's caller keeps its own. A stop the parent left ignored (`trap '' INT`, a
+    shell's background job) stays ignored, as Python leaves it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt)
 
 

@@ -436,19 +436,23 @@ def stops_held() -> Iterator[None]:
     (`_removed`) is what is left.
     """
     main = threading.current_thread() is threading.main_thread()
+    if main and not _HOLDING[0]:
+        _KEPT.clear()  # a stop kept by a block a second stop cut short: raised by that one
     mask = getattr(signal, "pthread_sigmask", None)  # none on Windows
     before = mask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if mask else None
     _HOLDING[0] += main
     try:
         yield
     finally:
-        _HOLDING[0] -= main
-        if mask:
-            mask(signal.SIG_SETMASK, before)  # a stop sent meanwhile: its handler runs now
-        if main and not _HOLDING[0] and _KEPT:
-            number = _KEPT[0]
+        try:
+            if mask:  # a stop sent to this thread meanwhile: its handler runs now, still held
+                mask(signal.SIG_SETMASK, before)
+        finally:
+            _HOLDING[0] -= main
+        kept = list(_KEPT) if main and not _HOLDING[0] else []
+        if kept:
             _KEPT.clear()
-            signal.raise_signal(number)  # its handler again, holding nothing now
+            signal.raise_signal(kept[0])  # its handler again, holding nothing now
 
 
 def stop_kept(number: int) -> bool:
