@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import I64, F, model, node
+from tests.helpers import I64, F, H, model, node
 from trtbuild.accuracy.judge import decided, divergence
 from trtbuild.accuracy.reference import ReferenceMeasures
 from trtbuild.cli import main
@@ -429,3 +429,56 @@ def test_a_candidate_that_fails_on_a_later_sample_alone_is_walked_on_it(tmp_path
     said = [line for line in printed.splitlines() if "first divergence at scale" in line]
     assert len(said) == 2 and all(line.endswith(", on sample 2") for line in said), said
     assert ", on sample 2" in (out / "report.md").read_text()
+
+
+def _requantizing(maker_type: int, grid: str) -> onnx.ModelProto:
+    """x -> Relu (typed `maker_type`) -> Q (onto `grid`: int8 or fp8) -> DQ, a scale of 0.5."""
+    import ml_dtypes
+
+    zero = np.array(0, np.int8 if grid == "int8" else ml_dtypes.float8_e4m3fn)
+    nodes = [
+        node("Relu", ["x"], "r", "relu"),
+        node("QuantizeLinear", ["r", "s", "z"], "q", "q"),
+        node("DequantizeLinear", ["q", "s", "z"], "dq", "dq"),
+    ]
+    s = np.array(0.5, np.float16 if maker_type == H else np.float32)
+    return model(
+        nodes, [("x", maker_type, [4])], [("dq", maker_type, [4])], {"s": s, "z": zero}, opset=21
+    )
+
+
+def test_a_dequantizes_divergence_is_counted_in_steps_only_where_they_are_even():
+    from trtbuild.accuracy.judge import in_steps
+
+    first = {"node": "dq", "op": "DequantizeLinear", "tensor": "dq", "reason": "error 100%"}
+    curve = [{"tensor": "dq", "rel_error": 1.0, "ref_max_abs": 1.0, "nonfinite": 0}]
+    said = in_steps(first, curve, _requantizing(H, "int8"))["reason"]
+    assert said.startswith(
+        "error 100%: 2 quantization steps of 0.5, where FP16's rounding of `relu`"
+    )
+    fp8 = in_steps(first, curve, _requantizing(H, "fp8"))["reason"]
+    assert fp8.startswith("error 100%: whole quantization steps, where")  # FP8's are uneven
+    zero = [{**curve[0], "rel_error": "inf", "ref_max_abs": 0.0}]  # no nan steps
+    assert "whole quantization steps" in in_steps(first, zero, _requantizing(H, "int8"))["reason"]
+    pinned = in_steps(first, curve, _requantizing(F, "int8"))["reason"]
+    assert pinned.endswith(
+        ": 2 quantization steps of 0.5, where FP16's error in what `q` quantizes moved values across its rounding boundaries"
+    )  # `relu` is FP32: no rule named
+    for other in ({**first, "decision": {}}, {**first, "op": "Add"}, None):
+        assert in_steps(other, curve, _requantizing(H, "int8")) == other
+    broken = [{**curve[0], "nonfinite": 3}]  # an inf says more than steps
+    assert in_steps(first, broken, _requantizing(H, "int8")) == first
+    direct = _requantizing(H, "int8")
+    direct.graph.node[1].input[0] = "x"  # a graph input's Q: read as given, FP32 the same
+    assert in_steps(first, curve, direct) == first
+
+
+def test_steps_are_counted_for_one_scale_only():
+    from trtbuild.accuracy.judge import _steps
+    from trtbuild.graph.qdq import Requantized
+
+    point = {"rel_error": 1.0, "ref_max_abs": 1.0}
+    one = Requantized("q", "relu", True, np.array(0.25), True)
+    assert _steps(point, one) == "4 quantization steps of 0.25"
+    per_axis = Requantized("q", "relu", True, np.array([0.5, 0.25]), True)
+    assert _steps(point, per_axis) == "whole quantization steps"

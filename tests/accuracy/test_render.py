@@ -27,7 +27,13 @@ def test_an_op_at_risk_that_is_also_the_failure_is_not_called_not_failed():
     ]
     said = at_risk_lines(rows, "storage", failed_at="b")
     assert said.startswith("at risk (the storage emulation assumes FP32 inside kernels): 2 FP16")
-    assert said.endswith(": a (sum 9e+05), b (sum 7e+05; the first divergence above)")
+    assert said.endswith(": b (sum 7e+05; the first divergence above), a (sum 9e+05)")
+    last = at_risk_lines(
+        [*rows, *({"node": n, "quantity": "sum", "peak": 1e5} for n in "cde")], "storage", "e"
+    )
+    assert (
+        ": e (sum 1e+05; the first divergence above), a (sum 9e+05), b (sum 7e+05), +2 more" in last
+    )
     elsewhere = at_risk_lines(rows, "storage", failed_at="c")  # failed where no risk is
     assert elsewhere.startswith("at risk (not failed; the storage emulation assumes FP32")
     assert "first divergence" not in elsewhere

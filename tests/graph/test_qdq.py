@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from tests.helpers import F, model, node
+from tests.helpers import model, node
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.qdq import QdqGraph, dequantize, fp8_capable, holds, quantize, unheld
 from trtbuild.graph.view import GraphView
@@ -176,23 +176,44 @@ def test_a_blocked_dequantize_computes_as_onnx_defines_it():
 def test_requantized_names_what_the_quantize_reads_up_through_casts_and_only_for_activations():
     from trtbuild.graph.qdq import requantized
 
+    h = TensorProto.FLOAT16
     m = model(
         [
             node("Relu", ["x"], "r", "relu"),
-            node("Cast", ["r"], "c", "to16", to=TensorProto.FLOAT16),
-            node("Cast", ["c"], "c2", "to32", to=TensorProto.FLOAT),
-            node("QuantizeLinear", ["c2", "s", "z"], "q", "q"),
+            node("Cast", ["r"], "c", "to32", to=TensorProto.FLOAT),
+            node("Cast", ["c"], "c16", "to16", to=h),
+            node("QuantizeLinear", ["c16", "s", "z"], "q", "q"),
             node("DequantizeLinear", ["q", "s", "z"], "dq", "dq"),
             node("DequantizeLinear", ["wq", "s", "z"], "wdq", "wdq"),
-            node("Add", ["dq", "wdq"], "y", "add"),
+            node("QuantizeLinear", ["x", "s", "z"], "qx", "qx"),
+            node("DequantizeLinear", ["qx", "s", "z"], "dqx", "dqx"),
+            node("QuantizeLinear", ["r", "s", "z8"], "q8", "q8"),
+            node("Constant", [], "sc", "sc", value=onnx.numpy_helper.from_array(np.float16(0.25))),
+            node("DequantizeLinear", ["q8", "sc", "z8"], "dq8", "dq8"),
+            node("DequantizeLinear", ["dq", "s", "z"], "y", "dqdq"),  # refused below: not a Q's
+            node("Sum", ["dq", "wdq", "dqx", "dq8"], "out", "sum"),
         ],
-        [("x", F, [4])],
-        [("y", F, [4])],
-        {"s": np.float32(0.5), "z": np.int8(0), "wq": np.array([1, 2, 3, 4], np.int8)},
-        opset=19,
+        [("x", h, [4])],
+        [("out", h, [4]), ("y", h, [4])],
+        {
+            "s": np.float16(0.5),
+            "z": np.int8(0),
+            "z8": np.array(0, ml_dtypes.float8_e4m3fn),
+            "wq": np.array([1, 2, 3, 4], np.int8),
+        },
+        opset=21,
     )
     found = requantized(m, "dq")
-    assert (found.quantize, found.maker, found.made_by_node) == ("q", "relu", True)
+    assert (found.quantize, found.maker, found.maker_low, found.integer) == (
+        "q",
+        "relu",
+        True,
+        True,
+    )
     assert found.scale.tolist() == 0.5
+    fp8 = requantized(m, "dq8")
+    assert (fp8.maker, fp8.integer, fp8.scale.tolist()) == ("relu", False, 0.25)  # a Constant's
+    assert requantized(m, "dqx").maker == ""  # a graph input's
     assert requantized(m, "wdq") is None  # a weight's: no Q, no rounding before it
-    assert requantized(m, "add") is None and requantized(m, "nowhere") is None
+    assert requantized(m, "sum") is None and requantized(m, "nowhere") is None
+    assert requantized(m, "dqdq") is None  # it reads a DQ's output, not a Q's

@@ -825,21 +825,30 @@ def in_steps(
         return first
     point = next((p for p in curve if p.get("tensor") == first["tensor"]), None)
     found = qdq.requantized(mixed, first["node"])
-    if point is None or point.get("nonfinite") or found is None or not found.made_by_node:
+    if point is None or point.get("nonfinite") or found is None or not found.maker:
         return first  # (a Q of a graph input reads it as given: FP32 rounds it no other way)
+    q, maker = found.quantize, found.maker
+    if found.maker_low:
+        said = (
+            f"FP16's rounding of `{maker}`'s output, which `{q}` quantizes, moved values across "
+            f"its rounding boundaries; a rule keeping `{maker}` in FP32 keeps them"
+        )
+    else:  # pinned, or a Q/DQ: FP16's error came from further up
+        said = f"FP16's error in what `{q}` quantizes moved values across its rounding boundaries"
+    return {**first, "reason": f"{first['reason']}: {_steps(point, found)}, where {said}"}
+
+
+def _steps(point: dict[str, Any], found: qdq.Requantized) -> str:
+    """The error at a DQ in its Q's steps, counted where they are even (an integer grid,
+    one scale) and the error is a number."""
     error = float(point["rel_error"]) * point["ref_max_abs"]
     scale = found.scale
-    if scale is not None and scale.size == 1 and float(scale.flat[0]) > 0:
-        step, n = float(scale.flat[0]), error / float(scale.flat[0])
-        steps = f"{n:.3g} quantization step{'' if round(n, 3) == 1 else 's'} of {step:.4g}"
-    else:
-        steps = "whole quantization steps"
-    q, maker = found.quantize, found.maker
-    said = (
-        f"FP16's rounding of `{maker}`'s output, which `{q}` quantizes, moved values across "
-        f"its rounding boundaries; a rule keeping `{maker}` in FP32 keeps them"
-    )
-    return {**first, "reason": f"{first['reason']}: {steps}, where {said}"}
+    even = found.integer and scale is not None and scale.size == 1 and scale.flat[0] > 0
+    if not even or not np.isfinite(error) or error <= 0:
+        return "whole quantization steps"
+    step = float(scale.flat[0])  # type: ignore[union-attr]
+    n = error / step
+    return f"{n:.3g} quantization step{'' if round(n, 3) == 1 else 's'} of {step:.4g}"
 
 
 def _decisions_read(

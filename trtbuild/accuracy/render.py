@@ -66,16 +66,16 @@ def at_risk_lines(
     if not at_risk:
         return "at risk: none (no FP16 op's internal sums or squares leave the FP16 range)"
     worst: dict[str, dict[str, Any]] = {}  # each node once, by its worst quantity
-    for r in sorted(at_risk, key=lambda r: -r["peak"]):
-        worst.setdefault(r["node"], r)
+    for r in sorted(at_risk, key=lambda r: (r["node"] != failed_at, -r["peak"])):
+        worst.setdefault(r["node"], r)  # the failure first: never among the "+N more"
     marked = {failed_at: "; the first divergence above"}
     shown = first_few(
         [f"{n} ({r['quantity']} {r['peak']:.3g}{marked.get(n, '')})" for n, r in worst.items()]
     )
     if emulation == "strict":
         assumed = (
-            "the strict emulation stores the sums behind means and LayerNorms in FP16, judged "
-            "above, and assumes FP32 inside other kernels"
+            "the strict emulation stores the sums behind means and LayerNorms in FP16 itself "
+            "and assumes FP32 inside other kernels"
         )
     elif emulation:
         assumed = f"the {emulation} emulation assumes FP32 inside kernels"

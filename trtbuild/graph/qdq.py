@@ -32,7 +32,7 @@ import onnx
 from onnx import NodeProto, TensorProto, numpy_helper
 
 from trtbuild.graph.domains import DEFAULT_DOMAINS
-from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS, QUANTIZE
+from trtbuild.graph.optypes import DEQUANTIZE, LOW_DTYPES, QDQ_OPS, QUANTIZE
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX, LOW_TINY
 
@@ -149,9 +149,10 @@ class Requantized:
     Q quantizes, and the step its values move by."""
 
     quantize: str  # the Q's name
-    maker: str  # the node that makes the Q's input (up through Casts), or a graph input
-    made_by_node: bool  # False: `maker` is a graph input
+    maker: str  # the node that makes the Q's input (up through Casts); "" for a graph input
+    maker_low: bool  # that node computes in FP16/BF16 (not pinned, not a Q/DQ)
     scale: np.ndarray | None  # the DQ's scale, where a constant
+    integer: bool  # the Q's grid is an integer type's: its steps are the scale, evenly
 
 
 def requantized(model: onnx.ModelProto, dq_name: str) -> Requantized | None:
@@ -161,7 +162,7 @@ def requantized(model: onnx.ModelProto, dq_name: str) -> Requantized | None:
     Why: a DQ's values move in whole steps only, so an error FP16 gave the Q's input shows
     at the DQ as whole steps; what a rule can keep in FP32 is the Q's input's maker (a Q/DQ
     is never pinned)."""
-    nodes = model.graph.node
+    nodes, graph = model.graph.node, model.graph
     dq = next((n for n in nodes if n.name == dq_name and n.op_type == DEQUANTIZE), None)
     made = {o: n for n in nodes for o in n.output if o}
     q = made.get(dq.input[0]) if dq is not None and dq.input else None
@@ -170,18 +171,28 @@ def requantized(model: onnx.ModelProto, dq_name: str) -> Requantized | None:
     source = q.input[0]
     while source in made and made[source].op_type == "Cast":
         source = made[source].input[0]
+    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.value_info, *graph.output)}
     maker = made.get(source)
-    held = {t.name: t for t in model.graph.initializer}
-    held.update(
-        (n.output[0], a.t)
-        for n in nodes
-        if n.op_type == "Constant"
-        for a in n.attribute
-        if a.name == "value"
+    low = maker is not None and not is_qdq(maker.op_type) and types.get(source) in LOW_DTYPES
+    grid = TensorProto.DataType.Name(types.get(q.output[0], TensorProto.UINT8))
+    return Requantized(
+        q.name,
+        maker.name if maker else "",
+        low,
+        _scale(model, dq),
+        grid.startswith(("INT", "UINT")),
     )
-    scale = held.get(dq.input[1]) if len(dq.input) > 1 else None  # type: ignore[union-attr]
-    values = numpy_helper.to_array(scale).astype(np.float64) if scale is not None else None
-    return Requantized(q.name, maker.name if maker else source, maker is not None, values)
+
+
+def _scale(model: onnx.ModelProto, dq: NodeProto) -> np.ndarray | None:
+    """A DQ's scale values where a weight or a Constant holds them."""
+    name = dq.input[1] if len(dq.input) > 1 else ""
+    held = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output:
+            held.update((n.output[0], a.t) for a in n.attribute if a.name == "value")
+    tensor = held.get(name)
+    return numpy_helper.to_array(tensor).astype(np.float64) if tensor is not None else None
 
 
 def is_qdq(op_type: str) -> bool:
