@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
-from trtbuild.graph.model_io import infer_shapes, opset_of
+from trtbuild.graph.model_io import assembled, infer_shapes, opset_of
 from trtbuild.graph.optypes import DATA_MOVEMENT, op_types
 
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -87,7 +87,7 @@ def emulate(mixed: onnx.ModelProto, emulation: str = "storage") -> onnx.ModelPro
         mixed = infer_shapes(mixed)
     dtype, rank = _tensor_types(mixed)
     em = _Emitter(mixed)
-    inits = [_fp32_initializer(t) for t in mixed.graph.initializer]
+    inits = (_fp32_initializer(t) for t in mixed.graph.initializer)  # one at a time
     dtype.update({t.name: t.data_type for t in mixed.graph.initializer})
     for vi in mixed.graph.input:  # a low-precision input is read as FP32
         if vi.type.tensor_type.elem_type in LOW:
@@ -98,16 +98,8 @@ def emulate(mixed: onnx.ModelProto, emulation: str = "storage") -> onnx.ModelPro
         _emit(em, node, dtype, rank, strict)
     for vi in mixed.graph.output:
         _declared_output(em, vi)
-    graph = helper.make_graph(
-        em.nodes,
-        mixed.graph.name + "_emulated",
-        list(mixed.graph.input),
-        list(mixed.graph.output),
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=list(mixed.opset_import))
-    model.ir_version = mixed.ir_version
-    return model
+    name = mixed.graph.name + "_emulated"
+    return assembled(mixed, name, em.nodes, mixed.graph.input, mixed.graph.output, inits)
 
 
 def _tensor_types(mixed: onnx.ModelProto) -> tuple[dict[str, int], dict[str, int]]:

@@ -30,7 +30,7 @@ from onnx import helper
 from trtbuild.accuracy.sessions import lean_session, plain_session, run_session
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import fed_inputs, infer_shapes
+from trtbuild.graph.model_io import assembled, fed_inputs, infer_shapes
 from trtbuild.graph.optypes import NOT_TENSOR_OPS, UNHANDED_TYPES
 from trtbuild.policy.specs import MemoryBudget
 from trtbuild.sizes import fmt_bytes
@@ -365,10 +365,10 @@ class SegmentRunner:
         used = {t for node in nodes for t in _reads(node)}
         inits = [self.initializers[t] for t in sorted(used) if t in self.initializers]
         outs = [helper.ValueInfoProto(name=t) for t in dict.fromkeys((*self.handed[k], *seg.keep))]
-        graph = helper.make_graph(nodes, f"segment{k}", feeds, outs, inits)
-        sub = helper.make_model(graph, opset_imports=list(self.model.opset_import))
-        sub.ir_version = self.model.ir_version
-        session = plain_session(sub.SerializeToString())
+        # the model's bytes only, not the model too, while ONNX Runtime reads them
+        session = plain_session(
+            assembled(self.model, f"segment{k}", nodes, feeds, outs, inits).SerializeToString()
+        )
         self.types.update({o.name: ORT_TYPES.get(o.type, 0) for o in session.get_outputs()})
         return session
 
@@ -440,8 +440,9 @@ class LeanRunner:
         that walks the divergence never needs this one. Without `shrink`, the shared arena
         keeps this run's pages for the next (a caller with more feeds to run)."""
         if self.session is None:
-            lean = _with_sums(self.model, self.outputs, self.sums)
-            self.session = lean_session(lean.SerializeToString())
+            lean = _with_sums(self.model, self.outputs, self.sums).SerializeToString()
+            self.session = lean_session(lean)  # the bytes only, not the model too
+            del lean
         names = [o.name for o in self.session.get_outputs()]
         values = dict(zip(names, run_session(self.session, names, feed, shrink=shrink)))
         if shrink:
@@ -465,12 +466,8 @@ def _with_sums(model: onnx.ModelProto, outputs: list[str], sums: dict[str, str])
     by_name = {o.name: o for o in model.graph.output}
     outs = [by_name.get(t) or helper.ValueInfoProto(name=t) for t in outputs]
     outs += [helper.ValueInfoProto(name=s) for s in sums.values()]
-    graph = helper.make_graph(
-        nodes, model.graph.name, list(model.graph.input), outs, list(model.graph.initializer)
-    )
-    lean = helper.make_model(graph, opset_imports=list(model.opset_import))
-    lean.ir_version = model.ir_version
-    return lean
+    graph = model.graph
+    return assembled(model, graph.name, nodes, graph.input, outs, graph.initializer)
 
 
 def _last_reader(plan: Plan) -> dict[str, int]:
