@@ -17,8 +17,12 @@ process judges the same policy `--repeat` times and times plain FP32 inference
 between the judgements, so every ratio compares figures of one moment on a
 machine whose load changes (each phase is wrapped with `time.perf_counter`).
 
+Then a case of large weights: a generated transformer of ViT-B's width and depth (340 MB),
+`convert` and `build` (no engine) against its plain inference.
+
 Usage: python benchmarks/bench_memory.py [--sizes 640,1280,1920] [--modelopt-python PY]
-       [--skip tune,...] [--tune-max 1280] [--phases 1280 [--repeat 3]]
+       [--skip tune,weights,...] [--tune-max 1280] [--weights-dim 768] [--weights-layers 12]
+       [--phases 1280 [--repeat 3]]
 """
 
 from __future__ import annotations
@@ -130,6 +134,55 @@ def case(n: int, tmp: Path, skip: set[str], modelopt: str | None, tune_max: int)
             cell(measure([modelopt, "-c", AUTOCAST, str(MODEL), str(tmp / "ac.onnx")]), plain)
         )
     return row
+
+
+# --- large weights: a ViT-B-sized transformer ---------------------------------------------
+
+# Plain inference of any model: every input fed normal noise at its declared shape (a
+# dynamic dim as 1)
+PLAIN_ANY = """
+import sys, numpy as np, onnxruntime as ort
+sess = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+rng = np.random.default_rng(0)
+shape = lambda i: [d if isinstance(d, int) else 1 for d in i.shape]
+sess.run(None, {i.name: rng.normal(size=shape(i)).astype(np.float32) for i in sess.get_inputs()})
+"""
+
+WEIGHTS_POLICY = """\
+version: 1
+model: {model}
+passes: {{opset: 18}}
+precision: {{default: fp16, rules: [{{id: norms, match: {{pattern: layernorm}}, precision: fp32}}]}}
+build: {{backend: none}}
+accuracy: {{samples: 2}}
+"""
+
+
+def weights_case(tmp: Path, dim: int, layers: int) -> None:
+    """Peak memory where the weights, not the tensors, are the model: a generated transformer
+    of ViT-B's width and depth (about 340 MB of FP32 weights at dim 768 and 12 layers), at
+    opset 13 with its LayerNorms decomposed, so the policy's opset 18 takes the whole model
+    through onnx's version converter (ReduceMean's axes become an input)."""
+    src = tmp / "weights.onnx"
+    # made in a process of its own: a child's peak (wait4) counts the pages it is forked
+    # with, and a parent holding the model's arrays floored every figure at its own
+    made = f"import make_models, onnx; onnx.save(make_models.transformer_tiny(seq=16, dim={dim}, layers={layers}, outlier=0.0), {str(src)!r})"
+    subprocess.run([sys.executable, "-c", made], cwd=ROOT / "scripts", check=True)
+    policy = tmp / "weights.yaml"
+    policy.write_text(WEIGHTS_POLICY.format(model=src))
+    trt = [sys.executable, "-m", "trtbuild"]
+    plain = measure([sys.executable, "-c", PLAIN_ANY, str(src)])
+    convert = [*trt, "convert", "--policy", str(policy), "-o", str(tmp / "w.onnx"), "--no-cache"]
+    build = [*trt, "build", "--policy", str(policy), "--out", str(tmp / "wout"), "--no-cache"]
+    print(
+        f"\nlarge weights: transformer, dim {dim}, {layers} layers, {src.stat().st_size / 1e6:.0f} MB"
+    )
+    print("| plain FP32 ORT | convert (opset 13 -> 18) | build (no engine) |\n|---|---|---|")
+    print(
+        f"| {plain.peak / GB:.2f} GB, {plain.seconds:.1f} s | {cell(measure(convert), plain)} "
+        f"| {cell(measure(build), plain)} |",
+        flush=True,
+    )
 
 
 # --- where the accuracy stage's time goes (--phases) --------------------------------------
@@ -310,7 +363,11 @@ def _times(seconds: float, plain: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="640,1280,1920")
-    parser.add_argument("--skip", default="", help="commands to leave out, e.g. tune")
+    parser.add_argument(
+        "--skip", default="", help="commands to leave out: tune, weights (the large-weights case)"
+    )
+    parser.add_argument("--weights-dim", type=int, default=768, help="the large-weights case's")
+    parser.add_argument("--weights-layers", type=int, default=12)
     parser.add_argument("--tune-max", type=int, default=1280, help="tune only up to this size")
     parser.add_argument("--modelopt-python", help="python of a virtualenv with nvidia-modelopt")
     parser.add_argument("--phases", type=int, metavar="N", help="time the accuracy stage's phases")
@@ -339,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in (int(s) for s in args.sizes.split(",")):
             row = case(n, Path(tmp), skip, args.modelopt_python, args.tune_max)
             print("| " + " | ".join(row) + " |", flush=True)
+        if "weights" not in skip:
+            weights_case(Path(tmp), args.weights_dim, args.weights_layers)
     print(
         "\nPeaks are whole processes (wait4 ru_maxrss); 'over' marks a peak beyond "
         "max(3x plain inference, plain + 0.5 GB)."

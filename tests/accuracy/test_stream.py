@@ -86,6 +86,18 @@ def test_a_cut_run_gives_every_tensor_bit_for_bit(nafnet_path):
         np.testing.assert_array_equal(cut[t], whole[t], err_msg=t)
 
 
+def test_a_runner_for_one_feed_lets_each_segments_session_go_once_it_ran(nafnet_path):
+    """The walk runs the reference on one feed: every segment's session (its weights in
+    ONNX Runtime) held to the walk's end was one more copy of the weights at its peak."""
+    model = load_model(nafnet_path)
+    plan = _plan(model, 2048 * KIB)
+    kept, once = stream.SegmentRunner(model, plan), stream.SegmentRunner(model, plan, once=True)
+    for a, b in zip(kept.run(_feed()), once.run(_feed())):
+        assert a.keys() == b.keys() and all(np.array_equal(a[t], b[t]) for t in a)
+        assert sum(s is not None for s in once.sessions) == 0
+    assert all(s is not None for s, seg in zip(kept.sessions, plan.segments) if seg.nodes)
+
+
 def test_an_emulated_candidate_is_cut_where_the_reference_is(nafnet_path):
     model = load_model(nafnet_path)
     mixed = convert(assign(GraphView(model), Precision(default="fp16", guards=()))).model

@@ -330,3 +330,17 @@ def test_a_model_without_its_weights_data_keeps_every_other_field_and_gets_them_
         else:
             back.graph.initializer[0].raw_data = b"\0" * 8
         assert not with_weight_data(back, m), change
+
+
+def test_a_model_assembled_from_parts_is_the_one_make_model_makes():
+    from trtbuild.graph.model_io import assembled
+
+    m = _weighted()
+    g = m.graph
+    made = helper.make_model(
+        helper.make_graph(g.node, "parts", g.input, g.output, g.initializer),
+        opset_imports=m.opset_import,
+    )
+    made.ir_version = m.ir_version
+    together = assembled(m, "parts", g.node, g.input, g.output, g.initializer)
+    assert together.SerializeToString() == made.SerializeToString()

@@ -416,7 +416,7 @@ def _lockstep(
     A reference tensor is held until every candidate has produced its own (the
     same segment, unless a candidate's graph moved it later), then dropped.
     """
-    ref: Iterator[dict[str, np.ndarray]] = SegmentRunner(graph, plan).run(feed)
+    ref: Iterator[dict[str, np.ndarray]] = SegmentRunner(graph, plan, once=True).run(feed)
     streams = [run.cut_runner().run(feed) for run in runs]
     names = set(runs[0].walk.measures.outputs) if runs else set()
     pending: dict[str, np.ndarray] = {}

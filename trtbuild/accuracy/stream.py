@@ -309,8 +309,10 @@ class SegmentRunner:
     the rest as it goes (a feed whose intermediates nobody compares).
     """
 
-    def __init__(self, model: onnx.ModelProto, plan: Plan, *, mark: bool = True):
-        self.model, self.plan = model, plan
+    def __init__(
+        self, model: onnx.ModelProto, plan: Plan, *, mark: bool = True, once: bool = False
+    ):
+        self.model, self.plan, self.once = model, plan, once
         self.sessions: list = [None] * len(plan)
         self.initializers = {t.name: t for t in model.graph.initializer}
         outputs = {o.name for o in model.graph.output}
@@ -339,7 +341,7 @@ class SegmentRunner:
                 continue
             inputs = {t: live[t] for t in seg.needs if t in live}
             sess = self.sessions[k] or self._session(k, inputs)
-            self.sessions[k] = sess
+            self.sessions[k] = None if self.once else sess  # `once`: its weights let go
             names = [o.name for o in sess.get_outputs()]
             fed = {t: _as_type(v, self.types.get(t)) for t, v in inputs.items()}
             values = dict(zip(names, run_session(sess, names, fed)))
