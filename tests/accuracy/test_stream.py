@@ -89,12 +89,22 @@ def test_a_cut_run_gives_every_tensor_bit_for_bit(nafnet_path):
 def test_a_runner_for_one_feed_lets_each_segments_session_go_once_it_ran(nafnet_path):
     """The walk runs the reference on one feed: every segment's session (its weights in
     ONNX Runtime) held to the walk's end was one more copy of the weights at its peak."""
+    import weakref
+
     model = load_model(nafnet_path)
     plan = _plan(model, 2048 * KIB)
     kept, once = stream.SegmentRunner(model, plan), stream.SegmentRunner(model, plan, once=True)
+    made, alive = once._session, []
+
+    def watched(k, inputs):
+        session = made(k, inputs)
+        alive.append(weakref.ref(session))
+        return session
+
+    once._session = watched
     for a, b in zip(kept.run(_feed()), once.run(_feed())):
         assert a.keys() == b.keys() and all(np.array_equal(a[t], b[t]) for t in a)
-        assert sum(s is not None for s in once.sessions) == 0
+        assert [r for r in alive if r() is not None] == []  # gone as its segment is yielded
     assert all(s is not None for s, seg in zip(kept.sessions, plan.segments) if seg.nodes)
 
 

@@ -302,8 +302,23 @@ def _weighted() -> onnx.ModelProto:
         doc_string="the graph's",
         value_info=[helper.make_tensor_value_info("r", TensorProto.FLOAT, [1024, 2])],
     )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="p")
+    m = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+        producer_name="p",
+    )
     helper.set_model_props(m, {"author": "someone"})
+    m.graph.sparse_initializer.append(
+        helper.make_sparse_tensor(
+            numpy_helper.from_array(np.array([1.0], np.float32), "sparse"),
+            numpy_helper.from_array(np.array([0], np.int64), "sparse_i"),
+            [4],
+        )
+    )
+    m.graph.quantization_annotation.add(tensor_name="r")
+    m.training_info.add().algorithm.node.add(op_type="Identity", input=["y"], output=["t"])
+    big_shape = numpy_helper.from_array(np.ones(2048, np.int64), "sizes")  # inference reads
+    m.graph.initializer.append(big_shape)
     m.functions.append(
         helper.make_function("local", "f", ["a"], ["b"], [], [helper.make_opsetid("", 17)])
     )
@@ -320,16 +335,22 @@ def test_a_model_without_its_weights_data_keeps_every_other_field_and_gets_them_
     expected.graph.initializer[0].CopyFrom(
         onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 1024])
     )
-    assert light == expected  # the small shape tensor kept with its data, every field kept
+    assert light == expected  # the small shape tensor and the large integer one kept whole
     assert light.ByteSize() < m.ByteSize() - 8000
     assert with_weight_data(light, m) and light == m
-    for change in ("dims", "data"):
+    for change in ("dims", "data", "type"):
         back = without_weight_data(m)
         if change == "dims":
             back.graph.initializer[0].dims[:] = [1024, 2]
-        else:
+        elif change == "data":
             back.graph.initializer[0].raw_data = b"\0" * 8
+        else:
+            back.graph.initializer[0].data_type = TensorProto.FLOAT16
         assert not with_weight_data(back, m), change
+    twice = onnx.ModelProto()
+    twice.CopyFrom(m)
+    twice.graph.initializer.append(m.graph.initializer[0])  # two weights named alike
+    assert not with_weight_data(without_weight_data(twice), twice)
 
 
 def test_a_model_assembled_from_parts_is_the_one_make_model_makes():

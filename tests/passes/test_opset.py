@@ -339,4 +339,17 @@ def test_the_converter_runs_without_the_large_weights_and_gives_the_same_model(
         patch.setattr(onnx.version_converter, "convert_version", counted)
         given.clear()
         assert opset._converted(heavy, 11, 17) == convert(heavy, 11 + 6)
-    assert heavy.ByteSize() - given[0] >= 4096 * 4  # the weight's data not given
+    assert len(given) == 1 and heavy.ByteSize() - given[0] >= 4096 * 4  # once, no weight data
+
+    def changing(model, target):  # a converter that changed the weight: the model as it is
+        given.append(model.ByteSize())
+        out = convert(model, target)
+        if len(given) == 1:
+            out.graph.initializer[0].data_type = TensorProto.FLOAT16
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(onnx.version_converter, "convert_version", changing)
+        given.clear()
+        assert opset._converted(heavy, 11, 17) == convert(heavy, 17)
+    assert given[1] == heavy.ByteSize()

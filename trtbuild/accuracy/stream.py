@@ -345,7 +345,7 @@ class SegmentRunner:
             names = [o.name for o in sess.get_outputs()]
             fed = {t: _as_type(v, self.types.get(t)) for t, v in inputs.items()}
             values = dict(zip(names, run_session(sess, names, fed)))
-            del fed
+            del fed, sess  # `once`: no reference to the session held across the yield
             for t in seg.keep:
                 live[t] = values[t]
             for t in [t for t in live if last_reader.get(t, -1) <= k]:

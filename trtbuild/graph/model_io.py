@@ -426,7 +426,8 @@ def _elements(graph: onnx.GraphProto) -> int:
 
 
 # A weight with more elements than this shapes nothing (shape and index tensors, a Resize's
-# scales, a Pad's values hold a few): `_for_inference`'s copy holds it without its data.
+# scales, a Pad's values hold a few): `_for_inference`'s copy holds it without its data,
+# unless it is of an integer type (`weight_only`).
 SHAPING_MOST = 1024
 
 
@@ -437,37 +438,51 @@ def without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
 
     Why: the converter serializes the model, parses it in C++, imports every weight into
     its own graph and back, and Python parses the result: a 345 MB ViT took 2.9 s and
-    peaked at 2.7 GB there, most of it the weights' copies."""
+    peaked at 2.7 GB there, most of it the weights' copies. Integer tensors keep their
+    data whatever their size (`weight_only`): inference reads shapes and sizes in them."""
     copy = onnx.ModelProto()
     _copy_fields(model, copy, skip="graph")
     _copy_fields(model.graph, copy.graph, skip="initializer")
     copy.graph.initializer.extend(
-        t
-        if math.prod(t.dims) <= SHAPING_MOST
-        else onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
-        for t in model.graph.initializer
+        _without_data(t) if weight_only(t) else t for t in model.graph.initializer
     )
     return copy
 
 
 def with_weight_data(out: onnx.ModelProto, source: onnx.ModelProto) -> bool:
     """`out`, made from `without_weight_data(source)`, given back the weights' data it was
-    made without, in place; False (and `out` not to be used) where one came back with
-    another type or dims, or with data of its own: the tool read or changed it."""
-    held = {t.name: t for t in source.graph.initializer if math.prod(t.dims) > SHAPING_MOST}
+    made without, in place (each weight as `source` holds it: its doc string too, which
+    the converter drops); False (and `out` not to be used) where one came back with
+    another type or dims, or with data of its own (the tool read or changed it), or where
+    `source` names two weights alike (onnx.checker refuses such a model)."""
+    large = [t for t in source.graph.initializer if weight_only(t)]
+    held = {t.name: t for t in large}
+    if len(held) != len(large):
+        return False
     for t in out.graph.initializer:
         original = held.get(t.name)
         if original is None:
             continue
         if (t.data_type, list(t.dims)) != (original.data_type, list(original.dims)):
             return False
-        if (
-            t.ByteSize()
-            != onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims).ByteSize()
-        ):
+        if t.ByteSize() != _without_data(t).ByteSize():
             return False  # data of its own
         t.CopyFrom(original)
     return True
+
+
+def weight_only(t: onnx.TensorProto) -> bool:
+    """Whether shape inference never reads `t`'s values: more than `SHAPING_MOST` elements,
+    and not of the integer types shapes, sizes, axes and indices come in (a Split of 1030
+    outputs reads 1030 sizes)."""
+    return math.prod(t.dims) > SHAPING_MOST and t.data_type not in _SHAPING_TYPES
+
+
+_SHAPING_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
+
+
+def _without_data(t: onnx.TensorProto) -> onnx.TensorProto:
+    return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
 
 
 def assembled(
@@ -528,11 +543,7 @@ def _for_inference(model: onnx.ModelProto, stand_ins: bool, anew: bool = False) 
     fields = ("node", "input", "output", "sparse_initializer") + (() if anew else ("value_info",))
     for field in fields:
         getattr(graph, field).extend(getattr(source, field))
-    for t in source.initializer:
-        kept = t if math.prod(t.dims) <= SHAPING_MOST else None
-        graph.initializer.append(
-            kept or onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
-        )
+    graph.initializer.extend(_without_data(t) if weight_only(t) else t for t in source.initializer)
     if stand_ins:
         for node in all_nodes(copy):
             if _stood_in(node.domain, node.op_type):

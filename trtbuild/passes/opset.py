@@ -78,6 +78,9 @@ def _converted(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelP
         out = onnx.version_converter.convert_version(without_weight_data(model), target)
         if with_weight_data(out, model):
             return out
+    except Exception:  # said by the converter on the model as it is, if it fails there too
+        pass
+    try:
         return onnx.version_converter.convert_version(model, target)
     except Exception as exc:
         raise UsageError(
