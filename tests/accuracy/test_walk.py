@@ -65,6 +65,24 @@ def test_a_failing_policy_is_walked(tmp_path):
     assert report["first_divergence"] is None  # every tensor within 5% of its range
 
 
+def test_the_walks_reference_runs_each_segment_once(tmp_path, monkeypatch):
+    """The walk runs the reference on one feed beside the candidates it walks: its
+    segments' sessions (the weights in ONNX Runtime once more) are let go as they run."""
+    from trtbuild.accuracy import judge
+
+    made = []
+    real = judge.SegmentRunner
+
+    def runner(model, plan, **kwargs):
+        made.append(kwargs.get("once", False))
+        return real(model, plan, **kwargs)
+
+    monkeypatch.setattr(judge, "SegmentRunner", runner)
+    report = _build(tmp_path, gain=0.5, walk=None, atol=1e-9)
+    assert report["walked"] is True
+    assert True in made and made.count(True) == 1  # the reference's; the candidates keep theirs
+
+
 @pytest.mark.parametrize("walk", [None, "always"])
 def test_an_overflow_the_output_masks_is_walked_to_its_node(tmp_path, walk):
     """The policy pins the product from the reference's ranges, but the Cast to FP16 the

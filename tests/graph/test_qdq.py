@@ -217,3 +217,5 @@ def test_requantized_names_what_the_quantize_reads_up_through_casts_and_only_for
     assert requantized(m, "wdq") is None  # a weight's: no Q, no rounding before it
     assert requantized(m, "sum") is None and requantized(m, "nowhere") is None
     assert requantized(m, "dqdq") is None  # it reads a DQ's output, not a Q's
+    m.graph.node[3].domain = "com.example"  # a Q of another domain's: not ONNX's rounding
+    assert requantized(m, "dq") is None
