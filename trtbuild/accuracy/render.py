@@ -9,6 +9,7 @@ from typing import Any
 from trtbuild.accuracy.masked import masked_at, overflow_node, overflow_text, rule_said
 from trtbuild.accuracy.points import MADE_UP
 from trtbuild.accuracy.report import (
+    STRICT_STORED,
     Para,
     Plot,
     Report,
@@ -74,7 +75,7 @@ def at_risk_lines(
     )
     if emulation == "strict":
         assumed = (
-            "the strict emulation stores the sums behind means and LayerNorms in FP16 itself "
+            f"the strict emulation stores {STRICT_STORED} in FP16 itself "
             "and assumes FP32 inside other kernels"
         )
     elif emulation:

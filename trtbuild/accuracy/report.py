@@ -516,6 +516,11 @@ def _baseline_section(report: Report) -> Section:
     )
 
 
+# What `strict` stores in FP16 inside a kernel (`emulate._strict_kernel`), as the at-risk
+# lines of the terminal and the report say it
+STRICT_STORED = "the sums behind means and LayerNorms"
+
+
 def _at_risk_section(report: Report) -> Section:
     rows = report.at_risk
     if not rows:
@@ -525,9 +530,8 @@ def _at_risk_section(report: Report) -> Section:
     emulation = report.main.emulation
     if emulation == "strict":
         assumed = (
-            "The verdict above (`strict`) stores the sums behind means and a "
-            "LayerNormalization's statistics in FP16 itself, so it has judged those; the "
-            "others fail only on a kernel that keeps them in FP16."
+            f"The verdict above (`strict`) stores {STRICT_STORED} in FP16 itself, so it has "
+            "judged those; the others fail only on a kernel that keeps them in FP16."
         )
     else:
         assumed = (

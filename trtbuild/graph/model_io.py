@@ -431,18 +431,20 @@ def _elements(graph: onnx.GraphProto) -> int:
 SHAPING_MOST = 1024
 
 
-def without_weight_data(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` with every field as it is, its main graph's large weights (more
-    than `SHAPING_MOST` elements) but their name, type and dims: for a tool that reads no
-    weight's values (onnx's version converter), whose output `with_weight_data` completes.
+def without_weight_data(model: onnx.ModelProto, value_infos: bool = True) -> onnx.ModelProto:
+    """A copy of `model` with every field as it is (`value_infos=False`: but the main
+    graph's value infos), its main graph's large weights (more than `SHAPING_MOST`
+    elements) but their name, type and dims: for a tool that reads no weight's values
+    (onnx's version converter, whose output `with_weight_data` completes; its inference).
 
     Why: the converter serializes the model, parses it in C++, imports every weight into
     its own graph and back, and Python parses the result: a 345 MB ViT took 2.9 s and
     peaked at 2.7 GB there, most of it the weights' copies. Integer tensors keep their
     data whatever their size (`weight_only`): inference reads shapes and sizes in them."""
     copy = onnx.ModelProto()
-    _copy_fields(model, copy, skip="graph")
-    _copy_fields(model.graph, copy.graph, skip="initializer")
+    _copy_fields(model, copy, skip={"graph"})
+    skip = {"initializer"} if value_infos else {"initializer", "value_info"}
+    _copy_fields(model.graph, copy.graph, skip=skip)
     copy.graph.initializer.extend(
         _without_data(t) if weight_only(t) else t for t in model.graph.initializer
     )
@@ -510,10 +512,10 @@ def assembled(
     return model
 
 
-def _copy_fields(source: Any, target: Any, skip: str) -> None:
-    """Every set field of protobuf message `source` into `target`, but `skip`."""
+def _copy_fields(source: Any, target: Any, skip: set[str]) -> None:
+    """Every set field of protobuf message `source` into `target`, but those in `skip`."""
     for field, value in source.ListFields():
-        if field.name == skip:
+        if field.name in skip:
             continue
         repeated = getattr(field, "is_repeated", None)
         if repeated is None:  # protobuf before 5.28
@@ -535,15 +537,7 @@ def _for_inference(model: onnx.ModelProto, stand_ins: bool, anew: bool = False) 
     it in C++ and back, and the weights were most of that: a model with a 400 MB weight
     peaked at 2.0 GB and took 3.2 s, at 0.83 GB and 1.1 s this way.
     """
-    copy = onnx.ModelProto(ir_version=model.ir_version)
-    copy.opset_import.extend(model.opset_import)
-    copy.functions.extend(model.functions)
-    graph, source = copy.graph, model.graph
-    graph.name = source.name
-    fields = ("node", "input", "output", "sparse_initializer") + (() if anew else ("value_info",))
-    for field in fields:
-        getattr(graph, field).extend(getattr(source, field))
-    graph.initializer.extend(_without_data(t) if weight_only(t) else t for t in source.initializer)
+    copy = without_weight_data(model, value_infos=not anew)
     if stand_ins:
         for node in all_nodes(copy):
             if _stood_in(node.domain, node.op_type):

@@ -33,6 +33,7 @@ from onnx import NodeProto, TensorProto, numpy_helper
 
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import DEQUANTIZE, LOW_DTYPES, QDQ_OPS, QUANTIZE
+from trtbuild.graph.subgraphs import held_tensors
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import LOW_MAX, LOW_TINY
 
@@ -186,12 +187,7 @@ def requantized(model: onnx.ModelProto, dq_name: str) -> Requantized | None:
 
 def _scale(model: onnx.ModelProto, dq: NodeProto) -> np.ndarray | None:
     """A DQ's scale values where a weight or a Constant holds them."""
-    name = dq.input[1] if len(dq.input) > 1 else ""
-    held = {t.name: t for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.output:
-            held.update((n.output[0], a.t) for a in n.attribute if a.name == "value")
-    tensor = held.get(name)
+    tensor = held_tensors(model).get(dq.input[1]) if len(dq.input) > 1 else None
     return numpy_helper.to_array(tensor).astype(np.float64) if tensor is not None else None
 
 
