@@ -134,3 +134,62 @@ def test_metrics_are_the_plain_formulas_bit_for_bit(size, kind):
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] == value or (np.isnan(value) and np.isnan(got[key])), key
+
+
+def _weighty() -> onnx.ModelProto:
+    """Large weights of two types, one read only inside an If's branch (an outer name)."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((64, 64), np.float32), "w")
+    h = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float16), "h")
+    inner = numpy_helper.from_array(rng.standard_normal((64, 64), np.float32), "inner")
+    branch = lambda name, weight: helper.make_graph(  # noqa: E731
+        [helper.make_node("MatMul", ["y", weight], [name])],
+        name,
+        [],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+        helper.make_node("Cast", ["h"], ["h32"], to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["y", "h32"], ["z"]),
+        helper.make_node(
+            "If", ["c"], ["b"], then_branch=branch("t", "inner"), else_branch=branch("e", "w")
+        ),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("z", "b")]
+    graph = helper.make_graph(nodes, "g", [x, c], outs, [w, h, inner])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("memory_files", [True, False])
+def test_a_session_given_its_weights_apart_computes_what_the_whole_models_does(
+    monkeypatch, memory_files
+):
+    import gc
+
+    from trtbuild.accuracy import sessions
+
+    if not memory_files:  # an ONNX Runtime without files of memory: the weights in the bytes
+        monkeypatch.setattr(sessions, "_memory_files", lambda: False)
+    m = _weighty()
+    g = m.graph
+    made = sessions.session_model(m, "g", g.node, g.input, g.output, g.initializer)
+    whole = sessions.whole_session_model(m)
+    assert len(made.files) == len(whole.files) == (3 if memory_files else 0)
+    if memory_files:  # no weight's data in the bytes ONNX Runtime parses
+        assert len(made.data) < 2000 and len(whole.data) < 2000
+    inline = sessions.plain_session(m.SerializeToString())
+    apart = [sessions.plain_session(made), sessions.lean_session(whole)]
+    del made, whole
+    gc.collect()  # ONNX Runtime copied the files' bytes as it made each session
+    x = np.random.default_rng(1).standard_normal((2, 64), np.float32)
+    for c in (True, False):
+        feed = {"x": x, "c": np.array(c)}
+        expected = inline.run(None, feed)
+        for session in apart:
+            got = session.run(None, feed)
+            assert all(np.array_equal(a, b) for a, b in zip(got, expected))

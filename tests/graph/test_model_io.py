@@ -365,3 +365,30 @@ def test_a_model_assembled_from_parts_is_the_one_make_model_makes():
     made.ir_version = m.ir_version
     together = assembled(m, "parts", g.node, g.input, g.output, g.initializer)
     assert together.SerializeToString() == made.SerializeToString()
+
+
+def test_large_weights_given_apart_name_files_of_memory_and_everything_else_stays():
+    from trtbuild.graph.model_io import MEMORY_FILE, data_apart, model_data_apart
+
+    m = _weighted()
+    fp16 = numpy_helper.from_array(np.ones((4, 512), np.float16), "h")
+    listed = onnx.TensorProto(name="l", data_type=TensorProto.FLOAT, dims=[2048])
+    listed.float_data.extend([1.0] * 2048)  # no raw data: as it is
+    tensors = [*m.graph.initializer, fp16, listed]
+    kept, files = data_apart(tensors)
+    assert [t.name for t in kept] == [t.name for t in tensors]
+    assert files == [
+        (f"{MEMORY_FILE}0", m.graph.initializer[0].raw_data),
+        (f"{MEMORY_FILE}1", fp16.raw_data),
+    ]
+    for t, (name, data) in zip((kept[0], kept[-2]), files):
+        assert t.data_location == TensorProto.EXTERNAL and not t.HasField("raw_data")
+        said = {e.key: e.value for e in t.external_data}
+        assert said == {"location": name, "offset": "0", "length": str(len(data))}
+    assert kept[1:-2] == list(m.graph.initializer[1:]) and kept[-1] == listed  # integers whole
+    light, same = model_data_apart(m)
+    assert same == files[:1]
+    expected = onnx.ModelProto()
+    expected.CopyFrom(m)
+    expected.graph.initializer[0].CopyFrom(kept[0])
+    assert light == expected  # every other field as it is

@@ -14,14 +14,16 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from trtbuild.cores import usable_cores
 from trtbuild.errors import BackendError
+from trtbuild.graph.model_io import assembled, data_apart, model_data_apart
 from trtbuild.numerics import data_peak
 
 REFERENCE = "onnxrt-fp32"
@@ -108,7 +110,53 @@ def intra_op_threads() -> int:
     return allowed if allowed < (os.cpu_count() or allowed) else 0
 
 
-def _session(model_bytes: bytes, in_order: bool = False):
+@dataclass(frozen=True)
+class SessionModel:
+    """A model for one ONNX Runtime session: its bytes, and its large weights' data apart
+    (`model_io.data_apart`: each file's name and bytes), which ONNX Runtime copies as it
+    makes the session. The caller lets it go once the session is made: no copy of the
+    weights is held beside the session's own."""
+
+    data: bytes
+    files: tuple[tuple[str, bytes], ...] = ()
+
+
+def session_model(
+    like: onnx.ModelProto,
+    name: str,
+    nodes: Iterable[onnx.NodeProto],
+    inputs: Iterable[onnx.ValueInfoProto],
+    outputs: Iterable[onnx.ValueInfoProto],
+    initializers: Iterable[onnx.TensorProto] = (),
+) -> SessionModel:
+    """`model_io.assembled`'s model of these parts, for a session: its weights given apart
+    where this ONNX Runtime takes files of memory (else in its bytes, as before)."""
+    files: list[tuple[str, bytes]] = []
+    if _memory_files():
+        initializers, files = data_apart(initializers)
+    model = assembled(like, name, nodes, inputs, outputs, initializers)
+    return SessionModel(model.SerializeToString(), tuple(files))
+
+
+def whole_session_model(model: onnx.ModelProto) -> SessionModel:
+    """`model`, every field of it, for a session, as `session_model` gives one."""
+    if not _memory_files():
+        return SessionModel(model.SerializeToString())
+    light, files = model_data_apart(model)
+    return SessionModel(light.SerializeToString(), tuple(files))
+
+
+@functools.lru_cache(maxsize=1)
+def _memory_files() -> bool:
+    """Whether this ONNX Runtime's Python API reads external data from files of memory
+    (`add_external_initializers_from_files_in_memory`, new in 2025: an older one gets
+    the weights in the model's bytes)."""
+    from trtbuild.ortload import onnxruntime
+
+    return hasattr(onnxruntime().SessionOptions, "add_external_initializers_from_files_in_memory")
+
+
+def _session(model: bytes | str | SessionModel, in_order: bool = False):
     """A session with optimisations off (the emulation's Cast pairs and every marked tensor
     survive), on the shared arena, whose idle threads sleep.
 
@@ -130,18 +178,27 @@ def _session(model_bytes: bytes, in_order: bool = False):
     options.intra_op_num_threads = intra_op_threads()
     if in_order:  # the graph's own order: a check placed after its tensor frees it there
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    source = model
+    if isinstance(model, SessionModel):
+        source = model.data
+        if model.files:  # copied as the session is made (ONNX Runtime's documented contract)
+            names, buffers = zip(*model.files)
+            sizes = [len(b) for b in buffers]
+            options.add_external_initializers_from_files_in_memory(
+                list(names), list(buffers), sizes
+            )
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def plain_session(model_bytes: bytes):
+def plain_session(model: bytes | SessionModel):
     """A session for one segment of a cut run: it computes what the whole graph would."""
-    return _session(model_bytes)
+    return _session(model)
 
 
-def lean_session(model_bytes: bytes):
+def lean_session(model: bytes | str | SessionModel):
     """A whole graph run as inference runs it (intermediates freed as they are consumed),
     in the graph's order: what a lean run needs."""
-    return _session(model_bytes, in_order=True)
+    return _session(model, in_order=True)
 
 
 def bound_flavour() -> bool | None:

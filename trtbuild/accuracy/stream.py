@@ -27,10 +27,16 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from trtbuild.accuracy.sessions import lean_session, plain_session, run_session
+from trtbuild.accuracy.sessions import (
+    SessionModel,
+    lean_session,
+    plain_session,
+    run_session,
+    session_model,
+)
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import assembled, fed_inputs, infer_shapes
+from trtbuild.graph.model_io import fed_inputs, infer_shapes
 from trtbuild.graph.optypes import NOT_TENSOR_OPS, UNHANDED_TYPES
 from trtbuild.policy.specs import MemoryBudget
 from trtbuild.sizes import fmt_bytes
@@ -367,10 +373,8 @@ class SegmentRunner:
         used = {t for node in nodes for t in _reads(node)}
         inits = [self.initializers[t] for t in sorted(used) if t in self.initializers]
         outs = [helper.ValueInfoProto(name=t) for t in dict.fromkeys((*self.handed[k], *seg.keep))]
-        # the model's bytes only, not the model too, while ONNX Runtime reads them
-        session = plain_session(
-            assembled(self.model, f"segment{k}", nodes, feeds, outs, inits).SerializeToString()
-        )
+        # the model's bytes and its weights apart, not the model too, while ONNX Runtime reads them
+        session = plain_session(session_model(self.model, f"segment{k}", nodes, feeds, outs, inits))
         self.types.update({o.name: ORT_TYPES.get(o.type, 0) for o in session.get_outputs()})
         return session
 
@@ -442,8 +446,8 @@ class LeanRunner:
         that walks the divergence never needs this one. Without `shrink`, the shared arena
         keeps this run's pages for the next (a caller with more feeds to run)."""
         if self.session is None:
-            lean = _with_sums(self.model, self.outputs, self.sums).SerializeToString()
-            self.session = lean_session(lean)  # the bytes only, not the model too
+            lean = _with_sums(self.model, self.outputs, self.sums)
+            self.session = lean_session(lean)  # the bytes and weights apart, not the model
             del lean
         names = [o.name for o in self.session.get_outputs()]
         values = dict(zip(names, run_session(self.session, names, feed, shrink=shrink)))
@@ -457,8 +461,9 @@ class LeanRunner:
             return [t for t, s in self.sums.items() if not np.isfinite(values[s]).all()]
 
 
-def _with_sums(model: onnx.ModelProto, outputs: list[str], sums: dict[str, str]) -> onnx.ModelProto:
-    """`model` with only `outputs` and a scalar ReduceSum of each of `sums`, placed in order."""
+def _with_sums(model: onnx.ModelProto, outputs: list[str], sums: dict[str, str]) -> SessionModel:
+    """`model` with only `outputs` and a scalar ReduceSum of each of `sums`, placed in order,
+    for a session."""
     nodes = []
     for node in model.graph.node:
         nodes.append(node)
@@ -469,7 +474,7 @@ def _with_sums(model: onnx.ModelProto, outputs: list[str], sums: dict[str, str])
     outs = [by_name.get(t) or helper.ValueInfoProto(name=t) for t in outputs]
     outs += [helper.ValueInfoProto(name=s) for s in sums.values()]
     graph = model.graph
-    return assembled(model, graph.name, nodes, graph.input, outs, graph.initializer)
+    return session_model(model, graph.name, nodes, graph.input, outs, graph.initializer)
 
 
 def _last_reader(plan: Plan) -> dict[str, int]:

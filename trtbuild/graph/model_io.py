@@ -487,6 +487,54 @@ def _without_data(t: onnx.TensorProto) -> onnx.TensorProto:
     return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
 
 
+# The file name of ONNX's external data that a weight given apart to ONNX Runtime names
+# (`data_apart`), followed by its index: no path, so nothing is read from a disk.
+MEMORY_FILE = "trtbuild-weight-"
+
+
+def data_apart(
+    tensors: Iterable[onnx.TensorProto],
+) -> tuple[list[onnx.TensorProto], list[tuple[str, bytes]]]:
+    """`tensors` for an ONNX Runtime session: each large weight (`weight_only`, its data raw)
+    as a stand-in whose data is ONNX's external data in a file of memory (`MEMORY_FILE`
+    and an index, offset 0, its length), with each such file's name and bytes; the others
+    as they are (integer tensors keep their data: ONNX Runtime reads shapes in them).
+
+    Why: a session made from a model's bytes gets the weights serialized into them,
+    parsed again and copied into its own tensors. The judge makes a session per
+    segment and per candidate: on a 343 MB transformer each took 1.7 to 3 s and faulted
+    in 2.2 GB, most of it the weights' copies. Given apart, ONNX Runtime copies each
+    weight once, from these bytes, as it makes the session (see `sessions.SessionModel`).
+    """
+    kept: list[onnx.TensorProto] = []
+    files: list[tuple[str, bytes]] = []
+    for t in tensors:
+        external = t.data_location == onnx.TensorProto.EXTERNAL
+        if external or not (weight_only(t) and t.HasField("raw_data")):
+            kept.append(t)
+            continue
+        data = t.raw_data
+        name = f"{MEMORY_FILE}{len(files)}"
+        stand_in = _without_data(t)
+        stand_in.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", name), ("offset", "0"), ("length", str(len(data)))):
+            stand_in.external_data.add(key=key, value=value)
+        kept.append(stand_in)
+        files.append((name, data))
+    return kept, files
+
+
+def model_data_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[str, bytes]]]:
+    """A copy of `model` with every field as it is but its main graph's large weights,
+    given apart as `data_apart` gives them."""
+    copy = onnx.ModelProto()
+    _copy_fields(model, copy, skip={"graph"})
+    _copy_fields(model.graph, copy.graph, skip={"initializer"})
+    kept, files = data_apart(model.graph.initializer)
+    copy.graph.initializer.extend(kept)
+    return copy, files
+
+
 def assembled(
     like: onnx.ModelProto,
     name: str,

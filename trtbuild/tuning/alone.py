@@ -174,14 +174,20 @@ def errors_alone(
     `reference_model`: what the gates-off run computes). The error is the statistic of the
     output's tolerance (`output_error`). A group with no node outside a body is left out
     (nothing of it is gated). `low_made` goes to `gated_model`."""
-    from trtbuild.accuracy.sessions import REFERENCE, lean_session, run_session
+    from trtbuild.accuracy.sessions import (
+        REFERENCE,
+        lean_session,
+        run_session,
+        whole_session_model,
+    )
 
     model = gated_model(front, groups_, members, low, low_made)
     run = front.shapes[point]
     own = run.reference.graph_results
     reference = (run.reference.run_results if own is None else own)[REFERENCE][0]
     outputs = [n for n in front.view.outputs if front.view.dtype.get(n) == TensorProto.FLOAT]
-    session = lean_session(model.SerializeToString())
+    session = lean_session(whole_session_model(model))
+    del model
     gates = {i.name for i in session.get_inputs() if i.name.startswith(GATE.format(""))}
     off = {g: np.array(False) for g in gates}
     tolerance = front.policy.accuracy.tolerance
