@@ -19,7 +19,7 @@ from tests.helpers import F, model, node
 from trtbuild.cli import main
 
 
-def _build(tmp_path, gain: float, walk: str | None, atol: float = 1e-2) -> dict:
+def _build(tmp_path, gain: float, walk: str | None, atol: float = 1e-2, rules: str = "[]") -> dict:
     m = model(
         [node("Mul", ["x", "g"], "p", "scale"), node("Clip", ["p", "lo", "hi"], "y", "clip")],
         [("x", F, [1, 64])],
@@ -31,7 +31,7 @@ def _build(tmp_path, gain: float, walk: str | None, atol: float = 1e-2) -> dict:
     (tmp_path / "p.yaml").write_text(
         "version: 1\nmodel: m.onnx\n"
         "inputs:\n  x: {shape: [1, 64], data: {distribution: uniform, low: 0.0, high: 1.0}}\n"
-        "precision: {default: fp16, rules: []}\nbuild: {backend: none}\n"
+        f"precision: {{default: fp16, rules: {rules}}}\nbuild: {{backend: none}}\n"
         f"accuracy:\n  samples: 2{walk_line}\n"
         f"  tolerances: {{default: {{atol: {atol}, rtol: 0.0, check_error_stat: max}}}}\n"
     )
@@ -81,6 +81,40 @@ def test_the_walks_reference_runs_each_segment_once(tmp_path, monkeypatch):
     report = _build(tmp_path, gain=0.5, walk=None, atol=1e-9)
     assert report["walked"] is True
     assert True in made and made.count(True) == 1  # the reference's; the candidates keep theirs
+
+
+def test_the_walks_candidates_hold_one_session_at_a_time(tmp_path, monkeypatch):
+    """A failing policy and its FP16 baseline are walked in lockstep beside the reference,
+    after their verdicts: their lean sessions are let go first, and each segment's session
+    goes once it ran, so no two sessions of the weights (each a copy in ONNX Runtime) are
+    alive at once."""
+    import weakref
+
+    from trtbuild.accuracy import stream
+    from trtbuild.accuracy.stream import SegmentRunner
+
+    made, leans, alive_at_each = [], [], []
+    real, lean = SegmentRunner._session, stream.lean_session
+
+    def watched(self, k, inputs):
+        alive_at_each.append(sum(r() is not None for r in (*made, *leans)))
+        session = real(self, k, inputs)
+        made.append(weakref.ref(session))
+        return session
+
+    def watched_lean(model):
+        session = lean(model)
+        leans.append(weakref.ref(session))
+        return session
+
+    monkeypatch.setattr(SegmentRunner, "_session", watched)
+    monkeypatch.setattr(stream, "lean_session", watched_lean)
+    pin = "[{id: c, match: {name: clip}, precision: fp32}]"
+    report = _build(tmp_path, gain=0.5, walk=None, atol=1e-9, rules=pin)
+    assert report["walked"] is True and report["baselines"]["fp16"]["walked"] is True
+    # the walk's: the reference, each candidate (after the FP32 reference's measuring run,
+    # where no earlier test's cache holds its measures)
+    assert len(made) in (3, 4) and alive_at_each[-3:] == [0, 0, 0] and len(leans) == 2
 
 
 @pytest.mark.parametrize("walk", [None, "always"])

@@ -254,11 +254,16 @@ def _walk_failures(
     Why not always the first feed: a candidate that fails on its fourth image alone was
     walked on the first, which passes: the first divergence then named nothing, or a
     tensor of an image that holds.
+
+    A walked candidate's lean session is let go first (a next point makes it again): the
+    walk then holds one session of the weights at a time (a 343 MB transformer's build
+    peaked at 4.0 GB with both candidates' lean sessions kept through it, 3.0 GB without).
     """
     walked: dict[int, list[_Run]] = {}
     for run, j in zip(runs, judged):
         if j.passed and not run.suspects:
             continue
+        run.lean.let_go()
         failed = {s for m in j.outputs.values() for s in m.failed_samples}
         at = 0 if run.suspects else next((k for k, s in enumerate(index) if s in failed), 0)
         run.walk = _Walk(run.walk.measures, threshold, "divergence", run.casts, sample=index[at])
@@ -417,7 +422,9 @@ def _lockstep(
     same segment, unless a candidate's graph moved it later), then dropped.
     """
     ref: Iterator[dict[str, np.ndarray]] = SegmentRunner(graph, plan, once=True).run(feed)
-    streams = [run.cut_runner().run(feed) for run in runs]
+    # a walk after the verdicts (not `outputs`) is the last run of these candidates' cut
+    # runners: each segment's session goes once it ran, as the reference's does
+    streams = [run.cut_runner().run(feed, once=not outputs) for run in runs]
     names = set(runs[0].walk.measures.outputs) if runs else set()
     pending: dict[str, np.ndarray] = {}
     firsts: list[dict[str, np.ndarray]] = [{} for _ in runs]

@@ -330,8 +330,11 @@ class SegmentRunner:
             for seg in plan.segments
         ]
 
-    def run(self, feed: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
-        """Yield, per segment, its marked tensors and the values it read.
+    def run(
+        self, feed: dict[str, np.ndarray], *, once: bool | None = None
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Yield, per segment, its marked tensors and the values it read. `once` (the
+        runner's own by default): each segment's session is let go once it ran, this run.
 
         Values a later segment reads are held until their last reader has run;
         everything else a segment yields is the caller's to drop. The shared arena is
@@ -339,6 +342,7 @@ class SegmentRunner:
         PP-OCRv4 det 1280x1280 (fragments of every segment's sizes) for 7% of the
         accuracy stage's time (`bench_memory.py`, measured in #36).
         """
+        once = self.once if once is None else once
         live = {k: np.asarray(v) for k, v in feed.items()}
         last_reader = _last_reader(self.plan)
         for k, seg in enumerate(self.plan.segments):
@@ -347,7 +351,7 @@ class SegmentRunner:
                 continue
             inputs = {t: live[t] for t in seg.needs if t in live}
             sess = self.sessions[k] or self._session(k, inputs)
-            self.sessions[k] = None if self.once else sess  # `once`: its weights let go
+            self.sessions[k] = None if once else sess  # `once`: its weights let go
             names = [o.name for o in sess.get_outputs()]
             fed = {t: _as_type(v, self.types.get(t)) for t, v in inputs.items()}
             values = dict(zip(names, run_session(sess, names, fed)))
@@ -454,6 +458,11 @@ class LeanRunner:
         if shrink:
             release_freed_memory()
         return values
+
+    def let_go(self) -> None:
+        """Let the session go (the next run makes it again): its copy of the weights is not
+        held while other sessions of them run."""
+        self.session = None
 
     def suspects(self, values: dict[str, np.ndarray]) -> list[str]:
         """Checked tensors whose sum is not finite (one of their values may not be)."""
