@@ -482,3 +482,23 @@ def test_steps_are_counted_for_one_scale_only():
     assert _steps(point, one) == "4 quantization steps of 0.25"
     per_axis = Requantized("q", "relu", True, np.array([0.5, 0.25]), True)
     assert _steps(point, per_axis) == "whole quantization steps"
+
+
+def test_candidates_are_one_judgement_only_where_their_whole_graphs_are_alike():
+    """Told apart without their large weights' data first, hashed whole where that leaves
+    two alike: weights that differ only in their values are two candidates."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtbuild.accuracy.judge import Candidate, _identities
+
+    def mixed(scale: float, op: str = "MatMul") -> onnx.ModelProto:
+        w = numpy_helper.from_array(np.full((64, 64), scale, np.float32), "w")
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+        graph = helper.make_graph([helper.make_node(op, ["x", "w"], ["y"])], "g", [x], [y], [w])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    a, same, other_data, other_op = mixed(1.0), mixed(1.0), mixed(2.0), mixed(1.0, "Add")
+    ids = _identities([Candidate(m, "emulated-fp16") for m in (a, same, other_data, other_op)])
+    assert ids[0] == ids[1] and len(set(ids)) == 3
+    assert _identities([Candidate(a, "one"), Candidate(same, "two")])[0][0] == "one"

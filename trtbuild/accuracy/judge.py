@@ -62,6 +62,7 @@ from trtbuild.accuracy.sessions import (
 )
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
 from trtbuild.graph import qdq
+from trtbuild.graph.model_io import without_weight_data
 from trtbuild.graph.optypes import DEQUANTIZE, INTEGER_TYPES, SELECTIONS
 from trtbuild.graph.propagation import unobserved
 from trtbuild.numerics import data_peak, sentinel_kept
@@ -214,7 +215,7 @@ def judge_all(
     detail = detail or DETAIL_OF_WALK[spec.walk]
     overflow_fails = spec.masked_overflow == "fail"
     # a policy with no pin is its FP16 baseline: one judgement (one candidate: no hashing)
-    same = [_identity(c) for c in candidates] if len(candidates) > 1 else [0]
+    same = _identities(candidates) if len(candidates) > 1 else [0]
     unique = [candidates[same.index(k)] for k in dict.fromkeys(same)]
     measures = reference.measures
     graph = probe(graph, set(measures.bodies)).model  # bodies hand out their tensors' peaks
@@ -303,9 +304,21 @@ def _run_feeds(
     ticker.done()
 
 
-def _identity(c: Candidate) -> tuple[str, int, bytes]:
-    """Candidates with one label, engine and graph get one judgement."""
-    digest = hashlib.sha256(c.mixed.SerializeToString(deterministic=True)).digest()
+def _identities(candidates: list[Candidate]) -> list[tuple[str, int, bytes]]:
+    """Each candidate's identity: candidates with one label, engine and graph get one
+    judgement.
+
+    The graphs are told apart without their large weights' data first
+    (`model_io.without_weight_data`: graphs that differ there differ whole), and hashed
+    whole only where that leaves two alike: a policy with pins and its FP16 baseline
+    differ in their nodes, and hashing a 343 MB model's bytes took 0.3 s each."""
+    light = [_identity(c, without_weight_data(c.mixed)) for c in candidates]
+    alike = {k for k in light if light.count(k) > 1}
+    return [_identity(c, c.mixed) if k in alike else k for c, k in zip(candidates, light)]
+
+
+def _identity(c: Candidate, graph: onnx.ModelProto) -> tuple[str, int, bytes]:
+    digest = hashlib.sha256(graph.SerializeToString(deterministic=True)).digest()
     return c.label, id(c.engine_runner), digest
 
 
