@@ -392,3 +392,26 @@ def test_large_weights_given_apart_name_files_of_memory_and_everything_else_stay
     expected.CopyFrom(m)
     expected.graph.initializer[0].CopyFrom(kept[0])
     assert light == expected  # every other field as it is
+
+
+def test_a_model_past_protobufs_limit_is_saved_with_one_data_file_and_left_as_it_was(
+    tmp_path, monkeypatch
+):
+    """onnx's `save_as_external_data` clears the weights of the model it is given; `build`
+    goes on judging the prepared graph it saved."""
+    from trtbuild.graph import model_io
+
+    m = _weighted()
+    m.graph.initializer[0].doc_string = "a weight's own words"
+    before = m.SerializeToString()
+    monkeypatch.setattr(model_io, "_serialized", lambda model: None)  # past 2 GiB: not serialized
+    model_io.save_model(m, tmp_path / "m.onnx")
+    assert m.SerializeToString() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    assert (tmp_path / "m.onnx.data").stat().st_size == 2048 * 4 + 2048 * 8  # w, sizes
+    light = onnx.load(tmp_path / "m.onnx", load_external_data=False)
+    assert [t.data_location for t in light.graph.initializer] == [1, 0, 1]  # shape kept inline
+    back = onnx.load(tmp_path / "m.onnx")  # its data read back: the model it was
+    for t in back.graph.initializer:
+        t.ClearField("data_location")  # onnx's loader sets it to DEFAULT
+    assert back == m

@@ -344,17 +344,46 @@ def save_model(
     with atomic_path(path) as tmp:
         if data is None:
             data = _serialized(model)
-        if data is not None:
-            tmp.write_bytes(data)
-        else:
-            data_name = f"{path.name}.data"
-            onnx.save_model(
-                model,
-                str(tmp),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=data_name,
-            )
+        if data is None:
+            data = _with_data_file(model, path.with_name(f"{path.name}.data"))
+        tmp.write_bytes(data)
+
+
+# Bytes of raw data from which `_with_data_file` moves a weight to the data file (onnx's
+# `size_threshold` default).
+DATA_FILE_FROM = 1024
+
+
+def _with_data_file(model: onnx.ModelProto, data_path: Path) -> bytes:
+    """`model`'s bytes with its main graph's weights of raw data (`DATA_FILE_FROM` bytes
+    or more) in one external data file, `data_path`, written atomically beside it.
+
+    Why not onnx's `save_as_external_data`: it clears every weight's data in the model it
+    is given, and `build` goes on judging the prepared graph it saved."""
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip={"graph"})
+    _copy_fields(model.graph, light.graph, skip={"initializer"})
+    with atomic_path(data_path) as tmp, open(tmp, "wb") as f:
+        for t in model.graph.initializer:
+            external = t.data_location == onnx.TensorProto.EXTERNAL
+            data = t.raw_data if t.HasField("raw_data") and not external else b""
+            if len(data) < DATA_FILE_FROM:
+                light.graph.initializer.append(t)
+                continue
+            light.graph.initializer.append(_stored_in(t, data_path.name, f.tell(), len(data)))
+            f.write(data)
+    return light.SerializeToString()
+
+
+def _stored_in(t: onnx.TensorProto, location: str, offset: int, length: int) -> onnx.TensorProto:
+    """`t` without its data (its other fields kept), which ONNX's external data at
+    `location` holds."""
+    stand_in = onnx.TensorProto()
+    _copy_fields(t, stand_in, skip={"raw_data", "data_location", "external_data"})
+    stand_in.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        stand_in.external_data.add(key=key, value=value)
+    return stand_in
 
 
 def _serialized(model: onnx.ModelProto) -> bytes | None:
@@ -529,11 +558,7 @@ def data_apart(
             continue
         data = t.raw_data
         name = f"{MEMORY_FILE}{len(files)}"
-        stand_in = _without_data(t)
-        stand_in.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", name), ("offset", "0"), ("length", str(len(data)))):
-            stand_in.external_data.add(key=key, value=value)
-        kept.append(stand_in)
+        kept.append(_stored_in(t, name, 0, len(data)))
         files.append((name, data))
     return kept, files
 
