@@ -283,7 +283,10 @@ def evaluate_all(
         if run.reference is None:
             raise ValueError("evaluate_all needs every shape's reference tensors")
         model, spec = front.prepared.model, policy.accuracy
-        verdicts = judge_all(run.reference, model, candidates, run.feeds, spec, verbose=verbose)
+        last = run is front.shapes[-1]  # the candidates' lean sessions go after it, one by one
+        verdicts = judge_all(
+            run.reference, model, candidates, run.feeds, spec, verbose=verbose, again=not last
+        )
         point = run.point
         split = split_error(run.reference, verdicts[0], spec, verbose)  # reference_model only
         per_shape.append(

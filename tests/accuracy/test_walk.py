@@ -103,6 +103,7 @@ def test_the_walks_candidates_hold_one_session_at_a_time(tmp_path, monkeypatch):
         return session
 
     def watched_lean(model):
+        alive_at_each.append(sum(r() is not None for r in (*made, *leans)))
         session = lean(model)
         leans.append(weakref.ref(session))
         return session
@@ -113,8 +114,9 @@ def test_the_walks_candidates_hold_one_session_at_a_time(tmp_path, monkeypatch):
     report = _build(tmp_path, gain=0.5, walk=None, atol=1e-9, rules=pin)
     assert report["walked"] is True and report["baselines"]["fp16"]["walked"] is True
     # the walk's: the reference, each candidate (after the FP32 reference's measuring run,
-    # where no earlier test's cache holds its measures)
-    assert len(made) in (3, 4) and alive_at_each[-3:] == [0, 0, 0] and len(leans) == 2
+    # where no earlier test's cache holds its measures), and before them the lean runs',
+    # one candidate's after the other's went (the build's last point: judged no more)
+    assert len(made) in (3, 4) and len(leans) == 2 and alive_at_each[-5:] == [0] * 5
 
 
 @pytest.mark.parametrize("walk", [None, "always"])

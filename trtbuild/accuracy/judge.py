@@ -194,6 +194,7 @@ def judge_all(
     verbose: bool = False,
     progress: bool = True,
     samples: Sequence[int] | None = None,
+    again: bool = True,
 ) -> list[Verdict]:
     """Judge `candidates` (or their engines) against `reference`, the FP32 run of `graph`.
 
@@ -211,6 +212,10 @@ def judge_all(
     not all of them (`tune` judges the one likeliest to fail alone first): a sample
     after the first is walked as a later feed is, against what FP32 keeps of every
     feed (only the first feed's special values are kept), and a failure names it.
+
+    `again`: whether these candidates are judged again (another point), so each keeps its
+    lean session for it; where not, each lets it go after its last feed, and the next
+    candidate's is made only then (one session of the weights at a time).
     """
     detail = detail or DETAIL_OF_WALK[spec.walk]
     overflow_fails = spec.masked_overflow == "fail"
@@ -228,9 +233,9 @@ def judge_all(
     )
     runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
     labels = ", ".join(dict.fromkeys(c.label for c in candidates))
-    ticker = SampleProgress(f"judging {labels}", len(feeds) if progress else 0)
+    ticker = SampleProgress(f"judging {labels}", len(feeds) * len(runs) if progress else 0)
     index = list(samples) if samples is not None else list(range(len(feeds)))
-    _run_feeds(graph, plan, runs, feeds, index, detail, ticker)
+    _run_feeds(graph, plan, runs, feeds, index, detail, ticker, again)
     judged = [_judged(reference, run, feeds, spec, verbose, index) for run in runs]
     if detail == "failures":  # the walk explains a failure or an overflow
         _walk_failures(graph, plan, runs, judged, feeds, index, spec.divergence_threshold)
@@ -281,26 +286,28 @@ def _run_feeds(
     index: list[int],
     detail: Detail,
     ticker: SampleProgress,
+    again: bool = True,
 ) -> None:
-    """Every candidate on every feed: the first walked as `detail` says (a later sample
-    first, as a later feed), the others for their outputs and their first overflow."""
+    """Every candidate on every feed, one candidate after another (`judge_all`'s `again`):
+    the first feed walked as `detail` says (a later sample first, as a later feed), the
+    others for their outputs and their first overflow."""
     if index[0] and detail != "overflow":  # their walks hold sample 0's special values
         raise ValueError(f"a walk of detail {detail!r} starts at sample 0, not {index[0]}")
     if detail == "divergence":
         _lockstep(graph, plan(), runs, feeds[0])
-    elif index[0]:  # a later sample first: walked as a later feed
-        for run in runs:
+    for n, run in enumerate(runs):
+        if index[0]:  # a later sample first: walked as a later feed
             run.outputs.append(run.later_feed(feeds[0], index[0] + 1, shrink=len(feeds) == 1))
-    else:
-        for run in runs:  # a suspect is confirmed here only where no walk will find it
+        elif detail != "divergence":  # a suspect is confirmed here only where no walk will
             run.overflow_pass(feeds[0], shrink=len(feeds) == 1, confirm=detail == "overflow")
-    ticker.tick(1)
-    for k, feed in enumerate(feeds[1:], start=2):
-        for run in runs:  # an engine's outputs come from it; the overflow from the emulation
+        ticker.tick(n * len(feeds) + 1)
+        for k, feed in enumerate(feeds[1:], start=2):
             outputs = run.later_feed(feed, index[k - 1] + 1, shrink=k == len(feeds))
-            if run.candidate.engine_runner is None:
+            if run.candidate.engine_runner is None:  # an engine's outputs come from it
                 run.outputs.append(outputs)
-        ticker.tick(k)
+            ticker.tick(n * len(feeds) + k)
+        if not again:
+            run.lean.let_go()
     ticker.done()
 
 
