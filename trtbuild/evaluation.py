@@ -9,7 +9,7 @@ from typing import Any
 from trtbuild import __version__
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.breakdown import split_error
-from trtbuild.accuracy.judge import Candidate, judge_all
+from trtbuild.accuracy.judge import Candidate, Verdict, judge_all
 from trtbuild.accuracy.masked import RULE_KEY, masked_at, rule_said
 from trtbuild.accuracy.reference import ReferenceMeasures
 from trtbuild.accuracy.report import Report, ShapeVerdict
@@ -278,21 +278,7 @@ def evaluate_all(
     if policy.accuracy.fp32_check:
         variants.append(("fp32", models["fp32"], "onnxrt-fp32-graph"))
     candidates = _candidates(variants, engines, backend)
-    per_shape, firsts = [], []
-    for run in front.shapes:  # every point of the input space, the primary first
-        if run.reference is None:
-            raise ValueError("evaluate_all needs every shape's reference tensors")
-        model, spec = front.prepared.model, policy.accuracy
-        last = run is front.shapes[-1]  # the candidates' lean sessions go after it, one by one
-        verdicts = judge_all(
-            run.reference, model, candidates, run.feeds, spec, verbose=verbose, again=not last
-        )
-        point = run.point
-        split = split_error(run.reference, verdicts[0], spec, verbose)  # reference_model only
-        per_shape.append(
-            ShapeVerdict(point.name, point.shapes, verdicts[0], verdicts[1], dict(run.data), split)
-        )
-        firsts = firsts or verdicts
+    per_shape, firsts = _per_point(front, candidates, verbose)
     main, base = firsts[0], firsts[1]  # the baseline's at_risk: what FP16 would risk
     fp32 = firsts[2] if len(firsts) > 2 else None
     flat = flat_outputs(front)  # measured once: the warnings and report.json's list
@@ -315,6 +301,31 @@ def evaluate_all(
         flat_outputs=[{k: v for k, v in f.items() if k != "label"} for f in flat],
     )
     return replace(report, warnings=report.warnings + masked_warnings(report))
+
+
+def _per_point(
+    front: Front, candidates: list[Candidate], verbose: bool
+) -> tuple[list[ShapeVerdict], list[Verdict]]:
+    """Each point's verdicts on the candidates (the primary point first), and the primary
+    point's verdicts. At the last point each candidate lets its lean session go after its
+    last sample (`judge_all`'s `again`): the next one's is made only then."""
+    per_shape: list[ShapeVerdict] = []
+    firsts: list[Verdict] = []
+    model, spec = front.prepared.model, front.policy.accuracy
+    for run in front.shapes:  # every point of the input space, the primary first
+        if run.reference is None:
+            raise ValueError("evaluate_all needs every shape's reference tensors")
+        last = run is front.shapes[-1]
+        verdicts = judge_all(
+            run.reference, model, candidates, run.feeds, spec, verbose=verbose, again=not last
+        )
+        point = run.point
+        split = split_error(run.reference, verdicts[0], spec, verbose)  # reference_model only
+        per_shape.append(
+            ShapeVerdict(point.name, point.shapes, verdicts[0], verdicts[1], dict(run.data), split)
+        )
+        firsts = firsts or verdicts
+    return per_shape, firsts
 
 
 def masked_warnings(report: Report) -> list[str]:
