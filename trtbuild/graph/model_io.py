@@ -360,9 +360,7 @@ def _with_data_file(model: onnx.ModelProto, data_path: Path) -> bytes:
 
     Why not onnx's `save_as_external_data`: it clears every weight's data in the model it
     is given, and `build` goes on judging the prepared graph it saved."""
-    light = onnx.ModelProto()
-    _copy_fields(model, light, skip={"graph"})
-    _copy_fields(model.graph, light.graph, skip={"initializer"})
+    light = _without_weights(model)
     with atomic_path(data_path) as tmp, open(tmp, "wb") as f:
         for t in model.graph.initializer:
             external = t.data_location == onnx.TensorProto.EXTERNAL
@@ -484,10 +482,7 @@ def without_weight_data(model: onnx.ModelProto, value_infos: bool = True) -> onn
     its own graph and back, and Python parses the result: a 345 MB ViT took 2.9 s and
     peaked at 2.7 GB there, most of it the weights' copies. Integer tensors keep their
     data whatever their size (`weight_only`): inference reads shapes and sizes in them."""
-    copy = onnx.ModelProto()
-    _copy_fields(model, copy, skip={"graph"})
-    skip = {"initializer"} if value_infos else {"initializer", "value_info"}
-    _copy_fields(model.graph, copy.graph, skip=skip)
+    copy = _without_weights(model, value_infos)
     copy.graph.initializer.extend(
         _without_data(t) if weight_only(t) else t for t in model.graph.initializer
     )
@@ -566,9 +561,7 @@ def data_apart(
 def model_data_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[str, bytes]]]:
     """A copy of `model` with every field as it is but its main graph's large weights,
     given apart as `data_apart` gives them."""
-    copy = onnx.ModelProto()
-    _copy_fields(model, copy, skip={"graph"})
-    _copy_fields(model.graph, copy.graph, skip={"initializer"})
+    copy = _without_weights(model)
     kept, files = data_apart(model.graph.initializer)
     copy.graph.initializer.extend(kept)
     return copy, files
@@ -597,6 +590,16 @@ def assembled(
     graph.output.extend(outputs)
     graph.initializer.extend(initializers)
     return model
+
+
+def _without_weights(model: onnx.ModelProto, value_infos: bool = True) -> onnx.ModelProto:
+    """A copy of `model` with every field but its main graph's weights (and, with
+    `value_infos` False, its value infos): the weights are the caller's to put in."""
+    copy = onnx.ModelProto()
+    _copy_fields(model, copy, skip={"graph"})
+    skip = {"initializer"} if value_infos else {"initializer", "value_info"}
+    _copy_fields(model.graph, copy.graph, skip=skip)
+    return copy
 
 
 def _copy_fields(source: Any, target: Any, skip: set[str]) -> None:
