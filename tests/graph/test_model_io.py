@@ -415,3 +415,15 @@ def test_a_model_past_protobufs_limit_is_saved_with_one_data_file_and_left_as_it
     for t in back.graph.initializer:
         t.ClearField("data_location")  # onnx's loader sets it to DEFAULT
     assert back == m
+    # the model's bytes not written (a full disk): the data file is not renamed either
+    import contextlib
+    import errno
+    from pathlib import Path
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with contextlib.suppress(OSError):
+        model_io.save_model(m, tmp_path / "n.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]

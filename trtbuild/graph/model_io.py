@@ -344,9 +344,12 @@ def save_model(
     with atomic_path(path) as tmp:
         if data is None:
             data = _serialized(model)
-        if data is None:
-            data = _with_data_file(model, path.with_name(f"{path.name}.data"))
-        tmp.write_bytes(data)
+        if data is not None:
+            tmp.write_bytes(data)
+            return
+        location = f"{path.name}.data"
+        with atomic_path(path.with_name(location)) as data_tmp:  # renamed once both are written
+            tmp.write_bytes(_with_data_file(model, data_tmp, location))
 
 
 # Bytes of raw data from which `_with_data_file` moves a weight to the data file (onnx's
@@ -354,21 +357,22 @@ def save_model(
 DATA_FILE_FROM = 1024
 
 
-def _with_data_file(model: onnx.ModelProto, data_path: Path) -> bytes:
+def _with_data_file(model: onnx.ModelProto, file: Path, location: str) -> bytes:
     """`model`'s bytes with its main graph's weights of raw data (`DATA_FILE_FROM` bytes
-    or more) in one external data file, `data_path`, written atomically beside it.
+    or more) in one external data file, written to `file`, which the bytes name
+    `location` (the file's final name, beside the model).
 
     Why not onnx's `save_as_external_data`: it clears every weight's data in the model it
     is given, and `build` goes on judging the prepared graph it saved."""
     light = _without_weights(model)
-    with atomic_path(data_path) as tmp, open(tmp, "wb") as f:
+    with open(file, "wb") as f:
         for t in model.graph.initializer:
             external = t.data_location == onnx.TensorProto.EXTERNAL
             data = t.raw_data if t.HasField("raw_data") and not external else b""
             if len(data) < DATA_FILE_FROM:
                 light.graph.initializer.append(t)
                 continue
-            light.graph.initializer.append(_stored_in(t, data_path.name, f.tell(), len(data)))
+            light.graph.initializer.append(_stored_in(t, location, f.tell(), len(data)))
             f.write(data)
     return light.SerializeToString()
 
