@@ -503,4 +503,5 @@ def test_candidates_are_one_judgement_only_where_their_whole_graphs_are_alike():
     assert ids[0] == ids[1] and len(set(ids)) == 3
     two = _identities([Candidate(a, "emulated-fp16"), Candidate(other_data, "emulated-fp16")])
     assert two[0] != two[1]  # two alike but for a weight's values: two judgements
-    assert _identities([Candidate(a, "one"), Candidate(same, "two")])[0][0] == "one"
+    labelled = _identities([Candidate(a, "one"), Candidate(same, "two")])
+    assert labelled[0] != labelled[1]  # one graph under two labels: two judgements

@@ -93,7 +93,7 @@ def test_a_runner_for_one_feed_lets_each_segments_session_go_once_it_ran(nafnet_
 
     model = load_model(nafnet_path)
     plan = _plan(model, 2048 * KIB)
-    kept, once = stream.SegmentRunner(model, plan), stream.SegmentRunner(model, plan, once=True)
+    kept, once = stream.SegmentRunner(model, plan), stream.SegmentRunner(model, plan)
     made, alive = once._session, []
 
     def watched(k, inputs):
@@ -102,7 +102,7 @@ def test_a_runner_for_one_feed_lets_each_segments_session_go_once_it_ran(nafnet_
         return session
 
     once._session = watched
-    for a, b in zip(kept.run(_feed()), once.run(_feed())):
+    for a, b in zip(kept.run(_feed()), once.run(_feed(), once=True)):
         assert a.keys() == b.keys() and all(np.array_equal(a[t], b[t]) for t in a)
         assert [r for r in alive if r() is not None] == []  # gone as its segment is yielded
     assert all(s is not None for s, seg in zip(kept.sessions, plan.segments) if seg.nodes)

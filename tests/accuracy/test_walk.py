@@ -65,29 +65,11 @@ def test_a_failing_policy_is_walked(tmp_path):
     assert report["first_divergence"] is None  # every tensor within 5% of its range
 
 
-def test_the_walks_reference_runs_each_segment_once(tmp_path, monkeypatch):
-    """The walk runs the reference on one feed beside the candidates it walks: its
-    segments' sessions (the weights in ONNX Runtime once more) are let go as they run."""
-    from trtbuild.accuracy import judge
-
-    made = []
-    real = judge.SegmentRunner
-
-    def runner(model, plan, **kwargs):
-        made.append(kwargs.get("once", False))
-        return real(model, plan, **kwargs)
-
-    monkeypatch.setattr(judge, "SegmentRunner", runner)
-    report = _build(tmp_path, gain=0.5, walk=None, atol=1e-9)
-    assert report["walked"] is True
-    assert True in made and made.count(True) == 1  # the reference's; the candidates keep theirs
-
-
 def test_the_walks_candidates_hold_one_session_at_a_time(tmp_path, monkeypatch):
     """A failing policy and its FP16 baseline are walked in lockstep beside the reference,
-    after their verdicts: their lean sessions are let go first, and each segment's session
-    goes once it ran, so no two sessions of the weights (each a copy in ONNX Runtime) are
-    alive at once."""
+    after their verdicts: their lean sessions are let go first, and each segment's session,
+    the reference's and the candidates', goes once it ran, so no two sessions of the
+    weights (each a copy in ONNX Runtime) are alive at once."""
     import weakref
 
     from trtbuild.accuracy import stream

@@ -392,6 +392,12 @@ def test_large_weights_given_apart_name_files_of_memory_and_everything_else_stay
     expected.CopyFrom(m)
     expected.graph.initializer[0].CopyFrom(kept[0])
     assert light == expected  # every other field as it is
+    bare = onnx.ModelProto()
+    bare.CopyFrom(m)
+    del bare.graph.initializer[:]
+    beside, same = model_data_apart(bare, m.graph.initializer)  # weights given beside it
+    assert beside == expected and same == files[:1]
+    assert model_data_apart(bare, m.graph.initializer, apart=False) == (m, [])
 
 
 def test_a_model_past_protobufs_limit_is_saved_with_one_data_file_and_left_as_it_was(

@@ -441,7 +441,7 @@ def _lockstep(
     A reference tensor is held until every candidate has produced its own (the
     same segment, unless a candidate's graph moved it later), then dropped.
     """
-    ref: Iterator[dict[str, np.ndarray]] = SegmentRunner(graph, plan, once=True).run(feed)
+    ref: Iterator[dict[str, np.ndarray]] = SegmentRunner(graph, plan).run(feed, once=True)
     # a walk after the verdicts (not `outputs`) is the last run of these candidates' cut
     # runners: each segment's session goes once it ran, as the reference's does
     streams = [run.cut_runner().run(feed, once=not outputs) for run in runs]

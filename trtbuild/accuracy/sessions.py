@@ -23,7 +23,7 @@ import onnx
 
 from trtbuild.cores import usable_cores
 from trtbuild.errors import BackendError
-from trtbuild.graph.model_io import assembled, data_apart, model_data_apart
+from trtbuild.graph.model_io import model_data_apart
 from trtbuild.numerics import data_peak
 
 REFERENCE = "onnxrt-fp32"
@@ -121,28 +121,11 @@ class SessionModel:
     files: tuple[tuple[str, bytes], ...] = ()
 
 
-def session_model(
-    like: onnx.ModelProto,
-    name: str,
-    nodes: Iterable[onnx.NodeProto],
-    inputs: Iterable[onnx.ValueInfoProto],
-    outputs: Iterable[onnx.ValueInfoProto],
-    initializers: Iterable[onnx.TensorProto] = (),
-) -> SessionModel:
-    """`model_io.assembled`'s model of these parts, for a session: its weights given apart
-    where this ONNX Runtime takes files of memory (else in its bytes, as before)."""
-    files: list[tuple[str, bytes]] = []
-    if _memory_files():
-        initializers, files = data_apart(initializers)
-    model = assembled(like, name, nodes, inputs, outputs, initializers)
-    return SessionModel(model.SerializeToString(), tuple(files))
-
-
-def whole_session_model(model: onnx.ModelProto) -> SessionModel:
-    """`model`, every field of it, for a session, as `session_model` gives one."""
-    if not _memory_files():
-        return SessionModel(model.SerializeToString())
-    light, files = model_data_apart(model)
+def session_model(model: onnx.ModelProto, weights: Iterable[onnx.TensorProto] = ()) -> SessionModel:
+    """`model`, every field of it, with `weights` added to its weights, for a session: the
+    large ones given apart where this ONNX Runtime takes files of memory (else in its
+    bytes, as before; `model_io.model_data_apart`)."""
+    light, files = model_data_apart(model, weights, apart=_memory_files())
     return SessionModel(light.SerializeToString(), tuple(files))
 
 

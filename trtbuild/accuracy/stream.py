@@ -36,7 +36,7 @@ from trtbuild.accuracy.sessions import (
 )
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
-from trtbuild.graph.model_io import fed_inputs, infer_shapes
+from trtbuild.graph.model_io import assembled, fed_inputs, infer_shapes
 from trtbuild.graph.optypes import NOT_TENSOR_OPS, UNHANDED_TYPES
 from trtbuild.policy.specs import MemoryBudget
 from trtbuild.sizes import fmt_bytes
@@ -315,10 +315,8 @@ class SegmentRunner:
     the rest as it goes (a feed whose intermediates nobody compares).
     """
 
-    def __init__(
-        self, model: onnx.ModelProto, plan: Plan, *, mark: bool = True, once: bool = False
-    ):
-        self.model, self.plan, self.once = model, plan, once
+    def __init__(self, model: onnx.ModelProto, plan: Plan, *, mark: bool = True):
+        self.model, self.plan = model, plan
         self.sessions: list = [None] * len(plan)
         self.initializers = {t.name: t for t in model.graph.initializer}
         outputs = {o.name for o in model.graph.output}
@@ -331,10 +329,10 @@ class SegmentRunner:
         ]
 
     def run(
-        self, feed: dict[str, np.ndarray], *, once: bool | None = None
+        self, feed: dict[str, np.ndarray], *, once: bool = False
     ) -> Iterator[dict[str, np.ndarray]]:
-        """Yield, per segment, its marked tensors and the values it read. `once` (the
-        runner's own by default): each segment's session is let go once it ran, this run.
+        """Yield, per segment, its marked tensors and the values it read. With `once`, each
+        segment's session is let go once it ran (no later run needs it), not kept.
 
         Values a later segment reads are held until their last reader has run;
         everything else a segment yields is the caller's to drop. The shared arena is
@@ -342,7 +340,6 @@ class SegmentRunner:
         PP-OCRv4 det 1280x1280 (fragments of every segment's sizes) for 7% of the
         accuracy stage's time (`bench_memory.py`, measured in #36).
         """
-        once = self.once if once is None else once
         live = {k: np.asarray(v) for k, v in feed.items()}
         last_reader = _last_reader(self.plan)
         for k, seg in enumerate(self.plan.segments):
@@ -378,7 +375,8 @@ class SegmentRunner:
         inits = [self.initializers[t] for t in sorted(used) if t in self.initializers]
         outs = [helper.ValueInfoProto(name=t) for t in dict.fromkeys((*self.handed[k], *seg.keep))]
         # the model's bytes and its weights apart, not the model too, while ONNX Runtime reads them
-        session = plain_session(session_model(self.model, f"segment{k}", nodes, feeds, outs, inits))
+        part = assembled(self.model, f"segment{k}", nodes, feeds, outs)
+        session = plain_session(session_model(part, inits))
         self.types.update({o.name: ORT_TYPES.get(o.type, 0) for o in session.get_outputs()})
         return session
 
@@ -483,7 +481,7 @@ def _with_sums(model: onnx.ModelProto, outputs: list[str], sums: dict[str, str])
     outs = [by_name.get(t) or helper.ValueInfoProto(name=t) for t in outputs]
     outs += [helper.ValueInfoProto(name=s) for s in sums.values()]
     graph = model.graph
-    return session_model(model, graph.name, nodes, graph.input, outs, graph.initializer)
+    return session_model(assembled(model, graph.name, nodes, graph.input, outs), graph.initializer)
 
 
 def _last_reader(plan: Plan) -> dict[str, int]:

@@ -562,11 +562,18 @@ def data_apart(
     return kept, files
 
 
-def model_data_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[tuple[str, bytes]]]:
-    """A copy of `model` with every field as it is but its main graph's large weights,
-    given apart as `data_apart` gives them."""
+def model_data_apart(
+    model: onnx.ModelProto, weights: Iterable[onnx.TensorProto] = (), apart: bool = True
+) -> tuple[onnx.ModelProto, list[tuple[str, bytes]]]:
+    """A copy of `model` with every field as it is, `weights` added to its main graph's
+    weights, and (`apart`) the large ones given apart as `data_apart` gives them.
+
+    Why `weights` beside `model`: a model put together for one session (`assembled`: a
+    segment's, a lean run's) gets its weights here, not first in a graph of its own,
+    which would copy them once more."""
     copy = _without_weights(model)
-    kept, files = data_apart(model.graph.initializer)
+    tensors = [*model.graph.initializer, *weights]
+    kept, files = data_apart(tensors) if apart else (tensors, [])
     copy.graph.initializer.extend(kept)
     return copy, files
 

@@ -178,7 +178,7 @@ def errors_alone(
         REFERENCE,
         lean_session,
         run_session,
-        whole_session_model,
+        session_model,
     )
 
     model = gated_model(front, groups_, members, low, low_made)
@@ -186,7 +186,7 @@ def errors_alone(
     own = run.reference.graph_results
     reference = (run.reference.run_results if own is None else own)[REFERENCE][0]
     outputs = [n for n in front.view.outputs if front.view.dtype.get(n) == TensorProto.FLOAT]
-    session = lean_session(whole_session_model(model))
+    session = lean_session(session_model(model))
     del model
     gates = {i.name for i in session.get_inputs() if i.name.startswith(GATE.format(""))}
     off = {g: np.array(False) for g in gates}
