@@ -403,6 +403,36 @@ def test_a_later_sample_judged_alone_is_named_by_its_own_number(tmp_path):
     assert y.failed_samples == [2] and y.checks["simple"]["worst"]["sample"] == 2, y.checks
 
 
+def test_the_progress_line_counts_each_candidates_own_samples(tmp_path, capsys, monkeypatch):
+    """Two candidates judged in turn on three samples: the line names the candidate, and
+    its sample among three (not "4/6 samples")."""
+    from trtbuild.accuracy import progress
+    from trtbuild.accuracy.judge import Candidate, judge_all
+    from trtbuild.front import run_front
+    from trtbuild.policy import load_policy
+    from trtbuild.precision.assign import assign
+    from trtbuild.precision.convert import convert
+
+    m = model([node("Mul", ["x", "k"], "y", "scale")], [("x", F, [1, 4])], [("y", F, [1, 4])],
+              {"k": np.array(1.0001, np.float32)})  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 4]}\naccuracy: {samples: 3}\n"
+    )
+    front = run_front(load_policy(tmp_path / "p.yaml"))
+    run = front.shapes[0]
+    mixed = convert(assign(front.view, front.policy.precision)).model
+    monkeypatch.setattr(progress, "DELAY_SECONDS", 0.0)
+    capsys.readouterr()
+    judge_all(
+        run.reference, front.prepared.model, [Candidate(mixed), Candidate(front.prepared.model)],
+        run.feeds, front.policy.accuracy, detail="overflow",
+    )  # fmt: skip
+    lines = capsys.readouterr().err.splitlines()
+    assert "judging emulated-fp16: sample 1/3 of candidate 1/2" in lines, lines
+    assert lines[-1] == "judging emulated-fp16: sample 3/3 of candidate 2/2", lines
+
+
 def test_a_candidate_that_fails_on_a_later_sample_alone_is_walked_on_it(tmp_path, capsys):
     """Samples 0 and 1 hold in FP16, sample 2 overflows (40000 · 2): the walk ran on the
     first sample, which passes, and named no first divergence; it is walked on the sample

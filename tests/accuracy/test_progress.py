@@ -48,6 +48,23 @@ def test_samples_show_only_once_the_run_takes_a_while(monkeypatch):
     assert out.getvalue() == "FP32 reference: 3/3 samples\n"
 
 
+def test_candidates_judged_in_turn_are_counted_each_on_its_own_samples(monkeypatch):
+    """`build` judges its policy, then the FP16 baseline, on the same two samples: the line
+    says which sample of which candidate, not "3/4 samples" of a policy with two."""
+    monkeypatch.setattr(progress, "DELAY_SECONDS", 0.0)
+    out = io.StringIO()
+    ticker = SampleProgress("judging emulated-fp16", 4, stream=out, candidates=2)
+    for done in range(1, 5):
+        ticker.last = 0.0  # every update shown
+        ticker.tick(done)
+    assert out.getvalue().splitlines() == [
+        "judging emulated-fp16: sample 1/2 of candidate 1/2",
+        "judging emulated-fp16: sample 2/2 of candidate 1/2",
+        "judging emulated-fp16: sample 1/2 of candidate 2/2",
+        "judging emulated-fp16: sample 2/2 of candidate 2/2",
+    ]
+
+
 def test_a_status_line_without_stderr_writes_nothing(monkeypatch):
     """No stderr at all (pythonw, a service): `isatty` of None was exit 70."""
     import sys

@@ -233,7 +233,9 @@ def judge_all(
     )
     runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
     labels = ", ".join(dict.fromkeys(c.label for c in candidates))
-    ticker = SampleProgress(f"judging {labels}", len(feeds) * len(runs) if progress else 0)
+    ticker = SampleProgress(
+        f"judging {labels}", len(feeds) * len(runs) if progress else 0, candidates=len(runs)
+    )
     index = list(samples) if samples is not None else list(range(len(feeds)))
     _run_feeds(graph, plan, runs, feeds, index, detail, ticker, again)
     judged = [_judged(reference, run, feeds, spec, verbose, index) for run in runs]

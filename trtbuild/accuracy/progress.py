@@ -57,23 +57,37 @@ class StatusLine:
 
 
 class SampleProgress:
-    """`label: k/N samples` on stderr, once the run has taken `DELAY_SECONDS`."""
+    """`label: k/N samples` on stderr, once the run has taken `DELAY_SECONDS`; with several
+    candidates judged one after another, `label: sample k/N of candidate c/C`.
 
-    def __init__(self, label: str, total: int, stream: TextIO | None = None):
-        self.label, self.total = label, total
+    Why say the candidate: `build` judges its policy and the all-FP16 baseline on the same
+    samples, one after the other; a count of both ("3/4 samples" for two samples) read as
+    samples the policy does not have.
+    """
+
+    def __init__(self, label: str, total: int, stream: TextIO | None = None, candidates: int = 1):
+        self.label, self.total, self.candidates = label, total, max(1, candidates)
         self.line = StatusLine(stream)
         self.start = time.monotonic()
         self.last = 0.0
 
     def tick(self, done: int) -> None:
-        """Report `done` samples; silent for a total of 0 (progress switched off)."""
+        """Report `done` runs (the candidates' samples in turn); silent for a total of 0
+        (progress switched off)."""
         if not self.total:
             return
         now = time.monotonic()
         if now - self.start < DELAY_SECONDS or (now - self.last < 1.0 and done < self.total):
             return
         self.last = now
-        self.line.write(f"{self.label}: {done}/{self.total} samples")
+        if self.candidates == 1:
+            self.line.write(f"{self.label}: {done}/{self.total} samples")
+            return
+        per = self.total // self.candidates
+        c, k = divmod(max(done, 1) - 1, per)
+        self.line.write(
+            f"{self.label}: sample {k + 1}/{per} of candidate {c + 1}/{self.candidates}"
+        )
 
     def done(self) -> None:
         self.line.done()
