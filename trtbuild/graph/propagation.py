@@ -70,14 +70,15 @@ def _passes_on(node: onnx.NodeProto, index: int) -> bool:
     inputs = PROPAGATES.get(node.op_type, ())
     if inputs is not _ALL and index not in inputs:
         return False
+    if node.op_type not in ("Cast", "Conv"):
+        return True
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     if node.op_type == "Cast":
         return attrs.get("to") in FLOAT_TYPES | {onnx.TensorProto.DOUBLE}
-    if node.op_type == "Conv":  # stride 1, dilation 1: some window reads every position
-        return all(s == 1 for s in attrs.get("strides", ())) and all(
-            d == 1 for d in attrs.get("dilations", ())
-        )
-    return True
+    # Conv: stride 1, dilation 1: some window reads every position
+    return all(s == 1 for s in attrs.get("strides", ())) and all(
+        d == 1 for d in attrs.get("dilations", ())
+    )
 
 
 def unobserved(
@@ -104,7 +105,10 @@ def unobserved(
     for node in reversed(model.graph.node):
         for out in node.output:
             if out not in observed and any(
-                _passes_on(r, k) and r.output[0] in observed and not _empty(shapes, r.output[0])
+                len(r.output) == 1  # (`_passes_on` asks it too) the cheap test first
+                and r.output[0] in observed
+                and _passes_on(r, k)
+                and not _empty(shapes, r.output[0])
                 for r, k in readers.get(out, ())
             ):
                 observed.add(out)
