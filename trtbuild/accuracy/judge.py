@@ -232,10 +232,7 @@ def judge_all(
         )
     )
     runs = [_Run.start(c, plan, measures, spec, detail) for c in unique]
-    labels = ", ".join(dict.fromkeys(c.label for c in candidates))
-    ticker = SampleProgress(
-        f"judging {labels}", len(feeds) * len(runs) if progress else 0, candidates=len(runs)
-    )
+    ticker = _ticker(candidates, len(runs), len(feeds), progress)
     index = list(samples) if samples is not None else list(range(len(feeds)))
     _run_feeds(graph, plan, runs, feeds, index, detail, ticker, again)
     judged = [_judged(reference, run, feeds, spec, verbose, index) for run in runs]
@@ -278,6 +275,12 @@ def _walk_failures(
         walked.setdefault(at, []).append(run)
     for at, group in sorted(walked.items()):
         _lockstep(graph, plan(), group, feeds[at], outputs=False)
+
+
+def _ticker(candidates: list[Candidate], runs: int, feeds: int, progress: bool) -> SampleProgress:
+    """The progress line of `runs` candidates judged in turn on `feeds` samples each."""
+    labels = ", ".join(dict.fromkeys(c.label for c in candidates))
+    return SampleProgress(f"judging {labels}", feeds * runs if progress else 0, candidates=runs)
 
 
 def _run_feeds(
