@@ -10,6 +10,7 @@ from urllib.parse import quote
 from trtbuild.nightly.history import number
 from trtbuild.nightly.regressions import Regression, by_policy
 from trtbuild.nightly.runner import PolicyResult
+from trtbuild.words import percent
 
 
 def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
@@ -103,8 +104,8 @@ def _share(r: PolicyResult) -> str:
     """`43.1%`, or `21.5% + 21.5% INT8/FP8` for a quantized model's policy."""
     if r.low_share is None:
         return "–"
-    q = f" + {r.quantized_share:.1%} INT8/FP8" if r.quantized_share else ""
-    return f"{r.low_share:.1%}{q}"
+    q = f" + {percent(r.quantized_share)} INT8/FP8" if r.quantized_share else ""
+    return f"{percent(r.low_share)}{q}"
 
 
 def table(results: list[PolicyResult], found: list[Regression]) -> list[tuple[bool, list[str]]]:

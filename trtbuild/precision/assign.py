@@ -25,6 +25,7 @@ from trtbuild.graph.view import GraphView, in_sequences
 from trtbuild.numerics import LOW_WHOLE
 from trtbuild.policy.specs import Precision
 from trtbuild.precision import rules as rules_mod
+from trtbuild.words import percent
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,12 @@ class PrecisionSummary:
     def share_text(self) -> str:
         """`95.0% FP16` or `95.0% BF16`: what a BF16 policy buys is counted as BF16; a
         quantized model's INT8/FP8 compute as its own class (`80.0% FP16, 15.0% INT8`)."""
-        text = f"{self.low_share:.1%} {self.low.upper()}"
+        text = f"{percent(self.low_share)} {self.low.upper()}"
         compute = self.fp16_nodes + self.bf16_nodes + self.fp32_nodes
         compute += self.int8_nodes + self.fp8_nodes
         for name, n in (("INT8", self.int8_nodes), ("FP8", self.fp8_nodes)):
             if n:
-                text += f", {n / compute:.1%} {name}"
+                text += f", {percent(n / compute)} {name}"
         return text
 
     def to_json(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from trtbuild.errors import UsageError
 from trtbuild.front import Front
 from trtbuild.policy import Policy
 from trtbuild.tuning.search import SearchResult, Trial
+from trtbuild.words import percent
 
 OBJECTIVES = ("nodes", "flops")
 
@@ -135,7 +136,7 @@ def tight_warning(result: SearchResult) -> str | None:
         return None
     low = result.low.upper()
     return (
-        f"tune kept only {result.low_share:.1%} of the model in {low}: the tolerances are "
+        f"tune kept only {percent(result.low_share)} of the model in {low}: the tolerances are "
         f"likely tighter than {low} storage allows; loosen them where the task allows (boxes "
         f"within a pixel, an image by PSNR, a classifier by top-k): more `budget` rarely "
         f"keeps more in {low} then"
@@ -220,7 +221,7 @@ class Progress:
         bar = "#" * filled + "." * (self.width - filled)
         state = "pass" if trial.passed else "fail"
         self.line.write(
-            f"tune [{bar}] {trial.step}/{budget} {state} {trial.low_share:.1%}  {trial.action[:60]}"
+            f"tune [{bar}] {trial.step}/{budget} {state} {percent(trial.low_share)}  {trial.action[:60]}"
         )
 
     def done(self) -> None:
