@@ -158,7 +158,7 @@ def _tune_args(sub) -> None:
         "tune",
         help="search the smallest FP32 set that meets the tolerances; write it as a policy",
         epilog="exit codes: 0 the tuned policy passes, 1 no passing policy within the budget "
-        "(the best attempt is written, marked as failing), 2 bad usage/policy/model",
+        "(the pins settled so far are written, marked as failing), 2 bad usage/policy/model",
     )
     _policy_args(t)
     t.add_argument("-o", "--output", required=True, type=Path, metavar="TUNED.yaml")
