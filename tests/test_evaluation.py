@@ -34,3 +34,37 @@ def test_a_body_warning_counts_every_unmeasured_op_it_does_not_name(tmp_path):
     (said,) = body_warnings(run_front(load_policy(tmp_path / "p.yaml"), reference="none"))
     assert "the internal sums of 4 low-precision op(s) there are not measured" in said
     assert ", +1 more): pin them" in said
+
+
+def test_integer_inputs_one_value_everywhere_are_said_and_a_range_of_two_is_not(tmp_path):
+    """An embedding's ids given no data draw from the default [0, 1): 0 in every sample, said
+    with the fix; ids drawn from [0, 2) (the policy's range) are not, nor the user's own
+    file of zeros, nor a float input."""
+    import numpy as np
+
+    from tests.helpers import model
+    from trtbuild.evaluation import constant_inputs
+    from trtbuild.front import run_front
+    from trtbuild.policy import load_policy
+
+    m = model(
+        [node("Gather", ["table", "ids"], "e", "embed"), node("Add", ["e", "x"], "y", "add")],
+        [("ids", onnx.TensorProto.INT64, [1, 4]), ("x", F, [1, 4, 3])],
+        [("y", F, [1, 4, 3])],
+        {"table": np.arange(6, dtype=np.float32).reshape(2, 3)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    base = "version: 1\nmodel: m.onnx\naccuracy: {samples: 3}\ninputs:\n  x: {shape: [1, 4, 3]}\n"
+    np.savez(tmp_path / "ids.npz", ids=np.zeros((3, 1, 4), np.int64))  # the user's own zeros
+    cases = [
+        ("{shape: [1, 4]}", True),
+        ("{shape: [1, 4], data: {high: 2}}", False),
+        ("{shape: [1, 4], data: {file: ids.npz}}", False),
+    ]
+    for ids, said in cases:
+        (tmp_path / "p.yaml").write_text(base + f"  ids: {ids}\n")
+        found = constant_inputs(run_front(load_policy(tmp_path / "p.yaml"), reference="measures"))
+        assert bool(found) == said, found
+        if said:
+            assert "(ids is 0, in every sample" in found[0] and "{low: 0, high: 2}" in found[0]
+            assert " x " not in found[0]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from trtbuild import __version__
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.breakdown import split_error
@@ -43,8 +45,39 @@ def report_warnings(front: Front, flat: list[dict[str, Any]] | None = None) -> l
         + unmeasured_quantization(front)
         + upcast_warnings(front)
         + fewer_samples(front)
+        + constant_inputs(front)
         + flat_warnings(flat_outputs(front) if flat is None else flat, front)
     )
+
+
+def constant_inputs(front: Front) -> list[str]:
+    """The integer inputs whose random data is one value everywhere, in every sample and at
+    every point: a half-open range `[low, high)` of width one, as the default `[0, 1)` is.
+
+    Why said: an exported BERT's `attention_mask` and token ids given no data were 0
+    everywhere, every row of every attention masked; FP16 turned the mask's -3.4e38 into
+    -inf and the softmax into NaN, and `tune` pinned an attention block per evaluation
+    for data no user feeds.
+    """
+    found: dict[str, set] = {}
+    for run in front.shapes:
+        for name, data in run.data.items():
+            arrays = [np.asarray(feed[name]) for feed in run.feeds if name in feed]
+            if data.kind != "random" or not arrays or arrays[0].dtype.kind not in "iu":
+                continue
+            values = found.setdefault(name, set())
+            values.update(np.unique(np.concatenate([a.ravel() for a in arrays])).tolist())
+    constant = {n: v for n, v in found.items() if len(v) == 1}
+    if not constant:
+        return []
+    said = ", ".join(f"{n} is {next(iter(v))}" for n, v in constant.items())
+    return [
+        f"the random data of an integer input is one value everywhere ({said}, in every "
+        "sample: a range [low, high) holds only low where high is low + 1, as the default "
+        "[0, 1) does), so every sample feeds the model the same; give each its range under "
+        "inputs.<name>.data ({low: 0, high: 2} for a mask, {low: 0, high: <vocabulary "
+        "size>} for token ids), or real samples in a file"
+    ]
 
 
 def fewer_samples(front: Front) -> list[str]:

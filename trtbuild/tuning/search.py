@@ -704,9 +704,9 @@ def tune(
     Data that does not exercise the model is said first, as `check` and `build` say it
     (the `trtbuild` logger): a pin set found on it proves little.
     """
-    from trtbuild.evaluation import flat_outputs, flat_warnings
+    from trtbuild.evaluation import constant_inputs, flat_outputs, flat_warnings
 
-    for warning in flat_warnings(flat_outputs(front), front):
+    for warning in constant_inputs(front) + flat_warnings(flat_outputs(front), front):
         logging.getLogger("trtbuild").warning(warning)
     search = Search(front, budget, objective, seed, jobs)
     search.progress = progress
