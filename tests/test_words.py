@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtbuild.words import first_few, percent
+from trtbuild.words import field, first_few, percent
 
 
 def test_the_first_three_are_said_and_the_rest_counted():
@@ -28,3 +28,12 @@ def test_the_first_three_are_said_and_the_rest_counted():
 )
 def test_a_share_is_all_or_nothing_only_where_it_is(share, text):
     assert percent(share) == text
+
+
+def test_a_field_path_quotes_a_key_that_holds_a_dot():
+    """An ONNX input named `input.1` (a PyTorch export's): `inputs.input.1.data` read as four
+    keys."""
+    assert field("inputs", "x", "data") == "inputs.x.data"
+    assert field("inputs", "input.1", "data") == 'inputs."input.1".data'
+    assert field("precision", "rules", 2, "match") == "precision.rules[2].match"
+    assert field("inputs", "onnx::Conv_0") == "inputs.onnx::Conv_0"

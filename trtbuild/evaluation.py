@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from trtbuild import __version__
+from trtbuild import __version__, words
 from trtbuild.accuracy import risk
 from trtbuild.accuracy.breakdown import split_error
 from trtbuild.accuracy.judge import Candidate, Verdict, judge_all
@@ -94,7 +94,10 @@ def fewer_samples(front: Front) -> list[str]:
         return []
     where = "; ".join(f"{len(r.feeds)} at {r.point.label}" for r in short)
     given = dict.fromkeys(
-        f"inputs.{n}: {d.source}" for r in short for n, d in r.data.items() if d.kind != "random"
+        f"{words.field('inputs', n)}: {d.source}"
+        for r in short
+        for n, d in r.data.items()
+        if d.kind != "random"
     )
     return [
         f"accuracy.samples is {asked}, but the data given holds fewer samples ({where}): "
@@ -186,7 +189,7 @@ def flat_warnings(flat: list[dict[str, Any]], front: Front) -> list[str]:
     for f in flat:
         by_output.setdefault(f["output"], []).append(f)
     names = [n for r in front.shapes[:1] for n in r.point.shapes] or ["<input>"]
-    fix = " or ".join(f"`inputs.{n}.data`" for n in names)
+    fix = " or ".join(f"`{words.field('inputs', n, 'data')}`" for n in names)
     low = front.policy.precision.default.upper().replace("FP32", "FP16")
     out = []
     for output, rows in by_output.items():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import onnx
 
+from trtbuild import words
 from trtbuild.accuracy import data as data_mod
 from trtbuild.accuracy.images import Decoded
 from trtbuild.accuracy.points import ShapePoint, shape_points
@@ -241,14 +242,16 @@ def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
     for name in given:
         if name not in outputs:
             raise UsageError(
-                f"accuracy.tolerances.outputs.{name}: the model has no output {name!r} (its "
+                f"{words.field('accuracy', 'tolerances', 'outputs', name)}: the model has no output {name!r} (its "
                 f"outputs: {', '.join(outputs)})",
                 where=policy.where,
                 hint="name one of the model's outputs",
             )
     ranks = {o.name: len(o.type.tensor_type.shape.dim) for o in view.graph.output}
     for name in outputs:
-        key = f"accuracy.tolerances.{f'outputs.{name}' if name in given else 'default'}"
+        key = words.field(
+            "accuracy", "tolerances", *(("outputs", name) if name in given else ("default",))
+        )
         _indices_fit(policy, key, name, policy.accuracy.tolerance(name), view, ranks.get(name))
 
 

@@ -24,3 +24,17 @@ def percent(share: float) -> str:
     if 0 < share < 1 and text in ("100.0%", "0.0%"):
         return ">99.9%" if share > 0.5 else "<0.1%"
     return text
+
+
+def field(*parts: str | int) -> str:
+    """A policy field's path as messages write it, `inputs.x.data`: a key holding a dot (an
+    ONNX name like `input.1`) quoted, `inputs."input.1".data`, so the path reads one way;
+    a list index as `[k]`."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+            continue
+        key = f'"{part}"' if "." in part or not part else part
+        text += f".{key}" if text else key
+    return text

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from trtbuild import words
 from trtbuild.accuracy import derive, files, npz
 from trtbuild.accuracy.images import Decoded, image_layout, image_paths, point_images
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
@@ -231,7 +232,7 @@ def _plan(
         spec = specs.get(name)
         if name in found or spec is None or spec.data.images is None:
             continue
-        image_layout(policy, spec, shape, f"inputs.{name}.data", dtypes[name])
+        image_layout(policy, spec, shape, words.field("inputs", name, "data"), dtypes[name])
         paths = image_paths(policy, spec, shape[0])
         images[name] = len(paths) // shape[0]
         folder = f"{spec.data.images.folder.name}/"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtbuild import words
 from trtbuild.accuracy.points import InputData, ShapePoint
 from trtbuild.errors import UsageError
 from trtbuild.policy.model import Policy
@@ -31,7 +32,7 @@ def check(
     """From the array's shape alone (its header, before any of it is read): it fits this
     point as it is or derived, or one message names the field to fix. True where the point
     needs every sample the file holds: synthetic data at another shape takes their statistics."""
-    field = f"inputs.{spec.name}.data.file"
+    field = words.field("inputs", spec.name, "data", "file")
     have = _sample_shape(policy, field, spec, file_shape, shape)
     if have == shape:
         return False
@@ -43,8 +44,9 @@ def check(
             f"{field}: array '{spec.name}' has shape {list(have)}; {where} needs {list(shape)} "
             "and derive is none",
             where=policy.where,
-            hint=f"give the point its own data (accuracy.shapes.{point_name}.data.file), skip it "
-            f"(accuracy.shapes.{point_name}.skip: REASON), or set derive: tile or synthetic",
+            hint=f"give the point its own data ({words.field('accuracy', 'shapes', point_name, 'data', 'file')}), "
+            f"skip it ({words.field('accuracy', 'shapes', point_name, 'skip')}: REASON), or set "
+            "derive: tile or synthetic",
         )
     return spec.data.derive == "synthetic"
 

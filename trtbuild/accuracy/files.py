@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtbuild import words
 from trtbuild.accuracy import derive, npz
 from trtbuild.accuracy.points import ShapePoint
 from trtbuild.errors import UsageError
@@ -59,7 +60,7 @@ def plan(
     for spec in policy.inputs:
         if spec.name in found or spec.name not in shapes or spec.data.file is None:
             continue
-        field, path = f"inputs.{spec.name}.data.file", spec.data.file
+        field, path = words.field("inputs", spec.name, "data", "file"), spec.data.file
         found_in = _members(policy, path, field)
         member = found_in.get(spec.name) or found_in.get(npz.BARE)
         if member is None:
@@ -107,7 +108,7 @@ def _own(
     policy: Policy, point: ShapePoint, shapes: dict[str, tuple[int, ...]], dtypes: dict
 ) -> dict[str, FileInput]:
     """A point's own .npz: arrays keyed by input name, at exactly this point's shapes."""
-    field = f"accuracy.shapes.{point.name.split('=')[-1]}.data.file"
+    field = words.field("accuracy", "shapes", point.name.split("=")[-1], "data", "file")
     members = _members(policy, point.file, field)
     if npz.BARE in members:
         raise UsageError(

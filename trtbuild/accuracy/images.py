@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from trtbuild import words
 from trtbuild.accuracy.points import InputData
 from trtbuild.errors import UsageError
 from trtbuild.policy.model import Policy
@@ -34,7 +35,7 @@ def image_paths(
 ) -> list[Path]:
     """The folder's images, sorted by name: whole samples of `per_sample` each, at most
     `accuracy.samples` (and `count`) of them (no image is decoded that no sample uses)."""
-    img, field = spec.data.images, f"inputs.{spec.name}.data.images"
+    img, field = spec.data.images, words.field("inputs", spec.name, "data", "images")
     try:
         files = sorted(p for p in img.folder.iterdir() if p.is_file())
     except OSError as exc:
@@ -82,7 +83,7 @@ class Decoded:
         checked there, before anything is decoded): the original and its `resize`."""
         from PIL import Image
 
-        img, field = spec.data.images, f"inputs.{spec.name}.data"
+        img, field = spec.data.images, words.field("inputs", spec.name, "data")
         channels = 1 if img.channels == "GRAY" else 3
         scaled = img.resize[0] * img.resize[1] if img.fit == "crop" and img.resize else 0
         total = 0
@@ -127,7 +128,7 @@ def point_images(
     """The folder's images as [samples, *shape] (batches of consecutive images; at most
     `count` samples), each brought to this point's H x W from its original, and how
     (upsampled or padded said plainly)."""
-    field = f"inputs.{spec.name}.data"
+    field = words.field("inputs", spec.name, "data")
     layout, (_, h, w) = image_layout(policy, spec, shape, field, dtype)
     raw = not np.issubdtype(dtype, np.floating)  # an integer input: the pixels, 0 to 255
     decoded = decoded if decoded is not None else Decoded()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtbuild import words
 from trtbuild.errors import UsageError
 from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import InputSpec, PointSpec
@@ -102,7 +103,7 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
         if name not in names:
             from trtbuild.graph.model_io import no_input
 
-            raise no_input(f"inputs.{name}", name, names, policy.where)
+            raise no_input(words.field("inputs", name), name, names, policy.where)
     shapes = {}
     for name, _, dims in inputs:
         spec = specs.get(name)
@@ -110,7 +111,7 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
         if shape is None:
             if any(not isinstance(d, int) or d <= 0 for d in dims):
                 raise UsageError(
-                    f"inputs.{name}: the model's input '{name}' has dynamic shape "
+                    f"{words.field('inputs', name)}: the model's input '{name}' has dynamic shape "
                     f"{[d if d else '?' for d in dims]}",
                     where=policy.where,
                     hint=f"add 'inputs: {{{name}: {{shape: [...]}}}}' or a min/opt/max profile",
@@ -119,7 +120,9 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
         else:
             for key in ("shape", "min", "opt", "max"):
                 if getattr(spec, key) is not None:
-                    check_fits(policy, name, getattr(spec, key), dims, f"inputs.{name}.{key}")
+                    check_fits(
+                        policy, name, getattr(spec, key), dims, words.field("inputs", name, key)
+                    )
         shapes[name] = tuple(shape)
     return shapes
 
@@ -194,11 +197,11 @@ def _same_dims(policy: Policy, spec: PointSpec, point: ShapePoint) -> None:
     for input_name, dims in spec.dims:
         if point.shapes.get(input_name) != tuple(dims):
             raise UsageError(
-                f"accuracy.shapes.{spec.name}.{input_name}: {list(dims)} differs from the "
+                f"{words.field('accuracy', 'shapes', spec.name, input_name)}: {list(dims)} differs from the "
                 f"profile's {spec.name} {list(point.shapes.get(input_name, ()))}",
                 where=policy.where,
                 hint=f"'{spec.name}' is the profile's own point: give only data or skip there, "
-                f"change inputs.{input_name}.{spec.name}, or name the extra point otherwise",
+                f"change {words.field('inputs', input_name, spec.name)}, or name the extra point otherwise",
             )
 
 
@@ -206,10 +209,10 @@ def _named_point(
     policy: Policy, model: onnx.ModelProto, base: dict, spec: PointSpec
 ) -> dict[str, tuple[int, ...]]:
     """A named point of `accuracy.shapes`: inputs it names take its dims, within the profile."""
-    field = f"accuracy.shapes.{spec.name}"
+    where = words.field("accuracy", "shapes", spec.name)
     if spec.name in ("min", "opt", "max"):
         raise UsageError(
-            f"{field}: this policy has no min/opt/max profile, so '{spec.name}' names no point",
+            f"{where}: this policy has no min/opt/max profile, so '{spec.name}' names no point",
             where=policy.where,
             hint="name the extra point otherwise, or give the inputs a min/opt/max profile",
         )
@@ -219,9 +222,20 @@ def _named_point(
         if input_name not in inputs:
             from trtbuild.graph.model_io import no_input
 
-            raise no_input(field, input_name, inputs, policy.where)
-        check_fits(policy, input_name, shape, inputs[input_name], f"{field}.{input_name}")
-        _within_profile(policy, specs.get(input_name), tuple(shape), f"{field}.{input_name}")
+            raise no_input(where, input_name, inputs, policy.where)
+        check_fits(
+            policy,
+            input_name,
+            shape,
+            inputs[input_name],
+            words.field("accuracy", "shapes", spec.name, input_name),
+        )
+        _within_profile(
+            policy,
+            specs.get(input_name),
+            tuple(shape),
+            words.field("accuracy", "shapes", spec.name, input_name),
+        )
     return {**base, **{n: tuple(d) for n, d in spec.dims}}
 
 
@@ -242,5 +256,7 @@ def _within_profile(
         if spec.shape is None or tuple(spec.shape) == shape:
             return
         profile = f"the static shape {list(spec.shape)} the engine is built for"
-        hint = f"give inputs.{spec.name} a min/opt/max profile that holds this shape"
+        hint = (
+            f"give {words.field('inputs', spec.name)} a min/opt/max profile that holds this shape"
+        )
     raise UsageError(f"{field}: {list(shape)} is outside {profile}", where=policy.where, hint=hint)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtbuild import words
 from trtbuild.errors import BackendError, UsageError
 from trtbuild.policy.specs import OPSET_FIX, BuildSpec, InputSpec
 
@@ -613,7 +614,7 @@ def _add_profile(trt, builder, network, config, inputs: tuple[InputSpec, ...]) -
         if spec is None or (spec.shape is None and spec.opt is None):
             raise UsageError(
                 f"input '{tensor.name}' has dynamic shape {tuple(tensor.shape)}",
-                where=f"inputs.{tensor.name}",
+                where=words.field("inputs", tensor.name),
                 hint="give 'shape: [...]' or an optimization profile 'min/opt/max' in the policy",
             )
         if spec.shape is not None:

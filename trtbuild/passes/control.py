@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtbuild import words
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
@@ -54,7 +55,7 @@ def _constant(vi: onnx.ValueInfoProto, value: object) -> onnx.TensorProto:
         array = array.reshape(dims)
     elif dims and array.ndim == 0:
         raise UsageError(
-            f"passes.freeze_inputs.{vi.name}: the input has shape "
+            f"{words.field('passes', 'freeze_inputs', vi.name)}: the input has shape "
             f"{[d.dim_value or d.dim_param for d in vi.type.tensor_type.shape.dim]}; "
             "a single number fits only a scalar input",
             hint="give the value as a list with one number per element",

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from trtbuild import words
 from trtbuild.errors import UsageError
 from trtbuild.policy.keys import given, keyed, written
 from trtbuild.policy.schema import SCHEMA, SchemaViolation, _validator, validate
@@ -141,10 +142,7 @@ def _line_map(
 
 
 def format_path(path: tuple) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
+    return words.field(*(p if isinstance(p, int) else str(p) for p in path)) or "(top level)"
 
 
 class _Located:
