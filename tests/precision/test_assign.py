@@ -239,3 +239,14 @@ def test_only_a_weight_handed_out_as_it_is_stays_fp32():
     assert (decided["copy"].precision, decided["copy"].rule) == ("fp32", "weight-output")
     assert decided["embed"].precision == decided["cat"].precision == "fp16"
     assert decided["flatten"].precision == "fp16"  # the Mul reads it on: not handed out alone
+
+
+def test_a_share_is_stored_as_all_or_none_only_where_it_is():
+    """Four places, as report.json holds a share; one node of twenty thousand is not all."""
+    from trtbuild.precision.assign import stored_share
+    from trtbuild.words import percent
+
+    assert stored_share(431, 1000) == 0.431
+    assert (stored_share(0, 5), stored_share(5, 5), stored_share(0, 0)) == (0.0, 1.0, 0.0)
+    assert stored_share(20000, 20001) == 0.9999 and percent(stored_share(20000, 20001)) == ">99.9%"
+    assert stored_share(1, 30000) == 0.0001 and percent(stored_share(1, 30000)) == "<0.1%"

@@ -75,7 +75,7 @@ class Assignment:
         low = "bf16" if counts["bf16"] > counts["fp16"] else "fp16"
 
         def share(n: int) -> float:
-            return round(n / compute, 4) if compute else 0.0
+            return stored_share(n, compute)
 
         return PrecisionSummary(
             fp16_nodes=counts["fp16"],
@@ -91,6 +91,14 @@ class Assignment:
             quantized_share=share(counts["int8"] + counts["fp8"]),
             quantized=self.qdq.inventory(self.quantized),
         )
+
+
+def stored_share(n: int, total: int) -> float:
+    """`n` of `total` to four places, as report.json holds it: 1.0 or 0.0 only where it is
+    all or none (one FP32 node of twenty thousand rounded to 1.0, and read "100.0% FP16")."""
+    if not total or n in (0, total):
+        return n / total if total else 0.0
+    return min(max(round(n / total, 4), 0.0001), 0.9999)
 
 
 @dataclass(frozen=True)
