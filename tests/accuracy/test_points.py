@@ -148,3 +148,17 @@ def test_equal_points_with_one_file_between_them_are_judged_once_on_it(tmp_path)
     runs = run_front(load_policy(path), reference="none").shapes
     assert [r.point.name for r in runs] == ["opt=min", "max"]
     assert runs[0].data["x"].source == "b.npz (this point's own)"
+
+
+def test_an_input_named_with_a_dot_is_quoted_in_the_field_to_fix(tmp_path, capsys):
+    """A shape that does not fit PyTorch's `input.1`: the field to fix reads as one key."""
+    m = model(
+        [node("Relu", ["input.1"], "y", "relu")], [("input.1", F, [1, 4])], [("y", F, [1, 4])]
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        'version: 1\nmodel: m.onnx\ninputs:\n  "input.1": {shape: [1, 4, 2]}\n'
+    )
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert 'inputs."input.1".shape: rank 3 does not fit' in err, err

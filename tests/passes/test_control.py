@@ -94,3 +94,11 @@ def test_real_silero_vad_at_16k_keeps_its_outputs(real_model):
     want = _run(source, {**feed, "sr": np.array(16000, np.int64)})
     for got, ref in zip(_run(prepared.model, feed), want):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_freezing_an_input_the_model_lacks_names_the_field_with_its_dot_quoted():
+    """`passes.freeze_inputs."in.2"`: a name holding a dot reads as one key of the field."""
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+    with pytest.raises(UsageError) as info:
+        freeze_inputs(m, (("in.2", 3),))
+    assert 'passes.freeze_inputs."in.2"' in str(info.value), str(info.value)

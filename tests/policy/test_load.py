@@ -55,6 +55,14 @@ def test_nested_field_error_names_path(write_policy, nafnet_path):
     assert ":6" in msg
 
 
+def test_a_key_holding_a_dot_is_quoted_in_the_field_path(write_policy, nafnet_path):
+    """An input named `input.1` (a PyTorch export's): `inputs.input.1.shap` reads as four
+    keys; the path quotes it."""
+    text = f"version: 1\nmodel: {nafnet_path}\ninputs:\n  input.1: {{shap: [1, 3, 8, 8]}}\n"
+    msg = _error(write_policy, text)
+    assert 'inputs."input.1".shap' in msg and "did you mean 'shape'" in msg, msg
+
+
 def test_malformed_yaml_names_line(write_policy):
     msg = _error(write_policy, "version: 1\nmodel: [unclosed\n")
     assert "malformed YAML" in msg and "policy.yaml:" in msg

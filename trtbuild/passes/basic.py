@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtbuild import words
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
@@ -427,7 +428,7 @@ def inputs_named(model: onnx.ModelProto, names: list[str], field: str) -> None:
     inputs = [i.name for i in fed_inputs(model)]
     for name in names:
         if name not in inputs:
-            raise no_input(f"{field}.{name}", name, inputs)
+            raise no_input(words.field(*field.split("."), name), name, inputs)
 
 
 def _set_dims(vi: onnx.ValueInfoProto, dims: tuple[int | str, ...]) -> None:
