@@ -143,3 +143,33 @@ def test_build_from_an_image_folder(tmp_path, write_policy):
     import json
 
     assert json.loads((out / "report.json").read_text())["samples"] == 2
+
+
+def test_a_one_element_integer_input_takes_values_of_its_range(tmp_path):
+    """Polygraphy's DataLoader feeds a shape-[1] integer input its own shape ([1]) whatever
+    the range, taking it for a TensorRT shape tensor; the report said `uniform integers
+    [0, 100)`. Drawn here, from that range, deterministic for the seed; a [2] one is the
+    DataLoader's, as before."""
+    from onnx import TensorProto
+
+    m = model(
+        [node("Gather", ["t", "k"], "e", "take"), node("Gather", ["t", "j"], "f", "take2")],
+        [("k", TensorProto.INT64, [1]), ("j", TensorProto.INT64, [2])],
+        [("e", F, [1]), ("f", F, [2])],
+        {"t": np.arange(100, dtype=np.float32)},
+    )
+    import onnx
+
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\naccuracy: {samples: 8}\ninputs:\n"
+        "  k: {shape: [1], data: {low: 0, high: 100}}\n"
+        "  j: {shape: [2], data: {low: 0, high: 100}}\n"
+    )
+    policy = load_policy(tmp_path / "p.yaml")
+    feeds = make_feeds(policy, m)
+    ks = [int(f["k"][0]) for f in feeds]
+    assert all(0 <= k < 100 for k in ks) and len(set(ks)) > 2, ks
+    assert all(f["k"].dtype == np.int64 and f["k"].shape == (1,) for f in feeds)
+    assert [int(f["k"][0]) for f in make_feeds(policy, m)] == ks  # the same seed, the same data
+    assert len({int(v) for f in feeds for v in f["j"]}) > 2

@@ -306,6 +306,11 @@ def _uniform(inputs: dict, seed: int, n_samples: int) -> list[Feed]:
 
     The policy's integer range is half-open, `[low, high)` (token ids below the
     vocabulary size); Polygraphy's `val_range` is inclusive, so it gets `high - 1`.
+
+    A one-element integer input (shape `[1]`: a count, a sample rate, TopK's k) is drawn
+    here, from the same range with the same seed: Polygraphy's `DataLoader` takes it for
+    a TensorRT shape tensor and feeds it its own shape, `[1]`, whatever the range (its
+    hack for older TensorRT), while the report said `uniform integers [0, 100)`.
     """
     if not inputs:
         return [{} for _ in range(n_samples)]
@@ -324,4 +329,11 @@ def _uniform(inputs: dict, seed: int, n_samples: int) -> list[Feed]:
             ranges[name] = (low, max(int(spec.high) - 1, low))
     with quiet_polygraphy():  # it announces the metadata at info level
         loader = DataLoader(seed=seed, iterations=n_samples, input_metadata=meta, val_range=ranges)
-        return [dict(loader[i]) for i in range(n_samples)]
+        feeds = [dict(loader[i]) for i in range(n_samples)]
+    for k, (name, (shape, dtype, _)) in enumerate(inputs.items()):
+        if tuple(shape) == (1,) and np.issubdtype(dtype, np.integer):
+            low, high = ranges[name]
+            for i, feed in enumerate(feeds):
+                rng = np.random.default_rng([seed, i, k])
+                feed[name] = rng.integers(low, high, size=(1,), dtype=dtype, endpoint=True)
+    return feeds
