@@ -38,12 +38,13 @@ def test_a_body_warning_counts_every_unmeasured_op_it_does_not_name(tmp_path):
 
 def test_integer_inputs_one_value_everywhere_are_said_and_a_range_of_two_is_not(tmp_path):
     """An embedding's ids given no data draw from the default [0, 1): 0 in every sample, said
-    with the fix; ids drawn from [0, 2) (the policy's range) are not, nor the user's own
-    file of zeros, nor a float input."""
+    with the fix, by `check` (its warnings) too; ids drawn from [0, 2) (the policy's range)
+    are not, nor the user's own file of zeros, nor a range of one value the policy writes
+    (token type ids), nor a float input."""
     import numpy as np
 
     from tests.helpers import model
-    from trtbuild.evaluation import constant_inputs
+    from trtbuild.evaluation import constant_inputs, report_warnings
     from trtbuild.front import run_front
     from trtbuild.policy import load_policy
 
@@ -60,6 +61,7 @@ def test_integer_inputs_one_value_everywhere_are_said_and_a_range_of_two_is_not(
         ("{shape: [1, 4]}", True),
         ("{shape: [1, 4], data: {high: 2}}", False),
         ("{shape: [1, 4], data: {file: ids.npz}}", False),
+        ("{shape: [1, 4], data: {low: 0, high: 1}}", False),  # one value, written on purpose
     ]
     for ids, said in cases:
         (tmp_path / "p.yaml").write_text(base + f"  ids: {ids}\n")
@@ -68,3 +70,5 @@ def test_integer_inputs_one_value_everywhere_are_said_and_a_range_of_two_is_not(
         if said:
             assert "(ids is 0, in every sample" in found[0] and "{low: 0, high: 2}" in found[0]
             assert " x " not in found[0]
+            front = run_front(load_policy(tmp_path / "p.yaml"), reference="measures")
+            assert found[0] in report_warnings(front)  # what check prints and reports list

@@ -647,3 +647,30 @@ def test_a_count_fp16_changes_in_the_second_sample_is_named_there_by_every_trial
     log = read_log(tmp_path / "t.log.jsonl")
     failing = [t["failing"]["idx"] for t in log if not t["passed"]]
     assert len(failing) >= 2 and all(said in f for f in failing), failing
+
+
+def test_integer_inputs_given_no_range_are_said_before_the_search(tmp_path, caplog):
+    """`tune` says what `check` says of an integer input that is 0 everywhere (the default
+    range), before it searches on such data."""
+    import numpy as np
+    import onnx
+
+    from tests.helpers import model, node
+
+    m = model(
+        [node("Gather", ["table", "ids"], "e", "embed"), node("Add", ["e", "x"], "y", "add")],
+        [("ids", onnx.TensorProto.INT64, [1, 4]), ("x", onnx.TensorProto.FLOAT, [1, 4, 3])],
+        [("y", onnx.TensorProto.FLOAT, [1, 4, 3])],
+        {"table": np.arange(6, dtype=np.float32).reshape(2, 3)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 4, 3]}\n  ids: {shape: [1, 4]}\n"
+        "accuracy: {tolerances: {default: {atol: 1.0, rtol: 0}}}\n"
+    )
+    with caplog.at_level("WARNING", logger="trtbuild"):
+        main(["tune", "--policy", str(tmp_path / "p.yaml"), "-o", str(tmp_path / "t.yaml")])
+    said = [
+        r.getMessage() for r in caplog.records if "(ids is 0, in every sample" in r.getMessage()
+    ]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]

@@ -51,32 +51,38 @@ def report_warnings(front: Front, flat: list[dict[str, Any]] | None = None) -> l
 
 
 def constant_inputs(front: Front) -> list[str]:
-    """The integer inputs whose random data is one value everywhere, in every sample and at
-    every point: a half-open range `[low, high)` of width one, as the default `[0, 1)` is.
+    """The integer inputs given no range whose random data is one value everywhere, in
+    every sample and at every point: the default range `[0, 1)` holds only 0. A range of
+    one value the policy writes (`token_type_ids: {low: 0, high: 1}`) is the user's.
 
     Why said: an exported BERT's `attention_mask` and token ids given no data were 0
     everywhere, every row of every attention masked; FP16 turned the mask's -3.4e38 into
     -inf and the softmax into NaN, and `tune` pinned an attention block per evaluation
     for data no user feeds.
     """
-    found: dict[str, set] = {}
+    specs = {s.name: s.data for s in front.policy.inputs}
+    seen: dict[str, int | None] = {}  # the one value so far; None once two were seen
     for run in front.shapes:
         for name, data in run.data.items():
-            arrays = [np.asarray(feed[name]) for feed in run.feeds if name in feed]
-            if data.kind != "random" or not arrays or arrays[0].dtype.kind not in "iu":
+            given = specs.get(name) is not None and specs[name].range_given
+            if data.kind != "random" or given or seen.get(name, 0) is None:
                 continue
-            values = found.setdefault(name, set())
-            values.update(np.unique(np.concatenate([a.ravel() for a in arrays])).tolist())
-    constant = {n: v for n, v in found.items() if len(v) == 1}
+            for feed in run.feeds:
+                a = np.asarray(feed.get(name, ()))
+                if a.dtype.kind not in "iu" or not a.size:
+                    continue
+                low, high = a.min().item(), a.max().item()  # no copy of the data
+                one = low if low == high and seen.get(name, low) == low else None
+                seen[name] = one
+    constant = {n: v for n, v in seen.items() if v is not None}
     if not constant:
         return []
-    said = ", ".join(f"{n} is {next(iter(v))}" for n, v in constant.items())
+    said = ", ".join(f"{n} is {v}" for n, v in constant.items())
     return [
         f"the random data of an integer input is one value everywhere ({said}, in every "
-        "sample: a range [low, high) holds only low where high is low + 1, as the default "
-        "[0, 1) does), so every sample feeds the model the same; give each its range under "
-        "inputs.<name>.data ({low: 0, high: 2} for a mask, {low: 0, high: <vocabulary "
-        "size>} for token ids), or real samples in a file"
+        "sample: the default range [0, 1) holds only 0), so every sample feeds the model "
+        "the same; give each its range under inputs.<name>.data ({low: 0, high: 2} for a "
+        "mask, {low: 0, high: <vocabulary size>} for token ids), or real samples in a file"
     ]
 
 

@@ -31,6 +31,7 @@ NOT_KEYS = {
     (DataSpec, "images"),  # the ImageSpec keys of the same `data:` mapping
     (AccuracySpec, "output_tolerances"),  # tolerances.outputs, beside tolerances.default
     (Tolerance, "simple"),  # whether any simple-check key is given
+    (DataSpec, "range_given"),  # whether `low` or `high` is written
 }
 
 

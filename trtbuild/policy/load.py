@@ -498,7 +498,10 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
                 f"'fit: crop' to crop every point from the image at {h}x{w} (its pixel scale)",
             )
     per_channel = ("mean", "std") if images else ()  # the images' own, not a distribution's
-    data_spec = DataSpec(**given(raw, DataSpec, base, skip=per_channel), images=images)
+    range_given = "low" in raw or "high" in raw
+    data_spec = DataSpec(
+        **given(raw, DataSpec, base, skip=per_channel), images=images, range_given=range_given
+    )
     if data_spec.file is not None and not data_spec.file.is_file():
         raise loc.error(
             (*at, "file"),

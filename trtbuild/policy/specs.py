@@ -138,6 +138,10 @@ class DataSpec:
     )
     file: Path | None = field(default=None, metadata=key(NAME, path=True))
     images: ImageSpec | None = None  # made from the ImageSpec keys of the same mapping
+    # `low` or `high` written in the policy file: a range of one value is then the user's
+    # choice (`evaluation.constant_inputs` says the default's). Where the range came from,
+    # not what it is: no part of the policy's value (equality, its text)
+    range_given: bool = field(default=False, compare=False)
     derive: str = field(
         default="tile",
         metadata=key(
