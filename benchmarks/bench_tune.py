@@ -218,7 +218,7 @@ def run_model(
     t = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     seconds = time.perf_counter() - t
-    if done.returncode not in (0, 1):  # 1: the budget ran out; the best attempt is judged
+    if done.returncode not in (0, 1):  # 1: the budget ran out; the pins settled are judged
         sys.exit(f"trtbuild tune failed on {name}:\n{done.stderr[-2000:]}")
     mixed = convert(assign(stages.view, load_policy(tuned).precision)).model
     trials = len(tuned.with_suffix(".log.jsonl").read_text().splitlines())

@@ -84,15 +84,15 @@ class QuietSimpleCompareFunc(SimpleCompareFunc):
             )
             passed = not bool(array.any(mismatches))
         (max_abs, mean_abs, median_abs, max_rel, mean_rel, median_rel) = stats
-        return OutputCompareResult(
-            max_abs,
-            max_rel,
-            mean_abs,
-            mean_rel,
-            median_abs,
-            median_rel,
-            quantiles[0],
-            quantiles[1],
+        return OutputCompareResult(  # by keyword: a field moved in a later Polygraphy fails
+            max_absdiff=max_abs,
+            max_reldiff=max_rel,
+            mean_absdiff=mean_abs,
+            mean_reldiff=mean_rel,
+            median_absdiff=median_abs,
+            median_reldiff=median_rel,
+            quantile_absdiff=quantiles[0],
+            quantile_reldiff=quantiles[1],
             thresholds=SimpleThreshold(per_out_err_stat, per_out_atol, per_out_rtol),
             passed=passed,
         )
