@@ -240,3 +240,24 @@ def test_a_class_flipped_at_one_pixel_fails_top_1_on_the_class_axis():
     found = run_checks(refs, outs, "c", {"y": tol}, False)["y"]["indices"]
     assert found["failed_samples"] == [0]
     assert describe("indices", found, tol) == "top-1 indices along axis 1 within 0 position(s)"
+
+
+@pytest.mark.parametrize("stat", ["max", "mean", "median", "quantile", "elemwise"])
+@pytest.mark.parametrize("verbose", [False, True])
+def test_an_output_empty_on_both_sides_differs_nowhere(stat, verbose):
+    """No box kept by either side's NMS on one sample: Polygraphy's mean of the empty error
+    is NaN and its quantile inf, and that sample failed; nothing differs there. A box kept
+    on the other sample is still judged."""
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    empty = np.zeros((0, 4), np.float32)
+    boxes = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    refs = [IterationResult({"b": x}, runner_name="r") for x in (empty, boxes)]
+    for moved, failed in ((0.0, []), (0.5, [1])):
+        outs = [IterationResult({"b": x}, runner_name="c") for x in (empty.copy(), boxes + moved)]
+        tol = {"b": Tolerance(atol=1e-3, rtol=1e-3, check_error_stat=stat, error_quantile=0.5)}
+        found = run_checks(refs, outs, "c", tol, verbose)["b"]["simple"]
+        assert found["failed_samples"] == failed, (stat, verbose, found)
