@@ -261,3 +261,24 @@ def test_an_output_empty_on_both_sides_differs_nowhere(stat, verbose):
         tol = {"b": Tolerance(atol=1e-3, rtol=1e-3, check_error_stat=stat, error_quantile=0.5)}
         found = run_checks(refs, outs, "c", tol, verbose)["b"]["simple"]
         assert found["failed_samples"] == failed, (stat, verbose, found)
+
+
+@pytest.mark.parametrize(
+    "tol",
+    [{"psnr_threshold": 30.0}, {"snr_threshold": 20.0}, {"cosine_similarity_threshold": 0.99}],
+    ids=["psnr", "snr", "cosine"],
+)
+def test_a_metric_of_an_output_empty_on_both_sides_is_that_of_two_alike(tol):
+    """Polygraphy's PSNR and SNR of an empty pair are NaN, which failed any threshold; two
+    empty outputs are alike (infinite PSNR and SNR, cosine 1). A sample with an output
+    that moved is still judged."""
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    empty, y = np.zeros((0, 4), np.float32), np.linspace(-1, 1, 8, dtype=np.float32)
+    refs = [IterationResult({"o": x}, runner_name="r") for x in (empty, y)]
+    outs = [IterationResult({"o": x}, runner_name="c") for x in (empty.copy(), -y)]
+    (check,) = {k: v for k, v in run_checks(refs, outs, "c", {"o": Tolerance(**tol)}, False)["o"].items() if k not in ("simple", "shown")}.values()  # fmt: skip
+    assert check["failed_samples"] == [1], check

@@ -18,6 +18,8 @@ without a threshold (a threshold that cannot fail), so reports show them.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,14 +37,15 @@ class Metric:
     key: str  # the threshold's name in a policy, as Polygraphy's argument
     value: str  # the attribute of the result that holds the metric
     unit: str
+    identical: float  # the metric of two outputs alike (an empty pair's: `_where_empty`)
 
 
 METRICS = {
-    "psnr": Metric("PsnrCompareFunc", "psnr_threshold", "psnr", " dB"),
+    "psnr": Metric("PsnrCompareFunc", "psnr_threshold", "psnr", " dB", math.inf),
     "cosine": Metric(
-        "CosineSimilarityCompareFunc", "cosine_similarity_threshold", "cosine_similarity", ""
+        "CosineSimilarityCompareFunc", "cosine_similarity_threshold", "cosine_similarity", "", 1.0
     ),
-    "snr": Metric("SnrCompareFunc", "snr_threshold", "snr", " dB"),
+    "snr": Metric("SnrCompareFunc", "snr_threshold", "snr", " dB", math.inf),
 }
 NEVER_FAILS = {"psnr": float("-inf"), "cosine": -1.0, "snr": float("-inf")}
 
@@ -144,37 +147,42 @@ def _simple(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
         check_error_stat={n: tol[n].check_error_stat for n in names},
         error_quantile=quantiles or None,
     )
-    per_iter = _nothing_differs_where_empty(pair, names, pair.compare(names, func))
+    per_iter = _where_empty(pair, names, pair.compare(names, func), _no_error)
     _record(found, "simple", per_iter, names, {n: _worst(per_iter, n, tol[n]) for n in names})
 
 
-def _nothing_differs_where_empty(pair: _Pair, names: list[str], per_iter: list) -> list:
+def _where_empty(pair: _Pair, names: list[str], per_iter: list, alike: Callable) -> list:
     """Each sample's results, where an output is empty on both sides (the same shape: no box
-    kept by either side's NMS) made a result whose every statistic is 0, judged by its own
-    threshold: nothing differs there.
+    kept by either side's NMS) made `alike(result)`, the result of two outputs alike,
+    judged by its own threshold: nothing differs there.
 
     Why: Polygraphy's statistics of an empty error are 0 for the max and the median (its
-    `use_higher_precision`), NaN for the mean and inf for a quantile, so a detector failed
-    `check_error_stat: mean` on a sample where neither side kept a box.
+    `use_higher_precision`), NaN for the mean and inf for a quantile, and its PSNR and SNR
+    NaN, so a detector failed `check_error_stat: mean` on a sample where neither side kept
+    a box.
     """
-    from polygraphy.comparator import OutputCompareResult
-
     fixed = []
     for k, results in enumerate(per_iter):
         results = dict(results)
         for n in names:
             ref, got, was = pair.ref_iters[k][n], pair.iterations[k][n], results.get(n)
-            if np.size(ref) or np.shape(ref) != np.shape(got) or not hasattr(was, "thresholds"):
-                continue
-            stat = was.thresholds.check_error_stat
-            q = 0.0 if was.quantile_absdiff is not None else None
-            results[n] = OutputCompareResult(
-                max_absdiff=0.0, max_reldiff=0.0, mean_absdiff=0.0, mean_reldiff=0.0,
-                median_absdiff=0.0, median_reldiff=0.0, quantile_absdiff=q, quantile_reldiff=q,
-                thresholds=was.thresholds, passed=True if stat == "elemwise" else None,
-            )  # fmt: skip
+            if not np.size(ref) and np.shape(ref) == np.shape(got) and hasattr(was, "thresholds"):
+                results[n] = alike(was)
         fixed.append(results)
     return fixed
+
+
+def _no_error(was: Any) -> Any:
+    """A simple comparison's result with every statistic 0, under `was`'s threshold."""
+    from polygraphy.comparator import OutputCompareResult
+
+    q = 0.0 if was.quantile_absdiff is not None else None
+    return OutputCompareResult(
+        max_absdiff=0.0, max_reldiff=0.0, mean_absdiff=0.0, mean_reldiff=0.0,
+        median_absdiff=0.0, median_reldiff=0.0, quantile_absdiff=q, quantile_reldiff=q,
+        thresholds=was.thresholds,
+        passed=True if was.thresholds.check_error_stat == "elemwise" else None,
+    )  # fmt: skip
 
 
 # Polygraphy's statistic each `check_error_stat` judges (`elemwise`: every element, its max shown)
@@ -213,7 +221,8 @@ def _metric(found, pair: _Pair, tol, check: str, metric: Metric) -> None:
         return
     names = list(thresholds)
     func = getattr(comparator, metric.func)(**{metric.key: thresholds})
-    per_iter = pair.compare(names, func)
+    alike = lambda was: type(was)(metric.identical, thresholds=was.thresholds)  # noqa: E731
+    per_iter = _where_empty(pair, names, pair.compare(names, func), alike)
     for name in names:  # a bare bool: Polygraphy would not compare (the shapes differ)
         values = [float(getattr(it[name], metric.value)) for it in per_iter if _figured(it[name])]
         worst = min(values) if values else None
