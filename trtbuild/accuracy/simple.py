@@ -67,35 +67,23 @@ class QuietSimpleCompareFunc(SimpleCompareFunc):
         out1_with_eps = copy.copy(comp_util.cast_up(out1))
         out1_with_eps[out1_with_eps == 0] += EPSILON
         reldiff = array.divide(absdiff, array.abs(out1_with_eps))
-        stats = [
-            f(diff)
-            for diff in (absdiff, reldiff)
-            for f in (comp_util.compute_max, comp_util.compute_mean, comp_util.compute_median)
-        ]
-        quantiles = [None, None]
+        judged = {"max": comp_util.compute_max, "mean": comp_util.compute_mean}
+        judged["median"] = comp_util.compute_median
         if per_out_err_stat == "quantile":
-            quantiles = [
-                comp_util.compute_quantile(d, per_out_quantile) for d in (absdiff, reldiff)
-            ]
+            judged["quantile"] = lambda d: comp_util.compute_quantile(d, per_out_quantile)
+        stats = {  # by keyword: a field moved in a later Polygraphy fails, not misplaced
+            f"{name}_{kind}diff": judged[name](diff) if name in judged else None
+            for kind, diff in (("abs", absdiff), ("rel", reldiff))
+            for name in ("max", "mean", "median", "quantile")
+        }
         passed = None
         if per_out_err_stat == "elemwise":
             mismatches = (array.greater(absdiff, per_out_atol) | array.isnan(absdiff)) & (
                 array.greater(reldiff, per_out_rtol) | array.isnan(reldiff)
             )
             passed = not bool(array.any(mismatches))
-        (max_abs, mean_abs, median_abs, max_rel, mean_rel, median_rel) = stats
-        return OutputCompareResult(  # by keyword: a field moved in a later Polygraphy fails
-            max_absdiff=max_abs,
-            max_reldiff=max_rel,
-            mean_absdiff=mean_abs,
-            mean_reldiff=mean_rel,
-            median_absdiff=median_abs,
-            median_reldiff=median_rel,
-            quantile_absdiff=quantiles[0],
-            quantile_reldiff=quantiles[1],
-            thresholds=SimpleThreshold(per_out_err_stat, per_out_atol, per_out_rtol),
-            passed=passed,
-        )
+        threshold = SimpleThreshold(per_out_err_stat, per_out_atol, per_out_rtol)
+        return OutputCompareResult(**stats, thresholds=threshold, passed=passed)
 
     def _takes(self, out0, out1, stat: str) -> bool:
         """Whether this comparison is one this class computes (else Polygraphy's method):
