@@ -40,13 +40,16 @@ def test_integer_inputs_one_value_everywhere_are_said_and_a_range_of_two_is_not(
     """An embedding's ids given no data draw from the default [0, 1): 0 in every sample, said
     with the fix, by `check` (its warnings) too; ids drawn from [0, 2) (the policy's range)
     are not, nor the user's own file of zeros, nor a range of one value the policy writes
-    (token type ids), nor a float input."""
+    (token type ids), nor a float input, nor a range of two made in code."""
+    from dataclasses import replace
+
     import numpy as np
 
     from tests.helpers import model
     from trtbuild.evaluation import constant_inputs, report_warnings
     from trtbuild.front import run_front
     from trtbuild.policy import load_policy
+    from trtbuild.policy.specs import DataSpec
 
     m = model(
         [node("Gather", ["table", "ids"], "e", "embed"), node("Add", ["e", "x"], "y", "add")],
@@ -72,3 +75,8 @@ def test_integer_inputs_one_value_everywhere_are_said_and_a_range_of_two_is_not(
             assert " x " not in found[0]
             front = run_front(load_policy(tmp_path / "p.yaml"), reference="measures")
             assert found[0] in report_warnings(front)  # what check prints and reports list
+    # a range made in code is no file's key (`range_given` stays False): the data decides
+    policy = load_policy(tmp_path / "p.yaml")
+    ranged = [replace(s, data=DataSpec(high=2.0)) if s.name == "ids" else s for s in policy.inputs]
+    front = run_front(replace(policy, inputs=tuple(ranged)), reference="measures")
+    assert constant_inputs(front) == []

@@ -60,21 +60,18 @@ def constant_inputs(front: Front) -> list[str]:
     -inf and the softmax into NaN, and `tune` pinned an attention block per evaluation
     for data no user feeds.
     """
-    specs = {s.name: s.data for s in front.policy.inputs}
-    seen: dict[str, int | None] = {}  # the one value so far; None once two were seen
+    given = {s.name for s in front.policy.inputs if s.data.range_given}
+    spans: dict[str, tuple[int, int]] = {}  # each input's least and largest value so far
     for run in front.shapes:
         for name, data in run.data.items():
-            given = specs.get(name) is not None and specs[name].range_given
-            if data.kind != "random" or given or seen.get(name, 0) is None:
+            if data.kind != "random" or name in given:
                 continue
-            for feed in run.feeds:
-                a = np.asarray(feed.get(name, ()))
-                if a.dtype.kind not in "iu" or not a.size:
-                    continue
-                low, high = a.min().item(), a.max().item()  # no copy of the data
-                one = low if low == high and seen.get(name, low) == low else None
-                seen[name] = one
-    constant = {n: v for n, v in seen.items() if v is not None}
+            for a in (np.asarray(f[name]) for f in run.feeds if name in f):
+                if a.dtype.kind in "iu" and a.size:  # min and max: no copy of the data
+                    least, most = a.min().item(), a.max().item()
+                    low, high = spans.get(name, (least, most))
+                    spans[name] = (min(low, least), max(high, most))
+    constant = {n: low for n, (low, high) in spans.items() if low == high}
     if not constant:
         return []
     said = ", ".join(f"{n} is {v}" for n, v in constant.items())
