@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.helpers import F, as_stored, model, node
+from tests.helpers import F, H, as_stored, model, node
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.passes.prepare import prepare
 from trtbuild.policy.specs import Passes, Precision
@@ -266,3 +266,28 @@ def test_a_value_an_attribute_or_a_default_bound_brings_is_rounded(opset, clip, 
     assert ("clip" in stored) == rounded
     (y,) = _run(em, {"x": np.array([[0.0, 1.0, 2.0, 1e5]], np.float32)})
     assert np.array_equal(y, as_stored(y))
+
+
+def test_names_the_emulation_makes_are_new_where_the_model_holds_them_already():
+    # The Mul's output `a` is rounded by nodes `emu/a/store` and `emu/a/load` into values
+    # `a__emu2` (the raw output) and `a__emu3`; the model has a node and a value of those
+    # names already. Before, ONNX Runtime refused the emulated model's second node of one
+    # name, and onnx its second value.
+    m = model(
+        [
+            node("Cast", ["x"], "xa", "c", to=H),
+            node("Mul", ["xa", "w"], "a", "mul"),
+            node("Cast", ["a"], "y", "emu/a/store", to=F),
+            node("Relu", ["y"], "a__emu2", "relu"),
+        ],
+        [("x", F, [4])],
+        [("y", F, [4]), ("a__emu2", F, [4])],
+        {"w": np.full(4, 3.0, np.float16)},
+    )
+    emulated = emulate(m)
+    names = [n.name for n in emulated.graph.node]
+    made = [o for n in emulated.graph.node for o in n.output]
+    assert len(names) == len(set(names)) and len(made) == len(set(made)), (names, made)
+    x = np.array([1.0001, 2.0, 2e4, -3.0], np.float32)
+    y, r = _run(emulated, {"x": x})
+    assert np.array_equal(y, as_stored(as_stored(x) * 3)) and np.array_equal(r, np.maximum(y, 0))

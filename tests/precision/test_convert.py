@@ -269,3 +269,41 @@ def test_an_op_whose_attribute_names_its_float_type_computes_in_fp16(tmp_path):
     x = np.arange(16, dtype=np.float32).reshape(4, 4)
     (y,) = ort.InferenceSession(str(out)).run(None, {"x": x})
     assert np.array_equal(y, np.diag(np.diag(x)))
+
+
+def _converted_once_before() -> onnx.ModelProto:
+    """A model trtbuild converted once and `prepare` made compute in FP32 again: it holds the
+    names the conversion makes (`x__fp16`, `y__fp16`, `trtbuild/cast_fp32/y`)."""
+    return model(
+        [
+            node("Cast", ["x"], "x__fp16", "trtbuild/cast_fp16/x", to=F),
+            node("Mul", ["x__fp16", "w"], "y__fp16", "mul"),
+            node("Cast", ["y__fp16"], "y", "trtbuild/cast_fp32/y", to=F),
+        ],
+        [("x", F, [2, 8])],
+        [("y", F, [2, 8])],
+        {"w": np.full((2, 8), 3.0, np.float32)},
+    )
+
+
+def test_names_the_conversion_makes_are_new_where_the_model_holds_them_already():
+    # Before, the second conversion wrote a second `y__fp16` (onnx.checker: not single
+    # assignment) and a second node `trtbuild/cast_fp32/y` (ONNX Runtime refuses): exit 70.
+    m = convert(assign(_converted_once_before(), Precision())).model
+    onnx.checker.check_model(m, full_check=True)
+    made = [o for n in m.graph.node for o in n.output]
+    names = [n.name for n in m.graph.node]
+    assert len(made) == len(set(made)) and len(names) == len(set(names)), (made, names)
+    assert dtypes(m)["y__fp16"] == H  # the source's own value, now computed in FP16
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    for level in (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    ):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        session = ort.InferenceSession(
+            m.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        (y,) = session.run(None, {"x": x})
+        assert y.dtype == np.float32 and np.array_equal(y, x * 3)

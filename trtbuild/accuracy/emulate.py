@@ -54,19 +54,24 @@ class _Emitter:
         self.nodes: list[onnx.NodeProto] = []
         self.actual: dict[str, str] = {}
         self.counter = 0
+        # what a made name must not be: a model's own `x__emu1` or `conv/store` (ONNX Runtime
+        # refuses a second node of one name, onnx a second value)
+        self.values, self.names = subgraphs.names_held(model)
 
     def fresh(self, base: str) -> str:
         self.counter += 1
-        return f"{base}__emu{self.counter}"
+        return subgraphs.new_name(f"{base}__emu{self.counter}", self.values)
 
     def node(self, op: str, inputs: list[str], output: str, name: str, **attrs) -> str:
+        name = subgraphs.new_name(name, self.names)
         self.nodes.append(helper.make_node(op, inputs, [output], name=name, **attrs))
         return output
 
     def constant(self, base: str, array: np.ndarray) -> str:
         out = self.fresh(base)
         value = numpy_helper.from_array(array)
-        self.nodes.append(helper.make_node("Constant", [], [out], name=out, value=value))
+        name = subgraphs.new_name(out, self.names)
+        self.nodes.append(helper.make_node("Constant", [], [out], name=name, value=value))
         return out
 
     def round(self, src: str, dst: str, low: int, name: str) -> str:

@@ -104,6 +104,29 @@ def all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
         yield from graph.node
 
 
+def names_held(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
+    """Every value name (an input, a weight, what a node reads or makes) and every node name
+    of the model, bodies included: what a name made for the model must not be."""
+    values, nodes = {i.name for i in model.graph.input}, set()
+    for _, graph in walk(model.graph):
+        values.update(t.name for t in graph.initializer)
+        values.update(i.name for i in graph.input)
+        for n in graph.node:
+            values.update(n.input)
+            values.update(n.output)
+            nodes.add(n.name)
+    return values, nodes
+
+
+def new_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base` with underscores appended until `taken` lacks it; then taken."""
+    name = base
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
 def held_tensors(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
     """Every weight and `Constant`'s value by name, bodies included (before `prepare` lifts
     the Constants): the tensors themselves, so a change to one is the model's."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +29,7 @@ from trtbuild.graph.optypes import (
     OpTypes,
     as_float_type,
 )
-from trtbuild.graph.subgraphs import node_reads
+from trtbuild.graph.subgraphs import new_name, node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX
 from trtbuild.precision.assign import Assignment
@@ -53,6 +54,30 @@ class Converted:
     model: onnx.ModelProto
     casts: list[CastRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+class _Names:
+    """Every value and node name of the converted model: the source's, in every graph, and
+    each one made here, so that a name made here is new.
+
+    Why one registry: a made name (`face__fp16`, `trtbuild/cast_fp32/face`) may be the
+    source's already, as in a model trtbuild converted once that `prepare` made compute in
+    FP32 again. A second value of one name breaks single assignment (onnx.checker refuses
+    it), a second node of one name ONNX Runtime refuses: exit 70.
+    """
+
+    def __init__(self, view: GraphView):
+        self.taken = {*view.producer, *view.consumers, *view.initializers, *view.dtype}
+        self.taken.update(view.inputs)
+        self.nodes = {n.name for n in view.nodes}
+
+    def fresh(self, base: str) -> str:
+        """`base`, or `base` with underscores appended until no value has that name."""
+        return new_name(base, self.taken)
+
+    def node(self, base: str) -> str:
+        """`base`, or `base` with underscores appended until no node has that name."""
+        return new_name(base, self.nodes)
 
 
 class _Rewriter:
@@ -87,6 +112,7 @@ class _Rewriter:
         self.graph_outputs = set(self.view.outputs) if parent is None else set()
         self.scales: _Scales | None = None  # the root's, where the model is quantized
         self.plans: dict[tuple, _Planned] = {}  # the root's: `_plan`'s, by what a plan reads
+        self.names = parent.names if parent is not None else _Names(self.view)
 
     def owner(self, tensor: str) -> _Rewriter:
         """The rewriter of the graph that defines `tensor` (this one, or one around it)."""
@@ -106,10 +132,8 @@ class _Rewriter:
     def cast(self, src: str, to: int, source_name: str) -> str:
         key = (src, to)
         if key not in self.cast_cache:
-            dst = f"{source_name}__{DTYPE_NAME[to]}"
-            while dst in self.dtype or dst in self.view.dtype:
-                dst += "_"
-            name = f"trtbuild/cast_{DTYPE_NAME[to]}/{source_name.lstrip('/')}"
+            dst = self.names.fresh(f"{source_name}__{DTYPE_NAME[to]}")
+            name = self.names.node(f"trtbuild/cast_{DTYPE_NAME[to]}/{source_name.lstrip('/')}")
             self.nodes.append(helper.make_node("Cast", [src], [dst], name=name, to=to))
             self.casts.append(CastRecord(name, source_name, DTYPE_NAME[to]))
             self.cast_cache[key] = dst
@@ -160,11 +184,11 @@ class _Rewriter:
             d = out[k] if out[k] is not None else self.view.dtype.get(o)
             exported = self.view.dtype.get(o)
             if o in self.graph_outputs and d is not None and exported is not None and d != exported:
-                internal = f"{o}__{DTYPE_NAME[d]}"
+                internal = self.names.fresh(f"{o}__{DTYPE_NAME[d]}")
                 new.output[k] = internal
                 self.actual[o], self.dtype[internal] = internal, d
                 self.origin[internal] = o  # declared: shaped as the output, typed `d`
-                name = f"trtbuild/cast_{DTYPE_NAME[exported]}/{o.lstrip('/')}"
+                name = self.names.node(f"trtbuild/cast_{DTYPE_NAME[exported]}/{o.lstrip('/')}")
                 post.append(helper.make_node("Cast", [internal], [o], name=name, to=exported))
                 self.casts.append(CastRecord(name, o, DTYPE_NAME[exported]))
                 self.cast_cache[(internal, exported)] = o
@@ -185,8 +209,9 @@ class _Scales:
     holds the FP16-rounded value. The exported scale is never changed in place.
     """
 
-    def __init__(self, assignment: Assignment):
+    def __init__(self, assignment: Assignment, fresh: Callable[[str], str]):
         self.a = assignment
+        self.fresh = fresh  # `_Names.fresh`: a scale's copy is a value of the model too
         self.qdq = assignment.qdq  # the index the assignment read (one per analysis)
         self.tensors: list[onnx.TensorProto] = []
         self.names: dict[tuple[str, int, bytes], str] = {}
@@ -213,7 +238,7 @@ class _Scales:
 
             q = numpy_helper.to_array(self.a.view.initializers[node.quantized])
             value = dequantize(q, node.scale_value, node.zero_value, node.axis, node.block_size)
-            name = f"{node.quantized}__dequantized_{DTYPE_NAME[dtype]}"
+            name = self.fresh(f"{node.quantized}__dequantized_{DTYPE_NAME[dtype]}")
             self.tensors.append(_tensor(value, dtype, name))
             self.names[key] = name
         return self.names[key]
@@ -234,9 +259,7 @@ class _Scales:
             )
             name = node.scale if same and node.scale in self.a.view.initializers else None
             if name is None:
-                name = f"{node.scale}__{DTYPE_NAME[dtype]}"
-                while name in self.a.view.dtype or name in self.names.values():
-                    name += "_"
+                name = self.fresh(f"{node.scale}__{DTYPE_NAME[dtype]}")
                 self.tensors.append(_tensor(value, dtype, name))
             self.names[key] = name
         return self.names[key]
@@ -275,8 +298,8 @@ def _emit_qdq(rw: _Rewriter, i: int) -> bool:
             rw.nodes.extend(rw._outputs(node, new, [d]))
             main = rw.actual[node.output[0]]
             continue
-        out = _fresh(rw, f"{node.output[0]}__{DTYPE_NAME[d]}")
-        new.output[0], new.name = out, f"{node.name}/trtbuild_{prec}"
+        out = rw.names.fresh(f"{node.output[0]}__{DTYPE_NAME[d]}")
+        new.output[0], new.name = out, rw.names.node(f"{node.name}/trtbuild_{prec}")
         rw.nodes.append(new)
         rw.dtype[out], rw.origin[out] = d, node.output[0]
         rw.cast_cache[(main, d)] = out
@@ -307,8 +330,8 @@ def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
             rw.nodes.append(new)
             rw.nodes.extend(rw._outputs(node, new, [None] * len(node.output)))
             continue
-        out = _fresh(rw, f"{node.output[0]}__{DTYPE_NAME[d]}")
-        new.output[0], new.name = out, f"{node.name}/trtbuild_{DTYPE_NAME[d]}"
+        out = rw.names.fresh(f"{node.output[0]}__{DTYPE_NAME[d]}")
+        new.output[0], new.name = out, rw.names.node(f"{node.name}/trtbuild_{DTYPE_NAME[d]}")
         rw.nodes.append(new)
         rw.dtype[out] = rw.view.dtype.get(node.output[0], TensorProto.INT8)
         scales.q_clones[(node.output[0], d)] = out
@@ -335,12 +358,6 @@ def _bypass(rw: _Rewriter, i: int, node: onnx.NodeProto, want_in: list) -> onnx.
         else:
             bypassed.input[k] = scales.dequantized(dq, want_in[k] or TensorProto.FLOAT)
     return bypassed
-
-
-def _fresh(rw: _Rewriter, name: str) -> str:
-    while name in rw.dtype or name in rw.view.dtype:
-        name += "_"
-    return name
 
 
 def _main_var(types: OpTypes, exported_out: list[int | None]) -> str | None:
@@ -471,8 +488,8 @@ def _seal(rw: _Rewriter, vi: onnx.ValueInfoProto, control: onnx.NodeProto, k: in
     out = onnx.ValueInfoProto()
     out.CopyFrom(vi)
     if want in FLOAT_TYPES and cur in FLOAT_TYPES and cur != want:
-        dst = f"{scope}/{vi.name}__{DTYPE_NAME[want]}"
-        name = f"trtbuild/cast_{DTYPE_NAME[want]}/{scope}/{vi.name.lstrip('/')}"
+        dst = rw.names.fresh(f"{scope}/{vi.name}__{DTYPE_NAME[want]}")
+        name = rw.names.node(f"trtbuild/cast_{DTYPE_NAME[want]}/{scope}/{vi.name.lstrip('/')}")
         rw.nodes.append(helper.make_node("Cast", [src], [dst], name=name, to=want))
         rw.casts.append(CastRecord(name, vi.name, DTYPE_NAME[want]))
         src = dst
@@ -525,7 +542,7 @@ def _initializers(
             initializers.append(t)
         array = None
         for d in sorted(wanted - {exported}):
-            name = t.name if in_place else f"{t.name}__{DTYPE_NAME[d]}"
+            name = t.name if in_place else rw.names.fresh(f"{t.name}__{DTYPE_NAME[d]}")
             half = d == TensorProto.FLOAT16
             if half:
                 halved.append(t.name)
@@ -622,11 +639,11 @@ def _value_info(
         if d is not None and vi.name not in outputs:
             vi.type.tensor_type.elem_type = d
             value_info.append(vi)
-    for new_name, src in rw.origin.items():
+    for made, src in rw.origin.items():
         if src in view.shape:
-            new_vi = helper.make_value_info(new_name, onnx.TypeProto())
+            new_vi = helper.make_value_info(made, onnx.TypeProto())
             new_vi.type.CopyFrom(view.shape[src])
-            new_vi.type.tensor_type.elem_type = rw.dtype[new_name]
+            new_vi.type.tensor_type.elem_type = rw.dtype[made]
             value_info.append(new_vi)
     return value_info
 
@@ -635,7 +652,7 @@ def convert(assignment: Assignment) -> Converted:
     """Return the mixed-precision model for `assignment` (the source model is not modified)."""
     view = assignment.view
     rw = _Rewriter(assignment)
-    rw.scales = _Scales(assignment) if assignment.dq_precisions else None
+    rw.scales = _Scales(assignment, rw.names.fresh) if assignment.dq_precisions else None
     nodes, casts = rw.run()
     initializers, warnings = _initializers(view, rw, assignment.analysis.weight_peaks())
     if rw.scales is not None:
