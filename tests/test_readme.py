@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -36,9 +37,15 @@ def test_the_demo_output_is_what_the_demo_prints(example_policy, tmp_path, capsy
     assert main(["build", "--policy", str(example_policy("nafnet")), "--out", str(out)]) == 0
     said = capsys.readouterr().out.replace(f"wrote {out}/", "wrote build/nafnet/")
     assert said == shown
-    baseline = json.loads((out / "report.json").read_text())["baselines"]["fp16"]  # as said after
-    assert "`baselines.fp16.outputs.total.max_abs`" in README
+    # strict JSON, which any parser reads: no `Infinity` or `NaN`, at any depth (the simple
+    # check's `worst` of the baseline's inf output was written bare)
+    strict = {"parse_constant": lambda c: pytest.fail(f"not JSON: {c}")}
+    json.loads((out / "build.json").read_text(), **strict)
+    baseline = json.loads((out / "report.json").read_text(), **strict)["baselines"]["fp16"]
+    assert "`baselines.fp16.outputs.total.max_abs`" in README  # as said after the lines
     assert baseline["outputs"]["total"]["max_abs"] == "inf"
+    worst = baseline["outputs"]["total"]["checks"]["simple"]["worst"]
+    assert (worst["abs"], worst["rel"]) == ("inf", "nan")
 
 
 def test_the_first_policy_is_a_valid_policy(tmp_path):

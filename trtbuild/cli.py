@@ -576,7 +576,9 @@ def _cmd_check(args) -> int:
         for n in found.nodes
     ]
     if args.json:
-        print(json.dumps(_check_json(found, rows), separators=(",", ":")))
+        from trtbuild.fsutil import dumps_json
+
+        print(dumps_json(_check_json(found, rows), separators=(",", ":")))
         return 0
     header = ("node", "op", "precision", "rule", "reason")
     widths = [max(len(r[k]) for r in [*rows, dict.fromkeys(header, k)]) for k in header[:4]]
@@ -814,7 +816,9 @@ def _cmd_cache(args) -> int:
         return 0
     info = cache.info()
     if args.json:
-        print(json.dumps(info, indent=2))
+        from trtbuild.fsutil import dumps_json
+
+        print(dumps_json(info, indent=2))
         return 0
     from trtbuild.sizes import fmt_bytes
 

@@ -28,6 +28,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -143,14 +144,43 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(undecoded(text), encoding="utf-8", errors="backslashreplace")
 
 
+# How every JSON file trtbuild writes holds a non-finite figure: JSON has no inf or NaN, and
+# Python's `json` writes `Infinity` and `NaN`, which no strict parser reads.
+NONFINITE_TEXT = ("inf", "-inf", "nan")
+
+
+def json_figure(value: Any) -> Any:
+    """A number as trtbuild's JSON holds it: itself, or `NONFINITE_TEXT`'s word for it."""
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (math.inf, -math.inf):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def strict_json(obj: Any) -> Any:
+    """`obj` with every non-finite float, at any depth (a check's `worst: {abs, rel}`), as
+    `json_figure` writes it, and numpy scalars as Python's."""
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if hasattr(obj, "dtype") and hasattr(obj, "item"):  # a numpy scalar (or a one-value array)
+        obj = obj.item()
+    return json_figure(obj)
+
+
+def dumps_json(obj: Any, **kwargs: Any) -> str:
+    """`json.dumps` of `strict_json(obj)`: strict JSON, which `allow_nan=False` holds it to."""
+    return json.dumps(strict_json(obj), allow_nan=False, default=_json_default, **kwargs)
+
+
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    write_text(path, dumps_json(obj, indent=2, sort_keys=False) + "\n")
 
 
 def _json_default(value: Any) -> Any:
-    # numpy scalars and paths show up in reports; everything else is a bug.
-    if hasattr(value, "item"):
-        return value.item()
+    # paths show up in reports; everything else is a bug.
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from trtbuild.fsutil import NONFINITE_TEXT
+
 if TYPE_CHECKING:
     from trtbuild.accuracy.report import Report
     from trtbuild.front import Front
@@ -41,9 +43,6 @@ __all__ = [
     "SkippedPoint",
     "TuneResult",
 ]
-
-
-_NONFINITE = ("inf", "-inf", "nan")  # report.json writes a non-finite figure as a string
 
 
 def _picked(cls: type, found: dict[str, Any]) -> Any:
@@ -187,7 +186,7 @@ class OutputResult:
 
     @classmethod
     def from_json(cls, found: dict[str, Any]) -> OutputResult:
-        values = {k: float(v) if v in _NONFINITE else v for k, v in found.items()}
+        values = {k: float(v) if v in NONFINITE_TEXT else v for k, v in found.items()}
         values["failed_samples"] = tuple(found.get("failed_samples") or ())
         values["shape_mismatch"] = tuple(found.get("shape_mismatch") or ())
         values["checks"] = dict(found.get("checks") or {})

@@ -54,13 +54,13 @@ from trtbuild.accuracy.sessions import (
     REFERENCE,
     EngineRunner,
     OutputMetrics,
-    finite_or_str,
     metrics,
     same_shaped,
     shape_text,
     unmeasured,
 )
 from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_aligned
+from trtbuild.fsutil import json_figure
 from trtbuild.graph import qdq
 from trtbuild.graph.model_io import without_weight_data
 from trtbuild.graph.optypes import DEQUANTIZE, INTEGER_TYPES, SELECTIONS
@@ -973,7 +973,7 @@ def point(
 def _point_json(tensor: str, bad: int, nan: int, scale: float, rel: float) -> dict[str, Any]:
     return {
         "tensor": tensor,
-        "rel_error": finite_or_str(rel),
+        "rel_error": json_figure(rel),
         "ref_max_abs": scale,
         "nonfinite": bad,
         "_nan": nan,

@@ -23,6 +23,7 @@ import onnx
 
 from trtbuild.cores import usable_cores
 from trtbuild.errors import BackendError
+from trtbuild.fsutil import strict_json
 from trtbuild.graph.model_io import model_data_apart
 from trtbuild.numerics import data_peak
 
@@ -267,14 +268,10 @@ class OutputMetrics:
 
     def to_json(self) -> dict[str, Any]:
         out = {
-            k: finite_or_str(v)
-            for k, v in self.__dict__.items()
-            if k not in ("checks", "tolerance", "measured")
+            k: v for k, v in self.__dict__.items() if k not in ("checks", "tolerance", "measured")
         }
-        out["checks"] = {
-            c: {k: finite_or_str(v) for k, v in e.items()} for c, e in self.checks.items()
-        }
-        return out
+        out["checks"] = self.checks
+        return strict_json(out)  # a check's figures nest: `simple.worst.abs`
 
 
 def shape_text(shapes: list[dict[str, Any]], theirs: str = "FP32's") -> str:
@@ -310,12 +307,6 @@ def unmeasured() -> dict[str, Any]:
     """`metrics()`'s figures where no sample could be measured (every sample's shape differs
     from the reference's): each error the worst there is, no value non-finite."""
     return {k: 0 if k == "nonfinite" else float("inf") for k in metrics(np.zeros(1), np.zeros(1))}
-
-
-def finite_or_str(v: Any) -> Any:
-    if isinstance(v, float) and not np.isfinite(v):
-        return str(v)  # JSON has no inf/nan; "inf" is explicit
-    return v
 
 
 def _floats(values: np.ndarray) -> np.ndarray:

@@ -20,7 +20,6 @@ history, `summary` renders the tables, the trends and JUnit.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, UsageError, surroundings_error
-from trtbuild.fsutil import write_bytes, write_text
+from trtbuild.fsutil import write_bytes, write_json, write_text
 from trtbuild.nightly.history import History, history_url, open_history
 from trtbuild.nightly.regressions import Regression, regressions
 from trtbuild.nightly.runner import PolicyResult, discover, run_all, shard_of
@@ -312,7 +311,7 @@ def _write_json(
         "regressions": [asdict(g) for g in found],
         "missing_shards": night.missing if night is not None else [],
     }
-    write_text(out_dir / "nightly.json", json.dumps(doc, indent=2) + "\n")
+    write_json(out_dir / "nightly.json", doc)
 
 
 __all__ = ["History", "Night", "Shard", "missing_shards", "night_lines", "nightly", "summarize"]

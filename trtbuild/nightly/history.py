@@ -22,6 +22,7 @@ from typing import Any
 
 from trtbuild.accuracy.report import METRICS
 from trtbuild.errors import UsageError
+from trtbuild.fsutil import dumps_json
 from trtbuild.nightly.runner import PolicyResult
 
 SCHEMA_VERSION = 3
@@ -365,14 +366,14 @@ def _loads(text: Any, empty: str) -> Any:
 def _result_row(run_id: int, r: PolicyResult) -> dict[str, Any]:
     row = {"run_id": run_id, "policy": r.policy}
     row.update({c: getattr(r, c) for c, _ in RESULT_COLUMNS})
-    row.update({c: json.dumps(getattr(r, c)) for c in _JSON})
+    row.update({c: dumps_json(getattr(r, c)) for c in _JSON})
     return row
 
 
 def _output_row(run_id: int, policy: str, name: str, m: dict[str, Any]) -> dict[str, Any]:
     row = {"run_id": run_id, "policy": policy, "output": name, "passed": int(m["passed"])}
     row.update({k: number(m.get(k)) for k in METRICS})
-    row["checks"] = json.dumps(m.get("checks", {}))
+    row["checks"] = dumps_json(m.get("checks", {}))
     return row
 
 

@@ -7,13 +7,11 @@ group, each comment saying the measured error that made the pin necessary.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from trtbuild.accuracy.progress import StatusLine
-from trtbuild.accuracy.sessions import finite_or_str
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
 from trtbuild.policy import Policy
@@ -180,13 +178,13 @@ def stuck_warning(result: SearchResult, quantized: int) -> str | None:
 
 def write_log(path: Path, result: SearchResult) -> None:
     """One JSON line per evaluation, in the order they were recorded."""
-    from trtbuild.fsutil import write_text
+    from trtbuild.fsutil import dumps_json, write_text
 
     rows = []
     ranked = {r.after + 1: r.note for r in result.rankings}
     for t in result.trials:
         rows.append(
-            json.dumps(
+            dumps_json(
                 {
                     # the growing's ranking, on the first trial after it (where the error
                     # map ranked no suspect above another: `tuning.alone`)
@@ -197,7 +195,7 @@ def write_log(path: Path, result: SearchResult) -> None:
                     "passed": t.passed,
                     "low_share": t.low_share,
                     "failing": t.failing,
-                    "max_abs": {o: finite_or_str(v) for o, v in t.worst.items()},  # strict JSON
+                    "max_abs": t.worst,
                     "seconds": t.seconds,
                     # where it was judged, in order: a failure stops the walk, and a pass
                     # while growing leaves out the points larger than every point some
