@@ -119,6 +119,8 @@ def test_a_full_or_read_only_disk_is_exit_2_naming_the_path(command, disk, tmp_p
     fix = "free space on the disk" if disk.folder.name == "full" else "write to a writable folder"
     _one_line(code, err, str(disk.folder), fix)
     assert not [p for p in disk.folder.rglob("*") if p.is_file() and p.name != "filler"]
+    if command == "tune" and disk.real and disk.folder.name == "read-only":
+        assert "tune [" not in err, err  # said before the search, not after it
 
 
 def test_the_nightly_records_a_full_disk_as_the_users_fault_not_a_bug(tmp_path, disk):
@@ -151,6 +153,35 @@ def test_a_folder_where_the_output_file_goes_is_exit_2(command, tmp_path, capsys
     assert main(argv) == 2
     _one_line(2, capsys.readouterr().err, f"{taken}: is a folder where a file goes")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["convert", "--policy", "p.yaml", "-o", "p.yaml"], "-o names the policy this"),
+        (["convert", "--policy", "p.yaml", "-o", "./sub/../m.onnx"], "-o names the policy's model"),
+        (["convert", "--policy", "p.yaml", "-o", "link.onnx"], "-o names the policy's model"),
+        (["prepare", "m.onnx", "-o", "link.onnx"], "-o names the model this"),
+        (["tune", "--policy", "p.yaml", "-o", "m.onnx"], "-o names the policy's model"),
+        (
+            ["tune", "--policy", "p.yaml", "-o", "t.yaml", "--log", "p.yaml"],
+            "--log names the policy",
+        ),
+    ],
+)
+def test_an_output_that_is_a_file_the_command_reads_is_exit_2(
+    argv, named, tmp_path, capsys, monkeypatch
+):
+    # Before, `convert -o p.yaml` wrote the mixed model over the policy and said `wrote`.
+    _relu_policy(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.onnx").symlink_to("m.onnx")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    _one_line(2, capsys.readouterr().err, named, "write to another path")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    assert not (tmp_path / "t.yaml").exists()
 
 
 @pytest.mark.parametrize("how", ["policy", "prepare"])

@@ -619,8 +619,8 @@ def _cmd_convert(args) -> int:
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy import load_policy
 
-    _output_file(args.output)
     policy = load_policy(args.policy)
+    _output_file(args.output, _policy_files(policy))
     front, data = api.convert_front(  # its warnings reach stderr through the `trtbuild` logger
         policy, cache=_cache(args), verbose=args.verbose
     )
@@ -633,15 +633,17 @@ def _cmd_convert(args) -> int:
     return 0
 
 
-def _output_file(path: Path) -> None:
-    """Exit 2 before any work where `-o` cannot be a file: a folder is there, or a folder
-    above it is a file."""
+def _output_file(path: Path, reads: dict[str, Path | None] | None = None, flag: str = "-o") -> None:
+    """Exit 2 before any work where `flag`'s file cannot be written: a folder is there, a
+    folder above it is a file or may not be written, or it is a file the command reads
+    (`reads`: what each is, its path), which the write would replace (a policy or the FP32
+    model lost, and the command said `wrote`)."""
     for above in path.absolute().parents:
         if above.exists() and not above.is_dir():
             raise UsageError(
                 "a part of the output path is a file, not a folder",
                 where=str(above),
-                hint=f"pass -o a path in a folder, not under the file {above}",
+                hint=f"pass {flag} a path in a folder, not under the file {above}",
             )
     if path.is_dir():
         raise UsageError(
@@ -649,6 +651,47 @@ def _output_file(path: Path) -> None:
             where=str(path),
             hint="move the folder away or name another path",
         )
+    for what, read in (reads or {}).items():
+        if read is not None and _same_file(path, read):
+            raise UsageError(
+                f"{flag} names {what} this command reads; writing there would replace it",
+                where=str(path),
+                hint="write to another path",
+            )
+    _may_create(path)
+
+
+def _may_create(path: Path) -> None:
+    """Create and remove a file where `path`'s write will (its nearest folder that exists):
+    a read-only or forbidden folder is said now, as the write would say it (`OSError`, exit
+    2 naming `path`), not after a search of minutes."""
+    import tempfile
+
+    folder = next(p for p in path.absolute().parents if p.exists())
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _policy_files(policy) -> dict[str, Path | None]:
+    """The files a command reads for `policy`, by what they are: none may be its output."""
+    reference = policy.accuracy.reference_model
+    return {
+        "the policy": policy.path,
+        "the policy's model": Path(policy.model),
+        "the reference model": Path(reference) if reference else None,
+    }
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (a link or another spelling of it too)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing: the same file only if the same path
+        return a.absolute() == b.absolute()
 
 
 def _cmd_prepare(args) -> int:
@@ -656,7 +699,7 @@ def _cmd_prepare(args) -> int:
     from trtbuild.graph.model_io import save_model
     from trtbuild.policy.specs import OPSET_RANGE, Passes
 
-    _output_file(args.output)
+    _output_file(args.output, {"the model": args.model})
     low, high = OPSET_RANGE
     if args.opset is not None and not low <= args.opset <= high:
         raise UsageError(f"--opset must be between {low} and {high}, got {args.opset}")
@@ -685,6 +728,10 @@ def _cmd_tune(args) -> int:
     policy = load_policy(args.policy)
     tuning.check_policy(policy)
     tuning.check_output(policy, args.output, args.force)  # before the search, not after
+    log = args.log or args.output.with_name(args.output.stem + ".log.jsonl")
+    reads = _policy_files(policy)
+    _output_file(args.output, {k: v for k, v in reads.items() if k != "the policy"})  # --force's
+    _output_file(log, reads, "--log")
     bar = tuning.Progress()
     try:
         tuned = api.tune(
@@ -702,7 +749,6 @@ def _cmd_tune(args) -> int:
         bar.done()
     write_text(args.output, tuned.yaml)
     result = tuned.search
-    log = args.log or args.output.with_name(args.output.stem + ".log.jsonl")
     tuning.write_log(log, result)
     for ranking in result.rankings:
         print(f"  {ranking.note}, in {ranking.seconds:.1f} s")
