@@ -282,3 +282,33 @@ def test_a_metric_of_an_output_empty_on_both_sides_is_that_of_two_alike(tol):
     outs = [IterationResult({"o": x}, runner_name="c") for x in (empty.copy(), -y)]
     (check,) = {k: v for k, v in run_checks(refs, outs, "c", {"o": Tolerance(**tol)}, False)["o"].items() if k not in ("simple", "shown")}.values()  # fmt: skip
     assert check["failed_samples"] == [1], check
+
+
+def test_a_metric_shown_beside_fail_is_the_failing_samples_nan_not_the_best_of_the_rest():
+    """A T5 encoder's sample whose mask hid its only token gave NaN in FP16: its cosine was
+    NaN and failed, while the line showed `cosine 1 (>= 0.999)`, the least of the other
+    samples' (`min` skips a NaN that is not first)."""
+    from trtbuild.accuracy.checks import describe, run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    y = np.linspace(0.5, 1.5, 16, dtype=np.float32)
+    refs = [{"o": y}] * 4
+    outs = [{"o": y}, {"o": y * 1.0001}, {"o": y}, {"o": np.full_like(y, np.nan)}]
+    tol = Tolerance(cosine_similarity_threshold=0.999)
+    found = run_checks(refs, outs, "c", {"o": tol}, verbose=False)["o"]["cosine"]
+    assert found["failed_samples"] == [3] and np.isnan(found["value"]), found
+    assert describe("cosine", found, tol) == "cosine nan (>= 0.999)"
+    passing = run_checks(refs, outs[:3], "c", {"o": tol}, verbose=False)["o"]["cosine"]
+    assert passing["failed_samples"] == [] and passing["value"] == 1.0, passing
+
+
+def test_the_worst_failing_sample_named_is_a_nan_one_wherever_it_comes():
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    y = np.ones((1, 8), np.float32)
+    refs = [{"y": y}] * 3
+    outs = [{"y": y + 0.3}, {"y": np.full_like(y, np.nan)}, {"y": y + 0.2}]
+    tol = Tolerance(atol=0.05, rtol=0.05)
+    found = run_checks(refs, outs, "c", {"y": tol}, verbose=False)["y"]["simple"]
+    assert found["failed_samples"] == [0, 1, 2] and found["worst"]["sample"] == 1, found

@@ -199,9 +199,15 @@ def _worst(per_iter: list, name: str, tol: Tolerance) -> dict[str, Any]:
     failed = [(k, it[name]) for k, it in enumerate(per_iter) if _figured(it[name]) and not it[name]]
     if not failed:
         return {}
-    k, worst = max(failed, key=lambda f: float(getattr(f[1], f"{stat}_absdiff")))
+    k, worst = max(failed, key=lambda f: _nan_largest(float(getattr(f[1], f"{stat}_absdiff"))))
     absolute, relative = (float(getattr(worst, f"{stat}_{d}diff")) for d in ("abs", "rel"))
     return {"worst": {"sample": k, "abs": absolute, "rel": relative}}
+
+
+def _nan_largest(value: float) -> tuple[bool, float]:
+    """A key that puts NaN above every number: a NaN error is the worst (Python's `max`
+    keeps a NaN only where it comes first)."""
+    return value != value, value
 
 
 def _metric(found, pair: _Pair, tol, check: str, metric: Metric) -> None:
@@ -225,7 +231,9 @@ def _metric(found, pair: _Pair, tol, check: str, metric: Metric) -> None:
     per_iter = _where_empty(pair, names, pair.compare(names, func), alike)
     for name in names:  # a bare bool: Polygraphy would not compare (the shapes differ)
         values = [float(getattr(it[name], metric.value)) for it in per_iter if _figured(it[name])]
-        worst = min(values) if values else None
+        # the worst sample's figure, NaN first: it fails every threshold (a sample whose
+        # output is NaN has a NaN cosine), and `min` would skip it but in first place
+        worst = min(values, key=lambda v: (v == v, v)) if values else None  # NaN least
         entry = {"value": worst, "threshold": judged.get(name)}
         if name in judged:
             failed = [k for k, it in enumerate(per_iter) if not bool(it[name])]
