@@ -167,7 +167,9 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
             std, peak = figures[r.point.name]
             widest = max((v for k, v in spread.items() if k != r.point.name), default=0.0)
             limit = step * max(1.0, peak) if floating else 0.0
-            if std <= limit:
+            if std == 0 and 0 in r.measures.shapes.get(out, ()):
+                why = "empty"  # no element on the first feed, none on any (`output_std`)
+            elif std <= limit:
                 why = "dtype"
             elif spread[r.point.name] <= FLAT_AGAINST_POINTS * widest:
                 why, limit = "points", FLAT_AGAINST_POINTS * widest * peak
@@ -196,21 +198,33 @@ def flat_warnings(flat: list[dict[str, Any]], front: Front) -> list[str]:
     low = front.policy.precision.default.upper().replace("FP32", "FP16")
     out = []
     for output, rows in by_output.items():
-        said = "; ".join(
-            f"at {f['label']}: std {f['std']:.3g} over {f['samples']} sample(s), at most "
-            + (
-                f"{f['limit']:.3g} (one {low} step at its scale)"
-                if f["why"] == "dtype"
-                else f"{f['limit']:.3g} (1% of its relative spread at another point)"
+        if all(f["why"] == "empty" for f in rows):
+            out.append(
+                f"data does not exercise the model: output {output} is empty on every sample "
+                f"of the FP32 reference at {', '.join(f['label'] for f in rows)} (no element: "
+                f"a detector's boxes where it found nothing), so it passes whatever the engine "
+                f"computes; give data under {fix} on which it finds something (real images)"
             )
-            for f in rows
-        )
+            continue
+        said = "; ".join(_flat_figures(f, low) for f in rows)
         out.append(
             f"data does not exercise the model: output {output} is constant or nearly so on "
             f"the FP32 reference ({said}), so a verdict there proves little; give real data "
             f"under {fix} (images, or a .npz of real samples)"
         )
     return out
+
+
+def _flat_figures(f: dict[str, Any], low: str) -> str:
+    """One point of a flat output, as `flat_warnings` says it: its spread and the limit."""
+    if f["why"] == "empty":
+        return f"at {f['label']}: empty on all {f['samples']} sample(s)"
+    limit = (
+        f"one {low} step at its scale"
+        if f["why"] == "dtype"
+        else "1% of its relative spread at another point"
+    )
+    return f"at {f['label']}: std {f['std']:.3g} over {f['samples']} sample(s), at most {f['limit']:.3g} ({limit})"
 
 
 def overflow_warnings(front: Front) -> list[str]:

@@ -119,3 +119,36 @@ def test_an_integer_output_is_flat_only_where_its_values_do_not_move(tmp_path, c
     said = _flat_warning(capsys.readouterr().err)
     assert "output none" in said and "output codes" not in said, said
     assert "output where" not in said, said
+
+
+def test_an_output_empty_on_every_sample_is_named_as_such(tmp_path, capsys):
+    """A detector that finds nothing on the data keeps no box in FP32: its outputs are empty
+    on both sides and pass whatever the engine computes. That passed with no word (the
+    spread of an empty output was not measured); it is flat, `why: "empty"`."""
+    m = model(
+        [node("Greater", ["x", "t"], "m", "/found"), node("NonZero", ["m"], "idx", "/where"),
+         node("Transpose", ["idx"], "at", "/at"), node("GatherND", ["x", "at"], "kept", "/kept"),
+         node("Relu", ["x"], "y", "/relu")],
+        [("x", F, [2, 8])],
+        [("idx", onnx.TensorProto.INT64, [2, "k"]), ("kept", F, ["k"]), ("y", F, [2, 8])],
+        {"t": np.array(2.0, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "nms.onnx")
+    for high, empty in ((1.0, True), (3.0, False)):
+        policy = tmp_path / f"nms_{int(high)}.yaml"
+        policy.write_text(
+            "version: 1\nmodel: nms.onnx\ninputs:\n  x:\n    shape: [2, 8]\n"
+            f"    data: {{distribution: uniform, low: 0.0, high: {high}}}\n"
+            "accuracy:\n  samples: 2\n"
+        )
+        out = tmp_path / f"out_{int(high)}"
+        assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 0
+        err = capsys.readouterr().err
+        flat = json.loads((out / "report.json").read_text())["flat_outputs"]
+        if not empty:
+            assert "does not exercise" not in err and flat == [], err
+            continue
+        lines = [w for w in err.splitlines() if "data does not exercise the model" in w]
+        assert len(lines) == 2, err
+        assert all("is empty on every sample" in w and "inputs.x.data" in w for w in lines)
+        assert {(f["output"], f["why"]) for f in flat} == {("idx", "empty"), ("kept", "empty")}

@@ -168,7 +168,10 @@ class _Tally:
         an integer (or boolean) output's peak too, which `values` measures of floats only."""
         for name, v in outputs.items():
             v = np.asarray(v)
-            if not v.size or not (np.issubdtype(v.dtype, np.number) or v.dtype == bool):
+            if not (np.issubdtype(v.dtype, np.number) or v.dtype == bool):
+                continue
+            if not v.size:  # counted as no value: an output empty on every feed is constant
+                self.moments.setdefault(name, (0, 0.0, 0.0))
                 continue
             if not np.issubdtype(v.dtype, np.floating):
                 peak = float(np.abs(v.astype(np.float64, copy=False)).max())
@@ -190,7 +193,10 @@ class _Tally:
             )
 
     def output_std(self) -> dict[str, float]:
-        return {k: float(np.sqrt(max(m2, 0.0) / n)) for k, (n, _, m2) in self.moments.items()}
+        return {
+            k: float(np.sqrt(max(m2, 0.0) / n)) if n else 0.0
+            for k, (n, _, m2) in self.moments.items()
+        }
 
     def values(self, values: dict[str, np.ndarray], first: bool) -> None:
         """Peaks (and, on the first feed, sizes and special values) of new tensors."""
