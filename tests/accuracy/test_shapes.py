@@ -38,7 +38,17 @@ def test_unpinned_the_reduction_fails_at_max_and_the_verdict_names_it(
     assert (
         junit.count("<testcase") == 6 and 'name="energy @ max [1, 3, 256, 256]"><failure' in junit
     )
-    assert "| `energy` | pass" in (tmp_path / "out" / "report.md").read_text()
+    # where it fails: the top-level figures are opt's (the primary point), so report.json
+    # names the failing points, and the reports show max first. report.md showed opt's
+    # outputs, all passing, and "not searched" beside FAILED.
+    assert report["failed_points"] == ["max"] and report["outputs"]["energy"]["passed"]
+    fp16 = report["baselines"]["fp16"]
+    assert fp16["passed"] is False and fp16["failed_points"] == ["max"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    outputs = md.split("## Outputs (policy, at max [1, 3, 256, 256])\n", 1)[1].split("\n## ", 1)[0]
+    assert "| `energy` | **FAIL**" in outputs and "| `energy` | pass" not in outputs, outputs
+    assert "First divergence (policy): `/energy/ReduceSumSquare`" in outputs, outputs
+    assert "## Error along the graph, at max [1, 3, 256, 256]" in md
 
 
 def test_pinned_it_passes_at_all_three_shapes(example_policy, tmp_path):
@@ -49,6 +59,11 @@ def test_pinned_it_passes_at_all_three_shapes(example_policy, tmp_path):
     assert not next(s for s in report["shapes"] if s["name"] == "max")["baselines"]["fp16"][
         "passed"
     ]  # what the pin buys, at the shape that needs it
+    assert report["failed_points"] == [] and report["baselines"]["fp16"]["failed_points"] == ["max"]
+    assert report["baselines"]["fp16"]["passed"] is False  # at every point, as `passed`
+    assert (
+        "## Outputs (policy, at opt [1, 3, 64, 64])" in (tmp_path / "out" / "report.md").read_text()
+    )
 
 
 def test_tune_from_no_rules_pins_the_reduction(example_policy, tmp_path):

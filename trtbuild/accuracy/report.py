@@ -147,13 +147,38 @@ class Report:
         return [s for s in self.shapes if not s.main.passed]
 
     @property
+    def deciding_point(self) -> ShapeVerdict | None:
+        """The point that decides the verdict: the first that fails, else the primary one.
+
+        Why: report.md and report.html show it first. A build that failed at max showed
+        opt's outputs, all passing, and "not searched" for its first divergence.
+        """
+        failing = self.failing_shapes
+        return failing[0] if failing else (self.shapes[0] if self.shapes else None)
+
+    @property
+    def deciding(self) -> Verdict:
+        """The policy's verdict at `deciding_point` (the primary one without points)."""
+        point = self.deciding_point
+        return point.main if point else self.main
+
+    @property
+    def deciding_fp16(self) -> Verdict:
+        """The all-FP16 baseline's verdict at `deciding_point`."""
+        point = self.deciding_point
+        return point.fp16 if point else self.fp16
+
+    @property
+    def deciding_label(self) -> str | None:
+        """`max [1, 3, 256, 256]`: the deciding point, where there are several points."""
+        point = self.deciding_point
+        return point.label if point and len(self.shapes) > 1 else None
+
+    @property
     def failing_divergence(self) -> dict[str, Any] | None:
         """Where a failing policy first goes wrong (its first failing point's walk, else the
         primary point's); None where it passes or nothing was walked."""
-        if self.passed:
-            return None
-        failing = self.failing_shapes
-        return (failing[0].main if failing else self.main).first_divergence
+        return None if self.passed else self.deciding.first_divergence
 
     @property
     def at_risk(self) -> list[dict[str, Any]]:
@@ -191,7 +216,15 @@ class Report:
         return f"{EMULATED} ({self.emulation})"
 
     def to_json(self) -> dict[str, Any]:
-        baselines: dict[str, Any] = {"fp16": self.fp16.to_json()}
+        fp16_failed = [s.name for s in self.shapes if not s.fp16.passed]
+        baselines: dict[str, Any] = {
+            "fp16": {
+                **self.fp16.to_json(),
+                # every point, as the policy's `passed`; the figures are the primary point's
+                "passed": not fp16_failed if self.shapes else self.fp16.passed,
+                "failed_points": fp16_failed,
+            }
+        }
         if self.fp32 is not None:
             baselines["fp32"] = {
                 "passed": self.fp32.passed,
@@ -201,6 +234,7 @@ class Report:
         return {
             **self.main.to_json(),
             "passed": self.passed,
+            "failed_points": [s.name for s in self.failing_shapes],
             "at_risk": self.at_risk,
             "shapes": [s.to_json() for s in self.shapes],
             "skipped_shapes": [s.skipped_json() for s in self.skipped],
@@ -390,14 +424,15 @@ def reference_text(report: Report) -> str:
 
 def sections(report: Report) -> list[Section]:
     """Every section of report.md and report.html, in order."""
+    deciding, at = report.deciding, report.deciding_label
     out = [
         Section(
-            "Outputs (policy)",
+            f"Outputs (policy, at {at})" if at else "Outputs (policy)",
             [
-                outputs_table(report.main.outputs),
+                outputs_table(deciding.outputs),
                 Para(
                     "First divergence (policy): "
-                    + divergence_text(report.main.first_divergence, report.main.walked)
+                    + divergence_text(deciding.first_divergence, deciding.walked)
                 ),
                 overflow_paragraph(report),
             ],
@@ -573,17 +608,18 @@ def _fp32_section(fp32: Verdict) -> Section:
 
 
 def _curve_section(report: Report) -> Section:
-    if not (report.main.walked or report.fp16.walked):
-        return Section(
-            "Error along the graph", [Para(f"Policy and all-FP16 baseline: {NOT_WALKED}.")]
-        )
+    """The policy's error along the graph, and the baseline's, at the deciding point."""
+    main, at = report.deciding, report.deciding_label
+    title = f"Error along the graph, at {at}" if at else "Error along the graph"
+    if not (main.walked or report.deciding_fp16.walked):
+        return Section(title, [Para(f"Policy and all-FP16 baseline: {NOT_WALKED}.")])
     worst = sorted(
-        (p for p in report.main.error_curve if p.get("rel_error") is not None),
+        (p for p in main.error_curve if p.get("rel_error") is not None),
         key=lambda p: -float(p["rel_error"]),
     )[:5]
     rows = [(f"`{p['node']}`", p["op"], fmt(float(p["rel_error"]))) for p in worst]
     return Section(
-        "Error along the graph",
+        title,
         [
             Plot("error-curve", "relative error per tensor along depth"),
             Para("Largest relative errors of the policy (max |error| / tensor range):"),

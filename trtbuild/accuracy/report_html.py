@@ -62,8 +62,8 @@ def error_curve_plot(report: Report) -> str:
             color,
         )
         for label, v, color in (
-            ("policy", report.main, POLICY_COLOR),
-            ("all-FP16 baseline", report.fp16, BASELINE_COLOR),
+            ("policy", report.deciding, POLICY_COLOR),
+            ("all-FP16 baseline", report.deciding_fp16, BASELINE_COLOR),
         )
     ]
     finite_max = 1e-7
@@ -82,12 +82,12 @@ def error_curve_plot(report: Report) -> str:
         if bad.any():
             ax.scatter(depth[bad], shown[bad], color=NONFINITE_COLOR, marker="x", zorder=3, s=30)
     ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"divergence threshold {threshold:g}")
-    first = report.fp16.first_divergence
+    first = report.deciding_fp16.first_divergence
     if first:
         at = next((p["depth"] for p in curves[1][1] if p["node"] == first["node"]), None)
         if at is not None:  # named in the legend, so no text lies on the curves
             # a passing baseline still diverges somewhere first: say which, not "breaks"
-            verb = "breaks" if not report.fp16.passed else "first diverges"
+            verb = "breaks" if not report.deciding_fp16.passed else "first diverges"
             label = f"all-FP16 {verb} at {first['node']}{on_sample(first)}"
             ax.axvline(at, color=BASELINE_COLOR, ls=":", lw=1, label=label)
     ax.set_yscale("log")
