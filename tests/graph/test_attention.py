@@ -187,6 +187,36 @@ def test_a_norm_in_between_ends_the_path():
     }
 
 
+def test_an_hf_rmsnorm_the_residual_stream_carries_attention_into_is_found_whole():
+    """A Llama layer's post-attention RMSNorm as the legacy torch.onnx exporter writes it:
+    the residual sum through the norm's Cast to float (which the next residual reads too),
+    then x * rsqrt(mean(x²) + eps) with rsqrt as Sqrt and Div(1, ·), the Cast back, the
+    weight."""
+    nodes = [
+        node("Transpose", ["x"], "kt", "kt", perm=[0, 2, 1]),
+        node("MatMul", ["x", "kt"], "s", "qk"),
+        node("Softmax", ["s"], "p", "softmax", axis=-1),
+        node("MatMul", ["p", "x"], "o", "pv"),
+        node("Add", ["x", "o"], "h", "residual"),
+        node("Cast", ["h"], "hf", "to_float", to=F),
+        node("Pow", ["hf", "two"], "sq", "pow"),
+        node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
+        node("Add", ["v", "eps"], "ve", "add"),
+        node("Sqrt", ["ve"], "sd", "sqrt"),
+        node("Div", ["one", "sd"], "r", "rsqrt"),
+        node("Mul", ["hf", "r"], "n", "scale"),
+        node("Cast", ["n"], "nf", "back", to=F),
+        node("Mul", ["w", "nf"], "normed", "weight"),
+        node("Add", ["hf", "normed"], "y", "next_residual"),
+    ]
+    consts = {"two": 2.0, "eps": 1e-6, "one": 1.0}
+    inits = {k: np.array(v, np.float32) for k, v in consts.items()}
+    inits["w"] = np.ones(8, np.float32)
+    view = GraphView(model(nodes, [("x", F, [1, 4, 8])], [("y", F, [1, 4, 8])], inits))
+    unit = {"pow", "var", "add", "sqrt", "rsqrt", "scale", "back", "weight"}
+    assert _names(view, patterns.find("layernorm_after_attention", Analysis(view))) == unit
+
+
 def test_fused_attention_op_is_a_block():
     nodes = [
         node("Attention", ["q", "k", "v"], "o", "attn"),

@@ -105,6 +105,15 @@ def _ln(variant: str, opset: int = 17, axes=(-1,)) -> onnx.ModelProto:
             node("Mul", ["n", "w"], "g", "gamma"),
             node("Add", ["g", "b"], "y", "beta"),
         ]
+    elif variant == "torch_rsqrt":  # (x - mean) * torch.rsqrt(var + eps), legacy torch.onnx
+        consts["one"] = np.array(1.0, np.float32)
+        nodes = [
+            *_stats(list(axes)),
+            node("Div", ["one", "s"], "r", "rsqrt"),
+            node("Mul", ["r", "d"], "n", "norm"),
+            node("Mul", ["w", "n"], "g", "gamma"),
+            node("Add", ["g", "b"], "y", "beta"),
+        ]
     else:
         raise ValueError(variant)
     inner = int(np.prod([(2, 4, 8)[a] for a in axes]))
@@ -123,6 +132,7 @@ VARIANTS = [
     "tf2onnx_no_beta",
     "tf2onnx_no_gamma",
     "torch_var_two_means",
+    "torch_rsqrt",
 ]
 
 
@@ -175,6 +185,21 @@ def test_weights_as_constant_nodes_fuse_after_lifting():
     assert [n.op_type for n in prepared.model.graph.node] == ["LayerNormalization"]
     assert opset_of(prepared.model) == 17
     assert_same_outputs(source, prepared.model)
+
+
+def test_a_layernorm_read_as_exported_takes_its_epsilon_from_a_constant_node():
+    """Called on a graph `prepare` has not lifted (torch.onnx's `Constant` nodes): the unit is
+    found, and the fused node's epsilon is the `Constant`'s."""
+    source = _ln("torch_rsqrt")
+    consts = [helper.make_node("Constant", [], [t.name], value=t) for t in source.graph.initializer]
+    del source.graph.initializer[:]
+    nodes = [*consts, *source.graph.node]
+    del source.graph.node[:]
+    source.graph.node.extend(nodes)
+    fused, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert record.changed == 1
+    assert record.details["fused"][0]["epsilon"] == pytest.approx(1e-5)
+    assert_same_outputs(source, fused)
 
 
 def test_channel_axis_layernorm2d_is_kept_and_says_why(nafnet_path):

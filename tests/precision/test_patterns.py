@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
+from onnx import numpy_helper
 
-from tests.helpers import F, model, node
+from tests.helpers import F, H, model, node
 from trtbuild.graph import reductions
 from trtbuild.graph.norms import norm_units
 from trtbuild.graph.view import GraphView
@@ -149,6 +151,120 @@ def test_rmsnorm_and_fused_norms():
         ONE,
     )
     assert _units(m) == [["ln"], ["pow", "var", "add", "sqrt", "div", "weight"]]
+
+
+def _constants(values: dict[str, np.ndarray]) -> list:
+    """`Constant` nodes holding `values`, as the legacy torch.onnx exporter writes them."""
+    return [
+        node("Constant", [], k, f"const_{k}", value=numpy_helper.from_array(v, k))
+        for k, v in values.items()
+    ]
+
+
+def _rsqrt_tail(x: str, std: str, scaled: str, x_first: bool = True, op: str = "Div") -> list:
+    """`x * torch.rsqrt(·)` as the legacy torch.onnx exporter writes it: Div(1, std) (or
+    Reciprocal(std), as some write it), then Mul."""
+    operands = [x, "r"] if x_first else ["r", x]
+    inverse = ["one", std] if op == "Div" else [std]
+    return [node(op, inverse, "r", "rsqrt"), node("Mul", operands, scaled, "scale")]
+
+
+def _hf_rmsnorm_stats(x: str) -> list:
+    return [
+        node("Pow", [x, "two"], "sq", "pow"),
+        node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
+        node("Add", ["v", "eps"], "ve", "add"),
+        node("Sqrt", ["ve"], "s", "sqrt"),
+    ]
+
+
+RMS_NODES = ["pow", "var", "add", "sqrt", "rsqrt", "scale", "weight"]
+RSQRT = {"two": ONE["two"], "eps": ONE["eps"], "one": np.array(1.0, np.float32)}
+W8 = np.ones(8, np.float32)
+
+
+@pytest.mark.parametrize("as_constants", [False, True], ids=["weights", "constant-nodes"])
+@pytest.mark.parametrize("one_shape", [(), (1,)], ids=["scalar-one", "shape-1-one"])
+@pytest.mark.parametrize("x_first", [True, False], ids=["mul-x-r", "mul-r-x"])
+def test_hf_rmsnorm_with_rsqrt_as_div_of_one_is_one_unit(as_constants, one_shape, x_first):
+    """T5LayerNorm/LlamaRMSNorm, `w * (x * torch.rsqrt(x.pow(2).mean(-1) + eps))`: the legacy
+    exporter's rsqrt is Sqrt, then Div(1, ·); 2, eps and 1 as weights or `Constant` nodes."""
+    consts = {**RSQRT, "one": np.ones(one_shape, np.float32)}
+    nodes = [
+        *_hf_rmsnorm_stats("x"),
+        *_rsqrt_tail("x", "s", "n", x_first),
+        node("Mul", ["w", "n"], "y", "weight"),
+    ]
+    if as_constants:
+        nodes, consts = [*_constants(consts), *nodes], {}
+    m = model(nodes, [("x", F, [2, 8])], [("y", F, [2, 8])], {**consts, "w": W8})
+    assert _units(m) == [RMS_NODES]
+    (unit,) = norm_units(GraphView(m))
+    assert (unit.kind, unit.x, unit.output, unit.scale) == ("rmsnorm", "x", "y", "w")
+
+
+def test_a_division_of_two_by_the_deviation_is_no_rmsnorm():
+    """Only a numerator of 1 makes the Div an inverse: x * 2 / rms is no unit."""
+    nodes = [*_hf_rmsnorm_stats("x"), *_rsqrt_tail("x", "s", "y")]
+    m = model(nodes, [("x", F, [2, 8])], [("y", F, [2, 8])], {**RSQRT, "one": np.float32(2.0)})
+    assert _units(m) == []
+
+
+@pytest.mark.parametrize("inverse", ["Div", "Reciprocal"])
+def test_hf_rmsnorm_of_an_fp16_export_takes_in_its_casts(inverse):
+    """An FP16 LlamaRMSNorm/T5LayerNorm export: x cast to FP32 for the square, cast again (the
+    exporter's type promotion) for `x * rsqrt`, cast back to FP16 before the weight. Every
+    Cast is the unit's: it is pinned whole, from x."""
+    nodes = [
+        node("Cast", ["x"], "xf", "to_float", to=F),
+        node("Cast", ["x"], "xf2", "to_float_again", to=F),
+        *_hf_rmsnorm_stats("xf"),
+        *_rsqrt_tail("xf2", "s", "n", op=inverse),
+        node("Cast", ["n"], "nh", "back", to=H),
+        node("Mul", ["w", "nh"], "y", "weight"),
+    ]
+    inits = {**RSQRT, "w": np.ones(8, np.float16)}
+    m = model(nodes, [("x", H, [2, 8])], [("y", H, [2, 8])], inits)
+    assert _units(m) == [["to_float", "to_float_again", *RMS_NODES[:-1], "back", "weight"]]
+    (unit,) = norm_units(GraphView(m))
+    assert (unit.x, unit.output) == ("x", "y")
+
+
+def test_hf_rmsnorm_leaves_out_a_cast_the_residual_reads_too():
+    """An FP32 LlamaRMSNorm export: the exporter merges the residual's read of x into the
+    norm's float Cast, so that Cast is not the unit's (the unit starts after it); the Cast
+    back, alone between the scaling and the weight, is."""
+    nodes = [
+        node("Cast", ["x"], "xf", "to_float", to=F),
+        *_hf_rmsnorm_stats("xf"),
+        *_rsqrt_tail("xf", "s", "n"),
+        node("Cast", ["n"], "nf", "back", to=F),
+        node("Mul", ["w", "nf"], "h", "weight"),
+        node("Add", ["xf", "h"], "y", "residual"),
+    ]
+    inits = {**RSQRT, "w": W8}
+    m = model(nodes, [("x", F, [2, 8])], [("y", F, [2, 8])], inits)
+    assert _units(m) == [[*RMS_NODES[:-1], "back", "weight"]]
+    (unit,) = norm_units(GraphView(m))
+    assert (unit.x, unit.output) == ("xf", "h")
+
+
+def test_layernorm_with_rsqrt_as_div_of_one_is_one_unit():
+    """`(x - mean) * torch.rsqrt(var + eps)` (CohereLayerNorm in transformers), then the
+    weight and a bias."""
+    nodes = [
+        *_layernorm_nodes()[:-1],
+        *_rsqrt_tail("d", "s", "n", x_first=False),
+        node("Mul", ["w", "n"], "g", "gamma"),
+        node("Add", ["g", "b"], "y", "beta"),
+    ]
+    inits = {**RSQRT, "w": W8, "b": W8}
+    m = model(nodes, [("x", F, [2, 8])], [("y", F, [2, 8])], inits)
+    (unit,) = norm_units(GraphView(m))
+    assert (unit.kind, unit.x, unit.scale, unit.bias) == ("layernorm", "x", "w", "b")
+    assert _units(m) == [
+        ["mean", "sub", "pow", "var", "add", "sqrt", "rsqrt", "scale", "gamma", "beta"]
+    ]
 
 
 def test_nafnet_layernorm2d_units_found_whole(nafnet_path):

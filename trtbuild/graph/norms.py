@@ -8,9 +8,10 @@ parts (input, axes, epsilon, scale, bias) named, so it lives here once.
 Forms recognised (each seen in real exports):
 - fused ops (LayerNormalization, GroupNormalization, InstanceNormalization, ...);
 - LayerNorm as PyTorch < opset 17 and Paddle write it: ReduceMean, Sub,
-  Pow(d, 2) or Mul(d, d), ReduceMean, Add(eps), Sqrt, Div or Reciprocal+Mul,
-  then an optional Mul(weight) and Add(bias), on any axes (NAFNet's LayerNorm2d
-  normalises axis 1);
+  Pow(d, 2) or Mul(d, d), ReduceMean, Add(eps), Sqrt, then Div, or the inverse
+  (Reciprocal, or Div(1, ·): the legacy torch.onnx exporter's `torch.rsqrt`) and
+  Mul, then an optional Mul(weight) and Add(bias), on any axes (NAFNet's
+  LayerNorm2d normalises axis 1);
 - the same with the variance computed from x centred a second time (PyTorch's
   `x.var(dim, unbiased=False)` beside `x - x.mean(dim)`: two means of x, as
   Restormer's LayerNorm exports; torch.onnx's dynamo exporter takes that variance
@@ -21,7 +22,11 @@ Forms recognised (each seen in real exports):
 - any of these with its means (`moments/mean`, `moments/variance`) written as
   tf2onnx's global-pool optimizer writes them: `GlobalAveragePool`, alone or
   between a `Transpose` and its inverse;
-- RMSNorm: the LayerNorm tail without centring;
+- RMSNorm: the LayerNorm tail without centring; Hugging Face's (T5LayerNorm,
+  LlamaRMSNorm and its copies) as torch.onnx exports it, in the rsqrt form, with
+  the Cast back before the weight in the unit, and the Casts of x to float before
+  the square (a second one before the scaling in an FP16 export) where only the
+  unit reads them;
 - GroupNorm as PyTorch exports it: Reshape, InstanceNormalization, Reshape,
   Mul, Add.
 """
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 
 from onnx import helper
 
-from trtbuild.graph.view import GraphView
+from trtbuild.graph.view import GraphView, constant
 
 FUSED_NORMS = frozenset(
     {
@@ -72,10 +77,11 @@ def _consumers(view: GraphView, tensor: str, op: str | tuple[str, ...]) -> list[
 
 
 def _is_scalar_const(view: GraphView, tensor: str, value: float | None = None) -> bool:
-    if tensor not in view.initializers:
+    """A one-element weight or `Constant` (a scalar or shape [1], as exporters write them)."""
+    arr = constant(view, tensor)
+    if arr is None or arr.size != 1:
         return False
-    arr = view.initializer_array(tensor)
-    return arr.size == 1 and (value is None or float(arr.ravel()[0]) == value)
+    return value is None or float(arr.ravel()[0]) == value
 
 
 def _other(node, tensor: str) -> str | None:
@@ -225,17 +231,32 @@ def _reshaped(view: GraphView, tensor: str) -> tuple[tuple[int, ...], str]:
 
 
 def _divide(view: GraphView, x: str, std: str) -> list[int] | None:
-    """Div(x, std), or Reciprocal(std) then Mul(x, ·)."""
+    """Div(x, std), or 1 / std (`_inverses`) then Mul(x, ·) in either operand order."""
     div = [c for c in _consumers(view, std, "Div") if view.nodes[c].input[0] == x]
     if div:
         return [div[0]]
-    for r in _consumers(view, std, "Reciprocal"):
-        mul = [
-            c for c in _consumers(view, view.nodes[r].output[0], "Mul") if x in view.nodes[c].input
-        ]
+    for r in _inverses(view, std):
+        mul = [c for c in _consumers(view, _out(view, r), "Mul") if x in view.nodes[c].input]
         if mul:
             return [r, mul[0]]
     return None
+
+
+def _inverses(view: GraphView, std: str) -> list[int]:
+    """The nodes computing 1 / std: Reciprocal(std), or Div(1, std).
+
+    Why the Div: the legacy torch.onnx exporter writes `torch.rsqrt(v)` as Sqrt, then a Div
+    whose numerator is a constant 1 (a scalar or shape [1]); Hugging Face's RMSNorms
+    (T5LayerNorm, LlamaRMSNorm and those copied from it) and its rsqrt LayerNorms use it.
+    """
+    found = []
+    for c in view.consumers.get(std, []):
+        n = view.nodes[c]
+        if n.op_type == "Reciprocal" or (
+            n.op_type == "Div" and n.input[1] == std and _is_scalar_const(view, n.input[0], 1.0)
+        ):
+            found.append(c)
+    return found
 
 
 def _affine(view: GraphView, last: int) -> tuple[list[int], str | None, str | None]:
@@ -359,7 +380,7 @@ def _tf_layernorm(
 ) -> NormUnit | None:
     """tf2onnx's Keras LayerNorm: x * k + (beta - mean * k), k = gamma * rsqrt(var + eps)."""
     x, m = mean.x, mean.out
-    recip = _consumers(view, stats.std, "Reciprocal")
+    recip = _inverses(view, stats.std)
     if not recip:
         return None
     nodes, k, scale = [recip[0]], _out(view, recip[0]), None
@@ -404,16 +425,30 @@ def _tf_layernorm(
 
 
 def _rmsnorm_at(view: GraphView, i: int) -> NormUnit | None:
+    """RMSNorm from its square at node `i`: x / sqrt(mean(x²) + eps), then the affine.
+
+    Hugging Face's (T5LayerNorm, LlamaRMSNorm) casts x to FP32 for the square, scales x or
+    another Cast of it by the inverse, and casts back before the weight: those Casts are
+    the unit's where it alone reads them, so it is pinned whole from the value before them.
+    """
     n = view.nodes[i]
     x = n.input[0]
     if _square_of(view, x) != i:
         return None
     stats = _stats(view, i)
-    div = _divide(view, x, stats.std) if stats else None
-    if div is None:
+    scaling = _scaling(view, x, stats.std) if stats else None
+    if stats is None or scaling is None:
         return None
-    affine, scale, bias = _affine(view, div[-1])
-    nodes = (*stats.nodes, *div, *affine)
+    casts, div = scaling
+    back = _single(view, _out(view, div[-1]), "Cast")
+    tail = [*div, back] if back is not None else div
+    affine, scale, bias = _affine(view, tail[-1])
+    body = (*stats.nodes, *tail, *affine)
+    if casts and _read_inside(view, casts, body):
+        x = view.nodes[casts[0]].input[0]
+    else:
+        casts = []
+    nodes = (*casts, *body)
     return NormUnit(
         "rmsnorm",
         nodes,
@@ -425,6 +460,47 @@ def _rmsnorm_at(view: GraphView, i: int) -> NormUnit | None:
         scale=scale,
         bias=bias,
     )
+
+
+def _scaling(view: GraphView, x: str, std: str) -> tuple[list[int], list[int]] | None:
+    """The division by `std` of x or of a copy of it (`_copies`), with the Casts that made
+    x and that copy: (casts, division nodes)."""
+    copies = _copies(view, x)
+    for copy, made_by in copies:
+        div = _divide(view, copy, std)
+        if div is not None:
+            return [k for k in dict.fromkeys((copies[0][1], made_by)) if k is not None], div
+    return None
+
+
+def _copies(view: GraphView, x: str) -> list[tuple[str, int | None]]:
+    """The tensors that hold x's value, each with the Cast that made it from x's source.
+
+    x first; where a Cast made x, every other Cast of the same source to the same type,
+    then the source itself. Why: T5LayerNorm squares `x.to(float32)` but scales x itself,
+    which an FP16 export casts a second time (the exporter's type promotion).
+    """
+    p = view.producer.get(x)
+    if p is None or view.nodes[p].op_type != "Cast":
+        return [(x, None)]
+    source, to = view.nodes[p].input[0], _cast_to(view.nodes[p])
+    others = [c for c in _consumers(view, source, "Cast") if c != p]
+    same = [(_out(view, c), c) for c in others if _cast_to(view.nodes[c]) == to]
+    return [(x, p), *same, (source, None)]
+
+
+def _cast_to(node) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None)
+
+
+def _read_inside(view: GraphView, casts: list[int], body: tuple[int, ...]) -> bool:
+    """Do the unit's nodes alone read these Casts' outputs (none a graph output)?"""
+    inside = {*casts, *body}
+    for c in casts:
+        out = _out(view, c)
+        if out in view.outputs or any(r not in inside for r in view.consumers.get(out, [])):
+            return False
+    return True
 
 
 def _single(view: GraphView, tensor: str, op: str) -> int | None:

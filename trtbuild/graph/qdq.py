@@ -34,7 +34,7 @@ from onnx import NodeProto, TensorProto, numpy_helper
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import DEQUANTIZE, LOW_DTYPES, QDQ_OPS, QUANTIZE
 from trtbuild.graph.subgraphs import held_tensors
-from trtbuild.graph.view import GraphView
+from trtbuild.graph.view import GraphView, constant
 from trtbuild.numerics import LOW_MAX, LOW_TINY
 
 # The ops TensorRT fuses with the DQs in front of them into one quantized kernel; the
@@ -443,20 +443,6 @@ def fp8_capable(capability: str) -> bool:
         return False
 
 
-def _constant(view: GraphView, tensor: str) -> np.ndarray | None:
-    """The value of an initializer or a `Constant` node's output; None otherwise."""
-    if not tensor:
-        return None
-    if tensor in view.initializers:
-        return view.initializer_array(tensor)
-    p = view.producer.get(tensor)
-    if p is not None and view.nodes[p].op_type == "Constant":
-        for attr in view.nodes[p].attribute:
-            if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
-    return None
-
-
 def layout_chains(view: GraphView, nodes: dict[int, QdqNode]) -> dict[int, int]:
     """Layout op -> the op behind it, for each chain of `LAYOUT_OPS` a DQ feeds that leads,
     one reader after the other, to an op TensorRT fuses with DQs (DQ -> Transpose ->
@@ -491,7 +477,7 @@ def _qdq_node(view: GraphView, i: int) -> QdqNode:
     if fmt is None and not is_dq:
         fmt = TensorProto.UINT8  # ONNX's default for a Q without a zero point
     axis = next((a.i for a in node.attribute if a.name == "axis"), None)
-    scale_value = _constant(view, node.input[1])
+    scale_value = constant(view, node.input[1])
     per_axis = scale_value is not None and scale_value.size > 1
     return QdqNode(
         index=i,
@@ -503,7 +489,7 @@ def _qdq_node(view: GraphView, i: int) -> QdqNode:
         zero_point=zero,
         format=FORMATS.get(fmt, "unknown") if fmt is not None else "unknown",
         scale_value=scale_value,
-        zero_value=_constant(view, zero) if zero else None,
+        zero_value=constant(view, zero) if zero else None,
         axis=(axis if axis is not None else 1) if per_axis else None,
         block_size=next((a.i for a in node.attribute if a.name == "block_size"), 0),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from functools import cached_property
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -147,3 +148,21 @@ def in_sequences(view: GraphView, index: int) -> bool:
             return True
         k = view.parent[k]
     return False
+
+
+def constant(view: GraphView, tensor: str) -> np.ndarray | None:
+    """The value of a weight or of a `Constant` node's output; None for any other tensor.
+
+    Why both: `prepare` lifts `Constant`s into weights, but a graph is also read as
+    exported, where torch.onnx writes a DQ's scale or a norm's epsilon as a `Constant`.
+    """
+    if not tensor:
+        return None
+    if tensor in view.initializers:
+        return view.initializer_array(tensor)
+    p = view.producer.get(tensor)
+    if p is not None and view.nodes[p].op_type == "Constant":
+        for attr in view.nodes[p].attribute:
+            if attr.name == "value":
+                return numpy_helper.to_array(attr.t)
+    return None

@@ -29,7 +29,7 @@ from trtbuild.graph.norms import NormUnit, norm_units
 from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS, QUANTIZE
 from trtbuild.graph.qdq import quantize
 from trtbuild.graph.seethrough import SeenThrough, see_through
-from trtbuild.graph.view import GraphView
+from trtbuild.graph.view import GraphView, constant
 from trtbuild.passes.basic import PassRecord, copied
 
 LAYERNORM_OPSET = 17
@@ -161,7 +161,7 @@ def _plan(view: GraphView, unit: NormUnit) -> tuple[onnx.NodeProto, list[onnx.Te
     if bias is not None:
         inits.append(numpy_helper.from_array(bias.astype(np_dtype), f"{name}.bias"))
         inputs.append(inits[1].name)
-    eps = float(view.initializer_array(unit.epsilon).ravel()[0])
+    eps = float(constant(view, unit.epsilon).ravel()[0])  # a weight, or a Constant as exported
     node = helper.make_node(
         "LayerNormalization", inputs, [unit.output], name=name, axis=-k, epsilon=eps
     )
