@@ -416,6 +416,24 @@ def test_report_into_a_build_keeps_the_build_and_the_users_files(tmp_path):
     assert "notes.txt" not in marker["files"]
 
 
+def test_report_into_another_policys_build_is_refused_and_leaves_it_whole(tmp_path, capsys):
+    """Before, `report --policy B --out A's build` wrote B's report.json beside A's
+    build.json, engine and mixed model, exit 0: one folder holding two builds."""
+    first = _policy(tmp_path)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(first), "--out", str(out)]) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    second = _policy(other)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert main(["report", "--policy", str(second), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"trtbuild: error: {out}: holds the build of another policy ({first})" in err, err
+    assert "pass --out the folder of this policy's build, or a new folder" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert main(["report", "--policy", str(first), "--out", str(out)]) == 0  # its own: fine
+
+
 def test_an_owned_file_not_produced_again_is_dropped_and_the_folder_mode_kept(tmp_path):
     plain = _policy(tmp_path)
     out = tmp_path / "out"

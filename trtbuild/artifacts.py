@@ -254,16 +254,40 @@ def earlier_build(out_dir: Path, policy: Policy) -> BuildRecord | None:
 
     The same policy: the same file (`where`), or for a policy without one, the same name
     and content (`<policy NAME>` and its sha256)."""
-    path = out_dir / "build.json"
+    built = _build_json(out_dir)
+    if built is None or not _of(built, policy):
+        return None
+    return BuildRecord.from_json(built, out_dir / "build.json")
+
+
+def refuse_other_build(out_dir: Path, policy: Policy) -> None:
+    """Exit 2 where `out_dir` holds another policy's build: `report` would publish its
+    report.json beside that build's build.json, engine and mixed model (outputs.md: a folder
+    never holds the files of two builds)."""
+    built = _build_json(out_dir)
+    if built is not None and not _of(built, policy):
+        other = built.get("policy")
+        raise UsageError(
+            f"holds the build of another policy ({other if isinstance(other, str) else '?'}); "
+            "a report there would sit beside that build's engine and mixed model",
+            where=str(out_dir),
+            hint="pass --out the folder of this policy's build, or a new folder",
+        )
+
+
+def _build_json(out_dir: Path) -> dict[str, Any] | None:
     try:
-        built = json.loads(read_small(path))  # a FIFO or a huge file there: no record
+        built = json.loads(read_small(out_dir / "build.json"))  # a FIFO or a huge file: none
     except (OSError, ValueError, RecursionError):
         return None
-    if not isinstance(built, dict) or built.get("policy") != policy.where:
-        return None
+    return built if isinstance(built, dict) else None
+
+
+def _of(built: dict[str, Any], policy: Policy) -> bool:
+    """Whether a build.json records a build of `policy` (`earlier_build`'s sameness)."""
+    if built.get("policy") != policy.where:
+        return False
     hashes = built.get("hashes")
-    if policy.path is None and (
-        not isinstance(hashes, dict) or hashes.get("policy") != policy.sha256
-    ):
-        return None
-    return BuildRecord.from_json(built, path)
+    return policy.path is not None or (
+        isinstance(hashes, dict) and hashes.get("policy") == policy.sha256
+    )
