@@ -46,3 +46,35 @@ def test_under_strict_the_line_says_which_sums_the_verdict_stored_itself():
     assert "at risk (not failed; measured on the FP32 reference)" in at_risk_lines(
         [{"node": "a", "quantity": "sum", "peak": 9e5}], None
     )
+
+
+def test_the_pinned_count_is_of_compute_nodes_as_the_shares_are(tmp_path, capsys):
+    """`rules: []` with shape arithmetic: the guard pins the Cast of a dimension to FP32,
+    which computes nothing. The line said `100.0% FP16, 1 node(s) pinned to FP32`; it counts
+    compute nodes, as the share does, and report.json still lists the Cast."""
+    import json
+
+    import numpy as np
+    import onnx
+
+    from tests.helpers import F, model, node
+    from trtbuild.cli import main
+
+    m = model(
+        [node("Shape", ["x"], "s", "/shape"), node("Gather", ["s", "i"], "n", "/width", axis=0),
+         node("Cast", ["n"], "nf", "/width_f", to=F), node("Mul", ["x", "nf"], "y", "/scale")],
+        [("x", F, [1, "w"])],
+        [("y", F, [1, "w"])],
+        {"i": np.array(1, np.int64)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\n"
+        "inputs: {x: {min: [1, 4], opt: [1, 8], max: [1, 16]}}\n"
+    )
+    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith(": 100.0% FP16, 0 node(s) pinned to FP32"), line
+    pinned = json.loads((tmp_path / "o" / "report.json").read_text())["precision"]["pinned"]
+    assert [(p["node"], p["rule"]) for p in pinned] == [("/width_f", "guard:shape-arithmetic")]
+    assert "0 compute node(s) pinned by rules" in (tmp_path / "o" / "report.md").read_text()

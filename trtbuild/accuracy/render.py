@@ -167,7 +167,7 @@ def verdict_line(report: Report) -> str:
         how += f", against {Path(report.split.reference_model).name} before quantization"
     return (
         f"{'PASSED' if report.passed else 'FAILED'}{where} ({how}{'; ' + data if data else ''}): "
-        f"{_masked_clause(report)}{p.share_text()}, {len(p.pinned)} node(s) pinned to FP32"
+        f"{_masked_clause(report)}{p.share_text()}, {p.pinned_compute} node(s) pinned to FP32"
     )
 
 

@@ -380,7 +380,8 @@ def header(report: Report) -> list[str]:
         f"{report.samples} sample(s); first divergence and error curve from "
         f"**{report.divergence_evaluator}**",
         f"precision: {p.fp16_nodes} FP16, {p.bf16_nodes} BF16{_quantized_counts(p)} and "
-        f"{p.fp32_nodes} FP32 compute nodes ({p.share_text()}), {len(p.pinned)} pinned by rules",
+        f"{p.fp32_nodes} FP32 compute nodes ({p.share_text()}), {p.pinned_compute} compute "
+        "node(s) pinned by rules",
     ] + ([quantized_line(p.quantized)] if p.quantized.get("dq_nodes") else [])
     if report.shapes:  # one point: its data as said (upsampled photos, ...); more: the Shapes table
         one = len(report.shapes) == 1

@@ -118,6 +118,14 @@ class PrecisionSummary:
     quantized_share: float = 0.0  # compute nodes in INT8 or FP8
     quantized: dict[str, Any] = field(default_factory=dict)  # Q/DQ inventory (`graph.qdq`)
 
+    @property
+    def pinned_compute(self) -> int:
+        """The compute nodes rules pinned to FP32 (a guard's included): what the verdict line
+        and the reports count, as the shares count compute nodes. Why not every pinned row:
+        a guard's FP32 `Cast` of shape arithmetic computes nothing, and "2 node(s) pinned"
+        beside "100.0% FP16" under `rules: []` read as a contradiction."""
+        return sum(1 for p in self.pinned if computes(p["op"]))
+
     def share_text(self) -> str:
         """`95.0% FP16` or `95.0% BF16`: what a BF16 policy buys is counted as BF16; a
         quantized model's INT8/FP8 compute as its own class (`80.0% FP16, 15.0% INT8`)."""
