@@ -7,6 +7,7 @@ by the real TensorRT-RTX builder for compute capability 8.9.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -453,6 +454,21 @@ def test_dequantize_takes_an_op_out_of_int8(quantized_dir, tmp_path):
     assert _dq_fed(front.converted.model) == {
         k: v for k, v in _dq_fed(source).items() if k != "/ending/Conv"
     }
+
+
+@needs_rtx
+def test_the_layer_audit_checks_the_nodes_the_mixed_model_holds(quantized_dir, tmp_path, capsys):
+    """`dequantize: true` drops the weight's DQ that fed only the Conv: the audit said that no
+    layer was named after it (and after every such Q/DQ of a BERT: 34 of them)."""
+    stem = "nafnet_tiny_int8"
+    policy = _policy(tmp_path, quantized_dir / f"{stem}.onnx", stem, DEQUANTIZE)
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--backend", "tensorrt-rtx", "--out", str(out)])
+    assert code in (0, 1), capsys.readouterr().err
+    audit = json.loads((out / "build.json").read_text())["layer_audit"]
+    assert "ending.weight_DequantizeLinear" not in audit["not_in_network"], audit
+    assert audit["not_in_network"] == [] and audit["fp32_nodes_checked"] > 0, audit
+    assert "layer audit found no layer" not in capsys.readouterr().err
 
 
 def test_dequantize_on_a_float_op_is_a_warning(quantized_dir, tmp_path):
