@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.helpers import needs_rtx
 from trtbuild.cli import main
 
@@ -86,7 +87,18 @@ def test_missing_policy_and_model(tmp_path, write_policy, capsys):
     assert "policy file not found" in capsys.readouterr().err
     path = write_policy("version: 1\nmodel: missing.onnx\n")
     assert main(["check", "--policy", str(path)]) == 2
-    assert "model file not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "model file not found (fix the `model` path, which is relative to the policy's" in err
+    # each fix names what names the file: `prepare`'s argument is no policy's field
+    assert main(["prepare", str(tmp_path / "gone.onnx"), "-o", str(tmp_path / "p.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "fix the path (relative to the current folder)" in err and "policy's" not in err, err
+    model = path.read_text().replace("missing.onnx", str(tmp_path / "m.onnx"))
+    (tmp_path / "m.onnx").write_bytes((ROOT / "models" / "nafnet_tiny.onnx").read_bytes())
+    path.write_text(model + "accuracy: {reference_model: gone.onnx}\n")
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "accuracy.reference_model: reference model not found" in err, err
 
 
 def test_check_lists_every_node_with_reason(write_policy, capsys):

@@ -696,9 +696,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _cmd_prepare(args) -> int:
     from trtbuild.front import prepared_graph
-    from trtbuild.graph.model_io import save_model
+    from trtbuild.graph.model_io import check_model_file, save_model
     from trtbuild.policy.specs import OPSET_RANGE, Passes
 
+    check_model_file(args.model, field=None)  # a path of the command line, not a policy's
     _output_file(args.output, {"the model": args.model})
     low, high = OPSET_RANGE
     if args.opset is not None and not low <= args.opset <= high:

@@ -381,7 +381,7 @@ def check_reference_model(model: onnx.ModelProto, path: Path, where: str) -> Non
 
     field = "accuracy.reference_model"
     fix = "name the unquantized model the quantized one was made from (same inputs and outputs)"
-    check_model_file(path, what="reference model")
+    check_model_file(path, what="reference model", field=field)
     try:
         original = onnx.load(str(path), load_external_data=False)  # the graph's I/O only
     except Exception as exc:

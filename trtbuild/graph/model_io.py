@@ -43,8 +43,11 @@ def no_input(field: str, name: str, inputs: Iterable[str], where: str | None = N
     )
 
 
-def check_model_file(path: str | os.PathLike[str], *, what: str = "model") -> None:
+def check_model_file(
+    path: str | os.PathLike[str], *, what: str = "model", field: str | None = "model"
+) -> None:
     """Exit 2 unless `path` is a regular file (a symlink to one is): before anything reads it.
+    `field`: the policy's field that names it, or None for a path given on the command line.
 
     Why: a FIFO blocks the first read for ever and /dev/zero reads until memory runs
     out; the cache's digest would read either before onnx could refuse it.
@@ -55,12 +58,13 @@ def check_model_file(path: str | os.PathLike[str], *, what: str = "model") -> No
     except FileNotFoundError:
         mode = None
     if mode is None:
-        raise UsageError(
-            f"{what} file not found",
-            where=str(path),
-            hint="fix the 'model' path, which is relative to the policy's folder (to base_dir for "
-            "Policy.from_dict), or create the model there",
+        fix = (
+            f"fix the `{field}` path, which is relative to the policy's folder (to base_dir "
+            "for Policy.from_dict), or create the model there"
+            if field
+            else "fix the path (relative to the current folder), or create the model there"
         )
+        raise UsageError(f"{what} file not found", where=str(path), hint=fix)
     if not stat.S_ISREG(mode):
         kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
         raise UsageError(
