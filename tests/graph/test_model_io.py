@@ -25,7 +25,11 @@ def test_a_weight_listed_as_a_graph_input_is_not_fed():
     assert [vi.name for vi in fed_inputs(model)] == ["x"]
     err = no_input("inputs.image", "image", ["x"], "p.yaml")
     assert isinstance(err, UsageError)
-    assert str(err) == "p.yaml: inputs.image: the model has no input 'image' (its inputs are x)"
+    assert str(err) == (
+        "p.yaml: inputs.image: the model has no input 'image' (name one of the model's inputs: x)"
+    )
+    near = no_input("inputs.imgae", "imgae", ["image", "mask"], "p.yaml")
+    assert "(did you mean 'image'? name one of the model's inputs: image, mask)" in str(near)
 
 
 def test_an_ir_3_model_whose_weights_are_not_inputs_is_read_as_it_is(tmp_path):

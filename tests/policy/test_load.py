@@ -63,6 +63,23 @@ def test_a_key_holding_a_dot_is_quoted_in_the_field_path(write_policy, nafnet_pa
     assert 'inputs."input.1".shap' in msg and "did you mean 'shape'" in msg, msg
 
 
+@pytest.mark.parametrize(
+    "key, under",
+    [
+        ("data: {images: x/}", "inputs.<name>.data"),
+        ("tolerances: {}", "accuracy.tolerances"),
+        ("rules: []", "precision.rules"),
+        ("backend: none", "build.backend"),
+    ],
+)
+def test_a_key_of_another_level_names_where_it_goes(write_policy, nafnet_path, key, under):
+    """The README refuses a top-level `data:`; the message said only which keys are allowed
+    at the top, not where the key goes."""
+    msg = _error(write_policy, f"version: 1\nmodel: {nafnet_path}\n{key}\n")
+    name = key.split(":")[0]
+    assert f"unknown key '{name}'; `{name}` goes under {under}" in msg, msg
+
+
 def test_malformed_yaml_names_line(write_policy):
     msg = _error(write_policy, "version: 1\nmodel: [unclosed\n")
     assert "malformed YAML" in msg and "policy.yaml:" in msg

@@ -4,6 +4,7 @@ shape inference."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import io
 import logging
@@ -36,10 +37,14 @@ def fed_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 def no_input(field: str, name: str, inputs: Iterable[str], where: str | None = None) -> UsageError:
     """Exit 2 for a policy field that names an input the model does not have, with the
     inputs it has."""
+    names = list(inputs)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     return UsageError(
         f"{field}: the model has no input '{name}'",
         where=where,
-        hint="its inputs are " + ", ".join(inputs),
+        hint=(f"did you mean '{close[0]}'? " if close else "")
+        + "name one of the model's inputs: "
+        + ", ".join(names),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from trtbuild.policy.keys import NAME, section
@@ -132,8 +132,30 @@ def _violation(e: Any) -> SchemaViolation:
         extra = next(k for k in value if k not in props)
         close = difflib.get_close_matches(extra, props, n=1, cutoff=0.5)
         hint = f"did you mean '{close[0]}'?" if close else "allowed: " + ", ".join(props)
+        there = [p for p in _places(SCHEMA, ()) if p[-1] == extra and p[:-1] != path]
+        if there and not close:  # a key of another level (a top-level `data:`)
+            hint = f"`{extra}` goes under {' or '.join(_dotted(p) for p in there)}; {hint}"
         return SchemaViolation((*path, extra), f"unknown key '{extra}'; {hint}")
     return SchemaViolation(path, _MESSAGES.get(kind, _generic)(value, want, e))
+
+
+def _places(schema: Mapping[str, Any], path: tuple) -> Iterator[tuple]:
+    """The path of every key the schema allows, `<name>` for a key the user names (an
+    input, an output, a point), through `oneOf`/`anyOf` alternatives and list items."""
+    for key, sub in schema.get("properties", {}).items():
+        yield (*path, key)
+        yield from _places(sub, (*path, key))
+    named = schema.get("additionalProperties")
+    if isinstance(named, Mapping):
+        yield from _places(named, (*path, "<name>"))
+    for alternative in (*schema.get("oneOf", ()), *schema.get("anyOf", ())):
+        yield from _places(alternative, path)
+    if isinstance(schema.get("items"), Mapping):
+        yield from _places(schema["items"], (*path, "[]"))
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(path).replace(".[]", "[]")
 
 
 def _generic(value: Any, want: Any, e: Any) -> str:
