@@ -18,6 +18,7 @@ import onnx
 
 from trtbuild import words
 from trtbuild.accuracy import data as data_mod
+from trtbuild.accuracy import shape_values
 from trtbuild.accuracy.images import Decoded
 from trtbuild.accuracy.points import ShapePoint, shape_points
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest
@@ -147,7 +148,7 @@ def run_front(
     timings["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    shapes, skipped = _shape_runs(policy, prepared, view, cache, digest, reference, draw)
+    shapes, skipped = _shape_runs(policy, prepared, analysis, cache, digest, reference, draw)
     measures = _measures(policy, view, shapes)
     if reference != "none":
         timings["reference"] = time.perf_counter() - t
@@ -420,13 +421,15 @@ ORDER = ("zero point", "format", "scale", "compute capability")
 def _shape_runs(
     policy: Policy,
     prepared: Prepared,
-    view: GraphView,
+    analysis: Analysis,
     cache: Cache,
     digest: str | None,
     reference: ReferenceLevel,
     draw: bool,
 ) -> tuple[list[ShapeRun], tuple[ShapePoint, ...]]:
-    """Every point judged, one after another (peak memory is one point's), and those skipped."""
+    """Every point judged, one after another (peak memory is one point's), and those skipped.
+    Where data is drawn, the values of each input TensorRT takes for a shape tensor are
+    checked known (`accuracy.shape_values`): what the engine's profile will hold."""
     points = shape_points(policy, prepared.model)
     skipped = tuple(p for p in points if p.skip is not None)
     if len(skipped) == len(points):
@@ -441,8 +444,10 @@ def _shape_runs(
     originals: dict[Path, Any] = {}  # the reference model's session, made once for every point
     original = policy.accuracy.reference_model  # its bytes hashed once, not once a point
     known = key_digest(original) if digest and original and reference != "none" else None
-    run = _PointRun(policy, prepared, view, cache, digest, reference, draw, known)
+    decides = analysis.shape_inputs() if draw else {}
+    run = _PointRun(policy, prepared, analysis.view, cache, digest, reference, draw, known, decides)
     runs = [run(point, decoded, originals) for point in judged]
+    shape_values.check_known(policy, runs, decides)
     return runs, skipped
 
 
@@ -458,11 +463,14 @@ class _PointRun:
     reference: ReferenceLevel
     draw: bool  # the feeds drawn (`run_front`'s `draw`)
     original: str | None = None  # `accuracy.reference_model`'s digest, where a key is made
+    # the inputs TensorRT takes for shape tensors, checked given data before the reference
+    shape_inputs: Mapping[str, str] = field(default_factory=dict)
 
     def __call__(self, point: ShapePoint, decoded: Decoded, originals: dict[Path, Any]) -> ShapeRun:
         policy, prepared = self.policy, self.prepared
         made = data_mod.point_feeds(policy, prepared.model, point, decoded, self.draw)
         feeds = made.feeds
+        shape_values.check_given(policy, point, made.data, self.shape_inputs)
         if self.reference == "none":
             return ShapeRun(point, feeds, None, None, made.data)
         try:

@@ -103,19 +103,24 @@ def build_engines(
 ) -> tuple[dict[str, Any], list[str]]:
     """The policy's engine (written as engine.plan) and, with `build.variants`, all-FP16/FP32;
     with a warning for each variant TensorRT refused (the policy's engine is what `build`
-    makes: a baseline without its engine is judged in the emulation)."""
+    makes: a baseline without its engine is judged in the emulation). Each shape input's
+    values in their profile are those fed at the points judged (`accuracy.shape_values`)."""
+    from trtbuild.accuracy.shape_values import engine_values
     from trtbuild.engine.child import build_engines
 
     policy = front.policy
     if backend == "none":
         return {}, []
+    values = engine_values(policy, front.view, front.shapes, front.analysis.shape_inputs())
     variants = ("fp16", "fp32") if policy.build.variants else ()
     with tempfile.TemporaryDirectory() as tmp:  # one child builds them all, in this order
         paths = [stage / "mixed.onnx"]
         for variant in variants:
             paths.append(Path(tmp) / f"{variant}.onnx")
             save_model(base_models[variant].model, paths[-1])
-        built = build_engines(paths, backend, policy.build, policy.inputs, optional=len(variants))
+        built = build_engines(
+            paths, backend, policy.build, policy.inputs, len(variants), shape_values=values
+        )
     found = dict(zip(("policy", *variants), built, strict=True))
     engines = {k: e for k, e in found.items() if not isinstance(e, Exception)}
     unbuilt = [

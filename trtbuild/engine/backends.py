@@ -23,6 +23,7 @@ from typing import Any
 
 from trtbuild import words
 from trtbuild.errors import BackendError, UsageError
+from trtbuild.graph.shape_inputs import ShapeValues
 from trtbuild.policy.specs import OPSET_FIX, BuildSpec, InputSpec
 
 MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
@@ -203,12 +204,14 @@ def build_here(
     spec: BuildSpec,
     inputs: tuple[InputSpec, ...] = (),
     echo: Callable[[str, str], None] | None = None,
+    shape_values: tuple[ShapeValues, ...] = (),
 ) -> EngineBuild:
     """Parse a strongly typed ONNX model and build a serialized engine, in this process:
     what `engine.child.build_engine`'s child runs. `echo(severity, message)` is also told
-    each error TensorRT logs, as it logs it (the child's record should TensorRT crash)."""
+    each error TensorRT logs, as it logs it (the child's record should TensorRT crash).
+    `shape_values`: the profile's values of the inputs that may be shape tensors."""
     with _deferred_interrupt() as interrupted:
-        return _build_engine(onnx_path, backend, spec, inputs, interrupted, echo)
+        return _build_engine(onnx_path, backend, spec, inputs, interrupted, echo, shape_values)
 
 
 def _build_engine(
@@ -218,6 +221,7 @@ def _build_engine(
     inputs: tuple[InputSpec, ...],
     interrupted: threading.Event,
     echo: Callable[[str, str], None] | None = None,
+    shape_values: tuple[ShapeValues, ...] = (),
 ) -> EngineBuild:
     """Parse, configure, build; then read the network's layers and the builder's log."""
     trt = importlib.import_module(MODULES[backend])
@@ -234,7 +238,7 @@ def _build_engine(
     quantized = any(layer["type"] == "DEQUANTIZE" for layer in layers)
     if quantized and backend == "tensorrt":  # the inspector then names each layer's formats
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    _add_profile(trt, builder, network, config, inputs)
+    _add_profile(trt, builder, network, config, inputs, shape_values)
     cache = _load_timing_cache(config, spec.timing_cache)
     monitor = _cancel_monitor(trt, interrupted)
     if monitor is not None:
@@ -599,14 +603,23 @@ def _last_errors(messages: list[tuple[str, str]]) -> str:
     )
 
 
-def _add_profile(trt, builder, network, config, inputs: tuple[InputSpec, ...]) -> None:
+def _add_profile(
+    trt,
+    builder,
+    network,
+    config,
+    inputs: tuple[InputSpec, ...],
+    shape_values: tuple[ShapeValues, ...] = (),
+) -> None:
+    """The optimization profile: each dynamic input's dims from the policy, each shape
+    tensor's values from the data judged (`accuracy.shape_values`); none where the network
+    has neither. A shape tensor whose values are not known is refused here, after the
+    parse (only TensorRT says which inputs are shape tensors) and before the build."""
     specs = {s.name: s for s in inputs}
-    dynamic = []
-    for i in range(network.num_inputs):
-        tensor = network.get_input(i)
-        if any(d < 0 for d in tensor.shape):
-            dynamic.append(tensor)
-    if not dynamic:
+    tensors = [network.get_input(i) for i in range(network.num_inputs)]
+    dynamic = [t for t in tensors if any(d < 0 for d in t.shape)]
+    shaped = [t for t in tensors if getattr(t, "is_shape_tensor", False)]
+    if not dynamic and not shaped:
         return
     profile = builder.create_optimization_profile()
     for tensor in dynamic:
@@ -621,7 +634,23 @@ def _add_profile(trt, builder, network, config, inputs: tuple[InputSpec, ...]) -
             profile.set_shape(tensor.name, spec.shape, spec.shape, spec.shape)
         else:
             profile.set_shape(tensor.name, spec.min, spec.opt, spec.max)
+    values = {v.name: v for v in shape_values}
+    for tensor in shaped:
+        found = values.get(tensor.name, ShapeValues(tensor.name, refused=_unknown(tensor.name)))
+        if found.refused is not None:
+            raise found.error()
+        profile.set_shape_input(tensor.name, found.min, found.opt, found.max)
     config.add_optimization_profile(profile)
+
+
+def _unknown(name: str) -> tuple[str, str | None, str | None]:
+    """The refusal of a shape tensor no data was judged for (a caller that gave no values)."""
+    return (
+        f"{words.field('inputs', name)}: the input is a shape tensor to TensorRT, whose "
+        "optimization profile holds the values it may be fed, and none are known",
+        None,
+        f"give its values under {words.field('inputs', name, 'data')} (a file or a range)",
+    )
 
 
 def _load_timing_cache(config, path: Path | None):

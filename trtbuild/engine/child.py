@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 import trtbuild
 from trtbuild.children import KILLED, feed, import_path, signal_name
 from trtbuild.errors import BackendError, TrtbuildError, UsageError, surroundings_error
+from trtbuild.graph.shape_inputs import ShapeValues
 from trtbuild.policy.specs import BuildSpec, InputSpec
 
 LOGGED = "@trtbuild-logged@"  # a TensorRT error the child logged: JSON [severity, message]
@@ -62,11 +63,15 @@ GRACE = 10.0
 
 
 def build_engine(
-    onnx_path: Path, backend: str, spec: BuildSpec, inputs: tuple[InputSpec, ...] = ()
+    onnx_path: Path,
+    backend: str,
+    spec: BuildSpec,
+    inputs: tuple[InputSpec, ...] = (),
+    shape_values: tuple[ShapeValues, ...] = (),
 ) -> Any:
     """Parse a strongly typed ONNX model and build a serialized engine in a child process
     (`build_engines` of one model)."""
-    return build_engines([onnx_path], backend, spec, inputs)[0]
+    return build_engines([onnx_path], backend, spec, inputs, shape_values=shape_values)[0]
 
 
 def build_engines(
@@ -75,11 +80,13 @@ def build_engines(
     spec: BuildSpec,
     inputs: tuple[InputSpec, ...] = (),
     optional: int = 0,
+    shape_values: tuple[ShapeValues, ...] = (),
 ) -> list[Any]:
     """Each model's serialized engine, built one after another in one child process
     (`backends.build_here` there): their `EngineBuild`s, or the first error raised here.
     Why one child: its start (an interpreter, trtbuild's and TensorRT's imports) is about
-    0.25 s, and `build` builds the policy's engine and its two variants.
+    0.25 s, and `build` builds the policy's engine and its two variants. `shape_values`:
+    those of the inputs that may be shape tensors, for the profile (`backends._add_profile`).
 
     The last `optional` models (`build`'s variants, baselines beside the policy's engine)
     may fail: one TensorRT refuses (or crashes on) is its `BackendError` in the list, and
@@ -95,9 +102,8 @@ def build_engines(
             is the surroundings' to fix (exit 2).
     """
     first = len(onnx_paths) - optional  # the first optional job
-    jobs = b"".join(
-        pickle.dumps((str(p), backend, spec, inputs, k >= first)) for k, p in enumerate(onnx_paths)
-    )
+    job = (backend, spec, inputs, shape_values)
+    jobs = b"".join(pickle.dumps((str(p), *job, k >= first)) for k, p in enumerate(onnx_paths))
     logged: collections.deque[str] = collections.deque(maxlen=ERROR_LINES)
     answers: list[tuple] = []
     with _passed_on() as (interrupted, started):
@@ -284,10 +290,10 @@ def serve() -> None:
             job = pickle.load(sys.stdin.buffer)  # a job of its parent
         except EOFError:
             break
-        answer = _answer(job[:4])
+        answer = _answer(job[:5])
         out.write(pickle.dumps(answer))
         out.flush()
-        if not _goes_on(answer, job[4]):
+        if not _goes_on(answer, job[5]):
             break
     sys.stderr.flush()
     os._exit(0)  # not the interpreter's finalization with TensorRT loaded
@@ -320,5 +326,5 @@ def _build(job: tuple) -> Any:
         sys.stderr.write(LOGGED + json.dumps([severity, message]) + "\n")
         sys.stderr.flush()
 
-    onnx_path, backend, spec, inputs = job
-    return build_here(Path(onnx_path), backend, spec, inputs, echo=echo)
+    onnx_path, backend, spec, inputs, shape_values = job
+    return build_here(Path(onnx_path), backend, spec, inputs, echo=echo, shape_values=shape_values)

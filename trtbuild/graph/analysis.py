@@ -74,6 +74,13 @@ class Analysis:
 
         return self._once("qdq", lambda: QdqGraph(self.view))
 
+    def shape_inputs(self) -> dict[str, str]:
+        """The inputs TensorRT takes for shape tensors, each with what its values decide
+        (`graph.shape_inputs`)."""
+        from trtbuild.graph.shape_inputs import shape_inputs
+
+        return self._once("shape_inputs", lambda: shape_inputs(self.view))
+
     def weight_peaks(self) -> dict[str, float]:
         """Largest finite |value| of every float initializer."""
         return self._once("weight_peaks", lambda: _weight_peaks(self.view))

@@ -1,0 +1,119 @@
+"""The graph inputs TensorRT takes for shape tensors: integers whose values decide shapes.
+
+Why found from the graph: TensorRT's builder needs the values of each such input (a
+Resize's `sizes`, a Reshape's `shape`, TopK's `K`) in the optimization profile, and
+stops at the end of the build without them; `check` runs no TensorRT, yet should refuse
+what `build` would. So this finds them as TensorRT's ONNX parser does: an int32 or int64
+input of rank 0 or 1 whose values reach an operand that is a shape (`SHAPE_OPERANDS`),
+directly or through ops that compute on shapes (`SHAPE_CARRIERS`). The build asks
+TensorRT itself (`is_shape_tensor` once the network is parsed); both tables were read off
+TensorRT-RTX 1.7's parser (tests/graph/test_shape_inputs.py compares them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onnx import TensorProto
+
+from trtbuild.errors import UsageError
+from trtbuild.graph.domains import DEFAULT_DOMAINS
+from trtbuild.graph.view import GraphView
+
+# Each op's inputs that TensorRT reads as shape tensors, by index, with their ONNX names.
+# Not NonMaxSuppression's max_output_boxes_per_class nor Trilu's k: the parser reads those
+# as data (an input feeding them alone is no shape tensor).
+SHAPE_OPERANDS: dict[str, dict[int, str]] = {
+    "Reshape": {1: "shape"},
+    "Expand": {1: "shape"},
+    "Tile": {1: "repeats"},
+    "ConstantOfShape": {0: "input"},
+    "Range": {0: "start", 1: "limit", 2: "delta"},
+    "Resize": {3: "sizes"},
+    "Slice": {1: "starts", 2: "ends", 3: "axes", 4: "steps"},
+    "TopK": {1: "K"},
+    "Pad": {1: "pads", 3: "axes"},
+    "OneHot": {1: "depth"},
+    "Split": {1: "split"},
+    "CumSum": {1: "axis"},
+}
+# Ops whose inputs are shape tensors where their output is one: TensorRT computes a shape
+# from shapes, on the host (`Concat` of a batch and a length, `Gather` of one dim, `Add`)
+SHAPE_CARRIERS = frozenset(
+    {
+        *("Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Concat"),
+        *("Gather", "Slice", "Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "Sum"),
+        *("Neg", "Abs", "Sign", "Where", "ReduceProd", "ReduceSum", "ReduceMin", "ReduceMax"),
+        *("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or"),
+    }
+)
+# The dtypes a shape tensor may have (`IOptimizationProfile.set_shape_input`)
+SHAPE_DTYPES = frozenset({TensorProto.INT32, TensorProto.INT64})
+
+
+def shape_inputs(view: GraphView) -> dict[str, str]:
+    """Each graph input TensorRT takes for a shape tensor, with the operand its values
+    decide (`its values decide the sizes of Resize node up`), the first in the graph's
+    order where several."""
+    candidates = {n for n in view.inputs if is_candidate(view, n)}
+    found: dict[str, str] = {}
+    if not candidates:
+        return found
+    for node in view.nodes:
+        operands = SHAPE_OPERANDS.get(node.op_type)
+        if operands is None or node.domain not in DEFAULT_DOMAINS:
+            continue
+        for k, role in operands.items():
+            if k < len(node.input) and node.input[k]:
+                named = node.name or "(unnamed)"
+                what = f"its values decide the {role} of {node.op_type} node {named}"
+                for name in _inputs_behind(view, node.input[k], candidates):
+                    found.setdefault(name, what)
+    return {n: found[n] for n in view.inputs if n in found}  # the model's input order
+
+
+def is_candidate(view: GraphView, name: str) -> bool:
+    """An input TensorRT could take for a shape tensor: int32 or int64, of rank 0 or 1."""
+    declared = view.shape.get(name)
+    if view.dtype.get(name) not in SHAPE_DTYPES or declared is None:
+        return False
+    return declared.tensor_type.HasField("shape") and len(declared.tensor_type.shape.dim) <= 1
+
+
+def _inputs_behind(view: GraphView, tensor: str, candidates: set[str]) -> set[str]:
+    """The candidate inputs whose values reach `tensor` through shape carriers alone."""
+    found, seen, todo = set(), set(), [tensor]
+    while todo:
+        t = todo.pop()
+        if t in seen or view.is_float(t):
+            continue
+        seen.add(t)
+        if t in candidates:
+            found.add(t)
+        k = view.producer.get(t)
+        node = view.nodes[k] if k is not None else None
+        if node is not None and node.op_type in SHAPE_CARRIERS:
+            todo.extend(i for i in node.input if i and i not in view.initializers)
+    return found
+
+
+@dataclass(frozen=True)
+class ShapeValues:
+    """The values one shape input takes at the optimization profile's min, opt and max, or
+    why they are not known (a refusal: the `UsageError`'s message, where and hint).
+
+    Why values and a refusal in one: the build asks TensorRT which inputs are shape
+    tensors only once the network is parsed, in its child process; the parent works out
+    both for every input that could be one, and the child sets the values of those
+    TensorRT names, or raises the refusal (`engine.backends`)."""
+
+    name: str
+    min: tuple[int, ...] = ()
+    opt: tuple[int, ...] = ()
+    max: tuple[int, ...] = ()
+    refused: tuple[str, str | None, str | None] | None = None
+
+    def error(self) -> UsageError:
+        """The refusal, as the error the CLI says (exit 2)."""
+        message, where, hint = self.refused or (f"no values of {self.name}", None, None)
+        return UsageError(message, where=where, hint=hint)
