@@ -15,6 +15,7 @@ from trtbuild.passes import control, fuse, opset
 from trtbuild.passes.foreign_qdq import standard_qdq
 from trtbuild.passes.inline import inline_functions
 from trtbuild.passes.upcast import upcast_low_precision
+from trtbuild.passes.weight_dq import dequantize_scalar_weights
 from trtbuild.policy.specs import Passes
 
 
@@ -50,6 +51,9 @@ def prepare(
     if rec.changed:
         records.append(rec)
     model = _weights_in_fp32(model, records)
+    model, rec = dequantize_scalar_weights(model)  # before folding: a weight, folded on
+    if rec.changed:
+        records.append(rec)
     if options.fold_constants:
         model, rec = passes.fold_constants(model, verbose, budget)
         records.append(rec)
