@@ -538,7 +538,11 @@ def test_an_output_under_a_file_is_exit_2_before_any_work(command, tmp_path, cap
 
 @pytest.mark.parametrize(
     "command",
-    [["build", "--out", "out"], ["convert", "--no-cache", "-o", "m.onnx"], ["check", "--no-cache"]],
+    [
+        ["build", "--out", "out"],
+        ["convert", "--no-cache", "-o", "mixed.onnx"],
+        ["check", "--no-cache"],
+    ],
 )
 def test_an_unwritable_home_prints_no_line_of_onnx_runtime_or_matplotlib(tmp_path, command):
     """ONNX Runtime logs from C++ at import where it cannot persist its telemetry id (a
@@ -548,7 +552,7 @@ def test_an_unwritable_home_prints_no_line_of_onnx_runtime_or_matplotlib(tmp_pat
     env = {**os.environ, "HOME": str(tmp_path / "home"), "TRTBUILD_CACHE_DIR": str(tmp_path / "c")}
     env.pop("XDG_CACHE_HOME", None)
     env.pop("MPLCONFIGDIR", None)
-    where = [str(tmp_path / a) if a in ("out", "m.onnx") else a for a in command]
+    where = [str(tmp_path / a) if a in ("out", "mixed.onnx") else a for a in command]
     done = subprocess.run(
         [TRTBUILD, where[0], "--policy", str(policy), *where[1:]],
         env=env,

@@ -667,9 +667,12 @@ def _may_create(path: Path) -> None:
     2 naming `path`), not after a search of minutes."""
     import tempfile
 
+    from trtbuild.fsutil import creating
+
     folder = next(p for p in path.absolute().parents if p.exists())
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        with creating(path):  # a folder that answers "no such file" (/proc): exit 2 too
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
     os.close(fd)

@@ -147,38 +147,10 @@ class Report:
         return [s for s in self.shapes if not s.main.passed]
 
     @property
-    def deciding_point(self) -> ShapeVerdict | None:
-        """The point that decides the verdict: the first that fails, else the primary one.
-
-        Why: report.md and report.html show it first. A build that failed at max showed
-        opt's outputs, all passing, and "not searched" for its first divergence.
-        """
-        failing = self.failing_shapes
-        return failing[0] if failing else (self.shapes[0] if self.shapes else None)
-
-    @property
-    def deciding(self) -> Verdict:
-        """The policy's verdict at `deciding_point` (the primary one without points)."""
-        point = self.deciding_point
-        return point.main if point else self.main
-
-    @property
-    def deciding_fp16(self) -> Verdict:
-        """The all-FP16 baseline's verdict at `deciding_point`."""
-        point = self.deciding_point
-        return point.fp16 if point else self.fp16
-
-    @property
-    def deciding_label(self) -> str | None:
-        """`max [1, 3, 256, 256]`: the deciding point, where there are several points."""
-        point = self.deciding_point
-        return point.label if point and len(self.shapes) > 1 else None
-
-    @property
     def failing_divergence(self) -> dict[str, Any] | None:
         """Where a failing policy first goes wrong (its first failing point's walk, else the
         primary point's); None where it passes or nothing was walked."""
-        return None if self.passed else self.deciding.first_divergence
+        return None if self.passed else deciding(self)[0].first_divergence
 
     @property
     def at_risk(self) -> list[dict[str, Any]]:
@@ -253,6 +225,25 @@ class Report:
             "trtbuild_version": self.version,
             "backend": self.backend,
         }
+
+
+def deciding_point(report: Report) -> ShapeVerdict | None:
+    """The point that decides the verdict: the first that fails, else the primary one.
+
+    Why: report.md and report.html show it first. A build that failed at max showed
+    opt's outputs, all passing, and "not searched" for its first divergence.
+    """
+    failing = report.failing_shapes
+    return failing[0] if failing else (report.shapes[0] if report.shapes else None)
+
+
+def deciding(report: Report) -> tuple[Verdict, Verdict, str | None]:
+    """The policy's verdict and the all-FP16 baseline's at `deciding_point`, with its label
+    where there are several points (`max [1, 3, 256, 256]`; None at the only one)."""
+    point = deciding_point(report)
+    if point is None:
+        return report.main, report.fp16, None
+    return point.main, point.fp16, point.label if len(report.shapes) > 1 else None
 
 
 # -- the document both Markdown and HTML render --------------------------------------
@@ -425,15 +416,15 @@ def reference_text(report: Report) -> str:
 
 def sections(report: Report) -> list[Section]:
     """Every section of report.md and report.html, in order."""
-    deciding, at = report.deciding, report.deciding_label
+    main, _, at = deciding(report)
     out = [
         Section(
             f"Outputs (policy, at {at})" if at else "Outputs (policy)",
             [
-                outputs_table(deciding.outputs),
+                outputs_table(main.outputs),
                 Para(
                     "First divergence (policy): "
-                    + divergence_text(deciding.first_divergence, deciding.walked)
+                    + divergence_text(main.first_divergence, main.walked)
                 ),
                 overflow_paragraph(report),
             ],
@@ -610,9 +601,9 @@ def _fp32_section(fp32: Verdict) -> Section:
 
 def _curve_section(report: Report) -> Section:
     """The policy's error along the graph, and the baseline's, at the deciding point."""
-    main, at = report.deciding, report.deciding_label
+    main, fp16, at = deciding(report)
     title = f"Error along the graph, at {at}" if at else "Error along the graph"
-    if not (main.walked or report.deciding_fp16.walked):
+    if not (main.walked or fp16.walked):
         return Section(title, [Para(f"Policy and all-FP16 baseline: {NOT_WALKED}.")])
     worst = sorted(
         (p for p in main.error_curve if p.get("rel_error") is not None),

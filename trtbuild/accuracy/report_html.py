@@ -25,6 +25,7 @@ from trtbuild.accuracy.report import (
     Report,
     Section,
     Table,
+    deciding,
     header,
     on_sample,
     sections,
@@ -50,9 +51,11 @@ def _rel(value: Any) -> float:
 
 
 def error_curve_plot(report: Report) -> str:
-    """Relative error of every float tensor along topological depth, policy vs all-FP16."""
+    """Relative error of every float tensor along topological depth, policy vs all-FP16, at
+    the point that decides the verdict (`report.deciding`, a function of the report)."""
     import matplotlib.pyplot as plt
 
+    main, fp16, _ = deciding(report)
     fig, ax = plt.subplots(figsize=(10, 3.8))
     threshold = report.divergence_threshold
     curves = [
@@ -62,8 +65,8 @@ def error_curve_plot(report: Report) -> str:
             color,
         )
         for label, v, color in (
-            ("policy", report.deciding, POLICY_COLOR),
-            ("all-FP16 baseline", report.deciding_fp16, BASELINE_COLOR),
+            ("policy", main, POLICY_COLOR),
+            ("all-FP16 baseline", fp16, BASELINE_COLOR),
         )
     ]
     finite_max = 1e-7
@@ -82,12 +85,12 @@ def error_curve_plot(report: Report) -> str:
         if bad.any():
             ax.scatter(depth[bad], shown[bad], color=NONFINITE_COLOR, marker="x", zorder=3, s=30)
     ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"divergence threshold {threshold:g}")
-    first = report.deciding_fp16.first_divergence
+    first = fp16.first_divergence
     if first:
         at = next((p["depth"] for p in curves[1][1] if p["node"] == first["node"]), None)
         if at is not None:  # named in the legend, so no text lies on the curves
             # a passing baseline still diverges somewhere first: say which, not "breaks"
-            verb = "breaks" if not report.deciding_fp16.passed else "first diverges"
+            verb = "breaks" if not fp16.passed else "first diverges"
             label = f"all-FP16 {verb} at {first['node']}{on_sample(first)}"
             ax.axvline(at, color=BASELINE_COLOR, ls=":", lw=1, label=label)
     ax.set_yscale("log")

@@ -7,7 +7,7 @@ what `build` would. So this finds them as TensorRT's ONNX parser does: an int32 
 input of rank 0 or 1 whose values reach an operand that is a shape (`SHAPE_OPERANDS`),
 directly or through ops that compute on shapes (`SHAPE_CARRIERS`). The build asks
 TensorRT itself (`is_shape_tensor` once the network is parsed); both tables were read off
-TensorRT-RTX 1.7's parser (tests/graph/test_shape_inputs.py compares them).
+TensorRT-RTX 1.7's parser (tests/engine/test_shape_inputs.py compares them).
 """
 
 from __future__ import annotations
