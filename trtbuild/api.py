@@ -408,8 +408,10 @@ def _tuned(
     text, tuned = tuning.tuned_policy(front, found, where, seed, objective, name)
     if found.exhausted:
         log.warning(tuning.budget_warning(found))
+    from trtbuild.evaluation import flat_outputs
+
     for said in (
-        tuning.tight_warning(found),
+        tuning.tight_warning(found, flat=bool(flat_outputs(front))),
         tuning.stuck_warning(found, len(front.assignment.quantized)),
     ):
         if said is not None:

@@ -152,3 +152,27 @@ def test_an_output_empty_on_every_sample_is_named_as_such(tmp_path, capsys):
         assert len(lines) == 2, err
         assert all("is empty on every sample" in w and "inputs.x.data" in w for w in lines)
         assert {(f["output"], f["why"]) for f in flat} == {("idx", "empty"), ("kept", "empty")}
+
+
+def test_tune_keeping_little_on_flat_data_names_the_data(tmp_path, capsys):
+    """x in [1, 1.0005] moves y = 1.0001 x by less than one FP16 step (flat), and y is
+    judged exactly: tune keeps 0% in FP16 and names the data, not the tolerances."""
+    m = model(
+        [node("Mul", ["x", "k"], "y", "/scale")],
+        [("x", F, [1, 8])],
+        [("y", F, [1, 8])],
+        {"k": np.array(1.0001, np.float32)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: [1, 8]\n"
+        "    data: {distribution: uniform, low: 1.0, high: 1.0005}\n"
+        "accuracy:\n  tolerances:\n    default: {atol: 0.0, rtol: 0.0, check_error_stat: max}\n"
+    )
+    tuned = tmp_path / "tuned.yaml"
+    assert main(["tune", "--policy", str(policy), "-o", str(tuned), "--budget", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "data does not exercise the model" in err, err
+    kept = [w for w in err.splitlines() if "tune kept only" in w]
+    assert len(kept) == 1 and "on data that does not exercise the model" in kept[0], err

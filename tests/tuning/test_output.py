@@ -61,3 +61,12 @@ def test_the_log_is_strict_json_where_an_error_is_infinite(tmp_path):
     write_log(tmp_path / "t.jsonl", SearchResult(Precision(), [], [], {}, "", [trial]))
     (line,) = (tmp_path / "t.jsonl").read_text().splitlines()
     assert json.loads(line, parse_constant=lambda c: pytest.fail(c))["max_abs"] == {"y": "inf"}
+
+
+def test_on_flat_data_the_data_is_named_not_the_tolerances():
+    """A classifier's top-5 on random weights (tied logits): the tolerances were blamed,
+    while the data does not exercise the model (its own warning, said before)."""
+    said = tight_warning(_result(True, FEW_LOW / 2, 1.0), flat=True)
+    assert said is not None and "on data that does not exercise the model" in said, said
+    assert "give real data before loosening the tolerances" in said
+    assert "likely tighter" not in said

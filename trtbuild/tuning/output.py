@@ -107,7 +107,7 @@ def budget_warning(result: SearchResult) -> str:
         f"search of these {result.searched} groups needs at most "
         f"{result.full_search}); raise `budget`"
         + (
-            f"; the point that costs the most is {result.costliest_point}"
+            f"; most of the judging time went to {result.costliest_point}"
             if result.costliest_point
             else ""
         )
@@ -119,9 +119,10 @@ def budget_warning(result: SearchResult) -> str:
 FEW_LOW = 0.1
 
 
-def tight_warning(result: SearchResult) -> str | None:
+def tight_warning(result: SearchResult, flat: bool = False) -> str | None:
     """Where the answer keeps almost nothing in the low precision: what that says of the
-    tolerances (None where it keeps more, or does not pass).
+    tolerances, or (`flat`: an output does not move with the data, `evaluation.flat_outputs`)
+    of the data; None where it keeps more, or does not pass.
 
     Why: a tolerance that FP16 storage cannot meet anywhere (trtbuild's default, every
     element within 1e-3, on a layout detector whose outputs reach a few units) ends with
@@ -133,6 +134,13 @@ def tight_warning(result: SearchResult) -> str | None:
     if not result.passed or result.low_share >= FEW_LOW or result.start_share < FEW_LOW:
         return None
     low = result.low.upper()
+    if flat:  # tied or constant outputs: a classifier's top-k of equal logits moves at random
+        return (
+            f"tune kept only {percent(result.low_share)} of the model in {low}, on data that "
+            "does not exercise the model (the warning above): where an output barely moves, "
+            f"its tolerance holds only near FP32's own values; give real data before loosening "
+            "the tolerances"
+        )
     return (
         f"tune kept only {percent(result.low_share)} of the model in {low}: the tolerances are "
         f"likely tighter than {low} storage allows; loosen them where the task allows (boxes "
