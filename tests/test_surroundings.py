@@ -167,6 +167,10 @@ def test_a_folder_where_the_output_file_goes_is_exit_2(command, tmp_path, capsys
             ["tune", "--policy", "p.yaml", "-o", "t.yaml", "--log", "p.yaml"],
             "--log names the policy",
         ),
+        (
+            ["tune", "--policy", "p.yaml", "-o", "t.yaml", "--log", "t.yaml"],
+            "--log names the tuned policy (-o)",
+        ),
     ],
 )
 def test_an_output_that_is_a_file_the_command_reads_is_exit_2(

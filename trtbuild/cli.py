@@ -735,7 +735,7 @@ def _cmd_tune(args) -> int:
     log = args.log or args.output.with_name(args.output.stem + ".log.jsonl")
     reads = _policy_files(policy)
     _output_file(args.output, {k: v for k, v in reads.items() if k != "the policy"})  # --force's
-    _output_file(log, reads, "--log")
+    _output_file(log, {**reads, "the tuned policy (-o)": args.output}, "--log")
     bar = tuning.Progress()
     try:
         tuned = api.tune(

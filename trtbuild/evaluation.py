@@ -167,8 +167,8 @@ def flat_outputs(front: Front) -> list[dict[str, Any]]:
             std, peak = figures[r.point.name]
             widest = max((v for k, v in spread.items() if k != r.point.name), default=0.0)
             limit = step * max(1.0, peak) if floating else 0.0
-            if std == 0 and 0 in r.measures.shapes.get(out, ()):
-                why = "empty"  # no element on the first feed, none on any (`output_std`)
+            if out in r.measures.output_empty:
+                why = "empty"  # no element on any feed
             elif std <= limit:
                 why = "dtype"
             elif spread[r.point.name] <= FLAT_AGAINST_POINTS * widest:

@@ -291,3 +291,23 @@ def test_names_the_emulation_makes_are_new_where_the_model_holds_them_already():
     x = np.array([1.0001, 2.0, 2e4, -3.0], np.float32)
     y, r = _run(emulated, {"x": x})
     assert np.array_equal(y, as_stored(as_stored(x) * 3)) and np.array_equal(r, np.maximum(y, 0))
+
+
+def test_an_fp16_graph_outputs_emulated_value_takes_a_name_the_model_does_not_hold():
+    # `y` is an FP16 output: the emulation computes it as `y__emu_out` (FP32) and casts it to
+    # the declared type; the model's own `y__emu_out` (an intermediate) made a second value.
+    m = model(
+        [
+            node("Relu", ["x"], "y__emu_out", "relu"),
+            node("Cast", ["y__emu_out"], "h", "c", to=H),
+            node("Mul", ["h", "w"], "y", "mul"),
+        ],
+        [("x", F, [4])],
+        [("y", H, [4])],
+        {"w": np.full(4, 2.0, np.float16)},
+    )
+    emulated = emulate(m)
+    made = [o for n in emulated.graph.node for o in n.output]
+    assert len(made) == len(set(made)), made
+    (y,) = _run(emulated, {"x": np.array([1.0, -2.0, 3.0, 0.5], np.float32)})
+    assert y.dtype == np.float16 and np.array_equal(y, np.array([2.0, 0.0, 6.0, 1.0], np.float16))

@@ -176,3 +176,33 @@ def test_tune_keeping_little_on_flat_data_names_the_data(tmp_path, capsys):
     assert "data does not exercise the model" in err, err
     kept = [w for w in err.splitlines() if "tune kept only" in w]
     assert len(kept) == 1 and "on data that does not exercise the model" in kept[0], err
+
+
+def test_an_output_empty_on_the_first_sample_only_is_not_called_empty(tmp_path, capsys):
+    """Empty on sample 0, one and two elements (all 3.0) on the others: constant, not empty
+    (the first feed's shape alone called it empty on every sample)."""
+    m = model(
+        [node("Greater", ["x", "t"], "m", "/found"), node("NonZero", ["m"], "idx", "/where"),
+         node("Transpose", ["idx"], "at", "/at"), node("GatherND", ["x", "at"], "kept", "/kept")],
+        [("x", F, [2, 8])],
+        [("kept", F, ["k"])],
+        {"t": np.array(2.0, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "nms.onnx")
+    x = np.zeros((3, 2, 8), np.float32)
+    x[1, 0, 1] = x[2, 0, 2] = x[2, 1, 3] = 3.0
+    np.savez(tmp_path / "x.npz", x=x)
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: nms.onnx\ninputs:\n  x:\n    shape: [2, 8]\n"
+        "    data: {file: x.npz}\naccuracy:\n  samples: 3\n"
+    )
+    out = tmp_path / "out"
+    assert (
+        main(
+            ["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(out), "--backend", "none"]
+        )
+        == 0
+    )
+    flat = json.loads((out / "report.json").read_text())["flat_outputs"]
+    assert [(f["output"], f["why"]) for f in flat] == [("kept", "dtype")], flat
+    assert "is empty on every sample" not in capsys.readouterr().err

@@ -59,3 +59,27 @@ def test_a_model_with_a_quantized_scalar_builds_an_engine(tmp_path, capsys):
     assert TensorProto.INT8 in {
         t.data_type for t in onnx.load(out / "mixed.onnx").graph.initializer
     }
+
+
+def test_a_scalars_dq_inside_a_body_stays_and_the_model_holds():
+    """Only the main graph's: a body's DQ folded into a main-graph weight of its output's
+    name would define that value twice."""
+    from onnx import helper
+
+    from tests.helpers import if_on_sign
+
+    def branch(tag: str) -> onnx.GraphProto:
+        return helper.make_graph(
+            [node("DequantizeLinear", ["hq", "hs", "hz"], f"{tag}_c", f"{tag}_dq"),
+             node("Mul", ["x", f"{tag}_c"], f"{tag}_out", f"{tag}_mul")],
+            tag, [], [helper.make_tensor_value_info(f"{tag}_out", F, [1, 4])],
+        )  # fmt: skip
+
+    weights = {"hq": np.array(50, I8), "hs": np.array(0.01, np.float32), "hz": np.array(0, I8)}
+    source = if_on_sign(branch("then"), branch("else"), [1, 4], weights)
+    prepared = prepare(source, Passes(opset=17)).model
+    onnx.checker.check_model(prepared, full_check=True)
+    x = np.array([[1.0, 2.0, -0.5, 0.25]], np.float32)
+    (want,) = plain_session(source).run(None, {"x": x})
+    (got,) = plain_session(prepared).run(None, {"x": x})
+    assert np.array_equal(got, want)

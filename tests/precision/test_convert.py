@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 from tests.helpers import I64, F, H, dtypes, model, node
 from trtbuild.policy.specs import Match, Precision, Rule
@@ -307,3 +308,81 @@ def test_names_the_conversion_makes_are_new_where_the_model_holds_them_already()
         )
         (y,) = session.run(None, {"x": x})
         assert y.dtype == np.float32 and np.array_equal(y, x * 3)
+
+
+def _shared_weight_model() -> onnx.ModelProto:
+    return model(
+        [node("Mul", ["x", "w"], "a", "m16"), node("Mul", ["x", "w"], "b", "m32"),
+         node("Add", ["a", "b"], "y", "add")],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"w": np.full((1, 4), 3.0, np.float32)},
+    )  # fmt: skip
+
+
+def _unique_names(m: onnx.ModelProto) -> None:
+    """Every value is made once and every node named once, bodies included."""
+    from trtbuild.graph import subgraphs
+
+    made, names = [], []
+    for _, g in subgraphs.walk(m.graph):
+        made += [o for n in g.node for o in n.output if o] + [t.name for t in g.initializer]
+        names += [n.name for n in g.node]
+    twice = {k for k in made if made.count(k) > 1} | {k for k in names if names.count(k) > 1}
+    assert not twice, twice
+
+
+@pytest.mark.parametrize("case", ["tail", "shared", "if"])
+def test_converting_again_what_trtbuild_converted_makes_only_new_names(case):
+    """A mixed model prepared back to FP32 holds every name the conversion makes (casts
+    into and out of a pinned region, a weight's FP16 copy, the casts of a body's outer
+    reads): converting it again under the same policy made them a second time (exit 70)."""
+    from tests.helpers import if_model
+    from trtbuild.passes.prepare import prepare
+    from trtbuild.policy.specs import Passes
+
+    source, precision = {
+        "tail": (_tail_model(), _pin("sum")),
+        "shared": (_shared_weight_model(), _pin("m32")),
+        "if": (if_model(), _pin("then_relu")),
+    }[case]
+    once = convert(assign(prepare(source, Passes(fold_constants=False)).model, precision)).model
+    back = prepare(once, Passes(fold_constants=False)).model  # computes in FP32 again
+    twice = convert(assign(back, precision)).model
+    onnx.checker.check_model(twice, full_check=True)
+    _unique_names(twice)
+    shapes = {
+        i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in source.graph.input
+    }
+    feed = {
+        k: np.linspace(-1, 1, int(np.prod(d)), dtype=np.float32).reshape(d)
+        for k, d in shapes.items()
+    }
+    want = ort.InferenceSession(once.SerializeToString()).run(None, feed)
+    for level in (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    ):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        got = ort.InferenceSession(twice.SerializeToString(), options).run(None, feed)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_weights_copy_and_an_inputs_cast_get_names_the_model_does_not_hold():
+    """The model already holds a value `w__fp16` and a node `trtbuild/cast_fp16/x` (a Relu):
+    the FP16 copy of the shared weight and the cast of x into the FP16 Mul take others."""
+    m = model(
+        [node("Relu", ["x"], "w__fp16", "trtbuild/cast_fp16/x"),
+         node("Mul", ["x", "w"], "a", "m16"), node("Mul", ["x", "w"], "b", "m32"),
+         node("Add", ["a", "b"], "s", "add"), node("Add", ["s", "w__fp16"], "y", "add2")],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {"w": np.full((1, 4), 3.0, np.float32)},
+    )  # fmt: skip
+    mixed = convert(assign(m, _pin("m32"))).model
+    onnx.checker.check_model(mixed, full_check=True)
+    _unique_names(mixed)
+    x = np.array([[0.5, -1.0, 2.0, 0.25]], np.float32)
+    (y,) = ort.InferenceSession(mixed.SerializeToString()).run(None, {"x": x})
+    assert np.array_equal(y, 6 * x + np.maximum(x, 0))  # exact in FP16 for these values

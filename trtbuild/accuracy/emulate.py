@@ -234,7 +234,7 @@ def _declared_output(em: _Emitter, vi: onnx.ValueInfoProto) -> None:
     low = vi.type.tensor_type.elem_type
     if low not in LOW:
         return
-    src = vi.name + "__emu_out"
+    src = subgraphs.new_name(vi.name + "__emu_out", em.values)
     _rename_value(em.nodes, vi.name, src)
     em.node("Cast", [src], vi.name, f"emu/out/{vi.name}", to=low)
 

@@ -70,6 +70,8 @@ class ReferenceMeasures:
     output_peak: dict[str, float] = field(default_factory=dict)
     # (tensor, node, op) of the indices decision ops choose (`decision_outputs`)
     decisions: list[tuple[str, str, str]] = field(default_factory=list)
+    # graph outputs with no element on any feed (a detector's boxes where it found nothing)
+    output_empty: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,10 @@ class _Tally:
                 m20 + m2 + delta * delta * n0 * n / total,
             )
 
+    def output_empty(self) -> frozenset[str]:
+        """The outputs no feed gave an element of (counted, never updated: `spread`)."""
+        return frozenset(k for k, (n, _, _) in self.moments.items() if not n)
+
     def output_std(self) -> dict[str, float]:
         return {
             k: float(np.sqrt(max(m2, 0.0) / n)) if n else 0.0
@@ -290,6 +296,7 @@ def run_reference(
         tally.output_std(),
         tally.int_peaks,
         decisions,
+        tally.output_empty(),
     )
     return ReferenceTensors(measures, results)
 

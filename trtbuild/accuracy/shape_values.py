@@ -96,6 +96,8 @@ def _values(policy: Policy, runs: Sequence[Run], name: str, what: str) -> ShapeV
     fed = [(r, _flat(f[name])) for r in runs for f in r.feeds if name in f]
     if not fed:
         return None
+    if len({len(v) for _, v in fed}) > 1:  # `zip` would cut each to the shortest
+        return _lengths_differ(policy, name, what, fed)
     least = tuple(min(col) for col in zip(*(v for _, v in fed)))
     largest = tuple(max(col) for col in zip(*(v for _, v in fed)))
     at_opt = [v for r, v in fed if r is runs[0]] if _judges_opt(runs[0].point) else []
@@ -136,6 +138,18 @@ def _no_data(policy: Policy, name: str, what: str, labels: list[str]) -> ShapeVa
         "values.npz}) or a range ({low: 1, high: 65}, high excluded); or, where it takes one "
         f"value, freeze it: `passes: {{freeze_inputs: {{{json.dumps(name)}: VALUE}}}}`"
     )
+    return ShapeValues(name, refused=(message, policy.where, hint))
+
+
+def _lengths_differ(
+    policy: Policy, name: str, what: str, fed: list[tuple[Run, tuple[int, ...]]]
+) -> ShapeValues:
+    lengths = sorted({len(v) for _, v in fed})
+    message = (
+        f"{_field(name)}: the input is a shape tensor to TensorRT ({what}), fed values of "
+        f"{', '.join(map(str, lengths))} entries: an optimization profile holds one length"
+    )
+    hint = f"feed {name} values of one length at every point and sample"
     return ShapeValues(name, refused=(message, policy.where, hint))
 
 
