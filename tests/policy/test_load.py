@@ -70,6 +70,7 @@ def test_a_key_holding_a_dot_is_quoted_in_the_field_path(write_policy, nafnet_pa
         ("tolerances: {}", "accuracy.tolerances"),
         ("rules: []", "precision.rules"),
         ("backend: none", "build.backend"),
+        ("images: x/", "inputs.<name>.data.images"),  # not "did you mean 'passes'?"
     ],
 )
 def test_a_key_of_another_level_names_where_it_goes(write_policy, nafnet_path, key, under):
