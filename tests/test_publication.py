@@ -434,6 +434,26 @@ def test_report_into_another_policys_build_is_refused_and_leaves_it_whole(tmp_pa
     assert main(["report", "--policy", str(first), "--out", str(out)]) == 0  # its own: fine
 
 
+def test_a_policy_made_in_code_is_told_apart_by_its_content(tmp_path):
+    """Two policies made in code under one name are `<policy p>` both: the folder's build
+    is another's where the content differs (its sha256), and the report refused there."""
+    import trtbuild
+    from trtbuild.errors import UsageError
+    from trtbuild.pipeline import report_only
+
+    _policy(tmp_path)
+    first = trtbuild.Policy.from_dict({"version": 1, "model": "m.onnx"}, tmp_path, name="p")
+    out = tmp_path / "out"
+    trtbuild.build(first, out=out, backend="none")
+    rules = [{"id": "r", "match": {"name": "^neg$"}, "precision": "fp32"}]
+    second = trtbuild.Policy.from_dict(
+        {"version": 1, "model": "m.onnx", "precision": {"rules": rules}}, tmp_path, name="p"
+    )
+    with pytest.raises(UsageError, match=r"holds the build of another policy \(<policy p>\)"):
+        report_only(second, out)
+    assert report_only(first, out).exit_code == 0
+
+
 def test_an_owned_file_not_produced_again_is_dropped_and_the_folder_mode_kept(tmp_path):
     plain = _policy(tmp_path)
     out = tmp_path / "out"
