@@ -11,8 +11,9 @@ input at its opt (a Reshape's volume against its input's), which a sample fed at
 holds, and an entrywise mix of samples need not.
 
 Refused (exit 2) where trtbuild cannot know them: the policy gives the input no data at a
-point (the default range `[0, 1)` holds only 0: an engine for 0 alone), or the values
-differ between the points judged while opt is not judged (`accuracy.shapes.opt.skip`).
+point (the default range `[0, 1)` holds only 0: an engine for 0 alone), the values differ
+between the points judged while opt is not judged (`accuracy.shapes.opt.skip`), or they
+come in different lengths (a profile holds one length).
 """
 
 from __future__ import annotations
