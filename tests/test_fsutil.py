@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from trtbuild.fsutil import NONFINITE_TEXT, dumps_json, strict_json, write_json
+from trtbuild.fsutil import dumps_json, strict_json, write_json
 
 
 def test_non_finite_figures_are_words_at_any_depth_and_numpy_scalars_are_python_numbers():
@@ -26,7 +26,6 @@ def test_non_finite_figures_are_words_at_any_depth_and_numpy_scalars_are_python_
     }
     assert strict_json(doc) == want
     assert json.loads(dumps_json(doc), parse_constant=lambda c: pytest.fail(c)) == want
-    assert set(NONFINITE_TEXT) == {"inf", "-inf", "nan"}
     assert type(strict_json(np.int64(3))) is int and type(strict_json(np.float32(0.5))) is float
 
 

@@ -267,12 +267,14 @@ def earlier_build(out_dir: Path, policy: Policy) -> BuildRecord | None:
     return BuildRecord.from_json(built, out_dir / "build.json")
 
 
-def refuse_other_build(out_dir: Path, policy: Policy) -> None:
-    """Exit 2 where `out_dir` holds another policy's build: `report` would publish its
-    report.json beside that build's build.json, engine and mixed model (outputs.md: a folder
-    never holds the files of two builds)."""
+def own_build(out_dir: Path, policy: Policy) -> BuildRecord | None:
+    """`earlier_build`, for a folder `report` publishes into: exit 2 where it holds another
+    policy's build, beside whose build.json, engine and mixed model the report would sit
+    (outputs.md: a folder never holds the files of two builds)."""
     built = _build_json(out_dir)
-    if built is not None and not _of(built, policy):
+    if built is None:
+        return None
+    if not _of(built, policy):
         other = built.get("policy")
         raise UsageError(
             f"holds the build of another policy ({other if isinstance(other, str) else '?'}); "
@@ -280,6 +282,7 @@ def refuse_other_build(out_dir: Path, policy: Policy) -> None:
             where=str(out_dir),
             hint="pass --out the folder of this policy's build, or a new folder",
         )
+    return BuildRecord.from_json(built, out_dir / "build.json")
 
 
 def _build_json(out_dir: Path) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from trtbuild.artifacts import (
     REPORT_FILES,
     build_record,
     earlier_build,
-    refuse_other_build,
+    own_build,
     staged_output,
     write_reports,
 )
@@ -149,9 +149,8 @@ def report_only(
     """
     from trtbuild.engine.backends import gpu_available, resolve_backend
 
-    refuse_other_build(out_dir, policy)  # before the work: the folder is another build's
+    built = own_build(out_dir, policy)  # before the work: the folder may be another build's
     front = run_front(policy, cache=cache, verbose=verbose)
-    built = earlier_build(out_dir, policy)
     backend = built.backend if built else "none"
     plans: dict[str, bytes] = {}
     unrun = []

@@ -104,25 +104,18 @@ def all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
         yield from graph.node
 
 
-def names_held(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
-    """Every value name (an input, a weight, what a node reads or makes) and every node name
-    of the model, bodies included: what a name made for the model must not be."""
-    values, nodes = {i.name for i in model.graph.input}, set()
-    for _, graph in walk(model.graph):
-        values.update(t.name for t in graph.initializer)
-        values.update(i.name for i in graph.input)
-        for n in graph.node:
-            values.update(n.input)
-            values.update(n.output)
-            nodes.add(n.name)
-    return values, nodes
+def free_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name__1`, `name__2`, ...: the first that `taken` does not hold."""
+    found, k = name, 0
+    while found in taken:
+        k += 1
+        found = f"{name}__{k}"
+    return found
 
 
 def new_name(base: str, taken: set[str]) -> str:
-    """`base`, or `base` with underscores appended until `taken` lacks it; then taken."""
-    name = base
-    while name in taken:
-        name += "_"
+    """`free_name`, then taken: a name made for a model, never made twice."""
+    name = free_name(base, taken)
     taken.add(name)
     return name
 

@@ -21,6 +21,7 @@ from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input
+from trtbuild.graph.subgraphs import free_name
 from trtbuild.sizes import fmt_bytes
 
 
@@ -158,15 +159,6 @@ def weight_outputs_made(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRe
         )
         record.changed += 1
     return model, record
-
-
-def free_name(name: str, taken: set[str]) -> str:
-    """`name`, or `name__1`, `name__2`, ...: the first that `taken` does not hold."""
-    found, k = name, 0
-    while found in taken:
-        k += 1
-        found = f"{name}__{k}"
-    return found
 
 
 def _handed_in(body: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
@@ -565,3 +557,15 @@ def rename_values(graph: onnx.GraphProto, names: dict[str, str]) -> None:
             node.output[k] = names.get(t, t)
         for _, body in subgraphs.bodies(node):
             rename_values(body, names)
+
+
+def drop_unused_initializers(model: onnx.ModelProto) -> int:
+    """Drop, in place, the main graph's weights no node reads (a body's outer reads count),
+    none a graph output: what a pass left behind. Returns how many."""
+    used = {t for n in model.graph.node for t in subgraphs.node_reads(n)}
+    used |= {o.name for o in (*model.graph.output, *model.graph.input)}
+    weights = model.graph.initializer
+    unused = [i for i, t in enumerate(weights) if t.name not in used]
+    for i in reversed(unused):  # in place: the kept weights are not copied
+        del weights[i]
+    return len(unused)

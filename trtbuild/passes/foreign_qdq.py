@@ -20,7 +20,8 @@ from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import QUANTIZE
 from trtbuild.graph.qdq import FOREIGN_FORMATS, foreign_qdq
-from trtbuild.passes.basic import PassRecord, copied, free_name
+from trtbuild.graph.subgraphs import free_name
+from trtbuild.passes.basic import PassRecord, copied
 
 
 def standard_qdq(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:

@@ -30,7 +30,7 @@ from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS, QUANTIZE
 from trtbuild.graph.qdq import quantize
 from trtbuild.graph.seethrough import SeenThrough, see_through
 from trtbuild.graph.view import GraphView, constant
-from trtbuild.passes.basic import PassRecord, copied
+from trtbuild.passes.basic import PassRecord, copied, drop_unused_initializers
 
 LAYERNORM_OPSET = 17
 
@@ -479,13 +479,3 @@ def _folded_weight(
     dq = helper.make_node(DEQUANTIZE, [quantized, *params], [stem], axis=0)
     dq.name = f"{stem}_{DEQUANTIZE}"
     return [*nodes, dq], inits
-
-
-def drop_unused_initializers(model: onnx.ModelProto) -> int:
-    used = {t for n in model.graph.node for t in subgraphs.node_reads(n)}
-    used |= {o.name for o in (*model.graph.output, *model.graph.input)}
-    weights = model.graph.initializer
-    unused = [i for i, t in enumerate(weights) if t.name not in used]
-    for i in reversed(unused):  # in place: the kept weights are not copied
-        del weights[i]
-    return len(unused)

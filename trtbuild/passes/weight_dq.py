@@ -15,11 +15,10 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
-from trtbuild.graph import subgraphs
 from trtbuild.graph.optypes import as_float_type
 from trtbuild.graph.qdq import QdqGraph, QdqNode, dequantize
 from trtbuild.graph.view import GraphView, constant
-from trtbuild.passes.basic import PassRecord, copied
+from trtbuild.passes.basic import PassRecord, copied, drop_unused_initializers
 
 # What a DQ of a constant may hold here: integers `qdq.dequantize` reads as they are stored
 # (an INT4 weight is packed, an FP8 one is stored as bytes: left to TensorRT's own rules)
@@ -56,7 +55,7 @@ def dequantize_scalar_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
             }
         )
         record.changed += 1
-    _drop_unread(graph, {t for n in found for t in (n.quantized, n.scale, n.zero_point) if t})
+    drop_unused_initializers(model)  # the quantized scalars, scales and zero points read no more
     return model, record
 
 
@@ -70,12 +69,3 @@ def _scalar_weight(view: GraphView, n: QdqNode) -> bool:
     if view.dtype.get(n.quantized) not in _STORED or stored is None or stored.ndim != 0:
         return False
     return n.scale_value is not None and not (n.zero_point and n.zero_value is None)
-
-
-def _drop_unread(graph: onnx.GraphProto, names: set[str]) -> None:
-    """Drop the weights of `names` that no node (bodies included) reads any more."""
-    read = {t for _, g in subgraphs.walk(graph) for n in g.node for t in subgraphs.node_reads(n)}
-    read |= {o.name for o in graph.output}
-    kept = [t for t in graph.initializer if t.name not in names or t.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
