@@ -132,7 +132,9 @@ def _violation(e: Any) -> SchemaViolation:
         extra = next(k for k in value if k not in props)
         close = difflib.get_close_matches(extra, props, n=1, cutoff=0.5)
         hint = f"did you mean '{close[0]}'?" if close else "allowed: " + ", ".join(props)
-        there = [p for p in _places(SCHEMA, ()) if p[-1] == extra and p[:-1] != path]
+        there = list(
+            dict.fromkeys(p for p in _places(SCHEMA, ()) if p[-1] == extra and p[:-1] != path)
+        )
         if there:  # a key of another level (a top-level `data:`): surer than a near name
             allowed = "allowed: " + ", ".join(props)
             hint = f"`{extra}` goes under {' or '.join(_dotted(p) for p in there)}; {allowed}"
