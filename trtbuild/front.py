@@ -196,7 +196,9 @@ def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> Non
     if original is not None:
         from trtbuild.accuracy.reference import check_reference_model
 
-        check_reference_model(prepared.model, original, policy.where)
+        check_reference_model(
+            prepared.model, original, policy.where_of("accuracy", "reference_model")
+        )
 
 
 def check_quantized(policy: Policy, analysis: Analysis) -> None:
@@ -221,10 +223,12 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
     for group in kinds.values():
         more = f" (and {len(group) - 1} more Q/DQ node(s))" if len(group) > 1 else ""
         said.append(f"Q/DQ node {group[0].node}: {group[0].problem}{more}")
-    fields = "build.compute_capabilities" if found[0].field == "compute capability" else None
+    at = ("build", "compute_capabilities") if found[0].field == "compute capability" else None
     raise UsageError(
         "; ".join(said),
-        where=f"{policy.where}: {fields}" if fields and len(kinds) == 1 else str(policy.model),
+        where=f"{policy.where_of(*at)}: {words.field(*at)}"
+        if at and len(kinds) == 1
+        else str(policy.model),
         hint="; ".join(dict.fromkeys(fix for _, fix in kinds)),
     )
 
@@ -245,33 +249,33 @@ def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
             raise UsageError(
                 f"{words.field('accuracy', 'tolerances', 'outputs', name)}: the model has no output {name!r} (its "
                 f"outputs: {', '.join(outputs)})",
-                where=policy.where,
+                where=policy.where_of("accuracy", "tolerances", "outputs", name),
                 hint="name one of the model's outputs",
             )
     ranks = {o.name: len(o.type.tensor_type.shape.dim) for o in view.graph.output}
     for name in outputs:
-        key = words.field(
-            "accuracy", "tolerances", *(("outputs", name) if name in given else ("default",))
-        )
-        _indices_fit(policy, key, name, policy.accuracy.tolerance(name), view, ranks.get(name))
+        at = ("accuracy", "tolerances", *(("outputs", name) if name in given else ("default",)))
+        _indices_fit(policy, at, name, policy.accuracy.tolerance(name), view, ranks.get(name))
 
 
 def _indices_fit(
-    policy: Policy, key: str, name: str, tol: Any, view: Any, rank: int | None
+    policy: Policy, at: tuple[str, ...], name: str, tol: Any, view: Any, rank: int | None
 ) -> None:
-    """One output's `compare: indices`: `top_k` on a float output, its axis one it has."""
+    """One output's `compare: indices`: `top_k` on a float output, its axis one it has (`at`:
+    the tolerance that says so)."""
+    key = words.field(*at)
     if tol.top_k and rank and not -rank <= tol.ranked_axis < rank:
         raise UsageError(
             f"{key}: top_k_axis {tol.ranked_axis} is not an axis of the output {name!r} "
             f"(rank {rank})",
-            where=policy.where,
+            where=policy.where_of(*at, "top_k_axis"),
             hint=f"give an axis from {-rank} to {rank - 1} (the classes' axis)",
         )
     if tol.compare == "indices" and tol.top_k is None and view.is_float(name):
         raise UsageError(
             f"{key}: compare: indices on the float output {name!r} compares its values as "
             "indices (Polygraphy's IndicesCompareFunc takes indices)",
-            where=policy.where,
+            where=policy.where_of(*at, "compare"),
             hint="add top_k (its k largest values along the last axis, or top_k_axis, as "
             "indices), or judge the integer output of an ArgMax or TopK",
         )
@@ -435,7 +439,7 @@ def _shape_runs(
     if len(skipped) == len(points):
         raise UsageError(
             "accuracy.shapes: every point is skipped, so nothing would be judged",
-            where=policy.where,
+            where=policy.where_of("accuracy", "shapes"),
             hint="judge at least one point: remove a skip",
         )
     decoded = Decoded()  # each image decoded once, every point fit from its original

@@ -262,7 +262,7 @@ def test_a_multi_frame_image_held_leaves_no_file_open(tmp_path):
     frame.save(tmp_path / "two.tif", save_all=True, append_images=[frame])
     policy, _ = _policy(tmp_path, "{images: images}")
     before = len(os.listdir("/proc/self/fd"))
-    held = _opened(policy, "inputs.x.data", tmp_path / "two.tif", "RGB")
+    held = _opened(policy, ("inputs", "x", "data"), tmp_path / "two.tif", "RGB")
     assert held.size == (8, 8) and len(os.listdir("/proc/self/fd")) == before
 
 

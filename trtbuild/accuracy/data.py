@@ -18,7 +18,6 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from trtbuild import words
 from trtbuild.accuracy import derive, files, npz
 from trtbuild.accuracy.images import Decoded, image_layout, image_paths, point_images
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
@@ -76,7 +75,7 @@ def check_memory(
         f"accuracy.samples: {policy.accuracy.samples} samples of these inputs need about "
         f"{fmt_bytes(need)} ({fmt_bytes(per_sample)} of inputs per sample, held three "
         f"times{reading}); accuracy.memory_budget is {fmt_bytes(budget)}",
-        where=policy.where,
+        where=policy.where_of("accuracy", "samples"),
         hint=hint,
     )
 
@@ -232,7 +231,7 @@ def _plan(
         spec = specs.get(name)
         if name in found or spec is None or spec.data.images is None:
             continue
-        image_layout(policy, spec, shape, words.field("inputs", name, "data"), dtypes[name])
+        image_layout(policy, spec, shape, ("inputs", name, "data"), dtypes[name])
         paths = image_paths(policy, spec, shape[0])
         images[name] = len(paths) // shape[0]
         folder = f"{spec.data.images.folder.name}/"

@@ -32,18 +32,19 @@ def check(
     """From the array's shape alone (its header, before any of it is read): it fits this
     point as it is or derived, or one message names the field to fix. True where the point
     needs every sample the file holds: synthetic data at another shape takes their statistics."""
-    field = words.field("inputs", spec.name, "data", "file")
-    have = _sample_shape(policy, field, spec, file_shape, shape)
+    at = ("inputs", spec.name, "data", "file")
+    field = words.field(*at)
+    have = _sample_shape(policy, at, spec, file_shape, shape)
     if have == shape:
         return False
-    _check_axes(policy, field, spec.name, have, shape, model_dims)
+    _check_axes(policy, at, spec.name, have, shape, model_dims)
     if spec.data.derive == "none":
         where = point.label if point is not None else str(list(shape))
         point_name = point.name.split("=")[-1] if point is not None else "opt"
         raise UsageError(
             f"{field}: array '{spec.name}' has shape {list(have)}; {where} needs {list(shape)} "
             "and derive is none",
-            where=policy.where,
+            where=policy.where_of(*at),
             hint=f"give the point its own data ({words.field('accuracy', 'shapes', point_name, 'data', 'file')}), "
             f"skip it ({words.field('accuracy', 'shapes', point_name, 'skip')}: REASON), or set "
             "derive: tile or synthetic",
@@ -73,7 +74,7 @@ def fit(
 
 
 def _sample_shape(
-    policy: Policy, field: str, spec: InputSpec, file_shape: tuple[int, ...], shape: tuple
+    policy: Policy, at: tuple[str, ...], spec: InputSpec, file_shape: tuple[int, ...], shape: tuple
 ) -> tuple[int, ...]:
     """The dims of one sample: the array's where it has the input's rank, else after its
     leading axis (N > 0: a file without samples is the user's to fix, not an empty verdict)."""
@@ -81,19 +82,19 @@ def _sample_shape(
         return tuple(file_shape)
     if len(file_shape) == len(shape) + 1:
         if file_shape[0] == 0:
-            raise empty_file(policy, field, spec.data.file, spec.name, file_shape)
+            raise empty_file(policy, at, spec.data.file, spec.name, file_shape)
         return tuple(file_shape[1:])
     raise UsageError(
-        f"{field}: array '{spec.name}' has shape {list(file_shape)}; the input takes rank "
-        f"{len(shape)} ({list(shape)} here) or [N, ...] with a leading sample axis",
-        where=policy.where,
+        f"{words.field(*at)}: array '{spec.name}' has shape {list(file_shape)}; the input takes "
+        f"rank {len(shape)} ({list(shape)} here) or [N, ...] with a leading sample axis",
+        where=policy.where_of(*at),
         hint="save one array per input, shaped like the input or with a sample axis first",
     )
 
 
 def _check_axes(
     policy: Policy,
-    field: str,
+    at: tuple[str, ...],
     name: str,
     have: tuple[int, ...],
     shape: tuple[int, ...],
@@ -103,9 +104,9 @@ def _check_axes(
     for axis, (a, b, fixed) in enumerate(zip(have, shape, model_dims)):
         if a != b and (a == 0 or (isinstance(fixed, int) and fixed > 0)):
             raise UsageError(
-                f"{field}: array '{name}' has {a} on axis {axis} where the model's input has "
-                f"{b}; only dynamic axes can be derived",
-                where=policy.where,
+                f"{words.field(*at)}: array '{name}' has {a} on axis {axis} where the model's "
+                f"input has {b}; only dynamic axes can be derived",
+                where=policy.where_of(*at),
                 hint=f"save the array with shape {list(shape)} (or [N, ...] of it)",
             )
 
@@ -148,11 +149,12 @@ def _said(name: str, have: tuple, shape: tuple, *, synthetic: bool) -> str:
 
 
 def empty_file(
-    policy: Policy, field: str, path: Path, name: str, shape: tuple[int, ...]
+    policy: Policy, at: tuple[str, ...], path: Path, name: str, shape: tuple[int, ...]
 ) -> UsageError:
-    """A file whose array has a sample axis of length 0: nothing to judge with, said so."""
+    """A file whose array has a sample axis of length 0: nothing to judge with, said so (`at`:
+    the policy field that names the file)."""
     return UsageError(
-        f"{field}: {path.name} holds no samples of '{name}' (array shape {list(shape)})",
-        where=policy.where,
+        f"{words.field(*at)}: {path.name} holds no samples of '{name}' (array shape {list(shape)})",
+        where=policy.where_of(*at),
         hint=f"save at least one sample in {path}, or remove it from the policy",
     )

@@ -30,7 +30,7 @@ class FileInput:
 
     name: str  # the model input
     path: Path
-    field: str  # the policy field that names the file
+    at: tuple[str, ...]  # the policy field that names the file (its path's parts)
     member: npz.Member
     own: (
         bool  # the point's own file (its exact shapes), else the input's (derived where it differs)
@@ -60,23 +60,23 @@ def plan(
     for spec in policy.inputs:
         if spec.name in found or spec.name not in shapes or spec.data.file is None:
             continue
-        field, path = words.field("inputs", spec.name, "data", "file"), spec.data.file
-        found_in = _members(policy, path, field)
+        at, path = ("inputs", spec.name, "data", "file"), spec.data.file
+        found_in = _members(policy, path, at)
         member = found_in.get(spec.name) or found_in.get(npz.BARE)
         if member is None:
             keys = ", ".join(found_in)
             raise UsageError(
-                f"{field}: {path.name} has no array '{spec.name}'",
-                where=policy.where,
+                f"{words.field(*at)}: {path.name} has no array '{spec.name}'",
+                where=policy.where_of(*at),
                 hint=f"keys found: {keys}",
             )
-        with _readable(policy, field, path):  # an .npz's other keys may hold objects
+        with _readable(policy, at, path):  # an .npz's other keys may hold objects
             npz.refuse_objects(member)
-        _check_kind(policy, field, spec.name, member.dtype, np.dtype(dtypes[spec.name]))
+        _check_kind(policy, at, spec.name, member.dtype, np.dtype(dtypes[spec.name]))
         shape = shapes[spec.name]
         member = batched(member, shape, model_dims[spec.name])
         every = derive.check(policy, spec, member.shape, shape, model_dims[spec.name], point)
-        found[spec.name] = FileInput(spec.name, path, field, member, False, len(shape), every)
+        found[spec.name] = FileInput(spec.name, path, at, member, False, len(shape), every)
     return found
 
 
@@ -99,92 +99,97 @@ def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
     """The array, cut to `count` samples where it has a sample axis and needs no more, in the
     input's dtype; NaN and inf refused in what is read."""
     cut = None if f.every or f.constant else count
-    with _readable(policy, f.field, f.path):
+    with _readable(policy, f.at, f.path):
         arr = npz.read(f.path, f.member, cut)
-    return _finite(policy, f.field, f.name, arr).astype(np.dtype(dtype), copy=False)
+    return _finite(policy, f.at, f.name, arr).astype(np.dtype(dtype), copy=False)
 
 
 def _own(
     policy: Policy, point: ShapePoint, shapes: dict[str, tuple[int, ...]], dtypes: dict
 ) -> dict[str, FileInput]:
     """A point's own .npz: arrays keyed by input name, at exactly this point's shapes."""
-    field = words.field("accuracy", "shapes", point.name.split("=")[-1], "data", "file")
-    members = _members(policy, point.file, field)
+    at = ("accuracy", "shapes", point.name.split("=")[-1], "data", "file")
+    field, where = words.field(*at), policy.where_of(*at)
+    members = _members(policy, point.file, at)
     if npz.BARE in members:
         raise UsageError(
             f"{field}: {point.file.name} is one array (.npy); a point's own file holds one "
             "array per model input, keyed by its name",
-            where=policy.where,
+            where=where,
             hint="save it as an .npz: np.savez(path, **{input_name: array, ...})",
         )
     unknown = [k for k in members if k not in shapes]
     if unknown:
         raise UsageError(
             f"{field}: {point.file.name} holds array(s) {unknown} that name no model input",
-            where=policy.where,
+            where=where,
             hint="the model's inputs are " + ", ".join(shapes),
         )
     out = {}
     for name, member in members.items():
-        with _readable(policy, field, point.file):
+        with _readable(policy, at, point.file):
             npz.refuse_objects(member)
-        _check_kind(policy, field, name, member.dtype, np.dtype(dtypes[name]))
+        _check_kind(policy, at, name, member.dtype, np.dtype(dtypes[name]))
         shape, have = shapes[name], member.shape
         if have != shape and have[1:] != shape:
             raise UsageError(
                 f"{field}: array '{name}' has shape {list(have)}; {point.label} needs "
                 f"{list(shape)} or [N, {', '.join(map(str, shape))}]",
-                where=policy.where,
+                where=where,
                 hint="a point's own file holds that point's shapes",
             )
         if have != shape and have[0] == 0:
-            raise derive.empty_file(policy, field, point.file, name, have)
-        out[name] = FileInput(name, point.file, field, member, True, len(shape))
+            raise derive.empty_file(policy, at, point.file, name, have)
+        out[name] = FileInput(name, point.file, at, member, True, len(shape))
     return out
 
 
-def _members(policy: Policy, path: Path, field: str) -> dict[str, npz.Member]:
-    with _readable(policy, field, path):
+def _members(policy: Policy, path: Path, at: tuple[str, ...]) -> dict[str, npz.Member]:
+    with _readable(policy, at, path):
         return npz.members(path)
 
 
 @contextlib.contextmanager
-def _readable(policy: Policy, field: str, path: Path) -> Iterator[None]:
+def _readable(policy: Policy, at: tuple[str, ...], path: Path) -> Iterator[None]:
     """A file the judge cannot read (`npz.NpzError`: corrupt, truncated, an array of Python
     objects an input takes) said as the policy field's fault, with how to save it again."""
     try:
         yield
     except npz.NpzError as exc:
         raise UsageError(
-            f"{field}: cannot read {path}: {exc}", where=policy.where, hint=npz.UNREADABLE_FIX
+            f"{words.field(*at)}: cannot read {path}: {exc}",
+            where=policy.where_of(*at),
+            hint=npz.UNREADABLE_FIX,
         ) from None
 
 
 _KINDS = {"f": "floating-point", "i": "integer", "u": "integer", "b": "boolean"}
 
 
-def _check_kind(policy: Policy, field: str, name: str, have: np.dtype, want: np.dtype) -> None:
+def _check_kind(
+    policy: Policy, at: tuple[str, ...], name: str, have: np.dtype, want: np.dtype
+) -> None:
     """Converting within a kind (float64 to float32, int32 to int64) is what a deployment's
     preprocessing does; floats for an integer input or integers for a float one mean the
     file holds something else than the model expects."""
     if have.kind not in _KINDS or _KINDS[have.kind] != _KINDS.get(want.kind):
         raise UsageError(
-            f"{field}: array '{name}' holds {have} values; the model's input "
+            f"{words.field(*at)}: array '{name}' holds {have} values; the model's input "
             f"'{name}' takes {want} ({_KINDS.get(want.kind, want.kind)})",
-            where=policy.where,
+            where=policy.where_of(*at),
             hint=f"save the array as {want} (e.g. arr.astype(np.{want}))",
         )
 
 
-def _finite(policy: Policy, field: str, name: str, arr: np.ndarray) -> np.ndarray:
+def _finite(policy: Policy, at: tuple[str, ...], name: str, arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind == "f":
         bad = np.argwhere(~np.isfinite(arr))
         if bad.size:
             index = tuple(int(i) for i in bad[0])
             raise UsageError(
-                f"{field}: array '{name}' holds {len(bad)} NaN or infinite value(s), the "
-                f"first at index {list(index)} ({arr[index]})",
-                where=policy.where,
+                f"{words.field(*at)}: array '{name}' holds {len(bad)} NaN or infinite value(s), "
+                f"the first at index {list(index)} ({arr[index]})",
+                where=policy.where_of(*at),
                 hint="reference inputs must be finite; clean or regenerate the file",
             )
     return arr

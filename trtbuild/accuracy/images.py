@@ -35,12 +35,13 @@ def image_paths(
 ) -> list[Path]:
     """The folder's images, sorted by name: whole samples of `per_sample` each, at most
     `accuracy.samples` (and `count`) of them (no image is decoded that no sample uses)."""
-    img, field = spec.data.images, words.field("inputs", spec.name, "data", "images")
+    at = ("inputs", spec.name, "data", "images")
+    img, field = spec.data.images, words.field(*at)
     try:
         files = sorted(p for p in img.folder.iterdir() if p.is_file())
     except OSError as exc:
         raise UsageError(
-            f"{field}: cannot list {img.folder}: {exc.strerror or exc}", where=policy.where
+            f"{field}: cannot list {img.folder}: {exc.strerror or exc}", where=policy.where_of(*at)
         ) from None
     paths = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
     if len(paths) < per_sample:
@@ -49,7 +50,7 @@ def image_paths(
         raise UsageError(
             f"{field}: {img.folder} holds {len(paths)} image(s){skipped if others else ''}; "
             f"one sample needs {per_sample}",
-            where=policy.where,
+            where=policy.where_of(*at),
             hint="add images of a type trtbuild reads: " + ", ".join(IMAGE_SUFFIXES),
         )
     samples = min(len(paths) // per_sample, policy.accuracy.samples, count or len(paths))
@@ -83,7 +84,7 @@ class Decoded:
         checked there, before anything is decoded): the original and its `resize`."""
         from PIL import Image
 
-        img, field = spec.data.images, words.field("inputs", spec.name, "data")
+        img, at = spec.data.images, ("inputs", spec.name, "data")
         channels = 1 if img.channels == "GRAY" else 3
         scaled = img.resize[0] * img.resize[1] if img.fit == "crop" and img.resize else 0
         total = 0
@@ -93,17 +94,18 @@ class Decoded:
                     with Image.open(path) as im:
                         self._sizes[path] = im.size
                 except (Image.DecompressionBombError, OSError, ValueError) as exc:
-                    raise _unreadable(policy, field, path, exc) from None
+                    raise _unreadable(policy, at, path, exc) from None
             w, h = self._sizes[path]
-            _check_pixels(policy, field, path, (w, h))
+            _check_pixels(policy, at, path, (w, h))
             total += (w * h + scaled) * channels
         return total
 
-    def source(self, policy: Policy, spec: InputSpec, path: Path, field: str) -> Source:
+    def source(self, policy: Policy, spec: InputSpec, path: Path, at: tuple[str, ...]) -> Source:
+        """`path` decoded once for every point (`at`: the policy field its errors name)."""
         img = spec.data.images
         key = (path, img.channels == "GRAY", img.resize if img.fit == "crop" else None)
         if key not in self._sources:
-            self._sources[key] = _decode(policy, spec, path, field)
+            self._sources[key] = _decode(policy, spec, path, at)
         return self._sources[key]
 
 
@@ -128,13 +130,13 @@ def point_images(
     """The folder's images as [samples, *shape] (batches of consecutive images; at most
     `count` samples), each brought to this point's H x W from its original, and how
     (upsampled or padded said plainly)."""
-    field = words.field("inputs", spec.name, "data")
-    layout, (_, h, w) = image_layout(policy, spec, shape, field, dtype)
+    at = ("inputs", spec.name, "data")
+    layout, (_, h, w) = image_layout(policy, spec, shape, at, dtype)
     raw = not np.issubdtype(dtype, np.floating)  # an integer input: the pixels, 0 to 255
     decoded = decoded if decoded is not None else Decoded()
     arrays, fitted = [], []
     for path in image_paths(policy, spec, shape[0], count):
-        source = decoded.source(policy, spec, path, field)
+        source = decoded.source(policy, spec, path, at)
         a, how = _fit(spec, source, (h, w))
         arrays.append(_normalised(spec, a, layout, raw))
         fitted.append(how)
@@ -209,52 +211,56 @@ def _hw(size: tuple[int, int]) -> str:
 
 
 def image_layout(
-    policy: Policy, spec: InputSpec, shape: tuple[int, ...], field: str, dtype=np.float32
+    policy: Policy, spec: InputSpec, shape: tuple[int, ...], at: tuple[str, ...], dtype=np.float32
 ) -> tuple[str, tuple[int, int, int]]:
-    """The layout and (channels, height, width) of an image input, or the field to fix."""
-    img, where = spec.data.images, policy.where
+    """The layout and (channels, height, width) of an image input, or the field to fix (`at`:
+    the input's `data`)."""
+    img = spec.data.images
     if not np.issubdtype(dtype, np.floating):
-        _raw_pixels(policy, spec, np.dtype(dtype), field)
+        _raw_pixels(policy, spec, np.dtype(dtype), at)
     if len(shape) != 4:
         raise UsageError(
-            f"{field}.images: input '{spec.name}' has rank {len(shape)}; images need a rank-4 input",
-            where=where,
+            f"{words.field(*at, 'images')}: input '{spec.name}' has rank {len(shape)}; images "
+            "need a rank-4 input",
+            where=policy.where_of(*at, "images"),
             hint="use 'file' (.npz) or a distribution for this input",
         )
     layout = img.layout or guess_layout(shape)
     if layout is None:
         raise UsageError(
-            f"{field}.layout: cannot tell where the channels of {list(shape)} are",
-            where=where,
+            f"{words.field(*at, 'layout')}: cannot tell where the channels of {list(shape)} are",
+            where=policy.where_of(*at, "layout"),
             hint="add 'layout: NCHW' or 'layout: NHWC'",
         )
     c, h, w = _chw(shape, layout)
     want_c = 1 if img.channels == "GRAY" else 3
     if c != want_c:
         raise UsageError(
-            f"{field}.channels: {img.channels} gives {want_c} channel(s); the input has {c} ({layout})",
-            where=where,
+            f"{words.field(*at, 'channels')}: {img.channels} gives {want_c} channel(s); the input "
+            f"has {c} ({layout})",
+            where=policy.where_of(*at, "channels"),
             hint="set channels (RGB, BGR, GRAY) or layout to fit the model",
         )
     for key, values in (("mean", img.mean), ("std", img.std)):
         if len(values) not in (1, c):
             raise UsageError(
-                f"{field}.{key}: {len(values)} values for {c} channel(s)",
-                where=where,
+                f"{words.field(*at, key)}: {len(values)} values for {c} channel(s)",
+                where=policy.where_of(*at, key),
                 hint=f"give one number or {c}",
             )
     return layout, (c, h, w)
 
 
-def _raw_pixels(policy: Policy, spec: InputSpec, dtype: np.dtype, field: str) -> None:
+def _raw_pixels(policy: Policy, spec: InputSpec, dtype: np.dtype, at: tuple[str, ...]) -> None:
     """An integer input (a uint8 image the model normalises itself) takes the pixels as they
     are: a scale, mean or std would make fractions it cannot hold, and a type that cannot hold
     0 to 255 would wrap them."""
     img = spec.data.images
     if not np.issubdtype(dtype, np.integer) or np.iinfo(dtype).max < 255:  # bool, int8
         raise UsageError(
-            f"{field}.images: input '{spec.name}' is {dtype.name}, which cannot hold pixels 0 to 255",
-            where=policy.where,
+            f"{words.field(*at, 'images')}: input '{spec.name}' is {dtype.name}, which cannot hold "
+            "pixels 0 to 255",
+            where=policy.where_of(*at, "images"),
             hint="use 'file' (.npz) of the values the model takes, or a distribution",
         )
     given = {
@@ -265,9 +271,9 @@ def _raw_pixels(policy: Policy, spec: InputSpec, dtype: np.dtype, field: str) ->
     key = next((k for k, changes in given.items() if changes), None)
     if key is not None:
         raise UsageError(
-            f"{field}.{key}: input '{spec.name}' is {dtype.name}: the pixels are fed as they "
-            "are (0 to 255), and a scale, mean or std would make fractions it cannot hold",
-            where=policy.where,
+            f"{words.field(*at, key)}: input '{spec.name}' is {dtype.name}: the pixels are fed as "
+            "they are (0 to 255), and a scale, mean or std would make fractions it cannot hold",
+            where=policy.where_of(*at, key),
             hint=f"remove {key} (the model normalises the pixels itself)",
         )
 
@@ -288,13 +294,13 @@ def _normalised(spec: InputSpec, a: np.ndarray, layout: str, raw: bool) -> np.nd
     return a.transpose(2, 0, 1) if layout == "NCHW" else a
 
 
-def _decode(policy: Policy, spec: InputSpec, path: Path, field: str) -> Source:
+def _decode(policy: Policy, spec: InputSpec, path: Path, at: tuple[str, ...]) -> Source:
     """The image decoded (after its pixel count is checked) in the input's channels, and with
     `resize` under fit: crop, scaled once from the original to that pixel scale."""
     from PIL import Image
 
     img = spec.data.images
-    base = _opened(policy, field, path, "L" if img.channels == "GRAY" else "RGB")
+    base = _opened(policy, at, path, "L" if img.channels == "GRAY" else "RGB")
     original = (base.height, base.width)
     if img.fit == "crop" and img.resize is not None:
         base = base.resize((img.resize[1], img.resize[0]), Image.BILINEAR)
@@ -306,7 +312,7 @@ def _decode(policy: Policy, spec: InputSpec, path: Path, field: str) -> Source:
 WIDE_MODES = ("I", "F")
 
 
-def _opened(policy: Policy, field: str, path: Path, mode: str) -> Image.Image:
+def _opened(policy: Policy, at: tuple[str, ...], path: Path, mode: str) -> Image.Image:
     """The image read whole in `mode` (its pixel count checked first), held once: converted
     only where the file's mode is another (a copy of an RGB photo as RGB doubled what
     decoding holds, past what the `samples` check counts for it). The file is ours to
@@ -316,46 +322,47 @@ def _opened(policy: Policy, field: str, path: Path, mode: str) -> Image.Image:
     try:
         with open(path, "rb") as f:  # Pillow does not close a file it was handed
             im = Image.open(f)
-            _check_pixels(policy, field, path, im.size)
+            _check_pixels(policy, at, path, im.size)
             im.load()  # the pixels read while the file is open
     except (Image.DecompressionBombError, OSError, ValueError) as exc:
-        raise _unreadable(policy, field, path, exc) from None
+        raise _unreadable(policy, at, path, exc) from None
     if im.mode.startswith(WIDE_MODES):
         raise UsageError(
-            f"{field}.images: {path.name} holds samples wider than 8 bits (Pillow's mode "
+            f"{words.field(*at, 'images')}: {path.name} holds samples wider than 8 bits (Pillow's mode "
             f"{im.mode}: 16-bit, 32-bit or float), which `images` reads as 0 to 255: Pillow's "
             "conversion would clip them (a 16-bit PNG came out 99% white, a float TIFF black)",
-            where=policy.where,
+            where=policy.where_of(*at, "images"),
             hint=f"save {path.name} as an 8-bit image, or give the pixels the model takes as "
             "an .npz (`data: {file: X.npz}`)",
         )
     return im if im.mode == mode else im.convert(mode)
 
 
-def _unreadable(policy: Policy, field: str, path: Path, exc: Exception) -> UsageError:
+def _unreadable(policy: Policy, at: tuple[str, ...], path: Path, exc: Exception) -> UsageError:
     from PIL import Image
 
+    where = policy.where_of(*at, "images")
     if isinstance(exc, Image.DecompressionBombError):
         return UsageError(
-            f"{field}.images: {path.name} is refused by Pillow: {exc}",
-            where=policy.where,
+            f"{words.field(*at, 'images')}: {path.name} is refused by Pillow: {exc}",
+            where=where,
             hint="downscale the image; Pillow decodes no image past twice its limit",
         )
     return UsageError(
-        f"{field}.images: cannot read {path.name}: {exc}",
-        where=policy.where,
+        f"{words.field(*at, 'images')}: cannot read {path.name}: {exc}",
+        where=where,
         hint=f"save {path.name} again whole (PNG, JPEG, ...), or move it out of the folder",
     )
 
 
-def _check_pixels(policy: Policy, field: str, path: Path, size: tuple[int, int]) -> None:
+def _check_pixels(policy: Policy, at: tuple[str, ...], path: Path, size: tuple[int, int]) -> None:
     """An image larger than `accuracy.max_image_pixels` is refused before it is decoded."""
     limit, count = policy.accuracy.max_image_pixels, size[0] * size[1]
     if count > limit:
         raise UsageError(
-            f"{field}.images: {path.name} has {count:,} pixels ({size[0]}x{size[1]}), more than "
+            f"{words.field(*at, 'images')}: {path.name} has {count:,} pixels ({size[0]}x{size[1]}), more than "
             f"accuracy.max_image_pixels {limit:,}",
-            where=policy.where,
+            where=policy.where_of(*at, "images"),
             hint="downscale the image, or raise accuracy.max_image_pixels if you trust it",
         )
 

@@ -103,7 +103,9 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
         if name not in names:
             from trtbuild.graph.model_io import no_input
 
-            raise no_input(words.field("inputs", name), name, names, policy.where)
+            raise no_input(
+                words.field("inputs", name), name, names, policy.where_of("inputs", name)
+            )
     shapes = {}
     for name, _, dims in inputs:
         spec = specs.get(name)
@@ -113,33 +115,33 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
                 raise UsageError(
                     f"{words.field('inputs', name)}: the model's input '{name}' has dynamic shape "
                     f"{[d if d else '?' for d in dims]}",
-                    where=policy.where,
+                    where=policy.where_of("inputs", name),
                     hint=f"add 'inputs: {{{name}: {{shape: [...]}}}}' or a min/opt/max profile",
                 )
             shape = tuple(dims)
         else:
             for key in ("shape", "min", "opt", "max"):
                 if getattr(spec, key) is not None:
-                    check_fits(
-                        policy, name, getattr(spec, key), dims, words.field("inputs", name, key)
-                    )
+                    check_fits(policy, name, getattr(spec, key), dims, ("inputs", name, key))
         shapes[name] = tuple(shape)
     return shapes
 
 
-def check_fits(policy: Policy, name: str, shape, dims: Dims, field: str) -> None:
-    """`shape` has the model input's rank and keeps every dimension the model fixes."""
+def check_fits(policy: Policy, name: str, shape, dims: Dims, at: tuple[str, ...]) -> None:
+    """`shape` (the policy's field `at`) has the model input's rank and keeps every dimension
+    the model fixes."""
+    field = words.field(*at)
     if len(shape) != len(dims):
         raise UsageError(
             f"{field}: rank {len(shape)} does not fit the model's rank-{len(dims)} input",
-            where=policy.where,
+            where=policy.where_of(*at),
             hint=f"the model expects {[d if d else '?' for d in dims]}",
         )
     for given, fixed in zip(shape, dims):
         if isinstance(fixed, int) and fixed > 0 and given != fixed:
             raise UsageError(
                 f"{field}: {list(shape)} does not fit the model's {[d if d else '?' for d in dims]}",
-                where=policy.where,
+                where=policy.where_of(*at),
                 hint="only dynamic dimensions may differ; if the model's shape is an export's "
                 f"placeholder, set passes.override_input_shapes: {{{name}: [...]}} (a name for a "
                 "dynamic dim)",
@@ -199,7 +201,7 @@ def _same_dims(policy: Policy, spec: PointSpec, point: ShapePoint) -> None:
             raise UsageError(
                 f"{words.field('accuracy', 'shapes', spec.name, input_name)}: {list(dims)} differs from the "
                 f"profile's {spec.name} {list(point.shapes.get(input_name, ()))}",
-                where=policy.where,
+                where=policy.where_of("accuracy", "shapes", spec.name, input_name),
                 hint=f"'{spec.name}' is the profile's own point: give only data or skip there, "
                 f"change {words.field('inputs', input_name, spec.name)}, or name the extra point otherwise",
             )
@@ -209,11 +211,12 @@ def _named_point(
     policy: Policy, model: onnx.ModelProto, base: dict, spec: PointSpec
 ) -> dict[str, tuple[int, ...]]:
     """A named point of `accuracy.shapes`: inputs it names take its dims, within the profile."""
-    where = words.field("accuracy", "shapes", spec.name)
+    at = ("accuracy", "shapes", spec.name)
+    where = words.field(*at)
     if spec.name in ("min", "opt", "max"):
         raise UsageError(
             f"{where}: this policy has no min/opt/max profile, so '{spec.name}' names no point",
-            where=policy.where,
+            where=policy.where_of(*at),
             hint="name the extra point otherwise, or give the inputs a min/opt/max profile",
         )
     inputs = {n: d for n, _, d in model_inputs(model)}
@@ -222,25 +225,14 @@ def _named_point(
         if input_name not in inputs:
             from trtbuild.graph.model_io import no_input
 
-            raise no_input(where, input_name, inputs, policy.where)
-        check_fits(
-            policy,
-            input_name,
-            shape,
-            inputs[input_name],
-            words.field("accuracy", "shapes", spec.name, input_name),
-        )
-        _within_profile(
-            policy,
-            specs.get(input_name),
-            tuple(shape),
-            words.field("accuracy", "shapes", spec.name, input_name),
-        )
+            raise no_input(where, input_name, inputs, policy.where_of(*at, input_name))
+        check_fits(policy, input_name, shape, inputs[input_name], (*at, input_name))
+        _within_profile(policy, specs.get(input_name), tuple(shape), (*at, input_name))
     return {**base, **{n: tuple(d) for n, d in spec.dims}}
 
 
 def _within_profile(
-    policy: Policy, spec: InputSpec | None, shape: tuple[int, ...], field: str
+    policy: Policy, spec: InputSpec | None, shape: tuple[int, ...], at: tuple[str, ...]
 ) -> None:
     """The engine runs only shapes its profile holds: a point outside it is the user's to fix."""
     if spec is None:
@@ -259,4 +251,8 @@ def _within_profile(
         hint = (
             f"give {words.field('inputs', spec.name)} a min/opt/max profile that holds this shape"
         )
-    raise UsageError(f"{field}: {list(shape)} is outside {profile}", where=policy.where, hint=hint)
+    raise UsageError(
+        f"{words.field(*at)}: {list(shape)} is outside {profile}",
+        where=policy.where_of(*at),
+        hint=hint,
+    )

@@ -139,7 +139,7 @@ def _no_data(policy: Policy, name: str, what: str, labels: list[str]) -> ShapeVa
         "values.npz}) or a range ({low: 1, high: 65}, high excluded); or, where it takes one "
         f"value, freeze it: `passes: {{freeze_inputs: {{{json.dumps(name)}: VALUE}}}}`"
     )
-    return ShapeValues(name, refused=(message, policy.where, hint))
+    return ShapeValues(name, refused=(message, policy.where_of("inputs", name), hint))
 
 
 def _lengths_differ(
@@ -151,7 +151,7 @@ def _lengths_differ(
         f"{', '.join(map(str, lengths))} entries: an optimization profile holds one length"
     )
     hint = f"feed {name} values of one length at every point and sample"
-    return ShapeValues(name, refused=(message, policy.where, hint))
+    return ShapeValues(name, refused=(message, policy.where_of("inputs", name), hint))
 
 
 def _opt_unknown(
@@ -165,4 +165,4 @@ def _opt_unknown(
         "engine at beside every other input at opt, is not known"
     )
     hint = "judge opt (remove accuracy.shapes.opt.skip), or feed the input one value at every point"
-    return ShapeValues(name, refused=(message, policy.where, hint))
+    return ShapeValues(name, refused=(message, policy.where_of("inputs", name), hint))

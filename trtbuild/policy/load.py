@@ -21,7 +21,7 @@ from trtbuild import words
 from trtbuild.errors import UsageError
 from trtbuild.policy.keys import given, keyed, written
 from trtbuild.policy.schema import SCHEMA, SchemaViolation, _validator, validate
-from trtbuild.policy.source import PolicySource
+from trtbuild.policy.source import PolicySource, line_of
 from trtbuild.policy.specs import (
     AccuracySpec,
     BuildSpec,
@@ -153,10 +153,7 @@ class _Located:
         self.lines = lines
 
     def error(self, path: tuple, message: str, hint: str | None = None) -> UsageError:
-        probe = tuple(path)
-        while probe and probe not in self.lines:
-            probe = probe[:-1]
-        line = self.lines.get(probe)
+        line = line_of(self.lines, path) or self.lines.get(())  # a missing key: the document's
         where = f"{self.file}:{line}" if line else str(self.file)
         return UsageError(f"{format_path(path)}: {message}", where=where, hint=hint)
 
@@ -216,6 +213,7 @@ def parse_fields(
         sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         absolute=_absolute(data, path.parent),
         notes=_notes(text, lines, fields["precision"]),
+        lines=tuple(lines.items()),
     )
     return fields, source
 

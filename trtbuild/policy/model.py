@@ -22,7 +22,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trtbuild.errors import UsageError
+from trtbuild.errors import UsageError, surroundings_raised
+from trtbuild.fsutil import write_text
 from trtbuild.policy.source import PolicySource
 from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision, Rule
 
@@ -74,9 +75,15 @@ class Policy:
 
     @property
     def where(self) -> str:
-        """Its file's path, else `<policy NAME>`: what errors and build.json name it by."""
+        """Its file's path, else `<policy NAME>`: its identity (build.json's, errors')."""
         path = self.path
         return str(path) if path is not None else f"<policy {self.name}>"
+
+    def where_of(self, *field: str | int) -> str:
+        """`where`:LINE, the line of `field` (or of the nearest enclosing field written) while
+        the policy is its file: later errors (model, data) name the line to fix, as loading's do."""
+        line = src.line(field) if (src := self.current_source) and src.path else None
+        return f"{self.where}:{line}" if line else self.where
 
     @classmethod
     def from_dict(
@@ -141,9 +148,6 @@ class Policy:
     def save(self, path: str | Path) -> Policy:
         """Write `to_yaml(path)` to `path`, whole or not at all (the surroundings' faults,
         a full disk, as `UsageError` naming it); return the policy it is now."""
-        from trtbuild.errors import surroundings_raised
-        from trtbuild.fsutil import write_text
-
         text = self.to_yaml(path)
         surroundings_raised(write_text)(path, text)
         return parse_policy(text, Path(path).resolve(), name=self.name)

@@ -1,12 +1,15 @@
 """Where a policy came from: captured once by the loader, read by `model.Policy` for its
-identity (`load` knows no `Policy`, so this sits below both)."""
+identity and the lines its errors name (`load` knows no `Policy`, so this sits below both)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PolicySource"]
+__all__ = ["PolicySource", "line_of"]
+
+FieldPath = tuple[str | int, ...]  # ("inputs", "x", "data"); a list item by its index
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,9 @@ class PolicySource:
             source describes a policy only while that policy's fingerprint is this one.
         absolute: the paths the source wrote absolute (resolved); `to_yaml` keeps them so.
         notes: (rule id, comment) for the comments written above rules (tune's reasons).
+        lines: (field path, line) for every key and list item of `text` (1-based): what
+            errors found after loading (against the model, the data) point at. A function
+            of `text`, so kept here and not in the policy's value.
     """
 
     base_dir: Path
@@ -33,3 +39,20 @@ class PolicySource:
     fingerprint: str = ""
     absolute: frozenset[str] = frozenset()
     notes: tuple[tuple[str, str], ...] = ()
+    lines: tuple[tuple[FieldPath, int], ...] = ()
+
+    def line(self, field: FieldPath) -> int | None:
+        """The line of `field` in `text`, or of the nearest enclosing field it gives."""
+        return line_of(dict(self.lines), field)
+
+
+def line_of(lines: Mapping[FieldPath, int], field: FieldPath) -> int | None:
+    """The line of `field`, else of the nearest enclosing field `lines` holds (a default
+    not written, a key an alias merged in: the section that holds it); None where not even
+    its top-level key is written (the document's first line would point at nothing)."""
+    probe = tuple(field)
+    while probe:
+        if probe in lines:
+            return lines[probe]
+        probe = probe[:-1]
+    return None

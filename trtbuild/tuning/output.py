@@ -262,6 +262,6 @@ def check_policy(policy) -> None:
     if policy.precision.default == "fp32":
         raise UsageError(
             "precision.default: tune pins nodes to FP32, and this policy's default is already fp32",
-            where=policy.where,
+            where=policy.where_of("precision", "default"),
             hint="set precision.default: fp16 (or bf16) and let tune find what must stay fp32",
         )
