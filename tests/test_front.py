@@ -311,6 +311,8 @@ def test_a_tolerance_the_model_cannot_read_is_exit_2(example_policy, capsys, tol
     assert main(["check", "--policy", str(policy)]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+    line = text.splitlines().index(f"    {tolerances}") + 1  # found after loading, or by it
+    assert f"{policy.resolve()}:{line}: accuracy.tolerances." in err, err
 
 
 def test_a_model_replaced_while_it_is_read_is_prepared_from_the_bytes_its_key_names(

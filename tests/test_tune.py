@@ -186,7 +186,8 @@ def test_a_policy_already_fp32_is_exit_2(tmp_path, write_policy, capsys):
     policy = tmp_path / "fp32.yaml"
     policy.write_text(text)
     assert run_tune(policy, tmp_path / "t.yaml") == 2
-    assert "precision.default" in capsys.readouterr().err
+    line = text.splitlines().index("  default: fp32") + 1
+    assert f"{policy.resolve()}:{line}: precision.default: " in capsys.readouterr().err
 
 
 @needs_rtx

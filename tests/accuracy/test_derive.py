@@ -53,9 +53,11 @@ def test_synthetic_data_keeps_each_channel_within_its_range(tmp_path):
 
 
 def test_derive_none_names_the_point_and_the_fix(tmp_path, capsys):
-    assert main(["check", "--policy", str(_policy(tmp_path, "{file: x.npz, derive: none}"))]) == 2
+    path = _policy(tmp_path, "{file: x.npz, derive: none}")
+    assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
     assert "min [1, 2, 3] needs [1, 2, 3] and derive is none" in err
+    assert f"{path.resolve()}:4: inputs.x.data.file: array 'x'" in err  # the file's line
     assert "accuracy.shapes.min.data.file" in err and "accuracy.shapes.min.skip" in err
 
 
@@ -143,7 +145,7 @@ def test_a_points_file_without_samples_is_exit_2_naming_it(tmp_path, capsys):
     np.savez(tmp_path / "empty.npz", x=np.zeros((0, 1, 12, 3), np.float32))
     assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "accuracy.shapes.max.data.file: empty.npz holds no samples of 'x'" in err
+    assert f"{path.resolve()}:6: accuracy.shapes.max.data.file: empty.npz holds no samples" in err
     assert "[0, 1, 12, 3]" in err
     out = tmp_path / "out"
     assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 2
@@ -153,8 +155,11 @@ def test_a_points_file_without_samples_is_exit_2_naming_it(tmp_path, capsys):
 def test_an_inputs_file_without_samples_is_exit_2_naming_it(tmp_path):
     path = _policy(tmp_path)
     np.savez(tmp_path / "x.npz", x=np.zeros((0, 1, 5, 3), np.float32))
-    with pytest.raises(UsageError, match=r"inputs\.x\.data\.file: x\.npz holds no samples of 'x'"):
+    with pytest.raises(
+        UsageError, match=r"inputs\.x\.data\.file: x\.npz holds no samples of 'x'"
+    ) as info:
         run_front(load_policy(path), reference="none")
+    assert info.value.where == f"{path.resolve()}:4"
 
 
 def test_the_real_silero_vad_takes_its_sample_rate_from_the_file(example_policy, tmp_path, capsys):

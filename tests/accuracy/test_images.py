@@ -67,6 +67,24 @@ def test_centre_fit_is_the_identity_at_the_image_size():
     assert centre_fit(a, 7, 4) is a
 
 
+def test_a_folder_gone_after_loading_names_the_line_of_its_images_key(tmp_path):
+    """Found when the data is read, not when the policy is: the error still names the line
+    of `images` (not only the policy's path), as a loading error does."""
+    import shutil
+
+    _policy(tmp_path, "{images: images}")
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: [1, 3, 6, 5]\n    data:\n"
+        "      mean: 0.5\n      images: images\n"
+    )
+    policy = load_policy(path)
+    shutil.rmtree(tmp_path / "images")
+    with pytest.raises(UsageError, match=r"inputs\.x\.data\.images: cannot list ") as info:
+        load_images(policy, policy.inputs[0], (1, 3, 6, 5))
+    assert info.value.where == f"{path.resolve()}:8"
+
+
 def test_an_image_past_the_pixel_limit_is_refused_before_it_is_decoded(tmp_path):
     policy, _ = _policy(tmp_path, "{images: images}", "accuracy: {max_image_pixels: 20}\n")
     with pytest.raises(UsageError, match=r"a.png has 30 pixels \(5x6\), more than") as info:

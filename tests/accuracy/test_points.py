@@ -15,7 +15,7 @@ from trtbuild.accuracy.points import shape_points
 from trtbuild.cli import main
 from trtbuild.errors import UsageError
 from trtbuild.front import run_front
-from trtbuild.policy import load_policy
+from trtbuild.policy import Policy, load_policy
 
 
 def _policy(tmp_path, inputs: str, accuracy: str = "") -> object:
@@ -68,7 +68,8 @@ def test_a_named_point_outside_the_profile_is_exit_2_with_image_data(tmp_path, c
     path = _policy(tmp_path, PROFILE, "shapes: {huge: {x: [1, 3, 64, 64]}}\n")
     assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "accuracy.shapes.huge.x: [1, 3, 64, 64] is outside the optimization profile" in err
+    said = "accuracy.shapes.huge.x: [1, 3, 64, 64] is outside the optimization profile"
+    assert f"{path.resolve()}:10: {said}" in err, err  # the line of `shapes: {huge: ...}`
     assert "[1, 3, 8, 8] .. [1, 3, 32, 24]" in err
 
 
@@ -83,6 +84,7 @@ def test_a_profile_point_takes_its_dims_from_the_profile(tmp_path):
     with pytest.raises(UsageError, match="differs from the profile's max") as info:
         run_front(load_policy(path), reference="none")
     assert "give only data or skip there" in str(info.value)
+    assert info.value.where == f"{path.resolve()}:10"
 
 
 def test_a_skipped_point_is_named_in_every_verdict(tmp_path, capsys):
@@ -108,7 +110,7 @@ def test_skipping_every_point_is_exit_2(tmp_path, capsys):
         "shapes: {shape: {skip: none today}}\n",
     )
     assert main(["check", "--policy", str(path)]) == 2
-    assert "every point is skipped" in capsys.readouterr().err
+    assert f"{path.resolve()}:8: accuracy.shapes: every point is skipped" in capsys.readouterr().err
 
 
 def test_skip_true_asks_for_the_reason(tmp_path, capsys):
@@ -161,4 +163,22 @@ def test_an_input_named_with_a_dot_is_quoted_in_the_field_to_fix(tmp_path, capsy
     )
     assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
-    assert 'inputs."input.1".shape: rank 3 does not fit' in err, err
+    assert (
+        f'{(tmp_path / "p.yaml").resolve()}:4: inputs."input.1".shape: rank 3 does not fit' in err
+    )
+
+
+def test_an_input_the_model_lacks_is_exit_2_at_the_line_of_its_key(tmp_path, capsys):
+    """Found against the model, after loading: the message names the line of `nope:`, as the
+    loader's own messages do; a policy made in code has no line to name."""
+    path = _policy(tmp_path, "shape: [1, 3, 16, 16]\n")
+    path.write_text(path.read_text() + "  nope:\n    shape: [1, 4]\n")
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    said = f"trtbuild: error: {path.resolve()}:6: inputs.nope: the model has no input 'nope'"
+    assert err.startswith(said), err
+    doc = {"version": 1, "model": "m.onnx", "inputs": {"x": {"shape": [1, 3, 16, 16]}, "nope": {}}}
+    made = Policy.from_dict(doc, base_dir=tmp_path, name="mine")
+    with pytest.raises(UsageError, match=r"inputs\.nope: the model has no input") as info:
+        shape_points(made, onnx.load(tmp_path / "m.onnx"))
+    assert info.value.where == "<policy mine>"

@@ -45,6 +45,31 @@ def test_a_loaded_policy_is_its_file_until_it_is_changed(tmp_path):
     assert dataclasses.replace(changed, accuracy=policy.accuracy).path == path.resolve()
 
 
+def test_where_of_names_the_line_of_a_field_while_the_policy_is_its_file(tmp_path):
+    """Errors found after loading (against the model, the data) name the line of their field,
+    or of the nearest enclosing one written; the lines are the file's, not the value's."""
+    text = (
+        "# mine\nversion: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: [1, 4]\n    data: {low: 0}\n"
+    )
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    policy, where = load_policy(path), str(path.resolve())
+    assert policy.where_of("inputs", "x", "shape") == f"{where}:6"
+    assert policy.where_of("inputs", "x", "data", "high") == f"{where}:7"  # a default: data's
+    assert policy.where_of("inputs", "y") == f"{where}:4"
+    assert policy.where_of("accuracy", "samples") == where  # nothing of it written: the path
+    assert policy.where == where  # the identity build.json records
+    (tmp_path / "q.yaml").write_text(text.replace("# mine\n", "\n\n"))
+    moved = load_policy(tmp_path / "q.yaml")
+    assert moved.where_of("inputs", "x", "shape").endswith("q.yaml:7")
+    assert dataclasses.replace(moved, name="p") == policy  # lines are not the policy's value
+    assert moved.fingerprint == policy.fingerprint
+    changed = dataclasses.replace(policy, accuracy=dataclasses.replace(policy.accuracy, seed=3))
+    assert changed.where_of("inputs", "x", "shape") == "<policy p>"  # not what the file says
+    made = Policy.from_dict(yaml.safe_load(text), base_dir=tmp_path, name="mine")
+    assert made.where_of("inputs", "x", "shape") == "<policy mine>"
+
+
 def test_from_dict_reads_what_python_and_yaml_safe_load_give(tmp_path):
     """Paths, tuples, numpy scalars, and YAML 1.1's strings for 1e-2 where a number goes."""
     doc = {
