@@ -129,6 +129,8 @@ def test_a_reference_model_with_other_inputs_is_exit_2_naming_the_field(
     assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 2
     err = capsys.readouterr().err
     assert "accuracy.reference_model" in err and "inputs" in err
+    line = policy.read_text().splitlines().index(f"  reference_model: {other}") + 1
+    assert f"{policy.resolve()}:{line}: accuracy.reference_model: " in err, err
     assert not out.exists()  # nothing half-written
 
 

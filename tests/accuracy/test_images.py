@@ -90,6 +90,7 @@ def test_an_image_past_the_pixel_limit_is_refused_before_it_is_decoded(tmp_path)
     with pytest.raises(UsageError, match=r"a.png has 30 pixels \(5x6\), more than") as info:
         load_images(policy, policy.inputs[0], (1, 3, 6, 5))
     assert "accuracy.max_image_pixels" in str(info.value)
+    assert info.value.where == f"{policy.path}:4"  # the line of the input's `images`
 
 
 def test_a_point_larger_than_the_original_is_resized_from_it_and_says_upsampled(tmp_path):
@@ -171,6 +172,7 @@ def test_every_points_data_is_checked_against_the_budget_before_any_is_read(tmp_
     assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
     assert "accuracy.memory_budget is 12 MiB" in err and "cannot read" not in err, err
+    assert f"{path.resolve()}:5: accuracy.samples: " in err, err  # `accuracy:`: samples unwritten
 
 
 def test_a_static_point_larger_than_the_photo_says_so_in_every_report(tmp_path, capsys):
@@ -247,6 +249,7 @@ def test_an_integer_image_input_refuses_what_it_cannot_hold(tmp_path, capsys, da
     assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
+    assert f"{path.resolve()}:4: inputs.img.data." in err, err  # the line of its data
 
 
 def test_fewer_samples_than_asked_are_said_with_the_data_that_holds_no_more(tmp_path):
@@ -303,3 +306,4 @@ def test_an_image_of_samples_wider_than_8_bits_is_refused_not_clipped(
     assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{name} holds samples wider than 8 bits" in err and ".npz" in err, err
+    assert f"{path.resolve()}:4: inputs.x.data.images: {name}" in err, err

@@ -404,9 +404,12 @@ def _fp8_policy(tmp_path: Path, ccs: str) -> Path:
 
 
 def test_fp8_for_a_capability_without_fp8_is_exit_2(tmp_path, capsys):
-    assert main(["check", "--policy", str(_fp8_policy(tmp_path, '["8.6", "8.9"]'))]) == 2
+    path = _fp8_policy(tmp_path, '["8.6", "8.9"]')
+    assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
     assert "build.compute_capabilities" in err and "8.6" in err and "FP8" in err
+    line = path.read_text().splitlines().index('  compute_capabilities: ["8.6", "8.9"]') + 1
+    assert f"{path.resolve()}:{line}: build.compute_capabilities: " in err, err
 
 
 def test_fp8_check_counts_fp8(tmp_path, capsys):

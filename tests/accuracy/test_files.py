@@ -1,0 +1,47 @@
+""".npz data the model cannot take is the policy's to fix: each message names the field that
+names the file and its line, though only reading the file finds it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.helpers import identity_policy
+from trtbuild.errors import UsageError
+from trtbuild.front import run_front
+from trtbuild.policy import load_policy
+
+
+@pytest.mark.parametrize(
+    ("arrays", "said"),
+    [
+        ({"y": np.zeros((2, 1, 4), np.float32)}, "inputs.x.data.file: x.npz has no array 'x'"),
+        ({"x": np.zeros((2, 1, 4), np.int64)}, "inputs.x.data.file: array 'x' holds int64 values"),
+        (
+            {"x": np.full((2, 1, 4), np.nan, np.float32)},
+            "inputs.x.data.file: array 'x' holds 8 NaN or infinite value(s)",
+        ),
+        ({"x": np.zeros((2, 1, 5), np.float32)}, "inputs.x.data.file: array 'x' has 5 on axis 1"),
+    ],
+)
+def test_an_inputs_file_the_model_cannot_take_names_its_line(tmp_path, arrays, said):
+    np.savez(tmp_path / "x.npz", **arrays)
+    path = identity_policy(tmp_path, [1, 4], "{shape: [1, 4], data: {file: x.npz}}")
+    with pytest.raises(UsageError, match=re.escape(said)) as info:
+        run_front(load_policy(path), reference="none")
+    assert info.value.where == f"{path.resolve()}:4"
+
+
+def test_a_points_own_file_names_the_line_of_that_point(tmp_path):
+    np.savez(tmp_path / "x.npz", x=np.zeros((2, 1, 4), np.float32))
+    np.savez(tmp_path / "own.npz", x=np.zeros((1, 2, 4), np.float32), z=np.zeros(1))
+    profile = "{min: [1, 4], opt: [1, 4], max: [2, 4], data: {file: x.npz}}"
+    extra = "accuracy:\n  shapes:\n    max:\n      data: {file: own.npz}\n"
+    path = identity_policy(tmp_path, ["n", 4], profile, extra)
+    with pytest.raises(
+        UsageError, match=r"accuracy\.shapes\.max\.data\.file: own\.npz holds "
+    ) as info:
+        run_front(load_policy(path), reference="none")
+    assert info.value.where == f"{path.resolve()}:8"
