@@ -328,9 +328,10 @@ def _opened(policy: Policy, at: tuple[str, ...], path: Path, mode: str) -> Image
         raise _unreadable(policy, at, path, exc) from None
     if im.mode.startswith(WIDE_MODES):
         raise UsageError(
-            f"{words.field(*at, 'images')}: {path.name} holds samples wider than 8 bits (Pillow's mode "
-            f"{im.mode}: 16-bit, 32-bit or float), which `images` reads as 0 to 255: Pillow's "
-            "conversion would clip them (a 16-bit PNG came out 99% white, a float TIFF black)",
+            f"{words.field(*at, 'images')}: {path.name} holds samples wider than 8 bits "
+            f"(Pillow's mode {im.mode}: 16-bit, 32-bit or float), which `images` reads as 0 to "
+            "255: Pillow's conversion would clip them (a 16-bit PNG came out 99% white, a float "
+            "TIFF black)",
             where=policy.where_of(*at, "images"),
             hint=f"save {path.name} as an 8-bit image, or give the pixels the model takes as "
             "an .npz (`data: {file: X.npz}`)",
@@ -360,7 +361,8 @@ def _check_pixels(policy: Policy, at: tuple[str, ...], path: Path, size: tuple[i
     limit, count = policy.accuracy.max_image_pixels, size[0] * size[1]
     if count > limit:
         raise UsageError(
-            f"{words.field(*at, 'images')}: {path.name} has {count:,} pixels ({size[0]}x{size[1]}), more than "
+            f"{words.field(*at, 'images')}: {path.name} has {count:,} pixels "
+            f"({size[0]}x{size[1]}), more than "
             f"accuracy.max_image_pixels {limit:,}",
             where=policy.where_of(*at, "images"),
             hint="downscale the image, or raise accuracy.max_image_pixels if you trust it",
