@@ -192,6 +192,7 @@ def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> Non
     _tolerances_fit(policy, analysis)
     _ops_one_runtime_lacks(policy, analysis)
     check_quantized(policy, analysis)
+    shape_values.check_lengths(policy, analysis.view)
     original = policy.accuracy.reference_model
     if original is not None:
         from trtbuild.accuracy.reference import check_reference_model

@@ -233,3 +233,142 @@ def test_the_graph_finds_the_shape_inputs_tensorrts_parser_finds(case):
     }
     assert said == expected
     assert set(shape_inputs(GraphView(m))) == expected
+
+
+def _gathered_model(declared: list) -> onnx.ModelProto:
+    """v's first entry, unsqueezed and concatenated with 6, is the Reshape's shape: the
+    operand's length is 2 whatever v's is."""
+    nodes = [
+        node("Gather", ["v", "zero"], "g", "first", axis=0),
+        node("Unsqueeze", ["g", "ax"], "u", "unsq"),
+        node("Concat", ["u", "six"], "w", "cat", axis=0),
+        node("Reshape", ["d", "w"], "y", "r"),
+    ]
+    inits = {"zero": np.array(0), "ax": np.array([0]), "six": np.array([6])}
+    return model(nodes, [("d", F, [2, 6]), ("v", I64, declared)], [("y", F, ["a", "b"])], inits)
+
+
+def _concat_of(declared: list, op: str) -> onnx.ModelProto:
+    """v concatenated with one more entry, the second input of `op` on d [2, 6]."""
+    nodes = [node("Concat", ["v", "one"], "w", "cat", axis=0), node(op, ["d", "w"], "y", "n")]
+    ins = [("d", F, [2, 6]), ("v", I64, declared)]
+    return model(nodes, ins, [("y", F, ["a", "b"])], {"one": np.array([1], np.int64)})
+
+
+def _split(declared: list) -> onnx.ModelProto:
+    n = node("Split", ["d", "v"], ["y", "z"], "n", axis=1)
+    outs = [("y", F, [2, "a"]), ("z", F, [2, "b"])]
+    return model([n], [("d", F, [2, 6]), ("v", I64, declared)], outs)
+
+
+def _resize_of(declared: list) -> onnx.ModelProto:
+    n = node("Resize", ["d", "", "", "v"], "y", "n", mode="nearest")
+    return model([n], [("d", F, [1, 3, 4, 4]), ("v", I64, declared)], [("y", F, ["a"] * 4)])
+
+
+def _topk_of(declared: list) -> onnx.ModelProto:
+    n = node("TopK", ["d", "v"], ["y", "i"], "n")
+    outs = [("y", F, [1, "k"]), ("i", I64, [1, "k"])]
+    return model([n], [("d", F, [1, 100]), ("v", I64, declared)], outs)
+
+
+# Each: a model of a shape input v (its dims as the argument), the values fed, and whether
+# TensorRT-RTX 1.7 builds it where v's length is dynamic (["n"]). Measured: Reshape, Expand,
+# Resize, Pad, ConstantOfShape, Slice, OneHot are refused by the parser, CumSum and Range
+# fail the build, TopK kills it (SIGSEGV).
+LENGTHS = {
+    "Reshape's shape": (lambda d: _operand("Reshape", [2, 6], d, ["a", "b"]), [3, 4], False),
+    "Resize's sizes": (_resize_of, [1, 3, 8, 8], False),
+    "TopK's K (SIGSEGV)": (_topk_of, [5], False),
+    "Reshape's shape, through Concat": (lambda d: _concat_of(d, "Reshape"), [12], False),
+    "Tile's repeats": (lambda d: _operand("Tile", [2, 6], d, ["a", "b"]), [2, 1], True),
+    "Tile's repeats, through Concat": (lambda d: _concat_of(d, "Tile"), [2], True),
+    "Split's split": (_split, [2, 4], True),
+    "Reshape's shape, through Gather of one entry": (_gathered_model, [2, 7], True),
+}
+
+
+@needs_rtx
+@pytest.mark.parametrize("case", sorted(LENGTHS))
+def test_the_graph_refuses_a_dynamic_length_where_tensorrt_fails_on_it(case, tmp_path):
+    """TensorRT-RTX built for the values fed, v's length in the profile: where it fails,
+    `unfixed_lengths` names v (check refuses it); with v's length fixed in the model, each
+    builds."""
+    from trtbuild.engine.child import build_engine
+    from trtbuild.errors import BackendError
+    from trtbuild.graph.shape_inputs import unfixed_lengths
+    from trtbuild.policy.specs import BuildSpec, InputSpec
+
+    make, values, builds = LENGTHS[case]
+    spec, k = BuildSpec(workspace=1 << 28), ShapeValues("v", *[tuple(values)] * 3)
+    fixed = [] if builds else [([len(values)], True)]  # the fix the refusal names
+    for declared, expected in [(["n"], builds), *fixed]:
+        m = make(declared)
+        onnx.save(m, tmp_path / "m.onnx")
+        shaped = (InputSpec("v", shape=(len(values),)),)
+        try:
+            built = bool(build_engine(tmp_path / "m.onnx", "tensorrt-rtx", spec, shaped, (k,)))
+        except BackendError:
+            built = False
+        assert built == expected, (declared, built)
+        assert ("v" not in unfixed_lengths(GraphView(m))) == built
+
+
+def _dynamic_reshape_policy(tmp_path: Path, shape_yaml: str, passes: str = "") -> Path:
+    """x [2, 6] reshaped by `shape`, which the model declares [n]; its data [3, 4]."""
+    m = _operand("Reshape", [2, 6], ["n"], ["a", "b"])
+    m.graph.input[0].name, m.graph.input[1].name = "x", "shape"
+    m.graph.node[0].input[:] = ["x", "shape"]
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.arange(12, dtype=np.float32).reshape(2, 6), shape=[3, 4])
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\nmodel: m.onnx\n"
+        f"inputs:\n  x: {{data: {{file: d.npz}}}}\n  shape: {shape_yaml}\n{passes}"
+        "build: {backend: tensorrt-rtx, variants: false}\n"
+    )
+    return path
+
+
+@needs_rtx
+def test_a_shape_input_of_dynamic_length_is_refused_by_check_and_builds_once_fixed(
+    tmp_path, capsys
+):
+    """`check` passed and `build` was exit 3, TensorRT-RTX's parser saying the Reshape
+    was an invalid node ("check the op is supported"), a `shape: [2]` in the policy or
+    not. Now both are exit 2 naming the input and the override that builds."""
+    policy = _dynamic_reshape_policy(tmp_path, "{shape: [2], data: {file: d.npz}}")
+    out = tmp_path / "out"
+    for args in (["check"], ["build", "--out", str(out)]):
+        assert main([*args, "--policy", str(policy)]) == 2
+        err = capsys.readouterr().err
+        assert f"{policy}: inputs.shape: the input is a shape tensor to TensorRT" in err
+        assert "the shape of Reshape node n), and the model leaves its length dynamic" in err
+        assert '`passes: {override_input_shapes: {"shape": [2]}}`' in err
+        assert "Traceback" not in err
+    assert not out.exists()  # refused before any engine work
+    fixed = "passes: {override_input_shapes: {shape: [2]}}\n"
+    policy = _dynamic_reshape_policy(tmp_path, "{data: {file: d.npz}}", fixed)
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0, capsys.readouterr()
+    assert (out / "engine.plan").stat().st_size > 0
+
+
+def test_the_refusal_of_a_dynamic_length_says_one_length_for_a_profile_of_several(tmp_path, capsys):
+    """min [1], max [3] for the input itself: one length to fix, which the policy must give
+    at every point."""
+    policy = _dynamic_reshape_policy(tmp_path, "{min: [1], opt: [2], max: [3]}")
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert '{override_input_shapes: {"shape": [LENGTH]}}`, LENGTH the number of values' in err
+    assert "and give inputs.shape that one length (shape: [LENGTH])" in err
+
+
+def test_only_the_input_whose_length_is_dynamic_is_named():
+    """v [2] and u [n] make one Reshape's shape, of a length the graph leaves dynamic: u is
+    what to fix, not v."""
+    from trtbuild.graph.shape_inputs import unfixed_lengths
+
+    nodes = [node("Concat", ["v", "u"], "w", "cat", axis=0), node("Reshape", ["d", "w"], "y", "r")]
+    ins = [("d", F, [2, 6]), ("v", I64, [2]), ("u", I64, ["n"])]
+    m = model(nodes, ins, [("y", F, ["a", "b", "c"])])
+    assert unfixed_lengths(GraphView(m)) == {"u": "its values decide the shape of Reshape node r"}

@@ -27,7 +27,8 @@ import numpy as np
 
 from trtbuild import words
 from trtbuild.accuracy.points import InputData, ShapePoint
-from trtbuild.graph.shape_inputs import ShapeValues, is_candidate
+from trtbuild.errors import UsageError
+from trtbuild.graph.shape_inputs import ShapeValues, is_candidate, unfixed_lengths
 from trtbuild.graph.view import GraphView
 from trtbuild.policy.model import Policy
 
@@ -64,6 +65,35 @@ def check_known(policy: Policy, runs: Sequence[Run], decides: Mapping[str, str])
     for found in profile_values(policy, runs, decides, decides).values():
         if found.refused is not None:
             raise found.error()
+
+
+def check_lengths(policy: Policy, view: GraphView) -> None:
+    """Exit 2 for a shape input whose length the model leaves dynamic where TensorRT needs it
+    fixed (`graph.unfixed_lengths`), before anything runs: TensorRT-RTX's parser refuses
+    the node as if its op were unsupported (exit 3), or dies, whatever the profile holds.
+    The fix measured to build: the length fixed in the model by `override_input_shapes`
+    (a `shape:` under `inputs` sets the profile, not the model's declaration)."""
+    for name, what in unfixed_lengths(view).items():
+        spec = next((s for s in policy.inputs if s.name == name), None)
+        given = [d for d in (spec.shape, spec.min, spec.opt, spec.max) if d] if spec else []
+        lengths = sorted({d[0] for d in given if len(d) == 1})
+        length = str(lengths[0]) if len(lengths) == 1 else "LENGTH"
+        declared = [d.dim_param or "?" for d in view.shape[name].tensor_type.shape.dim]
+        message = (
+            f"{_field(name)}: the input is a shape tensor to TensorRT ({what}), and the model "
+            f"leaves its length dynamic ({declared}): TensorRT-RTX takes that operand only of a "
+            "fixed length (its parser refuses the node as if the op were unsupported), and a "
+            f"`shape:` under {_field(name)} sets the profile, not the model"
+        )
+        hint = (
+            f"fix its length in the model: `passes: {{override_input_shapes: "
+            f"{{{json.dumps(name)}: [{length}]}}}}`"
+        )
+        if len(lengths) != 1:
+            hint += ", LENGTH the number of values it is always fed"
+        if len(lengths) > 1:
+            hint += f", and give {_field(name)} that one length (shape: [LENGTH])"
+        raise UsageError(message, where=policy.where, hint=hint)
 
 
 def engine_values(

@@ -12,8 +12,10 @@ TensorRT-RTX 1.7's parser (tests/engine/test_shape_inputs.py compares them).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import onnx
 from onnx import TensorProto
 
 from trtbuild.errors import UsageError
@@ -47,6 +49,10 @@ SHAPE_CARRIERS = frozenset(
         *("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or"),
     }
 )
+# The shape operands TensorRT-RTX 1.7 builds with whatever length its input has (the
+# length is the data's rank there, known once the profile is): every other one it needs
+# of a fixed length (`unfixed_lengths`)
+LENGTH_FREE = frozenset({("Tile", 1), ("Split", 1)})
 # The dtypes a shape tensor may have (`IOptimizationProfile.set_shape_input`)
 SHAPE_DTYPES = frozenset({TensorProto.INT32, TensorProto.INT64})
 
@@ -55,10 +61,37 @@ def shape_inputs(view: GraphView) -> dict[str, str]:
     """Each graph input TensorRT takes for a shape tensor, with the operand its values
     decide (`its values decide the sizes of Resize node up`), the first in the graph's
     order where several."""
-    candidates = {n for n in view.inputs if is_candidate(view, n)}
     found: dict[str, str] = {}
+    for name, _, what in _operands_reached(view, {n for n in view.inputs if is_candidate(view, n)}):
+        found.setdefault(name, what)
+    return {n: found[n] for n in view.inputs if n in found}  # the model's input order
+
+
+def unfixed_lengths(view: GraphView) -> dict[str, str]:
+    """Each shape input whose length the model leaves dynamic (`[N]`) and whose values reach
+    an operand TensorRT needs of a fixed length, with what they decide there.
+
+    Why refused from the graph: TensorRT-RTX 1.7's parser refuses such a node as if its op
+    were unsupported (Reshape, Expand, Resize, Slice, Pad, ConstantOfShape, OneHot), fails
+    the build (CumSum, Range) or dies (TopK, SIGSEGV), whatever the profile says; only
+    Tile's repeats and Split's split build (`LENGTH_FREE`), and an operand whose length the
+    graph fixes on the way (a `Gather` of one entry) is fine. Measured with real builds in
+    tests/engine/test_shape_inputs.py."""
+    dynamic = {n for n in view.inputs if is_candidate(view, n) and not _fixed_length(view, n)}
+    found: dict[str, str] = {}
+    for name, (node, k, tensor), what in _operands_reached(view, dynamic):
+        if (node.op_type, k) not in LENGTH_FREE and not _fixed_length(view, tensor):
+            found.setdefault(name, what)
+    return {n: found[n] for n in view.inputs if n in found}
+
+
+def _operands_reached(
+    view: GraphView, candidates: set[str]
+) -> Iterator[tuple[str, tuple[onnx.NodeProto, int, str], str]]:
+    """Each candidate input whose values reach a shape operand, the operand (its node, index
+    and tensor) and what the values decide there, in the graph's order."""
     if not candidates:
-        return found
+        return
     for node in view.nodes:
         operands = SHAPE_OPERANDS.get(node.op_type)
         if operands is None or node.domain not in DEFAULT_DOMAINS:
@@ -67,9 +100,19 @@ def shape_inputs(view: GraphView) -> dict[str, str]:
             if k < len(node.input) and node.input[k]:
                 named = node.name or "(unnamed)"
                 what = f"its values decide the {role} of {node.op_type} node {named}"
-                for name in _inputs_behind(view, node.input[k], candidates):
-                    found.setdefault(name, what)
-    return {n: found[n] for n in view.inputs if n in found}  # the model's input order
+                for name in sorted(_inputs_behind(view, node.input[k], candidates)):
+                    yield name, (node, k, node.input[k]), what
+
+
+def _fixed_length(view: GraphView, tensor: str) -> bool:
+    """Whether the graph fixes `tensor`'s dims (a scalar, or `[4]`): what TensorRT's parser
+    needs of a shape operand. A tensor the graph gives no shape is not fixed."""
+    if tensor in view.initializers:
+        return True
+    declared = view.shape.get(tensor)
+    if declared is None or not declared.tensor_type.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") for d in declared.tensor_type.shape.dim)
 
 
 def is_candidate(view: GraphView, name: str) -> bool:
