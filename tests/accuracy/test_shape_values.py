@@ -27,3 +27,4 @@ def test_values_of_different_lengths_are_refused_not_cut_to_the_shortest():
     same = _values(policy, [_run("opt", [2, 8], [2, 8]), _run("max", [4, 4])], "shape", "x")
     assert same is not None and same.refused is None
     assert (same.min, same.opt, same.max) == ((2, 4), (2, 8), (4, 8))
+    assert same.points == (("opt", ((2, 8),)), ("max", ((4, 4),)))  # each value once, by point

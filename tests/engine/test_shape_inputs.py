@@ -97,6 +97,13 @@ def _topk_policy(tmp_path: Path, k: str, backend: str = "tensorrt-rtx") -> Path:
     return path
 
 
+def _points(entries: int, *last: int) -> tuple:
+    """The values fed at opt, min and max: `sizes` ([1, 3, S, S], `entries` 2) or `shape`
+    ([3, S], `entries` 1), S the `last` given for each point."""
+    head = (1, 3) if entries == 2 else (3,)
+    return tuple((p, ((*head, *[v] * entries),)) for p, v in zip(("opt", "min", "max"), last))
+
+
 @needs_rtx
 def test_a_resize_and_a_reshape_fed_from_files_build_with_each_points_values(tmp_path):
     """The tester's model: `build` was exit 3 ("Optimization profile 0 is missing values for
@@ -109,13 +116,57 @@ def test_a_resize_and_a_reshape_fed_from_files_build_with_each_points_values(tmp
     front = trtbuild.check(policy, quiet=True).front
     got = engine_values(front.policy, front.view, front.shapes, front.analysis.shape_inputs())
     assert got == (
-        ShapeValues("sizes", (1, 3, 16, 16), (1, 3, 32, 32), (1, 3, 64, 64)),
-        ShapeValues("shape", (3, 256), (3, 1024), (3, 4096)),
+        ShapeValues(
+            "sizes", (1, 3, 16, 16), (1, 3, 32, 32), (1, 3, 64, 64), points=_points(2, 32, 16, 64)
+        ),
+        ShapeValues("shape", (3, 256), (3, 1024), (3, 4096), points=_points(1, 1024, 256, 4096)),
     )
     out = tmp_path / "out"
     assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0
     built = json.loads((out / "build.json").read_text())["engines"]["policy"]
     assert built["engine_bytes"] == (out / "engine.plan").stat().st_size > 0
+
+
+@needs_rtx
+def test_build_json_records_the_values_each_shape_input_was_given(tmp_path):
+    """`engines.VARIANT.shape_inputs`: the profile's min, opt and max of each input TensorRT
+    took for a shape tensor, and the values fed at each point judged, a named one too."""
+    rng = np.random.default_rng(1)
+    np.savez(
+        tmp_path / "mid.npz",
+        x=rng.random((1, 3, 12, 12), dtype=np.float32),
+        sizes=np.array([1, 3, 24, 24]),
+        shape=np.array([3, 576]),
+    )
+    extra = "    mid: {x: [1, 3, 12, 12], data: {file: mid.npz}}\n"
+    policy = _resize_policy(tmp_path, extra)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0
+    got = json.loads((out / "build.json").read_text())["engines"]["policy"]["shape_inputs"]
+    assert got == {
+        "sizes": {
+            "min": [1, 3, 16, 16],
+            "opt": [1, 3, 32, 32],
+            "max": [1, 3, 64, 64],
+            "points": {
+                "opt": [[1, 3, 32, 32]],
+                "min": [[1, 3, 16, 16]],
+                "max": [[1, 3, 64, 64]],
+                "mid": [[1, 3, 24, 24]],
+            },
+        },
+        "shape": {
+            "min": [3, 256],
+            "opt": [3, 1024],
+            "max": [3, 4096],
+            "points": {
+                "opt": [[3, 1024]],
+                "min": [[3, 256]],
+                "max": [[3, 4096]],
+                "mid": [[3, 576]],
+            },
+        },
+    }
 
 
 @needs_rtx
@@ -131,7 +182,8 @@ def test_a_scalar_k_of_topk_builds_with_the_range_its_samples_span(tmp_path, cap
     assert len(set(fed)) > 1  # the samples differ: the profile spans them
     mode = Counter(fed).most_common(1)[0][0]
     got = engine_values(front.policy, front.view, front.shapes, front.analysis.shape_inputs())
-    assert got == (ShapeValues("k", (min(fed),), (mode,), (max(fed),)),)
+    points = (("shape", tuple(dict.fromkeys((k,) for k in fed))),)  # each value once
+    assert got == (ShapeValues("k", (min(fed),), (mode,), (max(fed),), points=points),)
     out = tmp_path / "out"
     assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0, capsys.readouterr()
     assert (out / "engine.plan").stat().st_size > 0

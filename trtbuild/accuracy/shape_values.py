@@ -135,7 +135,15 @@ def _values(policy: Policy, runs: Sequence[Run], name: str, what: str) -> ShapeV
     if not at_opt and least != largest:
         return _opt_unknown(policy, name, what, fed)
     opt = Counter(at_opt).most_common(1)[0][0] if at_opt else least
-    return ShapeValues(name, least, opt, largest)
+    return ShapeValues(name, least, opt, largest, points=_by_point(fed))
+
+
+def _by_point(fed: list[tuple[Run, tuple[int, ...]]]) -> tuple[tuple[str, tuple], ...]:
+    """The values fed at each point, each once, in the order fed (what build.json records)."""
+    seen: dict[str, dict[tuple[int, ...], None]] = {}
+    for run, values in fed:
+        seen.setdefault(run.point.name, {})[values] = None
+    return tuple((name, tuple(values)) for name, values in seen.items())
 
 
 def _flat(value: np.ndarray) -> tuple[int, ...]:

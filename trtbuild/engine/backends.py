@@ -160,6 +160,8 @@ class EngineBuild:
     memory: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     int8_kernels: dict[str, Any] | None = None  # a quantized model's: `int8_check`
+    # each input TensorRT took for a shape tensor: the profile's values (`ShapeValues.to_json`)
+    shape_inputs: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         out = {
@@ -169,6 +171,7 @@ class EngineBuild:
             "build_seconds": round(self.seconds, 3),
             "memory": self.memory,
             "builder_warnings": self.warnings,  # TensorRT's own, as its logger said them
+            "shape_inputs": self.shape_inputs,
         }
         if self.int8_kernels is not None:
             out["int8_kernels"] = self.int8_kernels
@@ -238,7 +241,7 @@ def _build_engine(
     quantized = any(layer["type"] == "DEQUANTIZE" for layer in layers)
     if quantized and backend == "tensorrt":  # the inspector then names each layer's formats
         config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
-    _add_profile(trt, builder, network, config, inputs, shape_values)
+    shaped = _add_profile(trt, builder, network, config, inputs, shape_values)
     cache = _load_timing_cache(config, spec.timing_cache)
     monitor = _cancel_monitor(trt, interrupted)
     if monitor is not None:
@@ -263,6 +266,7 @@ def _build_engine(
         _memory(messages),
         warnings,
         int8_check(engine, backend, onnx_path) if quantized else None,
+        shaped,
     )
 
 
@@ -610,17 +614,18 @@ def _add_profile(
     config,
     inputs: tuple[InputSpec, ...],
     shape_values: tuple[ShapeValues, ...] = (),
-) -> None:
+) -> dict[str, Any]:
     """The optimization profile: each dynamic input's dims from the policy, each shape
     tensor's values from the data judged (`accuracy.shape_values`); none where the network
     has neither. A shape tensor whose values are not known is refused here, after the
-    parse (only TensorRT says which inputs are shape tensors) and before the build."""
+    parse (only TensorRT says which inputs are shape tensors) and before the build.
+    Returns the values each shape tensor was given, for build.json."""
     specs = {s.name: s for s in inputs}
     tensors = [network.get_input(i) for i in range(network.num_inputs)]
     dynamic = [t for t in tensors if any(d < 0 for d in t.shape)]
     shaped = [t for t in tensors if getattr(t, "is_shape_tensor", False)]
     if not dynamic and not shaped:
-        return
+        return {}
     profile = builder.create_optimization_profile()
     for tensor in dynamic:
         spec = specs.get(tensor.name)
@@ -641,6 +646,7 @@ def _add_profile(
             raise found.error()
         profile.set_shape_input(tensor.name, found.min, found.opt, found.max)
     config.add_optimization_profile(profile)
+    return {t.name: values[t.name].to_json() for t in shaped}
 
 
 def _unknown(name: str) -> tuple[str, str | None, str | None]:

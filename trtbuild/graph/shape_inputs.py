@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from onnx import TensorProto
@@ -155,6 +156,20 @@ class ShapeValues:
     opt: tuple[int, ...] = ()
     max: tuple[int, ...] = ()
     refused: tuple[str, str | None, str | None] | None = None
+    # each point judged (its name, `opt=min` where merged): the values fed there, each once
+    points: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """build.json's record of what the engine's profile was given (`engines.VARIANT.
+        shape_inputs.NAME`), and the values each point fed, which lie between min and max:
+        the values the engine is known to have been judged at."""
+        points = {name: [list(v) for v in values] for name, values in self.points}
+        return {
+            "min": list(self.min),
+            "opt": list(self.opt),
+            "max": list(self.max),
+            "points": points,
+        }
 
     def error(self) -> UsageError:
         """The refusal, as the error the CLI says (exit 2)."""
