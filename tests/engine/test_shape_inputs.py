@@ -394,7 +394,7 @@ def test_a_shape_input_of_dynamic_length_is_refused_by_check_and_builds_once_fix
     for args in (["check"], ["build", "--out", str(out)]):
         assert main([*args, "--policy", str(policy)]) == 2
         err = capsys.readouterr().err
-        assert f"{policy}: inputs.shape: the input is a shape tensor to TensorRT" in err
+        assert f"{policy}:5: inputs.shape: the input is a shape tensor to TensorRT" in err
         assert "the shape of Reshape node n), and the model leaves its length dynamic" in err
         assert '`passes: {override_input_shapes: {"shape": [2]}}`' in err
         assert "Traceback" not in err

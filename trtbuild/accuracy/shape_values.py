@@ -93,7 +93,7 @@ def check_lengths(policy: Policy, view: GraphView) -> None:
             hint += ", LENGTH the number of values it is always fed"
         if len(lengths) > 1:
             hint += f", and give {_field(name)} that one length (shape: [LENGTH])"
-        raise UsageError(message, where=policy.where, hint=hint)
+        raise UsageError(message, where=policy.where_of("inputs", name), hint=hint)
 
 
 def engine_values(
