@@ -218,3 +218,35 @@ def test_a_full_stdout_names_where_the_space_ran_out(capsys):
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "the file stdout or stderr is written to" in done.stderr, done.stderr
+
+
+def _line_of(path, text: str) -> int:
+    return next(k for k, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_a_pass_that_refuses_its_field_names_the_policy_file_and_line(write_policy, capsys):
+    """`passes.opset` past what onnx knows was said by the pass as `passes.opset: ...`,
+    naming no file: the pass knows the field, not the policy."""
+    policy = write_policy()
+    policy.write_text(policy.read_text().replace("opset: 17", "opset: 99"))
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    line = _line_of(policy, "opset: 99")
+    assert f"error: {policy}:{line}: passes.opset: opset 99 is newer than this onnx" in err
+
+
+@needs_rtx
+def test_an_engine_build_that_refuses_its_field_names_the_policy_file_and_line(
+    write_policy, tmp_path, capsys
+):
+    """A compute capability TensorRT-RTX has no target for is found in the build's child,
+    which knows `build.compute_capabilities`, not the file: the parent adds it."""
+    policy = write_policy(backend="tensorrt-rtx")
+    text = policy.read_text().replace("  variants: false", '  compute_capabilities: ["9.0"]')
+    policy.write_text(text)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    line = _line_of(policy, "compute_capabilities")
+    assert f"{policy}:{line}: build.compute_capabilities: compute capability 9.0 is not" in err
+    assert not out.exists()

@@ -7,11 +7,14 @@ with the documented exit code, while a bug keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+
+from trtbuild import words
 
 T = TypeVar("T")
 
@@ -47,21 +50,48 @@ def printable(text: str) -> str:
 
 
 class TrtbuildError(Exception):
-    """A failure the user can act on; `cli.main` prints it as one message."""
+    """A failure the user can act on; `cli.main` prints it as one message.
+
+    `field` is the policy field a layer below the policy found wrong (a pass's
+    `passes.opset`, the engine's `build.compute_capabilities`): it knows the field, not the
+    file; the caller that holds the policy adds the file and line (`fields_located`).
+    """
 
     exit_code = EXIT_USAGE
 
-    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        hint: str | None = None,
+        field: tuple[str | int, ...] = (),
+    ):
         super().__init__(message)
         self.message = message
         self.where = where
         self.hint = hint
+        self.field = tuple(field)
 
     def __str__(self) -> str:
-        text = f"{self.where}: {self.message}" if self.where else self.message
+        message = f"{words.field(*self.field)}: {self.message}" if self.field else self.message
+        text = f"{self.where}: {message}" if self.where else message
         if self.hint:
             text += f" ({self.hint})"
         return printable(text)
+
+
+@contextlib.contextmanager
+def fields_located(where_of: Callable[..., str]) -> Iterator[None]:
+    """A `TrtbuildError` naming a policy field and no file, raised inside the block, raised
+    again with `where_of(*field)` (the policy's `file:line`): the fix is in that file."""
+    try:
+        yield
+    except TrtbuildError as exc:
+        if not exc.field or exc.where:
+            raise
+        where = where_of(*exc.field)
+        raise type(exc)(exc.message, where=where, hint=exc.hint, field=exc.field) from None
 
 
 class Terminated(KeyboardInterrupt):

@@ -23,7 +23,7 @@ from trtbuild.accuracy.images import Decoded
 from trtbuild.accuracy.points import ShapePoint, shape_points
 from trtbuild.cache import Cache, code_fingerprint, feeds_digest
 from trtbuild.cache import key as cache_key
-from trtbuild.errors import UsageError
+from trtbuild.errors import UsageError, fields_located
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.model_io import (
     fed_inputs,
@@ -138,9 +138,10 @@ def run_front(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     budget = policy.accuracy.budget().bytes  # bounds constant folding too
-    prepared, digest = prepared_graph(
-        policy.model, policy.passes, cache, verbose, budget, on_prepare
-    )
+    with fields_located(policy.where_of):  # a pass names its field, not the file
+        prepared, digest = prepared_graph(
+            policy.model, policy.passes, cache, verbose, budget, on_prepare
+        )
     view = GraphView(prepared.model)
     analysis = Analysis(view)  # its findings shared by every later assignment (tune's trials)
     _check_inputs(policy, prepared, analysis)

@@ -28,7 +28,7 @@ from trtbuild.artifacts import (
     write_reports,
 )
 from trtbuild.cache import Cache
-from trtbuild.errors import EXIT_ACCURACY, EXIT_OK
+from trtbuild.errors import EXIT_ACCURACY, EXIT_OK, fields_located
 from trtbuild.evaluation import evaluate_all
 from trtbuild.front import Front, baselines, run_front
 from trtbuild.fsutil import write_bytes
@@ -118,9 +118,10 @@ def build_engines(
         for variant in variants:
             paths.append(Path(tmp) / f"{variant}.onnx")
             save_model(base_models[variant].model, paths[-1])
-        built = build_engines(
-            paths, backend, policy.build, policy.inputs, len(variants), shape_values=values
-        )
+        with fields_located(policy.where_of):  # the engine names a field, not the file
+            built = build_engines(
+                paths, backend, policy.build, policy.inputs, len(variants), shape_values=values
+            )
     found = dict(zip(("policy", *variants), built, strict=True))
     engines = {k: e for k, e in found.items() if not isinstance(e, Exception)}
     unbuilt = [

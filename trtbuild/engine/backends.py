@@ -499,7 +499,7 @@ def _config(trt: Any, builder: Any, spec: BuildSpec, backend: str) -> Any:
             known = sorted(n for n in dir(trt.ComputeCapability) if n.startswith("SM"))
             raise UsageError(
                 f"compute capability {cc} is not a TensorRT-RTX target",
-                where="build.compute_capabilities",
+                field=("build", "compute_capabilities"),
                 hint="choose from " + ", ".join(k[2:-1] + "." + k[-1] for k in known),
             )
         config.set_compute_capability(getattr(trt.ComputeCapability, name), i)
@@ -632,7 +632,7 @@ def _add_profile(
         if spec is None or (spec.shape is None and spec.opt is None):
             raise UsageError(
                 f"input '{tensor.name}' has dynamic shape {tuple(tensor.shape)}",
-                where=words.field("inputs", tensor.name),
+                field=("inputs", tensor.name),
                 hint="give 'shape: [...]' or an optimization profile 'min/opt/max' in the policy",
             )
         if spec.shape is not None:

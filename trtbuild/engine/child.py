@@ -173,9 +173,9 @@ def _answered(
     if answer is not None:
         kind, *said = answer
         if kind == "error":  # trtbuild's own, by its exit code: 3 TensorRT's, 2 the user's
-            exit_code, message, where, hint = said
+            exit_code, message, where, hint, field = said
             error = BackendError if exit_code == BackendError.exit_code else UsageError
-            raise error(message, where=where, hint=hint)
+            raise error(message, where=where, hint=hint, field=tuple(field))
         if kind == "interrupted":
             raise KeyboardInterrupt
         raise RuntimeError(f"the engine build's child failed:\n{said[0]}")
@@ -304,13 +304,13 @@ def _answer(job: tuple) -> tuple:
     try:
         answer: tuple = ("ok", _build(job))
     except TrtbuildError as exc:
-        answer = ("error", exc.exit_code, exc.message, exc.where, exc.hint)
+        answer = ("error", exc.exit_code, exc.message, exc.where, exc.hint, exc.field)
     except KeyboardInterrupt:
         answer = ("interrupted",)
     except BaseException as exc:  # the surroundings' (a full disk), else a bug: its traceback
         found = surroundings_error(exc)
         answer = (
-            ("error", found.exit_code, found.message, found.where, found.hint)
+            ("error", found.exit_code, found.message, found.where, found.hint, found.field)
             if found is not None
             else ("bug", traceback.format_exc())
         )

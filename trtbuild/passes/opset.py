@@ -55,7 +55,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.Mode
     if target > onnx.defs.onnx_opset_version():
         raise UsageError(
             f"opset {target} is newer than this onnx package supports ({onnx.defs.onnx_opset_version()})",
-            where="passes.opset",
+            field=("passes", "opset"),
             hint="lower passes.opset or upgrade onnx",
         )
     record.changed = 1
@@ -86,7 +86,7 @@ def _converted(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelP
         raise UsageError(
             f"onnx.version_converter cannot take this model from opset {current} to {target}: "
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-            where="passes.opset",
+            field=("passes", "opset"),
             hint="choose a lower opset, or re-export the model at the opset you need",
         ) from None
 
