@@ -4,11 +4,14 @@ PostgreSQL server alike (`history_target`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +75,60 @@ def _two_shards_at_once(policies, tmp_path, history, night: str) -> list[int]:
             print(f"shard exit {p.returncode}:\n{err.decode()[-2000:]}")
         codes.append(p.returncode)
     return codes
+
+
+# Another process's write lock on a new history, not yet in WAL mode: what a shard holds
+# while it switches the file to WAL, when two shards open a new history at once
+_LOCK_HOLDER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.readline()
+db.execute("ROLLBACK")
+"""
+
+
+def _until_opened(proc: subprocess.Popen, written: Path, grace: float = 1.0) -> None:
+    """Wait until `proc` has ended, or for `grace` seconds once it wrote `written` (a
+    nightly writes `nightly.json`, then opens the history at once)."""
+    end, seen = time.monotonic() + 600, None
+    while proc.poll() is None and time.monotonic() < end:
+        if seen is None and written.exists():
+            seen = time.monotonic()
+        if seen is not None and time.monotonic() > seen + grace:
+            return
+        time.sleep(0.02)
+
+
+def test_a_shard_opening_a_new_history_another_shard_is_making_waits_for_it(tmp_path, models_dir):
+    """The switch of a new SQLite history to WAL meets another shard's write lock: the shard
+    waits for it. It exited 2 at once ("cannot use the history database: database is
+    locked"): SQLite's busy timeout does not wait for a lock taken over one's own read."""
+    history = tmp_path / "history.sqlite"
+    policies, out = _policies(tmp_path / "policies", models_dir), tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(history)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        shard = subprocess.Popen(
+            _shard_cmd(policies, out, str(history), "1/2", "night-1"),
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _until_opened(shard, out / "nightly.json")  # it meets the lock, then it is let go
+    finally:
+        holder.communicate("\n", timeout=60)
+    _, err = shard.communicate(timeout=600)
+    assert shard.returncode == 0, err.decode()
+    with contextlib.closing(sqlite3.connect(history)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert db.execute("SELECT night, shard FROM runs").fetchall() == [("night-1", 1)]
 
 
 def _summary(history, night, out, *extra) -> int:

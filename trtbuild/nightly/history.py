@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +78,8 @@ _OURS = {
 }
 _LANE = ("evaluator", "emulation", "backend", "device")  # a regression compares like with like
 _PG_LOCK = 0x7472_7462  # "trtb": one schema change at a time across shards
+BUSY_SECONDS = 60  # how long an SQLite history waits for another shard's write lock
+_SQLITE_BUSY = 5  # SQLite's result code behind "database is locked"
 
 
 def _tables():
@@ -425,8 +428,9 @@ def _check_exists(url: Any) -> None:
 
 
 def _engine(url: Any) -> Any:
-    """An engine; SQLite in WAL mode with a busy timeout, each transaction taking the write
-    lock at BEGIN, so shards on one machine wait for each other instead of failing."""
+    """An engine; SQLite in WAL mode (the switch tried again while another shard makes the
+    same new file: `_to_wal`) with a busy timeout, each transaction taking the write lock at
+    BEGIN, so shards on one machine wait for each other instead of failing."""
     from sqlalchemy import create_engine, event
 
     if url.drivername.startswith("postgresql"):
@@ -440,19 +444,54 @@ def _engine(url: Any) -> Any:
         return create_engine(url, pool_pre_ping=True)
     if url.database:
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 60})
+    engine = create_engine(url, connect_args={"timeout": BUSY_SECONDS})
 
     @event.listens_for(engine, "connect")
     def _wal(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None  # SQLAlchemy's BEGIN below, not the driver's
-        dbapi_conn.execute("PRAGMA busy_timeout = 60000")
-        dbapi_conn.execute("PRAGMA journal_mode = WAL")
+        dbapi_conn.execute(f"PRAGMA busy_timeout = {BUSY_SECONDS * 1000}")
+        _to_wal(dbapi_conn, time.monotonic() + BUSY_SECONDS)
 
     @event.listens_for(engine, "begin")
     def _immediate(conn) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _to_wal(dbapi_conn: Any, deadline: float) -> None:
+    """Put the SQLite file in WAL mode, tried again while another connection holds the
+    write lock, until `deadline` (`time.monotonic`).
+
+    Why not the busy timeout alone: on a file not yet in WAL mode (a new history), the
+    switch reads the header under a shared lock and only then asks for the write lock,
+    and SQLite does not wait for a lock it would take over a read it holds (two such
+    connections would wait for each other for ever): while another shard switches the
+    same new file, this one's switch fails at once with "database is locked", and the
+    shard exits 2. The other holds that lock for one page's write; once it is released,
+    the switch here finds the file in WAL mode already.
+    """
+    import sqlite3
+
+    pause = 0.005
+    while True:
+        try:
+            dbapi_conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 0.1)
+
+
+def _busy(exc: Exception) -> bool:
+    """Whether an SQLite error is SQLITE_BUSY, another connection's lock ("database is
+    locked"): by its code where Python gives it (3.11 and later), else by SQLite's words."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == _SQLITE_BUSY
+    return str(exc).startswith("database is locked")
 
 
 def _schema(conn: Any, tables: dict, where: str) -> None:
