@@ -93,3 +93,54 @@ def test_a_stop_another_thread_takes_waits_for_the_held_block_of_a_task():
         done = subprocess.run(code, capture_output=True, env=env, timeout=60)
         assert done.stdout == b"whole\n", done.stderr.decode()
         assert done.returncode == 128 + sent and b"Traceback" not in done.stderr
+
+
+# A task whose stop a library swallows (a bare `except:` around an import: a nightly worker's
+# SIGTERM raised inside numpy's imports was lost, and it published two policies after the
+# night had ended), then, with PUBLISH, publishes a folder as `build` does
+SWALLOWED = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pathlib import Path
+    from trtbuild.artifacts import staged_output
+    from trtbuild.children import run_task, worker_signals
+
+    def task(out):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
+        except BaseException:
+            pass
+        print("ran on", flush=True)
+        if PUBLISH:
+            with staged_output(Path(out), ("report.json",)) as stage:
+                (stage / "report.json").write_text("{}")
+        return "result"
+
+    worker_signals()
+    print(run_task(task, sys.argv[1]), flush=True)
+    """
+)
+
+
+def _swallowed(tmp_path, publish: bool) -> tuple[subprocess.CompletedProcess, bool]:
+    out = tmp_path / "out"
+    code = f"PUBLISH = {publish}\n" + SWALLOWED
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out)], capture_output=True, env=env, timeout=60
+    )
+    return done, out.exists()
+
+
+def test_a_stop_a_library_swallowed_still_ends_the_task_and_its_worker(tmp_path):
+    """The handler takes one stop and ignores the next (its cleanup runs whole), so a
+    swallowed one was the worker's last: it ran on, and handed its result back."""
+    done, _ = _swallowed(tmp_path, publish=False)
+    assert done.stdout == b"ran on\n" and done.returncode == 143, done.stderr.decode()
+
+
+def test_a_stop_a_library_swallowed_publishes_nothing(tmp_path):
+    done, published = _swallowed(tmp_path, publish=True)
+    assert done.returncode == 143 and not published, done.stderr.decode()
+    assert list(tmp_path.iterdir()) == []  # no staging folder left either

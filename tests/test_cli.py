@@ -152,6 +152,44 @@ def test_an_interrupt_a_library_rewrapped_is_still_exit_130(monkeypatch, write_p
     assert "interrupted" in err and "Traceback" not in err
 
 
+def _swallowing(real):
+    """`real`, after trtbuild's SIGTERM handler raised inside a library that swallowed it
+    (a bare `except:`)."""
+    import signal
+
+    from trtbuild.errors import stop_raised
+
+    def swallowing(*args, **kwargs):
+        try:
+            raise stop_raised(signal.SIGTERM)  # what `cli._terminate` raises
+        except BaseException:
+            pass
+        return real(*args, **kwargs)
+
+    return swallowing
+
+
+def test_a_stop_a_library_swallowed_is_still_exit_143_and_writes_nothing(
+    monkeypatch, write_policy, tmp_path, capsys
+):
+    """The command ran on: `build` published and said so, `check` printed its table, exit 0."""
+    from trtbuild import api, pipeline
+    from trtbuild.errors import forget_stops
+
+    out, policy = tmp_path / "out", str(write_policy())
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(pipeline, "run_front", _swallowing(pipeline.run_front))
+            assert main(["build", "--policy", policy, "--out", str(out)]) == 143
+        assert "terminated (SIGTERM)" in capsys.readouterr().err and not out.exists()
+        with monkeypatch.context() as patched:
+            patched.setattr(api, "check", _swallowing(api.check))
+            assert main(["check", "--policy", policy]) == 143  # it publishes nothing: at the end
+        assert main(["build", "--policy", policy, "--out", str(out)]) == 0  # the next one's own
+    finally:
+        forget_stops()  # this test process's later tests publish
+
+
 RUN_WITH_A_HANDLER = """
 import atexit, sys
 from trtbuild.cli import run

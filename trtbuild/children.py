@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from trtbuild.errors import Terminated, raise_if_stopped, stop_raised
+
 T = TypeVar("T")
 
 # Deaths by these signals are the machine's (the OOM killer's SIGKILL, a kill by another
@@ -70,8 +72,6 @@ def worker_signals() -> None:
 
 
 def _stop_worker(number: int, _frame: Any) -> None:
-    from trtbuild.errors import Terminated
-
     if kept(number):  # raised again once the staging folder is made or removed whole
         return
 
@@ -82,7 +82,7 @@ def _stop_worker(number: int, _frame: Any) -> None:
         signal.signal(other, _heard)
     if not _BUSY[0]:
         os._exit(128 + number)
-    raise Terminated if number == signal.SIGTERM else KeyboardInterrupt
+    raise stop_raised(number)  # recorded: where a library swallows it, `run_task` still ends
 
 
 def kept(number: int) -> bool:
@@ -100,11 +100,11 @@ def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`task(*args, **kwargs)` in a worker (`worker_signals`): an interrupt it was stopped
     by ends the worker once the task's cleanup has run, taking no other task (a pool
     queues the next one to it ahead, and it ran that one to its end)."""
-    from trtbuild.errors import Terminated
-
     _BUSY[0] = True
     try:
-        return task(*args, **kwargs)
+        result = task(*args, **kwargs)
+        raise_if_stopped()  # a stop the task swallowed: its result is not handed back
+        return result
     except KeyboardInterrupt as exc:
         os._exit(143 if isinstance(exc, Terminated) else 130)
     finally:

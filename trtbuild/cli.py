@@ -31,7 +31,10 @@ from trtbuild.errors import (
     TrtbuildError,
     UsageError,
     exit_code_for,
+    forget_stops,
     printable,
+    raise_if_stopped,
+    stop_raised,
 )
 
 _EPILOG = (
@@ -364,12 +367,12 @@ def _stopped(exc: KeyboardInterrupt) -> int:
 
 def _terminate(*_: object) -> None:
     if not kept(signal.SIGTERM):
-        raise Terminated
+        raise stop_raised(signal.SIGTERM)
 
 
 def _interrupt(*_: object) -> None:
     if not kept(signal.SIGINT):
-        raise KeyboardInterrupt
+        raise stop_raised(signal.SIGINT)
 
 
 def _on_stops() -> None:
@@ -399,8 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     package_log.addHandler(handler)
     quiet = logging.NullHandler()  # Matplotlib's own notes (an unwritable HOME) are not ours
     logging.getLogger("matplotlib").addHandler(quiet)
+    forget_stops()
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        raise_if_stopped()  # a stop a library swallowed: the command says it was stopped
+        return code
     except TrtbuildError as exc:
         print(f"trtbuild: error: {_flags(str(exc))}", file=sys.stderr)
         return exc.exit_code

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import functools
 import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -98,6 +99,34 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (`timeout`, `docker stop`, a CI job cancelled), raised where the command
     runs so that it ends as Ctrl-C does: children stopped, nothing half-written left, the
     previous artifacts kept; exit 143 (128 + SIGTERM)."""
+
+
+# The stops (SIGINT, SIGTERM) trtbuild's own handlers raised in this process, kept for good:
+# code between the handler and the command's end may swallow the exception or make it an
+# error of its own (a nightly worker's SIGTERM, raised inside numpy's imports, was lost, and
+# the worker published two policies after the night had ended)
+_STOPS_RAISED: list[int] = []
+
+
+def stop_raised(number: int) -> KeyboardInterrupt:
+    """The exception trtbuild's handler of stop `number` raises (SIGTERM's `Terminated`,
+    else KeyboardInterrupt), recorded for `raise_if_stopped`."""
+    _STOPS_RAISED.append(number)
+    return Terminated() if number == signal.SIGTERM else KeyboardInterrupt()
+
+
+def raise_if_stopped() -> None:
+    """Raise again a stop raised before in this process, where the work would be committed
+    (a folder published, a file put in place, a worker's result handed back): one swallowed
+    on the way must not end in a publication after the command said it was stopped."""
+    if _STOPS_RAISED:
+        raise Terminated if _STOPS_RAISED[0] == signal.SIGTERM else KeyboardInterrupt
+
+
+def forget_stops() -> None:
+    """A new command in this process (`cli.main` runs again, as the tests and the library
+    run it): the last one's stop is not this one's."""
+    _STOPS_RAISED.clear()
 
 
 class UsageError(TrtbuildError):

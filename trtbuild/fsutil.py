@@ -42,7 +42,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from trtbuild.errors import UsageError
+from trtbuild.errors import UsageError, raise_if_stopped
 
 try:
     import fcntl
@@ -90,6 +90,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp's 0600 would make artifacts private
     try:
         yield tmp_path
+        raise_if_stopped()  # a stop swallowed while it was written: the old file stays
         os.replace(tmp_path, final)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
@@ -666,6 +667,7 @@ def publish_folder(
     layer: EXDEV), or one would carry a file mounted into it away with the old set, the
     set is published into it instead (`_publish_in_place`).
     """
+    raise_if_stopped()  # a stop swallowed while the set was made: the old set stays
     with _publishing(staging.parent):
         _publish(staging, out_dir, owns, command, mode)
 

@@ -212,9 +212,9 @@ def run_all(
                 progress(results[-1])
         return results
     with ProcessPoolExecutor(max_workers=jobs, initializer=worker_signals) as pool:
-        futures = {pool.submit(run_task, _run_one, task): task[0] for task in tasks}
         done: dict[Path, PolicyResult] = {}
-        try:
+        try:  # from the first submit (which starts the workers): a stop there stops them too
+            futures = {pool.submit(run_task, _run_one, task): task[0] for task in tasks}
             for future in concurrent.futures.as_completed(futures):
                 done[futures[future]] = future.result()
                 if progress:
