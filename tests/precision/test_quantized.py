@@ -680,3 +680,35 @@ def test_an_opset_23_dq_that_names_its_float_output_computes_in_fp16(tmp_path):
     assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(out)]) == 0
     mixed = onnx.load(out / "mixed.onnx")
     assert not [a for n in mixed.graph.node for a in n.attribute if a.name == "output_dtype"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_dequantize_reads_the_float_weight_in_front_of_its_quantize(tmp_path, precision):
+    """ModelOpt and PyTorch keep a weight as a float constant behind a Q (w -> Q -> DQ): the op
+    reads that constant. In FP32 it was an internal error (exit 70, the mixed model not
+    topologically sorted): the op kept reading the dropped DQ."""
+    w = np.random.default_rng(0).normal(size=(8, 16)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(np.full(16, 0.02, np.float32), "ws"),
+        numpy_helper.from_array(np.zeros(16, np.int8), "wz"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.int8), "xz"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="/fc/w_q", axis=1),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="/fc/w_dq", axis=1),
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="/in/Q"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="/in/DQ"),
+        helper.make_node("MatMul", ["xd", "wd"], ["y"], name="/fc/MatMul"),
+    ]
+    onnx.save(_checked(nodes, inits, [1, 8], [1, 16]), tmp_path / "w.onnx")
+    rules = f'\n    - {{id: out, match: {{name: "^/fc/MatMul$"}}, precision: {precision}, dequantize: true}}'
+    inputs = _inputs({"x": ([1, 8], "uniform")})
+    text = POLICY.format(model="w.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
+    (tmp_path / "w.yaml").write_text(text)
+    mixed = GraphView(_front(tmp_path / "w.yaml").converted.model)  # validated: it was invalid
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in mixed.nodes)
+    matmul = next(n for n in mixed.nodes if n.name == "/fc/MatMul")
+    got = numpy_helper.to_array(mixed.initializers[matmul.input[1]]).astype(np.float32)
+    assert np.array_equal(got, w if precision == "fp32" else w.astype(np.float16))

@@ -164,6 +164,7 @@ class _Rewriter:
             if not t:
                 continue
             if t in self.view.initializers:
+                new.input[k] = t  # a `dequantize: true` op reads the float weight behind its Q
                 if want_in[k] is not None:
                     self.root.init_uses[t].append((new, k, want_in[k]))
                 continue
