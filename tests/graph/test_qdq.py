@@ -115,9 +115,36 @@ def test_violations_name_the_node_and_the_fix():
     assert {v.node for v in zero} == {"q", "dq"} and all("> 0" in v.problem for v in zero)
     assert all("empty" in v.fix for v in zero)
     (endless, _) = _violations(_conv_with(float("inf")))  # a mask's sentinel calibrated
-    assert endless.field == "scale" and "scale s quantizes for left out" in endless.fix
+    assert endless.field == "scale" and "what scale s quantizes left out (conv)" in endless.fix
     computed = _violations(_conv_with(0.05, scale_input="computed_scale"))
     assert computed[0].problem.startswith("scale computed_scale is not a constant")
+
+
+def test_an_endless_scale_names_every_op_that_reads_what_it_quantizes():
+    """ModelOpt quantized a Qwen2's attention mask (finfo.min: an inf scale) for one layer's
+    Add and left the other's reading it directly; the fix named no op, and excluding only
+    the Add its DQ feeds moved the pair to the other (both must be excluded)."""
+    from onnx import helper, numpy_helper
+
+    inits = [
+        numpy_helper.from_array(np.array(np.inf, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+    ]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["mask"], name="/model/Where_1"),
+        helper.make_node("QuantizeLinear", ["mask", "s", "z"], ["mq"], name="q"),
+        helper.make_node("DequantizeLinear", ["mq", "s", "z"], ["md"], name="dq"),
+        helper.make_node("Add", ["x", "md"], ["a1"], name="/layers.1/Add_2"),
+        helper.make_node("Add", ["x", "mask"], ["a0"], name="/layers.0/Add_2"),
+        helper.make_node("Add", ["a0", "a1"], ["y"], name="sum"),
+    ]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "g", vi[:1], vi[1:], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    found = _violations(model)
+    assert {v.node for v in found} == {"q", "dq"}
+    for v in found:
+        assert "left out (/layers.1/Add_2, /layers.0/Add_2)" in v.fix, v.fix
 
 
 def _reference(

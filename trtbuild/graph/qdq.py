@@ -22,7 +22,7 @@ Vocabulary:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -525,14 +525,29 @@ def violations(qdq: QdqGraph, capabilities: tuple[str, ...] = ()) -> list[Violat
     """
     found = []
     old = [c for c in capabilities if not fp8_capable(c)]
-    for n in qdq.nodes.values():
-        v = _violation(n, old)
+    for i, n in qdq.nodes.items():
+        v = _violation(n, old, lambda i=i: _quantized_for(qdq, i))
         if v is not None:
             found.append(v)
     return found
 
 
-def _violation(n: QdqNode, old: list[str]) -> Violation | None:
+def _quantized_for(qdq: QdqGraph, i: int) -> str:
+    """The ops that read what Q/DQ node `i`'s group quantizes, named for a fix, at most three:
+    the ops its DQs feed and every other reader of the tensor its Q quantizes (ModelOpt
+    quantizes a tensor for all its readers: `--nodes_to_exclude` with only the one its DQ
+    feeds moved the pair to the other, a Qwen2's mask read by each layer's attention)."""
+    group = qdq.group_of[i]
+    ops = [c for dq in group.dqs for c in qdq.fed_by(dq)]
+    if group.q is not None:
+        ops += qdq.view.consumers.get(qdq.nodes[group.q].float_tensor, [])
+    ops = [qdq.layout.get(c, c) for c in ops if c not in qdq.nodes]
+    names = list(dict.fromkeys(qdq.view.nodes[c].name or qdq.view.nodes[c].op_type for c in ops))
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more if names else "no op reads it"
+
+
+def _violation(n: QdqNode, old: list[str], readers: Callable[[], str]) -> Violation | None:
     if n.zero_point is not None and n.zero_value is None:
         return Violation(
             n.name, "zero point", f"zero point {n.zero_point} is not a constant", SYMMETRIC_FIX
@@ -567,9 +582,9 @@ def _violation(n: QdqNode, old: list[str]) -> Violation | None:
     if bad.size:
         empty = "re-calibrate: a zero scale is a channel whose calibration range is empty"
         endless = (
-            f"re-quantize with the op that scale {n.scale} quantizes for left out: its "
-            "calibration range is not finite (a mask's finfo.min, say; ModelOpt: "
-            "--nodes_to_exclude with that op's name)"
+            f"re-quantize with the ops that read what scale {n.scale} quantizes left out "
+            f"({readers()}): its calibration range is not finite (a mask's finfo.min, say; "
+            "ModelOpt: --nodes_to_exclude with their names)"
         )
         return Violation(
             n.name,
