@@ -78,3 +78,39 @@ def test_the_pinned_count_is_of_compute_nodes_as_the_shares_are(tmp_path, capsys
     pinned = json.loads((tmp_path / "o" / "report.json").read_text())["precision"]["pinned"]
     assert [(p["node"], p["rule"]) for p in pinned] == [("/width_f", "guard:shape-arithmetic")]
     assert "0 compute node(s) pinned by rules" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_a_failing_outputs_inf_is_traced_to_where_it_begins_past_the_first_divergence(
+    tmp_path, capsys
+):
+    """A Phi's FP8 logits were all inf, from a Softmax's NaN, and the verdict named only its
+    first divergence, a weight's DQ 6% off before it: report.json's `overflow` alone held the
+    Softmax. Here `/tiny` (x * 1e-7, subnormal in FP16) diverges first and `/big` (x * 300
+    * 300) turns inf: both are named, in the terminal and report.md."""
+    import json
+
+    import numpy as np
+    import onnx
+
+    from tests.helpers import F, model, node
+    from trtbuild.cli import main
+
+    m = model(
+        [node("Mul", ["x", "t"], "a", "/tiny"), node("Mul", ["x", "h"], "b1", "/mid"),
+         node("Mul", ["b1", "h"], "b", "/big"), node("Add", ["a", "b"], "y", "/sum")],
+        [("x", F, [1, 64])],
+        [("y", F, [1, 64])],
+        {"t": np.array(1e-7, np.float32), "h": np.array(300.0, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\nprecision: {guards: false}\n"
+        "inputs: {x: {shape: [1, 64], data: {distribution: uniform, low: 1, high: 2}}}\n"
+    )
+    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence at /tiny " in out, out
+    assert "non-finite values begin at /big (Mul), tensor b: 64 non-finite" in out, out
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["overflow"]["node"] == "/big"
+    assert "Non-finite values begin at `/big (Mul)" in (tmp_path / "o" / "report.md").read_text()

@@ -16,6 +16,7 @@ from trtbuild.accuracy.report import (
     Section,
     Table,
     data_summary,
+    failing_overflow,
     fmt,
     header,
     in_point_order,
@@ -120,6 +121,9 @@ def summary(report: Report) -> str:
         at = f", at {failing[0].label}" if shapes and failing else ""  # which point's walk
         at += on_sample(first)
         lines.append(f"  first divergence at {first['node']} ({first['reason']}){at}")
+    if begins := failing_overflow(report):  # a failing output's inf or NaN begins elsewhere
+        at = f", at {failing[0].label}" if shapes and failing else ""
+        lines.append(f"  non-finite values begin at {overflow_text(begins)}{at}")
     lines.append(at_risk_lines(report.at_risk, main.emulation, (first or {}).get("node")))
     lines.append(_baseline_line(report))
     return "\n".join(lines)

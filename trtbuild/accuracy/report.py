@@ -246,6 +246,21 @@ def deciding(report: Report) -> tuple[Verdict, Verdict, str | None]:
     return point.main, point.fp16, point.label if len(report.shapes) > 1 else None
 
 
+def failing_overflow(report: Report) -> dict[str, Any] | None:
+    """Where a failing output's non-finite values begin, where its first divergence is
+    elsewhere: the deciding point's first intermediate turned non-finite. (A Phi's FP8
+    logits were all inf, from a Softmax's NaN, and the verdict named only a weight DQ 6%
+    off before it: `report.json` `overflow` alone held the Softmax.)"""
+    if report.passed:
+        return None
+    main = deciding(report)[0]
+    found, first = main.overflow, main.first_divergence or {}
+    if found is None or found.get("node") == first.get("node"):
+        return None
+    nonfinite = any(m.nonfinite and not m.passed for m in main.outputs.values())
+    return found if nonfinite else None
+
+
 # -- the document both Markdown and HTML render --------------------------------------
 # Inline markup in text: `code` and **bold**, which Markdown keeps and HTML converts.
 
@@ -319,6 +334,13 @@ OVERFLOW_CHECKED = (
     "adds; on samples after the first, a tensor FP32 itself holds inf or NaN on some sample "
     "is not judged, and a sentinel tensor only by its NaNs"
 )
+
+
+def nonfinite_paragraph(report: Report) -> list[Para]:
+    """Where a failing output's non-finite values begin, where that is not the first
+    divergence (`failing_overflow`)."""
+    o = failing_overflow(report)
+    return [Para(f"Non-finite values begin at `{overflow_text(o)}`.")] if o else []
 
 
 def overflow_paragraph(report: Report) -> Para:
@@ -426,6 +448,7 @@ def sections(report: Report) -> list[Section]:
                     "First divergence (policy): "
                     + divergence_text(main.first_divergence, main.walked)
                 ),
+                *nonfinite_paragraph(report),
                 overflow_paragraph(report),
             ],
         ),
