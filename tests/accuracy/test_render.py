@@ -114,3 +114,34 @@ def test_a_failing_outputs_inf_is_traced_to_where_it_begins_past_the_first_diver
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["overflow"]["node"] == "/big"
     assert "Non-finite values begin at `/big (Mul)" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_a_point_failed_by_a_masked_overflow_alone_is_not_called_pass(tmp_path, capsys):
+    """A Phi's padded attention failed at max by a masked overflow (`accuracy.masked_overflow:
+    fail`) with every output holding: the verdict said `FAILED at opt, max` and then
+    `at max ...: pass`. Here the sum of x * 1000 passes FP16's range at max only, and a
+    `Min` with 1 hides it."""
+    import numpy as np
+    import onnx
+
+    from tests.helpers import F, model, node
+    from trtbuild.cli import main
+
+    m = model(
+        [node("Mul", ["x", "k"], "a", "/scale"),
+         node("ReduceSum", ["a"], "s", "/sum", keepdims=1),
+         node("Min", ["s", "one"], "c", "/clip"), node("Mul", ["x", "c"], "y", "/out")],
+        [("x", F, [1, "n"])],
+        [("y", F, [1, "n"])],
+        {"k": np.array(1000.0, np.float32), "one": np.array(1.0, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\nprecision: {guards: false}\n"
+        "inputs: {x: {min: [1, 1], opt: [1, 16], max: [1, 1000]}}\n"
+    )
+    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED at max [1, 1000]" in out, out
+    assert "  at max [1, 1000]: FAIL" in out and "  at max [1, 1000]: pass" not in out, out
+    assert "masked overflow at max [1, 1000]: /sum (ReduceSum)" in out, out

@@ -108,7 +108,7 @@ def summary(report: Report) -> str:
     lines += split_lines(report.split, indent)
     for s in shapes[1:]:
         bad = {n: m for n, m in s.main.outputs.items() if not m.passed}
-        lines.append(f"  at {s.label}: {'FAIL' if bad else 'pass'}")
+        lines.append(f"  at {s.label}: {'pass' if s.main.passed else 'FAIL'}")  # masked too
         lines += [_output_line(name, m, indent) for name, m in bad.items()]
     ordered = in_point_order(report.shapes)
     lines += data_lines(
