@@ -197,7 +197,8 @@ def split_lines(split: Any, indent: str = "  ") -> list[str]:
     if failing:
         lines.append(
             f"{indent}the quantization alone fails the tolerances on {', '.join(failing)}: "
-            "no FP32 pin can fix that (re-quantize, or loosen the tolerances)"
+            "no FP32 pin can fix that (take the ops that lose most out of the quantization "
+            "with `dequantize: true` rules, re-quantize, or loosen the tolerances)"
         )
     return lines
 
