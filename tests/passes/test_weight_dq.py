@@ -83,3 +83,52 @@ def test_a_scalars_dq_inside_a_body_stays_and_the_model_holds():
     (want,) = plain_session(source).run(None, {"x": x})
     (got,) = plain_session(prepared).run(None, {"x": x})
     assert np.array_equal(got, want)
+
+
+def _quantized_shape_arithmetic() -> onnx.ModelProto:
+    """x reshaped to [ceil(3.5) * 2, -1], that arithmetic on constants quantized step by step
+    as ONNX Runtime's `quantize_static` quantized a MobileViT's (Q/DQ around the Ceil's
+    output, the 2.0 and the product, then a Cast to int64)."""
+    qdq = lambda t, s: [  # noqa: E731 - a Q/DQ pair on `t`, scale `s`
+        node("QuantizeLinear", [t, s, "z"], f"{t}_q", f"{t}_Q"),
+        node("DequantizeLinear", [f"{t}_q", s, "z"], f"{t}_d", f"{t}_DQ"),
+    ]
+    return model(
+        [node("Ceil", ["c"], "ceil", "/Ceil"), *qdq("ceil", "s1"), *qdq("two", "s2"),
+         node("Mul", ["ceil_d", "two_d"], "prod", "/Mul"), *qdq("prod", "s3"),
+         node("Cast", ["prod_d"], "h", "/Cast", to=TensorProto.INT64),
+         node("Unsqueeze", ["h", "axes"], "h1", "/Unsqueeze"),
+         node("Concat", ["h1", "minus1"], "shape", "/Concat", axis=0),
+         node("Reshape", ["x", "shape"], "r", "/Reshape"), node("Relu", ["r"], "y", "/Relu")],
+        [("x", F, [1, 4, 8, 8])],
+        [("y", F, [8, 32])],
+        {"c": np.array(3.5, np.float32), "two": np.array(2.0, np.float32),
+         "s1": np.array(4 / 127, np.float32), "s2": np.array(2 / 127, np.float32),
+         "s3": np.array(8 / 127, np.float32), "z": np.array(0, I8),
+         "axes": np.array([0], np.int64), "minus1": np.array([-1], np.int64)},
+        opset=17,
+    )  # fmt: skip
+
+
+def test_quantized_arithmetic_on_constants_is_folded_through_every_pair():
+    """The fold leaves each Q/DQ: each pair of a constant it made is dequantized and folded
+    on, until the shape is a constant (TensorRT-RTX could not compute the shape behind
+    the pairs: exit 3)."""
+    source = _quantized_shape_arithmetic()
+    prepared = prepare(source, Passes(opset=17)).model
+    ops = [n.op_type for n in prepared.graph.node]
+    assert not {"QuantizeLinear", "DequantizeLinear", "Ceil", "Mul", "Cast"} & set(ops), ops
+    x = np.linspace(-2, 2, 256, dtype=np.float32).reshape(1, 4, 8, 8)
+    (want,) = plain_session(source).run(None, {"x": x})
+    (got,) = plain_session(prepared).run(None, {"x": x})
+    assert want.shape == (8, 32) and np.array_equal(got, want)
+
+
+@needs_rtx
+def test_quantized_arithmetic_on_constants_builds_an_engine(tmp_path, capsys):
+    onnx.save(_quantized_shape_arithmetic(), tmp_path / "q.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: q.onnx\n")
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(out)])
+    assert code in (0, 1), capsys.readouterr().err
+    assert (out / "engine.plan").stat().st_size > 0

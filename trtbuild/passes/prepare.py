@@ -58,6 +58,7 @@ def prepare(
         model, rec = passes.fold_constants(model, verbose, budget)
         records.append(rec)
         model = _fold_control_flow(model, records, verbose, budget)
+        model = _fold_quantized_scalars(model, records, verbose, budget)
     if options.fuse_layernorm:
         model, rec = fuse.fuse_layernorm(model)
         records.append(rec)
@@ -71,6 +72,23 @@ def prepare(
     model = infer_shapes(model, anew=True)
     _check_bodies(model, source)
     return Prepared(model, records)
+
+
+def _fold_quantized_scalars(
+    model: onnx.ModelProto, records: list, verbose: bool, budget: int | None
+) -> onnx.ModelProto:
+    """The quantized scalars folding made (a Q/DQ of a constant the fold computed), each
+    dequantized and folded on, until none is left: arithmetic on constants that ONNX
+    Runtime's `quantize_static` quantized step by step (a MobileViT's shape arithmetic:
+    Ceil, Q/DQ, Mul, Q/DQ, Cast to int64), which the fold leaves at each Q/DQ."""
+    for _ in range(len(model.graph.node)):  # each round removes a DQ: it ends
+        model, rec = dequantize_scalar_weights(model)
+        if not rec.changed:
+            break
+        records.append(rec)
+        model, rec = passes.fold_constants(model, verbose, budget)
+        records.append(rec)
+    return model
 
 
 def _upgraded(

@@ -12,11 +12,12 @@ as with any weight. Only scalars: a DQ TensorRT takes stays, as it will run it.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from trtbuild.graph.optypes import as_float_type
-from trtbuild.graph.qdq import QdqGraph, QdqNode, dequantize
+from trtbuild.graph.qdq import QdqGraph, QdqNode, dequantize, quantize
 from trtbuild.graph.view import GraphView, constant
 from trtbuild.passes.basic import PassRecord, copied, drop_unused_initializers
 
@@ -32,17 +33,20 @@ def dequantize_scalar_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     the Q/DQ weights no node reads any more are dropped."""
     record = PassRecord("dequantize_scalar_weights")
     view = GraphView(model)
-    found = [n for n in QdqGraph(view).nodes.values() if _scalar_weight(view, n)]
+    qdq = QdqGraph(view)
+    stored = {
+        n.index: v for n in qdq.nodes.values() if (v := _scalar_stored(view, qdq, n)) is not None
+    }
+    found = [qdq.nodes[i] for i in stored]
     if not found:
         return model, record
     model = copied(model)  # passes never change their input
-    graph, gone = model.graph, {n.index for n in found}
+    graph, gone = model.graph, {n.index for n in found} | _quantize_left(view, qdq, stored)
     kept = [node for i, node in zip(view.top, graph.node) if i not in gone]  # the main graph's
     del graph.node[:]
     graph.node.extend(kept)
     for n in found:
-        stored = constant(view, n.quantized)
-        value = dequantize(stored, n.scale_value, n.zero_value, n.axis, n.block_size)
+        value = dequantize(stored[n.index], n.scale_value, n.zero_value, n.axis, n.block_size)
         dtype = view.dtype.get(n.float_tensor) or view.dtype[n.scale]
         graph.initializer.append(
             numpy_helper.from_array(as_float_type(value, dtype), n.float_tensor)
@@ -59,13 +63,57 @@ def dequantize_scalar_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     return model, record
 
 
-def _scalar_weight(view: GraphView, n: QdqNode) -> bool:
-    """A DQ in the main graph of an integer constant of rank 0, with a constant scale and
-    zero point, whose output is no graph output."""
+def _scalar_stored(view: GraphView, qdq: QdqGraph, n: QdqNode) -> np.ndarray | None:
+    """The integer constant of rank 0 a DQ in the main graph dequantizes, with a constant
+    scale and zero point, its output no graph output (None: another DQ, or a Q): stored,
+    or a main-graph Q's of a float constant of rank 0 (`_made_of_constant`) where every op
+    that reads the DQ reads only constants and such DQs, so that it folds on."""
     i = n.index
     if not n.is_dq or view.parent[i] is not None or n.float_tensor in view.outputs:
-        return False
+        return None
+    if n.scale_value is None or (n.zero_point and n.zero_value is None):
+        return None
+    if view.dtype.get(n.quantized) not in _STORED:
+        return None
     stored = constant(view, n.quantized)
-    if view.dtype.get(n.quantized) not in _STORED or stored is None or stored.ndim != 0:
-        return False
-    return n.scale_value is not None and not (n.zero_point and n.zero_value is None)
+    if stored is None and all(
+        all(not t or _constant_or_pair(view, qdq, t) for t in view.nodes[c].input)
+        for c in view.consumers.get(n.float_tensor, [])
+    ):
+        stored = _made_of_constant(view, qdq, n)
+    return stored if stored is not None and np.ndim(stored) == 0 else None
+
+
+def _made_of_constant(view: GraphView, qdq: QdqGraph, n: QdqNode) -> np.ndarray | None:
+    """What DQ `n`'s main-graph Q makes of a float constant of rank 0, as QuantizeLinear
+    computes it. Why: ONNX Runtime's `quantize_static` quantized a MobileViT's shape
+    arithmetic (`ceil(h / 2) * 2` traced to constants, a Q/DQ pair after each op, then a
+    Cast to int64), which the fold leaves at each pair, and TensorRT-RTX could not compute
+    the shape behind them (exit 3)."""
+    q = qdq.nodes.get(view.producer.get(n.quantized, -1))
+    if q is None or view.parent[q.index] is not None or q.scale_value is None:
+        return None
+    x = constant(view, q.float_tensor)
+    if x is None or x.ndim != 0 or (q.zero_point and q.zero_value is None):
+        return None
+    return quantize(x, q.scale_value, q.format, q.zero_value)
+
+
+def _constant_or_pair(view: GraphView, qdq: QdqGraph, tensor: str) -> bool:
+    """A constant, or the output of a DQ whose Q quantizes a scalar constant."""
+    if constant(view, tensor) is not None:
+        return True
+    dq = qdq.nodes.get(view.producer.get(tensor, -1))
+    return dq is not None and dq.is_dq and _made_of_constant(view, qdq, dq) is not None
+
+
+def _quantize_left(view: GraphView, qdq: QdqGraph, stored: dict[int, np.ndarray]) -> set[int]:
+    """The Qs whose every reader is a DQ `stored` replaces, their output no graph output."""
+    left = set()
+    for i in stored:
+        q = view.producer.get(qdq.nodes[i].quantized)
+        readers = view.consumers.get(qdq.nodes[i].quantized, [])
+        unread = qdq.nodes[i].quantized not in view.outputs
+        if q in qdq.nodes and unread and all(c in stored for c in readers):
+            left.add(q)
+    return left
