@@ -532,8 +532,11 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
             hi = mid
         else:
             lo, why = mid, trial
-    for k in order[:hi]:
-        search.reasons[k] = "; ".join(why.failing.values()) or "output below tolerance"
+    # the run without order[lo:hi] failed so: their reason; one in order[:lo] was pinned
+    # in that run too (it was "kept (not re-checked ...)" unless the shrink measures it)
+    said = "; ".join(why.failing.values()) or "output below tolerance"
+    for k in order[lo:hi]:
+        search.reasons[k] = said if hi - lo == 1 else f"without it and {hi - lo - 1} more: {said}"
     search.pinned = sorted({*search.pinned, *order[:hi]})
     return search.try_pins(search.pinned, f"pin {search.label(order[:hi])}")
 
