@@ -174,7 +174,7 @@ def test_a_stop_a_library_swallowed_is_still_exit_143_and_writes_nothing(
 ):
     """The command ran on: `build` published and said so, `check` printed its table, exit 0."""
     from trtbuild import api, pipeline
-    from trtbuild.errors import forget_stops
+    from trtbuild.errors import _STOPS_RAISED, forget_stops
 
     out, policy = tmp_path / "out", str(write_policy())
     try:
@@ -186,6 +186,7 @@ def test_a_stop_a_library_swallowed_is_still_exit_143_and_writes_nothing(
             patched.setattr(api, "check", _swallowing(api.check))
             assert main(["check", "--policy", policy]) == 143  # it publishes nothing: at the end
         assert main(["build", "--policy", policy, "--out", str(out)]) == 0  # the next one's own
+        assert not _STOPS_RAISED  # nor a library call's after it, in this process
     finally:
         forget_stops()  # this test process's later tests publish
 

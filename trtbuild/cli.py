@@ -420,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         behind = _interrupted(exc)  # Ctrl-C inside a library's import, re-raised as its error
         return _stopped(behind) if behind is not None else _failed(exc)
     finally:
+        forget_stops()  # this command's: a library call after it in this process is not stopped
         package_log.removeHandler(handler)  # main(argv) may run again in this process
         logging.getLogger("matplotlib").removeHandler(quiet)
 
