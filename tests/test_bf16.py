@@ -33,6 +33,25 @@ def test_a_bf16_policy_builds_and_says_bf16(example_policy, tmp_path, capsys):
     assert (out / "engine.plan").stat().st_size > 0
 
 
+def test_a_bf16_policys_prose_says_bf16_where_the_contract_keeps_its_names(
+    example_policy, tmp_path, capsys
+):
+    """The verdict's at-risk line and report.md said "no FP16 op's internal sums ... leave
+    the FP16 range" of a policy with no FP16 op: the prose names the policy's low precision,
+    report.json's keys and evaluator (`emulated-fp16`) stay."""
+    out = tmp_path / "out"
+    policy = str(_bf16(example_policy))
+    assert main(["build", "--policy", policy, "--out", str(out), "--backend", "none"]) == 0
+    said = capsys.readouterr().out
+    assert "at risk: none (no BF16 op's internal sums or squares leave the BF16 range)" in said
+    assert "all-FP16 baseline:" in said  # the baseline is all-FP16 whatever the policy
+    report = (out / "report.md").read_text()
+    assert "None: no BF16 op's internal quantities leave the BF16 range." in report
+    assert "FP16 op" not in report
+    found = json.loads((out / "report.json").read_text())
+    assert found["evaluator"] == "emulated-fp16" and "fp16_share" in found["precision"]
+
+
 def test_tune_keeps_in_bf16_what_only_fp16_cannot_hold(example_policy, tmp_path, capsys):
     tuned = tmp_path / "tuned.yaml"
     assert main(["tune", "--policy", str(_bf16(example_policy)), "-o", str(tuned)]) == 0

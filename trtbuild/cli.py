@@ -603,7 +603,8 @@ def _cmd_check(args) -> int:
     )
     if s.quantized.get("q_nodes") or s.quantized.get("dq_nodes"):
         print(quantized_line(s.quantized))
-    print(at_risk_lines([asdict(r) for r in found.at_risk], policy.accuracy.emulation))
+    risks = [asdict(r) for r in found.at_risk]
+    print(at_risk_lines(risks, policy.accuracy.emulation, low=s.low_name))
     print(judged_line(found.front))
     return 0
 

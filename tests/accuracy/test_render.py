@@ -145,3 +145,17 @@ def test_a_point_failed_by_a_masked_overflow_alone_is_not_called_pass(tmp_path, 
     assert "FAILED at max [1, 1000]" in out, out
     assert "  at max [1, 1000]: FAIL" in out and "  at max [1, 1000]: pass" not in out, out
     assert "masked overflow at max [1, 1000]: /sum (ReduceSum)" in out, out
+
+
+def test_the_line_names_the_policys_low_precision():
+    """A BF16 policy's ops at risk are BF16 ops, beyond BF16's range: FP16 said of them read
+    as if the policy computed in FP16."""
+    said = at_risk_lines([{"node": "a", "quantity": "sum", "peak": 9e38}], "strict", low="BF16")
+    assert "stores the sums behind means and LayerNorms in BF16 itself" in said
+    assert (
+        "1 BF16 op(s) whose internal quantities leave BF16 if a kernel keeps them in BF16" in said
+    )
+    assert "FP16" not in said
+    assert at_risk_lines([], "storage", low="BF16") == (
+        "at risk: none (no BF16 op's internal sums or squares leave the BF16 range)"
+    )

@@ -20,11 +20,12 @@ if TYPE_CHECKING:
     from trtbuild.accuracy.judge import Verdict
     from trtbuild.policy.specs import AccuracySpec
 
-# report.json's names for the three comparisons of each output, in the order shown
+# report.json's names for the three comparisons of each output, in the order shown; `{low}`
+# is the policy's low precision (`PrecisionSummary.low_name`): a BF16 policy's part is BF16's
 PARTS = {
     "policy_vs_original": "policy against the original",
     "quantized_vs_original": "quantization alone (quantized graph in FP32 against the original)",
-    "policy_vs_quantized": "FP16 part (policy against the quantized graph in FP32)",
+    "policy_vs_quantized": "{low} part (policy against the quantized graph in FP32)",
 }
 # What each part is compared with, in the words of a shape that differs from it
 AGAINST = {

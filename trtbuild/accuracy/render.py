@@ -56,17 +56,22 @@ def _section_md(section: Section) -> list[str]:
 
 
 def at_risk_lines(
-    at_risk: list[dict[str, Any]], emulation: str | None, failed_at: str | None = None
+    at_risk: list[dict[str, Any]],
+    emulation: str | None,
+    failed_at: str | None = None,
+    low: str = "FP16",
 ) -> str:
-    """One summary line for a terminal: how many FP16 ops are at risk, and the worst few.
+    """One summary line for a terminal: how many low-precision ops are at risk, and the worst few.
 
     `failed_at`: the node where a failing verdict first diverges (`Report.failing_divergence`).
+    `low`: the policy's low precision (`PrecisionSummary.low_name`), so a BF16 policy's line
+    speaks of BF16, not FP16.
     Why: the line says "not failed" of the ops it lists, and what the emulation assumes
     inside them; an op that is also the failure, or whose sums `strict` stores itself, is
     said as such, not as a risk the verdict left out.
     """
     if not at_risk:
-        return "at risk: none (no FP16 op's internal sums or squares leave the FP16 range)"
+        return f"at risk: none (no {low} op's internal sums or squares leave the {low} range)"
     worst: dict[str, dict[str, Any]] = {}  # each node once, by its worst quantity
     for r in sorted(at_risk, key=lambda r: (r["node"] != failed_at, -r["peak"])):
         worst.setdefault(r["node"], r)  # the failure first: never among the "+N more"
@@ -76,7 +81,7 @@ def at_risk_lines(
     )
     if emulation == "strict":
         assumed = (
-            f"the strict emulation stores {STRICT_STORED} in FP16 itself "
+            f"the strict emulation stores {STRICT_STORED} in {low} itself "
             "and assumes FP32 inside other kernels"
         )
     elif emulation:
@@ -85,8 +90,8 @@ def at_risk_lines(
         assumed = "measured on the FP32 reference"
     failed = "" if failed_at in worst else "not failed; "
     return (
-        f"at risk ({failed}{assumed}): {len(worst)} FP16 "
-        f"op(s) whose internal quantities leave FP16 if a kernel keeps them in FP16: {shown}"
+        f"at risk ({failed}{assumed}): {len(worst)} {low} "
+        f"op(s) whose internal quantities leave {low} if a kernel keeps them in {low}: {shown}"
     )
 
 
@@ -105,7 +110,7 @@ def summary(report: Report) -> str:
         lines.append(f"  at {shapes[0].label}:")
     indent = "    " if shapes else "  "
     lines += [_output_line(name, m, indent) for name, m in main.outputs.items()]
-    lines += split_lines(report.split, indent)
+    lines += split_lines(report.split, indent, report.precision.low_name)
     for s in shapes[1:]:
         bad = {n: m for n, m in s.main.outputs.items() if not m.passed}
         lines.append(f"  at {s.label}: {'pass' if s.main.passed else 'FAIL'}")  # masked too
@@ -124,7 +129,8 @@ def summary(report: Report) -> str:
     if begins := failing_overflow(report):  # a failing output's inf or NaN begins elsewhere
         at = f", at {failing[0].label}" if shapes and failing else ""
         lines.append(f"  non-finite values begin at {overflow_text(begins)}{at}")
-    lines.append(at_risk_lines(report.at_risk, main.emulation, (first or {}).get("node")))
+    low = report.precision.low_name
+    lines.append(at_risk_lines(report.at_risk, main.emulation, (first or {}).get("node"), low))
     lines.append(_baseline_line(report))
     return "\n".join(lines)
 
@@ -175,9 +181,9 @@ def verdict_line(report: Report) -> str:
     )
 
 
-def split_lines(split: Any, indent: str = "  ") -> list[str]:
+def split_lines(split: Any, indent: str = "  ", low: str = "FP16") -> list[str]:
     """With `accuracy.reference_model`: each output's error split into the quantization's
-    own and the FP16 part, and the outputs no FP32 pin can fix."""
+    own and the `low` (FP16 or BF16) part, and the outputs no FP32 pin can fix."""
     from trtbuild.accuracy.breakdown import AGAINST
 
     if split is None:
@@ -190,7 +196,7 @@ def split_lines(split: Any, indent: str = "  ") -> list[str]:
         part = shape_said(h, AGAINST["policy_vs_quantized"])
         lines.append(
             f"{indent}{name}: quantization alone {alone}max_abs={fmt(q.max_abs)} "
-            f"median_abs={fmt(q.median_abs)} ({'pass' if q.passed else 'FAIL'}); FP16 part "
+            f"median_abs={fmt(q.median_abs)} ({'pass' if q.passed else 'FAIL'}); {low} part "
             f"{part}max_abs={fmt(h.max_abs)} median_abs={fmt(h.median_abs)}"
         )
     failing = split.quantization_fails()

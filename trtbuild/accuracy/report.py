@@ -456,7 +456,7 @@ def sections(report: Report) -> list[Section]:
         _at_risk_section(report),
     ]
     if report.split is not None:
-        out.insert(1, _split_section(report.split))
+        out.insert(1, _split_section(report.split, report.precision.low_name))
     if len(report.shapes) > 1 or report.skipped:
         out.insert(1, _shapes_section(report))
     if report.fp32 is not None:
@@ -472,12 +472,12 @@ def sections(report: Report) -> list[Section]:
     return out
 
 
-def _split_section(split: ErrorSplit) -> Section:
+def _split_section(split: ErrorSplit, low: str) -> Section:
     """Each output's error against the model before quantization, and its two parts."""
     from trtbuild.accuracy.breakdown import AGAINST, PARTS
 
     rows = [
-        (f"`{name}`", PARTS[part], _verdict_cell(m, AGAINST[part]), fmt(m.max_abs),
+        (f"`{name}`", PARTS[part].format(low=low), _verdict_cell(m, AGAINST[part]), fmt(m.max_abs),
          fmt(m.median_abs), fmt(m.max_abs_of_range), fmt(m.cosine), fmt(m.psnr), str(m.nonfinite))
         for name in split.parts["policy_vs_original"]
         for part, by_output in split.parts.items()
@@ -488,7 +488,7 @@ def _split_section(split: ErrorSplit) -> Section:
     text = (
         f"The tolerances apply against `{split.reference_model}`, the model before "
         "quantization. The quantization alone is the quantized graph run in FP32 (Q/DQ as "
-        "ONNX Runtime runs them) against it: no FP32 pin removes that part. The FP16 part is "
+        f"ONNX Runtime runs them) against it: no FP32 pin removes that part. The {low} part is "
         "the policy against the quantized graph in FP32: what pins change."
     )
     blocks: list[Para | Table | Plot] = [Para(text), Table(head, rows)]
@@ -572,25 +572,25 @@ STRICT_STORED = "the sums behind means and LayerNorms"
 
 
 def _at_risk_section(report: Report) -> Section:
-    rows = report.at_risk
+    rows, low = report.at_risk, report.precision.low_name
     if not rows:
         return Section(
-            "Ops at risk", [Para("None: no FP16 op's internal quantities leave the FP16 range.")]
+            "Ops at risk", [Para(f"None: no {low} op's internal quantities leave the {low} range.")]
         )
     emulation = report.main.emulation
     if emulation == "strict":
         assumed = (
-            f"The verdict above (`strict`) stores {STRICT_STORED} in FP16 itself, so it has "
-            "judged those; the others fail only on a kernel that keeps them in FP16."
+            f"The verdict above (`strict`) stores {STRICT_STORED} in {low} itself, so it has "
+            f"judged those; the others fail only on a kernel that keeps them in {low}."
         )
     else:
         assumed = (
             f"The verdict above assumes `{emulation or 'the engine'}`; these fail only on a "
-            "kernel that keeps them in FP16."
+            f"kernel that keeps them in {low}."
         )
     text = (
-        "FP16 ops whose internal quantities (sums behind means, squared deviations) leave the "
-        f"FP16 range on the FP32 reference. {assumed} Pin them (a `name` rule) to be safe on "
+        f"{low} ops whose internal quantities (sums behind means, squared deviations) leave the "
+        f"{low} range on the FP32 reference. {assumed} Pin them (a `name` rule) to be safe on "
         "any kernel."
     )
     failed = (report.failing_divergence or {}).get("node")

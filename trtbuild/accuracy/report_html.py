@@ -96,7 +96,9 @@ def error_curve_plot(report: Report) -> str:
     ax.set_yscale("log")
     ax.set_xlabel("depth (float tensors in topological order)")
     ax.set_ylabel("max |error| / tensor range")
-    ax.set_title("Error along the graph (emulated FP16 vs FP32; ✕ = non-finite)")
+    low = report.precision.low_name  # a BF16 policy beside the all-FP16 baseline
+    lows = low if low == "FP16" else f"{low} and FP16"
+    ax.set_title(f"Error along the graph (emulated {lows} vs FP32; ✕ = non-finite)")
     legend_outside(ax)
     ax.grid(alpha=0.3, which="both")
     return _png(fig)

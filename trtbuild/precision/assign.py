@@ -126,10 +126,16 @@ class PrecisionSummary:
         beside "100.0% FP16" under `rules: []` read as a contradiction."""
         return sum(1 for p in self.pinned if computes(p["op"]))
 
+    @property
+    def low_name(self) -> str:
+        """`FP16` or `BF16`: the policy's low precision as the reports' prose names it (the
+        contract keys, `fp16_share` and the evaluator `emulated-fp16`, keep their names)."""
+        return self.low.upper()
+
     def share_text(self) -> str:
         """`95.0% FP16` or `95.0% BF16`: what a BF16 policy buys is counted as BF16; a
         quantized model's INT8/FP8 compute as its own class (`80.0% FP16, 15.0% INT8`)."""
-        text = f"{percent(self.low_share)} {self.low.upper()}"
+        text = f"{percent(self.low_share)} {self.low_name}"
         compute = self.fp16_nodes + self.bf16_nodes + self.fp32_nodes
         compute += self.int8_nodes + self.fp8_nodes
         for name, n in (("INT8", self.int8_nodes), ("FP8", self.fp8_nodes)):
