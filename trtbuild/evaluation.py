@@ -3,7 +3,7 @@ warnings and the ops at risk. `build`, `report` and `check` read the same functi
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
 from trtbuild.graph.view import in_sequences
 from trtbuild.numerics import LOW_EPS, LOW_MAX
+from trtbuild.policy.specs import AccuracySpec
 from trtbuild.precision.convert import Converted
 from trtbuild.words import first_few
 
@@ -89,9 +90,11 @@ def fewer_samples(front: Front) -> list[str]:
     last batch are not judged).
 
     Why said: `samples: 3` over three images at batch 2 judged one sample, and the terminal
-    said nothing of the two not asked for nor of the image left out.
+    said nothing of the two not asked for nor of the image left out. The default count is
+    said as such: "accuracy.samples is 4" read as a key the user had written.
     """
     asked = front.policy.accuracy.samples
+    default = next(f.default for f in fields(AccuracySpec) if f.name == "samples")
     short = [r for r in front.shapes if r.feeds and len(r.feeds) < asked]
     if not short:
         return []
@@ -103,7 +106,8 @@ def fewer_samples(front: Front) -> list[str]:
         if d.kind != "random"
     )
     return [
-        f"accuracy.samples is {asked}, but the data given holds fewer samples ({where}): "
+        f"accuracy.samples is {asked}{' (the default)' if asked == default else ''}, but the "
+        f"data given holds fewer samples ({where}): "
         f"{'; '.join(given)} (a sample takes whole batches)"
     ]
 

@@ -272,6 +272,22 @@ def test_fewer_samples_than_asked_are_said_with_the_data_that_holds_no_more(tmp_
     ], report["warnings"]
 
 
+def test_fewer_samples_than_the_default_count_say_it_is_the_default(tmp_path):
+    """ "accuracy.samples is 4" of a policy that never wrote `samples` read as the user's own
+    key: the default count is said as the default."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (8, 8), (40, 20, 30)).save(folder / "0.png")
+    path = identity_policy(tmp_path, [1, 3, 8, 8], "{data: {images: images}}")
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    warnings = json.loads((out / "report.json").read_text())["warnings"]
+    said = [w for w in warnings if w.startswith("accuracy.samples is")]
+    assert len(said) == 1 and said[0].startswith(
+        "accuracy.samples is 4 (the default), but the data given holds fewer samples (1 at "
+    ), warnings
+
+
 def test_a_multi_frame_image_held_leaves_no_file_open(tmp_path):
     """Pillow keeps a TIFF's or GIF's file open after `load` (more frames to seek); held in
     the run's decoded images, each was a descriptor until the run ended (review)."""
