@@ -408,11 +408,12 @@ def _tuned(
     text, tuned = tuning.tuned_policy(front, found, where, seed, objective, name)
     if found.exhausted:
         log.warning(tuning.budget_warning(found))
+    from trtbuild.accuracy.breakdown import split_words
     from trtbuild.evaluation import flat_outputs
 
     for said in (
         tuning.tight_warning(found, flat=bool(flat_outputs(front))),
-        tuning.stuck_warning(found, len(front.assignment.quantized)),
+        tuning.stuck_warning(found, len(front.assignment.quantized), split_words(front.quantized)),
     ):
         if said is not None:
             log.warning(said)

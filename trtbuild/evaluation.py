@@ -377,7 +377,8 @@ def _per_point(
             run.reference, model, candidates, run.feeds, spec, verbose=verbose, again=not last
         )
         point = run.point
-        split = split_error(run.reference, verdicts[0], spec, verbose)  # reference_model only
+        # reference_model only
+        split = split_error(run.reference, verdicts[0], spec, verbose, front.quantized)
         per_shape.append(
             ShapeVerdict(point.name, point.shapes, verdicts[0], verdicts[1], dict(run.data), split)
         )

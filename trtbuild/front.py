@@ -96,6 +96,13 @@ class Front:
     def warnings(self) -> list[str]:
         return self.assignment.warnings + self.converted.warnings
 
+    @property
+    def quantized(self) -> bool:
+        """Does the judged model hold QuantizeLinear/DequantizeLinear nodes? The words
+        against `accuracy.reference_model` follow from it (`breakdown.split_words`): a model
+        converted to FP16 elsewhere has no quantization to be "before"."""
+        return bool(self.analysis.qdq().nodes)
+
 
 def needs_reference(policy: Policy, analysis: Analysis) -> bool:
     """Range rules read the FP32 reference; without them `convert` need not run it. A range

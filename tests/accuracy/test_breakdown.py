@@ -232,3 +232,62 @@ def test_a_quantization_failing_alone_names_dequantize_as_a_fix(tmp_path, quanti
     out = capsys.readouterr().out
     assert "the quantization alone fails the tolerances on restored" in out, out
     assert "with `dequantize: true` rules, re-quantize, or loosen the tolerances" in out, out
+
+
+def _half_and_twin(tmp_path: Path) -> tuple[Path, Path]:
+    """A MatMul and Relu computing in FP16 between FP32 inputs and outputs (as ModelOpt
+    AutoCast converts a model), and its FP32 original: no Q/DQ anywhere."""
+    w = np.random.default_rng(0).normal(size=(16, 16)).astype(np.float32)
+    paths = []
+    for half in (True, False):
+        t = TensorProto.FLOAT16 if half else TensorProto.FLOAT
+        nodes = [
+            helper.make_node("Cast", ["x"], ["xl"], name="cast_in", to=t),
+            helper.make_node("MatMul", ["xl", "w"], ["m"], name="mm"),
+            helper.make_node("Relu", ["m"], ["r"], name="relu"),
+            helper.make_node("Cast", ["r"], ["y"], name="cast_out", to=TensorProto.FLOAT),
+        ]
+        g = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+            [numpy_helper.from_array(w.astype(np.float16) if half else w, "w")],
+        )
+        path = tmp_path / ("half.onnx" if half else "fp32.onnx")
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def test_a_model_without_qdq_is_judged_against_the_reference_model_not_its_quantization(
+    tmp_path, capsys
+):
+    """An FP16 model judged against its FP32 original was said to be judged "before
+    quantization", its own error "the quantization alone": it holds no Q/DQ."""
+    half, original = _half_and_twin(tmp_path)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: {half.name}\nbuild: {{backend: none}}\naccuracy:\n"
+        f"  reference_model: {original.name}\n"
+        "  tolerances: {default: {atol: 1e-6, rtol: 0}}\n"  # the FP16 weights alone miss it
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 1
+    said = capsys.readouterr().out
+    assert "against the reference model fp32.onnx;" in said.splitlines()[0], said
+    assert "  y: model alone (before trtbuild's precision) max_abs=" in said, said
+    assert (
+        "  the model alone (before trtbuild's precision) fails the tolerances on y: no FP32 pin "
+        "can fix that (the model differs from the reference model before any precision "
+        "trtbuild sets: convert it again, or loosen the tolerances)"
+    ) in said, said
+    report = (out / "report.md").read_text()
+    assert "## Against the reference model" in report
+    assert "quantiz" not in said + report  # neither "before quantization" nor Q/DQ said
+    split = json.loads((out / "report.json").read_text())["reference_model"]
+    assert set(split["outputs"]["y"]) == {
+        "policy_vs_original",
+        "quantized_vs_original",
+        "policy_vs_quantized",
+    }  # report.json's keys stay

@@ -70,3 +70,22 @@ def test_on_flat_data_the_data_is_named_not_the_tolerances():
     assert said is not None and "on data that does not exercise the model" in said, said
     assert "give real data before loosening the tolerances" in said
     assert "likely tighter" not in said
+
+
+def test_a_model_alone_failing_is_said_in_the_words_of_whether_it_is_quantized():
+    """A model with no Q/DQ judged against a reference model was told "the quantization alone
+    ... fails" and to re-quantize it."""
+    from dataclasses import replace
+
+    from trtbuild.accuracy.breakdown import PLAIN_WORDS
+    from trtbuild.tuning.output import stuck_warning
+
+    hopeless = replace(_result(False, 0.0, 1.0), quantization_fails=["at opt: y"])
+    quantized, plain = stuck_warning(hopeless, 3), stuck_warning(hopeless, 0, PLAIN_WORDS)
+    assert quantized is not None and plain is not None
+    assert quantized.startswith("the quantization alone (the quantized graph in FP32) fails")
+    assert plain.startswith(
+        "the model alone (before trtbuild's precision) fails the tolerances against the "
+        "reference model (at opt: y): no FP32 pin can fix that"
+    )
+    assert "convert the model again" in plain and "quantiz" not in plain

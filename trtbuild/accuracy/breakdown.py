@@ -20,18 +20,54 @@ if TYPE_CHECKING:
     from trtbuild.accuracy.judge import Verdict
     from trtbuild.policy.specs import AccuracySpec
 
+
+@dataclass(frozen=True)
+class SplitWords:
+    """How the split names its models, by whether the judged model holds Q/DQ nodes
+    (`Front.quantized`).
+
+    Why two sets: `accuracy.reference_model` also judges a model converted to FP16
+    elsewhere (ModelOpt AutoCast) against its FP32 original, and "before quantization",
+    "the quantization alone" said of a model that holds no quantization misled.
+    """
+
+    reference: str  # what the outputs are judged against
+    graph: str  # the judged model, run in FP32 (Q/DQ as ONNX Runtime runs them)
+    alone: str  # that run against the reference: what no FP32 pin removes
+    part: str  # `alone` as the comparison a report's table names
+
+
+QUANTIZED_WORDS = SplitWords(
+    "the model before quantization",
+    "the quantized graph",
+    "the quantization alone",
+    "quantization alone (quantized graph in FP32 against the original)",
+)
+PLAIN_WORDS = SplitWords(
+    "the reference model",
+    "the model",
+    "the model alone (before trtbuild's precision)",
+    "model alone (the model in FP32, before trtbuild's precision, against the original)",
+)
+
+
+def split_words(quantized: bool) -> SplitWords:
+    return QUANTIZED_WORDS if quantized else PLAIN_WORDS
+
+
 # report.json's names for the three comparisons of each output, in the order shown; `{low}`
-# is the policy's low precision (`PrecisionSummary.low_name`): a BF16 policy's part is BF16's
+# is the policy's low precision (`PrecisionSummary.low_name`): a BF16 policy's part is BF16's;
+# the others are `SplitWords`' fields
 PARTS = {
     "policy_vs_original": "policy against the original",
-    "quantized_vs_original": "quantization alone (quantized graph in FP32 against the original)",
-    "policy_vs_quantized": "{low} part (policy against the quantized graph in FP32)",
+    "quantized_vs_original": "{part}",
+    "policy_vs_quantized": "{low} part (policy against {graph} in FP32)",
 }
 # What each part is compared with, in the words of a shape that differs from it
 AGAINST = {
     "policy_vs_original": "the original model's",
     "quantized_vs_original": "the original model's",
-    "policy_vs_quantized": "the quantized graph's in FP32",
+    "policy_vs_quantized": "{graph}'s in FP32",
 }
 
 
@@ -42,6 +78,19 @@ class ErrorSplit:
     reference_model: str
     evaluator: str  # of the policy's outputs: emulated-fp16 or tensorrt
     parts: dict[str, dict[str, OutputMetrics]]  # part -> output -> metrics
+    quantized: bool = True  # the judged model holds Q/DQ nodes (`Front.quantized`)
+
+    @property
+    def words(self) -> SplitWords:
+        return split_words(self.quantized)
+
+    def label(self, part: str, low: str = "FP16") -> str:
+        """`PARTS[part]` in this split's words."""
+        return PARTS[part].format(low=low, part=self.words.part, graph=self.words.graph)
+
+    def against(self, part: str) -> str:
+        """`AGAINST[part]` in this split's words."""
+        return AGAINST[part].format(graph=self.words.graph)
 
     def to_json(self) -> dict[str, Any]:
         names = list(self.parts["policy_vs_original"])
@@ -75,21 +124,26 @@ def quantization_alone(
 
 
 def split_error(
-    reference: ReferenceTensors, verdict: Verdict, spec: AccuracySpec, verbose: bool = False
+    reference: ReferenceTensors,
+    verdict: Verdict,
+    spec: AccuracySpec,
+    verbose: bool = False,
+    quantized: bool = True,
 ) -> ErrorSplit | None:
     """The policy's `verdict` (judged against the reference model) split in two; None where
-    the policy has no reference model."""
+    the policy has no reference model. `quantized`: the judged model holds Q/DQ nodes
+    (`Front.quantized`), which decides the split's words."""
     from trtbuild.accuracy.judge import compare
 
-    quantized = reference.quantized
+    own = reference.quantized  # the judged graph's own FP32 run, quantized or not
     alone = quantization_alone(reference, spec, verbose)
-    if quantized is None or alone is None:
+    if own is None or alone is None:
         return None
     policy_runs = list(verdict.run_results[verdict.evaluator])
-    fp16, _ = compare(quantized, policy_runs, verdict.evaluator, spec, verbose)
+    fp16, _ = compare(own, policy_runs, verdict.evaluator, spec, verbose)
     parts = {
         "policy_vs_original": verdict.outputs,
         "quantized_vs_original": alone,
         "policy_vs_quantized": fp16,
     }
-    return ErrorSplit(str(reference.original), verdict.evaluator, parts)
+    return ErrorSplit(str(reference.original), verdict.evaluator, parts, quantized)

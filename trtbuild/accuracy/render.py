@@ -174,39 +174,54 @@ def verdict_line(report: Report) -> str:
             f"; passed at {', '.join(passing)}" if passing else ""
         )
     if report.split is not None:
-        how += f", against {Path(report.split.reference_model).name} before quantization"
+        how += ", against " + against_model(report.split)
     return (
         f"{'PASSED' if report.passed else 'FAILED'}{where} ({how}{'; ' + data if data else ''}): "
         f"{_masked_clause(report)}{p.share_text()}, {p.pinned_compute} node(s) pinned to FP32"
     )
 
 
+def against_model(split: Any) -> str:
+    """`nafnet_tiny.onnx before quantization`, or `the reference model nafnet_fp32.onnx` where
+    the judged model holds no Q/DQ (`ErrorSplit.quantized`)."""
+    name = Path(split.reference_model).name
+    return f"{name} before quantization" if split.quantized else f"{split.words.reference} {name}"
+
+
 def split_lines(split: Any, indent: str = "  ", low: str = "FP16") -> list[str]:
     """With `accuracy.reference_model`: each output's error split into the quantization's
     own and the `low` (FP16 or BF16) part, and the outputs no FP32 pin can fix."""
-    from trtbuild.accuracy.breakdown import AGAINST
-
     if split is None:
         return []
-    lines = []
+    lines, alone = [], split.words.alone
     for name in split.parts["policy_vs_original"]:
         q = split.parts["quantized_vs_original"][name]
         h = split.parts["policy_vs_quantized"][name]
-        alone = shape_said(q, AGAINST["quantized_vs_original"])
-        part = shape_said(h, AGAINST["policy_vs_quantized"])
+        said = shape_said(q, split.against("quantized_vs_original"))
+        part = shape_said(h, split.against("policy_vs_quantized"))
         lines.append(
-            f"{indent}{name}: quantization alone {alone}max_abs={fmt(q.max_abs)} "
+            f"{indent}{name}: {alone.removeprefix('the ')} {said}max_abs={fmt(q.max_abs)} "
             f"median_abs={fmt(q.median_abs)} ({'pass' if q.passed else 'FAIL'}); {low} part "
             f"{part}max_abs={fmt(h.max_abs)} median_abs={fmt(h.median_abs)}"
         )
-    failing = split.quantization_fails()
-    if failing:
+    if failing := split.quantization_fails():
         lines.append(
-            f"{indent}the quantization alone fails the tolerances on {', '.join(failing)}: "
+            f"{indent}{alone} fails the tolerances on {', '.join(failing)}: {_no_pin(split)}"
+        )
+    return lines
+
+
+def _no_pin(split: Any) -> str:
+    """Why no FP32 pin helps an output its model alone fails, and what does."""
+    if split.quantized:
+        return (
             "no FP32 pin can fix that (take the ops that lose most out of the quantization "
             "with `dequantize: true` rules, re-quantize, or loosen the tolerances)"
         )
-    return lines
+    return (
+        "no FP32 pin can fix that (the model differs from the reference model before any "
+        "precision trtbuild sets: convert it again, or loosen the tolerances)"
+    )
 
 
 def _masked_clause(report: Report) -> str:

@@ -433,7 +433,7 @@ def reference_text(report: Report) -> str:
     """What the outputs are judged against: the model's FP32 run, or the reference model's."""
     if report.split is None:
         return "the ONNX Runtime FP32 reference"
-    return f"the model before quantization (`{report.split.reference_model}`, ONNX Runtime FP32)"
+    return f"{report.split.words.reference} (`{report.split.reference_model}`, ONNX Runtime FP32)"
 
 
 def sections(report: Report) -> list[Section]:
@@ -473,12 +473,13 @@ def sections(report: Report) -> list[Section]:
 
 
 def _split_section(split: ErrorSplit, low: str) -> Section:
-    """Each output's error against the model before quantization, and its two parts."""
-    from trtbuild.accuracy.breakdown import AGAINST, PARTS
-
+    """Each output's error against the reference model, and its two parts, in the words of
+    whether the model is quantized (`ErrorSplit.words`)."""
+    words = split.words
     rows = [
-        (f"`{name}`", PARTS[part].format(low=low), _verdict_cell(m, AGAINST[part]), fmt(m.max_abs),
-         fmt(m.median_abs), fmt(m.max_abs_of_range), fmt(m.cosine), fmt(m.psnr), str(m.nonfinite))
+        (f"`{name}`", split.label(part, low), _verdict_cell(m, split.against(part)),
+         fmt(m.max_abs), fmt(m.median_abs), fmt(m.max_abs_of_range), fmt(m.cosine), fmt(m.psnr),
+         str(m.nonfinite))
         for name in split.parts["policy_vs_original"]
         for part, by_output in split.parts.items()
         for m in [by_output[name]]
@@ -486,22 +487,27 @@ def _split_section(split: ErrorSplit, low: str) -> Section:
     head = ("output", "comparison", "verdict", "max_abs", "median_abs", "max_abs_of_range",
             "cosine", "psnr", "nonfinite")  # fmt: skip
     text = (
-        f"The tolerances apply against `{split.reference_model}`, the model before "
-        "quantization. The quantization alone is the quantized graph run in FP32 (Q/DQ as "
-        f"ONNX Runtime runs them) against it: no FP32 pin removes that part. The {low} part is "
-        "the policy against the quantized graph in FP32: what pins change."
+        f"The tolerances apply against `{split.reference_model}`, {words.reference}. "
+        f"{words.alone.capitalize()} is {words.graph} run in FP32"
+        + " (Q/DQ as ONNX Runtime runs them)"
+        * split.quantized
+        + f" against it: no FP32 pin removes that part. The {low} part is the policy "
+        f"against {words.graph} in FP32: what pins change."
     )
     blocks: list[Para | Table | Plot] = [Para(text), Table(head, rows)]
-    failing = split.quantization_fails()
-    if failing:
+    if failing := split.quantization_fails():
+        fix = (
+            "re-quantize (calibration data, per-channel scales, leave layers unquantized) "
+            if split.quantized
+            else "convert the model again "
+        )
         blocks.append(
             Para(
-                f"**The quantization alone fails the tolerances** on {', '.join(failing)}: "
-                "re-quantize (calibration data, per-channel scales, leave layers unquantized) "
-                "or loosen the tolerances; pinning layers to FP32 cannot fix it."
+                f"**{words.alone.capitalize()} fails the tolerances** on {', '.join(failing)}: "
+                f"{fix}or loosen the tolerances; pinning layers to FP32 cannot fix it."
             )
         )
-    return Section("Against the model before quantization", blocks)
+    return Section(f"Against {words.reference}", blocks)
 
 
 def _shapes_section(report: Report) -> Section:

@@ -651,9 +651,10 @@ class AccuracySpec:
         default=None,
         metadata=key(
             NAME,
-            "the model before quantization (an .onnx file relative to the policy, with the "
-            "same inputs and outputs): the tolerances then apply against it, and the report "
-            "splits each output's error into the quantization's own and the FP16 part",
+            "the model before quantization, or the FP32 original of a model converted "
+            "elsewhere (an .onnx file relative to the policy, with the same inputs and "
+            "outputs): the tolerances then apply against it, and the report splits each "
+            "output's error into the model's own (the quantization's) and the FP16 part",
             path=True,
         ),
     )

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
+from trtbuild.accuracy.breakdown import QUANTIZED_WORDS, SplitWords
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
@@ -149,23 +150,33 @@ def tight_warning(result: SearchResult, flat: bool = False) -> str | None:
     )
 
 
-def stuck_warning(result: SearchResult, quantized: int) -> str | None:
+def stuck_warning(
+    result: SearchResult, quantized: int, words: SplitWords = QUANTIZED_WORDS
+) -> str | None:
     """Where the search stopped because every suspect pinned still fails: what fails it
     then is not the low precision's storage (None where it passed or the budget ran out).
 
     `quantized`: the model's quantized ops (INT8 or FP8), which keep their quantization
     under a pin. Why: a ModelOpt INT8 ResNet-18 judged against its FP32 model pinned all
     of its 50 groups in 8 evaluations and said DOES NOT PASS, not why; it was the INT8.
+    `words`: the reference model's, by whether the model holds Q/DQ (`Front.quantized`).
     """
     if result.passed or result.exhausted:
         return None
     if result.quantization_fails:
+        quantized_words = words is QUANTIZED_WORDS
+        fix = (
+            "take ops out of the quantization with `dequantize: true` rules (docs: Quantized "
+            "models), re-quantize, "
+            if quantized_words
+            else "convert the model again, "
+        )
+        alone = f"{words.alone} ({words.graph} in FP32)" if quantized_words else words.alone
         return (
-            "the quantization alone (the quantized graph in FP32) fails the tolerances against "
-            f"the reference model ({'; '.join(result.quantization_fails)}): no FP32 pin can fix "
-            "that, so tune judged the policy once and searched nothing; take ops out of the "
-            "quantization with `dequantize: true` rules (docs: Quantized models), re-quantize, "
-            "or loosen the tolerances where the task allows"
+            f"{alone} fails the tolerances against the reference "
+            f"model ({'; '.join(result.quantization_fails)}): no FP32 pin can fix that, so tune "
+            f"judged the policy once and searched nothing; {fix}or loosen the tolerances where "
+            "the task allows"
         )
     text = (
         "tune pinned every group on the failing outputs' paths to FP32 and the candidate "
