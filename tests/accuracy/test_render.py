@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from trtbuild.accuracy.render import at_risk_lines
+from trtbuild.accuracy.breakdown import ErrorSplit
+from trtbuild.accuracy.render import at_risk_lines, split_lines
+from trtbuild.accuracy.sessions import OutputMetrics
 
 
 def test_ops_at_risk_are_named_once_each_by_their_worst_quantity_and_the_rest_counted():
@@ -159,3 +161,29 @@ def test_the_line_names_the_policys_low_precision():
     assert at_risk_lines([], "storage", low="BF16") == (
         "at risk: none (no BF16 op's internal sums or squares leave the BF16 range)"
     )
+
+
+def _metrics(passed: bool) -> OutputMetrics:
+    return OutputMetrics(passed, 0.2, 0.1, 0.1, 0.2, 0.5, 0.02, 0.99, 0, 0.05, 0.05, "median")
+
+
+def test_an_output_the_policy_passes_is_not_said_unfixable():
+    """ "the quantization alone fails ... no FP32 pin can fix that" stood under a PASSED
+    verdict whose `dequantize: true` rules had taken what lost most out of the quantization:
+    an output the policy passes is said as passed, the unfixable line names only the others."""
+    parts = {
+        "policy_vs_original": {"a": _metrics(True), "b": _metrics(False)},
+        "quantized_vs_original": {"a": _metrics(False), "b": _metrics(False)},
+        "policy_vs_quantized": {"a": _metrics(True), "b": _metrics(True)},
+    }
+    said = split_lines(ErrorSplit("m.onnx", "emulated-fp16", parts))
+    assert said[-2:] == [
+        "  the quantization alone fails the tolerances on b: no FP32 pin can fix that (take the "
+        "ops that lose most out of the quantization with `dequantize: true` rules, re-quantize, "
+        "or loosen the tolerances)",
+        "  the quantization alone fails the tolerances on a, which the policy passes "
+        "(`dequantize: true` rules take ops out of the quantization)",
+    ]
+    parts["policy_vs_original"]["b"] = _metrics(True)  # a passing verdict: nothing unfixable
+    said = split_lines(ErrorSplit("m.onnx", "emulated-fp16", parts))
+    assert not any("no FP32 pin" in line for line in said)

@@ -101,9 +101,16 @@ class ErrorSplit:
             "outputs": {n: {part: self.parts[part][n].to_json() for part in PARTS} for n in names},
         }
 
-    def quantization_fails(self) -> list[str]:
-        """Outputs the quantization alone takes past the tolerances: no pin can fix those."""
-        return [n for n, m in self.parts["quantized_vs_original"].items() if not m.passed]
+    def quantization_fails(self, *, passed: bool | None = None) -> list[str]:
+        """Outputs the quantization alone takes past the tolerances; with `passed`, only
+        those the policy itself passes (True: a `dequantize: true` rule took what lost most
+        out of the quantization) or fails (False: no FP32 pin can fix those)."""
+        policy = self.parts["policy_vs_original"]
+        return [
+            n
+            for n, m in self.parts["quantized_vs_original"].items()
+            if not m.passed and (passed is None or policy[n].passed == passed)
+        ]
 
 
 def quantization_alone(

@@ -190,7 +190,9 @@ def against_model(split: Any) -> str:
 
 def split_lines(split: Any, indent: str = "  ", low: str = "FP16") -> list[str]:
     """With `accuracy.reference_model`: each output's error split into the quantization's
-    own and the `low` (FP16 or BF16) part, and the outputs no FP32 pin can fix."""
+    own and the `low` (FP16 or BF16) part, and the outputs no FP32 pin can fix; outputs the
+    quantization alone fails and the policy passes (its `dequantize: true` rules) are said
+    so, not as unfixable."""
     if split is None:
         return []
     lines, alone = [], split.words.alone
@@ -204,9 +206,15 @@ def split_lines(split: Any, indent: str = "  ", low: str = "FP16") -> list[str]:
             f"median_abs={fmt(q.median_abs)} ({'pass' if q.passed else 'FAIL'}); {low} part "
             f"{part}max_abs={fmt(h.max_abs)} median_abs={fmt(h.median_abs)}"
         )
-    if failing := split.quantization_fails():
+    if failing := split.quantization_fails(passed=False):
         lines.append(
             f"{indent}{alone} fails the tolerances on {', '.join(failing)}: {_no_pin(split)}"
+        )
+    if fixed := split.quantization_fails(passed=True):
+        lines.append(
+            f"{indent}{alone} fails the tolerances on {', '.join(fixed)}, which the policy "
+            "passes"
+            + (" (`dequantize: true` rules take ops out of the quantization)" * split.quantized)
         )
     return lines
 

@@ -495,7 +495,7 @@ def _split_section(split: ErrorSplit, low: str) -> Section:
         f"against {words.graph} in FP32: what pins change."
     )
     blocks: list[Para | Table | Plot] = [Para(text), Table(head, rows)]
-    if failing := split.quantization_fails():
+    if failing := split.quantization_fails(passed=False):
         fix = (
             "re-quantize (calibration data, per-channel scales, leave layers unquantized) "
             if split.quantized
@@ -507,6 +507,15 @@ def _split_section(split: ErrorSplit, low: str) -> Section:
                 f"{fix}or loosen the tolerances; pinning layers to FP32 cannot fix it."
             )
         )
+    if fixed := split.quantization_fails(passed=True):
+        blocks.append(
+            Para(
+                f"{words.alone.capitalize()} fails the tolerances on {', '.join(fixed)}, which "
+                "the policy passes"
+                + (" (`dequantize: true` rules take ops out of the quantization)." * split.quantized
+                   or ".")
+            )
+        )  # fmt: skip
     return Section(f"Against {words.reference}", blocks)
 
 
