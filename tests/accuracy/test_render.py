@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from trtbuild.accuracy.breakdown import ErrorSplit
 from trtbuild.accuracy.render import at_risk_lines, split_lines
 from trtbuild.accuracy.sessions import OutputMetrics
@@ -187,3 +189,34 @@ def test_an_output_the_policy_passes_is_not_said_unfixable():
     parts["policy_vs_original"]["b"] = _metrics(True)  # a passing verdict: nothing unfixable
     said = split_lines(ErrorSplit("m.onnx", "emulated-fp16", parts))
     assert not any("no FP32 pin" in line for line in said)
+
+
+def test_a_failing_baseline_without_a_first_divergence_names_what_fails(tmp_path, capsys):
+    """The line said "all-FP16 baseline: FAILS" and nothing else where a tolerance tighter
+    than FP16's rounding fails the output while no tensor's error reaches the divergence
+    threshold: it names the failing output and why no divergence is named."""
+    import onnx
+
+    from tests.helpers import F, model, node
+    from trtbuild.cli import main
+
+    m = model(
+        [node("Mul", ["x", "k"], "y", "mul")],
+        [("x", F, [1, 64])],
+        [("y", F, [1, 64])],
+        {"k": np.float32(1.001)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\nprecision:\n  rules:\n"
+        '    - {id: all, match: {name: ".*"}, precision: fp32}\n'
+        "accuracy:\n  tolerances: {default: {atol: 1e-6, rtol: 0}}\n"
+    )
+    assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "o")]) == 0
+    said = capsys.readouterr().out.splitlines()
+    baseline = next(line for line in said if line.startswith("all-FP16 baseline:"))
+    assert baseline.startswith("all-FP16 baseline: FAILS on y (max_abs="), said
+    assert baseline.endswith(
+        "; no intermediate tensor's error reaches the divergence threshold (0.05 of its range)"
+    )

@@ -262,16 +262,30 @@ def _output_line(name: str, m: Any, indent: str = "  ") -> str:
 
 
 def _baseline_line(report: Report) -> str:
-    """The all-FP16 baseline's verdict: where it first fails, and its first divergence there."""
+    """The all-FP16 baseline's verdict: where it first fails, and its first divergence there.
+
+    A failing baseline without one is said why: its failing outputs, where no intermediate
+    tensor's error reached the divergence threshold (a tolerance tighter than FP16's own
+    rounding, on a small model). "FAILS" alone named nothing to look at.
+    """
     fails = [s for s in report.shapes if not s.fp16.passed]
     base = fails[0].fp16 if fails else report.fp16
     where = f" at {fails[0].label}" if fails and len(report.shapes) > 1 else ""
+    failing = bool(fails) or not base.passed
     first = base.first_divergence
-    return f"all-FP16 baseline: {'FAILS' + where if fails or not base.passed else 'passes'}" + (
-        f"; first divergence at {first['node']} ({first['reason']}){on_sample(first)}"
-        if first
-        else ""
-    )
+    said = f"all-FP16 baseline: {'FAILS' + where if failing else 'passes'}"
+    if first:
+        return said + f"; first divergence at {first['node']} ({first['reason']}){on_sample(first)}"
+    bad = [f"{n} (max_abs={fmt(m.max_abs)})" for n, m in base.outputs.items() if not m.passed]
+    if not failing or not bad:
+        return said
+    said += f" on {first_few(bad)}"
+    if base.walked:
+        said += (
+            "; no intermediate tensor's error reaches the divergence threshold "
+            f"({report.divergence_threshold:g} of its range)"
+        )
+    return said
 
 
 def _masked_cases(report: Report, per_point: bool) -> list[tuple[str, str, str | None]]:
