@@ -59,10 +59,8 @@ def test_the_pinned_count_is_of_compute_nodes_as_the_shares_are(tmp_path, capsys
     import json
 
     import numpy as np
-    import onnx
 
     from tests.helpers import F, model, node
-    from trtbuild.cli import main
 
     m = model(
         [node("Shape", ["x"], "s", "/shape"), node("Gather", ["s", "i"], "n", "/width", axis=0),
@@ -71,12 +69,7 @@ def test_the_pinned_count_is_of_compute_nodes_as_the_shares_are(tmp_path, capsys
         [("y", F, [1, "w"])],
         {"i": np.array(1, np.int64)},
     )  # fmt: skip
-    onnx.save(m, tmp_path / "m.onnx")
-    (tmp_path / "p.yaml").write_text(
-        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\n"
-        "inputs: {x: {min: [1, 4], opt: [1, 8], max: [1, 16]}}\n"
-    )
-    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")]) == 0
+    assert _built(tmp_path, m, "inputs: {x: {min: [1, 4], opt: [1, 8], max: [1, 16]}}\n") == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line.endswith(": 100.0% FP16, 0 node(s) pinned to FP32"), line
     pinned = json.loads((tmp_path / "o" / "report.json").read_text())["precision"]["pinned"]
@@ -94,10 +87,8 @@ def test_a_failing_outputs_inf_is_traced_to_where_it_begins_past_the_first_diver
     import json
 
     import numpy as np
-    import onnx
 
     from tests.helpers import F, model, node
-    from trtbuild.cli import main
 
     m = model(
         [node("Mul", ["x", "t"], "a", "/tiny"), node("Mul", ["x", "h"], "b1", "/mid"),
@@ -106,12 +97,9 @@ def test_a_failing_outputs_inf_is_traced_to_where_it_begins_past_the_first_diver
         [("y", F, [1, 64])],
         {"t": np.array(1e-7, np.float32), "h": np.array(300.0, np.float32)},
     )  # fmt: skip
-    onnx.save(m, tmp_path / "m.onnx")
-    (tmp_path / "p.yaml").write_text(
-        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\nprecision: {guards: false}\n"
-        "inputs: {x: {shape: [1, 64], data: {distribution: uniform, low: 1, high: 2}}}\n"
-    )
-    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")]) == 1
+    data = "{distribution: uniform, low: 1, high: 2}"
+    tail = f"precision: {{guards: false}}\ninputs: {{x: {{shape: [1, 64], data: {data}}}}}\n"
+    assert _built(tmp_path, m, tail) == 1
     out = capsys.readouterr().out
     assert "first divergence at /tiny " in out, out
     assert "non-finite values begin at /big (Mul), tensor b: 64 non-finite" in out, out
@@ -126,10 +114,8 @@ def test_a_point_failed_by_a_masked_overflow_alone_is_not_called_pass(tmp_path, 
     `at max ...: pass`. Here the sum of x * 1000 passes FP16's range at max only, and a
     `Min` with 1 hides it."""
     import numpy as np
-    import onnx
 
     from tests.helpers import F, model, node
-    from trtbuild.cli import main
 
     m = model(
         [node("Mul", ["x", "k"], "a", "/scale"),
@@ -139,12 +125,8 @@ def test_a_point_failed_by_a_masked_overflow_alone_is_not_called_pass(tmp_path, 
         [("y", F, [1, "n"])],
         {"k": np.array(1000.0, np.float32), "one": np.array(1.0, np.float32)},
     )  # fmt: skip
-    onnx.save(m, tmp_path / "m.onnx")
-    (tmp_path / "p.yaml").write_text(
-        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\nprecision: {guards: false}\n"
-        "inputs: {x: {min: [1, 1], opt: [1, 16], max: [1, 1000]}}\n"
-    )
-    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")]) == 1
+    tail = "precision: {guards: false}\ninputs: {x: {min: [1, 1], opt: [1, 16], max: [1, 1000]}}\n"
+    assert _built(tmp_path, m, tail) == 1
     out = capsys.readouterr().out
     assert "FAILED at max [1, 1000]" in out, out
     assert "  at max [1, 1000]: FAIL" in out and "  at max [1, 1000]: pass" not in out, out
@@ -163,6 +145,18 @@ def test_the_line_names_the_policys_low_precision():
     assert at_risk_lines([], "storage", low="BF16") == (
         "at risk: none (no BF16 op's internal sums or squares leave the BF16 range)"
     )
+
+
+def _built(tmp_path, m, tail: str) -> int:
+    """`build --backend none` of model `m` under a policy of `tail` (its inputs, precision,
+    accuracy), into tmp_path/o: its exit code."""
+    import onnx
+
+    from trtbuild.cli import main
+
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n" + tail)
+    return main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")])
 
 
 def _metrics(passed: bool) -> OutputMetrics:
@@ -195,10 +189,8 @@ def test_a_failing_baseline_without_a_first_divergence_names_what_fails(tmp_path
     """The line said "all-FP16 baseline: FAILS" and nothing else where a tolerance tighter
     than FP16's rounding fails the output while no tensor's error reaches the divergence
     threshold: it names the failing output and why no divergence is named."""
-    import onnx
 
     from tests.helpers import F, model, node
-    from trtbuild.cli import main
 
     m = model(
         [node("Mul", ["x", "k"], "y", "mul")],
@@ -206,14 +198,11 @@ def test_a_failing_baseline_without_a_first_divergence_names_what_fails(tmp_path
         [("y", F, [1, 64])],
         {"k": np.float32(1.001)},
     )
-    onnx.save(m, tmp_path / "m.onnx")
-    policy = tmp_path / "p.yaml"
-    policy.write_text(
-        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\nprecision:\n  rules:\n"
-        '    - {id: all, match: {name: ".*"}, precision: fp32}\n'
+    tail = (
+        'precision:\n  rules:\n    - {id: all, match: {name: ".*"}, precision: fp32}\n'
         "accuracy:\n  tolerances: {default: {atol: 1e-6, rtol: 0}}\n"
     )
-    assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "o")]) == 0
+    assert _built(tmp_path, m, tail) == 0
     said = capsys.readouterr().out.splitlines()
     baseline = next(line for line in said if line.startswith("all-FP16 baseline:"))
     assert baseline.startswith("all-FP16 baseline: FAILS on y (max_abs="), said
