@@ -70,6 +70,17 @@ def test_where_of_names_the_line_of_a_field_while_the_policy_is_its_file(tmp_pat
     assert made.where_of("inputs", "x", "shape") == "<policy mine>"
 
 
+def test_where_of_spells_the_path_as_loading_does(tmp_path, monkeypatch):
+    """Loading's errors wrote `policies/p.yaml:12`, later ones the whole path: one file, two
+    spellings in one session."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text("version: 1\nmodel: m.onnx\ninputs: {x: {}}\n")
+    monkeypatch.chdir(tmp_path)
+    policy = load_policy("policies/p.yaml")
+    assert policy.where_of("inputs", "x") == "policies/p.yaml:3"
+    assert policy.where == str(tmp_path / "policies" / "p.yaml")  # the identity stays whole
+
+
 def test_from_dict_reads_what_python_and_yaml_safe_load_give(tmp_path):
     """Paths, tuples, numpy scalars, and YAML 1.1's strings for 1e-2 where a number goes."""
     doc = {

@@ -22,6 +22,7 @@ from trtbuild.errors import UsageError
 from trtbuild.policy.keys import given, keyed, written
 from trtbuild.policy.schema import SCHEMA, SchemaViolation, _validator, validate
 from trtbuild.policy.source import PolicySource, line_of
+from trtbuild.policy.source import shown as shown_path
 from trtbuild.policy.specs import (
     AccuracySpec,
     BuildSpec,
@@ -162,7 +163,7 @@ def load_fields(name: str | Path) -> tuple[dict[str, Any], PolicySource]:
     """A policy file's fields, validated, and its source (`model.load_policy` makes the
     `Policy`)."""
     path = resolve_policy_path(name)
-    shown = _display(path)
+    shown = shown_path(path)
     try:
         if path.stat().st_size > MAX_POLICY_BYTES:
             raise UsageError(
@@ -439,13 +440,6 @@ def _dims(path: tuple) -> bool:
     return (
         len(path) >= 2 and isinstance(path[-1], int) and path[0] in ("inputs", "accuracy", "passes")
     )
-
-
-def _display(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 # the keys only images read (mean and std are a distribution's too)

@@ -24,7 +24,7 @@ from typing import Any
 
 from trtbuild.errors import UsageError, surroundings_raised
 from trtbuild.fsutil import write_text
-from trtbuild.policy.source import PolicySource
+from trtbuild.policy.source import PolicySource, shown
 from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision, Rule
 
 __all__ = ["Policy", "PolicySource", "load_policy", "parse_policy"]
@@ -83,7 +83,7 @@ class Policy:
         """`where`:LINE, the line of `field` (or of the nearest enclosing field written) while
         the policy is its file: later errors (model, data) name the line to fix, as loading's do."""
         line = src.line(field) if (src := self.current_source) and src.path else None
-        return f"{self.where}:{line}" if line else self.where
+        return f"{shown(src.path)}:{line}" if src and src.path and line else self.where
 
     @classmethod
     def from_dict(

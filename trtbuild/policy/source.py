@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PolicySource", "line_of"]
+__all__ = ["PolicySource", "line_of", "shown"]
 
 FieldPath = tuple[str | int, ...]  # ("inputs", "x", "data"); a list item by its index
 
@@ -56,3 +56,13 @@ def line_of(lines: Mapping[FieldPath, int], field: FieldPath) -> int | None:
             return lines[probe]
         probe = probe[:-1]
     return None
+
+
+def shown(path: Path) -> str:
+    """`path` as errors write it: relative to the working folder where it lies inside it (as
+    the user typed `--policy policies/x.yaml`), else whole; one spelling for the errors
+    loading finds and those found later against the model (`Policy.where_of`)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
