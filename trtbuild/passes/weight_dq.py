@@ -32,6 +32,8 @@ def dequantize_scalar_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     """Each DQ of a scalar constant in the main graph becomes a weight of its output's name;
     the Q/DQ weights no node reads any more are dropped."""
     record = PassRecord("dequantize_scalar_weights")
+    if not any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+        return model, record  # no DQ in the main graph: not the view's 40 ms on 10k nodes, twice
     view = GraphView(model)
     qdq = QdqGraph(view)
     stored = {
