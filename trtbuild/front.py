@@ -232,13 +232,13 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
     for group in kinds.values():
         more = f" (and {len(group) - 1} more Q/DQ node(s))" if len(group) > 1 else ""
         said.append(f"Q/DQ node {group[0].node}: {group[0].problem}{more}")
-    at = ("build", "compute_capabilities") if found[0].field == "compute capability" else None
+    capability = found[0].field == "compute capability" and len(kinds) == 1  # the policy's
+    at = ("build", "compute_capabilities") if capability else ()
     raise UsageError(
         "; ".join(said),
-        where=f"{policy.where_of(*at)}: {words.field(*at)}"
-        if at and len(kinds) == 1
-        else str(policy.model),
+        where=policy.where_of(*at) if at else str(policy.model),
         hint="; ".join(dict.fromkeys(fix for _, fix in kinds)),
+        field=at,
     )
 
 
