@@ -31,23 +31,33 @@ class SplitWords:
     "the quantization alone" said of a model that holds no quantization misled.
     """
 
+    quantized: bool  # the judged model holds Q/DQ nodes
     reference: str  # what the outputs are judged against
     graph: str  # the judged model, run in FP32 (Q/DQ as ONNX Runtime runs them)
     alone: str  # that run against the reference: what no FP32 pin removes
     part: str  # `alone` as the comparison a report's table names
+    fix: str  # what fixes an output `alone` fails, beside loosening its tolerance
+    passed_by: str  # how a policy passes an output `alone` fails ("" where it cannot)
 
 
 QUANTIZED_WORDS = SplitWords(
+    True,
     "the model before quantization",
     "the quantized graph",
     "the quantization alone",
     "quantization alone (quantized graph in FP32 against the original)",
+    "take the ops that lose most out of the quantization with `dequantize: true` rules, "
+    "re-quantize",
+    " (`dequantize: true` rules take ops out of the quantization)",
 )
 PLAIN_WORDS = SplitWords(
+    False,
     "the reference model",
     "the model",
     "the model alone (before trtbuild's precision)",
     "model alone (the model in FP32, before trtbuild's precision, against the original)",
+    "convert the model again",
+    "",
 )
 
 

@@ -208,28 +208,15 @@ def split_lines(split: Any, indent: str = "  ", low: str = "FP16") -> list[str]:
         )
     if failing := split.quantization_fails(passed=False):
         lines.append(
-            f"{indent}{alone} fails the tolerances on {', '.join(failing)}: {_no_pin(split)}"
+            f"{indent}{alone} fails the tolerances on {', '.join(failing)}: no FP32 pin can "
+            f"fix that ({split.words.fix}, or loosen the tolerances)"
         )
     if fixed := split.quantization_fails(passed=True):
         lines.append(
             f"{indent}{alone} fails the tolerances on {', '.join(fixed)}, which the policy "
-            "passes"
-            + (" (`dequantize: true` rules take ops out of the quantization)" * split.quantized)
+            f"passes{split.words.passed_by}"
         )
     return lines
-
-
-def _no_pin(split: Any) -> str:
-    """Why no FP32 pin helps an output its model alone fails, and what does."""
-    if split.quantized:
-        return (
-            "no FP32 pin can fix that (take the ops that lose most out of the quantization "
-            "with `dequantize: true` rules, re-quantize, or loosen the tolerances)"
-        )
-    return (
-        "no FP32 pin can fix that (the model differs from the reference model before any "
-        "precision trtbuild sets: convert it again, or loosen the tolerances)"
-    )
 
 
 def _masked_clause(report: Report) -> str:

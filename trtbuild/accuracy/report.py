@@ -490,32 +490,25 @@ def _split_section(split: ErrorSplit, low: str) -> Section:
         f"The tolerances apply against `{split.reference_model}`, {words.reference}. "
         f"{words.alone.capitalize()} is {words.graph} run in FP32"
         + " (Q/DQ as ONNX Runtime runs them)"
-        * split.quantized
+        * words.quantized
         + f" against it: no FP32 pin removes that part. The {low} part is the policy "
         f"against {words.graph} in FP32: what pins change."
     )
     blocks: list[Para | Table | Plot] = [Para(text), Table(head, rows)]
     if failing := split.quantization_fails(passed=False):
-        fix = (
-            "re-quantize (calibration data, per-channel scales, leave layers unquantized) "
-            if split.quantized
-            else "convert the model again "
-        )
         blocks.append(
             Para(
                 f"**{words.alone.capitalize()} fails the tolerances** on {', '.join(failing)}: "
-                f"{fix}or loosen the tolerances; pinning layers to FP32 cannot fix it."
+                f"{words.fix}, or loosen the tolerances; pinning layers to FP32 cannot fix it."
             )
         )
     if fixed := split.quantization_fails(passed=True):
         blocks.append(
             Para(
                 f"{words.alone.capitalize()} fails the tolerances on {', '.join(fixed)}, which "
-                "the policy passes"
-                + (" (`dequantize: true` rules take ops out of the quantization)." * split.quantized
-                   or ".")
+                f"the policy passes{words.passed_by}."
             )
-        )  # fmt: skip
+        )
     return Section(f"Against {words.reference}", blocks)
 
 

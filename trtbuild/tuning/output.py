@@ -164,18 +164,12 @@ def stuck_warning(
     if result.passed or result.exhausted:
         return None
     if result.quantization_fails:
-        quantized_words = words is QUANTIZED_WORDS
-        fix = (
-            "take ops out of the quantization with `dequantize: true` rules (docs: Quantized "
-            "models), re-quantize, "
-            if quantized_words
-            else "convert the model again, "
-        )
-        alone = f"{words.alone} ({words.graph} in FP32)" if quantized_words else words.alone
+        alone = f"{words.alone} ({words.graph} in FP32)" if words.quantized else words.alone
         return (
             f"{alone} fails the tolerances against the reference "
             f"model ({'; '.join(result.quantization_fails)}): no FP32 pin can fix that, so tune "
-            f"judged the policy once and searched nothing; {fix}or loosen the tolerances where "
+            f"judged the policy once and searched nothing; {words.fix}"
+            f"{' (docs: Quantized models)' * words.quantized}, or loosen the tolerances where "
             "the task allows"
         )
     text = (
