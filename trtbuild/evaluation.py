@@ -90,11 +90,15 @@ def fewer_samples(front: Front) -> list[str]:
     last batch are not judged).
 
     Why said: `samples: 3` over three images at batch 2 judged one sample, and the terminal
-    said nothing of the two not asked for nor of the image left out. The default count is
-    said as such: "accuracy.samples is 4" read as a key the user had written.
+    said nothing of the two not asked for nor of the image left out. The default count, where
+    the policy does not write it, is said as such: "accuracy.samples is 4" read as a key the
+    user had written (and `samples: 4` written is the user's own: `PolicySource.writes`).
     """
     asked = front.policy.accuracy.samples
     default = next(f.default for f in fields(AccuracySpec) if f.name == "samples")
+    # said only where the policy's text does not write it: `samples: 4` is the user's own
+    src = front.policy.current_source
+    defaulted = asked == default and not (src and src.writes(("accuracy", "samples")))
     short = [r for r in front.shapes if r.feeds and len(r.feeds) < asked]
     if not short:
         return []
@@ -106,7 +110,7 @@ def fewer_samples(front: Front) -> list[str]:
         if d.kind != "random"
     )
     return [
-        f"accuracy.samples is {asked}{' (the default)' if asked == default else ''}, but the "
+        f"accuracy.samples is {asked}{' (the default)' if defaulted else ''}, but the "
         f"data given holds fewer samples ({where}): "
         f"{'; '.join(given)} (a sample takes whole batches)"
     ]

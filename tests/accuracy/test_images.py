@@ -288,6 +288,23 @@ def test_fewer_samples_than_the_default_count_say_it_is_the_default(tmp_path):
     ), warnings
 
 
+def test_fewer_samples_than_a_written_count_equal_to_the_default_are_not_the_default(tmp_path):
+    """`samples: 4` written by the user is their count, not "(the default)" because the
+    default is 4 too."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (8, 8), (40, 20, 30)).save(folder / "0.png")
+    extra = "accuracy: {samples: 4}\n"
+    path = identity_policy(tmp_path, [1, 3, 8, 8], "{data: {images: images}}", extra)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+    warnings = json.loads((out / "report.json").read_text())["warnings"]
+    said = [w for w in warnings if w.startswith("accuracy.samples is")]
+    assert len(said) == 1 and said[0].startswith(
+        "accuracy.samples is 4, but the data given holds fewer samples (1 at "
+    ), warnings
+
+
 def test_a_multi_frame_image_held_leaves_no_file_open(tmp_path):
     """Pillow keeps a TIFF's or GIF's file open after `load` (more frames to seek); held in
     the run's decoded images, each was a descriptor until the run ended (review)."""

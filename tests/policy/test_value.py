@@ -70,6 +70,19 @@ def test_where_of_names_the_line_of_a_field_while_the_policy_is_its_file(tmp_pat
     assert made.where_of("inputs", "x", "shape") == "<policy mine>"
 
 
+def test_writes_tells_a_written_field_from_a_default_while_the_policy_is_its_text(tmp_path):
+    """`samples: 4` written is the user's count even where the default is 4; a section
+    around a field is not the field; a policy made in code writes nothing."""
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nmodel: m.onnx\naccuracy:\n  samples: 4\n")
+    source = load_policy(path).current_source
+    assert source is not None and source.writes(("accuracy", "samples"))
+    assert not source.writes(("accuracy", "seed"))  # `accuracy` is written, `seed` is not
+    assert source.writes(("accuracy",))
+    made = Policy.from_dict(DOC, base_dir=tmp_path).current_source
+    assert made is not None and not made.writes(("accuracy", "samples"))
+
+
 def test_where_of_spells_the_path_as_loading_does(tmp_path, monkeypatch):
     """Loading's errors wrote `policies/p.yaml:12`, later ones the whole path: one file, two
     spellings in one session."""

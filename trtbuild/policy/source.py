@@ -45,6 +45,11 @@ class PolicySource:
         """The line of `field` in `text`, or of the nearest enclosing field it gives."""
         return line_of(dict(self.lines), field)
 
+    def writes(self, field: FieldPath) -> bool:
+        """Whether `text` writes `field` itself (not only a section around it): a value
+        equal to its default is the user's own choice there, not a default."""
+        return any(written == tuple(field) for written, _ in self.lines)
+
 
 def line_of(lines: Mapping[FieldPath, int], field: FieldPath) -> int | None:
     """The line of `field`, else of the nearest enclosing field `lines` holds (a default
