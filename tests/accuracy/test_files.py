@@ -34,14 +34,41 @@ def test_an_inputs_file_the_model_cannot_take_names_its_line(tmp_path, arrays, s
     assert info.value.where == f"{path.resolve()}:4"
 
 
-def test_a_points_own_file_names_the_line_of_that_point(tmp_path):
+def _own_npz(path):
+    np.savez(path, x=np.zeros((1, 2, 4), np.float32), z=np.zeros(1))
+
+
+def _own_npy(path):
+    np.save(path.with_suffix(".npy"), np.zeros((2, 4), np.float32))
+    path.with_suffix(".npy").rename(path)
+
+
+def _own_shape(path):
+    np.savez(path, x=np.zeros((3, 4), np.float32))
+
+
+def _own_garbage(path):
+    path.write_bytes(b"PK\x03\x04 not a zip at all")
+
+
+@pytest.mark.parametrize(
+    ("write", "said"),
+    [
+        (_own_npz, "own.npz holds array(s) ['z'] that name no model input"),
+        (_own_npy, "own.npz is one array (.npy)"),
+        (_own_shape, "array 'x' has shape [3, 4]; max [2, 4] needs [2, 4] or [N, 2, 4]"),
+        (_own_garbage, "cannot read "),
+    ],
+    ids=["unknown-key", "one-array", "shape", "unreadable"],
+)
+def test_a_points_own_file_names_the_line_of_that_point(tmp_path, write, said):
     np.savez(tmp_path / "x.npz", x=np.zeros((2, 1, 4), np.float32))
-    np.savez(tmp_path / "own.npz", x=np.zeros((1, 2, 4), np.float32), z=np.zeros(1))
+    write(tmp_path / "own.npz")
     profile = "{min: [1, 4], opt: [1, 4], max: [2, 4], data: {file: x.npz}}"
     extra = "accuracy:\n  shapes:\n    max:\n      data: {file: own.npz}\n"
     path = identity_policy(tmp_path, ["n", 4], profile, extra)
     with pytest.raises(
-        UsageError, match=r"accuracy\.shapes\.max\.data\.file: own\.npz holds "
+        UsageError, match=re.escape(f"accuracy.shapes.max.data.file: {said}")
     ) as info:
         run_front(load_policy(path), reference="none")
     assert info.value.where == f"{path.resolve()}:8"

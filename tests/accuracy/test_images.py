@@ -340,3 +340,17 @@ def test_an_image_of_samples_wider_than_8_bits_is_refused_not_clipped(
     err = capsys.readouterr().err
     assert f"{name} holds samples wider than 8 bits" in err and ".npz" in err, err
     assert f"{path.resolve()}:4: inputs.x.data.images: {name}" in err, err
+
+
+def test_an_image_pillow_cannot_read_is_exit_2_at_the_line_of_its_images(tmp_path, capsys):
+    """A PNG cut short (a copy interrupted) is the data's fault: exit 2 naming the file, the
+    line of `images` and the fix, not an internal error."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("RGB", (8, 8), (40, 20, 30)).save(folder / "0.png")
+    (folder / "1.png").write_bytes((folder / "0.png").read_bytes()[:40])
+    path = identity_policy(tmp_path, [1, 3, 8, 8], "{data: {images: images}}")
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path.resolve()}:4: inputs.x.data.images: cannot read 1.png: " in err, err
+    assert "save 1.png again whole" in err, err

@@ -182,3 +182,24 @@ def test_an_input_the_model_lacks_is_exit_2_at_the_line_of_its_key(tmp_path, cap
     with pytest.raises(UsageError, match=r"inputs\.nope: the model has no input") as info:
         shape_points(made, onnx.load(tmp_path / "m.onnx"))
     assert info.value.where == "<policy mine>"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "accuracy", "line", "said"),
+    [
+        ("data: {low: 0}\n", "", 4, "inputs.x: the model's input 'x' has dynamic shape"),
+        (PROFILE, "shapes: {wide: {nope: [1, 2]}}\n", 10, "accuracy.shapes.wide: the model has"),
+        (PROFILE, "shapes: {wide: {x: [1, 3, 16]}}\n", 10, "accuracy.shapes.wide.x: rank 3"),
+        ("shape: [1, 3, 8, 8]\n", "shapes: {min: {x: [1, 3, 8, 8]}}\n", 7, "accuracy.shapes.min:"),
+    ],
+    ids=["dynamic-unshaped", "point-unknown-input", "point-rank", "min-without-profile"],
+)
+def test_a_point_or_input_found_wrong_against_the_model_names_its_line(
+    tmp_path, capsys, inputs, accuracy, line, said
+):
+    """Each of these is found against the model, after loading: the message names the line
+    of the field to fix in the policy file, as the loader's own messages do."""
+    path = _policy(tmp_path, inputs, accuracy)
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trtbuild: error: {path.resolve()}:{line}: {said}"), err
