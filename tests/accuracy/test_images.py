@@ -272,37 +272,31 @@ def test_fewer_samples_than_asked_are_said_with_the_data_that_holds_no_more(tmp_
     ], report["warnings"]
 
 
-def test_fewer_samples_than_the_default_count_say_it_is_the_default(tmp_path):
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ("", "accuracy.samples is 4 (the default), but the data given holds fewer samples (1 at "),
+        (
+            "accuracy: {samples: 4}\n",
+            "accuracy.samples is 4, but the data given holds fewer samples (1 at ",
+        ),
+    ],
+    ids=["unwritten", "written"],
+)
+def test_fewer_samples_than_the_default_count_say_it_is_the_default_unless_written(
+    tmp_path, extra, said
+):
     """ "accuracy.samples is 4" of a policy that never wrote `samples` read as the user's own
-    key: the default count is said as the default."""
+    key: the default count is said as the default; `samples: 4` written is the user's."""
     folder = tmp_path / "images"
     folder.mkdir()
     Image.new("RGB", (8, 8), (40, 20, 30)).save(folder / "0.png")
-    path = identity_policy(tmp_path, [1, 3, 8, 8], "{data: {images: images}}")
-    out = tmp_path / "out"
-    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
-    warnings = json.loads((out / "report.json").read_text())["warnings"]
-    said = [w for w in warnings if w.startswith("accuracy.samples is")]
-    assert len(said) == 1 and said[0].startswith(
-        "accuracy.samples is 4 (the default), but the data given holds fewer samples (1 at "
-    ), warnings
-
-
-def test_fewer_samples_than_a_written_count_equal_to_the_default_are_not_the_default(tmp_path):
-    """`samples: 4` written by the user is their count, not "(the default)" because the
-    default is 4 too."""
-    folder = tmp_path / "images"
-    folder.mkdir()
-    Image.new("RGB", (8, 8), (40, 20, 30)).save(folder / "0.png")
-    extra = "accuracy: {samples: 4}\n"
     path = identity_policy(tmp_path, [1, 3, 8, 8], "{data: {images: images}}", extra)
     out = tmp_path / "out"
     assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
     warnings = json.loads((out / "report.json").read_text())["warnings"]
-    said = [w for w in warnings if w.startswith("accuracy.samples is")]
-    assert len(said) == 1 and said[0].startswith(
-        "accuracy.samples is 4, but the data given holds fewer samples (1 at "
-    ), warnings
+    found = [w for w in warnings if w.startswith("accuracy.samples is")]
+    assert len(found) == 1 and found[0].startswith(said), warnings
 
 
 def test_a_multi_frame_image_held_leaves_no_file_open(tmp_path):
