@@ -69,6 +69,62 @@ def test_a_file_that_is_no_zip_is_an_npz_error(tmp_path):
         npz.members(tmp_path / "x.npz")
 
 
+def _npy_with_header(path, header: str) -> None:
+    """A bare .npy whose header is `header` as written (numpy's own writer refuses a bad one)."""
+    text = header.encode("latin1")
+    text += b" " * (-(len(text) + 11) % 64) + b"\n"
+    path.write_bytes(
+        np.lib.format.MAGIC_PREFIX + b"\x01\x00" + len(text).to_bytes(2, "little") + text
+    )
+
+
+def _zip_patched(path, offset_in_header: int, value: bytes) -> None:
+    """A one-member .npz whose local and central headers get `value` at `offset_in_header`
+    (2: the flags, 4: the compression method; the central one's is 2 further on)."""
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(4, np.float32))
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("x.npy", buf.getvalue())
+    data = bytearray(path.read_bytes())
+    local, central = data.find(b"PK\x03\x04"), data.find(b"PK\x01\x02")
+    for at in (local + 4 + offset_in_header, central + 6 + offset_in_header):
+        data[at : at + len(value)] = value
+    path.write_bytes(bytes(data))
+
+
+def _deflate_garbage(path) -> None:
+    """A compressed .npz whose deflate stream is garbage: zlib refuses it mid-read."""
+    buf = io.BytesIO()
+    np.save(buf, np.arange(4096, dtype=np.float32))
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("x.npy", buf.getvalue())
+    data = bytearray(path.read_bytes())
+    start = data.find(b"PK\x03\x04") + 30 + len("x.npy")
+    data[start : start + 64] = b"\xff" * 64
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: _zip_patched(p, 2, b"\x01\x00"),  # encrypted: zipfile's RuntimeError
+        lambda p: _zip_patched(p, 4, b"\x63\x00"),  # method 99: NotImplementedError
+        _deflate_garbage,  # zlib.error
+        lambda p: _npy_with_header(p, "{'descr': '<f4', b'x': 1, 'shape': (2,)}"),  # TypeError
+        lambda p: _npy_with_header(p, "{'descr': '<f4', 'shape': (2,"),  # tokenize's TokenError
+    ],
+    ids=["encrypted", "unknown-method", "deflate-garbage", "mixed-keys", "cut-header"],
+)
+def test_a_damaged_file_is_an_npz_error_whatever_the_library_raises(tmp_path, damage):
+    """Found by mutating the bytes of real files: zipfile, zlib and numpy's header parser
+    raise more than BadZipFile and ValueError, and each ended `check` as an internal error."""
+    path = tmp_path / "x.npz"
+    damage(path)
+    with pytest.raises(npz.NpzError):
+        for member in npz.members(path).values():
+            npz.read(path, member)
+
+
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_a_bare_npy_is_one_array_read_by_its_header_and_cut_alike(tmp_path, order):
     """ModelOpt's calibration data for a one-input model: `calib.npy`."""

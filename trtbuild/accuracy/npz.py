@@ -16,7 +16,10 @@ calibration data for a one-input model) is one array, the input's that names the
 from __future__ import annotations
 
 import math
+import struct
+import tokenize
 import zipfile
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -61,6 +64,15 @@ UNREADABLE_FIX = (
 )
 # The key of a bare `.npy`'s one array: whichever input names the file takes it
 BARE = "*"
+# What reading a damaged file raises besides `zipfile.BadZipFile` (found by mutating the bytes
+# of real .npz and .npy files): the zip's or zlib's refusals (a compression method or an
+# encryption zipfile does not read, a stream cut short). Each is the file's fault, said as
+# such, not an internal error; a header numpy cannot parse is `_header`'s ValueError.
+UNREADABLE = (OSError, ValueError, EOFError, KeyError, zlib.error, struct.error)
+UNREADABLE += (NotImplementedError, RuntimeError)
+# What numpy's header parser raises on a mangled header besides ValueError (it tokenizes and
+# evaluates the header's dict literal)
+_MANGLED_HEADER = (TypeError, SyntaxError, tokenize.TokenError)
 
 
 def members(path: Path) -> dict[str, Member]:
@@ -80,7 +92,7 @@ def members(path: Path) -> dict[str, Member]:
             return found
     except zipfile.BadZipFile:
         raise NpzError("it is neither an .npz (a zip of arrays) nor an .npy") from None
-    except (OSError, ValueError, EOFError) as exc:
+    except UNREADABLE as exc:
         raise NpzError(str(exc) or type(exc).__name__) from None
 
 
@@ -97,7 +109,7 @@ def read(path: Path, member: Member, count: int | None = None) -> np.ndarray:
                 return _after_header(f, member, whole, count)
         with zipfile.ZipFile(path) as zf, zf.open(member.name + ".npy") as f:
             return _after_header(f, member, whole, count)
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError, KeyError) as exc:
+    except (zipfile.BadZipFile, *UNREADABLE) as exc:
         raise NpzError(str(exc) or type(exc).__name__) from None
 
 
@@ -113,12 +125,13 @@ def _after_header(f, member: Member, whole: bool, count: int | None) -> np.ndarr
 def _header(f, name: str) -> Member:
     """The `.npy` header at the stream's start; the stream is left at the data."""
     version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
+    if version not in ((1, 0), (2, 0)):
         raise ValueError(f"array '{name}' is stored in .npy format {version}, not 1.0 or 2.0")
+    parse = np.lib.format.read_array_header_1_0 if version == (1, 0) else None
+    try:
+        shape, fortran, dtype = (parse or np.lib.format.read_array_header_2_0)(f)
+    except _MANGLED_HEADER as exc:
+        raise ValueError(f"array '{name}' has a header numpy cannot parse ({exc})") from None
     return Member(name, tuple(int(d) for d in shape), dtype, bool(fortran))
 
 
