@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.errors import UsageError
-from trtbuild.graph.model_io import fed_inputs, no_input
+from trtbuild.graph.model_io import fed_inputs, load_model, no_input
 
 
 def test_a_weight_listed_as_a_graph_input_is_not_fed():
@@ -437,3 +438,40 @@ def test_a_model_past_protobufs_limit_is_saved_with_one_data_file_and_left_as_it
     with contextlib.suppress(OSError):
         model_io.save_model(m, tmp_path / "n.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+
+
+def _garbled(tmp_path, what: bytes) -> str:
+    """A model whose name `what` (4 bytes, made for this) holds a byte that is not UTF-8:
+    the same length, so protobuf's lengths still hold; a local function calls `Relu`."""
+    inner = helper.make_node("Relu", ["fx"], ["fy"], name="fnod")
+    function = helper.make_function(
+        "ai.local", "Fn", ["fx"], ["fy"], [inner], [helper.make_opsetid("", 13)]
+    )
+    nodes = [
+        helper.make_node("ReduceMean", ["xval"], ["m"], name="node", axes=[1], keepdims=1),
+        helper.make_node("Fn", ["m"], ["y"], name="call", domain="ai.local"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("xval", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+    )
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid("ai.local", 1)]
+    raw = helper.make_model(graph, opset_imports=opsets, functions=[function]).SerializeToString()
+    assert raw.count(what) >= 1
+    path = tmp_path / "m.onnx"
+    path.write_bytes(raw.replace(what, what[:1] + b"\x94" + what[2:]))
+    return str(path)
+
+
+@pytest.mark.parametrize("what", [b"node", b"xval", b"axes", b"fnod"])
+def test_a_name_that_is_not_utf8_is_a_damaged_model_not_an_internal_error(tmp_path, what):
+    """Found by mutating a model's bytes: protobuf reads such a name as bytes, onnx.checker
+    passed a node's, and `check` crashed joining it with text (an attribute's made the
+    checker's own message fail to decode)."""
+    with pytest.raises(UsageError) as info:
+        load_model(_garbled(tmp_path, what))
+    garbled = what[:1] + bytes([0x94]) + what[2:]
+    said = f"not a readable ONNX model (the name {garbled!r} is not UTF-8"
+    assert said in str(info.value) and "a byte of the file is damaged" in str(info.value)

@@ -9,6 +9,7 @@ import hashlib
 import io
 import logging
 import math
+import operator
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -124,6 +125,13 @@ def load_model(
         raise UsageError(
             "the model has no nodes", where=str(path), hint="is this a truncated or empty file?"
         )
+    damaged = _not_text(model)
+    if damaged:
+        raise UsageError(
+            f"not a readable ONNX model ({damaged} is not UTF-8 text)",
+            where=str(path),
+            hint="re-export or re-download the model: a byte of the file is damaged",
+        )
     try:
         _check(model, None if external or fmt != "protobuf" else raw)
     except onnx.checker.ValidationError as exc:
@@ -134,6 +142,39 @@ def load_model(
             hint="fix the exporter output; onnx.checker must accept the model",
         ) from None
     return model
+
+
+def _not_text(model: onnx.ModelProto) -> str:
+    """The first name (a node's, its op's or domain, a value's, an attribute's) that is not
+    UTF-8 text, said; "" where every one is.
+
+    Why: protobuf gives a proto2 string field holding bytes that are not UTF-8 (a damaged
+    byte of the file) as `bytes`, onnx.checker passes it, and every later step takes names
+    for `str` (found by mutating a model's bytes: `check` ended as an internal error).
+    `str.join` refuses bytes: one C-level pass per field, about 30 ms on 10k nodes, paid
+    where the model is parsed (not where the prepared graph is cached).
+    """
+    join, name = "".join, operator.attrgetter("name")
+    for graph in [*(g for _, g in subgraphs.walk(model.graph)), *model.functions]:
+        nodes = list(graph.node)
+        named = [*graph.value_info, *(a for n in nodes if n.attribute for a in n.attribute)]
+        if isinstance(graph, onnx.GraphProto):
+            named += [*graph.input, *graph.output, *graph.initializer]
+        try:
+            join(map(join, map(operator.attrgetter("input"), nodes)))
+            join(map(join, map(operator.attrgetter("output"), nodes)))
+            for key in ("name", "op_type", "domain"):
+                join(map(operator.attrgetter(key), nodes))
+            join(map(name, named))
+            if isinstance(graph, onnx.FunctionProto):  # its inputs and outputs are names
+                join([*graph.input, *graph.output])
+        except TypeError:
+            names = [x for n in nodes for x in (n.name, n.op_type, n.domain, *n.input, *n.output)]
+            names += [*map(name, named)]
+            if isinstance(graph, onnx.FunctionProto):
+                names += [*graph.input, *graph.output]
+            return f"the name {next(x for x in names if not isinstance(x, str))!r}"
+    return ""
 
 
 # The first IR version whose weights need not be graph inputs.
