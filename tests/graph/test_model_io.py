@@ -3,6 +3,8 @@ of them), and an IR 3 model whose weights are not inputs."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -474,4 +476,36 @@ def test_a_name_that_is_not_utf8_is_a_damaged_model_not_an_internal_error(tmp_pa
         load_model(_garbled(tmp_path, what))
     garbled = what[:1] + bytes([0x94]) + what[2:]
     said = f"not a readable ONNX model (the name {repr(garbled)[:-1]}"  # b'R\\x94du...: an op's
-    assert said in str(info.value) and "a byte of the file is damaged" in str(info.value)
+    assert said in str(info.value) and "the file is damaged" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("where", "elem", "said"),
+    [
+        ("input", 80, "its input 'x' has element type 80, which is no ONNX type"),
+        ("input", 0, "its input 'x' declares no element type (UNDEFINED)"),
+        ("output", 80, "its output 'y' has element type 80, which is no ONNX type"),
+    ],
+)
+def test_an_input_or_output_of_no_onnx_type_is_a_damaged_model(tmp_path, where, elem, said):
+    """onnx.checker passes an element type ONNX does not have; an input's ended `check` as
+    an internal error (found by mutating a model's bytes). An output left UNDEFINED is
+    read as it was (shape inference types it)."""
+    model = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        ),
+        opset_imports=[helper.make_opsetid("", 13)],
+    )
+    value = model.graph.input[0] if where == "input" else model.graph.output[0]
+    value.type.tensor_type.elem_type = elem
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(UsageError, match=re.escape(f"not a readable ONNX model ({said})")):
+        load_model(tmp_path / "m.onnx")
+    model.graph.output[0].type.tensor_type.elem_type = 0
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    onnx.save(model, tmp_path / "m.onnx")
+    assert load_model(tmp_path / "m.onnx").graph.output[0].name == "y"

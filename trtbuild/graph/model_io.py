@@ -121,17 +121,7 @@ def load_model(
             where=str(path),
             hint="re-export or re-download the model",
         ) from None
-    if not model.graph.node:
-        raise UsageError(
-            "the model has no nodes", where=str(path), hint="is this a truncated or empty file?"
-        )
-    damaged = _not_text(model)
-    if damaged:
-        raise UsageError(
-            f"not a readable ONNX model ({damaged} is not UTF-8 text)",
-            where=str(path),
-            hint="re-export or re-download the model: a byte of the file is damaged",
-        )
+    _refuse_damaged(model, path)
     try:
         _check(model, None if external or fmt != "protobuf" else raw)
     except onnx.checker.ValidationError as exc:
@@ -142,6 +132,41 @@ def load_model(
             hint="fix the exporter output; onnx.checker must accept the model",
         ) from None
     return model
+
+
+def _refuse_damaged(model: onnx.ModelProto, path: Path) -> None:
+    """What parses and onnx.checker passes but no run can use: no node, a name that is not
+    text, an input or output of an element type ONNX does not have (found by mutating a
+    model's bytes: an input's type 80 ended `check` as an internal error)."""
+    if not model.graph.node:
+        raise UsageError(
+            "the model has no nodes", where=str(path), hint="is this a truncated or empty file?"
+        )
+    damaged = _not_text(model) or _untyped(model)
+    if damaged:
+        raise UsageError(
+            f"not a readable ONNX model ({damaged})",
+            where=str(path),
+            hint="re-export or re-download the model: the file is damaged, or its exporter "
+            "wrote it wrong",
+        )
+
+
+def _untyped(model: onnx.ModelProto) -> str:
+    """An input the run feeds, or an output, of an element type ONNX does not have (an input
+    of none: UNDEFINED, no data can be drawn for it), said; "" where there is none."""
+    known = set(onnx.TensorProto.DataType.values())
+    fed = fed_inputs(model)
+    for kind, values in (("input", fed), ("output", model.graph.output)):
+        for v in values:
+            if not v.type.HasField("tensor_type"):
+                continue
+            elem = v.type.tensor_type.elem_type
+            if elem not in known:
+                return f"its {kind} '{v.name}' has element type {elem}, which is no ONNX type"
+            if kind == "input" and elem == onnx.TensorProto.UNDEFINED:
+                return f"its input '{v.name}' declares no element type (UNDEFINED)"
+    return ""
 
 
 def _not_text(model: onnx.ModelProto) -> str:
@@ -159,7 +184,7 @@ def _not_text(model: onnx.ModelProto) -> str:
         graph = todo.pop()
         said = _bytes_in(graph)
         if said:
-            return f"the name {said!r}"
+            return f"the name {said!r} is not UTF-8 text"
         # only once its op types are text: `bodies` looks them up
         todo += [body for n in graph.node if n.attribute for _, body in subgraphs.bodies(n)]
     return ""
