@@ -443,8 +443,9 @@ def test_a_model_past_protobufs_limit_is_saved_with_one_data_file_and_left_as_it
 
 
 def _garbled(tmp_path, what: bytes) -> str:
-    """A model whose name `what` (4 bytes, made for this) holds a byte that is not UTF-8:
-    the same length, so protobuf's lengths still hold; a local function calls `Relu`."""
+    """A model whose text `what` (4 bytes, made for this: a name, the graph's, the producer's)
+    holds a byte that is not UTF-8: the same length, so protobuf's lengths still hold; a
+    local function calls `Relu`."""
     inner = helper.make_node("Relu", ["fx"], ["fy"], name="fnod")
     function = helper.make_function(
         "ai.local", "Fn", ["fx"], ["fy"], [inner], [helper.make_opsetid("", 13)]
@@ -455,19 +456,21 @@ def _garbled(tmp_path, what: bytes) -> str:
     ]
     graph = helper.make_graph(
         nodes,
-        "g",
+        "grph",
         [helper.make_tensor_value_info("xval", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
     )
     opsets = [helper.make_opsetid("", 13), helper.make_opsetid("ai.local", 1)]
-    raw = helper.make_model(graph, opset_imports=opsets, functions=[function]).SerializeToString()
+    model = helper.make_model(graph, opset_imports=opsets, functions=[function])
+    model.producer_name = "mine"
+    raw = model.SerializeToString()
     assert raw.count(what) >= 1
     path = tmp_path / "m.onnx"
     path.write_bytes(raw.replace(what, what[:1] + b"\x94" + what[2:]))
     return str(path)
 
 
-@pytest.mark.parametrize("what", [b"node", b"xval", b"axes", b"fnod", b"Redu"])
+@pytest.mark.parametrize("what", [b"node", b"xval", b"axes", b"fnod", b"Redu", b"grph", b"mine"])
 def test_a_name_that_is_not_utf8_is_a_damaged_model_not_an_internal_error(tmp_path, what):
     """Found by mutating a model's bytes: protobuf reads such a name as bytes, onnx.checker
     passed a node's, and `check` crashed joining it with text (an attribute's made the
@@ -475,7 +478,7 @@ def test_a_name_that_is_not_utf8_is_a_damaged_model_not_an_internal_error(tmp_pa
     with pytest.raises(UsageError) as info:
         load_model(_garbled(tmp_path, what))
     garbled = what[:1] + bytes([0x94]) + what[2:]
-    said = f"not a readable ONNX model (the name {repr(garbled)[:-1]}"  # b'R\\x94du...: an op's
+    said = f"not a readable ONNX model (the text {repr(garbled)[:-1]}"  # b'R\\x94du...: an op's
     assert said in str(info.value) and "the file is damaged" in str(info.value)
 
 

@@ -170,34 +170,39 @@ def _untyped(model: onnx.ModelProto) -> str:
 
 
 def _not_text(model: onnx.ModelProto) -> str:
-    """The first name (a node's, its op's or domain, a value's, an attribute's) that is not
-    UTF-8 text, said; "" where every one is.
+    """The first text of the model (a name of a node, op, value, attribute, graph or
+    function; a doc string, the producer, metadata) that is not UTF-8, said; "" where every
+    one is.
 
     Why: protobuf gives a proto2 string field holding bytes that are not UTF-8 (a damaged
     byte of the file) as `bytes`, onnx.checker passes it, and every later step takes names
-    for `str` (found by mutating a model's bytes: `check` ended as an internal error).
-    `str.join` refuses bytes: one C-level pass per field, about 30 ms on 10k nodes, paid
-    where the model is parsed (not where the prepared graph is cached).
+    for `str` (found by mutating a model's bytes: `check` ended as an internal error, and
+    `convert` where it copies a graph's name). `str.join` refuses bytes: one C-level pass
+    per field, about 30 ms on 10k nodes, paid where the model is parsed (not where the
+    prepared graph is cached).
     """
+    texts = [model.producer_name, model.producer_version, model.domain, model.doc_string]
+    texts += [x for m in model.metadata_props for x in (m.key, m.value)]
+    found = next((x for x in texts if not isinstance(x, str)), None)
     todo: list[onnx.GraphProto | onnx.FunctionProto] = [model.graph, *model.functions]
-    while todo:
+    while todo and found is None:
         graph = todo.pop()
-        said = _bytes_in(graph)
-        if said:
-            return f"the name {said!r} is not UTF-8 text"
-        # only once its op types are text: `bodies` looks them up
-        todo += [body for n in graph.node if n.attribute for _, body in subgraphs.bodies(n)]
-    return ""
+        found = _bytes_in(graph)
+        if found is None:  # its op types are text: `bodies` may look them up
+            todo += [body for n in graph.node if n.attribute for _, body in subgraphs.bodies(n)]
+    return f"the text {found!r} is not UTF-8" if found is not None else ""
 
 
 def _bytes_in(graph: onnx.GraphProto | onnx.FunctionProto) -> bytes | None:
-    """The first name of one graph's (not its bodies') that protobuf gave as bytes, or None."""
+    """The first text of one graph's (not its bodies') that protobuf gave as bytes, or None."""
     join, name = "".join, operator.attrgetter("name")
     nodes = list(graph.node)
     named = [*graph.value_info, *(a for n in nodes if n.attribute for a in n.attribute)]
-    plain = [*graph.input, *graph.output] if isinstance(graph, onnx.FunctionProto) else []
+    plain = [graph.name, graph.doc_string]
     if isinstance(graph, onnx.GraphProto):
         named += [*graph.input, *graph.output, *graph.initializer]
+    else:  # a function's inputs and outputs are names
+        plain += [graph.domain, *graph.input, *graph.output]
     try:
         join(map(join, map(operator.attrgetter("input"), nodes)))
         join(map(join, map(operator.attrgetter("output"), nodes)))
