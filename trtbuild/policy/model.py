@@ -80,8 +80,10 @@ class Policy:
         return str(path) if path is not None else f"<policy {self.name}>"
 
     def where_of(self, *field: str | int) -> str:
-        """`where`:LINE, the line of `field` (or of the nearest enclosing field written) while
-        the policy is its file: later errors (model, data) name the line to fix, as loading's do."""
+        """PATH:LINE, the line of `field` (or of the nearest enclosing field written) while the
+        policy is its file, the path spelled as errors spell it (relative to the working folder
+        where the file lies in it, else `where`): later errors (model, data) name the line to
+        fix, as loading's do. Else `where` alone."""
         line = src.line(field) if (src := self.current_source) and src.path else None
         return f"{shown(src.path)}:{line}" if src and src.path and line else self.where
 
