@@ -129,7 +129,8 @@ class Policy:
         return replace(self, precision=replace(self.precision, rules=found))
 
     def to_dict(self) -> dict[str, Any]:
-        """The mapping `from_dict` reads back as an equal policy (every value, absolute paths)."""
+        """The mapping `from_dict` reads back as an equal policy, given its `name` (every
+        value, absolute paths; the name is not in the mapping)."""
         from trtbuild.policy.dump import policy_dict
 
         return policy_dict(self)
