@@ -80,10 +80,9 @@ class Policy:
         return str(path) if path is not None else f"<policy {self.name}>"
 
     def where_of(self, *field: str | int) -> str:
-        """PATH:LINE, the line of `field` (or of the nearest enclosing field written) while the
-        policy is its file, the path spelled as errors spell it (relative to the working folder
-        where the file lies in it, else `where`): later errors (model, data) name the line to
-        fix, as loading's do. Else `where` alone."""
+        """PATH:LINE of `field` (or of the nearest enclosing field written), PATH as errors
+        spell it (`shown`), while the policy is its file; else `where`: errors found later
+        (model, data) name the line to fix, as loading's do."""
         line = src.line(field) if (src := self.current_source) and src.path else None
         return f"{shown(src.path)}:{line}" if src and src.path and line else self.where
 
