@@ -80,9 +80,8 @@ class Policy:
         return str(path) if path is not None else f"<policy {self.name}>"
 
     def where_of(self, *field: str | int) -> str:
-        """PATH:LINE of `field` (or of the nearest enclosing field written), PATH as errors
-        spell it (`shown`), while the policy is its file; else `where`: errors found later
-        (model, data) name the line to fix, as loading's do."""
+        """PATH:LINE of `field` (or of the nearest enclosing field written; PATH as `shown` spells
+        it) while the policy is its file, else `where`: later errors name the line to fix."""
         line = src.line(field) if (src := self.current_source) and src.path else None
         return f"{shown(src.path)}:{line}" if src and src.path and line else self.where
 
@@ -128,8 +127,7 @@ class Policy:
         return replace(self, precision=replace(self.precision, rules=found))
 
     def to_dict(self) -> dict[str, Any]:
-        """The mapping `from_dict` reads back as an equal policy, given its `name` (every
-        value, absolute paths; the name is not in the mapping)."""
+        """What `from_dict(..., name=self.name)` reads back as an equal policy (absolute paths)."""
         from trtbuild.policy.dump import policy_dict
 
         return policy_dict(self)
