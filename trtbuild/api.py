@@ -255,15 +255,16 @@ def convert_front(
             front = _front(policy, "none", cache, verbose, draw=False, on_prepare=fill)
         # once per mixed model, and one load of each neighbourhood not checked before
         data = front.converted.model.SerializeToString()
-        loaded = validate.validate_mixed(
-            front.converted.model,
-            cache,
-            spec.ort_check_timeout,
-            spec.ort_check,
-            front.digest,
-            spares,
-            data,
-        )
+        with validate.blamed_on_model(policy.model):
+            loaded = validate.validate_mixed(
+                front.converted.model,
+                cache,
+                spec.ort_check_timeout,
+                spec.ort_check,
+                front.digest,
+                spares,
+                data,
+            )
     for w in front.warnings + loaded:
         log.warning(w)
     return front, data

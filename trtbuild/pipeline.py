@@ -35,7 +35,7 @@ from trtbuild.fsutil import write_bytes
 from trtbuild.graph.model_io import save_model
 from trtbuild.policy.model import Policy
 from trtbuild.precision.convert import Converted
-from trtbuild.precision.validate import MixedCheck, start_mixed_check
+from trtbuild.precision.validate import MixedCheck, blamed_on_model, start_mixed_check
 
 
 @dataclass
@@ -61,14 +61,15 @@ def build(
     # ORT's load runs beside the build
     build_spec = policy.build
     data = front.converted.model.SerializeToString()  # once: the check's and mixed.onnx's
-    check = start_mixed_check(
-        front.converted.model,
-        cache,
-        build_spec.ort_check_timeout,
-        build_spec.ort_check,
-        front.digest,
-        data=data,
-    )
+    with blamed_on_model(policy.model):
+        check = start_mixed_check(
+            front.converted.model,
+            cache,
+            build_spec.ort_check_timeout,
+            build_spec.ort_check,
+            front.digest,
+            data=data,
+        )
     with _joined(check), staged_output(out_dir, BUILD_FILES) as stage:
         save_model(front.prepared.model, stage / "prepared.onnx")
         save_model(front.converted.model, stage / "mixed.onnx", data)

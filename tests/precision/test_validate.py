@@ -753,3 +753,43 @@ def test_a_validated_models_record_key_is_the_same_bytes_as_before():
     data = bytes(range(256)) * 3
     joined = b"trtbuild-validated\0" + ort_child.judge().encode() + b"\0" + data
     assert validate._digest(data) == hashlib.sha256(joined).hexdigest()
+
+
+@pytest.mark.parametrize("command", ["convert", "build"])
+def test_a_shape_the_model_declares_wrong_is_the_models_fault_not_trtbuilds(tmp_path, command):
+    """An output shape an exporter wrote that shape inference contradicts passes the light check
+    the model is read with, then failed the mixed model's full check as trtbuild's fault
+    (exit 70; found by mutating a model's bytes): exit 2 naming the model. A mixed model
+    failing where the model passes stays trtbuild's (`InvalidMixedModel`, exit 70)."""
+    from trtbuild.cli import main
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu")]
+    nodes.append(helper.make_node("Mul", ["r", "r"], ["y"], name="sq"))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],  # inferred: [1, 4]
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "m.onnx"
+    )
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\naccuracy: {samples: 1}\n")
+    out = (
+        ["-o", str(tmp_path / "c.onnx")] if command == "convert" else ["--out", str(tmp_path / "o")]
+    )
+    assert main([command, "--policy", str(policy), "--no-cache", *out]) == 2
+    assert not (tmp_path / "o").exists() and not (tmp_path / "c.onnx").exists()
+
+
+def test_a_mixed_model_failing_where_its_model_passes_is_still_trtbuilds_fault(tmp_path):
+    from trtbuild.precision.validate import blamed_on_model
+
+    model = _gru(fp16=False)
+    onnx.save(model, tmp_path / "m.onnx")
+    with (
+        pytest.raises(InvalidMixedModel, match="wrote it wrong"),
+        blamed_on_model(tmp_path / "m.onnx"),
+    ):
+        raise InvalidMixedModel("the mixed model's tensor: trtbuild wrote it wrong")
