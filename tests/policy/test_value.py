@@ -176,6 +176,32 @@ def test_to_yaml_for_another_folder_keeps_the_comments_and_rebases_the_paths(tmp
     )
 
 
+def test_to_yaml_elsewhere_writes_a_linked_folder_as_the_link_not_its_target(tmp_path):
+    """A project whose `models/` links to another disk wrote `../models/m.onnx`; saved
+    elsewhere (tune's -o, to_yaml), a policy named the link's target. The link is kept,
+    as the text's and as a changed policy's; `link/..`, which the file system reads as the
+    target's parent, is re-based from what it names."""
+    disk, project = tmp_path / "disk" / "models", tmp_path / "project"
+    disk.mkdir(parents=True)
+    (project / "policies").mkdir(parents=True)
+    (project / "models").symlink_to(disk)
+    (project / "policies" / "p.yaml").write_text("version: 1\nmodel: ../models/m.onnx\n")
+    policy = load_policy(project / "policies" / "p.yaml")
+    assert policy.model == disk / "m.onnx"
+    out = project / "tuned" / "q.yaml"
+    changed = policy.with_rules({"id": "r", "match": {"op": "Pow"}, "precision": "fp32"})
+    for text in (policy.to_yaml(out), changed.to_yaml(out)):
+        assert "model: ../models/m.onnx" in text, text
+    (disk / "sub").mkdir()
+    (project / "policies" / "link").symlink_to(disk / "sub")
+    (project / "policies" / "p.yaml").write_text("version: 1\nmodel: link/../m.onnx\n")
+    policy = load_policy(project / "policies" / "p.yaml")
+    assert policy.model == disk / "m.onnx"
+    out.parent.mkdir()
+    out.write_text(policy.to_yaml(out))
+    assert load_policy(out).model == disk / "m.onnx"
+
+
 @pytest.mark.parametrize(
     "layout",
     [

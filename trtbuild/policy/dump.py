@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild.policy.keys import written
+from trtbuild.policy.source import spelled
 from trtbuild.policy.specs import SIMPLE_KEYS, Tolerance, simple_applies
 
 if TYPE_CHECKING:
@@ -173,9 +174,12 @@ def human_yaml(
     """
     source = policy.source
     absolute = source.absolute if source is not None else frozenset()
+    written = dict(source.spellings) if source is not None else {}
 
     def path(p: Path) -> str:
-        return str(p) if folder is None or str(p) in absolute else relative(p, folder)
+        if folder is None or str(p) in absolute:
+            return str(p)
+        return relative(Path(written.get(str(p), str(p))), folder)
 
     doc = _Writer(path=path, defaults=False).doc(policy)
     precision = doc.pop("precision", None) or {"rules": []}
@@ -223,6 +227,6 @@ def _schema_line(source: Any, folder: Path | None) -> list[str]:
         if line.startswith(marker):
             value = line[len(marker) :].strip()
             if folder is not None and not Path(value).is_absolute() and "://" not in value:
-                value = relative((source.base_dir / value).resolve(), folder)
+                value = relative(spelled(source.base_dir, value), folder)
             return [marker + value]
     return []

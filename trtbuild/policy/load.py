@@ -21,9 +21,10 @@ from trtbuild import words
 from trtbuild.errors import UsageError
 from trtbuild.policy.keys import given, keyed, written
 from trtbuild.policy.schema import SCHEMA, SchemaViolation, _validator, validate
-from trtbuild.policy.source import PolicySource, line_of
+from trtbuild.policy.source import PolicySource, line_of, spelled
 from trtbuild.policy.source import shown as shown_path
 from trtbuild.policy.specs import (
+    PATH_KEYS,
     AccuracySpec,
     BuildSpec,
     DataSpec,
@@ -213,6 +214,7 @@ def parse_fields(
         text=text,
         sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         absolute=_absolute(data, path.parent),
+        spellings=_spellings(data, path.parent),
         notes=_notes(text, lines, fields["precision"]),
         lines=tuple(lines.items()),
     )
@@ -248,7 +250,8 @@ def mapping_fields(data: Any, base_dir: Path) -> tuple[dict[str, Any], PolicySou
     _check_depth(data)
     plain = _numbers_where_wanted(_plain(data))
     fields = _fields(plain, base_dir, _Located(Path("<mapping>"), {}))
-    return fields, PolicySource(base_dir=base_dir, absolute=_absolute(plain, base_dir))
+    source = PolicySource(base_dir, absolute=_absolute(plain, base_dir))
+    return fields, replace(source, spellings=_spellings(plain, base_dir))
 
 
 def merged_rules(
@@ -348,6 +351,30 @@ def _absolute(doc: Any, base: Path) -> frozenset[str]:
         elif isinstance(item, str) and os.path.isabs(item):
             found.add(str((base / item).resolve()))
     return frozenset(found)
+
+
+def _spellings(doc: Any, base: Path) -> tuple[tuple[str, str], ...]:
+    """(resolved, as written made absolute) for each relative path of `doc` (a value of a
+    `PATH_KEYS` key) written through a symlink (`source.spelled`)."""
+    found = []
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        pairs = (
+            item.items()
+            if isinstance(item, dict)
+            else enumerate(item)
+            if isinstance(item, list)
+            else ()
+        )
+        for k, value in pairs:
+            if not isinstance(value, str):
+                stack.append(value)
+            elif k in PATH_KEYS and value and not os.path.isabs(value) and "://" not in value:
+                resolved = (base / value).resolve()
+                if spelled(base, value, resolved) != resolved:
+                    found.append((str(resolved), str(spelled(base, value, resolved))))
+    return tuple(sorted(set(found)))
 
 
 def _notes(text: str, lines: dict, precision: Precision) -> tuple[tuple[str, str], ...]:

@@ -3,11 +3,12 @@ identity and the lines its errors name (`load` knows no `Policy`, so this sits b
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PolicySource", "line_of", "shown"]
+__all__ = ["PolicySource", "line_of", "shown", "spelled"]
 
 FieldPath = tuple[str | int, ...]  # ("inputs", "x", "data"); a list item by its index
 
@@ -30,6 +31,9 @@ class PolicySource:
         lines: (field path, line) for every key and list item of `text` (1-based): what
             errors found after loading (against the model, the data) point at. A function
             of `text`, so kept here and not in the policy's value.
+        spellings: (resolved path, the path as written made absolute) for each relative
+            path the source wrote through a symlink (`dump.spelled`): `to_yaml` writes
+            the link, not its target.
     """
 
     base_dir: Path
@@ -40,6 +44,7 @@ class PolicySource:
     absolute: frozenset[str] = frozenset()
     notes: tuple[tuple[str, str], ...] = ()
     lines: tuple[tuple[FieldPath, int], ...] = ()
+    spellings: tuple[tuple[str, str], ...] = ()
 
     def line(self, field: FieldPath) -> int | None:
         """The line of `field` in `text`, or of the nearest enclosing field it gives."""
@@ -71,3 +76,17 @@ def shown(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def spelled(base: Path, value: str, target: Path | None = None) -> Path:
+    """The path `value` (relative to `base`) as written, made absolute without resolving its
+    symlinks, where it names the same file as resolving it does (`target`); else `target`.
+
+    Why: a project whose `models/` is a link to another disk wrote `../models/m.onnx`; a
+    policy saved elsewhere named `../../../data/disk/models/m.onnx`, the link's target,
+    where the link is what the person keeps. Lexically `link/..` is not the link's parent,
+    so a spelling that resolves elsewhere is not used.
+    """
+    resolved = (base / value).resolve() if target is None else target
+    written = Path(os.path.normpath(base / value))
+    return written if written.resolve() == resolved else resolved

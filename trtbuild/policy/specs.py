@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from trtbuild.policy.keys import (
     enum,
     integer,
     key,
+    keyed,
     section,
 )
 from trtbuild.sizes import parse_size
@@ -735,3 +736,17 @@ class AccuracySpec:
 
     def tolerance(self, output: str) -> Tolerance:
         return dict(self.output_tolerances).get(output, self.default_tolerance)
+
+
+# The keys whose value is a path relative to the policy: the model, a point's data file,
+# and every field the table marks `path` (data files, image folders, the timing cache).
+PATH_KEYS = frozenset(
+    {"model", "file"}
+    | {
+        name
+        for cls in list(globals().values())
+        if is_dataclass(cls) and isinstance(cls, type)
+        for _, k, name in keyed(cls)
+        if k.path
+    }
+)

@@ -17,23 +17,10 @@ from typing import Any
 
 import yaml
 
-import trtbuild.policy.specs as specs
 from trtbuild.policy.dump import PolicyLike, flow, human_yaml, relative
-from trtbuild.policy.keys import keyed
 from trtbuild.policy.load import PolicyLoader
-
-# The keys whose value is a path relative to the policy: the model, a point's data file,
-# and every field the table marks `path` (data files, image folders, the timing cache).
-PATH_KEYS = frozenset(
-    {"model", "file"}
-    | {
-        name
-        for cls in vars(specs).values()
-        if dataclasses.is_dataclass(cls) and isinstance(cls, type)
-        for _, k, name in keyed(cls)
-        if k.path
-    }
-)
+from trtbuild.policy.source import spelled
+from trtbuild.policy.specs import PATH_KEYS
 
 
 def policy_paths(value: Any) -> set[Path]:
@@ -79,7 +66,7 @@ def rebased_text(policy: Any, folder: Path) -> str | None:
     if rows and rows[0].startswith(marker):
         value = rows[0][len(marker) :].strip()
         if value and not os.path.isabs(value) and "://" not in value:
-            new = relative((src.base_dir / value).resolve(), folder)
+            new = relative(spelled(src.base_dir, value), folder)
             rows[0] = f"{marker}{new}\n"
     return "".join(rows)
 
@@ -104,7 +91,8 @@ def rebased(text: str, base: Path, folder: Path, paths: set[Path]) -> str | None
             continue
         target = (base / value).resolve()
         if target in paths:
-            edits.append((node.start_mark.index, node.end_mark.index, relative(target, folder)))
+            new = relative(spelled(base, value, target), folder)
+            edits.append((node.start_mark.index, node.end_mark.index, new))
     for start, end, new in sorted(edits, reverse=True):
         text = text[:start] + flow(new) + text[end:]
     return text
