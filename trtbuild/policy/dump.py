@@ -2,10 +2,10 @@
 
 Why two forms: a machine needs a document that means the same wherever it goes
 (`to_dict`, and the canonical YAML a policy without a file is identified by: every
-value, every path absolute, `Policy.from_dict(policy.to_dict())` equals the policy); a
-person keeps and reviews the file (`to_yaml`): paths as the source wrote them (relative
-to where the file is saved), only the keys that are not defaults, and the comments above
-rules (tune's reasons). Each section's plain keys come from the field table
+value, every path absolute, `Policy.from_dict(policy.to_dict(), name=policy.name)`
+equals the policy); a person keeps and reviews the file (`to_yaml`): paths as the source
+wrote them (relative to where the file is saved), only the keys that are not defaults,
+and the comments above rules (tune's reasons). Each section's plain keys come from the field table
 (`keys.written`), so a new field is written as soon as it is declared; only what the
 loader builds is written here.
 """
