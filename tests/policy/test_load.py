@@ -108,6 +108,15 @@ def test_malformed_yaml_names_line(write_policy):
         ),
         ("precision: {rules: [{id: x, match: {}, precision: fp32}]}", "must not be empty"),
         ("inputs: {input: {min: [1], opt: [2]}}", "needs min, opt and max"),
+        # a profile of several dynamic axes wrong in one: the dim and its values named
+        (
+            "inputs: {input: {min: [1, 3, 32, 48], opt: [2, 3, 64, 96], max: [3, 3, 128, 64]}}",
+            "dim 3 is min 48, opt 96, max 64",
+        ),
+        (
+            "inputs: {input: {min: [1, 3, 32], opt: [2, 3, 64, 96], max: [3, 3, 128, 128]}}",
+            "equal ranks: min has 3, opt has 4, max has 4 dim(s)",
+        ),
         # an empty cache's first step: refused, saying why and what to do
         (
             "inputs: {input: {min: [1, 3, 0, 64], opt: [1, 3, 64, 64], max: [1, 3, 64, 64]}}",

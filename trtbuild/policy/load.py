@@ -573,15 +573,36 @@ def _input(name: str, spec: dict, base: Path, loc: _Located) -> InputSpec:
     if has_profile and "shape" in spec:
         raise loc.error(("inputs", name), "give either 'shape' or min/opt/max, not both")
     if has_profile:
-        ranks = {len(spec[k]) for k in ("min", "opt", "max")}
-        ok = all(a <= b <= c for a, b, c in zip(spec["min"], spec["opt"], spec["max"]))
-        if len(ranks) != 1 or not ok:
-            raise loc.error(("inputs", name), "profile needs equal ranks and min <= opt <= max")
+        _check_profile(name, spec, loc)
     return InputSpec(
         name=name,
         **given(spec, InputSpec, base),
         data=_data_spec(spec.get("data") or {}, name, base, loc),
     )
+
+
+def _check_profile(name: str, spec: dict, loc: _Located) -> None:
+    """Refuse a profile whose min, opt and max disagree, naming the dim and its values.
+
+    A profile of several dynamic axes (batch, height, width) is easy to get wrong in one
+    of them; "min <= opt <= max" alone left the user to find which.
+    """
+    lengths = {k: len(spec[k]) for k in ("min", "opt", "max")}
+    if len(set(lengths.values())) != 1:
+        said = ", ".join(f"{k} has {n}" for k, n in lengths.items())
+        raise loc.error(
+            ("inputs", name),
+            f"profile needs equal ranks: {said} dim(s)",
+            "give min, opt and max one value per dim of the input",
+        )
+    for dim, (a, b, c) in enumerate(zip(spec["min"], spec["opt"], spec["max"])):
+        if not a <= b <= c:
+            raise loc.error(
+                ("inputs", name),
+                f"profile needs min <= opt <= max in every dim; dim {dim} is"
+                f" min {a}, opt {b}, max {c}",
+                f"order dim {dim}'s values so that min <= opt <= max",
+            )
 
 
 def _precision(prec: dict, loc: _Located) -> Precision:
