@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from tests.helpers import F, model, node, plain_session
+from tests.helpers import F, H, model, node, plain_session
 from trtbuild.policy.specs import GUARDS, Precision
 from trtbuild.precision.assign import EXACT_CAST, assign
 from trtbuild.precision.convert import convert
@@ -239,6 +239,36 @@ def test_only_a_weight_handed_out_as_it_is_stays_fp32():
     assert (decided["copy"].precision, decided["copy"].rule) == ("fp32", "weight-output")
     assert decided["embed"].precision == decided["cat"].precision == "fp16"
     assert decided["flatten"].precision == "fp16"  # the Mul reads it on: not handed out alone
+
+
+def test_an_input_handed_back_as_it_is_keeps_its_own_type():
+    """An input an `Identity` or a `Transpose` hands straight to an output (torch's `return
+    y, x`) keeps the input's type (rule `input-output`): FP16 would hand back FP32(FP16(x)).
+    An FP16 input stays FP16; a copy other nodes read on follows the default."""
+    m = model(
+        [node("Relu", ["x"], "y", "relu"),
+         node("Identity", ["x"], "x_out", "back"),
+         node("Transpose", ["x"], "x_t", "back_t", perm=[1, 0]),
+         node("Identity", ["h"], "h_out", "back_h"),
+         node("Reshape", ["x", "shape"], "flat", "flatten"),
+         node("Mul", ["flat", "two"], "z", "twice")],
+        [("x", F, [2, 3]), ("h", H, [2, 3])],
+        [("y", F, [2, 3]), ("x_out", F, [2, 3]), ("x_t", F, [3, 2]), ("h_out", H, [2, 3]),
+         ("z", F, [6])],
+        {"shape": np.array([6], np.int64), "two": np.array(2.0, np.float32)},
+    )  # fmt: skip
+    decided = _decided(m)
+    for name in ("back", "back_t"):
+        assert (decided[name].precision, decided[name].rule) == ("fp32", "input-output")
+    assert (decided["back_h"].precision, decided["back_h"].rule) == ("fp16", "input-output")
+    assert decided["flatten"].precision == decided["relu"].precision == "fp16"
+    mixed = convert(assign(m, _precision())).model
+    x = np.array([[0.1, 1 / 3, 2049.0], [-7.77, 1e-5, 3.14159]], np.float32)
+    h = x.astype(np.float16)
+    got = plain_session(mixed).run(["x_out", "x_t", "h_out"], {"x": x, "h": h})
+    np.testing.assert_array_equal(got[0], x)  # not x rounded to FP16 and back
+    np.testing.assert_array_equal(got[1], x.T)
+    np.testing.assert_array_equal(got[2], h)
 
 
 def test_a_share_is_stored_as_all_or_none_only_where_it_is():

@@ -31,7 +31,7 @@ from trtbuild.words import percent
 @dataclass(frozen=True)
 class Decision:
     precision: str | None  # fp16 | bf16 | fp32 | None (computes nothing in float)
-    rule: str  # rule id, or "default", "follows-input", "schema", "no-float", EXACT_CAST
+    rule: str  # rule id, or "default", "follows-input", "input-output", "schema", EXACT_CAST, ...
     reason: str
 
 
@@ -369,6 +369,8 @@ def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: s
     p = _followed(view, decisions, i)
     if p is None and _hands_out_weights(view, i):
         return _WEIGHT_OUT
+    if p is None and (passed := _passes_input_through(view, i)) is not None:
+        return passed
     if p is None:
         return Decision(default, "default", f"policy default {default}")
     src = view.nodes[p].name
@@ -389,6 +391,22 @@ def _hands_out_weights(view: GraphView, i: int) -> bool:
 
 
 _WEIGHT_OUT = Decision("fp32", "weight-output", "hands a weight out as it is: FP32, unrounded")
+
+
+def _passes_input_through(view: GraphView, i: int) -> Decision | None:
+    """Data movement of a graph input (and weights) into graph outputs no node reads (a
+    model that hands its input back beside its result, torch's `return y, x`): in the
+    input's own type, or a low copy rounds the input the engine hands back (an FP32 `x`
+    came out as FP32(FP16(x)), two casts for nothing). None where it is not such a copy."""
+    ins, outs = [t for t in view.nodes[i].input if t], view.float_outputs(i)
+    fed = [t for t in ins if t in view.inputs]
+    if not fed or not all(t in view.initializers or t in view.inputs for t in ins):
+        return None
+    if not all(not view.consumers.get(o) and o in view.outputs for o in outs):
+        return None
+    own = {view.dtype.get(t) for t in view.float_inputs(i)}
+    precision = next((p for p, d in PRECISION_DTYPE.items() if own == {d}), "fp32")
+    return Decision(precision, "input-output", f"hands a graph input out as it is: {precision}")
 
 
 def _followed(view: GraphView, decisions: list[Decision], i: int) -> int | None:
