@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -343,3 +345,44 @@ def test_a_model_replaced_while_it_is_read_is_prepared_from_the_bytes_its_key_na
     prepared, _ = front.prepared_graph(policy.model, policy.passes, open_cache(tmp_path / "c"))
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in prepared.model.graph.initializer}
     assert float(weights["k"]) == 2.0  # the bytes the key was made of
+
+
+def test_inputs_sharing_a_named_dim_given_two_sizes_are_named(tmp_path, capsys, monkeypatch):
+    """A BERT's `input_ids` and `attention_mask` are both `[b, s]`: a profile whose `opt`
+    gave them two sequence lengths was exit 2 with ONNX Runtime's broadcasting message from
+    inside the graph and the policy's whole path. It names both inputs, the dim and the
+    field's line; a shape the model cannot take names the line of `inputs` too."""
+    dims = ["b", "s"]
+    m = model(
+        [node("Add", ["ids", "mask"], "y", "add")], [("ids", F, dims), ("mask", F, dims)],
+        [("y", F, dims)],
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    monkeypatch.chdir(tmp_path)
+    profile = "{{min: [1, 2], opt: [2, {s}], max: [2, 8]}}"
+    Path("p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        f"  ids: {profile.format(s=4)}\n  mask: {profile.format(s=3)}\n"
+    )
+    assert main(["check", "--policy", "p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "p.yaml:5: the FP32 model cannot run at opt {ids: [2, 4], mask: [2, 3]}: " in err
+    assert "ids (dim 1) and mask (dim 1) share the model's dim 's', given 4 and 3" in err
+    assert "Attempting to broadcast" not in err
+    Path("p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  ids: {shape: [2, 4]}\n  mask: {shape: [2, 3]}\n"
+    )
+    assert main(["check", "--policy", "p.yaml"]) == 2  # static shapes: the same check
+    err = capsys.readouterr().err
+    assert "share the model's dim 's', given 4 and 3" in err and "p.yaml:5:" in err
+    Path("p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  ids: {shape: [2, 4]}\n  mask: {shape: [3, 4]}\n"
+    )
+    m.graph.input[1].type.tensor_type.shape.dim[0].dim_param = "c"  # another name: ORT refuses
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["check", "--policy", "p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "p.yaml:3: the FP32 model cannot run at shape {ids: [2, 4], mask: [3, 4]} in node add"
+        in err
+    )

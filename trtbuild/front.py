@@ -491,7 +491,8 @@ class _PointRun:
         except Exception as exc:
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
-            raise _cannot_run(policy, point, exc, opset_of(prepared.model)) from None
+            disagree = _shared_dims_disagree(policy, point, prepared.model)
+            raise disagree or _cannot_run(policy, point, exc, opset_of(prepared.model)) from None
         original = policy.accuracy.reference_model
         if ref is not None and original is not None:
             ref = _against_original(self, original, ref, feeds, originals)
@@ -526,6 +527,41 @@ def _against_original(
     return made
 
 
+def _shared_dims_disagree(
+    policy: Policy, point: ShapePoint, model: onnx.ModelProto
+) -> UsageError | None:
+    """Where ONNX Runtime refused a point at which inputs sharing a named dim (the model's
+    `dim_param`: a BERT's `input_ids` and `attention_mask` both `[batch, sequence]`) were
+    given two sizes: that, naming both inputs and the field, not the node that broke.
+
+    Why only after a refusal: ONNX says one name is one size, but an exporter's names are
+    not always so careful; where the model runs anyway, nothing is wrong for the user.
+    """
+    from trtbuild.accuracy.points import model_inputs
+
+    seen: dict[str, tuple[str, int, int]] = {}
+    for name, _, dims in model_inputs(model):
+        for axis, dim in enumerate(dims):
+            if not isinstance(dim, str) or name not in point.shapes:
+                continue
+            size = point.shapes[name][axis]
+            first = seen.setdefault(dim, (name, axis, size))
+            if first[2] == size:
+                continue
+            other, other_axis, other_size = first
+            which = point.name.split("=")[0]
+            at = ("inputs", name, which) if which in ("min", "opt", "max", "shape") else None
+            return UsageError(
+                f"the FP32 model cannot run at {point.label}: {other} (dim {other_axis}) and "
+                f"{name} (dim {axis}) share the model's dim '{dim}', given {other_size} and "
+                f"{size} there",
+                where=policy.where_of(*at) if at else policy.where_of("accuracy", "shapes"),
+                hint=f"give every input the same size for '{dim}' at each point "
+                "(min, opt, max, accuracy.shapes)",
+            )
+    return None
+
+
 def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, opset: int) -> UsageError:
     """ONNX Runtime refused to run the FP32 model on the policy's data: the user's input.
 
@@ -545,7 +581,7 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, opset: int) -
     return UsageError(
         f"the FP32 model cannot run at {point.label}{where}: "
         f"{(said.group(1) if said else text).strip()[:300]}",
-        where=policy.where,
+        where=policy.where_of("inputs"),
         hint="choose input shapes (inputs.*.shape, min/opt/max, accuracy.shapes) or data the "
         "model takes",
     )
@@ -589,7 +625,7 @@ def _not_by_data(policy: Policy, text: str, opset: int) -> UsageError | None:
         return UsageError(
             f"ONNX Runtime has no kernel for {op} as opset {version} defines it "
             f"(it runs opset {oldest} and later): the model is of opset {opset}",
-            where=policy.where,
+            where=policy.where_of("passes", "opset"),
             hint=f"{OPSET_FIX} (onnx's version converter; the engine is built from the "
             "upgraded graph)",
         )
