@@ -482,9 +482,16 @@ def test_a_dequantizes_divergence_is_counted_in_steps_only_where_they_are_even()
 
     first = {"node": "dq", "op": "DequantizeLinear", "tensor": "dq", "reason": "error 100%"}
     curve = [{"tensor": "dq", "rel_error": 1.0, "ref_max_abs": 1.0, "nonfinite": 0}]
-    said = in_steps(first, curve, _requantizing(H, "int8"))["reason"]
+    one = [{**curve[0], "rel_error": 0.5}]  # one step: what one rounding of relu's output makes
+    said = in_steps(first, one, _requantizing(H, "int8"))["reason"]
     assert said.startswith(
-        "error 100%: 2 quantization steps of 0.5, where FP16's rounding of `relu`"
+        "error 100%: 1 quantization step of 0.5, where FP16's rounding of `relu`"
+    )
+    two = in_steps(first, curve, _requantizing(H, "int8"))["reason"]  # more: from further up
+    assert two.endswith(
+        "2 quantization steps of 0.5, where FP16's error in what `q` quantizes moved values "
+        "across its rounding boundaries, by more steps than one rounding of `relu`'s output "
+        "can: it came from further up"
     )
     fp8 = in_steps(first, curve, _requantizing(H, "fp8"))["reason"]
     assert fp8.startswith("error 100%: whole quantization steps, where")  # FP8's are uneven
@@ -504,14 +511,15 @@ def test_a_dequantizes_divergence_is_counted_in_steps_only_where_they_are_even()
 
 
 def test_steps_are_counted_for_one_scale_only():
-    from trtbuild.accuracy.judge import _steps
+    from trtbuild.accuracy.judge import _step_count, _steps
     from trtbuild.graph.qdq import Requantized
 
     point = {"rel_error": 1.0, "ref_max_abs": 1.0}
     one = Requantized("q", "relu", True, np.array(0.25), True)
-    assert _steps(point, one) == "4 quantization steps of 0.25"
+    assert _steps(_step_count(point, one), one) == "4 quantization steps of 0.25"
     per_axis = Requantized("q", "relu", True, np.array([0.5, 0.25]), True)
-    assert _steps(point, per_axis) == "whole quantization steps"
+    assert _step_count(point, per_axis) is None
+    assert _steps(_step_count(point, per_axis), per_axis) == "whole quantization steps"
 
 
 def test_candidates_are_one_judgement_only_where_their_whole_graphs_are_alike():

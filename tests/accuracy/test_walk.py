@@ -154,3 +154,36 @@ def test_a_divergence_at_a_dequantize_is_said_in_steps_with_what_fp16_rounded(tm
         "where FP16's rounding of `scale`'s output, which `q` quantizes, moved values across "
         "its rounding boundaries; a rule keeping `scale` in FP32 keeps them"
     )
+
+
+def test_steps_no_rounding_of_the_qs_input_makes_are_not_laid_on_its_maker(tmp_path):
+    """x near 1050 rounded to FP16 (a step of 1 there), minus 1050, then a Q of step 0.02:
+    the DQ is off by up to 25 steps, which no rounding of the Sub's own output makes (it
+    moves a value in the Q's range by under a tenth of a step). The reason said FP16's
+    rounding of the Sub's output did it and that a rule keeping the Sub in FP32 keeps them,
+    which it does not: the error came from further up."""
+    w = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Mul", ["x", "one"], ["a"], name="copy"),
+        onnx.helper.make_node("Sub", ["a", "c"], ["b"], name="shift"),
+        onnx.helper.make_node("QuantizeLinear", ["b", "s", "z"], ["q"], name="q"),
+        onnx.helper.make_node("DequantizeLinear", ["q", "s", "z"], ["dq"], name="dq"),
+        onnx.helper.make_node("MatMul", ["dq", "w"], ["y"], name="mm"),
+    ]
+    inits = {"one": np.float32(1), "c": np.float32(1050), "s": np.float32(0.02),
+             "z": np.int8(0), "w": w}  # fmt: skip
+    onnx.save(model(nodes, [("x", F, [4, 8])], [("y", F, [4, 8])], inits, opset=19),
+              tmp_path / "m.onnx")  # fmt: skip
+    x = 1050 + np.random.default_rng(1).uniform(-50, 50, size=(1, 4, 8))
+    x[0, 0, :4] = [1048.3, 1049.6, 1050.4, 1051.7]  # within the Q's range, FP16 rounds by steps
+    np.savez(tmp_path / "x.npz", x=x.astype(np.float32))
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs: {x: {shape: [4, 8], data: {file: x.npz}}}\n"
+        "build: {backend: none}\naccuracy: {samples: 1, tolerances: {default: {atol: 1e-3, rtol: 1e-3}}}\n"
+    )
+    assert main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")]) == 1
+    first = json.loads((tmp_path / "o" / "report.json").read_text())["first_divergence"]
+    assert first["node"] == "dq", first
+    assert "quantization steps of 0.02, where FP16's error in what `q` quantizes" in first["reason"]
+    assert "by more steps than one rounding of `shift`'s output can" in first["reason"]
+    assert "a rule keeping" not in first["reason"]

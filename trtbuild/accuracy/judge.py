@@ -860,26 +860,44 @@ def in_steps(
     if point is None or point.get("nonfinite") or found is None or not found.maker:
         return first  # (a Q of a graph input reads it as given: FP32 rounds it no other way)
     q, maker = found.quantize, found.maker
-    if found.maker_low:
+    n = _step_count(point, found)
+    if found.maker_low and (n is None or n < 1.5):
         said = (
             f"FP16's rounding of `{maker}`'s output, which `{q}` quantizes, moved values across "
             f"its rounding boundaries; a rule keeping `{maker}` in FP32 keeps them"
         )
+    elif found.maker_low:  # one rounding moves a value within the Q's range by one step at most
+        said = (
+            f"FP16's error in what `{q}` quantizes moved values across its rounding boundaries, "
+            f"by more steps than one rounding of `{maker}`'s output can: it came from further up"
+        )
     else:  # pinned, or a Q/DQ: FP16's error came from further up
         said = f"FP16's error in what `{q}` quantizes moved values across its rounding boundaries"
-    return {**first, "reason": f"{first['reason']}: {_steps(point, found)}, where {said}"}
+    return {**first, "reason": f"{first['reason']}: {_steps(n, found)}, where {said}"}
 
 
-def _steps(point: dict[str, Any], found: qdq.Requantized) -> str:
-    """The error at a DQ in its Q's steps, counted where they are even (an integer grid,
-    one scale) and the error is a number."""
+def _step_count(point: dict[str, Any], found: qdq.Requantized) -> float | None:
+    """The error at a DQ in its Q's steps, where they are even (an integer grid, one scale)
+    and the error is a number; None elsewhere.
+
+    Why it matters beyond the words: FP16's rounding of a value the Q reads within its range
+    (|x| <= 127.5 steps) moves it by under a tenth of a step, so across one rounding boundary
+    at most; more steps than one came from further up, where no rule on the Q's input's
+    maker keeps them.
+    """
     error = float(point["rel_error"]) * point["ref_max_abs"]
     scale = found.scale
     even = found.integer and scale is not None and scale.size == 1 and scale.flat[0] > 0
     if not even or not np.isfinite(error) or error <= 0:
+        return None
+    return error / float(scale.flat[0])  # type: ignore[union-attr]
+
+
+def _steps(n: float | None, found: qdq.Requantized) -> str:
+    """`n` steps in words, with the step's size; where they are uneven or uncounted, so."""
+    if n is None:
         return "whole quantization steps"
-    step = float(scale.flat[0])  # type: ignore[union-attr]
-    n = error / step
+    step = float(found.scale.flat[0])  # type: ignore[union-attr]
     return f"{n:.3g} quantization step{'' if round(n, 3) == 1 else 's'} of {step:.4g}"
 
 
