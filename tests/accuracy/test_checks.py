@@ -209,6 +209,25 @@ def test_a_failing_sample_is_named_with_its_own_statistic():
     assert describe("simple", passing["simple"], tol) == "atol 0.05, rtol 0.05 on the median"
 
 
+def test_an_integer_outputs_failing_sample_shows_no_nan_relative():
+    """A k-NN's indices (int64, 0 among them) failing atol: Polygraphy's relative error of
+    integers is 0/0 where an index is 0, and the line read "(sample 0: 3, relative nan)"."""
+    import numpy as np
+
+    from trtbuild.accuracy.checks import describe, run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    ref = np.array([[0, 5, 0, 7]], np.int64)
+    tol = Tolerance(atol=0.01, rtol=0.01, check_error_stat="elemwise")
+    out = np.array([[0, 5, 3, 7]], np.int64)
+    found = run_checks([{"k": ref}], [{"k": out}], "cand", {"k": tol}, verbose=False)["k"]
+    assert found["simple"]["failed_samples"] == [0]
+    assert (
+        describe("simple", found["simple"], tol)
+        == "atol 0.01, rtol 0.01 on the elemwise (sample 0: 3)"
+    )
+
+
 @pytest.mark.parametrize(("k", "axis"), [(1, 1), (2, 1), (1, 0)])
 def test_top_indices_along_an_axis_are_polygraphys_k_and_axis(k, axis):
     """`top_k_axis`: Polygraphy's `TopKPostprocessFunc((k, axis))`; a segmentation's

@@ -292,6 +292,14 @@ def top_indices(output: np.ndarray, k: int, axis: int = -1) -> np.ndarray:
     return util.array.topk(a, k, axis)[1]
 
 
+def _relative(worst: dict[str, Any]) -> str:
+    """`, relative 0.2308`, or nothing where the figure is NaN: Polygraphy divides an integer
+    output's error by its values without the epsilon a float gets (an index of 0 is 0/0),
+    and "relative nan" beside a top-k index output's 224 read as a broken comparison."""
+    rel = worst.get("rel")
+    return f", relative {rel:.4g}" if rel is not None and rel == rel else ""
+
+
 def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
     """One check as a report shows it: the measured value next to its threshold."""
     if check == "simple":
@@ -299,11 +307,7 @@ def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
         if stat == "quantile":
             stat = f"{tol.error_quantile:g} quantile"
         worst = entry.get("worst")
-        at = (
-            f" (sample {worst['sample']}: {worst['abs']:.4g}, relative {worst['rel']:.4g})"
-            if worst
-            else ""
-        )
+        at = f" (sample {worst['sample']}: {worst['abs']:.4g}{_relative(worst)})" if worst else ""
         return f"atol {tol.atol:g}, rtol {tol.rtol:g} on the {stat}{at}"
     if check == "indices":
         what = f"top-{tol.top_k} indices" if tol.top_k else "indices"
