@@ -375,6 +375,14 @@ def test_inputs_sharing_a_named_dim_given_two_sizes_are_named(tmp_path, capsys, 
     assert main(["check", "--policy", "p.yaml"]) == 2  # static shapes: the same check
     err = capsys.readouterr().err
     assert "share the model's dim 's', given 4 and 3" in err and "p.yaml:5:" in err
+    Path("p.yaml").write_text(  # a named point of accuracy.shapes: its own line
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        f"  ids: {profile.format(s=4)}\n  mask: {profile.format(s=4)}\n"
+        "accuracy:\n  shapes:\n    long:\n      ids: [2, 8]\n"
+    )
+    assert main(["check", "--policy", "p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "p.yaml:8: the FP32 model cannot run at long {ids: [2, 8], mask: [2, 4]}: " in err
     Path("p.yaml").write_text(
         "version: 1\nmodel: m.onnx\ninputs:\n  ids: {shape: [2, 4]}\n  mask: {shape: [3, 4]}\n"
     )

@@ -550,12 +550,13 @@ def _shared_dims_disagree(
                 continue
             other, other_axis, other_size = first
             which = point.name.split("=")[0]
-            at = ("inputs", name, which) if which in ("min", "opt", "max", "shape") else None
+            own = which in ("min", "opt", "max", "shape")
+            at = ("inputs", name, which) if own else ("accuracy", "shapes", which)
             return UsageError(
                 f"the FP32 model cannot run at {point.label}: {other} (dim {other_axis}) and "
                 f"{name} (dim {axis}) share the model's dim '{dim}', given {other_size} and "
                 f"{size} there",
-                where=policy.where_of(*at) if at else policy.where_of("accuracy", "shapes"),
+                where=policy.where_of(*at),
                 hint=f"give every input the same size for '{dim}' at each point "
                 "(min, opt, max, accuracy.shapes)",
             )
