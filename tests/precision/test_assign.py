@@ -251,13 +251,16 @@ def test_an_input_handed_back_as_it_is_keeps_its_own_type():
          node("Transpose", ["x"], "x_t", "back_t", perm=[1, 0]),
          node("Identity", ["h"], "h_out", "back_h"),
          node("Reshape", ["x", "shape"], "flat", "flatten"),
-         node("Mul", ["flat", "two"], "z", "twice")],
-        [("x", F, [2, 3]), ("h", H, [2, 3])],
+         node("Mul", ["flat", "two"], "z", "twice"),
+         node("Gather", ["w", "ids"], "e", "embed", axis=0)],
+        [("x", F, [2, 3]), ("h", H, [2, 3]), ("ids", TensorProto.INT64, [2])],
         [("y", F, [2, 3]), ("x_out", F, [2, 3]), ("x_t", F, [3, 2]), ("h_out", H, [2, 3]),
-         ("z", F, [6])],
-        {"shape": np.array([6], np.int64), "two": np.array(2.0, np.float32)},
+         ("z", F, [6]), ("e", F, [2, 3])],
+        {"shape": np.array([6], np.int64), "two": np.array(2.0, np.float32),
+         "w": np.ones((4, 3), np.float32)},
     )  # fmt: skip
     decided = _decided(m)
+    assert (decided["embed"].precision, decided["embed"].rule) == ("fp16", "default")  # a lookup
     for name in ("back", "back_t"):
         assert (decided[name].precision, decided[name].rule) == ("fp32", "input-output")
     assert (decided["back_h"].precision, decided["back_h"].rule) == ("fp16", "input-output")
@@ -265,7 +268,8 @@ def test_an_input_handed_back_as_it_is_keeps_its_own_type():
     mixed = convert(assign(m, _precision())).model
     x = np.array([[0.1, 1 / 3, 2049.0], [-7.77, 1e-5, 3.14159]], np.float32)
     h = x.astype(np.float16)
-    got = plain_session(mixed).run(["x_out", "x_t", "h_out"], {"x": x, "h": h})
+    ids = np.array([0, 3], np.int64)
+    got = plain_session(mixed).run(["x_out", "x_t", "h_out"], {"x": x, "h": h, "ids": ids})
     np.testing.assert_array_equal(got[0], x)  # not x rounded to FP16 and back
     np.testing.assert_array_equal(got[1], x.T)
     np.testing.assert_array_equal(got[2], h)

@@ -394,17 +394,18 @@ _WEIGHT_OUT = Decision("fp32", "weight-output", "hands a weight out as it is: FP
 
 
 def _passes_input_through(view: GraphView, i: int) -> Decision | None:
-    """Data movement of a graph input (and weights) into graph outputs no node reads (a
-    model that hands its input back beside its result, torch's `return y, x`): in the
-    input's own type, or a low copy rounds the input the engine hands back (an FP32 `x`
-    came out as FP32(FP16(x)), two casts for nothing). None where it is not such a copy."""
-    ins, outs = [t for t in view.nodes[i].input if t], view.float_outputs(i)
-    fed = [t for t in ins if t in view.inputs]
-    if not fed or not all(t in view.initializers or t in view.inputs for t in ins):
+    """Data movement of graph inputs alone (every float value it reads one; a shape or an
+    index may come from anywhere) into graph outputs no node reads (a model that hands its
+    input back beside its result, torch's `return y, x`): in the input's own type, or a
+    low copy rounds the input the engine hands back (an FP32 `x` came out as
+    FP32(FP16(x)), two casts for nothing). Not an embedding's lookup of a weight by an
+    input. None where it is not such a copy."""
+    ins, outs = view.float_inputs(i), view.float_outputs(i)
+    if not ins or not all(t in view.inputs for t in ins):
         return None
     if not all(not view.consumers.get(o) and o in view.outputs for o in outs):
         return None
-    own = {view.dtype.get(t) for t in view.float_inputs(i)}
+    own = {view.dtype.get(t) for t in ins}
     precision = next((p for p, d in PRECISION_DTYPE.items() if own == {d}), "fp32")
     return Decision(precision, "input-output", f"hands a graph input out as it is: {precision}")
 
