@@ -203,3 +203,30 @@ def test_a_point_or_input_found_wrong_against_the_model_names_its_line(
     assert main(["check", "--policy", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"trtbuild: error: {path.resolve()}:{line}: {said}"), err
+
+
+def test_an_input_given_a_shape_and_frozen_says_it_is_frozen(tmp_path, capsys, monkeypatch):
+    """A conformer's `lengths` given a shape and data under `inputs` and frozen under
+    `passes.freeze_inputs`: "the model has no input 'lengths' (name one of the model's
+    inputs: mel)" for an input the model has. It says the input is frozen and what to do,
+    under `inputs` and under a named point alike; without it the policy checks."""
+    m = model(
+        [node("Mul", ["mel", "lengths"], "y", "scale")],
+        [("mel", F, [2, 4]), ("lengths", F, [4])], [("y", F, [2, 4])],
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    monkeypatch.chdir(tmp_path)
+    frozen = "passes:\n  freeze_inputs: {lengths: [1.0, 2.0, 3.0, 4.0]}\n"
+    given = "version: 1\nmodel: m.onnx\ninputs:\n  mel: {shape: [2, 4]}\n  lengths: {shape: [4]}\n"
+    (tmp_path / "p.yaml").write_text(given + frozen)
+    assert main(["check", "--policy", "p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "p.yaml:5: inputs.lengths: input 'lengths' is frozen by passes.freeze_inputs" in err
+    assert "has no input" not in err
+    point = "accuracy:\n  shapes:\n    other: {lengths: [4]}\n"
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n" + frozen + point)
+    assert main(["check", "--policy", "p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "p.yaml:7: accuracy.shapes.other: input 'lengths' is frozen" in err
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n" + frozen)
+    assert main(["check", "--policy", "p.yaml"]) == 0

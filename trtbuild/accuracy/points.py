@@ -103,9 +103,9 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
         if name not in names:
             from trtbuild.graph.model_io import no_input
 
-            raise no_input(
-                words.field("inputs", name), name, names, policy.where_of("inputs", name)
-            )
+            field = words.field("inputs", name)
+            _not_frozen(policy, name, field, policy.where_of("inputs", name))
+            raise no_input(field, name, names, policy.where_of("inputs", name))
     shapes = {}
     for name, _, dims in inputs:
         spec = specs.get(name)
@@ -125,6 +125,23 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
                     check_fits(policy, name, getattr(spec, key), dims, ("inputs", name, key))
         shapes[name] = tuple(shape)
     return shapes
+
+
+def _not_frozen(policy: Policy, name: str, field: str, where: str) -> None:
+    """Exit 2 where `field` gives a shape or data to an input `passes.freeze_inputs` made a
+    constant (the prepared model has no such input any more).
+
+    Why: "the model has no input 'lengths' (name one of the model's inputs: mel)" for an
+    input the model has, which the user froze in the same policy, sent them to the model.
+    """
+    if name in dict(policy.passes.freeze_inputs):
+        raise UsageError(
+            f"{field}: input '{name}' is frozen by passes.freeze_inputs: a constant of the "
+            "prepared model, which no point feeds",
+            where=where,
+            hint=f"remove '{name}' here (the model computes with its frozen value), or take it "
+            "out of passes.freeze_inputs to feed it",
+        )
 
 
 def check_fits(policy: Policy, name: str, shape, dims: Dims, at: tuple[str, ...]) -> None:
@@ -225,6 +242,7 @@ def _named_point(
         if input_name not in inputs:
             from trtbuild.graph.model_io import no_input
 
+            _not_frozen(policy, input_name, where, policy.where_of(*at, input_name))
             raise no_input(where, input_name, inputs, policy.where_of(*at, input_name))
         check_fits(policy, input_name, shape, inputs[input_name], (*at, input_name))
         _within_profile(policy, specs.get(input_name), tuple(shape), (*at, input_name))
