@@ -267,3 +267,31 @@ def test_a_backend_installed_that_does_not_import_is_said_so_not_missing(tmp_pat
     for line in lines:
         assert "'tensorrt_rtx' is installed but does not import: failed to map segment" in line
         assert "ulimit -v" in line and "not installed" not in line
+
+
+@rtx
+def test_an_input_that_is_also_an_output_takes_its_profile(tmp_path, capsys):
+    """A model whose graph output is its input itself (no node between, as a hand-made or
+    converted graph has it): TensorRT's parser renames that input `__x`, and the build was
+    exit 2 "inputs.__x: input '__x' has dynamic shape", an input the model does not have.
+    The renamed input takes the policy's profile of `x`, and the engine builds."""
+    from onnx import TensorProto, helper
+
+    from trtbuild.cli import main
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g", [x], [y, x]
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx"
+    )
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {min: [1, 4], opt: [2, 4], max: [4, 4]}\n"
+    )
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--out", str(out), "--backend", "tensorrt-rtx"])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "engine.plan").stat().st_size > 1000

@@ -607,6 +607,18 @@ def _last_errors(messages: list[tuple[str, str]]) -> str:
     )
 
 
+def _handed_out_as(name: str, tensors: list) -> str:
+    """The model's input name of network input `name` where TensorRT's parser renamed it
+    (`__x` for `x`: an input that is a graph output too, no node between), else "".
+
+    Why: the profile is the policy's, by the model's names; the renamed input found no
+    policy entry and the build said "inputs.__x: ... dynamic shape", an input the model
+    does not have.
+    """
+    taken = {t.name for t in tensors}
+    return name[2:] if name.startswith("__") and name[2:] not in taken else ""
+
+
 def _add_profile(
     trt,
     builder,
@@ -628,7 +640,7 @@ def _add_profile(
         return {}
     profile = builder.create_optimization_profile()
     for tensor in dynamic:
-        spec = specs.get(tensor.name)
+        spec = specs.get(tensor.name) or specs.get(_handed_out_as(tensor.name, tensors))
         if spec is None or (spec.shape is None and spec.opt is None):
             raise UsageError(
                 f"input '{tensor.name}' has dynamic shape {tuple(tensor.shape)}",
@@ -640,6 +652,8 @@ def _add_profile(
         else:
             profile.set_shape(tensor.name, spec.min, spec.opt, spec.max)
     values = {v.name: v for v in shape_values}
+    renamed = {t.name: _handed_out_as(t.name, tensors) for t in shaped}
+    values.update({n: values[o] for n, o in renamed.items() if o in values})
     for tensor in shaped:
         found = values.get(tensor.name, ShapeValues(tensor.name, refused=_unknown(tensor.name)))
         if found.refused is not None:
