@@ -57,3 +57,26 @@ def test_tune_keeps_in_bf16_what_only_fp16_cannot_hold(example_policy, tmp_path,
     assert main(["tune", "--policy", str(_bf16(example_policy)), "-o", str(tuned)]) == 0
     assert "rules: []" in tuned.read_text()  # the ~1e7 energy fits BF16: no pin
     assert "% BF16" in capsys.readouterr().out
+
+
+def test_bf16_below_compute_capability_8_is_refused_by_check(tmp_path, capsys, monkeypatch):
+    """TensorRT-RTX has no BF16 for SM75: a BF16 policy built for 7.5 passed `check` and
+    the judge, and the build was exit 3 ("Cannot compile for target(s) sm75, because the
+    model contains HW-specific datatypes: b16"). `check` says so, naming the field's line;
+    FP16 at 7.5 and BF16 at 8.0 check."""
+    import onnx
+
+    from tests.helpers import F, model, node
+
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [2, 4])], [("y", F, [2, 4])])
+    onnx.save(m, tmp_path / "m.onnx")
+    monkeypatch.chdir(tmp_path)
+    policy = "version: 1\nmodel: m.onnx\nprecision: {{default: {low}}}\nbuild:\n  compute_capabilities: [{cc}]\n"
+    (tmp_path / "p.yaml").write_text(policy.format(low="bf16", cc='"8.9", "7.5"'))
+    assert main(["check", "--policy", "p.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "p.yaml:5: build.compute_capabilities: 7.5 has no BF16 kernels (BF16 needs 8.0" in err
+    assert "runs 1 node(s) in BF16" in err
+    for low, cc in (("fp16", '"7.5"'), ("bf16", '"8.0"')):
+        (tmp_path / "p.yaml").write_text(policy.format(low=low, cc=cc))
+        assert main(["check", "--policy", "p.yaml"]) == 0, capsys.readouterr().err
