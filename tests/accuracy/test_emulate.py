@@ -311,3 +311,41 @@ def test_an_fp16_graph_outputs_emulated_value_takes_a_name_the_model_does_not_ho
     assert len(made) == len(set(made)), made
     (y,) = _run(emulated, {"x": np.array([1.0, -2.0, 3.0, 0.5], np.float32)})
     assert y.dtype == np.float16 and np.array_equal(y, np.array([2.0, 0.0, 6.0, 1.0], np.float16))
+
+
+def test_an_fp16_input_that_is_also_an_output_is_handed_out_as_given(tmp_path, capsys):
+    """An FP16 model whose graph output is its input itself (no node between): the
+    emulation renamed every read of `x` for the output's cast back to FP16, its own input
+    cast included, and made a second `x`; ONNX Runtime refused the emulated model
+    ("Duplicate definition of name (x)") and `build` was exit 70. The input is handed out as
+    given, and the model is judged."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import plain_session
+    from trtbuild.cli import main
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["b", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["b", 4])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g", [x], [y, x]
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    mixed = convert(assign(m, Precision()))
+    given = np.array([[-1.5, 0.1, 2049.0, 3.3]], np.float16)
+    got = plain_session(emulate(mixed.model)).run(None, {"x": given})
+    np.testing.assert_array_equal(got[1], given)
+    np.testing.assert_array_equal(got[0], np.maximum(given, 0))
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {min: [1, 4], opt: [2, 4], max: [4, 4]}\n"
+    )
+    argv = [
+        "build",
+        "--policy",
+        str(tmp_path / "p.yaml"),
+        "--out",
+        str(tmp_path / "o"),
+        "--backend",
+        "none",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err

@@ -101,8 +101,10 @@ def emulate(mixed: onnx.ModelProto, emulation: str = "storage") -> onnx.ModelPro
             )
     for node in mixed.graph.node:
         _emit(em, node, dtype, rank, strict)
+    fed = {vi.name for vi in mixed.graph.input}
     for vi in mixed.graph.output:
-        _declared_output(em, vi)
+        if vi.name not in fed:  # an input handed out as it is is already its declared type
+            _declared_output(em, vi)
     name = mixed.graph.name + "_emulated"
     return assembled(mixed, name, em.nodes, mixed.graph.input, mixed.graph.output, inits)
 
