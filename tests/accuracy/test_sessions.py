@@ -196,3 +196,20 @@ def test_a_session_given_its_weights_apart_computes_what_the_whole_models_does(
         for session in apart:
             got = session.run(None, feed)
             assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+def test_an_engines_run_feeds_an_input_the_parser_renamed_under_its_name():
+    """TensorRT's parser names an input that is a graph output too `__x`; an engine's run
+    (`EngineRunner.run`) is fed by the model's names. Polygraphy's cache of a Comparator's
+    data loader, given the engine's inputs as the Comparator gives them, reads `x`'s array
+    as `__x`'s (its names match "allowing for minor differences"): what the GPU's run of such
+    an engine relies on (the TrtRunner itself is not run here: no GPU)."""
+    from polygraphy.common import TensorMetadata
+    from polygraphy.comparator.data_loader import DataLoaderCache
+
+    x, z = np.ones((1, 4), np.float32), np.zeros((1, 2), np.float32)
+    cache = DataLoaderCache([{"x": x, "z": z}])
+    engine = TensorMetadata().add("__x", np.float32, (1, 4)).add("z", np.float32, (1, 2))
+    cache.set_input_metadata(engine)
+    fed = cache[0]
+    assert set(fed) == {"__x", "z"} and np.array_equal(fed["__x"], x) and fed["z"] is z
