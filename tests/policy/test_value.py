@@ -91,6 +91,7 @@ def test_where_of_spells_the_path_as_loading_does(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     policy = load_policy("policies/p.yaml")
     assert policy.where_of("inputs", "x") == "policies/p.yaml:3"
+    assert policy.where_of("accuracy", "samples") == "policies/p.yaml"  # no line: spelled so
     assert policy.where == str(tmp_path / "policies" / "p.yaml")  # the identity stays whole
 
 

@@ -81,9 +81,9 @@ class Policy:
 
     def where_of(self, *field: str | int) -> str:
         """PATH:LINE of `field` (or of the nearest enclosing field written; PATH as `shown` spells
-        it) while the policy is its file, else `where`: later errors name the line to fix."""
-        line = src.line(field) if (src := self.current_source) and src.path else None
-        return f"{shown(src.path)}:{line}" if src and src.path and line else self.where
+        it; no line where none holds it) while the policy is its file, else `where`."""
+        src = self.current_source
+        return _located(src, field) if src and src.path else self.where
 
     @classmethod
     def from_dict(
@@ -151,6 +151,13 @@ class Policy:
         text = self.to_yaml(path)
         surroundings_raised(write_text)(path, text)
         return parse_policy(text, Path(path).resolve(), name=self.name)
+
+
+def _located(src: PolicySource, field: tuple[str | int, ...]) -> str:
+    """`path:LINE` of a field in its policy file, the path as errors spell it (`shown`); the
+    path alone where not even the field's top-level key is written."""
+    line = src.line(field)
+    return f"{shown(src.path)}:{line}" if src.path and line else shown(src.path or Path())
 
 
 def _check_arguments(name: object, base_dir: object) -> None:
