@@ -227,6 +227,8 @@ def _flat_figures(f: dict[str, Any], low: str) -> str:
     """One point of a flat output, as `flat_warnings` says it: its spread and the limit."""
     if f["why"] == "empty":
         return f"at {f['label']}: empty on all {f['samples']} sample(s)"
+    if f["why"] == "dtype" and not f["limit"]:  # an integer or bool output: no step to allow
+        return f"at {f['label']}: every value the same on all {f['samples']} sample(s)"
     limit = (
         f"one {low} step at its scale"
         if f["why"] == "dtype"

@@ -206,3 +206,25 @@ def test_an_output_empty_on_the_first_sample_only_is_not_called_empty(tmp_path, 
     flat = json.loads((out / "report.json").read_text())["flat_outputs"]
     assert [(f["output"], f["why"]) for f in flat] == [("kept", "dtype")], flat
     assert "is empty on every sample" not in capsys.readouterr().err
+
+
+def test_a_constant_integer_output_is_said_as_such_not_in_fp16_steps(tmp_path, capsys):
+    """An argmax over a constant channel is 0 on every sample: "at most 0 (one FP16 step at
+    its scale)" read as if an integer output had an FP16 step; it says every value is the
+    same."""
+    m = model(
+        [
+            node("Mul", ["x", "zero"], "z", "/flatten"),
+            node("ArgMax", ["z"], "y", "/argmax", axis=1),
+        ],
+        [("x", F, [1, 4])],
+        [("y", onnx.TensorProto.INT64, [1])],
+        {"zero": np.zeros((1, 4), np.float32)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\naccuracy: {samples: 2}\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 0
+    said = _flat_warning(capsys.readouterr().err)
+    assert "output y is constant or nearly so" in said, said
+    assert "at shape [1, 4]: every value the same on all 2 sample(s)" in said, said
+    assert "step" not in said, said
