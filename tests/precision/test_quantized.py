@@ -712,3 +712,30 @@ def test_dequantize_reads_the_float_weight_in_front_of_its_quantize(tmp_path, pr
     matmul = next(n for n in mixed.nodes if n.name == "/fc/MatMul")
     got = numpy_helper.to_array(mixed.initializers[matmul.input[1]]).astype(np.float32)
     assert np.array_equal(got, w if precision == "fp32" else w.astype(np.float16))
+
+
+def test_a_weight_only_int4_model_is_said_as_weights_only_not_as_qdq_pairs(tmp_path, capsys):
+    """A MatMul whose weight is INT4, block-quantized (a DQ of a constant, no Q: what ModelOpt's
+    `--quantize_mode int4` writes for LLMs) printed "1 Q/DQ pairs (1 int4), 0 quantized ops":
+    pairs with no QuantizeLinear, and no word of why nothing is quantized compute."""
+    weight = helper.make_tensor("w", TensorProto.INT4, [8, 4], [1, -2, 3, 0] * 8)
+    scale = numpy_helper.from_array(np.full((1, 4), 0.05, np.float32), "s")
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dq", axis=0, block_size=8),
+        helper.make_node("MatMul", ["x", "wf"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [weight, scale],
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "m.onnx"
+    )
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 0
+    out = capsys.readouterr().out
+    said = "quantized: weights only, 1 DQ(s) of constant weights (1 int4), no QuantizeLinear: no op"
+    assert said in out and "Q/DQ pairs" not in out, out

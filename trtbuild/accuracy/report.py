@@ -415,10 +415,17 @@ def quantized_line(inventory: Mapping[str, Any]) -> str:
 
     pairs, ops = inventory.get("pairs", {}), inventory.get("quantized_ops", {})
     fed = ", ".join(f"{k} {n}" for k, n in inventory.get("dq_fed", {}).items())
+    head = f"{sum(pairs.values())} Q/DQ pairs ({per(pairs)}), {sum(ops.values())} quantized ops"
+    if not inventory.get("q_nodes") and not ops:  # INT4 LLMs: "36 Q/DQ pairs" with no Q
+        head = (
+            f"weights only, {sum(pairs.values())} DQ(s) of constant weights ({per(pairs)}), no "
+            "QuantizeLinear: no op computes on quantized inputs"
+        )
+    else:
+        head += f" ({per(ops)})"
     return (
-        f"quantized: {sum(pairs.values())} Q/DQ pairs ({per(pairs)}), {sum(ops.values())} "
-        f"quantized ops ({per(ops)}); DQ-fed: {fed or 'none'}; Q/DQ nodes follow the ops "
-        "around them and are never pinned"
+        f"quantized: {head}; DQ-fed: {fed or 'none'}; Q/DQ nodes follow the ops around them "
+        "and are never pinned"
     )
 
 
