@@ -34,6 +34,7 @@ from trtbuild.graph.model_io import (
 )
 from trtbuild.graph.optypes import UNHANDED_TYPES
 from trtbuild.graph.view import GraphView
+from trtbuild.numerics import has_kernels, oldest_capability
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import Passes, Precision
@@ -210,34 +211,27 @@ def _check_inputs(policy: Policy, prepared: Prepared, analysis: Analysis) -> Non
         )
 
 
-BF16_MIN_CAPABILITY = (8, 0)  # BF16 kernels: Ampere (SM80) and later
-
-
 def _bf16_has_kernels(policy: Policy, assignment: Assignment) -> Assignment:
     """`assignment`, or exit 2 where nodes run BF16 and a `build.compute_capabilities` entry
-    is below 8.0, naming the field, as FP8 below 8.9 is (`check_quantized`).
+    is below BF16's oldest (`numerics.MIN_CAPABILITY`), naming the field, as FP8 below its
+    own is (`check_quantized`).
 
     Why before any build: TensorRT-RTX refused it only at the end of `build`, after the
     judge ("Cannot compile for target(s) sm75, because the model contains HW-specific
     datatypes: b16", exit 3), and `check`, `convert` and `tune` said nothing.
     """
-    old = [c for c in policy.build.compute_capabilities if _capability(c) < BF16_MIN_CAPABILITY]
+    old = [c for c in policy.build.compute_capabilities if not has_kernels(c, "bf16")]
     count = sum(d.precision == "bf16" for d in assignment.decisions)
     if old and count:
         raise UsageError(
             f"{', '.join(old)} has no BF16 kernels (BF16 needs "
-            f"8.0 or newer), and the policy runs {count} node(s) in BF16",
+            f"{oldest_capability('bf16')} or newer), and the policy runs {count} node(s) in BF16",
             where=policy.where_of("build", "compute_capabilities"),
-            hint="build only for 8.0 and newer, or use fp16 where BF16 is chosen "
-            "(precision.default, the rules' precision)",
+            hint=f"build only for {oldest_capability('bf16')} and newer, or use fp16 where BF16 "
+            "is chosen (precision.default, the rules' precision)",
             field=("build", "compute_capabilities"),
         )
     return assignment
-
-
-def _capability(text: str) -> tuple[int, int]:
-    major, _, minor = text.partition(".")
-    return int(major), int(minor or 0)  # the schema's pattern: digits, a dot, digits
 
 
 def check_quantized(policy: Policy, analysis: Analysis) -> None:

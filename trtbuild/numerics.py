@@ -45,6 +45,25 @@ LOW_INF_AT = {
 # magnitude information; only its sign does.
 SENTINEL_ABS = 1e30
 
+# The oldest compute capability with TensorRT kernels of each format that needs one: FP8
+# from Ada (SM89), BF16 from Ampere (SM80); the others run everywhere TensorRT does.
+MIN_CAPABILITY = {"fp8": (8, 9), "bf16": (8, 0)}
+
+
+def oldest_capability(fmt: str) -> str:
+    """`MIN_CAPABILITY[fmt]` as policies write it ("8.9"), for messages."""
+    major, minor = MIN_CAPABILITY[fmt]
+    return f"{major}.{minor}"
+
+
+def has_kernels(capability: str, fmt: str) -> bool:
+    """Does a compute capability ("8.9") have kernels of `fmt` ("fp8", "bf16", ...)?"""
+    major, _, minor = capability.partition(".")
+    try:
+        return (int(major), int(minor or 0)) >= MIN_CAPABILITY.get(fmt, (0, 0))
+    except ValueError:
+        return False
+
 
 def sentinels(values: np.ndarray) -> np.ndarray:
     """Boolean mask of the sentinel positions of an FP32 reference tensor."""

@@ -35,7 +35,7 @@ from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import DEQUANTIZE, LOW_DTYPES, QDQ_OPS, QUANTIZE
 from trtbuild.graph.subgraphs import held_tensors
 from trtbuild.graph.view import GraphView, constant
-from trtbuild.numerics import LOW_MAX, LOW_TINY
+from trtbuild.numerics import LOW_MAX, LOW_TINY, has_kernels, oldest_capability
 
 # The ops TensorRT fuses with the DQs in front of them into one quantized kernel; the
 # residual Add after a quantized Conv is fused too when one of its inputs is DQ-fed.
@@ -60,7 +60,6 @@ FORMATS = {
 TENSORRT_FORMATS = frozenset({"int8", "fp8", "int4"})
 # Classes of quantized compute in the shares, beside fp16/bf16/fp32
 COMPUTE_CLASSES = ("int8", "fp8")
-FP8_MIN_CAPABILITY = (8, 9)  # FP8 kernels: Ada (SM89) and later
 # DequantizeLinear takes FP16/BF16 scales from this opset on (a quantized graph is upgraded)
 SCALE_OPSET = 19
 # Q/DQ of these types are ONNX's from opset 21 on (before it, ONNX Runtime writes its own,
@@ -435,12 +434,8 @@ def quantize(
 
 
 def fp8_capable(capability: str) -> bool:
-    """Does a compute capability ("8.9") have FP8 kernels?"""
-    major, _, minor = capability.partition(".")
-    try:
-        return (int(major), int(minor or 0)) >= FP8_MIN_CAPABILITY
-    except ValueError:
-        return False
+    """Does a compute capability ("8.9") have FP8 kernels (`numerics.MIN_CAPABILITY`)?"""
+    return has_kernels(capability, "fp8")
 
 
 def layout_chains(view: GraphView, nodes: dict[int, QdqNode]) -> dict[int, int]:
@@ -597,7 +592,8 @@ def _violation(n: QdqNode, old: list[str], readers: Callable[[], str]) -> Violat
             n.name,
             "compute capability",
             f"quantizes to FP8, which compute capability {', '.join(old)} has no kernels for "
-            "(FP8 needs 8.9 or newer)",
-            "build only for 8.9 and newer (build.compute_capabilities), or quantize to INT8",
+            f"(FP8 needs {oldest_capability('fp8')} or newer)",
+            f"build only for {oldest_capability('fp8')} and newer (build.compute_capabilities), "
+            "or quantize to INT8",
         )
     return None
