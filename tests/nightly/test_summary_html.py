@@ -60,6 +60,17 @@ def test_trend_legend_is_beside_the_lines(nights):
         plt.close(fig)
 
 
+def test_a_trend_plots_an_error_past_fp32s_range_as_missing_not_as_a_crash():
+    """A history whose stored error is 1e308 (changed by hand, or a fault: no FP32 output's
+    error is past 3.4e38) overflowed the log axis' margin to inf and ended the night as an
+    internal error (found by changing the history's values at random)."""
+    from trtbuild.nightly.summary import trend_png
+
+    points = _points(3)
+    points[1]["outputs"]["total"]["median_abs"] = 1e308
+    assert trend_png("nafnet", points).startswith(b"\x89PNG")
+
+
 def test_report_plot_legends_are_clear_of_the_data(example_policy, monkeypatch):
     """Every plot of report.html: the error curve, each histogram, the heatmap."""
     import matplotlib.pyplot as plt

@@ -12,6 +12,11 @@ from trtbuild.nightly.regressions import Regression, by_policy
 from trtbuild.nightly.runner import PolicyResult
 from trtbuild.words import percent
 
+# The largest error a trend plots: FP32's largest number, the largest a measured error of an
+# FP32 output can be. Larger (1e308 in a history a hand or a fault changed) overflowed the
+# log axis' margin to inf, and the night ended as an internal error.
+PLOTTED_MAX = 3.4028234663852886e38
+
 
 def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
     """The trend figure as PNG bytes."""
@@ -40,7 +45,7 @@ def trend_figure(policy: str, points: list[dict[str, Any]]) -> Any:
     for name in names:
         for key, style in (("median_abs", "-"), ("max_abs", ":")):
             ys = [p["outputs"].get(name, {}).get(key) for p in points]
-            ys = [y if y is not None and 0 < y < float("inf") else float("nan") for y in ys]
+            ys = [y if y is not None and 0 < y <= PLOTTED_MAX else float("nan") for y in ys]
             positive = positive or any(y == y for y in ys)
             ax.plot(x, ys, style, marker="o", ms=3, label=f"{name} {key}")
     for i, p in enumerate(points):
