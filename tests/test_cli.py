@@ -82,6 +82,22 @@ def test_malformed_policy_is_one_line_exit_2(write_policy, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("name", ["./", ".", "..", "/", "sub", "sub/"])
+@pytest.mark.parametrize("command", ["check", "build", "report", "tune"])
+def test_a_folder_as_the_policy_is_exit_2_not_an_internal_error(
+    tmp_path, monkeypatch, capsys, name, command
+):
+    """`--policy ./` (a folder, or `/`) made the search for `NAME.yaml` ask pathlib for a
+    name `.` has not: exit 70 in every command (found by random command lines)."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    out = ["-o", "t.yaml"] if command == "tune" else []
+    assert main([command, "--policy", name, *out]) == 2
+    err = capsys.readouterr().err
+    assert f"{name}: a folder, not a policy file" in err and "nightly --policies" in err, err
+    assert err.count("\n") == 1, err
+
+
 def test_missing_policy_and_model(tmp_path, write_policy, capsys):
     assert main(["check", "--policy", str(tmp_path / "nope.yaml")]) == 2
     assert "policy file not found" in capsys.readouterr().err

@@ -46,7 +46,9 @@ def resolve_policy_path(name: str | Path) -> Path:
     """`--policy nafnet.yaml` (or just `nafnet`) finds `./policies/nafnet.yaml` when no
     such file exists here: the example policies are run by name from the project root."""
     path = Path(name)
-    names = [path] if path.suffix else [path, path.with_name(path.name + ".yaml")]
+    # `.`, `..`, `/` and `dir/` have no name to add `.yaml` to (`with_name` raised: exit 70)
+    named = path.name not in ("", ".", "..") and not str(name).endswith(("/", os.sep))
+    names = [path] if path.suffix or not named else [path, path.with_name(path.name + ".yaml")]
     candidates = [p for n in names for p in ([n] if n.is_absolute() else [n, POLICY_DIR / n])]
     for candidate in candidates:
         if candidate.is_file():
@@ -54,6 +56,13 @@ def resolve_policy_path(name: str | Path) -> Path:
     there = next((c for c in candidates if c.exists() and not c.is_dir()), None)
     if there is not None:
         check_regular(there)
+    if path.is_dir():
+        raise UsageError(
+            "a folder, not a policy file",
+            where=str(name),
+            hint="name one policy file (`trtbuild nightly --policies DIR` runs every policy "
+            "of a folder)",
+        )
     raise UsageError(
         "policy file not found",
         where=str(name),
