@@ -35,3 +35,61 @@ def test_write_json_refuses_what_it_cannot_write_strictly(tmp_path):
     with pytest.raises(TypeError, match="not JSON serialisable: object"):
         write_json(tmp_path / "bad.json", {"x": object()})
     assert not (tmp_path / "bad.json").exists()  # nothing half-written
+
+
+def _relu_policy(tmp_path):
+    import onnx
+
+    from tests.helpers import F, model, node
+
+    onnx.save(
+        model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])]),
+        tmp_path / "m.onnx",
+    )
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\naccuracy: {samples: 1}\n")
+    return str(tmp_path / "p.yaml")
+
+
+@pytest.mark.parametrize("target", ["device", "fifo", "descriptor"])
+@pytest.mark.parametrize("command", ["convert", "prepare", "tune", "tune-log"])
+def test_an_output_that_is_a_device_fifo_or_descriptor_is_refused_not_replaced(
+    tmp_path, capsys, target, command
+):
+    """As root, `convert -o /dev/null` replaced the system's /dev/null with a regular file
+    (renamed over it), and every later `> /dev/null` on the machine wrote into that file
+    (found by random command lines). Each output path that is, or links to, a device, a
+    FIFO or an open file of the process (/dev/stdout) is exit 2 and left as it was. The
+    device is reached through a link in tmp_path: a regression replaces the link, never
+    /dev/null itself."""
+    import os
+
+    from trtbuild.cli import main
+
+    path = tmp_path / "out"
+    if target == "device":
+        path.symlink_to("/dev/null")
+    elif target == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/proc/self/fd/1")
+    before = os.readlink(path) if path.is_symlink() else "fifo"
+    policy = _relu_policy(tmp_path)
+    args = {
+        "convert": ["convert", "--policy", policy, "-o", str(path)],
+        "prepare": ["prepare", str(tmp_path / "m.onnx"), "-o", str(path)],
+        "tune": ["tune", "--policy", policy, "-o", str(path), "--budget", "1"],
+        "tune-log": [
+            "tune",
+            "--policy",
+            policy,
+            "-o",
+            str(tmp_path / "t.yaml"),
+            "--log",
+            str(path),
+        ],
+    }[command]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "not a file trtbuild can write" in err and err.count("\n") == 1, err
+    assert (os.readlink(path) if path.is_symlink() else "fifo") == before
+    assert path.is_symlink() or path.is_fifo()

@@ -642,10 +642,12 @@ def _cmd_convert(args) -> int:
 
 
 def _output_file(path: Path, reads: dict[str, Path | None] | None = None, flag: str = "-o") -> None:
-    """Exit 2 before any work where `flag`'s file cannot be written: a folder is there, a
-    folder above it is a file or may not be written, or it is a file the command reads
-    (`reads`: what each is, its path), which the write would replace (a policy or the FP32
-    model lost, and the command said `wrote`)."""
+    """Exit 2 before any work where `flag`'s file cannot be written: a folder, a device or a
+    FIFO is there, a folder above it is a file or may not be written, or it is a file the
+    command reads (`reads`: what each is, its path), which the write would replace (a policy
+    or the FP32 model lost, and the command said `wrote`)."""
+    from trtbuild.fsutil import replaceable
+
     for above in path.absolute().parents:
         if above.exists() and not above.is_dir():
             raise UsageError(
@@ -659,6 +661,7 @@ def _output_file(path: Path, reads: dict[str, Path | None] | None = None, flag: 
             where=str(path),
             hint="move the folder away or name another path",
         )
+    replaceable(path)  # a device, a FIFO, /dev/stdout: before the work, as the write would
     for what, read in (reads or {}).items():
         if read is not None and _same_file(path, read):
             raise UsageError(

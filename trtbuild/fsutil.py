@@ -74,9 +74,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to `path`; rename it over `path` only on success.
 
     The temporary file lives in the same directory so the final rename is atomic
-    on POSIX; on any exception (KeyboardInterrupt included) it is removed.
+    on POSIX; on any exception (KeyboardInterrupt included) it is removed. A `path` that
+    is (or links to) a device, FIFO or socket is refused (`replaceable`).
     """
     final = Path(path)
+    replaceable(final)
     with creating(final):
         make_parents(final)
         try:
@@ -99,6 +101,55 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             # a write's ENOSPC names no file, a rename names the temporary one: name `path`
             raise OSError(exc.errno, exc.strerror, str(final)) from exc
         raise
+
+
+# what a path is that is no regular file, by its stat type
+FILE_KINDS = {
+    stat.S_IFDIR: "is a folder",
+    stat.S_IFIFO: "is a FIFO (named pipe)",
+    stat.S_IFCHR: "is a character device",
+    stat.S_IFBLK: "is a block device",
+    stat.S_IFSOCK: "is a socket",
+}
+
+
+def replaceable(path: Path) -> None:
+    """Exit 2 where `path` is, or links to, a device, a FIFO or a socket: a file written
+    whole is renamed over its path, which puts a regular file in the device's place.
+
+    Why: `convert -o /dev/null` (to discard the model) replaced the system's /dev/null with a
+    regular file when run as root, and every later `> /dev/null` of the machine wrote into
+    it (found by random command lines); `-o /dev/stdout` would replace that link. A folder
+    is left to the rename's own refusal, a symlink to a file is replaced, not followed.
+    """
+    try:
+        mode = path.stat().st_mode  # follows a link: /dev/stdout is one, to a pipe or a tty
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new file, or a dangling link (replaced)
+    kind = FILE_KINDS.get(stat.S_IFMT(mode), "is not a regular file")
+    if stat.S_ISREG(mode) and _to_descriptor(path):  # /dev/stdout with stdout a file
+        kind = "names an open file of this process (a link into /proc or /dev/fd)"
+    elif stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    raise UsageError(
+        f"{kind}, not a file trtbuild can write: it writes a new file whole and renames it "
+        "over the path",
+        where=str(path),
+        hint="name a file for the output (to discard it, write it to a temporary folder)",
+    )
+
+
+def _to_descriptor(path: Path) -> bool:
+    """Whether `path` is a link that leads through /proc or /dev/fd (/dev/stdout, /dev/fd/1):
+    renamed over, the link itself would be replaced."""
+    for _ in range(40):  # the kernel's own limit of links followed
+        if not path.is_symlink():
+            return False
+        target = Path(os.readlink(path))
+        path = target if target.is_absolute() else path.parent / target
+        if str(path).startswith(("/proc/", "/dev/fd/")):
+            return True
+    return False
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from trtbuild.errors import UsageError
-from trtbuild.fsutil import READ_NOFOLLOW, atomic_path
+from trtbuild.fsutil import FILE_KINDS, READ_NOFOLLOW, atomic_path
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.subgraphs import all_nodes, bodies, may_hold_bodies
@@ -72,22 +72,12 @@ def check_model_file(
         )
         raise UsageError(f"{what} file not found", where=str(path), hint=fix)
     if not stat.S_ISREG(mode):
-        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
         raise UsageError(
             f"{kind}, not an ONNX file",
             where=str(path),
             hint=f"name a regular .onnx file as the {what}",
         )
-
-
-# what a path is that is no regular file, by its stat type
-_KINDS = {
-    stat.S_IFDIR: "is a folder",
-    stat.S_IFIFO: "is a FIFO (named pipe)",
-    stat.S_IFCHR: "is a character device",
-    stat.S_IFBLK: "is a block device",
-    stat.S_IFSOCK: "is a socket",
-}
 
 
 def load_model(
