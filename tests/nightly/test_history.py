@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+import pytest
+
 from trtbuild.nightly.history import ADDED_COLUMNS, RESULT_COLUMNS, _tables
 from trtbuild.nightly.runner import PolicyResult
 
@@ -13,3 +15,22 @@ def test_every_result_field_is_a_column_and_every_added_column_is_declared():
     assert {c for c, _ in RESULT_COLUMNS} | {"policy"} == stored
     tables = _tables().tables
     assert all(column in tables[table].c for table, column in ADDED_COLUMNS)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "device"])
+def test_a_history_path_that_is_no_regular_file_is_refused_before_sqlite_opens_it(tmp_path, kind):
+    """`--history /dev/null` left `/dev/null-journal` beside the device (SQLite's journal,
+    made before it failed): a device, a FIFO or a folder is refused first, exit 2 naming
+    it, nothing made beside it (the device reached through a link in tmp_path)."""
+    import os
+
+    from trtbuild.errors import UsageError
+    from trtbuild.nightly.history import open_history
+
+    path = tmp_path / "h.sqlite"
+    {"fifo": os.mkfifo, "folder": os.mkdir, "device": lambda p: p.symlink_to("/dev/null")}[kind](
+        path
+    )
+    with pytest.raises(UsageError, match=r"--history: is a .*, not an SQLite file"):
+        open_history(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite"]

@@ -128,6 +128,7 @@ def history_url(target: str | Path) -> Any:
     text = str(target)
     if "://" not in text:
         path = Path(text).expanduser().resolve()
+        _regular_or_new(path, text)
         return make_url(f"sqlite:///{path}")
     try:
         url = make_url(text)
@@ -139,6 +140,27 @@ def history_url(target: str | Path) -> Any:
     if scheme in ("postgresql", "postgres"):
         return url.set(drivername="postgresql+psycopg")
     raise _bad_url(text, f"unsupported scheme '{url.drivername}'")
+
+
+def _regular_or_new(path: Path, text: str) -> None:
+    """Exit 2 where an SQLite history's path is there and no regular file (a device, a FIFO,
+    a folder): SQLite would fail on it, and leave its `-journal` file beside it first
+    (`/dev/null-journal`, found by random command lines)."""
+    import stat
+
+    from trtbuild.fsutil import FILE_KINDS
+
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        raise UsageError(
+            f"--history: {FILE_KINDS.get(stat.S_IFMT(mode), 'is not a regular file')}, not an "
+            "SQLite file",
+            where=text,
+            hint="give an SQLite file's path (a new one is made), or a postgresql:// URL",
+        )
 
 
 def _bad_url(text: str, why: str) -> UsageError:
