@@ -305,3 +305,17 @@ def test_an_engine_build_that_refuses_its_field_names_the_policy_file_and_line(
     line = _line_of(policy, "compute_capabilities")
     assert f"{policy}:{line}: build.compute_capabilities: compute capability 9.0 is not" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_report_engine_that_is_no_regular_file_says_what_it_is(tmp_path, capsys, kind):
+    """`report --engine` naming a FIFO or a folder said "engine file not found", for a path
+    that is there: it says what the path is (found by random command lines)."""
+    import os
+
+    path = tmp_path / "engine.plan"
+    (os.mkfifo if kind == "fifo" else os.mkdir)(path)
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["report", "--policy", str(tmp_path / "p.yaml"), "--engine", str(path)]) == 2
+    said = {"fifo": "is a FIFO (named pipe)", "folder": "is a folder"}[kind]
+    assert f"{path}: {said}, not an engine file" in capsys.readouterr().err

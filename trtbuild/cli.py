@@ -548,17 +548,33 @@ def _cmd_report(args) -> int:
 
     policy = load_policy(args.policy)
     if args.engine is not None and not args.engine.is_file():
-        raise UsageError(
-            "engine file not found",
-            where=str(args.engine),
-            hint="build it first with trtbuild build",
-        )
+        raise _no_engine(args.engine)
     outcome = pipeline.report_only(
         policy, _out_dir(args, policy), args.engine, args.verbose, cache=_cache(args)
     )
     _warn(outcome.report.warnings)
     _print_verdict(outcome)
     return outcome.exit_code
+
+
+def _no_engine(path: Path) -> UsageError:
+    """`--engine` that names no regular file: not there, or a folder, FIFO or device (said as
+    such: "not found" for a FIFO that is there read as a wrong path)."""
+    import stat
+
+    from trtbuild.fsutil import FILE_KINDS
+
+    try:
+        kind = FILE_KINDS.get(stat.S_IFMT(path.stat().st_mode), "is not a regular file")
+    except OSError:
+        return UsageError(
+            "engine file not found", where=str(path), hint="build it first with trtbuild build"
+        )
+    return UsageError(
+        f"{kind}, not an engine file",
+        where=str(path),
+        hint="pass the engine.plan a build wrote (trtbuild build)",
+    )
 
 
 def _print_verdict(outcome) -> None:
