@@ -560,13 +560,10 @@ def _cmd_report(args) -> int:
 def _no_engine(path: Path) -> UsageError:
     """`--engine` that names no regular file: not there, or a folder, FIFO or device (said as
     such: "not found" for a FIFO that is there read as a wrong path)."""
-    import stat
+    from trtbuild.fsutil import file_kind
 
-    from trtbuild.fsutil import FILE_KINDS
-
-    try:
-        kind = FILE_KINDS.get(stat.S_IFMT(path.stat().st_mode), "is not a regular file")
-    except OSError:
+    kind = file_kind(path)
+    if kind is None:
         return UsageError(
             "engine file not found", where=str(path), hint="build it first with trtbuild build"
         )

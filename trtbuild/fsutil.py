@@ -113,6 +113,17 @@ FILE_KINDS = {
 }
 
 
+def file_kind(path: Path) -> str | None:
+    """What `path` is, following links, as messages say it ("is a FIFO (named pipe)"); ""
+    for a regular file, None where nothing is there. Other OSErrors (a loop, a permission)
+    are the surroundings' (exit 2)."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return "" if stat.S_ISREG(mode) else FILE_KINDS.get(stat.S_IFMT(mode), "is not a regular file")
+
+
 def replaceable(path: Path) -> None:
     """Exit 2 where `path` is, or links to, a device, a FIFO or a socket: a file written
     whole is renamed over its path, which puts a regular file in the device's place.
@@ -122,15 +133,11 @@ def replaceable(path: Path) -> None:
     it (found by random command lines); `-o /dev/stdout` would replace that link. A folder
     is left to the rename's own refusal, a symlink to a file is replaced, not followed.
     """
-    try:
-        mode = path.stat().st_mode  # follows a link: /dev/stdout is one, to a pipe or a tty
-    except (FileNotFoundError, NotADirectoryError):
-        return  # a new file, or a dangling link (replaced)
-    kind = FILE_KINDS.get(stat.S_IFMT(mode), "is not a regular file")
-    if stat.S_ISREG(mode) and _to_descriptor(path):  # /dev/stdout with stdout a file
+    kind = file_kind(path)  # follows a link: /dev/stdout is one, to a pipe or a tty
+    if kind == "" and _to_descriptor(path):  # /dev/stdout with stdout a file
         kind = "names an open file of this process (a link into /proc or /dev/fd)"
-    elif stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return
+    elif kind in (None, "", FILE_KINDS[stat.S_IFDIR]):
+        return  # a new file or a dangling link (replaced), a file, a folder (the rename's)
     raise UsageError(
         f"{kind}, not a file trtbuild can write: it writes a new file whole and renames it "
         "over the path",

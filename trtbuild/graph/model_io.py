@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from trtbuild.errors import UsageError
-from trtbuild.fsutil import FILE_KINDS, READ_NOFOLLOW, atomic_path
+from trtbuild.fsutil import READ_NOFOLLOW, atomic_path, file_kind
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.subgraphs import all_nodes, bodies, may_hold_bodies
@@ -71,8 +71,8 @@ def check_model_file(
             else "fix the path (relative to the current folder), or create the model there"
         )
         raise UsageError(f"{what} file not found", where=str(path), hint=fix)
-    if not stat.S_ISREG(mode):
-        kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    kind = file_kind(path)
+    if kind:
         raise UsageError(
             f"{kind}, not an ONNX file",
             where=str(path),

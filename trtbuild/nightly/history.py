@@ -146,18 +146,12 @@ def _regular_or_new(path: Path, text: str) -> None:
     """Exit 2 where an SQLite history's path is there and no regular file (a device, a FIFO,
     a folder): SQLite would fail on it, and leave its `-journal` file beside it first
     (`/dev/null-journal`, found by random command lines)."""
-    import stat
+    from trtbuild.fsutil import file_kind
 
-    from trtbuild.fsutil import FILE_KINDS
-
-    try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    if not stat.S_ISREG(mode):
+    kind = file_kind(path)
+    if kind:
         raise UsageError(
-            f"--history: {FILE_KINDS.get(stat.S_IFMT(mode), 'is not a regular file')}, not an "
-            "SQLite file",
+            f"--history: {kind}, not an SQLite file",
             where=text,
             hint="give an SQLite file's path (a new one is made), or a postgresql:// URL",
         )

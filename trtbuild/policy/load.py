@@ -381,8 +381,9 @@ def _spellings(doc: Any, base: Path) -> tuple[tuple[str, str], ...]:
                 stack.append(value)
             elif k in PATH_KEYS and value and not os.path.isabs(value) and "://" not in value:
                 resolved = (base / value).resolve()
-                if spelled(base, value, resolved) != resolved:
-                    found.append((str(resolved), str(spelled(base, value, resolved))))
+                written = spelled(base, value, resolved)
+                if written != resolved:
+                    found.append((str(resolved), str(written)))
     return tuple(sorted(set(found)))
 
 
