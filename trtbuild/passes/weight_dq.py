@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from trtbuild.graph.optypes import as_float_type
+from trtbuild.graph.optypes import DEQUANTIZE, as_float_type
 from trtbuild.graph.qdq import QdqGraph, QdqNode, dequantize, quantize
 from trtbuild.graph.view import GraphView, constant
 from trtbuild.passes.basic import PassRecord, copied, drop_unused_initializers
@@ -32,7 +32,7 @@ def dequantize_scalar_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     """Each DQ of a scalar constant in the main graph becomes a weight of its output's name;
     the Q/DQ weights no node reads any more are dropped."""
     record = PassRecord("dequantize_scalar_weights")
-    if not any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+    if not any(n.op_type == DEQUANTIZE for n in model.graph.node):
         return model, record  # no DQ in the main graph: not the view's 40 ms on 10k nodes, twice
     view = GraphView(model)
     qdq = QdqGraph(view)
