@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
+
 from trtbuild.nightly.history import number
 from trtbuild.nightly.regressions import Regression, by_policy
 from trtbuild.nightly.runner import PolicyResult
@@ -15,7 +17,7 @@ from trtbuild.words import percent
 # The largest error a trend plots: FP32's largest number, the largest a measured error of an
 # FP32 output can be. Larger (1e308 in a history a hand or a fault changed) overflowed the
 # log axis' margin to inf, and the night ended as an internal error.
-PLOTTED_MAX = 3.4028234663852886e38
+PLOTTED_MAX = float(np.finfo(np.float32).max)
 
 
 def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
