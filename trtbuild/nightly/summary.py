@@ -153,10 +153,9 @@ class Lanes:
 def lanes_section(results: list[PolicyResult], missing: list[str]) -> Lanes:
     """A lane is a device and an evaluator: a policy right on one GPU and wrong on another
     is what a nightly over several is for, so it is called out."""
-    lane_of = {id(r): f"{r.device or '–'} ({_evaluator(r)})" for r in results}
-    lanes = sorted(set(lane_of.values()))
+    cell = {(r.policy, lane): r.status for r in results for lane in _lanes_of(r, results)}
+    lanes = sorted({lane for _, lane in cell})
     policies = sorted({r.policy for r in results})
-    cell = {(r.policy, lane_of[id(r)]): r.status for r in results}
     rows = [[p, *(cell.get((p, lane), "–") for lane in lanes)] for p in policies]
     split = []
     for p in policies:
@@ -165,6 +164,19 @@ def lanes_section(results: list[PolicyResult], missing: list[str]) -> Lanes:
         if passing and failing:
             split.append(f"{p} passes on {', '.join(passing)} but fails on {', '.join(failing)}")
     return Lanes(["policy", *lanes], rows, split, missing)
+
+
+def _lanes_of(r: PolicyResult, results: list[PolicyResult]) -> list[str]:
+    """The lanes `r` is a cell of: its own; or, for a policy that ended before any judging
+    (an error: no evaluator), every lane of its device, where it has no verdict either (a
+    lane of its own, "(–)", would read as a second evaluator the night did not have)."""
+    device = r.device or "–"
+    if r.evaluator:
+        return [f"{device} ({_evaluator(r)})"]
+    judged = {
+        f"{device} ({_evaluator(o)})" for o in results if o.evaluator and o.device == r.device
+    }
+    return sorted(judged) or [f"{device} (–)"]
 
 
 def _lanes_md(lanes: Lanes) -> list[str]:
