@@ -36,7 +36,7 @@ def test_from_dict_resolves_paths_against_base_dir_and_names_the_field(tmp_path)
     assert policy.model == (tmp_path / "m.onnx").resolve() and policy.name == "mine"
     with pytest.raises(UsageError, match=r"precision\.default: str 'fp8' is not one of") as info:
         Policy.from_dict({"version": 1, "model": "m.onnx", "precision": {"default": "fp8"}})
-    assert info.value.where == "<mapping>"
+    assert info.value.where == "<policy policy>"  # as its later errors and its record name it
 
 
 def test_from_dict_leaves_the_mapping_as_it_was():

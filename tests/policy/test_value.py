@@ -112,8 +112,10 @@ def test_from_dict_reads_what_python_and_yaml_safe_load_give(tmp_path):
     with pytest.raises(UsageError, match=r"accuracy\.samples: .*must be an integer"):
         Policy.from_dict({**doc, "accuracy": {"samples": "1e-2"}}, base_dir=tmp_path)
     with pytest.raises(UsageError, match=r"atol.* must be a number") as info:
-        Policy.from_dict({**doc, "accuracy": {"tolerances": {"default": {"atol": "x"}}}})
-    assert info.value.where == "<mapping>"
+        Policy.from_dict(
+            {**doc, "accuracy": {"tolerances": {"default": {"atol": "x"}}}}, name="mine"
+        )
+    assert info.value.where == "<policy mine>"
 
 
 def test_rules_are_added_replaced_and_dropped_without_dict_surgery(tmp_path):

@@ -21,7 +21,7 @@ from trtbuild import words
 from trtbuild.errors import UsageError
 from trtbuild.policy.keys import given, keyed, written
 from trtbuild.policy.schema import SCHEMA, SchemaViolation, _validator, validate
-from trtbuild.policy.source import PolicySource, line_of, spelled
+from trtbuild.policy.source import PolicySource, line_of, spelled, unsaved
 from trtbuild.policy.source import shown as shown_path
 from trtbuild.policy.specs import (
     PATH_KEYS,
@@ -251,14 +251,17 @@ def _check_nesting(text: str, shown: str) -> None:
             depth -= 1
 
 
-def mapping_fields(data: Any, base_dir: Path) -> tuple[dict[str, Any], PolicySource]:
-    """A mapping's fields, validated as a file's text is (messages name the mapping), and
-    its source. The mapping is read as a file's values would be: `Path`s, tuples and numpy
-    scalars as the strings, lists and numbers they stand for, and the strings YAML 1.1
-    leaves unread (`1e-2`) as numbers where the schema wants one."""
-    _check_depth(data)
+def mapping_fields(
+    data: Any, base_dir: Path, name: str = "policy"
+) -> tuple[dict[str, Any], PolicySource]:
+    """A mapping's fields, validated as a file's text is (messages name the policy `name`
+    as every later error of it does, `unsaved`), and its source. The mapping is read as a
+    file's values would be: `Path`s, tuples and numpy scalars as the strings, lists and
+    numbers they stand for, and the strings YAML 1.1 leaves unread (`1e-2`) as numbers
+    where the schema wants one."""
+    _check_depth(data, unsaved(name))
     plain = _numbers_where_wanted(_plain(data))
-    fields = _fields(plain, base_dir, _Located(Path("<mapping>"), {}))
+    fields = _fields(plain, base_dir, _Located(Path(unsaved(name)), {}))
     source = PolicySource(base_dir, absolute=_absolute(plain, base_dir))
     return fields, replace(source, spellings=_spellings(plain, base_dir))
 
@@ -400,7 +403,7 @@ def _notes(text: str, lines: dict, precision: Precision) -> tuple[tuple[str, str
     return tuple(found)
 
 
-def _check_depth(data: Any) -> None:
+def _check_depth(data: Any, shown: str) -> None:
     """Exit 2 where a mapping nests deeper than `MAX_YAML_DEPTH` (walked without recursion)."""
     todo = [(data, 1)]
     while todo:
@@ -410,7 +413,7 @@ def _check_depth(data: Any) -> None:
         if depth > MAX_YAML_DEPTH:
             raise UsageError(
                 f"the policy nests deeper than {MAX_YAML_DEPTH} levels",
-                where="<mapping>",
+                where=shown,
                 hint="a policy is a few levels deep",
             )
         items = value.values() if isinstance(value, dict) else value

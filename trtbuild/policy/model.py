@@ -24,7 +24,7 @@ from typing import Any
 
 from trtbuild.errors import UsageError, surroundings_raised
 from trtbuild.fsutil import write_text
-from trtbuild.policy.source import PolicySource, shown
+from trtbuild.policy.source import PolicySource, shown, unsaved
 from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision, Rule
 
 __all__ = ["Policy", "PolicySource", "load_policy", "parse_policy"]
@@ -77,7 +77,7 @@ class Policy:
     def where(self) -> str:
         """Its file's path, else `<policy NAME>`: its identity (build.json's, errors')."""
         path = self.path
-        return str(path) if path is not None else f"<policy {self.name}>"
+        return str(path) if path is not None else unsaved(self.name)
 
     def where_of(self, *field: str | int) -> str:
         """PATH:LINE of `field` (or of the nearest enclosing field written; PATH as `shown` spells
@@ -106,7 +106,7 @@ class Policy:
         from trtbuild.policy.load import mapping_fields
 
         _check_arguments(name, base_dir)
-        fields, source = mapping_fields(mapping, Path(base_dir).resolve())
+        fields, source = mapping_fields(mapping, Path(base_dir).resolve(), name)
         return _sourced(cls(name=name, **fields), source)
 
     def with_rules(self, *rules: Rule | Mapping[str, Any], drop: Iterable[str] = ()) -> Policy:

@@ -68,6 +68,11 @@ def line_of(lines: Mapping[FieldPath, int], field: FieldPath) -> int | None:
     return None
 
 
+def unsaved(name: str) -> str:
+    """What names a policy that has no file (made in code), in its errors and its record."""
+    return f"<policy {name}>"
+
+
 def shown(path: Path) -> str:
     """`path` as errors write it: relative to the working folder where it lies inside it (as
     the user typed `--policy policies/x.yaml`), else whole; one spelling for the errors
