@@ -394,3 +394,26 @@ def test_inputs_sharing_a_named_dim_given_two_sizes_are_named(tmp_path, capsys, 
         "p.yaml:3: the FP32 model cannot run at shape {ids: [2, 4], mask: [3, 4]} in node add"
         in err
     )
+
+
+@pytest.mark.parametrize(("target", "baked"), [([1, 6, 2], True), ([1, -1, 4], False)])
+def test_a_size_the_export_wrote_into_the_graph_is_said_as_such(tmp_path, capsys, target, baked):
+    """A TorchScript export traces `x.view(1, 6, 2)` with the length it saw: a profile over
+    other lengths failed with ONNX Runtime's reshape message and "choose input shapes". It
+    says the node makes a constant shape, and how to re-export; a shape with -1 (a dim the
+    node infers, refused here for divisibility) keeps ONNX Runtime's words."""
+    shape = {"shape": np.array(target, np.int64)}
+    m = model(
+        [node("Reshape", ["x", "shape"], "r", "/enc/Reshape"), node("Relu", ["r"], "y", "relu")],
+        [("x", F, [1, "t", 2])], [("y", F, [1, "u", target[2]])], shape,
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {min: [1, 3, 2], opt: [1, 6, 2], max: [1, 9, 2]}\n"
+    )
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run at min [1, 3, 2] in node /enc/Reshape: " in err
+    said = "it reshapes to the constant shape [1, 6, 2], a size the export wrote into the graph"
+    assert (said in err) == baked
+    assert ("re-export the model with that dim dynamic" in err) == baked

@@ -29,11 +29,10 @@ from trtbuild.graph.model_io import (
     fed_inputs,
     key_digest,
     load_model,
-    opset_of,
     read_model,
 )
 from trtbuild.graph.optypes import UNHANDED_TYPES
-from trtbuild.graph.view import GraphView
+from trtbuild.graph.view import GraphView, constant
 from trtbuild.numerics import has_kernels, oldest_capability
 from trtbuild.passes.prepare import Prepared, prepare
 from trtbuild.policy.model import Policy
@@ -516,7 +515,7 @@ class _PointRun:
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
             disagree = _shared_dims_disagree(policy, point, prepared.model)
-            raise disagree or _cannot_run(policy, point, exc, opset_of(prepared.model)) from None
+            raise disagree or _cannot_run(policy, point, exc, self.view) from None
         original = policy.accuracy.reference_model
         if ref is not None and original is not None:
             ref = _against_original(self, original, ref, feeds, originals)
@@ -587,28 +586,54 @@ def _shared_dims_disagree(
     return None
 
 
-def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, opset: int) -> UsageError:
+def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, view: GraphView) -> UsageError:
     """ONNX Runtime refused to run the FP32 model on the policy's data: the user's input.
 
     Why exit 2 and not a bug: a shape the model cannot take (720 rows where it
     halves five times) fails inside a node, as Polygraphy's `run` would. The refusals
-    no shape or data mends are said as what they are (`_not_by_data`).
+    no shape or data mends are said as what they are (`_not_by_data`), and a size the
+    export wrote into the graph as what it is (`_baked`).
     """
     import re
 
     text = str(exc)
-    found = _not_by_data(policy, text, opset)
+    found = _not_by_data(policy, text, view.opset)
     if found is not None:
         return found
     node = re.search(r"Name:'([^']*)'", text)
     said = re.search(r"Status Message: (.*)", text)
     where = f" in node {node.group(1)}" if node else ""
+    baked = _baked(view, node.group(1)) if node else ""
     return UsageError(
         f"the FP32 model cannot run at {point.label}{where}: "
-        f"{(said.group(1) if said else text).strip()[:300]}",
+        + (baked or (said.group(1) if said else text).strip()[:300]),
         where=policy.where_of("inputs"),
-        hint="choose input shapes (inputs.*.shape, min/opt/max, accuracy.shapes) or data the "
-        "model takes",
+        hint=(
+            "re-export the model with that dim dynamic (torch.onnx.export's dynamic_axes, "
+            "or dynamic_shapes for dynamo), or give only the sizes it was exported at"
+            if baked
+            else "choose input shapes (inputs.*.shape, min/opt/max, accuracy.shapes) or data "
+            "the model takes"
+        ),
+    )
+
+
+# Ops whose second input is the shape they make: a constant there is a size the export
+# wrote into the graph (TorchScript traces `x.view(1, 50, 8)` with the 50 it saw).
+_SHAPE_MAKERS = {"Reshape": "reshapes", "Expand": "expands"}
+
+
+def _baked(view: GraphView, name: str) -> str:
+    """The node named `name` made a shape from a constant, said ("" where it did not)."""
+    found = [view.nodes[i] for i in view.top if view.nodes[i].name == name]
+    if not found or found[0].op_type not in _SHAPE_MAKERS or len(found[0].input) < 2:
+        return ""
+    shape = constant(view, found[0].input[1])
+    if shape is None or shape.size == 0 or (shape <= 0).any():  # -1 or 0: a dim it infers
+        return ""
+    return (
+        f"it {_SHAPE_MAKERS[found[0].op_type]} to the constant shape {shape.tolist()}, a size "
+        "the export wrote into the graph: the model runs only at inputs that fit it"
     )
 
 
