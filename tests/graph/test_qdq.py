@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto
 
 from tests.helpers import model, node
@@ -246,3 +247,45 @@ def test_requantized_names_what_the_quantize_reads_up_through_casts_and_only_for
     assert requantized(m, "dqdq") is None  # it reads a DQ's output, not a Q's
     m.graph.node[3].domain = "com.example"  # a Q of another domain's: not ONNX's rounding
     assert requantized(m, "dq") is None
+
+
+def _blocked_gemm(scale_shape: tuple[int, int]) -> onnx.ModelProto:
+    """A Gemm (transB) reading an INT4 weight [4, 8] through a DQ blocked by 4 on axis 0, its
+    scale of `scale_shape`: [1, 8] fits axis 0; [4, 2] is axis 1's, as ModelOpt's awq_clip
+    wrote it for a ViT's head."""
+    from onnx import helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((4, 8), ml_dtypes.int4), "w")
+    scale = numpy_helper.from_array(np.full(scale_shape, 0.1, np.float32), "w_scale")
+    nodes = [
+        helper.make_node(
+            "DequantizeLinear", ["w", "w_scale"], ["wd"], "w_dq", axis=0, block_size=4
+        ),
+        helper.make_node("Gemm", ["x", "wd"], ["y"], "/head/Gemm", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [weight, scale],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_a_blocked_scale_of_another_axis_is_refused_naming_the_op():
+    """ModelOpt's INT4 awq_clip wrote a Gemm's block scales for the other axis: ONNX Runtime
+    refused the node only when the reference ran, and trtbuild said to choose input shapes."""
+    import onnxruntime as ort
+
+    assert _violations(_blocked_gemm((1, 8))) == []
+    wrong = _blocked_gemm((4, 2))
+    with pytest.raises(Exception, match="blocked quantization"):  # the premise: ORT refuses it
+        session = ort.InferenceSession(
+            wrong.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        session.run(None, {"x": np.ones((1, 8), np.float32)})
+    (found,) = _violations(wrong)
+    assert found.node == "w_dq" and found.field == "scale"
+    assert "shape [4, 2]" in found.problem and "needs [1, 8]" in found.problem
+    assert "(/head/Gemm) left out" in found.fix

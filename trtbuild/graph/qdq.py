@@ -521,10 +521,43 @@ def violations(qdq: QdqGraph, capabilities: tuple[str, ...] = ()) -> list[Violat
     found = []
     old = [c for c in capabilities if not fp8_capable(c)]
     for i, n in qdq.nodes.items():
-        v = _violation(n, old, lambda i=i: _quantized_for(qdq, i))
+        v = _violation(n, old, lambda i=i: _quantized_for(qdq, i)) or _scale_shape(qdq, n)
         if v is not None:
             found.append(v)
     return found
+
+
+def _scale_shape(qdq: QdqGraph, n: QdqNode) -> Violation | None:
+    """A weight's Q/DQ whose scale does not have the shape its `axis` and `block_size` give
+    (blocked: the weight's shape with ceil(D / block_size) on `axis`; per axis: D values).
+
+    Why: ModelOpt 0.47's `--quantize_mode int4 --calibration_method awq_clip` wrote a Gemm's
+    (transB) weight blocked along its other axis; ONNX Runtime refused it only when the
+    reference ran, and the message told the user to choose other input shapes.
+    """
+    weight = qdq.view.initializers.get(n.quantized if n.is_dq else n.float_tensor)
+    if weight is None or n.scale_value is None or n.scale_value.size <= 1:
+        return None
+    dims, scale = list(weight.dims), list(np.shape(n.scale_value))
+    axis = n.axis if n.axis is not None else 1
+    if not -len(dims) <= axis < len(dims):  # (no shape to say; not this check's to judge)
+        return None
+    need = list(dims) if n.block_size > 0 else [dims[axis]]
+    if n.block_size > 0:
+        need[axis] = -(-dims[axis] // n.block_size)
+    if need == scale:
+        return None
+    blocked = f" and block_size {n.block_size}" if n.block_size > 0 else ""
+    return Violation(
+        n.name,
+        "scale",
+        f"scale {n.scale} has shape {scale}, where axis {axis}{blocked} over the weight "
+        f"{weight.name} of shape {dims} needs {need}: the quantizer wrote another axis's scales "
+        "(ONNX Runtime refuses to run the node)",
+        f"re-quantize with the op that reads it ({_quantized_for(qdq, n.index)}) left out "
+        "(ModelOpt: --nodes_to_exclude with its name) or another method (ModelOpt INT4: "
+        "--calibration_method rtn_dq)",
+    )
 
 
 def _quantized_for(qdq: QdqGraph, i: int) -> str:
