@@ -518,12 +518,17 @@ class _PointRun:
             raise disagree or _cannot_run(policy, point, exc, self.view) from None
         original = policy.accuracy.reference_model
         if ref is not None and original is not None:
-            ref = _against_original(self, original, ref, feeds, originals)
+            ref = _against_original(self, original, ref, feeds, originals, point)
         return ShapeRun(point, feeds, measures, ref, made.data)
 
 
 def _against_original(
-    run: _PointRun, path: Path, ref: ReferenceTensors, feeds: list, sessions: dict[Path, Any]
+    run: _PointRun,
+    path: Path,
+    ref: ReferenceTensors,
+    feeds: list,
+    sessions: dict[Path, Any],
+    point: ShapePoint,
 ) -> ReferenceTensors:
     """`ref` against `path`, `accuracy.reference_model` (`against_reference_model`), its
     outputs from the cache when the prepared graph (whose key holds the code and the
@@ -544,7 +549,8 @@ def _against_original(
         cached = run.cache.get("reference", key)
         if cached is not None:
             return ReferenceTensors(ref.measures, cached, ref.run_results, path)
-    made = against_reference_model(ref, path, feeds, sessions)
+    at = (point.label, run.policy.where_of("accuracy", "reference_model"))
+    made = against_reference_model(ref, path, feeds, sessions, at)
     if key is not None and key_digest(path) == run.original:  # still the file it named
         run.cache.put("reference", key, made.run_results)
     return made

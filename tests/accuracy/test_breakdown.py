@@ -157,6 +157,38 @@ def test_a_reference_model_with_another_shape_is_exit_2_naming_the_output(tmp_pa
     assert "accuracy.reference_model: output 'y'" in err and "[1, 3, 32, 64]" in err
 
 
+def test_a_reference_model_of_a_fixed_batch_is_exit_2_naming_the_dim_and_the_point(
+    tmp_path, capsys
+):
+    """A model quantized and then given a dynamic batch, judged against its original exported
+    at batch 1: ONNX Runtime's refusal was said as a model that is not the original."""
+
+    def relu(batch: int | str, name: str) -> Path:
+        vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [batch, 4]) for n in "xy"]
+        g = helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="r")], "g", vi[:1], vi[1:]
+        )
+        path = tmp_path / name
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+        return path
+
+    model, original = relu("n", "m.onnx"), relu(1, "original.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: {model.name}\ninputs:\n  x: {{min: [1, 4], opt: [2, 4], max: [2, 4]}}\n"
+        f"accuracy:\n  samples: 1\n  reference_model: {original.name}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--backend", "none", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    line = policy.read_text().splitlines().index(f"  reference_model: {original.name}") + 1
+    assert (
+        f"p.yaml:{line}: accuracy.reference_model: original.onnx fixes dim 0 of input 'x' at 1"
+        in err
+    ), err
+    assert "gives it 2" in err and "with that dim dynamic" in err and err.count("\n") == 1
+
+
 def test_the_emulation_keeps_int8_exact_and_rounds_a_dequantized_fp16_value_once():
     """A DQ with an FP16 scale: int8 values and zero points untouched, the scale taken at its
     FP16 value, the product rounded to FP16 once (what an FP16 DQ stores)."""

@@ -447,15 +447,41 @@ def _io_text(dtype: int, dims: list | None) -> str:
     return f"{onnx.TensorProto.DataType.Name(dtype).lower()} {shown}"
 
 
+def _fixed_dims_fit(session: Any, path: Path, feed: Feed, at: tuple[str, str] | None) -> None:
+    """Exit 2 where the reference model fixes a dim of an input that the point gives
+    another size, naming the input, the dim and both sizes.
+
+    Why: a model quantized and then given dynamic axes (or exported again with them) is
+    judged at a batch its original, exported with batch 1, cannot take; ONNX Runtime's
+    refusal was told as a model that was not the original.
+    """
+    label, where = at if at is not None else ("", str(path))
+    for i in session.get_inputs():
+        given = np.shape(feed[i.name]) if i.name in feed else None
+        if given is None or len(given) != len(i.shape):
+            continue
+        for axis, (dim, size) in enumerate(zip(i.shape, given)):
+            if isinstance(dim, int) and dim != size:
+                raise UsageError(
+                    f"accuracy.reference_model: {path.name} fixes dim {axis} of input "
+                    f"'{i.name}' at {dim}, and the point {label or 'judged'} gives it {size}",
+                    where=where,
+                    hint=f"export {path.name} with that dim dynamic, as the model has it, or "
+                    f"judge only points where it is {dim} (inputs.{i.name}: min/opt/max)",
+                )
+
+
 def against_reference_model(
     reference: ReferenceTensors,
     path: Path,
     feeds: list[Feed],
     sessions: dict[Path, Any] | None = None,
+    at: tuple[str, str] | None = None,
 ) -> ReferenceTensors:
     """`reference` with the reference model's outputs as what the judge compares against,
     the graph's own FP32 outputs kept beside them (`graph_results`). `sessions` keeps the
-    reference model's session for the next point of the run (it takes any shape).
+    reference model's session for the next point of the run (it takes any shape). `at`:
+    the point's label and where the policy names the reference model, for its errors.
 
     The reference model runs whole (only its outputs are kept) in an ONNX Runtime session
     with optimizations off, as the reference itself runs; the measures (peaks, internals,
@@ -473,6 +499,7 @@ def against_reference_model(
             sessions[path] = lean_session(str(path))
         session = sessions[path]
         names = [i.name for i in session.get_inputs()]
+        _fixed_dims_fit(session, path, feeds[0] if feeds else {}, at)
         iterations = []
         with quiet_polygraphy():
             for k, feed in enumerate(feeds):
