@@ -189,6 +189,32 @@ def test_a_reference_model_of_a_fixed_batch_is_exit_2_naming_the_dim_and_the_poi
     assert "gives it 2" in err and "with that dim dynamic" in err and err.count("\n") == 1
 
 
+def test_a_reference_model_of_other_io_types_names_the_quantizers_io_option(tmp_path, capsys):
+    """ModelOpt's --direct_io_types makes the model take its input as INT8 (the first Q
+    removed): the hint said to name the model it was quantized from, which it was."""
+
+    def cast(elem: int, name: str) -> Path:
+        g = helper.make_graph(
+            [helper.make_node("Cast", ["x"], ["y"], name="c", to=TensorProto.FLOAT)],
+            "g",
+            [helper.make_tensor_value_info("x", elem, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        )
+        path = tmp_path / name
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+        return path
+
+    model, original = cast(TensorProto.INT8, "m.onnx"), cast(TensorProto.FLOAT, "original.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: {model.name}\naccuracy:\n  reference_model: {original.name}\n"
+    )
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert "input 'x' is float [1, 4] in original.onnx but int8 [1, 4] in the model" in err, err
+    assert "--direct_io_types" in err and "name the unquantized model" not in err
+
+
 def test_the_emulation_keeps_int8_exact_and_rounds_a_dequantized_fp16_value_once():
     """A DQ with an FP16 scale: int8 values and zero points untouched, the scale taken at its
     FP16 value, the product rounded to FP16 once (what an FP16 DQ stores)."""

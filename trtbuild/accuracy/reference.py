@@ -377,6 +377,16 @@ def _bad_weight(view: GraphView, node) -> str | None:
 QUANTIZED_FP32 = "onnxrt-fp32-quantized"
 
 
+# an input or output of another element type than the original's: the model's own I/O types
+# were changed (ModelOpt's --direct_io_types gives an INT8 input where the first Q was, and
+# FP16 outputs), so "name the model it was made from" misled: it was.
+IO_TYPES_FIX = (
+    "a quantizer changed the model's input/output types (ModelOpt: --direct_io_types), or it "
+    "was exported in another precision (model.half()): quantize the original again without "
+    "that, or name a reference model of the same types"
+)
+
+
 def check_reference_model(model: onnx.ModelProto, path: Path, where: str) -> None:
     """Exit 2 unless the reference model takes the same inputs and gives the same outputs
     (names, element types, and every dim both declare as a number) as `model`.
@@ -412,7 +422,7 @@ def check_reference_model(model: onnx.ModelProto, path: Path, where: str) -> Non
                     f"{field}: {kind} '{name}' is {_io_text(other_dtype, other_dims)} in "
                     f"{path.name} but {_io_text(dtype, dims)} in the model",
                     where=where,
-                    hint=fix,
+                    hint=fix if dtype == other_dtype else IO_TYPES_FIX,
                 )
 
 
