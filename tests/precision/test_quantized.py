@@ -739,3 +739,33 @@ def test_a_weight_only_int4_model_is_said_as_weights_only_not_as_qdq_pairs(tmp_p
     out = capsys.readouterr().out
     said = "quantized: weights only, 1 DQ(s) of constant weights (1 int4), no QuantizeLinear: no op"
     assert said in out and "Q/DQ pairs" not in out, out
+
+
+def test_many_ops_kept_fp32_for_their_scales_are_counted_in_one_warning(tmp_path):
+    """ModelOpt's FP16 DeepLabV3 (random weights) had 102 ops whose DQ scales FP16 cannot
+    hold (1e-6 and below): a warning for each of them buried the verdict."""
+    inits = [
+        numpy_helper.from_array(np.array(1e-6, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+    ]
+    nodes, x = [], "x"
+    for k in range(12):  # x -> Q -> DQ -> Relu, 12 times: 12 ops read a tiny scale
+        nodes += [
+            helper.make_node("QuantizeLinear", [x, "s", "z"], [f"q{k}"], name=f"q{k}"),
+            helper.make_node("DequantizeLinear", [f"q{k}", "s", "z"], [f"d{k}"], name=f"dq{k}"),
+            helper.make_node("Relu", [f"d{k}"], [f"r{k}"], name=f"relu{k}"),
+        ]
+        x = f"r{k}"
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 8]) for n in ("x", x)]
+    graph = helper.make_graph(nodes, "g", vi[:1], vi[1:], inits)
+    path = tmp_path / "tiny_scales.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), path)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"version: 1\nmodel: {path.name}\n")
+    front = _front(policy)
+    said = [w for w in front.warnings if "stay" in w and "FP32 with" in w]
+    assert len(said) == 9, said  # eight named, then the rest counted
+    assert all(f"relu{k} (Relu) stays FP32" in said[k] for k in range(8))
+    assert said[8].startswith("4 more op(s) stay FP32") and "FP16 cannot hold" in said[8]
+    relus = [d for d in front.assignment.decisions if d.rule == "qdq-scale"]
+    assert len(relus) == 12  # every op still kept FP32, each with its reason
