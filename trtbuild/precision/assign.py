@@ -306,6 +306,7 @@ def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:
     from trtbuild.precision import quantized
 
     view, decisions = assignment.view, assignment.decisions
+    _dequantized_data_follows_readers(view, decisions, qdq)
     dequantized = _dequantized(assignment, qdq, precision)
     promoted, warnings = quantized.promote_for_scales(
         view, qdq, [d.precision for d in decisions], dequantized
@@ -321,6 +322,61 @@ def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:
     assignment.dq_precisions = plan.dq_precisions
     assignment.dequantized, assignment.dead_qdq = dequantized, plan.dead
     return assignment
+
+
+def _dequantized_data_follows_readers(view: GraphView, decisions: list[Decision], qdq) -> None:
+    """Data movement that follows a DequantizeLinear (through more data movement) is FP32
+    where a node reading it runs FP32: DQ -> Reshape -> InstanceNormalization, a quantized
+    UNet's GroupNorm.
+
+    Why: a DQ computes in the precision of what it feeds, and the data movement after it
+    followed the DQ, so neither had one of its own: both took the default, and the pinned
+    op read the dequantized values rounded to FP16. `tune` pinning every group of such a
+    UNet still failed against the quantized graph in FP32 (PSNR 30 where an all-FP32 rule
+    gives 0 error) and said FP16 was not what failed it. Readers are decided before
+    makers (one pass from the last node back: a chain resolves at once).
+    """
+    for i in range(len(view.nodes) - 1, -1, -1):
+        d = decisions[i]
+        if (
+            d.rule != "follows-input"
+            or d.precision == "fp32"
+            or not _after_dq(view, decisions, i, qdq)
+        ):
+            continue
+        reader = _fp32_reader(view, decisions, i, qdq)
+        if reader is not None:
+            why = f"moves dequantized data; follows its FP32 reader {view.nodes[reader].name}"
+            decisions[i] = Decision("fp32", "follows-input", why)
+
+
+def _fp32_reader(view: GraphView, decisions: list[Decision], i: int, qdq) -> int | None:
+    """A node reading node i's output in FP32, seen through a QuantizeLinear to the ops its
+    DQs feed (DQ -> Reshape -> Q -> DQ -> InstanceNormalization: ONNX Runtime quantizes
+    around data movement too); None where none does."""
+    for r in view.successors(i):
+        if r in qdq.nodes and not qdq.nodes[r].is_dq:
+            dqs = qdq.group_of[r].dqs if r in qdq.group_of else ()
+            ops = [c for dq in dqs for c in qdq.fed_by(dq)]
+            found = next((c for c in ops if decisions[c].precision == "fp32"), None)
+        else:
+            found = r if decisions[r].precision == "fp32" else None
+        if found is not None:
+            return found
+    return None
+
+
+def _after_dq(view: GraphView, decisions: list[Decision], i: int, qdq) -> bool:
+    """Whether data-movement node i follows a DequantizeLinear, directly or through the
+    data movement between them."""
+    seen = 0
+    while (p := _followed(view, decisions, i)) is not None and seen < len(view.nodes):
+        if p in qdq.nodes:
+            return qdq.nodes[p].is_dq
+        if decisions[p].rule != "follows-input":
+            return False
+        i, seen = p, seen + 1
+    return False
 
 
 def _dequantized(assignment: Assignment, qdq, precision: Precision) -> frozenset[int]:
