@@ -655,3 +655,35 @@ def test_a_tensorrt_fp8_q_with_a_computed_per_channel_scale_gets_a_zero_point_of
     x = np.array([[[1.1, -3.0], [1.1, 500.0]]], np.float32)  # 500 / 0.25 saturates at 448
     (y,) = _run(prepared, {"x": x})
     np.testing.assert_array_equal(y, [[[1.125, -3.0], [1.125, 112.0]]])
+
+
+def test_a_shape_of_a_dq_a_quantizer_inserted_undeclared_is_folded():
+    """ModelOpt inserts Q/DQ pairs after the export declared every shape: the `Shape` of the
+    key's DQ output (a ViT's 1/sqrt(head_dim)) had no declared input shape and stayed, where
+    the float export's folds; `check` then counted its scalar nodes as FP32 pins."""
+    from tests.helpers import F, model, node, plain_session
+
+    m = model(
+        [
+            node("QuantizeLinear", ["x", "s", "z"], "xq", "q"),
+            node("DequantizeLinear", ["xq", "s", "z"], "xd", "dq"),
+            node("Shape", ["xd"], "shape", "shape"),
+            node("Gather", ["shape", "last"], "dim", "gather", axis=0),
+            node("Cast", ["dim"], "dimf", "cast", to=F),
+            node("Sqrt", ["dimf"], "root", "sqrt"),
+            node("Div", ["xd", "root"], "y", "div"),
+        ],
+        [("x", F, [1, 4, 16])],
+        [("y", F, [1, 4, 16])],
+        {"s": np.array(0.05, np.float32), "z": np.array(0, np.int8), "last": np.array(2, np.int64)},
+        opset=19,
+    )
+    kept = [v for v in m.graph.value_info if v.name != "xd"]  # as the quantizer left it
+    del m.graph.value_info[:]
+    m.graph.value_info.extend(kept)
+    prepared = prepare(m, Passes())
+    ops = [n.op_type for n in prepared.model.graph.node]
+    assert "Shape" not in ops and "Sqrt" not in ops, ops
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(1, 4, 16)
+    want = plain_session(m).run(None, {"x": x})[0]
+    assert np.array_equal(plain_session(prepared.model).run(None, {"x": x})[0], want)

@@ -337,7 +337,7 @@ def fold_constants(
     excluded = {u["name"] for u in unfolded}
     before = len(model.graph.node)
     with quiet_dependencies(verbose):  # its import warns of every FP8 weight, unasked
-        graph = gs.import_onnx(_io_declared_once(model))
+        graph = gs.import_onnx(_io_declared_once(_shapes_for_shape_ops(model)))
         graph.fold_constants(
             error_ok=True, flatten_subgraphs=False, should_exclude_node=lambda n: n.name in excluded
         ).cleanup(remove_unused_graph_inputs=False).toposort()
@@ -354,6 +354,26 @@ def fold_constants(
     if unfolded:
         record.details["unfolded"] = unfolded
     return folded, record
+
+
+def _shapes_for_shape_ops(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` shape-inferred where a main-graph `Shape` or `Size` reads a tensor whose
+    shape the model does not declare; `model` itself otherwise (no inference's cost).
+
+    Why: onnx-graphsurgeon folds a `Shape` from its input's declared shape only. A
+    quantizer inserts Q/DQ pairs after the export declared every shape (ModelOpt's INT8
+    ViT: the key's DQ output, read by the `Shape` of `1/sqrt(head_dim)`), so the 12 Shapes
+    the float export folds stayed, and `check` counted their 48 scalar nodes as FP32 pins
+    of `guard:shape-arithmetic`.
+    """
+    g = model.graph
+    known = {v.name for v in (*g.value_info, *g.input, *g.output)}
+    known.update(t.name for t in g.initializer)
+    if all(n.op_type not in _SHAPE_OPS or not n.input or n.input[0] in known for n in g.node):
+        return model
+    from trtbuild.graph.model_io import infer_shapes
+
+    return infer_shapes(model)
 
 
 def _io_declared_once(model: onnx.ModelProto) -> onnx.ModelProto:
