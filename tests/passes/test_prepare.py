@@ -687,3 +687,82 @@ def test_a_shape_of_a_dq_a_quantizer_inserted_undeclared_is_folded():
     x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(1, 4, 16)
     want = plain_session(m).run(None, {"x": x})[0]
     assert np.array_equal(plain_session(prepared.model).run(None, {"x": x})[0], want)
+
+
+def _loop_reading_a_folded_shape(body_k: np.ndarray | None = None) -> onnx.ModelProto:
+    """`k = k0 * 1` folds in the main graph, which reshapes with it and a `Loop` whose body
+    reads it too (Mask R-CNN's transform constants, read by its mask head's `Loop`);
+    `body_k`: the body holds a weight of its own named `k` as well."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    i64 = numpy_helper.from_array
+    body_nodes = [
+        helper.make_node("Add", ["c_in", "c_in"], ["d"], name="body_add"),
+        helper.make_node("Reshape", ["d", "k"], ["c_out"], name="body_reshape"),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
+    ]
+    body = helper.make_graph(
+        body_nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("c_in", TensorProto.FLOAT, [1, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("c_out", TensorProto.FLOAT, [1, 4]),
+        ],
+        initializer=[] if body_k is None else [i64(body_k, "k")],
+    )
+    nodes = [
+        helper.make_node("Mul", ["k0", "one"], ["k"], name="k_mul"),
+        helper.make_node("Reshape", ["x", "k"], ["x2"], name="main_reshape"),
+        helper.make_node("Loop", ["n", "", "x2"], ["y"], name="loop", body=body),
+    ]
+    weights = [
+        i64(np.array(3, np.int64), "n"),
+        i64(np.array(1, np.int64), "one"),
+        i64(np.array([1, 4], np.int64), "k0"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_value_folded_in_the_main_graph_and_read_by_a_body_is_one_weight():
+    """onnx-graphsurgeon's fold writes `k` into the main graph and into the Loop's body
+    under one name; lifting the body's weights out held `k` twice, which onnx.checker
+    refuses ("initializer name is not unique": `convert` and `build` of torchvision's Mask
+    R-CNN exit 70). The main graph's weight stands for both."""
+    source = _loop_reading_a_folded_shape()
+    onnx.checker.check_model(source, full_check=True)
+    prepared = prepare(source, Passes()).model
+    names = [t.name for t in prepared.graph.initializer]
+    assert names.count("k") == 1
+    onnx.checker.check_model(prepared, full_check=True)
+    x = {"x": np.arange(4, dtype=np.float32)}
+    np.testing.assert_array_equal(_run(prepared, x)[0], _run(source, x)[0])
+
+
+def test_a_body_weight_of_another_value_under_a_taken_name_is_renamed_in_its_body():
+    """A body's own weight `k` that differs from the main graph's `k` is the body's (it
+    shadows the outer one): lifted, it is renamed where the body reads it."""
+    from trtbuild.passes.basic import lift_constants
+
+    source = _loop_reading_a_folded_shape(body_k=np.array([4, 1], np.int64))
+    folded = onnx.ModelProto()
+    folded.CopyFrom(source)
+    # the main graph's `k` as folding makes it: a weight beside the body's own
+    folded.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 4]), "k"))
+    del folded.graph.node[0]
+    lifted, record = lift_constants(folded)
+    weights = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in lifted.graph.initializer}
+    assert weights["k"] == [1, 4] and weights["k__1"] == [4, 1] and record.changed == 1
+    body = lifted.graph.node[-1].attribute[0].g
+    assert list(body.node[1].input) == ["d", "k__1"] and not body.initializer

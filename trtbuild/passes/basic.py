@@ -74,11 +74,10 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     if not inner and not any(n.op_type == "Constant" for n in subgraphs.all_nodes(model)):
         return model, record
     model = copied(model)  # passes never change their input
+    held = {t.name: t for t in model.graph.initializer}
     for scope, graph in subgraphs.walk(model.graph):
         if scope and graph.initializer:  # a body's own weights move out with its constants
-            model.graph.initializer.extend(graph.initializer)
-            record.changed += len(graph.initializer)
-            del graph.initializer[:]
+            record.changed += _move_out(model.graph, graph, held)
         keep = []
         for node in graph.node:
             value = (
@@ -95,6 +94,43 @@ def lift_constants(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
             del graph.node[:]
             graph.node.extend(keep)
     return model, record
+
+
+def _move_out(main: onnx.GraphProto, body: onnx.GraphProto, held: dict) -> int:
+    """Move a body's weights into the main graph (`held`: its weights by name); returns
+    how many.
+
+    Why: onnx-graphsurgeon's fold writes a value it folded in the main graph that a body
+    also reads into both graphs, under one name (Mask R-CNN's `/transform/Constant_2`,
+    read by its mask head's `Loop`): moved as it is, the main graph held that name twice,
+    which onnx.checker refuses. The main graph's copy of the same value stands for both; a
+    body's weight of another value under a taken name is renamed in that body first.
+    """
+    renamed: dict[str, str] = {}
+    for tensor in body.initializer:
+        known = held.get(tensor.name)
+        if known is not None and _same_weight(known, tensor):
+            continue
+        if known is not None:
+            renamed[tensor.name] = free_name(tensor.name, set(held))
+            tensor.name = renamed[tensor.name]
+        main.initializer.append(tensor)
+        held[tensor.name] = main.initializer[-1]
+    moved = len(body.initializer)
+    del body.initializer[:]
+    if renamed:
+        rename_values(body, renamed)
+    return moved
+
+
+def _same_weight(a: onnx.TensorProto, b: onnx.TensorProto) -> bool:
+    """Whether two weights hold the same type, dims and values, bit for bit."""
+    if a.data_type != b.data_type or list(a.dims) != list(b.dims):
+        return False
+    x, y = numpy_helper.to_array(a), numpy_helper.to_array(b)
+    if x.dtype == object:  # strings: their bytes are not the array's
+        return bool(np.array_equal(x, y))
+    return x.tobytes() == y.tobytes()
 
 
 def body_outputs_made_inside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
