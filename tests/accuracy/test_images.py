@@ -348,3 +348,33 @@ def test_an_image_pillow_cannot_read_is_exit_2_at_the_line_of_its_images(tmp_pat
     err = capsys.readouterr().err
     assert f"{path.resolve()}:4: inputs.x.data.images: cannot read 1.png: " in err, err
     assert "save 1.png again whole" in err, err
+
+
+def test_a_rank_3_input_takes_one_image_per_sample_at_each_point(tmp_path):
+    """torchvision's detection models (Mask R-CNN, Keypoint R-CNN) take one `[3, H, W]`
+    image; `images:` refused every input but rank 4 ("images need a rank-4 input"). Each
+    sample is one image, brought to each point's H, W like a batch of one."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.png"):
+        Image.fromarray(rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)).save(folder / name)
+    profile = "{min: [3, 4, 4], opt: [3, 6, 5], max: [3, 8, 8], data: {images: images}}"
+    path = identity_policy(tmp_path, [3, "h", "w"], profile, "accuracy: {samples: 2}\n")
+    front = run_front(load_policy(path), reference="none")
+    for point in front.shapes:
+        h, w = point.point.shapes["x"][1:]
+        assert [f["x"].shape for f in point.feeds] == [(3, h, w), (3, h, w)]
+        for feed, name in zip(point.feeds, ("a.png", "b.png"), strict=True):
+            with Image.open(folder / name) as im:
+                want = np.asarray(im.resize((w, h), Image.BILINEAR), np.float32) / 255.0
+            np.testing.assert_allclose(feed["x"], want.transpose(2, 0, 1), atol=1e-6)
+    assert main(["check", "--policy", str(path)]) == 0
+
+
+def test_an_image_input_of_rank_2_is_still_refused_naming_the_ranks_taken(tmp_path, capsys):
+    path = identity_policy(tmp_path, [6, 5], "{shape: [6, 5], data: {images: images}}")
+    (tmp_path / "images").mkdir()
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "rank-4 input ([N, C, H, W] or [N, H, W, C]) or one image of rank 3" in err, err

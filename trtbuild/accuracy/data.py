@@ -19,7 +19,13 @@ import onnx
 from onnx import helper
 
 from trtbuild.accuracy import derive, files, npz
-from trtbuild.accuracy.images import Decoded, image_layout, image_paths, point_images
+from trtbuild.accuracy.images import (
+    Decoded,
+    image_layout,
+    image_paths,
+    images_per_sample,
+    point_images,
+)
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
 from trtbuild.accuracy.sessions import quiet_polygraphy
 from trtbuild.errors import UsageError
@@ -232,8 +238,9 @@ def _plan(
         if name in found or spec is None or spec.data.images is None:
             continue
         image_layout(policy, spec, shape, ("inputs", name, "data"), dtypes[name])
-        paths = image_paths(policy, spec, shape[0])
-        images[name] = len(paths) // shape[0]
+        per_sample = images_per_sample(shape)
+        paths = image_paths(policy, spec, per_sample)
+        images[name] = len(paths) // per_sample
         folder = f"{spec.data.images.folder.name}/"
         loading[folder] = loading.get(folder, 0) + decoded.nbytes(policy, spec, paths)
     counts = [f.member.shape[0] for f in found.values() if not f.constant]

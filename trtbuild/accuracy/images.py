@@ -135,13 +135,14 @@ def point_images(
     raw = not np.issubdtype(dtype, np.floating)  # an integer input: the pixels, 0 to 255
     decoded = decoded if decoded is not None else Decoded()
     arrays, fitted = [], []
-    for path in image_paths(policy, spec, shape[0], count):
+    per_sample = images_per_sample(shape)
+    for path in image_paths(policy, spec, per_sample, count):
         source = decoded.source(policy, spec, path, at)
         a, how = _fit(spec, source, (h, w))
         arrays.append(_normalised(spec, a, layout, raw))
         fitted.append(how)
     stacked = np.stack(arrays).astype(dtype if raw else np.float32, copy=False)
-    return stacked.reshape(len(arrays) // shape[0], *shape), _said(spec, (h, w), fitted)
+    return stacked.reshape(len(arrays) // per_sample, *shape), _said(spec, (h, w), fitted)
 
 
 def _fit(spec: InputSpec, source: Source, size: tuple[int, int]) -> tuple[np.ndarray, _Fitted]:
@@ -218,21 +219,23 @@ def image_layout(
     img = spec.data.images
     if not np.issubdtype(dtype, np.floating):
         _raw_pixels(policy, spec, np.dtype(dtype), at)
-    if len(shape) != 4:
+    if len(shape) not in (3, 4):
         raise UsageError(
             f"{words.field(*at, 'images')}: input '{spec.name}' has rank {len(shape)}; images "
-            "need a rank-4 input",
+            "need a rank-4 input ([N, C, H, W] or [N, H, W, C]) or one image of rank 3",
             where=policy.where_of(*at, "images"),
             hint="use 'file' (.npz) or a distribution for this input",
         )
-    layout = img.layout or guess_layout(shape)
+    batched = shape if len(shape) == 4 else (1, *shape)  # [C, H, W]: a batch of one
+    layout = img.layout or guess_layout(batched)
     if layout is None:
         raise UsageError(
             f"{words.field(*at, 'layout')}: cannot tell where the channels of {list(shape)} are",
             where=policy.where_of(*at, "layout"),
-            hint="add 'layout: NCHW' or 'layout: NHWC'",
+            hint="add 'layout: NCHW' or 'layout: NHWC' (for a rank-3 input, [C, H, W] or "
+            "[H, W, C])",
         )
-    c, h, w = _chw(shape, layout)
+    c, h, w = _chw(batched, layout)
     want_c = 1 if img.channels == "GRAY" else 3
     if c != want_c:
         raise UsageError(
@@ -249,6 +252,12 @@ def image_layout(
                 hint=f"give one number or {c}",
             )
     return layout, (c, h, w)
+
+
+def images_per_sample(shape: tuple[int, ...]) -> int:
+    """How many images one sample of an image input takes: its batch, or one where the input
+    is a single image of rank 3 (`[C, H, W]`, as torchvision's detection models take it)."""
+    return shape[0] if len(shape) == 4 else 1
 
 
 def _raw_pixels(policy: Policy, spec: InputSpec, dtype: np.dtype, at: tuple[str, ...]) -> None:
