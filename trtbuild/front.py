@@ -504,6 +504,9 @@ class _PointRun:
 
     def __call__(self, point: ShapePoint, decoded: Decoded, originals: dict[Path, Any]) -> ShapeRun:
         policy, prepared = self.policy, self.prepared
+        disagree = _shared_dims_disagree(policy, point, prepared.model)
+        if disagree is not None:
+            raise disagree
         made = data_mod.point_feeds(policy, prepared.model, point, decoded, self.draw)
         feeds = made.feeds
         shape_values.check_given(policy, point, made.data, self.shape_inputs)
@@ -514,8 +517,7 @@ class _PointRun:
         except Exception as exc:
             if not type(exc).__module__.startswith("onnxruntime"):
                 raise
-            disagree = _shared_dims_disagree(policy, point, prepared.model)
-            raise disagree or _cannot_run(policy, point, exc, self.view) from None
+            raise _cannot_run(policy, point, exc, self.view) from None
         original = policy.accuracy.reference_model
         if ref is not None and original is not None:
             ref = _against_original(self, original, ref, feeds, originals, point)
@@ -559,12 +561,16 @@ def _against_original(
 def _shared_dims_disagree(
     policy: Policy, point: ShapePoint, model: onnx.ModelProto
 ) -> UsageError | None:
-    """Where ONNX Runtime refused a point at which inputs sharing a named dim (the model's
-    `dim_param`: a BERT's `input_ids` and `attention_mask` both `[batch, sequence]`) were
-    given two sizes: that, naming both inputs and the field, not the node that broke.
+    """A point at which inputs sharing a named dim (the model's `dim_param`: a BERT's
+    `input_ids` and `attention_mask` both `[batch, sequence]`) are given two sizes: that,
+    naming both inputs, the dim and the field, before anything runs.
 
-    Why only after a refusal: ONNX says one name is one size, but an exporter's names are
-    not always so careful; where the model runs anyway, nothing is wrong for the user.
+    Why before the reference, and not only where ONNX Runtime refuses the point: TensorRT's
+    parser names the dims so and holds them to one size (a profile whose ranges for the
+    name do not overlap fails the build; an engine refuses a run that gives two), so no
+    engine runs such a point, whatever ONNX Runtime's broadcasting makes of it (a TrOCR
+    judged at an image batch of 2 and a token batch of 1 passed). Dims that are not one
+    size are given two names (`passes.override_input_shapes`).
     """
     from trtbuild.accuracy.points import model_inputs
 
@@ -582,12 +588,13 @@ def _shared_dims_disagree(
             own = which in ("min", "opt", "max", "shape")
             at = ("inputs", name, which) if own else ("accuracy", "shapes", which)
             return UsageError(
-                f"the FP32 model cannot run at {point.label}: {other} (dim {other_axis}) and "
-                f"{name} (dim {axis}) share the model's dim '{dim}', given {other_size} and "
-                f"{size} there",
+                f"no engine runs {point.label}: {other} (dim {other_axis}) and {name} (dim "
+                f"{axis}) share the model's dim '{dim}', given {other_size} and {size} there "
+                "(TensorRT holds the inputs of one dim name to one size)",
                 where=policy.where_of(*at),
                 hint=f"give every input the same size for '{dim}' at each point "
-                "(min, opt, max, accuracy.shapes)",
+                "(min, opt, max, accuracy.shapes), or, where the two are not one size, name "
+                "them apart (passes.override_input_shapes)",
             )
     return None
 
