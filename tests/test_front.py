@@ -273,7 +273,8 @@ def test_a_node_onnx_runtime_cannot_make_a_kernel_of_is_the_models_not_the_shape
     )  # fmt: skip
     assert _check(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])) == 2  # fmt: skip
     err = capsys.readouterr().err
-    assert "ONNX Runtime cannot load the model: " in err and "TransposeBase" in err, err
+    assert "ONNX Runtime cannot load the model: " in err, err
+    assert "TransposeBase" in err or "Invalid attribute perm {0, -1, 1}" in err, err
     assert "re-export the model" in err and "choose input shapes" not in err, err
 
 

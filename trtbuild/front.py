@@ -660,7 +660,9 @@ def _not_by_data(policy: Policy, text: str, opset: int) -> UsageError | None:
 
     from trtbuild.policy.specs import OPSET_FIX, OPSET_RANGE
 
-    init = re.search(r"Exception during initialization: (.*)", text)
+    init = re.search(r"Exception during initialization: (.*)", text) or re.search(
+        r"(Node \([^)]*\) Op \([^)]*\) \[TypeInferenceError\] Invalid attribute .*)", text
+    )  # the second: its attributes against the rank the model declares, at the session's start
     if init:  # a kernel made from its attributes and weights: no shape is known yet
         return UsageError(
             f"ONNX Runtime cannot load the model: {init.group(1).strip()[:300]}",

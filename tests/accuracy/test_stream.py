@@ -458,3 +458,39 @@ def test_segments_and_lean_runs_get_their_large_weights_apart(monkeypatch):
     for t in names:
         np.testing.assert_array_equal(cut[t], whole[t], err_msg=t)
     np.testing.assert_array_equal(lean["h4"], whole["h4"])
+
+
+@pytest.mark.parametrize("segments", [1, 6])
+def test_a_resize_to_sizes_computed_from_an_inputs_shape_runs_in_segments(segments):
+    """A dynamo export of a DINOv2 resizes its position embeddings to sizes computed from the
+    image's `Shape`: a segment declared its inputs without a rank, and ONNX Runtime's shape
+    inference then gave the `Resize` an empty `sizes` and refused the segment ("Number of
+    elements of input 'sizes' (0) must be same as rank of input 'X' (4)": `check` exit 2,
+    "the FP32 model cannot run", for a model that runs). A graph input is declared as the
+    model declares it, a value from an earlier segment with its rank; whole (one segment)
+    or cut at every node, the run is the whole graph's."""
+    from tests.helpers import F, model, node
+
+    m = model(
+        [node("Relu", ["x"], "a", "relu"),
+         node("Shape", ["a"], "shape", "shape"),
+         node("Slice", ["shape", "starts", "ends"], "hw", "slice"),
+         node("Concat", ["lead", "hw"], "sizes", "concat", axis=0),
+         node("Resize", ["w", "", "", "sizes"], "r", "resize", mode="cubic", antialias=1),
+         node("Add", ["r", "a"], "y", "add")],
+        [("x", F, [1, 1, "h", "w"])],
+        [("y", F, [1, 4, "h", "w"])],
+        {"w": np.random.default_rng(0).normal(size=(1, 4, 3, 3)).astype(np.float32),
+         "lead": np.array([1, 4], np.int64), "starts": np.array([2], np.int64),
+         "ends": np.array([4], np.int64)},
+        opset=18,
+    )  # fmt: skip
+    del m.graph.value_info[:]
+    feed = {"x": np.random.default_rng(1).normal(size=(1, 1, 6, 5)).astype(np.float32)}
+    assign = [min(i, segments - 1) for i in range(len(m.graph.node))]
+    plan = stream.cut(m, assign, {"a", "r", "y"})
+    assert len(plan) == segments
+    values = {}
+    for got in stream.SegmentRunner(m, plan).run(feed):
+        values.update(got)
+    np.testing.assert_array_equal(values["y"], _whole_run(m, ["y"], feed)["y"])

@@ -323,6 +323,7 @@ class SegmentRunner:
         # each value's ONNX type where numpy's may not say it: the graph's inputs as declared,
         # and what a segment makes as its session says (ONNX Runtime hands FP8 out as uint8)
         self.types = {vi.name: vi.type.tensor_type.elem_type for vi in fed_inputs(model)}
+        self.declared = {vi.name: vi for vi in fed_inputs(model)}
         self.handed = [
             seg.marked if mark else tuple(t for t in seg.marked if t in outputs)
             for seg in plan.segments
@@ -365,12 +366,10 @@ class SegmentRunner:
     def _session(self, k: int, inputs: dict[str, np.ndarray]):
         seg = self.plan.segments[k]
         nodes = [self.model.graph.node[i] for i in seg.nodes]
-        feeds = [
-            helper.make_tensor_value_info(
-                t, self.types.get(t) or helper.np_dtype_to_tensor_dtype(v.dtype), None
-            )
-            for t, v in inputs.items()
-        ]
+        fixed = {  # a Resize's roi, scales and sizes: as long as its input's rank, always
+            t for node in nodes if node.op_type in ("Resize", "Upsample") for t in node.input[1:]
+        }
+        feeds = [self._declared(t, v, t in fixed) for t, v in inputs.items()]
         used = {t for node in nodes for t in _reads(node)}
         inits = [self.initializers[t] for t in sorted(used) if t in self.initializers]
         outs = [helper.ValueInfoProto(name=t) for t in dict.fromkeys((*self.handed[k], *seg.keep))]
@@ -379,6 +378,23 @@ class SegmentRunner:
         session = plain_session(session_model(part, inits))
         self.types.update({o.name: ORT_TYPES.get(o.type, 0) for o in session.get_outputs()})
         return session
+
+    def _declared(self, name: str, value: np.ndarray, fixed: bool) -> onnx.ValueInfoProto:
+        """A segment's input: a graph input as the model declares it, a value a segment
+        before made with its type and rank, its dims left free (the next feed's may differ)
+        but where `fixed` (a Resize's `sizes`: its length is the rank it resizes).
+
+        Why: ONNX Runtime's shape inference refuses a `Resize` whose `sizes` is of a length
+        it cannot read ("Number of elements of input 'sizes' (0) must be same as rank of
+        input 'X' (4)"): a segment fed that value, or fed the input whose `Shape` makes it
+        undeclared, was refused, and so was `check` of every dynamo export of a DINOv2 that
+        resizes its position embeddings to the image ("the FP32 model cannot run").
+        """
+        if name in self.declared:
+            return self.declared[name]
+        elem = self.types.get(name) or helper.np_dtype_to_tensor_dtype(value.dtype)
+        dims = list(np.shape(value)) if fixed else [None] * np.ndim(value)
+        return helper.make_tensor_value_info(name, elem, dims)
 
 
 # ONNX Runtime's name of each tensor type ("tensor(float8e4m3fn)") -> its ONNX element type
