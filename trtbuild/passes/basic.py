@@ -111,8 +111,9 @@ def _move_out(main: onnx.GraphProto, body: onnx.GraphProto, held: dict) -> int:
         known = held.get(tensor.name)
         if known is not None and _same_weight(known, tensor):
             continue
-        if known is not None:
-            renamed[tensor.name] = free_name(tensor.name, set(held))
+        if known is not None:  # a name no value of the model has, the weights moved so far
+            taken = set(held).union(*(subgraphs.defined_in(g) for _, g in subgraphs.walk(main)))
+            renamed[tensor.name] = free_name(tensor.name, taken)
             tensor.name = renamed[tensor.name]
         main.initializer.append(tensor)
         held[tensor.name] = main.initializer[-1]
