@@ -162,10 +162,14 @@ def check(
         TrtbuildError: the policy, the model or the data is not usable (`exit_code` 2).
     """
     from trtbuild import evaluation
+    from trtbuild.precision import validate
     from trtbuild.results import AtRisk, CheckedPoint, CheckResult, NodeDecision, SkippedPoint
 
+    policy = _policy(policy)
     with _quiet(quiet):
-        front = _front(_policy(policy), "measures", cache, verbose)
+        front = _front(policy, "measures", cache, verbose)
+    with validate.blamed_on_model(policy.model):  # what convert's check says of the model
+        validate.full_check_once(front.converted.model, cache, front.digest or "")
     nodes = [
         NodeDecision(n.name, n.op_type, d.precision or "-", d.rule, d.reason)
         for n, d in zip(front.assignment.view.nodes, front.assignment.decisions)

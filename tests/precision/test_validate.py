@@ -755,12 +755,15 @@ def test_a_validated_models_record_key_is_the_same_bytes_as_before():
     assert validate._digest(data) == hashlib.sha256(joined).hexdigest()
 
 
-@pytest.mark.parametrize("command", ["convert", "build"])
-def test_a_shape_the_model_declares_wrong_is_the_models_fault_not_trtbuilds(tmp_path, command):
+@pytest.mark.parametrize("command", ["convert", "build", "check"])
+def test_a_shape_the_model_declares_wrong_is_the_models_fault_not_trtbuilds(
+    tmp_path, command, monkeypatch
+):
     """An output shape an exporter wrote that shape inference contradicts passes the light check
     the model is read with, then failed the mixed model's full check as trtbuild's fault
-    (exit 70; found by mutating a model's bytes): exit 2 naming the model. A mixed model
-    failing where the model passes stays trtbuild's (`InvalidMixedModel`, exit 70)."""
+    (exit 70; found by mutating a model's bytes): exit 2 naming the model, from `check` too
+    (which said nothing of it), cached or not. A mixed model failing where the model passes
+    stays trtbuild's (`InvalidMixedModel`, exit 70)."""
     from trtbuild.cli import main
 
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu")]
@@ -776,11 +779,11 @@ def test_a_shape_the_model_declares_wrong_is_the_models_fault_not_trtbuilds(tmp_
     )
     policy = tmp_path / "p.yaml"
     policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\naccuracy: {samples: 1}\n")
-    out = (
-        ["-o", str(tmp_path / "c.onnx")] if command == "convert" else ["--out", str(tmp_path / "o")]
-    )
-    assert main([command, "--policy", str(policy), "--no-cache", *out]) == 2
+    out = {"convert": ["-o", str(tmp_path / "c.onnx")], "build": ["--out", str(tmp_path / "o")]}
+    assert main([command, "--policy", str(policy), "--no-cache", *out.get(command, [])]) == 2
     assert not (tmp_path / "o").exists() and not (tmp_path / "c.onnx").exists()
+    monkeypatch.setenv("TRTBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    assert [main([command, "--policy", str(policy), *out.get(command, [])]) for _ in "12"] == [2, 2]
 
 
 def test_a_mixed_model_failing_where_its_model_passes_is_still_trtbuilds_fault(tmp_path):

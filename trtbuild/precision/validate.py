@@ -245,6 +245,24 @@ def needs_full_check(plan: neighbourhoods.Plan | None, cache: Any, origin: str) 
     return cache.get("converted", _origin_digest(origin)) is None
 
 
+def full_check_once(model: onnx.ModelProto, cache: Any = None, origin: str = "") -> None:
+    """onnx.checker's full check of a mixed model, unless a mixed model of `origin` (the
+    prepared graph's cache key) passed it before under this judge; remembered where it
+    passes. `InvalidMixedModel` where it fails (`blamed_on_model` says whose fault).
+
+    Why `check` runs it: it is what makes a shape the model declares and inference
+    contradicts exit 2 from `convert` and `build`; without it `check` said nothing of
+    such a model, one verdict for one model at one door and another at the next. The
+    record is `convert`'s own (`needs_full_check`): paid once per prepared graph.
+    """
+    remembers = cache is not None and cache.enabled and bool(origin)
+    if remembers and cache.get("converted", _origin_digest(origin)) is not None:
+        return
+    _checked(model.SerializeToString(), True)
+    if remembers:
+        cache.put("converted", _origin_digest(origin), _record([]))
+
+
 def _checked(data: bytes, full: bool = True) -> None:
     """`onnx.checker`'s check of the model's bytes (not serialized again), full or not
     (`needs_full_check`), or `InvalidMixedModel`."""
