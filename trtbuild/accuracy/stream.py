@@ -322,8 +322,8 @@ class SegmentRunner:
         outputs = {o.name for o in model.graph.output}
         # each value's ONNX type where numpy's may not say it: the graph's inputs as declared,
         # and what a segment makes as its session says (ONNX Runtime hands FP8 out as uint8)
-        self.types = {vi.name: vi.type.tensor_type.elem_type for vi in fed_inputs(model)}
         self.declared = {vi.name: vi for vi in fed_inputs(model)}
+        self.types = {n: vi.type.tensor_type.elem_type for n, vi in self.declared.items()}
         self.handed = [
             seg.marked if mark else tuple(t for t in seg.marked if t in outputs)
             for seg in plan.segments

@@ -536,10 +536,9 @@ def _scale_shape(qdq: QdqGraph, n: QdqNode) -> Violation | None:
     reference ran, and the message told the user to choose other input shapes.
     """
     weight = qdq.view.initializers.get(n.quantized if n.is_dq else n.float_tensor)
-    if weight is None or n.scale_value is None or n.scale_value.size <= 1:
-        return None
-    dims, scale = list(weight.dims), list(np.shape(n.scale_value))
-    axis = n.axis if n.axis is not None else 1
+    if weight is None or n.scale_value is None or n.scale_value.size <= 1 or n.axis is None:
+        return None  # (a scale of several values has an axis: `_qdq_node` gives ONNX's default)
+    dims, scale, axis = list(weight.dims), list(np.shape(n.scale_value)), n.axis
     if not -len(dims) <= axis < len(dims):  # (no shape to say; not this check's to judge)
         return None
     need = list(dims) if n.block_size > 0 else [dims[axis]]

@@ -170,13 +170,15 @@ def _lanes_of(r: PolicyResult, results: list[PolicyResult]) -> list[str]:
     """The lanes `r` is a cell of: its own; or, for a policy that ended before any judging
     (an error: no evaluator), every lane of its device, where it has no verdict either (a
     lane of its own, "(–)", would read as a second evaluator the night did not have)."""
-    device = r.device or "–"
     if r.evaluator:
-        return [f"{device} ({_evaluator(r)})"]
-    judged = {
-        f"{device} ({_evaluator(o)})" for o in results if o.evaluator and o.device == r.device
-    }
-    return sorted(judged) or [f"{device} (–)"]
+        return [_lane(r)]
+    judged = {_lane(o) for o in results if o.evaluator and o.device == r.device}
+    return sorted(judged) or [_lane(r)]
+
+
+def _lane(r: PolicyResult) -> str:
+    """`DEVICE (EVALUATOR)`: a lane's column head."""
+    return f"{r.device or '–'} ({_evaluator(r)})"
 
 
 def _lanes_md(lanes: Lanes) -> list[str]:

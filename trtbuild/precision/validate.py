@@ -242,7 +242,7 @@ def needs_full_check(plan: neighbourhoods.Plan | None, cache: Any, origin: str) 
     full check (the module's docstring says why that suffices)."""
     if plan is None or plan.pending or not origin or cache is None:
         return True
-    return cache.get("converted", _origin_digest(origin)) is None
+    return not _origin_checked(cache, origin)
 
 
 def full_check_once(model: onnx.ModelProto, cache: Any = None, origin: str = "") -> None:
@@ -255,12 +255,10 @@ def full_check_once(model: onnx.ModelProto, cache: Any = None, origin: str = "")
     such a model, one verdict for one model at one door and another at the next. The
     record is `convert`'s own (`needs_full_check`): paid once per prepared graph.
     """
-    remembers = cache is not None and cache.enabled and bool(origin)
-    if remembers and cache.get("converted", _origin_digest(origin)) is not None:
+    if _origin_checked(cache, origin):
         return
     _checked(model.SerializeToString(), True)
-    if remembers:
-        cache.put("converted", _origin_digest(origin), _record([]))
+    _remember_origin(cache, origin)
 
 
 def _checked(data: bytes, full: bool = True) -> None:
@@ -425,7 +423,7 @@ class MixedCheck:
         if self.cache is not None and self.cache.enabled:
             self.cache.put("converted", self.digest, _record(self.warnings))
             if self.full and self.origin:  # its dims fit: `needs_full_check` may leave out the next
-                self.cache.put("converted", _origin_digest(self.origin), _record([]))
+                _remember_origin(self.cache, self.origin)
         return self.warnings
 
     def _whole(self, proc: subprocess.Popen, data: bytes | None = None) -> list[str]:
@@ -575,6 +573,19 @@ def _digest(data: bytes) -> str:
     h.update(ort_child.judge().encode() + b"\0")
     h.update(data)  # not joined to the judge first: a copy of a large model's bytes
     return h.hexdigest()
+
+
+def _origin_checked(cache: Any, origin: str) -> bool:
+    """Whether a mixed model converted from `origin` passed the full check under this judge
+    (remembered by `_remember_origin`; False without a cache or an origin)."""
+    if cache is None or not cache.enabled or not origin:
+        return False
+    return cache.get("converted", _origin_digest(origin)) is not None
+
+
+def _remember_origin(cache: Any, origin: str) -> None:
+    if cache is not None and cache.enabled and origin:
+        cache.put("converted", _origin_digest(origin), _record([]))
 
 
 def _origin_digest(origin: str) -> str:
