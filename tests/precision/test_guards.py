@@ -177,27 +177,40 @@ def test_an_fp32_policy_has_no_periodic_guard_and_convert_runs_no_reference(tmp_
 
 
 def test_the_rotary_positions_cast_runs_fp32_once_the_product_is_pinned(tmp_path, capsys):
-    """Positions up to 4095 as floats: FP16 holds integers exactly only to 2048."""
+    """Positions up to 4095 as floats: FP16 holds integers exactly only to 2048. Positions
+    the model computed from its data (an `ArgMax` of scores) are the model's: the guard
+    stops at the product and the exact-cast rule keeps their `Cast` FP32; positions given
+    as the graph's input are the argument's own, and the guard keeps their `Cast`."""
     from tests.helpers import I64, F, model, node
 
-    nodes = [
-        node("Cast", ["pos"], "posf", "to_float", to=onnx.TensorProto.FLOAT),
-        node("Reshape", ["posf", "row"], "prow", "as_row"),
-        node("MatMul", ["inv", "prow"], "freqs", "outer"),
-        node("Cos", ["freqs"], "out", "cos"),
-    ]
-    inits = {"inv": np.ones((4, 1), np.float32), "row": np.array([1, -1], np.int64)}
-    onnx.save(model(nodes, [("pos", I64, [16])], [("out", F, [4, 16])], inits), tmp_path / "m.onnx")
-    policy = tmp_path / "p.yaml"
-    policy.write_text(
-        "version: 1\nmodel: m.onnx\ninputs:\n"
-        "  pos: {shape: [16], data: {distribution: uniform, low: 0, high: 4096}}\n"
-        "build: {backend: none}\n"
-    )
-    assert main(["check", "--policy", str(policy), "--json"]) == 0
-    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
+    def rows_for(counted: bool) -> dict:
+        nodes = [
+            node("Cast", ["pos"], "posf", "to_float", to=onnx.TensorProto.FLOAT),
+            node("Reshape", ["posf", "row"], "prow", "as_row"),
+            node("MatMul", ["inv", "prow"], "freqs", "outer"),
+            node("Cos", ["freqs"], "out", "cos"),
+        ]
+        if counted:
+            nodes.insert(0, node("ArgMax", ["scores"], "pos", "count", axis=1, keepdims=0))
+        fed = ("scores", F, [16, 4096]) if counted else ("pos", I64, [16])
+        inits = {"inv": np.ones((4, 1), np.float32), "row": np.array([1, -1], np.int64)}
+        m = model(nodes, [fed], [("out", F, [4, 16])], inits)
+        onnx.save(m, tmp_path / "m.onnx")
+        data = "" if counted else ", data: {distribution: uniform, low: 0, high: 4096}"
+        policy = tmp_path / "p.yaml"
+        policy.write_text(
+            "version: 1\nmodel: m.onnx\ninputs:\n"
+            f"  {fed[0]}: {{shape: {fed[2]}{data}}}\n"
+            "build: {backend: none}\n"
+        )
+        assert main(["check", "--policy", str(policy), "--json"]) == 0
+        return {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
+
+    rows = rows_for(counted=True)
     assert rows["outer"]["rule"] == "guard:periodic-range" and rows["cos"]["precision"] == "fp32"
     assert rows["to_float"]["precision"] == "fp32" and rows["to_float"]["rule"] == "exact-cast"
+    rows = rows_for(counted=False)
+    assert rows["to_float"]["rule"] == "guard:periodic-range"
 
 
 def _resize_policy(tmp_path, extra: str = "") -> str:
@@ -291,3 +304,53 @@ def test_the_shape_guard_leaves_lookups_spreads_and_fills_of_a_shapes_size_to_th
     ]
     for name in ("pos_embed", "cls_expand", "cat_cls", "fill", "scale"):
         assert rules[name] != "guard:shape-arithmetic", (name, rules[name])
+
+
+def _fourier_policy(tmp_path, guards: str = "true"):
+    """SAM's prompt encoder: point coordinates up to 128 normalised to [-1, 1], then the
+    `sin` and `cos` of `2π · coords @ B`. The coordinates are within 1, the argument
+    reaches hundreds: FP16's rounding of the coordinates moves it by hundredths of a
+    radian."""
+    from tests.helpers import F, model, node
+
+    consts = {"half": 0.5, "side": 128.0, "two": 2.0, "one": 1.0, "tau": 2 * np.pi}
+    inits = {k: np.array(v, np.float32) for k, v in consts.items()}
+    inits["b"] = np.random.default_rng(0).normal(scale=10, size=(2, 16)).astype(np.float32)
+    nodes = [
+        node("Add", ["pts", "half"], "shifted", "shift"),
+        node("Div", ["shifted", "side"], "unit", "normalise"),
+        node("Mul", ["unit", "two"], "twice", "twice"),
+        node("Sub", ["twice", "one"], "coords", "centre"),
+        node("MatMul", ["coords", "b"], "p", "project"),
+        node("Mul", ["p", "tau"], "arg", "scale"),
+        node("Sin", ["arg"], "s", "sin"),
+        node("Cos", ["arg"], "c", "cos"),
+        node("Concat", ["s", "c"], "y", "concat", axis=-1),
+    ]
+    m = model(nodes, [("pts", F, [1, 64, 2])], [("y", F, [1, 64, 32])], inits)
+    onnx.save(m, tmp_path / "fourier.onnx")
+    policy = tmp_path / f"fourier_{len(guards)}.yaml"
+    policy.write_text(
+        "version: 1\nmodel: fourier.onnx\ninputs:\n"
+        "  pts: {shape: [1, 64, 2], data: {distribution: uniform, low: 0, high: 128}}\n"
+        f"precision: {{default: fp16, guards: {guards}}}\nbuild: {{backend: none}}\n"
+        "accuracy: {tolerances: {default: {atol: 1e-2, rtol: 0, check_error_stat: max}}}\n"
+    )
+    return policy
+
+
+def test_fourier_coordinates_are_computed_in_fp32_with_the_argument(tmp_path, capsys):
+    """The coordinates' normalisation before the product is the argument's too: the guard
+    judges it by the argument's peak (its own values stay within 128) and the policy
+    passes; without the guard all-FP16 fails on the rounding of the coordinates."""
+    policy = _fourier_policy(tmp_path)
+    assert main(["check", "--policy", str(policy), "--json"]) == 0
+    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
+    pinned = {n for n, r in rows.items() if r["rule"] == "guard:periodic-range"}
+    chain = {"shift", "normalise", "twice", "centre", "project", "scale", "sin", "cos"}
+    assert pinned == chain
+    assert "|arg| reaches" in rows["centre"]["reason"]
+    code, report = _build(policy, tmp_path / "b")
+    assert code == 0 and report["passed"]
+    code, report = _build(_fourier_policy(tmp_path, "[weight-range]"), tmp_path / "off")
+    assert code == 1 and not report["passed"]

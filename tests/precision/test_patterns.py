@@ -307,16 +307,18 @@ def test_reductions_feeding_later_reductions_are_not_final():
 
 
 def test_periodic_arguments_walk_up_to_a_matrix_product_and_stop_there():
-    """Fourier features, `sin(2π · (h @ B))` over a hidden state `h = x + y`: the product
-    and its scaling compute the argument; what made `h` is the model's, not the argument's
-    scale, and is left to the other rules."""
+    """Fourier features, `sin(2π · (h @ B))` over a hidden state `h = relu(x) + y`: the
+    product and its scaling compute the argument; what made `h` is the model's (an op
+    other than arithmetic made it), not the argument's scale, and is left to the other
+    rules."""
     from trtbuild.graph.analysis import Analysis
     from trtbuild.graph.patterns import find
 
     inits = {"b": np.ones((8, 4), np.float32), "tau": np.array(6.28, np.float32)}
     m = model(
         [
-            node("Add", ["x", "y"], "h", "hidden"),
+            node("Relu", ["x"], "r", "act"),
+            node("Add", ["r", "y"], "h", "hidden"),
             node("MatMul", ["h", "b"], "p", "project"),
             node("Mul", ["p", "tau"], "a", "scale"),
             node("Sin", ["a"], "s", "sin"),
@@ -330,6 +332,46 @@ def test_periodic_arguments_walk_up_to_a_matrix_product_and_stop_there():
     view = GraphView(m)
     found = {view.nodes[i].name for i in find("periodic_arguments", Analysis(view))}
     assert found == {"project", "scale", "sin", "cos"}
+
+
+def _fourier_nodes() -> list:
+    """SAM's prompt encoder: point coordinates normalised, `(x + 0.5) / size * 2 - 1`, the
+    size read from the image's shape, then `sin` and `cos` of `2π · coords @ B`."""
+    return [
+        node("Add", ["pts", "half"], "shifted", "shift"),
+        node("Shape", ["img"], "dims", "dims"),
+        node("Gather", ["dims", "last"], "side", "side", axis=0),
+        node("Cast", ["side"], "sidef", "side_float", to=onnx.TensorProto.FLOAT),
+        node("Div", ["shifted", "sidef"], "unit", "normalise"),
+        node("Mul", ["unit", "two"], "twice", "twice"),
+        node("Sub", ["twice", "one"], "coords", "centre"),
+        node("MatMul", ["coords", "b"], "p", "project"),
+        node("Mul", ["p", "tau"], "arg", "scale"),
+        node("Sin", ["arg"], "s", "sin"),
+        node("Cos", ["arg"], "c", "cos"),
+        node("Concat", ["s", "c"], "emb", "concat", axis=-1),
+        node("Add", ["emb", "img"], "out", "mix"),
+    ]
+
+
+def _fourier_inits(scale: float = 1.0) -> dict:
+    b = np.random.default_rng(0).normal(scale=scale, size=(2, 4)).astype(np.float32)
+    consts = {"half": 0.5, "two": 2.0, "one": 1.0, "tau": 2 * np.pi}
+    inits = {k: np.array(v, np.float32) for k, v in consts.items()}
+    return {**inits, "b": b, "last": np.array(-1, np.int64)}
+
+
+def test_periodic_arguments_follow_a_product_to_coordinates_computed_from_the_inputs():
+    """Past a matrix product, values computed from the graph's inputs, weights and shapes
+    alone are the argument's own (their rounding reaches it scaled by the product): the
+    coordinates' normalisation is found, the size made a float too; the image the size is
+    read from is the model's."""
+    io = ([("pts", F, [1, 8, 2]), ("img", F, [1, 8, 8])], [("out", F, [1, 8, 8])])
+    found = _periodic(_fourier_nodes(), *io, _fourier_inits())
+    assert found == {
+        *("shift", "side_float", "normalise", "twice", "centre"),
+        *("project", "scale", "sin", "cos"),
+    }
 
 
 def _periodic(nodes, inputs, outputs, inits) -> set[str]:
@@ -358,8 +400,8 @@ def test_periodic_arguments_leave_out_a_value_used_elsewhere_too():
 
 def test_periodic_arguments_of_a_rotary_embedding_by_matmul():
     """`inv_freq @ positions` (the rotary embedding's outer product, as transformers writes
-    it): the product and what follows it; the positions' int-to-float `Cast` before the
-    product runs FP32 by the exact-cast rule once the product does."""
+    it): the product, what follows it, and the positions made floats before it (computed
+    from the graph's input alone: FP16 rounds a position past 2048)."""
     from tests.helpers import I64
 
     nodes = [
@@ -374,7 +416,8 @@ def test_periodic_arguments_of_a_rotary_embedding_by_matmul():
     ]
     inits = {"inv": np.ones((4, 1), np.float32), "row": np.array([1, -1], np.int64)}
     io = ([("pos", I64, [16])], [("out", F, [16, 8])])
-    assert _periodic(nodes, *io, inits) == {"outer", "transpose", "concat", "cos", "sin"}
+    found = _periodic(nodes, *io, inits)
+    assert found == {"to_float", "as_row", "outer", "transpose", "concat", "cos", "sin"}
 
 
 def test_periodic_arguments_ignore_a_shape_reader_and_leave_out_a_graph_output():
@@ -405,3 +448,28 @@ def test_periodic_arguments_never_split_a_normalization_unit():
     inits = {**ONE, "c": np.array(0.03, np.float32)}
     del inits["one"]
     assert _periodic(nodes, [("x", F, [2, 8])], [("y", F, [2, 8])], inits) == {"scale", "sin"}
+
+
+def test_periodic_arguments_follow_a_coordinate_written_in_place():
+    """torch's `coords[..., 0] = coords[..., 0] / w` exports a `ScatterND` writing the
+    divided column back, and reads a column's `Shape` for the write's size: the write
+    places values (no use of a shape is a use), so the coordinates stay the argument's."""
+    idx = np.array([[[[0, i, 0]] for i in range(8)]], np.int64)  # (0, i, 0) for each point
+    nodes = [
+        node("Add", ["pts", "half"], "shifted", "shift"),
+        node("Gather", ["shifted", "zero"], "x0", "column", axis=2),
+        node("Gather", ["shifted", "one_i"], "x1", "peek", axis=2),
+        node("Shape", ["x1"], "dims", "size_of_peek"),
+        node("Div", ["x0", "side"], "xd", "normalise"),
+        node("Reshape", ["xd", "dims3"], "upd", "as_updates"),
+        node("ScatterND", ["shifted", "idx", "upd"], "written", "write"),
+        node("MatMul", ["written", "b"], "p", "project"),
+        node("Sin", ["p"], "s", "sin"),
+        node("Add", ["s", "img"], "out", "mix"),
+    ]
+    inits = {**_fourier_inits(), "idx": idx, "side": np.array(128.0, np.float32)}
+    inits |= {"zero": np.array(0, np.int64), "one_i": np.array(1, np.int64)}
+    inits["dims3"] = np.array([1, 8, 1], np.int64)
+    io = ([("pts", F, [1, 8, 2]), ("img", F, [1, 8, 4])], [("out", F, [1, 8, 4])])
+    found = _periodic(nodes, *io, inits)
+    assert found == {"shift", "column", "normalise", "as_updates", "write", "project", "sin"}

@@ -30,6 +30,8 @@ Finder = Callable[["Analysis", "int | None"], dict[int, str]]
 class Pattern:
     description: str
     find: Finder
+    # node -> the tensors a range rule reads beside the node's own (None: its own alone)
+    anchors: Callable[[Analysis], dict[int, tuple[str, ...]]] | None = None
 
 
 def _layernorm(analysis: Analysis, last: int | None) -> dict[int, str]:
@@ -66,20 +68,49 @@ PERIODIC = ("Sin", "Cos", "Tan")
 # What computes a periodic op's argument (a timestep times frequencies, positions times
 # inverse frequencies): arithmetic that carries every upstream rounding into it
 ARGUMENT = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "MatMul", "Gemm", "Cast", "CastLike"})
-# Where the walk ends, the node included: a matrix product's inputs are what the model
-# computed before (Fourier features' `x @ B`, a rotary embedding's positions times inverse
-# frequencies, whose int-to-float Cast then runs FP32 as every exact cast read in FP32)
+# Where the walk ends, the node included, unless what feeds it is computed from the graph's
+# inputs alone: a matrix product's inputs are otherwise what the model computed before (a
+# hidden state projected to Fourier features is the model's, not the argument's)
 PRODUCTS = frozenset({"MatMul", "Gemm"})
 # Readers of a value's shape only: no use of its values
 SHAPE_READERS = frozenset({"Shape", "Size"})
+# Ops that make a value from no data of the model: a constant, a shape's size, a range of
+# positions (what coordinates and positions are computed from, beside the graph's inputs)
+MADE_FROM_NOTHING = frozenset({"Constant", "ConstantOfShape", "Range", *SHAPE_READERS})
+# Ops that place their float inputs' values, no arithmetic: an in-place write of a slice
+# (torch's `x[..., 0] = x[..., 0] / w` exports a `ScatterND`), a choice between two values
+PLACES = frozenset({"ScatterND", "ScatterElements", "Where"})
 
 
-def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
-    """Each periodic op and the nodes upstream whose every use is to compute its argument:
-    data movement and `ARGUMENT`'s arithmetic, up to graph inputs, weights, a matrix product
-    (`PRODUCTS`: included, what fed it is not), a normalization unit (never split) and any
-    other op. A value used elsewhere too (a residual stream, a Snake activation's input, a
-    graph output) is the model's, not the argument's; reading its shape is no use."""
+def _from_inputs(view: GraphView) -> set[int]:
+    """The main graph's nodes computed from the graph's inputs and weights alone, by
+    `ARGUMENT`'s arithmetic, data movement and `MADE_FROM_NOTHING`'s ops: coordinates
+    normalised for Fourier features (`(x + 0.5) / size * 2 - 1`), positions cast to floats.
+    Why: past a matrix product, such a value is the argument's own: its rounding reaches
+    the argument scaled by the product (SAM's point coordinates, within 1, are rounded by
+    FP16 to 2^-12 and moved the argument `2π · x @ B` by tenths of a radian)."""
+    from trtbuild.graph.optypes import DATA_MOVEMENT
+
+    made = set(view.inputs) | set(view.initializers)
+    found = set()
+    ops = ARGUMENT | DATA_MOVEMENT | MADE_FROM_NOTHING | PLACES
+    for i in view.top:  # a valid graph is sorted: every input seen first
+        node = view.nodes[i]
+        # logic on integers alone (a mask of a shape's dims) rounds nothing: any op
+        fits = node.op_type in ops or not view.float_inputs(i)
+        if fits and all(t in made for t in node.input if t):
+            found.add(i)
+            made.update(t for t in node.output if t)
+    return found
+
+
+def _periodic_walk(analysis: Analysis) -> dict[int, int]:
+    """Each periodic op, and each node upstream whose every use is to compute its argument,
+    -> that periodic op: data movement and `ARGUMENT`'s arithmetic, up to graph inputs,
+    weights, a matrix product (`PRODUCTS`: included, what fed it only where computed from
+    the inputs alone, `_from_inputs`), a normalization unit (never split) and any other
+    op. A value used elsewhere too (a residual stream, a Snake activation's input, a graph
+    output) is the model's, not the argument's; reading its shape is no use."""
     from trtbuild.graph.optypes import DATA_MOVEMENT
 
     view = analysis.view
@@ -89,22 +120,40 @@ def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
         return {}
     outputs = {o.name for o in view.graph.output}
     units = {i for unit in analysis.norm_units() for i in unit.nodes}
+    coords = _from_inputs(view)
+    walked = ARGUMENT | DATA_MOVEMENT | PLACES
+    shaped: set[int] = set()  # nodes whose values only a shape reader reads: no use
     for k in range(len(nodes) - 1, -1, -1):  # a valid graph is sorted: every use seen first
-        op = nodes[k].op_type
-        if k in serves or k in units or (op not in ARGUMENT and op not in DATA_MOVEMENT):
+        if k in serves or k in units or nodes[k].op_type not in walked:
             continue
-        uses = [c for t in view.float_outputs(k) for c in view.consumers.get(t, ())]
-        uses = [c for c in uses if nodes[c].op_type not in SHAPE_READERS]
-        if not uses or any(t in outputs for t in nodes[k].output):
+        read = [c for t in view.float_outputs(k) for c in view.consumers.get(t, ())]
+        uses = [c for c in read if nodes[c].op_type not in SHAPE_READERS and c not in shaped]
+        if any(t in outputs for t in nodes[k].output):
             continue
-        if all(c in serves and nodes[c].op_type not in PRODUCTS for c in uses):
+        if not uses:
+            shaped.update([k] if read else [])
+        elif all(c in serves and (nodes[c].op_type not in PRODUCTS or k in coords) for c in uses):
             serves[k] = serves[uses[0]]
+    return serves
+
+
+def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
+    """Each periodic op and the nodes that compute its argument (`_periodic_walk`)."""
+    nodes = analysis.view.nodes
     return {
         k: f"{nodes[k].op_type}: periodic in its argument"
         if p == k
         else f"computes the argument of {nodes[p].op_type} {nodes[p].name}"
-        for k, p in serves.items()
+        for k, p in _periodic_walk(analysis).items()
     }
+
+
+def _periodic_anchors(analysis: Analysis) -> dict[int, tuple[str, ...]]:
+    """Each node of `_periodic_arguments` -> the argument it computes (its periodic op's
+    float inputs): a rounding anywhere in the chain reaches the argument at the
+    argument's scale, so a range rule judges the chain by the argument's peak too."""
+    view = analysis.view
+    return {k: tuple(view.float_inputs(p)) for k, p in _periodic_walk(analysis).items()}
 
 
 # Ops whose output is data the size of a shape, not arithmetic on it (a fill, a draw)
@@ -196,8 +245,9 @@ PATTERNS: dict[str, Pattern] = {
     ),
     "periodic_arguments": Pattern(
         "Sin, Cos and Tan nodes and the arithmetic and data movement upstream that compute "
-        "their argument (a timestep or position embedding)",
+        "their argument (a timestep or position embedding, Fourier features of coordinates)",
         _periodic_arguments,
+        _periodic_anchors,
     ),
 }
 
@@ -205,3 +255,10 @@ PATTERNS: dict[str, Pattern] = {
 def find(pattern: str, analysis: Analysis, last: int | None = None) -> dict[int, str]:
     """Node index -> reason for every node of `pattern` (a name the schema has validated)."""
     return PATTERNS[pattern].find(analysis, last)
+
+
+def anchors(pattern: str | None, analysis: Analysis) -> dict[int, tuple[str, ...]]:
+    """Node index -> the tensors `max_abs_above` reads beside the node's own, where a rule
+    names `pattern` (none for most patterns: a node is judged by its own tensors)."""
+    found = PATTERNS[pattern].anchors if pattern is not None else None
+    return found(analysis) if found is not None else {}

@@ -96,21 +96,31 @@ class PatternMatcher:
 
 
 @dataclass(frozen=True)
-class MaxAbsMatcher(OneKey):
-    """Nodes any of whose float inputs or outputs exceed `threshold` on the reference data."""
+class MaxAbsMatcher:
+    """Nodes any of whose float inputs or outputs exceed `threshold` on the reference data,
+    or, with a pattern that anchors its nodes (`periodic_arguments`: the argument each
+    computes), whose anchor does."""
 
     threshold: float
-    KEY: ClassVar[str] = "max_abs_above"
+    pattern: str | None = None
+    KEY: ClassVar[str] = "max_abs_above"  # with `pattern`, whose anchors it reads
+
+    @classmethod
+    def from_match(cls, match: Match) -> MaxAbsMatcher:
+        return cls(match.max_abs_above, match.pattern)  # type: ignore[arg-type]
 
     def select(self, ctx: MatchContext) -> dict[int, str]:
         from trtbuild.errors import UsageError
+        from trtbuild.graph import patterns
 
         if ctx.ranges is None:
             raise UsageError("max_abs_above needs reference data, which this command does not run")
         ranges = ctx.ranges
+        anchored = patterns.anchors(self.pattern, ctx.analysis)
         out = {}
         for i, _node in enumerate(ctx.view.nodes):
             tensors = ctx.view.float_inputs(i) + ctx.view.float_outputs(i)
+            tensors += anchored.get(i, ())
             worst = max(((ranges.get(t, 0.0), t) for t in tensors), default=(0.0, ""))
             if worst[0] > self.threshold:
                 out[i] = f"|{worst[1]}| reaches {worst[0]:.4g} > {self.threshold:g}"
