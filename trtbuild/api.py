@@ -418,7 +418,12 @@ def _tuned(
 
     for said in (
         tuning.tight_warning(found, flat=bool(flat_outputs(front))),
-        tuning.stuck_warning(found, len(front.assignment.quantized), split_words(front.quantized)),
+        tuning.stuck_warning(
+            found,
+            len(front.assignment.quantized),
+            split_words(front.quantized),
+            len(front.assignment.dequantized),
+        ),
     ):
         if said is not None:
             log.warning(said)

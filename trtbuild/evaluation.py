@@ -375,6 +375,7 @@ def _per_point(
     per_shape: list[ShapeVerdict] = []
     firsts: list[Verdict] = []
     model, spec = front.prepared.model, front.policy.accuracy
+    dequantized = len(front.assignment.dequantized)
     for run in front.shapes:  # every point of the input space, the primary first
         if run.reference is None:
             raise ValueError("evaluate_all needs every shape's reference tensors")
@@ -384,7 +385,7 @@ def _per_point(
         )
         point = run.point
         # reference_model only
-        split = split_error(run.reference, verdicts[0], spec, verbose, front.quantized)
+        split = split_error(run.reference, verdicts[0], spec, verbose, front.quantized, dequantized)
         per_shape.append(
             ShapeVerdict(point.name, point.shapes, verdicts[0], verdicts[1], dict(run.data), split)
         )

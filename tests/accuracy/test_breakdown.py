@@ -292,6 +292,31 @@ def test_a_quantization_failing_alone_names_dequantize_as_a_fix(tmp_path, quanti
     assert "with `dequantize: true` rules, re-quantize, or loosen the tolerances" in out, out
 
 
+def test_a_policy_with_dequantize_rules_is_told_they_are_not_enough(
+    tmp_path, quantized_dir, capsys
+):
+    """Where the policy's `dequantize: true` rules already take ops out of the quantization
+    and an output still fails, the hint said to write such rules: it says how many ops they
+    take out and to take more (report.md says the same)."""
+    original = quantized_dir / "nafnet_tiny.onnx"
+    rules = FINAL + (
+        "    - id: ending-out\n      match: {name: '^/ending/'}\n"
+        "      precision: fp16\n      dequantize: true\n"
+    )
+    text = NAFNET_POLICY.format(
+        model=quantized_dir / "nafnet_tiny_int8.onnx", rules=rules, backend="none"
+    )
+    policy = tmp_path / "q.yaml"
+    text = text.replace("atol: 1e-2, rtol: 1e-2", "atol: 1e-5, rtol: 0")
+    policy.write_text(text + f"  reference_model: {original}\n")
+    assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "o")]) == 1
+    out = capsys.readouterr().out
+    said = "the policy's `dequantize: true` rules take 2 op(s) out of the quantization and that "
+    assert said + "is not enough: take more" in out, out
+    assert "with `dequantize: true` rules, re-quantize" not in out, out
+    assert said in (tmp_path / "o" / "report.md").read_text()
+
+
 def _half_and_twin(tmp_path: Path) -> tuple[Path, Path]:
     """A MatMul and Relu computing in FP16 between FP32 inputs and outputs (as ModelOpt
     AutoCast converts a model), and its FP32 original: no Q/DQ anywhere."""

@@ -65,6 +65,19 @@ def split_words(quantized: bool) -> SplitWords:
     return QUANTIZED_WORDS if quantized else PLAIN_WORDS
 
 
+def fix_said(words: SplitWords, dequantized: int = 0) -> str:
+    """`words.fix`, or where the policy's `dequantize: true` rules already take `dequantized`
+    ops out of the quantization, that they are not enough: telling a user to write the rules
+    they have written misled."""
+    if not (words.quantized and dequantized):
+        return words.fix
+    return (
+        f"the policy's `dequantize: true` rules take {dequantized} op(s) out of the "
+        "quantization and that is not enough: take more of the ops that lose most out, "
+        "re-quantize"
+    )
+
+
 # report.json's names for the three comparisons of each output, in the order shown; `{low}`
 # is the policy's low precision (`PrecisionSummary.low_name`): a BF16 policy's part is BF16's;
 # the others are `SplitWords`' fields
@@ -89,10 +102,16 @@ class ErrorSplit:
     evaluator: str  # of the policy's outputs: emulated-fp16 or tensorrt
     parts: dict[str, dict[str, OutputMetrics]]  # part -> output -> metrics
     quantized: bool = True  # the judged model holds Q/DQ nodes (`Front.quantized`)
+    dequantized: int = 0  # ops the policy's `dequantize: true` rules take out of it
 
     @property
     def words(self) -> SplitWords:
         return split_words(self.quantized)
+
+    @property
+    def fix(self) -> str:
+        """What fixes an output the quantization alone fails (`fix_said`)."""
+        return fix_said(self.words, self.dequantized)
 
     def label(self, part: str, low: str = "FP16") -> str:
         """`PARTS[part]` in this split's words."""
@@ -146,10 +165,12 @@ def split_error(
     spec: AccuracySpec,
     verbose: bool = False,
     quantized: bool = True,
+    dequantized: int = 0,
 ) -> ErrorSplit | None:
     """The policy's `verdict` (judged against the reference model) split in two; None where
     the policy has no reference model. `quantized`: the judged model holds Q/DQ nodes
-    (`Front.quantized`), which decides the split's words."""
+    (`Front.quantized`), which decides the split's words; `dequantized`: the ops its
+    `dequantize: true` rules take out of the quantization."""
     from trtbuild.accuracy.judge import compare
 
     own = reference.quantized  # the judged graph's own FP32 run, quantized or not
@@ -163,4 +184,4 @@ def split_error(
         "quantized_vs_original": alone,
         "policy_vs_quantized": fp16,
     }
-    return ErrorSplit(str(reference.original), verdict.evaluator, parts, quantized)
+    return ErrorSplit(str(reference.original), verdict.evaluator, parts, quantized, dequantized)

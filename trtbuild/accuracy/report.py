@@ -506,7 +506,7 @@ def _split_section(split: ErrorSplit, low: str) -> Section:
         blocks.append(
             Para(
                 f"**{words.alone.capitalize()} fails the tolerances** on {', '.join(failing)}: "
-                f"{words.fix}, or loosen the tolerances; pinning layers to FP32 cannot fix it."
+                f"{split.fix}, or loosen the tolerances; pinning layers to FP32 cannot fix it."
             )
         )
     if fixed := split.quantization_fails(passed=True):

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from trtbuild.accuracy.breakdown import QUANTIZED_WORDS, SplitWords
+from trtbuild.accuracy.breakdown import QUANTIZED_WORDS, SplitWords, fix_said
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
@@ -151,7 +151,7 @@ def tight_warning(result: SearchResult, flat: bool = False) -> str | None:
 
 
 def stuck_warning(
-    result: SearchResult, quantized: int, words: SplitWords = QUANTIZED_WORDS
+    result: SearchResult, quantized: int, words: SplitWords = QUANTIZED_WORDS, dequantized: int = 0
 ) -> str | None:
     """Where the search stopped because every suspect pinned still fails: what fails it
     then is not the low precision's storage (None where it passed or the budget ran out).
@@ -159,7 +159,8 @@ def stuck_warning(
     `quantized`: the model's quantized ops (INT8 or FP8), which keep their quantization
     under a pin. Why: a ModelOpt INT8 ResNet-18 judged against its FP32 model pinned all
     of its 50 groups in 8 evaluations and said DOES NOT PASS, not why; it was the INT8.
-    `words`: the reference model's, by whether the model holds Q/DQ (`Front.quantized`).
+    `words`: the reference model's, by whether the model holds Q/DQ (`Front.quantized`);
+    `dequantized`: the ops the policy's `dequantize: true` rules take out of it.
     """
     if result.passed or result.exhausted:
         return None
@@ -168,7 +169,7 @@ def stuck_warning(
         return (
             f"{alone} fails the tolerances against the reference "
             f"model ({'; '.join(result.quantization_fails)}): no FP32 pin can fix that, so tune "
-            f"judged the policy once and searched nothing; {words.fix}"
+            f"judged the policy once and searched nothing; {fix_said(words, dequantized)}"
             f"{' (docs: Quantized models)' * words.quantized}, or loosen the tolerances where "
             "the task allows"
         )
