@@ -293,9 +293,12 @@ def _folder_stat(path: Path) -> os.stat_result | None:
     return st if stat.S_ISDIR(st.st_mode) else None
 
 
-def _identity(st: os.stat_result | None) -> tuple[int, int] | None:
-    """(device, inode): a folder another publication renamed into the place is another."""
-    return None if st is None else (st.st_dev, st.st_ino)
+def _identity(st: os.stat_result | None) -> tuple[int, int, int] | None:
+    """(device, inode, change time): a folder another publication renamed into the place is
+    another, and so is the same folder renamed away and back (a rename changes its ctime):
+    two swaps during one read left the inode as it was, and a check that had found no
+    folder half-way ("write-protected") was taken for the folder's own verdict."""
+    return None if st is None else (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _check_out_folder(
