@@ -63,7 +63,7 @@ from trtbuild.accuracy.stream import LeanRunner, Plan, SegmentRunner, plan_align
 from trtbuild.fsutil import json_figure
 from trtbuild.graph import qdq
 from trtbuild.graph.model_io import without_weight_data
-from trtbuild.graph.optypes import DEQUANTIZE, INTEGER_TYPES, SELECTIONS
+from trtbuild.graph.optypes import DEQUANTIZE, INTEGER_TYPES, SELECTIONS, SHAPE_READERS
 from trtbuild.graph.propagation import unobserved
 from trtbuild.numerics import data_peak, sentinel_kept
 from trtbuild.policy.specs import AccuracySpec
@@ -919,7 +919,7 @@ def _decisions_read(
             if t in seen or t not in made or types.get(t) not in INTEGER_TYPES:
                 continue
             seen.add(t)
-            if made[t].op_type not in ("Shape", "Size"):  # a shape is no index's value
+            if made[t].op_type not in SHAPE_READERS:  # a shape is no index's value
                 todo += [i for i in made[t].input if i]
         return None
 

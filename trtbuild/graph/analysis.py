@@ -68,6 +68,18 @@ class Analysis:
             "attention_units", lambda: tuple(mapped(u, back) for u in inner.attention_units())
         )
 
+    def periodic(self) -> dict[int, tuple[int, ...]]:
+        """Each periodic op and each node computing their arguments -> the periodic ops it
+        serves (`graph.periodic.periodic_walk`): the pattern and its range rule's anchors
+        both read it."""
+        from trtbuild.graph.periodic import periodic_walk
+
+        def find() -> dict[int, tuple[int, ...]]:
+            units = {i for unit in self.norm_units() for i in unit.nodes}
+            return periodic_walk(self.view, units)
+
+        return self._once("periodic", find)
+
     def qdq(self):
         """The Q/DQ index (`graph.qdq.QdqGraph`): pairs, formats, scales, DQ-fed ops."""
         from trtbuild.graph.qdq import QdqGraph

@@ -77,6 +77,9 @@ def as_float_type(array: np.ndarray, dtype: int) -> np.ndarray:
         return array.astype(np.float32)
 
 
+# Ops that read a value's shape alone, never its values
+SHAPE_READERS = frozenset({"Shape", "Size"})
+
 # Ops that only move or select data: no arithmetic, so they follow their input's
 # precision instead of the default (a pinned result reshaped on its way to a
 # graph output must not be truncated to FP16 by the reshape).

@@ -62,98 +62,26 @@ def _final_reductions(analysis: Analysis, last: int | None) -> dict[int, str]:
     return _back(final_reductions(inner.view, last), back)
 
 
-# Periodic ops: their output error is the absolute error of their argument, which FP16
-# stores to |x| * 2^-11 (sin(1000) there is off by up to 0.25)
-PERIODIC = ("Sin", "Cos", "Tan")
-# What computes a periodic op's argument (a timestep times frequencies, positions times
-# inverse frequencies): arithmetic that carries every upstream rounding into it
-ARGUMENT = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "MatMul", "Gemm", "Cast", "CastLike"})
-# Where the walk ends, the node included, unless what feeds it is computed from the graph's
-# inputs alone: a matrix product's inputs are otherwise what the model computed before (a
-# hidden state projected to Fourier features is the model's, not the argument's)
-PRODUCTS = frozenset({"MatMul", "Gemm"})
-# Readers of a value's shape only: no use of its values
-SHAPE_READERS = frozenset({"Shape", "Size"})
-# Ops that make a value from no data of the model: a constant, a shape's size, a range of
-# positions (what coordinates and positions are computed from, beside the graph's inputs)
-MADE_FROM_NOTHING = frozenset({"Constant", "ConstantOfShape", "Range", *SHAPE_READERS})
-# Ops that place their float inputs' values, no arithmetic: an in-place write of a slice
-# (torch's `x[..., 0] = x[..., 0] / w` exports a `ScatterND`), a choice between two values
-PLACES = frozenset({"ScatterND", "ScatterElements", "Where"})
-
-
-def _from_inputs(view: GraphView) -> set[int]:
-    """The main graph's nodes computed from the graph's inputs and weights alone, by
-    `ARGUMENT`'s arithmetic, data movement and `MADE_FROM_NOTHING`'s ops: coordinates
-    normalised for Fourier features (`(x + 0.5) / size * 2 - 1`), positions cast to floats.
-    Why: past a matrix product, such a value is the argument's own: its rounding reaches
-    the argument scaled by the product (SAM's point coordinates, within 1, are rounded by
-    FP16 to 2^-12 and moved the argument `2π · x @ B` by tenths of a radian)."""
-    from trtbuild.graph.optypes import DATA_MOVEMENT
-
-    made = set(view.inputs) | set(view.initializers)
-    found = set()
-    ops = ARGUMENT | DATA_MOVEMENT | MADE_FROM_NOTHING | PLACES
-    for i in view.top:  # a valid graph is sorted: every input seen first
-        node = view.nodes[i]
-        # logic on integers alone (a mask of a shape's dims) rounds nothing: any op
-        fits = node.op_type in ops or not view.float_inputs(i)
-        if fits and all(t in made for t in node.input if t):
-            found.add(i)
-            made.update(t for t in node.output if t)
-    return found
-
-
-def _periodic_walk(analysis: Analysis) -> dict[int, int]:
-    """Each periodic op, and each node upstream whose every use is to compute its argument,
-    -> that periodic op: data movement and `ARGUMENT`'s arithmetic, up to graph inputs,
-    weights, a matrix product (`PRODUCTS`: included, what fed it only where computed from
-    the inputs alone, `_from_inputs`), a normalization unit (never split) and any other
-    op. A value used elsewhere too (a residual stream, a Snake activation's input, a graph
-    output) is the model's, not the argument's; reading its shape is no use."""
-    from trtbuild.graph.optypes import DATA_MOVEMENT
-
-    view = analysis.view
-    nodes = view.nodes
-    serves = {i: i for i, n in enumerate(nodes) if n.op_type in PERIODIC}  # -> its periodic op
-    if not serves:
-        return {}
-    outputs = {o.name for o in view.graph.output}
-    units = {i for unit in analysis.norm_units() for i in unit.nodes}
-    coords = _from_inputs(view)
-    walked = ARGUMENT | DATA_MOVEMENT | PLACES
-    shaped: set[int] = set()  # nodes whose values only a shape reader reads: no use
-    for k in range(len(nodes) - 1, -1, -1):  # a valid graph is sorted: every use seen first
-        if k in serves or k in units or nodes[k].op_type not in walked:
-            continue
-        read = [c for t in view.float_outputs(k) for c in view.consumers.get(t, ())]
-        uses = [c for c in read if nodes[c].op_type not in SHAPE_READERS and c not in shaped]
-        if any(t in outputs for t in nodes[k].output):
-            continue
-        if not uses:
-            shaped.update([k] if read else [])
-        elif all(c in serves and (nodes[c].op_type not in PRODUCTS or k in coords) for c in uses):
-            serves[k] = serves[uses[0]]
-    return serves
-
-
 def _periodic_arguments(analysis: Analysis, last: int | None) -> dict[int, str]:
-    """Each periodic op and the nodes that compute its argument (`_periodic_walk`)."""
+    """Each periodic op and the nodes that compute its argument (`Analysis.periodic`)."""
     nodes = analysis.view.nodes
     return {
         k: f"{nodes[k].op_type}: periodic in its argument"
-        if p == k
-        else f"computes the argument of {nodes[p].op_type} {nodes[p].name}"
-        for k, p in _periodic_walk(analysis).items()
+        if ps == (k,)
+        else f"computes the argument of {nodes[ps[0]].op_type} {nodes[ps[0]].name}"
+        for k, ps in analysis.periodic().items()
     }
 
 
 def _periodic_anchors(analysis: Analysis) -> dict[int, tuple[str, ...]]:
-    """Each node of `_periodic_arguments` -> the argument it computes (its periodic op's
-    float inputs): a rounding anywhere in the chain reaches the argument at the
-    argument's scale, so a range rule judges the chain by the argument's peak too."""
+    """Each node of `_periodic_arguments` -> the arguments it computes (the float inputs of
+    every periodic op it serves): a rounding anywhere in the chain reaches an argument at
+    that argument's scale, so a range rule judges the chain by the arguments' peaks too."""
     view = analysis.view
-    return {k: tuple(view.float_inputs(p)) for k, p in _periodic_walk(analysis).items()}
+    return {
+        k: tuple(t for p in ps for t in view.float_inputs(p))
+        for k, ps in analysis.periodic().items()
+    }
 
 
 # Ops whose output is data the size of a shape, not arithmetic on it (a fill, a draw)
@@ -182,6 +110,8 @@ def _shape_arithmetic(analysis: Analysis, last: int | None) -> dict[int, str]:
     shape computation ("Input 0's element type (float) differs from input 1's element type
     (half)"). They are scalars, short vectors and position ranges: FP32 costs little.
     """
+    from trtbuild.graph.optypes import SHAPE_READERS
+
     view = analysis.view
     source: dict[str, str] = {}  # a value computed from shapes alone -> the Shape it reads
     found: dict[int, str] = {}

@@ -21,6 +21,7 @@ from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input
+from trtbuild.graph.optypes import SHAPE_READERS  # folded from shapes alone, whatever the values
 from trtbuild.graph.subgraphs import free_name
 from trtbuild.sizes import fmt_bytes
 
@@ -326,10 +327,6 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None  # value_string(s) constants stay nodes (`dense_weights` made sparse ones dense)
 
 
-# Ops onnx-graphsurgeon folds from shapes alone, whatever their input's values.
-_SHAPE_OPS = {"Shape", "Size"}
-
-
 def foldable(model: onnx.ModelProto) -> bool:
     """Whether onnx-graphsurgeon could change anything: a node fed by constants only,
     a shape op, or a node nothing consumes. One linear scan; importing, folding and
@@ -341,7 +338,7 @@ def foldable(model: onnx.ModelProto) -> bool:
     for r in reads:
         used.update(r)
     for n, r in zip(graph.node, reads):
-        if n.op_type in _SHAPE_OPS or all(i in const for i in r):
+        if n.op_type in SHAPE_READERS or all(i in const for i in r):
             return True
         if not any(o in used for o in n.output):
             return True
@@ -406,7 +403,7 @@ def _shapes_for_shape_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     g = model.graph
     known = {v.name for v in (*g.value_info, *g.input, *g.output)}
     known.update(t.name for t in g.initializer)
-    if all(n.op_type not in _SHAPE_OPS or not n.input or n.input[0] in known for n in g.node):
+    if all(n.op_type not in SHAPE_READERS or not n.input or n.input[0] in known for n in g.node):
         return model
     from trtbuild.graph.model_io import infer_shapes
 

@@ -20,7 +20,10 @@ from onnx import helper
 
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import infer_shapes
-from trtbuild.graph.optypes import NOT_TENSOR_OPS  # onnx-graphsurgeon's fold holds arrays only
+from trtbuild.graph.optypes import (
+    NOT_TENSOR_OPS,  # onnx-graphsurgeon's fold holds arrays only
+    SHAPE_READERS,
+)
 from trtbuild.sizes import fmt_bytes
 
 # Ops whose output can be far larger than their inputs: when shape inference cannot
@@ -29,8 +32,6 @@ GROWING_OPS = frozenset(
     {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot"}
     | {"RandomNormal", "RandomUniform", "EyeLike", "Col2Im", "ScatterND"}
 )
-
-_SHAPE_OPS = {"Shape", "Size"}
 
 
 def oversized(model: onnx.ModelProto, budget: int) -> list[dict[str, str]]:
@@ -61,7 +62,7 @@ def _scan(graph: onnx.GraphProto, outer: set[str], budget: int, found: list) -> 
 
 
 def _computed_by_fold(node: onnx.NodeProto, constant: set[str], shapes: dict) -> bool:
-    if node.op_type in _SHAPE_OPS:  # folded from a static shape, whatever the input's values
+    if node.op_type in SHAPE_READERS:  # folded from a static shape, whatever the input's values
         return node.input[0] in constant or _nbytes(shapes.get(node.input[0])) is not None
     return all(t in constant for t in subgraphs.node_reads(node))
 
