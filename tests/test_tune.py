@@ -367,6 +367,29 @@ def test_a_quantized_model_whose_quantization_fails_is_told_so(
     assert "rules, 1 evaluation(s)" in capsys.readouterr().out  # the start (range analysis) only
 
 
+def test_a_policy_with_dequantize_rules_is_searched_not_said_hopeless(
+    tmp_path, quantized_dir, caplog, capsys
+):
+    """The graph's own run measures the quantization as given; the policy's `dequantize:
+    true` rules change what stays quantized, so it proves nothing about the policy: the
+    search runs (it judged the policy once and said no pin could fix it)."""
+    source = tmp_path / "q.yaml"
+    source.write_text(
+        f"version: 1\nmodel: {quantized_dir / 'nafnet_tiny_int8.onnx'}\n"
+        "inputs:\n  input: {shape: [1, 3, 64, 64]}\n"
+        "precision:\n  default: fp16\n  rules:\n"
+        "    - {id: out, match: {name: '^/ending/'}, precision: fp16, dequantize: true}\n"
+        f"accuracy:\n  samples: 1\n  reference_model: {quantized_dir / 'nafnet_tiny.onnx'}\n"
+        "  tolerances: {default: {atol: 1e-6, rtol: 0}}\n"
+    )
+    args = ["tune", "--policy", str(source), "-o", str(tmp_path / "t.yaml"), "--budget", "4"]
+    with caplog.at_level("WARNING", logger="trtbuild"):
+        assert main(args) == 1
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "searched nothing" not in said
+    assert "rules, 1 evaluation(s)" not in capsys.readouterr().out  # it searched
+
+
 def test_an_output_that_fails_only_once_another_passes_is_grown_too(tmp_path):
     """Two outputs, `(x + 1000) - 1000` each (FP16 rounds x to 0.5 there), each fed 0.3 on
     one sample of two: the first trial fails on `a` (its sample first), pinning `a`'s

@@ -65,16 +65,21 @@ def split_words(quantized: bool) -> SplitWords:
     return QUANTIZED_WORDS if quantized else PLAIN_WORDS
 
 
-def fix_said(words: SplitWords, dequantized: int = 0) -> str:
-    """`words.fix`, or where the policy's `dequantize: true` rules already take `dequantized`
-    ops out of the quantization, that they are not enough: telling a user to write the rules
-    they have written misled."""
+def unfixable_said(words: SplitWords, dequantized: int = 0) -> str:
+    """What follows "... fails the tolerances on OUTPUTS" of an output both the graph's own
+    run and the policy fail: no pin can fix it, and what does; or, where the policy's
+    `dequantize: true` rules take `dequantized` ops out of the quantization, that the graph
+    as given is not what the policy keeps quantized (its run does not measure those rules),
+    so nothing is said unfixable. Why: "no FP32 pin can fix that, write `dequantize: true`
+    rules" told a policy with such rules that pins were useless, on a measure its rules
+    had changed."""
     if not (words.quantized and dequantized):
-        return words.fix
+        return f": no FP32 pin can fix that ({words.fix}, or loosen the tolerances)"
     return (
-        f"the policy's `dequantize: true` rules take {dequantized} op(s) out of the "
-        "quantization and that is not enough: take more of the ops that lose most out, "
-        "re-quantize"
+        f" as given; the policy's `dequantize: true` rules take {dequantized} op(s) out of "
+        "the quantization, which that run does not measure: take more of the ops that lose "
+        "most out, pin the ops whose low-precision storage fails, re-quantize, or loosen "
+        "the tolerances"
     )
 
 
@@ -108,10 +113,9 @@ class ErrorSplit:
     def words(self) -> SplitWords:
         return split_words(self.quantized)
 
-    @property
-    def fix(self) -> str:
-        """What fixes an output the quantization alone fails (`fix_said`)."""
-        return fix_said(self.words, self.dequantized)
+    def unfixable(self) -> str:
+        """`unfixable_said` in this split's words."""
+        return unfixable_said(self.words, self.dequantized)
 
     def label(self, part: str, low: str = "FP16") -> str:
         """`PARTS[part]` in this split's words."""

@@ -208,8 +208,7 @@ def split_lines(split: Any, indent: str = "  ", low: str = "FP16") -> list[str]:
         )
     if failing := split.quantization_fails(passed=False):
         lines.append(
-            f"{indent}{alone} fails the tolerances on {', '.join(failing)}: no FP32 pin can "
-            f"fix that ({split.fix}, or loosen the tolerances)"
+            f"{indent}{alone} fails the tolerances on {', '.join(failing)}{split.unfixable()}"
         )
     if fixed := split.quantization_fails(passed=True):
         lines.append(

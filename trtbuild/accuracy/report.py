@@ -505,8 +505,8 @@ def _split_section(split: ErrorSplit, low: str) -> Section:
     if failing := split.quantization_fails(passed=False):
         blocks.append(
             Para(
-                f"**{words.alone.capitalize()} fails the tolerances** on {', '.join(failing)}: "
-                f"{split.fix}, or loosen the tolerances; pinning layers to FP32 cannot fix it."
+                f"**{words.alone.capitalize()} fails the tolerances** on {', '.join(failing)}"
+                f"{split.unfixable()}."
             )
         )
     if fixed := split.quantization_fails(passed=True):

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from trtbuild.accuracy.breakdown import QUANTIZED_WORDS, SplitWords, fix_said
+from trtbuild.accuracy.breakdown import QUANTIZED_WORDS, SplitWords
 from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
@@ -160,7 +160,8 @@ def stuck_warning(
     under a pin. Why: a ModelOpt INT8 ResNet-18 judged against its FP32 model pinned all
     of its 50 groups in 8 evaluations and said DOES NOT PASS, not why; it was the INT8.
     `words`: the reference model's, by whether the model holds Q/DQ (`Front.quantized`);
-    `dequantized`: the ops the policy's `dequantize: true` rules take out of it.
+    `dequantized`: the ops the policy's `dequantize: true` rules take out of it (where
+    there are some, `quantization_fails` measured nothing and the search ran).
     """
     if result.passed or result.exhausted:
         return None
@@ -169,7 +170,7 @@ def stuck_warning(
         return (
             f"{alone} fails the tolerances against the reference "
             f"model ({'; '.join(result.quantization_fails)}): no FP32 pin can fix that, so tune "
-            f"judged the policy once and searched nothing; {fix_said(words, dequantized)}"
+            f"judged the policy once and searched nothing; {words.fix}"
             f"{' (docs: Quantized models)' * words.quantized}, or loosen the tolerances where "
             "the task allows"
         )
@@ -178,11 +179,16 @@ def stuck_warning(
         f"still fails, so {result.low.upper()} storage is not what fails it"
     )
     if quantized:
+        out = (
+            f"the policy's `dequantize: true` rules take {dequantized} op(s) out of it; more "
+            "may need to be"
+            if dequantized
+            else "a rule with `dequantize: true` takes an op out of it"
+        )
         return text + (
             f": {quantized} quantized op(s) keep their quantization under a pin; where that "
-            "alone misses the tolerances, a rule with `dequantize: true` takes an op out "
-            "of it (docs: Quantized models), or the tolerances are tighter than the "
-            "quantization allows"
+            f"alone misses the tolerances, {out} (docs: Quantized models), or the tolerances "
+            "are tighter than the quantization allows"
         )
     return text + (
         ": the policy's own rules (kept as they are) or the model's own low-precision "
