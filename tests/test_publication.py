@@ -603,6 +603,33 @@ def test_an_out_folder_another_publication_replaces_meanwhile_is_checked_as_it_i
     assert swapper.returncode == 0 and checks > 100
 
 
+def test_an_out_folder_renamed_away_and_back_during_its_access_check_is_not_write_protected(
+    tmp_path, monkeypatch
+):
+    """Another publication's two swaps during the one `access` of the check: the path named
+    no folder then, and the check said "write-protected" of a writable folder (exit 2); the
+    inode was the same before and after, so it was not read again. The check reads the
+    folder through one descriptor."""
+    from trtbuild.fsutil import check_out_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MARKER).write_text(json.dumps({"command": "build", "files": []}))
+    real, swaps = os.access, []
+
+    def swapped(*args, **kwargs):
+        if not swaps:
+            os.rename(out, tmp_path / "aside")
+            swaps.append(real(*args, **kwargs))
+            os.rename(tmp_path / "aside", out)
+            return swaps[0]
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, "access", swapped)
+    check_out_folder(out, known=(MARKER,))
+    assert swaps == [True]  # the access check ran during the swap, and found the folder
+
+
 def test_a_file_mounted_into_the_out_folder_stays_and_a_mounted_artifact_is_exit_2(tmp_path):
     """`-v notes.txt:/work/build/out/notes.txt`: a rename of the folder would carry the
     mount away with the old set; the set is published into the folder instead."""

@@ -59,6 +59,7 @@ _CHECK_ATTEMPTS = 20
 # How a file others may have placed is opened: never through a symlink at its end, never
 # waiting on a FIFO (O_NONBLOCK), never inherited by a child; a folder, following a symlink.
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+ACCESS_BY_FD = os.access in os.supports_dir_fd  # an access check of a folder's descriptor
 READ_NOFOLLOW = os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 # `.NAME.staging-*`, `.NAME.old-*` (an older trtbuild put its PID first: `-PID-*`)
@@ -352,11 +353,24 @@ def _check_out_folder(
 def _writable(out_dir: Path) -> None:
     """Exit 2 where the out folder is write-protected (no owner write bit, or no access):
     publication would replace it anyway (a rename needs only its parent), against the
-    protection its owner chose."""
-    mode = stat.S_IMODE(out_dir.stat().st_mode)
-    if hasattr(os, "statvfs") and os.statvfs(out_dir).f_flag & os.ST_RDONLY:
-        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out_dir))  # the disk's, not its
-    if not mode & stat.S_IWUSR or not os.access(out_dir, os.W_OK):
+    protection its owner chose.
+
+    Read through one descriptor of the folder: its mode, its file system and the access
+    check all of the one folder, whatever another publication renames meanwhile (an
+    `access` of the path found no folder half-way through a swap: "write-protected").
+    """
+    fd = os.open(out_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if hasattr(os, "fstatvfs") and os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(out_dir))  # the disk's
+        if ACCESS_BY_FD:
+            allowed = os.access(".", os.W_OK, dir_fd=fd)
+        else:  # no access check by descriptor here: the path's
+            allowed = os.access(out_dir, os.W_OK)
+    finally:
+        os.close(fd)
+    if not mode & stat.S_IWUSR or not allowed:
         raise UsageError(
             f"the output folder is write-protected (mode {mode:o})",
             where=str(out_dir),
