@@ -240,7 +240,7 @@ def needs_full_check(plan: neighbourhoods.Plan | None, cache: Any, origin: str) 
     """Whether `onnx.checker` runs its full check on a mixed model of `plan`'s keys, made
     from `origin`: unless every key is remembered and a model of that origin passed the
     full check (the module's docstring says why that suffices)."""
-    if plan is None or plan.pending or not origin or cache is None:
+    if plan is None or plan.pending:
         return True
     return not _origin_checked(cache, origin)
 
@@ -584,6 +584,8 @@ def _origin_checked(cache: Any, origin: str) -> bool:
 
 
 def _remember_origin(cache: Any, origin: str) -> None:
+    """Remember that a mixed model converted from `origin` passed the full check (read by
+    `_origin_checked`): a later edit of the rules on that graph skips it."""
     if cache is not None and cache.enabled and origin:
         cache.put("converted", _origin_digest(origin), _record([]))
 
