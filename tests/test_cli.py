@@ -152,6 +152,31 @@ def test_schema_and_help_exit_0(capsys):
     assert main(["frobnicate"]) == 2
 
 
+def test_every_default_is_said_by_the_commands_help():
+    """`trtbuild tune --help` says `--budget`'s 100 as the CLI page does.
+
+    Why: the page (sphinx-argparse, `:nodefault:`) shows each flag's help and nothing else,
+    so a default the help leaves out is on neither; a user reads `--help` first.
+    """
+    import argparse
+
+    from trtbuild.cli import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    unsaid = []
+    for command, sp in sub.choices.items():
+        text = " ".join(sp.format_help().split())
+        for a in sp._actions:
+            if a.default in (None, argparse.SUPPRESS) or a.default is False:  # 0 is a default
+                continue
+            if not a.option_strings:
+                continue
+            said = " ".join(((a.help or "") % {**vars(a), "default": a.default}).split())
+            if "default" not in said or said not in text:
+                unsaid.append(f"{command} {a.option_strings[0]}")
+    assert not unsaid, f"--help does not say the default of {unsaid}"
+
+
 def test_an_interrupt_a_library_rewrapped_is_still_exit_130(monkeypatch, write_policy, capsys):
     """onnxruntime turns a Ctrl-C during its import into ImportError; that is still Ctrl-C."""
     from trtbuild import pipeline

@@ -165,14 +165,25 @@ def _tune_args(sub) -> None:
     )
     _policy_args(t)
     t.add_argument("-o", "--output", required=True, type=Path, metavar="TUNED.yaml")
-    t.add_argument("--budget", type=int, default=100, metavar="N", help="evaluations at most")
+    t.add_argument(
+        "--budget",
+        type=int,
+        default=100,
+        metavar="N",
+        help="evaluations at most (default: %(default)s)",
+    )
     t.add_argument(
         "--objective",
         choices=["nodes", "flops"],
         default="nodes",
-        help="what an FP32 pin costs: a node each, or its FLOPs",
+        help="what an FP32 pin costs: a node each, or its FLOPs (default: %(default)s)",
     )
-    t.add_argument("--seed", type=int, default=0, help="tie-breaking; same seed, same policy")
+    t.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="tie-breaking; same seed, same policy (default: %(default)s)",
+    )
     t.add_argument(
         "--jobs",
         "-j",
@@ -200,10 +211,30 @@ def _nightly_args(sub) -> None:
         epilog="exit codes: 0 every policy passes with no regression, 1 some policy failed, "
         "errored or regressed (the summary names it), 2 bad arguments",
     )
-    n.add_argument("--policies", type=Path, default=Path("policies"), metavar="DIR")
-    n.add_argument("--out", "-o", type=Path, default=Path("build/nightly"), metavar="DIR")
+    n.add_argument(
+        "--policies",
+        type=Path,
+        default=Path("policies"),
+        metavar="DIR",
+        help="each .yaml or .yml file in it is a policy (default: %(default)s)",
+    )
+    n.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=Path("build/nightly"),
+        metavar="DIR",
+        help="the summary, trends, JUnit and a folder per policy (default: %(default)s)",
+    )
     _history_arg(n)
-    n.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="policies in parallel")
+    n.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=1,
+        metavar="N",
+        help="policies in parallel (default: %(default)s)",
+    )
     n.add_argument(
         "--shard",
         metavar="K/N",
@@ -232,7 +263,8 @@ def _margin_arg(sp: argparse.ArgumentParser) -> None:
         type=float,
         default=0.25,
         metavar="F",
-        help="error growth over the last passing night that counts as a regression (0.25 = 25%%)",
+        help="error growth over the last passing night that counts as a regression "
+        "(0.25 = 25%%; default: %(default)s)",
     )
 
 
@@ -270,7 +302,14 @@ def _summary_args(sub) -> None:
     )
     _history_arg(n)
     n.add_argument("--run-id", required=True, metavar="ID", help="the night the shards ran as")
-    n.add_argument("--out", "-o", type=Path, default=Path("build/nightly"), metavar="DIR")
+    n.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=Path("build/nightly"),
+        metavar="DIR",
+        help="the summary and trends of the night, JUnit, nightly.json (default: %(default)s)",
+    )
     n.add_argument(
         "--shards",
         type=int,
