@@ -745,6 +745,24 @@ def test_a_policy_name_that_is_not_utf8_is_no_bug(tmp_path, capsys):
     assert "from g\\xfe.yaml" in tuned.read_text(encoding="utf-8")
 
 
+def test_every_wrote_line_spells_a_name_that_is_not_utf8_as_its_byte(tmp_path, capsys):
+    """`wrote g\\xfe.onnx`, as docs/cli.md says every message spells it: `convert` and the
+    nightly printed the lone surrogate Python read (`g\\udcfe`), a name no file has."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    _relu_policy(policies)
+    mixed = tmp_path / os.fsdecode(b"g\xfe.onnx")
+    assert main(["convert", "--policy", str(policies / "p.yaml"), "-o", str(mixed)]) == 0
+    out = tmp_path / os.fsdecode(b"n\xfe")
+    history = tmp_path / os.fsdecode(b"h\xfe.sqlite")
+    argv = ["--policies", str(policies), "--out", str(out), "--history", str(history)]
+    assert main(["nightly", *argv]) == 0
+    said = capsys.readouterr().out
+    assert "wrote " + str(tmp_path) + "/g\\xfe.onnx:" in said, said
+    assert "/n\\xfe/summary.md" in said and "history " + str(tmp_path) + "/h\\xfe.sqlite" in said
+    assert "\udcfe" not in said
+
+
 def test_a_tensor_marked_external_without_a_file_beside_large_weights_is_said_so(tmp_path, capsys):
     """Where the model's weights are large (its tensors walked, not its bytes searched) or
     the model is text, such a tensor was "keeps its data in '', outside the model's

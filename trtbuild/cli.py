@@ -687,7 +687,7 @@ def _cmd_convert(args) -> int:
     save_model(front.converted.model, args.output, data)
     s = front.assignment.summary()
     print(
-        f"wrote {args.output}: {s.share_text()}, {s.fp32_nodes} FP32 nodes, "
+        f"wrote {printable(str(args.output))}: {s.share_text()}, {s.fp32_nodes} FP32 nodes, "
         f"{len(front.converted.casts)} casts"
     )
     return 0
@@ -858,8 +858,8 @@ def _cmd_nightly(args) -> int:
     _claim_out(args.out, mark="nightly")
     _night_lines(night)
     print(
-        f"wrote {args.out}/summary.md, summary.html, junit.xml, nightly.json; "
-        f"history {args.history} (run {night.run_id})"
+        f"wrote {printable(str(args.out))}/summary.md, summary.html, junit.xml, nightly.json; "
+        f"history {printable(args.history)} (run {night.run_id})"
     )
     return night.exit_code
 
@@ -925,7 +925,7 @@ def _cmd_cache(args) -> int:
 
     cache = Cache()
     if args.action == "clear":
-        print(f"removed {cache.clear()} entries from {cache.root}")
+        print(f"removed {cache.clear()} entries from {printable(str(cache.root))}")
         return 0
     info = cache.info()
     if args.json:
@@ -939,8 +939,8 @@ def _cmd_cache(args) -> int:
         f"{n} {k} {fmt_bytes(info['bytes_by_kind'][k])}" for k, n in info["by_kind"].items()
     )
     print(
-        f"{info['root']}: {info['entries']} entries ({kinds}), {fmt_bytes(info['bytes'])} "
-        f"of {fmt_bytes(info['max_bytes'])} (TRTBUILD_CACHE_MAX_MB)"
+        f"{printable(str(info['root']))}: {info['entries']} entries ({kinds}), "
+        f"{fmt_bytes(info['bytes'])} of {fmt_bytes(info['max_bytes'])} (TRTBUILD_CACHE_MAX_MB)"
     )
     return 0
 
