@@ -870,9 +870,11 @@ def _cmd_summary(args) -> int:
     _check_margin(args.margin)
     if args.shards < 0:
         raise UsageError("--shards must not be negative")
+    _claim_out(args.out)  # the nightly's files over a folder of the user's: exit 2 first
     night = nightly.summarize(
         args.history, args.run_id, args.out, margin=args.margin, shards=args.shards
     )
+    _claim_out(args.out, mark="summary")
     _night_lines(night)
     print(f"wrote {printable(str(args.out))}/summary.md, summary.html, junit.xml, nightly.json")
     return night.exit_code
@@ -883,8 +885,8 @@ NIGHTLY_FILES = ("summary.md", "summary.html", "junit.xml", "nightly.json", "tre
 
 
 def _claim_out(folder: Path, mark: str | None = None) -> None:
-    """Exit 2 where the nightly's --out holds files trtbuild did not write (it would
-    overwrite them); with `mark`, say it is trtbuild's (`.trtbuild-output`)."""
+    """Exit 2 where the nightly's or the summary's --out holds files trtbuild did not write
+    (it would overwrite them); with `mark`, say it is trtbuild's (`.trtbuild-output`)."""
     from trtbuild.artifacts import BUILD_FILES
     from trtbuild.fsutil import MARKER, check_out_folder, write_marker
 

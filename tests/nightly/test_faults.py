@@ -240,3 +240,23 @@ def test_a_symlink_planted_as_the_trends_folder_is_not_written_through(
     assert f"{out / 'trends'}: a symlink where the night's trend plots go" in err, err
     assert (elsewhere / "loop_sum.png").read_bytes() == b"mine"
     assert (out / "summary.md").exists() and (out / "junit.xml").exists()
+
+
+def test_summary_refuses_a_folder_of_the_users_as_the_nightly_does(tmp_path, capsys):
+    """`summary --out` wrote summary.md, junit.xml and nightly.json over the user's own
+    files, where `nightly --out` refuses such a folder; its own folder it takes again."""
+    history = tmp_path / "h.sqlite"
+    _record(history, "n1", [_result("p", "pass", 1.0)], "2026-01-01T00:00:00+00:00")
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "summary.md").write_text("my notes\n")
+    argv = ["summary", "--history", str(history), "--run-id", "n1", "--out"]
+    assert main([*argv, str(mine)]) == 2
+    err = capsys.readouterr().err
+    assert f"trtbuild: error: {mine}: the output folder" in err and "Traceback" not in err
+    assert (mine / "summary.md").read_text() == "my notes\n"
+    assert sorted(p.name for p in mine.iterdir()) == ["summary.md"]
+    out = tmp_path / "s"
+    assert main([*argv, str(out)]) == 0
+    assert main([*argv, str(out)]) == 0  # its own folder, marked
+    assert (out / ".trtbuild-output").is_file() and (out / "summary.md").is_file()
