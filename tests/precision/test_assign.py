@@ -205,6 +205,40 @@ def test_a_concat_of_a_pinned_value_follows_it_to_fp32_whichever_input_it_is(pin
     np.testing.assert_array_equal(c[0, :4] if pinned_first else c[0, 4:], big)  # 9.6e4 whole
 
 
+def test_a_cast_between_floats_follows_its_input_to_a_graph_output():
+    """A pinned sum cast to its own type before the output (ModelOpt's default export
+    casts every output back, `total_cast_to_fp32`; prepare makes that cast FP32 to FP32):
+    the Cast took the default, so the pinned 9.6e4 was stored in FP16 as inf on its way
+    to the FP32 output. A Cast only converts; like data movement it follows its input."""
+    from trtbuild.policy.specs import Match, Rule
+
+    m = model(
+        [
+            node("Mul", ["x", "gain"], "scaled", "scale"),
+            node("ReduceSum", ["scaled"], "sum", "sum", keepdims=1),
+            node("Cast", ["sum"], "y", "sum_cast", to=TensorProto.FLOAT),
+            node("Sigmoid", ["x"], "small", "narrow"),
+            node("Cast", ["small"], "z", "small_cast", to=TensorProto.FLOAT),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 1]), ("z", F, [1, 4])],
+        {"gain": np.float32(3e4)},
+    )
+    pins = Precision(rules=(Rule("range", Match(name="^(scale|sum)$"), "fp32"),))
+    assignment = assign(m, pins)
+    decided = {assignment.view.nodes[i].name: d for i, d in enumerate(assignment.decisions)}
+    cast = decided["sum_cast"]
+    assert (cast.precision, cast.rule) == ("fp32", "follows-input") and "sum" in cast.reason
+    assert (decided["small_cast"].precision, decided["small_cast"].rule) == (
+        "fp16",
+        "follows-input",
+    )
+    x = np.array([[1.0, 2.0, 0.2, 0.0]], np.float32)
+    y, _ = plain_session(convert(assignment).model).run(None, {"x": x})
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(y, [[9.6e4]], rtol=1e-6)  # FP16 stops at 65504
+
+
 def test_an_fp64_node_keeps_its_type_and_says_so():
     """A square computed in FP64 as exported: no FP32 tensor to lower, and the
     reason says FP64, not that it holds no float."""

@@ -227,7 +227,7 @@ def _decisions(
         elif picks[i] is not None:
             prec, rid, reason = picks[i]
             decision = Decision(prec, rid, reason)
-        elif node.op_type in DATA_MOVEMENT:
+        elif node.op_type in DATA_MOVEMENT or float_cast(view, i):
             decision = _follow_input(view, decisions, i, precision.default)
         else:
             decision = default  # a frozen Decision: every node of the default shares one
@@ -274,6 +274,18 @@ def _exact_casts(view: GraphView, decisions: list[Decision], low: str) -> dict[i
 def integer_cast(view: GraphView, i: int) -> bool:
     """Whether node i is a Cast that makes floats of a non-float value (`EXACT_CAST`)."""
     return view.nodes[i].op_type == "Cast" and not view.float_inputs(i)
+
+
+def float_cast(view: GraphView, i: int) -> bool:
+    """Whether node i is a Cast of floats to floats, which follows its input as data
+    movement does.
+
+    Why: it computes nothing (the mixed model sets its `to`), and left to the default it
+    stored a pinned value low on its way out: ModelOpt's default export casts each output
+    back (`total_cast_to_fp32`, FP32 to FP32 once prepared), and NAFNet's 1.4e7 sum, pinned
+    to FP32, turned inf there.
+    """
+    return view.nodes[i].op_type == "Cast" and bool(view.float_inputs(i))
 
 
 def _fp32_readers(view: GraphView, decisions: list[Decision]) -> list[str | None]:
@@ -429,8 +441,8 @@ def _follow_input(view: GraphView, decisions: list[Decision], i: int, default: s
         return passed
     if p is None:
         return Decision(default, "default", f"policy default {default}")
-    src = view.nodes[p].name
-    return Decision(decisions[p].precision, "follows-input", f"moves data; follows {src}")
+    src, verb = view.nodes[p].name, "converts" if view.nodes[i].op_type == "Cast" else "moves data"
+    return Decision(decisions[p].precision, "follows-input", f"{verb}; follows {src}")
 
 
 def _hands_out_weights(view: GraphView, i: int) -> bool:
