@@ -217,6 +217,36 @@ def test_an_hf_rmsnorm_the_residual_stream_carries_attention_into_is_found_whole
     assert _names(view, patterns.find("layernorm_after_attention", Analysis(view))) == unit
 
 
+def test_soft_capped_attention_is_a_block_and_its_post_norm_follows_it():
+    """Gemma 2's attention caps its logits, `50 * tanh(scores / 50)`, before the mask and
+    Softmax, and its post-attention RMSNorm reads the output projection directly."""
+    nodes = [
+        node("Transpose", ["x"], "kt", "kt", perm=[0, 2, 1]),
+        node("MatMul", ["x", "kt"], "s", "qk"),
+        node("Div", ["s", "cap"], "sd", "cap_div"),
+        node("Tanh", ["sd"], "st", "cap_tanh"),
+        node("Mul", ["st", "cap"], "sc", "cap_mul"),
+        node("Softmax", ["sc"], "p", "softmax", axis=-1),
+        node("MatMul", ["p", "x"], "o", "pv"),
+        node("MatMul", ["o", "wo"], "proj", "o_proj"),
+        node("Pow", ["proj", "two"], "sq", "pow"),
+        node("ReduceMean", ["sq"], "v", "var", axes=[-1]),
+        node("Add", ["v", "eps"], "ve", "add"),
+        node("Sqrt", ["ve"], "sd2", "sqrt"),
+        node("Div", ["one", "sd2"], "r", "rsqrt"),
+        node("Mul", ["proj", "r"], "y", "scale"),
+    ]
+    consts = {"two": 2.0, "eps": 1e-6, "one": 1.0, "cap": 50.0}
+    inits = {k: np.array(v, np.float32) for k, v in consts.items()}
+    inits["wo"] = np.eye(8, dtype=np.float32)
+    view = GraphView(model(nodes, [("x", F, [1, 4, 8])], [("y", F, [1, 4, 8])], inits))
+    units = attention_units(view)
+    assert [u.kind for u in units] == ["self-attention"]
+    assert {"cap_div", "cap_tanh", "cap_mul"} <= {view.nodes[i].name for i in units[0].nodes}
+    after = patterns.find("layernorm_after_attention", Analysis(view))
+    assert _names(view, after) == {"pow", "var", "add", "sqrt", "rsqrt", "scale"}
+
+
 def test_fused_attention_op_is_a_block():
     nodes = [
         node("Attention", ["q", "k", "v"], "o", "attn"),

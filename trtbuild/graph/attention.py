@@ -42,8 +42,10 @@ FUSED_ATTENTION = frozenset(
     }
 )
 PRODUCTS = frozenset({"MatMul", "Einsum"})
-# Between Q·Kᵀ and Softmax: scaling, masking, bias, layout.
-SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Clip"}) | DATA_MOVEMENT
+# Between Q·Kᵀ and Softmax: scaling, masking, bias, layout, and logit soft-capping
+# (Gemma 2's `cap * tanh(scores / cap)`: without Tanh its attention was no block, so
+# `attention` and `layernorm_after_attention` matched nothing in it).
+SCORE_OPS = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Clip", "Tanh"}) | DATA_MOVEMENT
 # Between Softmax and ·V: dropout, masking, layout (tf2onnx reshapes and squeezes here).
 PROB_OPS = frozenset({"Cast", "Dropout", "Mul", "Where"}) | DATA_MOVEMENT
 ACTIVATIONS = frozenset(
