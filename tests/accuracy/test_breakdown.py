@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import NAFNET_POLICY
+from tests.helpers import model as make_model
 from tests.helpers import plain_session
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.cli import main
@@ -374,3 +375,38 @@ def test_a_model_without_qdq_is_judged_against_the_reference_model_not_its_quant
         "quantized_vs_original",
         "policy_vs_quantized",
     }  # report.json's keys stay
+
+
+def test_a_failing_point_says_what_the_quantization_alone_costs_there(tmp_path, capsys):
+    """A row sum quantized to INT8 at a scale its sum over 2 columns fits (opt) and its sum
+    over 16 does not (max: clipped at 2.54): only max fails, by the quantization alone.
+    The terminal and report.md showed opt's split ("pass") alone, as if FP16 failed max."""
+    scale, zero = np.array(0.02, np.float32), np.array(0, np.int8)
+    nodes = [
+        helper.make_node("ReduceSum", ["x", "axes"], ["s"], "sum", keepdims=1),
+        helper.make_node("QuantizeLinear", ["s", "scale", "zero"], ["q"], "q"),
+        helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"], "dq"),
+    ]
+    inits = {"axes": np.array([-1], np.int64), "scale": scale, "zero": zero}
+    io = ([("x", TensorProto.FLOAT, [1, "w"])], [("y", TensorProto.FLOAT, [1, 1])])
+    quantized = make_model(nodes, *io, inits)
+    total = helper.make_node("ReduceSum", ["x", "axes"], ["y"], "sum", keepdims=1)
+    original = make_model([total], *io, {"axes": inits["axes"]})
+    onnx.save(quantized, tmp_path / "q.onnx")
+    onnx.save(original, tmp_path / "f.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: q.onnx\ninputs:\n  x:\n    min: [1, 2]\n    opt: [1, 2]\n"
+        "    max: [1, 16]\nprecision: {default: fp16}\nbuild: {backend: none}\n"
+        "accuracy:\n  reference_model: f.onnx\n  tolerances:\n    default: {atol: 0.05, rtol: 0}\n"
+    )
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"])
+    said = capsys.readouterr().out
+    assert code == 1, said
+    at_max = said[said.index("at max [1, 16]: FAIL") :]
+    assert "y: quantization alone" in at_max and "(FAIL)" in at_max, said
+    assert "the quantization alone fails the tolerances on y: no FP32 pin" in at_max, said
+    md = (out / "report.md").read_text()
+    assert "## Against the model before quantization, at max [1, 16]" in md
+    assert "**The quantization alone fails the tolerances** on y" in md

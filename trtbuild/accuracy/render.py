@@ -115,6 +115,8 @@ def summary(report: Report) -> str:
         bad = {n: m for n, m in s.main.outputs.items() if not m.passed}
         lines.append(f"  at {s.label}: {'pass' if s.main.passed else 'FAIL'}")  # masked too
         lines += [_output_line(name, m, indent) for name, m in bad.items()]
+        if bad:  # what the quantization alone costs there: no pin fixes that part
+            lines += split_lines(s.split, indent, report.precision.low_name)
     ordered = in_point_order(report.shapes)
     lines += data_lines(
         [(s.label, s.data) for s in ordered], [(s.label, s.skip) for s in report.skipped]

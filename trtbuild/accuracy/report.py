@@ -462,8 +462,9 @@ def sections(report: Report) -> list[Section]:
         _baseline_section(report),
         _at_risk_section(report),
     ]
-    if report.split is not None:
-        out.insert(1, _split_section(report.split, report.precision.low_name))
+    point = deciding_point(report)
+    if point is not None and point.split is not None:  # the point Outputs shows, its split
+        out.insert(1, _split_section(point.split, report.precision.low_name, at))
     if len(report.shapes) > 1 or report.skipped:
         out.insert(1, _shapes_section(report))
     if report.fp32 is not None:
@@ -479,9 +480,11 @@ def sections(report: Report) -> list[Section]:
     return out
 
 
-def _split_section(split: ErrorSplit, low: str) -> Section:
+def _split_section(split: ErrorSplit, low: str, at: str | None = None) -> Section:
     """Each output's error against the reference model, and its two parts, in the words of
-    whether the model is quantized (`ErrorSplit.words`)."""
+    whether the model is quantized (`ErrorSplit.words`), at the point `at` that Outputs
+    shows: a policy failing at `min` where the quantization alone fails there too was shown
+    the primary point's split, "pass", as if FP16 alone had failed it."""
     words = split.words
     rows = [
         (f"`{name}`", split.label(part, low), _verdict_cell(m, split.against(part)),
@@ -516,7 +519,7 @@ def _split_section(split: ErrorSplit, low: str) -> Section:
                 f"the policy passes{words.passed_by}."
             )
         )
-    return Section(f"Against {words.reference}", blocks)
+    return Section(f"Against {words.reference}" + (f", at {at}" if at else ""), blocks)
 
 
 def _shapes_section(report: Report) -> Section:
