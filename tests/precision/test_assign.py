@@ -83,6 +83,28 @@ def test_bf16_says_its_own_limit_and_an_fp32_default_has_nothing_to_keep():
     assert all(d.rule != EXACT_CAST for d in _decided(_anchors(), "fp32").values())
 
 
+def _conv(opset: int) -> onnx.ModelProto:
+    nodes = [node("Conv", ["x", "k"], "c", "conv"), node("Relu", ["c"], "y", "relu")]
+    inits = {"k": np.full((4, 3, 1, 1), 0.25, np.float32)}
+    return model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 4, 8, 8])], inits, opset=opset)
+
+
+def test_an_op_kept_fp32_by_its_schema_at_this_opset_names_the_opset_that_types_it():
+    """Conv has no BF16 type before opset 22: a BF16 CNN at opset 17 kept every convolution
+    FP32, a cast around each, and said only "schema" per node."""
+    found = assign(_conv(17), _precision("bf16"))
+    conv = found.decisions[0]
+    assert (conv.precision, conv.rule, conv.opset) == ("fp32", "schema", 22)
+    assert conv.reason == "Conv has no bf16 type at opset 17 (opset 22 has one: passes.opset: 22)"
+    (hint,) = [w for w in found.warnings if "passes.opset" in w]
+    assert hint.startswith("1 node(s) stay FP32 only because their op's schema at opset 17")
+    assert "(Conv 1;" in hint and hint.endswith("set passes.opset: 22, whose schemas have one")
+    for m, default in ((_conv(22), "bf16"), (_conv(17), "fp16")):
+        found = assign(m, _precision(default))
+        assert found.decisions[0].precision == default
+        assert not [w for w in found.warnings if "passes.opset" in w]
+
+
 def test_a_width_past_2048_reaches_the_range_whole():
     """In FP16, 2049 rounds to 2048: the Range made one anchor too few, and the Add that
     broadcasts it over the 2049-wide map could not run. Kept FP32, the mixed model runs

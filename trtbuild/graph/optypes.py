@@ -250,3 +250,20 @@ def op_types(op_type: str, domain: str, opset: int) -> OpTypes:
         tuple(f.type_str for f in schema.outputs),
         allowed,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def opset_typing(op_type: str, opset: int, slot: int, dtype: int) -> int | None:
+    """The first opset after `opset` (up to the newest this onnx knows) whose schema of
+    `op_type` (default domain) types output `slot` in `dtype`, or None.
+
+    Why: an op kept FP32 because its schema at the model's opset has no BF16 type (Conv
+    and its kin until opset 22) left a BF16 CNN with every convolution FP32 and a cast
+    around each, and nothing named the fix, `passes.opset`.
+    """
+    for version in range(opset + 1, onnx.defs.onnx_opset_version() + 1):
+        types = op_types(op_type, "", version)
+        var = types.output_var(slot)
+        if types.known and (not types.is_var(var) or types.allows(var, dtype)):
+            return version
+    return None

@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes
+from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes, opset_typing
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView, in_sequences
 from trtbuild.numerics import LOW_WHOLE
@@ -33,6 +33,7 @@ class Decision:
     precision: str | None  # fp16 | bf16 | fp32 | None (computes nothing in float)
     rule: str  # rule id, or "default", "follows-input", "input-output", "schema", EXACT_CAST, ...
     reason: str
+    opset: int | None = None  # "schema": the first opset whose schema has the asked type
 
 
 @dataclass
@@ -195,6 +196,8 @@ def assign(
     exact = _exact_casts(view, decisions, precision.default)
     if exact:  # decided again: the data movement after such a Cast follows it to FP32
         decisions = _decisions(view, picks, precision, exact)
+    if hint := _opset_hint(decisions, view.opset):
+        warnings.append(hint)
     assignment = Assignment(view, decisions, analysis, hits, warnings)
     return _with_qdq(assignment, qdq, precision) if qdq else assignment
 
@@ -514,6 +517,31 @@ def _schema_refuses(view: GraphView, i: int, precision: str, first: int | None) 
     if not types.known:
         return Decision("fp32", "schema", f"no ONNX schema for {op}; kept FP32")
     out_var = types.output_var(first) if first is not None else None
-    if types.is_var(out_var) and not types.allows(out_var, PRECISION_DTYPE[precision]):
-        return Decision("fp32", "schema", f"{op} has no {precision} type at opset {view.opset}")
+    dtype = PRECISION_DTYPE[precision]
+    if types.is_var(out_var) and not types.allows(out_var, dtype):
+        reason = f"{op} has no {precision} type at opset {view.opset}"
+        later = None if view.nodes[i].domain not in ("", "ai.onnx") else first
+        later = None if later is None else opset_typing(op, view.opset, later, dtype)
+        if later is not None:
+            reason += f" (opset {later} has one: passes.opset: {later})"
+        return Decision("fp32", "schema", reason, later)
     return None
+
+
+def _opset_hint(decisions: list[Decision], opset: int) -> str | None:
+    """One warning for the nodes kept FP32 only by their schema at this opset, where a later
+    opset types them in the asked precision: the ops, and the `passes.opset` that does."""
+    later = [d for d in decisions if d.rule == "schema" and d.opset is not None]
+    if not later:
+        return None
+    ops: dict[str, int] = {}
+    for d in later:
+        op = d.reason.split(" ", 1)[0]
+        ops[op] = ops.get(op, 0) + 1
+    need = max(d.opset for d in later if d.opset is not None)
+    named = ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1]))
+    return (
+        f"{len(later)} node(s) stay FP32 only because their op's schema at opset {opset} has no "
+        f"type for the policy's precision ({named}; each one's reason in check's table): "
+        f"set passes.opset: {need}, whose schemas have one"
+    )
