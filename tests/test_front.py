@@ -447,3 +447,21 @@ def test_a_size_the_export_wrote_into_the_graph_is_said_as_such(tmp_path, capsys
     said = "it reshapes to the constant shape [1, 6, 2], a size the export wrote into the graph"
     assert (said in err) == baked
     assert ("re-export the model with that dim dynamic" in err) == baked
+
+
+def test_a_named_point_the_model_cannot_run_is_said_at_its_own_line(tmp_path, capsys):
+    """ONNX Runtime's refusal at a point of `accuracy.shapes` (a HAT export at 36x44, off
+    its window size) pointed at `inputs:`, the line of min, opt and max."""
+    shape = {"shape": np.array([1, 3, -1], np.int64)}  # 2t values in rows of 3: t of 3k only
+    m = model(
+        [node("Reshape", ["x", "shape"], "r", "/enc/Reshape"), node("Relu", ["r"], "y", "relu")],
+        [("x", F, [1, "t", 2])], [("y", F, [1, 3, "u"])], shape,
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {min: [1, 6, 2], opt: [1, 6, 2], max: [1, 12, 2]}\n"
+        "accuracy:\n  shapes:\n    odd: {x: [1, 7, 2]}\n"
+    )
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "p.yaml:7: the FP32 model cannot run at odd [1, 7, 2] in node /enc/Reshape" in err

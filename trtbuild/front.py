@@ -584,9 +584,7 @@ def _shared_dims_disagree(
             if first[2] == size:
                 continue
             other, other_axis, other_size = first
-            which = point.name.split("=")[0]
-            own = which in ("min", "opt", "max", "shape")
-            at = ("inputs", name, which) if own else ("accuracy", "shapes", which)
+            at = _point_field(point, name)
             return UsageError(
                 f"no engine runs {point.label}: {other} (dim {other_axis}) and {name} (dim "
                 f"{axis}) share the model's dim '{dim}', given {other_size} and {size} there "
@@ -597,6 +595,15 @@ def _shared_dims_disagree(
                 "them apart (passes.override_input_shapes)",
             )
     return None
+
+
+def _point_field(point: ShapePoint, name: str | None = None) -> tuple[str, ...]:
+    """Where the policy gives `point`: `inputs.NAME.min` (or `inputs` where no input is
+    named), or a named point's own `accuracy.shapes.NAME`."""
+    which = point.name.split("=")[0]
+    if which in ("min", "opt", "max", "shape"):
+        return ("inputs", name, which) if name else ("inputs",)
+    return ("accuracy", "shapes", which)
 
 
 def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, view: GraphView) -> UsageError:
@@ -620,7 +627,7 @@ def _cannot_run(policy: Policy, point: ShapePoint, exc: Exception, view: GraphVi
     return UsageError(
         f"the FP32 model cannot run at {point.label}{where}: "
         + (baked or (said.group(1) if said else text).strip()[:300]),
-        where=policy.where_of("inputs"),
+        where=policy.where_of(*_point_field(point)),  # a named point: its own line
         hint=(
             "re-export the model with that dim dynamic (torch.onnx.export's dynamic_axes, "
             "or dynamic_shapes for dynamo), or give only the sizes it was exported at"
