@@ -372,6 +372,17 @@ def test_a_rank_3_input_takes_one_image_per_sample_at_each_point(tmp_path):
     assert main(["check", "--policy", str(path)]) == 0
 
 
+def test_photos_for_a_rank_3_input_of_other_channels_say_its_layout_as_one_image(tmp_path, capsys):
+    """Photos given to a waveform `[b, 1, t]` (EnCodec's input) were refused as "the input has
+    1 (NCHW)": a rank-3 input is read as one `[C, H, W]` image, and is said so."""
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "a.png")
+    path = identity_policy(tmp_path, [1, 1, 800], "{shape: [1, 1, 800], data: {images: images}}")
+    assert main(["check", "--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "RGB gives 3 channel(s); the input [1, 1, 800] has 1 (CHW, one image)" in err, err
+
+
 def test_an_image_input_of_rank_2_is_still_refused_naming_the_ranks_taken(tmp_path, capsys):
     path = identity_policy(tmp_path, [6, 5], "{shape: [6, 5], data: {images: images}}")
     (tmp_path / "images").mkdir()

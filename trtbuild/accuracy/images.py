@@ -237,10 +237,11 @@ def image_layout(
         )
     c, h, w = _chw(batched, layout)
     want_c = 1 if img.channels == "GRAY" else 3
-    if c != want_c:
+    if c != want_c:  # a rank-3 input is one image: its layout said without the batch
+        shown = layout if len(shape) == 4 else f"{layout[1:]}, one image"
         raise UsageError(
             f"{words.field(*at, 'channels')}: {img.channels} gives {want_c} channel(s); the input "
-            f"has {c} ({layout})",
+            f"{list(shape)} has {c} ({shown})",
             where=policy.where_of(*at, "channels"),
             hint="set channels (RGB, BGR, GRAY) or layout to fit the model",
         )
