@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.errors import UsageError
-from trtbuild.graph.model_io import fed_inputs, load_model, no_input
+from trtbuild.graph.model_io import fed_inputs, infer_shapes, load_model, no_input
 
 
 def test_a_weight_listed_as_a_graph_input_is_not_fed():
@@ -512,3 +512,48 @@ def test_an_input_or_output_of_no_onnx_type_is_a_damaged_model(tmp_path, where, 
     model.graph.input[0].type.tensor_type.elem_type = TensorProto.FLOAT
     onnx.save(model, tmp_path / "m.onnx")
     assert load_model(tmp_path / "m.onnx").graph.output[0].name == "y"
+
+
+def test_a_body_reading_lifted_axes_and_sizes_keeps_the_shapes_they_give():
+    """ViTMatte's relative-position resize in an `If` reads axes and sizes that
+    `lift_constants` made main-graph weights: onnx's inference of a body sees no outer
+    value, lost the length of the `Resize`'s `sizes`, and onnx's full check refused the
+    model (exit 70 from check, convert and build)."""
+    then = helper.make_graph(
+        [
+            helper.make_node("Unsqueeze", ["n", "axes"], ["u"], name="unsqueeze"),
+            helper.make_node("Concat", ["head", "u"], ["sizes"], name="concat", axis=0),
+            helper.make_node("Resize", ["x", "", "", "sizes"], ["r"], name="resize"),
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["i"], name="same")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("i", TensorProto.FLOAT, None)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 7]),
+            helper.make_tensor_value_info("n", TensorProto.INT64, []),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.array([0], np.int64), "axes"),
+            numpy_helper.from_array(np.array([1, 16], np.int64), "head"),
+        ],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    inferred = infer_shapes(m, anew=True)
+    (body,) = [a.g for a in inferred.graph.node[0].attribute if a.name == "then_branch"]
+    sizes = {v.name: v for v in body.value_info}["sizes"].type.tensor_type.shape
+    assert [d.dim_value for d in sizes.dim] == [3]
+    assert not any(v.name.startswith("trtbuild/") for v in body.value_info)
+    assert [n.op_type for n in body.node] == ["Unsqueeze", "Concat", "Resize"]  # as it was
+    onnx.checker.check_model(inferred, full_check=True)

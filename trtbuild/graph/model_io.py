@@ -527,7 +527,8 @@ def _inferred(
     """onnx's inference of `model` (a copy; `anew`: without its value infos), on
     `_for_inference`'s copy where it has stand-ins or large weights; `options` onnx's
     (`strict_mode` is always off)."""
-    light = stand_ins or _elements(model.graph) > LIGHT_FROM
+    inside = _reads_outer_shaping(model.graph)
+    light = stand_ins or inside or _elements(model.graph) > LIGHT_FROM
     if not light:
         source = strip_value_info(model) if anew else model
         return onnx.shape_inference.infer_shapes(source, strict_mode=False, **options)
@@ -717,6 +718,7 @@ def _for_inference(model: onnx.ModelProto, stand_ins: bool, anew: bool = False) 
     peaked at 2.0 GB and took 3.2 s, at 0.83 GB and 1.1 s this way.
     """
     copy = without_weight_data(model, value_infos=not anew)
+    _shaping_inside(copy)
     if stand_ins:
         for node in all_nodes(copy):
             if _stood_in(node.domain, node.op_type):
@@ -736,7 +738,7 @@ def _typed_as(model: onnx.ModelProto, inferred: onnx.ModelProto) -> onnx.ModelPr
     pairs = zip(subgraphs.walk(out.graph), subgraphs.walk(inferred.graph), strict=True)
     for (_, mine), (_, found) in pairs:
         del mine.value_info[:]
-        mine.value_info.extend(found.value_info)
+        mine.value_info.extend(v for v in found.value_info if not v.name.startswith(_INSIDE))
         for declared, typed in zip(mine.output, found.output, strict=True):
             declared.CopyFrom(typed)
     return out
@@ -770,3 +772,53 @@ def strip_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
     out.CopyFrom(model)
     del out.graph.value_info[:]
     return out
+
+
+# The names of `_shaping_inside`'s Constants (inference's copy only; never in a model given back).
+_INSIDE = "trtbuild/inside/"
+
+
+def _reads_outer_shaping(graph: onnx.GraphProto) -> bool:
+    """Whether a body reads a main-graph weight onnx's inference of it needs the values of
+    (`_shaping_inside`). Why this cheap: it runs before every inference."""
+    if not any(may_hold_bodies(*kind) for kind in {(n.domain, n.op_type) for n in graph.node}):
+        return False
+    shaping = {t.name for t in graph.initializer if _shapes_inside(t)}
+    return bool(shaping) and any(
+        shaping & subgraphs.outer_reads(body) for scope, body in subgraphs.walk(graph) if scope
+    )
+
+
+def _shapes_inside(t: onnx.TensorProto) -> bool:
+    """An integer weight of a few elements: an axis, a size, a shape a body may read."""
+    return t.data_type in _SHAPING_TYPES and math.prod(t.dims) <= SHAPING_MOST
+
+
+def _shaping_inside(copy: onnx.ModelProto) -> None:
+    """In inference's `copy`, each body's reads of small integer main-graph weights made
+    reads of `Constant`s of its own, in place.
+
+    Why: onnx's inference of a body sees no value of the graphs around it, and lifting a
+    body's `Constant`s into main-graph weights (`lift_constants`, as TensorRT sees weights)
+    took from it the axes and sizes it computed shapes from: ViTMatte's relative-position
+    resize (`Unsqueeze` by lifted axes, `Concat`, `Resize` by those sizes) lost the length
+    of its `sizes`, which onnx's full check refuses ("Number of elements of input 'sizes'
+    (0)"): exit 70 from `check`, `convert` and `build` for a model onnx.checker passes.
+    """
+    weights = {t.name: t for t in copy.graph.initializer if _shapes_inside(t)}
+    for k, (scope, body) in enumerate(subgraphs.walk(copy.graph)):
+        own = subgraphs.defined_in(body)
+        made: dict[str, str] = {}
+        for node in body.node:
+            for i, name in enumerate(node.input):
+                if scope and name in weights and name not in own:
+                    made.setdefault(name, f"{_INSIDE}{k}/{name}")
+                    node.input[i] = made[name]
+        consts = [
+            onnx.helper.make_node("Constant", [], [inner], value=weights[outer])
+            for outer, inner in made.items()
+        ]
+        if consts:  # before the nodes that read them: a body stays in topological order
+            nodes = [*consts, *body.node]
+            del body.node[:]
+            body.node.extend(nodes)
