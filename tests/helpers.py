@@ -359,3 +359,26 @@ def resize_by_shape() -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def fourier_features(side: str = "side") -> list[onnx.NodeProto]:
+    """SAM's prompt encoder: point coordinates `pts` normalised, `(x + 0.5) / side * 2 - 1`,
+    then `emb`, the `sin` and `cos` of `2π · coords @ b` (weights `half`, `two`, `one`,
+    `tau`, `b` and `side`, unless a node makes it, given by the caller)."""
+    return [
+        node("Add", ["pts", "half"], "shifted", "shift"),
+        node("Div", ["shifted", side], "unit", "normalise"),
+        node("Mul", ["unit", "two"], "twice", "twice"),
+        node("Sub", ["twice", "one"], "coords", "centre"),
+        node("MatMul", ["coords", "b"], "p", "project"),
+        node("Mul", ["p", "tau"], "arg", "scale"),
+        node("Sin", ["arg"], "s", "sin"),
+        node("Cos", ["arg"], "c", "cos"),
+        node("Concat", ["s", "c"], "emb", "concat", axis=-1),
+    ]
+
+
+def fourier_weights(b: np.ndarray) -> dict[str, np.ndarray]:
+    """`fourier_features`' constants, with `b` its projection."""
+    consts = {"half": 0.5, "two": 2.0, "one": 1.0, "tau": 2 * np.pi}
+    return {**{k: np.array(v, np.float32) for k, v in consts.items()}, "b": b}

@@ -218,14 +218,7 @@ def _nightly_args(sub) -> None:
         metavar="DIR",
         help="each .yaml or .yml file in it is a policy (default: %(default)s)",
     )
-    n.add_argument(
-        "--out",
-        "-o",
-        type=Path,
-        default=Path("build/nightly"),
-        metavar="DIR",
-        help="the summary, trends, JUnit and a folder per policy (default: %(default)s)",
-    )
+    _nightly_out_arg(n, "the summary, trends, JUnit and a folder per policy")
     _history_arg(n)
     n.add_argument(
         "--jobs",
@@ -292,6 +285,18 @@ def _history_arg(sp: argparse.ArgumentParser) -> None:
     )
 
 
+def _nightly_out_arg(sp: argparse.ArgumentParser, what: str) -> None:
+    """`--out` of `nightly` and `summary`: one folder for a night, whichever writes it."""
+    sp.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=Path("build/nightly"),
+        metavar="DIR",
+        help=f"{what} (default: %(default)s)",
+    )
+
+
 def _summary_args(sub) -> None:
     n = sub.add_parser(
         "summary",
@@ -302,14 +307,7 @@ def _summary_args(sub) -> None:
     )
     _history_arg(n)
     n.add_argument("--run-id", required=True, metavar="ID", help="the night the shards ran as")
-    n.add_argument(
-        "--out",
-        "-o",
-        type=Path,
-        default=Path("build/nightly"),
-        metavar="DIR",
-        help="the summary and trends of the night, JUnit, nightly.json (default: %(default)s)",
-    )
+    _nightly_out_arg(n, "the summary and trends of the night, JUnit, nightly.json")
     n.add_argument(
         "--shards",
         type=int,

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from tests.helpers import I64, F, model, node
+from tests.helpers import I64, F, fourier_features, fourier_weights, model, node
 from trtbuild.graph.view import GraphView
 
 
@@ -40,30 +40,20 @@ def test_periodic_arguments_walk_up_to_a_matrix_product_and_stop_there():
 
 
 def _fourier_nodes() -> list:
-    """SAM's prompt encoder: point coordinates normalised, `(x + 0.5) / size * 2 - 1`, the
-    size read from the image's shape, then `sin` and `cos` of `2π · coords @ B`."""
+    """SAM's prompt encoder (`fourier_features`), the size read from the image's shape, the
+    features added to the image."""
     return [
-        node("Add", ["pts", "half"], "shifted", "shift"),
         node("Shape", ["img"], "dims", "dims"),
         node("Gather", ["dims", "last"], "side", "side", axis=0),
         node("Cast", ["side"], "sidef", "side_float", to=onnx.TensorProto.FLOAT),
-        node("Div", ["shifted", "sidef"], "unit", "normalise"),
-        node("Mul", ["unit", "two"], "twice", "twice"),
-        node("Sub", ["twice", "one"], "coords", "centre"),
-        node("MatMul", ["coords", "b"], "p", "project"),
-        node("Mul", ["p", "tau"], "arg", "scale"),
-        node("Sin", ["arg"], "s", "sin"),
-        node("Cos", ["arg"], "c", "cos"),
-        node("Concat", ["s", "c"], "emb", "concat", axis=-1),
+        *fourier_features("sidef"),
         node("Add", ["emb", "img"], "out", "mix"),
     ]
 
 
-def _fourier_inits(scale: float = 1.0) -> dict:
-    b = np.random.default_rng(0).normal(scale=scale, size=(2, 4)).astype(np.float32)
-    consts = {"half": 0.5, "two": 2.0, "one": 1.0, "tau": 2 * np.pi}
-    inits = {k: np.array(v, np.float32) for k, v in consts.items()}
-    return {**inits, "b": b, "last": np.array(-1, np.int64)}
+def _fourier_inits() -> dict:
+    b = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    return {**fourier_weights(b), "last": np.array(-1, np.int64)}
 
 
 def test_periodic_arguments_follow_a_product_to_coordinates_computed_from_the_inputs():

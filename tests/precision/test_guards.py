@@ -311,23 +311,12 @@ def _fourier_policy(tmp_path, guards: str = "true"):
     `sin` and `cos` of `2π · coords @ B`. The coordinates are within 1, the argument
     reaches hundreds: FP16's rounding of the coordinates moves it by hundredths of a
     radian."""
-    from tests.helpers import F, model, node
+    from tests.helpers import F, fourier_features, fourier_weights, model
 
-    consts = {"half": 0.5, "side": 128.0, "two": 2.0, "one": 1.0, "tau": 2 * np.pi}
-    inits = {k: np.array(v, np.float32) for k, v in consts.items()}
-    inits["b"] = np.random.default_rng(0).normal(scale=10, size=(2, 16)).astype(np.float32)
-    nodes = [
-        node("Add", ["pts", "half"], "shifted", "shift"),
-        node("Div", ["shifted", "side"], "unit", "normalise"),
-        node("Mul", ["unit", "two"], "twice", "twice"),
-        node("Sub", ["twice", "one"], "coords", "centre"),
-        node("MatMul", ["coords", "b"], "p", "project"),
-        node("Mul", ["p", "tau"], "arg", "scale"),
-        node("Sin", ["arg"], "s", "sin"),
-        node("Cos", ["arg"], "c", "cos"),
-        node("Concat", ["s", "c"], "y", "concat", axis=-1),
-    ]
-    m = model(nodes, [("pts", F, [1, 64, 2])], [("y", F, [1, 64, 32])], inits)
+    b = np.random.default_rng(0).normal(scale=10, size=(2, 16)).astype(np.float32)
+    inits = {**fourier_weights(b), "side": np.array(128.0, np.float32)}
+    nodes = fourier_features()
+    m = model(nodes, [("pts", F, [1, 64, 2])], [("emb", F, [1, 64, 32])], inits)
     onnx.save(m, tmp_path / "fourier.onnx")
     policy = tmp_path / f"fourier_{len(guards)}.yaml"
     policy.write_text(
