@@ -134,6 +134,14 @@ def test_policy_rules_are_kept_first_and_unchanged(tmp_path, write_policy):
     assert "/intro/Conv" not in "".join(r.match.name for r in loaded[1:])
 
 
+def test_a_rule_that_matches_no_node_is_said_as_check_says_it(tmp_path, write_policy, capsys):
+    """`check` and `build` warn of a rule of the policy that matches no node (a typo in a
+    name); `tune` searched around it in silence."""
+    rules = "    - id: typo\n      match: {name: '^/intro/Cnov$'}\n      precision: fp32\n"
+    assert run_tune(write_policy(rules=rules), tmp_path / "tuned.yaml", "--budget", "2") in (0, 1)
+    assert "rule 'typo' matches no node" in capsys.readouterr().err
+
+
 def test_a_range_rule_is_matched_on_the_reference_in_every_trial(tmp_path, write_policy):
     """`max_abs_above` reads the FP32 reference's peaks, which tune has: its rule holds in
     every trial as in `build`."""

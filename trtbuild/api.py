@@ -393,6 +393,8 @@ def tune(
     tuning.check_policy(policy)
     with _quiet(quiet):
         front = _front(policy, "tensors", cache, verbose)
+        for w in front.warnings:  # the policy's own rules and conversion, as check says them
+            log.warning(w)
         found = tuning.tune(
             front, budget=budget, objective=objective, seed=seed, jobs=jobs, progress=progress
         )
