@@ -807,11 +807,13 @@ def _shaping_inside(copy: onnx.ModelProto) -> None:
     """
     weights = {t.name: t for t in copy.graph.initializer if _shapes_inside(t)}
     for k, (scope, body) in enumerate(subgraphs.walk(copy.graph)):
+        if not scope:  # the main graph reads its weights as they are
+            continue
         own = subgraphs.defined_in(body)
         made: dict[str, str] = {}
         for node in body.node:
             for i, name in enumerate(node.input):
-                if scope and name in weights and name not in own:
+                if name in weights and name not in own:
                     made.setdefault(name, f"{_INSIDE}{k}/{name}")
                     node.input[i] = made[name]
         consts = [

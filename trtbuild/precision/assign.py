@@ -12,6 +12,7 @@ integers to float that is read in FP32 runs FP32 (`EXACT_CAST`), and what follow
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -196,7 +197,7 @@ def assign(
     exact = _exact_casts(view, decisions, precision.default)
     if exact:  # decided again: the data movement after such a Cast follows it to FP32
         decisions = _decisions(view, picks, precision, exact)
-    if hint := _opset_hint(decisions, view.opset):
+    if hint := _opset_hint(view, decisions):
         warnings.append(hint)
     assignment = Assignment(view, decisions, analysis, hits, warnings)
     return _with_qdq(assignment, qdq, precision) if qdq else assignment
@@ -520,26 +521,23 @@ def _schema_refuses(view: GraphView, i: int, precision: str, first: int | None) 
     dtype = PRECISION_DTYPE[precision]
     if types.is_var(out_var) and not types.allows(out_var, dtype):
         reason = f"{op} has no {precision} type at opset {view.opset}"
-        later = None if view.nodes[i].domain not in ("", "ai.onnx") else first
-        later = None if later is None else opset_typing(op, view.opset, later, dtype)
+        onnx_op = first is not None and view.nodes[i].domain in ("", "ai.onnx")
+        later = opset_typing(op, view.opset, first, dtype) if onnx_op else None
         if later is not None:
             reason += f" (opset {later} has one: passes.opset: {later})"
         return Decision("fp32", "schema", reason, later)
     return None
 
 
-def _opset_hint(decisions: list[Decision], opset: int) -> str | None:
+def _opset_hint(view: GraphView, decisions: list[Decision]) -> str | None:
     """One warning for the nodes kept FP32 only by their schema at this opset, where a later
     opset types them in the asked precision: the ops, and the `passes.opset` that does."""
-    later = [d for d in decisions if d.rule == "schema" and d.opset is not None]
+    later = {i: d.opset for i, d in enumerate(decisions) if d.rule == "schema" and d.opset}
     if not later:
         return None
-    ops: dict[str, int] = {}
-    for d in later:
-        op = d.reason.split(" ", 1)[0]
-        ops[op] = ops.get(op, 0) + 1
-    need = max(d.opset for d in later if d.opset is not None)
-    named = ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1]))
+    ops = Counter(view.nodes[i].op_type for i in later)
+    named = ", ".join(f"{op} {n}" for op, n in ops.most_common())
+    need, opset = max(later.values()), view.opset
     return (
         f"{len(later)} node(s) stay FP32 only because their op's schema at opset {opset} has no "
         f"type for the policy's precision ({named}; each one's reason in check's table): "

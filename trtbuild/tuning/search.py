@@ -735,9 +735,9 @@ def quantization_fails(front: Front) -> list[str]:
     """
     from trtbuild.accuracy.breakdown import quantization_alone
 
-    found: list[str] = []
     if front.assignment.dequantized:
-        return found
+        return []
+    found = []
     for run in front.shapes:
         if run.reference is None:  # a point judged on no reference (none is tuned)
             continue
