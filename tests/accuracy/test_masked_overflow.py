@@ -164,3 +164,43 @@ def test_an_overflow_in_the_cast_of_a_graph_input_is_found(tmp_path, capsys):
     assert code == 1, text
     (found,) = report["masked_overflow"]["found"]
     assert found["op"] == "Cast" and found["source"] == "x" and found["nonfinite"] > 0
+
+
+@pytest.mark.parametrize("walk", ["on_failure", "always"])
+def test_an_overflow_on_a_later_sample_is_found_where_the_data_decides_its_shape(
+    tmp_path, capsys, walk
+):
+    """x > 0.5 picks 5 values on the first sample and 6 on the second (a NonZero's count),
+    and only the second's x * 6e4 passes 65504: the overflow is judged there, although the
+    tensor's shape is not the first sample's."""
+    consts = {"thr": np.array(0.5, np.float32), "k": np.array(6e4, np.float32)}
+    m = model(
+        [
+            node("Greater", ["x", "thr"], "mask", "/gt"),
+            node("NonZero", ["mask"], "nz", "/nonzero"),
+            node("Transpose", ["nz"], "idx", "/tr", perm=[1, 0]),
+            node("GatherND", ["x", "idx"], "picked", "/gather"),
+            node("Mul", ["picked", "k"], "big", "/scale"),
+            node("Clip", ["big", "lo", "hi"], "c", "/clip"),
+            node("ReduceSum", ["c"], "s", "/sum"),
+            node("Add", ["x", "s"], "y", "/add"),
+        ],
+        [("x", F, [1, 16])],
+        [("y", F, [1, 16])],
+        {**_CONSTS, **consts},
+    )
+    onnx.save(m, tmp_path / "masked.onnx")
+    x = np.full((2, 1, 16), 0.1, np.float32)
+    x[0, 0, :5] = [0.6, 0.7, 0.8, 0.9, 1.0]  # 6e4 at most: finite in FP16
+    x[1, 0, :6] = [0.6, 0.7, 0.8, 0.9, 1.0, 1.5]  # 9e4: inf in FP16, hidden by the Clip
+    np.savez(tmp_path / "x.npz", x=x)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: masked.onnx\ninputs:\n  x: {shape: [1, 16], data: {file: x.npz}}\n"
+        "accuracy:\n  samples: 2\n  tolerances:\n    default: {atol: 0.01, rtol: 0.01}\n"
+        f"  walk: {walk}\n"
+    )
+    code, text, report = _build(policy, tmp_path / "out", capsys)
+    assert code == 1, text
+    (found,) = report["masked_overflow"]["found"]
+    assert found["sample"] == 1 and found["node"] == "/scale", found
