@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnx import helper
 
 from tests.helpers import F, H, as_stored, model, node
 from trtbuild.accuracy.emulate import emulate
@@ -47,10 +48,15 @@ def test_decomposed_layernorm_variance_overflow_zeroes_output(nafnet_path):
     assert np.abs(restored - restored_ref).max() > 1e-2
 
 
-def test_fused_layernorm_in_fp16_overflows_under_strict_only():
-    """A fused FP16 LayerNormalization whose squares pass 65504: strict collapses, storage not."""
+@pytest.mark.parametrize("saved", [[], ["", ""], ["mu", "inv_std"]])
+def test_fused_layernorm_in_fp16_overflows_under_strict_only(saved):
+    """A fused FP16 LayerNormalization whose squares pass 65504: strict collapses, storage not,
+    whether the node names its optional Mean and InvStdDev outputs or leaves them empty."""
+    ln = helper.make_node(
+        "LayerNormalization", ["x", "g", "b"], ["y", *saved], "ln", axis=-1, epsilon=1e-5
+    )
     m = model(
-        [node("LayerNormalization", ["x", "g", "b"], "y", "ln", axis=-1, epsilon=1e-5)],
+        [ln],
         [("x", F, [2, 16])],
         [("y", F, [2, 16])],
         {"g": np.ones(16, np.float32), "b": np.zeros(16, np.float32)},
@@ -68,6 +74,8 @@ MEAN_CASES = [
     ("ReduceMean", {"axes": [2, 3], "keepdims": 1}, 17),
     ("GlobalAveragePool", {}, 17),
     ("ReduceMean", {"keepdims": 1}, 18),  # axes as an input at opset 18
+    # noop_with_empty_axes matters only where the axes are empty: these are not
+    ("ReduceMean", {"keepdims": 1, "noop_with_empty_axes": 1}, 18),
 ]
 
 
@@ -349,3 +357,29 @@ def test_an_fp16_input_that_is_also_an_output_is_handed_out_as_given(tmp_path, c
         "none",
     ]
     assert main(argv) == 0, capsys.readouterr().err
+
+
+def test_strict_keeps_a_mean_over_empty_axes_its_input():
+    """noop_with_empty_axes with empty axes hands the input out: so does its stored sum."""
+    m = model(
+        [node("ReduceMean", ["x", "axes"], "y", "mean", noop_with_empty_axes=1)],
+        [("x", F, [1, 2, 8, 8])],
+        [("y", F, [1, 2, 8, 8])],
+        {"axes": np.array([], np.int64)},
+        opset=18,
+    )
+    x = np.random.default_rng(0).uniform(0, 100, (1, 2, 8, 8)).astype(np.float32)
+    (y,) = _run(emulate(_all_fp16(m), "strict"), {"x": x})
+    assert np.array_equal(y, as_stored(x))
+
+
+def test_strict_takes_the_mean_of_an_empty_tensor():
+    """The rows a NonZero kept, where it kept none: [0, 3] reduced to [0, 1] is empty, not an
+    integer division by zero."""
+    m = model(
+        [node("ReduceMean", ["x"], "y", "mean", axes=[1], keepdims=1)],
+        [("x", F, ["n", 3])],
+        [("y", F, ["n", 1])],
+    )
+    (y,) = _run(emulate(_all_fp16(m), "strict"), {"x": np.zeros((0, 3), np.float32)})
+    assert y.shape == (0, 1)

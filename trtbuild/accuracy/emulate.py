@@ -225,7 +225,7 @@ def _as_fp32(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
 
 def _strict_kernel(em: _Emitter, new: onnx.NodeProto, low: int, rank: int | None) -> bool:
     """Under `strict`, the sums behind a LayerNorm or a mean stored in `low` too."""
-    if new.op_type == "LayerNormalization" and len(new.output) == 1:
+    if new.op_type == "LayerNormalization":
         _layernorm(em, new, low, rank)
         return True
     if new.op_type in ("ReduceMean", "GlobalAveragePool"):
@@ -267,27 +267,48 @@ def _typed(model: onnx.ModelProto) -> bool:
 
 
 def _stored_mean(
-    em: _Emitter, x: str, axes, keepdims: int, low: int, name: str, out: str | None = None
+    em: _Emitter,
+    x: str,
+    axes,
+    keepdims: int,
+    low: int,
+    name: str,
+    out: str | None = None,
+    noop: int = 0,
 ) -> str:
     """mean = sum / count with the sum stored in `low`: a sum past 65504 is inf in FP16.
 
     Why (`strict` only): TensorRT does not document whether the sum behind a
     mean is kept in FP16, so the worst-case emulation stores it.
-    `axes` is a list, a tensor name (opset 18 input), or None for all axes.
+    `axes` is a list, a tensor name (opset 18 input), or None for all axes; `noop`, the
+    mean's `noop_with_empty_axes`, goes to the sum (axes a tensor may be empty at run
+    time: the sum then hands `x` out and the count is 1). The count is divided in
+    double, exact for any size: an empty tensor's 0 / 0 is NaN, not an integer
+    division ONNX Runtime refuses.
     """
     ins = [x]
     if isinstance(axes, str):
         ins.append(axes)
     elif axes is not None and em.opset >= 13:
         ins.append(em.constant(f"{name}/axes", np.array(axes, np.int64)))
-    attrs = {"keepdims": keepdims}
+    attrs = {"keepdims": keepdims, **({"noop_with_empty_axes": noop} if noop else {})}
     if axes is not None and not isinstance(axes, str) and em.opset < 13:
         attrs["axes"] = list(axes)
     total = em.node("ReduceSum", ins, em.fresh(f"{name}/sum"), f"{name}/sum", **attrs)
     total = em.round(total, em.fresh(f"{name}/sum_h"), low, f"{name}/sum")
-    size_x = em.node("Size", [x], em.fresh(f"{name}/size_x"), f"{name}/size_x")
-    size_s = em.node("Size", [total], em.fresh(f"{name}/size_s"), f"{name}/size_s")
-    count = em.node("Div", [size_x, size_s], em.fresh(f"{name}/count_i"), f"{name}/count_i")
+    sizes = []
+    for src, tag in ((x, "size_x"), (total, "size_s")):
+        size = em.node("Size", [src], em.fresh(f"{name}/{tag}"), f"{name}/{tag}")
+        sizes.append(
+            em.node(
+                "Cast",
+                [size],
+                em.fresh(f"{name}/{tag}_d"),
+                f"{name}/{tag}_d",
+                to=TensorProto.DOUBLE,
+            )
+        )
+    count = em.node("Div", sizes, em.fresh(f"{name}/count_d"), f"{name}/count_d")
     count = em.node(
         "Cast", [count], em.fresh(f"{name}/count"), f"{name}/count", to=TensorProto.FLOAT
     )
@@ -298,6 +319,7 @@ def _stored_mean(
 def _mean(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None) -> bool:
     """ReduceMean / GlobalAveragePool through its stored sum; False to emulate it as one op."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    noop = 0
     if node.op_type == "GlobalAveragePool":
         if x_rank is None:
             return False
@@ -307,9 +329,10 @@ def _mean(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None) -> b
         axes = attrs.get("axes")
         if axes is None and len(node.input) > 1 and node.input[1]:
             axes = node.input[1]
-        if attrs.get("noop_with_empty_axes", 0):
+        noop = attrs.get("noop_with_empty_axes", 0)
+        if noop and axes is None:  # no axes: the mean hands its input out
             return False
-    _stored_mean(em, node.input[0], axes, keepdims, low, node.name, node.output[0])
+    _stored_mean(em, node.input[0], axes, keepdims, low, node.name, node.output[0], noop)
     return True
 
 
@@ -326,20 +349,24 @@ def _layernorm(em: _Emitter, node: onnx.NodeProto, low: int, x_rank: int | None)
     x = node.input[0]
     name = node.name
 
-    def reduce_mean(src: str, tag: str) -> str:
-        return _stored_mean(em, src, axes, 1, low, f"{name}/{tag}")
+    def reduce_mean(src: str, tag: str, last: str | None = None) -> str:
+        return _stored_mean(em, src, axes, 1, low, f"{name}/{tag}", last)
 
     def step(op: str, ins: list[str], tag: str, last: str | None = None) -> str:
         out = em.node(op, ins, em.fresh(f"{name}/{tag}"), f"{name}/{tag}")
         return em.round(out, last or em.fresh(f"{name}/{tag}_h"), low, f"{name}/{tag}")
 
-    mean = reduce_mean(x, "mean")
+    # the optional Mean and InvStdDev outputs, where named: the stored mean and 1 / std
+    saved = [*node.output[1:3], "", ""][:2]
+    mean = reduce_mean(x, "mean", saved[0] or None)
     d = step("Sub", [x, mean], "centred")
     sq = step("Mul", [d, d], "square")
     var = reduce_mean(sq, "variance")
     eps_name = em.constant(f"{name}/eps", np.array(eps, np.float32))
     std = step("Sqrt", [step("Add", [var, eps_name], "var_eps")], "std")
     has_bias = len(node.input) > 2 and node.input[2]
+    if saved[1]:
+        step("Reciprocal", [std], "inv_std", saved[1])
     y = step("Div", [d, std], "normalised")
     y = step("Mul", [y, node.input[1]], "scaled", None if has_bias else node.output[0])
     if has_bias:
