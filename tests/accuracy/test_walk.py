@@ -187,3 +187,24 @@ def test_steps_no_rounding_of_the_qs_input_makes_are_not_laid_on_its_maker(tmp_p
     assert "quantization steps of 0.02, where FP16's error in what `q` quantizes" in first["reason"]
     assert "by more steps than one rounding of `shift`'s output can" in first["reason"]
     assert "a rule keeping" not in first["reason"]
+
+
+@pytest.mark.parametrize("walk", ["on_failure", "always"])
+def test_an_input_handed_out_as_an_output_is_judged_whatever_walks(tmp_path, walk):
+    """torch's `return y, x`: the output x comes from no node, so no segment of the walk makes
+    it; it is judged as the lean run judges it (as given)."""
+    m = model(
+        [node("Mul", ["x", "g"], "y", "scale")],
+        [("x", F, [1, 64])],
+        [("y", F, [1, 64]), ("x", F, [1, 64])],
+        {"g": np.float32(3.0)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 64]}\n"
+        f"build: {{backend: none}}\naccuracy:\n  samples: 2\n  walk: {walk}\n"
+    )
+    code = main(["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(tmp_path / "o")])
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert code == 0 and report["passed"]
+    assert report["outputs"]["x"]["max_abs"] == 0.0

@@ -466,9 +466,10 @@ def _lockstep(
         done = [r.cut_runner().plan.segment_of for r in runs]
         for t in [t for t in pending if all(d.get(t, -1) <= k for d in done)]:
             del pending[t]
+    handed = {o: v for o, v in feed.items() if o in names}  # an input handed out as it is
     for run, first in zip(runs, firsts):
         if outputs:
-            run.outputs.append(first)
+            run.outputs.append({**handed, **first})
 
 
 @dataclass
