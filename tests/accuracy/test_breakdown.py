@@ -410,3 +410,37 @@ def test_a_failing_point_says_what_the_quantization_alone_costs_there(tmp_path, 
     md = (out / "report.md").read_text()
     assert "## Against the model before quantization, at max [1, 16]" in md
     assert "**The quantization alone fails the tolerances** on y" in md
+
+
+def test_a_reference_model_that_holds_nan_on_the_data_is_exit_2_naming_the_field(tmp_path, capsys):
+    """log(x - 0.5) on x in [0, 1): the reference model's NaN was judged (exit 1, max_abs inf,
+    "the model alone fails: no FP32 pin can fix that"), where the graph's own FP32 NaN is
+    refused."""
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 16]) for n in "xy"]
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "h")
+    graphs = {
+        "m.onnx": helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", vi[:1], vi[1:]),
+        "orig.onnx": helper.make_graph(
+            [helper.make_node("Sub", ["x", "h"], ["d"]), helper.make_node("Log", ["d"], ["y"])],
+            "g",
+            vi[:1],
+            vi[1:],
+            [half],
+        ),
+    }
+    for name, g in graphs.items():
+        onnx.save(
+            helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / name
+        )
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        "  x: {shape: [1, 16], data: {distribution: uniform, low: 0.0, high: 1.0}}\n"
+        "build: {backend: none}\naccuracy:\n  reference_model: orig.onnx\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    line = policy.read_text().splitlines().index("  reference_model: orig.onnx") + 1
+    assert f"p.yaml:{line}: accuracy.reference_model: output 'y' of orig.onnx holds NaN" in err
+    assert not out.exists()

@@ -529,6 +529,27 @@ def against_reference_model(
             hint="name the unquantized model the quantized one was made from (same inputs and "
             "outputs)",
         ) from None
+    _reference_finite(iterations, path, at)
     results = RunResults()
     results.append((REFERENCE, iterations))
     return ReferenceTensors(reference.measures, results, reference.run_results, path)
+
+
+def _reference_finite(iterations: list, path: Path, at: tuple[str, str] | None) -> None:
+    """Exit 2 where the reference model's output holds NaN or inf on the policy's data, as
+    the graph's own FP32 run is refused (`check_finite`): nothing can be judged against it."""
+    label, where = at if at is not None else ("", str(path))
+    for k, iteration in enumerate(iterations):
+        for name, value in iteration.items():
+            value = np.asarray(value)
+            if value.dtype.kind != "f" or np.isfinite(value).all():
+                continue
+            kind = "NaN" if np.isnan(value).any() else "inf"
+            raise UsageError(
+                f"accuracy.reference_model: output '{name}' of {path.name} holds {kind} on "
+                f"sample {k} of the policy's data{f' at {label}' if label else ''}: FP16 is "
+                "judged against a finite reference",
+                where=where,
+                hint=f"fix {path.name} or the inputs (its data: inputs.NAME.data), or name the "
+                "model it was made from",
+            )
