@@ -135,3 +135,23 @@ def test_structural_patterns_find_a_layernorm_inside_a_body():
     pinned = {n.name for n, d in zip(view.nodes, a.decisions) if d.rule == "ln"}
     assert pinned >= {f"blocks/body/ln/{op}" for op in ("ReduceMean", "Sub", "Pow", "Sqrt", "Div")}
     assert "blocks/body/residual" not in pinned
+
+
+def test_a_weight_a_branch_reads_in_fp16_and_a_pinned_node_in_fp32_is_held_in_both():
+    """The pinned outer Mul keeps `w` in FP32 and the branch reads its FP16 copy: the branch
+    read `w` itself, FP32 beside its FP16 input (invalid: exit 70)."""
+    source = if_model()
+    outer = helper.make_node("Mul", ["x", "w"], ["z"], name="/outer")
+    source.graph.node.append(outer)
+    source.graph.output.append(helper.make_tensor_value_info("z", F, [1, 4]))
+    pin = Rule("pin", Match(name="^/outer$"), "fp32")
+    _, mixed = _mixed(source, pin)
+    types = _types(mixed)
+    assert types["w"] == TensorProto.FLOAT
+    branch = next(n for n in mixed.graph.node if n.op_type == "If")
+    read = {t for _, body in subgraphs.bodies(branch) for n in body.node for t in n.input}
+    copy = next(t for t in read if t.startswith("w__"))
+    assert types[copy] == TensorProto.FLOAT16
+    feed = {"x": np.array([[1.0, -2.0, 3.0, 4.0]], np.float32)}
+    for got, want in zip(_run(mixed, feed), _run(source, feed)):
+        np.testing.assert_allclose(got, want, rtol=1e-3)

@@ -109,6 +109,9 @@ class _Rewriter:
         self.origin: dict[str, str] = {}  # new name -> source name
         self.casts: list[CastRecord] = []
         self.init_uses: dict[str, list[tuple[onnx.NodeProto, int, int]]] = defaultdict(list)
+        # the root's: (weight, type) -> the name of its copy in that type that a body reads
+        # (named here: a body is copied into its control node before the weights are made)
+        self.body_weights: dict[tuple[str, int], str] = {}
         self.graph_outputs = set(self.view.outputs) if parent is None else set()
         self.scales: _Scales | None = None  # the root's, where the model is quantized
         self.plans: dict[tuple, _Planned] = {}  # the root's: `_plan`'s, by what a plan reads
@@ -167,6 +170,8 @@ class _Rewriter:
                 new.input[k] = t  # a `dequantize: true` op reads the float weight behind its Q
                 if want_in[k] is not None:
                     self.root.init_uses[t].append((new, k, want_in[k]))
+                    if self.parent is not None and want_in[k] != self.view.dtype.get(t):
+                        new.input[k] = self._body_weight(t, want_in[k])
                 continue
             owner = self if t in self.actual else self.owner(t)
             src = owner.actual.get(t, t)
@@ -175,6 +180,15 @@ class _Rewriter:
                 new.input[k] = owner.cast(src, want_in[k], t)
             else:
                 new.input[k] = src
+
+    def _body_weight(self, t: str, dtype: int) -> str:
+        """The name of weight `t`'s copy in `dtype` that a body reads: `_initializers` makes
+        the copy under it, or renames it in the bodies where it converts `t` in place (a
+        body's nodes are copies by then: the uses it patches are not the body's)."""
+        key = (t, dtype)
+        if key not in self.root.body_weights:
+            self.root.body_weights[key] = self.names.fresh(f"{t}__{DTYPE_NAME[dtype]}")
+        return self.root.body_weights[key]
 
     def _outputs(self, node: onnx.NodeProto, new: onnx.NodeProto, out: list) -> list:
         """Record each output's type; a main-graph output computed in another type is cast back."""
@@ -528,6 +542,7 @@ def _initializers(
     and a warning for each one FP16 turns into inf (`peaks`: the analysis' finite peaks,
     measured once per graph, not once per conversion)."""
     initializers: list[onnx.TensorProto] = []
+    renamed: dict[str, str] = {}  # a body's name for a weight's copy -> the weight's own
     halves = _Halves()
     halved: list[str] = []  # the weights converted to FP16, in the graph's order
     for t in view.graph.initializer:
@@ -543,7 +558,10 @@ def _initializers(
             initializers.append(t)
         array = None
         for d in sorted(wanted - {exported}):
-            name = t.name if in_place else rw.names.fresh(f"{t.name}__{DTYPE_NAME[d]}")
+            named = rw.body_weights.get((t.name, d))  # a body reads the copy by this name
+            name = t.name if in_place else named or rw.names.fresh(f"{t.name}__{DTYPE_NAME[d]}")
+            if named and name != named:
+                renamed[named] = name
             half = d == TensorProto.FLOAT16
             if half:
                 halved.append(t.name)
@@ -557,8 +575,24 @@ def _initializers(
                 if want == d:
                     node.input[k] = name
     halves.flush()
+    _rename_in_bodies(rw.nodes, renamed)
     beyond = [n for n in halved if peaks.get(n, 0.0) > FP16_MAX]
     return initializers, [_beyond_fp16(n, peaks[n]) for n in beyond]
+
+
+def _rename_in_bodies(nodes: list[onnx.NodeProto], renamed: dict[str, str]) -> None:
+    """Where a body reads a weight converted in place, its name for the copy becomes the
+    weight's own (the bodies, copied into their control nodes, are renamed there)."""
+    if not renamed:
+        return
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.type not in _BODY_TYPES:
+                continue
+            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                for inner in body.node:
+                    inner.input[:] = [renamed.get(t, t) for t in inner.input]
+                _rename_in_bodies(list(body.node), renamed)
 
 
 def _beyond_fp16(name: str, peak: float) -> str:
