@@ -264,3 +264,20 @@ def test_an_array_shaped_like_the_input_stays_one_sample_for_all_beside_a_batche
     np.savez(tmp_path / "d.npz", x=np.zeros((0, 3), np.float32), s=np.ones((1, 3), np.float32))
     with pytest.raises(UsageError, match=r"array 'x' has 0 on axis 0"):
         run_front(load_policy(policy), reference="none")
+
+
+def test_synthetic_integer_data_is_said_as_drawn(tmp_path):
+    """Token ids are drawn uniformly in the file's range: they were said to be "normal values
+    with its mean, std and range", as floats are drawn."""
+    m = model(
+        [node("Identity", ["ids"], "y", "id")], [("ids", I64, [1, "t"])], [("y", I64, [1, "t"])]
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "ids.npz", ids=np.arange(20, dtype=np.int64).reshape(2, 1, 10))
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  ids: {min: [1, 4], opt: [1, 10], max: [1, 33], "
+        "data: {file: ids.npz, derive: synthetic}}\n"
+    )
+    said = _runs(path)["max"].data["ids"].source
+    assert said.startswith("synthetic: uniform integers in ids.npz's range"), said

@@ -69,8 +69,9 @@ def fit(
         return samples, InputData("file", name)
     if spec.data.derive == "synthetic":  # the statistics of every sample the file holds
         made = _synthetic(every, shape, policy.accuracy.seed, len(samples))
-        return made, InputData("synthetic", _said(name, have, shape, synthetic=True))
-    return _tiled(samples, shape), InputData("derived", _said(name, have, shape, synthetic=False))
+        said = _said(name, have, shape, synthetic=every.dtype.kind)
+        return made, InputData("synthetic", said)
+    return _tiled(samples, shape), InputData("derived", _said(name, have, shape, synthetic=""))
 
 
 def _sample_shape(
@@ -135,13 +136,19 @@ def _synthetic(samples: np.ndarray, shape: tuple[int, ...], seed: int, count: in
     return drawn.astype(samples.dtype)
 
 
-def _said(name: str, have: tuple, shape: tuple, *, synthetic: bool) -> str:
-    """`frames.npz tiled on axis 1 (299 -> 1000)`, or the synthetic data's statistics."""
+def _said(name: str, have: tuple, shape: tuple, *, synthetic: str) -> str:
+    """`frames.npz tiled on axis 1 (299 -> 1000)`, or the synthetic data's statistics
+    (`synthetic`: the data's numpy kind, as `_synthetic` draws by it; "" where tiled)."""
     changed = [(i, a, b) for i, (a, b) in enumerate(zip(have, shape)) if a != b]
     if synthetic:
         kept = [str(i) for i in range(len(shape)) if i not in {c[0] for c in changed}]
         per = f" per index of axis {', '.join(kept)}" if kept else ""
-        return f"synthetic: normal values with {name}'s mean, std and range{per} (it holds {list(have)})"
+        drawn = (
+            "normal values with {}'s mean, std and range"
+            if synthetic == "f"
+            else "uniform integers in {}'s range"
+        ).format(name)
+        return f"synthetic: {drawn}{per} (it holds {list(have)})"
     steps = ", ".join(
         f"{'tiled' if b > a else 'cropped'} on axis {i} ({a} -> {b})" for i, a, b in changed
     )
