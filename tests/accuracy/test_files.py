@@ -6,12 +6,16 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto
 
-from tests.helpers import identity_policy
+from tests.helpers import F, H, identity_policy, model, node
 from trtbuild.errors import UsageError
 from trtbuild.front import run_front
 from trtbuild.policy import load_policy
+
+I32, U8 = TensorProto.INT32, TensorProto.UINT8
 
 
 @pytest.mark.parametrize(
@@ -31,6 +35,31 @@ def test_an_inputs_file_the_model_cannot_take_names_its_line(tmp_path, arrays, s
     path = identity_policy(tmp_path, [1, 4], "{shape: [1, 4], data: {file: x.npz}}")
     with pytest.raises(UsageError, match=re.escape(said)) as info:
         run_front(load_policy(path), reference="none")
+    assert info.value.where == f"{path.resolve()}:4"
+
+
+@pytest.mark.parametrize(
+    ("elem", "array", "said"),
+    [
+        (F, np.array([[[1.0, 1e39]]]), "[0, 0, 1] (1e+39; float32 holds 3.40282e+38)"),
+        (H, np.array([[[1.0, 7e4]]], np.float32), "[0, 0, 1] (70000.0; float16 holds 65504)"),
+        (I32, np.array([[[3, 2**32 + 1]]]), "[0, 0, 1] (4294967297; int32 holds -2147483648"),
+        (U8, np.array([[[3, -1]]]), "[0, 0, 1] (-1; uint8 holds 0 to 255)"),
+    ],
+)
+def test_a_value_the_inputs_type_cannot_hold_is_the_files_fault(tmp_path, elem, array, said):
+    """numpy's cast wraps an integer and overflows a float to inf: a float64 1e39 was blamed
+    on the model (its FP32 reference 'holds inf'), an int64 id 2**32 + 1 fed as 1."""
+    m = model([node("Identity", ["x"], "y", "id")], [("x", elem, [1, 2])], [("y", elem, [1, 2])])
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=array)
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 2], data: {file: x.npz}}\n"
+    )
+    with pytest.raises(UsageError, match=re.escape(said)) as info:
+        run_front(load_policy(path), reference="none")
+    assert "array 'x' holds 1 value(s) that the model's input 'x'" in str(info.value)
     assert info.value.where == f"{path.resolve()}:4"
 
 

@@ -101,7 +101,7 @@ def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
     cut = None if f.every or f.constant else count
     with _readable(policy, f.at, f.path):
         arr = npz.read(f.path, f.member, cut)
-    return _finite(policy, f.at, f.name, arr).astype(np.dtype(dtype), copy=False)
+    return _held(policy, f.at, f.name, _finite(policy, f.at, f.name, arr), np.dtype(dtype))
 
 
 def _own(
@@ -179,6 +179,40 @@ def _check_kind(
             where=policy.where_of(*at),
             hint=f"save the array as {want} (e.g. arr.astype(np.{want}))",
         )
+
+
+def _held(
+    policy: Policy, at: tuple[str, ...], name: str, arr: np.ndarray, want: np.dtype
+) -> np.ndarray:
+    """`arr` in the input's dtype, where that dtype holds every value: the first value it
+    cannot hold is exit 2, naming the array and the index.
+
+    Why: numpy's cast does not refuse, it wraps or overflows. A float64 1e39 (or a float32
+    70000 for an FP16 input) turned inf and was blamed on the model ("the FP32 reference
+    holds inf: a broken checkpoint's weights?"), and an int64 token id 2**32 + 1 for an
+    int32 input was fed as 1: judged, both sides alike, on data the file does not hold.
+    """
+    if arr.dtype == want:
+        return arr
+    with np.errstate(over="ignore", invalid="ignore"):  # said below, as the field's fault
+        out = arr.astype(want, copy=False)
+    if want.kind == "f":
+        bad = np.argwhere(~np.isfinite(out))
+        limit = f"{float(np.finfo(want).max):g}"
+    else:
+        info = np.iinfo(want)
+        bad = np.argwhere((arr < info.min) | (arr > info.max))
+        limit = f"{info.min} to {info.max}"
+    if bad.size:
+        index = tuple(int(i) for i in bad[0])
+        raise UsageError(
+            f"{words.field(*at)}: array '{name}' holds {len(bad)} value(s) that the model's "
+            f"input '{name}' ({want}) cannot hold, the first at index {list(index)} "
+            f"({arr[index]}; {want} holds {limit})",
+            where=policy.where_of(*at),
+            hint=f"save values {want} holds: the values the deployment feeds",
+        )
+    return out
 
 
 def _finite(policy: Policy, at: tuple[str, ...], name: str, arr: np.ndarray) -> np.ndarray:
