@@ -174,3 +174,54 @@ def test_a_one_element_integer_input_takes_values_of_its_range(tmp_path):
     assert all(f["k"].dtype == np.int64 and f["k"].shape == (1,) for f in feeds)
     assert [int(f["k"][0]) for f in make_feeds(policy, m)] == ks  # the same seed, the same data
     assert len({int(v) for f in feeds for v in f["j"]}) > 2
+
+
+@pytest.mark.parametrize(
+    ("elem", "data", "said"),
+    [
+        ("FLOAT16", "{low: 0, high: 1e6}", "the range [0, 1e+06) passes what the model's input"),
+        ("FLOAT16", "{low: -7e4, high: 0}", "the range [-70000, 0) passes what the model's input"),
+        ("INT32", "{low: 0, high: 1e12}", "(int32) holds (-2147483648 to 2147483647)"),
+        ("UINT8", "{low: -1, high: 10}", "(uint8) holds (0 to 255)"),
+        ("FLOAT16", "{distribution: normal, std: 1e6}", "normal (mean 0, std 1e+06) drew values"),
+    ],
+)
+def test_a_range_the_inputs_type_cannot_hold_is_the_policys_fault(tmp_path, elem, data, said):
+    """An FP16 input drawn up to 1e6 got inf, blamed on the model (its FP32 reference 'holds
+    inf'); an int32 one up to 1e12 was Polygraphy's traceback, exit 70."""
+    import onnx
+    from onnx import TensorProto
+
+    t = getattr(TensorProto, elem)
+    m = model([node("Identity", ["x"], "y", "id")], [("x", t, [1, 64])], [("y", t, [1, 64])])
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        f"version: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: [1, 64]\n    data: {data}\n"
+    )
+    policy = load_policy(tmp_path / "p.yaml")
+    with pytest.raises(UsageError, match=re.escape(said)) as info:
+        make_feeds(policy, m)
+    assert "p.yaml:6: inputs.x.data: " in str(info.value)
+    assert info.value.where == f"{(tmp_path / 'p.yaml').resolve()}:6"
+    assert point_feeds(policy, m, draw=False).feeds == []  # nothing drawn, nothing refused
+
+
+def test_a_range_within_the_inputs_type_is_drawn_whole(tmp_path):
+    """The bounds themselves are held: FP16's ±65504, uint8's [0, 256)."""
+    import onnx
+    from onnx import TensorProto
+
+    m = model(
+        [node("Identity", ["x"], "y", "id"), node("Identity", ["u"], "v", "id2")],
+        [("x", TensorProto.FLOAT16, [1, 64]), ("u", TensorProto.UINT8, [1, 64])],
+        [("y", TensorProto.FLOAT16, [1, 64]), ("v", TensorProto.UINT8, [1, 64])],
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n"
+        "  x: {shape: [1, 64], data: {low: -65504, high: 65504}}\n"
+        "  u: {shape: [1, 64], data: {low: 0, high: 256}}\n"
+    )
+    feeds = make_feeds(load_policy(tmp_path / "p.yaml"), m)
+    assert all(np.isfinite(f["x"]).all() for f in feeds)
+    assert max(int(f["u"].max()) for f in feeds) > 200

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from trtbuild import words
 from trtbuild.accuracy import derive, files, npz
 from trtbuild.accuracy.images import (
     Decoded,
@@ -139,7 +140,11 @@ def point_feeds(
     sources = {n: sources[n] for n in shapes}
     if not draw:
         return PointFeeds([], sources)
+    for n, d in data.items():
+        _range_held(policy, n, d, np.dtype(dtypes[n]), n in normal)
     feeds = _drawn(policy, shapes, dtypes, given, constant, data, normal, n_samples)
+    for n in normal:
+        _normal_held(policy, n, data[n], [f[n] for f in feeds])
     return PointFeeds(feeds, sources)
 
 
@@ -193,7 +198,8 @@ def _drawn(
                 feed[name] = np.asarray(given[name][at], dtype=dtypes[name])
             elif name in normal:
                 arr = rng.normal(data[name].mean, data[name].std, size=shapes[name])
-                feed[name] = arr.astype(dtypes[name])
+                with np.errstate(over="ignore"):  # an inf is said by `_normal_held`
+                    feed[name] = arr.astype(dtypes[name])
             else:
                 feed[name] = np.asarray(uniform[i][name], dtype=dtypes[name])
         feeds.append(feed)
@@ -292,6 +298,47 @@ def _split_said(source: InputData, member: npz.Member) -> InputData:
     k, batch = member.shape[0], member.shape[1]
     said = f"{source.source} (its first axis, {member.stored[0]}, read as {k} batches of {batch})"
     return InputData(source.kind, said)
+
+
+def _range_held(policy: Policy, name: str, data: DataSpec, dtype: np.dtype, normal: bool) -> None:
+    """Exit 2 where a uniform range passes what the input's type holds (a float one's
+    largest value, an integer one's limits), naming `inputs.NAME.data`.
+
+    Why: `high: 1e6` for an FP16 input drew inf, blamed on the model ("the FP32 reference
+    holds inf: a broken checkpoint's weights?"), and `high: 1e12` for an int32 input was a
+    traceback (exit 70) from Polygraphy's `DataLoader`.
+    """
+    if normal or dtype == np.bool_:
+        return
+    if _is_float(dtype):
+        largest = float(np.finfo(dtype).max)
+        held, limit = max(abs(data.low), abs(data.high)) <= largest, f"±{largest:g}"
+    else:
+        info = np.iinfo(dtype)
+        held = info.min <= int(data.low) and int(data.high) - 1 <= info.max
+        limit = f"{info.min} to {info.max}"
+    if not held:
+        raise UsageError(
+            f"{words.field('inputs', name, 'data')}: the range [{data.low:g}, {data.high:g}) "
+            f"passes what the model's input '{name}' ({dtype}) holds ({limit})",
+            where=policy.where_of("inputs", name, "data"),
+            hint=f"give low and high within {limit}: the values the deployment feeds",
+        )
+
+
+def _normal_held(policy: Policy, name: str, data: DataSpec, arrays: list[np.ndarray]) -> None:
+    """Exit 2 where a normal distribution drew a value the input's float type cannot hold
+    (inf): the policy's `mean`/`std`, not the model, made it."""
+    if all(np.isfinite(a).all() for a in arrays):
+        return
+    largest = float(np.finfo(arrays[0].dtype).max)
+    raise UsageError(
+        f"{words.field('inputs', name, 'data')}: normal (mean {data.mean:g}, std "
+        f"{data.std:g}) drew values past what the model's input '{name}' "
+        f"({arrays[0].dtype}) holds (±{largest:g}): inf",
+        where=policy.where_of("inputs", name, "data"),
+        hint="give a mean and std whose draws stay within that range",
+    )
 
 
 def _random_source(data: DataSpec, dtype, normal: bool) -> InputData:
