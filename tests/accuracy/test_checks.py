@@ -202,8 +202,8 @@ def test_a_failing_sample_is_named_with_its_own_statistic():
     assert found["failed_samples"] == [1, 3]
     assert found["worst"]["sample"] == 1 and abs(found["worst"]["abs"] - 0.3) < 1e-6
     text = describe("simple", found, tol)
-    # relative: Polygraphy's, over the candidate's magnitude (0.3 / 1.3)
-    assert text == "atol 0.05, rtol 0.05 on the median (sample 1: 0.3, relative 0.2308)", text
+    # relative: over FP32's magnitude (0.3 / 1), as rtol judges it
+    assert text == "atol 0.05, rtol 0.05 on the median (sample 1: 0.3, relative 0.3)", text
     passing = run_checks(refs, [{"y": ref}] * 4, "cand", {"y": tol}, verbose=False)["y"]
     assert "worst" not in passing["simple"]
     assert describe("simple", passing["simple"], tol) == "atol 0.05, rtol 0.05 on the median"
@@ -331,3 +331,56 @@ def test_the_worst_failing_sample_named_is_a_nan_one_wherever_it_comes():
     tol = Tolerance(atol=0.05, rtol=0.05)
     found = run_checks(refs, outs, "c", {"y": tol}, verbose=False)["y"]["simple"]
     assert found["failed_samples"] == [0, 1, 2] and found["worst"]["sample"] == 1, found
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_rtol_is_relative_to_the_fp32_reference(verbose):
+    """Polygraphy's relative error divides by the second output ("a percentage of the second
+    set of output values": `polygraphy run --trt --onnxrt` puts ONNX Runtime second). The
+    reference went first, so rtol was relative to the candidate: an FP16 `(x + 1000) - 1000`
+    gave 0.5 where FP32 gives 0.3, 67% off, and passed rtol 0.5 (0.2 / 0.5 = 40%); the
+    other way round, 0.3 where FP32 gives 0.5 (40% off) failed it."""
+    import numpy as np
+
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    tol = {"y": Tolerance(atol=1e-6, rtol=0.5)}
+    for ref, got, passed in ((0.3, 0.5, False), (0.5, 0.3, True)):
+        refs = [{"y": np.full((1, 4), ref, np.float32)}]
+        outs = [{"y": np.full((1, 4), got, np.float32)}]
+        found = run_checks(refs, outs, "cand", tol, verbose)["y"]["simple"]
+        assert found["passed"] is passed, (ref, got, found)
+        if not passed:
+            assert found["worst"]["rel"] == pytest.approx(0.2 / 0.3, rel=1e-5)
+
+
+def test_an_fp16_result_off_by_more_than_rtol_of_fp32s_fails_the_build(tmp_path):
+    """The same through `build`: FP16's `(x + 1000) - 1000` is 0.5 where FP32's is 0.3
+    (a step of FP16 at 1000 is 0.5), 67% of FP32's value: rtol 0.5 fails it, and the
+    report's relative figure is that one."""
+    import numpy as np
+    import onnx
+
+    from tests.helpers import F, model, node
+
+    m = model(
+        [node("Add", ["x", "c"], "y", "add"), node("Sub", ["y", "c"], "out", "sub")],
+        [("x", F, [1, 4])],
+        [("out", F, [1, 4])],
+        {"c": np.array(1000, np.float32)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.full((1, 4), 0.3, np.float32))
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\n"
+        "inputs:\n  x: {shape: [1, 4], data: {file: d.npz}}\n"
+        "accuracy:\n  samples: 1\n  tolerances:\n    default: {atol: 1e-6, rtol: 0.5}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 1
+    report = json.loads((out / "report.json").read_text())
+    y = report["outputs"]["out"]
+    assert not report["passed"] and not y["passed"]
+    assert y["checks"]["simple"]["worst"]["rel"] == pytest.approx(y["max_rel"], rel=1e-4)

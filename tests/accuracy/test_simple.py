@@ -127,9 +127,9 @@ def test_a_judge_without_verbose_compares_with_the_quiet_class(monkeypatch):
     used = []
     compare = checks._Pair.compare
 
-    def spied(self, names, func, *args):
+    def spied(self, names, func, *args, **kwargs):
         used.append(type(func))
-        return compare(self, names, func, *args)
+        return compare(self, names, func, *args, **kwargs)
 
     monkeypatch.setattr(checks._Pair, "compare", spied)
     y = np.arange(4, dtype=np.float32)
