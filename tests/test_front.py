@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 from tests.helpers import F, bare_policy, identity_policy, if_on_sign, model, node
 from trtbuild.cli import main
@@ -316,6 +316,55 @@ def test_a_tolerance_the_model_cannot_read_is_exit_2(example_policy, capsys, tol
     assert said in err and err.count("\n") == 1, err
     line = text.splitlines().index(f"    {tolerances}") + 1  # found after loading, or by it
     assert f"{policy.resolve()}:{line}: accuracy.tolerances." in err, err
+
+
+@pytest.mark.parametrize(
+    ("tolerances", "said"),
+    [
+        (
+            "outputs: {total: {compare: indices, top_k: 1}}",
+            "accuracy.tolerances.outputs.total: top_k ranks the output 'total' along an axis, "
+            "and it is a scalar (rank 0)",
+        ),
+        (
+            "default: {compare: indices, top_k: 2}",
+            "accuracy.tolerances.default: top_k ranks the output 'total' along an axis",
+        ),
+        (
+            "outputs: {mask: {compare: indices, top_k: 3}}",
+            "accuracy.tolerances.outputs.mask: top_k ranks the boolean output 'mask', whose "
+            "values tie everywhere",
+        ),
+    ],
+)
+def test_top_k_on_a_scalar_or_boolean_output_is_exit_2(tmp_path, capsys, tolerances, said):
+    """The axis check skipped a rank-0 output (its rank, 0, read as unknown) and Polygraphy's
+    top k negates its input: a scalar's top k and a boolean output's were tracebacks where
+    the outputs were compared (exit 70 from build, after the reference had run)."""
+    m = model(
+        [
+            node("ReduceSum", ["x"], "total", "sum", keepdims=0),
+            node("Greater", ["x", "t"], "mask", "gt"),
+        ],
+        [("x", F, [2, 8])],
+        [("total", F, []), ("mask", TensorProto.BOOL, [2, 8])],
+        {"t": np.array(0.5, np.float32)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\naccuracy:\n"
+        f"  tolerances:\n    {tolerances}\n"
+    )
+    for command in ("check", "build"):
+        args = [command, "--policy", str(policy)] + (
+            ["--out", str(tmp_path / "o")] if command == "build" else []
+        )
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+        assert f"{policy.resolve()}:6: accuracy.tolerances." in err, err
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_model_replaced_while_it_is_read_is_prepared_from_the_bytes_its_key_names(

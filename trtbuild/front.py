@@ -267,7 +267,8 @@ def check_quantized(policy: Policy, analysis: Analysis) -> None:
 
 def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
     """Exit 2 for a tolerance of an output the model does not have, for `compare: indices`
-    without `top_k` on a float output, and for a `top_k_axis` the output does not have.
+    without `top_k` on a float output, for a `top_k_axis` the output does not have, and for
+    `top_k` on a scalar or a boolean output (no axis to rank along; no ranking at all).
 
     Why: a misspelt output's tolerance was never read, so the output was judged by the
     default one without a word; and Polygraphy's `IndicesCompareFunc` takes the values it
@@ -284,10 +285,25 @@ def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
                 where=policy.where_of("accuracy", "tolerances", "outputs", name),
                 hint="name one of the model's outputs",
             )
-    ranks = {o.name: len(o.type.tensor_type.shape.dim) for o in view.graph.output}
+    ranks = {  # None where the model does not say (no shape at all), 0 for a scalar
+        o.name: len(o.type.tensor_type.shape.dim) if o.type.tensor_type.HasField("shape") else None
+        for o in view.graph.output
+    }
+    bools = {
+        o.name for o in view.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.BOOL
+    }
     for name in outputs:
         at = ("accuracy", "tolerances", *(("outputs", name) if name in given else ("default",)))
-        _indices_fit(policy, at, name, policy.accuracy.tolerance(name), view, ranks.get(name))
+        tol = policy.accuracy.tolerance(name)
+        if tol.top_k and name in bools:  # Polygraphy's top k negates it: a traceback, exit 70
+            raise UsageError(
+                f"{words.field(*at)}: top_k ranks the boolean output {name!r}, whose values "
+                "tie everywhere (True or False): its top k are no choice the model made",
+                where=policy.where_of(*at, "top_k"),
+                hint=f"judge {name!r} by atol/rtol (remove compare: indices and top_k from "
+                "its tolerance), or give it a tolerance of its own under outputs:",
+            )
+        _indices_fit(policy, at, name, tol, view, ranks.get(name))
 
 
 def _indices_fit(
@@ -296,6 +312,14 @@ def _indices_fit(
     """One output's `compare: indices`: `top_k` on a float output, its axis one it has (`at`:
     the tolerance that says so)."""
     key = words.field(*at)
+    if tol.top_k and rank == 0:  # a traceback (exit 70) where its top k were taken
+        raise UsageError(
+            f"{key}: top_k ranks the output {name!r} along an axis, and it is a scalar "
+            "(rank 0): it has none",
+            where=policy.where_of(*at, "top_k"),
+            hint=f"judge {name!r} by atol/rtol (remove compare: indices and top_k from "
+            "its tolerance), or give it a tolerance of its own under outputs:",
+        )
     if tol.top_k and rank and not -rank <= tol.ranked_axis < rank:
         raise UsageError(
             f"{key}: top_k_axis {tol.ranked_axis} is not an axis of the output {name!r} "
