@@ -19,7 +19,7 @@ from trtbuild.accuracy.sessions import EMULATED, trt_runner
 from trtbuild.front import Front, baselines
 from trtbuild.graph.optypes import computes
 from trtbuild.graph.view import in_sequences
-from trtbuild.numerics import LOW_EPS, LOW_MAX
+from trtbuild.numerics import LOW_EPS, LOW_INF_AT, LOW_MAX
 from trtbuild.policy.specs import AccuracySpec
 from trtbuild.precision.convert import Converted
 from trtbuild.words import first_few
@@ -240,7 +240,12 @@ def _flat_figures(f: dict[str, Any], low: str) -> str:
 def overflow_warnings(front: Front) -> list[str]:
     """Tensors the policy stores in FP16 (or BF16) whose FP32 values pass that range on the
     reference data: they turn inf, and `accuracy.masked_overflow` says what `build` and `tune`
-    make of it where the outputs hide it (`check` says so before anything is built)."""
+    make of it where the outputs hide it (`check` says so before anything is built).
+
+    Past the range means from `LOW_INF_AT` on (65520 in FP16), where storing rounds to inf:
+    a value between 65504 and it rounds to 65504, and an attention score plus FP16's own
+    `finfo.min` mask (-65510) was said to turn inf and fail the policy, which then passed.
+    """
     if front.measures is None:
         return []
     view, ranges = front.view, front.measures.ranges
@@ -251,7 +256,7 @@ def overflow_warnings(front: Front) -> list[str]:
             continue
         for t in view.float_outputs(i):
             peak = ranges.get(t, 0.0)  # sentinels are not data
-            if peak > LOW_MAX[d.precision]:
+            if peak >= LOW_INF_AT[d.precision]:  # below it a value rounds to the largest
                 found.append((view.nodes[i].name, view.nodes[i].op_type, t, peak, d.precision))
     if not found:
         return []

@@ -204,3 +204,32 @@ def test_an_overflow_on_a_later_sample_is_found_where_the_data_decides_its_shape
     assert code == 1, text
     (found,) = report["masked_overflow"]["found"]
     assert found["sample"] == 1 and found["node"] == "/scale", found
+
+
+@pytest.mark.parametrize(("x", "turns_inf"), [(40.0, False), (50.0, True)])
+def test_check_warns_of_what_turns_inf_and_build_agrees(tmp_path, capsys, x, turns_inf):
+    """FP16 rounds a value below 65520 to 65504, not to inf: `check` said a sum of 65512
+    would 'turn inf' and fail the policy (accuracy.masked_overflow: fail), and `build`
+    passed it. The warning and the verdict now meet at 65520, where storing gives inf."""
+    m = model(
+        [
+            node("Add", ["x", "c"], "big", "/shift"),  # 65472 + x: 65512 or 65522
+            node("Clip", ["big", "lo", "hi"], "clipped", "/clip"),
+            node("Add", ["clipped", "x"], "y", "/add"),
+        ],
+        [("x", F, [1, 8])],
+        [("y", F, [1, 8])],
+        {**_CONSTS, "c": np.array(65472, np.float32)},  # FP16 holds 65472, 40 and 50 exactly
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.full((1, 1, 8), x, np.float32))
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 8], data: {file: x.npz}}\n"
+        "accuracy:\n  samples: 1\n  tolerances:\n    default: {atol: 0.1, rtol: 0.01}\n"
+    )
+    assert main(["check", "--policy", str(policy)]) == 0
+    warned = "/shift (Add) reaches" in capsys.readouterr().err
+    code, _, report = _build(policy, tmp_path / "out", capsys)
+    assert warned is turns_inf and (code == 1) is turns_inf
+    assert bool(report["masked_overflow"]["found"]) is turns_inf
