@@ -225,3 +225,23 @@ def test_a_range_within_the_inputs_type_is_drawn_whole(tmp_path):
     feeds = make_feeds(load_policy(tmp_path / "p.yaml"), m)
     assert all(np.isfinite(f["x"]).all() for f in feeds)
     assert max(int(f["u"].max()) for f in feeds) > 200
+
+
+@pytest.mark.parametrize("elem", ["INT64", "BOOL"])
+def test_a_normal_distribution_for_an_integer_input_is_exit_2(tmp_path, elem):
+    """`normal` makes floats: on token ids it was dropped without a word for the default
+    range [0, 1), every id 0, and the data line said "uniform integers [0, 1)"."""
+    import onnx
+    from onnx import TensorProto
+
+    t = getattr(TensorProto, elem)
+    m = model([node("Identity", ["x"], "y", "id")], [("x", t, [1, 8])], [("y", t, [1, 8])])
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x:\n    shape: [1, 8]\n"
+        "    data: {distribution: normal, mean: 5, std: 2}\n"
+    )
+    policy = load_policy(tmp_path / "p.yaml")
+    for draw in (True, False):  # convert, which draws nothing, is told too
+        with pytest.raises(UsageError, match=re.escape("inputs.x.data.distribution: normal")):
+            point_feeds(policy, m, draw=draw)

@@ -133,7 +133,9 @@ def point_feeds(
     n_samples, constant = plan.count, plan.constant
     specs = {s.name: s for s in policy.inputs}
     data = {n: specs.get(n, InputSpec(n)).data for n in shapes if n not in given}
-    normal = {n for n, d in data.items() if d.distribution == "normal" and _is_float(dtypes[n])}
+    for n, d in data.items():
+        _normal_of_floats(policy, n, d, np.dtype(dtypes[n]))
+    normal = {n for n, d in data.items() if d.distribution == "normal"}
     sources.update({n: _random_source(d, dtypes[n], n in normal) for n, d in data.items()})
     for n in constant if n_samples > 1 else ():
         sources[n] = InputData(sources[n].kind, f"{sources[n].source}, the same in every sample")
@@ -298,6 +300,23 @@ def _split_said(source: InputData, member: npz.Member) -> InputData:
     k, batch = member.shape[0], member.shape[1]
     said = f"{source.source} (its first axis, {member.stored[0]}, read as {k} batches of {batch})"
     return InputData(source.kind, said)
+
+
+def _normal_of_floats(policy: Policy, name: str, data: DataSpec, dtype: np.dtype) -> None:
+    """Exit 2 for `distribution: normal` on an integer or boolean input, naming the field.
+
+    Why: it was dropped without a word for the default range, [0, 1): token ids given
+    `{distribution: normal, mean: 5, std: 2}` were 0 everywhere, and the data line said
+    "uniform integers [0, 1)".
+    """
+    if data.distribution == "normal" and not _is_float(dtype):
+        raise UsageError(
+            f"{words.field('inputs', name, 'data', 'distribution')}: normal draws floats, and "
+            f"the model's input '{name}' takes {dtype}",
+            where=policy.where_of("inputs", name, "data", "distribution"),
+            hint="give it a range of integers instead ({low: 0, high: N}: uniform in "
+            "[low, high)), or real samples in a file",
+        )
 
 
 def _range_held(policy: Policy, name: str, data: DataSpec, dtype: np.dtype, normal: bool) -> None:
