@@ -51,12 +51,13 @@ def test_from_dict_leaves_the_mapping_as_it_was():
 
 def test_values_beside_the_examples_round_trip_too(tmp_path):
     """Keys no example sets are written from the field table as well: an index tolerance of
-    0, a file's range, a metric-only output, an empty guard list, an op-less match."""
+    0, a file's derivation, a metric-only output, an empty guard list, an op-less match (a
+    file's range is refused: a file's values are its own)."""
     (tmp_path / "d.npz").write_bytes(b"")
     doc = {
         "version": 1,
         "model": "m.onnx",
-        "inputs": {"x": {"shape": [1, 4], "data": {"file": "d.npz", "high": 5.0}}},
+        "inputs": {"x": {"shape": [1, 4], "data": {"file": "d.npz", "derive": "synthetic"}}},
         "passes": {"freeze_inputs": {"sr": [1, 2]}, "override_input_shapes": {"x": [1, "n"]}},
         "precision": {
             "guards": [],
@@ -73,7 +74,7 @@ def test_values_beside_the_examples_round_trip_too(tmp_path):
     again = Policy.from_dict(yaml.safe_load(policy.to_yaml()), base_dir=tmp_path)
     assert again == policy
     assert again.accuracy.default_tolerance.index_tolerance == 0
-    assert again.inputs[0].data.high == 5.0 and again.precision.guards == ()
+    assert again.inputs[0].data.derive == "synthetic" and again.precision.guards == ()
 
 
 def test_a_policy_of_scalars_only_is_written_as_yaml(tmp_path):

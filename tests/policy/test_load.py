@@ -131,6 +131,34 @@ def test_bad_fields(write_policy, nafnet_path, snippet, expected):
     assert ("empty tensor" in msg) == ("empty tensor" in expected or "run a" in expected)
 
 
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (
+            "{mean: 3, std: 2}",
+            "inputs.input.data.mean: 'mean' is read only by distribution: normal",
+        ),
+        ("{distribution: uniform, std: 2}", "inputs.input.data.std: 'std' is read only by"),
+        ("{distribution: normal, low: 0, high: 5}", "data.high: 'high' is read only by a uniform"),
+        ("{file: d.npz, high: 5}", "data.high: 'high' is read only by a distribution (a file's"),
+        ("{images: imgs, low: -1}", "data.low: 'low' is read only by a distribution (images"),
+    ],
+)
+def test_a_data_key_its_kind_does_not_read_is_refused(write_policy, nafnet_path, data, said):
+    """Each was dropped without a word: `{mean: 3, std: 2}` without `distribution: normal`
+    drew uniform [0, 1), and a normal distribution's `low`/`high` bounded nothing."""
+    base = write_policy("").parent
+    (base / "d.npz").write_bytes(b"")
+    (base / "imgs").mkdir(exist_ok=True)
+    snippet = f"inputs: {{input: {{shape: [1, 3, 64, 64], data: {data}}}}}"
+    assert said in _error(write_policy, f"version: 1\nmodel: {nafnet_path}\n{snippet}\n")
+    # at their defaults (what a written-out policy holds) they are no one's choice: read
+    kept = "{distribution: normal, low: 0, high: 1, mean: 2}"
+    ok = f"inputs: {{input: {{shape: [1, 3, 64, 64], data: {kept}}}}}"
+    path = write_policy(f"version: 1\nmodel: {nafnet_path}\n{ok}\n")
+    assert load_policy(path).inputs[0].data.mean == 2
+
+
 def test_wrong_version_and_missing_model(write_policy):
     assert "must be 1" in _error(write_policy, "version: 2\nmodel: m.onnx\n")
     assert "missing required key 'model'" in _error(write_policy, "version: 1\n")

@@ -486,6 +486,38 @@ def _dims(path: tuple) -> bool:
 IMAGE_KEYS = tuple(n for *_, n in keyed(ImageSpec) if n not in {n for *_, n in keyed(DataSpec)})
 
 
+# What each kind of data leaves unread: (keys, what reads them, the fix)
+_UNREAD = {
+    "uniform": (
+        ("mean", "std"),
+        "distribution: normal (and images)",
+        "add distribution: normal, or give the uniform range as low and high",
+    ),
+    "normal": (
+        ("low", "high"),
+        "a uniform distribution (normal draws from mean and std, unbounded)",
+        "remove low and high, or use distribution: uniform",
+    ),
+    "file": (("low", "high", "mean", "std"), "a distribution (a file's values are its own)", ""),
+    "images": (("low", "high"), "a distribution (images take scale, mean and std)", ""),
+}
+
+
+def _all_read(raw: dict, at: tuple, loc: _Located) -> None:
+    """Exit 2 for a key the data's kind does not read, given another value than its default
+    (a written-out policy, `Policy.to_dict`, holds every key at its default).
+
+    Why: it was dropped without a word: `{mean: 3, std: 2}` without `distribution:
+    normal` drew uniform [0, 1), and `{distribution: normal, low: 0, high: 5}` drew
+    outside [0, 5), each judged on data other than the policy said.
+    """
+    kind = next((k for k in ("file", "images") if k in raw), raw.get("distribution", "uniform"))
+    keys, reader, fix = _UNREAD.get(kind, ((), "", ""))
+    for key in keys:
+        if key in raw and raw[key] != getattr(DataSpec, key):
+            raise loc.error((*at, key), f"'{key}' is read only by {reader}", fix or f"remove {key}")
+
+
 def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
     at = ("inputs", name, "data")
     sources = [k for k in ("file", "distribution", "images") if k in raw]
@@ -505,6 +537,7 @@ def _data_spec(raw: dict, name: str, base: Path, loc: _Located) -> DataSpec:
         for key in ("mean", "std"):
             if isinstance(raw.get(key), list):
                 raise loc.error((*at, key), f"a distribution's {key} is one number")
+    _all_read(raw, at, loc)
     if raw.get("low", DataSpec.low) > raw.get("high", DataSpec.high):
         raise loc.error((*at, "low"), "low must not exceed high")
     if "std" in raw and any(
