@@ -245,3 +245,23 @@ def test_a_normal_distribution_for_an_integer_input_is_exit_2(tmp_path, elem):
     for draw in (True, False):  # convert, which draws nothing, is told too
         with pytest.raises(UsageError, match=re.escape("inputs.x.data.distribution: normal")):
             point_feeds(policy, m, draw=draw)
+
+
+def test_images_scaled_past_an_fp16_inputs_range_are_the_policys_fault(tmp_path):
+    """`scale: 1000` on an FP16 input made pixels of up to 255000, inf once fed: the verdict
+    blamed the model ("the FP32 reference holds inf"). The same images at `scale: 1` load."""
+    from onnx import TensorProto
+
+    _folder(tmp_path)
+    h = TensorProto.FLOAT16
+    m = model(
+        [node("Identity", ["x"], "y", "id")], [("x", h, [1, 3, 6, 5])], [("y", h, [1, 3, 6, 5])]
+    )
+    bad = _policy(tmp_path, m, "{images: images, scale: 1000}", "[1, 3, 6, 5]")
+    said = "inputs.x.data.images: the pixels times scale 1000, less mean, over std reach"
+    for draw in (True, False):
+        with pytest.raises(UsageError, match=re.escape(said)) as info:
+            point_feeds(bad, m, draw=draw)
+        assert "(float16) holds (65504)" in str(info.value)
+    feeds = make_feeds(_policy(tmp_path, m, "{images: images, scale: 1.0}", "[1, 3, 6, 5]"), m)
+    assert feeds and all(f["x"].dtype == np.float16 and np.isfinite(f["x"]).all() for f in feeds)

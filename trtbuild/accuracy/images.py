@@ -142,7 +142,30 @@ def point_images(
         arrays.append(_normalised(spec, a, layout, raw))
         fitted.append(how)
     stacked = np.stack(arrays).astype(dtype if raw else np.float32, copy=False)
+    if not raw:
+        _held(policy, spec, stacked, np.dtype(dtype), at)
     return stacked.reshape(len(arrays) // per_sample, *shape), _said(spec, (h, w), fitted)
+
+
+def _held(
+    policy: Policy, spec: InputSpec, pixels: np.ndarray, dtype: np.dtype, at: tuple[str, ...]
+) -> None:
+    """Exit 2 where the normalised pixels pass what a float input's type holds (FP16's 65504).
+
+    Why: `scale: 1000` on an FP16 input made pixels of 255000, inf once fed, and the verdict
+    blamed the model ("the FP32 reference holds inf: a broken checkpoint's weights?").
+    """
+    largest = float(np.finfo(dtype).max)
+    peak = float(np.abs(pixels).max()) if pixels.size else 0.0
+    if peak > largest:
+        scale = "1/255" if spec.data.images.scale is None else f"{spec.data.images.scale:g}"
+        raise UsageError(
+            f"{words.field(*at, 'images')}: the pixels times scale {scale}, less mean, over "
+            f"std reach {peak:.6g}, past what the model's input '{spec.name}' ({dtype}) holds "
+            f"({largest:g})",
+            where=policy.where_of(*at, "images"),
+            hint="give the scale, mean and std the model's preprocessing uses",
+        )
 
 
 def _fit(spec: InputSpec, source: Source, size: tuple[int, int]) -> tuple[np.ndarray, _Fitted]:
