@@ -69,6 +69,40 @@ def test_a_single_number_for_a_tensor_input_is_refused():
         freeze_inputs(if_model(), (("x", 1.0),))
 
 
+@pytest.mark.parametrize(
+    ("elem", "value", "said"),
+    [
+        (onnx.TensorProto.INT32, 2**32 + 1, "4294967297 is not a value the input 'v' holds"),
+        (I64, 16000.5, "16000.5 is not a value the input 'v' holds: it takes int64 integers"),
+        (
+            onnx.TensorProto.FLOAT16,
+            7e4,
+            "70000 is not a value the input 'v' holds: it takes finite",
+        ),
+        (onnx.TensorProto.BOOL, 2, "2 is not a value the input 'v' holds: it takes booleans"),
+    ],
+)
+def test_a_frozen_value_the_inputs_type_cannot_hold_is_refused(tmp_path, capsys, elem, value, said):
+    """numpy's cast raised on an int32 past its range (a traceback, exit 70 from check and
+    build), made an FP16 70000 inf, and cut `sr: 16000.5` to 16000, without a word; each
+    names its field and line now."""
+    from trtbuild.cli import main
+
+    m = model(
+        [node("Cast", ["v"], "vf", "cast", to=F), node("Mul", ["x", "vf"], "y", "mul")],
+        [("x", F, [1, 4]), ("v", elem, [])],
+        [("y", F, [1, 4])],
+    )
+    with pytest.raises(UsageError, match=said) as info:
+        freeze_inputs(m, (("v", value),))
+    assert info.value.field == ("passes", "freeze_inputs", "v")
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"version: 1\nmodel: m.onnx\npasses: {{freeze_inputs: {{v: {value}}}}}\n")
+    assert main(["check", "--policy", str(policy)]) == 2
+    assert f"{policy.resolve()}:3: passes.freeze_inputs.v: " in capsys.readouterr().err
+
+
 def test_weights_only_a_body_reads_survive_folding(models_dir):
     prepared = prepare(onnx.load(models_dir / "loop_sum.onnx"), Passes())
     names = {t.name for t in prepared.model.graph.initializer}

@@ -48,7 +48,8 @@ def freeze_inputs(
 
 
 def _constant(vi: onnx.ValueInfoProto, value: object) -> onnx.TensorProto:
-    dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+    _held(vi.name, value, dtype)
     array = np.asarray(value, dtype=dtype)
     dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
     if all(d > 0 for d in dims) and int(np.prod(dims)) == array.size:
@@ -61,6 +62,35 @@ def _constant(vi: onnx.ValueInfoProto, value: object) -> onnx.TensorProto:
             hint="give the value as a list with one number per element",
         )
     return numpy_helper.from_array(array, vi.name)
+
+
+def _held(name: str, value: object, dtype: np.dtype) -> None:
+    """Exit 2 for a value the input's type cannot hold: numpy's cast would make it inf,
+    truncate or wrap it, or raise (an int32 `4294967297` was a traceback, exit 70; an FP16
+    70000 turned inf, and `sr: 16000.5` became 16000, without a word)."""
+    try:
+        raw = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return  # not numbers: said where the array is made
+    if dtype.kind == "f":
+        with np.errstate(over="ignore"):
+            bad = ~np.isfinite(raw.astype(dtype))
+        holds = f"finite {dtype} values (at most {float(np.finfo(dtype).max):g})"
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        bad = (raw != np.round(raw)) | (raw < info.min) | (raw > info.max)
+        holds = f"{dtype} integers ({info.min} to {info.max})"
+    elif dtype.kind == "b":
+        bad, holds = (raw != 0) & (raw != 1), "booleans (0 or 1)"
+    else:
+        return
+    if bad.any():
+        first = raw[bad].ravel()[0]
+        raise UsageError(
+            f"{first:.15g} is not a value the input '{name}' holds: it takes {holds}",
+            hint="give the value the deployment feeds, in the input's type",
+            field=("passes", "freeze_inputs", name),  # the caller adds the file and line
+        )
 
 
 def inline_constant_ifs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
