@@ -384,3 +384,31 @@ def test_an_fp16_result_off_by_more_than_rtol_of_fp32s_fails_the_build(tmp_path)
     y = report["outputs"]["out"]
     assert not report["passed"] and not y["passed"]
     assert y["checks"]["simple"]["worst"]["rel"] == pytest.approx(y["max_rel"], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "tol",
+    [
+        {"check_error_stat": "quantile", "error_quantile": 0.5},
+        {},  # an image-like mask: PSNR shown beside the default check
+        {"snr_threshold": 20.0},
+        {"cosine_similarity_threshold": 0.99},
+    ],
+    ids=["quantile", "psnr-shown", "snr", "cosine"],
+)
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_boolean_mask_is_judged_as_zeros_and_ones(tol, verbose):
+    """A [1, 1, H, W] mask (`y > 0.5`): Polygraphy's quantile, PSNR and SNR subtract, which
+    numpy refuses for booleans (exit 70, the PSNR with no tolerance set). Judged as 0 and 1,
+    the mask passes where it is FP32's and fails where pixels flipped."""
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    mask = np.arange(16).reshape(1, 1, 4, 4) % 3 == 0
+    flipped = mask.copy()
+    flipped[0, 0, :2] = ~flipped[0, 0, :2]  # half the pixels
+    tolerance = {"m": Tolerance(atol=1e-3, rtol=1e-3, **tol)}
+    for got, passed in ((mask.copy(), True), (flipped, False)):
+        found = run_checks([{"m": mask}], [{"m": got}], "cand", tolerance, verbose)["m"]
+        judged = {k: c["passed"] for k, c in found.items() if k != "shown"}
+        assert all(judged.values()) is passed, (got, found)

@@ -109,9 +109,9 @@ class _Pair:
         ]
         sides = []
         for runner, iters in order[::-1] if reference_second else order:
-            sides.append(  # a 0-d output as one value: Polygraphy's metrics index their inputs
+            sides.append(
                 [
-                    IterationResult({n: np.atleast_1d(it[n]) for n in names}, runner_name=runner)
+                    IterationResult({n: _comparable(it[n]) for n in names}, runner_name=runner)
                     for it in iters
                 ]
             )
@@ -123,6 +123,14 @@ class _Pair:
         for (runner, _), side in zip(order[::-1] if reference_second else order, sides):
             results.append((runner, side))
         return Comparator.compare_accuracy(results, compare_func=func)[0][tuple(results.keys())]
+
+
+def _comparable(value: np.ndarray) -> np.ndarray:
+    """An output as Polygraphy's functions can take it: a 0-d output as one value (its
+    metrics index their inputs), a boolean one as 0 and 1 (its quantiles, PSNR and SNR
+    subtract, which numpy refuses for booleans; 0/1 differ where the booleans do)."""
+    value = np.atleast_1d(value)
+    return value.view(np.uint8) if value.dtype == np.bool_ else value
 
 
 def _record(
