@@ -711,7 +711,7 @@ class _Walk:
             return point(self.measures, tensor, r, e)
         if self.sample and tensor in self.measures.nonfinite:
             return None
-        if not self._same_tensor(tensor, e):
+        if not _measured(self.measures, tensor, e, self.sample):
             return None
         if e.size and np.isfinite(max(float(e.max()), -float(e.min()))):
             return None  # every value finite: no overflow (the usual case, one cheap pass)
@@ -722,16 +722,6 @@ class _Walk:
             return None
         scale = self.measures.first_peaks.get(tensor, 0.0)
         return _point_json(tensor, bad, nan, scale, float("inf"))
-
-    def _same_tensor(self, tensor: str, e: np.ndarray) -> bool:
-        """Whether `e` is the tensor the reference measured (a peer tool's graph may reuse a
-        name for another shape). On the first feed its shape is the measured one; a later
-        feed's may differ where the data decides it (a NonZero's count), so only its rank
-        is asked: an overflow there is judged, whatever the first feed's count was."""
-        shape = self.measures.shapes.get(tensor)
-        if shape is None:
-            return False
-        return shape == e.shape if self.sample == 0 else len(shape) == e.ndim
 
     def overflowed(self) -> bool:
         """Whether a tensor taken so far turned non-finite where FP32 is finite."""
@@ -759,6 +749,17 @@ class _Walk:
             if first is None and (bad or rel > self.threshold):
                 first = _first_divergence(p, bad, nan, rel, self.threshold)
         return first, ordered, overflow
+
+
+def _measured(measures: ReferenceMeasures, tensor: str, e: np.ndarray, sample: int) -> bool:
+    """Whether `e` is the tensor the reference measured (a peer tool's graph may reuse a
+    name for another shape). On the first feed its shape is the measured one; a later
+    feed's may differ where the data decides it (a NonZero's count), so only its rank is
+    asked: an overflow there is judged, whatever the first feed's count was."""
+    shape = measures.shapes.get(tensor)
+    if shape is None:
+        return False
+    return shape == e.shape if sample == 0 else len(shape) == e.ndim
 
 
 def _differing(r: np.ndarray | None, e: np.ndarray) -> int:

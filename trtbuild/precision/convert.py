@@ -167,11 +167,7 @@ class _Rewriter:
             if not t:
                 continue
             if t in self.view.initializers:
-                new.input[k] = t  # a `dequantize: true` op reads the float weight behind its Q
-                if want_in[k] is not None:
-                    self.root.init_uses[t].append((new, k, want_in[k]))
-                    if self.parent is not None and want_in[k] != self.view.dtype.get(t):
-                        new.input[k] = self._body_weight(t, want_in[k])
+                _read_weight(self, new, k, t, want_in[k])
                 continue
             owner = self if t in self.actual else self.owner(t)
             src = owner.actual.get(t, t)
@@ -180,15 +176,6 @@ class _Rewriter:
                 new.input[k] = owner.cast(src, want_in[k], t)
             else:
                 new.input[k] = src
-
-    def _body_weight(self, t: str, dtype: int) -> str:
-        """The name of weight `t`'s copy in `dtype` that a body reads: `_initializers` makes
-        the copy under it, or renames it in the bodies where it converts `t` in place (a
-        body's nodes are copies by then: the uses it patches are not the body's)."""
-        key = (t, dtype)
-        if key not in self.root.body_weights:
-            self.root.body_weights[key] = self.names.fresh(f"{t}__{DTYPE_NAME[dtype]}")
-        return self.root.body_weights[key]
 
     def _outputs(self, node: onnx.NodeProto, new: onnx.NodeProto, out: list) -> list:
         """Record each output's type; a main-graph output computed in another type is cast back."""
@@ -278,6 +265,28 @@ class _Scales:
                 self.tensors.append(_tensor(value, dtype, name))
             self.names[key] = name
         return self.names[key]
+
+
+def _read_weight(rw: _Rewriter, new: onnx.NodeProto, k: int, t: str, want: int | None) -> None:
+    """Input `k` of `new` reads weight `t` (a `dequantize: true` op, the float weight behind
+    its Q): its use recorded for `_initializers`, which makes the weight in each type its
+    uses want; a body reads its copy by the name `_body_weight` gives."""
+    new.input[k] = t
+    if want is None:
+        return
+    rw.root.init_uses[t].append((new, k, want))
+    if rw.parent is not None and want != rw.view.dtype.get(t):
+        new.input[k] = _body_weight(rw, t, want)
+
+
+def _body_weight(rw: _Rewriter, t: str, dtype: int) -> str:
+    """The name of weight `t`'s copy in `dtype` that a body reads: `_initializers` makes the
+    copy under it, or renames it in the bodies where it converts `t` in place (a body's
+    nodes are copies by then: the uses it patches are not the body's)."""
+    key = (t, dtype)
+    if key not in rw.root.body_weights:
+        rw.root.body_weights[key] = rw.names.fresh(f"{t}__{DTYPE_NAME[dtype]}")
+    return rw.root.body_weights[key]
 
 
 def _emit_qdq(rw: _Rewriter, i: int) -> bool:
