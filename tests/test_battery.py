@@ -54,6 +54,14 @@ class Ctx:
         return ["build", "--policy", policy, "--out", str(self.tmp / "out")]
 
 
+def _without_outputs() -> onnx.ModelProto:
+    """A node and no graph output: ONNX Runtime refused its session (a traceback, exit 70)."""
+    graph = helper.make_graph(
+        [node("Relu", ["x"], "y", "relu")], "g", [helper.make_tensor_value_info("x", F, [1, 4])], []
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def _relu(shape=(1, 4)) -> onnx.ModelProto:
     return model(
         [node("Relu", ["x"], "y", "relu")], [("x", F, list(shape))], [("y", F, list(shape))]
@@ -390,6 +398,12 @@ CASES = [
         lambda c: c.build(c.model_policy(model([], [("x", F, [1])], [("x", F, [1])]))),
         2,
         "no nodes",
+    ),
+    (
+        "model-without-outputs",
+        lambda c: c.build(c.model_policy(_without_outputs())),
+        2,
+        "the model has no graph outputs",
     ),
     (
         "model-if-branches-typed-apart",

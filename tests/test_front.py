@@ -82,6 +82,28 @@ def test_an_op_onnx_runtime_does_not_have_says_so(tmp_path, capsys):
     assert "choose input shapes" not in err
 
 
+def test_a_model_without_outputs_is_exit_2_from_check_on(tmp_path, capsys):
+    """A graph with nodes and no `graph.output`: `check` passed it and `build` was ONNX
+    Runtime's refusal of the session ("OrtValue indexes should have been populated"), a
+    traceback (exit 70)."""
+    graph = helper.make_graph(
+        [node("Mul", ["x", "k"], "y", "scale")],
+        "g",
+        [helper.make_tensor_value_info("x", F, [1, 4])],
+        [],
+        [onnx.numpy_helper.from_array(np.array(2, np.float32), "k")],
+    )
+    policy = bare_policy(
+        tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    )
+    for command in (["check"], ["build", "--out", str(tmp_path / "out")]):
+        assert main([command[0], "--policy", str(policy), *command[1:]]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'm.onnx'}: the model has no graph outputs" in err, err
+        assert err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_input_no_engine_binds_is_exit_2_naming_it(tmp_path, capsys):
     """A string input (a text normalizer's words), a sequence and an optional input: drawing
     data for them ended in a traceback (Polygraphy's data loader has no such buffers, exit

@@ -339,12 +339,19 @@ def _indices_fit(
 
 def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
     """Exit 2 for a graph input or output no engine binds: strings, sequences, maps,
-    optionals.
+    optionals; and for a model without outputs.
 
     Why: a TensorRT engine binds tensors of numbers only; such an input (a text
     normalizer's words, scikit-learn's maps) ended in a traceback where the data for it
     was drawn, such an output (a classifier's label strings) where it was compared.
     """
+    if not model.graph.output:  # ONNX Runtime refused the session: a traceback, exit 70
+        raise UsageError(
+            "the model has no graph outputs: nothing it computes can be judged, and an engine "
+            "of it would answer nothing",
+            where=str(policy.model),
+            hint="export the model with the outputs the deployment reads (graph.output)",
+        )
     for end, vi in _ends(model):
         kind = vi.type.WhichOneof("value")
         if kind == "tensor_type" and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING:
