@@ -184,6 +184,11 @@ def test_a_one_element_integer_input_takes_values_of_its_range(tmp_path):
         ("INT32", "{low: 0, high: 1e12}", "(int32) holds (-2147483648 to 2147483647)"),
         ("UINT8", "{low: -1, high: 10}", "(uint8) holds (0 to 255)"),
         ("FLOAT16", "{distribution: normal, std: 1e6}", "normal (mean 0, std 1e+06) drew values"),
+        (
+            "INT64",
+            "{low: 0.5, high: 2.5}",
+            "is not of whole numbers: its draws would be cut to [0, 2)",
+        ),
     ],
 )
 def test_a_range_the_inputs_type_cannot_hold_is_the_policys_fault(tmp_path, elem, data, said):

@@ -324,8 +324,9 @@ def _range_held(policy: Policy, name: str, data: DataSpec, dtype: np.dtype, norm
     largest value, an integer one's limits), naming `inputs.NAME.data`.
 
     Why: `high: 1e6` for an FP16 input drew inf, blamed on the model ("the FP32 reference
-    holds inf: a broken checkpoint's weights?"), and `high: 1e12` for an int32 input was a
-    traceback (exit 70) from Polygraphy's `DataLoader`.
+    holds inf: a broken checkpoint's weights?"), `high: 1e12` for an int32 input was a
+    traceback (exit 70) from Polygraphy's `DataLoader`, and an integer input's `[0.5, 2.5)`
+    was cut to `[0, 2)` without a word.
     """
     if normal or dtype == np.bool_:
         return
@@ -333,6 +334,14 @@ def _range_held(policy: Policy, name: str, data: DataSpec, dtype: np.dtype, norm
         largest = float(np.finfo(dtype).max)
         held, limit = max(abs(data.low), abs(data.high)) <= largest, f"±{largest:g}"
     else:
+        if not (float(data.low).is_integer() and float(data.high).is_integer()):
+            raise UsageError(
+                f"{words.field('inputs', name, 'data')}: the range [{data.low:g}, "
+                f"{data.high:g}) of the integer input '{name}' ({dtype}) is not of whole "
+                f"numbers: its draws would be cut to [{int(data.low)}, {int(data.high)})",
+                where=policy.where_of("inputs", name, "data"),
+                hint="give low and high as whole numbers (integers drawn from [low, high))",
+            )
         info = np.iinfo(dtype)
         held = info.min <= int(data.low) and int(data.high) - 1 <= info.max
         limit = f"{info.min} to {info.max}"
