@@ -389,6 +389,43 @@ def test_top_k_on_a_scalar_or_boolean_output_is_exit_2(tmp_path, capsys, toleran
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    ("tolerance", "said"),
+    [
+        ("{cls: {compare: indices, index_tolerance: 1}}", "index_tolerance 1 leaves nothing of "
+         "the output 'cls' to compare (rows of 1 (its last axis))"),
+        ("{scores: {compare: indices, top_k: 3, index_tolerance: 3}}", "index_tolerance 3 "
+         "leaves nothing of the output 'scores' to compare (its top 3)"),
+    ],
+)  # fmt: skip
+def test_an_index_tolerance_that_compares_nothing_is_exit_2(tmp_path, capsys, tolerance, said):
+    """Polygraphy's `IndicesCompareFunc` leaves the last `index_tolerance` values of each
+    row out: on an ArgMax's `[1, 1]` class, `index_tolerance: 1` compared nothing and passed
+    where FP16 chose class 10 and FP32 class 15 (a false PASS)."""
+    m = model(
+        [node("Mul", ["x", "k"], "scores", "scale"),
+         node("ArgMax", ["scores"], "cls", "argmax", axis=1, keepdims=1)],
+        [("x", F, [1, 16])],
+        [("scores", F, [1, 16]), ("cls", onnx.TensorProto.INT64, [1, 1])],
+        {"k": np.array(1000, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.linspace(0.1, 100, 16, dtype=np.float32)[None, None])
+    policy = tmp_path / "p.yaml"
+    text = "version: 1\nmodel: m.onnx\nbuild: {backend: none}\n"
+    text += "inputs:\n  x: {shape: [1, 16], data: {file: d.npz}}\n"
+    text += "accuracy:\n  samples: 1\n  masked_overflow: warn\n"
+    policy.write_text(text + f"  tolerances:\n    outputs: {tolerance}\n")
+    out = tmp_path / "out"
+    for args in (["check"], ["build", "--out", str(out)]):
+        assert main([args[0], "--policy", str(policy), *args[1:]]) == 2
+        err = capsys.readouterr().err
+        assert f"{policy.resolve()}:10: accuracy.tolerances.outputs." in err and said in err, err
+    if "cls" in tolerance:  # one less compares the class, and FP16's is not FP32's
+        policy.write_text(text + "  tolerances:\n    outputs: {cls: {compare: indices}}\n")
+        assert main(["build", "--policy", str(policy), "--out", str(out)]) == 1
+
+
 def test_a_model_replaced_while_it_is_read_is_prepared_from_the_bytes_its_key_names(
     tmp_path, monkeypatch
 ):

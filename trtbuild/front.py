@@ -285,8 +285,10 @@ def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
                 where=policy.where_of("accuracy", "tolerances", "outputs", name),
                 hint="name one of the model's outputs",
             )
-    ranks = {  # None where the model does not say (no shape at all), 0 for a scalar
-        o.name: len(o.type.tensor_type.shape.dim) if o.type.tensor_type.HasField("shape") else None
+    dims = {  # None where the model does not say (no shape at all), () for a scalar
+        o.name: tuple(d.dim_value or None for d in o.type.tensor_type.shape.dim)
+        if o.type.tensor_type.HasField("shape")
+        else None
         for o in view.graph.output
     }
     bools = {
@@ -303,15 +305,18 @@ def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
                 hint=f"judge {name!r} by atol/rtol (remove compare: indices and top_k from "
                 "its tolerance), or give it a tolerance of its own under outputs:",
             )
-        _indices_fit(policy, at, name, tol, view, ranks.get(name))
+        _indices_fit(policy, at, name, tol, view, dims.get(name))
 
 
 def _indices_fit(
-    policy: Policy, at: tuple[str, ...], name: str, tol: Any, view: Any, rank: int | None
+    policy: Policy, at: tuple[str, ...], name: str, tol: Any, view: Any, dims: tuple | None
 ) -> None:
-    """One output's `compare: indices`: `top_k` on a float output, its axis one it has (`at`:
-    the tolerance that says so)."""
+    """One output's `compare: indices`: `top_k` on a float output, its axis one it has, an
+    `index_tolerance` that leaves something to compare (`at`: the tolerance that says so;
+    `dims`: the output's, None where unknown)."""
     key = words.field(*at)
+    rank = None if dims is None else len(dims)
+    _tolerance_leaves_some(policy, at, name, tol, dims)
     if tol.top_k and rank == 0:  # a traceback (exit 70) where its top k were taken
         raise UsageError(
             f"{key}: top_k ranks the output {name!r} along an axis, and it is a scalar "
@@ -334,6 +339,33 @@ def _indices_fit(
             where=policy.where_of(*at, "compare"),
             hint="add top_k (its k largest values along the last axis, or top_k_axis, as "
             "indices), or judge the integer output of an ArgMax or TopK",
+        )
+
+
+def _tolerance_leaves_some(
+    policy: Policy, at: tuple[str, ...], name: str, tol: Any, dims: tuple | None
+) -> None:
+    """Exit 2 for an `index_tolerance` at least as long as the rows Polygraphy compares.
+
+    Why: `IndicesCompareFunc` leaves the last `index_tolerance` values of each row out of
+    the comparison, so such a tolerance compares nothing and always passes: an ArgMax's
+    `[B, 1]` class with `index_tolerance: 1` passed where FP16 chose class 10 and FP32 15.
+    """
+    if tol.compare != "indices" or not tol.index_tolerance or not dims:
+        return
+    last = dims[-1]  # the rows are the last axis: the top k where they are taken along it
+    along_last = tol.top_k and tol.ranked_axis in (-1, len(dims) - 1)
+    if along_last:
+        last = tol.top_k if last is None else min(tol.top_k, last)
+    if last is not None and tol.index_tolerance >= last:
+        what = f"its top {last}" if along_last else f"rows of {last} (its last axis)"
+        raise UsageError(
+            f"{words.field(*at)}: index_tolerance {tol.index_tolerance} leaves nothing of "
+            f"the output {name!r} to compare ({what}): Polygraphy's IndicesCompareFunc leaves "
+            "the last index_tolerance values of each row out, so it would always pass",
+            where=policy.where_of(*at, "index_tolerance"),
+            hint=f"give an index_tolerance below {last}"
+            + ("" if along_last else ", or top_k on the scores the indices come from"),
         )
 
 
