@@ -426,6 +426,30 @@ def test_an_index_tolerance_that_compares_nothing_is_exit_2(tmp_path, capsys, to
         assert main(["build", "--policy", str(policy), "--out", str(out)]) == 1
 
 
+def test_top_k_along_an_axis_of_one_is_exit_2(tmp_path, capsys):
+    """A one-channel map judged as the docs judge a segmentation's logits, `{compare:
+    indices, top_k: 1, top_k_axis: 1}`: its top index along a channel axis of length 1 is 0
+    on both sides, so FP16's `(x + 2048) - 2048`, off by a whole range, passed."""
+    m = model(
+        [node("Add", ["x", "c"], "y", "shift"), node("Sub", ["y", "c"], "mask", "back")],
+        [("x", F, [1, 1, 8, 8])],
+        [("mask", F, [1, 1, 8, 8])],
+        {"c": np.array(2048, np.float32)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    text = "version: 1\nmodel: m.onnx\nbuild: {backend: none}\naccuracy:\n  tolerances:\n"
+    policy.write_text(text + "    outputs: {mask: {compare: indices, top_k: 1, top_k_axis: 1}}\n")
+    assert main(["check", "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{policy.resolve()}:6: accuracy.tolerances.outputs.mask: top_k ranks the output "
+        "'mask' along axis 1, of length 1" in err
+    ), err
+    policy.write_text(text + "    outputs: {mask: {psnr_threshold: 30}}\n")  # by its values
+    assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "out")]) == 1
+
+
 def test_a_model_replaced_while_it_is_read_is_prepared_from_the_bytes_its_key_names(
     tmp_path, monkeypatch
 ):

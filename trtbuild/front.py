@@ -345,13 +345,30 @@ def _indices_fit(
 def _tolerance_leaves_some(
     policy: Policy, at: tuple[str, ...], name: str, tol: Any, dims: tuple | None
 ) -> None:
-    """Exit 2 for an `index_tolerance` at least as long as the rows Polygraphy compares.
+    """Exit 2 for a `compare: indices` that compares nothing: an `index_tolerance` at least
+    as long as the rows Polygraphy compares, or `top_k` along an axis of length 1.
 
     Why: `IndicesCompareFunc` leaves the last `index_tolerance` values of each row out of
     the comparison, so such a tolerance compares nothing and always passes: an ArgMax's
     `[B, 1]` class with `index_tolerance: 1` passed where FP16 chose class 10 and FP32 15.
+    A one-channel map's top 1 along its channel is index 0 on both sides, whatever FP16 did.
     """
-    if tol.compare != "indices" or not tol.index_tolerance or not dims:
+    if tol.compare != "indices" or not dims:
+        return
+    axis = (
+        tol.ranked_axis % len(dims)
+        if tol.top_k and -len(dims) <= tol.ranked_axis < len(dims)
+        else None
+    )
+    if axis is not None and dims[axis] == 1:  # one value to rank: its top 1 is index 0
+        raise UsageError(
+            f"{words.field(*at)}: top_k ranks the output {name!r} along axis {axis}, of length "
+            "1: its top index is 0 whatever the values, so the check would always pass",
+            where=policy.where_of(*at, "top_k"),
+            hint=f"judge {name!r} by its values (atol/rtol, psnr_threshold): a one-channel "
+            "map has no classes to rank" + _own_tolerance(at, name),
+        )
+    if not tol.index_tolerance:
         return
     last = dims[-1]  # the rows are the last axis: the top k where they are taken along it
     along_last = tol.top_k and tol.ranked_axis in (-1, len(dims) - 1)
@@ -365,8 +382,16 @@ def _tolerance_leaves_some(
             "the last index_tolerance values of each row out, so it would always pass",
             where=policy.where_of(*at, "index_tolerance"),
             hint=f"give an index_tolerance below {last}"
-            + ("" if along_last else ", or top_k on the scores the indices come from"),
+            + ("" if along_last else ", or top_k on the scores the indices come from")
+            + _own_tolerance(at, name),
         )
+
+
+def _own_tolerance(at: tuple[str, ...], name: str) -> str:
+    """`; or give NAME a tolerance of its own`, where the default tolerance is at fault."""
+    if at[-1] != "default":
+        return ""
+    return f"; or give {name!r} a tolerance of its own under accuracy.tolerances.outputs"
 
 
 def _bound_by_tensorrt(policy: Policy, model: onnx.ModelProto) -> None:
