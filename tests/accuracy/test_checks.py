@@ -412,3 +412,23 @@ def test_a_boolean_mask_is_judged_as_zeros_and_ones(tol, verbose):
         found = run_checks([{"m": mask}], [{"m": got}], "cand", tolerance, verbose)["m"]
         judged = {k: c["passed"] for k, c in found.items() if k != "shown"}
         assert all(judged.values()) is passed, (got, found)
+
+
+def test_a_metric_and_its_threshold_are_shown_with_the_digits_that_tell_them_apart():
+    """BEiT's logits judged at cosine 0.9999999: a sample at 0.99999 failed and the line said
+    `cosine 1 (>= 1)`, value and threshold each rounded to four digits."""
+    from trtbuild.accuracy.checks import describe, run_checks
+    from trtbuild.policy.specs import Tolerance
+
+    y = np.linspace(-1.0, 1.0, 64, dtype=np.float64)
+    noisy = y + 0.004 * np.cos(np.arange(64))
+    tol = Tolerance(cosine_similarity_threshold=0.9999999)
+    found = run_checks([{"o": y}], [{"o": noisy}], "c", {"o": tol}, verbose=False)["o"]["cosine"]
+    assert found["failed_samples"] == [0] and found["value"] < 0.9999999, found
+    text = describe("cosine", found, tol)
+    shown, threshold = text.removeprefix("cosine ").split(" (>= ")
+    assert threshold == "0.9999999)", text
+    assert float(shown) < 0.9999999, text
+    loose = Tolerance(cosine_similarity_threshold=0.999)
+    found = run_checks([{"o": y}], [{"o": noisy}], "c", {"o": loose}, verbose=False)["o"]["cosine"]
+    assert describe("cosine", found, loose) == "cosine 1 (>= 0.999)"

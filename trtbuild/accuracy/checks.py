@@ -331,6 +331,21 @@ def describe(check: str, entry: dict[str, Any], tol: Tolerance) -> str:
         what += f" along axis {tol.ranked_axis}" if tol.ranked_axis != -1 else ""
         return f"{what} within {entry.get('threshold', 0)} position(s)"
     metric = METRICS[check]
-    value = entry.get("value")
-    got = f"{value:.4g}{metric.unit}" if value is not None else "–"
-    return f"{check} {got} (>= {entry.get('threshold'):g}{metric.unit})"
+    value, threshold = entry.get("value"), float(entry.get("threshold", float("nan")))
+    got = f"{_beside(value, threshold)}{metric.unit}" if value is not None else "–"
+    return f"{check} {got} (>= {threshold:.15g}{metric.unit})"
+
+
+def _beside(value: float, threshold: float) -> str:
+    """A metric's value with the digits that keep its side of the threshold: four where they
+    do, more where rounding would carry it across.
+
+    Why: a cosine of 0.99999 against a threshold of 0.9999999 was shown `cosine 1 (>= 1)`
+    beside FAIL, both rounded to four digits; a figure that seems to pass cannot say why it
+    failed.
+    """
+    for digits in range(4, 18):
+        shown = f"{value:.{digits}g}"
+        if (float(shown) >= threshold) == (value >= threshold):
+            return shown
+    return repr(value)
