@@ -543,3 +543,39 @@ def test_candidates_are_one_judgement_only_where_their_whole_graphs_are_alike():
     assert two[0] != two[1]  # two alike but for a weight's values: two judgements
     labelled = _identities([Candidate(a, "one"), Candidate(same, "two")])
     assert labelled[0] != labelled[1]  # one graph under two labels: two judgements
+
+
+def test_a_suspect_on_the_first_sample_that_holds_leaves_the_failing_sample_walked(tmp_path):
+    """A Mixtral of the dynamo exporter: its padding mask (`(1 - mask) · finfo.min`, -inf
+    in FP16) made the first sample a suspect, so the walk ran there, where nothing
+    overflows and nothing fails, and said "none: every intermediate tensor stays within
+    the divergence threshold" of a policy failing on sample 1 by 44% of its range. The
+    failing sample is walked too where the first found no overflow."""
+    m = model(
+        [node("Sub", ["one", "mask"], "pad", "invert"),
+         node("Mul", ["pad", "low"], "bias", "to_bias"),
+         node("Add", ["x", "bias"], "scores", "masked"),
+         node("Softmax", ["scores"], "p", "softmax", axis=-1),
+         node("Add", ["x", "big"], "t", "lift"),
+         node("Sub", ["t", "big"], "y", "drop")],
+        [("x", F, [1, 4]), ("mask", F, [1, 4])],
+        [("p", F, [1, 4]), ("y", F, [1, 4])],
+        {"one": np.array(1.0, np.float32), "low": np.array(MIN, np.float32),
+         "big": np.array(1000.0, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    x = np.array([[[1.0, 2.0, 3.0, 4.0]], [[0.1, 0.3, 0.2, 0.4]], [[1.0, 2.0, 3.0, 4.0]]])
+    mask = np.array([[[1.0, 1.0, 0.0, 0.0]]] * 3)
+    np.savez(tmp_path / "x.npz", x=x.astype(np.float32), mask=mask.astype(np.float32))
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 4], data: {file: x.npz}}\n"
+        "  mask: {shape: [1, 4], data: {file: x.npz}}\naccuracy:\n  samples: 3\n"
+    )
+    out = tmp_path / "out"
+    argv = ["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(out), "--backend", "none"]
+    assert main(argv) == 1
+    found = json.loads((out / "report.json").read_text())
+    assert found["outputs"]["y"]["failed_samples"] == [1], found["outputs"]
+    assert found["outputs"]["p"]["passed"] and found["overflow"] is None, found
+    first = found["first_divergence"]
+    assert first is not None and first["node"] == "drop" and first["sample"] == 1, first

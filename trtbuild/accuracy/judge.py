@@ -260,20 +260,39 @@ def _walk_failures(
     walked on the first, which passes: the first divergence then named nothing, or a
     tensor of an image that holds.
 
+    A suspect is walked on the first feed; where no value of it overflowed there, on its
+    first failing feed after (a Mixtral's padding mask, -inf in FP16, made the first sample
+    a suspect, and a failure on the second was said "none" as its first divergence).
+
     A walked candidate's lean session is let go first (a next point makes it again): the
     walk then holds one session of the weights at a time (a 343 MB transformer's build
     peaked at 4.0 GB with both candidates' lean sessions kept through it, 3.0 GB without).
     """
     walked: dict[int, list[_Run]] = {}
+    failing: dict[int, int] = {}  # a suspect's run (by id) -> its first failing feed
     for run, j in zip(runs, judged):
         if j.passed and not run.suspects:
             continue
         run.lean.let_go()
         failed = {s for m in j.outputs.values() for s in m.failed_samples}
-        at = 0 if run.suspects else next((k for k, s in enumerate(index) if s in failed), 0)
+        at = next((k for k, s in enumerate(index) if s in failed), 0)
+        if run.suspects and at:
+            failing[id(run)], at = at, 0
         run.walk = _Walk(run.walk.measures, threshold, "divergence", run.casts, sample=index[at])
         walked.setdefault(at, []).append(run)
     for at, group in sorted(walked.items()):
+        _lockstep(graph, plan(), group, feeds[at], outputs=False)
+    # a suspect that overflowed nowhere on the first feed explains nothing of a later
+    # feed's failure: that feed is walked instead, as if nothing had been suspected
+    again: dict[int, list[_Run]] = {}
+    for run in walked.get(0, []):
+        if id(run) in failing and not run.walk.overflowed():
+            at = failing[id(run)]
+            run.walk = _Walk(
+                run.walk.measures, threshold, "divergence", run.casts, sample=index[at]
+            )
+            again.setdefault(at, []).append(run)
+    for at, group in sorted(again.items()):
         _lockstep(graph, plan(), group, feeds[at], outputs=False)
 
 
