@@ -136,3 +136,49 @@ def test_quantized_arithmetic_on_constants_is_folded_through_every_pair():
 @needs_rtx
 def test_quantized_arithmetic_on_constants_builds_an_engine(tmp_path, capsys):
     _builds_an_engine(tmp_path, _quantized_shape_arithmetic(), capsys)
+
+
+def _quantized_bias_table() -> onnx.ModelProto:
+    """BEiT's relative position bias as ONNX Runtime's `quantize_static` quantizes it: a
+    table reshaped, a Q/DQ pair, a `Concat` with a stored DQ, a pair again, a `Gather` by
+    constant indices, added to `x @ W.T` whose weight's DQ reaches its MatMul through a
+    Transpose (that DQ TensorRT fuses: it stays)."""
+    rng = np.random.default_rng(0)
+    return model(
+        [node("Reshape", ["table", "flat"], "t", "/bias/Reshape"),
+         node("QuantizeLinear", ["t", "s", "z"], "tq", "/bias/t_Q"),
+         node("DequantizeLinear", ["tq", "s", "z"], "td", "/bias/t_DQ"),
+         node("DequantizeLinear", ["extra", "s", "z"], "ed", "/bias/extra_DQ"),
+         node("Concat", ["td", "ed"], "c", "/bias/Concat", axis=0),
+         node("QuantizeLinear", ["c", "s", "z"], "cq", "/bias/c_Q"),
+         node("DequantizeLinear", ["cq", "s", "z"], "cd", "/bias/c_DQ"),
+         node("Gather", ["cd", "index"], "b", "/bias/Gather"),
+         node("QuantizeLinear", ["x", "s", "z"], "xq", "/in/Q"),
+         node("DequantizeLinear", ["xq", "s", "z"], "xd", "/in/DQ"),
+         node("DequantizeLinear", ["w", "ws"], "wd", "/fc/w_DQ"),
+         node("Transpose", ["wd"], "wt", "/fc/Transpose", perm=[1, 0]),
+         node("MatMul", ["xd", "wt"], "h", "/fc/MatMul"),
+         node("Add", ["h", "b"], "y", "/bias/Add")],
+        [("x", F, ["n", 2, 3])],
+        [("y", F, ["n", 2, 3])],
+        {"table": rng.normal(size=(3, 4)).astype(np.float32), "flat": np.array([12], np.int64),
+         "extra": np.array([5, -7, 3, 1], I8), "s": np.array(0.05, np.float32),
+         "z": np.array(0, I8), "index": np.array([[0, 3, 15], [7, 12, 1]], np.int64),
+         "w": rng.integers(-127, 128, (3, 3)).astype(I8), "ws": np.array(0.02, np.float32)},
+        opset=19,
+    )  # fmt: skip
+
+
+def test_quantized_arithmetic_on_a_constant_table_is_folded_and_a_kernels_weight_stays():
+    """ONNX Runtime's INT8 BEiT: TensorRT-RTX's builder failed on its bias table's pairs
+    with a Myelin check (exit 3, at every precision); folded, it built. The weight's DQ,
+    behind its Transpose, is the MatMul's INT8 weight and stays; so do the input's pair."""
+    source = _quantized_bias_table()
+    prepared = prepare(source, Passes(opset=19)).model
+    names = {n.name for n in prepared.graph.node}
+    assert not {n for n in names if n.startswith("/bias/") and n != "/bias/Add"}, names
+    assert {"/fc/w_DQ", "/fc/Transpose", "/in/Q", "/in/DQ", "/fc/MatMul"} <= names, names
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(2, 2, 3)
+    (want,) = plain_session(source).run(None, {"x": x})
+    (got,) = plain_session(prepared).run(None, {"x": x})
+    assert np.array_equal(got, want)  # the values the pairs compute, exactly

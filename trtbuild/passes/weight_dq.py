@@ -7,7 +7,11 @@ allowed before DQ or PLUGIN_V2 or kPLUGIN_V3 node", when the engine is built; on
 says (exit 3) while `check` passed. A DQ of a constant is a constant: its value as
 `DequantizeLinear` computes it (`qdq.dequantize`, the value ONNX Runtime's FP32 reference
 computes) is what the graph means, and the ops reading it compute in the policy's precision
-as with any weight. Only scalars: a DQ TensorRT takes stays, as it will run it.
+as with any weight. Scalars, and a DQ of any rank inside arithmetic on constants alone
+that no Conv, ConvTranspose, MatMul or Gemm reads (BEiT's relative position bias table,
+quantized by ONNX Runtime before its `Concat` and `Gather`: TensorRT-RTX's builder failed
+on it with a Myelin check, exit 3, at every precision). A DQ TensorRT fuses into a kernel
+stays, as it will run it.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import onnx
 from onnx import numpy_helper
 
 from trtbuild.graph.optypes import DEQUANTIZE, as_float_type
-from trtbuild.graph.qdq import QdqGraph, QdqNode, dequantize, quantize
+from trtbuild.graph.qdq import FUSED_OPS, QdqGraph, QdqNode, dequantize, quantize
 from trtbuild.graph.view import GraphView, constant
 from trtbuild.passes.basic import PassRecord, copied, drop_unused_initializers
 
 # What a DQ of a constant may hold here: integers `qdq.dequantize` reads as they are stored
 # (an INT4 weight is packed, an FP8 one is stored as bytes: left to TensorRT's own rules)
+_BODIES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _STORED = frozenset(
     {onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16}
 )
@@ -36,8 +41,11 @@ def dequantize_scalar_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
         return model, record  # no DQ in the main graph: not the view's 40 ms on 10k nodes, twice
     view = GraphView(model)
     qdq = QdqGraph(view)
+    fixed = _constant_valued(view)
     stored = {
-        n.index: v for n in qdq.nodes.values() if (v := _scalar_stored(view, qdq, n)) is not None
+        n.index: v
+        for n in qdq.nodes.values()
+        if (v := _scalar_stored(view, qdq, n, fixed)) is not None
     }
     found = [qdq.nodes[i] for i in stored]
     if not found:
@@ -57,7 +65,12 @@ def dequantize_scalar_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
         record.details.setdefault("dequantized", []).append(
             {
                 "name": n.name,
-                "why": f"a quantized scalar (TensorRT takes none), read by {', '.join(readers)}",
+                "why": (
+                    "a quantized scalar (TensorRT takes none)"
+                    if np.ndim(value) == 0
+                    else "arithmetic on constants, read by no kernel"
+                )
+                + f", read by {', '.join(readers)}",
             }
         )
         record.changed += 1
@@ -65,11 +78,15 @@ def dequantize_scalar_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     return model, record
 
 
-def _scalar_stored(view: GraphView, qdq: QdqGraph, n: QdqNode) -> np.ndarray | None:
-    """The integer constant of rank 0 a DQ in the main graph dequantizes, with a constant
-    scale and zero point, its output no graph output (None: another DQ, or a Q): stored,
-    or a main-graph Q's of a float constant of rank 0 (`_made_of_constant`) where every op
-    that reads the DQ reads only constants and such DQs, so that it folds on."""
+def _scalar_stored(
+    view: GraphView, qdq: QdqGraph, n: QdqNode, fixed: set[str]
+) -> np.ndarray | None:
+    """The integer constant a DQ in the main graph dequantizes, with a constant scale and
+    zero point, its output no graph output (None: another DQ, or a Q): stored, or a
+    main-graph Q's of a float constant (`_made_of_constant`) where every op that reads the
+    DQ reads only constants and such DQs, so that it folds on. Of rank 0; of any rank where
+    every reader computes from constants alone (`fixed`) and no kernel reads the value
+    (`_reaches_a_kernel`): arithmetic on constants that TensorRT need not see quantized."""
     i = n.index
     if not n.is_dq or view.parent[i] is not None or n.float_tensor in view.outputs:
         return None
@@ -77,28 +94,69 @@ def _scalar_stored(view: GraphView, qdq: QdqGraph, n: QdqNode) -> np.ndarray | N
         return None
     if view.dtype.get(n.quantized) not in _STORED:
         return None
+    readers = [view.nodes[c] for c in view.consumers.get(n.float_tensor, [])]
     stored = constant(view, n.quantized)
     if stored is None and all(
-        all(not t or _constant_or_pair(view, qdq, t) for t in view.nodes[c].input)
-        for c in view.consumers.get(n.float_tensor, [])
+        all(not t or _constant_or_pair(view, qdq, t) for t in r.input) for r in readers
     ):
         stored = _made_of_constant(view, qdq, n)
-    return stored if stored is not None and np.ndim(stored) == 0 else None
+    if stored is not None and np.ndim(stored) == 0:
+        return stored
+    if not readers or not all(o in fixed for r in readers for o in r.output if o):
+        return None  # a DQ of a weight an op of the network reads: TensorRT's to run
+    if _reaches_a_kernel(view, n.float_tensor, fixed):
+        return None
+    return stored if stored is not None else _made_of_constant(view, qdq, n, any_rank=True)
 
 
-def _made_of_constant(view: GraphView, qdq: QdqGraph, n: QdqNode) -> np.ndarray | None:
+def _constant_valued(view: GraphView) -> set[str]:
+    """Every main-graph tensor computed from weights and `Constant`s alone (Q/DQs of them
+    included), none from a graph input."""
+    fixed = set(view.initializers)
+    for i in view.top:
+        node = view.nodes[i]
+        drawn = node.op_type.startswith("Random") or node.op_type in ("Bernoulli", "Multinomial")
+        if drawn or any(a.type in _BODIES for a in node.attribute):
+            continue  # what it draws, or what a body computes: not known before it runs
+        if (node.input or node.op_type == "Constant") and all(
+            not t or t in fixed for t in node.input
+        ):
+            fixed.update(o for o in node.output if o)
+    return fixed
+
+
+def _reaches_a_kernel(view: GraphView, tensor: str, fixed: set[str]) -> bool:
+    """Whether a Conv, ConvTranspose, MatMul or Gemm reads `tensor`, or what ops computing
+    from constants alone make of it: an INT8 or FP8 weight TensorRT fuses into its kernel
+    (a DQ, then a Transpose, then a MatMul), which must reach it quantized."""
+    todo, seen = [tensor], {tensor}
+    while todo:
+        for c in view.consumers.get(todo.pop(), []):
+            node = view.nodes[c]
+            if node.op_type in FUSED_OPS:
+                return True
+            for o in node.output:
+                if o and o in fixed and o not in seen:
+                    seen.add(o)
+                    todo.append(o)
+    return False
+
+
+def _made_of_constant(
+    view: GraphView, qdq: QdqGraph, n: QdqNode, *, any_rank: bool = False
+) -> np.ndarray | None:
     """What DQ `n`'s main-graph Q makes of a float constant of rank 0, as QuantizeLinear
     computes it. Why: ONNX Runtime's `quantize_static` quantized a MobileViT's shape
     arithmetic (`ceil(h / 2) * 2` traced to constants, a Q/DQ pair after each op, then a
     Cast to int64), which the fold leaves at each pair, and TensorRT-RTX could not compute
     the shape behind them (exit 3)."""
     q = qdq.nodes.get(view.producer.get(n.quantized, -1))
-    if q is None or view.parent[q.index] is not None or q.scale_value is None:
+    if q is None or view.parent[q.index] is not None or q.scale_value is None or q.block_size:
         return None
     x = constant(view, q.float_tensor)
-    if x is None or x.ndim != 0 or (q.zero_point and q.zero_value is None):
+    if x is None or (x.ndim != 0 and not any_rank) or (q.zero_point and q.zero_value is None):
         return None
-    return quantize(x, q.scale_value, q.format, q.zero_value)
+    return quantize(x, q.scale_value, q.format, q.zero_value, q.axis)
 
 
 def _constant_or_pair(view: GraphView, qdq: QdqGraph, tensor: str) -> bool:
