@@ -392,3 +392,32 @@ def test_a_cast_of_integers_is_charged_to_its_reader_as_a_dequantize_is(tmp_path
     front, _ = _small(tmp_path, m)
     low_made = search_mod._low_made(search_mod.Search(front, 10, "nodes", 0, 1))
     assert "sf" not in low_made and "y" in low_made
+
+
+def test_a_ranking_of_errors_measured_before_says_so_not_zero_runs(tmp_path):
+    """A Mixture-of-Experts block's `tune`: after the verification failed at another point,
+    the search grew again under the same values made low and ranked the same suspects from
+    the errors it had: the note said "(0 runs)", as if nothing had been ranked."""
+    m = model(
+        [
+            node("Mul", ["x", "w"], "a", "tiny"),
+            node("Mul", ["a", "v"], "c", "scale"),
+            node("Mul", ["x", "u"], "e", "side"),
+            node("Add", ["c", "e"], "y", "add"),
+        ],
+        [("x", F, [1, 4])],
+        [("y", F, [1, 4])],
+        {k: np.array(v, np.float32) for k, v in {"w": 1e-6, "v": 1e4, "u": 0.05}.items()},
+    )
+    front, _ = _small(tmp_path, m)
+    search = search_mod.Search(front, 10, "nodes", 0, 1)
+    k = {g.names[0]: n for n, g in enumerate(search.groups)}
+    first = search_mod._ranked_alone(search, [k["scale"], k["side"]], ("y",))
+    assert search.rankings[-1].note.endswith("(2 runs)"), search.rankings[-1].note
+    again = search_mod._ranked_alone(search, [k["scale"], k["side"]], ("y",))
+    assert again == first
+    assert search.rankings[-1].note.endswith("(each measured before)"), search.rankings[-1].note
+    search_mod._ranked_alone(search, [k["scale"], k["side"], k["add"]], ("y",))
+    assert search.rankings[-1].note.endswith("(1 runs, 2 measured before)"), search.rankings[
+        -1
+    ].note

@@ -400,9 +400,11 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
     blind = sum(1 for k in ranked if k not in measured)
     where = search.front.shapes[point].point.name
     rest = len(order) - len(ranked)
+    before = sum(1 for k in ranked if k in measured) - len(found)  # an earlier round's
+    runs = f"{len(found)} runs" + (f", {before} measured before" if before else "")
     note = (
         f"{alike}: ranked {f'the {len(ranked)} nearest the outputs ' if rest else ''}"
-        f"by each one's error alone at {where} ({len(found)} runs)"
+        f"by each one's error alone at {where} ({runs if found else 'each measured before'})"
         + (f"; {blind} inside control-flow bodies, not measured, first" if blind else "")
         + (f"; the other {rest} after them (at most {MOST_ALONE} runs)" if rest else "")
     )
