@@ -40,6 +40,10 @@ LOW_INF_AT = {
     low: top + LOW_EPS[low] * 2.0 ** (math.frexp(top)[1] - 1) / 2 for low, top in LOW_MAX.items()
 }
 
+# What Polygraphy's simple compare adds to a zero of the reference before dividing by it
+# (its own constant, local to its method): the relative error every figure divides by.
+RELATIVE_EPSILON = 2.220446049250313e-16
+
 # Hugging Face exports write masks as `(1 - mask) * finfo(float32).min`: -3.4e38
 # is a sentinel meaning "never attend", not data. A value this large carries no
 # magnitude information; only its sign does.

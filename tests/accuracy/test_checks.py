@@ -432,3 +432,22 @@ def test_a_metric_and_its_threshold_are_shown_with_the_digits_that_tell_them_apa
     loose = Tolerance(cosine_similarity_threshold=0.999)
     found = run_checks([{"o": y}], [{"o": noisy}], "c", {"o": loose}, verbose=False)["o"]["cosine"]
     assert describe("cosine", found, loose) == "cosine 1 (>= 0.999)"
+
+
+def test_atol_and_rtol_bound_each_element_by_the_larger_not_their_sum():
+    """Polygraphy fails an element only where it is past atol and past rtol x |ref|: FP32's
+    1.0 with atol 0.1 and rtol 0.1 allows 0.1 of error, not 0.2 (policy.md said the sum).
+    report.json's max_rel divides by FP32's value as the verdict does, also where it is 0."""
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.accuracy.sessions import metrics
+    from trtbuild.policy.specs import Tolerance
+
+    tol = {"y": Tolerance(atol=0.1, rtol=0.1)}
+    for got, passed in ((1.09, True), (1.15, False)):
+        found = run_checks(
+            [{"y": np.ones(4, np.float32)}], [{"y": np.full(4, got, np.float32)}], "c", tol, False
+        )
+        assert found["y"]["simple"]["passed"] is passed, got
+    ref, out = np.array([0, 1, 1, 1], np.float32), np.array([1e-3, 1, 1, 1], np.float32)
+    found = run_checks([{"y": ref}], [{"y": out}], "c", {"y": Tolerance(atol=0, rtol=1)}, False)
+    assert metrics(ref, out)["max_rel"] == pytest.approx(found["y"]["simple"]["worst"]["rel"])

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from tests.conftest import ROOT
 from tests.helpers import needs_rtx
 from trtbuild.errors import BackendError
+from trtbuild.numerics import RELATIVE_EPSILON
 from trtbuild.policy.specs import BuildSpec
 
 
@@ -94,7 +95,7 @@ def _plain_metrics(ref, out):
         warnings.simplefilter("ignore", RuntimeWarning)
         diff = np.abs(out - ref)
         diff = np.where(np.isnan(diff), np.inf, diff)
-        rel = diff / np.maximum(np.abs(ref), np.finfo(np.float32).tiny)
+        rel = diff / np.where(ref == 0, RELATIVE_EPSILON, np.abs(ref))
         finite = np.abs(ref)[np.isfinite(ref)]
         peak = float(finite.max()) if finite.size else 0.0
         return {

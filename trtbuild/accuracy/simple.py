@@ -27,9 +27,8 @@ from polygraphy.comparator import OutputCompareResult, SimpleCompareFunc, Simple
 from polygraphy.comparator import util as comp_util
 from polygraphy.util import array
 
-# What Polygraphy adds to a zero of the second output before dividing by it (its own
-# constant, local to its method)
-EPSILON = 2.220446049250313e-16
+from trtbuild.numerics import RELATIVE_EPSILON
+
 _FLOATS = (np.float16, np.float32, np.float64)
 
 
@@ -65,7 +64,7 @@ class QuietSimpleCompareFunc(SimpleCompareFunc):
             )
         absdiff = array.abs(array.subtract(comp_util.cast_up(out0), comp_util.cast_up(out1)))
         out1_with_eps = copy.copy(comp_util.cast_up(out1))
-        out1_with_eps[out1_with_eps == 0] += EPSILON
+        out1_with_eps[out1_with_eps == 0] += RELATIVE_EPSILON
         reldiff = array.divide(absdiff, array.abs(out1_with_eps))
         judged = {"max": comp_util.compute_max, "mean": comp_util.compute_mean}
         judged["median"] = comp_util.compute_median

@@ -470,8 +470,10 @@ class Tolerance:
         default="elemwise",
         metadata=key(
             enum(ERROR_STATS),
-            "elemwise (default, as Polygraphy): every element within atol + rtol x |ref|; "
-            "max, mean, median or quantile (with error_quantile) of the errors",
+            "elemwise (default, as Polygraphy): every element within atol or within rtol x "
+            "|ref| (the larger bound); max, mean, median or quantile (with error_quantile): "
+            "that statistic of the errors within atol, or of the errors relative to |ref| "
+            "within rtol",
         ),
     )
     error_quantile: float | None = field(
