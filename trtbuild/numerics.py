@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing
 
 FP16_MAX = 65504.0
 BF16_MAX = 3.3895313892515355e38
@@ -39,6 +40,15 @@ LOW_PHASE_MAX = {
 LOW_INF_AT = {
     low: top + LOW_EPS[low] * 2.0 ** (math.frexp(top)[1] - 1) / 2 for low, top in LOW_MAX.items()
 }
+
+
+def inf_at(dtype: np.typing.DTypeLike) -> float:
+    """The smallest |x| a numpy float type rounds to infinity, as `LOW_INF_AT` (65520 for
+    float16): what a value of that type can be fed or stored as without turning inf."""
+    info = np.finfo(dtype)
+    top = float(info.max)
+    return top + float(info.eps) * 2.0 ** (math.frexp(top)[1] - 1) / 2
+
 
 # What Polygraphy's simple compare adds to a zero of the reference before dividing by it
 # (its own constant, local to its method): the relative error every figure divides by.

@@ -181,6 +181,11 @@ def test_a_one_element_integer_input_takes_values_of_its_range(tmp_path):
     [
         ("FLOAT16", "{low: 0, high: 1e6}", "the range [0, 1e+06) passes what the model's input"),
         ("FLOAT16", "{low: -7e4, high: 0}", "the range [-70000, 0) passes what the model's input"),
+        (
+            "FLOAT16",
+            "{low: -65520, high: 0}",
+            "the range [-65520, 0) passes what the model's input",
+        ),
         ("INT32", "{low: 0, high: 1e12}", "(int32) holds (-2147483648 to 2147483647)"),
         ("UINT8", "{low: -1, high: 10}", "(uint8) holds (0 to 255)"),
         ("FLOAT16", "{distribution: normal, std: 1e6}", "normal (mean 0, std 1e+06) drew values"),
@@ -212,7 +217,8 @@ def test_a_range_the_inputs_type_cannot_hold_is_the_policys_fault(tmp_path, elem
 
 
 def test_a_range_within_the_inputs_type_is_drawn_whole(tmp_path):
-    """The bounds themselves are held: FP16's ±65504, uint8's [0, 256)."""
+    """The bounds themselves are held: FP16's up to 65520 (where it rounds to inf; below
+    it to 65504, as a file's value does), uint8's [0, 256)."""
     import onnx
     from onnx import TensorProto
 
@@ -224,7 +230,7 @@ def test_a_range_within_the_inputs_type_is_drawn_whole(tmp_path):
     onnx.save(m, tmp_path / "m.onnx")
     (tmp_path / "p.yaml").write_text(
         "version: 1\nmodel: m.onnx\ninputs:\n"
-        "  x: {shape: [1, 64], data: {low: -65504, high: 65504}}\n"
+        "  x: {shape: [1, 64], data: {low: -65510, high: 65510}}\n"
         "  u: {shape: [1, 64], data: {low: 0, high: 256}}\n"
     )
     feeds = make_feeds(load_policy(tmp_path / "p.yaml"), m)

@@ -59,3 +59,13 @@ def test_a_group_that_only_reads_a_value_past_the_range_says_so(tmp_path, capsys
     said = capsys.readouterr()
     assert "passes (emulated-fp16, storage emulation): 0.0% FP16" in said.out
     assert "tighter than" not in said.err
+
+
+def test_range_analysis_pins_what_the_low_precision_turns_inf_not_what_it_rounds_down():
+    """A peak of 65510 is stored in FP16 as 65504, finite: the judge finds no overflow there,
+    so range analysis does not pin it (it did from 65504 on, then spent an evaluation
+    unpinning it); from 65520 FP16 rounds to inf."""
+    from trtbuild.tuning.groups import Group, beyond_range
+
+    made = [Group("node", (k,), (f"n{k}",), 1.0, peak) for k, peak in enumerate((65510.0, 65520.0))]
+    assert beyond_range(made, "fp16") == [1]

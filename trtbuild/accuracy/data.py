@@ -30,6 +30,7 @@ from trtbuild.accuracy.images import (
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
 from trtbuild.accuracy.sessions import quiet_polygraphy
 from trtbuild.errors import UsageError
+from trtbuild.numerics import inf_at
 from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import DataSpec, InputSpec
 from trtbuild.sizes import fmt_bytes
@@ -331,8 +332,8 @@ def _range_held(policy: Policy, name: str, data: DataSpec, dtype: np.dtype, norm
     if normal or dtype == np.bool_:
         return
     if _is_float(dtype):
-        largest = float(np.finfo(dtype).max)
-        held, limit = max(abs(data.low), abs(data.high)) <= largest, f"±{largest:g}"
+        largest = float(np.finfo(dtype).max)  # held up to `inf_at`, rounded to it: as a file's
+        held, limit = max(abs(data.low), abs(data.high)) < inf_at(dtype), f"±{largest:g}"
     else:
         if not (float(data.low).is_integer() and float(data.high).is_integer()):
             raise UsageError(

@@ -21,6 +21,7 @@ import numpy as np
 from trtbuild import words
 from trtbuild.accuracy.points import InputData
 from trtbuild.errors import UsageError
+from trtbuild.numerics import inf_at
 from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import InputSpec
 
@@ -150,14 +151,15 @@ def point_images(
 def _held(
     policy: Policy, spec: InputSpec, pixels: np.ndarray, dtype: np.dtype, at: tuple[str, ...]
 ) -> None:
-    """Exit 2 where the normalised pixels pass what a float input's type holds (FP16's 65504).
+    """Exit 2 where the normalised pixels pass what a float input's type holds (FP16's 65504,
+    from 65520 on: below it they round to 65504).
 
     Why: `scale: 1000` on an FP16 input made pixels of 255000, inf once fed, and the verdict
     blamed the model ("the FP32 reference holds inf: a broken checkpoint's weights?").
     """
     largest = float(np.finfo(dtype).max)
     peak = float(np.abs(pixels).max()) if pixels.size else 0.0
-    if peak > largest:
+    if peak >= inf_at(dtype):  # below it a pixel rounds to the largest, as a file's does
         scale = "1/255" if spec.data.images.scale is None else f"{spec.data.images.scale:g}"
         raise UsageError(
             f"{words.field(*at, 'images')}: the pixels times scale {scale}, less mean, over "

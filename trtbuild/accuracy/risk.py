@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 from trtbuild.graph import subgraphs
 from trtbuild.graph.norms import reduce_axes
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import LOW_MAX, finite_peak
+from trtbuild.numerics import LOW_INF_AT, LOW_MAX, finite_peak
 
 # op input/output arrays and attributes -> {quantity: peak |value|}
 Measure = Callable[[np.ndarray, np.ndarray, tuple[int, ...] | None], dict[str, float]]
@@ -176,7 +176,7 @@ def at_risk(
         if kind is None:
             continue
         for quantity, peak in peaks.items():
-            if peak > LOW_MAX[kind]:
+            if peak >= LOW_INF_AT[kind]:  # where storing it rounds to inf
                 found.append(
                     {
                         "node": node,

@@ -31,7 +31,7 @@ from trtbuild.graph.optypes import (
 )
 from trtbuild.graph.subgraphs import new_name, node_reads
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import FP16_MAX
+from trtbuild.numerics import FP16_MAX, LOW_INF_AT
 from trtbuild.precision.assign import Assignment
 
 _FIXED = {
@@ -585,7 +585,7 @@ def _initializers(
                     node.input[k] = name
     halves.flush()
     _rename_in_bodies(rw.nodes, renamed)
-    beyond = [n for n in halved if peaks.get(n, 0.0) > FP16_MAX]
+    beyond = [n for n in halved if peaks.get(n, 0.0) >= LOW_INF_AT["fp16"]]
     return initializers, [_beyond_fp16(n, peaks[n]) for n in beyond]
 
 

@@ -19,7 +19,7 @@ from trtbuild.front import Front
 from trtbuild.graph.qdq import is_qdq
 from trtbuild.graph.reductions import REDUCTIONS, reduction_depth
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import LOW_EPS, LOW_INF_AT, LOW_MAX
+from trtbuild.numerics import LOW_EPS, LOW_INF_AT
 from trtbuild.policy.specs import Match, Precision, Rule
 
 # A group whose reference values pass LOW_INF_AT by this factor turns non-finite in the low
@@ -118,8 +118,9 @@ def groups(front: Front, objective: str) -> list[Group]:
 
 
 def beyond_range(groups_: list[Group], low: str) -> list[int]:
-    """Range analysis: the groups whose tensors leave the low precision's range."""
-    return sorted(k for k, g in enumerate(groups_) if g.peak > LOW_MAX[low])
+    """Range analysis: the groups whose tensors leave the low precision's range (from
+    `LOW_INF_AT` on: below it a value rounds to the largest, as the judge finds)."""
+    return sorted(k for k, g in enumerate(groups_) if g.peak >= LOW_INF_AT[low])
 
 
 # -- the ranking --------------------------------------------------------------------
