@@ -36,6 +36,19 @@ def test_a_number_in_quotes_is_refused():
         validate(data)
 
 
+@pytest.mark.parametrize(
+    "accuracy",
+    [{"samples": 10**400}, {"tolerances": {"default": {"atol": 10**400}}}],
+    ids=["integer", "number"],
+)
+def test_an_integer_past_float64s_range_is_refused_not_a_traceback(accuracy):
+    """YAML reads 400 digits as a Python int: the number check raised OverflowError (exit
+    70), and an integer field of it skipped its maximum (`samples` got past 10000)."""
+    data = {"version": 1, "model": "m.onnx", "accuracy": accuracy}
+    with pytest.raises(SchemaViolation, match="must be a finite number, got an integer of 401"):
+        validate(data)
+
+
 def test_validate_rejects_what_the_schema_forbids():
     with pytest.raises(SchemaViolation) as info:
         validate({"version": 1, "model": "m.onnx", "build": {"compute_capabilities": ["sm89"]}})

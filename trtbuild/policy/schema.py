@@ -82,8 +82,8 @@ def _validator_class() -> Any:
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine_many(
         {
-            "number": lambda _, v: _is_number(v) and math.isfinite(v),
-            "integer": lambda _, v: isinstance(v, int) and not isinstance(v, bool),
+            "number": lambda _, v: _is_number(v) and _finite(v),
+            "integer": lambda _, v: isinstance(v, int) and not isinstance(v, bool) and _finite(v),
         }
     )
     return jsonschema.validators.extend(base, type_checker=checker)
@@ -91,6 +91,16 @@ def _validator_class() -> Any:
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite(v: int | float) -> bool:
+    """Whether `v` is a finite float64 (a YAML integer of 400 digits is not: math.isfinite
+    raised OverflowError, a traceback, exit 70; and an integer no number checks skip its
+    bounds: `samples` of 400 digits passed its maximum)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _check_keys(value: Any, path: tuple) -> None:
@@ -168,6 +178,8 @@ def _generic(value: Any, want: Any, e: Any) -> str:
 def _type_message(value: Any, want: Any, e: Any) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number, got {value}"
+    if _is_number(value) and not _finite(value):  # an integer past float64's range
+        return f"must be a finite number, got an integer of {len(str(abs(value)))} digits"
     types = [want] if isinstance(want, str) else want
     return (
         "must be "
