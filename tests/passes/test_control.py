@@ -80,6 +80,11 @@ def test_a_single_number_for_a_tensor_input_is_refused():
             "70000 is not a value the input 'v' holds: it takes finite",
         ),
         (onnx.TensorProto.BOOL, 2, "2 is not a value the input 'v' holds: it takes booleans"),
+        # float64 rounds 2**63 to int64's largest value: read as whole numbers they are not
+        (I64, 2**63, "9223372036854775808 is not a value the input 'v' holds"),
+        (I64, -(2**63) - 1, "-9223372036854775809 is not a value the input 'v' holds"),
+        (onnx.TensorProto.UINT64, 2**64, "18446744073709551616 is not a value the input 'v'"),
+        (onnx.TensorProto.FLOAT16, 10**400, "is not a value the input 'v' holds: it takes finite"),
     ],
 )
 def test_a_frozen_value_the_inputs_type_cannot_hold_is_refused(tmp_path, capsys, elem, value, said):

@@ -64,33 +64,51 @@ def _constant(vi: onnx.ValueInfoProto, value: object) -> onnx.TensorProto:
     return numpy_helper.from_array(array, vi.name)
 
 
+def _whole_within(v: object, low: int, high: int) -> bool:
+    """Whether `v` is a whole number in [low, high], read exactly (a Python int as it is)."""
+    if isinstance(v, (int, np.integer)):
+        return low <= int(v) <= high
+    f = float(v)  # a number: `_held` made an array of them first
+    return f.is_integer() and low <= int(f) <= high
+
+
 def _held(name: str, value: object, dtype: np.dtype) -> None:
     """Exit 2 for a value the input's type cannot hold: numpy's cast would make it inf,
     truncate or wrap it, or raise (an int32 `4294967297` was a traceback, exit 70; an FP16
     70000 turned inf, and `sr: 16000.5` became 16000, without a word)."""
+    if dtype.kind not in "fiub":
+        return
     try:
-        raw = np.asarray(value, dtype=np.float64)
+        bad, holds = _not_held(value, dtype)
     except (TypeError, ValueError):
         return  # not numbers: said where the array is made
-    if dtype.kind == "f":
-        with np.errstate(over="ignore"):
-            bad = ~np.isfinite(raw.astype(dtype))
-        holds = f"finite {dtype} values (at most {float(np.finfo(dtype).max):g})"
-    elif dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        bad = (raw != np.round(raw)) | (raw < info.min) | (raw > info.max)
-        holds = f"{dtype} integers ({info.min} to {info.max})"
-    elif dtype.kind == "b":
-        bad, holds = (raw != 0) & (raw != 1), "booleans (0 or 1)"
-    else:
-        return
     if bad.any():
-        first = raw[bad].ravel()[0]
+        first = np.asarray(value, dtype=object)[bad].ravel()[0]
+        shown = f"{first:.15g}" if isinstance(first, float) else str(first)
         raise UsageError(
-            f"{first:.15g} is not a value the input '{name}' holds: it takes {holds}",
+            f"{shown} is not a value the input '{name}' holds: it takes {holds}",
             hint="give the value the deployment feeds, in the input's type",
             field=("passes", "freeze_inputs", name),  # the caller adds the file and line
         )
+
+
+def _not_held(value: object, dtype: np.dtype) -> tuple[np.ndarray, str]:
+    """Which of `value`'s numbers `dtype` cannot hold, and what it holds. Integers are read
+    as Python's whole numbers: float64 makes 2**63 int64's largest value."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        exact = np.asarray(value, dtype=object)
+        within = np.vectorize(lambda v: _whole_within(v, info.min, info.max), otypes=[bool])
+        return ~within(exact), f"{dtype} integers ({info.min} to {info.max})"
+    try:
+        raw = np.asarray(value, dtype=np.float64)
+    except OverflowError:  # an integer past float64's range: past every float type's
+        return np.ones(np.shape(np.asarray(value, dtype=object)), bool), f"finite {dtype} values"
+    if dtype.kind == "b":
+        return (raw != 0) & (raw != 1), "booleans (0 or 1)"
+    with np.errstate(over="ignore"):
+        bad = ~np.isfinite(raw.astype(dtype))
+    return bad, f"finite {dtype} values (at most {float(np.finfo(dtype).max):g})"
 
 
 def inline_constant_ifs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
