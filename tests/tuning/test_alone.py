@@ -421,3 +421,17 @@ def test_a_ranking_of_errors_measured_before_says_so_not_zero_runs(tmp_path):
     assert search.rankings[-1].note.endswith("(1 runs, 2 measured before)"), search.rankings[
         -1
     ].note
+
+
+def test_a_ranking_of_suspects_all_inside_bodies_says_none_was_measured(tmp_path):
+    """Where every suspect is inside a control-flow body nothing is run alone: the note said
+    "(each measured before)" beside "not measured"; it says 0 runs."""
+    from tests.helpers import if_model
+
+    front, _ = _small(tmp_path, if_model())
+    search = search_mod.Search(front, 10, "nodes", 0, 1)
+    inside = [k for k, g in enumerate(search.groups) if all(front.view.scope[i] for i in g.nodes)]
+    assert len(inside) >= 2
+    search_mod._ranked_alone(search, inside, tuple(front.view.outputs))
+    note = search.rankings[-1].note
+    assert "(0 runs)" in note and "inside control-flow bodies, not measured" in note, note

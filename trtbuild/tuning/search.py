@@ -404,7 +404,7 @@ def _ranked_alone(search: Search, order: list[int], outputs: tuple[str, ...]) ->
     runs = f"{len(found)} runs" + (f", {before} measured before" if before else "")
     note = (
         f"{alike}: ranked {f'the {len(ranked)} nearest the outputs ' if rest else ''}"
-        f"by each one's error alone at {where} ({runs if found else 'each measured before'})"
+        f"by each one's error alone at {where} ({runs if found or not before else 'each measured before'})"
         + (f"; {blind} inside control-flow bodies, not measured, first" if blind else "")
         + (f"; the other {rest} after them (at most {MOST_ALONE} runs)" if rest else "")
     )
