@@ -769,3 +769,37 @@ def test_many_ops_kept_fp32_for_their_scales_are_counted_in_one_warning(tmp_path
     assert said[8].startswith("4 more op(s) stay FP32") and "FP16 cannot hold" in said[8]
     relus = [d for d in front.assignment.decisions if d.rule == "qdq-scale"]
     assert len(relus) == 12  # every op still kept FP32, each with its reason
+
+
+def test_a_tied_int8_weight_two_dqs_read_with_their_own_scales_is_two_float_weights(tmp_path):
+    """One INT8 weight read by two DQs (per tensor for one MatMul, per channel for the other),
+    both MatMuls taken out of INT8: the float copy was made once per weight, so the second
+    MatMul computed with the first's scale (y = 2a where it is a + b, and no error said)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.integers(-127, 128, (8, 4)).astype(np.int8), "wq"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "s1"),
+        numpy_helper.from_array(np.array([0.5, 0.25, 0.125, 1.0], np.float32), "s2"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.int8), "xz"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="/in/Q"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="/in/DQ"),
+        helper.make_node("DequantizeLinear", ["wq", "s1"], ["w1"], name="/w1/DQ"),
+        helper.make_node("DequantizeLinear", ["wq", "s2"], ["w2"], name="/w2/DQ", axis=1),
+        helper.make_node("MatMul", ["xd", "w1"], ["a"], name="/mm1"),
+        helper.make_node("MatMul", ["xd", "w2"], ["b"], name="/mm2"),
+        helper.make_node("Add", ["a", "b"], ["y"], name="/add"),
+    ]
+    source = _checked(nodes, inits, [2, 8], [2, 4])
+    onnx.save(source, tmp_path / "t.onnx")
+    rules = '\n    - {id: out, match: {name: "^/mm[12]$"}, precision: fp32, dequantize: true}'
+    inputs = _inputs({"x": ([2, 8], "uniform")})
+    text = POLICY.format(model="t.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
+    (tmp_path / "t.yaml").write_text(text)
+    mixed = _front(tmp_path / "t.yaml").converted.model
+    x = {"x": rng.uniform(-1, 1, (2, 8)).astype(np.float32)}
+    (want,) = plain_session(source).run(None, x)
+    (got,) = plain_session(mixed).run(None, x)
+    np.testing.assert_allclose(got, want, rtol=0.02, atol=0.5)  # FP16 elsewhere: a step of 57

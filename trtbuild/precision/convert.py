@@ -216,7 +216,7 @@ class _Scales:
         self.fresh = fresh  # `_Names.fresh`: a scale's copy is a value of the model too
         self.qdq = assignment.qdq  # the index the assignment read (one per analysis)
         self.tensors: list[onnx.TensorProto] = []
-        self.names: dict[tuple[str, int, bytes], str] = {}
+        self.names: dict[tuple, str] = {}  # (tensor, type, what makes its value) -> name
         self.q_clones: dict[tuple[str, int], str] = {}  # (Q output, type) -> its clone's
 
     def precisions(self, i: int) -> tuple[str, ...]:
@@ -234,7 +234,14 @@ class _Scales:
     def dequantized(self, dq: int, dtype: int) -> str:
         """The float initializer of a weight DQ `dq`'s output, in `dtype` (made once)."""
         node = self.qdq.nodes[dq]
-        key = (node.quantized, dtype, b"dequantized")
+        # one copy per weight and dequantization: a tied INT8 weight two DQs read with
+        # their own scales is two float weights (one key by the weight alone gave the
+        # second reader the first's values)
+        how = [
+            b"" if v is None else v.dtype.str.encode() + v.tobytes()
+            for v in (node.scale_value, node.zero_value)
+        ]
+        key = (node.quantized, dtype, b"dequantized", *how, node.axis, node.block_size)
         if key not in self.names:
             from trtbuild.graph.qdq import dequantize
 
