@@ -803,3 +803,33 @@ def test_a_tied_int8_weight_two_dqs_read_with_their_own_scales_is_two_float_weig
     (want,) = plain_session(source).run(None, x)
     (got,) = plain_session(mixed).run(None, x)
     np.testing.assert_allclose(got, want, rtol=0.02, atol=0.5)  # FP16 elsewhere: a step of 57
+
+
+def test_a_quantize_whose_int8_output_is_handed_out_stays_when_its_readers_are_dequantized(
+    tmp_path,
+):
+    """The activation Q's INT8 output is a graph output too; its only DQ feeds a MatMul a
+    `dequantize: true` rule takes out of INT8: the Q was dropped with the DQ, and the graph
+    output lost its producer (onnx.checker refused the mixed model: exit 70)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.integers(-127, 128, (8, 4)).astype(np.int8), "wq"),
+        numpy_helper.from_array(np.full(4, 0.01, np.float32), "ws"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.int8), "xz"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="/in/Q"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="/in/DQ"),
+        helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], name="/w/DQ", axis=1),
+        helper.make_node("MatMul", ["xd", "wd"], ["y"], name="/mm"),
+    ]
+    source = _checked(nodes, inits, [2, 8], [2, 4])
+    source.graph.output.append(helper.make_tensor_value_info("xq", TensorProto.INT8, [2, 8]))
+    onnx.save(source, tmp_path / "t.onnx")
+    rules = '\n    - {id: out, match: {name: "^/mm$"}, precision: fp16, dequantize: true}'
+    inputs = _inputs({"x": ([2, 8], "uniform")})
+    text = POLICY.format(model="t.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
+    (tmp_path / "t.yaml").write_text(text)
+    mixed = GraphView(_front(tmp_path / "t.yaml").converted.model)  # validated: it was invalid
+    assert "xq" in mixed.producer and mixed.nodes[mixed.producer["xq"]].op_type == "QuantizeLinear"

@@ -145,6 +145,7 @@ def plan(
             and g.dqs
             and all(d in dead for d in g.dqs)
             and len(readers) == len(g.dqs)
+            and qdq.nodes[g.q].quantized not in view.outputs  # handed out: it stays
         ):
             dead.add(g.q)
     return QdqPlan(precision, reasons, dq_precisions, frozenset(dead))
