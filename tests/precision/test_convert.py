@@ -386,3 +386,40 @@ def test_a_weights_copy_and_an_inputs_cast_get_names_the_model_does_not_hold():
     x = np.array([[0.5, -1.0, 2.0, 0.25]], np.float32)
     (y,) = ort.InferenceSession(mixed.SerializeToString()).run(None, {"x": x})
     assert np.array_equal(y, 6 * x + np.maximum(x, 0))  # exact in FP16 for these values
+
+
+@pytest.mark.parametrize(
+    ("nodes", "inputs", "feed", "dims"),
+    [
+        (  # ConstantOfShape without `value`: float32 zeros, by ONNX's default
+            [
+                node("Shape", ["x"], "s", "shape"),
+                node("ConstantOfShape", ["s"], "z", "zeros"),
+                node("Add", ["x", "z"], "y", "add"),
+            ],
+            [("x", F, ["n", 4])],
+            {"x": np.ones((2, 4), np.float32)},
+            ["n", 4],
+        ),
+        (  # a window's length from an input: `output_datatype` absent is FLOAT
+            [node("HannWindow", ["n"], "w", "window"), node("Mul", ["w", "w"], "y", "square")],
+            [("n", I64, [])],
+            {"n": np.array(8, np.int64)},
+            ["m"],
+        ),
+    ],
+    ids=["constant-of-shape", "hann-window"],
+)
+def test_an_op_typed_float_by_a_default_attribute_is_retyped_when_made_fp16(
+    nodes, inputs, feed, dims
+):
+    """The attribute that types the output was only rewritten where the model wrote it: made
+    FP16, the op kept FLOAT's default beside FP16 consumers (onnx.checker refused: exit 70)."""
+    from trtbuild.precision.validate import validate_mixed
+
+    m = model(nodes, inputs, [("y", F, dims)])
+    mixed = convert(assign(m, Precision(default="fp16"))).model
+    validate_mixed(mixed)  # onnx.checker (full) and an ONNX Runtime session
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = ort.InferenceSession(mixed.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got.run(None, feed)[0], want.run(None, feed)[0], rtol=1e-3)

@@ -145,7 +145,20 @@ RANDOM_FIX = (
 # The attribute that names a node's output type, where one does: `convert` writes in it the
 # type the node computes in. (The random ops name theirs too, but are refused before any
 # conversion: `RANDOM_OPS`; a DQ's opset-23 `output_dtype` is left out by `convert`.)
-TYPE_ATTRIBUTES = {"Cast": "to", "EyeLike": "dtype"}
+TYPE_ATTRIBUTES = {
+    "Cast": "to",
+    "EyeLike": "dtype",
+    **dict.fromkeys(
+        ("HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix"), "output_datatype"
+    ),
+}
+# Ops whose output is FLOAT where the attribute that types it is absent (the windows'
+# `output_datatype`, a ConstantOfShape's `value`: float32 zeros): made another float type,
+# `convert` writes the attribute.
+FLOAT_WHEN_ABSENT = {
+    "ConstantOfShape": "value",
+    **{op: a for op, a in TYPE_ATTRIBUTES.items() if a == "output_datatype"},
+}
 
 
 def random(node: onnx.NodeProto) -> bool:

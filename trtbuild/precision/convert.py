@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtbuild.graph.optypes import (
     DTYPE_NAME,
     FLOAT_TYPES,
+    FLOAT_WHEN_ABSENT,
     PRECISION_DTYPE,
     TYPE_ATTRIBUTES,
     OpTypes,
@@ -538,6 +539,12 @@ def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
     named = TYPE_ATTRIBUTES.get(new.op_type)
     if (named is None and new.op_type != "ConstantOfShape") or not out or not out[0]:
         return  # nothing else carries a float type in an attribute
+    absent = FLOAT_WHEN_ABSENT.get(new.op_type)
+    if absent and out[0] != TensorProto.FLOAT and all(a.name != absent for a in new.attribute):
+        zero = np.zeros(1, helper.tensor_dtype_to_np_dtype(out[0]))
+        typed = numpy_helper.from_array(zero) if absent == "value" else out[0]
+        new.attribute.append(helper.make_attribute(absent, typed))  # FLOAT's default, retyped
+        return
     for attr in new.attribute:
         if attr.name == named and attr.i in FLOAT_TYPES:
             attr.i = out[0]
