@@ -833,3 +833,45 @@ def test_a_quantize_whose_int8_output_is_handed_out_stays_when_its_readers_are_d
     (tmp_path / "t.yaml").write_text(text)
     mixed = GraphView(_front(tmp_path / "t.yaml").converted.model)  # validated: it was invalid
     assert "xq" in mixed.producer and mixed.nodes[mixed.producer["xq"]].op_type == "QuantizeLinear"
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["q-reshape-dq", "dq-of-an-input"])
+def test_dequantize_reads_a_dq_it_cannot_read_around_as_it_is(tmp_path, moved):
+    """`dequantize: true` on a MatMul whose activation DQ reads a Reshape of its Q's INT8
+    output, or an INT8 graph input: its input was looked up as a weight (KeyError, exit 70).
+    The DQ stays, and the MatMul reads it in float."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.integers(-127, 128, (8, 4)).astype(np.int8), "wq"),
+        numpy_helper.from_array(np.full(4, 0.01, np.float32), "ws"),
+        numpy_helper.from_array(np.array(0.01, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.int8), "xz"),
+        numpy_helper.from_array(np.array([2, 8], np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="/in/Q"),
+        helper.make_node("Reshape", ["xq", "shape"], ["xr"], name="/in/Reshape"),
+        helper.make_node("DequantizeLinear", ["xr", "xs", "xz"], ["xd"], name="/in/DQ"),
+        helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], name="/w/DQ", axis=1),
+        helper.make_node("MatMul", ["xd", "wd"], ["y"], name="/mm"),
+    ]
+    source = _checked(nodes, inits, [2, 2, 4], [2, 4])
+    feed = {"x": rng.uniform(-1, 1, (2, 2, 4)).astype(np.float32)}
+    if not moved:  # the INT8 activation is the graph's input
+        vi = [
+            helper.make_tensor_value_info("xr", TensorProto.INT8, [2, 8]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
+        ]
+        graph = helper.make_graph(nodes[2:], "quantized", vi[:1], vi[1:], inits[:4])
+        source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+        onnx.checker.check_model(source, full_check=True)
+        feed = {"xr": rng.integers(-127, 128, (2, 8)).astype(np.int8)}
+    onnx.save(source, tmp_path / "t.onnx")
+    rules = '\n    - {id: out, match: {name: "^/mm$"}, precision: fp16, dequantize: true}'
+    inputs = _inputs({next(iter(feed)): (list(feed[next(iter(feed))].shape), "uniform")})
+    text = POLICY.format(model="t.onnx", inputs=inputs, rules=rules, ccs='["8.9"]')
+    (tmp_path / "t.yaml").write_text(text)
+    mixed = _front(tmp_path / "t.yaml").converted.model  # validated: it raised before
+    (want,) = plain_session(source).run(None, feed)
+    (got,) = plain_session(mixed).run(None, feed)
+    np.testing.assert_allclose(got, want, rtol=0.02, atol=0.02)

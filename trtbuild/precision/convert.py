@@ -34,6 +34,7 @@ from trtbuild.graph.subgraphs import new_name, node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX, LOW_INF_AT
 from trtbuild.precision.assign import Assignment
+from trtbuild.precision.quantized import read_around
 
 _FIXED = {
     "tensor(float)": TensorProto.FLOAT,
@@ -384,6 +385,8 @@ def _bypass(rw: _Rewriter, i: int, node: onnx.NodeProto, want_in: list) -> onnx.
         dq = rw.view.producer.get(t) if t else None
         if dq is None or dq not in scales.qdq.nodes or not scales.qdq.nodes[dq].is_dq:
             continue
+        if not read_around(rw.view, scales.qdq, dq):
+            continue  # a DQ of a graph input or a moved Q: read as it is
         q = rw.view.producer.get(scales.qdq.nodes[dq].quantized)
         if q is not None and q in scales.qdq.nodes:
             bypassed.input[k] = scales.qdq.nodes[q].float_tensor

@@ -114,13 +114,14 @@ def plan(
         if not n.is_dq:
             continue
         readers = view.consumers.get(n.float_tensor, [])
+        around = dequantized if read_around(view, qdq, i) else frozenset()
         if (
             readers
-            and all(qdq.layout.get(c, c) in dequantized for c in readers)
+            and all(qdq.layout.get(c, c) in around for c in readers)
             and n.float_tensor not in view.outputs
         ):
             dead.add(i)
-        wanted = _dq_wants(qdq, i, readers, precision_of, dequantized, low_ok)
+        wanted = _dq_wants(qdq, i, readers, precision_of, around, low_ok)
         dq_precisions[i] = tuple(dict.fromkeys(wanted)) or ("fp32",)
         precision[i] = dq_precisions[i][0]
         reasons[i] = "a DQ computes in the precision of the ops it feeds" + (
@@ -149,6 +150,15 @@ def plan(
         ):
             dead.add(g.q)
     return QdqPlan(precision, reasons, dq_precisions, frozenset(dead))
+
+
+def read_around(view: GraphView, qdq: QdqGraph, dq: int) -> bool:
+    """Whether a `dequantize: true` op reads around DQ `dq`: its quantized input is a weight
+    (made float once) or a Q's output (the tensor in front of the Q is read). A DQ of an INT8
+    graph input, or of a Q's output moved by a Reshape, stays and is read as it is (its
+    input was looked up as a weight: KeyError, exit 70)."""
+    t = qdq.nodes[dq].quantized
+    return t in view.initializers or view.producer.get(t) in qdq.nodes
 
 
 def _dq_wants(
