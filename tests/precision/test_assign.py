@@ -381,3 +381,21 @@ def test_data_movement_after_a_dq_is_fp32_where_its_reader_is_pinned(tmp_path, r
         assert decided["reshape"] == decided["dq"] == want, decided
         if requantized:
             assert decided["q2"] == want, decided
+
+
+@pytest.mark.parametrize(("opset", "low"), [(17, "bf16"), (22, "bf16"), (17, "fp16")])
+def test_an_op_tensorrt_runs_in_no_low_type_stays_fp32_and_no_opset_is_offered(opset, low):
+    """HardSwish's schema types BF16 from opset 22, and the hint said `passes.opset: 22`:
+    TensorRT-RTX then refused the BF16 HardSwish (exit 3). FP16's Range the same at 27."""
+    nodes = [node("Conv", ["x", "k"], "c", "conv"), node("HardSwish", ["c"], "h", "act")]
+    nodes += [node("Relu", ["h"], "y", "relu")]
+    inits = {"k": np.full((4, 3, 1, 1), 0.25, np.float32)}
+    m = model(nodes, [("x", F, [1, 3, 8, 8])], [("y", F, [1, 4, 8, 8])], inits, opset=opset)
+    found = assign(m, _precision(low))
+    act = found.decisions[1]
+    if low == "fp16":  # FP16 HardSwish runs: only BF16's is refused
+        assert act.precision == "fp16"
+        return
+    assert (act.precision, act.rule, act.opset) == ("fp32", "schema", None)
+    assert act.reason == "TensorRT runs no bf16 HardSwish; kept FP32"
+    assert not any("HardSwish" in w for w in found.warnings)

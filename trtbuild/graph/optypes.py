@@ -142,6 +142,13 @@ RANDOM_FIX = (
     "randomize_noise=False; torch.randn_like in forward() becomes a RandomNormalLike node), "
     "or fold the generator's values into a weight"
 )
+# Ops TensorRT-RTX (1.7.1) refuses in a low precision where the ONNX schema types them in it
+# (at opset 22 for BF16, 27/28 for FP16's Range and Celu): the build fails (exit 3). Each one
+# builds in FP32; following the opset hint to such a schema led to that failure.
+TENSORRT_REFUSES = {
+    "bf16": frozenset({"HardSwish", "Mish", "LpNormalization", "LpPool", "GRU", "Range", "Celu"}),
+    "fp16": frozenset({"Range", "Celu"}),
+}
 # The attribute that names a node's output type, where one does: `convert` writes in it the
 # type the node computes in. (The random ops name theirs too, but are refused before any
 # conversion: `RANDOM_OPS`; a DQ's opset-23 `output_dtype` is left out by `convert`.)

@@ -20,7 +20,13 @@ from typing import Any
 import onnx
 
 from trtbuild.graph.analysis import Analysis
-from trtbuild.graph.optypes import DATA_MOVEMENT, PRECISION_DTYPE, computes, opset_typing
+from trtbuild.graph.optypes import (
+    DATA_MOVEMENT,
+    PRECISION_DTYPE,
+    TENSORRT_REFUSES,
+    computes,
+    opset_typing,
+)
 from trtbuild.graph.subgraphs import CONTROL_FLOW
 from trtbuild.graph.view import GraphView, in_sequences
 from trtbuild.numerics import LOW_WHOLE
@@ -517,6 +523,8 @@ def _schema_refuses(view: GraphView, i: int, precision: str, first: int | None) 
     types, op = view.types(i), view.nodes[i].op_type
     if not types.known:
         return Decision("fp32", "schema", f"no ONNX schema for {op}; kept FP32")
+    if op in TENSORRT_REFUSES[precision] and view.nodes[i].domain in ("", "ai.onnx"):
+        return Decision("fp32", "schema", f"TensorRT runs no {precision} {op}; kept FP32")
     out_var = types.output_var(first) if first is not None else None
     dtype = PRECISION_DTYPE[precision]
     if types.is_var(out_var) and not types.allows(out_var, dtype):
