@@ -318,3 +318,31 @@ def test_ppocrv4_all_five_layernorms_fuse_with_outputs_unchanged(real_model):
     assert all(r.changed == 0 for r in again.records if r.name != "fold_constants")
     assert [n.name for n in again.model.graph.node] == [n.name for n in m.graph.node]
     assert numpy_helper.to_array(m.graph.initializer[0]).size > 0
+
+
+def test_a_weight_that_lifts_the_rank_blocks_fusion():
+    """x [2, 8] times a gamma of [1, 1, 8] is [1, 2, 8]; a LayerNormalization hands out x's
+    rank, so the Transpose after it (a perm of 3) read a tensor of rank 2: exit 70."""
+    eps = {"eps": np.array(1e-5, np.float32)}
+    weights = {"gamma": np.full((1, 1, 8), 1.5, np.float32), "beta": np.zeros(8, np.float32)}
+    source = model(
+        [
+            node("ReduceMean", ["x"], "mu", "ln", axes=[-1]),
+            node("Sub", ["x", "mu"], "d", "ln_sub"),
+            node("Mul", ["d", "d"], "d2", "ln_sq"),
+            node("ReduceMean", ["d2"], "var", "ln_var", axes=[-1]),
+            node("Add", ["var", "eps"], "ve", "ln_add"),
+            node("Sqrt", ["ve"], "sd", "ln_sqrt"),
+            node("Div", ["d", "sd"], "n", "ln_div"),
+            node("Mul", ["n", "gamma"], "g", "ln_mul"),
+            node("Add", ["g", "beta"], "y", "ln_addb"),
+            node("Transpose", ["y"], "out", "post", perm=[0, 2, 1]),
+        ],
+        [("x", F, [2, 8])],
+        [("out", F, [1, 8, 2])],
+        {**eps, **weights},
+    )
+    out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert record.changed == 0, record.details
+    assert "'gamma' of rank 3 broadcasts x of rank 2" in record.details["not_fused"][0]["why"]
+    onnx.checker.check_model(out, full_check=True)

@@ -145,6 +145,8 @@ def _plan(view: GraphView, unit: NormUnit) -> tuple[onnx.NodeProto, list[onnx.Te
     dtype = view.dtype.get(unit.x)
     np_dtype = helper.tensor_dtype_to_np_dtype(dtype) if dtype else np.dtype(np.float32)
     norm_shape = _tail(view, unit.x, k)
+    if lifted := _lifts_rank(view, unit, k, rank):
+        return lifted
     scale = _broadcast(view, unit.scale, k, norm_shape)
     bias = _broadcast(view, unit.bias, k, norm_shape)
     if isinstance(scale, str) or isinstance(bias, str):
@@ -246,6 +248,17 @@ def _tail(view: GraphView, tensor: str | None, k: int) -> tuple[int, ...] | None
     if len(dims) != k or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
         return None
     return tuple(d.dim_value for d in dims)
+
+
+def _lifts_rank(view: GraphView, unit: NormUnit, k: int, rank: int | None) -> str:
+    """Why the unit's output has a higher rank than x (a gamma of [1, 1, 8] on x of [2, 8]
+    makes [1, 2, 8]; LayerNormalization hands out x's rank), or "" where it has not. The
+    fused op made the Transpose after it read a tensor of another rank: exit 70."""
+    for name in (unit.scale, unit.bias):
+        ndim = view.initializer_array(name).ndim if name is not None else 0
+        if ndim > k and (rank is None or ndim > rank):
+            return f"weight {name!r} of rank {ndim} broadcasts x{f' of rank {rank}' if rank else ''} to its rank"
+    return ""
 
 
 def _broadcast(view: GraphView, name: str | None, k: int, shape) -> np.ndarray | str | None:
