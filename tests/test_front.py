@@ -597,3 +597,44 @@ def test_a_named_point_the_model_cannot_run_is_said_at_its_own_line(tmp_path, ca
     assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
     assert "p.yaml:7: the FP32 model cannot run at odd [1, 7, 2] in node /enc/Reshape" in err
+
+
+def test_an_index_tolerance_on_a_scalar_class_is_exit_2(tmp_path, capsys):
+    """A scalar class (ArgMax without keepdims of a [16]) is judged as one value: with
+    `index_tolerance: 1` nothing was compared, and FP16's other class passed."""
+    m = model(
+        [node("Mul", ["x", "k"], "scores", "scale"),
+         node("ArgMax", ["scores"], "cls", "argmax", axis=0, keepdims=0)],
+        [("x", F, [16])],
+        [("scores", F, [16]), ("cls", onnx.TensorProto.INT64, [])],
+        {"k": np.array(1000, np.float32)},
+    )  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\naccuracy:\n  tolerances:\n"
+        "    outputs: {cls: {compare: indices, index_tolerance: 1}}\n"
+    )
+    assert main(["check", "--policy", str(policy)]) == 2
+    assert "index_tolerance 1 leaves nothing of the output 'cls'" in capsys.readouterr().err
+
+
+def test_top_k_along_a_dynamic_axis_the_data_makes_one_is_exit_2(tmp_path, capsys):
+    """The channel axis is a name in the model, so `check` cannot tell; the data makes it 1,
+    and the judge says so (exit 2) where it passed a map off by a whole range."""
+    m = model(
+        [node("Add", ["x", "c"], "y", "shift"), node("Sub", ["y", "c"], "mask", "back")],
+        [("x", F, [1, "ch", 8, 8])],
+        [("mask", F, [1, "ch", 8, 8])],
+        {"c": np.array(2048, np.float32)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  x: {shape: [1, 1, 8, 8]}\nbuild: {backend: none}\n"
+        "accuracy:\n  tolerances:\n    outputs: {mask: {compare: indices, top_k: 1, top_k_axis: 1}}\n"
+    )
+    assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "top_k ranks the output 'mask' along axis 1, of length 1" in err
+    assert "at the output's shape [1, 1, 8, 8]" in err and not (tmp_path / "out").exists()

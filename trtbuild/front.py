@@ -316,7 +316,6 @@ def _indices_fit(
     `dims`: the output's, None where unknown)."""
     key = words.field(*at)
     rank = None if dims is None else len(dims)
-    _tolerance_leaves_some(policy, at, name, tol, dims)
     if tol.top_k and rank == 0:  # a traceback (exit 70) where its top k were taken
         raise UsageError(
             f"{key}: top_k ranks the output {name!r} along an axis, and it is a scalar "
@@ -325,6 +324,7 @@ def _indices_fit(
             hint=f"judge {name!r} by atol/rtol (remove compare: indices and top_k from "
             "its tolerance), or give it a tolerance of its own under outputs:",
         )
+    _tolerance_leaves_some(policy, at, name, tol, dims)
     if tol.top_k and rank and not -rank <= tol.ranked_axis < rank:
         raise UsageError(
             f"{key}: top_k_axis {tol.ranked_axis} is not an axis of the output {name!r} "
@@ -345,46 +345,18 @@ def _indices_fit(
 def _tolerance_leaves_some(
     policy: Policy, at: tuple[str, ...], name: str, tol: Any, dims: tuple | None
 ) -> None:
-    """Exit 2 for a `compare: indices` that compares nothing: an `index_tolerance` at least
-    as long as the rows Polygraphy compares, or `top_k` along an axis of length 1.
+    """Exit 2 for a `compare: indices` that compares nothing of the output's declared dims
+    (`checks.compares_nothing`; the judge asks again of the dims the data gives)."""
+    from trtbuild.accuracy.checks import compares_nothing
 
-    Why: `IndicesCompareFunc` leaves the last `index_tolerance` values of each row out of
-    the comparison, so such a tolerance compares nothing and always passes: an ArgMax's
-    `[B, 1]` class with `index_tolerance: 1` passed where FP16 chose class 10 and FP32 15.
-    A one-channel map's top 1 along its channel is index 0 on both sides, whatever FP16 did.
-    """
-    if tol.compare != "indices" or not dims:
+    if dims is None or (found := compares_nothing(tol, dims)) is None:
         return
-    axis = (
-        tol.ranked_axis % len(dims)
-        if tol.top_k and -len(dims) <= tol.ranked_axis < len(dims)
-        else None
+    key, reason, hint = found
+    raise UsageError(
+        f"{words.field(*at)}: {reason.format(name=repr(name))}",
+        where=policy.where_of(*at, key),
+        hint=hint.format(name=repr(name)) + _own_tolerance(at, name),
     )
-    if axis is not None and dims[axis] == 1:  # one value to rank: its top 1 is index 0
-        raise UsageError(
-            f"{words.field(*at)}: top_k ranks the output {name!r} along axis {axis}, of length "
-            "1: its top index is 0 whatever the values, so the check would always pass",
-            where=policy.where_of(*at, "top_k"),
-            hint=f"judge {name!r} by its values (atol/rtol, psnr_threshold): a one-channel "
-            "map has no classes to rank" + _own_tolerance(at, name),
-        )
-    if not tol.index_tolerance:
-        return
-    last = dims[-1]  # the rows are the last axis: the top k where they are taken along it
-    along_last = tol.top_k and tol.ranked_axis in (-1, len(dims) - 1)
-    if along_last:
-        last = tol.top_k if last is None else min(tol.top_k, last)
-    if last is not None and tol.index_tolerance >= last:
-        what = f"its top {last}" if along_last else f"rows of {last} (its last axis)"
-        raise UsageError(
-            f"{words.field(*at)}: index_tolerance {tol.index_tolerance} leaves nothing of "
-            f"the output {name!r} to compare ({what}): Polygraphy's IndicesCompareFunc leaves "
-            "the last index_tolerance values of each row out, so it would always pass",
-            where=policy.where_of(*at, "index_tolerance"),
-            hint=f"give an index_tolerance below {last}"
-            + ("" if along_last else ", or top_k on the scores the indices come from")
-            + _own_tolerance(at, name),
-        )
 
 
 def _own_tolerance(at: tuple[str, ...], name: str) -> str:

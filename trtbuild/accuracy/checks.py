@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from trtbuild.errors import UsageError
 from trtbuild.policy.specs import Tolerance
 
 
@@ -270,6 +271,7 @@ def _indices(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
     names = [n for n, t in tol.items() if t.compare == "indices"]
     if not names:
         return
+    _compared(tol, names, pair.ref_iters)
     top_k = {n: (tol[n].top_k, tol[n].ranked_axis) for n in names if tol[n].top_k}
 
     def indices(iters: list) -> list:
@@ -287,6 +289,60 @@ def _indices(found: dict, pair: _Pair, tol: dict[str, Tolerance]) -> None:
     per_iter = pair.compare(names, func, indices(pair.ref_iters), indices(pair.iterations))
     extra = {n: {"threshold": tol[n].index_tolerance or 0, "top_k": tol[n].top_k} for n in names}
     _record(found, "indices", per_iter, names, extra)
+
+
+def compares_nothing(tol: Tolerance, dims: tuple) -> tuple[str, str, str] | None:
+    """Why a `compare: indices` tolerance compares nothing of an output of `dims` (a number
+    each, None where unknown; a scalar is judged as one value): the tolerance key at fault,
+    the reason and the hint (`{name}` for the output's), or None where it compares some.
+
+    Why: `IndicesCompareFunc` leaves the last `index_tolerance` values of each row out of
+    the comparison, so such a tolerance compares nothing and always passes: an ArgMax's
+    `[B, 1]` class with `index_tolerance: 1` passed where FP16 chose class 10 and FP32 15.
+    A one-channel map's top 1 along its channel is index 0 on both sides, whatever FP16 did.
+    """
+    if tol.compare != "indices":
+        return None
+    dims = dims or (1,)
+    ranked = tol.top_k and -len(dims) <= tol.ranked_axis < len(dims)
+    if ranked and dims[tol.ranked_axis % len(dims)] == 1:  # its top 1 is index 0
+        axis = tol.ranked_axis % len(dims)
+        return (
+            "top_k",
+            f"top_k ranks the output {{name}} along axis {axis}, of length 1: its top index "
+            "is 0 whatever the values, so the check would always pass",
+            "judge {name} by its values (atol/rtol, psnr_threshold): a one-channel map has "
+            "no classes to rank",
+        )
+    last = dims[-1]  # the rows are the last axis: the top k where they are taken along it
+    along_last = tol.top_k and tol.ranked_axis in (-1, len(dims) - 1)
+    if along_last:
+        last = tol.top_k if last is None else min(tol.top_k, last)
+    if not tol.index_tolerance or last is None or tol.index_tolerance < last:
+        return None
+    what = f"its top {last}" if along_last else f"rows of {last} (its last axis)"
+    return (
+        "index_tolerance",
+        f"index_tolerance {tol.index_tolerance} leaves nothing of the output {{name}} to "
+        f"compare ({what}): Polygraphy's IndicesCompareFunc leaves the last index_tolerance "
+        "values of each row out, so it would always pass",
+        f"give an index_tolerance below {last}"
+        + ("" if along_last else ", or top_k on the scores the indices come from"),
+    )
+
+
+def _compared(tol: dict[str, Tolerance], names: list[str], iters: list) -> None:
+    """Exit 2 where a `compare: indices` compares nothing of the dims the data gives (a
+    dynamic axis `check` could not read): it would pass whatever the candidate computed."""
+    for n in names:
+        dims = np.shape(iters[0][n]) if iters else None
+        if dims is not None and (found := compares_nothing(tol[n], dims)) is not None:
+            key, reason, hint = found
+            raise UsageError(
+                f"accuracy.tolerances ({key}): {reason.format(name=repr(n))}, at the output's "
+                f"shape {list(dims)} on this point's data",
+                hint=hint.format(name=repr(n)),
+            )
 
 
 def top_indices(output: np.ndarray, k: int, axis: int = -1) -> np.ndarray:
