@@ -302,8 +302,7 @@ def _tolerances_fit(policy: Policy, analysis: Analysis) -> None:
                 f"{words.field(*at)}: top_k ranks the boolean output {name!r}, whose values "
                 "tie everywhere (True or False): its top k are no choice the model made",
                 where=policy.where_of(*at, "top_k"),
-                hint=f"judge {name!r} by atol/rtol (remove compare: indices and top_k from "
-                "its tolerance), or give it a tolerance of its own under outputs:",
+                hint=_by_values(name),
             )
         _indices_fit(policy, at, name, tol, view, dims.get(name))
 
@@ -321,8 +320,7 @@ def _indices_fit(
             f"{key}: top_k ranks the output {name!r} along an axis, and it is a scalar "
             "(rank 0): it has none",
             where=policy.where_of(*at, "top_k"),
-            hint=f"judge {name!r} by atol/rtol (remove compare: indices and top_k from "
-            "its tolerance), or give it a tolerance of its own under outputs:",
+            hint=_by_values(name),
         )
     _tolerance_leaves_some(policy, at, name, tol, dims)
     if tol.top_k and rank and not -rank <= tol.ranked_axis < rank:
@@ -356,6 +354,14 @@ def _tolerance_leaves_some(
         f"{words.field(*at)}: {reason.format(name=repr(name))}",
         where=policy.where_of(*at, key),
         hint=hint.format(name=repr(name)) + _own_tolerance(at, name),
+    )
+
+
+def _by_values(name: str) -> str:
+    """The fix where `top_k` ranks an output that has nothing to rank."""
+    return (
+        f"judge {name!r} by atol/rtol (remove compare: indices and top_k from its "
+        "tolerance), or give it a tolerance of its own under outputs:"
     )
 
 

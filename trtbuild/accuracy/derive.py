@@ -143,11 +143,10 @@ def _said(name: str, have: tuple, shape: tuple, *, synthetic: str) -> str:
     if synthetic:
         kept = [str(i) for i in range(len(shape)) if i not in {c[0] for c in changed}]
         per = f" per index of axis {', '.join(kept)}" if kept else ""
-        drawn = (
-            "normal values with {}'s mean, std and range"
-            if synthetic == "f"
-            else "uniform integers in {}'s range"
-        ).format(name)
+        drawn = {
+            "f": "normal values with {}'s mean, std and range",
+            "b": "uniform booleans as {} holds them",
+        }.get(synthetic, "uniform integers in {}'s range").format(name)
         return f"synthetic: {drawn}{per} (it holds {list(have)})"
     steps = ", ".join(
         f"{'tiled' if b > a else 'cropped'} on axis {i} ({a} -> {b})" for i, a, b in changed

@@ -149,7 +149,8 @@ class DataSpec:
             enum(DERIVATIONS),
             "a file's data at a point whose shape its arrays do not have: tile (default; "
             "crop or repeat along the axes that differ), synthetic (random values with the "
-            "data's per-channel mean, std and range) or none (exit 2: give the point data in "
+            "data's per-channel mean, std and range; integers and booleans uniform in its "
+            "range) or none (exit 2: give the point data in "
             "accuracy.shapes or skip it)",
         ),
     )
