@@ -875,3 +875,52 @@ def test_dequantize_reads_a_dq_it_cannot_read_around_as_it_is(tmp_path, moved):
     (want,) = plain_session(source).run(None, feed)
     (got,) = plain_session(mixed).run(None, feed)
     np.testing.assert_allclose(got, want, rtol=0.02, atol=0.02)
+
+
+def test_a_weights_quantize_keeps_its_codes_where_fp16_rounds_its_scale(tmp_path):
+    """ModelOpt's FP8 keeps each weight as a float constant behind its Q (w -> Q -> DQ). With
+    the DQ in FP16 the pair holds the FP16-rounded scale; quantized anew at it, weights near
+    a rounding boundary took the next code, a whole FP8 step (an eighth of the value): the
+    weight DQ of ModelOpt's FP8 GFPGAN differed from the quantized graph's by 11% of its
+    range and was named the first divergence. Each weight keeps its exported code."""
+    from trtbuild.graph.qdq import quantize
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.2, (16, 8, 3, 3)).astype(np.float32)
+    held = (np.abs(w).reshape(16, -1).max(1) / 448.0).astype(np.float16).astype(np.float32)
+    ws = (held * (1 + 0.45 * 2.0**-11)).astype(np.float32)  # FP16 rounds each to `held`
+    assert np.array_equal(ws.astype(np.float16).astype(np.float32), held)
+    flips = quantize(w, ws, "fp8", axis=0) != quantize(w, held, "fp8", axis=0)
+    assert flips.any()  # ... enough to move some weight to the next code
+    e4m3 = TensorProto.FLOAT8E4M3FN
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(ws, "ws"),
+        helper.make_tensor("wz", e4m3, [16], [0.0] * 16),
+        numpy_helper.from_array(np.array(0.01, np.float32), "xs"),
+        helper.make_tensor("xz", e4m3, [], [0.0]),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="w_q", axis=0),
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="w_dq", axis=0),
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="x_q"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="x_dq"),
+        helper.make_node("Conv", ["xd", "wd"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+    ]
+    quantized = _checked(nodes, inits, [1, 8, 16, 16], [1, 16, 16, 16])
+    onnx.save(quantized, tmp_path / "m.onnx")
+    inputs = _inputs({"x": ([1, 8, 16, 16], "uniform")})
+    text = POLICY.format(model="m.onnx", inputs=inputs, rules="[]", ccs='["8.9"]')
+    (tmp_path / "m.yaml").write_text(text)
+    mixed = _front(tmp_path / "m.yaml").converted.model
+    dq = next(n for n in mixed.graph.node if n.name == "w_dq")
+    mixed.graph.output.append(
+        helper.make_tensor_value_info(dq.output[0], TensorProto.FLOAT16, None)
+    )
+    quantized.graph.output.append(helper.make_tensor_value_info("wd", TensorProto.FLOAT, None))
+    x = {"x": np.zeros((1, 8, 16, 16), np.float32)}
+    got = plain_session(mixed).run([dq.output[0]], x)[0].astype(np.float32)
+    want = plain_session(quantized).run(["wd"], x)[0]
+    codes = quantize(w, ws, "fp8", axis=0)  # the exported codes, times FP16's scale
+    assert np.allclose(got, codes * held[:, None, None, None], rtol=1e-3, atol=0)
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()  # no whole FP8 step

@@ -220,6 +220,7 @@ class _Scales:
         self.tensors: list[onnx.TensorProto] = []
         self.names: dict[tuple, str] = {}  # (tensor, type, what makes its value) -> name
         self.q_clones: dict[tuple[str, int], str] = {}  # (Q output, type) -> its clone's
+        self.regridded: set[str] = set()  # weights a Q read, now read as `on_grid` copies
 
     def precisions(self, i: int) -> tuple[str, ...]:
         return self.a.dq_precisions.get(i) or (self.a.precision_of(i) or "fp32",)
@@ -229,6 +230,7 @@ class _Scales:
     ) -> list[onnx.TensorProto]:
         """Without the exported scales that every Q/DQ now reads in its own type."""
         replaced = {n.scale for n in self.qdq.nodes.values()} - set(self.names.values())
+        replaced |= self.regridded
         # a control-flow node's bodies read outer values too
         read = {t for node in nodes for t in node_reads(node)} | set(self.a.view.outputs)
         return [t for t in initializers if t.name not in replaced or t.name in read]
@@ -252,6 +254,40 @@ class _Scales:
             name = self.fresh(f"{node.quantized}__dequantized_{DTYPE_NAME[dtype]}")
             self.tensors.append(_tensor(value, dtype, name))
             self.names[key] = name
+        return self.names[key]
+
+    def on_grid(self, i: int, dtype: int) -> str | None:
+        """The weight a constant weight's Q `i` reads where its scale is held rounded
+        (`group_value`): the codes the exported scale gives, each times the rounded scale,
+        in `dtype`. None where the scale is held as exported (or the Q reads no weight).
+
+        Why: quantized anew at the rounded scale, a weight near a rounding boundary takes
+        the next code; one FP8 step is an eighth of its value, so ModelOpt's FP8 GFPGAN's
+        weight DQs differed from the quantized graph's by 11% of their range, named as the
+        first divergence, for a scale FP16 moved by 0.03%. On the rounded grid each weight
+        quantizes back to its exported code, and Q and DQ still hold one scale.
+        """
+        from trtbuild.graph.qdq import dequantize, quantize
+        from trtbuild.precision.quantized import group_value
+
+        node = self.qdq.nodes[i]
+        weight = self.a.view.initializers.get(node.float_tensor)
+        if weight is None or node.is_dq or node.scale_value is None or node.block_size:
+            return None
+        group = self.qdq.group_of[i]
+        types = {PRECISION_DTYPE[p] for m in group.members for p in self.precisions(m)}
+        held = group_value(self.qdq, i, types)
+        if held is None or np.array_equal(held, node.scale_value.astype(np.float32)):
+            return None
+        key = (node.float_tensor, dtype, held.tobytes() + b"on_grid")
+        if key not in self.names:
+            zero = None if node.zero_value is None else node.zero_value.astype(np.float64)
+            values = numpy_helper.to_array(weight)
+            codes = quantize(values, node.scale_value, node.format, zero, node.axis)
+            name = self.fresh(f"{node.float_tensor}__on_grid_{DTYPE_NAME[dtype]}")
+            self.tensors.append(_tensor(dequantize(codes, held, zero, node.axis), dtype, name))
+            self.names[key] = name
+            self.regridded.add(node.float_tensor)
         return self.names[key]
 
     def tensor(self, i: int, dtype: int) -> str:
@@ -357,7 +393,9 @@ def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
     for d in [own, *sorted(types - {own} if len(types) > 1 else ())]:
         new = onnx.NodeProto()
         new.CopyFrom(node)
-        rw._inputs(node, new, [d] + [None] * (len(node.input) - 1))
+        grid = scales.on_grid(i, d) if rw.parent is None else None
+        rw._inputs(node, new, [None if grid else d] + [None] * (len(node.input) - 1))
+        new.input[0] = grid or new.input[0]
         new.input[1] = scales.tensor(i, d)
         if d == own:
             rw.nodes.append(new)
