@@ -105,6 +105,14 @@ def _ln(variant: str, opset: int = 17, axes=(-1,)) -> onnx.ModelProto:
             node("Mul", ["n", "w"], "g", "gamma"),
             node("Add", ["g", "b"], "y", "beta"),
         ]
+    elif variant == "torch_function_centred_twice":  # NAFNet's and KBNet's LayerNormFunction
+        nodes = [  # (x - mu).pow(2) and (x - mu) / std: two Sub(x, mu), traced unmerged
+            *_stats(list(axes)),
+            node("Sub", ["x", "m"], "d2", "sub2"),
+            node("Div", ["d2", "s"], "n", "div"),
+            node("Mul", ["n", "w"], "g", "gamma"),
+            node("Add", ["g", "b"], "y", "beta"),
+        ]
     elif variant == "torch_rsqrt":  # (x - mean) * torch.rsqrt(var + eps), legacy torch.onnx
         consts["one"] = np.array(1.0, np.float32)
         nodes = [
@@ -132,6 +140,7 @@ VARIANTS = [
     "tf2onnx_no_beta",
     "tf2onnx_no_gamma",
     "torch_var_two_means",
+    "torch_function_centred_twice",
     "torch_rsqrt",
 ]
 

@@ -16,7 +16,8 @@ Forms recognised (each seen in real exports):
   `x.var(dim, unbiased=False)` beside `x - x.mean(dim)`: two means of x, as
   Restormer's LayerNorm exports; torch.onnx's dynamo exporter takes that variance
   without keepdims and reshapes and expands it back), and Restormer's bias-free
-  LayerNorm, which divides x itself, not x - mean, by that deviation;
+  LayerNorm, which divides x itself, not x - mean, by that deviation; and x centred
+  twice by one mean (NAFNet's and KBNet's `LayerNormFunction`, traced by TorchScript);
 - LayerNorm as tf2onnx writes Keras' (batch-norm style): the same statistics,
   then x * (gamma * rsqrt) + (beta - mean * gamma * rsqrt);
 - any of these with its means (`moments/mean`, `moments/variance`) written as
@@ -307,7 +308,7 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
         keepdims=mean.keepdims and stats.variance.keepdims,
         epsilon=stats.epsilon,
     )
-    div = _divide(view, d, stats.std)
+    div, twice = _divide_centred(view, subs, stats.std)
     kind, form = "layernorm", ""
     if div is None:
         keras = None if again else _tf_layernorm(view, mean, subs[0], stats, common)
@@ -320,7 +321,7 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
     if not div:
         return None
     affine, scale, bias = _affine(view, div[-1])
-    nodes = (*mean.nodes, subs[0], *again, *stats.nodes, *div, *affine)
+    nodes = (*mean.nodes, subs[0], *again, *stats.nodes, *twice, *div, *affine)
     return NormUnit(
         kind,
         nodes,
@@ -330,6 +331,21 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
         bias=bias,
         **common,
     )
+
+
+def _divide_centred(
+    view: GraphView, subs: list[int], std: str
+) -> tuple[list[int] | None, tuple[int, ...]]:
+    """The division of x centred by the mean (`_divide`), and the second centring it divides
+    where x is centred twice by that mean: `(x - mu).pow(2)` and `(x - mu) / std` written as
+    two `Sub(x, mu)` (NAFNet's and KBNet's LayerNorm2d, a `torch.autograd.Function` the
+    TorchScript exporter traces without merging them: no unit was found in either, so
+    `layernorm` and `layernorm_after_attention` matched nothing)."""
+    for k, sub in enumerate(subs):
+        div = _divide(view, _out(view, sub), std)
+        if div is not None:
+            return div, (sub,) if k else ()
+    return None, ()
 
 
 def _variance_of(view: GraphView, mean: _Mean, d: str) -> tuple[tuple[int, ...], _Stats] | None:
