@@ -318,3 +318,33 @@ def test_every_pattern_on_every_example_model(name, models_dir, real_model):
     for pattern, (count, ops) in EVERY_PATTERN[name].items():
         found = patterns.find(pattern, Analysis(view))
         assert (len(found), {view.nodes[i].op_type for i in found}) == (count, ops), pattern
+
+
+def test_a_gate_on_features_computed_from_the_pooled_tensor_is_channel_attention():
+    """KBNet's block: `x * x1 * sca`, the pooled tensor's channel gate multiplies convolutions
+    of it, not the tensor itself: no block was found, and the norm after it was none."""
+    rng = np.random.default_rng(0)
+    weights = {f"w{k}": rng.normal(size=(8, 8, 1, 1)).astype(np.float32) for k in range(4)}
+    weights |= {"two": np.array(2.0, np.float32), "eps": np.array(1e-6, np.float32)}
+    nodes = [
+        node("GlobalAveragePool", ["x"], "p", "sca/pool"),
+        node("Conv", ["p", "w0"], "g", "sca/conv"),
+        node("Conv", ["x", "w1"], "f1", "conv11"),
+        node("Conv", ["x", "w2"], "f2", "conv1"),
+        node("Mul", ["f2", "f1"], "f", "mul"),
+        node("Mul", ["f", "g"], "gated", "gate"),
+        node("Conv", ["gated", "w3"], "c", "conv3"),
+        node("Add", ["x", "c"], "r", "residual"),
+        node("ReduceMean", ["r"], "m", "norm2/mean", axes=[1]),
+        node("Sub", ["r", "m"], "d", "norm2/sub"),
+        node("Pow", ["d", "two"], "sq", "norm2/pow"),
+        node("ReduceMean", ["sq"], "v", "norm2/var", axes=[1]),
+        node("Add", ["v", "eps"], "ve", "norm2/eps"),
+        node("Sqrt", ["ve"], "s", "norm2/sqrt"),
+        node("Div", ["d", "s"], "y", "norm2/div"),
+    ]
+    view = GraphView(model(nodes, [("x", F, [1, 8, 4, 4])], [("y", F, [1, 8, 4, 4])], weights))
+    [unit] = attention_units(view)
+    assert (unit.kind, view.nodes[unit.output].name) == ("channel-attention", "gate")
+    after = patterns.find("layernorm_after_attention", Analysis(view))
+    assert _unit_heads(view, after) == {"norm2/mean"}

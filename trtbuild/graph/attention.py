@@ -17,7 +17,8 @@ Forms recognised:
   core, not the Q/K/V projections;
 - channel attention as in NAFNet's SCA and squeeze-excitation:
   GlobalAveragePool (or a spatial `ReduceMean`) → 1×1 Conv / MatMul / Gemm and
-  activations → `Mul` with the pooled tensor itself.
+  activations → `Mul` with the pooled tensor itself, or with features computed from
+  it (KBNet's `x * x1 * sca`).
 """
 
 from __future__ import annotations
@@ -167,8 +168,30 @@ def _spatial_pool(view: GraphView, i: int) -> bool:
     return bool(axes) and rank >= 4 and all((a % rank) >= 2 for a in axes)
 
 
+def _derives(view: GraphView, tensor: str, x: str) -> bool:
+    """Whether `tensor` is computed from `x` within `_MAX_HOPS` nodes (x itself included)."""
+    stack, seen = [(tensor, 0)], set()
+    while stack:
+        t, hops = stack.pop()
+        if t == x:
+            return True
+        p = view.producer.get(t)
+        if p is None or p in seen or hops >= _MAX_HOPS:
+            continue
+        seen.add(p)
+        stack.extend((i, hops + 1) for i in view.nodes[p].input if i)
+    return False
+
+
+def _gates(view: GraphView, mul: int, gate: str, x: str) -> bool:
+    """A Mul of the branch's output `gate` with the pooled tensor `x` or features computed
+    from it: KBNet's `x * x1 * sca` gates convolutions of the pooled tensor, not the tensor
+    itself (`attention` found no block in it, and `layernorm_after_attention` no norm)."""
+    return any(_derives(view, t, x) for t in view.nodes[mul].input if t and t != gate)
+
+
 def _channel_attention(view: GraphView, g: int) -> AttentionUnit | None:
-    """Pool → branch → Mul(x, ·), where x is the pooled tensor itself."""
+    """Pool → branch → Mul(x, ·), where x is the pooled tensor or computed from it."""
     x = view.nodes[g].input[0]
     queue = deque([(view.nodes[g].output[0], ())])
     seen: set[int] = set()
@@ -176,7 +199,7 @@ def _channel_attention(view: GraphView, g: int) -> AttentionUnit | None:
         t, path = queue.popleft()
         for c in view.consumers.get(t, []):
             node = view.nodes[c]
-            if node.op_type == "Mul" and x in node.input and path:
+            if node.op_type == "Mul" and path and _gates(view, c, t, x):
                 nodes = tuple(sorted({g, *path, c}))
                 return AttentionUnit(
                     "channel-attention",
