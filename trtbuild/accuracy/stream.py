@@ -366,9 +366,7 @@ class SegmentRunner:
     def _session(self, k: int, inputs: dict[str, np.ndarray]):
         seg = self.plan.segments[k]
         nodes = [self.model.graph.node[i] for i in seg.nodes]
-        fixed = {  # a Resize's roi, scales and sizes: as long as its input's rank, always
-            t for node in nodes if node.op_type in ("Resize", "Upsample") for t in node.input[1:]
-        }
+        fixed = _resize_vectors(nodes)
         feeds = [self._declared(t, v, t in fixed) for t, v in inputs.items()]
         used = {t for node in nodes for t in _reads(node)}
         inits = [self.initializers[t] for t in sorted(used) if t in self.initializers]
@@ -393,8 +391,34 @@ class SegmentRunner:
         if name in self.declared:
             return self.declared[name]
         elem = self.types.get(name) or helper.np_dtype_to_tensor_dtype(value.dtype)
-        dims = list(np.shape(value)) if fixed else [None] * np.ndim(value)
+        dims = list(np.shape(value)) if fixed and np.ndim(value) <= 1 else [None] * np.ndim(value)
         return helper.make_tensor_value_info(name, elem, dims)
+
+
+def _resize_vectors(nodes: list[onnx.NodeProto]) -> set[str]:
+    """A segment's Resize roi, scales and sizes, and the values the segment computes them
+    from (a `Shape`'s input aside): declared at their length, which is the rank they resize,
+    at every point (`SegmentRunner._declared` fixes only vectors).
+
+    Why the values behind them: where the segment computes `sizes` itself (SeemoRe's
+    `Concat` of a `Slice` of its feature map's `Shape` and the `Cast` of the sizes it
+    resizes to) from a vector an earlier segment made, declared without its length, ONNX
+    Runtime's shape inference read `sizes` as empty and refused the segment: `check` exit 2,
+    "the FP32 model cannot run at max", for a model that runs, at `max` only because the
+    default memory budget cut the graph there.
+    """
+    producer = {o: n for n in nodes for o in n.output if o}
+    stack = [t for n in nodes if n.op_type in ("Resize", "Upsample") for t in n.input[1:] if t]
+    found: set[str] = set()
+    while stack:
+        t = stack.pop()
+        if t in found:
+            continue
+        found.add(t)
+        node = producer.get(t)
+        if node is not None and node.op_type != "Shape":
+            stack.extend(i for i in node.input if i)
+    return found
 
 
 # ONNX Runtime's name of each tensor type ("tensor(float8e4m3fn)") -> its ONNX element type
