@@ -500,3 +500,46 @@ def test_a_resize_to_sizes_computed_from_an_inputs_shape_runs_in_segments(segmen
     for got in stream.SegmentRunner(m, plan).run(feed):
         values.update(got)
     np.testing.assert_array_equal(values["y"], _whole_run(m, ["y"], feed)["y"])
+
+
+def test_sizes_past_a_pad_of_computed_size_follow_channels_and_strides():
+    """Past a `Pad` whose size is computed from the input's shape, shape inference tells no
+    size; each was guessed at its largest input's, the image's. Real-CUGAN's UpCunet3x grows
+    3 channels of 256² to 64 of 804² there: the whole graph was one segment and `check` held
+    every tensor at once (2.96 GB under a 256 MiB budget). A convolution's guess follows
+    its channels and strides, a `Concat`'s its inputs together."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from tests.helpers import F, model, node
+
+    rng = np.random.default_rng(0)
+    m = model(
+        [node("Shape", ["x"], "s", "shape"),
+         node("Slice", ["s", "two", "four"], "hw", "hw"),
+         node("Cast", ["hw"], "hwf", "to_float", to=1),
+         node("Div", ["hwf", "eight"], "q", "div"),
+         node("Ceil", ["q"], "c", "ceil"),
+         node("Mul", ["c", "eight"], "full", "mul"),
+         node("Sub", ["full", "hwf"], "extra", "sub"),
+         node("Cast", ["extra"], "e", "to_int", to=7),
+         node("Concat", ["zeros", "e"], "pads", "pads", axis=0),
+         node("Pad", ["x", "pads"], "p", "pad", mode="reflect"),
+         node("Conv", ["p", "w"], "a", "conv", pads=[1, 1, 1, 1]),
+         node("ConvTranspose", ["a", "wt"], "u", "up", strides=[3, 3]),
+         node("Concat", ["u", "u"], "y", "cat", axis=1)],
+        [("x", F, [1, 3, "h", "w"])],
+        [("y", F, [1, 32, "H", "W"])],
+        {"two": np.array([2], np.int64), "four": np.array([4], np.int64),
+         "eight": np.array(8.0, np.float32), "zeros": np.zeros(6, np.int64),
+         "w": rng.normal(size=(16, 3, 3, 3)).astype(np.float32),
+         "wt": rng.normal(size=(16, 16, 3, 3)).astype(np.float32)},
+    )  # fmt: skip
+    feed = {"x": rng.normal(size=(1, 3, 30, 30)).astype(np.float32)}
+    sizes = stream.estimate_sizes(m, feed)
+    whole = onnx.ModelProto.FromString(m.SerializeToString())
+    whole.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in ("p", "a", "u"))
+    session = ort.InferenceSession(whole.SerializeToString(), providers=["CPUExecutionProvider"])
+    real = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
+    for t in ("p", "a", "u", "y"):  # within a factor of two of what the run holds
+        assert real[t].nbytes / 2 <= sizes[t] <= real[t].nbytes * 2, (t, sizes[t], real[t].nbytes)
