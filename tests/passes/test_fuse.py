@@ -355,3 +355,56 @@ def test_a_weight_that_lifts_the_rank_blocks_fusion():
     assert record.changed == 0, record.details
     assert "'gamma' of rank 3 broadcasts x of rank 2" in record.details["not_fused"][0]["why"]
     onnx.checker.check_model(out, full_check=True)
+
+
+def test_the_weights_a_fusion_makes_take_names_no_value_has():
+    """A model already holding `ln.scale` and `c.bias_bnfolded` (read by other ops) got a
+    second weight of each name from the LayerNorm fusion and the BatchNorm fold (exit 70)."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "gamma": np.full(8, 1.5, np.float32),
+        "beta": np.zeros(8, np.float32),
+        "eps": np.array(1e-5, np.float32),
+        "ln.scale": np.full(8, 3.0, np.float32),
+    }
+    source = model(
+        [
+            node("ReduceMean", ["x"], "mu", "ln", axes=[-1]),
+            node("Sub", ["x", "mu"], "d", "ln_sub"),
+            node("Mul", ["d", "d"], "d2", "ln_sq"),
+            node("ReduceMean", ["d2"], "var", "ln_var", axes=[-1]),
+            node("Add", ["var", "eps"], "ve", "ln_add"),
+            node("Sqrt", ["ve"], "sd", "ln_sqrt"),
+            node("Div", ["d", "sd"], "n", "ln_div"),
+            node("Mul", ["n", "gamma"], "g", "ln_mul"),
+            node("Add", ["g", "beta"], "y", "ln_addb"),
+            node("Mul", ["y", "ln.scale"], "out", "post"),
+        ],
+        [("x", F, [2, 8])],
+        [("out", F, [2, 8])],
+        weights,
+    )
+    out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert record.changed == 1
+    onnx.checker.check_model(out, full_check=True)
+    x = {"x": rng.uniform(0, 1, (2, 8)).astype(np.float32)}
+    run = [ort.InferenceSession(m.SerializeToString()).run(None, x)[0] for m in (source, out)]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-5, atol=1e-5)
+    bn = {k: rng.uniform(0.5, 1.5, 2).astype(np.float32) for k in ("s", "b", "mean", "var")}
+    conv = model(
+        [
+            node("Conv", ["x", "w"], "cv", "c"),
+            node("BatchNormalization", ["cv", "s", "b", "mean", "var"], "bn", "bn"),
+            node("Add", ["bn", "c.bias_bnfolded"], "out", "post"),
+        ],
+        [("x", F, [1, 1, 4, 4])],
+        [("out", F, [1, 2, 4, 4])],
+        {
+            "w": np.ones((2, 1, 1, 1), np.float32),
+            "c.bias_bnfolded": np.ones((1, 2, 1, 1), np.float32),
+            **bn,
+        },
+    )
+    folded, record = fuse.fold_batchnorm(conv)
+    assert record.changed == 1
+    onnx.checker.check_model(folded, full_check=True)

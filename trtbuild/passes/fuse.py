@@ -52,6 +52,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     too_old = opset_of(model) < LAYERNORM_OPSET
     replaced: dict[int, onnx.NodeProto] = {}
     removed: set[int] = set()
+    taken = _values(view)
     for unit in units:
         plan = _plan(inner, unit)
         if seen is not None and not isinstance(plan, str):
@@ -70,6 +71,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
             record.details["not_fused"].append(_named(view, unit, why))
             continue
         node, inits = plan
+        _named_apart([node], inits, taken)
         model.graph.initializer.extend(inits)
         replaced[max(unit.nodes)] = node
         removed.update(unit.nodes)
@@ -281,6 +283,24 @@ def _broadcast(view: GraphView, name: str | None, k: int, shape) -> np.ndarray |
 # -- BatchNormalization -> Conv ---------------------------------------------------
 
 
+def _values(view: GraphView) -> set[str]:
+    """Every value name of the graph: what a value the passes make must not be named."""
+    return {*view.producer, *view.consumers, *view.initializers, *view.dtype, *view.inputs}
+
+
+def _named_apart(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], taken: set[str]):
+    """The values a fusion made (its weights, the outputs of its nodes but the last, which
+    writes the value it replaces) under names no value has (`taken`, which takes them):
+    a model holding a weight `ln.scale` got a second one of that name (exit 70)."""
+    made = [t.name for t in inits] + [o for n in nodes[:-1] for o in n.output if o]
+    renamed = {name: subgraphs.new_name(name, taken) for name in made}
+    for t in inits:
+        t.name = renamed[t.name]
+    for n in nodes:
+        n.input[:] = [renamed.get(x, x) for x in n.input]
+        n.output[:] = [renamed.get(x, x) for x in n.output]
+
+
 def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:
     """Fold inference-mode BatchNormalization into the Conv that feeds it."""
     record = PassRecord("fold_batchnorm", details={"folded": [], "not_folded": []})
@@ -290,6 +310,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
     view = GraphView(model)
     removed: set[int] = set()
     replaced: dict[int, onnx.NodeProto] = {}
+    taken = _values(view)
     for i in view.top:  # bodies are not searched: a BatchNorm there stays as exported
         bn = view.nodes[i]
         if bn.op_type != "BatchNormalization" or bn.domain not in DEFAULT_DOMAINS:
@@ -300,6 +321,7 @@ def fold_batchnorm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]
             record.details["not_folded"].append({"name": bn.name, "why": plan})
             continue
         conv, inits = plan
+        _named_apart(list(conv) if isinstance(conv, tuple) else [conv], inits, taken)
         model.graph.initializer.extend(inits)
         replaced[conv_index] = conv
         removed.add(i)
