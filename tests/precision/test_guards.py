@@ -343,3 +343,38 @@ def test_fourier_coordinates_are_computed_in_fp32_with_the_argument(tmp_path, ca
     assert code == 0 and report["passed"]
     code, report = _build(_fourier_policy(tmp_path, "[weight-range]"), tmp_path / "off")
     assert code == 1 and not report["passed"]
+
+
+def test_the_shape_guard_keeps_arithmetic_on_a_shape_tensor_input_fp32():
+    """A length fed as an int64 input (TensorRT's shape tensor) and halved in float for a
+    Slice's end: FP16 makes 4099 x 0.5 = 2049.5 into 2050 where FP32 ends at 2049, and only
+    a `Shape` node's arithmetic was kept FP32."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtbuild.graph.model_io import infer_shapes
+    from trtbuild.policy.specs import Precision
+    from trtbuild.precision.assign import assign
+
+    nodes = [
+        helper.make_node("Cast", ["n"], ["nf"], name="len_float", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["nf", "half"], ["h"], name="halve"),
+        helper.make_node("Cast", ["h"], ["hi"], name="len_int", to=TensorProto.INT64),
+        helper.make_node("Slice", ["x", "zero", "hi", "one"], ["s"], name="cut"),
+        helper.make_node("Mul", ["s", "two"], ["y"], name="double"),
+    ]
+    weights = {"half": np.array(0.5, np.float32), "two": np.array(2.0, np.float32)}
+    weights.update(zero=np.array([0], np.int64), one=np.array([1], np.int64))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5000]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "k"])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    found = assign(infer_shapes(model), Precision())
+    rules = {found.view.nodes[i].name: d.rule for i, d in enumerate(found.decisions)}
+    assert rules["len_float"] == rules["halve"] == "guard:shape-arithmetic", rules
+    assert rules["double"] != "guard:shape-arithmetic"
+    assert "shape input n" in found.decisions[1].reason

@@ -111,13 +111,16 @@ def _shape_arithmetic(analysis: Analysis, last: int | None) -> dict[int, str]:
     (half)"). They are scalars, short vectors and position ranges: FP32 costs little.
     """
     from trtbuild.graph.optypes import SHAPE_READERS
+    from trtbuild.graph.shape_inputs import size_inputs
 
     view = analysis.view
-    source: dict[str, str] = {}  # a value computed from shapes alone -> the Shape it reads
+    # a value computed from shapes alone -> what it reads: a Shape node, or an input
+    # TensorRT takes for a shape tensor (a length fed as int64 and halved in float)
+    source = {n: f"shape input {n}" for n in size_inputs(view)}
     found: dict[int, str] = {}
     for i, node in enumerate(view.nodes):  # a valid graph is sorted: inputs are seen first
         if node.op_type in SHAPE_READERS:
-            source.update((o, node.name) for o in node.output if o)
+            source.update((o, f"Shape node {node.name}") for o in node.output if o)
             continue
         ins = [t for t in node.input if t]
         if not _computes_shapes(view, node, ins, source):
@@ -125,7 +128,7 @@ def _shape_arithmetic(analysis: Analysis, last: int | None) -> dict[int, str]:
         shape = next(source[t] for t in ins if t in source)
         source.update((o, shape) for o in node.output if o)
         if view.float_outputs(i):
-            found[i] = f"computes from shapes alone (Shape node {shape}): a shape computation"
+            found[i] = f"computes from shapes alone ({shape}): a shape computation"
     return found
 
 

@@ -105,6 +105,35 @@ def _operands_reached(
                     yield name, (node, k, node.input[k]), what
 
 
+def size_inputs(view: GraphView) -> list[str]:
+    """The inputs of rank 0 or 1 (int32, int64) whose values reach a shape operand through
+    any computation, floats included (a length halved in float for a Slice's end): what
+    decides a size, whether or not TensorRT's parser takes it for a shape tensor (a float
+    on the way makes it data to the parser, computed on the device)."""
+    from trtbuild.graph.optypes import SHAPE_READERS
+
+    candidates = {n for n in view.inputs if is_candidate(view, n)}
+    if not candidates:
+        return []
+    found: set[str] = set()
+    for node in view.nodes:
+        operands = SHAPE_OPERANDS.get(node.op_type)
+        if operands is None or node.domain not in DEFAULT_DOMAINS:
+            continue
+        todo = [node.input[k] for k in operands if k < len(node.input) and node.input[k]]
+        seen: set[str] = set()
+        while todo:
+            t = todo.pop()
+            if t in seen or t in view.initializers:
+                continue
+            seen.add(t)
+            found.update({t} & candidates)
+            k = view.producer.get(t)
+            if k is not None and view.nodes[k].op_type not in SHAPE_READERS:  # not its values
+                todo.extend(i for i in view.nodes[k].input if i)
+    return [n for n in view.inputs if n in found]
+
+
 def _fixed_length(view: GraphView, tensor: str) -> bool:
     """Whether the graph fixes `tensor`'s dims (a scalar, or `[4]`): what TensorRT's parser
     needs of a shape operand. A tensor the graph gives no shape is not fixed."""
