@@ -348,3 +348,42 @@ def test_a_gate_on_features_computed_from_the_pooled_tensor_is_channel_attention
     assert (unit.kind, view.nodes[unit.output].name) == ("channel-attention", "gate")
     after = patterns.find("layernorm_after_attention", Analysis(view))
     assert _unit_heads(view, after) == {"norm2/mean"}
+
+
+def test_a_squeeze_excitation_with_silu_in_its_branch_is_gated_at_its_end():
+    """EfficientNet's SE block: pool, conv, SiLU (`h * sigmoid(h)`), conv, sigmoid, `x * s`.
+    The SiLU's Mul reads a value computed from the pooled tensor, which counted as a feature
+    of x: the gate was taken there, half the block (3 nodes, not 6)."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "w0": rng.normal(size=(4, 8, 1, 1)).astype(np.float32),
+        "w1": rng.normal(size=(8, 4, 1, 1)).astype(np.float32),
+    }
+    nodes = [
+        node("GlobalAveragePool", ["x"], "p", "se/pool"),
+        node("Conv", ["p", "w0"], "c0", "se/reduce"),
+        node("Sigmoid", ["c0"], "s0", "se/silu_sig"),
+        node("Mul", ["c0", "s0"], "a0", "se/silu_mul"),
+        node("Conv", ["a0", "w1"], "c1", "se/expand"),
+        node("Sigmoid", ["c1"], "s1", "se/gate_sig"),
+        node("Mul", ["x", "s1"], "y", "se/gate"),
+    ]
+    view = GraphView(model(nodes, [("x", F, [1, 8, 4, 4])], [("y", F, [1, 8, 4, 4])], weights))
+    [unit] = attention_units(view)
+    assert view.nodes[unit.output].name == "se/gate" and len(unit.nodes) == 6
+
+
+def test_features_of_x_are_found_on_their_shortest_path():
+    """A depth-first walk met `no` first at the end of a long chain, past the hop limit,
+    and never again on the short path: `f` did not derive from x."""
+    from trtbuild.graph.attention import _MAX_HOPS, _derives
+
+    nodes = [node("Relu", ["x"], "mo", "M"), node("Relu", ["mo"], "no", "N")]
+    nodes.append(node("Relu", ["no"], "b", "short"))
+    prev = "no"
+    for k in range(_MAX_HOPS - 2):
+        nodes.append(node("Relu", [prev], f"c{k}", f"chain{k}"))
+        prev = f"c{k}"
+    nodes.append(node("Add", ["b", prev], "f", "join"))
+    view = GraphView(model(nodes, [("x", F, [1, 8, 4, 4])], [("f", F, [1, 8, 4, 4])]))
+    assert _derives(view, "f", "x", pool=-1)

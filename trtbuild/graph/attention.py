@@ -168,26 +168,29 @@ def _spatial_pool(view: GraphView, i: int) -> bool:
     return bool(axes) and rank >= 4 and all((a % rank) >= 2 for a in axes)
 
 
-def _derives(view: GraphView, tensor: str, x: str) -> bool:
-    """Whether `tensor` is computed from `x` within `_MAX_HOPS` nodes (x itself included)."""
-    stack, seen = [(tensor, 0)], set()
-    while stack:
-        t, hops = stack.pop()
+def _derives(view: GraphView, tensor: str, x: str, pool: int) -> bool:
+    """Whether `tensor` is computed from `x` within `_MAX_HOPS` nodes (x itself included),
+    not through the pool `pool` (a SiLU's `h * sigmoid(h)` inside the branch is computed
+    from the pooled value: no feature of x). Breadth first: a node is first met on its
+    shortest path, so a long path to it never hides a short one."""
+    queue, seen = deque([(tensor, 0)]), set()
+    while queue:
+        t, hops = queue.popleft()
         if t == x:
             return True
         p = view.producer.get(t)
-        if p is None or p in seen or hops >= _MAX_HOPS:
+        if p is None or p == pool or p in seen or hops >= _MAX_HOPS:
             continue
         seen.add(p)
-        stack.extend((i, hops + 1) for i in view.nodes[p].input if i)
+        queue.extend((i, hops + 1) for i in view.nodes[p].input if i)
     return False
 
 
-def _gates(view: GraphView, mul: int, gate: str, x: str) -> bool:
+def _gates(view: GraphView, mul: int, gate: str, x: str, pool: int) -> bool:
     """A Mul of the branch's output `gate` with the pooled tensor `x` or features computed
     from it: KBNet's `x * x1 * sca` gates convolutions of the pooled tensor, not the tensor
     itself (`attention` found no block in it, and `layernorm_after_attention` no norm)."""
-    return any(_derives(view, t, x) for t in view.nodes[mul].input if t and t != gate)
+    return any(_derives(view, t, x, pool) for t in view.nodes[mul].input if t and t != gate)
 
 
 def _channel_attention(view: GraphView, g: int) -> AttentionUnit | None:
@@ -199,7 +202,7 @@ def _channel_attention(view: GraphView, g: int) -> AttentionUnit | None:
         t, path = queue.popleft()
         for c in view.consumers.get(t, []):
             node = view.nodes[c]
-            if node.op_type == "Mul" and path and _gates(view, c, t, x):
+            if node.op_type == "Mul" and path and _gates(view, c, t, x, g):
                 nodes = tuple(sorted({g, *path, c}))
                 return AttentionUnit(
                     "channel-attention",
