@@ -113,6 +113,16 @@ def _ln(variant: str, opset: int = 17, axes=(-1,)) -> onnx.ModelProto:
             node("Mul", ["n", "w"], "g", "gamma"),
             node("Add", ["g", "b"], "y", "beta"),
         ]
+    elif variant == "centred_twice_divided_first":  # the same, re-sorted (onnxsim): the
+        stats = _stats(list(axes))  # Sub the Div reads comes before the one squared
+        nodes = [
+            stats[0],
+            node("Sub", ["x", "m"], "d2", "sub2"),
+            *stats[1:],
+            node("Div", ["d2", "s"], "n", "div"),
+            node("Mul", ["n", "w"], "g", "gamma"),
+            node("Add", ["g", "b"], "y", "beta"),
+        ]
     elif variant == "torch_rsqrt":  # (x - mean) * torch.rsqrt(var + eps), legacy torch.onnx
         consts["one"] = np.array(1.0, np.float32)
         nodes = [
@@ -141,6 +151,7 @@ VARIANTS = [
     "tf2onnx_no_gamma",
     "torch_var_two_means",
     "torch_function_centred_twice",
+    "centred_twice_divided_first",
     "torch_rsqrt",
 ]
 

@@ -295,12 +295,13 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
         return None
     x, m = mean.x, mean.out
     subs = _centrings(view, x, m)
-    if not subs:
-        return None
-    d = _out(view, subs[0])
-    variance = _variance_of(view, mean, d)
+    # the centring the variance squares first: where x is centred twice, either may come
+    # first in the graph's order (a re-sorted export)
+    found = ((k, _variance_of(view, mean, _out(view, sub))) for k, sub in enumerate(subs))
+    k, variance = next(((k, v) for k, v in found if v is not None), (0, None))
     if variance is None:
         return None
+    subs = [subs[k], *subs[:k], *subs[k + 1 :]]
     again, stats = variance
     common = dict(
         x=x,
