@@ -35,19 +35,23 @@ PHASE_ERROR = 0.01
 LOW_PHASE_MAX = {
     low: 2.0 ** math.ceil(math.log2(PHASE_ERROR * 2 / eps)) for low, eps in LOW_EPS.items()
 }
+
+
 # The smallest |x| each low type rounds to infinity: half a step past its largest value
 # (round to nearest even), 65520 for FP16
-LOW_INF_AT = {
-    low: top + LOW_EPS[low] * 2.0 ** (math.frexp(top)[1] - 1) / 2 for low, top in LOW_MAX.items()
-}
+def _half_step_past(top: float, eps: float) -> float:
+    """Half a step past a float type's largest value `top` (`eps`: its machine epsilon)."""
+    return top + eps * 2.0 ** (math.frexp(top)[1] - 1) / 2
+
+
+LOW_INF_AT = {low: _half_step_past(top, LOW_EPS[low]) for low, top in LOW_MAX.items()}
 
 
 def inf_at(dtype: np.typing.DTypeLike) -> float:
     """The smallest |x| a numpy float type rounds to infinity, as `LOW_INF_AT` (65520 for
     float16): what a value of that type can be fed or stored as without turning inf."""
     info = np.finfo(dtype)
-    top = float(info.max)
-    return top + float(info.eps) * 2.0 ** (math.frexp(top)[1] - 1) / 2
+    return _half_step_past(float(info.max), float(info.eps))
 
 
 # What Polygraphy's simple compare adds to a zero of the reference before dividing by it

@@ -141,3 +141,20 @@ def test_freezing_an_input_the_model_lacks_names_the_field_with_its_dot_quoted()
     with pytest.raises(UsageError) as info:
         freeze_inputs(m, (("in.2", 3),))
     assert 'passes.freeze_inputs."in.2"' in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "said"),
+    [
+        (np.float32, [1.5, 10**400], "1000000000"),  # the value past float64, not 1.5
+        (np.bool_, 10**400, r"it takes booleans \(0 or 1\)"),
+    ],
+)
+def test_a_value_past_float64_is_the_one_named(dtype, value, said):
+    """An integer past float64's range made every element 'not held' (the message named a
+    1.5 beside it) and a boolean input's message said 'finite bool values'."""
+    from trtbuild.passes.control import _held
+
+    with pytest.raises(UsageError, match=said) as info:
+        _held("v", value, np.dtype(dtype))
+    assert "1.5 is not" not in str(info.value)

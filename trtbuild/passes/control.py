@@ -13,6 +13,8 @@ replaces the `If`. onnx-graphsurgeon's own flattening leaves readers of the
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -100,15 +102,25 @@ def _not_held(value: object, dtype: np.dtype) -> tuple[np.ndarray, str]:
         exact = np.asarray(value, dtype=object)
         within = np.vectorize(lambda v: _whole_within(v, info.min, info.max), otypes=[bool])
         return ~within(exact), f"{dtype} integers ({info.min} to {info.max})"
-    try:
-        raw = np.asarray(value, dtype=np.float64)
-    except OverflowError:  # an integer past float64's range: past every float type's
-        return np.ones(np.shape(np.asarray(value, dtype=object)), bool), f"finite {dtype} values"
-    if dtype.kind == "b":
-        return (raw != 0) & (raw != 1), "booleans (0 or 1)"
+    exact = np.asarray(value, dtype=object)
+    if dtype.kind == "b":  # compared as they are: 10**400 is no boolean either
+        return np.vectorize(
+            lambda v: float(v) not in (0.0, 1.0) if _finite(v) else True, otypes=[bool]
+        )(exact), "booleans (0 or 1)"
+    held = np.vectorize(
+        lambda v: _finite(v) and bool(np.isfinite(dtype.type(float(v)))), otypes=[bool]
+    )
     with np.errstate(over="ignore"):
-        bad = ~np.isfinite(raw.astype(dtype))
+        bad = ~held(exact)
     return bad, f"finite {dtype} values (at most {float(np.finfo(dtype).max):g})"
+
+
+def _finite(v: object) -> bool:
+    """Whether `v` is a number float64 holds (an integer of 400 digits is not)."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def inline_constant_ifs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:

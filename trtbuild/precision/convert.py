@@ -279,7 +279,8 @@ class _Scales:
         held = group_value(self.qdq, i, types)
         if held is None or np.array_equal(held, node.scale_value.astype(np.float32)):
             return None
-        key = (node.float_tensor, dtype, held.tobytes() + b"on_grid")
+        made = [b"" if v is None else v.tobytes() for v in (node.scale_value, node.zero_value)]
+        key = (node.float_tensor, dtype, held.tobytes() + b"on_grid", *made, node.axis)
         if key not in self.names:
             zero = None if node.zero_value is None else node.zero_value.astype(np.float64)
             values = numpy_helper.to_array(weight)
@@ -578,7 +579,7 @@ def _fix_attributes(new: onnx.NodeProto, out: list[int | None]) -> None:
     computes in. (An EyeLike with `dtype` FLOAT made FP16 made a model onnx.checker
     refused: exit 70.)"""
     named = TYPE_ATTRIBUTES.get(new.op_type)
-    if (named is None and new.op_type != "ConstantOfShape") or not out or not out[0]:
+    if (named is None and new.op_type not in FLOAT_WHEN_ABSENT) or not out or not out[0]:
         return  # nothing else carries a float type in an attribute
     absent = FLOAT_WHEN_ABSENT.get(new.op_type)
     if absent and out[0] != TensorProto.FLOAT and all(a.name != absent for a in new.attribute):
