@@ -419,3 +419,31 @@ def test_the_weights_a_fusion_makes_take_names_no_value_has():
     folded, record = fuse.fold_batchnorm(conv)
     assert record.changed == 1
     onnx.checker.check_model(folded, full_check=True)
+
+
+def test_a_resorted_layernorm_beside_another_of_the_same_x_fuses_too():
+    """x centred twice, the divided Sub first, and a second LayerNorm of x: the variance was
+    looked up from the first Sub, whose fallback took the other unit's statistics, and the
+    re-sorted unit was dropped."""
+    consts = {"two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32)}
+    for k in ("", "2"):
+        consts[f"w{k}"] = RNG.uniform(0.5, 1.5, 8).astype(np.float32)
+        consts[f"b{k}"] = RNG.uniform(-1, 1, 8).astype(np.float32)
+    second = []
+    for n in _stats([-1]):
+        n = onnx.NodeProto.FromString(n.SerializeToString())
+        n.name += "2"
+        n.output[:] = [o + "2" for o in n.output]
+        n.input[:] = [i if i in ("x", "two", "eps") else i + "2" for i in n.input]
+        second.append(n)
+    second += [node("Div", ["d2", "s2"], "n2", "div2"), node("Mul", ["n2", "w2"], "g2", "gamma2")]
+    second.append(node("Add", ["g2", "b2"], "y2", "beta2"))
+    stats = _stats([-1])
+    nodes = [stats[0], node("Sub", ["x", "m"], "dd", "subdiv"), *stats[1:]]
+    nodes += [node("Div", ["dd", "s"], "n", "div"), node("Mul", ["n", "w"], "g", "gamma")]
+    nodes += [node("Add", ["g", "b"], "y", "beta"), *second]
+    dims = [2, 4, 8]
+    source = model(nodes, [("x", F, dims)], [("y", F, dims), ("y2", F, dims)], consts)
+    fused, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
+    assert sorted(d["name"] for d in record.details["fused"]) == ["mean", "mean2"], record.details
+    assert_same_outputs(source, fused)

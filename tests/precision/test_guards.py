@@ -378,3 +378,56 @@ def test_the_shape_guard_keeps_arithmetic_on_a_shape_tensor_input_fp32():
     assert rules["len_float"] == rules["halve"] == "guard:shape-arithmetic", rules
     assert rules["double"] != "guard:shape-arithmetic"
     assert "shape input n" in found.decisions[1].reason
+
+
+def test_the_shape_guard_leaves_data_made_from_a_size_input_to_the_data():
+    """`lengths` [B] decides a Slice's end, and makes a padding mask and a gain too: every
+    float node computed from it was pinned as shape arithmetic (6 nodes, 40% FP16); only
+    what leads to a shape operand is."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    from trtbuild.graph import patterns
+    from trtbuild.graph.analysis import Analysis
+    from trtbuild.graph.view import GraphView
+
+    nodes = [
+        h.make_node("ReduceMax", ["lengths"], ["maxlen"], "MaxLen", keepdims=1),
+        h.make_node("Slice", ["x", "zero1", "maxlen", "one1"], ["xs"], "SliceT"),
+        h.make_node("Shape", ["xs"], ["sh"], "Sh"),
+        h.make_node("Gather", ["sh", "one"], ["t"], "T", axis=0),
+        h.make_node("Range", ["zero", "t", "onei"], ["pos"], "Pos"),
+        h.make_node("Unsqueeze", ["lengths", "one1"], ["lcol"], "Lcol"),
+        h.make_node("Less", ["pos", "lcol"], ["valid"], "Valid"),
+        h.make_node("Cast", ["valid"], ["maskf"], "MaskF", to=T.FLOAT),
+        h.make_node("Sub", ["onef", "maskf"], ["inv"], "Inv"),
+        h.make_node("Mul", ["inv", "big"], ["bias"], "Bias"),
+        h.make_node("Add", ["xs", "bias"], ["y0"], "AddBias"),
+        h.make_node("Cast", ["lengths"], ["lf"], "LenF", to=T.FLOAT),
+        h.make_node("Div", ["lf", "norm"], ["lfn"], "LenNorm"),
+        h.make_node("Unsqueeze", ["lfn", "one1"], ["lfc"], "LenCol"),
+        h.make_node("Mul", ["y0", "lfc"], ["y"], "Gain"),
+    ]
+    values = {"zero1": [0], "one1": [1], "one": 1, "zero": 0, "onei": 1}
+    inits = [nh.from_array(np.array(v, np.int64), k) for k, v in values.items()]
+    inits += [
+        nh.from_array(np.array(v, np.float32), k)
+        for k, v in (("onef", 1), ("big", -1e4), ("norm", 16000))
+    ]
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [
+            h.make_tensor_value_info("x", T.FLOAT, ["B", "T"]),
+            h.make_tensor_value_info("lengths", T.INT64, ["B"]),
+        ],
+        [h.make_tensor_value_info("y", T.FLOAT, ["B", "T2"])],
+        inits,
+    )
+    view = GraphView(
+        onnx.shape_inference.infer_shapes(
+            h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+        )
+    )
+    assert patterns.find("shape_arithmetic", Analysis(view)) == {}

@@ -924,3 +924,62 @@ def test_a_weights_quantize_keeps_its_codes_where_fp16_rounds_its_scale(tmp_path
     codes = quantize(w, ws, "fp8", axis=0)  # the exported codes, times FP16's scale
     assert np.allclose(got, codes * held[:, None, None, None], rtol=1e-3, atol=0)
     assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()  # no whole FP8 step
+
+
+def test_one_weight_behind_two_quantizes_keeps_each_ones_codes_on_the_rounded_grid(tmp_path):
+    """Two Qs of one float weight whose scales differ but round to one FP16 value: the copy
+    on the rounded grid was keyed by the rounded scale alone, so the second DQ read the first
+    one's codes (4.5% of its range off the quantized graph's)."""
+    from trtbuild.graph.qdq import quantize
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.2, (16, 8, 3, 3)).astype(np.float32)
+    held = (np.abs(w).reshape(16, -1).max(1) / 448.0).astype(np.float16).astype(np.float32)
+    scales = [(held * (1 + sign * 0.45 * 2.0**-11)).astype(np.float32) for sign in (1, -1)]
+    assert (quantize(w, scales[0], "fp8", axis=0) != quantize(w, scales[1], "fp8", axis=0)).any()
+    e4m3 = TensorProto.FLOAT8E4M3FN
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        *(numpy_helper.from_array(s, f"ws{k}") for k, s in enumerate(scales)),
+    ]
+    inits += [
+        helper.make_tensor("wz", e4m3, [16], [0.0] * 16),
+        helper.make_tensor("xz", e4m3, [], [0.0]),
+    ]
+    inits.append(numpy_helper.from_array(np.array(0.01, np.float32), "xs"))
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="x_q"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="x_dq"),
+    ]
+    for k in range(2):
+        nodes += [
+            helper.make_node(
+                "QuantizeLinear", ["w", f"ws{k}", "wz"], [f"wq{k}"], name=f"w_q{k}", axis=0
+            ),
+            helper.make_node(
+                "DequantizeLinear", [f"wq{k}", f"ws{k}", "wz"], [f"wd{k}"], name=f"w_dq{k}", axis=0
+            ),
+            helper.make_node(
+                "Conv", ["xd", f"wd{k}"], [f"y{k}"], name=f"conv{k}", pads=[1, 1, 1, 1]
+            ),
+        ]
+    nodes.append(helper.make_node("Add", ["y0", "y1"], ["y"], name="add"))
+    quantized = _checked(nodes, inits, [1, 8, 16, 16], [1, 16, 16, 16])
+    onnx.save(quantized, tmp_path / "m.onnx")
+    inputs = _inputs({"x": ([1, 8, 16, 16], "uniform")})
+    (tmp_path / "m.yaml").write_text(
+        POLICY.format(model="m.onnx", inputs=inputs, rules="[]", ccs='["8.9"]')
+    )
+    mixed = _front(tmp_path / "m.yaml").converted.model
+    x = {"x": np.zeros((1, 8, 16, 16), np.float32)}
+    for k in range(2):
+        dq = next(n for n in mixed.graph.node if n.name == f"w_dq{k}")
+        probe = onnx.ModelProto.FromString(mixed.SerializeToString())
+        probe.graph.output.append(
+            helper.make_tensor_value_info(dq.output[0], TensorProto.FLOAT16, None)
+        )
+        source = onnx.ModelProto.FromString(quantized.SerializeToString())
+        source.graph.output.append(helper.make_tensor_value_info(f"wd{k}", TensorProto.FLOAT, None))
+        got = plain_session(probe).run([dq.output[0]], x)[0].astype(np.float32)
+        want = plain_session(source).run([f"wd{k}"], x)[0]
+        assert np.abs(got - want).max() <= 0.01 * np.abs(want).max(), k

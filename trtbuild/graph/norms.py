@@ -297,8 +297,10 @@ def _layernorm_at(view: GraphView, i: int) -> NormUnit | None:
     subs = _centrings(view, x, m)
     # the centring the variance squares first: where x is centred twice, either may come
     # first in the graph's order (a re-sorted export)
-    found = ((k, _variance_of(view, mean, _out(view, sub))) for k, sub in enumerate(subs))
-    k, variance = next(((k, v) for k, v in found if v is not None), (0, None))
+    direct = ((k, _stats_of(view, _out(view, sub))) for k, sub in enumerate(subs))
+    k, variance = next((((k, ((), s)) for k, s in direct if s is not None)), (0, None))
+    if variance is None and subs:
+        variance = _variance_of(view, mean, _out(view, subs[0]))
     if variance is None:
         return None
     subs = [subs[k], *subs[:k], *subs[k + 1 :]]

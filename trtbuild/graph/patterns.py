@@ -111,12 +111,15 @@ def _shape_arithmetic(analysis: Analysis, last: int | None) -> dict[int, str]:
     (half)"). They are scalars, short vectors and position ranges: FP32 costs little.
     """
     from trtbuild.graph.optypes import SHAPE_READERS
-    from trtbuild.graph.shape_inputs import size_inputs
+    from trtbuild.graph.shape_inputs import size_cone
 
     view = analysis.view
     # a value computed from shapes alone -> what it reads: a Shape node, or an input
     # TensorRT takes for a shape tensor (a length fed as int64 and halved in float)
-    source = {n: f"shape input {n}" for n in size_inputs(view)}
+    sizes, cone = size_cone(view)
+    source = {n: f"shape input {n}" for n in sizes}
+    # values of a size input count as a shape's only on their way to a shape operand
+    valued = set(sizes)
     found: dict[int, str] = {}
     for i, node in enumerate(view.nodes):  # a valid graph is sorted: inputs are seen first
         if node.op_type in SHAPE_READERS:
@@ -125,6 +128,11 @@ def _shape_arithmetic(analysis: Analysis, last: int | None) -> dict[int, str]:
         ins = [t for t in node.input if t]
         if not _computes_shapes(view, node, ins, source):
             continue
+        if any(t in valued for t in ins):
+            outs = [o for o in node.output if o]
+            if not all(o in cone for o in outs):
+                continue
+            valued.update(outs)
         shape = next(source[t] for t in ins if t in source)
         source.update((o, shape) for o in node.output if o)
         if view.float_outputs(i):

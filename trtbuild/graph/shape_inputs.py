@@ -105,17 +105,20 @@ def _operands_reached(
                     yield name, (node, k, node.input[k]), what
 
 
-def size_inputs(view: GraphView) -> list[str]:
+def size_cone(view: GraphView) -> tuple[list[str], set[str]]:
     """The inputs of rank 0 or 1 (int32, int64) whose values reach a shape operand through
     any computation, floats included (a length halved in float for a Slice's end): what
     decides a size, whether or not TensorRT's parser takes it for a shape tensor (a float
-    on the way makes it data to the parser, computed on the device)."""
+    on the way makes it data to the parser, computed on the device); and every value on
+    the way back from a shape operand (the cone): only there is arithmetic on such an
+    input a size's (a padding mask made from the same lengths is data)."""
     from trtbuild.graph.optypes import SHAPE_READERS
 
     candidates = {n for n in view.inputs if is_candidate(view, n)}
     if not candidates:
-        return []
+        return [], set()
     found: set[str] = set()
+    cone: set[str] = set()
     for node in view.nodes:
         operands = SHAPE_OPERANDS.get(node.op_type)
         if operands is None or node.domain not in DEFAULT_DOMAINS:
@@ -127,11 +130,12 @@ def size_inputs(view: GraphView) -> list[str]:
             if t in seen or t in view.initializers:
                 continue
             seen.add(t)
+            cone.add(t)
             found.update({t} & candidates)
             k = view.producer.get(t)
             if k is not None and view.nodes[k].op_type not in SHAPE_READERS:  # not its values
                 todo.extend(i for i in view.nodes[k].input if i)
-    return [n for n in view.inputs if n in found]
+    return [n for n in view.inputs if n in found], cone
 
 
 def _fixed_length(view: GraphView, tensor: str) -> bool:
