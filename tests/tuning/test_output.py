@@ -102,3 +102,36 @@ def test_a_policy_whose_dequantize_rules_are_not_enough_is_told_more_may_need_to
     assert said is not None and "rules take 4 op(s) out of it; more may need to be" in said
     assert "a rule with `dequantize: true` takes" not in said
     assert "a rule with `dequantize: true` takes" in (stuck_warning(stuck, 3) or "")
+
+
+def test_pins_go_into_a_rules_list_that_another_key_of_precision_follows(tmp_path):
+    """A block rule list followed by `default:` in `precision`: the list's end mark is that
+    key's start, so the pins were written after `default: fp16`, and `tune` stopped on the
+    malformed YAML of its own answer (exit 2) for a valid policy."""
+    import numpy as np
+    import onnx
+
+    from tests.helpers import F, model, node, run_tune
+    from trtbuild.cli import main
+    from trtbuild.policy import load_policy
+
+    m = model(
+        [node("Mul", ["x", "a"], "h", "m1"), node("Mul", ["h", "a"], "y", "m2")],
+        [("x", F, [1, 8])],
+        [("y", F, [1, 8])],
+        {"a": np.float32(300)},
+    )
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\n"
+        "inputs:\n  x: {shape: [1, 8], data: {distribution: uniform, low: 0.5, high: 1.0}}\n"
+        "precision:\n  rules:\n    - id: mine\n      match: {name: ^m1$}\n      precision: fp32\n"
+        "  default: fp16\nbuild: {backend: none}\n"
+    )
+    tuned = tmp_path / "out" / "tuned.yaml"
+    assert run_tune(policy, tuned) == 0
+    rules = load_policy(tuned).precision.rules
+    assert [r.id for r in rules] == ["mine", "tuned-1"] and rules[1].match.name == "^m2$"
+    assert tuned.read_text().rstrip().endswith("  default: fp16\nbuild: {backend: none}")
+    assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0

@@ -123,7 +123,7 @@ def with_rules(text: str, lines: list[str]) -> str | None:
         return text[:at] + "\n".join(block) + "\n" + text[at:]
     if isinstance(rules, yaml.SequenceNode) and not rules.flow_style and rules.value:
         column = rules.value[0].start_mark.column - 2
-        at = _line_end(text, rules.value[-1].end_mark)
+        at = _line_end(text, _content_end(rules.value[-1]))
         return text[:at] + "".join(f"{' ' * column}{x}\n" for x in lines) + text[at:]
     if isinstance(rules, yaml.SequenceNode):  # flow style: `rules: []` or `[{...}, {...}]`
         own = [f"- {text[n.start_mark.index : n.end_mark.index]}" for n in rules.value]
@@ -149,6 +149,18 @@ def _scalars(node: yaml.Node) -> list[tuple[str | None, yaml.ScalarNode]]:
 
 def _value(mapping: yaml.MappingNode, key: str) -> yaml.Node | None:
     return next((v for k, v in mapping.value if getattr(k, "value", None) == key), None)
+
+
+def _content_end(node: yaml.Node) -> Any:
+    """Where `node`'s own text ends. A block collection's end mark is the next token's
+    start, which may be a later key of the same mapping (`default:` after `rules:`): its
+    last value's end is the end of what it holds."""
+    while isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and not node.flow_style:
+        if not node.value:
+            break
+        last = node.value[-1]
+        node = last[1] if isinstance(last, tuple) else last
+    return node.end_mark
 
 
 def _line_end(text: str, mark: Any) -> int:
