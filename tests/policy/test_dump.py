@@ -116,3 +116,25 @@ def test_compare_values_alone_is_judged_by_the_simple_check():
     doc["accuracy"] = {"tolerances": {"default": {"compare": "values"}}}
     assert Policy.from_dict(doc).accuracy.default_tolerance.checks() == ("simple",)
     assert Tolerance(simple=False).checks() == ("simple",)  # the library's value alike
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # the last line without its newline: the rules were run into `default: fp16`
+        "version: 1\nmodel: m.onnx\nprecision:\n  default: fp16",
+        "version: 1\nmodel: m.onnx\nprecision:\n  rules:\n    - {id: a, match: {op: [Add]}}",
+        # a dash followed by more than one space: the rules were indented under the last one
+        "version: 1\nmodel: m.onnx\nprecision:\n    rules:\n        -   id: a\n"
+        "            match: {op: [Add]}\n    default: fp16\n",
+    ],
+)
+def test_rules_are_added_to_any_block_layout_a_person_writes(text):
+    """`with_rules` (what `tune` writes its pins with) gives YAML holding the rules after
+    the policy's own, for layouts its first version wrote unreadable YAML for."""
+    from trtbuild.policy.text import with_rules
+
+    edited = with_rules(text, ["# why", "- {id: t1, match: {name: ^m2$}, precision: fp32}"])
+    rules = yaml.safe_load(edited)["precision"]["rules"]
+    assert rules[-1] == {"id": "t1", "match": {"name": "^m2$"}, "precision": "fp32"}
+    assert [r["id"] for r in rules[:-1]] == ([] if "rules" not in text else ["a"])

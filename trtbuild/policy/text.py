@@ -120,11 +120,11 @@ def with_rules(text: str, lines: list[str]) -> str | None:
     if rules is None:
         at = _line_end(text, precision.end_mark)
         block = [f"{' ' * indent}rules:", *(f"{' ' * (indent + 2)}{x}" for x in lines)]
-        return text[:at] + "\n".join(block) + "\n" + text[at:]
+        return _ended(text[:at]) + "\n".join(block) + "\n" + text[at:]
     if isinstance(rules, yaml.SequenceNode) and not rules.flow_style and rules.value:
-        column = rules.value[0].start_mark.column - 2
+        column = rules.start_mark.column  # the dash's: `-   id:` is a rule too
         at = _line_end(text, _content_end(rules.value[-1]))
-        return text[:at] + "".join(f"{' ' * column}{x}\n" for x in lines) + text[at:]
+        return _ended(text[:at]) + "".join(f"{' ' * column}{x}\n" for x in lines) + text[at:]
     if isinstance(rules, yaml.SequenceNode):  # flow style: `rules: []` or `[{...}, {...}]`
         own = [f"- {text[n.start_mark.index : n.end_mark.index]}" for n in rules.value]
         body = "".join(f"\n{' ' * (indent + 2)}{x}" for x in [*own, *lines])
@@ -149,6 +149,11 @@ def _scalars(node: yaml.Node) -> list[tuple[str | None, yaml.ScalarNode]]:
 
 def _value(mapping: yaml.MappingNode, key: str) -> yaml.Node | None:
     return next((v for k, v in mapping.value if getattr(k, "value", None) == key), None)
+
+
+def _ended(text: str) -> str:
+    """`text` ending a line: a file whose last line has no newline is not run into."""
+    return text if not text or text.endswith("\n") else text + "\n"
 
 
 def _content_end(node: yaml.Node) -> Any:

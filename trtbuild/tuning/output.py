@@ -16,6 +16,7 @@ from trtbuild.accuracy.progress import StatusLine
 from trtbuild.errors import UsageError
 from trtbuild.front import Front
 from trtbuild.policy import Policy
+from trtbuild.policy.specs import Precision
 from trtbuild.tuning.search import SearchResult, Trial
 from trtbuild.words import percent
 
@@ -56,13 +57,26 @@ def tuned_policy(
     rules = {r.id: r for r in result.policy.rules}
     lines = [x for rule, group, reason in found for x in (f"# {group}: {reason}", "")]
     lines[1::2] = [f"- {flow(rule_dict(rules[rule]))}" for rule, _, _ in found]
+    where = out.resolve() if out is not None else (folder or Path.cwd()) / f"{name}.yaml"
     text = _edited(policy, folder, header, lines)
+    if text is not None and not _holds(text, where, name, result.policy):
+        text = None  # a layout the edit got wrong: the value, written anew, is the answer
     if text is None:
         notes = {rule: f"{group}: {reason}" for rule, group, reason in found}
         tuned = replace(policy, precision=result.policy)
         text = human_yaml(tuned, folder, header, notes)
-    where = out.resolve() if out is not None else (folder or Path.cwd()) / f"{name}.yaml"
     return text, parse_policy(text, where, name=name, file=False)
+
+
+def _holds(text: str, where: Path, name: str, precision: Precision) -> bool:
+    """Whether `text` reads back as a policy with the `precision` searched: an edited text
+    that does not (a layout `policy.text` misplaced the pins in) must not be the answer."""
+    from trtbuild.policy import parse_policy
+
+    try:
+        return parse_policy(text, where, name=name, file=False).precision == precision
+    except UsageError:
+        return False
 
 
 def _edited(
