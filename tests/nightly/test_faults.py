@@ -260,3 +260,17 @@ def test_summary_refuses_a_folder_of_the_users_as_the_nightly_does(tmp_path, cap
     assert main([*argv, str(out)]) == 0
     assert main([*argv, str(out)]) == 0  # its own folder, marked
     assert (out / ".trtbuild-output").is_file() and (out / "summary.md").is_file()
+
+
+def test_a_history_whose_folder_cannot_be_made_is_exit_2_and_keeps_the_night(
+    tmp_path, models_dir, capsys
+):
+    """A file where the history's folder goes (`--history model.onnx/h.sqlite`, a typo):
+    making the folder raised FileExistsError, a traceback and exit 70 after the night ran."""
+    policies = tmp_path / "policies"
+    _loop_policy(policies, models_dir)
+    (tmp_path / "taken").write_text("a file, not a folder")
+    assert _nightly(policies, tmp_path / "out", tmp_path / "taken" / "h.sqlite") == 2
+    err = capsys.readouterr().err
+    assert "cannot create the history's folder: File exists" in err and "Traceback" not in err
+    assert "tonight's results are kept in" in err and (tmp_path / "out" / "nightly.json").exists()

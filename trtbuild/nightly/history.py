@@ -419,7 +419,14 @@ def open_history(target: str | Path, *, create: bool = True) -> History:
     where = _redacted(str(target))
     if not create:
         _check_exists(url)
-    engine = _engine(url)
+    try:
+        engine = _engine(url)
+    except OSError as exc:  # its folder cannot be made: a file in the way, a read-only disk
+        raise UsageError(
+            f"cannot create the history's folder: {exc.strerror}: {exc.filename}",
+            where=where,
+            hint="give --history a path whose folders exist or can be created",
+        ) from None
     history = History(engine, where)
     try:
         with engine.begin() as conn:
