@@ -274,3 +274,18 @@ def test_a_history_whose_folder_cannot_be_made_is_exit_2_and_keeps_the_night(
     err = capsys.readouterr().err
     assert "cannot create the history's folder: File exists" in err and "Traceback" not in err
     assert "tonight's results are kept in" in err and (tmp_path / "out" / "nightly.json").exists()
+
+
+def test_two_files_of_one_policy_name_are_exit_2_before_the_night(tmp_path, models_dir, capsys):
+    """`x.yaml` and `x.yml` are both policy `x`: both ran into `OUT/x/` (one report over the
+    other), then the history's unique key refused the night, exit 2 saying the history
+    could not be used."""
+    policies = tmp_path / "policies"
+    first = _loop_policy(policies, models_dir)
+    (policies / "loop_sum.yml").write_text(first.read_text())
+    history, out = tmp_path / "h.sqlite", tmp_path / "out"
+    assert _nightly(policies, out, history) == 2
+    err = capsys.readouterr().err
+    assert "loop_sum.yaml and loop_sum.yml are both policy 'loop_sum'" in err
+    assert "rename one of them" in err and "history" not in err
+    assert not out.exists() and not history.exists()  # nothing run, nothing recorded

@@ -100,7 +100,24 @@ def discover(policies_dir: Path) -> list[Path]:
         raise UsageError(
             "no *.yaml policies in this folder", where=str(policies_dir), hint="pass --policies DIR"
         )
+    _one_per_name(found, policies_dir)
     return found
+
+
+def _one_per_name(found: list[Path], policies_dir: Path) -> None:
+    """Exit 2 where two files give one policy name (`x.yaml` and `x.yml`): a name is the
+    key of `OUT/<name>/` and of the history's row, so one would overwrite the other's
+    reports and the night's record would fail on the history's unique key."""
+    seen: dict[str, Path] = {}
+    for path in found:
+        other = seen.setdefault(path.stem, path)
+        if other is not path:
+            raise UsageError(
+                f"{undecoded(other.name)} and {undecoded(path.name)} are both policy '{undecoded(path.stem)}' "
+                "(a policy's name is its file's stem)",
+                where=str(policies_dir),
+                hint="rename one of them, or move it out of the folder",
+            )
 
 
 def run_policy(
