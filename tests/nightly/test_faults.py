@@ -289,3 +289,15 @@ def test_two_files_of_one_policy_name_are_exit_2_before_the_night(tmp_path, mode
     assert "loop_sum.yaml and loop_sum.yml are both policy 'loop_sum'" in err
     assert "rename one of them" in err and "history" not in err
     assert not out.exists() and not history.exists()  # nothing run, nothing recorded
+
+
+def test_a_policy_named_as_the_nights_own_trends_folder_is_exit_2(tmp_path, models_dir, capsys):
+    """`trends.yaml` was built into `OUT/trends/`, the folder of every policy's trend plot:
+    the plots went into its build folder and its own plot was missing after the first night."""
+    policies = tmp_path / "policies"
+    _loop_policy(policies, models_dir, name="trends.yaml")
+    out = tmp_path / "out"
+    assert _nightly(policies, out, tmp_path / "h.sqlite") == 2
+    err = capsys.readouterr().err
+    assert "policy 'trends' would be written into OUT/trends" in err and "rename" in err
+    assert not out.exists()

@@ -104,12 +104,25 @@ def discover(policies_dir: Path) -> list[Path]:
     return found
 
 
+NIGHT_FILES = frozenset({"trends", "summary.md", "summary.html", "junit.xml", "nightly.json"})
+
+
 def _one_per_name(found: list[Path], policies_dir: Path) -> None:
     """Exit 2 where two files give one policy name (`x.yaml` and `x.yml`): a name is the
     key of `OUT/<name>/` and of the history's row, so one would overwrite the other's
-    reports and the night's record would fail on the history's unique key."""
+    reports and the night's record would fail on the history's unique key. Nor may a
+    name be one of the night's own entries in `OUT` (`trends.yaml`: its build and every
+    policy's trend plot shared `OUT/trends/`, a plot missing from the first night)."""
     seen: dict[str, Path] = {}
     for path in found:
+        if path.stem in NIGHT_FILES:
+            raise UsageError(
+                f"{undecoded(path.name)}: policy '{undecoded(path.stem)}' would be written into "
+                f"OUT/{undecoded(path.stem)}, where the night writes its own "
+                f"{'trend plots' if path.stem == 'trends' else 'file'}",
+                where=str(policies_dir),
+                hint="rename the policy file",
+            )
         other = seen.setdefault(path.stem, path)
         if other is not path:
             raise UsageError(
