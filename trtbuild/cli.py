@@ -835,6 +835,7 @@ def _cmd_nightly(args) -> int:
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     _check_margin(args.margin)
+    _check_run_id(args.run_id)
     shard = _shard(args.shard, args.run_id)
     _claim_out(args.out)  # not a folder of the user's: exit 2 before anything runs
 
@@ -866,6 +867,7 @@ def _cmd_summary(args) -> int:
     from trtbuild import nightly
 
     _check_margin(args.margin)
+    _check_run_id(args.run_id)
     if args.shards < 0:
         raise UsageError("--shards must not be negative")
     _claim_out(args.out)  # the nightly's files over a folder of the user's: exit 2 first
@@ -893,6 +895,17 @@ def _claim_out(folder: Path, mark: str | None = None) -> None:
         check_out_folder(folder, known=(*NIGHTLY_FILES, *BUILD_FILES, MARKER), nested=True)
     elif folder.is_dir():
         write_marker(folder, mark, [n for n in NIGHTLY_FILES if (folder / n).exists()])
+
+
+def _check_run_id(run_id: str | None) -> None:
+    """Exit 2 for a blank --run-id: an unset CI variable (`--run-id "$RUN_ID"`) made every
+    such night one night, each recorded as a retry of the last, so `summary` judged only
+    the latest and a failing night vanished behind a passing one."""
+    if run_id is not None and not run_id.strip():
+        raise UsageError(
+            f"--run-id {run_id!r} is blank: nights with it would all be one night",
+            hint="give the night's id: in CI, --run-id ${{ github.run_id }}",
+        )
 
 
 def _shard(text: str | None, run_id: str | None):

@@ -272,3 +272,24 @@ def test_a_history_of_the_first_format_upgrades_in_place(tmp_path, models_dir):
 def test_bad_shards_are_exit_2(tmp_path, flags, says, capsys):
     assert main(["nightly", "--policies", str(tmp_path), *flags]) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["nightly", "summary"])
+def test_a_blank_run_id_is_exit_2(tmp_path, models_dir, command, capsys):
+    """`--run-id "$RUN_ID"` with the variable unset: every such night was one night, each
+    recorded as a retry (attempt 2, 3, ...) of the last, so `summary` judged only the latest
+    and a failing night vanished behind a later passing one. Nothing runs or is recorded."""
+    history, out = tmp_path / "h.sqlite", tmp_path / "out"
+    if command == "nightly":
+        folder = tmp_path / "policies"
+        _policies(folder, models_dir)
+        argv = ["nightly", "--policies", str(folder), "--backend", "none", "--no-cache"]
+    else:
+        open_history(history).close()
+        argv = ["summary"]
+    argv += ["--history", str(history), "--out", str(out), "--run-id", ""]
+    assert main(argv) == 2
+    assert "--run-id '' is blank" in capsys.readouterr().err
+    assert not out.exists()
+    if command == "nightly":
+        assert not history.exists()
