@@ -175,6 +175,22 @@ def test_a_shard_that_did_not_report_fails_the_summary_and_is_named(
     assert _summary(history_target, "night-8", tmp_path / "s") == 2  # no such night
 
 
+def test_shards_of_another_count_do_not_stand_for_a_missing_one(tmp_path, models_dir, capsys):
+    """A night whose matrix changed between attempts: shards 1/2, 2/3 and 3/3. Shard 1/2 ran
+    other policies than 1/3, whose policies never ran, yet shard 1 counted as seen: every
+    result passed and the summary exited 0."""
+    policies = _policies(tmp_path / "policies", models_dir)
+    history = str(tmp_path / "h.sqlite")
+    for shard in ("1/2", "2/3", "3/3"):
+        cmd = _shard_cmd(policies, tmp_path / "out", history, shard, "night-9")
+        assert main(cmd[3:]) == 0
+    capsys.readouterr()
+    assert _summary(history, "night-9", tmp_path / "s") == 1
+    assert "MISSING shard 1/3 on cpu-emulation: it did not report" in capsys.readouterr().out
+    assert _summary(history, "night-9", tmp_path / "s", "--shards", "2") == 1
+    assert "MISSING shard 2/2 on cpu-emulation" in capsys.readouterr().out
+
+
 def test_a_pass_on_the_cpu_then_a_fail_on_a_gpu_is_not_a_regression_of_the_cpu_lane(
     tmp_path, models_dir, history_target, capsys
 ):
