@@ -881,7 +881,6 @@ def _cmd_summary(args) -> int:
 
 
 # what a nightly writes into its --out, besides one build folder per policy
-NIGHTLY_FILES = ("summary.md", "summary.html", "junit.xml", "nightly.json", "trends")
 
 
 def _claim_out(folder: Path, mark: str | None = None) -> None:
@@ -889,12 +888,13 @@ def _claim_out(folder: Path, mark: str | None = None) -> None:
     (it would overwrite them); with `mark`, say it is trtbuild's (`.trtbuild-output`)."""
     from trtbuild.artifacts import BUILD_FILES
     from trtbuild.fsutil import MARKER, check_out_folder, write_marker
+    from trtbuild.nightly.runner import NIGHT_FILES
 
     folder = folder.resolve()
     if mark is None:
-        check_out_folder(folder, known=(*NIGHTLY_FILES, *BUILD_FILES, MARKER), nested=True)
+        check_out_folder(folder, known=(*NIGHT_FILES, *BUILD_FILES, MARKER), nested=True)
     elif folder.is_dir():
-        write_marker(folder, mark, [n for n in NIGHTLY_FILES if (folder / n).exists()])
+        write_marker(folder, mark, [n for n in NIGHT_FILES if (folder / n).exists()])
 
 
 def _check_run_id(run_id: str | None) -> None:

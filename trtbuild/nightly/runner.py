@@ -104,6 +104,8 @@ def discover(policies_dir: Path) -> list[Path]:
     return found
 
 
+# What a night writes into OUT beside the policies' folders (`_render`): a policy may not
+# take one of these names, and `--out` of a folder holding others is refused (`cli`)
 NIGHT_FILES = frozenset({"trends", "summary.md", "summary.html", "junit.xml", "nightly.json"})
 
 
