@@ -451,3 +451,22 @@ def test_atol_and_rtol_bound_each_element_by_the_larger_not_their_sum():
     ref, out = np.array([0, 1, 1, 1], np.float32), np.array([1e-3, 1, 1, 1], np.float32)
     found = run_checks([{"y": ref}], [{"y": out}], "c", {"y": Tolerance(atol=0, rtol=1)}, False)
     assert metrics(ref, out)["max_rel"] == pytest.approx(found["y"]["simple"]["worst"]["rel"])
+
+
+def test_an_empty_sample_of_indices_is_no_row_that_compares_nothing():
+    """A detector's kept classes along its last axis, [1, 0] on one sample (nothing kept) and
+    [1, 4] on another: the judge's check of the data's dims read the empty sample's rows of
+    0 and refused index_tolerance 1 (exit 2); a row of 4 compares 3. A [1, 1] class on a
+    sample compares nothing: exit 2, naming that shape."""
+    from trtbuild.accuracy.checks import run_checks
+    from trtbuild.errors import UsageError
+    from trtbuild.policy.specs import Tolerance
+
+    tol = {"c": Tolerance(compare="indices", index_tolerance=1)}
+    empty, kept = np.zeros((1, 0), np.int64), np.arange(4, dtype=np.int64).reshape(1, 4)
+    refs = [{"c": empty}, {"c": kept}]
+    found = run_checks(refs, [{"c": empty.copy()}, {"c": kept.copy()}], "cand", tol, False)
+    assert found["c"]["indices"]["passed"]
+    one = [{"c": np.zeros((0, 1), np.int64)}, {"c": np.zeros((1, 1), np.int64)}]
+    with pytest.raises(UsageError, match="at the output's shape \\[1, 1\\]"):
+        run_checks(one, [dict(it) for it in one], "cand", tol, False)

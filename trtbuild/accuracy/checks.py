@@ -335,8 +335,10 @@ def _compared(tol: dict[str, Tolerance], names: list[str], iters: list) -> None:
     """Exit 2 where a `compare: indices` compares nothing of the dims the data gives (a
     dynamic axis `check` could not read): it would pass whatever the candidate computed."""
     for n in names:
-        dims = np.shape(iters[0][n]) if iters else None
-        if dims is not None and (found := compares_nothing(tol[n], dims)) is not None:
+        for dims in dict.fromkeys(np.shape(it[n]) for it in iters if np.size(it[n])):
+            found = compares_nothing(tol[n], dims)  # an empty output compares nothing anyway
+            if found is None:
+                continue
             key, reason, hint = found
             raise UsageError(
                 f"accuracy.tolerances ({key}): {reason.format(name=repr(n))}, at the output's "
