@@ -38,7 +38,7 @@ def test_a_search_stuck_with_every_suspect_pinned_says_what_fails_instead():
 
     from trtbuild.tuning.output import stuck_warning
 
-    stuck = _result(False, 0.0, 1.0)
+    stuck = replace(_result(False, 0.0, 1.0), pinned=[0])
     assert stuck_warning(replace(stuck, passed=True), 3) is None
     assert stuck_warning(replace(stuck, exhausted=True), 3) is None  # the budget: its own
     quantized, plain = stuck_warning(stuck, 3), stuck_warning(stuck, 0)
@@ -46,6 +46,11 @@ def test_a_search_stuck_with_every_suspect_pinned_says_what_fails_instead():
     assert "FP16 storage is not what fails it" in quantized
     assert "3 quantized op(s)" in quantized and "`dequantize: true`" in quantized
     assert "quantized" not in plain and "the policy's own rules" in plain
+    # nothing the search may move (the user's own rules force every node there): it pinned
+    # no group, and said "pinned every group ... storage is not what fails it"
+    nothing = stuck_warning(replace(stuck, pinned=[]), 0)
+    assert nothing is not None and "pinned every group" not in nothing
+    assert nothing.startswith("tune found no group it may pin on the failing outputs' paths")
 
 
 def test_the_log_is_strict_json_where_an_error_is_infinite(tmp_path):

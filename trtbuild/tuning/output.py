@@ -191,6 +191,9 @@ def stuck_warning(
     text = (
         "tune pinned every group on the failing outputs' paths to FP32 and the candidate "
         f"still fails, so {result.low.upper()} storage is not what fails it"
+        if result.pinned
+        else "tune found no group it may pin on the failing outputs' paths (the policy's own "
+        "rules fix the precision of every node there), and the candidate fails"
     )
     if quantized:
         out = (
