@@ -54,6 +54,33 @@ def inf_at(dtype: np.typing.DTypeLike) -> float:
     return _half_step_past(float(info.max), float(info.eps))
 
 
+def not_held(values: np.ndarray, dtype: np.typing.DTypeLike) -> np.ndarray:
+    """Where numbers `values` are no values of the numeric type `dtype`: a float type's inf
+    (from `inf_at` on; below, a value rounds to the largest), an integer type's fraction or
+    value past its limits, a boolean's anything but 0 and 1. Why one test: a file's values,
+    a uniform range, a normal draw and image pixels are each checked before they are fed
+    (numpy's cast wraps or overflows without a word)."""
+    want, values = np.dtype(dtype), np.asarray(values)
+    if want.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return ~np.isfinite(values.astype(want))
+    if want.kind == "b":
+        return (values != 0) & (values != 1)
+    info = np.iinfo(want)
+    whole = values == np.floor(values) if values.dtype.kind == "f" else True
+    return ~(whole & (values >= info.min) & (values <= info.max))
+
+
+def holds(dtype: np.typing.DTypeLike) -> str:
+    """What `not_held` lets through, as messages say it: `±65504`, `0 to 255`, `0 or 1`."""
+    want = np.dtype(dtype)
+    if want.kind == "f":
+        return f"±{float(np.finfo(want).max):g}"
+    if want.kind == "b":
+        return "0 or 1"
+    return f"{np.iinfo(want).min} to {np.iinfo(want).max}"
+
+
 # What Polygraphy's simple compare adds to a zero of the reference before dividing by it
 # (its own constant, local to its method): the relative error every figure divides by.
 RELATIVE_EPSILON = 2.220446049250313e-16

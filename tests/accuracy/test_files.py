@@ -41,8 +41,8 @@ def test_an_inputs_file_the_model_cannot_take_names_its_line(tmp_path, arrays, s
 @pytest.mark.parametrize(
     ("elem", "array", "said"),
     [
-        (F, np.array([[[1.0, 1e39]]]), "[0, 0, 1] (1e+39; float32 holds 3.40282e+38)"),
-        (H, np.array([[[1.0, 7e4]]], np.float32), "[0, 0, 1] (70000.0; float16 holds 65504)"),
+        (F, np.array([[[1.0, 1e39]]]), "[0, 0, 1] (1e+39; float32 holds ±3.40282e+38)"),
+        (H, np.array([[[1.0, 7e4]]], np.float32), "[0, 0, 1] (70000.0; float16 holds ±65504)"),
         (I32, np.array([[[3, 2**32 + 1]]]), "[0, 0, 1] (4294967297; int32 holds -2147483648"),
         (U8, np.array([[[3, -1]]]), "[0, 0, 1] (-1; uint8 holds 0 to 255)"),
     ],

@@ -30,7 +30,7 @@ from trtbuild.accuracy.images import (
 from trtbuild.accuracy.points import InputData, ShapePoint, check_inputs, model_inputs
 from trtbuild.accuracy.sessions import quiet_polygraphy
 from trtbuild.errors import UsageError
-from trtbuild.numerics import inf_at
+from trtbuild.numerics import holds, not_held
 from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import DataSpec, InputSpec
 from trtbuild.sizes import fmt_bytes
@@ -331,10 +331,8 @@ def _range_held(policy: Policy, name: str, data: DataSpec, dtype: np.dtype, norm
     """
     if normal or dtype == np.bool_:
         return
-    if _is_float(dtype):
-        largest = float(np.finfo(dtype).max)  # held up to `inf_at`, rounded to it: as a file's
-        held, limit = max(abs(data.low), abs(data.high)) < inf_at(dtype), f"±{largest:g}"
-    else:
+    ends = [data.low, data.high]  # the draws lie between: a float one may reach high
+    if not _is_float(dtype):
         if not (float(data.low).is_integer() and float(data.high).is_integer()):
             raise UsageError(
                 f"{words.field('inputs', name, 'data')}: the range [{data.low:g}, "
@@ -343,28 +341,25 @@ def _range_held(policy: Policy, name: str, data: DataSpec, dtype: np.dtype, norm
                 where=policy.where_of("inputs", name, "data"),
                 hint="give low and high as whole numbers (integers drawn from [low, high))",
             )
-        info = np.iinfo(dtype)
-        held = info.min <= int(data.low) and int(data.high) - 1 <= info.max
-        limit = f"{info.min} to {info.max}"
-    if not held:
+        ends = [int(data.low), int(data.high) - 1]  # integers drawn from [low, high)
+    if not_held(np.array(ends, dtype=object if not _is_float(dtype) else float), dtype).any():
         raise UsageError(
             f"{words.field('inputs', name, 'data')}: the range [{data.low:g}, {data.high:g}) "
-            f"passes what the model's input '{name}' ({dtype}) holds ({limit})",
+            f"passes what the model's input '{name}' ({dtype}) holds ({holds(dtype)})",
             where=policy.where_of("inputs", name, "data"),
-            hint=f"give low and high within {limit}: the values the deployment feeds",
+            hint=f"give low and high within {holds(dtype)}: the values the deployment feeds",
         )
 
 
 def _normal_held(policy: Policy, name: str, data: DataSpec, arrays: list[np.ndarray]) -> None:
     """Exit 2 where a normal distribution drew a value the input's float type cannot hold
     (inf): the policy's `mean`/`std`, not the model, made it."""
-    if all(np.isfinite(a).all() for a in arrays):
+    if all(np.isfinite(a).all() for a in arrays):  # drawn in its type: an inf is past it
         return
-    largest = float(np.finfo(arrays[0].dtype).max)
     raise UsageError(
         f"{words.field('inputs', name, 'data')}: normal (mean {data.mean:g}, std "
         f"{data.std:g}) drew values past what the model's input '{name}' "
-        f"({arrays[0].dtype}) holds (±{largest:g}): inf",
+        f"({arrays[0].dtype}) holds ({holds(arrays[0].dtype)}): inf",
         where=policy.where_of("inputs", name, "data"),
         hint="give a mean and std whose draws stay within that range",
     )

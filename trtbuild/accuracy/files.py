@@ -21,6 +21,7 @@ from trtbuild import words
 from trtbuild.accuracy import derive, npz
 from trtbuild.accuracy.points import ShapePoint
 from trtbuild.errors import UsageError
+from trtbuild.numerics import holds, not_held
 from trtbuild.policy.model import Policy
 
 
@@ -194,25 +195,17 @@ def _held(
     """
     if arr.dtype == want:
         return arr
-    with np.errstate(over="ignore", invalid="ignore"):  # said below, as the field's fault
-        out = arr.astype(want, copy=False)
-    if want.kind == "f":
-        bad = np.argwhere(~np.isfinite(out))
-        limit = f"{float(np.finfo(want).max):g}"
-    else:
-        info = np.iinfo(want)
-        bad = np.argwhere((arr < info.min) | (arr > info.max))
-        limit = f"{info.min} to {info.max}"
+    bad = np.argwhere(not_held(arr, want))
     if bad.size:
         index = tuple(int(i) for i in bad[0])
         raise UsageError(
             f"{words.field(*at)}: array '{name}' holds {len(bad)} value(s) that the model's "
             f"input '{name}' ({want}) cannot hold, the first at index {list(index)} "
-            f"({arr[index]}; {want} holds {limit})",
+            f"({arr[index]}; {want} holds {holds(want)})",
             where=policy.where_of(*at),
             hint=f"save values {want} holds: the values the deployment feeds",
         )
-    return out
+    return arr.astype(want, copy=False)
 
 
 def _finite(policy: Policy, at: tuple[str, ...], name: str, arr: np.ndarray) -> np.ndarray:

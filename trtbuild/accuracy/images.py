@@ -21,7 +21,7 @@ import numpy as np
 from trtbuild import words
 from trtbuild.accuracy.points import InputData
 from trtbuild.errors import UsageError
-from trtbuild.numerics import inf_at
+from trtbuild.numerics import holds, not_held
 from trtbuild.policy.model import Policy
 from trtbuild.policy.specs import InputSpec
 
@@ -157,14 +157,13 @@ def _held(
     Why: `scale: 1000` on an FP16 input made pixels of 255000, inf once fed, and the verdict
     blamed the model ("the FP32 reference holds inf: a broken checkpoint's weights?").
     """
-    largest = float(np.finfo(dtype).max)
-    peak = float(np.abs(pixels).max()) if pixels.size else 0.0
-    if peak >= inf_at(dtype):  # below it a pixel rounds to the largest, as a file's does
+    if not_held(pixels, dtype).any():  # below 65520 a pixel rounds to 65504, as a file's does
+        peak = float(np.abs(pixels).max())
         scale = "1/255" if spec.data.images.scale is None else f"{spec.data.images.scale:g}"
         raise UsageError(
             f"{words.field(*at, 'images')}: the pixels times scale {scale}, less mean, over "
             f"std reach {peak:.6g}, past what the model's input '{spec.name}' ({dtype}) holds "
-            f"({largest:g})",
+            f"({holds(dtype)})",
             where=policy.where_of(*at, "images"),
             hint="give the scale, mean and std the model's preprocessing uses",
         )
