@@ -108,20 +108,18 @@ class _Pair:
             (REFERENCE, self.ref_iters if ref_iters is None else ref_iters),
             (self.label, self.iterations if iterations is None else iterations),
         ]
-        sides = []
-        for runner, iters in order[::-1] if reference_second else order:
-            sides.append(
-                [
-                    IterationResult({n: _comparable(it[n]) for n in names}, runner_name=runner)
-                    for it in iters
-                ]
-            )
+        if reference_second:
+            order.reverse()
+        sides = [
+            [IterationResult({n: _comparable(it[n]) for n in names}, runner_name=r) for it in its]
+            for r, its in order
+        ]
         if not self.verbose:  # samples at once: numpy leaves the GIL while it partitions
             # (their warnings meet the filter `quiet_polygraphy` holds around this call)
             with ThreadPoolExecutor(max(1, min(len(sides[0]), usable_cores()))) as pool:
                 return list(pool.map(func, *sides))
         results = RunResults()
-        for (runner, _), side in zip(order[::-1] if reference_second else order, sides):
+        for (runner, _), side in zip(order, sides):
             results.append((runner, side))
         return Comparator.compare_accuracy(results, compare_func=func)[0][tuple(results.keys())]
 
