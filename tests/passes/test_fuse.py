@@ -340,28 +340,20 @@ def test_ppocrv4_all_five_layernorms_fuse_with_outputs_unchanged(real_model):
     assert numpy_helper.to_array(m.graph.initializer[0]).size > 0
 
 
+def _ln_then(after: onnx.NodeProto, out_dims: list[int], **weights) -> onnx.ModelProto:
+    """A decomposed LayerNorm of x [2, 8] (`_stats`, then gamma and beta), `after` reading it."""
+    consts = {"two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32)}
+    consts |= {"gamma": np.full(8, 1.5, np.float32), "beta": np.zeros(8, np.float32)}
+    nodes = [*_stats([-1]), node("Div", ["d", "s"], "n", "div")]
+    nodes += [node("Mul", ["n", "gamma"], "g", "scale"), node("Add", ["g", "beta"], "y", "shift")]
+    return model([*nodes, after], [("x", F, [2, 8])], [("out", F, out_dims)], consts | weights)
+
+
 def test_a_weight_that_lifts_the_rank_blocks_fusion():
     """x [2, 8] times a gamma of [1, 1, 8] is [1, 2, 8]; a LayerNormalization hands out x's
     rank, so the Transpose after it (a perm of 3) read a tensor of rank 2: exit 70."""
-    eps = {"eps": np.array(1e-5, np.float32)}
-    weights = {"gamma": np.full((1, 1, 8), 1.5, np.float32), "beta": np.zeros(8, np.float32)}
-    source = model(
-        [
-            node("ReduceMean", ["x"], "mu", "ln", axes=[-1]),
-            node("Sub", ["x", "mu"], "d", "ln_sub"),
-            node("Mul", ["d", "d"], "d2", "ln_sq"),
-            node("ReduceMean", ["d2"], "var", "ln_var", axes=[-1]),
-            node("Add", ["var", "eps"], "ve", "ln_add"),
-            node("Sqrt", ["ve"], "sd", "ln_sqrt"),
-            node("Div", ["d", "sd"], "n", "ln_div"),
-            node("Mul", ["n", "gamma"], "g", "ln_mul"),
-            node("Add", ["g", "beta"], "y", "ln_addb"),
-            node("Transpose", ["y"], "out", "post", perm=[0, 2, 1]),
-        ],
-        [("x", F, [2, 8])],
-        [("out", F, [1, 8, 2])],
-        {**eps, **weights},
-    )
+    post = node("Transpose", ["y"], "out", "post", perm=[0, 2, 1])
+    source = _ln_then(post, [1, 8, 2], gamma=np.full((1, 1, 8), 1.5, np.float32))
     out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
     assert record.changed == 0, record.details
     assert "'gamma' of rank 3 broadcasts x of rank 2" in record.details["not_fused"][0]["why"]
@@ -369,32 +361,11 @@ def test_a_weight_that_lifts_the_rank_blocks_fusion():
 
 
 def test_the_weights_a_fusion_makes_take_names_no_value_has():
-    """A model already holding `ln.scale` and `c.bias_bnfolded` (read by other ops) got a
+    """A model already holding `mean.scale` and `c.bias_bnfolded` (read by other ops) got a
     second weight of each name from the LayerNorm fusion and the BatchNorm fold (exit 70)."""
     rng = np.random.default_rng(0)
-    weights = {
-        "gamma": np.full(8, 1.5, np.float32),
-        "beta": np.zeros(8, np.float32),
-        "eps": np.array(1e-5, np.float32),
-        "ln.scale": np.full(8, 3.0, np.float32),
-    }
-    source = model(
-        [
-            node("ReduceMean", ["x"], "mu", "ln", axes=[-1]),
-            node("Sub", ["x", "mu"], "d", "ln_sub"),
-            node("Mul", ["d", "d"], "d2", "ln_sq"),
-            node("ReduceMean", ["d2"], "var", "ln_var", axes=[-1]),
-            node("Add", ["var", "eps"], "ve", "ln_add"),
-            node("Sqrt", ["ve"], "sd", "ln_sqrt"),
-            node("Div", ["d", "sd"], "n", "ln_div"),
-            node("Mul", ["n", "gamma"], "g", "ln_mul"),
-            node("Add", ["g", "beta"], "y", "ln_addb"),
-            node("Mul", ["y", "ln.scale"], "out", "post"),
-        ],
-        [("x", F, [2, 8])],
-        [("out", F, [2, 8])],
-        weights,
-    )
+    post = node("Mul", ["y", "mean.scale"], "out", "post")
+    source = _ln_then(post, [2, 8], **{"mean.scale": np.full(8, 3.0, np.float32)})
     out, record = fuse.fuse_layernorm(onnx.ModelProto.FromString(source.SerializeToString()))
     assert record.changed == 1
     onnx.checker.check_model(out, full_check=True)
