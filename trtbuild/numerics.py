@@ -9,9 +9,12 @@ of a sentinel, two stages could disagree about the same tensor.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing
+
+if TYPE_CHECKING:  # annotations only: numpy.typing is no import a start-up pays for
+    from numpy.typing import DTypeLike
 
 FP16_MAX = 65504.0
 BF16_MAX = 3.3895313892515355e38
@@ -47,14 +50,14 @@ def _half_step_past(top: float, eps: float) -> float:
 LOW_INF_AT = {low: _half_step_past(top, LOW_EPS[low]) for low, top in LOW_MAX.items()}
 
 
-def inf_at(dtype: np.typing.DTypeLike) -> float:
+def inf_at(dtype: DTypeLike) -> float:
     """The smallest |x| a numpy float type rounds to infinity, as `LOW_INF_AT` (65520 for
     float16): what a value of that type can be fed or stored as without turning inf."""
     info = np.finfo(dtype)
     return _half_step_past(float(info.max), float(info.eps))
 
 
-def not_held(values: np.ndarray, dtype: np.typing.DTypeLike) -> np.ndarray:
+def not_held(values: np.ndarray, dtype: DTypeLike) -> np.ndarray:
     """Where numbers `values` are no values of the numeric type `dtype`: a float type's inf
     (from `inf_at` on; below, a value rounds to the largest), an integer type's fraction or
     value past its limits, a boolean's anything but 0 and 1. Why one test: a file's values,
@@ -71,7 +74,7 @@ def not_held(values: np.ndarray, dtype: np.typing.DTypeLike) -> np.ndarray:
     return ~(whole & (values >= info.min) & (values <= info.max))
 
 
-def holds(dtype: np.typing.DTypeLike) -> str:
+def holds(dtype: DTypeLike) -> str:
     """What `not_held` lets through, as messages say it: `±65504`, `0 to 255`, `0 or 1`."""
     want = np.dtype(dtype)
     if want.kind == "f":
