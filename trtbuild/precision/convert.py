@@ -16,6 +16,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -30,11 +31,14 @@ from trtbuild.graph.optypes import (
     OpTypes,
     as_float_type,
 )
-from trtbuild.graph.subgraphs import new_name, node_reads
+from trtbuild.graph.subgraphs import bodies, new_name, node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX, LOW_INF_AT
 from trtbuild.precision.assign import Assignment
 from trtbuild.precision.quantized import read_around
+
+if TYPE_CHECKING:
+    from trtbuild.graph.qdq import QdqNode
 
 _FIXED = {
     "tensor(float)": TensorProto.FLOAT,
@@ -241,11 +245,7 @@ class _Scales:
         # one copy per weight and dequantization: a tied INT8 weight two DQs read with
         # their own scales is two float weights (one key by the weight alone gave the
         # second reader the first's values)
-        how = [
-            b"" if v is None else v.dtype.str.encode() + v.tobytes()
-            for v in (node.scale_value, node.zero_value)
-        ]
-        key = (node.quantized, dtype, b"dequantized", *how, node.axis, node.block_size)
+        key = (node.quantized, dtype, b"dequantized", *_dequantization(node))
         if key not in self.names:
             from trtbuild.graph.qdq import dequantize
 
@@ -279,8 +279,7 @@ class _Scales:
         held = group_value(self.qdq, i, types)
         if held is None or np.array_equal(held, node.scale_value.astype(np.float32)):
             return None
-        made = [b"" if v is None else v.tobytes() for v in (node.scale_value, node.zero_value)]
-        key = (node.float_tensor, dtype, held.tobytes() + b"on_grid", *made, node.axis)
+        key = (node.float_tensor, dtype, held.tobytes() + b"on_grid", *_dequantization(node))
         if key not in self.names:
             zero = None if node.zero_value is None else node.zero_value.astype(np.float64)
             values = numpy_helper.to_array(weight)
@@ -311,6 +310,17 @@ class _Scales:
                 self.tensors.append(_tensor(value, dtype, name))
             self.names[key] = name
         return self.names[key]
+
+
+def _dequantization(node: QdqNode) -> tuple:
+    """What makes a Q/DQ's values of its tensor (scale, zero point, axis, block size): a copy
+    made for one is another Q/DQ's only where all of it is the same (a tied weight two DQs
+    read with their own scales is two copies)."""
+    made = [
+        b"" if v is None else v.dtype.str.encode() + v.tobytes()
+        for v in (node.scale_value, node.zero_value)
+    ]
+    return (*made, node.axis, node.block_size)
 
 
 def _read_weight(rw: _Rewriter, new: onnx.NodeProto, k: int, t: str, want: int | None) -> None:
@@ -651,13 +661,10 @@ def _rename_in_bodies(nodes: list[onnx.NodeProto], renamed: dict[str, str]) -> N
     if not renamed:
         return
     for node in nodes:
-        for attr in node.attribute:
-            if attr.type not in _BODY_TYPES:
-                continue
-            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                for inner in body.node:
-                    inner.input[:] = [renamed.get(t, t) for t in inner.input]
-                _rename_in_bodies(list(body.node), renamed)
+        for _, body in bodies(node):
+            for inner in body.node:
+                inner.input[:] = [renamed.get(t, t) for t in inner.input]
+            _rename_in_bodies(list(body.node), renamed)
 
 
 def _beyond_fp16(name: str, peak: float) -> str:
