@@ -86,6 +86,14 @@ def test_malformed_yaml_names_line(write_policy):
     assert "malformed YAML" in msg and "policy.yaml:" in msg
 
 
+def test_an_integer_past_pythons_digit_limit_names_its_line(write_policy):
+    """PyYAML's `int()` of 5000 digits raised a bare ValueError (exit 70, a traceback)."""
+    msg = _error(
+        write_policy, "version: 1\nmodel: m.onnx\naccuracy:\n  samples: " + "9" * 5000 + "\n"
+    )
+    assert "policy.yaml:4: malformed YAML: an integer of 5000 digits" in msg, msg
+
+
 @pytest.mark.parametrize(
     ("snippet", "expected"),
     [

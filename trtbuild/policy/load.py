@@ -92,9 +92,24 @@ class PolicyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, reading `1e-3` as the number YAML 1.2 and users mean.
 
     PyYAML follows YAML 1.1, where a float needs a dot, so `atol: 1e-3` would be a string.
+    An integer too long for Python's `int()` (4300 digits) is malformed YAML at its line,
+    not the bare ValueError PyYAML lets through.
     """
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            digits = sum(c.isdigit() for c in node.value)
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"an integer of {digits} digits is past any field's range",
+                node.start_mark,
+            ) from None
 
+
+PolicyLoader.add_constructor("tag:yaml.org,2002:int", PolicyLoader.construct_yaml_int)
 PolicyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
