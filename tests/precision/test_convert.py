@@ -163,6 +163,32 @@ def test_weights_converted_in_batches_are_each_rounded_and_warned_of_in_order(mo
     assert beyond == ["w0", "w1", "w5"]  # w0 said first, though converted after w1
 
 
+def test_a_constant_of_shape_filled_beyond_fp16_is_warned_of():
+    """Hugging Face's `torch.full(shape, finfo.min)` under a dynamic shape is a
+    ConstantOfShape no fold makes a weight: made FP16, its fill became -inf unsaid (a
+    weight of that value is warned of). A fill FP16 holds, or one already inf, is not."""
+    fills = {"big": -3.4e38, "held": -6e4, "inf": -np.inf}
+    m = model(
+        [node("Shape", ["x"], "s", "shape")]
+        + [
+            node(
+                "ConstantOfShape",
+                ["s"],
+                f"c{k}",
+                k,
+                value=onnx.numpy_helper.from_array(np.array([v], np.float32)),
+            )
+            for k, v in fills.items()
+        ]
+        + [node("Max", ["x", f"c{k}"], f"y{k}", f"max{k}") for k in fills],
+        [("x", F, ["n", 4])],
+        [(f"y{k}", F, ["n", 4]) for k in fills],
+    )
+    converted = convert(assign(m, Precision(guards=())))
+    said = [w for w in converted.warnings if "ConstantOfShape" in w]
+    assert len(said) == 1 and said[0].startswith("ConstantOfShape big fills -3.4e+38"), said
+
+
 def test_what_goes_in_or_out_of_a_sequence_stays_fp32():
     """A tensor computed in FP16 put in a sequence, and one taken out and computed on: a
     sequence's element type is declared once, so the sequence ops stay FP32 and the FP16

@@ -31,7 +31,7 @@ from trtbuild.graph.optypes import (
     OpTypes,
     as_float_type,
 )
-from trtbuild.graph.subgraphs import bodies, new_name, node_reads
+from trtbuild.graph.subgraphs import all_nodes, bodies, new_name, node_reads
 from trtbuild.graph.view import GraphView
 from trtbuild.numerics import FP16_MAX, LOW_INF_AT
 from trtbuild.precision.assign import Assignment
@@ -781,4 +781,27 @@ def convert(assignment: Assignment) -> Converted:
     new_graph.output.extend(graph.output)
     new_graph.initializer.extend(initializers)
     new_graph.value_info.extend(value_info)
-    return Converted(model, casts, warnings)
+    return Converted(model, casts, warnings + _fills_beyond_fp16(view, model))
+
+
+def _fills_beyond_fp16(view: GraphView, model: onnx.ModelProto) -> list[str]:
+    """The warning for a ConstantOfShape whose fill FP16 turns into inf (Hugging Face's
+    `torch.full(..., finfo.min)` mask under a dynamic shape, which no fold makes a weight
+    the weight warning would name)."""
+    source = {n.name: n for n in view.nodes if n.op_type == "ConstantOfShape"}
+    said = []
+    for new in all_nodes(model):
+        old = source.get(new.name) if new.op_type == "ConstantOfShape" else None
+        if old is None:
+            continue
+        fill = {a.name: a.t for a in new.attribute}.get("value")
+        was = {a.name: a.t for a in old.attribute}.get("value")
+        if fill is None or was is None or fill.data_type != TensorProto.FLOAT16:
+            continue
+        before = float(numpy_helper.to_array(was).reshape(-1)[0])
+        if math.isfinite(before) and abs(before) >= LOW_INF_AT["fp16"]:
+            said.append(
+                f"ConstantOfShape {new.name} fills {before:.4g}, beyond FP16's {FP16_MAX:g}: "
+                "its FP16 fill is inf (pin its readers FP32 where inf changes what they compute)"
+            )
+    return said
