@@ -201,7 +201,10 @@ def flat_warnings(flat: list[dict[str, Any]], front: Front) -> list[str]:
     by_output: dict[str, list[dict[str, Any]]] = {}
     for f in flat:
         by_output.setdefault(f["output"], []).append(f)
-    names = [n for r in front.shapes[:1] for n in r.point.shapes] or ["<input>"]
+    names = [n for r in front.shapes[:1] for n in r.point.shapes]
+    if front.shapes and not names:  # a model without inputs: no data could change its outputs
+        return []
+    names = names or ["<input>"]
     fix = " or ".join(f"`{words.field('inputs', n, 'data')}`" for n in names)
     low = front.policy.precision.default.upper().replace("FP32", "FP16")
     out = []

@@ -228,3 +228,21 @@ def test_a_constant_integer_output_is_said_as_such_not_in_fp16_steps(tmp_path, c
     assert "output y is constant or nearly so" in said, said
     assert "at shape [1, 4]: every value the same on all 2 sample(s)" in said, said
     assert "step" not in said, said
+
+
+def test_a_model_without_inputs_is_not_told_to_give_data(tmp_path, capsys):
+    """A model taking no inputs (a generator with its seed baked in) answers the same on
+    every sample: the warning told its user to give data under `inputs.<input>.data`,
+    which it has none of, and `check` said it measured `at shape {} ()`."""
+    m = model([node("Mul", ["w", "w"], "y", "/mul")], [], [("y", F, [1, 4])],
+              {"w": np.arange(4, dtype=np.float32).reshape(1, 4)})  # fmt: skip
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["check", "--policy", str(policy)]) == 0
+    said = capsys.readouterr()
+    assert "measured at shape (no inputs)\n" in said.out, said.out
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out), "--backend", "none"]) == 0
+    err = said.err + capsys.readouterr().err
+    assert "does not exercise" not in err, err

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import F, model, node
-from trtbuild.accuracy.points import shape_points
+from trtbuild.accuracy.points import point_label, shape_points
 from trtbuild.cli import main
 from trtbuild.errors import UsageError
 from trtbuild.front import run_front
@@ -230,3 +230,10 @@ def test_an_input_given_a_shape_and_frozen_says_it_is_frozen(tmp_path, capsys, m
     assert "p.yaml:7: accuracy.shapes.other: input 'lengths' is frozen" in err
     (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n" + frozen)
     assert main(["check", "--policy", "p.yaml"]) == 0
+
+
+def test_a_point_of_a_model_without_inputs_says_so():
+    """`measured at shape {}` read as a bug of the tool; a model taking no inputs (a
+    generator with its seed baked in) has one point and nothing to name in it."""
+    assert point_label("shape", {}) == "shape (no inputs)"
+    assert point_label("max", {"x": (1, 3)}) == "max [1, 3]"

@@ -74,7 +74,10 @@ class ShapePoint:
 
 
 def point_label(name: str, shapes: dict[str, tuple[int, ...]]) -> str:
-    """`max [1, 3, 256, 256]`, or `max {a: [..], b: [..]}` for several inputs."""
+    """`max [1, 3, 256, 256]`, or `max {a: [..], b: [..]}` for several inputs (`shape (no
+    inputs)` for a model that takes none, not `shape {}`)."""
+    if not shapes:
+        return f"{name} (no inputs)"
     if len(shapes) == 1:
         return f"{name} {list(next(iter(shapes.values())))}"
     return f"{name} {{" + ", ".join(f"{n}: {list(d)}" for n, d in shapes.items()) + "}"

@@ -141,7 +141,8 @@ def judged_line(front) -> str:
     """What `check` measured: every point with its data, made-up data and skipped points said."""
     runs = sorted(front.shapes, key=lambda r: point_rank(r.point.name))
     summary = data_summary([(r.point.name, r.data) for r in runs])
-    lines = [f"measured at {', '.join(r.point.label for r in runs)} ({summary})"]
+    said = f" ({summary})" if summary else ""  # a model without inputs draws no data
+    lines = [f"measured at {', '.join(r.point.label for r in runs)}{said}"]
     lines += data_lines(
         [(r.point.label, r.data) for r in runs], [(p.label, p.skip) for p in front.skipped]
     )
