@@ -517,7 +517,7 @@ def _lacking() -> tuple[tuple[str, str, str, Callable[[onnx.NodeProto], bool]], 
 
 
 # The order problems are said in: what the user fixes by re-quantizing first.
-ORDER = ("zero point", "format", "scale", "compute capability")
+ORDER = ("zero point", "format", "scale", "block_size", "compute capability")
 
 
 def _shape_runs(

@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto
 
 from tests.helpers import model, node
+from trtbuild.cli import main
 from trtbuild.graph.analysis import Analysis
 from trtbuild.graph.qdq import QdqGraph, dequantize, fp8_capable, holds, quantize, unheld
 from trtbuild.graph.view import GraphView
@@ -289,3 +290,52 @@ def test_a_blocked_scale_of_another_axis_is_refused_naming_the_op():
     assert found.node == "w_dq" and found.field == "scale"
     assert "shape [4, 2]" in found.problem and "needs [1, 8]" in found.problem
     assert "(/head/Gemm) left out" in found.fix
+
+
+def test_quantize_divides_in_fp32_as_onnx_and_onnx_runtime_do():
+    """A weight a hair past a rounding tie in float64 lands on the tie in FP32 and rounds to
+    even: `quantize` divided in float64, so the on-grid copy of a weight behind its own Q
+    (`convert`) held the other code, a whole step from what the exported Q gives."""
+    scale = np.float32(0.0123457)
+    k = np.arange(-100, 100)
+    ties = ((k + 0.5) * scale).astype(np.float32)
+    x = np.concatenate([ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf)])
+    want = _reference("QuantizeLinear", x, np.array(scale), np.array(0, np.int8), axis=0)
+    assert not np.array_equal(np.rint(x.astype(np.float64) / scale), want)  # the premise
+    assert np.array_equal(quantize(x, scale, "int8"), want.astype(np.float64))
+
+
+def test_quantize_takes_int4_blocks_with_a_short_last_one():
+    """An INT4 weight behind its own Q, blocked (opset 21): `quantize` had no INT4 bounds
+    (KeyError: exit 70 from `check`) and no blocks (the weight was quantized anew at the
+    rounded block scales, its codes moved)."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 0.3, (10, 6)).astype(np.float32)
+    scale = rng.uniform(0.02, 0.08, (3, 6)).astype(np.float32)
+    zero = np.zeros((3, 6), ml_dtypes.int4)
+    want = _reference("QuantizeLinear", x, scale, zero, axis=0, block=4)
+    got = quantize(x, scale, "int4", axis=0, block=4)
+    assert got.min() == -8 and got.max() == 7  # saturated at both ends
+    assert np.array_equal(got, want.astype(np.float64))
+
+
+def test_a_ragged_last_block_is_refused_naming_the_weight(tmp_path, capsys):
+    """TensorRT's parser refuses a blocked weight whose block size does not divide its axis
+    ("The quantization axis must divide into whole blocks") at the build, after the judge;
+    ONNX Runtime runs it, and `check` passed it."""
+    from onnx import helper, numpy_helper
+
+    m = _blocked_gemm((1, 8))
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.ones((6, 8), ml_dtypes.int4), "w"))
+    m.graph.initializer[1].CopyFrom(
+        numpy_helper.from_array(np.full((2, 8), 0.1, np.float32), "w_scale")
+    )
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6]))
+    (found,) = _violations(m)
+    assert found.node == "w_dq" and found.field == "block_size"
+    assert "block_size 4 does not divide dim 0 of the weight w" in found.problem
+    assert "its last block holds 2" in found.problem and "(/head/Gemm) left out" in found.fix
+    onnx.save(m, tmp_path / "m.onnx")
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml")]) == 2  # (70: an unordered kind)
+    assert "Q/DQ node w_dq: block_size 4 does not divide" in capsys.readouterr().err

@@ -99,7 +99,8 @@ TENSORRT_QUANTIZATION_FIX = (
 # The formats `quantize` computes on a constant: the integers' saturation bounds, and the FP8
 # types' (ml_dtypes, which onnx's numpy_helper reads them as) with their largest value
 INTEGER_BOUNDS = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
-                  "uint16": (0, 65535), "int32": (-(2**31), 2**31 - 1)}  # fmt: skip
+                  "uint16": (0, 65535), "int32": (-(2**31), 2**31 - 1),
+                  "int4": (-8, 7), "uint4": (0, 15)}  # fmt: skip
 FLOAT8_TYPES = {"fp8": ("float8_e4m3fn", 448.0), "fp8e5m2": ("float8_e5m2", 57344.0)}
 
 
@@ -399,15 +400,11 @@ def dequantize(
     any scale type) are exact, then rounded once to FP32: FP32 arithmetic's own result.
     """
     stored = np.asarray(stored)
-    if block and axis is not None:  # each block's scale repeated over its elements
-        n, axis = stored.shape[axis], axis % stored.ndim
-        scale = np.repeat(np.asarray(scale, np.float64), block, axis).take(range(n), axis)
-        if zero is not None:
-            zero = np.repeat(np.asarray(zero, np.float64), block, axis).take(range(n), axis)
-        exact = (stored.astype(np.float64) - (0 if zero is None else zero)) * scale
-    else:
-        zero = along(zero if zero is not None else 0, axis, stored.ndim)
-        exact = (stored.astype(np.float64) - zero) * along(scale, axis, stored.ndim)
+    shape = stored.shape
+    zero = 0 if zero is None else per_element(np.asarray(zero, np.float64), axis, block, shape)
+    exact = (stored.astype(np.float64) - zero) * per_element(
+        np.asarray(scale, np.float64), axis, block, shape
+    )
     with np.errstate(over="ignore"):  # a sentinel (finfo.min) quantized and back may be inf
         return exact.astype(np.float32)
 
@@ -418,19 +415,40 @@ def quantize(
     fmt: str,
     zero: np.ndarray | None = None,
     axis: int | None = None,
+    block: int = 0,
 ) -> np.ndarray:
     """QuantizeLinear on a constant (`fmt` in `INTEGER_BOUNDS` or `FLOAT8_TYPES`), the stored
-    values as float64: round half to even, saturate (ONNX's definition); FP8 rounds to its
-    nearest value (ml_dtypes) after saturating to its largest."""
-    scaled = np.asarray(values).astype(np.float64) / along(scale, axis, np.ndim(values))
+    values as float64: `values / scale` in FP32, as ONNX and ONNX Runtime divide (in
+    float64, a ratio a hair past a tie rounded to the other code), then round half to even
+    and saturate (ONNX's definition); FP8 rounds to its nearest value (ml_dtypes) after
+    saturating to its largest. Per tensor, per `axis`, or per `block` of that axis."""
+    values = np.asarray(values)
+    shape = values.shape
+    divisor = per_element(np.asarray(scale), axis, block, shape).astype(np.float32)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        scaled = (values.astype(np.float32) / divisor).astype(np.float64)
     if fmt in FLOAT8_TYPES:
         import ml_dtypes
 
         kind, top = FLOAT8_TYPES[fmt]
         return np.clip(scaled, -top, top).astype(getattr(ml_dtypes, kind)).astype(np.float64)
+    if fmt not in INTEGER_BOUNDS:
+        raise ValueError(f"no QuantizeLinear of format {fmt!r} is computed here")
     low, high = INTEGER_BOUNDS[fmt]
-    zero = along(zero if zero is not None else 0, axis, np.ndim(values))
+    zero = 0 if zero is None else per_element(np.asarray(zero, np.float64), axis, block, shape)
     return np.clip(np.rint(scaled) + zero, low, high)
+
+
+def per_element(
+    param: np.ndarray, axis: int | None, block: int, shape: tuple[int, ...]
+) -> np.ndarray:
+    """A Q/DQ's scale or zero point made to broadcast against values of `shape`: one value,
+    one per index of `axis`, or one per `block` of it repeated over the block's elements (a
+    ragged last block cut to the dim)."""
+    if block and axis is not None:
+        axis %= len(shape)
+        return np.repeat(param, block, axis).take(range(shape[axis]), axis)
+    return along(param, axis, len(shape))
 
 
 def fp8_capable(capability: str) -> bool:
@@ -545,7 +563,7 @@ def _scale_shape(qdq: QdqGraph, n: QdqNode) -> Violation | None:
     if n.block_size > 0:
         need[axis] = -(-dims[axis] // n.block_size)
     if need == scale:
-        return None
+        return _ragged(qdq, n, dims, axis, weight.name)
     blocked = f" and block_size {n.block_size}" if n.block_size > 0 else ""
     return Violation(
         n.name,
@@ -556,6 +574,23 @@ def _scale_shape(qdq: QdqGraph, n: QdqNode) -> Violation | None:
         f"re-quantize with the op that reads it ({_quantized_for(qdq, n.index)}) left out "
         "(ModelOpt: --nodes_to_exclude with its name) or another method (ModelOpt INT4: "
         "--calibration_method rtn_dq)",
+    )
+
+
+def _ragged(qdq: QdqGraph, n: QdqNode, dims: list[int], axis: int, weight: str) -> Violation | None:
+    """A blocked weight whose last block is cut short: ONNX and ONNX Runtime take it,
+    TensorRT's parser refuses it at the build ("The quantization axis must divide into
+    whole blocks"), after everything else, where `check` could have said so."""
+    if n.block_size <= 0 or dims[axis] % n.block_size == 0:
+        return None
+    return Violation(
+        n.name,
+        "block_size",
+        f"block_size {n.block_size} does not divide dim {axis} of the weight {weight} "
+        f"(shape {dims}): its last block holds {dims[axis] % n.block_size}, and TensorRT takes "
+        "whole blocks only",
+        f"re-quantize with a block size that divides {dims[axis]}, or with the op that reads "
+        f"it ({_quantized_for(qdq, n.index)}) left out",
     )
 
 

@@ -272,7 +272,7 @@ class _Scales:
 
         node = self.qdq.nodes[i]
         weight = self.a.view.initializers.get(node.float_tensor)
-        if weight is None or node.is_dq or node.scale_value is None or node.block_size:
+        if weight is None or node.is_dq or node.scale_value is None:
             return None
         group = self.qdq.group_of[i]
         types = {PRECISION_DTYPE[p] for m in group.members for p in self.precisions(m)}
@@ -283,9 +283,10 @@ class _Scales:
         if key not in self.names:
             zero = None if node.zero_value is None else node.zero_value.astype(np.float64)
             values = numpy_helper.to_array(weight)
-            codes = quantize(values, node.scale_value, node.format, zero, node.axis)
+            how = (zero, node.axis, node.block_size)
+            codes = quantize(values, node.scale_value, node.format, *how)
             name = self.fresh(f"{node.float_tensor}__on_grid_{DTYPE_NAME[dtype]}")
-            self.tensors.append(_tensor(dequantize(codes, held, zero, node.axis), dtype, name))
+            self.tensors.append(_tensor(dequantize(codes, held, *how), dtype, name))
             self.names[key] = name
             self.regridded.add(node.float_tensor)
         return self.names[key]
@@ -404,7 +405,7 @@ def _emit_q(rw: _Rewriter, i: int, scales: _Scales) -> None:
     for d in [own, *sorted(types - {own} if len(types) > 1 else ())]:
         new = onnx.NodeProto()
         new.CopyFrom(node)
-        grid = scales.on_grid(i, d) if rw.parent is None else None
+        grid = scales.on_grid(i, d)  # a main-graph weight, which a body reads by its name
         rw._inputs(node, new, [None if grid else d] + [None] * (len(node.input) - 1))
         new.input[0] = grid or new.input[0]
         new.input[1] = scales.tensor(i, d)
