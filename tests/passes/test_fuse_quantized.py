@@ -253,3 +253,58 @@ def test_a_batchnorm_whose_scale_is_zero_is_not_folded_into_a_zero_weight_scale(
     (entry,) = record.details["not_folded"]
     assert entry["name"] == "bn" and "scales > 0" in entry["why"]
     assert [n.name for n in after.graph.node] == [n.name for n in before.graph.node]
+
+
+def _conv_bn_blocked() -> onnx.ModelProto:
+    """A Conv whose INT8 weight's DQ has one scale per block of 4 output channels (opset
+    21's `block_size`), then a BatchNorm: each block's channels share a scale their
+    BatchNorm factors (all different) cannot be folded into."""
+    co, ci, block = 8, 4, 4
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "z"], ["xq"], name="x_q"),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "z"], ["xd"], name="x_dq"),
+        helper.make_node(
+            "DequantizeLinear", ["wq", "ws", "wz"], ["w"], name="w_dq", axis=0, block_size=block
+        ),
+        helper.make_node("Conv", ["xd", "w"], ["c"], name="conv"),
+        helper.make_node("BatchNormalization", ["c", "g", "be", "mu", "var"], ["y"], name="bn"),
+    ]
+    blocks = (co // block, ci, 1, 1)
+    inits = {
+        "xs": np.array(0.02, np.float32),
+        "z": np.array(0, np.int8),
+        "wq": RNG.integers(-127, 128, (co, ci, 1, 1)).astype(np.int8),
+        "ws": RNG.uniform(0.001, 0.01, blocks).astype(np.float32),
+        "wz": np.zeros(blocks, np.int8),
+        "g": RNG.uniform(0.5, 2, co).astype(np.float32),
+        "be": RNG.normal(0, 1, co).astype(np.float32),
+        "mu": RNG.normal(0, 1, co).astype(np.float32),
+        "var": RNG.uniform(0.5, 2, co).astype(np.float32),
+    }
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ci, 2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, 2, 2])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+def test_a_batchnorm_after_a_block_quantized_int8_weight_is_kept_and_says_why():
+    """The block scales were taken for per-channel ones: `np.broadcast_to` raised, and
+    `check`, `prepare` and `build` ended in an internal error (exit 70)."""
+    before = _conv_bn_blocked()
+    after, record = fuse.fold_batchnorm(before)
+    assert record.details["folded"] == []
+    (entry,) = record.details["not_folded"]
+    assert entry["name"] == "bn" and "w_dq is block-quantized (block_size 4" in entry["why"]
+    assert [n.name for n in after.graph.node] == [n.name for n in before.graph.node]
+    feed = {"x": RNG.uniform(0, 2, (1, 4, 2, 2)).astype(np.float32)}
+    (a,), (b,) = _run(before, feed), _run(after, feed)
+    np.testing.assert_array_equal(b, a)
+    prepared = prepare(before, Passes())  # every pass, as `check` and `build` run them
+    assert [n.op_type for n in prepared.model.graph.node][-1] == "BatchNormalization"

@@ -432,7 +432,13 @@ def _quantized_weight(view: GraphView, dq: onnx.NodeProto) -> _QuantizedWeight |
     if zero is None or zero.dtype != np.int8 or np.any(zero):
         return f"the weight DQ {dq.name} is not symmetric INT8"
     axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    block = next((a.i for a in dq.attribute if a.name == "block_size"), 0)
     scale = view.initializer_array(ins[1])
+    if block > 0 or scale.ndim > 1:  # each block's channels share a scale, not each channel
+        return (
+            f"the weight DQ {dq.name} is block-quantized (block_size {block}, scale of shape "
+            f"{list(scale.shape)}): its scales are not one per output channel"
+        )
     q = view.producer.get(ins[0])
     if ins[0] in view.initializers:
         values, stored = view.initializer_array(ins[0]), True
