@@ -308,3 +308,66 @@ def test_a_batchnorm_after_a_block_quantized_int8_weight_is_kept_and_says_why():
     np.testing.assert_array_equal(b, a)
     prepared = prepare(before, Passes())  # every pass, as `check` and `build` run them
     assert [n.op_type for n in prepared.model.graph.node][-1] == "BatchNormalization"
+
+
+def _weight_codes(m: onnx.ModelProto, q_name: str) -> np.ndarray:
+    """The INT8 codes the weight Q whose name holds `q_name` gives, as ONNX Runtime runs it."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    q = next(n for n in probe.graph.node if n.op_type == "QuantizeLinear" and q_name in n.name)
+    probe.graph.output.append(helper.make_tensor_value_info(q.output[0], TensorProto.INT8, None))
+    feed = {"x": np.zeros((1, 3, 8, 8), np.float32)}
+    return plain_session(probe).run([q.output[0]], feed)[0].astype(np.int32)
+
+
+def _with(m: onnx.ModelProto, **values: np.ndarray) -> onnx.ModelProto:
+    for t in m.graph.initializer:
+        if t.name in values:
+            t.CopyFrom(numpy_helper.from_array(values[t.name], t.name))
+    return m
+
+
+def test_a_float_weight_near_rounding_ties_keeps_every_code_through_the_fold():
+    """Folded as w * s and scale * |s|, each rounded to FP32, a weight within a few
+    millionths of a step of a rounding tie took the next code (76 of 512 in the finding's
+    model): the folded Q now gives each weight the exported Q's code, negated where the
+    BatchNorm scale is negative, and the float weight stays w * s within a thousandth of
+    a step."""
+    rng = np.random.default_rng(5)
+    ws = rng.uniform(0.005, 0.02, (4, 1, 1, 1)).astype(np.float32)
+    codes = rng.integers(-120, 121, (4, 3, 3, 3))
+    near = codes + 0.5 - rng.uniform(1e-7, 4e-6, codes.shape) * rng.choice([-1, 1], codes.shape)
+    wf = (near * ws.astype(np.float64)).astype(np.float32)
+    # only ties float32 and float64 division round alike (ONNX Runtime's and numpy's Q)
+    alike = np.rint(wf / ws) == np.rint(wf.astype(np.float64) / ws)
+    wf = np.where(alike, wf, ((codes + 0.25) * ws).astype(np.float32))
+    var = rng.uniform(0.5, 2, 4).astype(np.float32)
+    before = _with(
+        _conv_bn(pair_after_conv=False, float_weight=True), wf=wf, ws=ws.ravel(), var=var
+    )
+    after, record = fuse.fold_batchnorm(before)
+    assert record.details["folded"] == [{"name": "conv", "batchnorm": "bn"}]
+    inits = {t.name: numpy_helper.to_array(t) for t in before.graph.initializer}
+    s = (inits["g"] / np.sqrt(inits["var"].astype(np.float64) + 1e-5)).reshape(-1, 1, 1, 1)
+    exported, folded = _weight_codes(before, "w_q"), _weight_codes(after, "bnfolded")
+    np.testing.assert_array_equal(folded, exported * np.sign(s).astype(np.int32))
+    new = {t.name: numpy_helper.to_array(t) for t in after.graph.initializer}
+    step = new["conv.weight_bnfolded_scale"].reshape(-1, 1, 1, 1)
+    moved = np.abs(new["conv.weight_bnfolded_float"] - wf.astype(np.float64) * s) / step
+    assert moved.max() < 2e-3  # the float weight a `dequantize: true` op reads
+    feed = {"x": RNG.uniform(0, 1, (1, 3, 8, 8)).astype(np.float32)}
+    (a,), (b,) = _run(before, feed), _run(after, feed)
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * float(np.abs(a).max()))
+
+
+def test_a_weight_saturated_at_127_in_a_negative_channel_is_not_folded():
+    """Negated, a weight its Q saturates at 127 (quotient 140) quantizes to -128, not
+    -127: the fold gave it another code, so the BatchNorm stays."""
+    before = _conv_bn(pair_after_conv=False, float_weight=True)
+    inits = {t.name: numpy_helper.to_array(t) for t in before.graph.initializer}
+    wf = np.abs(inits["wf"])  # positive only: nothing at -128
+    wf[0, 0, 0, 0] = 140 * inits["ws"][0]  # channel 0's BatchNorm scale is negative
+    after, record = fuse.fold_batchnorm(_with(before, wf=wf))
+    (entry,) = record.details["not_folded"]
+    assert "negative BatchNorm scale holds a weight its Q saturates at 127" in entry["why"]
+    assert [n.name for n in after.graph.node] == [n.name for n in before.graph.node]

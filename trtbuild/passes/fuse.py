@@ -456,10 +456,11 @@ def _quantized_weight(view: GraphView, dq: onnx.NodeProto) -> _QuantizedWeight |
 
 def _fold_quantized(view: GraphView, conv: onnx.NodeProto, bn: onnx.NodeProto, dq_index: int):
     """Fold a BatchNorm into a Conv whose weight is INT8 behind a DequantizeLinear, exactly:
-    each output channel's scale is multiplied by |s|; stored integers stay (a channel with
-    s < 0 negated, so every scale stays > 0 as TensorRT requires), a float weight behind a Q
-    is multiplied by s. The bias, float, folds as a float Conv's does. The Conv gets its
-    own Q/DQ (the old ones may be shared)."""
+    each output channel's scale is multiplied by |s| and each weight keeps its code (a
+    channel with s < 0 negated, so every scale stays > 0 as TensorRT requires): stored
+    integers are negated, a float weight behind a Q is multiplied by s and held to its
+    code (`_folded_values`). The bias, float, folds as a float Conv's does. The Conv gets
+    its own Q/DQ (the old ones may be shared)."""
     weight = _quantized_weight(view, view.nodes[dq_index])
     if isinstance(weight, str):
         return weight
@@ -471,10 +472,17 @@ def _fold_quantized(view: GraphView, conv: onnx.NodeProto, bn: onnx.NodeProto, d
             f"a channel's BatchNorm scale makes its folded weight scale {folded_scale.min():g} "
             f"in {conv.input[1]!r}: TensorRT takes only scales > 0 (the BatchNorm is kept)"
         )
-    if np.any(_integers(weight)[s < 0] <= -128):  # negated, -128 would be 128: saturated
-        return f"a channel with a negative BatchNorm scale holds -128 in {conv.input[1]!r}"
+    unnegated = _unnegatable(weight, s < 0)
+    if unnegated:
+        return f"a channel with a negative BatchNorm scale holds {unnegated} in {conv.input[1]!r}"
+    values = _folded_values(weight, s, folded_scale)
+    if values is None:
+        return (
+            f"the folded {conv.input[1]!r} does not quantize back to the codes its Q gave "
+            "(the BatchNorm is kept)"
+        )
     stem = f"{conv.name}.weight_bnfolded"
-    nodes, inits = _folded_weight(weight, s, folded_scale, stem)
+    nodes, inits = _folded_weight(values, weight.stored, folded_scale, stem)
     b = view.initializer_array(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
     b2 = fold_bias(b).astype(np.float32)
     inits.append(numpy_helper.from_array(b2, f"{conv.name}.bias_bnfolded"))
@@ -493,26 +501,72 @@ def _integers(weight: _QuantizedWeight) -> np.ndarray:
     return quantize(weight.values, weight.scale, "int8", axis=0)  # per output channel, or one
 
 
-def _folded_weight(
-    weight: _QuantizedWeight, s: np.ndarray, new_scale: np.ndarray, stem: str
-) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """The weight times `s` per output channel as (Q and) DQ nodes writing `stem`, each
-    channel's scale `new_scale` (its old scale times |s|, checked > 0 by the caller)."""
+def _unnegatable(weight: _QuantizedWeight, negative: np.ndarray) -> str:
+    """What, in the channels `negative`, has no negated code ("" where nothing): -128
+    (128 saturates to 127), or a float weight its Q saturates at 127 (its negation
+    saturates at -128, not -127)."""
+    if np.any(_integers(weight)[negative] <= -128):
+        return "-128"
+    if not weight.stored and np.any(
+        quantize(weight.values, weight.scale, "int16", axis=0)[negative] > 127
+    ):
+        return "a weight its Q saturates at 127"
+    return ""
+
+
+# how far inside its code's rounding interval (in steps) a folded float weight is held: the
+# FP32 products w * s and scale * |s| move a quotient by about 1e-5 of a step at code 127,
+# which at a tie is the other code; this margin is clear of the division's own rounding
+# (float32 as ONNX Runtime computes it, or float64)
+_TIE_MARGIN = 1e-3
+
+
+def _folded_values(
+    weight: _QuantizedWeight, s: np.ndarray, new_scale: np.ndarray
+) -> np.ndarray | None:
+    """The folded weight to store: integers negated where s < 0, or a float weight times s
+    whose new Q gives each value the code the exported Q gave it, negated where s < 0 (None
+    where one does not). Why not w * s alone: rounded to FP32, a weight near a rounding tie
+    took the next code (76 of 512 weights built near ties). A value outside its code's
+    interval, or within `_TIE_MARGIN` of its edge, moves just inside it, and one its type
+    rounds back out (FP16) a few ulps further: the float weight stays the one a `dequantize:
+    true` op reads. One still off takes its code times the new scale."""
     per = (-1, *[1] * (weight.values.ndim - 1))
+    flip = np.where(s < 0, -1, 1).reshape(per)
     if weight.stored:
-        flip = np.where(s < 0, -1, 1).astype(np.int8).reshape(per)
-        values = numpy_helper.from_array((weight.values * flip).astype(np.int8), f"{stem}_int8")
-    else:
-        w2 = (weight.values.astype(np.float64) * s.reshape(per)).astype(weight.values.dtype)
-        values = numpy_helper.from_array(w2, f"{stem}_float")
+        return (weight.values * flip).astype(np.int8)
+    codes = _integers(weight) * flip
+    step = new_scale.astype(np.float64).reshape(per)
+    folded = (weight.values.astype(np.float64) * s.reshape(per)).astype(weight.values.dtype)
+    exact = folded.astype(np.float64) / step
+    low = np.where(codes <= -128, -np.inf, codes - 0.5 + _TIE_MARGIN)
+    high = np.where(codes >= 127, np.inf, codes + 0.5 - _TIE_MARGIN)
+    inside = np.clip(exact, low, high)
+    folded = np.where(inside == exact, folded, (inside * step).astype(folded.dtype))
+    grid = (codes * step).astype(folded.dtype)
+    for _ in range(4):  # an FP16 weight rounds back over the edge: a few ulps inward
+        off = quantize(folded, new_scale, "int8", axis=0) != codes
+        folded[off] = np.nextafter(folded[off], grid[off])
+    off = quantize(folded, new_scale, "int8", axis=0) != codes
+    folded[off] = grid[off]
+    return None if np.any(quantize(folded, new_scale, "int8", axis=0) != codes) else folded
+
+
+def _folded_weight(
+    values: np.ndarray, stored: bool, new_scale: np.ndarray, stem: str
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The folded weight `values` (`_folded_values`) as (Q and) DQ nodes writing `stem`,
+    each output channel's scale `new_scale` (its old scale times |s|, checked > 0 by the
+    caller): stored integers behind a DQ, a float weight behind a Q and a DQ."""
+    values = numpy_helper.from_array(values, f"{stem}_int8" if stored else f"{stem}_float")
     inits = [
         values,
         numpy_helper.from_array(new_scale, f"{stem}_scale"),
-        numpy_helper.from_array(np.zeros(s.shape, np.int8), f"{stem}_zero_point"),
+        numpy_helper.from_array(np.zeros(new_scale.shape, np.int8), f"{stem}_zero_point"),
     ]
     params = [inits[1].name, inits[2].name]
     nodes, quantized = [], values.name
-    if not weight.stored:
+    if not stored:
         quantized = f"{stem}_quantized"
         q = helper.make_node(QUANTIZE, [values.name, *params], [quantized], axis=0)
         q.name = f"{stem}_{QUANTIZE}"
