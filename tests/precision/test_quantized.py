@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.helpers import fp8_qdq_conv, needs_rtx, plain_session
+from tests.helpers import model as make_model
 from trtbuild.cli import main
 from trtbuild.front import run_front
 from trtbuild.graph.qdq import FUSED_OPS, QdqGraph
@@ -1048,3 +1049,82 @@ def test_a_weight_behind_its_q_keeps_its_codes_in_bodies_and_blocks(where, fmt):
     want = plain_session(m).run(None, feeds)[0]
     got = plain_session(mixed).run(None, feeds)[0]
     assert np.all(np.abs(got - want) < 0.25 * per)  # FP16's rounding, under a tenth of a code
+
+
+def _quantized_mask(peak: float, source: str) -> onnx.ModelProto:
+    """y = x + mask, the mask a quantized constant whose largest |value| is `peak` (127 codes
+    of `peak` / 127, a scale FP16 holds): its INT8 codes (`codes`), the same per row of a
+    mask of two rows (`per_channel`: the other row small), or a float constant behind its
+    own Q (`behind_q`, as ModelOpt and PyTorch export a weight)."""
+    rows = 2 if source == "per_channel" else 1
+    scale = np.full(rows, peak / 127, np.float32)
+    codes = np.zeros((rows, 8), np.int8)
+    codes[-1, 4:6] = -127  # masked positions
+    if source == "per_channel":
+        scale[0], codes[0] = 0.01, np.arange(8)
+    axis = {"axis": 0} if rows > 1 else {}
+    scale = scale if rows > 1 else scale.reshape(())
+    zero = np.zeros(scale.shape, np.int8)
+    inits = {"ms": scale, "mz": zero}
+    if source == "behind_q":
+        inits["w"] = (codes.astype(np.float64) * peak / 127).astype(np.float32)
+        nodes = [helper.make_node("QuantizeLinear", ["w", "ms", "mz"], ["mq"], name="qm", **axis)]
+    else:
+        inits["mq"], nodes = codes, []
+    nodes += [
+        helper.make_node("DequantizeLinear", ["mq", "ms", "mz"], ["m"], name="dqm", **axis),
+        helper.make_node("Add", ["x", "m"], ["y"], name="add"),
+    ]
+    return make_model(
+        nodes,
+        [("x", TensorProto.FLOAT, [rows, 8])],
+        [("y", TensorProto.FLOAT, [rows, 8])],
+        inits.items(),
+        opset=19,
+    )
+
+
+@pytest.mark.parametrize("source", ["codes", "per_channel", "behind_q"])
+def test_a_dq_whose_values_fp16_turns_inf_keeps_its_pair_and_reader_fp32(tmp_path, source, capsys):
+    """A quantized -1e6 mask at a scale FP16 holds (7874): only the scale was tested, so its
+    DQ computed in FP16 and turned inf, where the same constant as a float weight is kept
+    FP32 by guard:weight-range. Its values are judged too: the pair and its reader stay FP32
+    (rule qdq-scale, which `check` lists), and the mixed model computes what FP32 does."""
+    from trtbuild.accuracy.emulate import emulate
+
+    quantized = _quantized_mask(1e6, source)
+    onnx.save(quantized, tmp_path / "m.onnx")
+    rows = 2 if source == "per_channel" else 1
+    inputs = _inputs({"x": ([rows, 8], "uniform")})
+    policy = tmp_path / "m.yaml"
+    policy.write_text(POLICY.format(model="m.onnx", inputs=inputs, rules="[]", ccs='["8.9"]'))
+    front = _front(policy)
+    by_name = {front.view.nodes[i].name: d for i, d in enumerate(front.assignment.decisions)}
+    assert by_name["add"].precision == "fp32" and by_name["add"].rule == "qdq-scale"
+    assert "the values of dqm reach 1e+06, past FP16's range" in by_name["add"].reason
+    assert by_name["dqm"].precision == "fp32"
+    assert any("add (Add) stays FP32 with its Q/DQ pair" in w for w in front.warnings)
+    x = {"x": np.random.default_rng(0).uniform(size=(rows, 8)).astype(np.float32)}
+    (want,) = plain_session(quantized).run(None, x)
+    (got,) = plain_session(emulate(front.converted.model, "storage")).run(None, x)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)  # FP32 throughout: exact
+    assert main(["check", "--policy", str(policy)]) == 0
+    row = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("add "))
+    assert row.split()[:4] == ["add", "Add", "fp32", "qdq-scale"], row
+
+
+@pytest.mark.parametrize(("peak", "pinned"), [(65510.0, False), (65520.0, True)])
+def test_a_dq_is_judged_by_where_fp16_turns_inf_not_by_its_largest_value(tmp_path, peak, pinned):
+    """The values are judged where storing them turns inf (numerics.LOW_INF_AT, 65520 for
+    FP16), as the overflow warnings judge a tensor: 65510 rounds to 65504 and stays FP16."""
+    onnx.save(_quantized_mask(peak, "codes"), tmp_path / "m.onnx")
+    inputs = _inputs({"x": ([1, 8], "uniform")})
+    policy = tmp_path / "m.yaml"
+    policy.write_text(POLICY.format(model="m.onnx", inputs=inputs, rules="[]", ccs='["8.9"]'))
+    front = _front(policy)
+    add = next(i for i, n in enumerate(front.view.nodes) if n.name == "add")
+    decision = front.assignment.decisions[add]
+    assert (decision.precision, decision.rule) == (
+        ("fp32", "qdq-scale") if pinned else ("fp16", "default")
+    )

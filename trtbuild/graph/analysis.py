@@ -97,6 +97,12 @@ class Analysis:
         """Largest finite |value| of every float initializer."""
         return self._once("weight_peaks", lambda: _weight_peaks(self.view))
 
+    def dequantized_peaks(self) -> dict[int, float]:
+        """Largest finite |value| of each DequantizeLinear of a constant that may pass the
+        narrowest low type's range, by the DQ's index (`_dequantized_peaks`): what an FP16
+        DQ stores, measured as `weight_peaks` measures a float weight."""
+        return self._once("dequantized_peaks", lambda: _dequantized_peaks(self.qdq()))
+
 
 def mapped(unit: U, back: tuple[int, ...]) -> U:
     """A unit found in the float graph, its node indices (`nodes`, an attention block's
@@ -167,3 +173,61 @@ def _batch_peaks(batch: list[tuple[str, bytes]], dtype: Any, view: GraphView) ->
         else:
             peaks[name] = finite_peak(view.initializer_array(name))
     return peaks
+
+
+# The 4-bit integer types' bounds, which `qdq.INTEGER_BOUNDS` (what `quantize` computes) lacks
+_FOUR_BIT = {"int4": (-8, 7), "uint4": (0, 15)}
+
+
+def _dequantized_peaks(qdq: Any) -> dict[int, float]:
+    """Each DQ of a constant (its integer or FP8 codes, or a float constant behind its own Q)
+    whose values reach `numerics.LOW_INF_AT` of the narrowest low type somewhere: their
+    largest finite |value|, as DequantizeLinear computes them.
+
+    Why: a DQ computes in the precision of what it feeds, so an FP16 DQ whose scale FP16
+    holds still stores |code - zero point| x scale from 65520 on as inf: a quantized -1e6
+    attention mask (scale 7874) turned inf, where the same constant as a float weight is
+    pinned by guard:weight-range. Why a bound first: where the widest scale times the
+    widest code its format holds stays below that (every weight of an ordinary model), no
+    code is read; only the rest are dequantized. A DQ of an activation is left out: only the
+    reference data shows its values.
+    """
+    from trtbuild.numerics import LOW_INF_AT
+
+    below = min(LOW_INF_AT.values())
+    peaks = {}
+    for i, n in qdq.nodes.items():
+        if n.is_dq and n.scale_value is not None:
+            peak = _dequantized_peak(qdq, n, below)
+            if peak >= below:
+                peaks[i] = peak
+    return peaks
+
+
+def _dequantized_peak(qdq: Any, n: Any, below: float) -> float:
+    """`_dequantized_peaks`' figure for one DQ `n`; 0.0 where it reads no constant or its
+    bound stays `below`. A float constant behind a Q whose codes `qdq.quantize` does not
+    compute (4-bit, blocked) counts as itself, within what its codes reach."""
+    import numpy as np
+
+    from trtbuild.graph.qdq import FLOAT8_TYPES, INTEGER_BOUNDS, dequantize, quantize
+    from trtbuild.numerics import finite_peak
+
+    view, group = qdq.view, qdq.group_of[n.index]
+    q = qdq.nodes[group.q] if group.q is not None else None
+    source = n.quantized if q is None else q.float_tensor
+    if source not in view.initializers:
+        return 0.0
+    bounds = {**_FOUR_BIT, **INTEGER_BOUNDS}
+    low, high = bounds.get(n.format, (0.0, FLOAT8_TYPES.get(n.format, ("", math.inf))[1]))
+    with np.errstate(invalid="ignore"):
+        reach = float(np.max(np.abs(n.scale_value))) * (high - low)
+    if reach < below:  # False for NaN: a scale no type holds is read as it is
+        return 0.0
+    stored = view.initializer_array(source)
+    if q is not None:
+        computed = q.format in INTEGER_BOUNDS or q.format in FLOAT8_TYPES
+        if q.scale_value is None or q.block_size or not computed:
+            return min(finite_peak(stored), reach)
+        stored = quantize(stored, q.scale_value, q.format, q.zero_value, q.axis)
+    return finite_peak(dequantize(stored, n.scale_value, n.zero_value, n.axis, n.block_size))

@@ -330,12 +330,13 @@ def _with_qdq(assignment: Assignment, qdq, precision: Precision) -> Assignment:
     view, decisions = assignment.view, assignment.decisions
     _dequantized_data_follows_readers(view, decisions, qdq)
     dequantized = _dequantized(assignment, qdq, precision)
+    peaks = assignment.analysis.dequantized_peaks()  # a DQ of a constant holds its values too
     promoted, warnings = quantized.promote_for_scales(
-        view, qdq, [d.precision for d in decisions], dequantized
+        view, qdq, [d.precision for d in decisions], dequantized, peaks
     )
     for i, why in promoted.items():
         decisions[i] = Decision("fp32", quantized.SCALE_RULE, why)
-    plan = quantized.plan(view, qdq, [d.precision for d in decisions], dequantized)
+    plan = quantized.plan(view, qdq, [d.precision for d in decisions], dequantized, peaks)
     for i, p in plan.precision.items():
         rule = quantized.QDQ_RULE if i in qdq.nodes else quantized.LAYOUT_RULE
         decisions[i] = Decision(p, rule, plan.reasons[i])
