@@ -10,13 +10,13 @@ import numpy as np
 
 from trtbuild import __version__, words
 from trtbuild.accuracy import risk
-from trtbuild.accuracy.breakdown import split_error
+from trtbuild.accuracy.breakdown import kept_runs, split_error
 from trtbuild.accuracy.judge import Candidate, Verdict, judge_all
 from trtbuild.accuracy.masked import RULE_KEY, masked_at, rule_said
 from trtbuild.accuracy.reference import ReferenceMeasures
 from trtbuild.accuracy.report import Report, ShapeVerdict
 from trtbuild.accuracy.sessions import EMULATED, trt_runner
-from trtbuild.front import Front, baselines
+from trtbuild.front import Front, baselines, kept_quantization
 from trtbuild.graph.optypes import computes
 from trtbuild.graph.view import in_sequences
 from trtbuild.numerics import LOW_EPS, LOW_INF_AT, LOW_MAX
@@ -384,6 +384,7 @@ def _per_point(
     firsts: list[Verdict] = []
     model, spec = front.prepared.model, front.policy.accuracy
     dequantized = len(front.assignment.dequantized)
+    kept = _kept_session(front)
     for run in front.shapes:  # every point of the input space, the primary first
         if run.reference is None:
             raise ValueError("evaluate_all needs every shape's reference tensors")
@@ -392,13 +393,27 @@ def _per_point(
             run.reference, model, candidates, run.feeds, spec, verbose=verbose, again=not last
         )
         point = run.point
-        # reference_model only
-        split = split_error(run.reference, verdicts[0], spec, verbose, front.quantized, dequantized)
+        # reference_model only; against the graph as the policy keeps it, where it differs
+        runs = kept_runs(kept, run.reference, run.feeds) if kept is not None else None
+        split = split_error(
+            run.reference, verdicts[0], spec, verbose, front.quantized, dequantized, runs
+        )
         per_shape.append(
             ShapeVerdict(point.name, point.shapes, verdicts[0], verdicts[1], dict(run.data), split)
         )
         firsts = firsts or verdicts
     return per_shape, firsts
+
+
+def _kept_session(front: Front) -> Any:
+    """A session of the graph as the policy keeps it (`front.kept_quantization`), where the
+    policy has a reference model and `dequantize: true` rules that take ops out; else None."""
+    from trtbuild.accuracy.sessions import lean_session, session_model
+
+    if front.policy.accuracy.reference_model is None:
+        return None
+    kept = kept_quantization(front)
+    return lean_session(session_model(kept.model)) if kept is not None else None
 
 
 def masked_warnings(report: Report) -> list[str]:

@@ -902,3 +902,23 @@ def baselines(front: Front, *, engines: bool = False) -> dict[str, Converted]:
     accuracy, build = front.policy.accuracy, front.policy.build
     wanted = ["fp16"] + (["fp32"] if accuracy.fp32_check or (engines and build.variants) else [])
     return {v: baseline(front, v) for v in wanted}
+
+
+def kept_quantization(front: Front) -> Converted | None:
+    """The quantized graph as the policy keeps it: its `dequantize: true` rules applied (the
+    ops they decide read the float values), everything in FP32; None where no rule takes an
+    op out (the graph as given is that one).
+
+    Why: with such rules the policy's error against `accuracy.reference_model` is the
+    quantization it keeps plus its low precision's storage; measured against the graph as
+    given, an op a rule took out of INT8 showed its whole INT8 error as the FP16 part. Each
+    rule kept in its place with FP32 as its precision decides the same nodes (first match
+    wins, whatever the precision); where the ops taken out still differ, None.
+    """
+    if not front.assignment.dequantized:
+        return None
+    rules = tuple(replace(r, precision="fp32") for r in front.policy.precision.rules)
+    precision = replace(front.policy.precision, default="fp32", rules=rules, guards=())
+    ranges = front.measures.ranges if front.measures is not None else None
+    kept = assign(front.view, precision, ranges, front.analysis)
+    return convert(kept) if kept.dequantized == front.assignment.dequantized else None

@@ -293,13 +293,14 @@ def test_a_quantization_failing_alone_names_dequantize_as_a_fix(tmp_path, quanti
     assert "with `dequantize: true` rules, re-quantize, or loosen the tolerances" in out, out
 
 
-def test_a_policy_with_dequantize_rules_is_not_told_no_pin_can_fix_it(
+def test_a_policy_with_dequantize_rules_is_measured_on_the_quantization_it_keeps(
     tmp_path, quantized_dir, capsys
 ):
-    """Where the policy's `dequantize: true` rules already take ops out of the quantization
-    and an output still fails, the hint said no FP32 pin could fix it (the graph's own run,
-    which those rules do not change, was the measure) and to write such rules: it says how
-    many ops they take out and what may help (report.md says the same)."""
+    """Where the policy's `dequantize: true` rules take ops out of the quantization, the
+    quantization alone is the graph with those rules applied: where that still fails, no
+    FP32 pin can fix it (it is what every pin keeps), and the line says which quantization it
+    measured and that taking more ops out may help (report.md says the same). Against the
+    graph as given it said only that the run did not measure the rules."""
     original = quantized_dir / "nafnet_tiny.onnx"
     rules = FINAL + (
         "    - id: ending-out\n      match: {name: '^/ending/'}\n"
@@ -313,10 +314,99 @@ def test_a_policy_with_dequantize_rules_is_not_told_no_pin_can_fix_it(
     policy.write_text(text + f"  reference_model: {original}\n")
     assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "o")]) == 1
     out = capsys.readouterr().out
-    said = "the policy's `dequantize: true` rules take 2 op(s) out of the quantization, which "
-    assert said + "that run does not measure: take more" in out, out
-    assert "no FP32 pin can fix" not in out, out
-    assert said in (tmp_path / "o" / "report.md").read_text()
+    said = (
+        "the quantization alone as the policy keeps it fails the tolerances on restored, total "
+        "(the policy's `dequantize: true` rules take 2 op(s) out of the quantization, which read "
+        "the float values): no FP32 pin can fix that (take more of the ops that lose most out "
+        "of the quantization with `dequantize: true` rules, re-quantize, or loosen the "
+        "tolerances)"
+    )
+    assert said in out, out
+    assert "restored: quantization alone as the policy keeps it max_abs=" in out, out
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "**The quantization alone as the policy keeps it fails the tolerances**" in md, md
+    assert "FP16 part (policy against the quantized graph as the policy keeps it in FP32)" in md
+
+
+def _two_matmuls(quantized: bool) -> onnx.ModelProto:
+    """x @ W1 @ W2, each matrix product INT8 as ModelOpt exports it (x and h behind a Q/DQ
+    pair, each weight a float constant behind its own Q), or its float original."""
+    rng = np.random.default_rng(11)
+    w = [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2)]
+    inits = {"w1": w[0], "w2": w[1]}
+    if not quantized:
+        nodes = [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+            helper.make_node("MatMul", ["h", "w2"], ["y"], name="mm2"),
+        ]
+        return make_model(
+            nodes,
+            [("x", TensorProto.FLOAT, [1, 64])],
+            [("y", TensorProto.FLOAT, [1, 64])],
+            inits,
+            opset=19,
+        )
+    nodes = []
+    for k, (a, out) in enumerate((("x", "h"), ("h", "y")), 1):
+        inits[f"as{k}"] = np.array(3.0 * 8 ** (k - 1) / 127, np.float32)
+        inits[f"ws{k}"] = (np.abs(w[k - 1]).max(0) / 127).astype(np.float32)
+        inits[f"wz{k}"] = np.zeros(64, np.int8)
+        nodes += [
+            helper.make_node("QuantizeLinear", [a, f"as{k}", "z"], [f"{a}q"], name=f"q_{a}"),
+            helper.make_node("DequantizeLinear", [f"{a}q", f"as{k}", "z"], [f"{a}d"], name=f"dq_{a}"),
+            helper.make_node("QuantizeLinear", [f"w{k}", f"ws{k}", f"wz{k}"], [f"w{k}q"], name=f"q_w{k}", axis=1),
+            helper.make_node("DequantizeLinear", [f"w{k}q", f"ws{k}", f"wz{k}"], [f"w{k}d"], name=f"dq_w{k}", axis=1),
+            helper.make_node("MatMul", [f"{a}d", f"w{k}d"], [out], name=f"mm{k}"),
+        ]  # fmt: skip
+    inits["z"] = np.array(0, np.int8)
+    return make_model(nodes, [("x", TensorProto.FLOAT, [1, 64])], [("y", TensorProto.FLOAT, [1, 64])], inits, opset=19)  # fmt: skip
+
+
+def test_the_split_of_a_policy_with_dequantize_rules_is_the_two_parts_of_its_error(
+    tmp_path, capsys
+):
+    """`dequantize: true` (FP16) on the second of two INT8 matrix products: the split compared
+    the policy with the graph as given, so that op's whole INT8 error showed as the FP16 part
+    (larger than the policy's whole error). Both parts are against the graph as the policy
+    keeps it (the second product in float, the first INT8), built here by hand and run in
+    plain ONNX Runtime: the FP16 part is the policy against it, the quantization alone it
+    against the original."""
+    q, f = _two_matmuls(True), _two_matmuls(False)
+    onnx.save(q, tmp_path / "q.onnx")
+    onnx.save(f, tmp_path / "f.onnx")
+    kept = onnx.ModelProto.FromString(q.SerializeToString())  # mm2 reads h and w2 as they are
+    taken = {"q_h", "dq_h", "q_w2", "dq_w2"}
+    nodes = [n for n in kept.graph.node if n.name not in taken]
+    nodes[-1].input[:] = ["h", "w2"]
+    del kept.graph.node[:]
+    kept.graph.node.extend(nodes)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: q.onnx\ninputs:\n  x: {shape: [1, 64], data: {distribution: normal}}\n"
+        "precision:\n  default: fp16\n  rules:\n"
+        "    - {id: out, match: {name: '^mm2$'}, precision: fp16, dequantize: true}\n"
+        "build: {backend: none}\naccuracy:\n  samples: 2\n  reference_model: f.onnx\n"
+        "  tolerances: {default: {atol: 100, rtol: 0}}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(policy), "--out", str(out)]) == 0
+    front = run_front(load_policy(policy), reference="none")
+    feeds = [dict(x) for x in front.feeds]
+    theirs, mine = _run(f, feeds), _run(kept, feeds)
+    policy_runs = _run(emulate(front.converted.model, "storage"), feeds)
+    split = json.loads((out / "report.json").read_text())["reference_model"]
+    parts = split["outputs"]["y"]
+    assert parts["quantized_vs_original"]["max_abs"] == pytest.approx(
+        _max_abs(mine, theirs, 0), rel=1e-3
+    )
+    assert parts["policy_vs_quantized"]["max_abs"] == pytest.approx(
+        _max_abs(policy_runs, mine, 0), rel=1e-3
+    )
+    # the FP16 part is FP16's: well under the policy's whole error, which holds mm1's INT8
+    assert parts["policy_vs_quantized"]["max_abs"] < parts["policy_vs_original"]["max_abs"] / 4
+    assert split["dequantized"] == 1  # report.json says which graph the parts are against
+    said = capsys.readouterr().out
+    assert "y: quantization alone as the policy keeps it max_abs=" in said, said
 
 
 def _half_and_twin(tmp_path: Path) -> tuple[Path, Path]:

@@ -6,17 +6,21 @@ the quantization's own (the quantized graph run in FP32, as ONNX Runtime runs Q/
 against the original), which no FP32 pin can remove, and the FP16 part (the policy
 against the quantized graph in FP32), which pins do. Each part is measured by the same
 compare function and tolerances as the verdict, so one can be read against the other.
+Where the policy's `dequantize: true` rules take ops out of the quantization, the
+quantized graph is the one the policy keeps (`front.kept_quantization`): those rules
+applied, everything in FP32.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from trtbuild.accuracy.reference import QUANTIZED_FP32, REFERENCE, ReferenceTensors
+from trtbuild.accuracy.reference import QUANTIZED_FP32, REFERENCE, ReferenceTensors, session_runs
 from trtbuild.accuracy.sessions import OutputMetrics
 
 if TYPE_CHECKING:
+    from trtbuild.accuracy.data import Feed
     from trtbuild.accuracy.judge import Verdict
     from trtbuild.policy.specs import AccuracySpec
 
@@ -38,6 +42,7 @@ class SplitWords:
     part: str  # `alone` as the comparison a report's table names
     fix: str  # what fixes an output `alone` fails, beside loosening its tolerance
     passed_by: str  # how a policy passes an output `alone` fails ("" where it cannot)
+    kept: str = ""  # what `graph` holds where the policy's rules change it (`kept_words`)
 
 
 QUANTIZED_WORDS = SplitWords(
@@ -65,6 +70,24 @@ def split_words(quantized: bool) -> SplitWords:
     return QUANTIZED_WORDS if quantized else PLAIN_WORDS
 
 
+def kept_words(dequantized: int) -> SplitWords:
+    """The words of a split measured against the quantization the policy keeps: its
+    `dequantize: true` rules take `dequantized` ops out of the graph as given (`split_error`'s
+    `kept`). The quantization alone failing is then past any pin's reach again; taking more
+    ops out is what may help."""
+    return replace(
+        QUANTIZED_WORDS,
+        graph="the quantized graph as the policy keeps it",
+        part="quantization alone (the quantized graph as the policy keeps it, in FP32, against "
+        "the original)",
+        fix="take more of the ops that lose most out of the quantization with `dequantize: "
+        "true` rules, re-quantize",
+        passed_by="",
+        kept=f"the policy's `dequantize: true` rules take {dequantized} op(s) out of the "
+        "quantization, which read the float values",
+    )
+
+
 def unfixable_said(words: SplitWords, dequantized: int = 0) -> str:
     """What follows "... fails the tolerances on OUTPUTS" of an output both the graph's own
     run and the policy fail: no pin can fix it, and what does; or, where the policy's
@@ -73,6 +96,8 @@ def unfixable_said(words: SplitWords, dequantized: int = 0) -> str:
     so nothing is said unfixable. Why: "no FP32 pin can fix that, write `dequantize: true`
     rules" told a policy with such rules that pins were useless, on a measure its rules
     had changed."""
+    if words.kept:  # measured on what the rules keep: no pin reaches it
+        return f" ({words.kept}): no FP32 pin can fix that ({words.fix}, or loosen the tolerances)"
     if not (words.quantized and dequantized):
         return f": no FP32 pin can fix that ({words.fix}, or loosen the tolerances)"
     return (
@@ -95,7 +120,7 @@ PARTS = {
 AGAINST = {
     "policy_vs_original": "the original model's",
     "quantized_vs_original": "the original model's",
-    "policy_vs_quantized": "{graph}'s in FP32",
+    "policy_vs_quantized": "that of {graph} in FP32",
 }
 
 
@@ -108,10 +133,18 @@ class ErrorSplit:
     parts: dict[str, dict[str, OutputMetrics]]  # part -> output -> metrics
     quantized: bool = True  # the judged model holds Q/DQ nodes (`Front.quantized`)
     dequantized: int = 0  # ops the policy's `dequantize: true` rules take out of it
+    kept: bool = False  # the quantized side is the graph with those rules applied
 
     @property
     def words(self) -> SplitWords:
+        if self.kept and self.quantized:
+            return kept_words(self.dequantized)
         return split_words(self.quantized)
+
+    @property
+    def alone(self) -> str:
+        """`words.alone`, and where the quantized side is what the policy keeps, so said."""
+        return self.words.alone + (" as the policy keeps it" if self.words.kept else "")
 
     def unfixable(self) -> str:
         """`unfixable_said` in this split's words."""
@@ -131,6 +164,7 @@ class ErrorSplit:
             "path": self.reference_model,
             "evaluator": self.evaluator,
             "quantized_evaluator": QUANTIZED_FP32,
+            "dequantized": self.dequantized if self.kept else 0,
             "outputs": {n: {part: self.parts[part][n].to_json() for part in PARTS} for n in names},
         }
 
@@ -147,18 +181,23 @@ class ErrorSplit:
 
 
 def quantization_alone(
-    reference: ReferenceTensors, spec: AccuracySpec, verbose: bool = False
+    reference: ReferenceTensors,
+    spec: AccuracySpec,
+    verbose: bool = False,
+    kept: Any = None,
 ) -> dict[str, OutputMetrics] | None:
     """The quantized graph's own FP32 run judged against the reference model, as a candidate
     is: what the quantization alone costs (None without a reference model). From the
-    reference's runs alone: no candidate is run."""
+    reference's runs alone (no candidate is run), or from `kept`: the runs of the graph as
+    the policy keeps it (`kept_runs`)."""
     from polygraphy.comparator.struct import IterationResult
 
     from trtbuild.accuracy.judge import compare
 
     if reference.quantized is None or reference.original is None:
         return None
-    runs = reference.graph_results[REFERENCE]  # the graph's own FP32 run, judged as a candidate
+    # the graph's own FP32 run (or the kept one), judged as a candidate
+    runs = (reference.graph_results if kept is None else kept)[REFERENCE]
     graph = [IterationResult(dict(it.items()), runner_name=QUANTIZED_FP32) for it in runs]
     return compare(reference, graph, QUANTIZED_FP32, spec, verbose)[0]
 
@@ -170,15 +209,24 @@ def split_error(
     verbose: bool = False,
     quantized: bool = True,
     dequantized: int = 0,
+    kept: Any = None,
 ) -> ErrorSplit | None:
     """The policy's `verdict` (judged against the reference model) split in two; None where
     the policy has no reference model. `quantized`: the judged model holds Q/DQ nodes
     (`Front.quantized`), which decides the split's words; `dequantized`: the ops its
-    `dequantize: true` rules take out of the quantization."""
+    `dequantize: true` rules take out of the quantization; `kept`: the runs of the graph
+    with those rules applied (`kept_runs`), which both parts then compare with.
+
+    Why `kept`: against the graph as given, an op the rules took out of INT8 showed its
+    whole INT8 error as the FP16 part (0.13, where the policy's whole error was 0.0038);
+    against the graph the policy keeps, the two parts are again those of its error.
+    """
     from trtbuild.accuracy.judge import compare
 
     own = reference.quantized  # the judged graph's own FP32 run, quantized or not
-    alone = quantization_alone(reference, spec, verbose)
+    if own is not None and kept is not None:
+        own = ReferenceTensors(reference.measures, kept)
+    alone = quantization_alone(reference, spec, verbose, kept)
     if own is None or alone is None:
         return None
     policy_runs = list(verdict.run_results[verdict.evaluator])
@@ -188,4 +236,17 @@ def split_error(
         "quantized_vs_original": alone,
         "policy_vs_quantized": fp16,
     }
-    return ErrorSplit(str(reference.original), verdict.evaluator, parts, quantized, dequantized)
+    return ErrorSplit(
+        str(reference.original), verdict.evaluator, parts, quantized, dequantized, kept is not None
+    )
+
+
+def kept_runs(session: Any, reference: ReferenceTensors, feeds: list[Feed]) -> Any:
+    """The outputs of the graph as the policy keeps it (`front.kept_quantization`, in
+    `session`: optimizations off, as the reference runs) on a point's `feeds`, as
+    `ReferenceTensors.graph_results` holds the graph's own."""
+    from polygraphy.comparator import RunResults
+
+    results = RunResults()
+    results.append((REFERENCE, session_runs(session, reference.measures.outputs, feeds)))
+    return results

@@ -498,9 +498,8 @@ def against_reference_model(
     the walk) stay the graph's: tensor by tensor only the graph itself can be followed.
     """
     from polygraphy.comparator import RunResults
-    from polygraphy.comparator.struct import IterationResult
 
-    from trtbuild.accuracy.sessions import lean_session, run_session
+    from trtbuild.accuracy.sessions import lean_session
 
     outputs = reference.measures.outputs
     try:
@@ -508,17 +507,8 @@ def against_reference_model(
         if path not in sessions:  # a path: external data is found beside it
             sessions[path] = lean_session(str(path))
         session = sessions[path]
-        names = [i.name for i in session.get_inputs()]
         _fixed_dims_fit(session, path, feeds[0] if feeds else {}, at)
-        iterations = []
-        with quiet_polygraphy():
-            for k, feed in enumerate(feeds):
-                values = run_session(
-                    session, outputs, {n: feed[n] for n in names}, shrink=k == len(feeds) - 1
-                )
-                iterations.append(
-                    IterationResult(dict(zip(outputs, values)), runner_name=REFERENCE)
-                )
+        iterations = session_runs(session, outputs, feeds)
     except Exception as exc:
         if not type(exc).__module__.startswith("onnxruntime"):
             raise
@@ -533,6 +523,25 @@ def against_reference_model(
     results = RunResults()
     results.append((REFERENCE, iterations))
     return ReferenceTensors(reference.measures, results, reference.run_results, path)
+
+
+def session_runs(session: Any, outputs: list[str], feeds: list[Feed]) -> list:
+    """`outputs` of a whole-model `session` on each of `feeds` (the inputs it takes), as
+    the reference's iterations (runner `REFERENCE`): the reference model's, and the graph's
+    as the policy keeps it (`breakdown.kept_runs`)."""
+    from polygraphy.comparator.struct import IterationResult
+
+    from trtbuild.accuracy.sessions import run_session
+
+    names = [i.name for i in session.get_inputs()]
+    iterations = []
+    with quiet_polygraphy():
+        for k, feed in enumerate(feeds):
+            values = run_session(
+                session, outputs, {n: feed[n] for n in names}, shrink=k == len(feeds) - 1
+            )
+            iterations.append(IterationResult(dict(zip(outputs, values)), runner_name=REFERENCE))
+    return iterations
 
 
 def _reference_finite(iterations: list, path: Path, at: tuple[str, str] | None) -> None:

@@ -198,7 +198,7 @@ def split_lines(split: Any, indent: str = "  ", low: str = "FP16") -> list[str]:
     so, not as unfixable."""
     if split is None:
         return []
-    lines, alone = [], split.words.alone
+    lines, alone = [], split.alone
     for name in split.parts["policy_vs_original"]:
         q = split.parts["quantized_vs_original"][name]
         h = split.parts["policy_vs_quantized"][name]

@@ -498,9 +498,10 @@ def _split_section(split: ErrorSplit, low: str, at: str | None = None) -> Sectio
             "cosine", "psnr", "nonfinite")  # fmt: skip
     text = (
         f"The tolerances apply against `{split.reference_model}`, {words.reference}. "
-        f"{words.alone.capitalize()} is {words.graph} run in FP32"
-        + " (Q/DQ as ONNX Runtime runs them)"
-        * words.quantized
+        f"{words.alone.capitalize()} is {words.graph}"
+        + (f" ({words.kept})" if words.kept else "")
+        + " run in FP32"
+        + " (Q/DQ as ONNX Runtime runs them)" * words.quantized
         + f" against it: no FP32 pin removes that part. The {low} part is the policy "
         f"against {words.graph} in FP32: what pins change."
     )
@@ -508,14 +509,14 @@ def _split_section(split: ErrorSplit, low: str, at: str | None = None) -> Sectio
     if failing := split.quantization_fails(passed=False):
         blocks.append(
             Para(
-                f"**{words.alone.capitalize()} fails the tolerances** on {', '.join(failing)}"
+                f"**{split.alone.capitalize()} fails the tolerances** on {', '.join(failing)}"
                 f"{split.unfixable()}."
             )
         )
     if fixed := split.quantization_fails(passed=True):
         blocks.append(
             Para(
-                f"{words.alone.capitalize()} fails the tolerances on {', '.join(fixed)}, which "
+                f"{split.alone.capitalize()} fails the tolerances on {', '.join(fixed)}, which "
                 f"the policy passes{words.passed_by}."
             )
         )
