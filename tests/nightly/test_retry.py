@@ -105,3 +105,21 @@ def test_a_ci_retry_of_a_shard_through_the_command(tmp_path, models_dir, history
     assert main([*base, "--shard", "1/2", "--out", str(tmp_path / "a2")]) == 0
     assert _summary(history_target, "4711", tmp_path / "s2") == 0
     assert "ALL PASS" in (tmp_path / "s2" / "summary.md").read_text().splitlines()[0]
+
+
+def test_a_policy_run_in_two_shards_of_different_counts_counts_once(tmp_path, history_target):
+    """A night whose matrix changed between attempts: `a` ran in shard 1/2, then (its shard
+    follows from the count) in shard 2/3. Each counted, so the night's total held `a` twice
+    (and a failure of the superseded run stood beside the later pass). Its later run counts."""
+    started = "2026-11-24T02:00:00+00:00"
+    _record(history_target, "5", [_result("a", "fail", 1.0)], started, 1, 2)
+    _record(history_target, "5", [_result("b", "pass", 0.1)], started, 1, 3)
+    _record(history_target, "5", [_result("a", "pass", 0.1)], started, 2, 3)
+    _record(history_target, "5", [_result("c", "pass", 0.1)], started, 3, 3)
+    assert _summary(history_target, "5", tmp_path / "s") == 0
+    night = json.loads((tmp_path / "s" / "nightly.json").read_text())
+    assert sorted((r["policy"], r["status"]) for r in night["results"]) == [
+        ("a", "pass"),
+        ("b", "pass"),
+        ("c", "pass"),
+    ]

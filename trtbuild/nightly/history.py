@@ -289,10 +289,15 @@ class History:
 
 
 def latest(t: dict) -> Any:
-    """Where a result is its shard's last attempt at the policy: no later run of the same
-    night, shard and device wrote it. A run without a night (no `--run-id`) is never
-    retried. Why a query, not a flag: a history written before attempts were kept,
+    """Where a result is the night's last at its policy on its device: no later run of the
+    same night and device wrote that policy. A run without a night (no `--run-id`) is
+    never retried. Why a query, not a flag: a history written before attempts were kept,
     with a night's retries in it, reads right too.
+
+    Why not per shard: a night whose matrix changed between attempts (shards 1/2, then
+    2/3) ran a policy in two shards of different counts (its shard follows from the
+    count), and each counted: the night's total held it twice. A policy's later run in
+    its night supersedes the earlier one whichever shard ran it.
     """
     from sqlalchemy import and_, exists, func, select
 
@@ -308,7 +313,6 @@ def latest(t: dict) -> Any:
                 again.c.policy == results.c.policy,
                 again.c.run_id > results.c.run_id,
                 later.c.night == mine.c.night,
-                func.coalesce(later.c.shard, 1) == func.coalesce(mine.c.shard, 1),
                 func.coalesce(later.c.device, "") == func.coalesce(mine.c.device, ""),
             )
         )
