@@ -301,3 +301,27 @@ def test_a_policy_named_as_the_nights_own_trends_folder_is_exit_2(tmp_path, mode
     err = capsys.readouterr().err
     assert "policy 'trends' would be written into OUT/trends" in err and "rename" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("table", ["outputs", "results", "runs"])
+def test_a_history_missing_one_of_its_tables_is_exit_2_naming_it(
+    tmp_path, models_dir, table, capsys
+):
+    """`outputs` dropped: summary and nightly made it again, empty, without a word (every
+    night then measured nothing: no error grew, the trends went blank)."""
+    history = tmp_path / "h.sqlite"
+    _record(history, "n1", [_result("p", "pass", 1.0)], "2026-01-01T00:00:00+00:00")
+    with sqlite3.connect(history) as db:
+        db.execute(f"DROP TABLE {table}")
+    argv = ["summary", "--history", str(history), "--run-id", "n1", "--out", str(tmp_path / "s")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{history}: " in err and f"has no table '{table}'" in err
+    assert "Traceback" not in err
+    policies = tmp_path / "policies"
+    _loop_policy(policies, models_dir)
+    assert _nightly(policies, tmp_path / "out", history) == 2
+    assert "tonight's results are kept in" in capsys.readouterr().err
+    with sqlite3.connect(history) as db:  # nothing made again behind the user's back
+        names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+        assert table not in names

@@ -541,6 +541,7 @@ def _schema(conn: Any, tables: dict, where: str) -> None:
                 where=where,
                 hint="give --history a database of its own (a new SQLite path or database)",
             )
+    _whole(have, where)
     tables["runs"].metadata.create_all(conn)
     for table, old, new in RENAMED_COLUMNS:
         if table in have and old in have[table] and new not in have[table]:
@@ -550,6 +551,28 @@ def _schema(conn: Any, tables: dict, where: str) -> None:
             kind = _sql_kind(tables[table].c[column].type, conn.dialect.name)
             conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {kind}"))
     _schema_version(conn, tables["trtbuild_meta"], where)
+
+
+def _whole(have: dict[str, set[str]], where: str) -> None:
+    """Exit 2 where a history lacks one of its tables (`outputs` dropped: a hand edit, a
+    cleanup script, a restore of part of a file).
+
+    Why not make it again, as for a new history: an empty table reads as nights that
+    measured nothing, so no error could grow and the trends went blank without a word;
+    the rows are lost, and only the user can bring them back. A history is trtbuild's
+    once it holds one of its tables (the first format had no `trtbuild_meta`).
+    """
+    if not (set(_OURS) | {"trtbuild_meta"}) & set(have):
+        return  # a new history: every table is made
+    lost = sorted(set(_OURS) - set(have))
+    if lost:
+        raise UsageError(
+            f"the history database has no table {', '.join(map(repr, lost))} (a history "
+            "trtbuild wrote has all of runs, results and outputs: a damaged one)",
+            where=where,
+            hint="restore the file from a backup, or give --history a new path (trtbuild "
+            "does not remake a table whose rows are lost)",
+        )
 
 
 def _schema_version(conn: Any, meta: Any, where: str) -> None:
