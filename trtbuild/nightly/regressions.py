@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trtbuild.nightly.history import History, number
@@ -59,10 +60,26 @@ def _growth(r, name, m, old, margin, changed, since) -> list[Regression]:
         if now is None or then is None:
             continue
         if now > then * (1 + margin) and now - then > 1e-12:
-            grew = (now / then - 1) if then else float("inf")
-            detail = f"{name}.{key} {then:.4g} → {now:.4g} (+{grew:.0%}, margin {margin:.0%})"
+            grew = f"{_grew(then, now)}, margin {_percent(margin)}"
+            detail = f"{name}.{key} {then:.4g} → {now:.4g} ({grew})"
             out.append(Regression(r.policy, "error grew", detail + changed, since, r.device))
     return out
+
+
+def _grew(then: float, now: float) -> str:
+    """How much an error grew, in words that are true: from an exact 0 (an all-FP32 policy)
+    or to an infinite error there is no finite ratio, and `+inf%` reads as a bug."""
+    if then == 0:
+        return "from exactly 0"
+    if not math.isfinite(now):
+        return "to no finite error"
+    return f"+{_percent(now / then - 1)}"
+
+
+def _percent(share: float) -> str:
+    """A growth or a margin in percent to three digits: `26%`, `0.45%`, not `0%` for a
+    margin of 0.004 (a regression of `+0%, margin 0%` reads as no growth at all)."""
+    return f"{share * 100:.3g}%"
 
 
 def _changed(r: PolicyResult, last: dict) -> str:
