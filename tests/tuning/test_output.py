@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import onnx
 import pytest
 
+from tests.helpers import F, model, node
+from trtbuild.cli import main
 from trtbuild.policy.specs import Precision
 from trtbuild.tuning.output import FEW_LOW, tight_warning
 from trtbuild.tuning.search import SearchResult, Trial
@@ -140,3 +146,40 @@ def test_pins_go_into_a_rules_list_that_another_key_of_precision_follows(tmp_pat
     assert [r.id for r in rules] == ["mine", "tuned-1"] and rules[1].match.name == "^m2$"
     assert tuned.read_text().rstrip().endswith("  default: fp16\nbuild: {backend: none}")
     assert main(["build", "--policy", str(tuned), "--out", str(tmp_path / "b")]) == 0
+
+
+def _dynamic_chain(folder: Path) -> Path:
+    """y = x * c0 * ... * c5 (FP16 cannot hold any c), judged at three points (a dynamic
+    batch): the search's passes are provisional, so one evaluation is kept for the check
+    of an answer at every point."""
+    nodes, weights, t = [], {}, "x"
+    for k in range(6):
+        weights[f"c{k}"] = np.array(1 + (k + 1) / 3000, np.float32)
+        nodes.append(node("Mul", [t, f"c{k}"], f"m{k}", f"/mul{k}"))
+        t = f"m{k}"
+    nodes.append(node("Identity", [t], "y", "/out"))
+    io = ([("x", F, ["n", 64])], [("y", F, ["n", 64])])
+    onnx.save(model(nodes, *io, weights), folder / "c.onnx")
+    policy = folder / "c.yaml"
+    policy.write_text(
+        "version: 1\nmodel: c.onnx\nbuild: {backend: none}\nprecision: {rules: []}\n"
+        "inputs: {x: {min: [1, 64], opt: [2, 64], max: [4, 64], "
+        "data: {distribution: uniform, low: 1, high: 2}}}\n"
+        "accuracy: {samples: 1, tolerances: {default: {atol: 1e-4, rtol: 0}}}\n"
+    )
+    return policy
+
+
+def test_a_budget_that_ran_out_says_what_it_spent_and_what_it_kept(tmp_path, capsys):
+    """`--budget 2` said the budget of 2 evaluations ran out, after 1 (the other was kept
+    for the every-point check of an answer the search never reached)."""
+    tuned = tmp_path / "t.yaml"
+    argv = ["tune", "--policy", str(_dynamic_chain(tmp_path)), "-o", str(tuned)]
+    assert main([*argv, "--budget", "2", "--jobs", "1"]) == 1
+    said = capsys.readouterr()
+    assert "1 evaluation(s)" in said.out
+    assert (
+        "tune's budget of 2 evaluations ran out before the search ended (1 spent searching; "
+        "the last one is kept to judge a passing answer at every point, and the search "
+        "reached none), so a passing pin set may exist"
+    ) in said.err

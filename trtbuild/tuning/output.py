@@ -115,10 +115,22 @@ def pins(front: Front, result: SearchResult) -> list[tuple[str, str, str]]:
 
 
 def budget_warning(result: SearchResult) -> str:
-    """What a search cut short by its budget may have missed, and the fix."""
+    """What a search cut short by its budget may have missed, and the fix.
+
+    Why it counts what it spent: while the search's passes are provisional (judged at
+    some points), one evaluation is kept for the check of its answer at every point
+    (`Search.left`); a search that reached no answer ends with it unspent, and "a budget
+    of 2 ran out" after 1 evaluation read as a miscount.
+    """
+    spent, kept = len(result.trials), result.budget - len(result.trials)
+    ran = f"tune's budget of {result.budget} evaluations ran out before the search ended"
+    if kept > 0:
+        ran += (
+            f" ({spent} spent searching; the last {'one is' if kept == 1 else f'{kept} are'} "
+            "kept to judge a passing answer at every point, and the search reached none)"
+        )
     return (
-        f"tune's budget of {result.budget} evaluations ran out before the search ended, "
-        f"so {'a smaller' if result.passed else 'a passing'} pin set may exist (a full "
+        f"{ran}, so {'a smaller' if result.passed else 'a passing'} pin set may exist (a full "
         f"search of these {result.searched} groups needs at most "
         f"{result.full_search}); raise `budget`"
         + (
