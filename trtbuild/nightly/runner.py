@@ -10,13 +10,14 @@ import logging
 import os
 import traceback
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtbuild.accuracy.masked import overflow_node, rule_said
 from trtbuild.children import run_task, stop_workers, worker_signals
-from trtbuild.errors import EXIT_BUG, UsageError, exit_code_for, undecoded
+from trtbuild.errors import EXIT_BUG, EXIT_USAGE, UsageError, exit_code_for, undecoded
 
 
 @dataclass
@@ -235,6 +236,13 @@ def run_all(
     use_cache: bool = True,
     device: str | None = None,
 ) -> list[PolicyResult]:
+    """Every policy's result, in `paths`' order; with `jobs` > 1 each in a pool's worker.
+
+    A worker the machine killed (the out-of-memory killer's SIGKILL) breaks the whole
+    pool, and which task it held is not known: the tasks without a result then run again,
+    each in a process of its own, and one whose process dies again is its `error`. Before,
+    the pool's error was the night's: exit 70, nothing recorded, every result lost.
+    """
     tasks = [(p, out_dir, backend, use_cache, device) for p in paths]
     if jobs <= 1:
         results = []
@@ -243,15 +251,89 @@ def run_all(
             if progress:
                 progress(results[-1])
         return results
+    done = _pooled(tasks, jobs, progress)
+    for task in tasks:
+        if task[0] not in done:
+            done[task[0]] = _alone(task)
+            if progress:
+                progress(done[task[0]])
+    return [done[p] for p in paths]
+
+
+def _pooled(tasks: list[tuple], jobs: int, progress=None) -> dict[Path, PolicyResult]:
+    """The results of `tasks` from a pool of `jobs` workers; none for a task the pool lost
+    when a worker died (`BrokenProcessPool`: every task it had not finished)."""
+    done: dict[Path, PolicyResult] = {}
     with ProcessPoolExecutor(max_workers=jobs, initializer=worker_signals) as pool:
-        done: dict[Path, PolicyResult] = {}
         try:  # from the first submit (which starts the workers): a stop there stops them too
-            futures = {pool.submit(run_task, _run_one, task): task[0] for task in tasks}
+            futures = {}
+            for task in tasks:
+                try:
+                    futures[pool.submit(run_task, _run_one, task)] = task[0]
+                except BrokenProcessPool:  # a worker died already: the rest run alone
+                    break
             for future in concurrent.futures.as_completed(futures):
-                done[futures[future]] = future.result()
+                try:
+                    done[futures[future]] = future.result()
+                except BrokenProcessPool:
+                    continue  # run again alone (`run_all`)
                 if progress:
                     progress(done[futures[future]])
         except BaseException:  # Ctrl-C, SIGTERM: no worker outlives the night
             stop_workers(pool)
             raise
-    return [done[p] for p in paths]
+    return done
+
+
+def _alone(task: tuple) -> PolicyResult:
+    """One policy in a process of its own, after a pool's worker died: a death now is
+    this policy's, its `error` (exit 2 where the machine killed it, 70 for a crash).
+
+    Why a process, not a pool of one: a pool that breaks forgets its workers, and with
+    them the exit code that says who ended it.
+    """
+    import multiprocessing
+
+    receive, send = multiprocessing.Pipe(duplex=False)
+    proc = multiprocessing.Process(target=_send_one, args=(send, task), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        result = receive.recv()
+    except EOFError:  # it ended without an answer
+        proc.join()
+        return _died(task, proc.exitcode)
+    except BaseException:  # Ctrl-C, SIGTERM: it ends with the night
+        proc.terminate()
+        proc.join()
+        raise
+    finally:
+        receive.close()
+    proc.join()
+    return result
+
+
+def _send_one(send: Any, task: tuple) -> None:
+    """`_alone`'s child: the policy's result through the pipe, stopped as a worker is."""
+    worker_signals()
+    send.send(run_task(_run_one, task))
+
+
+def _died(task: tuple, code: int | None) -> PolicyResult:
+    """The `error` of a policy whose process ended (exit `code`) before it handed back a
+    result."""
+    from trtbuild.children import KILLED, signal_name
+
+    path, device = task[0], task[4]
+    why = signal_name(-code) if code is not None and code < 0 else f"exit code {code}"
+    killed = code is not None and -code in KILLED
+    said = f"was killed ({why})" if killed else f"ended ({why})"
+    hint = "; where it was the out-of-memory killer, free memory or lower --jobs"
+    return PolicyResult(
+        policy=undecoded(path.stem),
+        path=undecoded(str(path)),
+        status="error",
+        exit_code=EXIT_USAGE if killed else EXIT_BUG,
+        message=f"its process {said} before it handed back a result" + (hint if killed else ""),
+        device=device_of(None, device),
+    )
