@@ -302,7 +302,7 @@ def _summary_args(sub) -> None:
         "summary",
         help="the whole night from the history: every shard, every lane",
         epilog="exit codes: 0 every policy of every shard passes with no regression, 1 some "
-        "policy failed, errored or regressed, or a shard did not report, 2 bad arguments "
+        "policy failed, errored or regressed, or a shard or device did not report, 2 bad arguments "
         "or an unusable history",
     )
     _history_arg(n)
@@ -314,6 +314,14 @@ def _summary_args(sub) -> None:
         default=0,
         metavar="N",
         help="shards each device was to run (default: as many as its shards recorded)",
+    )
+    n.add_argument(
+        "--devices",
+        type=int,
+        default=0,
+        metavar="N",
+        help="devices (GPU kinds) the night was to run on; fewer that reported is a missing "
+        "one (default: as many as reported)",
     )
     _margin_arg(n)
 
@@ -868,11 +876,17 @@ def _cmd_summary(args) -> int:
 
     _check_margin(args.margin)
     _check_run_id(args.run_id)
-    if args.shards < 0:
-        raise UsageError("--shards must not be negative")
+    for flag, value in (("--shards", args.shards), ("--devices", args.devices)):
+        if value < 0:
+            raise UsageError(f"{flag} must not be negative")
     _claim_out(args.out)  # the nightly's files over a folder of the user's: exit 2 first
     night = nightly.summarize(
-        args.history, args.run_id, args.out, margin=args.margin, shards=args.shards
+        args.history,
+        args.run_id,
+        args.out,
+        margin=args.margin,
+        shards=args.shards,
+        devices=args.devices,
     )
     _claim_out(args.out, mark="summary")
     _night_lines(night)

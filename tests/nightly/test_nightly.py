@@ -148,6 +148,7 @@ def test_workflow_is_a_matrix_of_shards_and_gpus_then_one_summary():
     assert summary["needs"] == "nightly" and summary["if"] == "always()"
     said = "\n".join(s.get("run", "") for s in summary["steps"])
     assert "trtbuild summary --history" in said and "--run-id ${{ github.run_id }}" in said
+    assert "--devices $GPUS" in said and len(matrix["gpu"]) == int(flow["env"]["GPUS"])
     uploads = [s for s in summary["steps"] if s.get("uses", "").startswith("actions/upload")]
     assert uploads and "build/nightly/summary.html" in uploads[0]["with"]["path"]
     readme = (ROOT / "README.md").read_text()

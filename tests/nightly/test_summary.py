@@ -38,3 +38,25 @@ def test_an_error_on_a_device_no_policy_was_judged_on_is_that_devices_lane():
     assert lanes.split == [
         f"nafnet passes on {CPU_LANE} (emulated-fp16 (storage)) but fails on L4 (–)"
     ]
+
+
+def test_a_device_none_of_whose_shards_reported_is_missing(tmp_path, capsys):
+    """The workflow's matrix is shards x GPU kinds. Every H100 job lost (its runners offline):
+    a device's missing shards are counted from what it recorded, so the H100 left no trace
+    and the summary of the A10's lanes said every result passes, exit 0."""
+    from tests.nightly.test_retry import _record, _result
+    from trtbuild.cli import main
+
+    history, started = str(tmp_path / "h.sqlite"), "2026-11-24T02:00:00+00:00"
+    for k, policy in ((1, "a"), (2, "b")):
+        _record(history, "9", [_result(policy, "pass", 0.1, "NVIDIA A10")], started, k, 2, "A10")
+    argv = ["summary", "--history", history, "--run-id", "9", "--out", str(tmp_path / "s")]
+    assert main([*argv, "--shards", "2"]) == 0  # nothing says a second device was due
+    capsys.readouterr()
+    assert main([*argv, "--shards", "2", "--devices", "2"]) == 1
+    said = capsys.readouterr().out
+    assert "MISSING device 2 of 2 (reported: A10): it did not report" in said
+    assert "ALL PASS" not in (tmp_path / "s" / "summary.md").read_text()
+    assert 'failures="1"' in (tmp_path / "s" / "junit.xml").read_text()
+    assert main([*argv, "--devices", "1"]) == 0
+    assert main([*argv, "--devices", "-1"]) == 2

@@ -168,9 +168,16 @@ def night_lines(night: Night) -> list[str]:
 
 
 def summarize(
-    history: str | Path, night_id: str, out_dir: Path, *, margin: float = 0.25, shards: int = 0
+    history: str | Path,
+    night_id: str,
+    out_dir: Path,
+    *,
+    margin: float = 0.25,
+    shards: int = 0,
+    devices: int = 0,
 ) -> Night:
-    """The whole night from the history alone: every shard, every lane, what is missing.
+    """The whole night from the history alone: every shard, every lane, what is missing
+    (a shard of `shards`, a device of `devices` where given).
 
     A history that is not there is exit 2, not a new empty one (one that is there gets
     the schema, or its upgrade, as `open_history` gives every reader).
@@ -189,7 +196,9 @@ def summarize(
         pngs = {r.policy: trend_png(r.policy, db.trend(r.policy, r.device)) for r in results}
     finally:
         db.close()
-    night = Night(None, results, regs, missing_shards(runs, shards))
+    night = Night(
+        None, results, regs, missing_shards(runs, shards) + missing_devices(runs, devices)
+    )
     started = min(r["started"] for r in runs)
     heading = title(f"{started} (night {night_id})", night.attention() + night.missing)
     fault = _render(out_dir, heading, night, pngs, started, Shard(night=night_id))
@@ -213,6 +222,22 @@ def missing_shards(runs: list[dict[str, Any]], expected: int = 0) -> list[str]:
         seen = {r["shard"] or 1 for r in mine if (r["shards"] or 1) == count}
         missing += [f"shard {k}/{count} on {device}" for k in range(1, count + 1) if k not in seen]
     return missing
+
+
+def missing_devices(runs: list[dict[str, Any]], expected: int = 0) -> list[str]:
+    """`device K of N (reported: ...)` for each of the `expected` devices past those whose
+    shards reported.
+
+    Why: a device's missing shards are counted from the shards it recorded, so a GPU kind
+    none of whose jobs reported (its runners offline) left no trace, and the summary of
+    the other kind's lanes said every result passes. Which device is missing is not
+    known (a lane's device is the GPU's own name), only that one is.
+    """
+    seen = sorted({r["device"] or "" for r in runs})
+    said = ", ".join(seen)
+    return [
+        f"device {k} of {expected} (reported: {said})" for k in range(len(seen) + 1, expected + 1)
+    ]
 
 
 def _device(results: list[PolicyResult]) -> str:
@@ -317,4 +342,13 @@ def _write_json(
     write_json(out_dir / "nightly.json", doc)
 
 
-__all__ = ["History", "Night", "Shard", "missing_shards", "night_lines", "nightly", "summarize"]
+__all__ = [
+    "History",
+    "Night",
+    "Shard",
+    "missing_devices",
+    "missing_shards",
+    "night_lines",
+    "nightly",
+    "summarize",
+]
