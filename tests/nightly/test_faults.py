@@ -325,3 +325,25 @@ def test_a_history_missing_one_of_its_tables_is_exit_2_naming_it(
     with sqlite3.connect(history) as db:  # nothing made again behind the user's back
         names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
         assert table not in names
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "ALTER TABLE outputs RENAME COLUMN passed TO ok",
+        "ALTER TABLE outputs RENAME TO metrics",
+    ],
+)
+def test_a_newer_trtbuilds_history_says_so_before_its_tables_are_judged(tmp_path, change, capsys):
+    """A history of schema 4 whose outputs a newer trtbuild changed was 'a table of another
+    schema' or 'a damaged history' (restore it from a backup): the fix is to upgrade."""
+    history = tmp_path / "h.sqlite"
+    _record(history, "n1", [_result("p", "pass", 1.0)], "2026-01-01T00:00:00+00:00")
+    with sqlite3.connect(history) as db:
+        db.execute("UPDATE trtbuild_meta SET value = '4' WHERE key = 'schema'")
+        db.execute(change)
+    argv = ["summary", "--history", str(history), "--run-id", "n1", "--out", str(tmp_path / "s")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has schema 4, written by a newer trtbuild" in err and "upgrade trtbuild" in err
+    assert "another schema" not in err and "no table" not in err

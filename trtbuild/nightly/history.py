@@ -532,6 +532,8 @@ def _schema(conn: Any, tables: dict, where: str) -> None:
         t: {c["name"] for c in inspect(conn).get_columns(t)}
         for t in inspect(conn).get_table_names()
     }
+    if "trtbuild_meta" in have:  # a newer trtbuild's tables are its own: say that first
+        _readable_version(conn, tables["trtbuild_meta"], where)
     for name, needed in _OURS.items():
         missing = needed - have.get(name, needed)
         if missing:
@@ -576,17 +578,31 @@ def _whole(have: dict[str, set[str]], where: str) -> None:
 
 
 def _schema_version(conn: Any, meta: Any, where: str) -> None:
-    """Record this trtbuild's schema version; exit 2 for a newer one, or one that is no number.
-
-    Why: `trtbuild_meta.schema` says which trtbuild wrote the file; a value that is not
-    a version (a hand edit, another program's table) leaves nothing to upgrade from.
-    """
+    """Record this trtbuild's schema version where none or an older one is recorded."""
     from sqlalchemy import select
 
     found = conn.execute(select(meta.c.value).where(meta.c.key == "schema")).scalar()
     if found is None:
         conn.execute(meta.insert().values(key="schema", value=str(SCHEMA_VERSION)))
-        return
+    elif _readable_version(conn, meta, where) < SCHEMA_VERSION:
+        conn.execute(meta.update().where(meta.c.key == "schema").values(value=str(SCHEMA_VERSION)))
+
+
+def _readable_version(conn: Any, meta: Any, where: str) -> int:
+    """The recorded schema version (this one's where none is); exit 2 for a newer one, or
+    one that is no number.
+
+    Why before anything else of the schema is judged: `trtbuild_meta.schema` says which
+    trtbuild wrote the file, and a newer one's tables (a column renamed, a table moved)
+    read as another program's or a damaged history, whose fix is not the user's (a value
+    that is not a version, a hand edit or another program's table, leaves nothing to
+    upgrade from).
+    """
+    from sqlalchemy import select
+
+    found = conn.execute(select(meta.c.value).where(meta.c.key == "schema")).scalar()
+    if found is None:
+        return SCHEMA_VERSION
     version = _version(found)
     if version is None:
         raise UsageError(
@@ -603,8 +619,7 @@ def _schema_version(conn: Any, meta: Any, where: str) -> None:
             where=where,
             hint="upgrade trtbuild",
         )
-    if version < SCHEMA_VERSION:
-        conn.execute(meta.update().where(meta.c.key == "schema").values(value=str(SCHEMA_VERSION)))
+    return version
 
 
 def _version(value: Any) -> int | None:
