@@ -914,11 +914,19 @@ def _claim_out(folder: Path, mark: str | None = None) -> None:
 def _check_run_id(run_id: str | None) -> None:
     """Exit 2 for a blank --run-id: an unset CI variable (`--run-id "$RUN_ID"`) made every
     such night one night, each recorded as a retry of the last, so `summary` judged only
-    the latest and a failing night vanished behind a passing one."""
+    the latest and a failing night vanished behind a passing one. And for one holding a
+    control character (a newline): the summary's title broke at it, its verdict on a line
+    of its own, out of CI's heading."""
     if run_id is not None and not run_id.strip():
         raise UsageError(
             f"--run-id {run_id!r} is blank: nights with it would all be one night",
             hint="give the night's id: in CI, --run-id ${{ github.run_id }}",
+        )
+    if run_id is not None and not run_id.isprintable():  # a newline, a tab, an escape
+        raise UsageError(
+            f"--run-id {run_id!r} holds a control character: the summary's title (its first "
+            "line, which CI shows) breaks at it",
+            hint="give the night's id on one line: in CI, --run-id ${{ github.run_id }}",
         )
 
 

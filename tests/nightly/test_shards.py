@@ -291,7 +291,7 @@ def test_bad_shards_are_exit_2(tmp_path, flags, says, capsys):
 
 
 @pytest.mark.parametrize("command", ["nightly", "summary"])
-def test_a_blank_run_id_is_exit_2(tmp_path, models_dir, command, capsys):
+def test_a_blank_run_id_or_one_with_a_newline_is_exit_2(tmp_path, models_dir, command, capsys):
     """`--run-id "$RUN_ID"` with the variable unset: every such night was one night, each
     recorded as a retry (attempt 2, 3, ...) of the last, so `summary` judged only the latest
     and a failing night vanished behind a later passing one. Nothing runs or is recorded."""
@@ -303,9 +303,10 @@ def test_a_blank_run_id_is_exit_2(tmp_path, models_dir, command, capsys):
     else:
         open_history(history).close()
         argv = ["summary"]
-    argv += ["--history", str(history), "--out", str(out), "--run-id", ""]
-    assert main(argv) == 2
-    assert "--run-id '' is blank" in capsys.readouterr().err
-    assert not out.exists()
-    if command == "nightly":
-        assert not history.exists()
+    argv += ["--history", str(history), "--out", str(out), "--run-id"]
+    for run_id, says in (("", "--run-id '' is blank"), ("47\n11", "holds a control character")):
+        assert main([*argv, run_id]) == 2
+        assert says in capsys.readouterr().err
+        assert not out.exists()
+        if command == "nightly":
+            assert not history.exists()
