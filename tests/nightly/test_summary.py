@@ -60,3 +60,26 @@ def test_a_device_none_of_whose_shards_reported_is_missing(tmp_path, capsys):
     assert 'failures="1"' in (tmp_path / "s" / "junit.xml").read_text()
     assert main([*argv, "--devices", "1"]) == 0
     assert main([*argv, "--devices", "-1"]) == 2
+
+
+def test_each_device_of_a_policy_has_its_own_trend(tmp_path):
+    """Two GPU kinds: the trend plots were keyed by policy alone, so the last device's plot
+    stood under every row of the policy (the H100's failing night unshaded beside its FAIL,
+    or the A10's passes shown as the H100's)."""
+    from tests.nightly.test_retry import _record, _result
+    from trtbuild.cli import main
+
+    history = str(tmp_path / "h.sqlite")
+    for night, h100 in (("1", "pass"), ("2", "fail")):
+        started = f"2026-11-2{night}T02:00:00+00:00"
+        _record(history, night, [_result("a", "pass", 0.1, "NVIDIA A10")], started, 1, 1, "A10")
+        _record(history, night, [_result("a", h100, 0.2, "NVIDIA H100")], started, 1, 1, "H100")
+    out = tmp_path / "s"
+    assert main(["summary", "--history", history, "--run-id", "2", "--out", str(out)]) == 1
+    plots = sorted(p.name for p in (out / "trends").iterdir())
+    assert plots == ["a @ NVIDIA A10.png", "a @ NVIDIA H100.png"]
+    assert (out / "trends" / plots[0]).read_bytes() != (out / "trends" / plots[1]).read_bytes()
+    summary = (out / "summary.md").read_text()
+    assert "![a @ NVIDIA A10](trends/a%20%40%20NVIDIA%20A10.png)" in summary
+    assert "![a @ NVIDIA H100](trends/a%20%40%20NVIDIA%20H100.png)" in summary
+    assert "href='a/report.html'" in (out / "summary.html").read_text()

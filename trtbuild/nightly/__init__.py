@@ -38,6 +38,7 @@ from trtbuild.nightly.summary import (
     summary_md,
     table,
     title,
+    trend_name,
     trend_png,
 )
 
@@ -125,10 +126,21 @@ def _record(
     try:
         run_id = db.record(started, results, versions("none"), **run)
         found = regressions(db, run_id, results, margin, run["night"])
-        pngs = {r.policy: trend_png(r.policy, db.trend(r.policy, r.device)) for r in results}
+        pngs = _trends(db, results)
     finally:
         db.close()
     return run_id, found, pngs
+
+
+def _trends(db: History, results: list[PolicyResult]) -> dict[str, bytes]:
+    """Each result's trend plot in its device's lane, by its name (`trend_name`)."""
+    devices = len({r.device for r in results})
+    return {
+        trend_name(r.policy, r.device, devices): trend_png(
+            trend_name(r.policy, r.device, devices), db.trend(r.policy, r.device)
+        )
+        for r in results
+    }
 
 
 def _out_fault(fault: Exception, night: Night) -> Exception:
@@ -193,7 +205,7 @@ def summarize(
             )
         regs = [g for run_id, r in found for g in regressions(db, run_id, [r], margin, night_id)]
         results = [r for _, r in found]
-        pngs = {r.policy: trend_png(r.policy, db.trend(r.policy, r.device)) for r in results}
+        pngs = _trends(db, results)
     finally:
         db.close()
     night = Night(
@@ -299,9 +311,12 @@ def _render(
     faults = _trends_written(out_dir / "trends", pngs)
     rows = table(night.results, night.regressions)
     lanes = lanes_section(night.results, night.missing)
+    devices = len({r.device for r in night.results})
+    policies = {trend_name(r.policy, r.device, devices): r.policy for r in night.results}
+    html = summary_html(heading, rows, pngs, lanes, policies)
     faults += [
-        _written(write_text, out_dir / "summary.md", summary_md(heading, rows, lanes)),
-        _written(write_text, out_dir / "summary.html", summary_html(heading, rows, pngs, lanes)),
+        _written(write_text, out_dir / "summary.md", summary_md(heading, rows, lanes, list(pngs))),
+        _written(write_text, out_dir / "summary.html", html),
         _written(
             write_text,
             out_dir / "junit.xml",

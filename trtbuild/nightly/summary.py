@@ -20,6 +20,17 @@ from trtbuild.words import percent
 PLOTTED_MAX = float(np.finfo(np.float32).max)
 
 
+def trend_name(policy: str, device: str | None, devices: int) -> str:
+    """A trend plot's name, its file's stem in `trends/`: the policy's, and with its device
+    where the night ran on `devices` > 1 (each device's nights are a trend of their own:
+    one plot per policy showed the last device's under every row of the policy, a
+    failing lane's shading missing). A `/` in a device's name (`--device rack/a10`) is
+    written `_`: the name is one file."""
+    if devices <= 1:
+        return policy
+    return f"{policy} @ {(device or '–').replace('/', '_')}"
+
+
 def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
     """The trend figure as PNG bytes."""
     import io
@@ -211,7 +222,9 @@ def title(started: str, night_attention: list[str]) -> str:
     return f"trtbuild nightly {started}: {verdict}"
 
 
-def summary_md(heading: str, rows: list[tuple[bool, list[str]]], lanes: Lanes) -> str:
+def summary_md(
+    heading: str, rows: list[tuple[bool, list[str]]], lanes: Lanes, trends: list[str]
+) -> str:
     lines = [f"# {heading}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for _, cells in rows:
         cells = [c.replace("|", "\\|") for c in cells]
@@ -219,14 +232,20 @@ def summary_md(heading: str, rows: list[tuple[bool, list[str]]], lanes: Lanes) -
         lines.append("| " + " | ".join(cells) + " |")
     lines += _lanes_md(lanes)
     lines += ["", "## Trends", ""]
-    lines += [f"![{cells[0]}](trends/{quote(cells[0])}.png)" for _, cells in rows]
+    lines += [f"![{name}](trends/{quote(name)}.png)" for name in trends]
     lines += ["", "Reports: `<policy>/report.html` next to this file.", ""]
     return "\n".join(lines)
 
 
 def summary_html(
-    heading: str, rows: list[tuple[bool, list[str]]], pngs: dict[str, bytes], lanes: Lanes
+    heading: str,
+    rows: list[tuple[bool, list[str]]],
+    pngs: dict[str, bytes],
+    lanes: Lanes,
+    policies: dict[str, str] | None = None,
 ) -> str:
+    """The summary as one HTML page, its trend plots embedded; each plot's caption links
+    its policy's report (`policies`: a plot's name to its policy, where they differ)."""
     import base64
     from html import escape
 
@@ -242,7 +261,8 @@ def summary_html(
     figs = "".join(
         f"<figure><img class='plot' alt='{escape(name)} trend' "
         f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-        f"<figcaption><a href='{escape(quote(name))}/report.html'>{escape(name)} report</a>"
+        f"<figcaption><a href='{escape(quote((policies or {}).get(name, name)))}/report.html'>"
+        f"{escape(name)} report</a>"
         "</figcaption></figure>"
         for name, png in pngs.items()
     )
