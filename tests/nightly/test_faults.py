@@ -347,3 +347,26 @@ def test_a_newer_trtbuilds_history_says_so_before_its_tables_are_judged(tmp_path
     err = capsys.readouterr().err
     assert "has schema 4, written by a newer trtbuild" in err and "upgrade trtbuild" in err
     assert "another schema" not in err and "no table" not in err
+
+
+def test_a_night_the_history_refused_replaces_the_last_nights_summary(tmp_path, models_dir, capsys):
+    """The history unusable (exit 2) after a failing night: OUT's summary.md and junit.xml
+    were the last recorded night's (`ALL PASS`, `failures="0"`) beside tonight's
+    nightly.json, and the failure was on no line of the terminal."""
+    policies, out, history = tmp_path / "policies", tmp_path / "out", tmp_path / "h.sqlite"
+    path = _loop_policy(policies, models_dir)
+    assert _nightly(policies, out, history) == 0
+    assert "ALL PASS" in (out / "summary.md").read_text().splitlines()[0]
+    with sqlite3.connect(history) as db:
+        db.execute("UPDATE trtbuild_meta SET value = 'abc' WHERE key = 'schema'")
+    text = path.read_text()  # the running sum's pin lost: it overflows FP16
+    path.write_text(text[: text.index("  rules:")] + "  rules: []\n" + text[text.index("build:") :])
+    capsys.readouterr()
+    assert _nightly(policies, out, history) == 2
+    said = capsys.readouterr()
+    assert "FAIL loop_sum: outputs below tolerance" in said.out
+    assert "not a number" in said.err and "tonight's results are kept in" in said.err
+    first = (out / "summary.md").read_text().splitlines()[0]
+    assert "ATTENTION: loop_sum" in first and "NOT RECORDED" in first
+    assert 'failures="1"' in (out / "junit.xml").read_text()
+    assert "NOT RECORDED" in (out / "summary.html").read_text()

@@ -101,8 +101,12 @@ def nightly(
     run = {"night": shard.night, "device": device or _device(results)}
     if shard.count > 1:
         run.update(shard=shard.index, shards=shard.count)
-    with _kept(out_dir if fault is None else None):
-        run_id, found, pngs = _record(history, started, results, run, margin)
+    try:
+        with _kept(out_dir if fault is None else None):
+            run_id, found, pngs = _record(history, started, results, run, margin)
+    except UsageError:
+        _unrecorded(out_dir, started, results, shard)
+        raise
     night = Night(run_id, results, found)
     late = _render(out_dir, title(started, night.attention()), night, pngs, started, shard)
     fault = fault if fault is not None else late
@@ -141,6 +145,21 @@ def _trends(db: History, results: list[PolicyResult]) -> dict[str, bytes]:
         )
         for r in results
     }
+
+
+def _unrecorded(out_dir: Path, started: str, results: list[PolicyResult], shard: Shard) -> None:
+    """Tonight's lines and files in `OUT` from its results alone, where the history could
+    not take the night (exit 2 follows): no regression or trend is judged.
+
+    Why: `OUT`'s `summary.md`, `summary.html` and `junit.xml` were the last recorded
+    night's, so a failing night read as that night's ALL PASS (JUnit `failures="0"`)
+    beside tonight's `nightly.json`, and its failures were on no line of the terminal.
+    """
+    night = Night(None, results, [])
+    for line in night_lines(night)[:-1]:  # the verdict line: the exit 2's message is it
+        print(line, flush=True)
+    unjudged = "; NOT RECORDED: the history could not be used, no regression judged"
+    _render(out_dir, title(started, night.attention()) + unjudged, night, {}, started, shard)
 
 
 def _out_fault(fault: Exception, night: Night) -> Exception:
