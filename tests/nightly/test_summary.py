@@ -83,3 +83,34 @@ def test_each_device_of_a_policy_has_its_own_trend(tmp_path):
     assert "![a @ NVIDIA A10](trends/a%20%40%20NVIDIA%20A10.png)" in summary
     assert "![a @ NVIDIA H100](trends/a%20%40%20NVIDIA%20H100.png)" in summary
     assert "href='a/report.html'" in (out / "summary.html").read_text()
+
+
+def test_a_runs_device_is_a_judged_results_not_an_early_errors():
+    """An A10 shard whose first policy errored (no evaluator: `cpu-emulation`) was run on
+    `cpu-emulation`, as was the H100's shard of the same policies: one device, so the later
+    run's results superseded the other's, and the A10's failures vanished."""
+    from trtbuild.nightly import _device
+
+    results = [_errored("a", CPU_LANE), _judged("b", "fail", "NVIDIA A10")]
+    assert _device(results) == "NVIDIA A10"
+    assert _device([_errored("a", CPU_LANE)]) == CPU_LANE
+    assert _device([]) == CPU_LANE
+
+
+def test_an_a10_failure_beside_an_early_error_survives_the_h100s_shard(tmp_path):
+    """The same shard on two GPU kinds, each run's device as `nightly` gives it: the A10's
+    failure of `b` stays in the night beside the H100's pass."""
+    import json
+
+    from tests.nightly.test_retry import _record
+    from trtbuild.cli import main
+    from trtbuild.nightly import _device
+
+    history, started = str(tmp_path / "h.sqlite"), "2026-11-24T02:00:00+00:00"
+    for gpu, status in (("NVIDIA A10", "fail"), ("NVIDIA H100", "pass")):
+        results = [_errored("a", CPU_LANE), _judged("b", status, gpu)]
+        _record(history, "7", results, started, 1, 1, _device(results))
+    out = tmp_path / "s"
+    assert main(["summary", "--history", history, "--run-id", "7", "--out", str(out)]) == 1
+    found = json.loads((out / "nightly.json").read_text())["results"]
+    assert ("b", "fail", "NVIDIA A10") in {(r["policy"], r["status"], r["device"]) for r in found}

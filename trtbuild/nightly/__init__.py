@@ -272,9 +272,17 @@ def missing_devices(runs: list[dict[str, Any]], expected: int = 0) -> list[str]:
 
 
 def _device(results: list[PolicyResult]) -> str:
+    """The run's device: that of a judged result where there is one.
+
+    Why not the first result's: a policy that ended before judging (a model file missing
+    on every runner) has no evaluator, so its device is `cpu-emulation`; first in its
+    shard, it made the run of an A10's shard and the H100's the same device, and the later
+    one's results superseded the other's (`latest`): the A10's failures vanished.
+    """
     from trtbuild.nightly.runner import CPU_LANE
 
-    return next((r.device for r in results if r.device), CPU_LANE)
+    judged = (r.device for r in results if r.device and r.evaluator)
+    return next(judged, None) or next((r.device for r in results if r.device), CPU_LANE)
 
 
 @contextmanager
