@@ -847,8 +847,10 @@ def _cmd_nightly(args) -> int:
     shard = _shard(args.shard, args.run_id)
     _claim_out(args.out)  # not a folder of the user's: exit 2 before anything runs
 
+    said = [True]  # False once the reader of stdout left (`| grep -q FAIL`): the night goes on
+
     def progress(result) -> None:
-        print(f"  {result.policy}: {result.status}", flush=True)
+        said[0] = nightly.say(f"  {result.policy}: {result.status}") and said[0]
 
     night = nightly.nightly(
         args.policies,
@@ -863,12 +865,13 @@ def _cmd_nightly(args) -> int:
         device=args.device,
     )
     _claim_out(args.out, mark="nightly")
-    _night_lines(night)
-    print(
+    said[0] = _night_lines(night) and said[0]
+    wrote = (
         f"wrote {printable(str(args.out))}/summary.md, summary.html, junit.xml, nightly.json; "
         f"history {printable(args.history)} (run {night.run_id})"
     )
-    return night.exit_code
+    said[0] = nightly.say(wrote) and said[0]
+    return night.exit_code or (0 if said[0] else 141)
 
 
 def _cmd_summary(args) -> int:
@@ -889,9 +892,10 @@ def _cmd_summary(args) -> int:
         devices=args.devices,
     )
     _claim_out(args.out, mark="summary")
-    _night_lines(night)
-    print(f"wrote {printable(str(args.out))}/summary.md, summary.html, junit.xml, nightly.json")
-    return night.exit_code
+    said = _night_lines(night)
+    wrote = f"wrote {printable(str(args.out))}/summary.md, summary.html, junit.xml, nightly.json"
+    said = nightly.say(wrote) and said
+    return night.exit_code or (0 if said else 141)
 
 
 # what a nightly writes into its --out, besides one build folder per policy
@@ -947,12 +951,12 @@ def _shard(text: str | None, run_id: str | None):
     return Shard(int(k), int(n), run_id)
 
 
-def _night_lines(night) -> None:
-    """The night's verdict on the terminal: regressions, failures, missing shards."""
-    from trtbuild.nightly import night_lines
+def _night_lines(night) -> bool:
+    """The night's verdict on the terminal: regressions, failures, missing shards; False
+    where the reader of stdout left (`nightly.say`)."""
+    from trtbuild.nightly import night_lines, say
 
-    for line in night_lines(night):
-        print(line)
+    return all([say(line) for line in night_lines(night)])
 
 
 def _cmd_cache(args) -> int:

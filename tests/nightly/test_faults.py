@@ -11,6 +11,7 @@ import hashlib
 import os
 import sqlite3
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -370,3 +371,27 @@ def test_a_night_the_history_refused_replaces_the_last_nights_summary(tmp_path, 
     assert "ATTENTION: loop_sum" in first and "NOT RECORDED" in first
     assert 'failures="1"' in (out / "junit.xml").read_text()
     assert "NOT RECORDED" in (out / "summary.html").read_text()
+
+
+def test_a_reader_of_stdout_that_leaves_does_not_cut_the_night(tmp_path, models_dir):
+    """`trtbuild nightly ... | grep -q FAIL` (or `| head -1`): the reader left after the first
+    policy's line, and the next line's BrokenPipeError ended the night there: the later
+    policies never ran, nothing was recorded, exit 141. Now the night runs to its end and is
+    recorded; its exit is the night's, or 141 where it passed."""
+    policies, out, history = tmp_path / "policies", tmp_path / "out", tmp_path / "h.sqlite"
+    for name in ("a.yaml", "b.yaml", "c.yaml"):
+        _loop_policy(policies, models_dir, name)
+    cmd = [sys.executable, "-m", "trtbuild", "nightly", "--policies", str(policies)]
+    cmd += ["--out", str(out)]
+    cmd += ["--history", str(history), "--backend", "none", "--no-cache"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"  a: pass\n"
+    proc.stdout.close()  # the reader leaves
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 141, err
+    assert "Traceback" not in err
+    with sqlite3.connect(history) as db:
+        rows = db.execute("SELECT policy, status FROM results ORDER BY policy").fetchall()
+    assert rows == [("a", "pass"), ("b", "pass"), ("c", "pass")]
+    assert "ALL PASS" in (out / "summary.md").read_text().splitlines()[0]

@@ -157,9 +157,30 @@ def _unrecorded(out_dir: Path, started: str, results: list[PolicyResult], shard:
     """
     night = Night(None, results, [])
     for line in night_lines(night)[:-1]:  # the verdict line: the exit 2's message is it
-        print(line, flush=True)
+        say(line)
     unjudged = "; NOT RECORDED: the history could not be used, no regression judged"
     _render(out_dir, title(started, night.attention()) + unjudged, night, {}, started, shard)
+
+
+def say(line: str) -> bool:
+    """Print `line` on stdout; False where its reader left, stdout then sent to /dev/null.
+
+    Why: a night's lines, one per policy as each ends, are read through a pipe that may
+    close early (`| grep -q FAIL`, `| head -1`): the BrokenPipeError of the next line
+    ended the night there, its later policies never run, nothing recorded, exit 141.
+    The night goes on; the command's exit says the reader left where nothing else failed.
+    """
+    import os
+    import sys
+
+    try:
+        print(line, flush=True)
+        return True
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return False
 
 
 def _out_fault(fault: Exception, night: Night) -> Exception:
@@ -170,7 +191,7 @@ def _out_fault(fault: Exception, night: Night) -> Exception:
     and a policy that errored on the full disk must still be named on the terminal.
     """
     for line in night_lines(night):
-        print(line, flush=True)
+        say(line)
     found = fault if isinstance(fault, UsageError) else surroundings_error(fault)
     if found is None:
         return fault
@@ -392,5 +413,6 @@ __all__ = [
     "missing_shards",
     "night_lines",
     "nightly",
+    "say",
     "summarize",
 ]
