@@ -209,3 +209,24 @@ def test_a_failing_baseline_without_a_first_divergence_names_what_fails(tmp_path
     assert baseline.endswith(
         "; no intermediate tensor's error reaches the divergence threshold (0.05 of its range)"
     )
+
+
+def test_junit_holds_a_name_with_a_control_character_well_formed(tmp_path, models_dir):
+    """A policy file named `x<ESC>y.yaml` (legal on Linux) made the night's `junit.xml` not
+    well-formed: a CI that cannot parse it shows no test, the failing ones included."""
+    import xml.etree.ElementTree as ET
+
+    from tests.conftest import ROOT
+    from trtbuild.cli import main
+
+    policies, out = tmp_path / "policies", tmp_path / "out"
+    policies.mkdir()
+    loop = (ROOT / "policies" / "loop_sum.yaml").read_text()
+    (policies / "x\x1by.yaml").write_text(loop.replace("../models/", f"{models_dir}/"))
+    (policies / "bad.yaml").write_text("version: 1\nmodel: [oops\n")
+    argv = ["nightly", "--policies", str(policies), "--out", str(out)]
+    assert main([*argv, "--history", str(tmp_path / "h.sqlite"), "--backend", "none"]) == 1
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "1"
+    names = sorted(c.get("name") for c in suite)
+    assert names == ["bad @ cpu-emulation", "x\\x1by @ cpu-emulation"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -292,11 +293,34 @@ def _masked_cases(report: Report, per_point: bool) -> list[tuple[str, str, str |
     return cases
 
 
+# What XML 1.0 cannot hold, even escaped: control characters but tab, newline and return,
+# lone surrogates (a name's undecodable byte, as Python's surrogateescape holds it), U+FFFE/F
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_safe(text: str) -> str:
+    """`text` with each character XML 1.0 cannot hold written as `\\xNN`/`\\uNNNN`.
+
+    Why: a policy named with an escape character (`x\\x1by.yaml`), or a library's
+    message holding one, made `junit.xml` not well-formed, and a CI that cannot parse it
+    shows no test, failing ones included."""
+    return _NOT_XML.sub(
+        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text
+    )
+
+
 def junit_xml(suite: str, cases: list[tuple[str, str, str | None]], skipped=()) -> str:
     """JUnit XML from (classname, name, failure text or None) cases, and (classname, name,
     reason) skipped ones; CI dashboards read it."""
     # imported here: xml.sax pulls in urllib, which `check` does not need at start-up
-    from xml.sax.saxutils import escape, quoteattr
+    from xml.sax.saxutils import escape as _escape
+    from xml.sax.saxutils import quoteattr as _quoteattr
+
+    def escape(text: str) -> str:
+        return _escape(_xml_safe(text))
+
+    def quoteattr(text: str) -> str:
+        return _quoteattr(_xml_safe(text))
 
     lines = []
     for classname, name, failure in cases:
