@@ -395,3 +395,19 @@ def test_a_reader_of_stdout_that_leaves_does_not_cut_the_night(tmp_path, models_
         rows = db.execute("SELECT policy, status FROM results ORDER BY policy").fetchall()
     assert rows == [("a", "pass"), ("b", "pass"), ("c", "pass")]
     assert "ALL PASS" in (out / "summary.md").read_text().splitlines()[0]
+
+
+def test_a_policy_name_that_does_not_print_is_escaped_on_the_terminal(tmp_path, models_dir, capsys):
+    """`a<ESC>[31m.yaml` and a name holding a newline: the night's lines printed them raw (the
+    terminal recoloured; `x<LF>all 9 results pass` forged a verdict line of its own)."""
+    policies = tmp_path / "policies"
+    _loop_policy(policies, models_dir, "a\x1b[31m.yaml")
+    _loop_policy(policies, models_dir, "x\nall 9 results pass.yaml")
+    (policies / "z\x1b.yaml").write_text("version: 1\nmodel: [oops\n")
+    assert _nightly(policies, tmp_path / "out", tmp_path / "h.sqlite") == 1
+    said = capsys.readouterr().out
+    assert "\x1b" not in said and "\nall 9 results pass" not in said
+    assert "  a\\x1b[31m: pass" in said and "  x\\nall 9 results pass: pass" in said
+    assert "ERROR z\\x1b: " in said
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "\x1b" not in summary and "| `x\\nall 9 results pass` | pass |" in summary

@@ -169,12 +169,16 @@ def say(line: str) -> bool:
     close early (`| grep -q FAIL`, `| head -1`): the BrokenPipeError of the next line
     ended the night there, its later policies never run, nothing recorded, exit 141.
     The night goes on; the command's exit says the reader left where nothing else failed.
+    What does not print is escaped (`printable`): a policy's name is its file's, and an
+    escape sequence in it recoloured the terminal, a newline forged a line of its own.
     """
     import os
     import sys
 
+    from trtbuild.errors import printable
+
     try:
-        print(line, flush=True)
+        print(printable(line), flush=True)
         return True
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)

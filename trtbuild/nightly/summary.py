@@ -225,14 +225,19 @@ def title(started: str, night_attention: list[str]) -> str:
 def summary_md(
     heading: str, rows: list[tuple[bool, list[str]]], lanes: Lanes, trends: list[str]
 ) -> str:
+    """The summary in Markdown (CI's job page); what does not print is escaped (`printable`):
+    a newline in a policy's name (its file's) broke its row and the table after it."""
+    from trtbuild.errors import printable
+
+    heading = printable(heading)
     lines = [f"# {heading}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for _, cells in rows:
-        cells = [c.replace("|", "\\|") for c in cells]
+        cells = [printable(c).replace("|", "\\|") for c in cells]
         cells[0] = f"`{cells[0]}`"
         lines.append("| " + " | ".join(cells) + " |")
     lines += _lanes_md(lanes)
     lines += ["", "## Trends", ""]
-    lines += [f"![{name}](trends/{quote(name)}.png)" for name in trends]
+    lines += [f"![{printable(name)}](trends/{quote(name)}.png)" for name in trends]
     lines += ["", "Reports: `<policy>/report.html` next to this file.", ""]
     return "\n".join(lines)
 
