@@ -196,7 +196,24 @@ def test_only_the_samples_a_point_uses_are_read(tmp_path, capsys):
     assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
     path.write_text(path.read_text().replace("samples: 2", "samples: 3"))
     assert main(["check", "--policy", str(path)]) == 2
-    assert "array 'x' holds 1 NaN or infinite value(s)" in capsys.readouterr().err
+    assert "array 'x' holds 1 NaN value(s)" in capsys.readouterr().err
+
+
+def test_synthetic_data_of_a_file_holding_inf_is_exit_2(tmp_path, capsys):
+    """An attention mask's -inf has no mean nor std: the normal draws were NaN everywhere,
+    and the reference's NaN was blamed on the model; tiling keeps the mask (here an
+    Identity's, which passes it to its output: refused there as any inf output is)."""
+    frames = FRAMES[:, None].copy()
+    frames[:, 0, 1, 2] = -np.inf
+    path = _policy(tmp_path, data="{file: x.npz, derive: synthetic}")
+    np.savez(tmp_path / "x.npz", x=frames)
+    assert main(["check", "--policy", str(path)]) == 2
+    said = capsys.readouterr().err
+    assert "inputs.x.data.file: array 'x' holds ±inf (a mask's?)" in said
+    assert "set derive: tile" in said
+    path.write_text(path.read_text().replace("derive: synthetic", "derive: tile"))
+    assert main(["check", "--policy", str(path)]) == 2  # tiled, the -inf reaches the output
+    assert "the FP32 reference of output 'y' holds inf" in capsys.readouterr().err
 
 
 def test_synthetic_data_reading_a_whole_file_past_the_budget_is_exit_2(tmp_path, capsys):

@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto
 
 from tests.helpers import F, H, identity_policy, model, node
+from trtbuild.cli import main
 from trtbuild.errors import UsageError
 from trtbuild.front import run_front
 from trtbuild.policy import load_policy
@@ -25,7 +26,7 @@ I32, U8 = TensorProto.INT32, TensorProto.UINT8
         ({"x": np.zeros((2, 1, 4), np.int64)}, "inputs.x.data.file: array 'x' holds int64 values"),
         (
             {"x": np.full((2, 1, 4), np.nan, np.float32)},
-            "inputs.x.data.file: array 'x' holds 8 NaN or infinite value(s)",
+            "inputs.x.data.file: array 'x' holds 8 NaN value(s)",
         ),
         ({"x": np.zeros((2, 1, 5), np.float32)}, "inputs.x.data.file: array 'x' has 5 on axis 1"),
     ],
@@ -61,6 +62,60 @@ def test_a_value_the_inputs_type_cannot_hold_is_the_files_fault(tmp_path, elem, 
         run_front(load_policy(path), reference="none")
     assert "array 'x' holds 1 value(s) that the model's input 'x'" in str(info.value)
     assert info.value.where == f"{path.resolve()}:4"
+
+
+def _masked_softmax(tmp_path, mask: np.ndarray, elem: int = F) -> tuple[int, dict]:
+    """build's exit code and report.json for Softmax(s + mask) on `mask` from a file."""
+    import json
+
+    nodes = [node("Add", ["s", "mk"], "a", "add"), node("Softmax", ["a"], "y", "sm", axis=-1)]
+    io = [("s", F, [1, 4, 4]), ("mk", elem, [1, 4, 4])]
+    if elem != F:  # the mask read as the model types it, added in FP32
+        nodes.insert(0, node("Cast", ["mk"], "mf", "cast", to=F))
+        nodes[1].input[1] = "mf"
+    onnx.save(model(nodes, io, [("y", F, [1, 4, 4])]), tmp_path / "m.onnx")
+    s = np.random.default_rng(0).uniform(-1, 1, (2, 1, 4, 4)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", s=s, mk=np.broadcast_to(mask, (2, 1, 4, 4)))
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  s: {data: {file: x.npz}}\n"
+        "  mk: {data: {file: x.npz}}\naccuracy: {samples: 2, tolerances: {default: {atol: 0.01}}}\n"
+    )
+    out = tmp_path / "out"
+    code = main(
+        ["build", "--policy", str(tmp_path / "p.yaml"), "--out", str(out), "--backend", "none"]
+    )
+    return code, json.loads((out / "report.json").read_text()) if code in (0, 1) else {}
+
+
+@pytest.mark.parametrize("elem", [F, H])
+def test_a_minus_inf_attention_mask_is_data_judged_as_its_finfo_min_is(tmp_path, elem):
+    """A causal mask saved as PyTorch makes it (`generate_square_subsequent_mask`: -inf
+    above the diagonal) was exit 2, 'reference inputs must be finite', where the same mask
+    with finfo.min passed: FP32's softmax is the same on both, and so is FP16's."""
+    causal = np.triu(np.ones((4, 4), np.float32), 1)
+    codes, errors = [], []
+    for k, fill in enumerate([np.float32(-np.inf), np.finfo(np.float32).min]):
+        if elem == H and np.isfinite(fill):
+            fill = np.float32(-65504)  # FP16's own finfo.min
+        folder = tmp_path / str(k)
+        folder.mkdir()
+        code, report = _masked_softmax(
+            folder, np.where(causal > 0, fill, 0).astype(np.float32), elem
+        )
+        codes.append(code)
+        errors.append(report["outputs"]["y"]["max_abs"])
+    assert codes == [0, 0]
+    assert errors[0] == errors[1]
+
+
+def test_a_nan_in_a_file_is_still_exit_2(tmp_path, capsys):
+    mask = np.zeros((4, 4), np.float32)
+    mask[1, 2] = np.nan
+    assert _masked_softmax(tmp_path, mask)[0] == 2
+    assert (
+        "array 'mk' holds 2 NaN value(s), the first at index [0, 0, 1, 2]"
+        in capsys.readouterr().err
+    )
 
 
 def _own_npz(path):

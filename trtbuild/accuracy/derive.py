@@ -68,6 +68,7 @@ def fit(
     if have == shape:
         return samples, InputData("file", name)
     if spec.data.derive == "synthetic":  # the statistics of every sample the file holds
+        _drawable(policy, spec, every)
         made = _synthetic(every, shape, policy.accuracy.seed, len(samples))
         said = _said(name, have, shape, synthetic=every.dtype.kind)
         return made, InputData("synthetic", said)
@@ -119,6 +120,25 @@ def _tiled(samples: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         if out.shape[axis] != want:
             out = np.take(out, np.arange(want), axis=axis, mode="wrap")
     return out
+
+
+def _drawable(policy: Policy, spec: InputSpec, every: np.ndarray) -> None:
+    """Exit 2 where the file holds ±inf: synthetic data cannot keep its statistics.
+
+    Why: an additive attention mask holds -inf where it masks; its mean is -inf and its
+    std NaN, so the normal draws were NaN everywhere and the reference's NaN was blamed on
+    the model. A mask is structure, not a distribution: tiling keeps it.
+    """
+    if every.dtype.kind != "f" or np.isfinite(every).all():
+        return
+    at = ("inputs", spec.name, "data", "file")
+    raise UsageError(
+        f"{words.field(*at)}: array '{spec.name}' holds ±inf (a mask's?), which has no "
+        "mean or std to draw synthetic data from",
+        where=policy.where_of(*at),
+        hint="set derive: tile (the mask's own values, cropped or repeated), or give the "
+        "point its own file",
+    )
 
 
 def _synthetic(samples: np.ndarray, shape: tuple[int, ...], seed: int, count: int) -> np.ndarray:

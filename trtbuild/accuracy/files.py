@@ -98,7 +98,7 @@ def batched(member: npz.Member, shape: tuple[int, ...], model_dims: list) -> npz
 
 def read(policy: Policy, f: FileInput, count: int, dtype) -> np.ndarray:
     """The array, cut to `count` samples where it has a sample axis and needs no more, in the
-    input's dtype; NaN and inf refused in what is read."""
+    input's dtype; NaN refused in what is read (±inf is a mask's data)."""
     cut = None if f.every or f.constant else count
     with _readable(policy, f.at, f.path):
         arr = npz.read(f.path, f.member, cut)
@@ -195,7 +195,10 @@ def _held(
     """
     if arr.dtype == want:
         return arr
-    bad = np.argwhere(not_held(arr, want))
+    bad = not_held(arr, want)
+    if arr.dtype.kind == "f" and want.kind == "f":  # an inf of the file is inf in any float
+        bad &= np.isfinite(arr)
+    bad = np.argwhere(bad)
     if bad.size:
         index = tuple(int(i) for i in bad[0])
         raise UsageError(
@@ -209,14 +212,23 @@ def _held(
 
 
 def _finite(policy: Policy, at: tuple[str, ...], name: str, arr: np.ndarray) -> np.ndarray:
+    """`arr`, where it holds no NaN: a NaN is exit 2, naming the array and its index.
+
+    Why not inf too: an additive attention mask holds -inf where it masks (PyTorch's
+    `generate_square_subsequent_mask`, a causal mask saved as the deployment feeds it), a
+    value of the data, not a broken file; a reference that turns NaN or inf on it is
+    refused at its output (`reference.check_finite`), as for any data. A NaN is no value:
+    every comparison with it is false.
+    """
     if arr.dtype.kind == "f":
-        bad = np.argwhere(~np.isfinite(arr))
+        bad = np.argwhere(np.isnan(arr))
         if bad.size:
             index = tuple(int(i) for i in bad[0])
             raise UsageError(
-                f"{words.field(*at)}: array '{name}' holds {len(bad)} NaN or infinite value(s), "
-                f"the first at index {list(index)} ({arr[index]})",
+                f"{words.field(*at)}: array '{name}' holds {len(bad)} NaN value(s), "
+                f"the first at index {list(index)}",
                 where=policy.where_of(*at),
-                hint="reference inputs must be finite; clean or regenerate the file",
+                hint="reference inputs hold no NaN (±inf, a mask's, is data); clean or "
+                "regenerate the file",
             )
     return arr
