@@ -144,12 +144,41 @@ def test_equal_points_with_files_of_their_own_are_each_judged_on_theirs(tmp_path
     )
 
 
-def test_equal_points_with_one_file_between_them_are_judged_once_on_it(tmp_path):
+def test_equal_points_with_one_file_between_them_are_each_judged_on_their_data(tmp_path):
+    """min has the inputs' data (random here), opt its own file: both are read."""
     path = _policy(tmp_path, EQUAL, "shapes: {opt: {data: {file: b.npz}}}\n")
     np.savez(tmp_path / "b.npz", x=np.full((1, 3, 16, 16), 2.0, np.float32))
     runs = run_front(load_policy(path), reference="none").shapes
-    assert [r.point.name for r in runs] == ["opt=min", "max"]
+    assert [r.point.name for r in runs] == ["opt", "min", "max"]
     assert runs[0].data["x"].source == "b.npz (this point's own)"
+    assert runs[1].data["x"].kind == "random"
+
+
+def test_a_named_point_of_opts_shape_with_its_own_file_leaves_opts_data_judged(tmp_path, capsys):
+    """opt's data (the inputs' file) overflows FP16 behind a Clip; a named point of opt's
+    shape with a file of its own that does not absorbed opt, and that file alone was judged
+    there: PASS, where the same policy without the named point fails."""
+    dims = [1, "t"]
+    nodes = [node("Mul", ["x", "c"], "p", "mul"), node("Clip", ["p", "lo", "hi"], "y", "clip")]
+    consts = {"c": np.float32(6e4), "lo": np.float32(0), "hi": np.float32(1000)}
+    m = model(nodes, [("x", F, dims)], [("y", F, dims)], consts)
+    onnx.save(m, tmp_path / "m.onnx")
+    hot = np.full((1, 1, 4), 0.5, np.float32)
+    hot[0, 0, 3] = 1.2  # 72000 in FP16 is inf; the Clip hides it
+    np.savez(tmp_path / "x.npz", x=hot)
+    np.savez(tmp_path / "own.npz", x=np.full((1, 1, 4), 0.5, np.float32))
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\nmodel: m.onnx\nprecision: {guards: false}\ninputs:\n"
+        "  x: {min: [1, 2], opt: [1, 4], max: [1, 4], data: {file: x.npz}}\n"
+        "accuracy:\n  tolerances: {default: {atol: 1}}\n"
+        "  shapes: {named: {x: [1, 4], data: {file: own.npz}}}\n"
+    )
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 1
+    said = capsys.readouterr().out
+    assert said.startswith("FAILED at opt=max [1, 4]; passed at min [1, 2], named [1, 4]")
+    assert "masked overflow at opt=max [1, 4]: mul (Mul)" in said
 
 
 def test_an_input_named_with_a_dot_is_quoted_in_the_field_to_fix(tmp_path, capsys):

@@ -173,8 +173,8 @@ def shape_points(policy: Policy, model: onnx.ModelProto) -> list[ShapePoint]:
 
     The profile's own points come from the inputs (min, opt, max; `shape` for a
     static policy); `accuracy.shapes` adds named points and may give any point its
-    own data file or a reason to skip it. Points with equal shapes are judged once,
-    under both names, unless each has its own data file: then each is judged on its own.
+    own data file or a reason to skip it. Points with equal shapes and the same data are
+    judged once, under both names; where their data differ, each is judged on its own.
     """
     base = check_inputs(policy, model)
     profiled = [s for s in policy.inputs if s.opt is not None]
@@ -194,23 +194,25 @@ def shape_points(policy: Policy, model: onnx.ModelProto) -> list[ShapePoint]:
 
 
 def _merged(points: list[ShapePoint]) -> list[ShapePoint]:
-    """Points of equal shapes as one (`opt=min`): judged unless every one of them is skipped,
-    with the data file of the one that has one. Two with different files of their own stay
-    two points, each judged on its own data (merged, one file would go unread)."""
+    """Points of equal shapes and the same data as one (`opt=min`): judged unless every one
+    of them is skipped. Two whose data differ stay two points, each judged on its own: each
+    with a file of its own, or one with its own file and one with the inputs' data.
+
+    Why not merged into the one with a file: the inputs' data at that shape then went
+    unread. `opt` and a named point of its shape with its own file were judged on that file
+    alone, and the inputs' file, which overflowed FP16 at opt, was judged nowhere: PASS,
+    where the policy without the named point failed.
+    """
     merged: list[ShapePoint] = []
     for p in points:
-        same = (
-            k
-            for k, q in enumerate(merged)
-            if q.shapes == p.shapes and (q.file is None or p.file is None or q.file == p.file)
-        )
+        same = (k for k, q in enumerate(merged) if q.shapes == p.shapes and q.file == p.file)
         i = next(same, None)
         if i is None:
             merged.append(p)
             continue
         q = merged[i]
         skip = q.skip if q.skip is not None and p.skip is not None else None  # judged if any is
-        merged[i] = ShapePoint(f"{q.name}={p.name}", q.shapes, q.file or p.file, skip)
+        merged[i] = ShapePoint(f"{q.name}={p.name}", q.shapes, q.file, skip)
     return merged
 
 
