@@ -233,3 +233,59 @@ def test_check_warns_of_what_turns_inf_and_build_agrees(tmp_path, capsys, x, tur
     code, _, report = _build(policy, tmp_path / "out", capsys)
     assert warned is turns_inf and (code == 1) is turns_inf
     assert bool(report["masked_overflow"]["found"]) is turns_inf
+
+
+def _mask_policy(tmp_path: Path, fill: float, hot_sample: int) -> Path:
+    """a = s + (mask + s), then Clip(a, -10, 10): the mask holds `fill` in its last column on
+    every sample, so `mask + s` and `a` hold it too; one value of s, 3.5e4 on `hot_sample`
+    alone, makes `a` 7e4 there, +inf in FP16 beside the mask's -inf, which the Clip hides."""
+    nodes = [
+        node("Add", ["mk", "s"], "mk2", "/mask_add"),
+        node("Add", ["s", "mk2"], "a", "/add"),
+        node("Clip", ["a", "lo", "hi"], "y", "/clip"),
+    ]
+    consts = {"lo": np.float32(-10), "hi": np.float32(10)}
+    io = [("s", F, [1, 4, 4]), ("mk", F, [1, 4, 4])]
+    onnx.save(model(nodes, io, [("y", F, [1, 4, 4])], consts), tmp_path / "m.onnx")
+    s = np.random.default_rng(0).uniform(-1, 1, (3, 1, 4, 4)).astype(np.float32)
+    s[hot_sample, 0, 1, 1] = 3.5e4
+    mask = np.zeros((3, 1, 4, 4), np.float32)
+    mask[:, 0, :, 3] = fill
+    np.savez(tmp_path / "x.npz", s=s, mk=mask)
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  s: {data: {file: x.npz}}\n"
+        "  mk: {data: {file: x.npz}}\naccuracy:\n  samples: 3\n"
+        "  tolerances: {default: {atol: 0.01}}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("fill", [-np.inf, float(np.finfo(np.float32).min)], ids=["inf", "min"])
+@pytest.mark.parametrize("hot_sample", [1, 2])
+def test_an_overflow_beside_a_masks_sentinels_on_a_later_sample_is_found(
+    tmp_path, capsys, fill, hot_sample
+):
+    """FP32's values of a later sample are not kept: a tensor holding an -inf mask was not
+    judged there at all, and one holding a finfo.min mask by its NaNs alone, so the +inf of
+    the overflow beside the mask's -inf passed (exit 0) on the second or third sample,
+    where the same data failed on the first."""
+    path = _mask_policy(tmp_path, fill, hot_sample)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 1
+    said = capsys.readouterr().out
+    assert "masked overflow at /add (Add) fails it" in said
+    assert f"tensor a, sample {hot_sample}: 1 non-finite value(s)" in said
+    front = run_front(load_policy(path))
+    assert not tuning.evaluate(front, front.policy.precision).passed  # tune's verdict agrees
+
+
+@pytest.mark.parametrize("fill", [-np.inf, float(np.finfo(np.float32).min)], ids=["inf", "min"])
+def test_a_masks_sentinels_alone_on_later_samples_pass(tmp_path, capsys, fill):
+    """No value past 65504 but the mask's: every sample holds as many -inf as FP32's."""
+    path = _mask_policy(tmp_path, fill, 0)
+    s = dict(np.load(tmp_path / "x.npz"))
+    s["s"][0, 0, 1, 1] = 0.5
+    np.savez(tmp_path / "x.npz", **s)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0

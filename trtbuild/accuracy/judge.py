@@ -12,8 +12,8 @@ each tensor whose non-finite value could vanish before an output
 feed, in a tensor of the graph or in a boundary Cast the conversion adds (its
 value compared with its FP32 source's). Where a sum is not finite, a cut run of
 that feed finds the first tensor that overflowed; on a feed after the first the
-reference's own values are not kept, so a tensor FP32 itself holds inf or NaN
-on some feed is not judged there, and a sentinel tensor only by its NaNs.
+reference's own values are not kept, so a tensor FP32 itself holds a sentinel,
+inf or NaN in is judged there by how many of each sign it holds.
 `accuracy.masked_overflow` says what such an overflow does when every output
 holds: `fail` (the default, `tune` alike) or `warn`. The walk along
 the graph (the first divergence and the error curve) runs the reference again
@@ -48,7 +48,12 @@ from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.masked import overflow_text
 from trtbuild.accuracy.probes import peak_name, probe
 from trtbuild.accuracy.progress import SampleProgress
-from trtbuild.accuracy.reference import ReferenceMeasures, ReferenceTensors, reference_plan
+from trtbuild.accuracy.reference import (
+    ReferenceMeasures,
+    ReferenceTensors,
+    beyond_counts,
+    reference_plan,
+)
 from trtbuild.accuracy.sessions import (
     EMULATED,
     REFERENCE,
@@ -723,20 +728,20 @@ class _Walk:
     def _overflow(self, tensor: str, e: np.ndarray) -> dict[str, Any] | None:
         """Whether `e` turned non-finite where FP32 is finite. On the first feed the values of
         a tensor FP32 holds a NaN, an inf or a sentinel in are kept and compared; on a later
-        one they are not: such a tensor is not judged where FP32 is not finite on some feed,
-        and a sentinel tensor only by its NaNs (a sentinel may become an inf)."""
+        one they are not, and such a tensor is judged by how many of its values are past
+        the sentinels' magnitude (or inf) of each sign, and NaN: more than FP32's there are
+        an overflow (`_beyond`)."""
         r = self.measures.special.get(tensor) if self.sample == 0 else None
         if r is not None:
             return point(self.measures, tensor, r, e)
-        if self.sample and tensor in self.measures.nonfinite:
-            return None
         if not _measured(self.measures, tensor, e, self.sample):
             return None
+        if self.sample and tensor in self.measures.beyond:
+            return _beyond(self.measures, self.sample, tensor, e)
         if e.size and np.isfinite(max(float(e.max()), -float(e.min()))):
             return None  # every value finite: no overflow (the usual case, one cheap pass)
         nan = int(np.count_nonzero(np.isnan(e)))
-        held = self.sample > 0 and tensor in self.measures.sentinel_tensors
-        bad = nan if held else int(np.count_nonzero(~np.isfinite(e)))
+        bad = int(np.count_nonzero(~np.isfinite(e)))
         if not bad:
             return None
         scale = self.measures.first_peaks.get(tensor, 0.0)
@@ -768,6 +773,27 @@ class _Walk:
             if first is None and (bad or rel > self.threshold):
                 first = _first_divergence(p, bad, nan, rel, self.threshold)
         return first, ordered, overflow
+
+
+def _beyond(
+    measures: ReferenceMeasures, sample: int, tensor: str, e: np.ndarray
+) -> dict[str, Any] | None:
+    """A later feed's tensor where FP32 holds a sentinel, an inf or a NaN on some feed: an
+    overflow where it holds more values past the sentinels' magnitude of a sign (or more
+    NaN) than FP32 does on this feed (`sample`).
+
+    Why counts: FP32's values of a later feed are not kept. The tensor was not judged
+    there at all (an -inf attention mask) or by its NaNs alone (a finfo.min one): an Add of
+    a mask whose unmasked sum passed 65504 on the second sample was +inf beside the mask's
+    -inf, hidden by a Clip, and the policy passed.
+    """
+    ref = measures.beyond[tensor].get(sample, (0, 0, 0))
+    got = beyond_counts(e)
+    bad = sum(max(0, g - r) for g, r in zip(got, ref))
+    if not bad:
+        return None
+    nan = max(0, got[2] - ref[2])
+    return _point_json(tensor, bad, nan, measures.first_peaks.get(tensor, 0.0), float("inf"))
 
 
 def _measured(measures: ReferenceMeasures, tensor: str, e: np.ndarray, sample: int) -> bool:

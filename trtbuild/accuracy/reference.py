@@ -72,6 +72,10 @@ class ReferenceMeasures:
     decisions: list[tuple[str, str, str]] = field(default_factory=list)
     # graph outputs with no element on any feed (a detector's boxes where it found nothing)
     output_empty: frozenset[str] = frozenset()
+    # tensor -> feed -> how many of its values are >= SENTINEL_ABS (+inf included), <=
+    # -SENTINEL_ABS (-inf included) and NaN, on each feed where it holds any: what a later
+    # feed's candidate may hold of each where FP32 keeps no values (`judge._Walk._overflow`)
+    beyond: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,7 @@ class _Tally:
     nonfinite: dict[str, str] = field(default_factory=dict)
     moments: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # n, mean, M2
     int_peaks: dict[str, float] = field(default_factory=dict)  # an integer output's max |value|
+    beyond: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
 
     def spread(self, outputs: dict[str, np.ndarray]) -> None:
         """Each graph output's count, mean and sum of squared deviations, feed after feed
@@ -204,8 +209,9 @@ class _Tally:
             for k, (n, _, m2) in self.moments.items()
         }
 
-    def values(self, values: dict[str, np.ndarray], first: bool) -> None:
+    def values(self, values: dict[str, np.ndarray], feed: int) -> None:
         """Peaks (and, on the first feed, sizes and special values) of new tensors."""
+        first = feed == 0
         for name, v in values.items():
             v = np.asarray(v)
             if first:
@@ -219,10 +225,11 @@ class _Tally:
                 if not plain:
                     self.special[name] = v.copy()
             if not plain:
-                self._not_data(name, v)
+                self._not_data(name, v, feed)
 
-    def _not_data(self, name: str, v: np.ndarray) -> None:
+    def _not_data(self, name: str, v: np.ndarray, feed: int) -> None:
         """A tensor with a value that is not data: a sentinel, an inf or a NaN."""
+        self.beyond.setdefault(name, {})[feed] = beyond_counts(v)
         with np.errstate(invalid="ignore"):
             if name not in self.held and np.any(np.abs(v) >= 1e30):
                 self.held.add(name)
@@ -263,13 +270,11 @@ def run_reference(
     ticker = SampleProgress("FP32 reference", len(feeds))
     with quiet_polygraphy():
         for k, feed in enumerate(feeds):
-            tally.values(feed, k == 0)
+            tally.values(feed, k)
             outs = {o: np.asarray(feed[o]) for o in outputs if o in feed}
             for seg, values in zip(plan.segments, runner.run(feed)):
-                tally.values(
-                    {t: values[t] for t in seg.marked if t not in probed.tensor_of}, k == 0
-                )
-                tally.values(probed.peaks(values), k == 0)
+                tally.values({t: values[t] for t in seg.marked if t not in probed.tensor_of}, k)
+                tally.values(probed.peaks(values), k)
                 tally.risks(
                     view, [view.top[i] for i in seg.nodes if view.top[i] in watched], values
                 )
@@ -297,8 +302,23 @@ def run_reference(
         tally.int_peaks,
         decisions,
         tally.output_empty(),
+        tally.beyond,
     )
     return ReferenceTensors(measures, results)
+
+
+def beyond_counts(v: np.ndarray) -> tuple[int, int, int]:
+    """How many values of `v` are >= SENTINEL_ABS (+inf included), <= -SENTINEL_ABS (-inf
+    included) and NaN: a sentinel kept as FP16's inf of its sign counts alike on both
+    sides, an overflow one more (`ReferenceMeasures.beyond`)."""
+    from trtbuild.numerics import SENTINEL_ABS
+
+    with np.errstate(invalid="ignore"):
+        return (
+            int(np.count_nonzero(v >= SENTINEL_ABS)),
+            int(np.count_nonzero(v <= -SENTINEL_ABS)),
+            int(np.count_nonzero(np.isnan(v))),
+        )
 
 
 def check_finite(view: GraphView, measures: ReferenceMeasures, where: str) -> None:

@@ -331,8 +331,8 @@ def outputs_table(outputs: dict[str, OutputMetrics]) -> Table:
 OVERFLOW_CHECKED = (
     "every sample at every judged point, in the emulation: each tensor of the graph whose "
     "non-finite value could vanish before an output, and each boundary Cast the conversion "
-    "adds; on samples after the first, a tensor FP32 itself holds inf or NaN on some sample "
-    "is not judged, and a sentinel tensor only by its NaNs"
+    "adds; on samples after the first, a tensor FP32 itself holds a sentinel, inf or NaN in "
+    "on some sample by how many of each sign (and NaN) it holds against FP32's there"
 )
 
 
