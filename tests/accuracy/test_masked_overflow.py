@@ -116,6 +116,9 @@ def test_an_overflow_on_a_later_sample_only_is_found(tmp_path, capsys, walk):
     (found,) = report["masked_overflow"]["found"]
     assert found["sample"] == 2 and found["node"] == "/scale"  # from 0, as failed_samples
     assert "sample 2" in text
+    # said with that sample's FP32 peak (90 * 1e3), not the first sample's (below 6e4)
+    assert found["ref_max_abs"] == 9e4
+    assert "FP32 peak |x| = 9e+04" in text
 
 
 def test_an_overflow_in_a_boundary_cast_is_found(tmp_path, capsys):

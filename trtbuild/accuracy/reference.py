@@ -41,7 +41,7 @@ from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import fed_inputs
 from trtbuild.graph.optypes import DECISIONS, LOW_DTYPES
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import measure_peak
+from trtbuild.numerics import FP16_MAX, measure_peak
 from trtbuild.policy.specs import MemoryBudget
 
 
@@ -76,6 +76,9 @@ class ReferenceMeasures:
     # -SENTINEL_ABS (-inf included) and NaN, on each feed where it holds any: what a later
     # feed's candidate may hold of each where FP32 keeps no values (`judge._Walk._overflow`)
     beyond: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
+    # tensor -> feed after the first -> its data peak there, where past FP16's largest
+    # value: what an overflow on that feed is said with (`first_peaks` is the first feed's)
+    later_peaks: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,7 @@ class _Tally:
     moments: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # n, mean, M2
     int_peaks: dict[str, float] = field(default_factory=dict)  # an integer output's max |value|
     beyond: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
+    later_peaks: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def spread(self, outputs: dict[str, np.ndarray]) -> None:
         """Each graph output's count, mean and sum of squared deviations, feed after feed
@@ -224,6 +228,8 @@ class _Tally:
                 self.first_peaks[name] = peak
                 if not plain:
                     self.special[name] = v.copy()
+            elif peak > FP16_MAX:
+                self.later_peaks.setdefault(name, {})[feed] = peak
             if not plain:
                 self._not_data(name, v, feed)
 
@@ -303,6 +309,7 @@ def run_reference(
         decisions,
         tally.output_empty(),
         tally.beyond,
+        tally.later_peaks,
     )
     return ReferenceTensors(measures, results)
 
