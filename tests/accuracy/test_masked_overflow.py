@@ -292,3 +292,58 @@ def test_a_masks_sentinels_alone_on_later_samples_pass(tmp_path, capsys, fill):
     np.savez(tmp_path / "x.npz", **s)
     out = tmp_path / "out"
     assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 0
+
+
+def _fill_policy(tmp_path: Path, fill: float, after: str, hot_sample: int | None = None) -> Path:
+    """w = Where(mask == 0, fill, s * k), then `after` (Softmax or a Clip to [-10, 10]), as
+    The Annotated Transformer masks its scores (`masked_fill(mask == 0, -1e9)`): a causal
+    mask; one score 7e4 (past FP16) on `hot_sample` where given."""
+    tail = (
+        [node("Softmax", ["w"], "y", "/softmax", axis=-1)]
+        if after == "softmax"
+        else [node("Clip", ["w", "lo", "hi"], "y", "/clip")]
+    )
+    nodes = [
+        node("Equal", ["mk", "zero"], "isz", "/is_zero"),
+        node("Mul", ["s", "k"], "p", "/scale"),
+        node("Where", ["isz", "fill", "p"], "w", "/masked_fill"),
+        *tail,
+    ]
+    consts = {"zero": np.float32(0), "fill": np.float32(fill), "k": np.float32(1e3)}
+    consts.update({"lo": np.float32(-10), "hi": np.float32(10)} if after == "clip" else {})
+    io = [("s", F, [1, 4, 4]), ("mk", F, [1, 4, 4])]
+    onnx.save(model(nodes, io, [("y", F, [1, 4, 4])], consts), tmp_path / "m.onnx")
+    s = np.random.default_rng(0).uniform(-1e-3, 1e-3, (3, 1, 4, 4)).astype(np.float32)
+    if hot_sample is not None:
+        s[hot_sample, 0, 2, 0] = 70.0  # 7e4 once scaled: inf in FP16, hidden by the Clip
+    mask = np.broadcast_to(np.tril(np.ones((4, 4), np.float32)), (3, 1, 4, 4))
+    np.savez(tmp_path / "x.npz", s=s, mk=mask)
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "version: 1\nmodel: m.onnx\ninputs:\n  s: {data: {file: x.npz}}\n"
+        "  mk: {data: {file: x.npz}}\naccuracy:\n  samples: 3\n"
+        "  tolerances: {default: {atol: 0.01}}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("fill", [-1e9, -7e4, float(np.finfo(np.float32).min), -np.inf])
+@pytest.mark.parametrize("after", ["softmax", "clip"])
+def test_a_mask_fill_past_fp16_is_a_sentinel_as_finfo_min_is(tmp_path, capsys, fill, after):
+    """A fill of -1e9 became -inf where it crossed a cast to FP16 and was taken for a masked
+    overflow (exit 1), where the same model filling finfo.min or -inf passed: each means
+    "masked", and the Softmax or the Clip after gives the same values for all of them."""
+    path = _fill_policy(tmp_path, fill, after)
+    out = tmp_path / "out"
+    code = main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"])
+    assert code == 0, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("hot_sample", [0, 2])
+def test_an_overflow_of_data_beside_a_mask_fill_is_still_found(tmp_path, capsys, hot_sample):
+    """The fill is a sentinel, the scores are data: 7e4 among them is inf in FP16."""
+    path = _fill_policy(tmp_path, -1e9, "clip", hot_sample)
+    out = tmp_path / "out"
+    assert main(["build", "--policy", str(path), "--out", str(out), "--backend", "none"]) == 1
+    said = capsys.readouterr().out
+    assert "masked overflow at" in said and "1 non-finite value(s)" in said

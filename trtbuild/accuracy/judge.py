@@ -788,7 +788,7 @@ def _beyond(
     -inf, hidden by a Clip, and the policy passed.
     """
     ref = measures.beyond[tensor].get(sample, (0, 0, 0))
-    got = beyond_counts(e)
+    got = beyond_counts(e, measures.fills)
     bad = sum(max(0, g - r) for g, r in zip(got, ref))
     if not bad:
         return None
@@ -1048,11 +1048,11 @@ def point(
     if r.shape != e.shape:
         return None
     if tensor in measures.sentinel_tensors:
-        keep = ~sentinel_kept(r, e)
+        keep = ~sentinel_kept(r, e, measures.fills)
         r, e = r[keep], e[keep]
     # the same figure as data_peak(r) on the first feed, measured once
     scale = measures.first_peaks.get(tensor) if first else None
-    bad, nan, scale, err = _error(r, e, data_peak(r) if scale is None else scale)
+    bad, nan, scale, err = _error(r, e, data_peak(r, measures.fills) if scale is None else scale)
     rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
     return _point_json(tensor, bad, nan, scale, float("inf") if bad else rel)
 
