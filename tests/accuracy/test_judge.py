@@ -579,3 +579,20 @@ def test_a_suspect_on_the_first_sample_that_holds_leaves_the_failing_sample_walk
     assert found["outputs"]["p"]["passed"] and found["overflow"] is None, found
     first = found["first_divergence"]
     assert first is not None and first["node"] == "drop" and first["sample"] == 1, first
+
+
+def test_a_later_feeds_nan_where_fp32_is_inf_is_no_overflow_as_on_the_first():
+    """FP32 keeps no values of a later feed: a tensor it holds two +inf in there (a division
+    by 0) is judged by counts. A NaN where FP32 is inf (0 / 0, the numerator under FP16's
+    range) is not an overflow on the first feed (only values FP32 holds finite are), and
+    is not one on a later feed; a third inf is."""
+    from trtbuild.accuracy.judge import _beyond
+
+    measures = ReferenceMeasures(
+        [("t", "div", "Div")], {"t": 1.0}, frozenset(), {}, beyond={"t": {1: (2, 0, 0, 2)}}
+    )
+    inf = np.float32(np.inf)
+    assert _beyond(measures, 1, "t", np.array([np.nan, np.nan, 1.0], np.float32)) is None
+    assert _beyond(measures, 1, "t", np.array([inf, inf, 1.0], np.float32)) is None
+    assert _beyond(measures, 1, "t", np.array([inf, inf, inf], np.float32))["nonfinite"] == 1
+    assert _beyond(measures, 1, "t", np.array([np.nan, inf, -inf], np.float32))["nonfinite"] == 1

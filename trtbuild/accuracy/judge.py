@@ -779,20 +779,22 @@ def _beyond(
     measures: ReferenceMeasures, sample: int, tensor: str, e: np.ndarray
 ) -> dict[str, Any] | None:
     """A later feed's tensor where FP32 holds a sentinel, an inf or a NaN on some feed: an
-    overflow where it holds more values past the sentinels' magnitude of a sign (or more
-    NaN) than FP32 does on this feed (`sample`).
+    overflow where it holds more values past the sentinels' magnitude of a sign, or more
+    NaN than FP32's NaN and inf, than FP32 does on this feed (`sample`).
 
     Why counts: FP32's values of a later feed are not kept. The tensor was not judged
     there at all (an -inf attention mask) or by its NaNs alone (a finfo.min one): an Add of
     a mask whose unmasked sum passed 65504 on the second sample was +inf beside the mask's
     -inf, hidden by a Clip, and the policy passed.
     """
-    ref = measures.beyond[tensor].get(sample, (0, 0, 0))
+    pos, neg, nan, inf = measures.beyond[tensor].get(sample, (0, 0, 0, 0))
     got = beyond_counts(e, measures.fills)
-    bad = sum(max(0, g - r) for g, r in zip(got, ref))
+    # a NaN where FP32 is inf (0 / 0 where FP32 divides by 0) is no overflow: as on the
+    # first feed, only a value FP32 holds finite (or as a sentinel) is judged
+    nan = max(0, got[2] - nan - inf)
+    bad = max(0, got[0] - pos) + max(0, got[1] - neg) + nan
     if not bad:
         return None
-    nan = max(0, got[2] - ref[2])
     return _point_json(tensor, bad, nan, peak_at(measures, tensor, sample), float("inf"))
 
 

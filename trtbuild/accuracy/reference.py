@@ -73,9 +73,9 @@ class ReferenceMeasures:
     # graph outputs with no element on any feed (a detector's boxes where it found nothing)
     output_empty: frozenset[str] = frozenset()
     # tensor -> feed -> how many of its values are >= SENTINEL_ABS (+inf included), <=
-    # -SENTINEL_ABS (-inf included) and NaN, on each feed where it holds any: what a later
-    # feed's candidate may hold of each where FP32 keeps no values (`judge._Walk._overflow`)
-    beyond: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
+    # -SENTINEL_ABS (-inf included), NaN and ±inf, on each feed where it holds any: what a
+    # later feed's candidate may hold of each where FP32 keeps no values (`judge._beyond`)
+    beyond: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
     # tensor -> feed after the first -> its data peak there, where past FP16's largest
     # value: what an overflow on that feed is said with (`first_peaks` is the first feed's)
     later_peaks: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -173,7 +173,7 @@ class _Tally:
     nonfinite: dict[str, str] = field(default_factory=dict)
     moments: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # n, mean, M2
     int_peaks: dict[str, float] = field(default_factory=dict)  # an integer output's max |value|
-    beyond: dict[str, dict[int, tuple[int, int, int]]] = field(default_factory=dict)
+    beyond: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
     later_peaks: dict[str, dict[int, float]] = field(default_factory=dict)
     fills: frozenset[float] = frozenset()
 
@@ -318,10 +318,10 @@ def run_reference(
     return ReferenceTensors(measures, results)
 
 
-def beyond_counts(v: np.ndarray, fills: frozenset[float] = frozenset()) -> tuple[int, int, int]:
+def beyond_counts(v: np.ndarray, fills: frozenset[float] = frozenset()) -> tuple[int, ...]:
     """How many values of `v` are sentinels (or inf) of each sign, >= SENTINEL_ABS or a
-    positive fill, <= -SENTINEL_ABS or a negative fill, and NaN: a sentinel kept as FP16's
-    inf of its sign counts alike on both sides, an overflow one more
+    positive fill, <= -SENTINEL_ABS or a negative fill, then NaN, then ±inf: a sentinel kept
+    as FP16's inf of its sign counts alike on both sides, an overflow one more
     (`ReferenceMeasures.beyond`)."""
     from trtbuild.numerics import SENTINEL_ABS
 
@@ -331,8 +331,10 @@ def beyond_counts(v: np.ndarray, fills: frozenset[float] = frozenset()) -> tuple
     if fills:
         pos |= np.isin(v, [f for f in fills if f > 0])
         neg |= np.isin(v, [f for f in fills if f < 0])
-    nan = np.isnan(v) if v.dtype.kind == "f" else np.zeros(v.shape, bool)
-    return int(np.count_nonzero(pos)), int(np.count_nonzero(neg)), int(np.count_nonzero(nan))
+    floats = v.dtype.kind == "f"
+    nan = int(np.count_nonzero(np.isnan(v))) if floats else 0
+    inf = int(np.count_nonzero(np.isinf(v))) if floats else 0
+    return int(np.count_nonzero(pos)), int(np.count_nonzero(neg)), nan, inf
 
 
 def check_finite(view: GraphView, measures: ReferenceMeasures, where: str) -> None:
