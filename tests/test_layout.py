@@ -20,6 +20,7 @@ LEAVES = {
     "cores",
     "children",
     "words",
+    "shared",
     "__init__",
 }
 ALLOWED = {

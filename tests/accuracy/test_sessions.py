@@ -240,3 +240,66 @@ def test_an_engines_run_feeds_an_input_the_parser_renamed_under_its_name():
     cache.set_input_metadata(engine)
     fed = cache[0]
     assert set(fed) == {"__x", "z"} and np.array_equal(fed["__x"], x) and fed["z"] is z
+
+
+def _interleaved(quiet) -> None:
+    """Two threads each inside `quiet()`: the first in is the first out, while the second is
+    still inside (two builds from one Policy, each judging its samples)."""
+    import threading
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with quiet():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(10)
+        with quiet():
+            second_in.set()
+            first_out.wait(10)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+
+
+def test_two_threads_quieting_polygraphy_leave_the_process_as_it_was():
+    """The warnings filters and Polygraphy's log are the process's: two threads that each
+    restored what they found on entry left the second's quiet state for good (a filter
+    ignoring every RuntimeWarning of the user's, Polygraphy's log at critical)."""
+    from polygraphy.logger import G_LOGGER
+
+    from trtbuild.accuracy.sessions import quiet_polygraphy
+
+    filters, severity = list(warnings.filters), G_LOGGER.module_severity
+    indent = G_LOGGER.logging_indent
+    _interleaved(quiet_polygraphy)
+    assert list(warnings.filters) == filters
+    assert G_LOGGER.module_severity is severity
+    assert G_LOGGER.logging_indent == indent
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("default")
+        warnings.warn("the user's", RuntimeWarning, stacklevel=1)
+    assert len(said) == 1
+
+
+def test_two_threads_running_engines_give_polygraphy_s_flavour_flag_back():
+    """`USE_TENSORRT_RTX` as it was before two runs at once, whichever leaves first."""
+    from polygraphy import config as pg_config
+
+    from trtbuild.accuracy.sessions import bound_flavour, tensorrt_flavour
+
+    rtx = bound_flavour()
+    rtx = True if rtx is None else rtx
+    original = pg_config.USE_TENSORRT_RTX
+    before = pg_config.USE_TENSORRT_RTX = not rtx
+    try:
+        _interleaved(lambda: tensorrt_flavour(rtx))
+        assert pg_config.USE_TENSORRT_RTX is before
+    finally:
+        pg_config.USE_TENSORRT_RTX = original

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,24 +27,54 @@ from trtbuild.errors import BackendError
 from trtbuild.fsutil import strict_json
 from trtbuild.graph.model_io import model_data_apart
 from trtbuild.numerics import RELATIVE_EPSILON, data_peak
+from trtbuild.shared import Shared
 
 REFERENCE = "onnxrt-fp32"
 EMULATED = "emulated-fp16"
 
 
-@contextlib.contextmanager
-def quiet_polygraphy(verbose: bool = False) -> Iterator[None]:
+def _polygraphy_indent() -> Callable[[], object]:
     from polygraphy.logger import G_LOGGER
 
-    old, indent = G_LOGGER.module_severity, G_LOGGER.logging_indent
-    if not verbose:  # trtbuild renders its own verdicts; Polygraphy's go to --verbose
-        G_LOGGER.module_severity = G_LOGGER.CRITICAL
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            yield
-    finally:  # the indent too: samples compared on threads interleave its save and restore
-        G_LOGGER.module_severity, G_LOGGER.logging_indent = old, indent
+    indent = G_LOGGER.logging_indent
+    return lambda: setattr(G_LOGGER, "logging_indent", indent)
+
+
+def _polygraphy_silenced() -> Callable[[], object]:
+    from polygraphy.logger import G_LOGGER
+
+    old = G_LOGGER.module_severity
+    G_LOGGER.module_severity = G_LOGGER.CRITICAL
+    return lambda: setattr(G_LOGGER, "module_severity", old)
+
+
+def _runtime_warnings_ignored() -> Callable[[], object]:
+    caught = warnings.catch_warnings()
+    caught.__enter__()
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return lambda: caught.__exit__(None, None, None)
+
+
+# Polygraphy's logger and the warnings filters are the process's: each is set by the first
+# thread in and given back by the last out (`shared`), not saved and restored per thread
+_INDENT = Shared(_polygraphy_indent)
+_SILENCED = Shared(_polygraphy_silenced)
+_NO_RUNTIME_WARNINGS = Shared(_runtime_warnings_ignored)
+
+
+@contextlib.contextmanager
+def quiet_polygraphy(verbose: bool = False) -> Iterator[None]:
+    """Polygraphy's log off (trtbuild renders its own verdicts; Polygraphy's go to
+    --verbose), numpy's RuntimeWarnings ignored, and Polygraphy's indent (samples compared
+    on threads interleave its own) given back after: the process as it was once the last
+    thread in it leaves, however many ran at once."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_INDENT.held())
+        if not verbose:
+            stack.enter_context(_SILENCED.held())
+        stack.enter_context(_NO_RUNTIME_WARNINGS.held())
+        stack.enter_context(np.errstate(all="ignore"))
+        yield
 
 
 # ONNX Runtime's CPU memory, shared by every judging session (see `_shared_arena`).
@@ -203,8 +233,6 @@ def bound_flavour() -> bool | None:
 def tensorrt_flavour(rtx: bool) -> Iterator[None]:
     """Polygraphy's `USE_TENSORRT_RTX`, set while trtbuild uses its TensorRT backend and
     given back after, so no other Polygraphy user in this process inherits it."""
-    from polygraphy import config as pg_config
-
     bound = bound_flavour()
     if bound is not None and bound != rtx:
         raise BackendError(
@@ -212,12 +240,19 @@ def tensorrt_flavour(rtx: bool) -> Iterator[None]:
             "binds one per process",
             hint="run this build in a trtbuild process of its own (nightly: --jobs 2 or more)",
         )
+    with _FLAVOURS[rtx].held():  # two runs at once: the flag of before the first, after both
+        yield
+
+
+def _flavour(rtx: bool) -> Callable[[], object]:
+    from polygraphy import config as pg_config
+
     old = pg_config.USE_TENSORRT_RTX
     pg_config.USE_TENSORRT_RTX = rtx
-    try:
-        yield
-    finally:
-        pg_config.USE_TENSORRT_RTX = old
+    return lambda: setattr(pg_config, "USE_TENSORRT_RTX", old)
+
+
+_FLAVOURS = {rtx: Shared(functools.partial(_flavour, rtx)) for rtx in (False, True)}
 
 
 @dataclass

@@ -8,7 +8,7 @@ visible in `build.json` and the report, and node names must survive.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import IR_UNLISTED_WEIGHTS, fed_inputs, no_input
 from trtbuild.graph.optypes import SHAPE_READERS  # folded from shapes alone, whatever the values
 from trtbuild.graph.subgraphs import free_name
+from trtbuild.shared import Shared
 from trtbuild.sizes import fmt_bytes
 
 
@@ -513,6 +514,28 @@ def drop_initializer_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Pa
     return model, record
 
 
+def _dependencies_quiet() -> Callable[[], object]:
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    from trtbuild.ortload import onnxruntime
+
+    ort = onnxruntime()
+    old = G_LOGGER.severity
+    G_LOGGER.severity = G_LOGGER.ERROR
+    ort.set_default_logger_severity(4)  # fatal only: folding failures are skipped, not errors
+
+    def undo() -> None:
+        G_LOGGER.severity = old
+        ort.set_default_logger_severity(2)  # ONNX Runtime's default; it has no getter
+
+    return undo
+
+
+# set by the first thread to fold, given back by the last (`shared`): two builds at once
+# left onnx-graphsurgeon's log at errors when each restored what it found
+_QUIET = Shared(_dependencies_quiet)
+
+
 @contextlib.contextmanager
 def quiet_dependencies(verbose: bool) -> Iterator[None]:
     """onnx-graphsurgeon's log at errors and ONNX Runtime's default logger at fatal only
@@ -524,20 +547,8 @@ def quiet_dependencies(verbose: bool) -> Iterator[None]:
     if verbose:
         yield
         return
-    from onnx_graphsurgeon.logger import G_LOGGER
-
-    from trtbuild.ortload import onnxruntime
-
-    ort = onnxruntime()
-
-    old = G_LOGGER.severity
-    G_LOGGER.severity = G_LOGGER.ERROR
-    ort.set_default_logger_severity(4)  # fatal only: folding failures are skipped, not errors
-    try:
+    with _QUIET.held():
         yield
-    finally:
-        G_LOGGER.severity = old
-        ort.set_default_logger_severity(2)  # ONNX Runtime's default; it has no getter
 
 
 def name_unnamed_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, PassRecord]:

@@ -1,0 +1,36 @@
+"""The basic passes' surroundings: the dependencies' logs quiet while they fold, and given back."""
+
+from __future__ import annotations
+
+import threading
+
+
+def test_two_threads_folding_at_once_give_onnx_graphsurgeon_s_log_back():
+    """onnx-graphsurgeon's log level is the process's: two folds at once, each restoring what
+    it found on entry, left it at errors after both (the second found the first's)."""
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    from trtbuild.passes.basic import quiet_dependencies
+
+    before = G_LOGGER.severity
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with quiet_dependencies(verbose=False):
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(10)
+        with quiet_dependencies(verbose=False):
+            assert G_LOGGER.severity == G_LOGGER.ERROR  # still quiet: the first left
+            second_in.set()
+            first_out.wait(10)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert G_LOGGER.severity == before
