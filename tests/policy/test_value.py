@@ -231,3 +231,23 @@ def test_rules_are_added_to_the_text_where_it_keeps_them(tmp_path, layout):
     assert after.source.notes[-1] == ("z", "pinned for a reason")
     assert after == before.with_rules(Rule("z", Match(op=("Exp",)), "fp32"))
     assert all(line[line.index("#") :] in added for line in text.splitlines() if "#" in line)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [({"atol": 1}, {"atol": 1.0}), ({"atol": 0.0}, {"atol": -0.0}), ({"rtol": 0}, {"rtol": 0.0})],
+)
+def test_equal_policies_have_one_identity(tmp_path, one, other):
+    """Equality is the value's (1 == 1.0, 0.0 == -0.0), and so is the identity: equal
+    policies of two canonical texts were two sha256s (build.json's, the cache's keys)."""
+    policies = [
+        Policy.from_dict({**DOC, "accuracy": {"tolerances": {"default": tol}}}, base_dir=tmp_path)
+        for tol in (one, other)
+    ]
+    pin = [Rule("r", Match(max_abs_above=v), "fp32") for v in (2, 2.0)]
+    assert policies[0] == policies[1] and hash(policies[0]) == hash(policies[1])
+    assert policies[0].sha256 == policies[1].sha256
+    assert canonical_yaml(policies[0]) == canonical_yaml(policies[1])
+    pinned = [policies[0].with_rules(r) for r in pin]
+    assert pinned[0] == pinned[1] and pinned[0].sha256 == pinned[1].sha256
+    assert Policy.from_dict(policies[0].to_dict()) == policies[0]

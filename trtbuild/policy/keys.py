@@ -174,6 +174,8 @@ def written(
             continue
         if not defaults and k.schema.get("oneOf") == SIZE["oneOf"]:
             value = _size_text(value)
+        elif _real(k.schema) and isinstance(value, int | float) and not isinstance(value, bool):
+            value = float(value) + 0.0  # `atol: 1` is `atol: 1.0`, and -0.0 is 0.0
         elif k.write is not None:
             value = k.write(value)
         else:
@@ -181,6 +183,17 @@ def written(
         if value is not None:
             out[name] = value
     return out
+
+
+def _real(schema: Mapping[str, Any]) -> bool:
+    """Whether the key holds a real number (`"type": "number"`), not an integer.
+
+    Why written as a float: equality is the value's, and 1 == 1.0 and 0.0 == -0.0; written
+    as given, `atol: 1` and `atol: 1.0` were equal policies (one hash) of two canonical
+    texts, so two sha256s: build.json's hash, the policy's identity and the cache's keys
+    told one policy apart from itself."""
+    kind = schema.get("type")
+    return "number" in (kind if isinstance(kind, list) else [kind])
 
 
 def _size_text(value: int) -> int | str:
