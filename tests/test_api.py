@@ -325,3 +325,40 @@ def test_with_rules_drops_one_id_given_as_a_string(example_policy):
     policy = trtbuild.load_policy(example_policy("nafnet"))
     ids = [r.id for r in policy.precision.rules]
     assert [r.id for r in policy.with_rules(drop=ids[0]).precision.rules] == ids[1:]
+
+
+def _changed(policy: trtbuild.Policy, section: str, **edits) -> trtbuild.Policy:
+    return dataclasses.replace(
+        policy, **{section: dataclasses.replace(getattr(policy, section), **edits)}
+    )
+
+
+def test_a_policy_changed_in_code_is_checked_as_its_file_would_be(tmp_path):
+    """`dataclasses.replace` makes values no file can hold: each is the loader's message naming
+    the field (exit 2), before any work; a list or a str where a tuple or a Path goes is read
+    as the file's value would be. Zero samples judged nothing; `fp8` was a KeyError."""
+    from tests.helpers import identity_policy
+
+    policy = trtbuild.load_policy(identity_policy(tmp_path, [1, 4], "{shape: [1, 4]}"))
+    tol = policy.accuracy.default_tolerance
+    bad = {
+        "accuracy.samples: must be at least 1": _changed(policy, "accuracy", samples=0),
+        "precision.default: str 'fp8' is not one of": _changed(policy, "precision", default="fp8"),
+        "tolerances.default.atol: must be at least 0": _changed(
+            policy, "accuracy", default_tolerance=dataclasses.replace(tol, atol=-1.0)
+        ),
+        "name must be one plain folder name": dataclasses.replace(policy, name="../x"),
+    }
+    for words, changed in bad.items():
+        with pytest.raises(trtbuild.UsageError) as info:
+            trtbuild.check(changed)
+        assert words in str(info.value) and info.value.exit_code == EXIT_USAGE
+    with pytest.raises(trtbuild.UsageError, match=r"accuracy\.samples"):
+        bad["accuracy.samples: must be at least 1"].save(tmp_path / "bad.yaml")
+    assert not (tmp_path / "bad.yaml").exists()  # refused before anything is written
+    rule = trtbuild.Rule("all", trtbuild.Match(op=("Identity",)), "fp32")
+    loose = dataclasses.replace(
+        _changed(policy, "precision", rules=[rule]), model=str(policy.model)
+    )
+    checked = trtbuild.check(loose, quiet=True)
+    assert [(n.name, n.precision, n.rule) for n in checked.nodes] == [("id", "fp32", "all")]

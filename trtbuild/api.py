@@ -22,6 +22,7 @@ from trtbuild import _API  # the one list of public names
 from trtbuild.errors import UsageError, surroundings_raised
 from trtbuild.policy import Policy, load_policy
 from trtbuild.policy import PolicySource as PolicySource  # re-exported: the library's names
+from trtbuild.policy.model import validated
 from trtbuild.policy.specs import Match as Match
 from trtbuild.policy.specs import Rule as Rule
 
@@ -75,7 +76,7 @@ def __dir__() -> list[str]:
 
 def _policy(policy: Policy | str | Path) -> Policy:
     if isinstance(policy, Policy):
-        return policy
+        return validated(policy)  # changed in code: checked as its file would be
     if not isinstance(policy, (str, Path)):
         raise UsageError(
             f"`policy` must be a Policy or the path of a policy file, not {type(policy).__name__}",

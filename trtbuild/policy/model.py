@@ -27,7 +27,7 @@ from trtbuild.fsutil import write_text
 from trtbuild.policy.source import PolicySource, shown, unsaved
 from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision, Rule
 
-__all__ = ["Policy", "PolicySource", "load_policy", "parse_policy"]
+__all__ = ["Policy", "PolicySource", "load_policy", "parse_policy", "validated"]
 
 
 @dataclass(frozen=True)
@@ -146,11 +146,48 @@ class Policy:
         return person_yaml(self, Path(where).resolve().parent if where is not None else None)
 
     def save(self, path: str | Path) -> Policy:
-        """Write `to_yaml(path)` to `path`, whole or not at all (the surroundings' faults,
-        a full disk, as `UsageError` naming it); return the policy it is now."""
-        text = self.to_yaml(path)
+        """Write `to_yaml(path)` to `path`, whole or not at all (a value no file holds, the
+        surroundings' faults, a full disk: `UsageError`); return the policy it is now."""
+        text = validated(self).to_yaml(path)
         surroundings_raised(write_text)(path, text)
         return parse_policy(text, Path(path).resolve(), name=self.name)
+
+
+# set on a Policy the loader made (`_sourced`) or `validated` checked: the value as read;
+# `dataclasses.replace` makes a new object without it
+_VALIDATED = "_validated"
+
+
+def validated(policy: Policy) -> Policy:
+    """`policy` checked as its file would be, where it is not what a validated source says:
+    changed in code (`dataclasses.replace`), its values may be what no file can hold.
+
+    Why: `replace(policy, accuracy=replace(policy.accuracy, samples=0))` was an IndexError in build,
+    a negative `atol` or `name="../x"` went through (the latter published outside
+    `build/`), `default="fp8"` was a KeyError deep in the assignment and a list or a
+    `str` where a tuple or a `Path` goes a TypeError: never the loader's message naming
+    the field. The value is read back from `to_dict` as `from_dict` reads a mapping (its
+    messages name `<policy NAME>` and the field); where the reading differs only in
+    type (a list for a tuple, a str for a Path), the reading is the one used.
+
+    Raises:
+        UsageError: a field no policy file could hold, named with its fix.
+    """
+    if policy.__dict__.get(_VALIDATED):  # read by the loader, or checked here before
+        return policy
+    try:
+        doc = policy.to_dict()
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise UsageError(
+            f"a field holds what no policy holds ({type(exc).__name__}: {exc})",
+            where=unsaved(str(policy.name)),
+            hint="change a policy with with_rules, or dataclasses.replace with the values "
+            "its fields hold (tuples, Paths, Rules), or make one with Policy.from_dict",
+        ) from None
+    read = Policy.from_dict(doc, name=policy.name)
+    found = policy if read == policy else replace(read, source=policy.source)
+    found.__dict__[_VALIDATED] = True  # not a field: no part of the value (as `fingerprint`)
+    return found
 
 
 def _located(src: PolicySource, field: tuple[str | int, ...]) -> str:
@@ -190,6 +227,7 @@ def _sourced(policy: Policy, source: PolicySource) -> Policy:
     fingerprint = policy.fingerprint
     found = replace(policy, source=replace(source, fingerprint=fingerprint))
     found.__dict__["fingerprint"] = fingerprint  # the same content: not computed again
+    found.__dict__[_VALIDATED] = True  # what the loader read: `validated` need not read it
     return found
 
 
