@@ -202,10 +202,23 @@ def test_a_budget_cut_short_says_so_to_the_result_and_the_logger(write_policy, c
         (lambda p: trtbuild.tune(p, budget="5"), "`budget` must be a whole number, not '5'"),
         (lambda p: trtbuild.tune(p, jobs=1.5), "`jobs` must be a whole number, not 1.5"),
         (lambda p: trtbuild.tune(p, objective="speed"), "`objective` must be one of nodes"),
+        (lambda p: trtbuild.tune(p, seed="x"), "`seed` must be a whole number, not str 'x'"),
+        (lambda p: trtbuild.tune(p, output=3), "`output` must be a file's path (str or Path)"),
+        (lambda p: trtbuild.tune(p, progress=3), "`progress` must be a function of (trial,"),
+        (lambda p: trtbuild.build(p, out=3), "`out` must be a folder's path (str or Path)"),
+        (lambda p: trtbuild.check(p, cache="x"), "`cache` must be trtbuild.open_cache(...)"),
+        (lambda p: trtbuild.convert(p, cache={}), "`cache` must be trtbuild.open_cache(...)"),
+        (lambda p: trtbuild.open_cache(3), "`root` must be a folder's path (str or Path)"),
+        (lambda p: trtbuild.load_policy(b"p.yaml"), "`name` must be a policy file's path"),
+        (lambda p: p.to_yaml(3), "`where` must be a file's path (str or Path), or None"),
+        (lambda p: p.save(None), "`path` must be a file's path (str or Path)"),
+        (lambda p: p.with_rules(drop=None), "`drop` must be rule ids (a str or an iterable"),
+        (lambda p: p.with_rules(drop=[1]), "`drop` must be rule ids (a str or an iterable"),
     ],
 )
 def test_bad_arguments_are_usage_errors_in_the_library_s_words(call, words, tmp_path):
-    """Before any work (the policy's model does not even exist), no flag named."""
+    """Before any work (the policy's model does not even exist), no flag named; an argument
+    of a type it cannot be too (a TypeError or an AttributeError deep inside, exit 70)."""
     policy = trtbuild.Policy.from_dict({"version": 1, "model": "m.onnx"}, base_dir=tmp_path)
     with pytest.raises(trtbuild.UsageError) as info:
         call(policy)

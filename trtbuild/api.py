@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtbuild import _API  # the one list of public names
-from trtbuild.errors import UsageError, surroundings_raised
+from trtbuild.errors import PATH, UsageError, check_argument, surroundings_raised
 from trtbuild.policy import Policy, load_policy
 from trtbuild.policy import PolicySource as PolicySource  # re-exported: the library's names
 from trtbuild.policy.model import validated
@@ -74,6 +74,13 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_RESULTS})
 
 
+def _cache(cache: object) -> None:
+    """Refuse a `cache=` that is no cache, before any work."""
+    from trtbuild.cache import Cache
+
+    check_argument("cache", cache, (Cache,), "trtbuild.open_cache(...) or None")
+
+
 def _policy(policy: Policy | str | Path) -> Policy:
     if isinstance(policy, Policy):
         return validated(policy)  # changed in code: checked as its file would be
@@ -109,6 +116,8 @@ def open_cache(
     from trtbuild import cache_codec
     from trtbuild.cache import Cache
 
+    check_argument("root", root, PATH, "a folder's path (str or Path)")
+    check_argument("on_event", on_event, (Callable,), "a function of one str, or None")
     where = {"root": Path(root)} if root is not None else {}
     found = Cache(codec=cache_codec, enabled=enabled, on_event=on_event, **where)
     found.check_root()
@@ -166,6 +175,7 @@ def check(
     from trtbuild.precision import validate
     from trtbuild.results import AtRisk, CheckedPoint, CheckResult, NodeDecision, SkippedPoint
 
+    _cache(cache)
     policy = _policy(policy)
     with _quiet(quiet):
         front = _front(policy, "measures", cache, verbose)
@@ -248,6 +258,7 @@ def convert_front(
     """
     from trtbuild.precision import validate
 
+    _cache(cache)
     policy = _policy(policy)
     spec = policy.build
     with validate.open_spares() as spares:
@@ -323,6 +334,8 @@ def build(
     from trtbuild.results import BuildResult, PointResult
 
     check_backend(backend)
+    check_argument("out", out, PATH, "a folder's path (str or Path), or None")
+    _cache(cache)
     policy = _policy(policy)
     out_dir = Path(out) if out is not None else Path("build") / policy.name
     with _quiet(quiet):
@@ -390,6 +403,10 @@ def tune(
 
     jobs = jobs if jobs is not None else tuning.default_jobs()
     tuning.check_args(budget, objective, jobs)
+    check_argument("seed", seed, (int,), "a whole number")
+    check_argument("output", output, PATH, "a file's path (str or Path), or None")
+    check_argument("progress", progress, (Callable,), "a function of (trial, budget), or None")
+    _cache(cache)
     policy = _policy(policy)
     tuning.check_policy(policy)
     with _quiet(quiet):

@@ -135,6 +135,32 @@ class UsageError(TrtbuildError):
     exit_code = EXIT_USAGE
 
 
+def check_argument(
+    name: str, value: object, kinds: tuple[type, ...], what: str, optional: bool = True
+) -> None:
+    """Refuse a library argument of a type it cannot be (exit 2, before any work).
+
+    Why: `build(policy, out=3)`, `load_policy(b"p.yaml")`, `tune(progress=3)` or
+    `check(cache="x")` failed deep inside as a TypeError or an AttributeError (exit 70
+    where the CLI's words wrap them), some after the whole reference had run, where the
+    documented promise is a `UsageError` naming the argument.
+
+    Args:
+        name: the argument as the library names it (`out`).
+        value: what was given.
+        kinds: the types it may be.
+        what: what it must be, in words (`a path (str or Path)`).
+        optional: None passes.
+    """
+    if (value is not None or not optional) and not (
+        isinstance(value, kinds) and not isinstance(value, bool)
+    ):
+        raise UsageError(f"`{name}` must be {what}, not {type(value).__name__} {value!r:.80}")
+
+
+PATH = (str, os.PathLike)  # what `check_argument` takes for a path
+
+
 class BackendError(TrtbuildError):
     """Backend missing or engine build failed: exit 3."""
 

@@ -22,7 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trtbuild.errors import UsageError, surroundings_raised
+from trtbuild.errors import PATH, UsageError, check_argument, surroundings_raised
 from trtbuild.fsutil import write_text
 from trtbuild.policy.source import PolicySource, shown, unsaved
 from trtbuild.policy.specs import AccuracySpec, BuildSpec, InputSpec, Passes, Precision, Rule
@@ -122,8 +122,7 @@ class Policy:
         """
         from trtbuild.policy.load import merged_rules
 
-        dropped = (drop,) if isinstance(drop, str) else tuple(drop)  # one id, not its letters
-        found = merged_rules(self.precision, rules, dropped)
+        found = merged_rules(self.precision, rules, _rule_ids(drop))
         return replace(self, precision=replace(self.precision, rules=found))
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,11 +142,12 @@ class Policy:
         """
         from trtbuild.policy.text import person_yaml
 
+        check_argument("where", where, PATH, "a file's path (str or Path), or None")
         return person_yaml(self, Path(where).resolve().parent if where is not None else None)
 
     def save(self, path: str | Path) -> Policy:
-        """Write `to_yaml(path)` to `path`, whole or not at all (a value no file holds, the
-        surroundings' faults, a full disk: `UsageError`); return the policy it is now."""
+        """`to_yaml(path)` written whole or not at all (else `UsageError`); the policy it is now."""
+        check_argument("path", path, PATH, "a file's path (str or Path)", optional=False)
         text = validated(self).to_yaml(path)
         surroundings_raised(write_text)(path, text)
         return parse_policy(text, Path(path).resolve(), name=self.name)
@@ -159,14 +159,14 @@ _VALIDATED = "_validated"
 
 
 def validated(policy: Policy) -> Policy:
-    """`policy` checked as its file would be, where it is not what a validated source says:
+    """`policy` checked as its file would be, unless the loader made it or it was checked:
     changed in code (`dataclasses.replace`), its values may be what no file can hold.
 
-    Why: `replace(policy, accuracy=replace(policy.accuracy, samples=0))` was an IndexError in build,
-    a negative `atol` or `name="../x"` went through (the latter published outside
-    `build/`), `default="fp8"` was a KeyError deep in the assignment and a list or a
-    `str` where a tuple or a `Path` goes a TypeError: never the loader's message naming
-    the field. The value is read back from `to_dict` as `from_dict` reads a mapping (its
+    Why: `replace(policy, accuracy=replace(policy.accuracy, samples=0))` was an IndexError
+    in build, a negative `atol` or `name="../x"` went through (the latter published
+    outside `build/`), `default="fp8"` was a KeyError deep in the assignment and a list
+    or a `str` where a tuple or a `Path` goes a TypeError: never the loader's message
+    naming the field. The value is read back from `to_dict` as `from_dict` reads a mapping (its
     messages name `<policy NAME>` and the field); where the reading differs only in
     type (a list for a tuple, a str for a Path), the reading is the one used.
 
@@ -188,6 +188,14 @@ def validated(policy: Policy) -> Policy:
     found = policy if read == policy else replace(read, source=policy.source)
     found.__dict__[_VALIDATED] = True  # not a field: no part of the value (as `fingerprint`)
     return found
+
+
+def _rule_ids(drop: object) -> tuple[str, ...]:
+    """`with_rules`' `drop` as ids: one id given as a str (not its letters), or an iterable."""
+    ids = drop if isinstance(drop, str) or not isinstance(drop, Iterable) else tuple(drop)
+    if not isinstance(ids, str | tuple) or not all(isinstance(i, str) for i in ids):
+        raise UsageError(f"`drop` must be rule ids (a str or an iterable of them), not {drop!r}")
+    return (ids,) if isinstance(ids, str) else ids
 
 
 def _located(src: PolicySource, field: tuple[str | int, ...]) -> str:
@@ -242,6 +250,7 @@ def load_policy(name: str | Path) -> Policy:
     """
     from trtbuild.policy.load import load_fields
 
+    check_argument("name", name, PATH, "a policy file's path or name (str or Path)")
     fields, source = load_fields(name)
     return _sourced(Policy(name=source.path.stem if source.path else "policy", **fields), source)
 
