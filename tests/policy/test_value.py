@@ -251,3 +251,13 @@ def test_equal_policies_have_one_identity(tmp_path, one, other):
     pinned = [policies[0].with_rules(r) for r in pin]
     assert pinned[0] == pinned[1] and pinned[0].sha256 == pinned[1].sha256
     assert Policy.from_dict(policies[0].to_dict()) == policies[0]
+
+
+def test_a_mapping_may_hold_rules_as_values(tmp_path):
+    """`Rule`s in `precision.rules`, as `with_rules` takes them (from_dict said `must be an
+    object, got Rule`); the mapping is not changed."""
+    rule = Rule("head", Match(name="^/head/", op=("Conv", "Gemm")), "fp32", why="the logits")
+    doc = {**DOC, "precision": {"rules": [rule]}}
+    policy = Policy.from_dict(doc, base_dir=tmp_path)
+    assert policy.precision.rules == (rule,) and doc["precision"]["rules"] == [rule]
+    assert policy == Policy.from_dict(DOC, base_dir=tmp_path).with_rules(rule)

@@ -286,10 +286,7 @@ def merged_rules(
 ) -> tuple[Rule, ...]:
     """`precision`'s rules, each of `rules` replacing the one of its id or added after them,
     less the ids in `drop`; each given rule checked as a file's would be."""
-    given_rules = [
-        {**written(r), "match": written(r.match)} if isinstance(r, Rule) else _plain(r)
-        for r in rules
-    ]
+    given_rules = [_plain(r) for r in rules]
     doc = _numbers_where_wanted({"version": 1, "model": "-", "precision": {"rules": given_rules}})
     loc = _Located(Path("<rules>"), {})
     try:
@@ -311,7 +308,11 @@ def merged_rules(
 
 def _plain(value: Any) -> Any:
     """What Python code passes, as the values a YAML file gives: str for a path, list for a
-    tuple (or a numpy array), int, float or bool for a numpy scalar; a new object."""
+    tuple (or a numpy array), int, float or bool for a numpy scalar, a rule's mapping for a
+    `Rule` (as `with_rules` takes one: `from_dict` refused it in `precision.rules`); a new
+    object."""
+    if isinstance(value, Rule):
+        return {**written(value), "match": written(value.match)}
     if isinstance(value, Mapping):
         return {_plain(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
