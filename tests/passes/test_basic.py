@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 
 def test_two_threads_folding_at_once_give_onnx_graphsurgeon_s_log_back():
     """onnx-graphsurgeon's log level is the process's: two folds at once, each restoring what
@@ -34,3 +36,23 @@ def test_two_threads_folding_at_once_give_onnx_graphsurgeon_s_log_back():
     for t in threads:
         t.join(20)
     assert G_LOGGER.severity == before
+
+
+@pytest.mark.parametrize("key", ["freeze_inputs", "override_input_shapes"])
+def test_an_unknown_input_in_the_passes_names_the_policy_file_and_line(tmp_path, key):
+    """The name is written in the policy: its file and line, as every other field's error
+    (freeze_inputs named no file at all, override_input_shapes the model's)."""
+    from tests.helpers import identity_policy
+    from trtbuild.api import check
+    from trtbuild.errors import UsageError
+    from trtbuild.policy import load_policy
+
+    value = "3" if key == "freeze_inputs" else "[1, 4]"
+    path = identity_policy(
+        tmp_path, [1, 4], "{shape: [1, 4]}", f"passes:\n  {key}:\n    z: {value}\n"
+    )
+    with pytest.raises(UsageError) as info:
+        check(load_policy(path), quiet=True)
+    said = str(info.value)
+    assert said.startswith(f"{path.resolve()}:7: passes.{key}.z: the model has no input 'z'")
+    assert said.endswith("(name one of the model's inputs: x)")

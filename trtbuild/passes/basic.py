@@ -471,11 +471,15 @@ def override_input_shapes(
 
 
 def inputs_named(model: onnx.ModelProto, names: list[str], field: str) -> None:
-    """Exit 2, naming the policy's field, for a name that is not one of the model's inputs."""
+    """Exit 2, naming the policy's field, for a name that is not one of the model's inputs:
+    as the error's `field`, so the caller that holds the policy names its file and line
+    (`errors.fields_located`), where the name is written (`freeze_inputs` named no file)."""
     inputs = [i.name for i in fed_inputs(model)]
     for name in names:
         if name not in inputs:
-            raise no_input(words.field(*field.split("."), name), name, inputs)
+            said = no_input(words.field(*field.split("."), name), name, inputs)
+            at = (*field.split("."), name)
+            raise UsageError(said.message.split(": ", 1)[1], hint=said.hint, field=at)
 
 
 def _set_dims(vi: onnx.ValueInfoProto, dims: tuple[int | str, ...]) -> None:

@@ -134,10 +134,8 @@ def _inputs_and_weights(
         raise UsageError(exc.message, where=source, hint=exc.hint) from None
     if rec.changed:
         records.append(rec)
-    try:
-        model, rec = passes.override_input_shapes(model, options.override_input_shapes)
-    except UsageError as exc:  # it names the policy's field; the model is where inputs are
-        raise UsageError(exc.message, where=exc.where or source, hint=exc.hint) from None
+    # an unknown input is the policy's field (its file and line: `front`'s fields_located)
+    model, rec = passes.override_input_shapes(model, options.override_input_shapes)
     records.append(rec)
     model, rec = control.freeze_inputs(model, options.freeze_inputs)
     if rec.changed:
