@@ -9,6 +9,7 @@ import yaml
 
 from trtbuild.errors import UsageError
 from trtbuild.policy import Policy, load_policy, parse_policy
+from trtbuild.policy.load import PolicyLoader
 from trtbuild.policy.specs import Match, Rule, Tolerance
 
 POLICIES = sorted((Path(__file__).resolve().parents[2] / "policies").glob("*.yaml"))
@@ -138,3 +139,22 @@ def test_rules_are_added_to_any_block_layout_a_person_writes(text):
     rules = yaml.safe_load(edited)["precision"]["rules"]
     assert rules[-1] == {"id": "t1", "match": {"name": "^m2$"}, "precision": "fp32"}
     assert [r["id"] for r in rules[:-1]] == ([] if "rules" not in text else ["a"])
+
+
+def test_a_name_yaml_reads_as_a_number_is_written_quoted(tmp_path):
+    """An input, output or rule named `1e3` (a number to the policy loader, whose YAML reads
+    `1e-3` as users mean it) was written bare by `to_yaml` and `save`, and the file said
+    `keys must be strings, got float 1000.0`: every name round-trips."""
+    (tmp_path / "m.onnx").write_bytes(b"")
+    doc = {
+        "version": 1,
+        "model": "m.onnx",
+        "inputs": {"1e3": {"shape": [1, 4]}},
+        "precision": {"rules": [{"id": "1e3", "match": {"name": "1E-3"}, "precision": "fp32"}]},
+        "accuracy": {"tolerances": {"outputs": {"-2e5": {"atol": 0.5}}}},
+    }
+    policy = Policy.from_dict(doc, base_dir=tmp_path, name="p")
+    saved = policy.save(tmp_path / "p.yaml")
+    assert saved == policy == load_policy(tmp_path / "p.yaml")
+    read = yaml.load(policy.to_yaml(), Loader=PolicyLoader)
+    assert Policy.from_dict(read, base_dir=tmp_path, name="p") == policy

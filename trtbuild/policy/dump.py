@@ -134,7 +134,10 @@ def canonical_yaml(policy: PolicyLike) -> str:
     """The text a policy without a file is identified by: `policy_dict`, keys sorted."""
     import yaml
 
-    return yaml.safe_dump(policy_dict(policy), sort_keys=True, default_flow_style=None)
+    from trtbuild.policy.load import PolicyDumper
+
+    doc = policy_dict(policy)
+    return yaml.dump(doc, Dumper=PolicyDumper, sort_keys=True, default_flow_style=None)
 
 
 def rule_dict(rule: Rule) -> dict[str, Any]:
@@ -155,7 +158,9 @@ def flow(value: Any) -> str:
     """One value as a YAML flow node on one line."""
     import yaml
 
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000)
+    from trtbuild.policy.load import PolicyDumper
+
+    text = yaml.dump(value, Dumper=PolicyDumper, default_flow_style=True, width=10_000)
     return text.split("\n...")[0].strip()  # a bare scalar ends with a document marker
 
 
@@ -206,11 +211,17 @@ def _block(doc: dict[str, Any]) -> str:
     `precision:` is no YAML."""
     import yaml
 
+    from trtbuild.policy.load import PolicyDumper
+
     lines = []
     for key, value in doc.items():
         if isinstance(value, (dict, list)) and value:
-            dumped = yaml.safe_dump(
-                {key: value}, sort_keys=False, default_flow_style=None, width=100
+            dumped = yaml.dump(
+                {key: value},
+                Dumper=PolicyDumper,
+                sort_keys=False,
+                default_flow_style=None,
+                width=100,
             )
             lines.append(dumped.rstrip())
         else:

@@ -110,11 +110,23 @@ class PolicyLoader(yaml.SafeLoader):
 
 
 PolicyLoader.add_constructor("tag:yaml.org,2002:int", PolicyLoader.construct_yaml_int)
-PolicyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+
+
+class PolicyDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting a string `PolicyLoader` would read as a number.
+
+    Why: the dumper follows YAML 1.1 too, so an input, output or rule named `1e3` was
+    written bare and read back as the float 1000.0 (`keys must be strings`): `to_yaml`,
+    `save` and tune's pins wrote a policy that did not load.
+    """
+
+
+for _reader in (PolicyLoader, PolicyDumper):  # one resolver: what is written is what is read
+    _reader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
 
 
 def read_yaml(text: str) -> Any:
