@@ -261,3 +261,21 @@ def test_a_mapping_may_hold_rules_as_values(tmp_path):
     policy = Policy.from_dict(doc, base_dir=tmp_path)
     assert policy.precision.rules == (rule,) and doc["precision"]["rules"] == [rule]
     assert policy == Policy.from_dict(DOC, base_dir=tmp_path).with_rules(rule)
+
+
+def test_a_model_in_memory_is_refused_with_the_fix(tmp_path):
+    """An export script holds a ModelProto (or its bytes): the message says to save it and
+    give the path (the schema's said `must be a string, got ModelProto ModelProto(...`)."""
+    import onnx
+
+    from tests.helpers import F, model, node
+
+    m = model([node("Identity", ["x"], "y", "id")], [("x", F, [1])], [("y", F, [1])])
+    for given in (m, m.SerializeToString()):
+        with pytest.raises(UsageError) as info:
+            Policy.from_dict({"version": 1, "model": given}, base_dir=tmp_path)
+        said = str(info.value)
+        assert said.startswith("<policy policy>: model: must be the path of an .onnx file")
+        assert 'onnx.save(model, "model.onnx")' in said and "ir_version" not in said
+    onnx.save(m, tmp_path / "model.onnx")
+    assert Policy.from_dict({"version": 1, "model": "model.onnx"}, base_dir=tmp_path)

@@ -287,10 +287,27 @@ def mapping_fields(
     numbers they stand for, and the strings YAML 1.1 leaves unread (`1e-2`) as numbers
     where the schema wants one."""
     _check_depth(data, unsaved(name))
+    loc = _Located(Path(unsaved(name)), {})
+    _model_in_memory(data, loc)
     plain = _numbers_where_wanted(_plain(data))
-    fields = _fields(plain, base_dir, _Located(Path(unsaved(name)), {}))
+    fields = _fields(plain, base_dir, loc)
     source = PolicySource(base_dir, absolute=_absolute(plain, base_dir))
     return fields, replace(source, spellings=_spellings(plain, base_dir))
+
+
+def _model_in_memory(data: Any, loc: _Located) -> None:
+    """Exit 2, saying the fix, for a model given as itself (a `ModelProto`, its bytes), not
+    its path: an export script holds one, and the schema's `must be a string, got
+    ModelProto ModelProto(ir_version=...` named no way out. The model is a file the
+    build, the cache and build.json's hash read; saving it is the caller's choice."""
+    model = data.get("model") if isinstance(data, Mapping) else None
+    if isinstance(model, bytes | bytearray | memoryview) or hasattr(model, "SerializeToString"):
+        raise loc.error(
+            ("model",),
+            f"must be the path of an .onnx file (str or Path), not {type(model).__name__}",
+            'a model in memory: save it first (onnx.save(model, "model.onnx")) and give that '
+            "path, relative to base_dir",
+        )
 
 
 def merged_rules(
