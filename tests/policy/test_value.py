@@ -279,3 +279,14 @@ def test_a_model_in_memory_is_refused_with_the_fix(tmp_path):
         assert 'onnx.save(model, "model.onnx")' in said and "ir_version" not in said
     onnx.save(m, tmp_path / "model.onnx")
     assert Policy.from_dict({"version": 1, "model": "model.onnx"}, base_dir=tmp_path)
+
+
+def test_a_match_made_from_a_list_holds_its_own_tuple():
+    """`Match(op=ops)` kept the caller's list: unhashable, and changed by the caller's
+    `ops.append` after the rule was made."""
+    ops = ["Conv"]
+    match = Match(op=ops)
+    ops.append("Gemm")
+    assert match.op == ("Conv",) and hash(Rule("r", match, "fp32")) == hash(
+        Rule("r", match, "fp32")
+    )

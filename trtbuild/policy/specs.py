@@ -263,6 +263,8 @@ class Match:
     def __post_init__(self) -> None:
         if isinstance(self.op, str):  # one op, as a file may give it: not its letters
             object.__setattr__(self, "op", (self.op,))
+        elif isinstance(self.op, list):  # a caller's list: a copy, not theirs to change
+            object.__setattr__(self, "op", tuple(self.op))
 
 
 @dataclass(frozen=True)
