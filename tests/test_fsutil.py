@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,3 +95,48 @@ def test_an_output_that_is_a_device_fifo_or_descriptor_is_refused_not_replaced(
     assert "not a file trtbuild can write" in err and err.count("\n") == 1, err
     assert (os.readlink(path) if path.is_symlink() else "fifo") == before
     assert path.is_symlink() or path.is_fifo()
+
+
+def _umask() -> int:
+    """The process's umask as the kernel says it, without setting it."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("Umask:")).split()[1], 8)
+
+
+def _umasks_seen(work) -> set[int]:
+    """The umask at every line of `trtbuild.fsutil` that `work` runs: what a file another
+    thread made at that moment got."""
+    seen: set[int] = set()
+
+    def trace(frame, event, arg):
+        if not frame.f_code.co_filename.endswith("trtbuild/fsutil.py"):
+            return None
+        if event == "line":
+            seen.add(_umask())
+        return trace
+
+    sys.settrace(trace)
+    try:
+        work()
+    finally:
+        sys.settrace(None)
+    return seen
+
+
+def test_writing_a_file_or_publishing_a_folder_leaves_the_umask_set(tmp_path):
+    """The umask is read, not swapped for 0 and back: between the two calls every file
+    another thread made (the library caller's) was writable by anyone."""
+    from trtbuild.fsutil import publish_folder, write_text
+
+    if not Path("/proc/self/status").is_file() or _umask() == 0:
+        pytest.skip("no /proc here (the umask is read by a swap), or a umask of 0")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "a.txt").write_text("a")
+
+    def work() -> None:
+        write_text(tmp_path / "x.txt", "x")
+        publish_folder(staging, tmp_path / "out", {"a.txt"}, "build")
+
+    assert _umasks_seen(work) == {_umask()}
+    assert (tmp_path / "out" / "a.txt").read_text() == "a"

@@ -88,9 +88,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             raise OSError(exc.errno, exc.strerror, str(final)) from exc
     os.close(fd)
     tmp_path = Path(tmp)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp's 0600 would make artifacts private
+    os.chmod(tmp_path, 0o666 & ~current_umask())  # mkstemp's 0600 would make artifacts private
     try:
         yield tmp_path
         raise_if_stopped()  # a stop swallowed while it was written: the old file stays
@@ -112,6 +110,26 @@ FILE_KINDS = {
     stat.S_IFBLK: "is a block device",
     stat.S_IFSOCK: "is a socket",
 }
+
+
+def current_umask() -> int:
+    """The process's umask, read without setting it where the system says it (Linux's
+    `/proc/self/status`, from 4.7); elsewhere swapped for the strictest mask and back.
+
+    Why: `os.umask(0)` then `os.umask(old)` is the portable read, and between the two calls
+    every file or folder another thread made (the library caller's own, ONNX Runtime's)
+    got umask 0: writable by anyone.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o077)  # for that instant, what others make is private, not open to all
+    os.umask(old)
+    return old
 
 
 def file_kind(path: Path) -> str | None:
@@ -780,9 +798,7 @@ def _publish(
             step()
     write_marker(staging, command, (produced | kept) & set(os.listdir(staging)))
     step()
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, mode if mode is not None else 0o777 & ~umask)  # mkdtemp's is 0700
+    os.chmod(staging, mode if mode is not None else 0o777 & ~current_umask())  # mkdtemp's: 0700
     try:
         _swap(staging, out_dir, step)
     except OSError as exc:
