@@ -15,15 +15,23 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from types import ModuleType
 
 from trtbuild.errors import printable
+
+# one thread at a time catches descriptor 2: two first calls at once (two builds on threads)
+# each saved what they found, and the second found the first's file, gave it back last,
+# and every later line on stderr went to that deleted file
+_IMPORTING = threading.Lock()
 
 
 def onnxruntime() -> ModuleType:
     """The `onnxruntime` module, imported once with file descriptor 2 caught."""
     if "onnxruntime" not in sys.modules:
-        _import_quietly()
+        with _IMPORTING:
+            if "onnxruntime" not in sys.modules:
+                _import_quietly()
     import onnxruntime
 
     return onnxruntime
