@@ -23,13 +23,15 @@ from trtbuild.errors import printable
 # one thread at a time catches descriptor 2: two first calls at once (two builds on threads)
 # each saved what they found, and the second found the first's file, gave it back last,
 # and every later line on stderr went to that deleted file
-_IMPORTING = threading.Lock()
+_IMPORTING = [threading.Lock()]
+if hasattr(os, "register_at_fork"):  # a child of fork has only the forking thread: a new lock
+    os.register_at_fork(after_in_child=lambda: _IMPORTING.__setitem__(0, threading.Lock()))
 
 
 def onnxruntime() -> ModuleType:
     """The `onnxruntime` module, imported once with file descriptor 2 caught."""
     if "onnxruntime" not in sys.modules:
-        with _IMPORTING:
+        with _IMPORTING[0]:
             if "onnxruntime" not in sys.modules:
                 _import_quietly()
     import onnxruntime

@@ -13,6 +13,7 @@ last to leave gives back what was there before the first came.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +33,14 @@ class Shared:
         self._lock = threading.Lock()
         self._holders = 0
         self._undo: Callable[[], object] | None = None
+        if hasattr(os, "register_at_fork"):  # POSIX
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """A new lock in a child made by fork (tune's workers), which has only the thread
+        that forked: a lock another thread held at that instant is never released there.
+        The holders' count stays: the setting is the parent's until the child ends."""
+        self._lock = threading.Lock()
 
     @contextmanager
     def held(self) -> Iterator[None]:
