@@ -290,3 +290,16 @@ def test_a_match_made_from_a_list_holds_its_own_tuple():
     assert match.op == ("Conv",) and hash(Rule("r", match, "fp32")) == hash(
         Rule("r", match, "fp32")
     )
+
+
+def test_a_policy_read_back_for_its_check_keeps_where_its_ranges_came_from(tmp_path):
+    """A policy changed in code with a list for a tuple is read back from `to_dict`, which
+    writes every range: an input whose range the user never gave read back as given (a
+    shape input's missing data was no longer exit 2)."""
+    from trtbuild.policy.model import validated
+
+    doc = {**DOC, "inputs": {"x": {"shape": [1, 4]}, "n": {"shape": [1], "data": {"high": 9}}}}
+    policy = Policy.from_dict(doc, base_dir=tmp_path)
+    read = validated(dataclasses.replace(policy, inputs=list(policy.inputs)))
+    assert read == policy and isinstance(read.inputs, tuple)
+    assert [s.data.range_given for s in read.inputs] == [False, True]

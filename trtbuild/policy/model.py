@@ -185,9 +185,22 @@ def validated(policy: Policy) -> Policy:
             "its fields hold (tuples, Paths, Rules), or make one with Policy.from_dict",
         ) from None
     read = Policy.from_dict(doc, name=policy.name)
-    found = policy if read == policy else replace(read, source=policy.source)
+    found = policy if read == policy else _origins_kept(read, policy)
     found.__dict__[_VALIDATED] = True  # not a field: no part of the value (as `fingerprint`)
     return found
+
+
+def _origins_kept(read: Policy, given: Policy) -> Policy:
+    """`read` with what `given` says of where its values came from, which no mapping holds:
+    its source, and whether each input's range was written (`to_dict` writes `low` and
+    `high` always, so a default range read back was the user's own choice, and a shape
+    input's missing data no longer exit 2)."""
+    written = {s.name: s.data.range_given for s in given.inputs if isinstance(s, InputSpec)}
+    inputs = tuple(
+        replace(s, data=replace(s.data, range_given=written.get(s.name, s.data.range_given)))
+        for s in read.inputs
+    )
+    return replace(read, inputs=inputs, source=given.source)
 
 
 def _rule_ids(drop: object) -> tuple[str, ...]:
