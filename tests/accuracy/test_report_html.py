@@ -100,3 +100,28 @@ def test_an_error_map_and_histogram_leave_out_a_sample_whose_shape_is_not_fp32s(
         for plot in (heatmap_plot("y", a, b), histogram_plot("y", a, b)):
             png = base64.b64decode(plot.split(",", 1)[1])
             assert Image.open(io.BytesIO(png)).size[0] > 100
+
+
+def test_drawing_the_report_leaves_the_caller_s_matplotlib_as_it_was(tmp_path, nafnet_path):
+    """A notebook's or a script's backend and its figures are its own: the report drew
+    through pyplot after `matplotlib.use("Agg")`, and after a `build` the caller's backend
+    was Agg (a notebook's inline plots gone)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import NAFNET_POLICY, PINS, ROOT
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(NAFNET_POLICY.format(model=nafnet_path, rules=PINS, backend="none"))
+    code = (
+        "import matplotlib; matplotlib.use('pdf'); import matplotlib.pyplot as plt, trtbuild\n"
+        f"trtbuild.build({str(policy)!r}, {str(tmp_path / 'out')!r}, quiet=True)\n"
+        "print(matplotlib.get_backend(), plt.get_fignums())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "pdf []"
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") >= 3  # the curve and the histograms drawn

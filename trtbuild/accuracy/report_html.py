@@ -37,12 +37,25 @@ BASELINE_COLOR = "#ff7f0e"
 NONFINITE_COLOR = "#d62728"
 
 
+def figure(*grid: int, figsize: tuple[float, float]) -> tuple[Any, Any]:
+    """A figure and its axes of Matplotlib's own, drawn to PNG by `_png` (and the nightly's
+    trends): no pyplot.
+
+    Why: pyplot's figures belong to the process (its backend, its open figures, neither
+    thread-safe), and the report drew through it after `matplotlib.use("Agg")`: a
+    notebook's or a script's own backend was Agg after every `build`, its plots gone.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)  # its own Agg canvas, whatever the process's backend
+    return fig, fig.subplots(*grid)
+
+
 def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -53,10 +66,8 @@ def _rel(value: Any) -> float:
 def error_curve_plot(report: Report) -> str:
     """Relative error of every float tensor along topological depth, policy vs all-FP16, at
     the point that decides the verdict (`report.deciding`, a function of the report)."""
-    import matplotlib.pyplot as plt
-
     main, fp16, _ = deciding(report)
-    fig, ax = plt.subplots(figsize=(10, 3.8))
+    fig, ax = figure(figsize=(10, 3.8))
     threshold = report.divergence_threshold
     curves = [
         (
@@ -124,9 +135,7 @@ EMPTY = np.zeros(0)
 
 def histogram_plot(output: str, main: Verdict, base: Verdict) -> str:
     """|error| distribution of one output over every sample, on a log axis."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, ax = figure(figsize=(5, 3.2))
     series = [("policy", main, POLICY_COLOR), ("all-FP16", base, BASELINE_COLOR)]
     data = [(label, *_errors(ev, output), color) for label, ev, color in series]
     positive = np.concatenate([d[d > 0] for _, d, _, _ in data]) if data else np.array([])
@@ -156,7 +165,6 @@ def _channels_last_map(ref: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def heatmap_plot(output: str, main: Verdict, base: Verdict) -> str:
     """Where in the image the error sits: |error| of the first sample, max over channels."""
-    import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
     maps = []
@@ -171,7 +179,7 @@ def heatmap_plot(output: str, main: Verdict, base: Verdict) -> str:
     positive = finite[finite > 0]
     vmin = float(positive.min()) if positive.size else 1e-8
     vmax = float(positive.max()) if positive.size else 1.0
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    fig, axes = figure(1, 2, figsize=(9, 4))
     im = None
     for ax, (label, m) in zip(axes, maps):
         ax.axis("off")
@@ -256,10 +264,6 @@ figure{margin:8px 0}img.plot{max-width:100%;border:1px solid #eee}
 
 def html(report: Report) -> str:
     """The whole page: the same sections as report.md, with the plots drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on build machines
-
     verdict = "PASSED" if report.passed else "FAILED"
     cls = "pass" if report.passed else "fail"
     parts = [
