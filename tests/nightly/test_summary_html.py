@@ -120,3 +120,23 @@ def test_headless_chromium_renders_the_summary(summary_page, tmp_path):
     img = np.asarray(Image.open(shot).convert("RGB"))
     assert img.std() > 10, "the screenshot is blank"
     assert pixels_near(img, LINE_COLOR) > 200  # the trend lines are on screen
+
+
+def test_a_trend_plot_leaves_the_caller_s_matplotlib_backend():
+    """`main(["summary", ...])` runs in a caller's process: the trends called
+    `matplotlib.use("Agg")`, and the caller's backend was Agg after it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = (
+        "import matplotlib; matplotlib.use('pdf')\n"
+        "from tests.nightly.test_summary_html import _points\n"
+        "from trtbuild.nightly.summary import trend_png\n"
+        "assert trend_png('nafnet', _points(3)).startswith(b'\\x89PNG')\n"
+        "print(matplotlib.get_backend())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "pdf"

@@ -35,23 +35,17 @@ def trend_png(policy: str, points: list[dict[str, Any]]) -> bytes:
     """The trend figure as PNG bytes."""
     import io
 
-    import matplotlib.pyplot as plt
-
     fig = trend_figure(policy, points)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return buf.getvalue()
 
 
 def trend_figure(policy: str, points: list[dict[str, Any]]) -> Any:
     """median and max |error| of every output, night after night; failing nights marked."""
-    import matplotlib
+    from trtbuild.accuracy.report_html import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = figure(figsize=(7, 3.2))  # no pyplot: `main(argv)` leaves the caller's backend
     x = list(range(len(points)))
     names = sorted({n for p in points for n in p["outputs"]})
     positive = False
