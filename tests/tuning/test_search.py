@@ -43,3 +43,49 @@ def test_a_pin_the_budget_left_unchecked_says_so_not_another_runs_error(tmp_path
     assert all(p.reason.startswith("without it: ") for p in full.pins)
     alone = next(p for p in full.pins if p.group == measured[0].group)
     assert alone.reason == "without it: " + measured[0].reason  # the same run, measured once
+
+
+def _masked_square(tmp_path, rules: str = "[]", samples: int = 3):
+    """y = sum of ((x + c) - c), c = 4096 ... 512 (each branch rounds x by up to c/2048), and
+    v = Min(x * x, 100): on sample 2 only, x = 255.95, whose square (65510) FP32 holds and
+    FP16 does not (x rounds to 256: 65536 is inf), and the Min masks it in v. Range analysis
+    (65510 < 65520) leaves /sq/Mul in FP16: only the judge's overflow on sample 2 names it."""
+    nodes, weights, outs = [], {"cap": np.array(100, np.float32)}, []
+    for k, c in enumerate((4096, 2048, 1024, 512)):
+        weights[f"c{k}"] = np.array(c, np.float32)
+        nodes += [
+            node("Add", ["x", f"c{k}"], f"a{k}", f"/br{k}/Add"),
+            node("Sub", [f"a{k}", f"c{k}"], f"s{k}", f"/br{k}/Sub"),
+        ]
+        outs.append(f"s{k}")
+    nodes += [
+        node("Sum", outs, "y", "/sum/Sum"),
+        node("Mul", ["x", "x"], "sq", "/sq/Mul"),
+        node("Min", ["sq", "cap"], "v", "/sq/Min"),
+    ]
+    m = model(nodes, [("x", F, [1, 256])], [("y", F, [1, 256]), ("v", F, [1, 256])], weights)
+    onnx.save(m, tmp_path / "m.onnx")
+    x = np.random.default_rng(0).uniform(0, 1, (samples, 1, 256)).astype(np.float32)
+    x[2, 0, 7] = 255.95
+    np.savez(tmp_path / "d.npz", x=x)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: m.onnx\nbuild: {{backend: none}}\nprecision: {{rules: {rules}}}\n"
+        "inputs: {x: {shape: [1, 256], data: {file: d.npz}}}\n"
+        f"accuracy: {{samples: {samples}, tolerances: {{default: {{atol: 0.1, rtol: 0}}}}}}\n"
+    )
+    return policy
+
+
+def test_an_overflow_judged_only_once_the_outputs_hold_is_pinned_not_called_stuck(tmp_path):
+    """Every trial of the growing failed y on sample 0 and never reached sample 2, where
+    /sq/Mul overflows (masked by the Min): with every suspect of y pinned, that overflow
+    alone fails. The search pinned /sq/Mul then, instead of stopping as stuck and writing a
+    policy `build` fails by that masked overflow."""
+    import trtbuild
+
+    result = trtbuild.tune(_masked_square(tmp_path), quiet=True)
+    assert result.passed, [p.reason for p in result.pins]
+    assert any(p.group == "node /sq/Mul" for p in result.pins), [p.group for p in result.pins]
+    built = trtbuild.build(result.policy, tmp_path / "out", "none", quiet=True)
+    assert built.passed and built.exit_code == 0

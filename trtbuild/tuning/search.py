@@ -492,9 +492,12 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
     """Pin the shortest run of suspects (most suspect first) that passes; None when every
     suspect pinned still fails on the outputs they were ranked for (all of them stay
     pinned) or the budget ran out first. Where every suspect pinned fails on an output
-    that had not failed, that trial: the growing goes on with that output's suspects
-    (two outputs, each wrong on another sample: the second failed only once the first
-    passed, and the search had stopped there).
+    that had not failed, or by an overflow that names a group not pinned yet, that trial:
+    the growing goes on with that output's suspects, or pins that group (two outputs,
+    each wrong on another sample: the second failed only once the first passed, and the
+    search had stopped there; an overflow on a later sample, masked in the outputs, is
+    judged only once the lead sample's outputs hold, and the search had stopped there
+    and written a policy that `build` fails).
 
     Doubling the run finds a passing length in about log2 of the suspects it
     needs, and halving between the last failing and the first passing length
@@ -523,7 +526,8 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
         lo, why = n, trial
     if hi is None:
         search.pinned = sorted({*search.pinned, *order})
-        return why if set(why.failed_outputs) - set(failing.failed_outputs) else None
+        new = set(why.failed_outputs) - set(failing.failed_outputs)
+        return why if new or _overflowing_group(search, why.overflow) is not None else None
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if not search.affords(run(mid)):
