@@ -89,3 +89,33 @@ def test_an_overflow_judged_only_once_the_outputs_hold_is_pinned_not_called_stuc
     assert any(p.group == "node /sq/Mul" for p in result.pins), [p.group for p in result.pins]
     built = trtbuild.build(result.policy, tmp_path / "out", "none", quiet=True)
     assert built.passed and built.exit_code == 0
+
+
+def test_an_overflow_a_policy_rule_keeps_low_pins_nothing_upstream(tmp_path):
+    """y = x * 2 * 40000 / 40000, the policy's rule keeping /b/Mul (up to 8e4) in FP16: its
+    inf is its own, whatever is pinned upstream. The search pinned /a/Mul for it (with that
+    inf as its reason, though the pin changed nothing); it stops at the first trial now, and
+    says the rule is what fails it."""
+    import trtbuild
+    from trtbuild import tuning
+
+    nodes = [
+        node("Mul", ["x", "two"], "a", "/a/Mul"),
+        node("Mul", ["a", "big"], "b", "/b/Mul"),
+        node("Div", ["b", "big"], "y", "/c/Div"),
+    ]
+    weights = {"two": np.array(2, np.float32), "big": np.array(40000, np.float32)}
+    onnx.save(
+        model(nodes, [("x", F, [1, 256])], [("y", F, [1, 256])], weights), tmp_path / "m.onnx"
+    )
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\ninputs: {x: {shape: [1, 256]}}\n"
+        "precision: {rules: [{id: keep-low, match: {name: ^/b/Mul$}, precision: fp16}]}\n"
+        "accuracy: {samples: 2, tolerances: {default: {atol: 0.01, rtol: 0.01}}}\n"
+    )
+    result = trtbuild.tune(policy, quiet=True)
+    assert not result.passed and result.evaluations == 1
+    assert [p.group for p in result.pins] == ["node /c/Div"]  # range analysis's own
+    said = tuning.stuck_warning(result.search, 0)
+    assert said.startswith("the policy's rule keep-low keeps /b/Mul (Mul) in FP16"), said

@@ -200,6 +200,11 @@ def stuck_warning(
             f"{' (docs: Quantized models)' * words.quantized}, or loosen the tolerances where "
             "the task allows"
         )
+    if result.ruled_overflow:
+        return (
+            f"{result.ruled_overflow}: no FP32 pin can change that node, so tune stopped "
+            "there; let it run in FP32 (or make its values smaller) and tune again"
+        )
     text = (
         "tune pinned every group on the failing outputs' paths to FP32 and the candidate "
         f"still fails, so {result.low.upper()} storage is not what fails it"

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from trtbuild.front import Front
 from trtbuild.graph.qdq import is_qdq
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import LOW_MAX
+from trtbuild.numerics import LOW_INF_AT, LOW_MAX
 from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import assign, integer_cast
 from trtbuild.tuning.alone import MOST_ALONE, errors_alone, rank_alone
@@ -98,6 +98,9 @@ class SearchResult:
     # where the quantization alone fails the tolerances against the reference model:
     # `at POINT: OUTPUT, ...` each (no FP32 pin can fix it: the search judged its start only)
     quantization_fails: list[str] = field(default_factory=list)
+    # where the growing stopped at an overflow made by a node the policy keeps in the low
+    # precision past its range (`_ruled_overflow`): that node, its rule and its peak, in words
+    ruled_overflow: str = ""
 
     @property
     def start_share(self) -> float:
@@ -261,7 +264,7 @@ class Search:
             [point_size(run.point.shapes) for run in front.shapes],
             [len(run.feeds) for run in front.shapes],
         )
-        self.exhausted = False  # set where the search wanted a verdict the budget lacked
+        self.exhausted, self.ruled_overflow = False, ""  # as SearchResult's, set as found
         # the values made low when measured -> group -> output -> its error alone
         self.alone: dict[frozenset[str], dict[int, dict[str, float]]] = {}
         self.rankings: list[Ranking] = []
@@ -461,8 +464,14 @@ def _start(search: Search) -> TrialOutcome:
 
 
 def _grow(search: Search, outcome: TrialOutcome) -> TrialOutcome:
-    """While failing: an overflow pins its own group; otherwise the suspects grow."""
+    """While failing: an overflow pins its own group; otherwise the suspects grow. An
+    overflow made where the policy's own rule keeps a node low, past the range in FP32
+    already, stops it: no pin changes that node (`_ruled_overflow`)."""
+    search.ruled_overflow = ""
     while not outcome.passed:
+        search.ruled_overflow = _ruled_overflow(search, outcome.overflow)
+        if search.ruled_overflow:
+            break
         culprit = _overflowing_group(search, outcome.overflow)
         if culprit is not None and not search.affords([*search.pinned, culprit]):
             break
@@ -650,7 +659,7 @@ def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | No
     unpinned groups reading its source first: the value fits where it is made, not
     where it is read.
     """
-    if first is None:
+    if first is None or _ruled_overflow(search, first):
         return None
     view = search.front.view
     index = {n.name: i for i, n in enumerate(view.nodes)}
@@ -672,6 +681,34 @@ def _overflowing_group(search: Search, first: dict[str, Any] | None) -> int | No
             return k
         queue.extend(view.predecessors(i))
     return None
+
+
+def _ruled_overflow(search: Search, first: dict[str, Any] | None) -> str:
+    """Where the first overflow is made by a node no group holds (the policy's own rule, or
+    the model's low inputs and outputs, decided it) that runs in the low precision, and whose
+    FP32 values already pass the low range: that node, what decided it and its peak, in
+    words; "" otherwise.
+
+    Why: no FP32 pin changes such a node, and walking upstream to a group to pin (what an
+    overflow of a value rounded over the range needs) pinned `/a/Mul` for the inf a rule
+    keeping `/b/Mul` (8e4) in FP16 makes, and gave it that inf as its reason.
+    """
+    if first is None or first.get("source"):  # a boundary Cast's: its readers decide it
+        return ""
+    f, low = search.front, search.low
+    i = next((k for k, n in enumerate(f.view.nodes) if n.name == first["node"]), None)
+    if i is None or i in search.by_node or f.measures is None:
+        return ""
+    decision = f.assignment.decisions[i]
+    peak = f.measures.ranges.get(first["tensor"], 0.0)
+    if decision.precision != low or peak < LOW_INF_AT[low]:
+        return ""
+    own = {r.id for r in f.policy.precision.all_rules()}
+    by = f"the policy's rule {decision.rule}" if decision.rule in own else decision.reason
+    return (
+        f"{by} keeps {first['node']} ({first['op']}) in {low.upper()}, where its FP32 values "
+        f"reach |x| = {peak:.4g} (inf in {low.upper()})"
+    )
 
 
 def _result(search: Search) -> SearchResult:
@@ -696,6 +733,7 @@ def _result(search: Search) -> SearchResult:
         len(search.front.shapes),
         {r.id: g for r, g in pin_rules(base, search.groups, search.pinned, search.names)},
         list(search.rankings),
+        ruled_overflow=search.ruled_overflow,
     )
 
 
