@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 
@@ -119,3 +121,43 @@ def test_an_overflow_a_policy_rule_keeps_low_pins_nothing_upstream(tmp_path):
     assert [p.group for p in result.pins] == ["node /c/Div"]  # range analysis's own
     said = tuning.stuck_warning(result.search, 0)
     assert said.startswith("the policy's rule keep-low keeps /b/Mul (Mul) in FP16"), said
+
+
+def _branches(tmp_path, cs, rules: str) -> Path:
+    """y = sum of ((x + c) - c) over `cs`: each branch rounds x by up to c / 2048 in FP16."""
+    nodes, weights, outs = [], {}, []
+    for k, c in enumerate(cs):
+        weights[f"c{k}"] = np.array(c, np.float32)
+        nodes += [
+            node("Add", ["x", f"c{k}"], f"a{k}", f"/br{k}/Add"),
+            node("Sub", [f"a{k}", f"c{k}"], f"s{k}", f"/br{k}/Sub"),
+        ]
+        outs.append(f"s{k}")
+    nodes.append(node("Sum", outs, "y", "/sum/Sum"))
+    m = model(nodes, [("x", F, [1, 256])], [("y", F, [1, 256])], weights)
+    onnx.save(m, tmp_path / "m.onnx")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        f"version: 1\nmodel: m.onnx\nbuild: {{backend: none}}\nprecision: {{rules: {rules}}}\n"
+        "inputs: {x: {shape: [1, 256]}}\n"
+        "accuracy: {samples: 2, tolerances: {default: {atol: 0.1, rtol: 0}}}\n"
+    )
+    return policy
+
+
+def test_a_stuck_search_names_the_rule_that_keeps_a_node_on_the_failing_path_low(tmp_path):
+    """The policy's rule keeps /br0/Add (x + 4096, rounded by up to 1) in FP16: every other
+    group pinned still fails y. The warning said "FP16 storage is not what fails it"; with
+    that rule saying fp32 the search passes, so it names the rule and the node instead."""
+    import trtbuild
+    from trtbuild import tuning
+
+    keep = "[{id: keep-low, match: {name: ^/br0/Add$}, precision: fp16}]"
+    result = trtbuild.tune(_branches(tmp_path, (4096, 2048, 512, 8), keep), quiet=True)
+    assert not result.passed and not result.budget_exhausted
+    assert result.search.kept_low == {"keep-low": ["/br0/Add"]}
+    said = tuning.stuck_warning(result.search, 0)
+    assert "is not what fails it" not in said, said
+    assert "the policy's rule keep-low keeps 1 node(s) there in FP16 (/br0/Add)" in said
+    fp32 = keep.replace("fp16", "fp32")
+    assert trtbuild.tune(_branches(tmp_path, (4096, 2048, 512, 8), fp32), quiet=True).passed

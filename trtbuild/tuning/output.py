@@ -205,6 +205,8 @@ def stuck_warning(
             f"{result.ruled_overflow}: no FP32 pin can change that node, so tune stopped "
             "there; let it run in FP32 (or make its values smaller) and tune again"
         )
+    if result.kept_low:
+        return _kept_low_warning(result)
     text = (
         "tune pinned every group on the failing outputs' paths to FP32 and the candidate "
         f"still fails, so {result.low.upper()} storage is not what fails it"
@@ -227,6 +229,28 @@ def stuck_warning(
     return text + (
         ": the policy's own rules (kept as they are) or the model's own low-precision "
         "inputs and outputs do, or the tolerances are tighter than FP32 allows"
+    )
+
+
+def _kept_low_warning(result: SearchResult) -> str:
+    """The stuck search where the policy's own rules keep nodes on the failing paths in the
+    low precision: those rules, not "storage is not what fails it" (it may be exactly
+    that: the nodes those rules keep low, which no pin changes)."""
+    low = result.low.upper()
+    head = (
+        "tune pinned every group on the failing outputs' paths to FP32 and the candidate "
+        "still fails"
+        if result.pinned
+        else "tune found no group it may pin on the failing outputs' paths, and the candidate fails"
+    )
+    kept = "; ".join(
+        f"the policy's rule {rule} keeps {len(nodes)} node(s) there in {low} "
+        f"({', '.join(nodes[:3])}{', ...' if len(nodes) > 3 else ''})"
+        for rule, nodes in result.kept_low.items()
+    )
+    return (
+        f"{head}, but {kept}: their {low} storage may be what fails it, and no pin changes "
+        "it; let such a rule say fp32 (or leave those nodes to tune) and tune again"
     )
 
 

@@ -32,6 +32,7 @@ from trtbuild.tuning.groups import (
     beyond_range,
     candidate_precision,
     groups,
+    on_path,
     pin_rules,
     scopes,
     suspects,
@@ -101,6 +102,9 @@ class SearchResult:
     # where the growing stopped at an overflow made by a node the policy keeps in the low
     # precision past its range (`_ruled_overflow`): that node, its rule and its peak, in words
     ruled_overflow: str = ""
+    # the policy's own rules that keep nodes on the final candidate's failing outputs' paths
+    # in the low precision: rule id -> those nodes (no pin changes them: `stuck_warning`)
+    kept_low: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def start_share(self) -> float:
@@ -734,7 +738,23 @@ def _result(search: Search) -> SearchResult:
         {r.id: g for r, g in pin_rules(base, search.groups, search.pinned, search.names)},
         list(search.rankings),
         ruled_overflow=search.ruled_overflow,
+        kept_low=_kept_low(search, final),
     )
+
+
+def _kept_low(search: Search, final: TrialOutcome) -> dict[str, list[str]]:
+    """The policy's own rules that keep nodes on `final`'s failing outputs' paths in the low
+    precision, each with those nodes: where the search pinned every group there and still
+    fails, their storage may be what fails it (a rule keeping `/br0/Add`, x + 4096, in
+    FP16 failed y; with that rule saying fp32 the search passed at 65% FP16)."""
+    f = search.front
+    own = {r.id for r in f.policy.precision.all_rules()}
+    found: dict[str, list[str]] = {}
+    for i in sorted(on_path(f.view, final.failed_outputs)):
+        d = f.assignment.decisions[i]
+        if i not in search.by_node and d.precision == search.low and d.rule in own:
+            found.setdefault(d.rule, []).append(f.view.nodes[i].name)
+    return found
 
 
 def tune(
