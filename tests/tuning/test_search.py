@@ -161,3 +161,19 @@ def test_a_stuck_search_names_the_rule_that_keeps_a_node_on_the_failing_path_low
     assert "the policy's rule keep-low keeps 1 node(s) there in FP16 (/br0/Add)" in said
     fp32 = keep.replace("fp16", "fp32")
     assert trtbuild.tune(_branches(tmp_path, (4096, 2048, 512, 8), fp32), quiet=True).passed
+
+
+def test_pins_of_a_stuck_search_do_not_blame_a_budget_that_did_not_run_out(tmp_path):
+    """Every suspect pinned and still failing: the search stopped after a few evaluations of
+    its 100, yet each pin said "kept (not re-checked within the budget)", sending the user
+    to raise a budget that changes nothing. Each says why it is there instead."""
+    import trtbuild
+
+    keep = "[{id: keep-low, match: {name: ^/br0/Add$}, precision: fp16}]"
+    result = trtbuild.tune(_branches(tmp_path, (4096, 2048, 512, 8), keep), quiet=True)
+    assert not result.passed and not result.budget_exhausted and result.evaluations < 100
+    reasons = [p.reason for p in result.pins]
+    assert reasons and not any("budget" in r for r in reasons), reasons
+    assert all(
+        r.startswith("pinned with every suspect of the failing outputs; with all") for r in reasons
+    )

@@ -538,9 +538,7 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
             break
         lo, why = n, trial
     if hi is None:
-        search.pinned = sorted({*search.pinned, *order})
-        new = set(why.failed_outputs) - set(failing.failed_outputs)
-        return why if new or _overflowing_group(search, why.overflow) is not None else None
+        return _all_suspects(search, order, failing, why)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if not search.affords(run(mid)):
@@ -558,6 +556,26 @@ def _grow_suspects(search: Search, failing: TrialOutcome) -> TrialOutcome | None
         search.reasons[k] = said if hi - lo == 1 else f"without it and {hi - lo - 1} more: {said}"
     search.pinned = sorted({*search.pinned, *order[:hi]})
     return search.try_pins(search.pinned, f"pin {search.label(order[:hi])}")
+
+
+def _all_suspects(
+    search: Search, order: list[int], failing: TrialOutcome, why: TrialOutcome
+) -> TrialOutcome | None:
+    """Every suspect pinned, and `why` the run with all of them failing: `why` where it
+    fails on an output that had not failed or by an overflow naming a group to pin
+    (`_grow` goes on: the shrink measures them); else None, and each keeps that run's
+    error as why it is there (none was measured alone; "kept (not re-checked within the
+    budget)" blamed a budget that had not run out)."""
+    search.pinned = sorted({*search.pinned, *order})
+    new = set(why.failed_outputs) - set(failing.failed_outputs)
+    if new or _overflowing_group(search, why.overflow) is not None:
+        return why
+    said = "; ".join(why.failing.values()) or "output below tolerance"
+    for k in order:
+        search.reasons[k] = (
+            f"pinned with every suspect of the failing outputs; with all of them: {said}"
+        )
+    return None
 
 
 def _shrink(search: Search) -> None:
@@ -715,11 +733,25 @@ def _ruled_overflow(search: Search, first: dict[str, Any] | None) -> str:
     )
 
 
+KEPT = "kept (not re-checked within the budget)"
+
+
+def _unmeasured(search: Search) -> str:
+    """A pin no run measured alone, in words: the budget's (`KEPT`) only where it ran out;
+    otherwise the search stopped before its shrink (a stuck search used 7 of 100
+    evaluations, and every pin sent the user to raise a budget that changed nothing)."""
+    return (
+        KEPT
+        if search.exhausted
+        else "kept (not measured alone: the search stopped before its shrink)"
+    )
+
+
 def _result(search: Search) -> SearchResult:
     """What the search found: the verdict on its final pin set, and why each pin stays."""
     final = search.known[tuple(sorted(search.pinned))]
     passed = final.passed and search.walk.answers(final)  # never a pass left unverified
-    kept = "kept (not re-checked within the budget)"
+    kept = _unmeasured(search)
     base = search.front.policy.precision
     return SearchResult(
         search.precision(search.pinned),
