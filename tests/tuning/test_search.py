@@ -10,13 +10,14 @@ import onnx
 from tests.helpers import F, model, node
 
 
-def _chain(tmp_path):
+def _chain(tmp_path, scope: str = ""):
     """y = x * c0 * ... * c11, each c = 1 + k/3000 (FP16 cannot hold it), atol 1e-4: every
-    Mul's rounding is needed in FP32, and a full search pins all twelve."""
+    Mul's rounding is needed in FP32, and a full search pins all twelve. `scope`: a name
+    scope the Muls share (`blk/`: `/blk/mul0`, ...)."""
     nodes, weights, t = [], {}, "x"
     for k in range(12):
         weights[f"c{k}"] = np.array(1 + (k + 1) / 3000, np.float32)
-        nodes.append(node("Mul", [t, f"c{k}"], f"m{k}", f"/mul{k}"))
+        nodes.append(node("Mul", [t, f"c{k}"], f"m{k}", f"/{scope}mul{k}"))
         t = f"m{k}"
     nodes.append(node("Identity", [t], "y", "/out"))
     onnx.save(model(nodes, [("x", F, [1, 64])], [("y", F, [1, 64])], weights), tmp_path / "c.onnx")
@@ -177,3 +178,17 @@ def test_pins_of_a_stuck_search_do_not_blame_a_budget_that_did_not_run_out(tmp_p
     assert all(
         r.startswith("pinned with every suspect of the failing outputs; with all") for r in reasons
     )
+
+
+def test_a_scope_merging_pins_the_budget_left_unchecked_still_says_so(tmp_path):
+    """The same twelve pins in one name scope, merged into `^/blk/` at no cost: the scope's
+    comment said only "selects exactly the 12 nodes of the 12 pins inside it", as if they
+    were established; 11 of them were never re-checked, and it says so."""
+    import trtbuild
+
+    result = trtbuild.tune(_chain(tmp_path, "blk/"), budget=8, quiet=True)
+    assert result.passed and result.budget_exhausted
+    (pin,) = result.pins
+    assert pin.group.startswith("scope ^/blk/"), pin.group
+    assert pin.reason.startswith("selects exactly the 12 nodes of the 12 pins inside it")
+    assert pin.reason.endswith("; 11 of them kept (not re-checked within the budget)"), pin.reason

@@ -662,7 +662,10 @@ def _merge(search: Search) -> None:
                 continue
             why = f"{pins} pins inside it merged; every tolerance holds with all of it"
         firsts = [search.reasons.pop(g, "") for g in search.pinned if g in scope.covered]
-        search.reasons[k] = why + (f" (first: {firsts[0]})" if firsts and firsts[0] else "")
+        why += f" (first: {firsts[0]})" if firsts and firsts[0] else ""
+        blind = firsts.count("")  # pins never measured alone: still so, merged
+        many = "every one" if blind == len(firsts) else f"{blind} of them"
+        search.reasons[k] = why + (f"; {many} {_unmeasured(search)}" if blind else "")
         search.pinned = merged
         current = _precisions(search, merged)
 
