@@ -16,8 +16,10 @@ from trtbuild.tuning.search import SearchResult, Trial
 
 
 def _result(passed: bool, low: float, start: float) -> SearchResult:
+    """A search whose one pin's removal failed a tolerance (`tight_warning` needs one)."""
     first = Trial(1, "start: range analysis", (), passed, start, {}, {}, 0.0)
-    return SearchResult(Precision(), [], [], {}, "", [first], passed=passed, low_share=low)
+    needed = {0: "without it: y: sample(s) 0 fail atol 0.001, rtol 0 on the elemwise"}
+    return SearchResult(Precision(), [], [0], needed, "", [first], passed=passed, low_share=low)
 
 
 def test_an_answer_that_keeps_little_blames_the_tolerances():

@@ -192,3 +192,33 @@ def test_a_scope_merging_pins_the_budget_left_unchecked_still_says_so(tmp_path):
     assert pin.group.startswith("scope ^/blk/"), pin.group
     assert pin.reason.startswith("selects exactly the 12 nodes of the 12 pins inside it")
     assert pin.reason.endswith("; 11 of them kept (not re-checked within the budget)"), pin.reason
+
+
+def test_a_budget_cut_before_any_pin_was_measured_does_not_blame_the_tolerances(tmp_path):
+    """With a budget of 8 the twelve pins stand unmeasured (0% FP16): the warning said the
+    tolerances are likely tighter than FP16 allows ("more budget rarely keeps more in FP16")
+    beside the budget's own ("raise budget"). Only the full search, whose every pin's removal
+    failed a tolerance, says so."""
+    import trtbuild
+    from trtbuild import tuning
+
+    cut = trtbuild.tune(_chain(tmp_path), budget=8, quiet=True)
+    assert cut.passed and cut.budget_exhausted and cut.low_precision_share < tuning.output.FEW_LOW
+    assert tuning.tight_warning(cut.search) is None
+    full = trtbuild.tune(_chain(tmp_path), budget=40, quiet=True)
+    assert not full.budget_exhausted
+    assert tuning.tight_warning(full.search).startswith("tune kept only 0.0% of the model in FP16")
+
+
+def test_pins_made_by_an_overflow_do_not_blame_the_tolerances(tmp_path):
+    """The policy's rule keeps the branches FP32 (18% FP16 left); the one pin is the masked
+    overflow of /sq/Mul on sample 2 (9.1% FP16). No tolerance allows an inf: the warning that
+    the tolerances are likely too tight, said even with atol 1000, is not said."""
+    import trtbuild
+    from trtbuild import tuning
+
+    rules = "[{id: branches, match: {name: ^/(br|sum)}, precision: fp32}]"
+    result = trtbuild.tune(_masked_square(tmp_path, rules), quiet=True)
+    assert result.passed and [p.group for p in result.pins] == ["node /sq/Mul"]
+    assert result.low_precision_share < tuning.output.FEW_LOW
+    assert tuning.tight_warning(result.search) is None
