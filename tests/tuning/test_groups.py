@@ -69,3 +69,37 @@ def test_range_analysis_pins_what_the_low_precision_turns_inf_not_what_it_rounds
 
     made = [Group("node", (k,), (f"n{k}",), 1.0, peak) for k, peak in enumerate((65510.0, 65520.0))]
     assert beyond_range(made, "fp16") == [1]
+
+
+def test_a_pin_selects_its_node_not_one_named_as_it_plus_a_newline(tmp_path):
+    """ONNX names are any string: `/n/Add` and `/n/Add\n` are two nodes. Rules match by
+    `re.search`, whose `$` also matches before a trailing newline, so the pin `^/n/Add$` of
+    the group `node /n/Add` pinned both (the log named one node, the policy pinned two). It
+    ends with `\\Z` there; elsewhere it stays `$`, as users write it."""
+    import trtbuild
+    from trtbuild.tuning import name_regex
+
+    assert name_regex(("/n/Add",), ["/n/Add", "/n/Add\n"]) == r"^/n/Add\Z"
+    assert name_regex(("/n/Add", "/m"), ["/n/Add", "/m", "/n/Add\n"]) == r"^(?:/n/Add|/m)\Z"
+    assert name_regex(("/n/Add",), ["/n/Add", "/n/Sub"]) == "^/n/Add$"
+    nodes = [
+        node("Add", ["x", "c"], "a", "/n/Add"),
+        node("Sub", ["a", "c"], "s", "/n/Sub"),
+        node("Add", ["x", "d"], "a2", "/n/Add\n"),  # rounds by 1/128 at most: needs no pin
+        node("Sub", ["a2", "d"], "s2", "/n/Sub2"),
+        node("Add", ["s", "s2"], "y", "/out"),
+    ]
+    weights = {"c": np.array(4096, np.float32), "d": np.array(16, np.float32)}
+    onnx.save(
+        model(nodes, [("x", F, [1, 256])], [("y", F, [1, 256])], weights), tmp_path / "m.onnx"
+    )
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\ninputs: {x: {shape: [1, 256]}}\n"
+        "accuracy: {samples: 2, tolerances: {default: {atol: 0.1, rtol: 0}}}\n"
+    )
+    result = trtbuild.tune(policy, quiet=True)
+    assert result.passed and sorted(p.group for p in result.pins) == ["node /n/Add", "node /n/Sub"]
+    checked = trtbuild.check(result.policy, quiet=True)
+    fp32 = {d.name for d in checked.nodes if d.precision == "fp32"}
+    assert fp32 == {"/n/Add", "/n/Sub"}, fp32

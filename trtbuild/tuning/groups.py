@@ -196,7 +196,8 @@ def name_regex(names: tuple[str, ...], all_names: list[str]) -> str:
     """The shortest readable regex that selects exactly `names` among `all_names`.
 
     A unit exported under one scope (`/blocks.1/norm2/...`) gets its scope
-    prefix; anything else gets the exact names.
+    prefix; anything else gets the exact names, ended by `$` where that selects exactly
+    them, else by `\\Z` (ONNX names are any string: `/n/Add` and `/n/Add\\n` are two nodes).
     """
     if len(names) > 1:
         prefix = os.path.commonprefix(list(names))  # noqa: RUF071 - cut at a "/" below
@@ -205,9 +206,11 @@ def name_regex(names: tuple[str, ...], all_names: list[str]) -> str:
             rx = re.compile("^" + re.escape(prefix))
             if {n for n in all_names if rx.search(n)} == set(names):
                 return "^" + re.escape(prefix)
-    if len(names) == 1:
-        return "^" + re.escape(names[0]) + "$"
-    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+    body = re.escape(names[0]) if len(names) == 1 else f"(?:{'|'.join(map(re.escape, names))})"
+    # `$` also matches before a trailing newline (rules match by `re.search`): where a node
+    # is named as one of `names` plus "\n", only `\Z` selects exactly `names`
+    newline = {f"{n}\n" for n in names} - set(names)
+    return f"^{body}\\Z" if newline.intersection(all_names) else f"^{body}$"
 
 
 def candidate_precision(
