@@ -222,3 +222,38 @@ def test_pins_made_by_an_overflow_do_not_blame_the_tolerances(tmp_path):
     assert result.passed and [p.group for p in result.pins] == ["node /sq/Mul"]
     assert result.low_precision_share < tuning.output.FEW_LOW
     assert tuning.tight_warning(result.search) is None
+
+
+def test_an_overflow_the_rule_keeps_low_from_a_rounded_input_names_the_rule(tmp_path):
+    """v = Min(Relu(x)^2, 100), the policy's rule keeping the square in FP16; on sample 1
+    x = 255.95, whose square FP32 holds (65510) and FP16 does not (256^2 is inf). The search
+    pins /pre/Relu upstream, which cannot end it (the FP16 square reads 256 either way): that
+    pin said the inf as the reason it was needed, and the warning said FP16 storage is not
+    what fails it. The pin says it did not end the overflow, and the warning names the rule."""
+    import trtbuild
+    from trtbuild import tuning
+
+    nodes = [
+        node("Relu", ["x"], "r", "/pre/Relu"),
+        node("Mul", ["r", "r"], "sq", "/sq/Mul"),
+        node("Min", ["sq", "cap"], "v", "/sq/Min"),
+    ]
+    m = model(nodes, [("x", F, [1, 256])], [("v", F, [1, 256])], {"cap": np.float32(100)})
+    onnx.save(m, tmp_path / "m.onnx")
+    x = np.random.default_rng(0).uniform(0, 1, (2, 1, 256)).astype(np.float32)
+    x[1, 0, 7] = 255.95
+    np.savez(tmp_path / "d.npz", x=x)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        "version: 1\nmodel: m.onnx\nbuild: {backend: none}\n"
+        "precision: {rules: [{id: keep-low, match: {name: ^/sq/Mul$}, precision: fp16}]}\n"
+        "inputs: {x: {shape: [1, 256], data: {file: d.npz}}}\n"
+        "accuracy: {samples: 2, tolerances: {default: {atol: 0.1, rtol: 0}}}\n"
+    )
+    result = trtbuild.tune(policy, quiet=True)
+    assert not result.passed
+    (pin,) = result.pins
+    assert pin.reason.startswith("pinned upstream of an overflow it did not end: /sq/Mul"), pin
+    said = tuning.stuck_warning(result.search, 0)
+    assert "is not what fails it" not in said, said
+    assert "the policy's rule keep-low keeps 1 node(s) there in FP16 (/sq/Mul)" in said

@@ -488,8 +488,16 @@ def _grow(search: Search, outcome: TrialOutcome) -> TrialOutcome:
         why = "; ".join(outcome.failing.values()) or "output below tolerance"
         search.reasons[culprit] = why
         search.pinned = sorted({*search.pinned, culprit})
-        outcome = search.try_pins(search.pinned, f"pin {search.label([culprit])}")
+        before, outcome = outcome, search.try_pins(search.pinned, f"pin {search.label([culprit])}")
+        if _same_overflow(before.overflow, outcome.overflow):  # upstream, and it did not help
+            search.reasons[culprit] = f"pinned upstream of an overflow it did not end: {why}"
     return outcome
+
+
+def _same_overflow(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two runs' first overflows are one: the same node, tensor and sample."""
+    keys = ("node", "tensor", "sample")
+    return a is not None and b is not None and all(a.get(k) == b.get(k) for k in keys)
 
 
 def _doublings(n: int) -> list[int]:
@@ -778,14 +786,16 @@ def _result(search: Search) -> SearchResult:
 
 
 def _kept_low(search: Search, final: TrialOutcome) -> dict[str, list[str]]:
-    """The policy's own rules that keep nodes on `final`'s failing outputs' paths in the low
-    precision, each with those nodes: where the search pinned every group there and still
+    """The policy's own rules that keep nodes on `final`'s failing outputs' paths (and its
+    first overflow's) in the low precision, each with those nodes: where the search pinned every group there and still
     fails, their storage may be what fails it (a rule keeping `/br0/Add`, x + 4096, in
     FP16 failed y; with that rule saying fp32 the search passed at 65% FP16)."""
     f = search.front
     own = {r.id for r in f.policy.precision.all_rules()}
+    o = final.overflow or {}  # a masked overflow fails no output: its own path
+    ends = [*final.failed_outputs, *(o[k] for k in ("tensor", "source") if o.get(k))]
     found: dict[str, list[str]] = {}
-    for i in sorted(on_path(f.view, final.failed_outputs)):
+    for i in sorted(on_path(f.view, ends)):
         d = f.assignment.decisions[i]
         if i not in search.by_node and d.precision == search.low and d.rule in own:
             found.setdefault(d.rule, []).append(f.view.nodes[i].name)
