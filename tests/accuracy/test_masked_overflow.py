@@ -121,6 +121,21 @@ def test_an_overflow_on_a_later_sample_only_is_found(tmp_path, capsys, walk):
     assert "FP32 peak |x| = 9e+04" in text
 
 
+@pytest.mark.parametrize("walk", ["on_failure", "always"])
+def test_an_overflow_on_a_later_sample_says_a_peak_that_holds_that_sample(tmp_path, capsys, walk):
+    """Sample 2's x * 1e3 reaches 9e4 (inf in FP16); the first sample's peak is below 6e4,
+    which did not explain the inf. A later sample's peak past FP16's range is kept
+    (`later_peaks`): said as that sample's own, no `peak_over`."""
+    policy = _policy(tmp_path, data=_later_sample_only(tmp_path))
+    policy.write_text(policy.read_text() + f"  walk: {walk}\n")
+    code, text, report = _build(policy, tmp_path / "out", capsys)
+    assert code == 1, text
+    (found,) = report["masked_overflow"]["found"]
+    assert found["sample"] == 2 and found["ref_max_abs"] == pytest.approx(9e4)
+    assert "peak_over" not in found
+    assert "FP32 peak |x| = 9e+04" in text, text
+
+
 def test_an_overflow_in_a_boundary_cast_is_found(tmp_path, capsys):
     """x * 1e3 is pinned to FP32, so the Mul itself holds 9e4; the Cast to FP16 the conversion
     adds before the FP16 Clip turns it inf, and Clip hides it."""

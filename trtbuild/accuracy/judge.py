@@ -45,7 +45,7 @@ from trtbuild.accuracy import risk
 from trtbuild.accuracy.checks import describe, run_checks
 from trtbuild.accuracy.data import Feed
 from trtbuild.accuracy.emulate import emulate
-from trtbuild.accuracy.masked import overflow_text
+from trtbuild.accuracy.masked import overflow_text, peak_said
 from trtbuild.accuracy.probes import peak_name, probe
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.reference import (
@@ -744,8 +744,7 @@ class _Walk:
         bad = int(np.count_nonzero(~np.isfinite(e)))
         if not bad:
             return None
-        scale = peak_at(self.measures, tensor, self.sample)
-        return _point_json(tensor, bad, nan, scale, float("inf"))
+        return overflow_point(self.measures, tensor, bad, nan, self.sample)
 
     def overflowed(self) -> bool:
         """Whether a tensor taken so far turned non-finite where FP32 is finite."""
@@ -795,19 +794,26 @@ def _beyond(
     bad = max(0, got[0] - pos) + max(0, got[1] - neg) + nan
     if not bad:
         return None
-    return _point_json(tensor, bad, nan, peak_at(measures, tensor, sample), float("inf"))
+    return overflow_point(measures, tensor, bad, nan, sample)
 
 
-def peak_at(measures: ReferenceMeasures, tensor: str, sample: int) -> float:
-    """FP32's data peak of `tensor` on feed `sample`, as an overflow there is said.
+def overflow_point(
+    measures: ReferenceMeasures, tensor: str, bad: int, nan: int, sample: int
+) -> dict[str, Any]:
+    """An overflow's walk point on feed `sample`, with the FP32 peak that explains it.
 
-    Why not the first feed's: an overflow on the third sample alone (x * 1e3 at 7.2e4)
-    was said with the first sample's peak, 5.4e4, below what overflows. A later feed's
-    peak is kept where it passes FP16's range (where an overflow's own values are); below
-    it, the first feed's stands.
+    Why not the first feed's peak: an overflow on the third sample alone (x * 1e3 at 7.2e4)
+    was said with the first sample's, 5.4e4, below what overflows (and one at 65510 with
+    0.99). A later feed's peak is kept where it passes FP16's range (`later_peaks`); below
+    it, the peak over the point's samples is said, and said to be so (`peak_over`).
     """
-    later = measures.later_peaks.get(tensor, {}).get(sample) if sample else None
-    return later if later is not None else measures.first_peaks.get(tensor, 0.0)
+    if not sample:
+        return _point_json(tensor, bad, nan, measures.first_peaks.get(tensor, 0.0), float("inf"))
+    later = measures.later_peaks.get(tensor, {}).get(sample)
+    if later is not None:
+        return _point_json(tensor, bad, nan, later, float("inf"))
+    p = _point_json(tensor, bad, nan, measures.ranges.get(tensor, 0.0), float("inf"))
+    return {**p, "peak_over": "samples"}
 
 
 def _measured(measures: ReferenceMeasures, tensor: str, e: np.ndarray, sample: int) -> bool:
@@ -1002,14 +1008,13 @@ def _first_divergence(
 ) -> dict[str, Any]:
     """The first divergence at walk point `p`: where, and why in words."""
     first = {"node": p["node"], "op": p["op"], "tensor": p["tensor"]}
-    first["reason"] = _reason(bad, nan, p["ref_max_abs"], rel, threshold)
+    first["reason"] = _reason(bad, nan, rel, threshold, peak_said(p))
     if "source" in p:
         first["reason"] += f", in the boundary Cast the conversion adds after `{p['source']}`"
     if "inside" in p:  # a peak: whether a value turned non-finite, not how many
         kind = "NaN" if nan else "inf"
         first["reason"] = (
-            f"turns {kind} where FP32 is finite (FP32 peak |x| = {p['ref_max_abs']:.4g}), "
-            f"inside {p['inside']}"
+            f"turns {kind} where FP32 is finite ({peak_said(p)}), inside {p['inside']}"
         )
     return first
 
@@ -1030,10 +1035,10 @@ def divergence(
     return walk.finish()
 
 
-def _reason(bad: int, nan: int, scale: float, rel: float, threshold: float) -> str:
+def _reason(bad: int, nan: int, rel: float, threshold: float, peak: str) -> str:
     if bad:
         kinds = ", ".join(f"{n} {k}" for n, k in ((nan, "NaN"), (bad - nan, "inf")) if n)
-        return f"{bad} non-finite value(s) ({kinds}) where FP32 is finite (FP32 peak |x| = {scale:.4g})"
+        return f"{bad} non-finite value(s) ({kinds}) where FP32 is finite ({peak})"
     return f"error {rel:.2%} of the tensor's range exceeds {threshold:.0%}"
 
 

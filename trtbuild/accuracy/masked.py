@@ -26,8 +26,15 @@ def overflow_text(o: dict[str, Any]) -> str:
     cast = f" (a boundary Cast of `{o['source']}`)" if o.get("source") else ""
     return (
         f"{overflow_node(o)}{cast}, tensor {o['tensor']}{where}: {o['nonfinite']} "
-        f"non-finite value(s) where FP32 is finite (FP32 peak |x| = {o['ref_max_abs']:.4g})"
+        f"non-finite value(s) where FP32 is finite ({peak_said(o)})"
     )
+
+
+def peak_said(o: dict[str, Any]) -> str:
+    """`FP32 peak |x| = 6.551e+04`, `... over the point's samples = ...` where the overflow's
+    own sample's peak was not kept (`peak_over`): the figure that explains it."""
+    over = " over the point's samples" if o.get("peak_over") == "samples" else ""
+    return f"FP32 peak |x|{over} = {o['ref_max_abs']:.4g}"
 
 
 def rule_said(rule: str) -> str:
