@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NAFNET_POLICY, PINS, ROOT
+from tests.helpers import F, model, node
 from trtbuild import cache as cache_mod
 from trtbuild import cache_codec, front
 from trtbuild.cache import KINDS, Cache
@@ -292,8 +293,7 @@ def test_a_planted_pickle_entry_is_never_run(tmp_path, write_policy, cache_dir, 
     entries = Cache(codec=cache_codec).entries()
     assert entries
     for path in entries:
-        sha = hashlib.sha256(payload).hexdigest().encode()
-        path.write_bytes(cache_mod.MAGIC + sha + b"\n" + payload)
+        path.write_bytes(cache_mod.seal(_name(path), [payload]) + payload)
     code = main(["check", "--policy", policy, "--json"])
     out, err = capsys.readouterr()
     assert not marker.exists(), "the planted pickle ran"
@@ -483,10 +483,18 @@ def test_check_twice_from_the_command_line_hits_and_says_the_same(tmp_path):
 # -- the surroundings of the cache (#45) ----------------------------------------------------
 
 
-def _entry(kind: str, payload: bytes) -> bytes:
-    """An entry file with a valid header and sha256 around `payload`."""
-    sha = hashlib.sha256(payload).hexdigest().encode()
-    return cache_mod.MAGIC + sha + b"\n" + payload
+def _size(path: Path) -> int:
+    return path.stat().st_size
+
+
+def _name(path: Path) -> str:
+    """An entry's name under its cache's root (`KIND/XX/DIGEST`)."""
+    return "/".join(path.parts[-3:])
+
+
+def _entry(kind: str, digest: str, payload: bytes) -> bytes:
+    """The file of entry `digest` with a valid header and sha256 around `payload`."""
+    return cache_mod.seal(f"{kind}/{digest[:2]}/{digest}", [payload]) + payload
 
 
 def _plant(cache: Cache, kind: str, digest: str, data: bytes) -> Path:
@@ -601,7 +609,7 @@ def test_an_entry_of_the_wrong_shape_is_dropped_and_recomputed_like_a_bad_hash(
     cache = Cache(codec=cache_codec, root=tmp_path / "cache")
     digest = _digest(f"shape-{kind}")
     assert cache.put(kind, digest, value)
-    path = _plant(cache, kind, digest, _entry(kind, _reshaped(kind, value, change)))
+    path = _plant(cache, kind, digest, _entry(kind, digest, _reshaped(kind, value, change)))
     assert cache.get(kind, digest) is None and cache.hits[kind] == "miss"
     assert not path.exists() and cache.events[0].startswith("dropped a corrupt cache entry")
 
@@ -621,7 +629,7 @@ def test_entry_sizes_are_bounded_before_reading(tmp_path):
     assert cache.get("prepared", digest) is None and not path.exists()
     assert "larger than any entry of its kind" in cache.events[0]
     head = b'{"kind":"prepared","blobs":[],"value":"' + b"x" * (70 << 20) + b'"}\n'
-    _plant(cache, "prepared", other, _entry("prepared", head))
+    _plant(cache, "prepared", other, _entry("prepared", other, head))
     assert Cache(codec=cache_codec, root=cache.root).get("prepared", other) is None
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak  # KiB on Linux
     assert grown < 1 << 20, f"{grown} KiB more to drop two entries"
@@ -659,3 +667,35 @@ def test_a_reference_model_replaced_while_it_runs_stores_no_outputs(
     original.write_bytes((quantized_dir / "nafnet_tiny.onnx").read_bytes())  # put back
     assert main(["build", "--policy", str(policy), "--out", str(tmp_path / "b")]) in (0, 1)
     assert len(ran) == 2  # run again: nothing stored under the key of the bytes it ran
+
+
+def test_an_entry_moved_under_another_key_is_dropped_not_served(tmp_path, cache_dir, capsys):
+    """Two policies of one model, one with a node pinned: the first's converted entry
+    replaced by the second's file (whole, its own sha256 valid: a sync tool, a restored CI
+    cache). `convert` of the first wrote the second's mixed model, exit 0, while saying
+    100% FP16. The entry's sha256 covers its name: it reads as corrupt and is recomputed."""
+    m = model(
+        [node("Relu", ["x"], "y", "relu"), node("Mul", ["y", "y"], "z", "mul")],
+        [("x", F, [1, 4])],
+        [("z", F, [1, 4])],
+    )
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    base = "version: 1\nmodel: m.onnx\nbuild: {backend: none}\n"
+    pin = "precision:\n  rules:\n    - {id: k, why: t, match: {name: mul}, precision: fp32}\n"
+    converted = {}
+    for name, text in (("all", base), ("pinned", base + pin)):
+        (tmp_path / f"{name}.yaml").write_text(text)
+        before = set(Cache(codec=cache_codec).entries())
+        out = tmp_path / f"{name}.onnx"
+        assert main(["convert", "--policy", str(tmp_path / f"{name}.yaml"), "-o", str(out)]) == 0
+        new = set(Cache(codec=cache_codec).entries()) - before
+        # the mixed model: the largest new converted entry (the other is convert's record)
+        converted[name] = max((p for p in new if p.parts[-3] == "converted"), key=_size)
+    expected = (tmp_path / "all.onnx").read_bytes()
+    assert expected != (tmp_path / "pinned.onnx").read_bytes()
+    converted["all"].write_bytes(converted["pinned"].read_bytes())
+    capsys.readouterr()
+    again = tmp_path / "again.onnx"
+    assert main(["convert", "--policy", str(tmp_path / "all.yaml"), "-o", str(again)]) == 0
+    assert again.read_bytes() == expected, "another key's entry was served"
+    assert capsys.readouterr().err.count("dropped a corrupt cache entry") == 1

@@ -7,8 +7,9 @@ bytes (external data included: `graph.model_io.model_digest`), the passes, the t
 of onnx, onnx-graphsurgeon, onnxruntime and Polygraphy; the reference also keys
 on the feeds, the mixed model on every node's precision. So a hit returns exactly what a miss would compute.
 
-Entries are written atomically and carry a sha256 of their payload: a corrupt
-or truncated entry is dropped, recomputed and warned about once. The folder is
+Entries are written atomically and carry a sha256 of their name and payload: a
+corrupt or truncated entry, or one moved under another key, is dropped, recomputed
+and warned about once. The folder is
 capped in size, least recently used first out. A folder that cannot be used
 (read-only, a file) turns the cache off with one warning: it never fails a
 command. The cache prints nothing itself: each warning is an event, kept in
@@ -29,7 +30,8 @@ What the cache trusts, and why:
   protobuf, `.npy` read without pickle), decoded into exactly the value its kind
   names and of its shape (`cache_codec.conforms`), so a planted or restored entry
   can at worst be wrong data, never run code nor crash a stage. The sha256 an entry
-  carries about itself detects damage, not intent. An entry larger than its kind's
+  carries about itself (of its name and payload: `seal`) detects damage and an entry
+  moved under another key, not intent. An entry larger than its kind's
   share of the cap is never written, so it is never read either.
 - Not the names in its folders: an entry is read and written without following
   a symlink (a write goes to a temporary name created exclusively, then is
@@ -59,7 +61,9 @@ from trtbuild.errors import UsageError
 from trtbuild.fsutil import FOLDER, NOFOLLOW, READ_NOFOLLOW, alive, lock
 
 HEADER = b"trtbuild-cache/"  # every version's entries start so: housekeeping knows its own
-MAGIC = HEADER + b"2\n"  # 2: data codecs; a version 1 entry (a pickle) reads as corrupt
+# 3: the sha256 covers the entry's name (KIND/XX/DIGEST) with its payload; 2: data codecs.
+# An entry of another version (1: a pickle) reads as corrupt.
+MAGIC = HEADER + b"3\n"
 ENTRY_NAME = re.compile(r"[0-9a-f]{64}")
 # `.DIGEST.PID.N.tmp` (and `.DIGEST.PID.tmp`, the name before version 2)
 TEMP_NAME = re.compile(r"\.([0-9a-f]{64})\.([0-9]{1,12})(?:\.[0-9]+)?\.tmp")
@@ -519,7 +523,7 @@ def _load(kind: str, entry: Entry, codec: Codec, largest: int) -> Any:
         _NotAnEntry: no regular file, or a corrupt one (the message says which).
         OSError: it cannot be read (FileNotFoundError: a miss).
     """
-    value = _decode(kind, _read_entry(entry, largest), codec)
+    value = _decode(kind, entry.name, _read_entry(entry, largest), codec)
     if value is None:
         raise _NotAnEntry(f"dropped a corrupt cache entry {entry.shown}")
     return value
@@ -559,14 +563,12 @@ def _write(entry: Entry, parts: list[bytes]) -> None:
     Exclusive (O_EXCL, O_NOFOLLOW): a symlink or file already at a temporary name is
     never written through; the next name is tried.
     """
-    sha = hashlib.sha256()
-    for part in parts:
-        sha.update(part)
+    header = seal(entry.name, parts)
     fd, tmp = _create_temp(entry)
     lock(fd)  # held while it is written: a cleaner in any PID namespace leaves it alone
     try:
         with open(fd, "wb") as f:
-            f.write(MAGIC + sha.hexdigest().encode() + b"\n")
+            f.write(header)
             for part in parts:
                 f.write(part)
         # replaces a name, never writes through a link
@@ -575,6 +577,21 @@ def _write(entry: Entry, parts: list[bytes]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=entry.fd)
         raise
+
+
+def seal(name: str, parts: Iterable[bytes | memoryview]) -> bytes:
+    """The header of the entry `name` (`KIND/XX/DIGEST` under the root) holding `parts`:
+    `MAGIC`, then the sha256 of the name and the payload, in hex, and a newline.
+
+    Why the name: a payload's own sha256 proves it whole, not that it is this key's. An
+    entry copied or renamed under another key (a restored CI cache, a sync tool, a hand)
+    would pass as that key's value: another policy's mixed model written by `convert`,
+    another feed's reference judged against. Hashed with its name, it reads as corrupt.
+    """
+    sha = hashlib.sha256(name.encode() + b"\n")
+    for part in parts:
+        sha.update(part)
+    return MAGIC + sha.hexdigest().encode() + b"\n"
 
 
 def _create_temp(entry: Entry) -> tuple[int, str]:
@@ -595,13 +612,11 @@ def _create_temp(entry: Entry) -> tuple[int, str]:
     )
 
 
-def _decode(kind: str, blob: bytes, codec: Codec) -> Any | None:
-    """The entry's value, or None when its header, sha256 or payload is not right."""
-    start = len(MAGIC) + 65  # MAGIC, the payload's sha256 in hex, a newline, the payload
-    if not blob.startswith(MAGIC) or blob[start - 1 : start] != b"\n":
-        return None
-    sha = hashlib.sha256(memoryview(blob)[start:]).hexdigest().encode()
-    if sha != blob[len(MAGIC) : start - 1]:
+def _decode(kind: str, name: str, blob: bytes, codec: Codec) -> Any | None:
+    """The value of the entry `name`, or None when its header, sha256 (of `name` and the
+    payload: `seal`) or payload is not right."""
+    start = len(MAGIC) + 65  # MAGIC, the sha256 in hex, a newline, the payload
+    if blob[:start] != seal(name, [memoryview(blob)[start:]]):
         return None
     try:
         return codec.decode(kind, blob, start)
