@@ -286,6 +286,40 @@ def test_a_low_open_file_limit_is_exit_2_naming_it(tmp_path):
     assert refused and done.returncode == 0, refused
 
 
+@pytest.mark.parametrize("command", ["convert", "build"])
+def test_a_file_size_limit_is_exit_2_naming_it_and_leaves_nothing(tmp_path, command):
+    """`ulimit -f` (a CI job's, a container's; a FAT disk's 4 GiB is the same EFBIG): a
+    write past it was a traceback called a bug (exit 70). It is the limit's: exit 2
+    naming the file and the limit, and no output nor temporary file is left."""
+    import resource
+
+    weight = np.ones((1, 16384), np.float32)  # 64 KiB of weights: every model file is larger
+    m = model(
+        [node("Mul", ["x", "w"], "y", "mul")],
+        [("x", F, [1, 16384])],
+        [("y", F, [1, 16384])],
+        {"w": weight},
+    )
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    out = tmp_path / ("mixed.onnx" if command == "convert" else "out")
+    flag = "-o" if command == "convert" else "--out"
+    before = set(os.listdir(tmp_path))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (32 << 10, 32 << 10))
+
+    cmd = [sys.executable, "-m", "trtbuild", command, "--policy", str(policy), flag, str(out)]
+    done = subprocess.run(
+        [*cmd, "--no-cache"], capture_output=True, text=True, preexec_fn=limited, timeout=300
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "ulimit -f" in done.stderr, done.stderr
+    assert str(out) in done.stderr, done.stderr
+    assert set(os.listdir(tmp_path)) == before  # no output, no temporary, no staging folder
+
+
 def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):
     import sqlite3
 

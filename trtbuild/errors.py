@@ -183,6 +183,11 @@ _SURROUNDINGS = {
     errno.ENOTDIR: ("a part of the path is a file, not a folder", "fix the path {path}"),
     errno.ENAMETOOLONG: ("file name too long", "use a shorter path"),
     errno.EIO: ("an input/output error of the device", "check the disk that holds {path}"),
+    # `ulimit -f` (a CI job's, a container's), or a file system's largest file (FAT's 4 GiB)
+    errno.EFBIG: (
+        "file too large: past the file-size limit (ulimit -f) or the file system's largest file",
+        "raise the file-size limit (ulimit -f), or write to another file system than {folder}",
+    ),
     errno.EBUSY: ("the device or file is busy", "retry once {path} is free"),
     # the process's limits: a container's pids.max, `ulimit -n` or `-u` set low
     errno.EMFILE: ("too many open files", _LIMITS.format(raise_="the open-file limit (ulimit -n)")),
