@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import shlex
+import shutil
 import time
 from pathlib import Path
 
@@ -699,3 +700,62 @@ def test_an_entry_moved_under_another_key_is_dropped_not_served(tmp_path, cache_
     assert main(["convert", "--policy", str(tmp_path / "all.yaml"), "-o", str(again)]) == 0
     assert again.read_bytes() == expected, "another key's entry was served"
     assert capsys.readouterr().err.count("dropped a corrupt cache entry") == 1
+
+
+def _stranger() -> int:
+    """A uid the password database does not know."""
+    import pwd
+
+    uid = 54321
+    while True:
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+        uid += 1
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="runs a command as a user the password database does not know: root and setpriv",
+)
+def test_no_home_folder_turns_the_cache_off_not_every_command(tmp_path):
+    """HOME unset for a user the password database does not know (a container run as
+    `--user 12345` under `env -i`): pathlib's "Could not determine home directory." ended
+    every command, `--no-cache` and `cache info` too, as a bug (exit 70). The cache is off
+    with one warning that says why; `cache info` is exit 2 saying it."""
+    import subprocess
+    import sys
+
+    uid = _stranger()
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    os.chown(tmp_path, uid, uid)
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME")}
+    env.pop("TRTBUILD_CACHE_DIR", None)
+    # the stranger reads the interpreter wherever it is installed (/root/.pyenv), writes
+    # only where its uid may
+    who = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    trtbuild = ["setpriv", *who, *caps, sys.executable, "-m", "trtbuild"]
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        cmd = [*trtbuild, *argv]
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    for extra in ([], ["--no-cache"]):
+        done = run("convert", "--policy", "p.yaml", "-o", "out.onnx", *extra)
+        assert done.returncode == 0, done.stderr
+        warned = [line for line in done.stderr.splitlines() if "warning" in line]
+        if extra:
+            assert warned == [], warned
+        else:
+            (said,) = warned
+            assert "cache off for this run: no folder for the cache" in said, said
+            assert "TRTBUILD_CACHE_DIR" in said and str(uid) in said, said
+        assert (tmp_path / "out.onnx").is_file()
+    done = run("cache", "info")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "no folder for the cache" in done.stderr, done.stderr
+    assert not (tmp_path / "~").exists()

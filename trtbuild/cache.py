@@ -92,12 +92,36 @@ DEPENDENCIES = (
 )
 
 
+# The root where no home folder is known (`default_root`): never opened (`open_root` says
+# why, and the cache turns itself off)
+HOMELESS = Path("~", ".cache", "trtbuild")
+
+
 def default_root() -> Path:
-    """`TRTBUILD_CACHE_DIR`, else `~/.cache/trtbuild` (XDG_CACHE_HOME respected)."""
-    if os.environ.get("TRTBUILD_CACHE_DIR"):
-        return Path(os.environ["TRTBUILD_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    """`TRTBUILD_CACHE_DIR`, else `~/.cache/trtbuild` (XDG_CACHE_HOME respected);
+    `HOMELESS` where `~` names no folder.
+
+    Why not raise there: HOME unset for a user the password database does not know (a
+    container run as `--user 12345` under `env -i`, a CI step) has no home, and pathlib's
+    RuntimeError ended every command, `--no-cache` too, as a bug (exit 70). A cache that
+    has no folder is off for the run with one warning (`open_root`), as one it cannot use is.
+    """
+    try:
+        if os.environ.get("TRTBUILD_CACHE_DIR"):
+            return Path(os.environ["TRTBUILD_CACHE_DIR"]).expanduser()
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:  # pathlib's "Could not determine home directory."
+        return HOMELESS
     return Path(base) / "trtbuild"
+
+
+def homeless_why() -> str:
+    """Why the cache has no folder (`HOMELESS`), and the fix."""
+    uid = os.getuid() if hasattr(os, "getuid") else "?"
+    return (
+        f"no folder for the cache: ~ names none (HOME is unset and user {uid} has no home "
+        "in the password database); set TRTBUILD_CACHE_DIR to a folder of your own, or HOME"
+    )
 
 
 def default_max_bytes() -> int:
@@ -379,6 +403,8 @@ def open_root(root: Path, *, create: bool) -> tuple[int | None, str | None]:
     Raises:
         FileNotFoundError: it is missing and not `create` (a miss, not a problem).
     """
+    if root is HOMELESS:  # never a folder `~` of the working folder
+        return None, homeless_why()
     absolute = Path(os.path.abspath(root))
     try:
         if create:
@@ -486,6 +512,9 @@ def _housekeeping(cache: Cache) -> Iterator[int | None]:
     one where the cache opened it, else one opened for this (None: no folder)."""
     if cache._fd is not None:
         yield cache._fd
+        return
+    if cache.root is HOMELESS:  # never opened: a folder named `~` of the working folder
+        yield None
         return
     try:
         fd = os.open(cache.root, FOLDER)

@@ -960,9 +960,11 @@ def _night_lines(night) -> bool:
 
 
 def _cmd_cache(args) -> int:
-    from trtbuild.cache import Cache
+    from trtbuild.cache import HOMELESS, Cache, homeless_why
 
     cache = Cache()
+    if cache.root is HOMELESS:
+        raise UsageError(homeless_why())
     if args.action == "clear":
         print(f"removed {cache.clear()} entries from {printable(str(cache.root))}")
         return 0
