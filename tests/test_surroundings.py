@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -318,6 +319,27 @@ def test_a_file_size_limit_is_exit_2_naming_it_and_leaves_nothing(tmp_path, comm
     assert "Traceback" not in done.stderr and "ulimit -f" in done.stderr, done.stderr
     assert str(out) in done.stderr, done.stderr
     assert set(os.listdir(tmp_path)) == before  # no output, no temporary, no staging folder
+
+
+def test_a_removed_working_folder_is_no_bug(tmp_path):
+    """A CI step's or a Makefile's temporary folder removed under trtbuild: every command
+    was exit 70 (pathlib's cwd() to show the policy's path), absolute paths too. Absolute
+    paths work; a relative one is exit 2 saying the working folder was removed."""
+    policy = _relu_policy(tmp_path)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        line = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "trtbuild", *argv))
+        script = f'cd {shlex.quote(str(gone))} && rmdir "$PWD" && exec {line}'
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=300)
+
+    done = run("convert", "--policy", str(policy), "-o", str(tmp_path / "mixed.onnx"))
+    assert done.returncode == 0 and (tmp_path / "mixed.onnx").is_file(), done.stderr
+    gone.mkdir()
+    done = run("convert", "--policy", str(policy), "-o", "mixed.onnx")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "the working folder was removed" in done.stderr, done.stderr
 
 
 def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):

@@ -218,6 +218,13 @@ def surroundings_error(exc: BaseException) -> UsageError | None:
         exc = OSError(errno.EAGAIN, str(exc))  # threading's word for EAGAIN
     if isinstance(exc, MemoryError):  # numpy's "Unable to allocate 2 GiB", a limit's refusal
         exc = OSError(errno.ENOMEM, str(exc) or "MemoryError")
+    if isinstance(exc, FileNotFoundError) and _cwd_removed(exc):
+        return UsageError(
+            "the working folder was removed (before or while trtbuild ran), so a relative "
+            "path names nothing",
+            where=os.fsdecode(exc.filename) if exc.filename is not None else None,
+            hint="run trtbuild from a folder that exists, or pass absolute paths",
+        )
     if not isinstance(exc, OSError) or exc.errno not in _SURROUNDINGS:
         return None
     what, fix = _SURROUNDINGS[exc.errno]
@@ -227,6 +234,18 @@ def surroundings_error(exc: BaseException) -> UsageError | None:
     if exc.filename2 is not None:
         what += f" (renaming to {os.fsdecode(exc.filename2)})"
     return UsageError(what, where=path, hint=hint)
+
+
+def _cwd_removed(exc: FileNotFoundError) -> bool:
+    """Whether `exc` (os.getcwd's, which names no file, or a relative path's) is the working
+    folder's, removed under the process (a CI step's or a Makefile's temporary folder)."""
+    if exc.filename is not None and os.path.isabs(os.fsdecode(exc.filename)):
+        return False
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
 
 
 def surroundings_raised(func: Callable[..., T]) -> Callable[..., T]:

@@ -79,7 +79,7 @@ def shown(path: Path) -> str:
     loading finds and those found later against the model (`Policy.where_of`)."""
     try:
         return str(path.relative_to(Path.cwd()))
-    except ValueError:
+    except (ValueError, FileNotFoundError):  # outside it, or no working folder (removed)
         return str(path)
 
 
