@@ -259,6 +259,41 @@ def test_one_mapping_from_exceptions_to_exit_codes():
     assert json.loads(json.dumps(exit_code_for(ValueError("\x1b[2J"))))[1].endswith("\\x1b[2J")
 
 
+def _address_space() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmSize")
+def test_onnx_runtime_refused_memory_is_exit_2_not_a_bug():
+    """A session's run under `ulimit -v` (or on a full machine): ONNX Runtime raises its
+    own `Fail` ("Failed to allocate memory for requested buffer"), never MemoryError, and
+    a build under `ulimit -v 600000` ended as a bug (exit 70) in the emulation's run. A
+    real session, its 1 GiB Expand refused by a real limit."""
+    import resource
+
+    from tests.helpers import plain_session
+
+    big = np.array([1, 1 << 28], np.int64)
+    m = model(
+        [node("Expand", ["x", "s"], "y", "grow"), node("Relu", ["y"], "z", "relu")],
+        [("x", F, [1, 1])],
+        [("z", F, [1, 1 << 28])],
+        {"s": big},
+    )
+    session = plain_session(m)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (_address_space() + (256 << 20), hard))
+    try:
+        with pytest.raises(Exception) as refused:
+            session.run(None, {"x": np.ones((1, 1), np.float32)})
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert type(refused.value).__module__.startswith("onnxruntime"), refused.value
+    code, said = exit_code_for(refused.value)
+    assert code == 2 and said.startswith("not enough memory"), said
+
+
 @needs_rtx
 def test_a_low_open_file_limit_is_exit_2_naming_it(tmp_path):
     """`ulimit -n 16` (a container's): the engine build child's pipes could not be made

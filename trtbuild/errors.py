@@ -216,7 +216,7 @@ def surroundings_error(exc: BaseException) -> UsageError | None:
         exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
     if isinstance(exc, RuntimeError) and str(exc) == "can't start new thread":
         exc = OSError(errno.EAGAIN, str(exc))  # threading's word for EAGAIN
-    if isinstance(exc, MemoryError):  # numpy's "Unable to allocate 2 GiB", a limit's refusal
+    if _memory_refused(exc):  # numpy's "Unable to allocate 2 GiB", ONNX Runtime's arena
         exc = OSError(errno.ENOMEM, str(exc) or "MemoryError")
     if isinstance(exc, FileNotFoundError) and _cwd_removed(exc):
         return UsageError(
@@ -234,6 +234,20 @@ def surroundings_error(exc: BaseException) -> UsageError | None:
     if exc.filename2 is not None:
         what += f" (renaming to {os.fsdecode(exc.filename2)})"
     return UsageError(what, where=path, hint=hint)
+
+
+# ONNX Runtime's words for an allocation refused (its arena's, a C++ bad_alloc): it raises
+# them as its own exception types (onnxruntime.capi...Fail), never as MemoryError
+_ORT_MEMORY = ("Failed to allocate memory", "std::bad_alloc", "bad allocation")
+
+
+def _memory_refused(exc: BaseException) -> bool:
+    """Whether `exc` is memory refused: a MemoryError, or ONNX Runtime's own word for it
+    (a session's run under `ulimit -v` or on a full machine was exit 70, a bug)."""
+    if isinstance(exc, MemoryError):
+        return True
+    ort = type(exc).__module__.startswith("onnxruntime")
+    return ort and any(word in str(exc) for word in _ORT_MEMORY)
 
 
 def _cwd_removed(exc: FileNotFoundError) -> bool:
@@ -260,7 +274,7 @@ def surroundings_raised(func: Callable[..., T]) -> Callable[..., T]:
     def raising(*args: Any, **kwargs: Any) -> T:
         try:
             return func(*args, **kwargs)
-        except (OSError, RuntimeError, MemoryError) as exc:
+        except Exception as exc:  # OSError, RuntimeError, MemoryError, ONNX Runtime's
             found = surroundings_error(exc)
             if found is None:
                 raise

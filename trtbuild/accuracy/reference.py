@@ -36,7 +36,7 @@ from trtbuild.accuracy.probes import probe
 from trtbuild.accuracy.progress import SampleProgress
 from trtbuild.accuracy.sessions import REFERENCE, quiet_polygraphy
 from trtbuild.accuracy.stream import Plan, SegmentRunner, estimate_sizes, plan_by_budget
-from trtbuild.errors import UsageError
+from trtbuild.errors import UsageError, surroundings_error
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import fed_inputs
 from trtbuild.graph.optypes import DECISIONS, LOW_DTYPES
@@ -546,8 +546,8 @@ def against_reference_model(
         _fixed_dims_fit(session, path, feeds[0] if feeds else {}, at)
         iterations = session_runs(session, outputs, feeds)
     except Exception as exc:
-        if not type(exc).__module__.startswith("onnxruntime"):
-            raise
+        if not type(exc).__module__.startswith("onnxruntime") or surroundings_error(exc):
+            raise  # not ONNX Runtime's refusal of the model: memory refused is the machine's
         raise UsageError(
             f"accuracy.reference_model: ONNX Runtime cannot run {path.name} on the policy's data: "
             f"{str(exc).strip()[:300]}",
