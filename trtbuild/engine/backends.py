@@ -214,7 +214,36 @@ def build_here(
     each error TensorRT logs, as it logs it (the child's record should TensorRT crash).
     `shape_values`: the profile's values of the inputs that may be shape tensors."""
     with _deferred_interrupt() as interrupted:
-        return _build_engine(onnx_path, backend, spec, inputs, interrupted, echo, shape_values)
+        try:
+            return _build_engine(onnx_path, backend, spec, inputs, interrupted, echo, shape_values)
+        except BackendError as exc:
+            refused = _memory_refused(exc, backend, onnx_path)
+            if refused is None:
+                raise
+            raise refused from None
+
+
+# TensorRT's words for memory refused: the host's (a C++ bad_alloc, at parse or build) and
+# its own error code for host or device memory ("Error Code 2: OutOfMemory")
+_OUT_OF_MEMORY = re.compile(r"bad_alloc|OutOfMemory|out of memory", re.IGNORECASE)
+
+
+def _memory_refused(exc: BackendError, backend: str, onnx_path: Path) -> UsageError | None:
+    """`exc` as the machine's fault where TensorRT said memory was refused; else None.
+
+    Why: under `ulimit -v`, in a container's memory limit or on a full machine, TensorRT
+    fails the parse ("INTERNAL_ERROR: std::bad_alloc", said to check the op is supported)
+    or the build ("OutOfMemory"), and that was exit 3, a fault of TensorRT's on the model;
+    it is the user's to fix (exit 2), as the out-of-memory killer's SIGKILL is."""
+    said = exc.hint if exc.hint and exc.hint.startswith("TensorRT said") else exc.message
+    if not _OUT_OF_MEMORY.search(said):
+        return None
+    return UsageError(
+        f"not enough memory: {backend} could not allocate building the engine of "
+        f"{onnx_path.name} ({said})",
+        hint="free memory, raise the address-space limit (ulimit -v), or build on a machine "
+        "with more (on a GPU, a smaller build.workspace)",
+    )
 
 
 def _build_engine(
