@@ -759,3 +759,42 @@ def test_no_home_folder_turns_the_cache_off_not_every_command(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "no folder for the cache" in done.stderr, done.stderr
     assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="runs a command as root without its power over file modes: root and setpriv",
+)
+def test_an_entry_the_user_may_not_read_is_dropped_not_the_cache_off_for_good(tmp_path):
+    """Entries another user wrote in the user's own folders (a `sudo trtbuild` that kept
+    HOME: root's, mode 0600): every later run said 'cache off for this run: cannot read'
+    and stayed off for good. Such a file at an entry's name is dropped once and recomputed;
+    the next run is quiet."""
+    import subprocess
+    import sys
+
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    root = tmp_path / "cache"
+    env = {**os.environ, "TRTBUILD_CACHE_DIR": str(root)}
+    # root, but held to file modes as any user is
+    plain = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    cmd = [*plain, sys.executable, "-m", "trtbuild", "convert", "--policy", "p.yaml"]
+
+    def convert() -> list[str]:
+        done = subprocess.run(
+            [*cmd, "-o", "out.onnx"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0 and (tmp_path / "out.onnx").is_file(), done.stderr
+        return [line for line in done.stderr.splitlines() if "warning" in line]
+
+    assert convert() == []
+    entries = Cache(codec=cache_codec, root=root).entries()
+    assert entries
+    for path in entries:
+        os.chown(path, _stranger(), _stranger())
+    warned = convert()
+    assert len(warned) == 1 and "you may not read it" in warned[0], warned
+    assert "cache off" not in warned[0]
+    assert convert() == []  # recomputed and written again: the cache is on

@@ -562,14 +562,23 @@ def _read_entry(entry: Entry, largest: int) -> bytes:
     """The entry's bytes, read without following a symlink; touched, for LRU order.
 
     Raises:
-        _NotAnEntry: a symlink, a folder, a fifo or a device is there, or a file larger
-            than any entry of its kind (`largest` bytes), which is not read.
+        _NotAnEntry: a symlink, a folder, a fifo or a device is there, a file the user may
+            not read, or a file larger than any entry of its kind (`largest` bytes), which
+            is not read. Why a file the user may not read is no entry (it was the cache off
+            on every run, for good): its folder is the user's alone (`_untrusted`), so it is
+            another user's file at an entry's name (a `sudo trtbuild` that kept HOME wrote it
+            as root's), dropped from that folder and recomputed like a damaged one.
     """
     try:
         fd = os.open(entry.name, READ_NOFOLLOW, dir_fd=entry.fd)  # O_NONBLOCK: a fifo does not hang
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EMLINK):  # a symlink (Linux, BSD)
             raise _NotAnEntry(f"dropped {entry.shown}: a symbolic link, never followed") from None
+        if exc.errno in (errno.EACCES, errno.EPERM):  # in a folder that is the user's alone
+            raise _NotAnEntry(
+                f"dropped {entry.shown}: you may not read it (another user's file: a run "
+                "under sudo?)"
+            ) from None
         raise
     with open(fd, "rb") as f:
         st = os.fstat(fd)
