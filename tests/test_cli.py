@@ -344,3 +344,58 @@ def test_report_engine_that_is_no_regular_file_says_what_it_is(tmp_path, capsys,
     assert main(["report", "--policy", str(tmp_path / "p.yaml"), "--engine", str(path)]) == 2
     said = {"fifo": "is a FIFO (named pipe)", "folder": "is a folder"}[kind]
     assert f"{path}: {said}, not an engine file" in capsys.readouterr().err
+
+
+# Runs the command with SIGTERM sent to itself as native module TARGET is initialised (its
+# loader's exec_module: pybind11's init), and writes WHOLE once that init has ended.
+_STOP_IN_NATIVE_INIT = """
+import importlib.abc, importlib.machinery, os, signal, sys
+_, target, whole, *argv = sys.argv
+
+class StopThere(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target_=None):
+        if name != target:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run_init = spec.loader.exec_module
+
+        def exec_module(module):
+            os.kill(os.getpid(), signal.SIGTERM)  # `timeout`'s, as the module is made
+            run_init(module)
+            open(whole, "w").close()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, StopThere())
+sys.argv = ["trtbuild", *argv]
+from trtbuild.cli import run
+run()
+"""
+
+
+@pytest.mark.parametrize(
+    "target", ["onnx.onnx_cpp2py_export", "onnxruntime.capi.onnxruntime_pybind11_state"]
+)
+def test_a_stop_waits_for_a_native_modules_init(tmp_path, target):
+    """SIGTERM whose handler raised while onnx's or ONNX Runtime's native module was being
+    made crashed the interpreter now and then (SIGSEGV, exit 139, `Fatal Python error`;
+    ONNX Runtime's import also failed as 'import numpy failed'). The stop waits for the
+    import to end, then ends the command as a stop: exit 143, nothing written."""
+    import subprocess
+    import sys
+
+    from tests.helpers import F, model, node
+
+    m = model([node("Relu", ["x"], "y", "relu")], [("x", F, [1, 4])], [("y", F, [1, 4])])
+    (tmp_path / "m.onnx").write_bytes(m.SerializeToString())
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\nbuild: {backend: none}\n")
+    whole = tmp_path / "whole"
+    argv = ["build", "--policy", "p.yaml", "--out", "out", "--no-cache"]
+    cmd = [sys.executable, "-c", _STOP_IN_NATIVE_INIT, target, str(whole), *argv]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "terminated (SIGTERM)" in done.stderr
+    assert whole.exists(), "the stop cut the native module's init short"
+    assert not (tmp_path / "out").exists()

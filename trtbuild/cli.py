@@ -437,6 +437,25 @@ def _on_stops() -> None:
         signal.signal(signal.SIGINT, _interrupt)
 
 
+# Commands that read no model: they need not import onnx
+_MODELLESS = frozenset({"schema", "summary", "cache"})
+
+
+def _native_imports(command: str) -> None:
+    """onnx (and numpy under it) imported with Ctrl-C and SIGTERM held (`stops_held`),
+    for every command that reads a model: the stop comes once the import has ended.
+
+    Why: a stop whose handler raised while onnx's native module was being made (pybind11's
+    init) crashed the interpreter (SIGSEGV, exit 139 and `Fatal Python error`, about one
+    SIGTERM in 40 sent in that third of a second) instead of ending it as a stop (143)."""
+    if command in _MODELLESS:
+        return
+    from trtbuild.fsutil import stops_held
+
+    with stops_held():
+        import onnx  # noqa: F401
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
@@ -449,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("matplotlib").addHandler(quiet)
     forget_stops()
     try:
+        _native_imports(args.command)
         code = _COMMANDS[args.command](args)
         raise_if_stopped()  # a stop a library swallowed: the command says it was stopped
         return code

@@ -40,6 +40,16 @@ def onnxruntime() -> ModuleType:
 
 
 def _import_quietly() -> None:
+    """Import ONNX Runtime with fd 2 caught, and with Ctrl-C and SIGTERM held until it
+    ends (`fsutil.stops_held`): a stop whose handler raised inside its native module's
+    init crashed the interpreter (SIGSEGV) or made the import fail as 'import numpy failed'."""
+    from trtbuild.fsutil import stops_held
+
+    with stops_held():
+        _import_caught()
+
+
+def _import_caught() -> None:
     import tempfile
 
     if sys.stderr is not None:  # none at all in a service's process (pythonw, `2>&-`)
