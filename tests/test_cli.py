@@ -399,3 +399,16 @@ def test_a_stop_waits_for_a_native_modules_init(tmp_path, target):
     assert "Traceback" not in done.stderr and "terminated (SIGTERM)" in done.stderr
     assert whole.exists(), "the stop cut the native module's init short"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stop_while_the_command_line_is_read_is_a_stop(tmp_path):
+    """SIGTERM as the parser is made (argparse imports locale for its help, after
+    trtbuild's handlers are set): a traceback and exit 1. It is a stop: exit 143."""
+    import subprocess
+    import sys
+
+    whole = tmp_path / "whole"
+    cmd = [sys.executable, "-c", _STOP_IN_NATIVE_INIT, "locale", str(whole), "schema"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert done.stderr == "trtbuild: terminated (SIGTERM); previous artifacts left as they were\n"

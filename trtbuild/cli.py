@@ -461,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as exc:  # --help, --version and usage errors
         return int(exc.code or 0)
+    except KeyboardInterrupt as exc:  # a stop while the parser is made (argparse's imports)
+        return _stopped(exc)
     handler = _warnings_handler()
     package_log = logging.getLogger("trtbuild")
     package_log.addHandler(handler)
