@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import ROOT
 from tests.helpers import TRTBUILD, F, model, needs_rtx, node, proc_stat
 from trtbuild.cli import main
 from trtbuild.errors import EXIT_BUG, exit_code_for
@@ -375,6 +376,51 @@ def test_a_removed_working_folder_is_no_bug(tmp_path):
     done = run("convert", "--policy", str(policy), "-o", "mixed.onnx")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "the working folder was removed" in done.stderr, done.stderr
+
+
+# In a mount namespace of its own: the test's folder at /mnt/w, the repository at /mnt/src,
+# then every temporary folder
+# Python would try (TMPDIR=/tmp, /var/tmp, /usr/tmp) and the working folder read-only,
+# as in a container run with a read-only root (`docker run --read-only`) and no tmpfs
+_NO_TEMPORARY_FOLDER = """
+set -e
+mount -t tmpfs tmpfs /mnt
+mkdir /mnt/w
+mount --bind "$1" /mnt/w
+mkdir /mnt/src
+mount --bind "$2" /mnt/src
+shift 2
+for folder in /tmp /var/tmp /usr/tmp; do
+    if [ -d "$folder" ]; then mount -t tmpfs -o ro,size=1m tmpfs "$folder"; fi
+done
+mkdir -p /mnt/w/cwd
+mount -t tmpfs -o ro,size=1m tmpfs /mnt/w/cwd
+cd /mnt/w/cwd
+exec "$@"
+"""
+
+
+def test_no_temporary_folder_is_no_bug(tmp_path):
+    """A container with a read-only root and no writable /tmp, TMPDIR or working folder:
+    `check` ended as a bug (exit 70, tempfile's 'No usable temporary directory found')
+    where ONNX Runtime's import caught its stderr in a temporary file."""
+    policy = _relu_policy(tmp_path)
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
+    env = {**os.environ, "TMPDIR": "/tmp", "TRTBUILD_CACHE_DIR": "/mnt/w/cache"}
+    env["PYTHONPATH"] = "/mnt/src"  # this trtbuild, wherever its folder is (under /tmp)
+    argv = [sys.executable, "-m", "trtbuild", "check", "--policy", f"/mnt/w/{policy.name}"]
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", _NO_TEMPORARY_FOLDER]
+    done = subprocess.run(
+        [*cmd, "sh", str(tmp_path), str(ROOT), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "warning" not in done.stderr, done.stderr
 
 
 def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):

@@ -12,11 +12,13 @@ logger. An import that fails raises ImportError, as a plain import does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 from types import ModuleType
+from typing import IO
 
 from trtbuild.errors import printable
 
@@ -49,18 +51,38 @@ def _import_quietly() -> None:
         _import_caught()
 
 
-def _import_caught() -> None:
+def _scratch() -> IO[bytes] | None:
+    """A file to catch descriptor 2 in: in memory where the system makes one (Linux's
+    memfd), else a temporary file; None where neither can be had.
+
+    Why not a temporary file alone: a container with a read-only root and no writable
+    /tmp, TMPDIR or working folder has no temporary folder, and tempfile's FileNotFoundError
+    ended every command that ran a session as a bug (exit 70); what is caught here is
+    a few lines ONNX Runtime prints, which then reach the terminal instead."""
     import tempfile
 
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: no memfd here
+        return open(os.memfd_create("trtbuild-stderr", os.MFD_CLOEXEC), "w+b")
+    with contextlib.suppress(OSError):
+        return tempfile.TemporaryFile()
+    return None
+
+
+def _import_caught() -> None:
     if sys.stderr is not None:  # none at all in a service's process (pythonw, `2>&-`)
         sys.stderr.flush()
+    scratch = _scratch()
     try:
-        saved = os.dup(2)
+        saved = os.dup(2) if scratch is not None else None
     except OSError:  # descriptor 2 closed: nothing to catch
+        saved = None
+    if saved is None or scratch is None:
+        if scratch is not None:
+            scratch.close()
         import onnxruntime
 
         return
-    with tempfile.TemporaryFile() as caught:
+    with scratch as caught:
         os.dup2(caught.fileno(), 2)
         try:
             import onnxruntime  # noqa: F401
