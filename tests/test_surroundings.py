@@ -423,6 +423,34 @@ def test_no_temporary_folder_is_no_bug(tmp_path):
     assert "Traceback" not in done.stderr and "warning" not in done.stderr, done.stderr
 
 
+@needs_rtx
+def test_no_temporary_folder_builds_the_engines_and_the_report(tmp_path):
+    """The same container: `build` wrote its all-FP16/FP32 variants' models in a temporary
+    folder, and Matplotlib's font cache went to one (HOME's not writable): each ended the
+    build as a bug (exit 70). Both are made in the staging folder now, and not published."""
+    policy = _relu_policy(tmp_path)
+    policy.write_text(policy.read_text().replace("backend: none", "backend: tensorrt-rtx"))
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
+    env = {**os.environ, "TMPDIR": "/tmp", "TRTBUILD_CACHE_DIR": "/mnt/w/cache"}
+    env.update(PYTHONPATH="/mnt/src", HOME="/mnt/w/cwd")  # HOME read-only too
+    argv = [sys.executable, "-m", "trtbuild", "build", "--policy", f"/mnt/w/{policy.name}"]
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", _NO_TEMPORARY_FOLDER]
+    done = subprocess.run(
+        [*cmd, "sh", str(tmp_path), str(ROOT), *argv, "--out", "/mnt/w/out"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr
+    built = json.loads((tmp_path / "out" / "build.json").read_text())
+    assert set(built["engines"]) == {"policy", "fp16", "fp32"}, built["engines"].keys()
+    assert not [f for f in os.listdir(tmp_path / "out") if f.startswith((".variants", ".mat"))]
+
+
 def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):
     import sqlite3
 

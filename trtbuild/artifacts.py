@@ -206,7 +206,8 @@ def write_reports(stage: Path, report: Report, *, owns_build: bool = True) -> No
         write_json(stage / "build.json", report.build.to_json())
     write_json(stage / "report.json", report.to_json())
     write_text(stage / "report.md", render.markdown(report))
-    write_text(stage / "report.html", report_html.html(report))
+    with report_html.plotting_in(stage):
+        write_text(stage / "report.html", report_html.html(report))
     write_text(stage / "junit.xml", render.junit(report))
 
 

@@ -114,7 +114,9 @@ def build_engines(
         return {}, []
     values = engine_values(policy, front.view, front.shapes, front.analysis.shape_inputs())
     variants = ("fp16", "fp32") if policy.build.variants else ()
-    with tempfile.TemporaryDirectory() as tmp:  # one child builds them all, in this order
+    # in the staging folder, not the system's temporary one (a read-only root's container
+    # has none: exit 70), removed before it is published; one child builds them all
+    with tempfile.TemporaryDirectory(prefix=".variants-", dir=stage) as tmp:
         paths = [stage / "mixed.onnx"]
         for variant in variants:
             paths.append(Path(tmp) / f"{variant}.onnx")

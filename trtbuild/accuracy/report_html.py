@@ -10,9 +10,16 @@ resource, so it can be attached to a CI run or mailed as one file.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
+import os
 import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
 from html import escape
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -260,6 +267,35 @@ code{background:#f6f8fa;padding:0 3px;border-radius:3px}
 figure{margin:8px 0}img.plot{max-width:100%;border:1px solid #eee}
 .grid{display:flex;flex-wrap:wrap;gap:8px}.label{color:#57606a}
 """
+
+
+@contextlib.contextmanager
+def plotting_in(scratch: Path) -> Iterator[None]:
+    """Matplotlib imported with a folder of its own in `scratch` (a staging folder: removed
+    as the block ends) where it would find none: no temporary folder, and not imported yet,
+    nor given one (MPLCONFIGDIR).
+
+    Why: its font cache must be written somewhere; where HOME's cache is not writable it
+    falls back to a temporary folder, and a container with a read-only root and no tmpfs
+    has none: its OSError ended `build` as a bug (exit 70) after the whole run."""
+    try:
+        tempfile.gettempdir()
+        has_folder = True
+    except FileNotFoundError:  # "No usable temporary directory found"
+        has_folder = False
+    if has_folder or "matplotlib" in sys.modules or os.environ.get("MPLCONFIGDIR"):
+        yield
+        return
+    folder = scratch / ".matplotlib"
+    folder.mkdir(exist_ok=True)
+    os.environ["MPLCONFIGDIR"] = str(folder)
+    try:
+        import matplotlib  # noqa: F401 - reads MPLCONFIGDIR now, once
+
+        yield
+    finally:
+        del os.environ["MPLCONFIGDIR"]
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def html(report: Report) -> str:
