@@ -451,6 +451,33 @@ def test_no_temporary_folder_builds_the_engines_and_the_report(tmp_path):
     assert not [f for f in os.listdir(tmp_path / "out") if f.startswith((".variants", ".mat"))]
 
 
+def test_no_temporary_folder_draws_the_nights_trends(tmp_path):
+    """The same container, a night with workers (`--jobs 2`): the builds imported
+    Matplotlib in the workers, and the night's own trends found no folder for its font
+    cache: exit 70 once the night was recorded. Matplotlib is given one in OUT."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    _relu_policy(policies)
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
+    env = {**os.environ, "TMPDIR": "/tmp", "TRTBUILD_CACHE_DIR": "/mnt/w/cache"}
+    env.update(PYTHONPATH="/mnt/src", HOME="/mnt/w/cwd")  # HOME read-only too
+    night = ["nightly", "--policies", "/mnt/w/policies", "--out", "/mnt/w/out", "--jobs", "2"]
+    night += ["--history", "/mnt/w/h.sqlite", "--run-id", "r1"]
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", _NO_TEMPORARY_FOLDER]
+    done = subprocess.run(
+        [*cmd, "sh", str(tmp_path), str(ROOT), sys.executable, "-m", "trtbuild", *night],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "trends" / "p.png").is_file()
+    assert not (tmp_path / "out" / ".matplotlib").exists()
+
+
 def test_the_nightly_history_holds_a_full_disk_as_exit_2(tmp_path, disk):
     import sqlite3
 

@@ -271,8 +271,8 @@ figure{margin:8px 0}img.plot{max-width:100%;border:1px solid #eee}
 
 @contextlib.contextmanager
 def plotting_in(scratch: Path) -> Iterator[None]:
-    """Matplotlib imported with a folder of its own in `scratch` (a staging folder: removed
-    as the block ends) where it would find none: no temporary folder, and not imported yet,
+    """Matplotlib imported with a folder of its own in `scratch` (a staging folder, the
+    night's `OUT`: removed as the block ends) where it would find none: no temporary folder, and not imported yet,
     nor given one (MPLCONFIGDIR).
 
     Why: its font cache must be written somewhere; where HOME's cache is not writable it
@@ -287,7 +287,7 @@ def plotting_in(scratch: Path) -> Iterator[None]:
         yield
         return
     folder = scratch / ".matplotlib"
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     os.environ["MPLCONFIGDIR"] = str(folder)
     try:
         import matplotlib  # noqa: F401 - reads MPLCONFIGDIR now, once

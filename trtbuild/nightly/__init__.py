@@ -103,7 +103,7 @@ def nightly(
         run.update(shard=shard.index, shards=shard.count)
     try:
         with _kept(out_dir if fault is None else None):
-            run_id, found, pngs = _record(history, started, results, run, margin)
+            run_id, found, pngs = _record(history, started, results, run, margin, out_dir)
     except UsageError:
         _unrecorded(out_dir, started, results, shard)
         raise
@@ -121,6 +121,7 @@ def _record(
     results: list[PolicyResult],
     run: dict[str, Any],
     margin: float,
+    out_dir: Path,
 ) -> tuple[int, list[Regression], dict[str, bytes]]:
     """Record the night in the history, then judge it and draw the trends from it (in
     memory: nothing here writes to `OUT`, so its faults cannot cost the history)."""
@@ -130,21 +131,27 @@ def _record(
     try:
         run_id = db.record(started, results, versions("none"), **run)
         found = regressions(db, run_id, results, margin, run["night"])
-        pngs = _trends(db, results)
+        pngs = _trends(db, results, out_dir)
     finally:
         db.close()
     return run_id, found, pngs
 
 
-def _trends(db: History, results: list[PolicyResult]) -> dict[str, bytes]:
-    """Each result's trend plot in its device's lane, by its name (`trend_name`)."""
+def _trends(db: History, results: list[PolicyResult], out_dir: Path) -> dict[str, bytes]:
+    """Each result's trend plot in its device's lane, by its name (`trend_name`);
+    Matplotlib given a folder in `OUT` only where it has none (`report_html.plotting_in`: no
+    temporary folder, HOME not writable, and the night's builds ran in workers, so this
+    process had not imported it: exit 70)."""
+    from trtbuild.accuracy.report_html import plotting_in
+
     devices = len({r.device for r in results})
-    return {
-        trend_name(r.policy, r.device, devices): trend_png(
-            trend_name(r.policy, r.device, devices), db.trend(r.policy, r.device)
-        )
-        for r in results
-    }
+    with plotting_in(out_dir):
+        return {
+            trend_name(r.policy, r.device, devices): trend_png(
+                trend_name(r.policy, r.device, devices), db.trend(r.policy, r.device)
+            )
+            for r in results
+        }
 
 
 def _unrecorded(out_dir: Path, started: str, results: list[PolicyResult], shard: Shard) -> None:
@@ -249,7 +256,7 @@ def summarize(
             )
         regs = [g for run_id, r in found for g in regressions(db, run_id, [r], margin, night_id)]
         results = [r for _, r in found]
-        pngs = _trends(db, results)
+        pngs = _trends(db, results, out_dir)
     finally:
         db.close()
     night = Night(
