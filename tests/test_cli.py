@@ -412,3 +412,18 @@ def test_a_stop_while_the_command_line_is_read_is_a_stop(tmp_path):
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 143, done.stderr[-3000:]
     assert done.stderr == "trtbuild: terminated (SIGTERM); previous artifacts left as they were\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_stderr_keeps_the_exit_code(tmp_path):
+    """stderr on a full disk (a CI log): the error line's own OSError, raised in main's
+    handler, ended the process as Python's uncaught exception, exit 1, which the contract
+    says is 'accuracy below tolerance'. The exit code is the error's: 2."""
+    import subprocess
+    import sys
+
+    trtbuild = [sys.executable, "-m", "trtbuild"]
+    for argv in (["check", "--policy", str(tmp_path / "none.yaml")], ["check"], ["--bogus"]):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([*trtbuild, *argv], stderr=full, timeout=300)
+        assert done.returncode == 2, argv

@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import NoReturn
@@ -47,8 +48,11 @@ _EPILOG = (
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's usage errors follow the contract too
-        self.print_usage(sys.stderr)
-        print(f"trtbuild: error: {message}", file=sys.stderr)
+        def say() -> None:
+            self.print_usage(sys.stderr)
+            print(f"trtbuild: error: {message}", file=sys.stderr)
+
+        _last_word(say)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -399,15 +403,26 @@ def _interrupted(exc: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
+def _last_word(say: Callable[[], object]) -> None:
+    """`say()` (the command's last lines on stderr), where stderr takes them: a full disk
+    under a CI log, a reader gone. Why: its OSError, raised inside `main`'s handler, ended
+    the process as Python's uncaught exception, exit 1 (the contract's 'accuracy below
+    tolerance') for every error, stop or bug; the exit code is the one word left."""
+    try:
+        say()
+        if sys.stderr is not None:
+            sys.stderr.flush()
+    except (OSError, ValueError):  # ValueError: the stream was closed
+        pass
+
+
 def _stopped(exc: KeyboardInterrupt) -> int:
     """Ctrl-C's exit (130), or SIGTERM's (143), said on one line."""
-    if isinstance(exc, Terminated):
-        print(
-            "trtbuild: terminated (SIGTERM); previous artifacts left as they were", file=sys.stderr
-        )
-        return 143
-    print("trtbuild: interrupted; previous artifacts left as they were", file=sys.stderr)
-    return 130
+    sigterm = isinstance(exc, Terminated)
+    what = "terminated (SIGTERM)" if sigterm else "interrupted"
+    line = f"trtbuild: {what}; previous artifacts left as they were"
+    _last_word(lambda: print(line, file=sys.stderr))
+    return 143 if sigterm else 130
 
 
 def _terminate(*_: object) -> None:
@@ -475,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         raise_if_stopped()  # a stop a library swallowed: the command says it was stopped
         return code
     except TrtbuildError as exc:
-        print(f"trtbuild: error: {_flags(str(exc))}", file=sys.stderr)
+        line = f"trtbuild: error: {_flags(str(exc))}"
+        _last_word(lambda: print(line, file=sys.stderr))
         return exc.exit_code
     except KeyboardInterrupt as exc:
         return _stopped(exc)
@@ -568,13 +584,15 @@ def _failed(exc: Exception) -> int:
     2; anything else is a bug in trtbuild, with its traceback."""
     code, message = exit_code_for(exc)
     if code != EXIT_BUG:
-        print(f"trtbuild: error: {message}", file=sys.stderr)
+        _last_word(lambda: print(f"trtbuild: error: {message}", file=sys.stderr))
         return code
-    traceback.print_exc()
-    print(
-        "trtbuild: internal error: this is a bug in trtbuild; please report it with the "
-        "traceback above",
-        file=sys.stderr,
+    _last_word(traceback.print_exc)
+    _last_word(
+        lambda: print(
+            "trtbuild: internal error: this is a bug in trtbuild; please report it with the "
+            "traceback above",
+            file=sys.stderr,
+        )
     )
     return EXIT_BUG
 
