@@ -11,10 +11,11 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trtbuild.errors import Terminated, raise_if_stopped, stop_raised
+from trtbuild.errors import Terminated, UsageError, raise_if_stopped, stop_raised
 
 T = TypeVar("T")
 
@@ -23,6 +24,9 @@ T = TypeVar("T")
 KILLED = tuple(
     getattr(signal, n) for n in ("SIGKILL", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)
 )
+
+
+BROKEN_GRACE = 5.0  # seconds a broken pool's workers are given to be reaped (`worker_killed`)
 
 
 def signal_name(number: int) -> str:
@@ -124,3 +128,26 @@ def stop_workers(pool: Any) -> None:
     for worker in workers:
         with contextlib.suppress(Exception):
             worker.terminate()
+
+
+def worker_killed(pool: Any) -> UsageError | None:
+    """Why a `ProcessPoolExecutor` broke, where a worker was ended from outside (the
+    out-of-memory killer's SIGKILL, a kill by another process): the user's to fix, exit 2;
+    None where a worker crashed (SIGSEGV) or nothing can be told. Read before the pool is
+    shut down (its workers are forgotten then).
+
+    Why: `tune --jobs` and the nightly's workers are processes, and one the OOM killer took
+    broke the pool: BrokenProcessPool ended the command as a bug (exit 70)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    deadline = time.monotonic() + BROKEN_GRACE  # the pool ends the others as it breaks; an
+    while any(w.exitcode is None for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)  # exit code reads None until the pool's thread has reaped it
+    dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+    if not dead or any(code < 0 and -code not in KILLED for code in dead):
+        return None
+    first = next((code for code in dead if code == -signal.SIGKILL), dead[0])
+    how = signal_name(-first) if first < 0 else f"exit code {first}"
+    return UsageError(
+        f"a worker process was killed ({how}): another process or the machine ended it",
+        hint="where it was the out-of-memory killer, free memory or lower --jobs",
+    )

@@ -21,7 +21,8 @@ from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.judge import Candidate, Verdict, judge, judge_all
 from trtbuild.accuracy.reference import ReferenceTensors
 from trtbuild.accuracy.sessions import REFERENCE
-from trtbuild.children import run_task, stop_workers, worker_signals
+from trtbuild.children import run_task, stop_workers, worker_killed, worker_signals
+from trtbuild.errors import raise_if_stopped
 from trtbuild.front import Front
 from trtbuild.policy.specs import Precision
 from trtbuild.precision.assign import PrecisionSummary, assign
@@ -235,6 +236,13 @@ def pool(front: Front, jobs: int) -> Iterator[Any]:
     ) as workers:
         try:
             yield workers
+        except concurrent.futures.process.BrokenProcessPool as exc:
+            killed = worker_killed(workers)  # before the stop: its workers are forgotten then
+            stop_workers(workers)
+            raise_if_stopped()  # the workers went with a stop of the command's own
+            if killed is None:
+                raise
+            raise killed from exc
         except BaseException:  # Ctrl-C, SIGTERM: the batch in flight not waited for
             stop_workers(workers)
             raise
