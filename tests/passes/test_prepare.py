@@ -766,3 +766,28 @@ def test_a_body_weight_of_another_value_under_a_taken_name_is_renamed_in_its_bod
     assert weights["k"] == [1, 4] and weights["k__1"] == [4, 1] and record.changed == 1
     body = lifted.graph.node[-1].attribute[0].g
     assert list(body.node[1].input) == ["d", "k__1"] and not body.initializer
+
+
+def test_a_shape_of_a_range_of_dims_folds_to_that_range():
+    """onnx-graphsurgeon folds `Shape` from the whole shape, ignoring opset 15's `start` and
+    `end`: `Shape(x, start=1, end=2)` of `[2, 4, 6]` was folded to `[2, 4, 6]`, and a
+    Gather of a dynamic input's ranged Shape to another dim's value."""
+    from tests.helpers import I64, model, node, plain_session
+
+    ranged = model(
+        [
+            node("Shape", ["x"], "mid", "mid", start=1, end=2),
+            node("Shape", ["x"], "tail", "tail", start=-1),
+            node("Shape", ["y"], "y_tail", "y_tail", start=1),
+            node("Gather", ["y_tail", "one"], "y_last", "y_last", axis=0),
+        ],
+        [("x", onnx.TensorProto.FLOAT, [2, 4, 6]), ("y", onnx.TensorProto.FLOAT, ["n", 4, 6])],
+        [("mid", I64, [1]), ("tail", I64, [1]), ("y_last", I64, [])],
+        {"one": np.array(1, np.int64)},
+        opset=18,
+    )
+    feed = {"x": np.zeros((2, 4, 6), np.float32), "y": np.zeros((3, 4, 6), np.float32)}
+    prepared = prepare(ranged, Passes()).model
+    want = plain_session(ranged).run(None, feed)
+    got = plain_session(prepared).run(None, feed)
+    assert [a.tolist() for a in got] == [a.tolist() for a in want] == [[4], [6], 6]

@@ -372,7 +372,9 @@ def fold_constants(
     excluded = {u["name"] for u in unfolded}
     before = len(model.graph.node)
     with quiet_dependencies(verbose):  # its import warns of every FP8 weight, unasked
-        graph = gs.import_onnx(_io_declared_once(_shapes_for_shape_ops(model)))
+        graph = gs.import_onnx(
+            _shape_ranges_sliced(_io_declared_once(_shapes_for_shape_ops(model)))
+        )
         graph.fold_constants(
             error_ok=True, flatten_subgraphs=False, should_exclude_node=lambda n: n.name in excluded
         ).cleanup(remove_unused_graph_inputs=False).toposort()
@@ -409,6 +411,50 @@ def _shapes_for_shape_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     from trtbuild.graph.model_io import infer_shapes
 
     return infer_shapes(model)
+
+
+def _shape_ranges_sliced(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each `Shape` that keeps a range of the dims (opset 15's `start`, `end`)
+    made a whole `Shape` and a `Slice` of that range (a copy, where there is one).
+
+    Why: onnx-graphsurgeon folds a `Shape` (and a `Gather` or `Slice` of one) from its
+    input's whole shape, and ignores `start` and `end`: `Shape(q, start=-2, end=-1)` of a
+    `[2, 4, 24]` query folded to `[2, 4, 24]`, not `[4]`, so every Reshape built from it
+    computed another model (ONNX's expanded Attention, RMSNorm, GroupNormalization). The
+    `Slice` it folds right; where the dims are dynamic the two nodes compute what the one did.
+    """
+    if not any(n.op_type == "Shape" and n.attribute for n in subgraphs.all_nodes(model)):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    taken = {t for n in subgraphs.all_nodes(copy) for t in (*n.input, *n.output, n.name)}
+    taken.update(t.name for _, g in subgraphs.walk(copy.graph) for t in g.initializer)
+    for _, graph in subgraphs.walk(copy.graph):
+        nodes: list[onnx.NodeProto] = []
+        for node in graph.node:
+            nodes.append(node)
+            if node.op_type == "Shape" and node.attribute:
+                nodes.append(_ranged(node, graph, taken))
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return copy
+
+
+def _ranged(node: onnx.NodeProto, graph: onnx.GraphProto, taken: set[str]) -> onnx.NodeProto:
+    """Make `node` (a ranged `Shape`) whole; return the `Slice` of its range, which takes its
+    output over, its bounds weights of `graph`."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    bounds = (attrs.get("start", 0), attrs.get("end", np.iinfo(np.int64).max), 0)
+    names = [subgraphs.new_name(f"{node.name}/{k}", taken) for k in ("starts", "ends", "axes")]
+    graph.initializer.extend(
+        numpy_helper.from_array(np.array([b], np.int64), n) for b, n in zip(bounds, names)
+    )
+    out = node.output[0]
+    whole = subgraphs.new_name(f"{out}/whole", taken)
+    del node.attribute[:]
+    node.output[0] = whole
+    name = subgraphs.new_name(f"{node.name}/range", taken)
+    return helper.make_node("Slice", [whole, *names], [out], name=name)
 
 
 def _io_declared_once(model: onnx.ModelProto) -> onnx.ModelProto:
