@@ -449,3 +449,37 @@ def test_an_op_typed_float_by_a_default_attribute_is_retyped_when_made_fp16(
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     got = ort.InferenceSession(mixed.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got.run(None, feed)[0], want.run(None, feed)[0], rtol=1e-3)
+
+
+def test_an_output_no_given_input_types_is_typed_as_the_ops_inference_types_it():
+    """LinearAttention's `present_state` (`S`) follows the query where no `past_state` is
+    given: converted to FP16, it was declared FP32 while its inference makes it FP16, and
+    onnx.checker's full check failed (exit 70). A LayerNormalization's `Mean` stays its
+    `stash_type`'s FP32."""
+    la = model(
+        [
+            node(
+                "LinearAttention",
+                ["q", "k", "v", "", "", "beta"],
+                ["out", "state"],
+                "la",
+                q_num_heads=4,
+                kv_num_heads=4,
+                update_rule="delta",
+            ),
+            node("LayerNormalization", ["out", "g"], ["y", "mean"], "ln", axis=-1),
+        ],
+        [("q", F, [2, 4, 32]), ("k", F, [2, 4, 32]), ("v", F, [2, 4, 32]), ("beta", F, [2, 4, 4])],
+        [("y", F, [2, 4, 32]), ("state", F, [2, 4, 8, 8]), ("mean", F, [2, 4, 1])],
+        {"g": np.ones(32, np.float32)},
+        opset=27,
+    )
+    converted = convert(assign(la, Precision()))
+    onnx.checker.check_model(converted.model, full_check=True)
+    types = dtypes(converted.model)
+    assert types["out"] == H and types["mean"] == F
+    rng = np.random.default_rng(0)
+    feed = {n: rng.uniform(0, 0.5, (2, 4, 32)).astype(np.float32) for n in ("q", "k", "v")}
+    feed["beta"] = rng.uniform(0, 1, (2, 4, 4)).astype(np.float32)
+    session = ort.InferenceSession(converted.model.SerializeToString())
+    assert [o.dtype for o in session.run(None, feed)] == [np.float32] * 3

@@ -522,6 +522,7 @@ def _planned(
             want_in[k] = d if d is not None else rw.current(node.input[k])
         alike = alike and d is not None
     out: list[int | None] = [None] * len(node.output)
+    inferred: dict[str, int] | None = None
     for k, exported in enumerate(as_exported_out):
         if exported is None:
             continue
@@ -530,9 +531,38 @@ def _planned(
             out[k] = target if target is not None else exported
         elif var in _FIXED:
             out[k] = _FIXED[var]
-        else:
-            out[k] = resolved.get(var, exported)
+        elif var in resolved:
+            out[k] = resolved[var]
+        else:  # bound by no input it is given: what the op's own inference makes it
+            if inferred is None:
+                inferred, alike = _inferred(view, node, want_in), False
+            out[k] = inferred.get(node.output[k], exported)
     return (want_in, out), alike
+
+
+def _inferred(view: GraphView, node: onnx.NodeProto, want_in: list[int | None]) -> dict[str, int]:
+    """The element type of each output ONNX's inference gives `node` on its planned inputs
+    (none where it cannot say).
+
+    Why: an output whose type variable no input given binds is typed by the op's inference
+    function, not by its schema's constraints: LinearAttention's `present_state` (`S`)
+    follows the query where no `past_state` is given, and a LayerNormalization's `Mean`
+    (`U`) is its `stash_type` whatever `X` is. Kept as exported, an FP16 LinearAttention
+    declared an FP32 state its inference makes FP16, and the full check failed (exit 70).
+    """
+    from onnx import shape_inference
+
+    given = {}
+    for k, t in enumerate(node.input):
+        dtype = want_in[k] if want_in[k] is not None else view.dtype.get(t)
+        if t and dtype is not None:
+            given[t] = helper.make_tensor_type_proto(dtype, None)
+    try:
+        schema = onnx.defs.get_schema(node.op_type, view.opset, node.domain)
+        found = shape_inference.infer_node_outputs(schema, node, given)
+    except Exception:  # onnx raises several kinds; the exported types stand
+        return {}
+    return {n: tp.tensor_type.elem_type for n, tp in found.items() if tp.HasField("tensor_type")}
 
 
 # -- emission --------------------------------------------------------------
