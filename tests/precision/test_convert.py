@@ -483,3 +483,30 @@ def test_an_output_no_given_input_types_is_typed_as_the_ops_inference_types_it()
     feed["beta"] = rng.uniform(0, 1, (2, 4, 4)).astype(np.float32)
     session = ort.InferenceSession(converted.model.SerializeToString())
     assert [o.dtype for o in session.run(None, feed)] == [np.float32] * 3
+
+
+def test_a_bitcast_keeps_its_exported_types_in_and_out():
+    """BitCast's output type is `to`, of its input's bit width: as a node of the policy's
+    FP16 its float output was declared FP16 with `to` still FLOAT (the full check failed,
+    exit 70), and a float input read in FP16 would be other bits."""
+    m = model(
+        [
+            node("Exp", ["x"], "e", "exp"),
+            node("BitCast", ["e"], "i", "to_int", to=onnx.TensorProto.INT32),
+            node("BitCast", ["n"], "f", "to_float", to=F),
+            node("Mul", ["f", "e"], "y", "mul"),
+        ],
+        [("x", F, [4]), ("n", onnx.TensorProto.INT32, [4])],
+        [("y", F, [4]), ("i", onnx.TensorProto.INT32, [4])],
+        opset=26,
+    )
+    a = assign(m, Precision())
+    assert {d.precision for n, d in zip(a.view.nodes, a.decisions) if n.op_type == "BitCast"} == {
+        None
+    }
+    converted = convert(a)
+    onnx.checker.check_model(converted.model, full_check=True)
+    types = dtypes(converted.model)
+    assert types["f"] == F and types["e"] == H and types["i"] == onnx.TensorProto.INT32
+    (bitcast,) = [n for n in converted.model.graph.node if n.name == "to_int"]
+    assert types[bitcast.input[0]] == F  # the FP16 exp cast back before its bits are read

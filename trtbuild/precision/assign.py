@@ -20,6 +20,7 @@ from typing import Any
 import onnx
 
 from trtbuild.graph.analysis import Analysis
+from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.optypes import (
     DATA_MOVEMENT,
     PRECISION_DTYPE,
@@ -228,6 +229,9 @@ def _decisions(
         if in_sequences(view, i):
             decisions.append(_SEQUENCE)  # before no-float: what it puts in is cast to FP32
             continue
+        if node.op_type == "BitCast" and node.domain in DEFAULT_DOMAINS:
+            decisions.append(_BITCAST)
+            continue
         if not view.float_outputs(i):
             doubles = any(view.dtype.get(t) == onnx.TensorProto.DOUBLE for t in node.output)
             decisions.append(_DOUBLE if doubles else _NO_FLOAT)
@@ -420,6 +424,11 @@ _CONTROL_REASON = "computes in its bodies; its outputs keep their exported types
 _CONTROL = Decision(None, "control-flow", _CONTROL_REASON)
 _NO_FLOAT = Decision(None, "no-float", "produces no floating-point tensor")
 _DOUBLE = Decision(None, "no-float", "computes in FP64 as exported: the policy lowers FP32 only")
+# Why apart: its output's type is `to`, of its input's bit width; as a node of the policy's
+# precision it declared an FP16 output `to` still made FP32 (exit 70), or read FP16 bits.
+_BITCAST = Decision(
+    None, "bitcast", "reinterprets its input's bits: both keep their exported types"
+)
 _SEQUENCE = Decision(
     "fp32", "sequence", "a sequence's elements keep one type: what goes in or comes out is FP32"
 )

@@ -494,6 +494,8 @@ def _planned(
     types = view.types(i)
     if not types.known or any(a.type in _BODY_TYPES for a in node.attribute):
         return (as_exported_in, as_exported_out), False
+    if node.op_type == "BitCast":  # its bits as exported, in and out (assign's `_BITCAST`)
+        return (as_exported_in, as_exported_out), True
     target = PRECISION_DTYPE[prec] if prec is not None else None
     main = _main_var(types, as_exported_out) if target is not None else None
 
