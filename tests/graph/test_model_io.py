@@ -557,3 +557,49 @@ def test_a_body_reading_lifted_axes_and_sizes_keeps_the_shapes_they_give():
     assert not any(v.name.startswith("trtbuild/") for v in body.value_info)
     assert [n.op_type for n in body.node] == ["Unsqueeze", "Concat", "Resize"]  # as it was
     onnx.checker.check_model(inferred, full_check=True)
+
+
+def test_a_bodys_untyped_inputs_are_typed_where_the_body_reads_outer_shapes():
+    """ONNX lets a Scan body declare its inputs untyped (the function-expanded
+    LinearAttention does). Where the body reads a small integer weight of the main graph,
+    inference runs on a copy and its types are transplanted: the body's inputs were left
+    untyped, `convert` took the float state for no float, the FP16 `Add` of it read FP32,
+    and the mixed model failed the full check (exit 70)."""
+    from tests.helpers import plain_session
+    from trtbuild.policy.specs import Precision
+    from trtbuild.precision.assign import assign
+    from trtbuild.precision.convert import convert
+
+    F = TensorProto.FLOAT
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["xt", "two"], ["m"], name="m"),
+            helper.make_node("Add", ["st", "m"], ["sum"], name="add"),
+            helper.make_node("Reshape", ["sum", "shape"], ["st_out"], name="reshape"),
+        ],
+        "body",
+        [onnx.ValueInfoProto(name="st"), onnx.ValueInfoProto(name="xt")],  # no type at all
+        [helper.make_tensor_value_info("st_out", F, [4])],
+    )
+    scan = helper.make_node("Scan", ["s0", "x"], ["s"], "scan", body=body, num_scan_inputs=1)
+    graph = helper.make_graph(
+        [scan],
+        "g",
+        [helper.make_tensor_value_info(n, F, d) for n, d in (("s0", [4]), ("x", [3, 4]))],
+        [helper.make_tensor_value_info("s", F, [4])],
+        [
+            numpy_helper.from_array(np.float32(2), "two"),
+            numpy_helper.from_array(np.array([4], np.int64), "shape"),  # read inside the body
+        ],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    typed = infer_shapes(m, anew=True)
+    body_inputs = typed.graph.node[0].attribute[0].g.input
+    assert [i.type.tensor_type.elem_type for i in body_inputs] == [F, F]
+    converted = convert(assign(typed, Precision()))
+    onnx.checker.check_model(converted.model, full_check=True)
+    feed = {"s0": np.ones(4, np.float32), "x": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    (want,) = plain_session(m).run(None, feed)
+    (got,) = plain_session(converted.model).run(None, feed)
+    np.testing.assert_array_equal(got, want)  # small whole numbers: exact in FP16

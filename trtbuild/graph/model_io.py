@@ -732,15 +732,24 @@ def _for_inference(model: onnx.ModelProto, stand_ins: bool, anew: bool = False) 
 def _typed_as(model: onnx.ModelProto, inferred: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` (its nodes and weights as they are) with the types and shapes
     `inferred`, its `_for_inference` copy inferred, found: each graph's value_info and outputs,
-    bodies included (inference adds types, never nodes, so the graphs pair in order)."""
+    and a body's inputs, bodies included (inference adds types, never nodes, so the graphs
+    pair in order).
+
+    Why a body's inputs: ONNX lets them be declared untyped, and inference types them from
+    the outer values, as it does on the model itself; left untyped here (the expanded
+    LinearAttention's Scan, whose body reads outer axes), `convert` took its float state for
+    no float, an FP16 `Add` read it in FP32 and the full check failed (exit 70).
+    """
     out = onnx.ModelProto()
     out.CopyFrom(model)
     pairs = zip(subgraphs.walk(out.graph), subgraphs.walk(inferred.graph), strict=True)
-    for (_, mine), (_, found) in pairs:
+    for (scope, mine), (_, found) in pairs:
         del mine.value_info[:]
         mine.value_info.extend(v for v in found.value_info if not v.name.startswith(_INSIDE))
-        for declared, typed in zip(mine.output, found.output, strict=True):
-            declared.CopyFrom(typed)
+        ends = [(mine.output, found.output), (mine.input, found.input)] if scope else []
+        for declared_all, typed_all in ends or [(mine.output, found.output)]:
+            for declared, typed in zip(declared_all, typed_all, strict=True):
+                declared.CopyFrom(typed)
     return out
 
 
