@@ -266,3 +266,18 @@ def test_a_point_of_a_model_without_inputs_says_so():
     generator with its seed baked in) has one point and nothing to name in it."""
     assert point_label("shape", {}) == "shape (no inputs)"
     assert point_label("max", {"x": (1, 3)}) == "max [1, 3]"
+
+
+def test_an_input_declared_with_a_dim_of_0_is_said_so_not_dynamic(tmp_path, capsys):
+    """ONNX's empty-set reductions declare `data` as `[2, 0, 4]`: it was said to have a
+    dynamic shape `[2, '?', 4]` with the hint to give a `shape:`, which the policy then
+    refused for its 0 (`must be at least 1`)."""
+    onnx.save(
+        model([node("Relu", ["x"], "y", "relu")], [("x", F, [2, 0, 4])], [("y", F, [2, 0, 4])]),
+        tmp_path / "m.onnx",
+    )
+    (tmp_path / "p.yaml").write_text("version: 1\nmodel: m.onnx\n")
+    assert main(["check", "--policy", str(tmp_path / "p.yaml"), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "declares a dim of 0 ([2, 0, 4]: an empty tensor)" in err
+    assert "dynamic" not in err and "Traceback" not in err

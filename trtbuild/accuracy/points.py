@@ -114,6 +114,8 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
         spec = specs.get(name)
         shape = spec.feed_shape if spec else None
         if shape is None:
+            if all(isinstance(d, int) for d in dims) and 0 in dims:
+                raise _empty_input(policy, name, dims)
             if any(not isinstance(d, int) or d <= 0 for d in dims):
                 raise UsageError(
                     f"{words.field('inputs', name)}: the model's input '{name}' has dynamic shape "
@@ -128,6 +130,23 @@ def check_inputs(policy: Policy, model: onnx.ModelProto) -> dict[str, tuple[int,
                     check_fits(policy, name, getattr(spec, key), dims, ("inputs", name, key))
         shapes[name] = tuple(shape)
     return shapes
+
+
+def _empty_input(policy: Policy, name: str, dims: list) -> UsageError:
+    """The error for an input the model declares with a dim of 0 (an empty tensor).
+
+    Why its own: it was said as a dynamic shape, `[2, '?', 4]`, with the hint to give a
+    `shape:`, which the policy then refuses for its 0 (`must be at least 1`): two errors, the
+    first of them wrong about the model.
+    """
+    return UsageError(
+        f"{words.field('inputs', name)}: the model's input '{name}' declares a dim of 0 "
+        f"({list(dims)}: an empty tensor), which is not judged: ONNX Runtime, which runs the "
+        "FP32 reference and the emulation, dies on some ops fed one",
+        where=policy.where_of("inputs", name),
+        hint="export the model with that dim at least 1 (a decoder's first step: the model "
+        "exported without its cache inputs)",
+    )
 
 
 def _not_frozen(policy: Policy, name: str, field: str, where: str) -> None:
