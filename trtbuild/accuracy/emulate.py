@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtbuild.graph import subgraphs
 from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import assembled, infer_shapes, opset_of
-from trtbuild.graph.optypes import DATA_MOVEMENT, op_types
+from trtbuild.graph.optypes import DATA_MOVEMENT, TYPE_ATTRIBUTES, op_types
 
 LOW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
@@ -151,9 +151,14 @@ def _emit(em: _Emitter, node: onnx.NodeProto, dtype: dict, rank: dict, strict: b
     low = out_low.get(node.output[0]) if node.output else None
     if strict and low is not None and _strict_kernel(em, new, low, rank.get(node.input[0])):
         return
+    typed_by = TYPE_ATTRIBUTES.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
     for attr in new.attribute:
         if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW:
             attr.t.CopyFrom(_fp32_initializer(attr.t))
+        elif attr.name == typed_by and attr.i in LOW:
+            # made in FP32 and rounded as stored, as any op: ONNX Runtime has no FP16 EyeLike
+            # or MelWeightMatrix kernel, and the judge's session failed to load (exit 70)
+            attr.i = TensorProto.FLOAT
     if _stores_exactly(node, out_low, dtype, em.opset):
         em.nodes.append(new)
         return
