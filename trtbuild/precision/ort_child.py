@@ -115,8 +115,18 @@ class Outcome:
 
     @property
     def no_kernel(self) -> bool:
-        """ONNX Runtime has no CPU kernel for a type (BF16 ReduceMean): no fault of the model."""
-        return self.kind == "NotImplemented"
+        """ONNX Runtime has no CPU kernel for a type (BF16 ReduceMean): no fault of the model.
+
+        Also where it says so as a type error of its own cast (`INSERTED_CAST`): an op with
+        a kernel of FP32 only whose output the schema lets be FP16 (MelWeightMatrix's
+        `output_datatype`) gets ONNX Runtime's casts around it, typed wrong by ONNX Runtime,
+        and the valid mixed model was said invalid (exit 70)."""
+        return self.kind == "NotImplemented" or INSERTED_CAST in self.message
+
+
+# The name ONNX Runtime gives the casts it puts around a node it has no kernel of the
+# model's type for (its InsertCastTransformer): a failure that names one is its own.
+INSERTED_CAST = "InsertedPrecisionFreeCast"
 
 
 def start(nice: int = 0) -> subprocess.Popen:
