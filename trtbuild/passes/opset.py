@@ -63,10 +63,70 @@ def upgrade_opset(model: onnx.ModelProto, target: int | None) -> tuple[onnx.Mode
     upgraded = raised(model, current, target)
     if upgraded is None:  # the converter's: the nodes it adds are named
         upgraded = _converted(model, current, target)
+        _interface_kept(model, upgraded, current, target)
         added = _name_converter_nodes(model, upgraded)
         if added:
             record.details["added"] = added
     return upgraded, record
+
+
+def _interface_kept(
+    model: onnx.ModelProto, upgraded: onnx.ModelProto, current: int, target: int
+) -> None:
+    """Exit 2 where the converter changed what the model takes or gives: an input or output
+    gone, renamed, or of another element type or dims than the model declares.
+
+    Why: such an upgrade computes another function. Its Scan 8 to 9 adapter drops Scan-8's
+    batch axis from the graph's inputs and outputs (ONNX's scan_sum node test: `x` of
+    `[1, 3, 2]` became `[3, 2]`), so the prepared model refused the feeds the model takes,
+    and every verdict would have been about another model.
+    """
+    for kind in ("input", "output"):
+        before, after = getattr(model.graph, kind), getattr(upgraded.graph, kind)
+        was = {v.name: v for v in before}
+        now = {v.name: v for v in after}
+        for name, vi in was.items():
+            said = _declared_as(vi)
+            got = _declared_as(now[name]) if name in now else None
+            if got is None or not _same_declaration(said, got):
+                shown = "gone" if got is None else f"{_shown(got)}, not {_shown(said)}"
+                raise UsageError(
+                    f"onnx.version_converter changes the model's {kind} '{name}' from opset "
+                    f"{current} to {target} ({shown}): the upgraded model computes another "
+                    "function",
+                    field=("passes", "opset"),
+                    hint=f"leave passes.opset at most {current}, or re-export the model at "
+                    "the opset you need",
+                )
+
+
+def _declared_as(vi: onnx.ValueInfoProto) -> tuple[int, tuple | None]:
+    """A value's element type and dims as declared (0 and None where it declares none)."""
+    tt = vi.type.tensor_type
+    dims = None
+    if vi.type.HasField("tensor_type") and tt.HasField("shape"):
+        dims = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
+        )
+    return tt.elem_type, dims
+
+
+def _same_declaration(said: tuple, got: tuple) -> bool:
+    """Whether `got` declares what `said` does (what `said` leaves out may be added)."""
+    (t0, d0), (t1, d1) = said, got
+    if t0 and t1 != t0:
+        return False
+    if d0 is None:
+        return True
+    return (
+        d1 is not None and len(d1) == len(d0) and all(a is None or a == b for a, b in zip(d0, d1))
+    )
+
+
+def _shown(declared: tuple) -> str:
+    elem, dims = declared
+    name = onnx.TensorProto.DataType.Name(elem) if elem else "untyped"
+    return f"{name} {list(dims)}" if dims is not None else name
 
 
 def _converted(model: onnx.ModelProto, current: int, target: int) -> onnx.ModelProto:
