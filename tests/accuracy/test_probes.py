@@ -63,3 +63,39 @@ def test_a_body_tensor_that_overflows_fp16_has_a_non_finite_peak(models_dir):
 def test_a_model_without_control_flow_is_returned_as_is(nafnet_path):
     m = onnx.load(nafnet_path)
     assert probe(m, {"anything"}).model is m
+
+
+def test_an_opset_8_scan_is_not_probed_and_its_carried_values_are_counted_after_sequence_lens():
+    """Scan-8 takes `sequence_lens` first and carries every value with a batch axis: its
+    scalar peaks were inserted as carried values, ONNX Runtime refused the graph, and
+    `check` said the model "cannot run" (a false exit 2 on ONNX's scan_sum node test)."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import plain_session
+    from trtbuild.graph import subgraphs
+
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"], name="add")],
+        "body",
+        [helper.make_tensor_value_info(n, f, [2]) for n in ("sum_in", "next")],
+        [helper.make_tensor_value_info("sum_out", f, [2])],
+    )
+    scan = helper.make_node(
+        "Scan", ["", "initial", "x"], ["y"], name="scan", body=body, num_scan_inputs=1
+    )
+    graph = helper.make_graph(
+        [scan],
+        "g",
+        [
+            helper.make_tensor_value_info("initial", f, [1, 2]),
+            helper.make_tensor_value_info("x", f, [1, 3, 2]),
+        ],
+        [helper.make_tensor_value_info("y", f, [1, 2])],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+    m.ir_version = 8
+    assert subgraphs.carried(m.graph.node[0]) == (1, 1, 0, 0)
+    probed = probe(m, {"sum_out"})
+    feed = {"initial": np.zeros((1, 2), np.float32), "x": np.ones((1, 3, 2), np.float32)}
+    assert [y.tolist() for y in plain_session(probed.model).run(None, feed)] == [[[3.0, 3.0]]]

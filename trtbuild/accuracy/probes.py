@@ -78,7 +78,9 @@ def _probe_node(node: onnx.NodeProto, tensors: set[str], top: bool) -> dict[str,
     """Add peak outputs to a control node; returns body tensor -> the node's new output.
     A SequenceMap's body is not measured: it carries no value to hand a peak out with
     (and its nodes stay FP32, `assign`)."""
-    if node.op_type not in subgraphs.CONTROL_FLOW:
+    if node.op_type not in subgraphs.CONTROL_FLOW or subgraphs.batched_scan(node):
+        # an opset-8 Scan carries each value with a batch axis, which a scalar peak has not:
+        # its body is not measured (it was an invalid graph, and a false exit 2)
         return {}
     per_body = [(attr, body, _body_peaks(body, tensors)) for attr, body in subgraphs.bodies(node)]
     wanted = [t for _, _, peaks in per_body for t in peaks]

@@ -139,7 +139,16 @@ def carried(node: onnx.NodeProto) -> tuple[int, int, int, int]:
     if node.op_type == "Loop":
         return len(node.input) - 2, 2, 2, 1
     n_scan = next(a.i for a in node.attribute if a.name == "num_scan_inputs")
+    if batched_scan(node):  # Scan-8: `sequence_lens` first, then the carried values
+        return len(node.input) - 1 - n_scan, 1, 0, 0
     return len(node.input) - n_scan, 0, 0, 0
+
+
+def batched_scan(node: onnx.NodeProto) -> bool:
+    """Whether `node` is an opset-8 Scan: its first input `sequence_lens` (which its body
+    does not take), and a batch axis on every carried value and scanned input."""
+    held = dict(bodies(node)) if node.op_type == "Scan" else {}
+    return "body" in held and len(node.input) == len(held["body"].input) + 1
 
 
 def typing_problem(node: onnx.NodeProto) -> str | None:
