@@ -791,3 +791,22 @@ def test_a_shape_of_a_range_of_dims_folds_to_that_range():
     want = plain_session(ranged).run(None, feed)
     got = plain_session(prepared).run(None, feed)
     assert [a.tolist() for a in got] == [a.tolist() for a in want] == [[4], [6], 6]
+
+
+def test_a_ranged_shape_left_unfolded_is_no_negative_change_of_the_fold():
+    """The fold hands a ranged Shape to onnx-graphsurgeon as a Shape and a Slice; where the
+    dims are dynamic both stay, and the record counted the Slice as a node the fold added
+    (`fold_constants: -1 change(s)`)."""
+    from tests.helpers import I64, model, node, plain_session
+
+    dynamic = model(
+        [node("Shape", ["x"], "lead", "lead", start=0, end=2), node("Relu", ["x"], "y", "relu")],
+        [("x", onnx.TensorProto.FLOAT, ["n", 4, 6])],
+        [("lead", I64, [2]), ("y", onnx.TensorProto.FLOAT, ["n", 4, 6])],
+        opset=18,
+    )
+    prepared = prepare(dynamic, Passes())
+    (fold,) = [r for r in prepared.records if r.name == "fold_constants"]
+    assert fold.changed == 0 and fold.details["nodes_removed"] == 0
+    feed = {"x": np.ones((3, 4, 6), np.float32)}
+    assert plain_session(prepared.model).run(None, feed)[0].tolist() == [3, 4]
