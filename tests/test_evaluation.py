@@ -80,3 +80,45 @@ def test_integer_inputs_one_value_everywhere_are_said_and_a_range_of_two_is_not(
     ranged = [replace(s, data=DataSpec(high=2.0)) if s.name == "ids" else s for s in policy.inputs]
     front = run_front(replace(policy, inputs=tuple(ranged)), reference="measures")
     assert constant_inputs(front) == []
+
+
+def test_the_body_warning_says_an_opset_8_scan_hands_out_no_peaks(tmp_path):
+    """An opset-8 Scan's body hands out no peaks (`accuracy.probes`): the warning said its
+    tensors were measured by their peaks."""
+    import numpy as np
+    from onnx import TensorProto
+
+    import trtbuild
+
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"], name="add")],
+        "body",
+        [helper.make_tensor_value_info(n, f, [2]) for n in ("sum_in", "next")],
+        [helper.make_tensor_value_info("sum_out", f, [2])],
+    )
+    scan = helper.make_node(
+        "Scan", ["", "initial", "x"], ["y"], name="scan", body=body, num_scan_inputs=1
+    )
+    graph = helper.make_graph(
+        [scan],
+        "g",
+        [
+            helper.make_tensor_value_info("initial", f, [1, 2]),
+            helper.make_tensor_value_info("x", f, [1, 3, 2]),
+        ],
+        [helper.make_tensor_value_info("y", f, [1, 2])],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(
+        tmp_path / "d.npz", initial=np.zeros((1, 2), np.float32), x=np.ones((1, 3, 2), np.float32)
+    )
+    data = {"data": {"file": "d.npz"}}
+    policy = trtbuild.Policy.from_dict(
+        {"version": 1, "model": "m.onnx", "inputs": {"initial": data, "x": data}},
+        base_dir=tmp_path,
+    )
+    (said,) = [w for w in trtbuild.check(policy, quiet=True).warnings if "control flow" in w]
+    assert "inside the opset-8 Scan scan not even that" in said

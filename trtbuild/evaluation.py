@@ -294,6 +294,14 @@ def body_warnings(front: Front) -> list[str]:
         "is measured by its peak only (an overflow there is found and named; the divergence is "
         "measured at the control node's outputs)"
     )
+    scans = [_batched_scan_of(view, i) for i in inside]
+    unprobed = list(dict.fromkeys(view.nodes[k].name for k in scans if k is not None))
+    if unprobed:
+        text += (
+            f"; inside the opset-8 Scan {first_few(unprobed)} not even that: it carries every "
+            "value with a batch axis, beside which no peak is carried, so it is measured at its "
+            "outputs only"
+        )
     blind = risk.unmeasured(view, front.converted.model)
     if blind:
         text += (
@@ -301,6 +309,19 @@ def body_warnings(front: Front) -> list[str]:
             f"({first_few(blind)}): pin them to be safe on any kernel"
         )
     return [text]
+
+
+def _batched_scan_of(view: Any, i: int) -> int | None:
+    """The opset-8 Scan node i runs inside (at any depth), whose body hands out no peaks
+    (`accuracy.probes`); None where there is none."""
+    from trtbuild.graph.subgraphs import batched_scan
+
+    k = view.parent[i]
+    while k is not None:
+        if batched_scan(view.nodes[k]):
+            return k
+        k = view.parent[k]
+    return None
 
 
 def boundary_warnings(front: Front) -> list[str]:
