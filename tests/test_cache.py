@@ -798,3 +798,19 @@ def test_an_entry_the_user_may_not_read_is_dropped_not_the_cache_off_for_good(tm
     assert len(warned) == 1 and "you may not read it" in warned[0], warned
     assert "cache off" not in warned[0]
     assert convert() == []  # recomputed and written again: the cache is on
+
+
+def test_an_entry_of_an_earlier_version_is_a_quiet_miss_then_replaced(tmp_path):
+    """After an upgrade that changed the entries' format (version 3 seals the name), every
+    entry an earlier trtbuild wrote under an unchanged key was dropped as corrupt, one
+    warning each: it is another version's, a miss, and the next put replaces it."""
+    cache = Cache(codec=cache_codec, root=tmp_path / "cache")
+    digest = _digest("entry")
+    assert cache.put("prepared", digest, _prepared())
+    (path,) = cache.entries()
+    blob = path.read_bytes()
+    path.write_bytes(cache_mod.HEADER + b"2\n" + blob[len(cache_mod.MAGIC) :])
+    assert cache.get("prepared", digest) is None
+    assert cache.hits["prepared"] == "miss" and not cache.events, cache.events
+    assert cache.put("prepared", digest, _prepared())
+    assert cache.get("prepared", digest) is not None and cache.hits["prepared"] == "hit"

@@ -550,9 +550,14 @@ def _load(kind: str, entry: Entry, codec: Codec, largest: int) -> Any:
 
     Raises:
         _NotAnEntry: no regular file, or a corrupt one (the message says which).
-        OSError: it cannot be read (FileNotFoundError: a miss).
+        OSError: it cannot be read (FileNotFoundError: a miss, or another version's entry).
     """
-    value = _decode(kind, entry.name, _read_entry(entry, largest), codec)
+    blob = _read_entry(entry, largest)
+    if blob.startswith(HEADER) and not blob.startswith(MAGIC):
+        # another version's (an earlier trtbuild's, under a key that did not change): a
+        # miss, replaced by the put that follows, not a corrupt entry warned of once each
+        raise FileNotFoundError(entry.shown)
+    value = _decode(kind, entry.name, blob, codec)
     if value is None:
         raise _NotAnEntry(f"dropped a corrupt cache entry {entry.shown}")
     return value
