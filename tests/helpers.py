@@ -382,3 +382,29 @@ def fourier_weights(b: np.ndarray) -> dict[str, np.ndarray]:
     """`fourier_features`' constants, with `b` its projection."""
     consts = {"half": 0.5, "two": 2.0, "one": 1.0, "tau": 2 * np.pi}
     return {**{k: np.array(v, np.float32) for k, v in consts.items()}, "b": b}
+
+
+def scan8_sum() -> onnx.ModelProto:
+    """ONNX's scan_sum node test: an opset-8 Scan (a batch axis, `sequence_lens` left out)
+    summing the rows of `x` [1, 3, 2] onto `initial` [1, 2] into `y`."""
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"], name="add")],
+        "body",
+        [helper.make_tensor_value_info(n, f, [2]) for n in ("sum_in", "next")],
+        [helper.make_tensor_value_info("sum_out", f, [2])],
+    )
+    scan = helper.make_node(
+        "Scan", ["", "initial", "x"], ["y"], name="scan", body=body, num_scan_inputs=1
+    )
+    inputs = [
+        helper.make_tensor_value_info("initial", f, [1, 2]),
+        helper.make_tensor_value_info("x", f, [1, 3, 2]),
+    ]
+    output = helper.make_tensor_value_info("y", f, [1, 2])
+    graph = helper.make_graph([scan], "g", inputs, [output])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+    m.ir_version = 8
+    return m

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from tests.helpers import F, if_on_sign, node
+from tests.helpers import F, if_on_sign, node, scan8_sum
 
 
 def test_a_body_warning_counts_every_unmeasured_op_it_does_not_name(tmp_path):
@@ -86,31 +86,10 @@ def test_the_body_warning_says_an_opset_8_scan_hands_out_no_peaks(tmp_path):
     """An opset-8 Scan's body hands out no peaks (`accuracy.probes`): the warning said its
     tensors were measured by their peaks."""
     import numpy as np
-    from onnx import TensorProto
 
     import trtbuild
 
-    f = TensorProto.FLOAT
-    body = helper.make_graph(
-        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"], name="add")],
-        "body",
-        [helper.make_tensor_value_info(n, f, [2]) for n in ("sum_in", "next")],
-        [helper.make_tensor_value_info("sum_out", f, [2])],
-    )
-    scan = helper.make_node(
-        "Scan", ["", "initial", "x"], ["y"], name="scan", body=body, num_scan_inputs=1
-    )
-    graph = helper.make_graph(
-        [scan],
-        "g",
-        [
-            helper.make_tensor_value_info("initial", f, [1, 2]),
-            helper.make_tensor_value_info("x", f, [1, 3, 2]),
-        ],
-        [helper.make_tensor_value_info("y", f, [1, 2])],
-    )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
-    m.ir_version = 8
+    m = scan8_sum()
     onnx.save(m, tmp_path / "m.onnx")
     np.savez(
         tmp_path / "d.npz", initial=np.zeros((1, 2), np.float32), x=np.ones((1, 3, 2), np.float32)

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from tests.helpers import if_model, scan_model
+from tests.helpers import if_model, scan8_sum, scan_model
 from trtbuild.accuracy.emulate import emulate
 from trtbuild.accuracy.probes import probe
 from trtbuild.accuracy.reference import body_tensors, float_node_outputs
@@ -69,32 +69,11 @@ def test_an_opset_8_scan_is_not_probed_and_its_carried_values_are_counted_after_
     """Scan-8 takes `sequence_lens` first and carries every value with a batch axis: its
     scalar peaks were inserted as carried values, ONNX Runtime refused the graph, and
     `check` said the model "cannot run" (a false exit 2 on ONNX's scan_sum node test)."""
-    from onnx import TensorProto, helper
 
     from tests.helpers import plain_session
     from trtbuild.graph import subgraphs
 
-    f = TensorProto.FLOAT
-    body = helper.make_graph(
-        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"], name="add")],
-        "body",
-        [helper.make_tensor_value_info(n, f, [2]) for n in ("sum_in", "next")],
-        [helper.make_tensor_value_info("sum_out", f, [2])],
-    )
-    scan = helper.make_node(
-        "Scan", ["", "initial", "x"], ["y"], name="scan", body=body, num_scan_inputs=1
-    )
-    graph = helper.make_graph(
-        [scan],
-        "g",
-        [
-            helper.make_tensor_value_info("initial", f, [1, 2]),
-            helper.make_tensor_value_info("x", f, [1, 3, 2]),
-        ],
-        [helper.make_tensor_value_info("y", f, [1, 2])],
-    )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
-    m.ir_version = 8
+    m = scan8_sum()
     assert subgraphs.carried(m.graph.node[0]) == (1, 1, 0, 0)
     probed = probe(m, {"sum_out"})
     feed = {"initial": np.zeros((1, 2), np.float32), "x": np.ones((1, 3, 2), np.float32)}

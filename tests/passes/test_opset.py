@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import make_models
+from tests.helpers import scan8_sum
 from trtbuild.errors import UsageError
 from trtbuild.graph import subgraphs
 from trtbuild.graph.model_io import opset_of
@@ -359,27 +360,7 @@ def test_an_upgrade_that_changes_the_models_inputs_or_outputs_is_refused():
     """onnx.version_converter's Scan 8 to 9 adapter drops Scan-8's batch axis from the
     graph's inputs and outputs (ONNX's scan_sum node test): the prepared model refused the
     feeds the model takes, and computed another function."""
-    f = TensorProto.FLOAT
-    body = helper.make_graph(
-        [helper.make_node("Add", ["sum_in", "next"], ["sum_out"], name="add")],
-        "body",
-        [helper.make_tensor_value_info(n, f, [2]) for n in ("sum_in", "next")],
-        [helper.make_tensor_value_info("sum_out", f, [2])],
-    )
-    scan = helper.make_node(
-        "Scan", ["", "initial", "x"], ["y"], name="scan", body=body, num_scan_inputs=1
-    )
-    graph = helper.make_graph(
-        [scan],
-        "g",
-        [
-            helper.make_tensor_value_info("initial", f, [1, 2]),
-            helper.make_tensor_value_info("x", f, [1, 3, 2]),
-        ],
-        [helper.make_tensor_value_info("y", f, [1, 2])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
-    model.ir_version = 8
+    model = scan8_sum()
     onnx.checker.check_model(model, full_check=True)
     with pytest.raises(UsageError, match=r"changes the model's input 'initial' from opset 8"):
         prepare(model, Passes(opset=17))
