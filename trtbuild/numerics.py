@@ -9,7 +9,7 @@ of a sentinel, two stages could disagree about the same tensor.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -113,47 +113,10 @@ def has_kernels(capability: str, fmt: str) -> bool:
         return False
 
 
-def sentinels(values: np.ndarray, fills: frozenset[float] = frozenset()) -> np.ndarray:
-    """Boolean mask of the sentinel positions of an FP32 reference tensor: past 1e30, or
-    one of the graph's `fills` (`graph_fills`)."""
+def sentinels(values: np.ndarray) -> np.ndarray:
+    """Boolean mask of the sentinel positions of an FP32 reference tensor."""
     with np.errstate(invalid="ignore"):
-        found = np.abs(values) >= SENTINEL_ABS
-    if fills:
-        found |= np.isin(values, list(fills))
-    return found
-
-
-def graph_fills(model: Any) -> frozenset[float]:
-    """The float constants of one value that FP16 cannot hold and are no sentinel by size: a
-    mask's fill (`masked_fill(mask == 0, -1e9)`, as The Annotated Transformer writes it).
-
-    Why sentinels: such a value is written by the graph, not computed from the data, and
-    means "masked" as -3.4e38 does. FP16 holds it as -inf, and a Softmax gives the same zero
-    for either; where it crossed a cast to FP16 it was taken for an overflow (exit 1) while
-    finfo.min and -inf fills of the same model passed.
-    """
-    from onnx import numpy_helper
-
-    found = [numpy_helper.to_array(t) for t in model.graph.initializer if _one_value(t.dims)]
-    for node in model.graph.node:
-        for a in node.attribute:
-            if a.name in ("value", "value_float") and node.op_type in (
-                "Constant",
-                "ConstantOfShape",
-            ):
-                v = a.f if a.name == "value_float" else numpy_helper.to_array(a.t)
-                found.append(np.asarray(v))
-    return frozenset(
-        float(np.float32(v.reshape(-1)[0]))
-        for v in found
-        if v.size == 1
-        and v.dtype.kind == "f"
-        and FP16_MAX < abs(float(v.reshape(-1)[0])) < SENTINEL_ABS
-    )
-
-
-def _one_value(dims: Any) -> bool:
-    return int(np.prod(list(dims))) == 1 if len(dims) else True
+        return np.abs(values) >= SENTINEL_ABS
 
 
 def finite_peak(values: np.ndarray) -> float:
@@ -175,9 +138,8 @@ def finite_peak(values: np.ndarray) -> float:
     return float(a.max()) if a.size else 0.0
 
 
-def measure_peak(values: np.ndarray, fills: frozenset[float] = frozenset()) -> tuple[float, bool]:
-    """(`data_peak`, whether every value is data: finite, no sentinel and none of the graph's
-    `fills`), in one pass.
+def measure_peak(values: np.ndarray) -> tuple[float, bool]:
+    """(`data_peak`, whether every value is data: finite and no sentinel), in one pass.
 
     Why both: a tensor whose every value is data needs no element-wise reference
     to tell where a candidate overflows; the reference keeps only the others.
@@ -186,16 +148,11 @@ def measure_peak(values: np.ndarray, fills: frozenset[float] = frozenset()) -> t
     if not a.size:
         return 0.0, True
     peak = _extreme(a)
-    if peak < min([SENTINEL_ABS, *(abs(f) for f in fills)]):  # False for NaN and inf
+    if peak < SENTINEL_ABS:  # False for NaN and inf
         return peak, True
-    wide = a.astype(np.float64)
+    a = np.abs(a.astype(np.float64))
     with np.errstate(invalid="ignore"):
-        data = np.isfinite(wide) & (np.abs(wide) < SENTINEL_ABS)
-    if fills:
-        data &= ~np.isin(wide, list(fills))
-    if data.all():
-        return peak, True
-    a = np.abs(wide[data])
+        a = a[np.isfinite(a) & (a < SENTINEL_ABS)]
     return (float(a.max()) if a.size else 0.0), False
 
 
@@ -206,7 +163,7 @@ def _extreme(a: np.ndarray) -> float:
         return abs(max(float(a.max()), -float(a.min())))  # abs: -0.0
 
 
-def data_peak(values: np.ndarray, fills: frozenset[float] = frozenset()) -> float:
+def data_peak(values: np.ndarray) -> float:
     """Largest finite |value| that is data (sentinels and NaN aside); 0 for an empty tensor.
 
     Two reductions in the tensor's own dtype when every value is data (the usual
@@ -214,12 +171,10 @@ def data_peak(values: np.ndarray, fills: frozenset[float] = frozenset()) -> floa
     only when a NaN, an inf or a sentinel is there. Either way the same number:
     |x| and the widening to float are exact.
     """
-    return measure_peak(values, fills)[0]
+    return measure_peak(values)[0]
 
 
-def sentinel_kept(
-    ref: np.ndarray, out: np.ndarray, fills: frozenset[float] = frozenset()
-) -> np.ndarray:
+def sentinel_kept(ref: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Where `out` keeps a sentinel of `ref`: same sign, still beyond the sentinel threshold.
 
     Why this is not a divergence: -3.4e38 becomes -inf in FP16, and both mean
@@ -228,8 +183,8 @@ def sentinel_kept(
     """
     with np.errstate(invalid="ignore"):
         return (
-            sentinels(ref, fills)
+            sentinels(ref)
             & (np.sign(out) == np.sign(ref))
-            & ((np.abs(out) >= SENTINEL_ABS) | (out == ref))
+            & (np.abs(out) >= SENTINEL_ABS)
             & ~np.isnan(out)
         )

@@ -779,7 +779,8 @@ def _beyond(
 ) -> dict[str, Any] | None:
     """A later feed's tensor where FP32 holds a sentinel, an inf or a NaN on some feed: an
     overflow where it holds more values past the sentinels' magnitude of a sign, or more
-    NaN than FP32's NaN and inf, than FP32 does on this feed (`sample`).
+    NaN than FP32's NaN and inf, than FP32 does on this feed (`sample`), or more of them
+    all together (one FP32 inf excused both a NaN and an overflow's inf of its sign).
 
     Why counts: FP32's values of a later feed are not kept. The tensor was not judged
     there at all (an -inf attention mask) or by its NaNs alone (a finfo.min one): an Add of
@@ -787,11 +788,12 @@ def _beyond(
     -inf, hidden by a Clip, and the policy passed.
     """
     pos, neg, nan, inf = measures.beyond[tensor].get(sample, (0, 0, 0, 0))
-    got = beyond_counts(e, measures.fills)
+    got = beyond_counts(e)
     # a NaN where FP32 is inf (0 / 0 where FP32 divides by 0) is no overflow: as on the
     # first feed, only a value FP32 holds finite (or as a sentinel) is judged
+    excess = sum(got[:3]) - (pos + neg + nan)  # no more values past the range in all
     nan = max(0, got[2] - nan - inf)
-    bad = max(0, got[0] - pos) + max(0, got[1] - neg) + nan
+    bad = max(max(0, got[0] - pos) + max(0, got[1] - neg) + nan, excess)
     if not bad:
         return None
     return overflow_point(measures, tensor, bad, nan, sample)
@@ -1055,11 +1057,11 @@ def point(
     if r.shape != e.shape:
         return None
     if tensor in measures.sentinel_tensors:
-        keep = ~sentinel_kept(r, e, measures.fills)
+        keep = ~sentinel_kept(r, e)
         r, e = r[keep], e[keep]
     # the same figure as data_peak(r) on the first feed, measured once
     scale = measures.first_peaks.get(tensor) if first else None
-    bad, nan, scale, err = _error(r, e, data_peak(r, measures.fills) if scale is None else scale)
+    bad, nan, scale, err = _error(r, e, data_peak(r) if scale is None else scale)
     rel = err / scale if scale > 0 else (0.0 if err == 0 else float("inf"))
     return _point_json(tensor, bad, nan, scale, float("inf") if bad else rel)
 

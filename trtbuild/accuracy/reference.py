@@ -41,7 +41,7 @@ from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import fed_inputs
 from trtbuild.graph.optypes import DECISIONS, LOW_DTYPES
 from trtbuild.graph.view import GraphView
-from trtbuild.numerics import FP16_MAX, graph_fills, measure_peak, sentinels
+from trtbuild.numerics import FP16_MAX, measure_peak
 from trtbuild.policy.specs import MemoryBudget
 
 
@@ -79,9 +79,6 @@ class ReferenceMeasures:
     # tensor -> feed after the first -> its data peak there, where past FP16's largest
     # value: what an overflow on that feed is said with (`first_peaks` is the first feed's)
     later_peaks: dict[str, dict[int, float]] = field(default_factory=dict)
-    # the graph's one-value float constants past FP16's range (`numerics.graph_fills`): a
-    # mask's fill, a sentinel as values past 1e30 are
-    fills: frozenset[float] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -175,7 +172,6 @@ class _Tally:
     int_peaks: dict[str, float] = field(default_factory=dict)  # an integer output's max |value|
     beyond: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
     later_peaks: dict[str, dict[int, float]] = field(default_factory=dict)
-    fills: frozenset[float] = frozenset()
 
     def spread(self, outputs: dict[str, np.ndarray]) -> None:
         """Each graph output's count, mean and sum of squared deviations, feed after feed
@@ -226,7 +222,7 @@ class _Tally:
                 self.sizes[name], self.shapes[name] = int(v.nbytes), tuple(v.shape)
             if not (np.issubdtype(v.dtype, np.floating) and v.size):
                 continue
-            peak, plain = measure_peak(v, self.fills)
+            peak, plain = measure_peak(v)
             self.ranges[name] = max(self.ranges.get(name, 0.0), peak)
             if first:
                 self.first_peaks[name] = peak
@@ -239,9 +235,10 @@ class _Tally:
 
     def _not_data(self, name: str, v: np.ndarray, feed: int) -> None:
         """A tensor with a value that is not data: a sentinel, an inf or a NaN."""
-        self.beyond.setdefault(name, {})[feed] = beyond_counts(v, self.fills)
-        if name not in self.held and np.any(sentinels(v, self.fills)):
-            self.held.add(name)
+        self.beyond.setdefault(name, {})[feed] = beyond_counts(v)
+        with np.errstate(invalid="ignore"):
+            if name not in self.held and np.any(np.abs(v) >= 1e30):
+                self.held.add(name)
         if self.nonfinite.get(name) != "NaN":
             if np.isnan(v).any():
                 self.nonfinite[name] = "NaN"
@@ -275,7 +272,7 @@ def run_reference(
     plan = reference_plan(probed.model, [*order, *decisions], sizes, budget)
     watched = set(risk.candidates(view))
     runner = SegmentRunner(probed.model, plan) if plan is not None else None
-    tally, iterations = _Tally(fills=graph_fills(reference)), []
+    tally, iterations = _Tally(), []
     ticker = SampleProgress("FP32 reference", len(feeds))
     with quiet_polygraphy():
         for k, feed in enumerate(feeds):
@@ -313,24 +310,19 @@ def run_reference(
         tally.output_empty(),
         tally.beyond,
         tally.later_peaks,
-        tally.fills,
     )
     return ReferenceTensors(measures, results)
 
 
-def beyond_counts(v: np.ndarray, fills: frozenset[float] = frozenset()) -> tuple[int, ...]:
-    """How many values of `v` are sentinels (or inf) of each sign, >= SENTINEL_ABS or a
-    positive fill, <= -SENTINEL_ABS or a negative fill, then NaN, then ±inf: a sentinel kept
-    as FP16's inf of its sign counts alike on both sides, an overflow one more
-    (`ReferenceMeasures.beyond`)."""
+def beyond_counts(v: np.ndarray) -> tuple[int, ...]:
+    """How many values of `v` are sentinels (or inf) of each sign, >= SENTINEL_ABS or
+    <= -SENTINEL_ABS, then NaN, then ±inf: a sentinel kept as FP16's inf of its sign counts
+    alike on both sides, an overflow one more (`ReferenceMeasures.beyond`)."""
     from trtbuild.numerics import SENTINEL_ABS
 
     v = np.asarray(v)
     with np.errstate(invalid="ignore"):
         pos, neg = v >= SENTINEL_ABS, v <= -SENTINEL_ABS
-    if fills:
-        pos |= np.isin(v, [f for f in fills if f > 0])
-        neg |= np.isin(v, [f for f in fills if f < 0])
     floats = v.dtype.kind == "f"
     nan = int(np.count_nonzero(np.isnan(v))) if floats else 0
     inf = int(np.count_nonzero(np.isinf(v))) if floats else 0
