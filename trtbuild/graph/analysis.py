@@ -175,10 +175,6 @@ def _batch_peaks(batch: list[tuple[str, bytes]], dtype: Any, view: GraphView) ->
     return peaks
 
 
-# The 4-bit integer types' bounds, which `qdq.INTEGER_BOUNDS` (what `quantize` computes) lacks
-_FOUR_BIT = {"int4": (-8, 7), "uint4": (0, 15)}
-
-
 def _dequantized_peaks(qdq: Any) -> dict[int, float]:
     """Each DQ of a constant (its integer or FP8 codes, or a float constant behind its own Q)
     whose values reach `numerics.LOW_INF_AT` of the narrowest low type somewhere: their
@@ -218,8 +214,7 @@ def _dequantized_peak(qdq: Any, n: Any, below: float) -> float:
     source = n.quantized if q is None else q.float_tensor
     if source not in view.initializers:
         return 0.0
-    bounds = {**_FOUR_BIT, **INTEGER_BOUNDS}
-    low, high = bounds.get(n.format, (0.0, FLOAT8_TYPES.get(n.format, ("", math.inf))[1]))
+    low, high = INTEGER_BOUNDS.get(n.format, (0.0, FLOAT8_TYPES.get(n.format, ("", math.inf))[1]))
     with np.errstate(invalid="ignore"):
         reach = float(np.max(np.abs(n.scale_value))) * (high - low)
     if reach < below:  # False for NaN: a scale no type holds is read as it is

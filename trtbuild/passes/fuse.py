@@ -27,7 +27,7 @@ from trtbuild.graph.domains import DEFAULT_DOMAINS
 from trtbuild.graph.model_io import infer_shapes, opset_of
 from trtbuild.graph.norms import NormUnit, norm_units
 from trtbuild.graph.optypes import DEQUANTIZE, QDQ_OPS, QUANTIZE
-from trtbuild.graph.qdq import quantize
+from trtbuild.graph.qdq import INTEGER_BOUNDS, quantize
 from trtbuild.graph.seethrough import SeenThrough, see_through
 from trtbuild.graph.view import GraphView, constant
 from trtbuild.passes.basic import PassRecord, copied, drop_unused_initializers
@@ -505,12 +505,13 @@ def _unnegatable(weight: _QuantizedWeight, negative: np.ndarray) -> str:
     """What, in the channels `negative`, has no negated code ("" where nothing): -128
     (128 saturates to 127), or a float weight its Q saturates at 127 (its negation
     saturates at -128, not -127)."""
-    if np.any(_integers(weight)[negative] <= -128):
-        return "-128"
+    low, high = INTEGER_BOUNDS["int8"]
+    if np.any(_integers(weight)[negative] <= low):
+        return str(low)
     if not weight.stored and np.any(
-        quantize(weight.values, weight.scale, "int16", axis=0)[negative] > 127
+        quantize(weight.values, weight.scale, "int16", axis=0)[negative] > high
     ):
-        return "a weight its Q saturates at 127"
+        return f"a weight its Q saturates at {high}"
     return ""
 
 
@@ -539,8 +540,9 @@ def _folded_values(
     step = new_scale.astype(np.float64).reshape(per)
     folded = (weight.values.astype(np.float64) * s.reshape(per)).astype(weight.values.dtype)
     exact = folded.astype(np.float64) / step
-    low = np.where(codes <= -128, -np.inf, codes - 0.5 + _TIE_MARGIN)
-    high = np.where(codes >= 127, np.inf, codes + 0.5 - _TIE_MARGIN)
+    bottom, top = INTEGER_BOUNDS["int8"]
+    low = np.where(codes <= bottom, -np.inf, codes - 0.5 + _TIE_MARGIN)
+    high = np.where(codes >= top, np.inf, codes + 0.5 - _TIE_MARGIN)
     inside = np.clip(exact, low, high)
     folded = np.where(inside == exact, folded, (inside * step).astype(folded.dtype))
     grid = (codes * step).astype(folded.dtype)
