@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -144,3 +145,23 @@ def test_a_stop_a_library_swallowed_publishes_nothing(tmp_path):
     done, published = _swallowed(tmp_path, publish=True)
     assert done.returncode == 143 and not published, done.stderr.decode()
     assert list(tmp_path.iterdir()) == []  # no staging folder left either
+
+
+def test_a_child_ended_from_outside_is_told_apart_from_a_crash_the_same_way_everywhere():
+    """`tune --jobs` called a worker that exited 1 killed (exit 2) and the nightly called one
+    its own stop handler ended at 143 (SIGTERM from outside) a bug (exit 70): one reading
+    of an exit code now serves both (`ended_by`)."""
+    import signal
+
+    from trtbuild.children import ended_by
+    from trtbuild.nightly.runner import _died
+
+    assert ended_by(-signal.SIGKILL) == signal.SIGKILL
+    assert ended_by(128 + signal.SIGTERM) == signal.SIGTERM  # trtbuild's own handler's exit
+    assert ended_by(-signal.SIGSEGV) is None and ended_by(1) is None and ended_by(None) is None
+    task = (Path("p.yaml"), None, None, None, None)
+    term = _died(task, 128 + signal.SIGTERM)
+    assert term.exit_code == 2 and "was killed (SIGTERM)" in term.message, term
+    crash = _died(task, -signal.SIGSEGV)
+    assert crash.exit_code == 70 and "ended (SIGSEGV)" in crash.message, crash
+    assert _died(task, 1).exit_code == 70

@@ -130,6 +130,20 @@ def stop_workers(pool: Any) -> None:
             worker.terminate()
 
 
+# what a process ended from outside is told, by `tune --jobs` and the nightly alike
+KILLED_HINT = "where it was the out-of-memory killer, free memory or lower --jobs"
+
+
+def ended_by(code: int | None) -> int | None:
+    """The signal from outside (`KILLED`) that ended a child of exit `code`: `-s` as
+    multiprocessing reports a signal, or `128 + s` as trtbuild's own stop handlers exit;
+    None for a crash (SIGSEGV), a plain exit or a process still running."""
+    if code is None:
+        return None
+    number = -code if code < 0 else code - 128 if code > 128 else None
+    return number if number in KILLED else None
+
+
 def worker_killed(pool: Any) -> UsageError | None:
     """Why a `ProcessPoolExecutor` broke, where a worker was ended from outside (the
     out-of-memory killer's SIGKILL, a kill by another process): the user's to fix, exit 2;
@@ -142,12 +156,12 @@ def worker_killed(pool: Any) -> UsageError | None:
     deadline = time.monotonic() + BROKEN_GRACE  # the pool ends the others as it breaks; an
     while any(w.exitcode is None for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)  # exit code reads None until the pool's thread has reaped it
-    dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
-    if not dead or any(code < 0 and -code not in KILLED for code in dead):
+    signals = [ended_by(w.exitcode) for w in workers if w.exitcode not in (None, 0)]
+    if not signals or None in signals:  # a crash (SIGSEGV, exit 1) among them: a bug
         return None
-    first = next((code for code in dead if code == -signal.SIGKILL), dead[0])
-    how = signal_name(-first) if first < 0 else f"exit code {first}"
+    first = signal.SIGKILL if signal.SIGKILL in signals else signals[0]
     return UsageError(
-        f"a worker process was killed ({how}): another process or the machine ended it",
-        hint="where it was the out-of-memory killer, free memory or lower --jobs",
+        f"a worker process was killed ({signal_name(first)}): another process or the "
+        "machine ended it",
+        hint=KILLED_HINT,
     )

@@ -322,13 +322,15 @@ def _send_one(send: Any, task: tuple) -> None:
 def _died(task: tuple, code: int | None) -> PolicyResult:
     """The `error` of a policy whose process ended (exit `code`) before it handed back a
     result."""
-    from trtbuild.children import KILLED, signal_name
+    from trtbuild.children import KILLED_HINT, ended_by, signal_name
 
     path, device = task[0], task[4]
-    why = signal_name(-code) if code is not None and code < 0 else f"exit code {code}"
-    killed = code is not None and -code in KILLED
+    number = ended_by(code)
+    killed = number is not None
+    crash = code is not None and code < 0
+    why = signal_name(number if killed else -code) if killed or crash else f"exit code {code}"
     said = f"was killed ({why})" if killed else f"ended ({why})"
-    hint = "; where it was the out-of-memory killer, free memory or lower --jobs"
+    hint = f"; {KILLED_HINT}"
     return PolicyResult(
         policy=undecoded(path.stem),
         path=undecoded(str(path)),
