@@ -411,3 +411,29 @@ def test_a_policy_name_that_does_not_print_is_escaped_on_the_terminal(tmp_path, 
     assert "ERROR z\\x1b: " in said
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "\x1b" not in summary and "| `x\\nall 9 results pass` | pass |" in summary
+
+
+def test_a_history_fault_once_the_night_is_recorded_says_it_is_recorded(
+    tmp_path, models_dir, capsys, monkeypatch
+):
+    """The history took the night, then failed while its trends were read (a PostgreSQL
+    server restarting, SQLite's lock held past its wait): OUT's summary said NOT RECORDED
+    and the error that tonight's results were kept in nightly.json alone, of a night that
+    is in the history. (The fault is made by the history's own reader: no server here
+    restarts on cue.)"""
+    from trtbuild.nightly import history as history_mod
+
+    policies, out, history = tmp_path / "policies", tmp_path / "out", tmp_path / "h.sqlite"
+    _loop_policy(policies, models_dir)
+
+    def lost(self, *args, **kwargs):
+        raise history_mod._unusable(self.where, sqlite3.OperationalError("database is locked"))
+
+    monkeypatch.setattr(history_mod.History, "trend", lost)
+    assert _nightly(policies, out, history) == 2
+    err = capsys.readouterr().err
+    assert "the night is recorded in the history (run 1), not judged" in err, err
+    first = (out / "summary.md").read_text().splitlines()[0]
+    assert "RECORDED (run 1), NOT JUDGED" in first and "NOT RECORDED" not in first, first
+    with sqlite3.connect(history) as db:
+        assert db.execute("SELECT policy, status FROM results").fetchall() == [("loop_sum", "pass")]

@@ -104,6 +104,12 @@ def nightly(
     try:
         with _kept(out_dir if fault is None else None):
             run_id, found, pngs = _record(history, started, results, run, margin, out_dir)
+    except _Recorded as exc:  # in the history, though not judged from it: not NOT RECORDED
+        said = (
+            f"; RECORDED (run {exc.run_id}), NOT JUDGED: the history failed after it took the night"
+        )
+        _unrecorded(out_dir, started, results, shard, said)
+        raise exc.error from None
     except UsageError:
         _unrecorded(out_dir, started, results, shard)
         raise
@@ -130,11 +136,26 @@ def _record(
     db = open_history(history)
     try:
         run_id = db.record(started, results, versions("none"), **run)
-        found = regressions(db, run_id, results, margin, run["night"])
-        pngs = _trends(db, results, out_dir)
+        try:
+            found = regressions(db, run_id, results, margin, run["night"])
+            pngs = _trends(db, results, out_dir)
+        except UsageError as exc:
+            recorded = f"; the night is recorded in the history (run {run_id}), not judged"
+            said = UsageError(exc.message + recorded, where=exc.where, hint=exc.hint)
+            raise _Recorded(run_id, said) from None
     finally:
         db.close()
     return run_id, found, pngs
+
+
+class _Recorded(Exception):
+    """A history fault once the night is recorded (the connection lost while its trends
+    are read): exit 2 saying it is recorded. Why apart: the night's files in `OUT` said
+    "NOT RECORDED" and its results kept in `nightly.json` alone, of a night in the history."""
+
+    def __init__(self, run_id: int, error: UsageError) -> None:
+        super().__init__(error.message)
+        self.run_id, self.error = run_id, error
 
 
 def _trends(db: History, results: list[PolicyResult], out_dir: Path) -> dict[str, bytes]:
@@ -154,7 +175,13 @@ def _trends(db: History, results: list[PolicyResult], out_dir: Path) -> dict[str
         }
 
 
-def _unrecorded(out_dir: Path, started: str, results: list[PolicyResult], shard: Shard) -> None:
+def _unrecorded(
+    out_dir: Path,
+    started: str,
+    results: list[PolicyResult],
+    shard: Shard,
+    unjudged: str = "; NOT RECORDED: the history could not be used, no regression judged",
+) -> None:
     """Tonight's lines and files in `OUT` from its results alone, where the history could
     not take the night (exit 2 follows): no regression or trend is judged.
 
@@ -165,7 +192,6 @@ def _unrecorded(out_dir: Path, started: str, results: list[PolicyResult], shard:
     night = Night(None, results, [])
     for line in night_lines(night)[:-1]:  # the verdict line: the exit 2's message is it
         say(line)
-    unjudged = "; NOT RECORDED: the history could not be used, no regression judged"
     _render(out_dir, title(started, night.attention()) + unjudged, night, {}, started, shard)
 
 
