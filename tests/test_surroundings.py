@@ -379,7 +379,7 @@ def test_a_removed_working_folder_is_no_bug(tmp_path):
 
 
 # In a mount namespace of its own: the test's folder at /mnt/w, the repository at /mnt/src,
-# then every temporary folder
+# the interpreter's environment (the virtualenv) at /mnt/env, then every temporary folder
 # Python would try (TMPDIR=/tmp, /var/tmp, /usr/tmp) and the working folder read-only,
 # as in a container run with a read-only root (`docker run --read-only`) and no tmpfs
 _NO_TEMPORARY_FOLDER = """
@@ -389,7 +389,9 @@ mkdir /mnt/w
 mount --bind "$1" /mnt/w
 mkdir /mnt/src
 mount --bind "$2" /mnt/src
-shift 2
+mkdir /mnt/env
+mount --bind "$3" /mnt/env
+shift 3
 for folder in /tmp /var/tmp /usr/tmp; do
     if [ -d "$folder" ]; then mount -t tmpfs -o ro,size=1m tmpfs "$folder"; fi
 done
@@ -400,25 +402,32 @@ exec "$@"
 """
 
 
+def _without_temporary_folder(
+    tmp_path: Path, argv: list[str], env: dict[str, str], timeout: int
+) -> subprocess.CompletedProcess:
+    """`python -m trtbuild ARGV` in `_NO_TEMPORARY_FOLDER`'s container, the interpreter
+    read from /mnt/env: a clone under /tmp (CI's) had its virtualenv hidden by the
+    read-only /tmp, and the interpreter was not found (exit 127)."""
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
+    prefix = os.path.realpath(sys.prefix)
+    inside = os.path.relpath(os.path.abspath(sys.executable), sys.prefix)
+    python = sys.executable if inside.startswith("..") else f"/mnt/env/{inside}"
+    env = {**env, "PYTHONPATH": "/mnt/src"}  # this trtbuild, wherever its folder is
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", _NO_TEMPORARY_FOLDER, "sh"]
+    cmd += [str(tmp_path), str(ROOT), prefix, python, "-m", "trtbuild", *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
 def test_no_temporary_folder_is_no_bug(tmp_path):
     """A container with a read-only root and no writable /tmp, TMPDIR or working folder:
     `check` ended as a bug (exit 70, tempfile's 'No usable temporary directory found')
     where ONNX Runtime's import caught its stderr in a temporary file."""
     policy = _relu_policy(tmp_path)
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
     env = {**os.environ, "TMPDIR": "/tmp", "TRTBUILD_CACHE_DIR": "/mnt/w/cache"}
-    env["PYTHONPATH"] = "/mnt/src"  # this trtbuild, wherever its folder is (under /tmp)
-    argv = [sys.executable, "-m", "trtbuild", "check", "--policy", f"/mnt/w/{policy.name}"]
-    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", _NO_TEMPORARY_FOLDER]
-    done = subprocess.run(
-        [*cmd, "sh", str(tmp_path), str(ROOT), *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    argv = ["check", "--policy", f"/mnt/w/{policy.name}"]
+    done = _without_temporary_folder(tmp_path, argv, env, 300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "warning" not in done.stderr, done.stderr
 
@@ -430,20 +439,10 @@ def test_no_temporary_folder_builds_the_engines_and_the_report(tmp_path):
     build as a bug (exit 70). Both are made in the staging folder now, and not published."""
     policy = _relu_policy(tmp_path)
     policy.write_text(policy.read_text().replace("backend: none", "backend: tensorrt-rtx"))
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
     env = {**os.environ, "TMPDIR": "/tmp", "TRTBUILD_CACHE_DIR": "/mnt/w/cache"}
-    env.update(PYTHONPATH="/mnt/src", HOME="/mnt/w/cwd")  # HOME read-only too
-    argv = [sys.executable, "-m", "trtbuild", "build", "--policy", f"/mnt/w/{policy.name}"]
-    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", _NO_TEMPORARY_FOLDER]
-    done = subprocess.run(
-        [*cmd, "sh", str(tmp_path), str(ROOT), *argv, "--out", "/mnt/w/out"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    env.update(HOME="/mnt/w/cwd")  # HOME read-only too
+    argv = ["build", "--policy", f"/mnt/w/{policy.name}", "--out", "/mnt/w/out"]
+    done = _without_temporary_folder(tmp_path, argv, env, 600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr
     built = json.loads((tmp_path / "out" / "build.json").read_text())
@@ -458,21 +457,11 @@ def test_no_temporary_folder_draws_the_nights_trends(tmp_path):
     policies = tmp_path / "policies"
     policies.mkdir()
     _relu_policy(policies)
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("needs a mount namespace of its own (unshare -m, as root)")
     env = {**os.environ, "TMPDIR": "/tmp", "TRTBUILD_CACHE_DIR": "/mnt/w/cache"}
-    env.update(PYTHONPATH="/mnt/src", HOME="/mnt/w/cwd")  # HOME read-only too
+    env.update(HOME="/mnt/w/cwd")  # HOME read-only too
     night = ["nightly", "--policies", "/mnt/w/policies", "--out", "/mnt/w/out", "--jobs", "2"]
     night += ["--history", "/mnt/w/h.sqlite", "--run-id", "r1"]
-    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", _NO_TEMPORARY_FOLDER]
-    done = subprocess.run(
-        [*cmd, "sh", str(tmp_path), str(ROOT), sys.executable, "-m", "trtbuild", *night],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    done = _without_temporary_folder(tmp_path, night, env, 600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "out" / "trends" / "p.png").is_file()
     assert not (tmp_path / "out" / ".matplotlib").exists()
