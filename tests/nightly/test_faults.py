@@ -437,3 +437,23 @@ def test_a_history_fault_once_the_night_is_recorded_says_it_is_recorded(
     assert "RECORDED (run 1), NOT JUDGED" in first and "NOT RECORDED" not in first, first
     with sqlite3.connect(history) as db:
         assert db.execute("SELECT policy, status FROM results").fetchall() == [("loop_sum", "pass")]
+
+
+def test_stdout_on_a_full_disk_does_not_cut_the_night(tmp_path, models_dir):
+    """A CI log on a full volume: the first policy's line raised ENOSPC and ended the night
+    there (exit 2), the later policies never run and nothing recorded. The night goes on
+    without its lines, says so once on stderr, and is recorded; the exit says stdout was
+    lost (141), as for a reader that left."""
+    policies, out, history = tmp_path / "policies", tmp_path / "out", tmp_path / "h.sqlite"
+    for name in ("a.yaml", "b.yaml"):
+        _loop_policy(policies, models_dir, name)
+    cmd = [sys.executable, "-m", "trtbuild", "nightly", "--policies", str(policies)]
+    cmd += ["--out", str(out), "--history", str(history), "--backend", "none", "--no-cache"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(cmd, env=env, stdout=full, stderr=subprocess.PIPE, timeout=600)
+    err = done.stderr.decode()
+    assert done.returncode == 141, err
+    assert "Traceback" not in err and err.count("the night goes on without its lines") == 1, err
+    with sqlite3.connect(history) as db:
+        assert sorted(db.execute("SELECT policy FROM results").fetchall()) == [("a",), ("b",)]

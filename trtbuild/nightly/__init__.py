@@ -19,6 +19,7 @@ history, `summary` renders the tables, the trends and JUnit.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -196,12 +197,14 @@ def _unrecorded(
 
 
 def say(line: str) -> bool:
-    """Print `line` on stdout; False where its reader left, stdout then sent to /dev/null.
+    """Print `line` on stdout; False where its reader left or it cannot be written (a full
+    disk), stdout then sent to /dev/null.
 
     Why: a night's lines, one per policy as each ends, are read through a pipe that may
     close early (`| grep -q FAIL`, `| head -1`): the BrokenPipeError of the next line
     ended the night there, its later policies never run, nothing recorded, exit 141.
-    The night goes on; the command's exit says the reader left where nothing else failed.
+    The night goes on; the command's exit says the reader left where nothing else failed
+    (141). So for a stdout on a full disk, said once on stderr: the first line ended the night.
     What does not print is escaped (`printable`): a policy's name is its file's, and an
     escape sequence in it recoloured the terminal, a newline forged a line of its own.
     """
@@ -213,10 +216,14 @@ def say(line: str) -> bool:
     try:
         print(printable(line), flush=True)
         return True
-    except BrokenPipeError:
+    except OSError as exc:  # the reader left, or stdout's disk is full (a CI log's volume)
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+        if not isinstance(exc, BrokenPipeError):
+            with contextlib.suppress(OSError):
+                print(f"trtbuild: warning: stdout: {exc.strerror or exc}; the night goes on "
+                      "without its lines", file=sys.stderr)  # fmt: skip
         return False
 
 
