@@ -408,3 +408,35 @@ def scan8_sum() -> onnx.ModelProto:
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
     m.ir_version = 8
     return m
+
+
+def interleaved(held, inside=None) -> list:
+    """Two threads each inside `held()`: the first in is the first out while the second is
+    still inside (two builds from one Policy). `inside()` is called by the second once the
+    first has left; its results are returned, to be asserted in the test's own thread (an
+    assert in a thread fails no test)."""
+    import threading
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list = []
+
+    def first() -> None:
+        with held():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(10)
+        with held():
+            second_in.set()
+            first_out.wait(10)
+            if inside is not None:
+                seen.append(inside())
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    return seen

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import ROOT
-from tests.helpers import needs_rtx
+from tests.helpers import interleaved, needs_rtx
 from trtbuild.errors import BackendError
 from trtbuild.numerics import RELATIVE_EPSILON
 from trtbuild.policy.specs import BuildSpec
@@ -242,32 +242,6 @@ def test_an_engines_run_feeds_an_input_the_parser_renamed_under_its_name():
     assert set(fed) == {"__x", "z"} and np.array_equal(fed["__x"], x) and fed["z"] is z
 
 
-def _interleaved(quiet) -> None:
-    """Two threads each inside `quiet()`: the first in is the first out, while the second is
-    still inside (two builds from one Policy, each judging its samples)."""
-    import threading
-
-    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
-
-    def first() -> None:
-        with quiet():
-            first_in.set()
-            second_in.wait(10)
-        first_out.set()
-
-    def second() -> None:
-        first_in.wait(10)
-        with quiet():
-            second_in.set()
-            first_out.wait(10)
-
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-
-
 def test_two_threads_quieting_polygraphy_leave_the_process_as_it_was():
     """The warnings filters and Polygraphy's log are the process's: two threads that each
     restored what they found on entry left the second's quiet state for good (a filter
@@ -278,7 +252,7 @@ def test_two_threads_quieting_polygraphy_leave_the_process_as_it_was():
 
     filters, severity = list(warnings.filters), G_LOGGER.module_severity
     indent = G_LOGGER.logging_indent
-    _interleaved(quiet_polygraphy)
+    interleaved(quiet_polygraphy)
     assert list(warnings.filters) == filters
     assert G_LOGGER.module_severity is severity
     assert G_LOGGER.logging_indent == indent
@@ -299,7 +273,7 @@ def test_two_threads_running_engines_give_polygraphy_s_flavour_flag_back():
     original = pg_config.USE_TENSORRT_RTX
     before = pg_config.USE_TENSORRT_RTX = not rtx
     try:
-        _interleaved(lambda: tensorrt_flavour(rtx))
+        interleaved(lambda: tensorrt_flavour(rtx))
         assert pg_config.USE_TENSORRT_RTX is before
     finally:
         pg_config.USE_TENSORRT_RTX = original

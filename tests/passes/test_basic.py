@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
+
+from tests.helpers import interleaved
 
 
 def test_two_threads_folding_at_once_give_onnx_graphsurgeon_s_log_back():
@@ -15,26 +15,8 @@ def test_two_threads_folding_at_once_give_onnx_graphsurgeon_s_log_back():
     from trtbuild.passes.basic import quiet_dependencies
 
     before = G_LOGGER.severity
-    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
-
-    def first() -> None:
-        with quiet_dependencies(verbose=False):
-            first_in.set()
-            second_in.wait(10)
-        first_out.set()
-
-    def second() -> None:
-        first_in.wait(10)
-        with quiet_dependencies(verbose=False):
-            assert G_LOGGER.severity == G_LOGGER.ERROR  # still quiet: the first left
-            second_in.set()
-            first_out.wait(10)
-
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
+    seen = interleaved(lambda: quiet_dependencies(verbose=False), inside=lambda: G_LOGGER.severity)
+    assert seen == [G_LOGGER.ERROR]  # still quiet for the second: the first left
     assert G_LOGGER.severity == before
 
 
