@@ -203,7 +203,7 @@ def _dequantized_peaks(qdq: Any) -> dict[int, float]:
 def _dequantized_peak(qdq: Any, n: Any, below: float) -> float:
     """`_dequantized_peaks`' figure for one DQ `n`; 0.0 where it reads no constant or its
     bound stays `below`. A float constant behind a Q whose codes `qdq.quantize` does not
-    compute (4-bit, blocked) counts as itself, within what its codes reach."""
+    compute (a format it has no bounds for) counts as itself, within what its codes reach."""
     import numpy as np
 
     from trtbuild.graph.qdq import FLOAT8_TYPES, INTEGER_BOUNDS, dequantize, quantize
@@ -222,7 +222,7 @@ def _dequantized_peak(qdq: Any, n: Any, below: float) -> float:
     stored = view.initializer_array(source)
     if q is not None:
         computed = q.format in INTEGER_BOUNDS or q.format in FLOAT8_TYPES
-        if q.scale_value is None or q.block_size or not computed:
+        if q.scale_value is None or not computed:
             return min(finite_peak(stored), reach)
-        stored = quantize(stored, q.scale_value, q.format, q.zero_value, q.axis)
+        stored = quantize(stored, q.scale_value, q.format, q.zero_value, q.axis, q.block_size)
     return finite_peak(dequantize(stored, n.scale_value, n.zero_value, n.axis, n.block_size))
